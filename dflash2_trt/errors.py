@@ -1,0 +1,48 @@
+"""Error types. Every user-facing failure is a :class:`DFlash2Error` whose message names the
+file and the field or tensor at fault; the CLI prints it and exits non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class DFlash2Error(Exception):
+    """Base class for errors reported to the user (CLI exit code 1, no traceback)."""
+
+
+def _where(source: str | Path | None, field: str | None) -> str:
+    parts = []
+    if source is not None:
+        parts.append(str(source))
+    if field is not None:
+        parts.append(field)
+    return ": ".join(parts)
+
+
+class ConfigError(DFlash2Error):
+    """A config value is missing, unknown, out of range or contradicts another value."""
+
+    def __init__(self, message: str, *, source: str | Path | None = None, field: str | None = None):
+        self.source = source
+        self.field = field
+        where = _where(source, field)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class CheckpointError(DFlash2Error):
+    """A checkpoint file is missing, truncated, corrupt, or holds an unexpected/bad tensor."""
+
+    def __init__(self, message: str, *, file: str | Path | None = None, tensor: str | None = None):
+        self.file = file
+        self.tensor = tensor
+        where = _where(file, f"tensor '{tensor}'" if tensor else None)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class PairingError(DFlash2Error):
+    """A drafter and a target do not fit together (vocab, widths, layer ids, dtype)."""
+
+
+class MissingDependencyError(DFlash2Error):
+    """An optional dependency (TensorRT, TensorRT-LLM, CUDA) is not installed."""
