@@ -1,0 +1,167 @@
+"""Small typed accessors for HF config dicts. Every failure names the file and the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+
+_MISSING = object()
+
+DTYPES = ("bfloat16", "float16", "float32")
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+
+
+def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """Return (a private copy of the config dict, a name for error messages).
+
+    Accepts a model directory, a path to a ``config.json``, or a mapping. The caller's mapping is
+    never mutated (it is deep-copied through JSON, which also rejects non-JSON values early).
+    """
+    if isinstance(path_or_dict, Mapping):
+        try:
+            return json.loads(json.dumps(dict(path_or_dict))), "<dict>"
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"config is not JSON-serialisable: {exc}", source="<dict>") from None
+    path = Path(path_or_dict)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError("config file not found", source=path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config: {exc}", source=path) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=path) from None
+    if not isinstance(data, dict):
+        raise ConfigError("top level of config.json must be an object", source=path)
+    return data, str(path)
+
+
+class Fields:
+    """Typed reads from one config mapping, with a field-path prefix for messages."""
+
+    def __init__(self, data: Mapping[str, Any], source: str, prefix: str = ""):
+        self.data = data
+        self.source = source
+        self.prefix = prefix
+        self.seen: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(message, source=self.source, field=self.name(key))
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        self.seen.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is _MISSING:
+                raise self.error(key, "required field is missing")
+            return default
+        return self.data[key]
+
+    def int(self, key: str, default: Any = _MISSING, *, min: int | None = None) -> int:
+        value = self.raw(key, default)
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"expected an integer, got {value!r}")
+        if min is not None and value < min:
+            raise self.error(key, f"must be >= {min}, got {value}")
+        return value
+
+    def float(self, key: str, default: Any = _MISSING, *, positive: bool = False) -> float:
+        value = self.raw(key, default)
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(key, f"expected a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise self.error(key, f"must be finite, got {value}")
+        if positive and value <= 0:
+            raise self.error(key, f"must be > 0, got {value}")
+        return value
+
+    def bool(self, key: str, default: Any = _MISSING) -> bool:
+        value = self.raw(key, default)
+        if value is None:
+            return value
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {value!r}")
+        return value
+
+    def str(self, key: str, default: Any = _MISSING, *, choices: tuple[str, ...] | None = None) -> str:
+        value = self.raw(key, default)
+        if value is None:
+            return value
+        if not isinstance(value, str):
+            raise self.error(key, f"expected a string, got {value!r}")
+        if choices is not None and value not in choices:
+            raise self.error(key, f"unsupported value {value!r}; supported: {', '.join(choices)}")
+        return value
+
+    def int_list(self, key: str, default: Any = _MISSING) -> tuple[int, ...]:
+        value = self.raw(key, default)
+        if value is None:
+            return value
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.error(key, f"expected a list of integers, got {value!r}")
+        return tuple(value)
+
+    def dtype(self) -> str:
+        key = "dtype" if self.has("dtype") else "torch_dtype"
+        value = self.raw(key, "bfloat16")
+        if not isinstance(value, str):
+            raise self.error(key, f"expected a dtype name, got {value!r}")
+        value = _DTYPE_ALIASES.get(value, value)
+        if value not in DTYPES:
+            raise self.error(key, f"unsupported dtype {value!r}; supported: {', '.join(DTYPES)}")
+        self.seen.add("torch_dtype")
+        self.seen.add("dtype")
+        return value
+
+    def unknown(self, known: set[str]) -> tuple[str, ...]:
+        return tuple(sorted(k for k in self.data if k not in known and k not in self.seen))
+
+
+def parse_rope(f: Fields) -> tuple[float, str, float]:
+    """(rope_theta, rope_type, partial_rotary_factor) from ``rope_parameters`` or legacy fields.
+
+    Only ``rope_type: default`` is supported: a scaled RoPE read as plain RoPE would not crash,
+    it would silently misplace every position and acceptance would collapse.
+    """
+    if f.has("rope_parameters"):
+        params = f.raw("rope_parameters")
+        if not isinstance(params, dict):
+            raise f.error("rope_parameters", f"expected an object, got {params!r}")
+        sub = Fields(params, f.source, prefix=f.name("rope_parameters") + ".")
+        theta = sub.float("rope_theta", positive=True)
+        rope_type = sub.str("rope_type", "default", choices=("default",))
+        partial = sub.float("partial_rotary_factor", None)
+        if partial is None:
+            partial = f.float("partial_rotary_factor", 1.0, positive=True)
+        else:
+            f.seen.add("partial_rotary_factor")
+    else:
+        theta = f.float("rope_theta", 10000.0, positive=True)
+        scaling = f.raw("rope_scaling", None)
+        if scaling is not None:
+            rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+            if rope_type != "default":
+                raise f.error("rope_scaling", f"unsupported RoPE scaling {scaling!r}; supported: default (none)")
+        rope_type = "default"
+        partial = f.float("partial_rotary_factor", 1.0, positive=True)
+    if partial > 1.0:
+        raise f.error("partial_rotary_factor", f"must be in (0, 1], got {partial}")
+    return theta, rope_type, partial

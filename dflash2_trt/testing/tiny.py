@@ -1,0 +1,205 @@
+"""Deterministic tiny checkpoints: random targets built with transformers and matching DFlash2
+drafters in exactly the published HF format (``config.json`` + ``model.safetensors``).
+
+Two families:
+
+* ``qwen3``   -- dense Qwen3 (``Qwen3ForCausalLM``), 4 layers.
+* ``qwen3_5`` -- the Qwen3.5 hybrid in its multimodal wrapper (``Qwen3_5ForConditionalGeneration``,
+  a one-block vision tower included so that ``model.language_model.`` prefixes and ignored vision
+  tensors are exercised), layers ``[linear, full, linear, full]``.
+
+The drafter's conv and selector weights are deliberately NOT the identity/zero a fresh DFlash2
+module starts from (base kernel 1/0, zero projection, zero successor codebook): with those, a
+wrong conv or selector implementation would still pass every test.
+
+Everything is float32 so CPU tests can compare exactly. ``tiny_pair`` builds into a cache dir
+(``$DFLASH2_TRT_CACHE`` or ``~/.cache/dflash2-trt``) on first use, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TINY_VERSION = 1
+FAMILIES = ("qwen3", "qwen3_5")
+VOCAB = 256
+HIDDEN = 64
+
+
+@dataclass(frozen=True)
+class TinyPair:
+    family: str
+    target_dir: Path
+    drafter_dir: Path
+
+
+def cache_root() -> Path:
+    env = os.environ.get("DFLASH2_TRT_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dflash2-trt"
+
+
+def _text_config(family: str) -> dict:
+    common = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        max_position_embeddings=512, tie_word_embeddings=False, hidden_act="silu",
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    if family == "qwen3":
+        return dict(common, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+    if family == "qwen3_5":
+        return dict(
+            common,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, attn_output_gate=True,
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.25,
+                             "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+        )
+    raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(FAMILIES)}")
+
+
+def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0) -> Path:
+    """Build a random tiny target with transformers and ``save_pretrained`` it (float32)."""
+    import transformers
+
+    out_dir = Path(out_dir)
+    torch.manual_seed(seed)
+    text = _text_config(family)
+    if family == "qwen3":
+        config = transformers.Qwen3Config(**text)
+        model = transformers.Qwen3ForCausalLM(config)
+    else:
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN,
+                      patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                      in_channels=3)
+        config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+        model = transformers.Qwen3_5ForConditionalGeneration(config)
+    # Larger-than-default init so that logits are peaked enough for argmax ties to be impossible
+    # in practice (ties would make "identical to greedy" depend on float rounding).
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "visual" in name:
+                continue
+            if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+                p.normal_(0.0, 1.0)
+            elif p.dim() == 2:
+                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+    model = model.to(torch.float32)
+    model.config.dtype = "float32"
+    if hasattr(model.config, "text_config"):
+        model.config.text_config.dtype = "float32"
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def tiny_drafter_config(family: str, *, block_size: int = 8) -> dict:
+    return {
+        "architectures": ["DFlash2DraftModel"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "is_causal": False,
+        "dflash_config": {
+            "block_size": block_size,
+            "conv_group_size": 16,
+            "conv_kernel_size": 2,
+            "mask_token_id": VOCAB - 1,
+            "selector_rank": 16,
+            "selector_top_k": 8,
+            "target_layer_ids": [0, 2],
+        },
+        "dtype": "float32",
+        "eos_token_id": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "hidden_size": HIDDEN,
+        "initializer_range": 0.02,
+        "intermediate_size": 128,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 512,
+        "max_window_layers": 2,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "num_target_layers": 4,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "sliding_window": 16,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": True,
+        "vocab_size": VOCAB,
+        "tiny_family": family,
+    }
+
+
+def build_tiny_drafter(family: str, out_dir: str | Path, *, seed: int = 1, block_size: int = 8) -> Path:
+    """Random drafter in the published format, with non-identity conv and selector weights."""
+    from safetensors.torch import save_file
+
+    from ..checkpoint.inventory import expected_drafter_tensors
+    from ..config import DFlash2Config
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_dict = tiny_drafter_config(family, block_size=block_size)
+    cfg_dict.pop("tiny_family")
+    cfg = DFlash2Config.from_hugging_face(cfg_dict)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, exp in sorted(expected_drafter_tensors(cfg).items()):
+        shape = exp.shape
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif name.endswith("base_kernel"):
+            t = 0.3 * torch.randn(shape, generator=gen)
+            t[:, 0] += 1.0  # near (not at) the identity start point
+        elif name.endswith("kernel_projection.weight"):
+            t = 0.05 * torch.randn(shape, generator=gen)
+        elif "codebook" in name:
+            t = 0.5 * torch.randn(shape, generator=gen)
+        else:
+            t = torch.randn(shape, generator=gen) / shape[-1] ** 0.5
+        tensors[name] = t.to(torch.float32).contiguous()
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+    return out_dir
+
+
+def build_tiny_pair(family: str, out_dir: str | Path) -> TinyPair:
+    out_dir = Path(out_dir)
+    target = build_tiny_target(family, out_dir / "target")
+    drafter = build_tiny_drafter(family, out_dir / "drafter")
+    return TinyPair(family, target, drafter)
+
+
+def tiny_pair(family: str = "qwen3", *, cache_dir: str | Path | None = None) -> TinyPair:
+    """The tiny pair of ``family``, built on first use into the cache (atomically)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(FAMILIES)}")
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "tiny"
+    final = root / f"{family}-v{TINY_VERSION}"
+    if not (final / "drafter" / "model.safetensors").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{family}-", dir=root))
+        try:
+            build_tiny_pair(family, tmp)
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                if not (final / "drafter" / "model.safetensors").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return TinyPair(family, final / "target", final / "drafter")
