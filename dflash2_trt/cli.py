@@ -1,0 +1,117 @@
+"""``dflash2-trt`` command line. Parsing and printing only; the work lives in the modules."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from . import __version__
+from .errors import DFlash2Error
+
+
+class _Group(click.Group):
+    """Report DFlash2Error as one clear line and exit 1, never as a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DFlash2Error as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="dflash2-trt")
+def main() -> None:
+    """DFlash2 speculative decoding: Hugging Face drafter + target -> TensorRT-LLM."""
+
+
+@main.command("targets")
+@click.option("--json", "as_json", is_flag=True, help="Print the registry as JSON.")
+def targets_cmd(as_json: bool) -> None:
+    """List the registered targets."""
+    from .targets import TARGETS
+
+    rows = [
+        {"key": e.key, "family": e.family, "target": e.target_id or "(built locally)",
+         "drafter": e.drafter_id or ("(built locally)" if e.tiny_family else "(none published: --drafter DIR)"),
+         "block_size": e.block_size, "build_config": f"build_configs/{e.build_config}",
+         "supported": list(e.supported), "notes": e.notes}
+        for e in TARGETS.values()
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        click.echo(f"{r['key']}")
+        click.echo(f"  family: {r['family']}   block_size: {r['block_size']}   build config: {r['build_config']}")
+        click.echo(f"  target: {r['target']}")
+        click.echo(f"  drafter: {r['drafter']}")
+        click.echo(f"  supported: {', '.join(r['supported'])}")
+        if r["notes"]:
+            click.echo(f"  notes: {r['notes']}")
+
+
+def _pair_options(f):
+    f = click.option("--download", is_flag=True, help="Allow downloading missing checkpoints from the HF hub.")(f)
+    f = click.option("--target-dir", type=click.Path(file_okay=False), help="Local target directory.")(f)
+    f = click.option("--drafter", "drafter_dir", type=click.Path(file_okay=False), help="Local drafter directory.")(f)
+    f = click.option("--target", "target_key", help="Registered target (see `dflash2-trt targets`).")(f)
+    return f
+
+
+def resolve_pair(target_key, drafter_dir, target_dir, download):
+    """(drafter dir, target dir) from --target and/or explicit directories."""
+    from .targets import get_target, resolve_dirs
+
+    if target_key is not None:
+        return resolve_dirs(get_target(target_key), target_dir=target_dir, drafter_dir=drafter_dir,
+                            allow_download=download)
+    if drafter_dir is None or target_dir is None:
+        raise click.UsageError("give --target NAME, or both --drafter DIR and --target-dir DIR")
+    return resolve_dirs_explicit(drafter_dir, target_dir)
+
+
+def resolve_dirs_explicit(drafter_dir, target_dir):
+    from pathlib import Path
+
+    for kind, d in (("drafter", drafter_dir), ("target", target_dir)):
+        if not Path(d).is_dir():
+            raise DFlash2Error(f"{kind} directory not found: {d}")
+    return Path(drafter_dir), Path(target_dir)
+
+
+@main.command("inspect")
+@click.argument("path", required=False, type=click.Path(file_okay=False))
+@_pair_options
+@click.option("--check-values", is_flag=True, help="Also read every tensor and reject NaN/Inf (slow on big models).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def inspect_cmd(path, target_key, drafter_dir, target_dir, download, check_values, as_json) -> None:
+    """Check a drafter or target directory (PATH), or a drafter+target pair.
+
+    Prints family, parameters by module, dtypes, the numerics-relevant config and the contract
+    check; exits 1 when a check fails.
+    """
+    from .inspect import inspect_dir, inspect_pair, public, render
+
+    if path is not None:
+        if target_key or drafter_dir or target_dir:
+            raise click.UsageError("give either PATH or --target/--drafter/--target-dir, not both")
+        report = inspect_dir(path, check_values=check_values)
+    else:
+        d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
+        report = inspect_pair(d, t, check_values=check_values)
+        report["drafter_dir"] = str(d.resolve())
+        report["target_dir"] = str(t.resolve())
+    if as_json:
+        click.echo(json.dumps(public(report), indent=2))
+    else:
+        click.echo(render(report))
+    if not report["ok"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

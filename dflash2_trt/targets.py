@@ -1,0 +1,127 @@
+"""Registry of named targets: exact keys, no fuzzy matching.
+
+Each entry names the HF repositories of the target and its DFlash2 drafter, the build config it
+uses under ``build_configs/``, and what the project supports for it today. Directories resolve
+from (in order) explicit ``--target-dir``/``--drafter`` paths, ``$DFLASH2_TRT_MODELS/<org>__<name>``,
+the local Hugging Face cache (offline), and, for ``tiny*``, a seeded local build. Nothing is
+downloaded unless the caller asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DFlash2Error
+
+BUILD_CONFIG_DIR = Path(__file__).resolve().parent / "build_configs"
+
+
+@dataclass(frozen=True)
+class TargetEntry:
+    key: str
+    family: str
+    target_id: str | None  # HF repo id, None for the locally built tiny targets
+    drafter_id: str | None
+    block_size: int
+    build_config: str  # file name under build_configs/
+    supported: tuple[str, ...]  # stages that work today
+    notes: str = ""
+    tiny_family: str | None = None
+
+    @property
+    def build_config_path(self) -> Path:
+        return BUILD_CONFIG_DIR / self.build_config
+
+
+TARGETS: dict[str, TargetEntry] = {
+    e.key: e
+    for e in (
+        TargetEntry(
+            key="qwen3.8-27b", family="qwen3_5", target_id="Qwen/Qwen3.8-27B",
+            drafter_id="z-lab/Qwen3.8-27B-DFlash2", block_size=8, build_config="qwen3.8-27b.yaml",
+            supported=("inspect", "generate"),
+            notes="Qwen3.5 hybrid (48 Gated DeltaNet + 16 full-attention layers), multimodal wrapper; text only",
+        ),
+        TargetEntry(
+            key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",
+            drafter_id="z-lab/Muse-Glimmer-30B-DFlash2", block_size=16, build_config="muse-glimmer-30b.yaml",
+            supported=("inspect",),
+            notes="read and checked only; NoPE full-attention layers and qk_scale_factor not yet converted",
+        ),
+        TargetEntry(
+            key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,
+            build_config="qwen3-8b.yaml", supported=("inspect",),
+            notes="dense Qwen3; no published DFlash2 drafter: pass --drafter DIR",
+        ),
+        TargetEntry(
+            key="tiny", family="qwen3", target_id=None, drafter_id=None, block_size=8,
+            build_config="tiny.yaml", supported=("inspect", "generate"), tiny_family="qwen3",
+            notes="seeded random dense Qwen3 + DFlash2 drafter, built locally on first use",
+        ),
+        TargetEntry(
+            key="tiny-hybrid", family="qwen3_5", target_id=None, drafter_id=None, block_size=8,
+            build_config="tiny-hybrid.yaml", supported=("inspect", "generate"), tiny_family="qwen3_5",
+            notes="seeded random Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter, built locally",
+        ),
+    )
+}
+
+
+def get_target(key: str) -> TargetEntry:
+    try:
+        return TARGETS[key]
+    except KeyError:
+        raise DFlash2Error(f"unknown target {key!r}; known targets: {', '.join(TARGETS)}") from None
+
+
+def _local_model_dir(repo_id: str, allow_download: bool) -> Path | None:
+    models = os.environ.get("DFLASH2_TRT_MODELS")
+    if models:
+        cand = Path(models) / repo_id.replace("/", "__")
+        if (cand / "config.json").is_file():
+            return cand
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return None
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=not allow_download))
+    except Exception:
+        return None
+
+
+def resolve_dirs(
+    entry: TargetEntry,
+    *,
+    target_dir: str | Path | None = None,
+    drafter_dir: str | Path | None = None,
+    allow_download: bool = False,
+) -> tuple[Path, Path]:
+    """(drafter dir, target dir) for ``entry``; explicit paths win."""
+    if entry.tiny_family is not None and (target_dir is None or drafter_dir is None):
+        from .testing.tiny import tiny_pair
+
+        pair = tiny_pair(entry.tiny_family)
+        target_dir = target_dir or pair.target_dir
+        drafter_dir = drafter_dir or pair.drafter_dir
+    out = []
+    for kind, given, repo in (("drafter", drafter_dir, entry.drafter_id), ("target", target_dir, entry.target_id)):
+        if given is not None:
+            p = Path(given)
+            if not p.is_dir():
+                raise DFlash2Error(f"{kind} directory not found: {p}")
+            out.append(p)
+            continue
+        if repo is None:
+            raise DFlash2Error(f"target {entry.key!r} has no published {kind}; pass --{'drafter' if kind == 'drafter' else 'target-dir'} DIR")
+        found = _local_model_dir(repo, allow_download)
+        if found is None:
+            raise DFlash2Error(
+                f"{kind} {repo} for target {entry.key!r} is not available locally. Download it first "
+                f"(`hf download {repo}`), set DFLASH2_TRT_MODELS to a directory holding {repo.replace('/', '__')}/, "
+                f"pass --{'drafter' if kind == 'drafter' else 'target-dir'} DIR, or add --download."
+            )
+        out.append(found)
+    return out[0], out[1]
