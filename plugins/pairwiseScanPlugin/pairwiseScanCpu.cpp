@@ -1,0 +1,200 @@
+/*
+ * DFlash2PairwiseScan: CPU build of the shared math (pairwiseScanMath.h) and the validation
+ * function, with a C ABI for ctypes. Built by the tests (g++ -ffp-contract=off); never part of
+ * the plugin library. Loops are ordered exactly as the CUDA kernels' reductions.
+ */
+#include "pairwiseScanMath.h"
+#include "pairwiseScanParams.h"
+
+#include <cstdio>
+#include <vector>
+
+using namespace dflash2;
+
+namespace
+{
+
+void fillDescs(int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims, int64_t const* dims, TensorDesc* out)
+{
+    for (int32_t i = 0; i < nbInputs; ++i)
+    {
+        out[i].type = static_cast<DType>(dtypes[i]);
+        out[i].nbDims = nbDims[i];
+        for (int32_t d = 0; d < 8; ++d)
+            out[i].dims[d] = dims[i * 8 + d];
+    }
+}
+
+template <class T>
+void latticeTyped(PairwiseScanParams const& p, float const* unary, int32_t const* cand, void const* hidden,
+    int32_t const* anchor, void const* predCb, void const* succCb, float* lattice)
+{
+    using S = typename T::Storage;
+    auto const* H = static_cast<S const*>(hidden);
+    auto const* A = static_cast<S const*>(predCb);
+    auto const* Bc = static_cast<S const*>(succCb);
+    int32_t const L = p.length, K = p.topK, R = p.rank;
+    std::vector<float> ctx(R);
+    for (int64_t b = 0; b < p.batch; ++b)
+    {
+        for (int32_t l = 0; l < L; ++l)
+        {
+            int64_t const bl = b * L + l;
+            for (int32_t row = 0; row < K; ++row)
+            {
+                int32_t const pred = (l == 0) ? anchor[b] : cand[(bl - 1) * K + row];
+                bool const predOk = tokenInRange(pred, p.vocab);
+                for (int32_t r = 0; r < R; ++r)
+                {
+                    float const a = predOk ? T::load(A[static_cast<int64_t>(pred) * R + r]) : 0.0f;
+                    ctx[r] = latticeContext(a, T::load(H[bl * R + r]));
+                }
+                for (int32_t c = 0; c < K; ++c)
+                {
+                    int32_t const succ = cand[bl * K + c];
+                    bool const succOk = tokenInRange(succ, p.vocab);
+                    float acc = 0.0f;
+                    for (int32_t r = 0; r < R; ++r)
+                    {
+                        float const bv = succOk ? T::load(Bc[static_cast<int64_t>(succ) * R + r]) : 0.0f;
+                        acc = latticeAccumulate(acc, ctx[r], bv);
+                    }
+                    lattice[(bl * K + row) * K + c] = latticeScore(unary[bl * K + c], acc);
+                }
+            }
+        }
+    }
+}
+
+//! One batch row's walk over lat [L][K][K]. Writes idx [L], q [L][K].
+void walkRow(ScanMode mode, int32_t L, int32_t K, float const* lat, float temperature, float const* u,
+    int32_t* idx, float* q)
+{
+    for (int32_t i = 0; i < L * K; ++i)
+        q[i] = 0.0f;
+    if (mode == ScanMode::kVITERBI)
+    {
+        std::vector<float> best(K), next(K);
+        std::vector<int32_t> bp(static_cast<size_t>(L) * K, 0);
+        for (int32_t c = 0; c < K; ++c)
+            best[c] = lat[c]; // l = 0, row 0 (the anchor's row)
+        for (int32_t l = 1; l < L; ++l)
+        {
+            for (int32_t c = 0; c < K; ++c)
+                next[c] = viterbiRelax(best.data(), lat + static_cast<int64_t>(l) * K * K, K, c, &bp[l * K + c]);
+            best.swap(next);
+        }
+        int32_t arg = 0;
+        for (int32_t c = 1; c < K; ++c)
+            if (scanBetter(best[c], c, best[arg], arg))
+                arg = c;
+        for (int32_t l = L - 1; l >= 0; --l)
+        {
+            idx[l] = arg;
+            q[l * K + arg] = 1.0f;
+            arg = bp[l * K + arg];
+        }
+        return;
+    }
+    std::vector<float> e(K);
+    int32_t prev = 0;
+    for (int32_t l = 0; l < L; ++l)
+    {
+        float const* row = lat + (static_cast<int64_t>(l) * K + prev) * K;
+        int32_t choice = 0;
+        if (mode == ScanMode::kSAMPLE && temperatureUsable(temperature))
+        {
+            float m = softmaxLogit(row[0], temperature);
+            for (int32_t c = 1; c < K; ++c)
+            {
+                float const z = softmaxLogit(row[c], temperature);
+                m = z > m ? z : m;
+            }
+            float sum = 0.0f;
+            for (int32_t c = 0; c < K; ++c)
+            {
+                e[c] = softmaxExp(softmaxLogit(row[c], temperature), m);
+                sum = addRn(sum, e[c]);
+            }
+            for (int32_t c = 0; c < K; ++c)
+                q[l * K + c] = softmaxProb(e[c], sum);
+            choice = inverseCdf(q + l * K, K, u[l]);
+        }
+        else
+        {
+            for (int32_t c = 1; c < K; ++c)
+                if (scanBetter(row[c], c, row[choice], choice))
+                    choice = c;
+            q[l * K + choice] = 1.0f;
+        }
+        idx[l] = choice;
+        prev = choice;
+    }
+}
+
+} // namespace
+
+extern "C"
+{
+
+int32_t df2_scan_validate(int32_t mode, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims,
+    int64_t const* dims, char* msg, int32_t msgLen)
+{
+    if (nbInputs < 0 || nbInputs > 8)
+    {
+        std::snprintf(msg, msgLen, "DFlash2PairwiseScan: nbInputs=%d", nbInputs);
+        return static_cast<int32_t>(Status::kINVALID);
+    }
+    TensorDesc descs[8];
+    fillDescs(nbInputs, dtypes, nbDims, dims, descs);
+    return static_cast<int32_t>(validatePairwiseScan(PairwiseScanAttrs{mode}, descs, nbInputs, nullptr, msg, msgLen));
+}
+
+//! Full plugin computation on the CPU. lattice: [B, L, K, K] fp32 scratch that is also returned
+//! for inspection; idx: [B, L] candidate indices; ids: [B, L] token ids; q: [B, L, K].
+int32_t df2_scan_run(int32_t mode, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims,
+    int64_t const* dims, float const* unary, int32_t const* cand, void const* hidden, int32_t const* anchor,
+    void const* predCb, void const* succCb, float const* temperature, float const* uniforms, float* lattice,
+    int32_t* idx, int32_t* ids, float* q, char* msg, int32_t msgLen)
+{
+    if (nbInputs != kScanNbInputs)
+    {
+        std::snprintf(msg, msgLen, "DFlash2PairwiseScan: nbInputs=%d", nbInputs);
+        return static_cast<int32_t>(Status::kINVALID);
+    }
+    TensorDesc descs[8];
+    fillDescs(nbInputs, dtypes, nbDims, dims, descs);
+    PairwiseScanParams p;
+    Status s = validatePairwiseScan(PairwiseScanAttrs{mode}, descs, nbInputs, &p, msg, msgLen);
+    if (s != Status::kOK)
+        return static_cast<int32_t>(s);
+    switch (p.dataType)
+    {
+    case DType::kFLOAT16: latticeTyped<F16>(p, unary, cand, hidden, anchor, predCb, succCb, lattice); break;
+    case DType::kBFLOAT16: latticeTyped<BF16>(p, unary, cand, hidden, anchor, predCb, succCb, lattice); break;
+    default: latticeTyped<F32>(p, unary, cand, hidden, anchor, predCb, succCb, lattice); break;
+    }
+    int32_t const L = p.length, K = p.topK;
+    for (int64_t b = 0; b < p.batch; ++b)
+    {
+        walkRow(p.mode, L, K, lattice + b * L * K * K, temperature[b], uniforms + b * L, idx + b * L, q + b * L * K);
+        for (int32_t l = 0; l < L; ++l)
+            ids[b * L + l] = cand[(b * L + l) * K + idx[b * L + l]];
+    }
+    return 0;
+}
+
+//! Walk only, over a caller-supplied lattice [B, L, K, K] (to compare the walks against the
+//! reference walks on the SAME lattice, independent of how the lattice sums were ordered).
+int32_t df2_scan_walk(int32_t mode, int64_t B, int32_t L, int32_t K, float const* lattice, float const* temperature,
+    float const* uniforms, int32_t* idx, float* q)
+{
+    if (mode < 0 || mode > 2 || K < 1 || K > kScanMaxTopK || L < 1 || L > kScanMaxLength)
+        return static_cast<int32_t>(Status::kINVALID);
+    for (int64_t b = 0; b < B; ++b)
+        walkRow(static_cast<ScanMode>(mode), L, K, lattice + b * L * K * K, temperature[b], uniforms + b * L,
+            idx + b * L, q + b * L * K);
+    return 0;
+}
+
+} // extern "C"

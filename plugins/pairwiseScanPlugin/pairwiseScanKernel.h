@@ -1,0 +1,29 @@
+/*
+ * DFlash2PairwiseScan: launchers (one per kernel, plus the plugin's two-kernel sequence).
+ */
+#pragma once
+
+#include "pairwiseScanParams.h"
+
+#include <cuda_runtime_api.h>
+
+namespace dflash2
+{
+
+//! lattice [B, L, K, K] fp32 = unary + pairwise scores (pairwiseScanMath.h).
+Status launchPairwiseLattice(PairwiseScanParams const& params, float const* unary, int32_t const* cand,
+    void const* hidden, int32_t const* anchor, void const* predCodebook, void const* succCodebook, float* lattice,
+    cudaStream_t stream, char* msg, size_t msgLen);
+
+//! Walk over lattice [B, L, K, K]: ids [B, L] int32 token ids, q [B, L, K] fp32.
+Status launchPairwiseWalk(PairwiseScanParams const& params, float const* lattice, int32_t const* cand,
+    float const* temperature, float const* uniforms, int32_t* ids, float* q, cudaStream_t stream, char* msg,
+    size_t msgLen);
+
+//! The plugin's enqueue: lattice into workspace (pairwiseScanWorkspaceSize bytes), then walk.
+Status launchPairwiseScan(PairwiseScanParams const& params, float const* unary, int32_t const* cand,
+    void const* hidden, int32_t const* anchor, void const* predCodebook, void const* succCodebook,
+    float const* temperature, float const* uniforms, void* workspace, int32_t* ids, float* q, cudaStream_t stream,
+    char* msg, size_t msgLen);
+
+} // namespace dflash2
