@@ -1,0 +1,39 @@
+"""Shared fixtures. Tiny checkpoints are built once per session into a temp cache dir so that
+tests never depend on (or pollute) the user's cache, and nothing is downloaded."""
+
+from __future__ import annotations
+
+import os
+import pytest
+
+@pytest.fixture(scope="session", autouse=True)
+def _tiny_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dflash2-cache")
+    old = os.environ.get("DFLASH2_TRT_CACHE")
+    os.environ["DFLASH2_TRT_CACHE"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("DFLASH2_TRT_CACHE", None)
+    else:
+        os.environ["DFLASH2_TRT_CACHE"] = old
+
+
+@pytest.fixture(scope="session", params=["qwen3", "qwen3_5"])
+def tiny(request, _tiny_cache):
+    from dflash2_trt.testing.tiny import tiny_pair
+
+    return tiny_pair(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_dense(_tiny_cache):
+    from dflash2_trt.testing.tiny import tiny_pair
+
+    return tiny_pair("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(_tiny_cache):
+    from dflash2_trt.testing.tiny import tiny_pair
+
+    return tiny_pair("qwen3_5")

@@ -1,0 +1,105 @@
+"""`dflash2-trt targets` and `inspect`: output, JSON, exit codes, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from click.testing import CliRunner
+
+from dflash2_trt.cli import main
+from dflash2_trt.targets import TARGETS, get_target
+from dflash2_trt.testing.fixtures import MUSE_TARGET, QWEN_DRAFTER
+
+import pytest
+from dflash2_trt.errors import DFlash2Error
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_targets_lists_registry():
+    r = run("targets", "--json")
+    assert r.exit_code == 0
+    rows = {x["key"]: x for x in json.loads(r.output)}
+    assert set(rows) >= {"qwen3.8-27b", "muse-glimmer-30b", "tiny"}
+    assert rows["qwen3.8-27b"]["target"] == "Qwen/Qwen3.8-27B" and rows["qwen3.8-27b"]["block_size"] == 8
+    assert rows["muse-glimmer-30b"]["block_size"] == 16
+    for e in TARGETS.values():
+        assert e.build_config_path.is_file(), e.build_config
+
+
+def test_build_configs_load():
+    from dflash2_trt.config.build import BuildConfig
+
+    for e in TARGETS.values():
+        bc = BuildConfig.load(e.build_config_path)
+        assert bc.target == e.key and bc.block_size == e.block_size
+
+
+def test_exact_keys_only():
+    with pytest.raises(DFlash2Error, match="unknown target 'qwen3.8-27B'; known targets: qwen3.8-27b"):
+        get_target("qwen3.8-27B")
+    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3-27b"])
+    assert r.exit_code == 1 and "unknown target" in r.output and "Traceback" not in r.output
+
+
+def test_inspect_tiny_json(tiny):
+    key = "tiny" if tiny.family == "qwen3" else "tiny-hybrid"
+    r = run("inspect", "--target", key, "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["ok"] and rep["pairing"]["ok"]
+    assert rep["drafter_dir"] == str(tiny.drafter_dir.resolve())
+    assert rep["target_dir"] == str(tiny.target_dir.resolve())
+    assert rep["drafter"]["inventory"]["missing"] == [] and rep["drafter"]["inventory"]["unexpected"] == []
+    assert rep["target"]["family"] == tiny.family
+    assert rep["drafter"]["parameters"]["candidate_selector.successor_codebook"] == 256 * 16
+    assert rep["drafter"]["config"]["block_size"] == 8
+
+
+def test_inspect_text_and_values(tiny_dense):
+    r = run("inspect", str(tiny_dense.drafter_dir), "--check-values")
+    assert r.exit_code == 0 and "contract: OK" in r.output and "layers.*.mlp_conv" in r.output
+
+
+def test_inspect_config_only_dir_says_no_weights():
+    r = run("inspect", str(QWEN_DRAFTER))
+    assert r.exit_code == 0
+    assert "NOT CHECKED" in r.output and "no tensors were" in r.output
+    r = run("inspect", str(MUSE_TARGET), "--json")
+    rep = json.loads(r.output)
+    assert rep["weights_checked"] is False and rep["family"] == "muse_glimmer"
+    assert rep["parameters_source"] == "config" and rep["total_parameters"] > 20e9
+
+
+def test_inspect_fails_on_broken_drafter(tiny_dense, tmp_path):
+    from safetensors.torch import save_file
+
+    from dflash2_trt.checkpoint import SafetensorsCheckpoint
+
+    d = tmp_path / "drafter"
+    shutil.copytree(tiny_dense.drafter_dir, d)
+    ck = SafetensorsCheckpoint(d)
+    t = {k: ck.get(k).clone() for k in ck.keys()}
+    ck.close()
+    t["fc.weight"] = t["fc.weight"][:, :64].contiguous()
+    t["norm.weight"][0] = float("nan")
+    save_file(t, str(d / "model.safetensors"))
+    r = CliRunner().invoke(main, ["inspect", "--drafter", str(d), "--target-dir", str(tiny_dense.target_dir),
+                                  "--check-values", "--json"])
+    assert r.exit_code == 1
+    rep = json.loads(r.output)
+    assert any("fc.weight: shape [64, 64]" in p for p in rep["drafter"]["problems"])
+    assert any("norm.weight" in p and "non-finite" in p for p in rep["drafter"]["problems"])
+    assert any(p.startswith("fc.weight") for p in rep["pairing"]["problems"])
+
+
+def test_inspect_missing_checkpoint_is_clear(tmp_path):
+    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b"], env={"HF_HUB_OFFLINE": "1",
+                                                                             "HF_HOME": str(tmp_path)})
+    assert r.exit_code == 1
+    assert "not available locally" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path)])
+    assert r.exit_code == 1 and "config file not found" in r.output
