@@ -30,8 +30,7 @@ bool known(int64_t d)
 
 } // namespace
 
-Status validateDynamicConv(DynamicConvAttrs const& a, TensorDesc const* in, int32_t nbInputs,
-    DynamicConvParams* params, char* msg, size_t msgLen)
+Status validateDynamicConvAttrs(DynamicConvAttrs const& a, char* msg, size_t msgLen)
 {
     if (msg != nullptr && msgLen > 0)
         msg[0] = '\0';
@@ -45,6 +44,15 @@ Status validateDynamicConv(DynamicConvAttrs const& a, TensorDesc const* in, int3
         return fail(msg, msgLen, "group_size=%d must be >= 1", a.groupSize);
     if (a.fuseResidual != 0 && a.fuseResidual != 1)
         return fail(msg, msgLen, "fuse_residual=%d must be 0 or 1", a.fuseResidual);
+    return Status::kOK;
+}
+
+Status validateDynamicConv(DynamicConvAttrs const& a, TensorDesc const* in, int32_t nbInputs,
+    DynamicConvParams* params, char* msg, size_t msgLen)
+{
+    Status const attrStatus = validateDynamicConvAttrs(a, msg, msgLen);
+    if (attrStatus != Status::kOK)
+        return attrStatus;
     int32_t const want = dynamicConvNbInputs(a);
     if (nbInputs != want)
         return fail(msg, msgLen, "expected %d inputs (fuse_residual=%d), got %d", want, a.fuseResidual, nbInputs);

@@ -35,6 +35,9 @@ constexpr int32_t kDynamicConvMaxBlockSize = 64;
 //! uses 16-byte vector loads; a misaligned row would fault, not silently misbehave).
 constexpr int32_t kDynamicConvHiddenMultiple = 8;
 
+//! Checks the attributes alone (the plugin creator calls this before any shape is known).
+Status validateDynamicConvAttrs(DynamicConvAttrs const& attrs, char* msg, size_t msgLen);
+
 //! Input order: 0 x [T, H], 1 delta [T, K, H/G], 2 base kernel [K, H], 3 residual [T, H] fp32
 //! (only when fuseResidual). Returns kOK and fills *params, or kINVALID with a message in msg
 //! (always NUL-terminated when msgLen > 0). Dims of -1 are unknown and skipped.

@@ -33,13 +33,21 @@ char const* const kNames[kScanNbInputs] = {"unary", "cand_ids", "proj_hidden", "
 
 } // namespace
 
-Status validatePairwiseScan(PairwiseScanAttrs const& a, TensorDesc const* in, int32_t nbInputs,
-    PairwiseScanParams* params, char* msg, size_t msgLen)
+Status validatePairwiseScanAttrs(PairwiseScanAttrs const& a, char* msg, size_t msgLen)
 {
     if (msg != nullptr && msgLen > 0)
         msg[0] = '\0';
     if (a.mode < 0 || a.mode > 2)
         return fail(msg, msgLen, "mode=%d; expected 0 (greedy), 1 (sample) or 2 (viterbi)", a.mode);
+    return Status::kOK;
+}
+
+Status validatePairwiseScan(PairwiseScanAttrs const& a, TensorDesc const* in, int32_t nbInputs,
+    PairwiseScanParams* params, char* msg, size_t msgLen)
+{
+    Status const attrStatus = validatePairwiseScanAttrs(a, msg, msgLen);
+    if (attrStatus != Status::kOK)
+        return attrStatus;
     if (nbInputs != kScanNbInputs)
         return fail(msg, msgLen, "expected %d inputs, got %d", kScanNbInputs, nbInputs);
 

@@ -47,6 +47,9 @@ constexpr int32_t kScanMaxLength = 15;
 constexpr int32_t kScanMaxRank = 512;
 constexpr int32_t kScanRankMultiple = 8;
 
+//! Checks the attributes alone (the plugin creator calls this before any shape is known).
+Status validatePairwiseScanAttrs(PairwiseScanAttrs const& attrs, char* msg, size_t msgLen);
+
 //! Input order: 0 unary [B,L,K] fp32, 1 cand ids [B,L,K] int32, 2 projected hidden [B,L,R],
 //! 3 anchor [B] int32, 4 predecessor codebook [V,R], 5 successor codebook [V,R],
 //! 6 temperature [B] fp32, 7 uniforms [B,L] fp32. Inputs 2, 4, 5 share one dtype

@@ -1,0 +1,126 @@
+/*
+ * Helpers for the TensorRT glue only (includes NvInfer headers). Kernels, validation and the CPU
+ * build never include this file.
+ */
+#pragma once
+
+#include "df2Common.h"
+
+#include <NvInferRuntime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace dflash2
+{
+
+constexpr char const* kPluginNamespace = "dflash2";
+
+//! nvinfer1::DataType -> DType. Types the plugins do not know map to a value that every
+//! validation function rejects with "unknown" in its message.
+inline DType toDType(nvinfer1::DataType t)
+{
+    switch (t)
+    {
+    case nvinfer1::DataType::kFLOAT: return DType::kFLOAT32;
+    case nvinfer1::DataType::kHALF: return DType::kFLOAT16;
+    case nvinfer1::DataType::kBF16: return DType::kBFLOAT16;
+    case nvinfer1::DataType::kINT32: return DType::kINT32;
+    default: return static_cast<DType>(99);
+    }
+}
+
+inline nvinfer1::DataType toTrt(DType t)
+{
+    switch (t)
+    {
+    case DType::kFLOAT16: return nvinfer1::DataType::kHALF;
+    case DType::kBFLOAT16: return nvinfer1::DataType::kBF16;
+    case DType::kINT32: return nvinfer1::DataType::kINT32;
+    case DType::kFLOAT32: break;
+    }
+    return nvinfer1::DataType::kFLOAT;
+}
+
+inline TensorDesc toDesc(nvinfer1::DataType type, nvinfer1::Dims const& dims)
+{
+    TensorDesc d;
+    d.type = toDType(type);
+    d.nbDims = dims.nbDims;
+    for (int32_t i = 0; i < dims.nbDims && i < 8; ++i)
+        d.dims[i] = dims.d[i];
+    return d;
+}
+
+//! Plugins report errors on stderr with their name; TensorRT then fails the build/enqueue
+//! because the call returned an error code (there is no exception path through the C ABI).
+inline void reportError(char const* what, char const* msg)
+{
+    std::fprintf(stderr, "[dflash2 plugin] %s: %s\n", what, msg);
+}
+
+//! Reads one int32 attribute value; false when the field has another type or length.
+inline bool readInt32Field(nvinfer1::PluginField const& f, int32_t* value)
+{
+    if (f.data == nullptr || f.length != 1)
+        return false;
+    if (f.type == nvinfer1::PluginFieldType::kINT32)
+    {
+        std::memcpy(value, f.data, sizeof(int32_t));
+        return true;
+    }
+    return false;
+}
+
+//! Attribute table entry for a creator: field name and where to store the value.
+struct Int32Attr
+{
+    char const* name;
+    int32_t* value;
+    bool required;
+};
+
+//! Fills attrs from fc. Unknown names, wrong types and missing required fields are errors (a
+//! misspelled attribute silently falling back to a default would build a wrong engine).
+inline bool parseInt32Attrs(char const* plugin, nvinfer1::PluginFieldCollection const* fc, Int32Attr* attrs,
+    int32_t nbAttrs)
+{
+    std::vector<bool> seen(static_cast<size_t>(nbAttrs), false);
+    if (fc != nullptr)
+    {
+        for (int32_t i = 0; i < fc->nbFields; ++i)
+        {
+            nvinfer1::PluginField const& f = fc->fields[i];
+            int32_t k = 0;
+            while (k < nbAttrs && std::strcmp(f.name, attrs[k].name) != 0)
+                ++k;
+            if (k == nbAttrs)
+            {
+                std::string msg = std::string("unknown attribute '") + f.name + "'";
+                reportError(plugin, msg.c_str());
+                return false;
+            }
+            if (!readInt32Field(f, attrs[k].value))
+            {
+                std::string msg = std::string("attribute '") + f.name + "' must be one int32 value";
+                reportError(plugin, msg.c_str());
+                return false;
+            }
+            seen[k] = true;
+        }
+    }
+    for (int32_t k = 0; k < nbAttrs; ++k)
+    {
+        if (attrs[k].required && !seen[k])
+        {
+            std::string msg = std::string("missing required attribute '") + attrs[k].name + "'";
+            reportError(plugin, msg.c_str());
+            return false;
+        }
+    }
+    return true;
+}
+
+} // namespace dflash2

@@ -1,0 +1,220 @@
+#include "dynamicConvPlugin.h"
+#include "dynamicConvKernel.h"
+
+#include <new>
+
+using namespace nvinfer1;
+
+namespace dflash2
+{
+
+// Attribute names: keep in sync with dynamicConvPlugin.yaml (tests/plugins checks both ways).
+namespace
+{
+constexpr char const* kBlockSize = "block_size";
+constexpr char const* kKernelSize = "kernel_size";
+constexpr char const* kGroupSize = "group_size";
+constexpr char const* kFuseResidual = "fuse_residual";
+} // namespace
+
+DynamicConvPlugin::DynamicConvPlugin(DynamicConvAttrs const& attrs)
+    : mAttrs(attrs)
+{
+    mParams.attrs = attrs;
+}
+
+IPluginCapability* DynamicConvPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
+{
+    switch (type)
+    {
+    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
+    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
+    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
+    }
+    return nullptr;
+}
+
+IPluginV3* DynamicConvPlugin::clone() noexcept
+{
+    auto* p = new (std::nothrow) DynamicConvPlugin(mAttrs);
+    if (p != nullptr)
+        p->mParams = mParams;
+    return p;
+}
+
+char const* DynamicConvPlugin::getPluginName() const noexcept
+{
+    return kDynamicConvName;
+}
+
+char const* DynamicConvPlugin::getPluginVersion() const noexcept
+{
+    return kDynamicConvVersion;
+}
+
+char const* DynamicConvPlugin::getPluginNamespace() const noexcept
+{
+    return kPluginNamespace;
+}
+
+int32_t DynamicConvPlugin::getNbOutputs() const noexcept
+{
+    return 1;
+}
+
+int32_t DynamicConvPlugin::getOutputDataTypes(
+    DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
+{
+    if (nbOutputs != 1 || nbInputs < 1)
+        return -1;
+    outputTypes[0] = mAttrs.fuseResidual ? DataType::kFLOAT : inputTypes[0];
+    return 0;
+}
+
+int32_t DynamicConvPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* /*shapeInputs*/,
+    int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs, IExprBuilder& /*exprBuilder*/) noexcept
+{
+    if (nbOutputs != 1 || nbInputs != dynamicConvNbInputs(mAttrs) || inputs[0].nbDims != 2)
+        return -1;
+    outputs[0] = inputs[0]; // [tokens, H]
+    return 0;
+}
+
+bool DynamicConvPlugin::supportsFormatCombination(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t /*nbOutputs*/) noexcept
+{
+    PluginTensorDesc const& d = inOut[pos].desc;
+    if (d.format != TensorFormat::kLINEAR)
+        return false;
+    DataType const x = inOut[0].desc.type;
+    if (pos == 0)
+        return x == DataType::kHALF || x == DataType::kBF16 || x == DataType::kFLOAT;
+    if (pos == 1 || pos == 2)
+        return d.type == x;
+    if (pos == 3 && mAttrs.fuseResidual && pos < nbInputs)
+        return d.type == DataType::kFLOAT;
+    // the output
+    return d.type == (mAttrs.fuseResidual ? DataType::kFLOAT : x);
+}
+
+int32_t DynamicConvPlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
+{
+    TensorDesc descs[4];
+    if (nbInputs > 4)
+        return -1;
+    for (int32_t i = 0; i < nbInputs; ++i)
+        descs[i] = toDesc(in[i].desc.type, in[i].desc.dims); // -1 dims are skipped by the validation
+    char msg[512];
+    if (validateDynamicConv(mAttrs, descs, nbInputs, nullptr, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("configurePlugin", msg);
+        return -1;
+    }
+    return 0;
+}
+
+size_t DynamicConvPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs*/, int32_t /*nbInputs*/,
+    DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
+{
+    return 0;
+}
+
+int32_t DynamicConvPlugin::onShapeChange(
+    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
+{
+    TensorDesc descs[4];
+    if (nbInputs > 4)
+        return -1;
+    for (int32_t i = 0; i < nbInputs; ++i)
+        descs[i] = toDesc(in[i].type, in[i].dims);
+    char msg[512];
+    if (validateDynamicConv(mAttrs, descs, nbInputs, &mParams, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("onShapeChange", msg);
+        return -1;
+    }
+    return 0;
+}
+
+int32_t DynamicConvPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, PluginTensorDesc const* /*outputDesc*/,
+    void const* const* inputs, void* const* outputs, void* /*workspace*/, cudaStream_t stream) noexcept
+{
+    char msg[512];
+    float const* residual = mAttrs.fuseResidual ? static_cast<float const*>(inputs[3]) : nullptr;
+    Status s = launchDynamicConv(mParams, inputs[0], inputs[1], inputs[2], residual, outputs[0], stream, msg, sizeof(msg));
+    if (s != Status::kOK)
+    {
+        reportError("enqueue", msg);
+        return -1;
+    }
+    return 0;
+}
+
+IPluginV3* DynamicConvPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
+{
+    return clone();
+}
+
+PluginFieldCollection const* DynamicConvPlugin::getFieldsToSerialize() noexcept
+{
+    mSerialFields.clear();
+    mSerialFields.emplace_back(kBlockSize, &mAttrs.blockSize, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kKernelSize, &mAttrs.kernelSize, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kGroupSize, &mAttrs.groupSize, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kFuseResidual, &mAttrs.fuseResidual, PluginFieldType::kINT32, 1);
+    mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
+    mSerialCollection.fields = mSerialFields.data();
+    return &mSerialCollection;
+}
+
+DynamicConvPluginCreator::DynamicConvPluginCreator()
+{
+    mFields.emplace_back(kBlockSize, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kKernelSize, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kGroupSize, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kFuseResidual, nullptr, PluginFieldType::kINT32, 1);
+    mCollection.nbFields = static_cast<int32_t>(mFields.size());
+    mCollection.fields = mFields.data();
+}
+
+char const* DynamicConvPluginCreator::getPluginName() const noexcept
+{
+    return kDynamicConvName;
+}
+
+char const* DynamicConvPluginCreator::getPluginVersion() const noexcept
+{
+    return kDynamicConvVersion;
+}
+
+char const* DynamicConvPluginCreator::getPluginNamespace() const noexcept
+{
+    return kPluginNamespace;
+}
+
+PluginFieldCollection const* DynamicConvPluginCreator::getFieldNames() noexcept
+{
+    return &mCollection;
+}
+
+IPluginV3* DynamicConvPluginCreator::createPlugin(
+    char const* /*name*/, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
+{
+    DynamicConvAttrs a;
+    Int32Attr attrs[] = {{kBlockSize, &a.blockSize, true}, {kKernelSize, &a.kernelSize, true},
+        {kGroupSize, &a.groupSize, true}, {kFuseResidual, &a.fuseResidual, false}};
+    if (!parseInt32Attrs(kDynamicConvName, fc, attrs, 4))
+        return nullptr;
+    char msg[512];
+    if (validateDynamicConvAttrs(a, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("createPlugin", msg);
+        return nullptr;
+    }
+    return new (std::nothrow) DynamicConvPlugin(a);
+}
+
+REGISTER_TENSORRT_PLUGIN(DynamicConvPluginCreator);
+
+} // namespace dflash2

@@ -1,0 +1,232 @@
+#include "pairwiseScanPlugin.h"
+#include "pairwiseScanKernel.h"
+
+#include <new>
+
+using namespace nvinfer1;
+
+namespace dflash2
+{
+
+// Attribute names: keep in sync with pairwiseScanPlugin.yaml (tests/plugins checks both ways).
+namespace
+{
+constexpr char const* kMode = "mode";
+
+bool isFloatType(DataType t)
+{
+    return t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
+}
+} // namespace
+
+PairwiseScanPlugin::PairwiseScanPlugin(PairwiseScanAttrs const& attrs)
+    : mAttrs(attrs)
+{
+    mParams.mode = static_cast<ScanMode>(attrs.mode);
+}
+
+IPluginCapability* PairwiseScanPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
+{
+    switch (type)
+    {
+    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
+    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
+    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
+    }
+    return nullptr;
+}
+
+IPluginV3* PairwiseScanPlugin::clone() noexcept
+{
+    auto* p = new (std::nothrow) PairwiseScanPlugin(mAttrs);
+    if (p != nullptr)
+        p->mParams = mParams;
+    return p;
+}
+
+char const* PairwiseScanPlugin::getPluginName() const noexcept
+{
+    return kPairwiseScanName;
+}
+
+char const* PairwiseScanPlugin::getPluginVersion() const noexcept
+{
+    return kPairwiseScanVersion;
+}
+
+char const* PairwiseScanPlugin::getPluginNamespace() const noexcept
+{
+    return kPluginNamespace;
+}
+
+int32_t PairwiseScanPlugin::getNbOutputs() const noexcept
+{
+    return kScanNbOutputs;
+}
+
+int32_t PairwiseScanPlugin::getOutputDataTypes(
+    DataType* outputTypes, int32_t nbOutputs, DataType const* /*inputTypes*/, int32_t nbInputs) const noexcept
+{
+    if (nbOutputs != kScanNbOutputs || nbInputs != kScanNbInputs)
+        return -1;
+    outputTypes[0] = DataType::kINT32; // path token ids [B, L]
+    outputTypes[1] = DataType::kFLOAT; // q [B, L, K]
+    return 0;
+}
+
+int32_t PairwiseScanPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* /*shapeInputs*/,
+    int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs, IExprBuilder& /*exprBuilder*/) noexcept
+{
+    if (nbOutputs != kScanNbOutputs || nbInputs != kScanNbInputs || inputs[0].nbDims != 3)
+        return -1;
+    outputs[0].nbDims = 2;
+    outputs[0].d[0] = inputs[0].d[0];
+    outputs[0].d[1] = inputs[0].d[1];
+    outputs[1] = inputs[0]; // [B, L, K]
+    return 0;
+}
+
+bool PairwiseScanPlugin::supportsFormatCombination(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/, int32_t /*nbOutputs*/) noexcept
+{
+    PluginTensorDesc const& d = inOut[pos].desc;
+    if (d.format != TensorFormat::kLINEAR)
+        return false;
+    switch (pos)
+    {
+    case 0: return d.type == DataType::kFLOAT;                   // unary
+    case 1: return d.type == DataType::kINT32;                   // cand ids
+    case 2: return isFloatType(d.type);                          // projected hidden
+    case 3: return d.type == DataType::kINT32;                   // anchor
+    case 4:
+    case 5: return d.type == inOut[2].desc.type;                 // codebooks, hidden's dtype
+    case 6:
+    case 7: return d.type == DataType::kFLOAT;                   // temperature, uniforms
+    case 8: return d.type == DataType::kINT32;                   // path ids
+    case 9: return d.type == DataType::kFLOAT;                   // q
+    default: return false;
+    }
+}
+
+int32_t PairwiseScanPlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
+{
+    if (nbInputs != kScanNbInputs)
+        return -1;
+    TensorDesc descs[kScanNbInputs];
+    for (int32_t i = 0; i < nbInputs; ++i)
+        descs[i] = toDesc(in[i].desc.type, in[i].desc.dims);
+    char msg[512];
+    if (validatePairwiseScan(mAttrs, descs, nbInputs, nullptr, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("configurePlugin", msg);
+        return -1;
+    }
+    return 0;
+}
+
+size_t PairwiseScanPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+    DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
+{
+    if (nbInputs != kScanNbInputs || inputs[0].max.nbDims != 3)
+        return 0;
+    PairwiseScanParams p;
+    p.batch = inputs[0].max.d[0];
+    p.length = static_cast<int32_t>(inputs[0].max.d[1]);
+    p.topK = static_cast<int32_t>(inputs[0].max.d[2]);
+    return pairwiseScanWorkspaceSize(p);
+}
+
+int32_t PairwiseScanPlugin::onShapeChange(
+    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
+{
+    if (nbInputs != kScanNbInputs)
+        return -1;
+    TensorDesc descs[kScanNbInputs];
+    for (int32_t i = 0; i < nbInputs; ++i)
+        descs[i] = toDesc(in[i].type, in[i].dims);
+    char msg[512];
+    if (validatePairwiseScan(mAttrs, descs, nbInputs, &mParams, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("onShapeChange", msg);
+        return -1;
+    }
+    return 0;
+}
+
+int32_t PairwiseScanPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, PluginTensorDesc const* /*outputDesc*/,
+    void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
+{
+    char msg[512];
+    Status s = launchPairwiseScan(mParams, static_cast<float const*>(inputs[0]), static_cast<int32_t const*>(inputs[1]),
+        inputs[2], static_cast<int32_t const*>(inputs[3]), inputs[4], inputs[5], static_cast<float const*>(inputs[6]),
+        static_cast<float const*>(inputs[7]), workspace, static_cast<int32_t*>(outputs[0]),
+        static_cast<float*>(outputs[1]), stream, msg, sizeof(msg));
+    if (s != Status::kOK)
+    {
+        reportError("enqueue", msg);
+        return -1;
+    }
+    return 0;
+}
+
+IPluginV3* PairwiseScanPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
+{
+    return clone();
+}
+
+PluginFieldCollection const* PairwiseScanPlugin::getFieldsToSerialize() noexcept
+{
+    mSerialFields.clear();
+    mSerialFields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
+    mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
+    mSerialCollection.fields = mSerialFields.data();
+    return &mSerialCollection;
+}
+
+PairwiseScanPluginCreator::PairwiseScanPluginCreator()
+{
+    mFields.emplace_back(kMode, nullptr, PluginFieldType::kINT32, 1);
+    mCollection.nbFields = static_cast<int32_t>(mFields.size());
+    mCollection.fields = mFields.data();
+}
+
+char const* PairwiseScanPluginCreator::getPluginName() const noexcept
+{
+    return kPairwiseScanName;
+}
+
+char const* PairwiseScanPluginCreator::getPluginVersion() const noexcept
+{
+    return kPairwiseScanVersion;
+}
+
+char const* PairwiseScanPluginCreator::getPluginNamespace() const noexcept
+{
+    return kPluginNamespace;
+}
+
+PluginFieldCollection const* PairwiseScanPluginCreator::getFieldNames() noexcept
+{
+    return &mCollection;
+}
+
+IPluginV3* PairwiseScanPluginCreator::createPlugin(
+    char const* /*name*/, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
+{
+    PairwiseScanAttrs a; // mode defaults to greedy (the published behaviour)
+    Int32Attr attrs[] = {{kMode, &a.mode, false}};
+    if (!parseInt32Attrs(kPairwiseScanName, fc, attrs, 1))
+        return nullptr;
+    char msg[512];
+    if (validatePairwiseScanAttrs(a, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("createPlugin", msg);
+        return nullptr;
+    }
+    return new (std::nothrow) PairwiseScanPlugin(a);
+}
+
+REGISTER_TENSORRT_PLUGIN(PairwiseScanPluginCreator);
+
+} // namespace dflash2
