@@ -1,0 +1,250 @@
+"""Lossless speculative decoding with a DFlash2 drafter (batch size 1, plain PyTorch).
+
+One cycle, with ``start`` = absolute position of the anchor (the last token the target emitted,
+not yet run through the target)::
+
+    drafter(new committed context taps, [anchor, MASK x (bs-1)]) -> hidden, unary logits
+    selector (greedy | viterbi | sample | none)                      -> d_1..d_L, proposal q
+    target([anchor, d_1..d_L])  (one pass, cache extended by bs)     -> logits, hidden states
+    verify (greedy prefix / rejection sampling)                      -> n accepted + next token
+    commit: anchor, d_1..d_n enter the target cache and the drafter context; next token = new anchor
+
+Target cache after verification: attention-only targets are cropped to the committed length
+(``DynamicCache.crop``). Hybrid targets (Qwen3.5 Gated DeltaNet layers) keep a recurrent and a
+conv state that cannot be cropped: the cache is snapshot before verification and, unless every
+draft was accepted, restored and the committed tokens are replayed (one extra target pass,
+counted in ``replay_passes``). Forgetting this is silent: the recurrent state would then include
+rejected tokens and greedy output would drift from the target's own.
+
+All randomness is drawn from one ``torch.Generator(seed)`` as uniforms, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+from .drafter import DFlash2Drafter, extract_taps
+from .selector import MODES
+from .verify import accept_greedy, accept_sampling, sample_from_probs, scatter_proposal, target_probs
+
+__all__ = ["GenerationResult", "speculative_generate", "target_generate", "load_target",
+           "is_hybrid", "load_pair"]
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    output_ids: list[int]                       # newly generated tokens (stop token included)
+    acceptance_lengths: list[int] = field(default_factory=list)   # tokens emitted per verify pass
+    target_passes: int = 0                      # prefill + verification passes
+    replay_passes: int = 0                      # hybrid-target state replays (not verification)
+    drafter_passes: int = 0
+    stop_reason: str = "max_new_tokens"
+    selector: str = "greedy"
+    temperature: float = 0.0
+    block_size: int = 0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        a = self.acceptance_lengths
+        return sum(a) / len(a) if a else 0.0
+
+    @property
+    def histogram(self) -> dict[int, int]:
+        return dict(sorted(Counter(self.acceptance_lengths).items()))
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        """Generated tokens per target forward pass (prefill, verification and replays)."""
+        passes = self.target_passes + self.replay_passes
+        return len(self.output_ids) / passes if passes else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mean_acceptance_length"] = self.mean_acceptance_length
+        d["acceptance_histogram"] = {str(k): v for k, v in self.histogram.items()}
+        d["tokens_per_target_pass"] = self.tokens_per_target_pass
+        return d
+
+
+def is_hybrid(target) -> bool:
+    cfg = getattr(target.config, "text_config", target.config)
+    return "linear_attention" in (getattr(cfg, "layer_types", None) or ())
+
+
+def load_target(directory: str | Path, *, dtype: torch.dtype | None = None, device="cpu"):
+    """The target's causal LM through transformers (text model + lm_head; vision towers of
+    multimodal wrappers are not loaded)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype or "auto")
+    return model.to(device).eval()
+
+
+def load_pair(target_dir, drafter_dir, *, block_size: int | None = None, dtype=None, device="cpu"):
+    """Load the target and the drafter, after checking that they pair (vocab, widths, taps)."""
+    from ..config import DFlash2Config, TargetConfig, check_pair
+
+    dcfg = DFlash2Config.from_hugging_face(Path(drafter_dir) / "config.json")
+    tcfg = TargetConfig.from_hugging_face(Path(target_dir) / "config.json")
+    check_pair(dcfg, tcfg)
+    target = load_target(target_dir, dtype=dtype, device=device)
+    drafter = DFlash2Drafter.from_pretrained(drafter_dir, block_size=block_size, dtype=dtype,
+                                             device=device, target_hidden_size=tcfg.hidden_size)
+    return target, drafter
+
+
+def _new_cache(target):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=target.config)
+
+
+def _crop_to(cache, length: int) -> None:
+    """Drop the cached tokens beyond ``length``. A negative argument means "remove that many"
+    in every transformers 4.x/5.x (positive values changed meaning across versions)."""
+    remove = cache.get_seq_length() - length
+    if remove > 0:
+        cache.crop(-remove)
+    if cache.get_seq_length() != length:
+        raise RuntimeError(f"target cache holds {cache.get_seq_length()} tokens after crop, expected {length}")
+
+
+def _first_token(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> int:
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    p = target_probs(logits, temperature)
+    return int(sample_from_probs(p[None], torch.rand(1, generator=gen))[0])
+
+
+def _emit(out: list[int], tokens: Iterable[int], max_new: int, stops: set[int]) -> str | None:
+    for t in tokens:
+        out.append(int(t))
+        if int(t) in stops:
+            return "stop_token"
+        if len(out) >= max_new:
+            return "max_new_tokens"
+    return None
+
+
+@torch.no_grad()
+def target_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                    temperature: float = 0.0, stop_token_ids: Iterable[int] = (),
+                    seed: int = 0) -> list[int]:
+    """The target's own autoregressive decoding, one token per pass (the losslessness oracle)."""
+    dev = next(target.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    cache = _new_cache(target)
+    out: list[int] = []
+    stops = set(stop_token_ids)
+    logits = target(torch.tensor([list(prompt_ids)], device=dev), cache=cache, use_cache=True).logits
+    while True:
+        tok = _first_token(logits[0, -1].cpu(), temperature, gen)
+        if _emit(out, [tok], max_new_tokens, stops):
+            return out
+        logits = target(torch.tensor([[tok]], device=dev), cache=cache, use_cache=True).logits
+
+
+@torch.no_grad()
+def speculative_generate(target, drafter: DFlash2Drafter, prompt_ids: Sequence[int], *,
+                         max_new_tokens: int = 64, selector: str = "greedy",
+                         temperature: float = 0.0, top_k: int | None = None,
+                         stop_token_ids: Iterable[int] = (), seed: int = 0,
+                         draft_hook=None) -> GenerationResult:
+    """Speculative decoding, token-identical to :func:`target_generate` when greedy
+    (temperature 0) and distributed like it when sampling (temperature > 0).
+
+    ``draft_hook(start, tokens) -> tokens`` (greedy only) may replace the drafted tokens
+    ``[1, L]`` of the block anchored at ``start``; tests use it to force chosen acceptance
+    patterns through the commit / crop / replay paths.
+    """
+    if selector not in MODES:
+        raise ValueError(f"unknown selector {selector!r}; expected one of {', '.join(MODES)}")
+    if selector == "sample" and temperature <= 0:
+        raise ValueError("selector 'sample' needs temperature > 0 (use greedy or viterbi at T = 0)")
+    if draft_hook is not None and temperature > 0:
+        raise ValueError("draft_hook is only supported for greedy decoding (its q would be wrong)")
+    # Note: greedy / viterbi / none at temperature > 0 propose deterministically (one-hot q);
+    # rejection sampling stays lossless with such a proposal.
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    if len(prompt_ids) < 1:
+        raise ValueError("the prompt must hold at least one token")
+    cfg = drafter.cfg
+    bs = cfg.block_size
+    L = bs - 1
+    dev = next(target.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    embed = target.get_input_embeddings()
+    lm_head = target.get_output_embeddings()
+    hybrid = is_hybrid(target)
+    stops = set(stop_token_ids)
+    res = GenerationResult(list(map(int, prompt_ids)), [], selector=selector,
+                           temperature=float(temperature), block_size=bs)
+
+    # ---- prefill --------------------------------------------------------------------------
+    cache = _new_cache(target)
+    out = target(torch.tensor([res.prompt_ids], device=dev), cache=cache, use_cache=True,
+                 output_hidden_states=True)
+    res.target_passes += 1
+    new_taps = extract_taps(out.hidden_states, cfg.target_layer_ids)
+    anchor = _first_token(out.logits[0, -1].cpu(), temperature, gen)
+    start = len(res.prompt_ids)
+    dcache = drafter.new_cache()
+    reason = _emit(res.output_ids, [anchor], max_new_tokens, stops)
+
+    while reason is None:
+        # ---- draft ------------------------------------------------------------------------
+        block = torch.full((1, bs), cfg.mask_token_id, dtype=torch.long, device=dev)
+        block[0, 0] = anchor
+        emb = drafter.embed_block(block, embed).to(next(drafter.parameters()).dtype)
+        hidden = drafter(emb, new_taps.to(emb.dtype), start, dcache)[:, 1:]
+        res.drafter_passes += 1
+        unary = drafter.unary_logits(hidden.to(lm_head.weight.dtype), lm_head)
+        uniforms = torch.rand(1, L, generator=gen).to(dev) if temperature > 0 else None
+        sel = drafter.candidate_selector(
+            hidden, unary, block[:, 0], selector, top_k=top_k,
+            temperature=temperature if temperature > 0 else None, uniforms=uniforms)
+        draft = sel.tokens                                              # [1, L]
+        if draft_hook is not None:
+            draft = draft_hook(start, draft.clone()).to(device=dev, dtype=torch.long)
+        block[0, 1:] = draft[0]
+
+        # ---- verify -----------------------------------------------------------------------
+        snapshot = copy.deepcopy(cache) if hybrid else None
+        vout = target(block, cache=cache, use_cache=True, output_hidden_states=True)
+        res.target_passes += 1
+        logits = vout.logits.float()                                    # [1, bs, V]
+        if temperature <= 0:
+            n_acc, nxt = accept_greedy(draft, logits)
+        else:
+            q_full = scatter_proposal(sel.cand_ids, sel.q, logits.shape[-1])
+            p = target_probs(logits, temperature)
+            n_acc, nxt = accept_sampling(draft, q_full, p,
+                                         torch.rand(1, L, generator=gen).to(dev),
+                                         torch.rand(1, generator=gen).to(dev))
+        n = int(n_acc[0])
+        res.acceptance_lengths.append(n + 1)
+        committed = n + 1                       # anchor + n accepted drafts
+
+        # ---- commit -----------------------------------------------------------------------
+        if n < L:
+            if hybrid:
+                cache = snapshot
+                target(block[:, :committed], cache=cache, use_cache=True)
+                res.replay_passes += 1
+            else:
+                _crop_to(cache, start + committed)
+        new_taps = extract_taps(vout.hidden_states, cfg.target_layer_ids)[:, :committed]
+        start += committed
+        anchor = int(nxt[0])
+        reason = _emit(res.output_ids, [int(t) for t in draft[0, :n]] + [anchor],
+                       max_new_tokens, stops)
+    res.stop_reason = reason
+    return res
