@@ -113,5 +113,29 @@ def inspect_cmd(path, target_key, drafter_dir, target_dir, download, check_value
         sys.exit(1)
 
 
+@main.command("generate")
+@_pair_options
+@click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
+@click.option("--prompt", help="Prompt text (needs a tokenizer in the target directory).")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--selector", type=click.Choice(["greedy", "viterbi", "sample", "none"]), default=None,
+              help="Path selector walk [default: greedy at T=0, sample at T>0].")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--block-size", type=int, default=None, help="Override the drafter's block size.")
+@click.option("--top-k", type=int, default=None, help="Override the selector's candidates per position.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def generate_cmd(target_key, drafter_dir, target_dir, download, prompt_ids, prompt, temperature, selector,
+                 max_new_tokens, seed, block_size, top_k, as_json) -> None:
+    """Speculative decoding with the PyTorch reference; prints output and acceptance statistics."""
+    from .reference.generate import render_generation, run_generate
+
+    d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
+    report = run_generate(d, t, prompt_ids=prompt_ids, prompt=prompt, temperature=temperature,
+                          selector=selector, max_new_tokens=max_new_tokens, seed=seed,
+                          block_size=block_size, top_k=top_k)
+    click.echo(json.dumps(report, indent=2) if as_json else render_generation(report))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

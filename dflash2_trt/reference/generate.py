@@ -1,0 +1,109 @@
+"""What ``dflash2-trt generate`` does: load a drafter + target pair, run the reference
+speculative loop on a prompt, and report the output and the acceptance statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ConfigError, DFlash2Error
+
+__all__ = ["parse_prompt_ids", "run_generate", "render_generation"]
+
+
+def parse_prompt_ids(text: str, vocab_size: int | None = None) -> list[int]:
+    """``"1,2,3"`` -> ``[1, 2, 3]``, with a clear error for anything else."""
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}", field="--prompt-ids") from None
+    if not ids:
+        raise ConfigError("no token ids given", field="--prompt-ids")
+    bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if bad:
+        raise ConfigError(f"token ids {bad} outside the vocabulary [0, {vocab_size})", field="--prompt-ids")
+    return ids
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
+def _tokenizer(target_dir: Path):
+    # transformers may build an EMPTY tokenizer from config.json alone (it encodes every text to
+    # no tokens), so require real tokenizer files first.
+    if not any((target_dir / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(target_dir))
+    except Exception:  # noqa: BLE001 - any failure means "no usable tokenizer here"
+        return None
+
+
+def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids: str | None = None,
+                 prompt: str | None = None, temperature: float = 0.0, selector: str | None = None,
+                 max_new_tokens: int = 64, seed: int = 0, block_size: int | None = None,
+                 top_k: int | None = None, stop_token_ids: Sequence[int] | None = None,
+                 device: str = "cpu") -> dict:
+    """Run the reference speculative loop; returns a JSON-ready report."""
+    import torch
+
+    from ..config import TargetConfig
+    from .loop import load_pair, speculative_generate
+
+    if (prompt_ids is None) == (prompt is None):
+        raise DFlash2Error("give exactly one of --prompt-ids or --prompt")
+    if temperature < 0:
+        raise ConfigError(f"must be >= 0, got {temperature}", field="--temperature")
+    selector = selector or ("sample" if temperature > 0 else "greedy")
+    if selector == "sample" and temperature <= 0:
+        raise ConfigError("selector 'sample' needs --temperature > 0", field="--selector")
+    target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
+    tcfg = TargetConfig.from_hugging_face(target_dir / "config.json")
+    tok = None
+    if prompt is not None:
+        tok = _tokenizer(target_dir)
+        if tok is None:
+            raise DFlash2Error(f"{target_dir}: no tokenizer found for --prompt text; pass token ids "
+                               "with --prompt-ids 1,2,3 instead")
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ConfigError("the prompt encodes to no tokens", field="--prompt")
+    else:
+        ids = parse_prompt_ids(prompt_ids, tcfg.vocab_size)
+    torch.manual_seed(seed)
+    target, drafter = load_pair(target_dir, drafter_dir, block_size=block_size, device=device)
+    stops = tcfg.eos_token_ids if stop_token_ids is None else tuple(stop_token_ids)
+    res = speculative_generate(target, drafter, ids, max_new_tokens=max_new_tokens,
+                               selector=selector, temperature=temperature, top_k=top_k,
+                               stop_token_ids=stops, seed=seed)
+    out = res.to_dict()
+    out.update(drafter_dir=str(drafter_dir), target_dir=str(target_dir), seed=seed,
+               stop_token_ids=list(stops), target_family=tcfg.family)
+    if tok is None and prompt is None:
+        tok = _tokenizer(target_dir)
+    if tok is not None:
+        out["output_text"] = tok.decode(res.output_ids)
+    return out
+
+
+def render_generation(r: dict) -> str:
+    lines = [
+        f"target: {r['target_dir']} ({r['target_family']})",
+        f"drafter: {r['drafter_dir']}   block_size {r['block_size']}   selector {r['selector']}   "
+        f"temperature {r['temperature']}   seed {r['seed']}",
+        f"prompt ids: {r['prompt_ids']}",
+        f"output ids: {r['output_ids']}",
+    ]
+    if "output_text" in r:
+        lines.append(f"output text: {r['output_text']!r}")
+    hist = ", ".join(f"{k}: {v}" for k, v in r["acceptance_histogram"].items())
+    lines += [
+        f"stop reason: {r['stop_reason']}   new tokens: {len(r['output_ids'])}",
+        f"acceptance length: mean {r['mean_acceptance_length']:.3f} over {len(r['acceptance_lengths'])} "
+        f"verification passes   histogram {{{hist}}}",
+        f"target passes: {r['target_passes']} (prefill + verification)   replays: {r['replay_passes']}   "
+        f"tokens per target pass: {r['tokens_per_target_pass']:.3f}",
+    ]
+    return "\n".join(lines)
