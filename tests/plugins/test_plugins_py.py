@@ -1,0 +1,210 @@
+"""dflash2_trt.plugins: YAML specs -> plugin fields, library lookup, and the specs' agreement
+with the C++ glue and validation (one source of attribute names, types, ranges)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dflash2_trt import plugins
+from dflash2_trt.errors import ConfigError, MissingDependencyError
+
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+GLUE = {"DFlash2DynamicConv": PLUGINS / "dynamicConvPlugin" / "dynamicConvPlugin.cpp",
+        "DFlash2PairwiseScan": PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.cpp"}
+GLUE_H = {"DFlash2DynamicConv": PLUGINS / "dynamicConvPlugin" / "dynamicConvPlugin.h",
+          "DFlash2PairwiseScan": PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.h"}
+
+
+def test_importing_plugins_loads_nothing():
+    """Importing the module (in a fresh interpreter) neither imports tensorrt nor maps the library."""
+    code = ("import sys, dflash2_trt.plugins as p; "
+            "maps = open('/proc/self/maps').read() if sys.platform == 'linux' else ''; "
+            "assert 'tensorrt' not in sys.modules; assert p._LOADED == {}; "
+            "assert 'libdflash2_plugins' not in maps; print('clean')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0 and "clean" in res.stdout, res.stderr
+
+
+def test_specs_load():
+    specs = plugins.load_specs()
+    conv, scan = specs["DFlash2DynamicConv"], specs["DFlash2PairwiseScan"]
+    assert (conv.version, conv.namespace) == ("1", "dflash2")
+    assert [a.name for a in conv.attributes] == ["block_size", "kernel_size", "group_size", "fuse_residual"]
+    assert [t.name for t in conv.inputs] == ["x", "delta", "base_kernel", "residual"]
+    assert [t.name for t in scan.inputs] == ["unary", "cand_ids", "proj_hidden", "anchor", "pred_codebook",
+                                             "succ_codebook", "temperature", "uniforms"]
+    assert [t.name for t in scan.outputs] == ["path_ids", "q"]
+    assert scan.attribute("mode").enum == {"greedy": 0, "sample": 1, "viterbi": 2}
+
+
+def test_conv_fields():
+    fields = plugins.plugin_fields("DFlash2DynamicConv", block_size=16, kernel_size=2, group_size=16)
+    assert [(f.name, f.type, f.data.tolist()) for f in fields] == [
+        ("block_size", "int32", [16]), ("kernel_size", "int32", [2]), ("group_size", "int32", [16]),
+        ("fuse_residual", "int32", [0])]
+    assert all(f.data.dtype == np.int32 for f in fields)
+    fused = plugins.plugin_fields("DFlash2DynamicConv", block_size=8, kernel_size=2, group_size=16,
+                                  fuse_residual=True)
+    assert fused[-1].data.tolist() == [1]
+
+
+def test_scan_fields_enum():
+    assert plugins.plugin_fields("DFlash2PairwiseScan")[0].data.tolist() == [0]  # default greedy
+    assert plugins.plugin_fields("DFlash2PairwiseScan", mode="viterbi")[0].data.tolist() == [2]
+    assert plugins.plugin_fields("DFlash2PairwiseScan", mode=1)[0].data.tolist() == [1]
+
+
+@pytest.mark.parametrize("name,attrs,needle", [
+    ("DFlash2DynamicConv", dict(block_size=16, kernel_size=5, group_size=16), "5 outside [1, 4]"),
+    ("DFlash2DynamicConv", dict(block_size=16, group_size=16), "attribute 'kernel_size': required"),
+    ("DFlash2DynamicConv", dict(block_size=16, kernel_size=2, group_size=16, kernal_size=2), "unknown attribute"),
+    ("DFlash2DynamicConv", dict(block_size=16.0, kernel_size=2, group_size=16), "expected an integer"),
+    ("DFlash2PairwiseScan", dict(mode="beam"), "'beam' is not one of"),
+    ("DFlash2PairwiseScan", dict(mode=3), "3 is not one of"),
+])
+def test_fields_reject(name, attrs, needle):
+    with pytest.raises(ConfigError) as e:
+        plugins.plugin_fields(name, **attrs)
+    assert needle in str(e.value)
+    assert "Plugin.yaml" in str(e.value)  # names the spec file
+
+
+def test_unknown_plugin():
+    with pytest.raises(ConfigError, match="unknown plugin 'Nope'"):
+        plugins.load_spec("Nope")
+
+
+def _write_spec(tmp_path, text):
+    d = tmp_path / "dynamicConvPlugin"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "dynamicConvPlugin.yaml").write_text(text)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("name: DFlash2DynamicConv\nversion: '1'\nnamespace: x\nattributes: []\ninputs: []\noutputs: []\nextra: 1\n",
+     "unknown key(s) ['extra']"),
+    ("name: DFlash2DynamicConv\nversion: '1'\nnamespace: x\ninputs: []\noutputs: []\n", "attributes: missing"),
+    ("name: DFlash2DynamicConv\nversion: '1'\nnamespace: x\nattributes:\n  - {name: a, type: float32, required: true}"
+     "\ninputs: []\noutputs: []\n", "type 'float32' not supported"),
+    ("name: DFlash2DynamicConv\nversion: '1'\nnamespace: x\nattributes:\n  - {name: a, type: int32}"
+     "\ninputs: []\noutputs: []\n", "optional attribute needs a default"),
+    ("name: DFlash2DynamicConv\nversion: '1'\nnamespace: x\nattributes:\n  - {name: a, type: int32, default: 9, max: 4}"
+     "\ninputs: []\noutputs: []\n", "9 outside"),
+    ("name: Other\nversion: '1'\nnamespace: x\nattributes: []\ninputs: []\noutputs: []\n", "expected 'DFlash2DynamicConv'"),
+    ("name: [unclosed\n", "invalid YAML"),
+])
+def test_bad_spec_files(tmp_path, monkeypatch, text, needle):
+    monkeypatch.setenv("DFLASH2_PLUGIN_DIR", str(tmp_path))
+    _write_spec(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        plugins.load_spec("DFlash2DynamicConv")
+    assert needle in str(e.value) and "dynamicConvPlugin.yaml" in str(e.value)
+
+
+def test_missing_spec_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_PLUGIN_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match="plugin spec not found"):
+        plugins.load_spec("DFlash2PairwiseScan")
+
+
+# ------------------------------------------------------------------------------- the library
+def test_find_library_error_names_places(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_PLUGIN_DIR", str(tmp_path / "plugins"))
+    monkeypatch.delenv("DFLASH2_PLUGIN_LIB", raising=False)
+    with pytest.raises(MissingDependencyError) as e:
+        plugins.find_library()
+    msg = str(e.value)
+    assert str(tmp_path / "plugins" / "build" / "libdflash2_plugins.so") in msg
+    assert "cmake -S plugins" in msg and "DFLASH2_PLUGIN_LIB" in msg
+    monkeypatch.setenv("DFLASH2_PLUGIN_LIB", str(tmp_path / "x.so"))
+    with pytest.raises(MissingDependencyError, match=re.escape(str(tmp_path / "x.so"))):
+        plugins.load_library()
+
+
+def test_find_and_load_library(tmp_path, monkeypatch, plugin_build_dir):
+    """An explicitly given library is found and loaded (a CPU-built stand-in: the real one needs
+    CUDA and libnvinfer, which are not here); a file that is not a library fails clearly."""
+    from conftest import build_shared  # noqa: PLC0415
+    lib = build_shared([PLUGINS / "dynamicConvPlugin" / "dynamicConvParams.cpp"], tmp_path / "libdflash2_plugins.so")
+    monkeypatch.setenv("DFLASH2_PLUGIN_LIB", str(lib))
+    assert plugins.find_library() == lib.resolve()
+    handle = plugins.load_library()
+    assert plugins.load_library() is handle  # loaded once
+    bad = tmp_path / "bad.so"
+    bad.write_text("not an ELF")
+    with pytest.raises(MissingDependencyError, match="could not be loaded"):
+        plugins.load_library(bad)
+
+
+def test_tensorrt_absent_is_missing_dependency(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt -> ImportError
+    with pytest.raises(MissingDependencyError, match="tensorrt"):
+        plugins.trt_field_collection("DFlash2PairwiseScan", mode="greedy")
+
+
+# ------------------------------------------------------------- YAML <-> C++ glue / validation
+@pytest.mark.parametrize("name", plugins.PLUGIN_NAMES)
+def test_glue_matches_spec(name):
+    spec = plugins.load_spec(name)
+    cpp, hdr = GLUE[name].read_text(), GLUE_H[name].read_text()
+    assert re.search(rf'Name = "{spec.name}";', hdr), "plugin name constant"
+    assert re.search(rf'Version = "{spec.version}";', hdr), "plugin version constant"
+    utils = (PLUGINS / "common" / "df2PluginUtils.h").read_text()
+    assert f'kPluginNamespace = "{spec.namespace}";' in utils
+    # attribute name constants in the glue == the spec's attribute names
+    consts = dict(re.findall(r'constexpr char const\* (k\w+) = "([a-z_]+)";', cpp))
+    assert sorted(consts.values()) == sorted(a.name for a in spec.attributes)
+    # required flags in createPlugin's table == the spec's
+    table = dict(re.findall(r"\{(k\w+), &a\.\w+, (true|false)\}", cpp))
+    assert {consts[k]: v == "true" for k, v in table.items()} == {a.name: a.required for a in spec.attributes}
+    # every attribute serialised and announced as kINT32 (what plugin_fields produces)
+    for const in consts:
+        assert re.search(rf"{const}, &mAttrs\.\w+, PluginFieldType::kINT32, 1", cpp), const
+        assert re.search(rf"{const}, nullptr, PluginFieldType::kINT32, 1", cpp), const
+
+
+def _good_conv_inputs():
+    return [(1, (-1, 64)), (1, (-1, 2, 4)), (1, (2, 64))]
+
+
+def test_conv_ranges_match_validation(conv_lib):
+    spec = plugins.load_spec("DFlash2DynamicConv")
+    base = dict(block_size=16, kernel_size=2, group_size=16, fuse=False)
+    key = {"block_size": "block_size", "kernel_size": "kernel_size", "group_size": "group_size",
+           "fuse_residual": "fuse"}
+    for a in spec.attributes:
+        for v, ok in ((a.min, True), (a.max, True), (None if a.min is None else a.min - 1, False),
+                      (None if a.max is None else a.max + 1, False)):
+            if v is None:
+                continue
+            attrs = dict(base, **{key[a.name]: v})
+            ins = _good_conv_inputs()
+            if a.name == "block_size":  # block_size 1 only admits kernel_size 1
+                attrs["kernel_size"] = 1
+                ins = [(1, (-1, 64)), (1, (-1, 1, 4)), (1, (1, 64))]
+            if a.name == "kernel_size":
+                ins = [(1, (-1, 64)), (1, (-1, max(v, 0), 4)), (1, (max(v, 0), 64))]
+            if a.name == "group_size":
+                ins = [(1, (-1, 64)), (1, (-1, 2, -1)), (1, (2, 64))]
+            if a.name == "fuse_residual" and v == 1:
+                ins = ins + [(0, (-1, 64))]
+            rc, msg = conv_lib.validate(ins, **attrs)
+            assert (rc == 0) == ok, (a.name, v, msg)
+            if not ok:
+                assert a.name in msg, msg
+
+
+def test_scan_enum_matches_validation(scan_lib):
+    spec = plugins.load_spec("DFlash2PairwiseScan")
+    ins = [(0, (2, 3, 4)), (3, (2, 3, 4)), (1, (2, 3, 16)), (3, (2,)), (1, (10, 16)), (1, (10, 16)),
+           (0, (2,)), (0, (2, 3))]
+    for name, v in spec.attribute("mode").enum.items():
+        assert scan_lib.validate(ins, v) == (0, ""), name
+    assert scan_lib.validate(ins, max(spec.attribute("mode").enum.values()) + 1)[0] == 1
+    assert len(spec.inputs) == 8 and len(spec.outputs) == 2
