@@ -137,5 +137,24 @@ def generate_cmd(target_key, drafter_dir, target_dir, download, prompt_ids, prom
     click.echo(json.dumps(report, indent=2) if as_json else render_generation(report))
 
 
+@main.command("convert")
+@_pair_options
+@click.option("--output", required=True, type=click.Path(), help="Checkpoint directory to create.")
+@click.option("--tp-size", default=1, show_default=True, type=click.Choice(["1", "2", "4", "8"]),
+              help="Tensor-parallel ranks (one rank{N}.safetensors each).")
+@click.option("--pp-size", default=1, show_default=True, type=click.Choice(["1"]), help="Pipeline stages (1 only).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
+              help="Cast weights to this dtype (default: the checkpoints' own).")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, pp_size, dtype, force) -> None:
+    """Convert a DFlash2 drafter + its target into one TensorRT-LLM checkpoint (TP-sharded)."""
+    from .convert import convert_pair
+
+    d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
+    res = convert_pair(d, t, output, tp_size=int(tp_size), dtype=dtype, force=force)
+    click.echo(f"wrote {res.output} (tp {res.tp_size}, {res.dtype}, {len(res.files) - 1} rank file(s), "
+               f"{res.bytes_read / 2**20:.1f} MiB read in {res.seconds:.1f} s)")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

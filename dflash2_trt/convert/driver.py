@@ -1,0 +1,347 @@
+"""``dflash2-trt convert``: HF drafter + target -> combined TensorRT-LLM checkpoint, streamed.
+
+Order of work (nothing touches the output location before step 4):
+
+1. configs (typed, validated), pairing, ``--tp-size``/``--dtype`` checks;
+2. tensor inventories: every tensor transformers (target) or the published contract (drafter)
+   expects must be present with its shape and dtype; every tensor present must be mapped or
+   deliberately dropped by a named rule — anything else is an error;
+3. the plan (:mod:`.plan`) for every rank, checked against the source shapes; from it the
+   header of every ``rank{N}.safetensors`` is computed;
+4. inside a temporary directory beside the output: one pass over the source tensors in file
+   order, each read in row chunks of at most :data:`CHUNK_BYTES` with ``pread`` (no mmap, so the
+   resident set does not grow with the tensor size), checked for NaN/Inf, cast if asked, and
+   scattered by ``pwrite`` into every rank file that needs a slice of it; SHA-256 in a background
+   thread; then ``config.json`` and ``manifest.json``; then the rename.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..checkpoint.inventory import check_inventory, expected_drafter_tensors, expected_target_tensors
+from ..checkpoint.reader import DTYPE_NAMES, SafetensorsCheckpoint, TensorInfo
+from ..checkpoint.writer import (
+    ITEMSIZE, AtomicOutputDir, SafetensorsLayout, StreamingSafetensorsWriter, TensorSpec, _HashWorker,
+    check_output_dir, sha256_file, write_small_file,
+)
+from ..config import DFlash2Config, TargetConfig, pairing_problems
+from ..errors import CheckpointError, ConfigError, PairingError
+from . import dflash2, qwen3, qwen3_5
+from .plan import DRAFTER, TARGET, Drop, OutTensor, width_of
+from .schema import FORMAT, SCHEMA_VERSION, build_config
+
+TP_SIZES = (1, 2, 4, 8)
+OUT_DTYPES = ("bfloat16", "float16", "float32")
+CHUNK_BYTES = 64 << 20
+_FAMILY_MAPS = {"qwen3": qwen3, "qwen3_5": qwen3_5}
+_TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+# Exponent bits: a value is NaN or Inf exactly when all of them are set.
+_EXP_MASK = {"BF16": (np.uint16, 0x7F80), "F16": (np.uint16, 0x7C00), "F32": (np.uint32, 0x7F800000)}
+
+
+@dataclass
+class ConvertResult:
+    output: Path
+    tp_size: int
+    dtype: str
+    files: list[dict]
+    bytes_read: int
+    seconds: float
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Source:
+    ckpt: SafetensorsCheckpoint
+    config: object
+    directory: Path
+
+
+# ---- planning -------------------------------------------------------------------------------
+
+def _rank_plans(t: TargetConfig, d: DFlash2Config, tp: int) -> list[list[OutTensor]]:
+    fam = _FAMILY_MAPS[t.family]
+    return [fam.target_tensors(t, tp, r) + dflash2.drafter_tensors(d, t.hidden_size, tp, r) for r in range(tp)]
+
+
+def _check_inventories(t: TargetConfig, d: DFlash2Config, tck: SafetensorsCheckpoint, dck: SafetensorsCheckpoint,
+                       drops: list[Drop]) -> dict[str, int]:
+    """Raise on missing / wrong-shape / wrong-dtype / unmapped tensors. Returns dropped counts by reason."""
+    dropped: dict[str, int] = {}
+    for ckpt, expected, rules in ((tck, expected_target_tensors(t), drops),
+                                  (dck, expected_drafter_tensors(d, t.hidden_size), [])):
+        rep = check_inventory(ckpt, expected)
+        unexpected = []
+        for name in rep.unexpected:
+            rule = next((r for r in rules if r.matches(name)), None)
+            if rule is None:
+                unexpected.append(name)
+            else:
+                dropped[rule.reason] = dropped.get(rule.reason, 0) + 1
+        rep.unexpected = unexpected
+        if rep.unexpected and not (rep.missing or rep.wrong_shape or rep.wrong_dtype):
+            n = len(rep.unexpected)
+            raise CheckpointError(
+                f"{n} tensor(s) neither converted nor deliberately dropped (unmapped), e.g. {rep.unexpected[:5]}",
+                file=ckpt.directory, tensor=rep.unexpected[0])
+        rep.raise_for_problems()
+    return dropped
+
+
+def _check_plan(plans: list[list[OutTensor]], sources: dict[str, _Source], drops: list[Drop]) -> None:
+    """Every piece fits its source and its output; every source tensor is used or dropped."""
+    used: set[tuple[str, str]] = set()
+    for plan in plans:
+        for out in plan:
+            assert sum(p.num_rows for p in out.pieces) == out.rows, out.name
+            for p in out.pieces:
+                used.add((p.ckpt, p.src))
+                info = sources[p.ckpt].ckpt.info(p.src)
+                width = width_of(info.shape)
+                c0, c1 = p.cols if p.cols is not None else (0, width)
+                if not (0 <= p.rows[0] < p.rows[1] <= info.shape[0] and 0 <= c0 < c1 <= width):
+                    raise CheckpointError(f"plan slice rows {p.rows} cols {(c0, c1)} outside shape {list(info.shape)}"
+                                          f" (converter bug)", file=info.file, tensor=p.src)
+                if c1 - c0 != out.width:
+                    raise CheckpointError(f"plan slice width {c1 - c0} != output {out.name} width {out.width} "
+                                          f"(converter bug)", file=info.file, tensor=p.src)
+    for kind, src in sources.items():
+        rules = drops if kind == TARGET else []
+        left = [n for n in src.ckpt.keys() if (kind, n) not in used and not any(r.matches(n) for r in rules)]
+        if left:
+            raise CheckpointError(f"{len(left)} tensor(s) expected but not mapped by the converter (converter bug), "
+                                  f"e.g. {left[:5]}", file=src.directory, tensor=left[0])
+
+
+def _out_tag(out: OutTensor, sources: dict[str, _Source], dtype: str) -> str:
+    src_tags = {sources[p.ckpt].ckpt.info(p.src).dtype for p in out.pieces}
+    if out.keep_float32 and src_tags == {"F32"}:
+        return "F32"
+    return DTYPE_NAMES[dtype]
+
+
+# ---- identities -----------------------------------------------------------------------------
+
+_SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")
+
+
+def source_identity(directory: Path, ckpt: SafetensorsCheckpoint) -> dict:
+    """What identifies a source: its config hash, file sizes and header hashes, HF revision if known.
+
+    Tensor data is not hashed (that would double the read cost); the headers pin every name,
+    dtype, shape and offset, and sizes pin the rest.
+    """
+    import hashlib
+
+    directory = directory.resolve()
+    files = []
+    for f in sorted({i.file for i in ckpt.infos().values()}):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header_sha = hashlib.sha256(fh.read(n)).hexdigest()
+        files.append({"name": f.name, "size": f.stat().st_size, "header_sha256": header_sha})
+    m = _SNAPSHOT.search(str(directory))
+    ident = {"path": str(directory), "config_sha256": sha256_file(directory / "config.json"), "files": files}
+    if m:
+        ident["hf_revision"] = m.group(1)
+    return ident
+
+
+# ---- streaming ------------------------------------------------------------------------------
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while converting, so the temporary directory is removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _check_finite(raw: np.ndarray, tag: str, info: TensorInfo, row0: int, row1: int) -> None:
+    if tag not in _EXP_MASK:
+        return
+    np_t, mask = _EXP_MASK[tag]
+    bits = raw.view(np_t)
+    if bits.size and int(np.bitwise_and(bits, np_t(mask)).max()) == mask:
+        raise CheckpointError(f"non-finite values (NaN or Inf) in rows [{row0}, {row1})", file=info.file,
+                              tensor=info.name)
+
+
+def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: list[StreamingSafetensorsWriter],
+            tags: list[dict[str, str]], progress) -> int:
+    """One pass over every used source tensor, in file order; returns the bytes read."""
+    dests: dict[tuple[str, str], list] = {}
+    for rank, plan in enumerate(plans):
+        for out in plan:
+            row = 0
+            for p in out.pieces:
+                dests.setdefault((p.ckpt, p.src), []).append((rank, out, p, row))
+                row += p.num_rows
+    infos = {k: sources[k[0]].ckpt.info(k[1]) for k in dests}
+    order = sorted(dests, key=lambda k: (str(infos[k].file), infos[k].offsets[0]))
+    fds: dict[Path, tuple[int, int]] = {}
+    buf = bytearray(CHUNK_BYTES)
+    total = 0
+    try:
+        for key in order:
+            info = infos[key]
+            if info.file not in fds:
+                fd = os.open(info.file, os.O_RDONLY)
+                fds[info.file] = (fd, 8 + int.from_bytes(os.pread(fd, 8, 0), "little"))
+            fd, data_start = fds[info.file]
+            isz = ITEMSIZE[info.dtype]
+            n_rows = info.shape[0] if info.shape else 1
+            row_bytes = width_of(info.shape) * isz
+            if row_bytes > len(buf):
+                buf = bytearray(row_bytes)
+            chunk_rows = max(1, len(buf) // row_bytes)
+            mv = memoryview(buf)
+            for a in range(0, n_rows, chunk_rows):
+                b = min(n_rows, a + chunk_rows)
+                nbytes = (b - a) * row_bytes
+                view = mv[:nbytes]
+                got, off = 0, data_start + info.offsets[0] + a * row_bytes
+                while got < nbytes:
+                    n = os.preadv(fd, [view[got:]], off + got)
+                    if n <= 0:
+                        raise CheckpointError("file ended while reading the tensor", file=info.file, tensor=info.name)
+                    got += n
+                arr = np.frombuffer(view, dtype=np.uint8).reshape(b - a, row_bytes)
+                _check_finite(arr, info.dtype, info, a, b)
+                for rank, out, p, row0 in dests[key]:
+                    x, y = max(a, p.rows[0]), min(b, p.rows[1])
+                    if x >= y:
+                        continue
+                    block = arr[x - a:y - a]
+                    if p.cols is not None:
+                        block = block[:, p.cols[0] * isz:p.cols[1] * isz]
+                    tag = tags[rank][out.name]
+                    if tag != info.dtype:
+                        src = torch.from_numpy(np.ascontiguousarray(block)).view(_TORCH[info.dtype])
+                        block = src.to(_TORCH[tag]).view(torch.uint8).numpy()
+                    else:
+                        block = np.ascontiguousarray(block)
+                    out_row_bytes = out.width * ITEMSIZE[tag]
+                    writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block)
+                total += nbytes
+                if progress is not None:
+                    progress.update(nbytes)
+    finally:
+        for fd, _ in fds.values():
+            os.close(fd)
+    return total
+
+
+def _completion_order(plan: list[OutTensor], src_order: dict[tuple[str, str], int]) -> list[OutTensor]:
+    """Outputs ordered by when their last source is read, so each file fills front to back
+    (that lets the SHA-256 thread follow the writes instead of re-reading the file at the end)."""
+    return sorted(plan, key=lambda o: (max(src_order[(p.ckpt, p.src)] for p in o.pieces), o.name))
+
+
+# ---- entry point ----------------------------------------------------------------------------
+
+def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | Path, *, tp_size: int = 1,
+                 dtype: str | None = None, force: bool = False, progress: bool | None = None) -> ConvertResult:
+    """Convert a DFlash2 drafter and its target into one TensorRT-LLM checkpoint at ``output``."""
+    t0 = time.perf_counter()
+    if tp_size not in TP_SIZES:
+        raise ConfigError(f"must be one of {', '.join(map(str, TP_SIZES))}, got {tp_size}", field="--tp-size")
+    if dtype is not None and dtype not in OUT_DTYPES:
+        raise ConfigError(f"must be one of {', '.join(OUT_DTYPES)}, got {dtype!r}", field="--dtype")
+    drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
+    t = TargetConfig.from_hugging_face(target_dir)
+    d = DFlash2Config.from_hugging_face(drafter_dir)
+    if t.family not in _FAMILY_MAPS:
+        raise ConfigError(f"target family {t.family!r} cannot be converted yet; supported: "
+                          f"{', '.join(_FAMILY_MAPS)}", source=t.source, field="architectures")
+    out_dtype = dtype or t.dtype
+    tck, dck = SafetensorsCheckpoint(target_dir), SafetensorsCheckpoint(drafter_dir)
+    fc_shape = dck.info("fc.weight").shape if "fc.weight" in dck else None
+    # With an explicit --dtype both sides are cast to it, so their stored dtypes need not agree.
+    problems = pairing_problems(replace(d, dtype=t.dtype) if dtype else d, t, fc_weight_shape=fc_shape)
+    if problems:
+        raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
+    check_output_dir(output, force)
+    drops = _FAMILY_MAPS[t.family].target_drops(t)
+    dropped = _check_inventories(t, d, tck, dck, drops)
+    sources = {TARGET: _Source(tck, t, target_dir), DRAFTER: _Source(dck, d, drafter_dir)}
+    plans = _rank_plans(t, d, tp_size)
+    _check_plan(plans, sources, drops)
+
+    infos = {(p.ckpt, p.src): sources[p.ckpt].ckpt.info(p.src) for plan in plans for o in plan for p in o.pieces}
+    src_order = {k: i for i, k in enumerate(sorted(infos, key=lambda k: (str(infos[k].file), infos[k].offsets[0])))}
+    plans = [_completion_order(plan, src_order) for plan in plans]
+    tags = [{o.name: _out_tag(o, sources, out_dtype) for o in plan} for plan in plans]
+    layouts = [SafetensorsLayout([TensorSpec(o.name, tags[r][o.name], o.shape) for o in plan], {"format": "pt"})
+               for r, plan in enumerate(plans)]
+    total_bytes = sum(i.nbytes for i in infos.values())
+    config = build_config(t, d, tp_size=tp_size, dtype=out_dtype, converter_version=__version__)
+    identities = {"target": source_identity(target_dir, tck), "drafter": source_identity(drafter_dir, dck)}
+
+    show = sys.stderr.isatty() if progress is None else progress
+    from tqdm import tqdm
+
+    with _sigterm_as_interrupt(), AtomicOutputDir(output, force=force) as tmp:
+        hasher: _HashWorker | None = _HashWorker()
+        writers: list[StreamingSafetensorsWriter] = []
+        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="convert",
+                   disable=not show, file=sys.stderr, dynamic_ncols=True)
+        try:
+            for r, layout in enumerate(layouts):
+                writers.append(StreamingSafetensorsWriter(tmp / f"rank{r}.safetensors", layout, hasher))
+            read = _stream(sources, plans, writers, tags, bar)
+            for w in writers:
+                w.finish()
+            hasher.close()
+            hasher = None
+            digests = [w.sha256() for w in writers]
+        finally:
+            bar.close()
+            if hasher is not None:  # error path: stop the thread without masking the original error
+                try:
+                    hasher.close()
+                except Exception:
+                    pass
+            for w in writers:
+                w.close()
+        write_small_file(tmp / "config.json", json.dumps(config, indent=2) + "\n")
+        files = [{"name": "config.json", "size": (tmp / "config.json").stat().st_size,
+                  "sha256": sha256_file(tmp / "config.json")}]
+        for w, digest in zip(writers, digests):
+            files.append({"name": w.path.name, "size": w.path.stat().st_size, "sha256": digest})
+        manifest = {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "converter_version": __version__,
+            "tp_size": tp_size,
+            "dtype": out_dtype,
+            "files": files,
+            "sources": identities,
+            "dropped": dropped,
+        }
+        write_small_file(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    return ConvertResult(Path(output), tp_size, out_dtype, files, read, time.perf_counter() - t0, dropped)
