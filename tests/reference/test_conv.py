@@ -9,6 +9,7 @@ from dflash2_trt.reference.conv import DynamicConv, dynamic_conv
 def naive_conv(x, delta, base, block_size, group_size):
     *lead, t, h = x.shape
     k = base.shape[0]
+    base = base.detach()
     xf = x.double().reshape(-1, t, h)
     df = delta.double().reshape(-1, t, k, h // group_size)
     out = torch.zeros_like(xf)
