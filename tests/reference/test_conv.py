@@ -10,8 +10,8 @@ def naive_conv(x, delta, base, block_size, group_size):
     *lead, t, h = x.shape
     k = base.shape[0]
     base = base.detach()
-    xf = x.double().reshape(-1, t, h)
-    df = delta.double().reshape(-1, t, k, h // group_size)
+    xf = x.detach().double().reshape(-1, t, h)
+    df = delta.detach().double().reshape(-1, t, k, h // group_size)
     out = torch.zeros_like(xf)
     for n in range(xf.shape[0]):
         for pos in range(t):
