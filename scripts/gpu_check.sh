@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# GPU check of the DFlash2 plugin kernels: builds them as a torch extension, checks them against
+# the torch reference and times them against torch eager (see scripts/gpu_check/gpu_check.py).
+# Needs a CUDA GPU, a CUDA build of torch and nvcc. Exits 2 with a message when there is no GPU.
+# Usage: scripts/gpu_check.sh [--json out.json] [--skip-bench]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+python="${PYTHON:-python3}"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_check: no NVIDIA GPU found (nvidia-smi missing or failing): nothing was run" >&2
+    exit 2
+fi
+nvidia-smi -L
+cd "$repo"
+# the whole check is budgeted to 5 minutes (extension build included)
+exec timeout --kill-after=10 300 "$python" "$here/gpu_check/gpu_check.py" "$@"

@@ -1,0 +1,112 @@
+"""Build checks that need only compilers: the CMake project (kernels-only here; glue too when
+TensorRT headers are given), the glue against TensorRT headers, and scripts/gpu_check.
+
+TensorRT headers: set DFLASH2_TRT_INCLUDE to a directory holding NvInferRuntime.h (for example
+an `include/` taken from a public NVIDIA/TensorRT snapshot) to compile the IPluginV3 glue.
+"""
+
+from __future__ import annotations
+
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = REPO / "plugins"
+GLUE = [PLUGINS / "dynamicConvPlugin" / "dynamicConvPlugin.cpp", PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.cpp"]
+
+
+def _cuda_include() -> Path | None:
+    nvcc = shutil.which("nvcc")
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    if nvcc is not None:
+        roots.append(str(Path(nvcc).resolve().parents[1]))
+    for root in filter(None, roots):
+        inc = Path(root) / "include"
+        if (inc / "cuda_runtime_api.h").is_file():
+            return inc
+    return None
+
+
+def _trt_include() -> Path | None:
+    d = os.environ.get("DFLASH2_TRT_INCLUDE")
+    return Path(d) if d and (Path(d) / "NvInferRuntime.h").is_file() else None
+
+
+def test_cmake_builds_kernels_library(tmp_path):
+    if shutil.which("cmake") is None or shutil.which("nvcc") is None:
+        pytest.skip("cmake or nvcc not found")
+    cfg = ["cmake", "-S", str(PLUGINS), "-B", str(tmp_path), "-DCMAKE_BUILD_TYPE=Release"]
+    trt = _trt_include()
+    if trt is not None:
+        cfg.append(f"-DTensorRT_ROOT={trt.parent}")
+    t0 = time.monotonic()
+    res = subprocess.run(cfg, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ("building the IPluginV3 glue" if trt else "building kernels only") in res.stdout
+    res = subprocess.run(["cmake", "--build", str(tmp_path), "-j2"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    print(f"\ncmake configure+build ({'with glue' if trt else 'kernels only'}): {time.monotonic() - t0:.1f} s")
+    lib = tmp_path / "libdflash2_plugins.so"
+    assert lib.is_file()
+    syms = subprocess.run(["nm", "-DC", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert "dflash2::launchDynamicConv" in syms and "dflash2::launchPairwiseScan" in syms
+    if trt is not None:
+        assert "DynamicConvPluginCreator" in syms and "PairwiseScanPluginCreator" in syms
+
+
+@pytest.mark.parametrize("source", GLUE, ids=lambda p: p.name)
+def test_glue_compiles_against_tensorrt_headers(source):
+    trt, cuda = _trt_include(), _cuda_include()
+    if trt is None:
+        pytest.skip("DFLASH2_TRT_INCLUDE not set to TensorRT headers: glue compile check skipped")
+    if cuda is None:
+        pytest.skip("CUDA headers not found next to nvcc")
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-isystem", str(trt),
+           "-isystem", str(cuda), str(source)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+
+
+def test_gpu_check_script_parses_and_exits_cleanly_without_gpu():
+    py_compile.compile(str(REPO / "scripts" / "gpu_check" / "gpu_check.py"), doraise=True)
+    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_check.sh")]).returncode == 0
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the no-GPU exit path is not exercised here")
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check" / "gpu_check.py"), "--skip-bench"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "no CUDA GPU" in res.stdout
+
+
+def test_gpu_check_extension_source_compiles():
+    """ext.cpp against torch's headers (syntax only: the CPU torch here cannot link CUDA code)."""
+    cuda = _cuda_include()
+    if cuda is None or shutil.which("g++") is None:
+        pytest.skip("g++ or CUDA headers not found")
+    from torch.utils.cpp_extension import include_paths
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror"]
+    for p in [*include_paths(), sysconfig.get_paths()["include"], str(cuda)]:
+        cmd += ["-isystem", p]
+    cmd += ["-I", str(PLUGINS), "-DTORCH_EXTENSION_NAME=dflash2_gpu_check_ext",
+            str(REPO / "scripts" / "gpu_check" / "ext.cpp")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+
+
+@pytest.mark.gpu
+def test_gpu_check_runs_on_gpu(tmp_path):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--skip-bench"], capture_output=True,
+                         text=True, env={**os.environ, "PYTHON": sys.executable})
+    print(res.stdout)
+    assert res.returncode == 0, res.stdout + res.stderr
