@@ -1,0 +1,72 @@
+"""The streaming safetensors writer and the atomic output directory, on their own."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dflash2_trt.checkpoint.reader import read_header
+from dflash2_trt.checkpoint.writer import (
+    AtomicOutputDir, SafetensorsLayout, StreamingSafetensorsWriter, TensorSpec, _HashWorker, sha256_file,
+)
+from dflash2_trt.errors import CheckpointError
+
+
+def _specs():
+    return [TensorSpec("b", "F32", (3, 5)), TensorSpec("a", "BF16", (7,)), TensorSpec("c", "F16", (2, 2, 2))]
+
+
+def test_out_of_order_writes_give_a_valid_file_and_the_right_digest(tmp_path):
+    tensors = {"b": torch.randn(3, 5), "a": torch.randn(7).bfloat16(), "c": torch.randn(2, 2, 2).half()}
+    layout = SafetensorsLayout(_specs(), {"format": "pt"})
+    assert layout.data_start % 8 == 0
+    hasher = _HashWorker()
+    w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", layout, hasher)
+    raw = {k: v.contiguous().view(torch.uint8).numpy().tobytes() for k, v in tensors.items()}
+    # c first, then b's second half, a, b's first half: completion order differs from file order.
+    w.write("c", 0, raw["c"])
+    w.write("b", 30, raw["b"][30:])
+    w.write("a", 0, raw["a"])
+    w.write("b", 0, raw["b"][:30])
+    w.finish()
+    hasher.close()
+    digest = w.sha256()
+    w.close()
+    got = load_file(str(tmp_path / "x.safetensors"))
+    assert set(got) == set(tensors) and all(torch.equal(got[k], tensors[k]) for k in tensors)
+    assert digest == sha256_file(tmp_path / "x.safetensors")
+    infos, meta, _ = read_header(tmp_path / "x.safetensors")  # the project's strict reader accepts it
+    assert meta == {"format": "pt"} and infos["c"].shape == (2, 2, 2)
+
+
+def test_incomplete_tensor_is_an_error(tmp_path):
+    w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", SafetensorsLayout(_specs()))
+    w.write("b", 0, bytes(60))
+    w.write("a", 0, bytes(14))
+    w.write("c", 0, bytes(8))  # 8 of 16 bytes: a hole would read back as zeros
+    with pytest.raises(CheckpointError, match="not fully written"):
+        w.finish()
+    with pytest.raises(CheckpointError, match="overflows"):
+        w.write("c", 8, bytes(9))
+    w.close()
+
+
+def test_atomic_dir_removed_on_error(tmp_path):
+    with pytest.raises(RuntimeError):
+        with AtomicOutputDir(tmp_path / "out") as tmp:
+            (tmp / "f").write_text("x")
+            assert tmp.parent == tmp_path and tmp.name.startswith(".out.tmp-")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_dir_commit_and_permissions(tmp_path):
+    with AtomicOutputDir(tmp_path / "out") as tmp:
+        (tmp / "f").write_text("x")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~umask

@@ -1,0 +1,221 @@
+"""Bad inputs: each is one clear error, and no output directory (nor temporary one) is left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+from dflash2_trt.checkpoint import writer as writer_mod
+from dflash2_trt.cli import main
+from dflash2_trt.convert import convert_pair
+from dflash2_trt.errors import CheckpointError, ConfigError, DFlash2Error
+
+
+def _copy_pair(pair, root: Path) -> tuple[Path, Path]:
+    d, t = root / "drafter", root / "target"
+    shutil.copytree(pair.drafter_dir, d)
+    shutil.copytree(pair.target_dir, t)
+    return d, t
+
+
+def _edit(directory: Path, fn) -> None:
+    path = directory / "model.safetensors"
+    sd = load_file(str(path))
+    fn(sd)
+    save_file(sd, str(path), metadata={"format": "pt"})
+
+
+def _only(root: Path, *names: str) -> None:
+    """The directory holds exactly ``names``: no output, no temporary directory."""
+    assert sorted(p.name for p in root.iterdir()) == sorted(names)
+
+
+@pytest.fixture
+def work(tiny_hybrid, tmp_path):
+    d, t = _copy_pair(tiny_hybrid, tmp_path / "src")
+    out_root = tmp_path / "out"
+    out_root.mkdir()
+    return d, t, out_root
+
+
+CASES = {
+    "missing target tensor": ("target", lambda sd: sd.pop("model.language_model.layers.1.mlp.up_proj.weight"),
+                              "model.language_model.layers.1.mlp.up_proj.weight"),
+    "missing drafter tensor": ("drafter", lambda sd: sd.pop("layers.0.mlp_conv.base_kernel"),
+                               "layers.0.mlp_conv.base_kernel"),
+    "wrong shape": ("target", lambda sd: sd.update({"model.language_model.layers.1.self_attn.k_proj.weight":
+                                                    torch.zeros(16, 64)}), "shape [16, 64], expected [32, 64]"),
+    "unmapped extra tensor": ("target", lambda sd: sd.update({"model.language_model.layers.0.extra.weight":
+                                                              torch.zeros(4)}), "unmapped"),
+    "unmapped drafter tensor": ("drafter", lambda sd: sd.update({"layers.0.extra_conv.weight": torch.zeros(4)}),
+                                "layers.0.extra_conv.weight"),
+    "wrong dtype": ("target", lambda sd: sd.update({"model.language_model.norm.weight": torch.zeros(64,
+                                                    dtype=torch.float16)}), "dtype F16, expected F32"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_checkpoint_is_a_clear_error(work, case):
+    d, t, out_root = work
+    which, fn, needle = CASES[case]
+    _edit(t if which == "target" else d, fn)
+    with pytest.raises(CheckpointError) as exc:
+        convert_pair(d, t, out_root / "ckpt", tp_size=2)
+    assert needle in str(exc.value)
+    assert str(t if which == "target" else d) in str(exc.value)  # names the checkpoint
+    _only(out_root)
+
+
+def test_non_finite_tensor_fails_while_streaming_and_cleans_up(work):
+    d, t, out_root = work
+
+    def poison(sd):
+        sd["model.language_model.layers.3.mlp.down_proj.weight"][5, 7] = float("nan")
+    _edit(t, poison)
+    with pytest.raises(CheckpointError, match="non-finite.*down_proj|down_proj.*non-finite"):
+        convert_pair(d, t, out_root / "ckpt", tp_size=2)
+    _only(out_root)
+
+
+@pytest.mark.parametrize("family_fixture,field", [("tiny_dense", "num_attention_heads"),
+                                                  ("tiny_hybrid", "text_config.linear_num_value_heads")])
+def test_tp_not_dividing_heads(request, family_fixture, field, tmp_path):
+    pair = request.getfixturevalue(family_fixture)
+    with pytest.raises(ConfigError) as exc:
+        convert_pair(pair.drafter_dir, pair.target_dir, tmp_path / "ckpt", tp_size=8)
+    assert exc.value.field == field and "--tp-size 8" in str(exc.value)
+    _only(tmp_path)
+
+
+def test_tp_size_must_be_supported(tiny_dense, tmp_path):
+    with pytest.raises(ConfigError, match="--tp-size"):
+        convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt", tp_size=3)
+    _only(tmp_path)
+
+
+def test_non_empty_output_needs_force(tiny_dense, tmp_path):
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    with pytest.raises(DFlash2Error, match="not empty.*--force"):
+        convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    _only(tmp_path, "ckpt")
+    convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out, force=True)
+    assert "keep.txt" not in {p.name for p in out.iterdir()} and (out / "rank0.safetensors").is_file()
+    _only(tmp_path, "ckpt")
+
+
+def test_empty_output_dir_is_used(tiny_dense, tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "manifest.json").is_file()
+
+
+def test_output_is_a_file(tiny_dense, tmp_path):
+    (tmp_path / "ckpt").write_text("x")
+    with pytest.raises(DFlash2Error, match="not a directory"):
+        convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt", force=True)
+
+
+def test_missing_parents_are_created_and_removed_on_failure(work):
+    d, t, out_root = work
+    _edit(t, lambda sd: sd["model.language_model.norm.weight"].fill_(float("inf")))
+    with pytest.raises(CheckpointError):
+        convert_pair(d, t, out_root / "a" / "b" / "ckpt")
+    _only(out_root)
+
+
+def _interrupt_after(monkeypatch, n: int):
+    real = writer_mod.StreamingSafetensorsWriter.write
+    calls = {"n": 0}
+
+    def write(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] > n:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+    monkeypatch.setattr(writer_mod.StreamingSafetensorsWriter, "write", write)
+
+
+def test_ctrl_c_leaves_nothing(tiny_hybrid, tmp_path, monkeypatch):
+    _interrupt_after(monkeypatch, 20)
+    with pytest.raises(KeyboardInterrupt):
+        convert_pair(tiny_hybrid.drafter_dir, tiny_hybrid.target_dir, tmp_path / "ckpt", tp_size=4)
+    _only(tmp_path)
+
+
+def test_ctrl_c_with_force_keeps_the_old_output(tiny_hybrid, tmp_path, monkeypatch):
+    out = tmp_path / "ckpt"
+    convert_pair(tiny_hybrid.drafter_dir, tiny_hybrid.target_dir, out, tp_size=1)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _interrupt_after(monkeypatch, 20)
+    with pytest.raises(KeyboardInterrupt):
+        convert_pair(tiny_hybrid.drafter_dir, tiny_hybrid.target_dir, out, tp_size=2, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    _only(tmp_path, "ckpt")
+
+
+_SLOW_CONVERT = textwrap.dedent("""
+    import sys, time
+    from dflash2_trt.checkpoint import writer
+    real = writer.StreamingSafetensorsWriter.write
+    def slow(self, *a, **kw):
+        time.sleep(0.01)
+        return real(self, *a, **kw)
+    writer.StreamingSafetensorsWriter.write = slow
+    from dflash2_trt.convert import convert_pair
+    convert_pair(sys.argv[1], sys.argv[2], sys.argv[3], tp_size=4)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_real_signal_leaves_nothing(tiny_hybrid, tmp_path, sig):
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_CONVERT, str(tiny_hybrid.drafter_dir),
+                             str(tiny_hybrid.target_dir), str(tmp_path / "ckpt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(p.name.startswith(".ckpt.tmp-") for p in tmp_path.iterdir()):
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(0.2)  # well inside the (slowed) stream
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    _only(tmp_path)
+
+
+def test_cli_convert_and_errors(tiny_dense, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "ckpt"
+    args = ["convert", "--drafter", str(tiny_dense.drafter_dir), "--target-dir", str(tiny_dense.target_dir),
+            "--output", str(out), "--tp-size", "2"]
+    res = runner.invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "wrote" in res.output and (out / "rank1.safetensors").is_file()
+    res = runner.invoke(main, args)  # output now not empty
+    assert res.exit_code == 1 and "--force" in res.output and "Traceback" not in res.output
+    res = runner.invoke(main, args[:-2] + ["--tp-size", "8", "--force"])
+    assert res.exit_code == 1 and "num_attention_heads" in res.output
+    assert (out / "rank1.safetensors").is_file()  # a failed --force run leaves the old output alone
+    res = runner.invoke(main, args + ["--force", "--dtype", "bfloat16"])
+    assert res.exit_code == 0, res.output
+    assert load_file(str(out / "rank0.safetensors"))["lm_head.weight"].dtype == torch.bfloat16
+
+
+def test_cli_convert_registered_target(tmp_path):
+    res = CliRunner().invoke(main, ["convert", "--target", "tiny-hybrid", "--output", str(tmp_path / "ckpt"),
+                                    "--tp-size", "4"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[:2] == ["config.json", "manifest.json"]
