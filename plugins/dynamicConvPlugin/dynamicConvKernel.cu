@@ -8,7 +8,8 @@ namespace dflash2
 namespace
 {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 128;      // 640 = 5 x 128 vectors per row at H 5120 (bf16): no idle lanes
+constexpr int kMaxGridY = 65535;   // tokens beyond this are covered by the grid-stride loop
 
 template <class S, int N>
 struct alignas(16) Vec
@@ -16,78 +17,85 @@ struct alignas(16) Vec
     S v[N];
 };
 
-//! One thread = one token x 16 bytes of channels (8 fp16/bf16 or 4 fp32). The previous K-1
-//! tokens are re-read by the neighbouring threads' loads through L1/L2, so DRAM traffic stays
-//! x + delta + out (+ residual) once each.
-template <class T, bool kFuse>
+//! blockIdx.x * kThreads + threadIdx.x = one 16-byte vector of channels (8 fp16/bf16 or 4 fp32);
+//! blockIdx.y = token (grid-stride). The grid shape avoids any 64-bit division per thread. The
+//! previous K-1 tokens are re-read through L1/L2 (their own threads load them from DRAM), so DRAM
+//! traffic stays x + delta + out (+ residual) once each.
+template <class T, bool kFuse, int kTaps>
 __global__ void __launch_bounds__(kThreads) dynamicConvKernel(typename T::Storage const* __restrict__ x,
     typename T::Storage const* __restrict__ delta, typename T::Storage const* __restrict__ base,
-    float const* __restrict__ residual, void* __restrict__ out, int64_t tokens, int64_t hidden, int64_t groups,
+    float const* __restrict__ residual, void* __restrict__ out, int64_t tokens, int32_t hidden, int32_t groups,
     int32_t kernelSize, int32_t groupSize, int32_t blockSize)
 {
     using S = typename T::Storage;
     constexpr int N = 16 / sizeof(S);
-    int64_t const vecPerRow = hidden / N;
-    int64_t const idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-    if (idx >= tokens * vecPerRow)
+    int32_t const cv = static_cast<int32_t>(blockIdx.x) * kThreads + static_cast<int32_t>(threadIdx.x);
+    if (cv * N >= hidden)
         return;
-    int64_t const t = idx / vecPerRow;
-    int64_t const c0 = (idx - t * vecPerRow) * N;
-    int32_t const pos = static_cast<int32_t>(t % blockSize);
-    int64_t const g0 = c0 / groupSize;
-    int32_t const r0 = static_cast<int32_t>(c0 - g0 * groupSize);
+    int32_t const c0 = cv * N;
+    int32_t const g0 = c0 / groupSize;
+    int32_t const r0 = c0 - g0 * groupSize;
 
-    float acc[N];
-#pragma unroll
-    for (int j = 0; j < kDynamicConvMaxKernelSize; ++j)
+#pragma unroll 1
+    for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y)
     {
-        if (j >= kernelSize || !convTapInBlock(pos, j))
-            break;
-        Vec<S, N> const xv = *reinterpret_cast<Vec<S, N> const*>(x + (t - j) * hidden + c0);
-        Vec<S, N> const bv = *reinterpret_cast<Vec<S, N> const*>(base + j * hidden + c0);
-        S const* drow = delta + (t * kernelSize + j) * groups;
-        int64_t g = g0;
-        int32_t r = r0;
-        float d = T::load(drow[g]);
-#pragma unroll
-        for (int i = 0; i < N; ++i)
+        int32_t const pos = static_cast<int32_t>(t % blockSize);
+        float acc[N];
+        // kTaps == 2 (the published drafters): both taps unrolled so their loads are in flight
+        // together. kTaps == 0: runtime tap count, not unrolled (unrolling four taps lets nvcc
+        // hoist every load and take ~120 registers on sm_100a; occupancy matters more here).
+        int32_t const taps = kTaps > 0 ? kTaps : kernelSize;
+#pragma unroll(kTaps > 0 ? kTaps : 1)
+        for (int j = 0; j < taps; ++j)
         {
-            if (i > 0 && r == 0)
-                d = T::load(drow[g]); // group changed inside this vector (G < N or unaligned)
-            float const coef = convCoefficient(T::load(bv.v[i]), d);
-            float const xf = T::load(xv.v[i]);
-            acc[i] = (j == 0) ? convFirstTap(coef, xf) : convNextTap(acc[i], coef, xf);
-            if (++r == groupSize)
+            if (!convTapInBlock(pos, j))
+                break;
+            Vec<S, N> const xv = *reinterpret_cast<Vec<S, N> const*>(x + (t - j) * hidden + c0);
+            Vec<S, N> const bv = *reinterpret_cast<Vec<S, N> const*>(base + j * hidden + c0);
+            S const* drow = delta + (t * kernelSize + j) * groups;
+            int32_t g = g0;
+            int32_t r = r0;
+            float d = T::load(drow[g]);
+#pragma unroll
+            for (int i = 0; i < N; ++i)
             {
-                r = 0;
-                ++g;
+                if (i > 0 && r == 0)
+                    d = T::load(drow[g]); // group changed inside this vector (G < N or unaligned)
+                float const coef = convCoefficient(T::load(bv.v[i]), d);
+                float const xf = T::load(xv.v[i]);
+                acc[i] = (j == 0) ? convFirstTap(coef, xf) : convNextTap(acc[i], coef, xf);
+                if (++r == groupSize)
+                {
+                    r = 0;
+                    ++g;
+                }
             }
         }
-    }
 
-    if constexpr (kFuse)
-    {
-        float* o = static_cast<float*>(out) + t * hidden + c0;
-        float const* res = residual + t * hidden + c0;
-#pragma unroll
-        for (int i = 0; i < N; i += 4)
+        if constexpr (kFuse)
         {
-            float4 rv = *reinterpret_cast<float4 const*>(res + i);
-            float4 ov;
-            ov.x = convResidual(rv.x, acc[i + 0]);
-            ov.y = convResidual(rv.y, acc[i + 1]);
-            ov.z = convResidual(rv.z, acc[i + 2]);
-            ov.w = convResidual(rv.w, acc[i + 3]);
-            *reinterpret_cast<float4*>(o + i) = ov;
-        }
-    }
-    else
-    {
-        Vec<S, N> ov;
+            float* o = static_cast<float*>(out) + t * hidden + c0;
+            float const* res = residual + t * hidden + c0;
 #pragma unroll
-        for (int i = 0; i < N; ++i)
-            ov.v[i] = T::store(acc[i]);
-        *reinterpret_cast<Vec<S, N>*>(static_cast<S*>(out) + t * hidden + c0) = ov;
+            for (int i = 0; i < N; i += 4)
+            {
+                float4 const rv = *reinterpret_cast<float4 const*>(res + i);
+                float4 ov;
+                ov.x = convResidual(rv.x, acc[i + 0]);
+                ov.y = convResidual(rv.y, acc[i + 1]);
+                ov.z = convResidual(rv.z, acc[i + 2]);
+                ov.w = convResidual(rv.w, acc[i + 3]);
+                *reinterpret_cast<float4*>(o + i) = ov;
+            }
+        }
+        else
+        {
+            Vec<S, N> ov;
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+                ov.v[i] = T::store(acc[i]);
+            *reinterpret_cast<Vec<S, N>*>(static_cast<S*>(out) + t * hidden + c0) = ov;
+        }
     }
 }
 
@@ -97,19 +105,30 @@ cudaError_t launchTyped(DynamicConvParams const& p, void const* x, void const* d
 {
     using S = typename T::Storage;
     constexpr int N = 16 / sizeof(S);
-    int64_t const total = p.tokens * (p.hidden / N);
-    if (total == 0)
+    int64_t const vecPerRow = p.hidden / N;
+    if (p.tokens == 0 || vecPerRow == 0)
         return cudaSuccess;
-    dim3 const grid(static_cast<unsigned>((total + kThreads - 1) / kThreads));
+    dim3 const grid(static_cast<unsigned>((vecPerRow + kThreads - 1) / kThreads),
+        static_cast<unsigned>(p.tokens < kMaxGridY ? p.tokens : kMaxGridY));
+    auto const hidden = static_cast<int32_t>(p.hidden);
+    auto const groups = static_cast<int32_t>(p.groups);
     auto const* xs = static_cast<S const*>(x);
     auto const* ds = static_cast<S const*>(delta);
     auto const* bs = static_cast<S const*>(base);
-    if (p.attrs.fuseResidual)
-        dynamicConvKernel<T, true><<<grid, kThreads, 0, stream>>>(xs, ds, bs, residual, out, p.tokens, p.hidden,
-            p.groups, p.attrs.kernelSize, p.attrs.groupSize, p.attrs.blockSize);
+    auto const& a = p.attrs;
+    bool const two = a.kernelSize == 2;
+    if (a.fuseResidual && two)
+        dynamicConvKernel<T, true, 2><<<grid, kThreads, 0, stream>>>(
+            xs, ds, bs, residual, out, p.tokens, hidden, groups, a.kernelSize, a.groupSize, a.blockSize);
+    else if (a.fuseResidual)
+        dynamicConvKernel<T, true, 0><<<grid, kThreads, 0, stream>>>(
+            xs, ds, bs, residual, out, p.tokens, hidden, groups, a.kernelSize, a.groupSize, a.blockSize);
+    else if (two)
+        dynamicConvKernel<T, false, 2><<<grid, kThreads, 0, stream>>>(
+            xs, ds, bs, residual, out, p.tokens, hidden, groups, a.kernelSize, a.groupSize, a.blockSize);
     else
-        dynamicConvKernel<T, false><<<grid, kThreads, 0, stream>>>(xs, ds, bs, residual, out, p.tokens, p.hidden,
-            p.groups, p.attrs.kernelSize, p.attrs.groupSize, p.attrs.blockSize);
+        dynamicConvKernel<T, false, 0><<<grid, kThreads, 0, stream>>>(
+            xs, ds, bs, residual, out, p.tokens, hidden, groups, a.kernelSize, a.groupSize, a.blockSize);
     return cudaGetLastError();
 }
 
