@@ -36,7 +36,8 @@ rotary_dim                     ``int(head_size * rotary_pct)``
 max_position_embeddings        from the target config
 qk_layernorm                   true: per-head RMSNorm of q and k before RoPE
 tie_word_embeddings            whether the source tied lm_head to the embedding (lm_head.weight is written anyway)
-use_parallel_embedding         false: ``transformer.vocab_embedding`` is replicated on every rank
+use_parallel_embedding         true: ``transformer.vocab_embedding`` is split over ranks on the vocab
+embedding_sharding_dim         0 (each rank holds ``vocab_size / tp`` rows; lookups are masked and all-reduced)
 layer_types                    per layer: ``full_attention`` (Qwen3: every layer) or ``linear_attention``
 attn_output_gate               Qwen3.5: attention output ``*= sigmoid(output_gate(x))`` before ``dense``
 linear_attention               Qwen3.5 Gated DeltaNet: ``num_key_heads``, ``num_value_heads``, ``key_head_dim``,
@@ -80,7 +81,7 @@ _TOP_KEYS = (
     "num_attention_heads", "num_key_value_heads", "head_size", "intermediate_size", "norm_epsilon",
     "layernorm_weight_offset", "hidden_act", "position_embedding_type", "rotary_base", "rotary_scaling",
     "rotary_pct", "rotary_dim", "max_position_embeddings", "qk_layernorm", "tie_word_embeddings",
-    "use_parallel_embedding", "layer_types", "attn_output_gate", "linear_attention", "mapping", "quantization",
+    "use_parallel_embedding", "embedding_sharding_dim", "layer_types", "attn_output_gate", "linear_attention", "mapping", "quantization",
     "max_draft_len", "dflash2", "dflash2_trt",
 )
 
@@ -127,7 +128,8 @@ def build_config(target: TargetConfig, drafter: DFlash2Config, *, tp_size: int, 
         "max_position_embeddings": target.max_position_embeddings,
         "qk_layernorm": True,
         "tie_word_embeddings": target.tie_word_embeddings,
-        "use_parallel_embedding": False,
+        "use_parallel_embedding": True,
+        "embedding_sharding_dim": 0,
         "layer_types": list(target.layer_types),
         "attn_output_gate": bool(target.attn_output_gate),
         "linear_attention": linear,

@@ -138,6 +138,18 @@ def _gated_deltanet(ck: ConvertedCheckpoint, pre: str, x: torch.Tensor, eps: flo
     return total
 
 
+def _embed(ck: ConvertedCheckpoint, ids: torch.Tensor) -> torch.Tensor:
+    """Vocab-parallel lookup: each rank contributes the rows it holds, zeros elsewhere; summed."""
+    total = 0.0
+    start = 0
+    for w in ck.ranks("transformer.vocab_embedding.weight"):
+        local = ids - start
+        mine = (local >= 0) & (local < w.shape[0])
+        total = total + w[local.clamp(0, w.shape[0] - 1)] * mine[..., None]
+        start += w.shape[0]
+    return total
+
+
 def _lm_head(ck: ConvertedCheckpoint, h: torch.Tensor) -> torch.Tensor:
     return torch.cat([h @ w.T for w in ck.ranks("lm_head.weight")], -1)
 
@@ -148,7 +160,7 @@ def target_forward(ck: ConvertedCheckpoint, input_ids: torch.Tensor) -> tuple[to
     is before ln_f)."""
     c = ck.config
     eps, off = c["norm_epsilon"], c["layernorm_weight_offset"]
-    x = ck.w(0, "transformer.vocab_embedding.weight")[input_ids]
+    x = _embed(ck, input_ids)
     pos = torch.arange(input_ids.shape[1])
     hidden = [x]
     for i, kind in enumerate(c["layer_types"]):
@@ -179,7 +191,8 @@ def drafter_forward(ck: ConvertedCheckpoint, block_ids: torch.Tensor, taps: torc
     eps, bs, k_sz, g = dc["rms_norm_eps"], block_ids.shape[1], dc["conv_kernel_size"], dc["conv_group_size"]
     ctx = torch.cat([taps @ w.T for w in ck.ranks(pre + "fc.weight")], -1)   # column-parallel, gathered
     ctx = _rms(ctx, ck.w(0, pre + "hidden_norm.weight"), eps)
-    x = ck.w(0, dc["embedding"])[block_ids]
+    assert dc["embedding"] == "transformer.vocab_embedding.weight"
+    x = _embed(ck, block_ids)
     if dc["input_embedding_scale"] is not None:
         x = x * dc["input_embedding_scale"]
     c = taps.shape[1]

@@ -2,7 +2,7 @@
 
 This knows the TensorRT-LLM conventions (fused qkv per rank = [q heads; kv heads; kv heads],
 KV / key heads duplicated on consecutive ranks when fewer than tp, row-parallel = dim 1,
-column-parallel = dim 0, Qwen3.5's q_proj = per head [query; gate]) and inverts them with plain
+column-parallel (and the vocab-parallel embedding) = dim 0, Qwen3.5's q_proj = per head [query; gate]) and inverts them with plain
 torch.cat, asserting that duplicated copies are identical. It does not import dflash2_trt.convert
 beyond reading config.json.
 """
@@ -85,7 +85,7 @@ def reassemble(directory: str | Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     wrapper = cfg["hf_architecture"].endswith("ForConditionalGeneration")
     p = "model.language_model." if wrapper else "model."
-    out[p + "embed_tokens.weight"] = same("transformer.vocab_embedding.weight")
+    out[p + "embed_tokens.weight"] = cat0("transformer.vocab_embedding.weight")
     out[p + "norm.weight"] = same("transformer.ln_f.weight")
     lm_head = cat0("lm_head.weight")
     if cfg["tie_word_embeddings"]:

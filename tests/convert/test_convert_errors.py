@@ -214,8 +214,20 @@ def test_cli_convert_and_errors(tiny_dense, tmp_path):
     assert load_file(str(out / "rank0.safetensors"))["lm_head.weight"].dtype == torch.bfloat16
 
 
-def test_cli_convert_registered_target(tmp_path):
+def test_cli_convert_registered_target(tiny_hybrid, tmp_path, monkeypatch):
+    """``--target NAME`` goes through the registry's resolution (stubbed here to the tiny pair)."""
+    import dflash2_trt.targets as targets
+
+    seen = {}
+
+    def resolve(entry, **kw):
+        seen["key"] = entry.key
+        return tiny_hybrid.drafter_dir, tiny_hybrid.target_dir
+    monkeypatch.setattr(targets, "resolve_dirs", resolve)
     res = CliRunner().invoke(main, ["convert", "--target", "tiny-hybrid", "--output", str(tmp_path / "ckpt"),
                                     "--tp-size", "4"])
     assert res.exit_code == 0, res.output
+    assert seen["key"] == "tiny-hybrid"
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[:2] == ["config.json", "manifest.json"]
+    res = CliRunner().invoke(main, ["convert", "--target", "no-such-model", "--output", str(tmp_path / "x")])
+    assert res.exit_code == 1 and "unknown target" in res.output
