@@ -40,7 +40,7 @@ def _trt_include() -> Path | None:
     return Path(d) if d and (Path(d) / "NvInferRuntime.h").is_file() else None
 
 
-def test_cmake_builds_kernels_library(tmp_path):
+def test_cmake_builds_kernels_library(tmp_path, capsys):
     if shutil.which("cmake") is None or shutil.which("nvcc") is None:
         pytest.skip("cmake or nvcc not found")
     cfg = ["cmake", "-S", str(PLUGINS), "-B", str(tmp_path), "-DCMAKE_BUILD_TYPE=Release"]
@@ -53,7 +53,8 @@ def test_cmake_builds_kernels_library(tmp_path):
     assert ("building the IPluginV3 glue" if trt else "building kernels only") in res.stdout
     res = subprocess.run(["cmake", "--build", str(tmp_path), "-j2"], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
-    print(f"\ncmake configure+build ({'with glue' if trt else 'kernels only'}): {time.monotonic() - t0:.1f} s")
+    with capsys.disabled():
+        print(f"\ncmake configure+build ({'with glue' if trt else 'kernels only'}): {time.monotonic() - t0:.1f} s")
     lib = tmp_path / "libdflash2_plugins.so"
     assert lib.is_file()
     syms = subprocess.run(["nm", "-DC", "--defined-only", str(lib)], capture_output=True, text=True).stdout
