@@ -84,7 +84,11 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 
 def extract_taps(hidden_states, target_layer_ids) -> torch.Tensor:
-    """Concatenate the OUTPUTS of the tapped target layers: HF ``hidden_states[id + 1]``."""
+    """Concatenate the OUTPUTS of the tapped target layers: HF ``hidden_states[id + 1]``.
+
+    (``hidden_states[0]`` is the embedding output. transformers replaces the LAST entry by the
+    final-normed state, so tapping the target's last layer would read the normed output — the
+    same convention the published drafters were trained with; none of them taps it.)"""
     n = len(hidden_states)
     for i in target_layer_ids:
         if i + 1 >= n:
