@@ -2,8 +2,9 @@
  * dflash2 plugins: definitions shared by the CUDA kernels, the CPU build of the math and the
  * TensorRT glue. Nothing here includes TensorRT; CUDA headers are used only under nvcc.
  *
- * Floating-point contract: every kernel's arithmetic goes through mulRn/addRn/divRn, which are
- * IEEE single operations with round-to-nearest-even and NO fused multiply-add. nvcc would
+ * Floating-point contract: every kernel's arithmetic goes through mulRn/addRn/divRn/fmaRn, which
+ * are IEEE single operations with round-to-nearest-even; a multiply-add is fused only where the
+ * math says fmaRn (explicitly, identically on both sides), never by the compiler. nvcc would
  * otherwise contract a*b+c into an FMA, which changes the last bit and makes the GPU results
  * differ from the CPU build (the tests would then compare against a number the GPU never
  * computes). The CPU build must be compiled with -ffp-contract=off for the same reason (GCC
@@ -11,6 +12,7 @@
  */
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -89,6 +91,17 @@ DF2_HD float subRn(float a, float b)
     return __fsub_rn(a, b);
 #else
     return a - b;
+#endif
+}
+
+//! Fused a*b+c with a single rounding: __fmaf_rn on the GPU, std::fmaf (correctly rounded by
+//! IEEE 754 / C99, in software where the CPU has no FMA) on the host: bit-identical.
+DF2_HD float fmaRn(float a, float b, float c)
+{
+#if defined(__CUDA_ARCH__)
+    return __fmaf_rn(a, b, c);
+#else
+    return std::fmaf(a, b, c);
 #endif
 }
 

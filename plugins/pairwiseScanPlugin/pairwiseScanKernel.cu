@@ -8,16 +8,26 @@ namespace dflash2
 namespace
 {
 
-constexpr int kLatticeThreads = 256; // >= kScanMaxTopK * kScanMaxTopK pairs
-constexpr int kChunk = 64;           // rank elements staged in shared memory per pass
-constexpr int kWalkWarps = 4;
+constexpr int kLatticeThreads = 128;   // 16 candidates x 8 row pairs
+constexpr int kRowsPerThread = 2;
+constexpr int kStageR = 256;           // rank elements staged per pass (R 256: one pass, all loads in flight)
+constexpr int kStagePad = 4;           // row stride 260 floats: 16-byte aligned, float4 reads conflict-free
+constexpr int kWalkWarps = 2;
 constexpr unsigned kFull = 0xffffffffu;
 
-static_assert(kLatticeThreads >= kScanMaxTopK * kScanMaxTopK, "one thread per (row, candidate) pair");
+static_assert(kLatticeThreads * kRowsPerThread >= kScanMaxTopK * kScanMaxTopK, "one thread per (row pair, candidate)");
+static_assert(kStageR % 8 == 0 && kScanRankMultiple % 8 == 0, "16-byte vector staging");
 
-//! One block per (b, l): thread (row, c) accumulates its pair sequentially over r, so the
-//! summation order is the CPU build's. Codebook rows are staged chunk by chunk in shared memory
-//! (the +1 padding keeps the 16 candidate rows on distinct banks).
+template <class S>
+struct alignas(16) Vec16
+{
+    S v[16 / sizeof(S)];
+};
+
+//! One block per (b, l). Stage: ctx rows (A[pred] * Hh) and successor rows for all K candidates,
+//! kStageR rank elements per pass, with 16-byte loads all issued before the first use. Compute:
+//! thread (c, row pair) keeps two accumulators and walks r in order with one fma per step, which
+//! is the CPU build's order (pairwiseScanMath.h), so the lattice is bit-identical to it.
 template <class T>
 __global__ void __launch_bounds__(kLatticeThreads) pairwiseLatticeKernel(float const* __restrict__ unary,
     int32_t const* __restrict__ cand, typename T::Storage const* __restrict__ hidden,
@@ -25,8 +35,10 @@ __global__ void __launch_bounds__(kLatticeThreads) pairwiseLatticeKernel(float c
     typename T::Storage const* __restrict__ succCb, float* __restrict__ lattice, int32_t L, int32_t K, int32_t R,
     int64_t V)
 {
-    __shared__ float sCtx[kScanMaxTopK][kChunk + 1];
-    __shared__ float sSucc[kScanMaxTopK][kChunk + 1];
+    using S = typename T::Storage;
+    constexpr int NV = 16 / sizeof(S); // elements per 16-byte vector
+    __shared__ __align__(16) float sCtx[kScanMaxTopK][kStageR + kStagePad];
+    __shared__ __align__(16) float sSucc[kScanMaxTopK][kStageR + kStagePad];
     __shared__ int32_t sPred[kScanMaxTopK];
     __shared__ int32_t sSuccId[kScanMaxTopK];
 
@@ -36,42 +48,85 @@ __global__ void __launch_bounds__(kLatticeThreads) pairwiseLatticeKernel(float c
     int32_t const tid = threadIdx.x;
     if (tid < K)
     {
+        // l = 0: every predecessor row is the anchor's.
         sPred[tid] = (l == 0) ? anchor[b] : cand[(bl - 1) * K + tid];
         sSuccId[tid] = cand[bl * K + tid];
     }
     __syncthreads();
 
-    int32_t const row = tid / K;
-    int32_t const c = tid - row * K;
-    bool const active = tid < K * K;
-    float acc = 0.0f;
-    for (int32_t r0 = 0; r0 < R; r0 += kChunk)
+    int32_t const c = tid % kScanMaxTopK;
+    int32_t const row0 = (tid / kScanMaxTopK) * kRowsPerThread;
+    bool const active = c < K && row0 < K;
+    bool const second = row0 + 1 < K;
+    float acc0 = 0.0f;
+    float acc1 = 0.0f;
+    S const* hrow = hidden + bl * R;
+    for (int32_t r0 = 0; r0 < R; r0 += kStageR)
     {
-        int32_t const n = min(kChunk, R - r0);
-        for (int32_t e = tid; e < K * kChunk; e += kLatticeThreads)
+        int32_t const n = min(kStageR, R - r0); // multiple of 8 (validated R)
+        int32_t const vecPerRow = n / NV;
+        // table 0 = ctx rows, table 1 = successor rows; K rows each. Unrolled so that several
+        // independent 16-byte gathers are in flight per thread (codebook rows are random HBM rows).
+#pragma unroll 4
+        for (int32_t e = tid; e < 2 * K * vecPerRow; e += kLatticeThreads)
         {
-            int32_t const k = e / kChunk;
-            int32_t const rr = e - k * kChunk;
-            if (rr < n)
+            int32_t const table = e / (K * vecPerRow);
+            int32_t const rem = e - table * K * vecPerRow;
+            int32_t const k = rem / vecPerRow;
+            int32_t const rr = (rem - k * vecPerRow) * NV;
+            int32_t const id = table == 0 ? sPred[k] : sSuccId[k];
+            S const* cb = table == 0 ? predCb : succCb;
+            Vec16<S> v;
+            if (tokenInRange(id, V))
+                v = *reinterpret_cast<Vec16<S> const*>(cb + static_cast<int64_t>(id) * R + r0 + rr);
+            else
+                for (int i = 0; i < NV; ++i)
+                    v.v[i] = T::store(0.0f); // out-of-range id: a zero row, never an out-of-bounds read
+            float* dst = table == 0 ? &sCtx[k][rr] : &sSucc[k][rr];
+            if (table == 0)
             {
-                int32_t const r = r0 + rr;
-                int32_t const pid = sPred[k];
-                int32_t const sid = sSuccId[k];
-                float const a = tokenInRange(pid, V) ? T::load(predCb[static_cast<int64_t>(pid) * R + r]) : 0.0f;
-                sCtx[k][rr] = latticeContext(a, T::load(hidden[bl * R + r]));
-                sSucc[k][rr] = tokenInRange(sid, V) ? T::load(succCb[static_cast<int64_t>(sid) * R + r]) : 0.0f;
+                Vec16<S> const h = *reinterpret_cast<Vec16<S> const*>(hrow + r0 + rr);
+#pragma unroll
+                for (int i = 0; i < NV; ++i)
+                    dst[i] = latticeContext(T::load(v.v[i]), T::load(h.v[i]));
+            }
+            else
+            {
+#pragma unroll
+                for (int i = 0; i < NV; ++i)
+                    dst[i] = T::load(v.v[i]);
             }
         }
         __syncthreads();
         if (active)
         {
-            for (int32_t rr = 0; rr < n; ++rr)
-                acc = latticeAccumulate(acc, sCtx[row][rr], sSucc[c][rr]);
+            float const* a0 = sCtx[row0];
+            float const* a1 = sCtx[second ? row0 + 1 : row0];
+            float const* sc = sSucc[c];
+            for (int32_t rr = 0; rr < n; rr += 4)
+            {
+                float4 const s4 = *reinterpret_cast<float4 const*>(sc + rr);
+                float4 const x4 = *reinterpret_cast<float4 const*>(a0 + rr);
+                float4 const y4 = *reinterpret_cast<float4 const*>(a1 + rr);
+                acc0 = latticeAccumulate(acc0, x4.x, s4.x);
+                acc1 = latticeAccumulate(acc1, y4.x, s4.x);
+                acc0 = latticeAccumulate(acc0, x4.y, s4.y);
+                acc1 = latticeAccumulate(acc1, y4.y, s4.y);
+                acc0 = latticeAccumulate(acc0, x4.z, s4.z);
+                acc1 = latticeAccumulate(acc1, y4.z, s4.z);
+                acc0 = latticeAccumulate(acc0, x4.w, s4.w);
+                acc1 = latticeAccumulate(acc1, y4.w, s4.w);
+            }
         }
         __syncthreads();
     }
     if (active)
-        lattice[(bl * K + row) * K + c] = latticeScore(unary[bl * K + c], acc);
+    {
+        float const u = unary[bl * K + c];
+        lattice[(bl * K + row0) * K + c] = latticeScore(u, acc0);
+        if (second)
+            lattice[(bl * K + row0 + 1) * K + c] = latticeScore(u, acc1);
+    }
 }
 
 __device__ __forceinline__ void warpArgmax(float& v, int32_t& i)
@@ -89,11 +144,14 @@ __device__ __forceinline__ void warpArgmax(float& v, int32_t& i)
     }
 }
 
-//! One warp per batch row; lane c owns candidate c. Sums and cumsums run on lane 0 in index order.
+//! One warp per batch row; lane c owns candidate c. The row's whole lattice slice is first copied
+//! to shared memory (all loads in flight at once) so that the L dependent steps never wait on
+//! global memory. Sums and cumsums run on lane 0 in index order.
 __global__ void __launch_bounds__(kWalkWarps * 32) pairwiseWalkKernel(float const* __restrict__ lattice,
     int32_t const* __restrict__ cand, float const* __restrict__ temperature, float const* __restrict__ uniforms,
     int32_t* __restrict__ ids, float* __restrict__ q, int64_t B, int32_t L, int32_t K, int32_t mode)
 {
+    __shared__ float sLat[kWalkWarps][kScanMaxLength * kScanMaxTopK * kScanMaxTopK];
     __shared__ float sVal[kWalkWarps][32];
     __shared__ int8_t sBack[kWalkWarps][kScanMaxLength * kScanMaxTopK];
     __shared__ int32_t sIdx[kWalkWarps][kScanMaxLength];
@@ -103,7 +161,11 @@ __global__ void __launch_bounds__(kWalkWarps * 32) pairwiseWalkKernel(float cons
     int64_t const b = static_cast<int64_t>(blockIdx.x) * kWalkWarps + w;
     if (b >= B)
         return; // whole warp leaves together; only __syncwarp is used below
-    float const* lat = lattice + b * L * K * K;
+    float const* glat = lattice + b * L * K * K;
+    float* lat = sLat[w];
+    for (int32_t i = lane; i < L * K * K; i += 32)
+        lat[i] = glat[i];
+    __syncwarp();
     float* qb = q + b * L * K;
     bool const valid = lane < K;
     float const kNegInf = -__int_as_float(0x7f800000);
@@ -211,6 +273,11 @@ Status cudaStatus(cudaError_t err, char const* what, char* msg, size_t msgLen)
     return Status::kCUDA_ERROR;
 }
 
+bool aligned16(void const* ptr)
+{
+    return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
+}
+
 bool resolved(PairwiseScanParams const& p, char* msg, size_t msgLen)
 {
     if (p.batch < 0 || p.length < 1 || p.topK < 1 || p.topK > kScanMaxTopK || p.length > kScanMaxLength
@@ -231,6 +298,13 @@ Status launchPairwiseLattice(PairwiseScanParams const& p, float const* unary, in
 {
     if (!resolved(p, msg, msgLen))
         return Status::kINVALID;
+    if (p.rank % kScanRankMultiple != 0 || !aligned16(hidden) || !aligned16(predCb) || !aligned16(succCb))
+    {
+        std::snprintf(msg, msgLen,
+            "DFlash2PairwiseScan: proj_hidden and both codebooks must be 16-byte aligned with R %% %d == 0 (R=%d)",
+            kScanRankMultiple, p.rank);
+        return Status::kINVALID;
+    }
     if (p.batch == 0)
         return Status::kOK;
     dim3 const grid(static_cast<unsigned>(p.batch * p.length));

@@ -3,7 +3,8 @@
  *
  * Lattice (fp32), for batch b, position l, predecessor row p, candidate c:
  *   ctx[r]        = A[pred(l, p), r] * Hh[b, l, r]
- *   pair          = sum_{r = 0..R-1} ctx[r] * Bc[cand[b, l, c], r]      (sequential in r)
+ *   pair          = sum_{r = 0..R-1} ctx[r] * Bc[cand[b, l, c], r]      (sequential in r, each
+ *                   step one fused multiply-add: acc = fma(ctx[r], Bc[..., r], acc))
  *   S[b, l, p, c] = unary[b, l, c] + pair
  * with pred(0, p) = anchor[b] for every p, pred(l, p) = cand[b, l-1, p] for l > 0.
  * A token id outside [0, V) reads a codebook row of zeros (its pairwise term is 0); the kernels
@@ -39,7 +40,7 @@ DF2_HD float latticeContext(float a, float h)
 
 DF2_HD float latticeAccumulate(float acc, float ctx, float b)
 {
-    return addRn(acc, mulRn(ctx, b));
+    return fmaRn(ctx, b, acc);
 }
 
 DF2_HD float latticeScore(float unary, float pair)

@@ -91,7 +91,27 @@ def graph_time_us(fn, iters: int) -> float:
     return cuda_time_us(g.replay, max(1, iters // per_graph)) / per_graph
 
 
-def check_conv(ext, results: dict) -> bool:
+def load_cpu_build(tmpdir: Path):
+    """The tests' g++ build of the shared math (tests/plugins/conftest.py), to check that the GPU
+    computes bit for bit what the CPU build computes. None (with a note) if it cannot be built."""
+    import importlib.util
+    try:
+        spec = importlib.util.spec_from_file_location("df2_plugin_cpu", REPO / "tests" / "plugins" / "conftest.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        conv = mod.ConvLib(mod.build_shared([PLUGINS / "dynamicConvPlugin" / "dynamicConvCpu.cpp",
+                                             PLUGINS / "dynamicConvPlugin" / "dynamicConvParams.cpp"],
+                                            tmpdir / "libconv.so"))
+        scan = mod.ScanLib(mod.build_shared([PLUGINS / "pairwiseScanPlugin" / "pairwiseScanCpu.cpp",
+                                             PLUGINS / "pairwiseScanPlugin" / "pairwiseScanParams.cpp"],
+                                            tmpdir / "libscan.so"))
+        return conv, scan
+    except BaseException as e:  # noqa: BLE001 - pytest.skip raises BaseException subclasses
+        log(f"note: CPU build of the shared math unavailable ({type(e).__name__}: {e}); GPU-vs-CPU bit identity not checked")
+        return None
+
+
+def check_conv(ext, results: dict, cpu=None) -> bool:
     import torch
     from dflash2_trt.reference.conv import dynamic_conv
 
@@ -110,6 +130,13 @@ def check_conv(ext, results: dict) -> bool:
             got = ext.conv(x, delta, base, r, bs, g, stream())
             want = dynamic_conv(x, delta, base, block_size=bs, group_size=g, residual=r)
             same = torch.equal(got, want)
+            if cpu is not None:
+                c_out = cpu[0].run(x.cpu(), delta.cpu(), base.cpu(), block_size=bs, group_size=g,
+                                   residual=None if r is None else r.cpu())
+                if not torch.equal(got.cpu().view(torch.int32 if got.dtype == torch.float32 else torch.int16),
+                                   c_out.view(torch.int32 if c_out.dtype == torch.float32 else torch.int16)):
+                    same = False
+                    log(f"  conv GPU != CPU build bits: dtype={dt} block={bs} K={k} G={g} fused={r is not None}")
             if not same:
                 ok = False
                 diff = (got.float() - want.float()).abs().max().item()
@@ -172,7 +199,7 @@ def _scan_inputs(b, l, k, r, v, dt, gen):
     return unary, cand, hidden, anchor, a, bc, temp, u
 
 
-def check_scan(ext, results: dict) -> bool:
+def check_scan(ext, results: dict, cpu=None) -> bool:
     import torch
     from dflash2_trt.reference import selector as ref
 
@@ -205,6 +232,14 @@ def check_scan(ext, results: dict) -> bool:
                 r2 = (ref.walk_sample(ref_lat, cand.long(), temp, u) if mode == "sample"
                       else getattr(ref, f"walk_{mode}")(ref_lat, cand.long()))
                 walk_ok = torch.equal(w_ids.long(), r2[1]) and (w_q - r2[2]).abs().max().item() <= 1e-6
+                if cpu is not None and v <= 1000:  # CPU build: bit identity of lattice, ids and q
+                    c_lat, _, c_ids, c_q = cpu[1].run(mode, *[t.cpu() for t in ins])
+                    bits = (torch.equal(lat.cpu().view(torch.int32), c_lat.view(torch.int32))
+                            and torch.equal(ids.cpu().long(), c_ids)
+                            and torch.equal(q.cpu().view(torch.int32), c_q.view(torch.int32)))
+                    if not bits:
+                        ok = False
+                        log(f"  scan GPU != CPU build bits: dtype={dt} B={b} L={l} K={k} R={r} mode={mode}")
                 if not (lat_ok and ids_ok and q_ok and walk_ok):
                     ok = False
                     log(f"  scan MISMATCH dtype={dt} B={b} L={l} K={k} R={r} mode={mode}: lattice={lat_ok} "
@@ -269,8 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         log(f"gpu_check: building the extension failed: {e}")
         return 2
     results: dict = {}
-    ok = check_conv(ext, results)
-    ok = check_scan(ext, results) and ok
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu = load_cpu_build(Path(tmp))
+        ok = check_conv(ext, results, cpu)
+        ok = check_scan(ext, results, cpu) and ok
+        results["cpu_bit_identity_checked"] = cpu is not None
     if not args.skip_bench:
         bench_conv(ext, results)
         bench_scan(ext, results)
