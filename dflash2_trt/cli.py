@@ -156,5 +156,26 @@ def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, 
                f"{res.bytes_read / 2**20:.1f} MiB read in {res.seconds:.1f} s)")
 
 
+@main.command("analyze")
+@_pair_options
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+              help="JSON / JSON-lines prompts (token-id lists or strings); default: the built-in set.")
+@click.option("--block-size", type=int, help="Override the drafter's block size.")
+@click.option("--top-k", "top_k", default="4,8,16", show_default=True, help="Comma-separated candidate widths.")
+@click.option("--max-new-tokens", type=int, default=48, show_default=True, help="Greedy tokens per prompt.")
+@click.option("--max-prompts", type=int, help="Use only the first N prompts.")
+@click.option("--no-measure", is_flag=True, help="Skip the real speculative-decoding runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, block_size, top_k, max_new_tokens,
+                max_prompts, no_measure, as_json) -> None:
+    """Recall@k per draft position, implied vs measured acceptance (top-1, selector, oracle)."""
+    from .analyze import analyze_pair, parse_top_k, render
+
+    d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
+    report = analyze_pair(d, t, prompts_file=prompts_file, block_size=block_size, top_k=parse_top_k(top_k),
+                          max_new_tokens=max_new_tokens, max_prompts=max_prompts, measure=not no_measure)
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
