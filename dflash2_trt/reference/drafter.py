@@ -299,9 +299,17 @@ class DFlash2Drafter(nn.Module):
             cache.length = start
         return self.norm(x)
 
-    def embed_block(self, block_ids: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor]
-                    ) -> torch.Tensor:
-        e = embed(block_ids)
+    def embed_block(self, block_ids: torch.Tensor, embed: nn.Embedding) -> torch.Tensor:
+        """Block embeddings: a plain lookup in the TARGET's embedding table.
+
+        Deliberately ``F.embedding(ids, embed.weight)`` and not ``embed(ids)``: Muse Glimmer's
+        target embedding module applies a weight-less RMSNorm after the lookup
+        (``MuseGlimmerTextNormedEmbedding.embed_norm``), and DFlash drafters embed WITHOUT it
+        (transformers' DFlash candidate generator bypasses ``embed_norm`` for the same reason).
+        Calling the module would silently feed normed embeddings — acceptance drops, nothing
+        errors. ``input_embedding_scale`` (absent in the published drafters) multiplies after.
+        """
+        e = F.embedding(block_ids, embed.weight)
         if self.cfg.input_embedding_scale is not None:
             e = e * self.cfg.input_embedding_scale
         return e

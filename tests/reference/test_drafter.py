@@ -94,3 +94,27 @@ def test_sliding_window_limits_context_keys():
     out = run(near)
     assert not torch.allclose(out[:, 0], base[:, 0])
     torch.testing.assert_close(out[:, 1:], base[:, 1:])
+
+
+def test_embedding_bypasses_embed_norm_and_scales(tiny_dir):
+    """Block embeddings are a raw lookup in the target table (a normed-embedding wrapper such as
+    Muse Glimmer's is bypassed); input_embedding_scale and the unary transform come from the
+    drafter config."""
+    from dataclasses import replace
+
+    m = DFlash2Drafter.from_pretrained(tiny_dir)
+
+    class NormedEmbedding(torch.nn.Embedding):
+        def forward(self, ids):
+            e = super().forward(ids)
+            return e / e.norm(dim=-1, keepdim=True)
+
+    emb = NormedEmbedding(256, 64)
+    ids = torch.tensor([[3, 255, 255]])
+    torch.testing.assert_close(m.embed_block(ids, emb), emb.weight[ids])
+    m.cfg = replace(m.cfg, input_embedding_scale=2.5, output_multiplier=0.2, final_logit_softcapping=3.0)
+    torch.testing.assert_close(m.embed_block(ids, emb), 2.5 * emb.weight[ids])
+    lm = torch.nn.Linear(64, 256, bias=False)
+    h = torch.randn(1, 2, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(m.unary_logits(h, lm), torch.tanh(lm(h) * 0.2 / 3.0) * 3.0)
