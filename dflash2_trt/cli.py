@@ -20,6 +20,9 @@ class _Group(click.Group):
         except DFlash2Error as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
 
 
 @click.group(cls=_Group)

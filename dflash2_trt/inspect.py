@@ -88,12 +88,19 @@ def inspect_dir(path: str | Path, *, check_values: bool = False) -> dict[str, An
         if kind_is_drafter(report) and "fc.weight" in infos:
             report["_fc_shape"] = list(infos["fc.weight"].shape)
         if check_values:
+            import sys
+
+            from tqdm import tqdm
+
             bad = []
-            for name in infos:
-                try:
-                    ckpt.get(name, check_finite=True)
-                except DFlash2Error as exc:
-                    bad.append(str(exc))
+            with tqdm(total=ckpt.total_bytes, unit="B", unit_scale=True, desc=f"scanning {path.name}",
+                      disable=not sys.stderr.isatty(), leave=False) as bar:
+                for name, info in infos.items():
+                    try:
+                        ckpt.get(name, check_finite=True)
+                    except DFlash2Error as exc:
+                        bad.append(str(exc))
+                    bar.update(info.nbytes)
             report["values_checked"] = True
             report["problems"] += bad
     report["total_parameters"] = sum(report["parameters"].values())
