@@ -215,6 +215,11 @@ IPluginV3* DynamicConvPluginCreator::createPlugin(
     return new (std::nothrow) DynamicConvPlugin(a);
 }
 
+// Static registration: loading the library (LD_PRELOAD / ctypes / dlopen) registers the creator;
+// Triton's TensorRT-LLM backend calls no init function. DFLASH2_NO_STATIC_REGISTRATION exists only
+// for the glue test harness, which runs without libnvinfer.
+#ifndef DFLASH2_NO_STATIC_REGISTRATION
 REGISTER_TENSORRT_PLUGIN(DynamicConvPluginCreator);
+#endif
 
 } // namespace dflash2

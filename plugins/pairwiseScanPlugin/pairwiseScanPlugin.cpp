@@ -227,6 +227,11 @@ IPluginV3* PairwiseScanPluginCreator::createPlugin(
     return new (std::nothrow) PairwiseScanPlugin(a);
 }
 
+// Static registration: loading the library (LD_PRELOAD / ctypes / dlopen) registers the creator;
+// Triton's TensorRT-LLM backend calls no init function. DFLASH2_NO_STATIC_REGISTRATION exists only
+// for the glue test harness, which runs without libnvinfer.
+#ifndef DFLASH2_NO_STATIC_REGISTRATION
 REGISTER_TENSORRT_PLUGIN(PairwiseScanPluginCreator);
+#endif
 
 } // namespace dflash2

@@ -76,6 +76,39 @@ def test_glue_compiles_against_tensorrt_headers(source):
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
 
 
+def test_glue_harness_without_tensorrt_library(tmp_path):
+    """The glue's behaviour (creator fields, capabilities, dtypes/formats, configure/validation,
+    serialisation round trip, enqueue error path) through tests/plugins/glue_harness.cpp, compiled
+    against the TensorRT headers without static registration and linked with the real kernels."""
+    trt, cuda, nvcc = _trt_include(), _cuda_include(), shutil.which("nvcc")
+    if trt is None:
+        pytest.skip("DFLASH2_TRT_INCLUDE not set to TensorRT headers: glue harness skipped")
+    if cuda is None or nvcc is None:
+        pytest.skip("nvcc / CUDA headers not found")
+    libdir = next((d for d in (cuda.parent / "lib64", cuda.parent / "lib") if (d / "libcudart.so").exists()), None)
+    if libdir is None:
+        pytest.skip("libcudart.so not found next to the CUDA headers")
+    objs = []
+    for cu in sorted(PLUGINS.glob("*Plugin/*Kernel.cu")):
+        o = tmp_path / (cu.stem + ".o")
+        res = subprocess.run([nvcc, "-std=c++17", "-O2", "-c", "-gencode=arch=compute_90a,code=sm_90a", str(cu),
+                              "-o", str(o)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        objs.append(str(o))
+    exe = tmp_path / "glue_harness"
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-DDFLASH2_NO_STATIC_REGISTRATION",
+           "-isystem", str(trt), "-isystem", str(cuda), "-I", str(PLUGINS),
+           str(Path(__file__).with_name("glue_harness.cpp")), *map(str, GLUE),
+           str(PLUGINS / "dynamicConvPlugin" / "dynamicConvParams.cpp"),
+           str(PLUGINS / "pairwiseScanPlugin" / "pairwiseScanParams.cpp"), *objs,
+           f"-L{libdir}", "-lcudart", f"-Wl,-rpath,{libdir}", "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    res = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0 and "0 failure(s)" in res.stdout, res.stdout + res.stderr
+    assert res.stdout.count("PASS") >= 30
+
+
 def test_gpu_check_script_parses_and_exits_cleanly_without_gpu():
     py_compile.compile(str(REPO / "scripts" / "gpu_check" / "gpu_check.py"), doraise=True)
     assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_check.sh")]).returncode == 0

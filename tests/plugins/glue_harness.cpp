@@ -1,0 +1,215 @@
+// Exercises the IPluginV3 glue without TensorRT's library: compiled against TensorRT headers with
+// DFLASH2_NO_STATIC_REGISTRATION (there is no libnvinfer to register with), linked with the real
+// kernels and libcudart. Run by tests/plugins/test_plugin_build.py when DFLASH2_TRT_INCLUDE is set.
+// Prints one line per check; exit status = number of failed checks.
+#include "dynamicConvPlugin/dynamicConvPlugin.h"
+#include "pairwiseScanPlugin/pairwiseScanPlugin.h"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+using namespace nvinfer1;
+using namespace dflash2;
+
+namespace
+{
+
+int gFailures = 0;
+
+void check(bool ok, char const* what)
+{
+    std::printf("%s %s\n", ok ? "PASS" : "FAIL", what);
+    if (!ok)
+        ++gFailures;
+}
+
+struct Fields
+{
+    std::vector<int32_t> values;
+    std::vector<PluginField> fields;
+    PluginFieldCollection fc{};
+
+    Fields(std::vector<std::pair<char const*, int32_t>> const& kv, PluginFieldType type = PluginFieldType::kINT32)
+    {
+        values.reserve(kv.size());
+        for (auto const& p : kv)
+            values.push_back(p.second);
+        for (size_t i = 0; i < kv.size(); ++i)
+            fields.emplace_back(kv[i].first, &values[i], type, 1);
+        fc.nbFields = static_cast<int32_t>(fields.size());
+        fc.fields = fields.data();
+    }
+};
+
+Dims dims(std::vector<int64_t> const& d)
+{
+    Dims out{};
+    out.nbDims = static_cast<int32_t>(d.size());
+    for (size_t i = 0; i < d.size(); ++i)
+        out.d[i] = d[i];
+    return out;
+}
+
+DynamicPluginTensorDesc dyn(DataType t, std::vector<int64_t> const& d, std::vector<int64_t> const& maxD = {})
+{
+    DynamicPluginTensorDesc x{};
+    x.desc.type = t;
+    x.desc.format = TensorFormat::kLINEAR;
+    x.desc.dims = dims(d);
+    x.min = dims(d);
+    x.opt = dims(d);
+    x.max = dims(maxD.empty() ? d : maxD);
+    return x;
+}
+
+template <class P>
+std::unique_ptr<IPluginV3> own(P* p)
+{
+    return std::unique_ptr<IPluginV3>(p);
+}
+
+void testConv()
+{
+    DynamicConvPluginCreator creator;
+    check(std::strcmp(creator.getPluginName(), "DFlash2DynamicConv") == 0, "conv creator name");
+    check(std::strcmp(creator.getPluginVersion(), "1") == 0, "conv creator version");
+    check(std::strcmp(creator.getPluginNamespace(), "dflash2") == 0, "conv creator namespace");
+    check(creator.getFieldNames()->nbFields == 4, "conv creator announces 4 fields");
+
+    Fields good({{"block_size", 16}, {"kernel_size", 2}, {"group_size", 16}});
+    auto plugin = own(creator.createPlugin("conv", &good.fc, TensorRTPhase::kBUILD));
+    check(plugin != nullptr, "conv createPlugin with required fields");
+    if (!plugin)
+        return;
+    Fields unknown({{"block_size", 16}, {"kernel_size", 2}, {"group_size", 16}, {"kernal_size", 2}});
+    check(own(creator.createPlugin("c", &unknown.fc, TensorRTPhase::kBUILD)) == nullptr, "conv rejects unknown field");
+    Fields missing({{"block_size", 16}, {"group_size", 16}});
+    check(own(creator.createPlugin("c", &missing.fc, TensorRTPhase::kBUILD)) == nullptr, "conv rejects missing field");
+    Fields bigK({{"block_size", 16}, {"kernel_size", 5}, {"group_size", 16}});
+    check(own(creator.createPlugin("c", &bigK.fc, TensorRTPhase::kBUILD)) == nullptr, "conv rejects kernel_size 5");
+    Fields wrongType({{"block_size", 16}, {"kernel_size", 2}, {"group_size", 16}}, PluginFieldType::kFLOAT32);
+    check(own(creator.createPlugin("c", &wrongType.fc, TensorRTPhase::kBUILD)) == nullptr, "conv rejects float fields");
+
+    auto* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    check(core && build && rt, "conv exposes core/build/runtime capabilities");
+    check(std::strcmp(core->getPluginName(), "DFlash2DynamicConv") == 0, "conv plugin name");
+    check(build->getNbOutputs() == 1, "conv has one output");
+    DataType in[3] = {DataType::kBF16, DataType::kBF16, DataType::kBF16};
+    DataType out[1];
+    check(build->getOutputDataTypes(out, 1, in, 3) == 0 && out[0] == DataType::kBF16, "conv output dtype = x dtype");
+
+    std::vector<DynamicPluginTensorDesc> io = {dyn(DataType::kBF16, {-1, 5120}), dyn(DataType::kBF16, {-1, 2, 320}),
+        dyn(DataType::kBF16, {2, 5120}), dyn(DataType::kBF16, {-1, 5120})};
+    bool formats = true;
+    for (int pos = 0; pos < 4; ++pos)
+        formats = formats && build->supportsFormatCombination(pos, io.data(), 3, 1);
+    check(formats, "conv supports bf16 linear everywhere");
+    io[1].desc.type = DataType::kHALF;
+    check(!build->supportsFormatCombination(1, io.data(), 3, 1), "conv rejects delta dtype != x dtype");
+    io[1].desc.type = DataType::kBF16;
+    io[3].desc.type = DataType::kFLOAT;
+    check(!build->supportsFormatCombination(3, io.data(), 3, 1), "conv rejects fp32 output when unfused");
+    io[3].desc.type = DataType::kBF16;
+    check(build->configurePlugin(io.data(), 3, io.data() + 3, 1) == 0, "conv configurePlugin with dynamic tokens");
+    std::vector<DynamicPluginTensorDesc> bad = {dyn(DataType::kBF16, {17, 5120}), dyn(DataType::kBF16, {17, 2, 320}),
+        dyn(DataType::kBF16, {2, 5120})};
+    std::printf("(expected error follows)\n");
+    check(build->configurePlugin(bad.data(), 3, io.data() + 3, 1) != 0, "conv configurePlugin rejects 17 tokens");
+
+    // serialisation round trip
+    PluginFieldCollection const* ser = rt->getFieldsToSerialize();
+    auto again = own(creator.createPlugin("conv", ser, TensorRTPhase::kRUNTIME));
+    check(again != nullptr, "conv recreated from its serialised fields");
+    if (again)
+    {
+        auto* rt2 = static_cast<IPluginV3OneRuntime*>(again->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        PluginFieldCollection const* ser2 = rt2->getFieldsToSerialize();
+        bool same = ser2->nbFields == ser->nbFields;
+        for (int i = 0; same && i < ser->nbFields; ++i)
+            same = std::strcmp(ser->fields[i].name, ser2->fields[i].name) == 0
+                && *static_cast<int32_t const*>(ser->fields[i].data) == *static_cast<int32_t const*>(ser2->fields[i].data);
+        check(same, "conv serialised fields round-trip");
+    }
+
+    // fused variant: 4 inputs, fp32 output
+    Fields fused({{"block_size", 16}, {"kernel_size", 2}, {"group_size", 16}, {"fuse_residual", 1}});
+    auto fp = own(creator.createPlugin("convf", &fused.fc, TensorRTPhase::kBUILD));
+    check(fp != nullptr, "conv fused createPlugin");
+    if (fp)
+    {
+        auto* b2 = static_cast<IPluginV3OneBuild*>(fp->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        DataType in4[4] = {DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kFLOAT};
+        check(b2->getOutputDataTypes(out, 1, in4, 4) == 0 && out[0] == DataType::kFLOAT, "fused conv outputs fp32");
+    }
+
+    // runtime: concrete shapes, then enqueue (no GPU here: must fail cleanly, not crash)
+    PluginTensorDesc rin[3] = {io[0].desc, io[1].desc, io[2].desc};
+    rin[0].dims = dims({32, 5120});
+    rin[1].dims = dims({32, 2, 320});
+    check(rt->onShapeChange(rin, 3, &io[3].desc, 1) == 0, "conv onShapeChange with concrete shapes");
+    int deviceCount = 0;
+    if (cudaGetDeviceCount(&deviceCount) != cudaSuccess || deviceCount == 0)
+    {
+        alignas(16) static uint16_t dummy[8];
+        void const* ins[3] = {dummy, dummy, dummy};
+        void* outs[1] = {dummy};
+        std::printf("(expected error follows)\n");
+        check(rt->enqueue(rin, &io[3].desc, ins, outs, nullptr, nullptr) != 0, "conv enqueue without a GPU fails cleanly");
+    }
+}
+
+void testScan()
+{
+    PairwiseScanPluginCreator creator;
+    check(std::strcmp(creator.getPluginName(), "DFlash2PairwiseScan") == 0, "scan creator name");
+    check(creator.getFieldNames()->nbFields == 1, "scan creator announces 1 field");
+    auto plugin = own(creator.createPlugin("scan", nullptr, TensorRTPhase::kBUILD));
+    check(plugin != nullptr, "scan createPlugin with defaults (greedy)");
+    Fields badMode({{"mode", 3}});
+    check(own(creator.createPlugin("s", &badMode.fc, TensorRTPhase::kBUILD)) == nullptr, "scan rejects mode 3");
+    if (!plugin)
+        return;
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    check(build->getNbOutputs() == 2, "scan has two outputs");
+    DataType in[8] = {DataType::kFLOAT, DataType::kINT32, DataType::kBF16, DataType::kINT32, DataType::kBF16,
+        DataType::kBF16, DataType::kFLOAT, DataType::kFLOAT};
+    DataType out[2];
+    check(build->getOutputDataTypes(out, 2, in, 8) == 0 && out[0] == DataType::kINT32 && out[1] == DataType::kFLOAT,
+        "scan outputs int32 ids and fp32 q");
+    std::vector<DynamicPluginTensorDesc> io = {dyn(DataType::kFLOAT, {-1, 7, 16}, {64, 7, 16}),
+        dyn(DataType::kINT32, {-1, 7, 16}), dyn(DataType::kBF16, {-1, 7, 256}), dyn(DataType::kINT32, {-1}),
+        dyn(DataType::kBF16, {248320, 256}), dyn(DataType::kBF16, {248320, 256}), dyn(DataType::kFLOAT, {-1}),
+        dyn(DataType::kFLOAT, {-1, 7}), dyn(DataType::kINT32, {-1, 7}), dyn(DataType::kFLOAT, {-1, 7, 16})};
+    bool formats = true;
+    for (int pos = 0; pos < 10; ++pos)
+        formats = formats && build->supportsFormatCombination(pos, io.data(), 8, 2);
+    check(formats, "scan supports its declared dtypes");
+    io[4].desc.type = DataType::kHALF;
+    check(!build->supportsFormatCombination(4, io.data(), 8, 2), "scan rejects codebook dtype != hidden dtype");
+    io[4].desc.type = DataType::kBF16;
+    check(build->configurePlugin(io.data(), 8, io.data() + 8, 2) == 0, "scan configurePlugin with dynamic batch");
+    check(build->getWorkspaceSize(io.data(), 8, io.data() + 8, 2) == size_t(64) * 7 * 16 * 16 * 4,
+        "scan workspace = B*L*K*K*4 at max batch");
+    io[0].desc.dims = dims({-1, 7, 17});
+    io[1].desc.dims = dims({-1, 7, 17});
+    std::printf("(expected error follows)\n");
+    check(build->configurePlugin(io.data(), 8, io.data() + 8, 2) != 0, "scan configurePlugin rejects K=17");
+    auto* rt2 = rt;
+    auto again = own(creator.createPlugin("scan", rt2->getFieldsToSerialize(), TensorRTPhase::kRUNTIME));
+    check(again != nullptr, "scan recreated from its serialised fields");
+}
+
+} // namespace
+
+int main()
+{
+    testConv();
+    testScan();
+    std::printf("%d failure(s)\n", gFailures);
+    return gFailures;
+}
