@@ -83,7 +83,13 @@ def load_target(directory: str | Path, *, dtype: torch.dtype | None = None, devi
     multimodal wrappers are not loaded)."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype or "auto")
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype or "auto")
+    except ValueError as exc:
+        # Muse Glimmer is only registered as an image-text-to-text model (its wrapper).
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        model = transformers.AutoModelForImageTextToText.from_pretrained(str(directory), dtype=dtype or "auto")
     return model.to(device).eval()
 
 
@@ -100,18 +106,25 @@ def load_pair(target_dir, drafter_dir, *, block_size: int | None = None, dtype=N
     return target, drafter
 
 
-def _new_cache(target):
+def _new_cache(target, record: bool = True):
     from transformers import DynamicCache
 
-    return DynamicCache(config=target.config)
+    cache = DynamicCache(config=target.config)
+    if record and not is_hybrid(target) and hasattr(cache, "activate_past_recording"):
+        # Sliding-window layers otherwise drop keys beyond the window as soon as they are written
+        # and then refuse to crop; recording keeps them until the crop after verification.
+        # (Hybrid targets are restored from a snapshot instead, never cropped.)
+        cache.activate_past_recording()
+    return cache
 
 
 def _crop_to(cache, length: int) -> None:
     """Drop the cached tokens beyond ``length``. A negative argument means "remove that many"
     in every transformers 4.x/5.x (positive values changed meaning across versions)."""
     remove = cache.get_seq_length() - length
-    if remove > 0:
-        cache.crop(-remove)
+    if remove < 0:
+        raise RuntimeError(f"target cache holds {cache.get_seq_length()} tokens, fewer than {length}")
+    cache.crop(-remove)   # crop(0) also trims recorded sliding-window states back to the window
     if cache.get_seq_length() != length:
         raise RuntimeError(f"target cache holds {cache.get_seq_length()} tokens after crop, expected {length}")
 
@@ -140,7 +153,7 @@ def target_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *,
     """The target's own autoregressive decoding, one token per pass (the losslessness oracle)."""
     dev = next(target.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    cache = _new_cache(target)
+    cache = _new_cache(target, record=False)   # plain decoding never crops
     out: list[int] = []
     stops = set(stop_token_ids)
     logits = target(torch.tensor([list(prompt_ids)], device=dev), cache=cache, use_cache=True).logits
@@ -234,13 +247,13 @@ def speculative_generate(target, drafter: DFlash2Drafter, prompt_ids: Sequence[i
         committed = n + 1                       # anchor + n accepted drafts
 
         # ---- commit -----------------------------------------------------------------------
-        if n < L:
-            if hybrid:
+        if hybrid:
+            if n < L:
                 cache = snapshot
                 target(block[:, :committed], cache=cache, use_cache=True)
                 res.replay_passes += 1
-            else:
-                _crop_to(cache, start + committed)
+        else:
+            _crop_to(cache, start + committed)
         new_taps = extract_taps(vout.hidden_states, cfg.target_layer_ids)[:, :committed]
         start += committed
         anchor = int(nxt[0])
