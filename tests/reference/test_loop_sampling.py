@@ -6,7 +6,7 @@ comes from the prefill; the second from the first draft/verify cycle (accepted d
 correction), so wiring errors in the loop (p and q rows misaligned, q taken from the wrong
 tensor) show up here.
 
-Significance level alpha = 1e-3, fixed seeds, N = 4000 runs (the 2%-TV sensitivity is shown on
+Significance level alpha = 1e-3, fixed seeds, N = 3000 runs (the 2%-TV sensitivity is shown on
 200k samples in test_verify.py; this test is sized for CI time and is asserted to reject the
 perturbed-q loop).
 """
@@ -22,7 +22,7 @@ from dflash2_trt.config import DFlash2Config
 from dflash2_trt.reference.drafter import DFlash2Drafter
 from dflash2_trt.reference.loop import speculative_generate
 
-V, N, ALPHA, T = 8, 4000, 1e-3, 1.0
+V, N, ALPHA, T = 8, 3000, 1e-3, 1.0
 PROMPT = [3, 1, 4]
 
 
