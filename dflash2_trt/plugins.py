@@ -41,6 +41,7 @@ __all__ = [
     "load_spec",
     "load_specs",
     "plugin_fields",
+    "attribute_values",
     "find_library",
     "load_library",
     "trt_field_collection",
@@ -246,6 +247,12 @@ def load_specs() -> dict[str, PluginSpec]:
 def plugin_fields(name: str, **attrs: Any) -> list[PluginFieldValue]:
     """Plugin fields for plugin ``name`` with the given attribute values (see PluginSpec.fields)."""
     return load_spec(name).fields(**attrs)
+
+
+def attribute_values(name: str, **attrs: Any) -> dict[str, int]:
+    """``{attribute: int}`` with defaults filled in and everything checked, in spec order — e.g.
+    the attributes of an ONNX custom node standing for the plugin."""
+    return {f.name: int(f.data[0]) for f in plugin_fields(name, **attrs)}
 
 
 # --------------------------------------------------------------------------------- the library

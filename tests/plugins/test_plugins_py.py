@@ -54,6 +54,12 @@ def test_conv_fields():
     assert fused[-1].data.tolist() == [1]
 
 
+def test_attribute_values():
+    assert plugins.attribute_values("DFlash2DynamicConv", block_size=8, kernel_size=2, group_size=16) == {
+        "block_size": 8, "kernel_size": 2, "group_size": 16, "fuse_residual": 0}
+    assert plugins.attribute_values("DFlash2PairwiseScan", mode="sample") == {"mode": 1}
+
+
 def test_scan_fields_enum():
     assert plugins.plugin_fields("DFlash2PairwiseScan")[0].data.tolist() == [0]  # default greedy
     assert plugins.plugin_fields("DFlash2PairwiseScan", mode="viterbi")[0].data.tolist() == [2]
