@@ -312,6 +312,11 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
 def _tokenizer(target_dir, source):
     if target_dir is None:
         raise ConfigError("text prompts need the target's tokenizer (no target directory)", source=source)
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any((Path(target_dir) / n).is_file() for n in names):
+        # AutoTokenizer may still "succeed" here and return empty ids: refuse instead.
+        raise ConfigError(f"text prompts need a tokenizer, and {target_dir} has none ({', '.join(names)}); "
+                          f"give token-id lists", source=source)
     try:
         from transformers import AutoTokenizer
 
@@ -343,6 +348,21 @@ def analyze_pair(drafter_dir: str | Path, target_dir: str | Path, *, prompts_fil
                  block_size: int | None = None, top_k: Sequence[int] = DEFAULT_TOP_K,
                  max_new_tokens: int = 48, max_prompts: int | None = None, measure: bool = True) -> dict:
     """Recall tables, implied acceptance and measured acceptance for one drafter + target."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()          # weight-loading bars would interleave with --json
+    try:
+        return _analyze_pair(drafter_dir, target_dir, prompts_file=prompts_file, block_size=block_size,
+                             top_k=top_k, max_new_tokens=max_new_tokens, max_prompts=max_prompts,
+                             measure=measure)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, max_new_tokens, max_prompts,
+                  measure) -> dict:
     from .reference.loop import load_pair
 
     ks = sorted(set(int(k) for k in top_k))

@@ -58,12 +58,12 @@ TARGETS: dict[str, TargetEntry] = {
         TargetEntry(
             key="tiny", family="qwen3", target_id=None, drafter_id=None, block_size=8,
             build_config="tiny.yaml", supported=("inspect", "generate"), tiny_family="qwen3",
-            notes="seeded random dense Qwen3 + DFlash2 drafter, built locally on first use",
+            notes="trained tiny dense Qwen3 + DFlash2 drafter shipped in dflash2_trt/assets/tiny (scripts/train_tiny_drafter.py)",
         ),
         TargetEntry(
             key="tiny-hybrid", family="qwen3_5", target_id=None, drafter_id=None, block_size=8,
             build_config="tiny-hybrid.yaml", supported=("inspect", "generate"), tiny_family="qwen3_5",
-            notes="seeded random Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter, built locally",
+            notes="trained tiny Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter shipped in dflash2_trt/assets/tiny",
         ),
     )
 }
@@ -101,9 +101,11 @@ def resolve_dirs(
 ) -> tuple[Path, Path]:
     """(drafter dir, target dir) for ``entry``; explicit paths win."""
     if entry.tiny_family is not None and (target_dir is None or drafter_dir is None):
-        from .testing.tiny import tiny_pair
+        # The TRAINED tiny pairs shipped in dflash2_trt/assets (the seeded random pairs of
+        # testing.tiny stay available to tests through testing.tiny.tiny_pair).
+        from .assets import trained_pair
 
-        pair = tiny_pair(entry.tiny_family)
+        pair = trained_pair(entry.tiny_family)
         target_dir = target_dir or pair.target_dir
         drafter_dir = drafter_dir or pair.drafter_dir
     out = []

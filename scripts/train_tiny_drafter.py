@@ -370,6 +370,8 @@ def build_family(family: str, out_root: Path, *, target_steps: int, drafter_step
         card["analysis_recall_first_position"] = {k: v[0] for k, v in rep["recall"].items()}
         card["analysis_anchors"] = rep["anchors"]
         (work / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+        for path in [work, *work.rglob("*")]:     # mkdtemp / safetensors leave owner-only modes
+            path.chmod(0o755 if path.is_dir() else 0o644)
         if final.exists():
             shutil.rmtree(final)
         os.replace(work, final)
@@ -426,7 +428,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--target-steps", type=int, default=300)
     ap.add_argument("--drafter-steps", type=int, default=1500)
-    ap.add_argument("--sequences", type=int, default=1024)
+    ap.add_argument("--sequences", type=int, default=512)
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
