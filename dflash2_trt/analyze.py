@@ -231,19 +231,23 @@ def direct_acceptance(hits: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------
 def measure_acceptance(target, drafter, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                        selector: str = "greedy", top_k: int | None = None,
-                       references: Sequence[Sequence[int]] | None = None) -> dict:
-    """Greedy speculative decoding of every prompt: pooled mean acceptance length (tokens per
-    verification pass), tokens per target pass, and whether every output equals the target's
-    own greedy decoding (``references``, computed when not given)."""
+                       references: Sequence[Sequence[int]] | None = None, temperature: float = 0.0,
+                       seed: int = 0) -> dict:
+    """Speculative decoding of every prompt: pooled mean acceptance length (tokens per
+    verification pass) and tokens per target pass. At temperature 0, ``lossless`` says whether
+    every output equals the target's own greedy decoding (``references``, computed when not
+    given); when sampling it is None (losslessness is distributional, see tests/reference)."""
     from .reference.loop import speculative_generate, target_generate
 
-    lengths, passes, produced, lossless = [], 0, 0, True
+    lengths, passes, produced = [], 0, 0
+    lossless: bool | None = True if temperature <= 0 else None
     per_prompt = []
     for i, pr in enumerate(prompts):
-        ref = list(references[i]) if references is not None else target_generate(target, pr, max_new_tokens)
         r = speculative_generate(target, drafter, pr, max_new_tokens=max_new_tokens, selector=selector,
-                                 top_k=top_k)
-        lossless &= r.output_ids == ref[:max_new_tokens]
+                                 top_k=top_k, temperature=temperature, seed=seed + i)
+        if lossless is not None:
+            ref = list(references[i]) if references is not None else target_generate(target, pr, max_new_tokens)
+            lossless &= r.output_ids == ref[:max_new_tokens]
         lengths += r.acceptance_lengths
         passes += r.target_passes + r.replay_passes
         produced += len(r.output_ids)
@@ -258,7 +262,8 @@ def measure_acceptance(target, drafter, prompts: Sequence[Sequence[int]], *, max
         "tokens_per_target_pass": produced / passes if passes else float("nan"),
         "cycles": len(lengths),
         "histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "lossless": bool(lossless),
+        "temperature": float(temperature),
+        "lossless": lossless,
         "per_prompt_acceptance": per_prompt,
     }
 
@@ -346,8 +351,12 @@ def default_prompts(drafter_dir: str | Path, vocab_size: int, mask_token_id: int
 # ---------------------------------------------------------------------------------------------
 def analyze_pair(drafter_dir: str | Path, target_dir: str | Path, *, prompts_file: str | Path | None = None,
                  block_size: int | None = None, top_k: Sequence[int] = DEFAULT_TOP_K,
-                 max_new_tokens: int = 48, max_prompts: int | None = None, measure: bool = True) -> dict:
-    """Recall tables, implied acceptance and measured acceptance for one drafter + target."""
+                 max_new_tokens: int = 48, max_prompts: int | None = None, measure: bool = True,
+                 temperature: float = 0.0) -> dict:
+    """Recall tables, implied acceptance and measured acceptance for one drafter + target.
+
+    ``temperature > 0`` adds measured runs of the ``sample`` selector at that temperature
+    (``sample@k``); the implied numbers are greedy-decoding quantities and have no sampled twin."""
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -355,14 +364,14 @@ def analyze_pair(drafter_dir: str | Path, target_dir: str | Path, *, prompts_fil
     try:
         return _analyze_pair(drafter_dir, target_dir, prompts_file=prompts_file, block_size=block_size,
                              top_k=top_k, max_new_tokens=max_new_tokens, max_prompts=max_prompts,
-                             measure=measure)
+                             measure=measure, temperature=temperature)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
 
 
 def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, max_new_tokens, max_prompts,
-                  measure) -> dict:
+                  measure, temperature) -> dict:
     from .reference.loop import load_pair
 
     ks = sorted(set(int(k) for k in top_k))
@@ -414,8 +423,11 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
             for m in ("greedy", "viterbi"):
                 runs[f"{m}@{k}"] = measure_acceptance(target, drafter, prompts, max_new_tokens=max_new_tokens,
                                                       selector=m, top_k=k, references=refs)
+            if temperature > 0:
+                runs[f"sample@{k}"] = measure_acceptance(target, drafter, prompts, max_new_tokens=max_new_tokens,
+                                                         selector="sample", top_k=k, temperature=temperature)
         report["measured"] = {name: {key: r[key] for key in ("mean_acceptance_length", "tokens_per_target_pass",
-                                                             "cycles", "histogram", "lossless")}
+                                                             "cycles", "histogram", "temperature", "lossless")}
                               for name, r in runs.items()}
     return report
 
@@ -452,11 +464,14 @@ def render(report: dict) -> str:
     meas = report.get("measured", {})
     rows = [("top1", "none")] + [(f"greedy@{k}", f"greedy@{k}") for k in ks] + \
            [(f"viterbi@{k}", f"viterbi@{k}") for k in ks] + [(f"oracle@{k}", None) for k in ks]
+    rows += [(name, name) for name in meas if name.startswith("sample@")]
     for name, mkey in rows:
         m = meas.get(mkey) if mkey else None
         mv = f"{m['mean_acceptance_length']:9.3f}" if m else f"{'-':>9s}"
-        ll = ("yes" if m["lossless"] else "NO") if m else ""
-        lines.append(f"  {name:12s} {report['implied_acceptance'][name]:9.3f} {mv}  {ll}")
+        ll = "" if m is None else {True: "yes", False: "NO", None: f"(T={m['temperature']:g})"}[m["lossless"]]
+        imp = report["implied_acceptance"].get(name)
+        iv = f"{imp:9.3f}" if imp is not None else f"{'-':>9s}"
+        lines.append(f"  {name:12s} {iv} {mv}  {ll}")
     lines += ["", "Selector gain over top-1 (implied) and share of the top-1 -> oracle headroom captured:"]
     for k in ks:
         share = report["headroom_captured"][f"greedy@{k}"]

@@ -168,15 +168,18 @@ def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, 
 @click.option("--max-new-tokens", type=int, default=48, show_default=True, help="Greedy tokens per prompt.")
 @click.option("--max-prompts", type=int, help="Use only the first N prompts.")
 @click.option("--no-measure", is_flag=True, help="Skip the real speculative-decoding runs.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="Also measure the sampling selector at this temperature (> 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, block_size, top_k, max_new_tokens,
-                max_prompts, no_measure, as_json) -> None:
+                max_prompts, no_measure, temperature, as_json) -> None:
     """Recall@k per draft position, implied vs measured acceptance (top-1, selector, oracle)."""
     from .analyze import analyze_pair, parse_top_k, render
 
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     report = analyze_pair(d, t, prompts_file=prompts_file, block_size=block_size, top_k=parse_top_k(top_k),
-                          max_new_tokens=max_new_tokens, max_prompts=max_prompts, measure=not no_measure)
+                          max_new_tokens=max_new_tokens, max_prompts=max_prompts, measure=not no_measure,
+                          temperature=temperature)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 

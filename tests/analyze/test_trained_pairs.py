@@ -182,3 +182,13 @@ def test_cli_analyze_text_and_errors(tmp_path):
     bad.write_text("[[1, 2], \"text\"]")
     res = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--prompts", str(bad), "--no-measure"])
     assert res.exit_code == 1 and "tokenizer" in res.output
+
+
+def test_measured_sampling_runs(trained):
+    """The sampling selector on the trained pair: reproducible per seed, reports no per-run
+    lossless verdict (it is distributional), and still accepts several tokens per pass."""
+    p, target, drafter, prompts = trained
+    a = measure_acceptance(target, drafter, prompts[:3], max_new_tokens=32, selector="sample", temperature=0.7)
+    b = measure_acceptance(target, drafter, prompts[:3], max_new_tokens=32, selector="sample", temperature=0.7)
+    assert a == b and a["lossless"] is None and a["temperature"] == 0.7
+    assert a["mean_acceptance_length"] >= 2.0
