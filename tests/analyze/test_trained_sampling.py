@@ -1,0 +1,109 @@
+"""Sampling losslessness of the real speculative loop on the TRAINED pairs, where drafts are
+really accepted several at a time (with the random pairs nearly every draft is rejected, so the
+accept branch of rejection sampling is hardly exercised end to end).
+
+The first three emitted tokens come from the prefill (t1) and the first verification cycle(s)
+(t2, t3: accepted drafts, a correction from max(0, p - q), or the bonus). Their joint law must be
+the target's own: P(t1) P(t2 | t1) P(t3 | t1, t2) at the same temperature, computed exactly here
+by enumerating the likely prefixes. Chi-square over the likely triples (+ one bin for the rest),
+fixed seeds, so the verdict is deterministic. A control with a broken acceptance rule (every
+draft accepted) must be rejected by the same test on the same pair."""
+
+import warnings
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import dflash2_trt.reference.loop as loop
+from dflash2_trt.analyze import load_prompts
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.reference.loop import load_pair, speculative_generate
+from dflash2_trt.reference.verify import target_probs
+
+T = 1.0
+RUNS = 600
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def pair(request):
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    p = trained_pair(request.param)
+    target, drafter = load_pair(p.target_dir, p.drafter_dir)
+    # The shipped prompt (first 8, cut to 10 tokens) whose continuation law is the least peaked:
+    # most triples with >= 5 expected counts, so that the chi-square has something to test.
+    prompts = [pr[:10] for pr in load_prompts(p.drafter_dir.parent / "prompts.json")[:8]]
+    prompt = max(prompts, key=lambda pr: sum(1 for v in _exact_triples(target, pr).values() if v * RUNS >= 5))
+    yield target, drafter, prompt
+    torch.set_num_threads(n)
+
+
+@torch.no_grad()
+def _exact_triples(target, prompt, thresh=1e-4):
+    """{(t1, t2, t3): probability} for every triple whose prefix probabilities exceed thresh."""
+    def next_probs(prefixes):
+        x = torch.tensor([list(prompt) + list(pf) for pf in prefixes])
+        return target_probs(target(x).logits[:, -1], T)
+
+    p1 = next_probs([()])[0]
+    ones = [(int(t),) for t in torch.nonzero(p1 > thresh).flatten()]
+    probs1 = {pf: float(p1[pf[0]]) for pf in ones}
+    p2 = next_probs(ones)
+    twos = {}
+    for i, pf in enumerate(ones):
+        for t in torch.nonzero(probs1[pf] * p2[i] > thresh).flatten():
+            twos[pf + (int(t),)] = probs1[pf] * float(p2[i, t])
+    keys = list(twos)
+    p3 = next_probs(keys)
+    out = {}
+    for i, pf in enumerate(keys):
+        for t in torch.nonzero(twos[pf] * p3[i] > thresh).flatten():
+            out[pf + (int(t),)] = twos[pf] * float(p3[i, t])
+    return out
+
+
+def _chi2(samples, exact):
+    n = len(samples)
+    bins = sorted(k for k, v in exact.items() if v * n >= 5)
+    obs = [sum(1 for s in samples if s == b) for b in bins]
+    exp = [exact[b] * n for b in bins]
+    obs.append(n - sum(obs))
+    exp.append(n - sum(exp))
+    assert len(bins) >= 3, "too few populated bins for a meaningful test"
+    return chisquare(obs, exp).pvalue
+
+
+def _sample(target, drafter, prompt, runs):
+    out, accepted = [], 0
+    for s in range(runs):
+        r = speculative_generate(target, drafter, prompt, max_new_tokens=3, selector="sample",
+                                 temperature=T, seed=s)
+        out.append(tuple(r.output_ids))
+        accepted += r.acceptance_lengths[0] >= 2   # t2 was an accepted draft
+    return out, accepted
+
+
+def test_sampling_joint_law_matches_target(pair):
+    target, drafter, prompt = pair
+    exact = _exact_triples(target, prompt)
+    samples, accepted = _sample(target, drafter, prompt, RUNS)
+    assert accepted >= RUNS // 4          # multi-token acceptance really happened
+    assert _chi2(samples, exact) > 1e-3
+
+
+def test_broken_acceptance_is_detected(pair, monkeypatch):
+    target, drafter, prompt = pair
+    exact = _exact_triples(target, prompt)
+
+    def accept_all(draft, q_full, p, u, fu):
+        n = torch.full((draft.shape[0],), draft.shape[1], dtype=torch.long)
+        return n, torch.argmax(p[:, -1], dim=-1)
+
+    monkeypatch.setattr(loop, "accept_sampling", accept_all)
+    samples, _ = _sample(target, drafter, prompt, RUNS // 2)
+    assert _chi2(samples, exact) < 1e-6
