@@ -181,18 +181,34 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def _check_finite(raw: np.ndarray, tag: str, info: TensorInfo, row0: int, row1: int) -> None:
-    if tag not in _EXP_MASK:
-        return
-    np_t, mask = _EXP_MASK[tag]
-    bits = raw.view(np_t)
-    if bits.size and int(np.bitwise_and(bits, np_t(mask)).max()) == mask:
-        raise CheckpointError(f"non-finite values (NaN or Inf) in rows [{row0}, {row1})", file=info.file,
-                              tensor=info.name)
+class _FiniteCheck:
+    """NaN/Inf check on raw bits: ``max(bits & exponent_mask) == exponent_mask`` (~5 GB/s).
+
+    The AND goes into a preallocated scratch buffer: a fresh 64 MiB temporary per chunk costs
+    page faults that made this 25x slower (measured), dominating the whole conversion.
+    """
+
+    def __init__(self, nbytes: int):
+        self.scratch = np.empty(nbytes, dtype=np.uint8)
+
+    def __call__(self, raw: np.ndarray, tag: str, info: TensorInfo, row0: int, row1: int) -> None:
+        if tag not in _EXP_MASK:
+            return
+        np_t, mask = _EXP_MASK[tag]
+        bits = raw.reshape(-1).view(np_t)
+        if not bits.size:
+            return
+        if self.scratch.nbytes < raw.nbytes:
+            self.scratch = np.empty(raw.nbytes, dtype=np.uint8)
+        out = self.scratch[:raw.nbytes].view(np_t)
+        np.bitwise_and(bits, np_t(mask), out=out)
+        if int(out.max()) == mask:
+            raise CheckpointError(f"non-finite values (NaN or Inf) in rows [{row0}, {row1})", file=info.file,
+                                  tensor=info.name)
 
 
 def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: list[StreamingSafetensorsWriter],
-            tags: list[dict[str, str]], progress) -> int:
+            tags: list[dict[str, str]], progress, hasher: _HashWorker | None) -> int:
     """One pass over every used source tensor, in file order; returns the bytes read."""
     dests: dict[tuple[str, str], list] = {}
     for rank, plan in enumerate(plans):
@@ -204,7 +220,12 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
     infos = {k: sources[k[0]].ckpt.info(k[1]) for k in dests}
     order = sorted(dests, key=lambda k: (str(infos[k].file), infos[k].offsets[0]))
     fds: dict[Path, tuple[int, int]] = {}
-    buf = bytearray(CHUNK_BYTES)
+    # Two chunk buffers: the hash thread reads chunk k from one while chunk k+1 is read into the
+    # other. A buffer is reused only after the fence queued behind its writes has passed.
+    bufs = [bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES)]
+    fences: list = [None, None]
+    n_chunk = 0
+    check_finite = _FiniteCheck(CHUNK_BYTES)
     total = 0
     try:
         for key in order:
@@ -216,14 +237,17 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
             isz = ITEMSIZE[info.dtype]
             n_rows = info.shape[0] if info.shape else 1
             row_bytes = width_of(info.shape) * isz
-            if row_bytes > len(buf):
-                buf = bytearray(row_bytes)
-            chunk_rows = max(1, len(buf) // row_bytes)
-            mv = memoryview(buf)
+            chunk_rows = max(1, CHUNK_BYTES // row_bytes)
             for a in range(0, n_rows, chunk_rows):
                 b = min(n_rows, a + chunk_rows)
                 nbytes = (b - a) * row_bytes
-                view = mv[:nbytes]
+                slot = n_chunk % 2
+                n_chunk += 1
+                if fences[slot] is not None:
+                    fences[slot].wait()
+                if len(bufs[slot]) < nbytes:  # a single row wider than a chunk
+                    bufs[slot] = bytearray(nbytes)
+                view = memoryview(bufs[slot])[:nbytes]
                 got, off = 0, data_start + info.offsets[0] + a * row_bytes
                 while got < nbytes:
                     n = os.preadv(fd, [view[got:]], off + got)
@@ -231,7 +255,7 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                         raise CheckpointError("file ended while reading the tensor", file=info.file, tensor=info.name)
                     got += n
                 arr = np.frombuffer(view, dtype=np.uint8).reshape(b - a, row_bytes)
-                _check_finite(arr, info.dtype, info, a, b)
+                check_finite(arr, info.dtype, info, a, b)
                 for rank, out, p, row0 in dests[key]:
                     x, y = max(a, p.rows[0]), min(b, p.rows[1])
                     if x >= y:
@@ -247,6 +271,7 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                         block = np.ascontiguousarray(block)
                     out_row_bytes = out.width * ITEMSIZE[tag]
                     writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block)
+                fences[slot] = hasher.fence() if hasher is not None else None
                 total += nbytes
                 if progress is not None:
                     progress.update(nbytes)
@@ -258,7 +283,7 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
 
 def _completion_order(plan: list[OutTensor], src_order: dict[tuple[str, str], int]) -> list[OutTensor]:
     """Outputs ordered by when their last source is read, so each file fills front to back
-    (that lets the SHA-256 thread follow the writes instead of re-reading the file at the end)."""
+    (that lets the SHA-256 thread hash most writes from memory instead of re-reading them)."""
     return sorted(plan, key=lambda o: (max(src_order[(p.ckpt, p.src)] for p in o.pieces), o.name))
 
 
@@ -313,7 +338,7 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
         try:
             for r, layout in enumerate(layouts):
                 writers.append(StreamingSafetensorsWriter(tmp / f"rank{r}.safetensors", layout, hasher))
-            read = _stream(sources, plans, writers, tags, bar)
+            read = _stream(sources, plans, writers, tags, bar, hasher)
             for w in writers:
                 w.finish()
             hasher.close()

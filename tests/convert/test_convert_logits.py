@@ -74,7 +74,7 @@ def _reference_drafter(d: Path, t: Path, family: str, block: torch.Tensor, taps:
     emb, head = tsd[pre + "embed_tokens.weight"], tsd["lm_head.weight"]
     ref = DFlash2Drafter.from_pretrained(d, target_hidden_size=emb.shape[1])
     with torch.no_grad():
-        hidden = ref(ref.embed_block(block, lambda i: emb[i]), taps, taps.shape[1])
+        hidden = ref(ref.embed_block(block, torch.nn.Embedding.from_pretrained(emb)), taps, taps.shape[1])
         unary = ref.unary_logits(hidden[:, 1:], lambda h: h @ head.T)
         proj = ref.candidate_selector.hidden_projection(hidden[:, 1:])
     return hidden, unary, proj
