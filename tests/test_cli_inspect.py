@@ -45,9 +45,8 @@ def test_exact_keys_only():
     assert r.exit_code == 1 and "unknown target" in r.output and "Traceback" not in r.output
 
 
-def test_inspect_tiny_json(tiny):
-    key = "tiny" if tiny.family == "qwen3" else "tiny-hybrid"
-    r = run("inspect", "--target", key, "--json")
+def test_inspect_pair_json(tiny):
+    r = run("inspect", "--drafter", str(tiny.drafter_dir), "--target-dir", str(tiny.target_dir), "--json")
     assert r.exit_code == 0, r.output
     rep = json.loads(r.output)
     assert rep["ok"] and rep["pairing"]["ok"]
@@ -57,6 +56,18 @@ def test_inspect_tiny_json(tiny):
     assert rep["target"]["family"] == tiny.family
     assert rep["drafter"]["parameters"]["candidate_selector.successor_codebook"] == 256 * 16
     assert rep["drafter"]["config"]["block_size"] == 8
+
+
+@pytest.mark.parametrize("key", ["tiny", "tiny-hybrid"])
+def test_inspect_registered_tiny(key):
+    from dflash2_trt.targets import resolve_dirs
+
+    r = run("inspect", "--target", key, "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    d, t = resolve_dirs(get_target(key))
+    assert rep["ok"] and rep["drafter_dir"] == str(d.resolve()) and rep["target_dir"] == str(t.resolve())
+    assert rep["target"]["family"] == get_target(key).family
 
 
 def test_inspect_text_and_values(tiny_dense):
