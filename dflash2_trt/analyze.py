@@ -351,7 +351,7 @@ def default_prompts(drafter_dir: str | Path, vocab_size: int, mask_token_id: int
 # ---------------------------------------------------------------------------------------------
 def analyze_pair(drafter_dir: str | Path, target_dir: str | Path, *, prompts_file: str | Path | None = None,
                  block_size: int | None = None, top_k: Sequence[int] = DEFAULT_TOP_K,
-                 max_new_tokens: int = 48, max_prompts: int | None = None, measure: bool = True,
+                 max_new_tokens: int = 64, max_prompts: int | None = None, measure: bool = True,
                  temperature: float = 0.0) -> dict:
     """Recall tables, implied acceptance and measured acceptance for one drafter + target.
 

@@ -165,7 +165,7 @@ def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, 
               help="JSON / JSON-lines prompts (token-id lists or strings); default: the built-in set.")
 @click.option("--block-size", type=int, help="Override the drafter's block size.")
 @click.option("--top-k", "top_k", default="4,8,16", show_default=True, help="Comma-separated candidate widths.")
-@click.option("--max-new-tokens", type=int, default=48, show_default=True, help="Greedy tokens per prompt.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Greedy tokens per prompt.")
 @click.option("--max-prompts", type=int, help="Use only the first N prompts.")
 @click.option("--no-measure", is_flag=True, help="Skip the real speculative-decoding runs.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
