@@ -421,7 +421,7 @@ def write_readme(out_root: Path) -> None:
     lines += [
         "",
         "The oracle column is implied (every anchor of the targets' greedy continuations, see",
-        "`dflash2_trt/analyze.py`); implied numbers run above measured ones because the real loop",
+        "`dflash2_trt/analyze.py`); implied numbers run above measured ones, most likely because the real loop",
         "restarts right after a rejection, i.e. where the drafter has just failed, so it visits hard",
         "anchors more often than their share. Rerunning the script with torch 2.13.0 (CPU) and",
         "transformers 5.24.0 reproduced every `model.safetensors` here byte for byte.",
