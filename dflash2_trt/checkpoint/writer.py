@@ -24,6 +24,7 @@ into place only when complete; an exception or Ctrl-C (KeyboardInterrupt) remove
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -136,24 +137,46 @@ class StreamingSafetensorsWriter:
         self._hashed = 0  # file bytes [0, _hashed) are hashed
         self._pending: dict[int, int] = {}  # written but not yet hashed: offset -> length
         self._hasher = hasher
+        self._copy_ok = hasattr(os, "copy_file_range")
         self._put(layout.header, 0)
 
-    def _put(self, data, offset: int) -> None:
-        view = memoryview(data).cast("B")
-        pos = offset
-        while view:
-            n = os.pwrite(self._fd, view, pos)
-            view = view[n:]
-            pos += n
+    def _put(self, data, offset: int, copy_from: tuple[int, int] | None = None) -> None:
+        if copy_from is not None and self._copy_ok:
+            try:
+                self._copy(copy_from, offset, memoryview(data).nbytes)
+            except OSError as exc:  # e.g. EXDEV/EINVAL on some file systems: plain writes from now on
+                if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF):
+                    raise
+                self._copy_ok = False
+                copy_from = None
+        if copy_from is None or not self._copy_ok:
+            view = memoryview(data).cast("B")
+            pos = offset
+            while view:
+                n = os.pwrite(self._fd, view, pos)
+                view = view[n:]
+                pos += n
         if self._hasher is not None:
             self._hasher.submit(self, offset, data)
         else:
             self._hash_piece(offset, data)
 
-    def write(self, name: str, offset: int, data) -> None:
+    def _copy(self, copy_from: tuple[int, int], offset: int, n: int) -> None:
+        fd, src = copy_from
+        done = 0
+        while done < n:
+            k = os.copy_file_range(fd, self._fd, n - done, src + done, offset + done)
+            if k <= 0:
+                raise CheckpointError(f"copy_file_range returned {k} at byte {offset + done}", file=self.path)
+            done += k
+
+    def write(self, name: str, offset: int, data, copy_from: tuple[int, int] | None = None) -> None:
         """Write ``data`` (any contiguous buffer) at byte ``offset`` inside tensor ``name``.
 
         With a hash worker, ``data`` must stay unchanged until a later fence has passed.
+        ``copy_from=(fd, file_offset)`` says ``data`` is exactly those bytes of another file: they
+        are then copied file to file inside the kernel (``copy_file_range``), and ``data`` is only
+        hashed.
         """
         begin, end = self.layout.offsets[name]
         n = memoryview(data).nbytes
@@ -163,7 +186,7 @@ class StreamingSafetensorsWriter:
         if self._written[name] + n > end - begin:
             raise CheckpointError("tensor received more bytes than it holds (overlapping writes)",
                                   file=self.path, tensor=name)
-        self._put(data, self.layout.data_start + begin + offset)
+        self._put(data, self.layout.data_start + begin + offset, copy_from)
         self._written[name] += n
 
     # -- hashing (runs in the hash worker thread when there is one) --

@@ -18,6 +18,7 @@ Order of work (nothing touches the output location before step 4):
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import signal
@@ -48,6 +49,7 @@ from .schema import FORMAT, SCHEMA_VERSION, build_config
 TP_SIZES = (1, 2, 4, 8)
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 CHUNK_BYTES = 64 << 20
+KERNEL_COPY = True  # copy_file_range for whole-row, same-dtype slices (bench_convert A/B switch)
 _FAMILY_MAPS = {"qwen3": qwen3, "qwen3_5": qwen3_5}
 _TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 # Exponent bits: a value is NaN or Inf exactly when all of them are set.
@@ -220,9 +222,11 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
     infos = {k: sources[k[0]].ckpt.info(k[1]) for k in dests}
     order = sorted(dests, key=lambda k: (str(infos[k].file), infos[k].offsets[0]))
     fds: dict[Path, tuple[int, int]] = {}
-    # Two chunk buffers: the hash thread reads chunk k from one while chunk k+1 is read into the
-    # other. A buffer is reused only after the fence queued behind its writes has passed.
-    bufs = [bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES)]
+    # Each chunk is a read-only memory map of the source (no copy into user space; page-cache pages
+    # are checked and hashed in place). Two slots: the hash thread reads chunk k while chunk k+1 is
+    # mapped; a slot's map is dropped (unmapped once no view is left) only after the fence queued
+    # behind its writes has passed, so the resident set stays ~2 chunks whatever the tensor size.
+    maps: list = [None, None]
     fences: list = [None, None]
     n_chunk = 0
     check_finite = _FiniteCheck(CHUNK_BYTES)
@@ -245,16 +249,17 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                 n_chunk += 1
                 if fences[slot] is not None:
                     fences[slot].wait()
-                if len(bufs[slot]) < nbytes:  # a single row wider than a chunk
-                    bufs[slot] = bytearray(nbytes)
-                view = memoryview(bufs[slot])[:nbytes]
-                got, off = 0, data_start + info.offsets[0] + a * row_bytes
-                while got < nbytes:
-                    n = os.preadv(fd, [view[got:]], off + got)
-                    if n <= 0:
-                        raise CheckpointError("file ended while reading the tensor", file=info.file, tensor=info.name)
-                    got += n
-                arr = np.frombuffer(view, dtype=np.uint8).reshape(b - a, row_bytes)
+                maps[slot] = None
+                off = data_start + info.offsets[0] + a * row_bytes
+                base = off - off % mmap.ALLOCATIONGRANULARITY
+                try:
+                    mm = mmap.mmap(fd, off + nbytes - base, access=mmap.ACCESS_READ, offset=base)
+                except (OSError, ValueError) as exc:
+                    raise CheckpointError(f"cannot map rows [{a}, {b}): {exc}", file=info.file,
+                                          tensor=info.name) from None
+                maps[slot] = mm
+                view = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=off - base)
+                arr = view.reshape(b - a, row_bytes)
                 check_finite(arr, info.dtype, info, a, b)
                 for rank, out, p, row0 in dests[key]:
                     x, y = max(a, p.rows[0]), min(b, p.rows[1])
@@ -264,18 +269,23 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                     if p.cols is not None:
                         block = block[:, p.cols[0] * isz:p.cols[1] * isz]
                     tag = tags[rank][out.name]
+                    copy_from = None
                     if tag != info.dtype:
-                        src = torch.from_numpy(np.ascontiguousarray(block)).view(_TORCH[info.dtype])
+                        src = torch.from_numpy(block.copy()).view(_TORCH[info.dtype])  # copy: the map is read-only
                         block = src.to(_TORCH[tag]).view(torch.uint8).numpy()
+                    elif p.cols is None:  # whole rows, same dtype: the kernel copies them file to file
+                        copy_from = (fd, off + (x - a) * row_bytes) if KERNEL_COPY else None
                     else:
                         block = np.ascontiguousarray(block)
                     out_row_bytes = out.width * ITEMSIZE[tag]
-                    writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block)
+                    writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block, copy_from)
                 fences[slot] = hasher.fence() if hasher is not None else None
                 total += nbytes
+                view = arr = block = None  # no view of the map may outlive its fence
                 if progress is not None:
                     progress.update(nbytes)
     finally:
+        maps.clear()
         for fd, _ in fds.values():
             os.close(fd)
     return total
