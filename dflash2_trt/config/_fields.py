@@ -165,3 +165,18 @@ def parse_rope(f: Fields) -> tuple[float, str, float]:
     if partial > 1.0:
         raise f.error("partial_rotary_factor", f"must be in (0, 1], got {partial}")
     return theta, rope_type, partial
+
+
+def parse_attention_dims(f: Fields) -> tuple[int, int, int, int, int, int]:
+    """(hidden, layers, heads, kv_heads, head_dim, vocab) of a Qwen-style decoder, validated."""
+    hidden = f.int("hidden_size", min=1)
+    layers = f.int("num_hidden_layers", min=1)
+    heads = f.int("num_attention_heads", min=1)
+    kv_heads = f.int("num_key_value_heads", heads, min=1)
+    if heads % kv_heads:
+        raise f.error("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads={heads}")
+    head_dim = f.int("head_dim", hidden // heads, min=1)
+    if head_dim % 2:
+        raise f.error("head_dim", f"RoPE needs an even head_dim, got {head_dim}")
+    vocab = f.int("vocab_size", min=2)
+    return hidden, layers, heads, kv_heads, head_dim, vocab

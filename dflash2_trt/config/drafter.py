@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from ._fields import Fields, load_config_dict, parse_rope
+from ._fields import Fields, load_config_dict, parse_attention_dims, parse_rope
 
 ARCHITECTURE = "DFlash2DraftModel"
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -146,16 +146,7 @@ class DFlash2Config:
         if f.bool("attention_bias", False):
             raise f.error("attention_bias", "DFlash2 drafters have no attention biases; true is not supported")
 
-        hidden = f.int("hidden_size", min=1)
-        layers = f.int("num_hidden_layers", min=1)
-        heads = f.int("num_attention_heads", min=1)
-        kv_heads = f.int("num_key_value_heads", heads, min=1)
-        if heads % kv_heads:
-            raise f.error("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads={heads}")
-        head_dim = f.int("head_dim", hidden // heads, min=1)
-        if head_dim % 2:
-            raise f.error("head_dim", f"RoPE needs an even head_dim, got {head_dim}")
-        vocab = f.int("vocab_size", min=2)
+        hidden, layers, heads, kv_heads, head_dim, vocab = parse_attention_dims(f)
         theta, rope_type, partial = parse_rope(f)
         if partial != 1.0:
             raise f.error("partial_rotary_factor", f"DFlash2 drafters use full RoPE, got {partial}")

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ._fields import Fields, load_config_dict, parse_rope
+from ._fields import Fields, load_config_dict, parse_attention_dims, parse_rope
 
 FAMILIES = ("qwen3", "qwen3_5", "muse_glimmer")
 
@@ -143,14 +143,7 @@ class TargetConfig:
         else:
             f = top
 
-        hidden = f.int("hidden_size", min=1)
-        layers = f.int("num_hidden_layers", min=1)
-        heads = f.int("num_attention_heads", min=1)
-        kv_heads = f.int("num_key_value_heads", heads, min=1)
-        if heads % kv_heads:
-            raise f.error("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads={heads}")
-        head_dim = f.int("head_dim", hidden // heads, min=1)
-        vocab = f.int("vocab_size", min=2)
+        hidden, layers, heads, kv_heads, head_dim, vocab = parse_attention_dims(f)
         theta, rope_type, partial = parse_rope(f)
 
         allowed = _LAYER_TYPES[family]
