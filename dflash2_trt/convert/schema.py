@@ -38,7 +38,9 @@ qk_layernorm                   true: per-head RMSNorm of q and k before RoPE
 tie_word_embeddings            whether the source tied lm_head to the embedding (lm_head.weight is written anyway)
 use_parallel_embedding         true: ``transformer.vocab_embedding`` is split over ranks on the vocab
 embedding_sharding_dim         0 (each rank holds ``vocab_size / tp`` rows; lookups are masked and all-reduced)
-layer_types                    per layer: ``full_attention`` (Qwen3: every layer) or ``linear_attention``
+layer_types                    per layer: ``full_attention``, ``sliding_attention`` (Qwen3 with sliding window)
+                               or ``linear_attention`` (Qwen3.5 Gated DeltaNet)
+sliding_window                 keys kept by ``sliding_attention`` layers; null when there are none
 attn_output_gate               Qwen3.5: attention output ``*= sigmoid(output_gate(x))`` before ``dense``
 linear_attention               Qwen3.5 Gated DeltaNet: ``num_key_heads``, ``num_value_heads``, ``key_head_dim``,
                                ``value_head_dim``, ``conv_kernel_size``; null for Qwen3
@@ -81,7 +83,7 @@ _TOP_KEYS = (
     "num_attention_heads", "num_key_value_heads", "head_size", "intermediate_size", "norm_epsilon",
     "layernorm_weight_offset", "hidden_act", "position_embedding_type", "rotary_base", "rotary_scaling",
     "rotary_pct", "rotary_dim", "max_position_embeddings", "qk_layernorm", "tie_word_embeddings",
-    "use_parallel_embedding", "embedding_sharding_dim", "layer_types", "attn_output_gate", "linear_attention", "mapping", "quantization",
+    "use_parallel_embedding", "embedding_sharding_dim", "layer_types", "sliding_window", "attn_output_gate", "linear_attention", "mapping", "quantization",
     "max_draft_len", "dflash2", "dflash2_trt",
 )
 
@@ -131,6 +133,7 @@ def build_config(target: TargetConfig, drafter: DFlash2Config, *, tp_size: int, 
         "use_parallel_embedding": True,
         "embedding_sharding_dim": 0,
         "layer_types": list(target.layer_types),
+        "sliding_window": target.sliding_window,
         "attn_output_gate": bool(target.attn_output_gate),
         "linear_attention": linear,
         "mapping": {"world_size": tp_size, "tp_size": tp_size, "pp_size": 1},

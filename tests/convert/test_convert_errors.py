@@ -231,3 +231,52 @@ def test_cli_convert_registered_target(tiny_hybrid, tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[:2] == ["config.json", "manifest.json"]
     res = CliRunner().invoke(main, ["convert", "--target", "no-such-model", "--output", str(tmp_path / "x")])
     assert res.exit_code == 1 and "unknown target" in res.output
+
+
+def test_unsupported_family_is_a_clear_error(tmp_path):
+    """Muse Glimmer is read and checked by the project but not converted yet: say so, touch nothing."""
+    from dflash2_trt.testing.tiny import tiny_pair
+
+    t = tmp_path / "target"
+    t.mkdir()
+    from dflash2_trt.config import TargetConfig
+
+    cfg = {"architectures": ["MuseGlimmerForConditionalGeneration"], "model_type": "muse_glimmer",
+           "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 256,
+                           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16,
+                           "dtype": "float32"}}
+    import json
+
+    (t / "config.json").write_text(json.dumps(cfg))
+    assert TargetConfig.from_hugging_face(t).family == "muse_glimmer"
+    with pytest.raises(ConfigError, match="muse_glimmer.*cannot be converted"):
+        convert_pair(tiny_pair("qwen3").drafter_dir, t, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_checkpoint_config_schema_version_is_checked(tiny_dense, tmp_path):
+    import json
+
+    from dflash2_trt.convert import CheckpointConfig
+
+    out = tmp_path / "ckpt"
+    convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["dflash2_trt"]["schema_version"] = 99
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="schema version 99"):
+        CheckpointConfig.load(out)
+    cfg["dflash2_trt"]["schema_version"] = 1
+    cfg["surprise"] = 1
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="unknown field"):
+        CheckpointConfig.load(out)
+
+
+def test_progress_bar_reports_bytes_per_second(tiny_dense, tmp_path, capsys):
+    convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt", progress=True)
+    err = capsys.readouterr().err
+    assert "convert" in err and "B/s" in err and "100%" in err
+    convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt2")  # not a terminal: silent
+    assert capsys.readouterr().err == ""
