@@ -70,3 +70,30 @@ def test_atomic_dir_commit_and_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+@pytest.mark.parametrize("kernel_copy_fails", [False, True])
+def test_copy_from_another_file_and_fallback(tmp_path, monkeypatch, kernel_copy_fails):
+    import errno
+
+    src = tmp_path / "src.bin"
+    payload = os.urandom(60 + 14 + 16)
+    src.write_bytes(b"xx" + payload)
+    if kernel_copy_fails:  # e.g. a file system without copy_file_range support: plain writes instead
+        def boom(*a, **kw):
+            raise OSError(errno.EXDEV, "cross-device")
+        monkeypatch.setattr(os, "copy_file_range", boom)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", SafetensorsLayout(_specs()))
+        w.write("b", 0, payload[:60], copy_from=(fd, 2))
+        w.write("a", 0, payload[60:74], copy_from=(fd, 62))
+        w.write("c", 0, payload[74:])
+        w.finish()
+        digest = w.sha256()
+        w.close()
+    finally:
+        os.close(fd)
+    data = (tmp_path / "x.safetensors").read_bytes()
+    assert data.endswith(payload)
+    assert digest == sha256_file(tmp_path / "x.safetensors")
