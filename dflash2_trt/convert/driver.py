@@ -327,6 +327,12 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
     if problems:
         raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
     check_output_dir(output, force)
+    out_abs = Path(output).resolve()
+    for kind, src_dir in (("target", target_dir), ("drafter", drafter_dir)):
+        src_abs = src_dir.resolve()
+        if out_abs == src_abs or out_abs in src_abs.parents:
+            raise ConfigError(f"{out_abs} is or contains the {kind} checkpoint {src_abs}; --force would delete it",
+                              field="--output")
     drops = _FAMILY_MAPS[t.family].target_drops(t)
     dropped = _check_inventories(t, d, tck, dck, drops)
     sources = {TARGET: _Source(tck, t, target_dir), DRAFTER: _Source(dck, d, drafter_dir)}

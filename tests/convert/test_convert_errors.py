@@ -280,3 +280,11 @@ def test_progress_bar_reports_bytes_per_second(tiny_dense, tmp_path, capsys):
     assert "convert" in err and "B/s" in err and "100%" in err
     convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt2")  # not a terminal: silent
     assert capsys.readouterr().err == ""
+
+
+def test_output_must_not_replace_a_source(work):
+    d, t, out_root = work
+    for out in (t, t.parent):
+        with pytest.raises(ConfigError, match="--force would delete it"):
+            convert_pair(d, t, out, force=True)
+    assert (t / "model.safetensors").is_file() and (d / "model.safetensors").is_file()
