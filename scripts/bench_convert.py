@@ -39,19 +39,20 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("DFLASH2_TRT_FIXTURES", "/work/shared/fixtures"))
 SHARD_BYTES = 2 << 30
 PATTERN_BYTES = 32 << 20
 
 
 def _configs(target_layers: int, drafter_layers: int) -> tuple[dict, dict]:
-    target = json.loads((FIXTURES / "Qwen__Qwen3.8-27B" / "config.json").read_text())
+    from dflash2_trt.testing.fixtures import QWEN_DRAFTER, QWEN_TARGET
+
+    target = json.loads((QWEN_TARGET / "config.json").read_text())
     text = target["text_config"]
     types = ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(target_layers)]
     if "full_attention" not in types:
         types[-1] = "full_attention"
     text.update(num_hidden_layers=target_layers, layer_types=types)
-    drafter = json.loads((FIXTURES / "z-lab__Qwen3.8-27B-DFlash2" / "config.json").read_text())
+    drafter = json.loads((QWEN_DRAFTER / "config.json").read_text())
     taps = min(5, target_layers)
     drafter.update(num_hidden_layers=drafter_layers, layer_types=["sliding_attention"] * drafter_layers,
                    max_window_layers=drafter_layers, num_target_layers=target_layers)
