@@ -41,28 +41,28 @@ TARGETS: dict[str, TargetEntry] = {
         TargetEntry(
             key="qwen3.8-27b", family="qwen3_5", target_id="Qwen/Qwen3.8-27B",
             drafter_id="z-lab/Qwen3.8-27B-DFlash2", block_size=8, build_config="qwen3.8-27b.yaml",
-            supported=("inspect", "generate"),
+            supported=("inspect", "generate", "analyze", "convert"),
             notes="Qwen3.5 hybrid (48 Gated DeltaNet + 16 full-attention layers), multimodal wrapper; text only",
         ),
         TargetEntry(
             key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",
             drafter_id="z-lab/Muse-Glimmer-30B-DFlash2", block_size=16, build_config="muse-glimmer-30b.yaml",
-            supported=("inspect",),
-            notes="read and checked only; NoPE full-attention layers and qk_scale_factor not yet converted",
+            supported=("inspect", "generate", "analyze"),
+            notes="reference decoding works; conversion not yet (NoPE full-attention layers, qk_scale_factor)",
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,
-            build_config="qwen3-8b.yaml", supported=("inspect",),
+            build_config="qwen3-8b.yaml", supported=("inspect", "generate", "analyze", "convert"),
             notes="dense Qwen3; no published DFlash2 drafter: pass --drafter DIR",
         ),
         TargetEntry(
             key="tiny", family="qwen3", target_id=None, drafter_id=None, block_size=8,
-            build_config="tiny.yaml", supported=("inspect", "generate"), tiny_family="qwen3",
+            build_config="tiny.yaml", supported=("inspect", "generate", "analyze", "convert"), tiny_family="qwen3",
             notes="trained tiny dense Qwen3 + DFlash2 drafter shipped in dflash2_trt/assets/tiny (scripts/train_tiny_drafter.py)",
         ),
         TargetEntry(
             key="tiny-hybrid", family="qwen3_5", target_id=None, drafter_id=None, block_size=8,
-            build_config="tiny-hybrid.yaml", supported=("inspect", "generate"), tiny_family="qwen3_5",
+            build_config="tiny-hybrid.yaml", supported=("inspect", "generate", "analyze", "convert"), tiny_family="qwen3_5",
             notes="trained tiny Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter shipped in dflash2_trt/assets/tiny",
         ),
     )

@@ -30,6 +30,14 @@ def test_targets_lists_registry():
         assert e.build_config_path.is_file(), e.build_config
 
 
+def test_registry_support_claims_match_the_converter():
+    """`convert` is claimed exactly for the families the converter has a weight map for."""
+    from dflash2_trt.convert.driver import _FAMILY_MAPS
+
+    for e in TARGETS.values():
+        assert ("convert" in e.supported) == (e.family in _FAMILY_MAPS), e.key
+
+
 def test_build_configs_load():
     from dflash2_trt.config.build import BuildConfig
 
