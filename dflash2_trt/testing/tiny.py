@@ -47,10 +47,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dflash2-trt"
 
 
-def _text_config(family: str) -> dict:
+def _text_config(family: str, *, heads: int = 4, linear_value_heads: int = 4) -> dict:
     common = dict(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        num_attention_heads=heads, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
         max_position_embeddings=512, tie_word_embeddings=False, hidden_act="silu",
         bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
@@ -60,21 +60,29 @@ def _text_config(family: str) -> dict:
         return dict(
             common,
             layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-            linear_conv_kernel_dim=4, attn_output_gate=True,
+            linear_num_key_heads=2, linear_num_value_heads=linear_value_heads, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, attn_output_gate=True,
             rope_parameters={"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.25,
                              "mrope_section": [1, 1, 0], "mrope_interleaved": True},
         )
     raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(FAMILIES)}")
 
 
-def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0) -> Path:
-    """Build a random tiny target with transformers and ``save_pretrained`` it (float32)."""
+def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads: int = 4,
+                      linear_value_heads: int = 4, tie: bool = False, random_1d: bool = False) -> Path:
+    """Build a random tiny target with transformers and ``save_pretrained`` it (float32).
+
+    ``heads``/``linear_value_heads`` widen the attention (8 lets every --tp-size up to 8 split).
+    ``random_1d`` also randomises RMSNorm scales, ``A_log`` and ``dt_bias``, which transformers
+    initialises to constants: with constants, a swapped or mis-offset norm changes nothing and
+    a layout test cannot catch it. The defaults reproduce the standard tiny target exactly.
+    """
     import transformers
 
     out_dir = Path(out_dir)
     torch.manual_seed(seed)
-    text = _text_config(family)
+    text = _text_config(family, heads=heads, linear_value_heads=linear_value_heads)
+    text["tie_word_embeddings"] = tie
     if family == "qwen3":
         config = transformers.Qwen3Config(**text)
         model = transformers.Qwen3ForCausalLM(config)
@@ -82,7 +90,7 @@ def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0) -> Pat
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN,
                       patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
                       in_channels=3)
-        config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+        config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=tie)
         model = transformers.Qwen3_5ForConditionalGeneration(config)
     # Larger-than-default init so that logits are peaked enough for argmax ties to be impossible
     # in practice (ties would make "identical to greedy" depend on float rounding).
@@ -94,6 +102,18 @@ def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0) -> Pat
                 p.normal_(0.0, 1.0)
             elif p.dim() == 2:
                 p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+            elif not random_1d:
+                continue
+            elif name.endswith("A_log"):
+                p.uniform_(-1.0, 1.0)
+            elif name.endswith("dt_bias"):
+                p.normal_(0.0, 0.5)
+            elif p.dim() == 1:
+                # RMSNorm scales: zero-centred (1 + w) in qwen3_5 except the DeltaNet norm
+                centre = 0.0 if (family == "qwen3_5" and "linear_attn.norm" not in name) else 1.0
+                p.copy_(centre + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)
     model = model.to(torch.float32)
     model.config.dtype = "float32"
     if hasattr(model.config, "text_config"):
@@ -102,7 +122,8 @@ def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0) -> Pat
     return out_dir
 
 
-def tiny_drafter_config(family: str, *, block_size: int = 8) -> dict:
+def tiny_drafter_config(family: str, *, block_size: int = 8, heads: int = 4,
+                        target_layer_ids: tuple[int, ...] = (0, 2)) -> dict:
     return {
         "architectures": ["DFlash2DraftModel"],
         "model_type": "qwen3",
@@ -116,7 +137,7 @@ def tiny_drafter_config(family: str, *, block_size: int = 8) -> dict:
             "mask_token_id": VOCAB - 1,
             "selector_rank": 16,
             "selector_top_k": 8,
-            "target_layer_ids": [0, 2],
+            "target_layer_ids": list(target_layer_ids),
         },
         "dtype": "float32",
         "eos_token_id": 2,
@@ -128,7 +149,7 @@ def tiny_drafter_config(family: str, *, block_size: int = 8) -> dict:
         "layer_types": ["sliding_attention", "full_attention"],
         "max_position_embeddings": 512,
         "max_window_layers": 2,
-        "num_attention_heads": 4,
+        "num_attention_heads": heads,
         "num_hidden_layers": 2,
         "num_key_value_heads": 2,
         "num_target_layers": 4,
@@ -144,7 +165,8 @@ def tiny_drafter_config(family: str, *, block_size: int = 8) -> dict:
     }
 
 
-def build_tiny_drafter(family: str, out_dir: str | Path, *, seed: int = 1, block_size: int = 8) -> Path:
+def build_tiny_drafter(family: str, out_dir: str | Path, *, seed: int = 1, block_size: int = 8,
+                       heads: int = 4, target_layer_ids: tuple[int, ...] = (0, 2), norm_std: float = 0.1) -> Path:
     """Random drafter in the published format, with non-identity conv and selector weights."""
     from safetensors.torch import save_file
 
@@ -153,7 +175,7 @@ def build_tiny_drafter(family: str, out_dir: str | Path, *, seed: int = 1, block
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg_dict = tiny_drafter_config(family, block_size=block_size)
+    cfg_dict = tiny_drafter_config(family, block_size=block_size, heads=heads, target_layer_ids=target_layer_ids)
     cfg_dict.pop("tiny_family")
     cfg = DFlash2Config.from_hugging_face(cfg_dict)
     gen = torch.Generator().manual_seed(seed)
@@ -161,7 +183,7 @@ def build_tiny_drafter(family: str, out_dir: str | Path, *, seed: int = 1, block
     for name, exp in sorted(expected_drafter_tensors(cfg).items()):
         shape = exp.shape
         if name.endswith("norm.weight"):
-            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+            t = 1.0 + norm_std * torch.randn(shape, generator=gen)
         elif name.endswith("base_kernel"):
             t = 0.3 * torch.randn(shape, generator=gen)
             t[:, 0] += 1.0  # near (not at) the identity start point
