@@ -331,7 +331,14 @@ class AtomicOutputDir:
                 old = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.old-", dir=self.final.parent))
                 os.rmdir(old)
                 os.replace(self.final, old)
-        os.replace(self.tmp, self.final)  # replaces an empty directory too
+        try:
+            os.replace(self.tmp, self.final)  # replaces an empty directory too
+        except BaseException:
+            # Silent failure mode otherwise: the previous output stays moved aside under a hidden
+            # ".NAME.old-*" name and ``final`` is gone. Put it back before reporting the error.
+            if old is not None:
+                os.replace(old, self.final)
+            raise
         self.tmp = None
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

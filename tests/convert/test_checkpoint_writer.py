@@ -97,3 +97,27 @@ def test_copy_from_another_file_and_fallback(tmp_path, monkeypatch, kernel_copy_
     data = (tmp_path / "x.safetensors").read_bytes()
     assert data.endswith(payload)
     assert digest == sha256_file(tmp_path / "x.safetensors")
+
+
+def test_atomic_dir_failed_final_rename_with_force_restores_the_old_output(tmp_path, monkeypatch):
+    """With force the old output is moved aside first; if the final rename then fails, the old
+    output must be back under its own name (not left hidden as .out.old-*)."""
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    real, calls = os.replace, []
+
+    def flaky(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:  # 1: final -> aside, 2: tmp -> final
+            raise OSError(28, "No space left on device")
+        return real(a, b)
+
+    monkeypatch.setattr(os, "replace", flaky)
+    with pytest.raises(OSError, match="No space left"):
+        with AtomicOutputDir(final, force=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+    monkeypatch.setattr(os, "replace", real)
+    assert len(calls) >= 2
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert [p.name for p in final.iterdir()] == ["old.txt"]
