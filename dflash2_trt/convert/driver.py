@@ -278,7 +278,15 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                     copy_from = None
                     if tag != info.dtype:
                         src = torch.from_numpy(block.copy()).view(_TORCH[info.dtype])  # copy: the map is read-only
-                        block = src.to(_TORCH[tag]).view(torch.uint8).numpy()
+                        cast = src.to(_TORCH[tag])
+                        # The source was checked finite, so a non-finite value here is an overflow of the
+                        # narrower dtype (e.g. |w| > 65504 cast to float16): silent inf weights otherwise.
+                        if not bool(torch.isfinite(cast).all()):
+                            raise CheckpointError(
+                                f"rows [{x}, {y}) overflow {tag} when cast from {info.dtype} (a finite value "
+                                f"beyond {tag}'s largest); convert with a wider --dtype", file=info.file,
+                                tensor=info.name)
+                        block = cast.view(torch.uint8).numpy()
                     elif p.cols is None:  # whole rows, same dtype: the kernel copies them file to file
                         copy_from = (fd, off + (x - a) * row_bytes) if KERNEL_COPY else None
                     else:

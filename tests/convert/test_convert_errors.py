@@ -88,6 +88,20 @@ def test_non_finite_tensor_fails_while_streaming_and_cleans_up(work):
     _only(out_root)
 
 
+def test_dtype_cast_overflow_is_an_error_and_cleans_up(work):
+    """A finite float32 weight beyond float16's range would become inf with --dtype float16."""
+    d, t, out_root = work
+
+    def big(sd):
+        sd["model.language_model.layers.1.mlp.up_proj.weight"][3, 5] = 1.0e5  # float16 max: 65504
+    _edit(t, big)
+    with pytest.raises(CheckpointError, match="overflow F16") as exc:
+        convert_pair(d, t, out_root / "ckpt", tp_size=2, dtype="float16")
+    assert "layers.1.mlp.up_proj.weight" in str(exc.value)
+    _only(out_root)
+    convert_pair(d, t, out_root / "ckpt", tp_size=2, dtype="bfloat16")  # in range for bfloat16: fine
+
+
 @pytest.mark.parametrize("family_fixture,field", [("tiny_dense", "num_attention_heads"),
                                                   ("tiny_hybrid", "text_config.linear_num_value_heads")])
 def test_tp_not_dividing_heads(request, family_fixture, field, tmp_path):
