@@ -120,3 +120,23 @@ def test_config_fields(wide_pairs, tmp_path):
     assert cfg["linear_attention"]["num_value_heads"] == 8
     assert cfg.dflash2["target_layer_ids"] == [0, 2, 3]
     assert cfg.dflash2["target_hidden_size"] == 64
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_roundtrip_across_many_small_chunks(wide_pairs, kernel_copy, tmp_path, monkeypatch):
+    """Every tiny tensor fits one 64 MiB chunk, so the chunk-boundary arithmetic (row windows,
+    piece clipping, out-of-order hashing, the two rotating maps) is only exercised with small
+    chunks: 700 bytes is not a multiple of any row size here, and cuts pieces mid-way."""
+    from dflash2_trt.convert import driver
+
+    monkeypatch.setattr(driver, "CHUNK_BYTES", 700)
+    monkeypatch.setattr(driver, "KERNEL_COPY", kernel_copy)
+    d, t = wide_pairs["qwen3_5"]
+    out = tmp_path / "ckpt"
+    convert_pair(d, t, out, tp_size=4)
+    _check_roundtrip(d, t, out)
+    for f in json.loads((out / "manifest.json").read_text())["files"]:
+        assert f["sha256"] == hashlib.sha256((out / f["name"]).read_bytes()).hexdigest(), f["name"]
+    cast = tmp_path / "cast"
+    convert_pair(d, t, cast, tp_size=8, dtype="bfloat16")  # column slices + casts, chunk by chunk
+    _check_roundtrip(d, t, cast, dtype=torch.bfloat16)
