@@ -377,6 +377,11 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
     ks = sorted(set(int(k) for k in top_k))
     if not ks or ks[0] < 1:
         raise ConfigError(f"--top-k values must be >= 1, got {list(top_k)}", field="top_k")
+    if temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0, got {temperature}", field="temperature")
+    if max_prompts is not None and max_prompts < 1:
+        # a negative value would silently slice prompts off the end (prompts[:-1])
+        raise ConfigError(f"--max-prompts must be >= 1, got {max_prompts}", field="max_prompts")
     target, drafter = load_pair(target_dir, drafter_dir, block_size=block_size)
     cfg = drafter.cfg
     if ks[-1] > cfg.vocab_size:

@@ -59,8 +59,12 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
     selector = selector or ("sample" if temperature > 0 else "greedy")
     if selector == "sample" and temperature <= 0:
         raise ConfigError("selector 'sample' needs --temperature > 0", field="--selector")
+    if max_new_tokens < 1:
+        raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
     target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
     tcfg = TargetConfig.from_hugging_face(target_dir / "config.json")
+    if top_k is not None and not 1 <= top_k <= tcfg.vocab_size:
+        raise ConfigError(f"must be in [1, vocab size {tcfg.vocab_size}], got {top_k}", field="--top-k")
     tok = None
     if prompt is not None:
         tok = _tokenizer(target_dir)

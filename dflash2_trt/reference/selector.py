@@ -237,7 +237,7 @@ class PairwiseSelector(nn.Module):
                 uniforms: torch.Tensor | None = None) -> Selection:
         """hidden [B, L, H] (final-normed drafter hidden), unary_logits [B, L, V] (already
         transformed by :func:`transform_unary_logits`), anchor [B]."""
-        k = top_k or self.top_k
+        k = self.top_k if top_k is None else top_k   # 0 must reach topk_candidates' error
         scores, ids = topk_candidates(unary_logits, k)
         proj = self.hidden_projection(hidden)
         lat = pairwise_lattice(ids, scores, proj, anchor, self.predecessor_codebook,

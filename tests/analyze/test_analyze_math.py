@@ -207,3 +207,15 @@ def test_load_prompts_forms(tmp_path):
         f = tmp_path / "f.json"
         f.write_text("[[]]")
         load_prompts(f)
+
+
+def test_analyze_pair_refuses_bad_options_before_loading(tmp_path):
+    """A negative --temperature was silently ignored (no sampled runs) and a negative
+    --max-prompts silently dropped prompts from the end (prompts[:-1]); both are refused, before
+    any model is loaded (the directories here do not exist)."""
+    from dflash2_trt.analyze import analyze_pair
+
+    for kw, field in (({"temperature": -0.5}, "temperature"), ({"max_prompts": -1}, "max_prompts"),
+                      ({"max_prompts": 0}, "max_prompts")):
+        with pytest.raises(ConfigError, match=field):
+            analyze_pair(tmp_path / "no-drafter", tmp_path / "no-target", **kw)

@@ -32,3 +32,20 @@ def test_generate_json_and_errors():
     assert r4.exit_code == 1 and "outside the vocabulary" in r4.output
     r5 = runner.invoke(main, ["generate", *dirs, "--prompt-ids", "1", "--selector", "sample"])
     assert r5.exit_code == 1 and "temperature" in r5.output
+
+
+def test_generate_bad_numbers_are_one_line_errors():
+    """Out-of-range --max-new-tokens / --top-k are reported as one clear line naming the option
+    (not a ValueError traceback from deep in the loop), and --top-k 0 is refused instead of being
+    silently replaced by the drafter's default width."""
+    warnings.filterwarnings("ignore")
+    runner = CliRunner()
+    p = tiny_pair("qwen3")
+    dirs = ["--drafter", str(p.drafter_dir), "--target-dir", str(p.target_dir)]
+    for extra, option in ((["--max-new-tokens", "0"], "--max-new-tokens"),
+                          (["--top-k", "0"], "--top-k"),
+                          (["--top-k", "257"], "--top-k"),
+                          (["--top-k", "300", "--temperature", "0.5"], "--top-k")):
+        r = runner.invoke(main, ["generate", *dirs, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", *extra])
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (extra, r.exception, r.output)
+        assert f"error: {option}" in r.output, (extra, r.output)

@@ -171,3 +171,11 @@ def test_selector_module_uses_codebooks():
                            sel.successor_codebook)
     torch.testing.assert_close(out.lattice, lat)
     assert torch.equal(out.tokens, walk_greedy(lat, ids)[1])
+
+
+def test_selector_module_refuses_top_k_zero():
+    """top_k=0 is an error, not 'use the default width' (an `or` would silently pick top_k=16)."""
+    sel = PairwiseSelector(hidden_size=8, vocab_size=30, rank=4, top_k=5)
+    with pytest.raises(ValueError, match="top_k=0"):
+        sel(torch.zeros(1, 3, 8), torch.zeros(1, 3, 30), torch.tensor([2]), "greedy", top_k=0)
+    assert sel(torch.zeros(1, 3, 8), torch.zeros(1, 3, 30), torch.tensor([2]), "greedy").cand_ids.shape[-1] == 5
