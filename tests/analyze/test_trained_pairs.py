@@ -195,3 +195,17 @@ def test_measured_sampling_runs(trained):
     b = measure_acceptance(target, drafter, prompts[:3], max_new_tokens=32, selector="sample", temperature=0.7)
     assert a == b and a["lossless"] is None and a["temperature"] == 0.7
     assert a["mean_acceptance_length"] >= 2.0
+
+
+def test_cli_analyze_prompt_ids_outside_vocab(tmp_path):
+    """Prompt token ids outside the target vocabulary are one clear line naming the prompt, not an
+    IndexError traceback from the target's embedding."""
+    from dflash2_trt.cli import main
+
+    for ids in ([1, 2, 999], [1, -2, 3]):
+        bad = tmp_path / "p.json"
+        bad.write_text(json.dumps([[5, 6], ids]))
+        res = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--prompts", str(bad), "--no-measure",
+                                        "--max-new-tokens", "10", "--top-k", "4"])
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (res.exception, res.output)
+        assert "prompts[1]" in res.output and "vocab" in res.output, res.output
