@@ -140,3 +140,13 @@ def test_sampling_reproducible_and_valid(pair):
     assert all(0 <= t < 256 for t in a.output_ids)
     with pytest.raises(ValueError, match="temperature"):
         speculative_generate(target, drafter, PROMPTS[0], selector="sample", temperature=0.0)
+
+
+def test_oracle_equals_transformers_generate(pair):
+    """The losslessness oracle (target_generate, defined next to the loop it judges) equals
+    transformers' own greedy generate, so the lossless tests above do not rest on loop.py alone."""
+    p, target, _, refs = pair
+    for pr in PROMPTS:
+        hf = target.generate(torch.tensor([pr]), max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert hf[0, len(pr):].tolist() == refs[tuple(pr)][:MAX_NEW], (p.family, pr)
