@@ -54,8 +54,8 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
 
     if (prompt_ids is None) == (prompt is None):
         raise DFlash2Error("give exactly one of --prompt-ids or --prompt")
-    if temperature < 0:
-        raise ConfigError(f"must be >= 0, got {temperature}", field="--temperature")
+    if not (0 <= temperature < float("inf")):   # also NaN (would sample garbage ids) and inf
+        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
     selector = selector or ("sample" if temperature > 0 else "greedy")
     if selector == "sample" and temperature <= 0:
         raise ConfigError("selector 'sample' needs --temperature > 0", field="--selector")

@@ -45,7 +45,9 @@ def test_generate_bad_numbers_are_one_line_errors():
     for extra, option in ((["--max-new-tokens", "0"], "--max-new-tokens"),
                           (["--top-k", "0"], "--top-k"),
                           (["--top-k", "257"], "--top-k"),
-                          (["--top-k", "300", "--temperature", "0.5"], "--top-k")):
+                          (["--top-k", "300", "--temperature", "0.5"], "--top-k"),
+                          (["--temperature", "nan"], "--temperature"),    # was an IndexError traceback
+                          (["--temperature", "inf"], "--temperature")):   # was silently uniform sampling
         r = runner.invoke(main, ["generate", *dirs, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", *extra])
         assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (extra, r.exception, r.output)
         assert f"error: {option}" in r.output, (extra, r.output)
