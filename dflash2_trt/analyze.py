@@ -300,7 +300,9 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
         if isinstance(item, str):
             if tok is None:
                 tok = _tokenizer(target_dir, path)
-            ids = tok(item)["input_ids"]
+            from .tokenizer import encode_text
+
+            ids = encode_text(tok, item)
         elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
             ids = item
         else:
@@ -315,19 +317,15 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
 
 
 def _tokenizer(target_dir, source):
+    from .tokenizer import TOKENIZER_FILES, find_tokenizer
+
     if target_dir is None:
         raise ConfigError("text prompts need the target's tokenizer (no target directory)", source=source)
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    if not any((Path(target_dir) / n).is_file() for n in names):
-        # AutoTokenizer may still "succeed" here and return empty ids: refuse instead.
-        raise ConfigError(f"text prompts need a tokenizer, and {target_dir} has none ({', '.join(names)}); "
-                          f"give token-id lists", source=source)
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(target_dir))
-    except Exception as exc:  # noqa: BLE001 - any failure means: no usable tokenizer
-        raise ConfigError(f"text prompts need a tokenizer in {target_dir}: {exc}", source=source) from None
+    tok = find_tokenizer(target_dir)
+    if tok is None:
+        raise ConfigError(f"text prompts need a tokenizer, and {target_dir} has no usable one "
+                          f"({', '.join(TOKENIZER_FILES)}); give token-id lists", source=source)
+    return tok
 
 
 def default_prompts(drafter_dir: str | Path, vocab_size: int, mask_token_id: int, *, n: int = 8,

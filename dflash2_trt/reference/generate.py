@@ -10,6 +10,8 @@ from ..errors import ConfigError, DFlash2Error
 
 __all__ = ["parse_prompt_ids", "run_generate", "render_generation"]
 
+from ..tokenizer import encode_text, find_tokenizer
+
 
 def parse_prompt_ids(text: str, vocab_size: int | None = None) -> list[int]:
     """``"1,2,3"`` -> ``[1, 2, 3]``, with a clear error for anything else."""
@@ -23,22 +25,6 @@ def parse_prompt_ids(text: str, vocab_size: int | None = None) -> list[int]:
     if bad:
         raise ConfigError(f"token ids {bad} outside the vocabulary [0, {vocab_size})", field="--prompt-ids")
     return ids
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
-
-
-def _tokenizer(target_dir: Path):
-    # transformers may build an EMPTY tokenizer from config.json alone (it encodes every text to
-    # no tokens), so require real tokenizer files first.
-    if not any((target_dir / f).is_file() for f in _TOKENIZER_FILES):
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(target_dir))
-    except Exception:  # noqa: BLE001 - any failure means "no usable tokenizer here"
-        return None
 
 
 def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids: str | None = None,
@@ -67,11 +53,11 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
         raise ConfigError(f"must be in [1, vocab size {tcfg.vocab_size}], got {top_k}", field="--top-k")
     tok = None
     if prompt is not None:
-        tok = _tokenizer(target_dir)
+        tok = find_tokenizer(target_dir)
         if tok is None:
             raise DFlash2Error(f"{target_dir}: no tokenizer found for --prompt text; pass token ids "
                                "with --prompt-ids 1,2,3 instead")
-        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        ids = encode_text(tok, prompt)
         if not ids:
             raise ConfigError("the prompt encodes to no tokens", field="--prompt")
     else:
@@ -86,7 +72,7 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
     out.update(drafter_dir=str(drafter_dir), target_dir=str(target_dir), seed=seed,
                stop_token_ids=list(stops), target_family=tcfg.family)
     if tok is None and prompt is None:
-        tok = _tokenizer(target_dir)
+        tok = find_tokenizer(target_dir)
     if tok is not None:
         out["output_text"] = tok.decode(res.output_ids)
     return out
