@@ -41,6 +41,14 @@ from ._fields import Fields, load_config_dict, parse_attention_dims, parse_rope
 ARCHITECTURE = "DFlash2DraftModel"
 LAYER_TYPES = ("sliding_attention", "full_attention")
 MAX_CONV_KERNEL_SIZE = 4
+# The fields that change the drafter's numbers (shown by inspect, recorded in converted checkpoints).
+NUMERICS_FIELDS = (
+    "block_size", "mask_token_id", "target_layer_ids", "num_target_layers", "conv_kernel_size",
+    "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier",
+    "final_logit_softcapping", "input_embedding_scale", "is_causal", "layer_types", "sliding_window",
+    "rope_theta", "rope_type", "rms_norm_eps", "hidden_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "dtype",
+)
 
 _DFLASH_KEYS = {
     "block_size", "mask_token_id", "target_layer_ids", "conv_kernel_size", "conv_group_size",
@@ -115,13 +123,7 @@ class DFlash2Config:
 
     def numerics(self) -> dict[str, Any]:
         """The fields that change the drafter's numbers, for display and checkpoint metadata."""
-        keys = (
-            "block_size", "mask_token_id", "target_layer_ids", "num_target_layers", "conv_kernel_size",
-            "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier",
-            "final_logit_softcapping", "input_embedding_scale", "is_causal", "layer_types", "sliding_window",
-            "rope_theta", "rope_type", "rms_norm_eps", "hidden_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "dtype",
-        )
+        keys = NUMERICS_FIELDS
         out = {k: getattr(self, k) for k in keys}
         for k, v in out.items():
             if isinstance(v, tuple):

@@ -202,7 +202,22 @@ class CheckpointConfig:
         if data["qwen_type"] not in ARCHITECTURES:
             raise ConfigError(f"unsupported qwen_type {data['qwen_type']!r}", source=path, field="qwen_type")
         m = data["mapping"]
-        if not isinstance(m, dict) or m.get("tp_size") not in (1, 2, 4, 8) or m.get("pp_size") != 1 \
-                or m.get("world_size") != m.get("tp_size"):
+
+        def _int(v):  # JSON true/2.0 compare equal to 1/2 in Python; they are not valid sizes
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not isinstance(m, dict) or not all(_int(m.get(k)) for k in ("tp_size", "pp_size", "world_size")) \
+                or m["tp_size"] not in (1, 2, 4, 8) or m["pp_size"] != 1 or m["world_size"] != m["tp_size"]:
             raise ConfigError(f"invalid mapping {m!r}", source=path, field="mapping")
+        d = data["dflash2"]
+        if not isinstance(d, dict):
+            raise ConfigError("must be an object", source=path, field="dflash2")
+        from ..config.drafter import NUMERICS_FIELDS
+
+        missing = [k for k in NUMERICS_FIELDS if k not in d]
+        if missing:
+            raise ConfigError(f"required field(s) missing: {missing}", source=path, field=f"dflash2.{missing[0]}")
+        if not _int(d["block_size"]) or data["max_draft_len"] != d["block_size"] - 1:
+            raise ConfigError(f"max_draft_len {data['max_draft_len']!r} must be dflash2.block_size - 1 "
+                              f"({d['block_size']!r})", source=path, field="max_draft_len")
         return cls(data, str(path))

@@ -288,6 +288,28 @@ def test_checkpoint_config_schema_version_is_checked(tiny_dense, tmp_path):
         CheckpointConfig.load(out)
 
 
+@pytest.mark.parametrize("edit, field", [
+    (lambda c: c["mapping"].update(tp_size=True, world_size=True), "mapping"),
+    (lambda c: c["mapping"].update(tp_size=2.0, world_size=2.0), "mapping"),
+    (lambda c: c["dflash2"].pop("target_layer_ids"), "dflash2.target_layer_ids"),
+    (lambda c: c.update(max_draft_len=3), "max_draft_len"),
+])
+def test_checkpoint_config_fields_are_checked(tiny_dense, tmp_path, edit, field):
+    import json
+
+    from dflash2_trt.convert import CheckpointConfig
+
+    out = tmp_path / "ckpt"
+    convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out)
+    assert CheckpointConfig.load(out).tp_size == 1
+    cfg = json.loads((out / "config.json").read_text())
+    edit(cfg)
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as ei:
+        CheckpointConfig.load(out)
+    assert ei.value.field == field
+
+
 def test_progress_bar_reports_bytes_per_second(tiny_dense, tmp_path, capsys):
     convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt", progress=True)
     err = capsys.readouterr().err
