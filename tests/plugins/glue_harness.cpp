@@ -6,6 +6,9 @@
 #include "pairwiseScanPlugin/pairwiseScanPlugin.h"
 
 #include <cstdio>
+
+// common/df2LibraryEntry.cpp (the loadLibrary entry points), linked into this harness.
+extern "C" nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -206,10 +209,33 @@ void testScan()
 
 } // namespace
 
+void testLibraryEntry()
+{
+    int32_t n = -1;
+    IPluginCreatorInterface* const* creators = getCreators(n);
+    check(n == 2 && creators != nullptr, "getCreators returns the two creators");
+    if (n != 2 || creators == nullptr)
+        return;
+    char const* expected[] = {"DFlash2DynamicConv", "DFlash2PairwiseScan"};
+    for (int32_t i = 0; i < 2; ++i)
+    {
+        auto* c = creators[i];
+        check(c != nullptr && std::strcmp(c->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0,
+            "getCreators entry is an IPluginCreatorV3One");
+        auto* v3 = static_cast<IPluginCreatorV3One*>(c);
+        check(std::strcmp(v3->getPluginName(), expected[i]) == 0 && std::strcmp(v3->getPluginVersion(), "1") == 0
+                && std::strcmp(v3->getPluginNamespace(), "dflash2") == 0,
+            "getCreators entry has the spec's name/version/namespace");
+    }
+    int32_t n2 = 0;
+    check(getCreators(n2) == creators && n2 == 2, "getCreators is stable across calls");
+}
+
 int main()
 {
     testConv();
     testScan();
+    testLibraryEntry();
     std::printf("%d failure(s)\n", gFailures);
     return gFailures;
 }

@@ -61,6 +61,13 @@ def test_cmake_builds_kernels_library(tmp_path, capsys):
     assert "dflash2::launchDynamicConv" in syms and "dflash2::launchPairwiseScan" in syms
     if trt is not None:
         assert "DynamicConvPluginCreator" in syms and "PairwiseScanPluginCreator" in syms
+        assert "PluginRegistrar" in syms  # LD_PRELOAD/ctypes variant self-registers
+        dyn = tmp_path / "libdflash2_plugins_dynamic.so"
+        dsyms = subprocess.run(["nm", "-DC", "--defined-only", str(dyn)], capture_output=True, text=True).stdout
+        exported = {line.split()[-1] for line in dsyms.splitlines() if " T " in line}
+        assert {"getCreators", "setLoggerFinder"} <= exported
+        # loadLibrary fails if a creator is already registered: the dynamic variant must not self-register
+        assert "PluginRegistrar" not in dsyms
 
 
 @pytest.mark.parametrize("source", GLUE, ids=lambda p: p.name)
@@ -99,6 +106,7 @@ def test_glue_harness_without_tensorrt_library(tmp_path):
     cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-DDFLASH2_NO_STATIC_REGISTRATION",
            "-isystem", str(trt), "-isystem", str(cuda), "-I", str(PLUGINS),
            str(Path(__file__).with_name("glue_harness.cpp")), *map(str, GLUE),
+           str(PLUGINS / "common" / "df2LibraryEntry.cpp"),
            str(PLUGINS / "dynamicConvPlugin" / "dynamicConvParams.cpp"),
            str(PLUGINS / "pairwiseScanPlugin" / "pairwiseScanParams.cpp"), *objs,
            f"-L{libdir}", "-lcudart", f"-Wl,-rpath,{libdir}", "-o", str(exe)]
