@@ -180,3 +180,22 @@ def parse_attention_dims(f: Fields) -> tuple[int, int, int, int, int, int]:
         raise f.error("head_dim", f"RoPE needs an even head_dim, got {head_dim}")
     vocab = f.int("vocab_size", min=2)
     return hidden, layers, heads, kv_heads, head_dim, vocab
+
+
+def parse_layer_types(f: Fields, layer_types, layers: int, allowed: tuple[str, ...]) -> tuple[tuple[str, ...], int | None]:
+    """Validate per-layer attention types and the sliding window they imply.
+
+    Returns (layer_types, sliding_window); the window is None when no layer slides, so that a
+    stray ``sliding_window`` never limits a full-attention model.
+    """
+    if not isinstance(layer_types, list) or len(layer_types) != layers:
+        raise f.error("layer_types", f"expected a list of {layers} layer types (num_hidden_layers), got {layer_types!r}")
+    for i, t in enumerate(layer_types):
+        if t not in allowed:
+            raise f.error("layer_types", f"layer {i}: unsupported layer type {t!r}; supported: {', '.join(allowed)}")
+    sliding_window = f.int("sliding_window", None, min=1)
+    if "sliding_attention" in layer_types and sliding_window is None:
+        raise f.error("sliding_window", "required when layer_types has sliding_attention layers")
+    if "sliding_attention" not in layer_types:
+        sliding_window = None
+    return tuple(layer_types), sliding_window

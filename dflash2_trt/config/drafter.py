@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from ._fields import Fields, load_config_dict, parse_attention_dims, parse_rope
+from ._fields import Fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope
 
 ARCHITECTURE = "DFlash2DraftModel"
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -159,18 +159,10 @@ class DFlash2Config:
             use_sw = f.bool("use_sliding_window", False)
             first = f.int("max_window_layers", layers, min=0)
             layer_types = ["sliding_attention" if use_sw and i >= first else "full_attention" for i in range(layers)]
-        if not isinstance(layer_types, list) or len(layer_types) != layers:
-            raise f.error("layer_types", f"expected a list of {layers} layer types (num_hidden_layers), got {layer_types!r}")
-        for i, t in enumerate(layer_types):
-            if t not in LAYER_TYPES:
-                raise f.error("layer_types", f"layer {i}: unknown layer type {t!r}; supported: {', '.join(LAYER_TYPES)}")
-        if f.data.get("use_sliding_window") is False and "sliding_attention" in layer_types:
+        if f.data.get("use_sliding_window") is False and isinstance(layer_types, list) \
+                and "sliding_attention" in layer_types:
             raise f.error("use_sliding_window", "is false but layer_types lists sliding_attention layers (contradictory)")
-        sliding_window = f.int("sliding_window", None, min=1)
-        if "sliding_attention" in layer_types and sliding_window is None:
-            raise f.error("sliding_window", "required when layer_types has sliding_attention layers")
-        if "sliding_attention" not in layer_types:
-            sliding_window = None
+        layer_types, sliding_window = parse_layer_types(f, layer_types, layers, LAYER_TYPES)
 
         is_causal = f.bool("is_causal", False)
         num_target_layers = f.int("num_target_layers", min=1)
@@ -233,7 +225,7 @@ class DFlash2Config:
             max_position_embeddings=f.int("max_position_embeddings", 32768, min=1),
             rope_theta=theta,
             rope_type=rope_type,
-            layer_types=tuple(layer_types),
+            layer_types=layer_types,
             sliding_window=sliding_window,
             is_causal=is_causal,
             dtype=dtype,

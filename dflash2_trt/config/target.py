@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ._fields import Fields, load_config_dict, parse_attention_dims, parse_rope
+from ._fields import Fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope
 
 FAMILIES = ("qwen3", "qwen3_5", "muse_glimmer")
 
@@ -158,16 +158,7 @@ class TargetConfig:
                 layer_types = ["sliding_attention" if use_sw and i >= first else "full_attention" for i in range(layers)]
             else:
                 raise f.error("layer_types", "required for this family")
-        if not isinstance(layer_types, list) or len(layer_types) != layers:
-            raise f.error("layer_types", f"expected {layers} entries (num_hidden_layers), got {layer_types!r}")
-        for i, t in enumerate(layer_types):
-            if t not in allowed:
-                raise f.error("layer_types", f"layer {i}: {t!r} is not a {family} layer type; supported: {', '.join(allowed)}")
-        sliding_window = f.int("sliding_window", None, min=1)
-        if "sliding_attention" in layer_types and sliding_window is None:
-            raise f.error("sliding_window", "required when layer_types has sliding_attention layers")
-        if "sliding_attention" not in layer_types:
-            sliding_window = None
+        layer_types, sliding_window = parse_layer_types(f, layer_types, layers, allowed)
 
         tie = f.raw("tie_word_embeddings", None)
         if tie is None:
@@ -224,7 +215,7 @@ class TargetConfig:
             partial_rotary_factor=partial,
             max_position_embeddings=f.int("max_position_embeddings", 32768, min=1),
             tie_word_embeddings=tie,
-            layer_types=tuple(layer_types),
+            layer_types=layer_types,
             sliding_window=sliding_window,
             dtype=dtype,
             text_config_key=text_key,
