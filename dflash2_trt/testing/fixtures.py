@@ -1,7 +1,9 @@
-"""Where the published-config fixtures live (the project's ``shared/fixtures`` beside the repo).
+"""Where the published-config fixtures live: ``tests/fixtures/`` of this checkout.
 
-``$DFLASH2_TRT_FIXTURES`` overrides the location. The fixtures hold configs and tensor
-inventories of the real checkpoints, never weights.
+The fixtures hold configs and tensor inventories of the real checkpoints, never weights; they
+are part of the repository, so a fresh clone tests itself without anything beside it.
+``$DFLASH2_TRT_FIXTURES`` overrides the location explicitly (e.g. for an installed, non-editable
+package, which has no ``tests/``).
 """
 
 from __future__ import annotations
@@ -9,16 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+REPO_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+
 
 def fixtures_dir() -> Path:
     env = os.environ.get("DFLASH2_TRT_FIXTURES")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    for cand in (repo.parent / "shared" / "fixtures", repo / "shared" / "fixtures"):
-        if cand.is_dir():
-            return cand
-    return repo.parent / "shared" / "fixtures"
+    return Path(env) if env else REPO_FIXTURES
 
 
 FIXTURES = fixtures_dir()
