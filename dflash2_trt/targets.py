@@ -1,8 +1,8 @@
 """Registry of named targets: exact keys, no fuzzy matching.
 
 Each entry names the HF repositories of the target and its DFlash2 drafter, the build config it
-uses under ``build_configs/``, and what the project supports for it today. Directories resolve
-from (in order) explicit ``--target-dir``/``--drafter`` paths, ``$DFLASH2_TRT_MODELS/<org>__<name>``,
+uses under ``build_configs/`` (see :func:`build_config_dir`), and what the project supports for it
+today. Directories resolve from (in order) explicit ``--target-dir``/``--drafter`` paths, ``$DFLASH2_TRT_MODELS/<org>__<name>``,
 the local Hugging Face cache (offline), and, for ``tiny*``, a seeded local build. Nothing is
 downloaded unless the caller asks for it.
 """
@@ -15,7 +15,23 @@ from pathlib import Path
 
 from .errors import DFlash2Error
 
-BUILD_CONFIG_DIR = Path(__file__).resolve().parent / "build_configs"
+
+def build_config_dir() -> Path:
+    """Where the per-target build configs are read from.
+
+    In a checkout (editable install) this is the repository's top-level ``build_configs/``, the
+    one source. An installed wheel has no checkout beside it; setup.py's ``build_py`` copies the
+    same files into it as package data ``dflash2_trt/build_configs/`` (checked byte for byte by
+    tests/test_build_configs_packaging.py).
+    """
+    pkg = Path(__file__).resolve().parent
+    checkout = pkg.parent / "build_configs"
+    if checkout.is_dir() and (pkg.parent / "pyproject.toml").is_file():
+        return checkout
+    return pkg / "build_configs"
+
+
+BUILD_CONFIG_DIR = build_config_dir()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Build configs (``dflash2_trt/build_configs/*.yaml``): engine-shape settings per target."""
+"""Build configs (top-level ``build_configs/*.yaml``; see :func:`dflash2_trt.targets.build_config_dir`):
+engine-shape settings per target."""
 
 from __future__ import annotations
 
