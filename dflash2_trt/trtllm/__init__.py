@@ -1,0 +1,1 @@
+"""TensorRT-LLM side of dflash2-trt: engine build and run."""

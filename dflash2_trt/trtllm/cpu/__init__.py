@@ -1,0 +1,1 @@
+"""CPU engine backend: runs the engines' networks on the CPU, the plugins through their CPU builds."""
