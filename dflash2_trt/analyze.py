@@ -390,11 +390,17 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
         prompts, prompt_source = default_prompts(drafter_dir, cfg.vocab_size, cfg.mask_token_id)
     if max_prompts is not None:
         prompts = prompts[:max_prompts]
+    from .config import TargetConfig
+    from .reference.generate import check_positions, position_limit
+
+    limit, limit_source = position_limit(TargetConfig.from_hugging_face(Path(target_dir) / "config.json"), cfg)
     for i, pr in enumerate(prompts):
         bad = [t for t in pr if not 0 <= t < cfg.vocab_size]
         if bad:   # the target's embedding would raise a bare IndexError
             raise ConfigError(f"token ids {bad[:5]} outside the vocabulary [0, {cfg.vocab_size})",
                               source=prompt_source, field=f"prompts[{i}]")
+        check_positions(len(pr), max_new_tokens, limit, limit_source=limit_source, source=prompt_source,
+                        field=f"prompts[{i}] + --max-new-tokens", prompt_field=f"prompts[{i}]")
     data = collect_anchors(target, drafter, prompts, max_new_tokens=max_new_tokens, max_k=ks[-1])
     sel = drafter.candidate_selector
 

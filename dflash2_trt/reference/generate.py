@@ -3,28 +3,66 @@ speculative loop on a prompt, and report the output and the acceptance statistic
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import ConfigError, DFlash2Error
 
-__all__ = ["parse_prompt_ids", "run_generate", "render_generation"]
+__all__ = ["check_positions", "parse_prompt_ids", "position_limit", "run_generate", "render_generation"]
 
 from ..tokenizer import encode_text, find_tokenizer
 
 
+_ID = re.compile(r"[0-9]+", re.ASCII)
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes less than 2**64; negatives wrap around
+
+
 def parse_prompt_ids(text: str, vocab_size: int | None = None) -> list[int]:
-    """``"1,2,3"`` -> ``[1, 2, 3]``, with a clear error for anything else."""
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {text!r}", field="--prompt-ids") from None
-    if not ids:
+    """``"1,2,3"`` -> ``[1, 2, 3]``, with a clear error for anything else.
+
+    Strictly comma-separated base-10 non-negative integers, whitespace around an item allowed:
+    Python's ``int()`` would also take ``1_0`` (10), ``+1`` or non-ASCII digits, and skipping empty
+    items turned ``1,,2`` into ``[1, 2]`` — silently a different prompt.
+    """
+    if not text.strip():
         raise ConfigError("no token ids given", field="--prompt-ids")
+    items = [t.strip() for t in text.split(",")]
+    bad_items = [t for t in items if not _ID.fullmatch(t)]
+    if bad_items:
+        raise ConfigError(f"expected comma-separated non-negative base-10 integers, got {text!r} "
+                          f"(bad item {bad_items[0]!r})", field="--prompt-ids")
+    ids = [int(t) for t in items]
     bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
     if bad:
         raise ConfigError(f"token ids {bad} outside the vocabulary [0, {vocab_size})", field="--prompt-ids")
     return ids
+
+
+def check_positions(prompt_len: int, max_new_tokens: int, limit: int, *, limit_source, field: str,
+                    prompt_field: str, source=None) -> None:
+    """Refuse a prompt, or prompt + ``max_new_tokens``, longer than the models' positions.
+
+    Nothing would crash otherwise: RoPE extrapolates past max_position_embeddings and the output
+    quietly degrades (and ``--max-new-tokens 10**9`` just runs until killed). The last verification
+    block may reach up to ``block_size - 2`` positions further; the target is causal, so those
+    positions only score tokens past the limit, which are cut, and the output is unaffected.
+    """
+    if prompt_len > limit:
+        raise ConfigError(f"the prompt has {prompt_len} tokens, more than max_position_embeddings {limit} "
+                          f"({limit_source})", source=source, field=prompt_field)
+    if prompt_len + max_new_tokens > limit:
+        raise ConfigError(f"prompt ({prompt_len} tokens) + {max_new_tokens} new tokens = "
+                          f"{prompt_len + max_new_tokens} positions exceeds max_position_embeddings {limit} "
+                          f"({limit_source}); at most {limit - prompt_len} new tokens fit", source=source,
+                          field=field)
+
+
+def position_limit(tcfg, dcfg) -> tuple[int, str]:
+    """The positions a drafter + target pair can use, and which config sets the limit."""
+    if dcfg is not None and dcfg.max_position_embeddings < tcfg.max_position_embeddings:
+        return dcfg.max_position_embeddings, f"drafter {dcfg.source}"
+    return tcfg.max_position_embeddings, f"target {tcfg.source}"
 
 
 def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids: str | None = None,
@@ -35,7 +73,7 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
     """Run the reference speculative loop; returns a JSON-ready report."""
     import torch
 
-    from ..config import TargetConfig
+    from ..config import DFlash2Config, TargetConfig
     from .loop import load_pair, speculative_generate
 
     if (prompt_ids is None) == (prompt is None):
@@ -47,6 +85,8 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
         raise ConfigError("selector 'sample' needs --temperature > 0", field="--selector")
     if max_new_tokens < 1:
         raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
+    if not 0 <= seed <= SEED_MAX:  # torch raised a bare overflow traceback
+        raise ConfigError(f"must be in [0, 2**63-1], got {seed}", field="--seed")
     target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
     tcfg = TargetConfig.from_hugging_face(target_dir / "config.json")
     if top_k is not None and not 1 <= top_k <= tcfg.vocab_size:
@@ -62,6 +102,9 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
             raise ConfigError("the prompt encodes to no tokens", field="--prompt")
     else:
         ids = parse_prompt_ids(prompt_ids, tcfg.vocab_size)
+    limit, limit_source = position_limit(tcfg, DFlash2Config.from_hugging_face(drafter_dir))
+    check_positions(len(ids), max_new_tokens, limit, limit_source=limit_source, field="--max-new-tokens",
+                    prompt_field="--prompt" if prompt is not None else "--prompt-ids")
     torch.manual_seed(seed)
     target, drafter = load_pair(target_dir, drafter_dir, block_size=block_size, device=device)
     stops = tcfg.eos_token_ids if stop_token_ids is None else tuple(stop_token_ids)

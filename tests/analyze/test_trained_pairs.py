@@ -209,3 +209,21 @@ def test_cli_analyze_prompt_ids_outside_vocab(tmp_path):
                                         "--max-new-tokens", "10", "--top-k", "4"])
         assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (res.exception, res.output)
         assert "prompts[1]" in res.output and "vocab" in res.output, res.output
+
+
+def test_cli_analyze_refuses_more_positions_than_the_target_has(tmp_path):
+    """Each prompt + --max-new-tokens must fit the target's max_position_embeddings (512 on the
+    tiny pairs): one line naming the prompt and the limit, not a silent run past the trained range."""
+    from dflash2_trt.cli import main
+
+    f = tmp_path / "p.json"
+    for prompts, new in (([[5, 6], list(range(1, 201)) * 3], 10),       # prompt 1: 600 tokens
+                         ([[5, 6], list(range(1, 201)) * 2 + [7] * 100], 13)):   # 500 + 13 > 512
+        f.write_text(json.dumps(prompts))
+        res = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--prompts", str(f), "--no-measure",
+                                        "--max-new-tokens", str(new), "--top-k", "4"])
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (res.exception, res.output)
+        assert "prompts[1]" in res.output and "max_position_embeddings 512" in res.output, res.output
+        assert res.output.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--no-measure", "--max-new-tokens", str(10**9)])
+    assert res.exit_code == 1 and "max_position_embeddings 512" in res.output, res.output

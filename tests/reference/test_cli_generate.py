@@ -51,3 +51,58 @@ def test_generate_bad_numbers_are_one_line_errors():
         r = runner.invoke(main, ["generate", *dirs, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", *extra])
         assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (extra, r.exception, r.output)
         assert f"error: {option}" in r.output, (extra, r.output)
+
+
+def _one_line_error(r, option):
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.exception, r.output)
+    assert r.output.startswith(f"error: {option}") and r.output.count("\n") == 1, r.output
+    assert "Traceback" not in r.output
+
+
+def test_generate_prompt_ids_are_strict_base_10():
+    """`1,,2` was silently [1, 2] and `1_0` was 10 (Python's int() literal rules): the ids are
+    strictly comma-separated base-10 non-negative integers; whitespace around an item is fine."""
+    warnings.filterwarnings("ignore")
+    runner = CliRunner()
+    p = tiny_pair("qwen3")
+    dirs = ["--drafter", str(p.drafter_dir), "--target-dir", str(p.target_dir)]
+    for bad in ("1,,2", "1_0", "1,2,", ",1", "+1", "-1", "0x10", "1e2", "1.0", "\u0661", "1 2", "", " , "):
+        r = runner.invoke(main, ["generate", *dirs, "--prompt-ids", bad, "--max-new-tokens", "2"])
+        _one_line_error(r, "--prompt-ids")
+    r = runner.invoke(main, ["generate", *dirs, "--prompt-ids", " 1 , 2,3 ", "--max-new-tokens", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout[r.stdout.index("{"):])["prompt_ids"] == [1, 2, 3]
+
+
+def test_generate_seed_range():
+    """--seed 2**70 was an overflow traceback from torch: seeds outside [0, 2**63-1] are refused."""
+    warnings.filterwarnings("ignore")
+    runner = CliRunner()
+    p = tiny_pair("qwen3")
+    dirs = ["--drafter", str(p.drafter_dir), "--target-dir", str(p.target_dir), "--prompt-ids", "1,2"]
+    for bad in (str(2**70), str(2**64), str(2**63), "-1"):
+        r = runner.invoke(main, ["generate", *dirs, "--max-new-tokens", "2", "--seed", bad])
+        _one_line_error(r, "--seed")
+    r = runner.invoke(main, ["generate", *dirs, "--max-new-tokens", "2", "--seed", str(2**63 - 1), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout[r.stdout.index("{"):])["seed"] == 2**63 - 1
+
+
+def test_generate_refuses_more_positions_than_the_target_has():
+    """The tiny target has max_position_embeddings 512: a longer prompt, or prompt + new tokens
+    beyond it, is one line naming the limit (a 600-token prompt with 700 new tokens exited 0, and
+    --max-new-tokens 10**9 ran until killed)."""
+    warnings.filterwarnings("ignore")
+    runner = CliRunner()
+    p = tiny_pair("qwen3")
+    dirs = ["--drafter", str(p.drafter_dir), "--target-dir", str(p.target_dir)]
+
+    def ids(n):
+        return ",".join(str(1 + i % 200) for i in range(n))
+    for n, new, option in ((513, 1, "--prompt-ids"), (600, 700, "--prompt-ids"), (500, 13, "--max-new-tokens"),
+                           (3, 10**9, "--max-new-tokens")):
+        r = runner.invoke(main, ["generate", *dirs, "--prompt-ids", ids(n), "--max-new-tokens", str(new)])
+        _one_line_error(r, option)
+        assert "max_position_embeddings 512" in r.output, r.output
+    r = runner.invoke(main, ["generate", *dirs, "--prompt-ids", ids(500), "--max-new-tokens", "12", "--json"])
+    assert r.exit_code == 0, r.output  # exactly at the limit: fine
