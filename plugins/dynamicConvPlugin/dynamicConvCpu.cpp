@@ -1,6 +1,7 @@
 /*
  * DFlash2DynamicConv: CPU build of the shared math (dynamicConvMath.h) and the validation
- * function, with a C ABI for ctypes. Built by the tests (g++ -ffp-contract=off); never part of
+ * function, with a C ABI for ctypes. Built by dflash2_trt/trtllm/cpu/plugin_libs.py (g++
+ * -ffp-contract=off) for the CPU engine backend and the tests; never part of
  * the plugin library. It runs the same element function the kernel's arithmetic mirrors.
  */
 #include "dynamicConvMath.h"

@@ -1,6 +1,7 @@
 /*
  * DFlash2PairwiseScan: CPU build of the shared math (pairwiseScanMath.h) and the validation
- * function, with a C ABI for ctypes. Built by the tests (g++ -ffp-contract=off); never part of
+ * function, with a C ABI for ctypes. Built by dflash2_trt/trtllm/cpu/plugin_libs.py (g++
+ * -ffp-contract=off) for the CPU engine backend and the tests; never part of
  * the plugin library. Loops are ordered exactly as the CUDA kernels' reductions.
  */
 #include "pairwiseScanMath.h"
