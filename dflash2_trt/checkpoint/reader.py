@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Iterator
 
 import torch
@@ -56,8 +57,49 @@ class TensorInfo:
         return _DTYPES[self.dtype][0]
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, value: object):
+        super().__init__(key)
+        self.key = key
+        self.is_tensor = isinstance(value, dict) and "data_offsets" in value  # a header's tensor entry
+
+
+def _strict_object(pairs: list[tuple[str, object]]) -> dict:
+    """``json`` object hook that refuses duplicate keys (``json.loads`` silently keeps the last one,
+    so a header naming a tensor twice would read the second entry's bytes under that name)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key, value)
+        out[key] = value
+    return out
+
+
+def load_json_strict(text: str | bytes):
+    """``json.loads`` that raises :class:`_DuplicateKey` on a key repeated in one object."""
+    return json.loads(text, object_pairs_hook=_strict_object)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _describe_missing(path: Path) -> str:
+    if path.is_symlink():
+        return f"is a symlink to {os.readlink(path)!r}, which does not exist"
+    return "does not exist"
+
+
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
-    """Parse and validate one safetensors file's header: (tensors, metadata, data offset)."""
+    """Parse and validate one safetensors file's header: (tensors, metadata, data offset).
+
+    Beyond the JSON itself: every entry is ``{dtype, shape, data_offsets}`` with JSON integers;
+    no tensor name appears twice; ``__metadata__`` is a string-to-string map; and the tensors'
+    byte ranges tile the data section exactly (sorted by offset, each begins where the previous
+    ends, the first at 0 and the last at the end of the file). Overlapping ranges would hand two
+    tensors the same bytes and a gap means bytes no tensor owns: both are corrupt files that
+    would otherwise load without a word.
+    """
     try:
         size = path.stat().st_size
         with open(path, "rb") as fh:
@@ -70,26 +112,42 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
                     f"file is truncated or not safetensors: header length {n} but file has {size} bytes", file=path
                 )
             header_bytes = fh.read(n)
+    except FileNotFoundError:
+        raise CheckpointError(f"cannot read: the file {_describe_missing(path)}", file=path) from None
     except OSError as exc:
         raise CheckpointError(f"cannot read: {exc.strerror or exc}", file=path) from None
     try:
-        header = json.loads(header_bytes)
+        header = load_json_strict(header_bytes)
+    except _DuplicateKey as exc:
+        if exc.is_tensor:
+            raise CheckpointError("corrupt safetensors header: this tensor name appears twice in the header",
+                                  file=path, tensor=exc.key) from None
+        raise CheckpointError(f"corrupt safetensors header: key {exc.key!r} appears twice in one object",
+                              file=path) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"corrupt safetensors header: {exc}", file=path) from None
     if not isinstance(header, dict):
         raise CheckpointError("corrupt safetensors header: not a JSON object", file=path)
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"corrupt safetensors header: __metadata__ must map strings to strings, got "
+                              f"{json.dumps(metadata)[:200]}", file=path)
     data_start = 8 + n
     data_len = size - data_start
     tensors: dict[str, TensorInfo] = {}
-    end_max = 0
     for name, entry in header.items():
-        try:
-            dtype = entry["dtype"]
-            shape = tuple(int(s) for s in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"corrupt header entry {entry!r}", file=path, tensor=name) from None
+        ok = isinstance(entry, dict) and {"dtype", "shape", "data_offsets"} <= set(entry)
+        if ok:
+            dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+            ok = (isinstance(dtype, str) and isinstance(shape, list) and all(_is_int(s) and s >= 0 for s in shape)
+                  and isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets))
+        if not ok:
+            raise CheckpointError(f"corrupt header entry {json.dumps(entry)[:200]} (expected dtype, shape and "
+                                  "data_offsets [begin, end] as non-negative integers)", file=path, tensor=name)
+        shape = tuple(shape)
+        begin, end = offsets
         if dtype not in _DTYPES:
             raise CheckpointError(f"unsupported dtype {dtype!r}", file=path, tensor=name)
         expected = math.prod(shape) * _DTYPES[dtype][1]
@@ -101,13 +159,71 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
             raise CheckpointError(
                 f"file is truncated: tensor data ends at byte {data_start + end} but the file has {size} bytes",
                 file=path, tensor=name)
-        end_max = max(end_max, end)
         tensors[name] = TensorInfo(name, path, dtype, shape, (begin, end))
-    if end_max != data_len and tensors:
+    ordered = sorted(tensors.values(), key=lambda i: (i.offsets, i.name))
+    prev = None
+    for info in ordered:  # overlaps first: they are the worse fault (two tensors read the same bytes)
+        if prev is not None and info.offsets[0] < prev.offsets[1]:
+            raise CheckpointError(
+                f"corrupt header: data_offsets {list(info.offsets)} overlap tensor '{prev.name}' "
+                f"{list(prev.offsets)} (two tensors would share bytes)", file=path, tensor=info.name)
+        if prev is None or info.offsets[1] > prev.offsets[1]:
+            prev = info
+    pos, prev = 0, None
+    for info in ordered:
+        begin, end = info.offsets
+        if begin > pos:
+            where = f"after tensor '{prev.name}' {list(prev.offsets)}" if prev else "at the start of the data"
+            raise CheckpointError(
+                f"corrupt header: bytes [{pos}, {begin}) {where} belong to no tensor (data_offsets must tile "
+                "the data section exactly)", file=path, tensor=info.name)
+        pos, prev = max(pos, end), info
+    if pos != data_len:
         raise CheckpointError(
-            f"file size {size} does not match its header (data should end at byte {data_start + end_max}); "
+            f"file size {size} does not match its header (data should end at byte {data_start + pos}); "
             "the file is corrupt or was not fully written", file=path)
     return tensors, metadata, data_start
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of a sharded checkpoint's index: tensor name -> shard file name."""
+    try:
+        data = load_json_strict(index.read_text(encoding="utf-8"))
+    except _DuplicateKey as exc:
+        raise CheckpointError(f"invalid index: key {exc.key!r} appears twice (a tensor listed twice?)",
+                              file=index) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError("invalid index: expected a JSON object with a 'weight_map'", file=index)
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise CheckpointError(f"invalid index: weight_map entry {shard!r} is not a file name", file=index,
+                                  tensor=name)
+    return weight_map
+
+
+def _shard_path(directory: Path, index: Path, shard: str, weight_map: dict[str, str]) -> Path:
+    """The shard file the index names, which must lie inside the checkpoint directory.
+
+    ``..`` components and absolute paths are refused (an index must not make the reader open
+    files elsewhere). Symlinked shard files are allowed: the Hugging Face cache stores every
+    snapshot file as a symlink into its ``blobs/`` directory.
+    """
+    first = next(n for n, s in weight_map.items() if s == shard)
+    rel = PurePosixPath(shard.replace("\\", "/"))
+    if rel.is_absolute() or PureWindowsPath(shard).drive or ".." in rel.parts:
+        raise CheckpointError(f"invalid index: shard path {shard!r} is not a file inside the checkpoint "
+                              "directory (absolute paths and '..' are refused)", file=index, tensor=first)
+    p = directory / rel
+    if not p.is_file():
+        n = sum(1 for v in weight_map.values() if v == shard)
+        if p.is_symlink():
+            raise CheckpointError(f"shard {shard!r} named by the index ({n} tensors) {_describe_missing(p)}",
+                                  file=p)
+        raise CheckpointError(f"shard {shard!r} named by the index ({n} tensors) is missing", file=p)
+    return p
 
 
 class SafetensorsCheckpoint:
@@ -136,28 +252,28 @@ class SafetensorsCheckpoint:
         index = directory / INDEX_NAME
         infos: dict[str, TensorInfo] = {}
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-                if not isinstance(weight_map, dict):
-                    raise TypeError
-            except (OSError, json.JSONDecodeError, KeyError, TypeError):
-                raise CheckpointError("invalid index: expected a JSON object with a 'weight_map'", file=index) from None
+            weight_map = _read_index(index)
             shards = sorted(set(weight_map.values()))
+            paths = {shard: _shard_path(directory, index, shard, weight_map) for shard in shards}
+            per_file = {shard: read_header(paths[shard])[0] for shard in shards}
+            owners: dict[str, str] = {}
             for shard in shards:
-                p = directory / shard
-                if not p.is_file():
-                    n = sum(1 for v in weight_map.values() if v == shard)
-                    raise CheckpointError(f"shard {shard!r} named by the index ({n} tensors) is missing", file=p)
-            per_file = {shard: read_header(directory / shard)[0] for shard in shards}
+                for name in per_file[shard]:
+                    if name in owners:
+                        raise CheckpointError(f"tensor appears in two shards ({owners[name]} and {shard})",
+                                              file=paths[shard], tensor=name)
+                    owners[name] = shard
             for name, shard in weight_map.items():
                 if name not in per_file[shard]:
-                    raise CheckpointError(f"the index places this tensor in {shard} but that file lacks it",
-                                          file=directory / shard, tensor=name)
+                    where = f" (it is in {owners[name]})" if name in owners else ""
+                    raise CheckpointError(f"{INDEX_NAME} places this tensor in {shard} but that file lacks "
+                                          f"it{where}", file=paths[shard], tensor=name)
                 infos[name] = per_file[shard][name]
             for shard, tensors in per_file.items():
                 extra = sorted(set(tensors) - set(weight_map))
                 if extra:
-                    raise CheckpointError(f"tensor not listed in {INDEX_NAME}", file=directory / shard, tensor=extra[0])
+                    raise CheckpointError(f"tensor not listed in {INDEX_NAME} ({len(extra)} such in this shard)",
+                                          file=paths[shard], tensor=extra[0])
         else:
             files = sorted(directory.glob("*.safetensors"))
             if not files:
