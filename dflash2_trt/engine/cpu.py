@@ -1,0 +1,127 @@
+"""A CPU engine: the network file (``trtllm/model.py``) executed by the CPU stand-in, one model per
+simulated TP rank, each with its own paged KV pool, stepping all ranks together.
+
+``step(inputs)`` takes the engine inputs by their contract names (``trtllm/engine_io.yaml``) and
+returns the marked outputs of rank 0 (every rank computes the same outputs: the logits and the
+drafter's ``fc`` are gathered, partial sums all-reduced, and the random inputs are shared), after
+checking that every rank agrees on the tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+
+# The runtime's per-layer tensors that are the same every step (TensorRT-LLM's runtime also fills them once).
+_STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",
+           "host_kv_cache_pool_mapping", "host_runtime_perf_knobs", "host_context_progress")
+
+
+class CpuEngine:
+    def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path, limits: dict, *, num_blocks: int | None = None):
+        from ..trtllm.backend import load_network
+        from ..trtllm.cpu import comm
+        from ..trtllm.cpu.attention import KVCachePool
+
+        net = load_network("cpu")
+        cpu = net.api
+        self.net = net
+        self.config = dict(pretrained_config)
+        self.limits = dict(limits)
+        self.tp = int(self.config["mapping"]["tp_size"])
+        self.world = comm.World(self.tp)
+        d = self.config["dflash2"]
+        self.K = int(d["block_size"]) - 1
+        self.vocab_size = int(self.config["vocab_size"])
+        self.mask_token_id = int(d["mask_token_id"])
+        self.num_layers = int(self.config["num_hidden_layers"]) + int(d["num_hidden_layers"])
+        tpb = int(limits["tokens_per_block"])
+        per_seq = -(-int(limits["max_seq_len"]) // tpb)
+        self.num_blocks = num_blocks or int(limits.get("num_kv_blocks") or per_seq * int(limits["max_batch_size"]))
+        dtype = cpu.functional.str_dtype_to_torch(self.config["dtype"])
+
+        def load(rank):
+            cfg = cpu.PretrainedConfig.from_dict(self.config)
+            return net.DFlash2ForCausalLM.from_checkpoint(checkpoint_dir, rank, cfg)
+
+        self.models = self.world.run(load)
+        kv_heads = self.config["num_key_value_heads"]
+        local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
+        self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype)
+                      for _ in range(self.tp)]
+        self.layer_offset = int(self.config["num_hidden_layers"])   # drafter KV layers follow the target's
+        self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
+
+    def close(self) -> None:
+        for p in self.pools:
+            p.release()
+
+    def static_inputs(self, rank: int) -> dict:
+        return {
+            "host_max_attention_window_sizes": torch.full((self.num_layers,), int(self.limits["max_seq_len"]),
+                                                          dtype=torch.int32),
+            "host_sink_token_length": torch.zeros(1, dtype=torch.int32),
+            "host_kv_cache_pool_pointers": torch.tensor([[self.pools[rank].handle, 0]], dtype=torch.int64),
+            "host_kv_cache_pool_mapping": self._pool_mapping,
+            "host_runtime_perf_knobs": torch.zeros(16, dtype=torch.int64),
+            "host_context_progress": torch.zeros(1, dtype=torch.int64),
+        }
+
+    def _structured(self, flat: dict, rank: int) -> dict:
+        net = self.net
+        f = {**self.static_inputs(rank), **flat}
+        K = self.K
+        return dict(
+            input_ids=f["input_ids"], position_ids=f["position_ids"], last_token_ids=f["last_token_ids"],
+            kv_cache_params=net.KeyValueCacheParams(
+                host_past_key_value_lengths=f["host_past_key_value_lengths"],
+                host_max_attention_window_sizes=f["host_max_attention_window_sizes"],
+                host_sink_token_length=f["host_sink_token_length"],
+                kv_cache_block_offsets=f["kv_cache_block_offsets"],
+                host_kv_cache_block_offsets=f.get("host_kv_cache_block_offsets", f["kv_cache_block_offsets"]),
+                host_kv_cache_pool_pointers=f["host_kv_cache_pool_pointers"],
+                host_kv_cache_pool_mapping=f["host_kv_cache_pool_mapping"]),
+            attention_params=net.AttentionParams(
+                sequence_length=f["sequence_length"], context_lengths=f["context_lengths"],
+                host_context_lengths=f["host_context_lengths"], max_context_length=int(self.limits["max_input_len"]),
+                host_request_types=f["host_request_types"], host_runtime_perf_knobs=f["host_runtime_perf_knobs"],
+                host_context_progress=f["host_context_progress"]),
+            spec_decoding_params=net.SpecDecodingParams(
+                spec_decoding_is_generation_length_variable=True, spec_decoding_max_generation_length=K + 1,
+                spec_decoding_generation_lengths=f["spec_decoding_generation_lengths"],
+                spec_decoding_position_offsets=f["spec_decoding_position_offsets"],
+                spec_decoding_packed_mask=f["spec_decoding_packed_mask"], spec_decoding_use=f["spec_decoding_use"]),
+            eagle_temperature=f["eagle_temperature"], rand_data_validation=f["rand_data_validation"],
+            rand_data_sample=f["rand_data_sample"],
+            host_gen_eagle_net_request_types=f["host_gen_eagle_net_request_types"],
+            host_gen_eagle_net_past_key_value_lengths=f["host_gen_eagle_net_past_key_value_lengths"])
+
+    @torch.no_grad()
+    def step(self, inputs: dict) -> dict:
+        from ..trtllm.cpu import modeling_utils
+
+        def run(rank):
+            modeling_utils.begin_outputs()
+            self.models[rank](**self._structured(inputs, rank))
+            return modeling_utils.outputs()
+
+        outs = self.world.run(run)
+        for r in range(1, self.tp):
+            for name in ("accepted_tokens", "num_accepted_tokens"):
+                if not torch.equal(outs[0][name], outs[r][name]):
+                    raise RuntimeError(f"TP rank {r} disagrees with rank 0 on {name}")
+        return outs[0]
+
+
+def limits_from(build: dict, config: dict) -> dict:
+    K = int(config["dflash2"]["block_size"]) - 1
+    lim = {k: int(build[k]) for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
+                                       "tokens_per_block")}
+    if lim["max_num_tokens"] < lim["max_batch_size"] * (K + 1):
+        raise ConfigError(f"max_num_tokens {lim['max_num_tokens']} < max_batch_size x (K+1) = "
+                          f"{lim['max_batch_size'] * (K + 1)} (trtllm-build's own rule)", field="max_num_tokens")
+    lim["num_kv_blocks"] = int(build.get("num_kv_blocks") or 0)
+    return lim

@@ -1,0 +1,266 @@
+"""The CPU runtime: plays TensorRT-LLM's runtime (executor + in-flight batch manager) for a CPU engine.
+
+What it does per step, as ``batch_manager/trtGptModelInflightBatching.cpp`` and the EAGLE decoder
+(``layers/eagleDecodingLayer.cpp``) do for an EAGLE-mode engine (TRTLLM-ENGINE.md §1):
+
+- schedule: every request already generating stays; waiting requests are admitted FIFO (a whole
+  prompt = one context request) while the batch holds fewer than ``max_batch_size`` requests, the
+  step's tokens stay within ``max_num_tokens`` and the KV pool has blocks for prompt + K + 1;
+  context requests are packed before generation requests;
+- inputs: ``input_ids`` = the prompt (context) or ``[last token] + next_draft_tokens`` (generation:
+  the engine's placeholders fed back), positions and the chain's packed mask from
+  ``next_draft_paths``, sequence/past lengths, block offsets, per-request temperature and the
+  random data (``rand_data_validation [bs, K+1]``, ``rand_data_sample [bs]``) drawn from a
+  generator seeded by the request's seed;
+- bookkeeping from the outputs: the accepted tokens are emitted (``seqLen += num_accepted_tokens``),
+  cut at a stop token or ``max_new_tokens``; the next generation length is ``next_draft_lens + 1``;
+  a finished request's blocks are freed.
+
+Acceptance statistics per request: tokens emitted per generation step (``acceptance_lengths``,
+the same quantity as the reference loop's), their histogram and mean.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .kv_cache import BlockManager
+
+CONTEXT, GENERATION = 0, 1
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    task_id: object = None
+    # state
+    req_id: int = -1
+    output_ids: list[int] = field(default_factory=list)
+    acceptance_lengths: list[int] = field(default_factory=list)
+    steps: int = 0
+    stop_reason: str | None = None
+    next_draft_tokens: list[int] = field(default_factory=list)
+    next_draft_paths: torch.Tensor | None = None
+    arrival_step: int = 0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    start_time: float | None = None
+    _gen: torch.Generator | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def committed(self) -> int:
+        """Tokens whose K/V are in the cache: prompt + emitted - 1 (the last one is the next anchor)."""
+        return len(self.prompt_ids) + len(self.output_ids) - 1
+
+    @property
+    def mean_acceptance(self) -> float:
+        a = self.acceptance_lengths
+        return sum(a) / len(a) if a else 0.0
+
+    def to_dict(self) -> dict:
+        return {"task_id": self.task_id, "prompt_len": len(self.prompt_ids), "output_ids": list(self.output_ids),
+                "stop_reason": self.stop_reason, "steps": self.steps,
+                "mean_acceptance": self.mean_acceptance, "acceptance_lengths": list(self.acceptance_lengths),
+                "acceptance_histogram": {str(k): v for k, v in sorted(Counter(self.acceptance_lengths).items())},
+                "ttft_s": None if self.first_token_time is None else self.first_token_time - self.start_time,
+                "latency_s": None if self.finish_time is None else self.finish_time - self.start_time}
+
+
+class Runtime:
+    """Runs requests through a :class:`~dflash2_trt.engine.cpu.CpuEngine` with in-flight batching."""
+
+    def __init__(self, engine, *, max_batch_size: int | None = None, max_num_tokens: int | None = None):
+        self.engine = engine
+        lim = engine.limits
+        self.K = engine.K
+        self.max_batch_size = lim["max_batch_size"] if max_batch_size is None else max_batch_size
+        if not 1 <= self.max_batch_size <= lim["max_batch_size"]:
+            raise ConfigError(f"must be in [1, {lim['max_batch_size']}] (the engine's max_batch_size), got "
+                              f"{self.max_batch_size}", field="--max-batch-size")
+        self.max_num_tokens = lim["max_num_tokens"] if max_num_tokens is None else max_num_tokens
+        self.max_seq_len = lim["max_seq_len"]
+        self.blocks = BlockManager(engine.num_blocks, lim["tokens_per_block"])
+        self.max_blocks = self.blocks.blocks_for(self.max_seq_len)
+        self._next_id = 0
+        self.step_count = 0
+        self.step_log: list[dict] = []
+
+    # ---- validation ------------------------------------------------------------------------------
+    def check(self, r: Request) -> None:
+        where = f"request {r.task_id if r.task_id is not None else len(r.prompt_ids)}"
+        if not r.prompt_ids:
+            raise ConfigError("empty prompt", field=where)
+        v = self.engine.vocab_size
+        bad = [t for t in r.prompt_ids if not 0 <= int(t) < v]
+        if bad:
+            raise ConfigError(f"token ids {bad[:5]} outside the vocabulary [0, {v})", field=where)
+        if r.max_new_tokens < 1:
+            raise ConfigError(f"max new tokens must be >= 1, got {r.max_new_tokens}", field=where)
+        if len(r.prompt_ids) > self.engine.limits["max_input_len"]:
+            raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds the engine's max_input_len "
+                              f"{self.engine.limits['max_input_len']}", field=where)
+        need = len(r.prompt_ids) + r.max_new_tokens + self.K + 1
+        if need > self.max_seq_len:
+            raise ConfigError(f"prompt ({len(r.prompt_ids)}) + max new tokens ({r.max_new_tokens}) + draft slots "
+                              f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}",
+                              field=where)
+        if len(r.prompt_ids) > self.max_num_tokens:
+            raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds max_num_tokens {self.max_num_tokens}",
+                              field=where)
+        if not (r.temperature >= 0 and r.temperature == r.temperature and r.temperature != float("inf")):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {r.temperature}", field=where)
+        if self.blocks.blocks_for(need) > self.blocks.num_blocks:
+            raise ConfigError(f"needs {self.blocks.blocks_for(need)} KV blocks, the pool has {self.blocks.num_blocks}",
+                              field=where)
+
+    # ---- main loop -------------------------------------------------------------------------------
+    def generate(self, requests: Sequence[Request], progress=None) -> list[Request]:
+        for r in requests:
+            self.check(r)
+        waiting = deque(requests)
+        active: list[Request] = []
+        t0 = time.perf_counter()
+        for r in requests:
+            r.start_time = t0
+        while waiting or active:
+            batch_ctx: list[Request] = []
+            tokens = len(active) * (self.K + 1)
+            while waiting and len(active) + len(batch_ctx) < self.max_batch_size:
+                r = waiting[0]
+                need = len(r.prompt_ids) + self.K + 1
+                if tokens + len(r.prompt_ids) > self.max_num_tokens or not self.blocks.can_fit(self._next_id, need):
+                    break
+                waiting.popleft()
+                r.req_id = self._next_id
+                self._next_id += 1
+                r._gen = torch.Generator().manual_seed(int(r.seed))
+                self.blocks.ensure(r.req_id, need)
+                batch_ctx.append(r)
+                tokens += len(r.prompt_ids)
+            if not batch_ctx and not active:
+                raise RuntimeError("scheduler: nothing fits (checked requests should always fit an empty engine)")
+            for r in active:
+                self.blocks.ensure(r.req_id, r.committed + self.K + 1)
+            batch = batch_ctx + active
+            out = self.engine.step(self._inputs(batch_ctx, active))
+            self.step_count += 1
+            self.step_log.append({"context": len(batch_ctx), "generation": len(active), "tokens": tokens})
+            now = time.perf_counter()
+            acc, num = out["accepted_tokens"], out["num_accepted_tokens"]
+            for i, r in enumerate(batch):
+                n = int(num[i])
+                if not 1 <= n <= self.K + 1:
+                    raise RuntimeError(f"engine reported {n} accepted tokens (must be in [1, {self.K + 1}])")
+                r.steps += 1
+                if i >= len(batch_ctx):
+                    r.acceptance_lengths.append(n)
+                self._emit(r, [int(t) for t in acc[i, :n]])
+                if r.first_token_time is None:
+                    r.first_token_time = now
+                r.next_draft_tokens = [int(t) for t in out["next_draft_tokens"][i, :int(out["next_draft_lens"][i])]]
+                r.next_draft_paths = out["next_draft_paths"][i].clone()
+                if len(r.next_draft_tokens) != self.K:
+                    raise RuntimeError(f"engine asked for {len(r.next_draft_tokens)} drafts; this engine runs K = {self.K}")
+            active = [r for r in batch if not r.done]
+            for r in batch:
+                if r.done:
+                    r.finish_time = now
+                    self.blocks.free(r.req_id)
+            if progress is not None:
+                progress(sum(r.done for r in requests), len(requests))
+        return list(requests)
+
+    def _emit(self, r: Request, tokens: Iterable[int]) -> None:
+        stops = set(r.stop_token_ids)
+        for t in tokens:
+            r.output_ids.append(t)
+            if t in stops:
+                r.stop_reason = "stop_token"
+                return
+            if len(r.output_ids) >= r.max_new_tokens:
+                r.stop_reason = "max_new_tokens"
+                return
+
+    # ---- engine inputs ---------------------------------------------------------------------------
+    def _inputs(self, ctx: list[Request], gen: list[Request]) -> dict:
+        K = self.K
+        batch = ctx + gen
+        ids, pos, lens = [], [], []
+        seq, past, ctx_len, types = [], [], [], []
+        gen_len, offsets, masks, gen_past = [], [], [], []
+        chain = torch.tril(torch.ones(K + 1, K + 1, dtype=torch.bool))
+        for r in ctx:
+            p = len(r.prompt_ids)
+            ids += r.prompt_ids
+            pos += list(range(p))
+            lens.append(p)
+            seq.append(p), past.append(0), ctx_len.append(p), types.append(CONTEXT)
+            gen_len.append(1), offsets.append(torch.zeros(K + 1, dtype=torch.int32))
+            masks.append(torch.zeros(K + 1, K + 1, dtype=torch.bool)), gen_past.append(p)
+        for r in gen:
+            s = r.committed
+            paths = r.next_draft_paths
+            offs, mask = _paths_to_offsets_and_mask(paths)
+            ids += [r.output_ids[-1]] + r.next_draft_tokens
+            pos += [s + int(o) for o in offs]
+            lens.append(K + 1)
+            seq.append(s + K + 1), past.append(s), ctx_len.append(len(r.prompt_ids)), types.append(GENERATION)
+            gen_len.append(K + 1), offsets.append(offs), masks.append(mask), gen_past.append(s)
+            if not torch.equal(mask, chain):
+                raise RuntimeError("next_draft_paths is not the linear chain this runtime drives")
+        from ..trtllm.cpu.attention import pack_mask
+
+        bs = len(batch)
+        i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+        rv = torch.zeros(bs, K + 1)
+        rs = torch.zeros(bs)
+        for i, r in enumerate(batch):
+            rv[i] = torch.rand(K + 1, generator=r._gen)
+            rs[i] = torch.rand(1, generator=r._gen)[0]
+        return {
+            "input_ids": i32(ids), "position_ids": i32(pos),
+            "last_token_ids": torch.cumsum(i32(lens), 0).to(torch.int32),
+            "sequence_length": i32(seq), "host_past_key_value_lengths": i32(past),
+            "context_lengths": i32(ctx_len), "host_context_lengths": i32(ctx_len),
+            "host_request_types": i32(types),
+            "kv_cache_block_offsets": self.blocks.offsets([r.req_id for r in batch], self.max_blocks),
+            "spec_decoding_generation_lengths": i32(gen_len),
+            "spec_decoding_position_offsets": torch.stack(offsets).to(torch.int32),
+            "spec_decoding_packed_mask": pack_mask(torch.stack(masks)),
+            "spec_decoding_use": i32([1]),
+            "eagle_temperature": torch.tensor([float(r.temperature) for r in batch], dtype=torch.float32),
+            "rand_data_validation": rv, "rand_data_sample": rs,
+            "host_gen_eagle_net_request_types": i32([GENERATION] * bs),
+            "host_gen_eagle_net_past_key_value_lengths": i32(gen_past),
+        }
+
+
+def _paths_to_offsets_and_mask(paths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE ``next_draft_paths [K+1, L+1]`` (rows = paths, entries = token indices, -1 padding) -> the
+    position offset of every draft-tree token (its depth) and the attention mask (a token sees its
+    ancestors on a path and itself), as TensorRT-LLM's spec-decoding inputs are built from a tree."""
+    n = paths.shape[0]
+    depth = torch.zeros(n, dtype=torch.int32)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[0, 0] = True
+    for row in paths:
+        toks = [int(t) for t in row if int(t) >= 0]
+        for d, t in enumerate(toks):
+            depth[t] = d
+            for a in toks[:d + 1]:
+                mask[t, a] = True
+    return depth, mask

@@ -1,0 +1,122 @@
+"""Which ``tensorrt_llm`` the network file is written against: the real one, or the CPU stand-in.
+
+``model.py`` is ONE file for both backends. It takes every TensorRT-LLM name it uses from the
+namespace :func:`current` returns:
+
+- ``trtllm``: TensorRT-LLM 1.2 itself (``tensorrt_llm.functional``, ``.layers``, ``.module``,
+  ``.models.modeling_utils``, ``Mapping``) — what ``trtllm-build --model_cls_file`` sees.
+- ``cpu``: :mod:`dflash2_trt.trtllm.cpu`, a torch stand-in with the same names and argument
+  lists, executed eagerly (see that package's docstrings for what it implements).
+
+Two things the backends cannot share by name are wrapped here: declaring an engine input
+(``input_tensor``: ``functional.Tensor(name=..., dim_range=...)`` vs a recorded declaration) and
+marking an output (``mark_output``: ``Tensor.mark_output`` vs a recorded tensor). The DFlash2
+plugin layers are :mod:`.plugin_layers` (TensorRT plugin vs the plugins' CPU builds).
+
+Selection: ``DFLASH2_TRT_BACKEND=cpu|trtllm|auto`` (default ``auto``: ``trtllm`` where
+``tensorrt_llm`` imports, else ``cpu``), or :func:`load_network` for an explicit backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+from ..errors import ConfigError, MissingDependencyError
+
+BACKENDS = ("cpu", "trtllm")
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("dflash2_backend", default=None)
+_cache: dict[str, SimpleNamespace] = {}
+
+
+def _cpu() -> SimpleNamespace:
+    from . import plugin_layers
+    from .cpu import functional, layers, modeling_utils, module
+    from .cpu.attention import AttentionMaskType, PositionEmbeddingType
+    from .cpu.mapping import Mapping
+
+    return SimpleNamespace(
+        name="cpu", functional=functional, layers=layers, Module=module.Module, ModuleList=module.ModuleList,
+        Parameter=module.Parameter, Mapping=Mapping, PretrainedConfig=modeling_utils.PretrainedConfig,
+        PretrainedModel=modeling_utils.PretrainedModel, AttentionMaskType=AttentionMaskType,
+        PositionEmbeddingType=PositionEmbeddingType, input_tensor=modeling_utils.input_tensor,
+        mark_output=modeling_utils.mark_output, plugins=plugin_layers.CpuPlugins())
+
+
+def _trtllm() -> SimpleNamespace:  # pragma: no cover - needs TensorRT-LLM (GPU machines)
+    try:
+        import tensorrt_llm
+        from tensorrt_llm import functional, layers
+        from tensorrt_llm.functional import AttentionMaskType, PositionEmbeddingType, Tensor
+        from tensorrt_llm.mapping import Mapping
+        from tensorrt_llm.models.modeling_utils import PretrainedConfig, PretrainedModel
+        from tensorrt_llm.module import Module, ModuleList
+        from tensorrt_llm.parameter import Parameter
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"TensorRT-LLM is not importable ({exc}); install tensorrt-llm 1.2.x on a GPU machine, or use "
+            f"--backend cpu") from None
+    from . import plugin_layers
+
+    def input_tensor(name, dtype, shape, dim_range=None):
+        return Tensor(name=name, dtype=tensorrt_llm.str_dtype_to_trt(dtype), shape=list(shape), dim_range=dim_range)
+
+    def mark_output(tensor, name, dtype=None):
+        tensor.mark_output(name, dtype)
+
+    return SimpleNamespace(
+        name="trtllm", functional=functional, layers=layers, Module=Module, ModuleList=ModuleList,
+        Parameter=Parameter, Mapping=Mapping, PretrainedConfig=PretrainedConfig, PretrainedModel=PretrainedModel,
+        AttentionMaskType=AttentionMaskType, PositionEmbeddingType=PositionEmbeddingType, input_tensor=input_tensor,
+        mark_output=mark_output, plugins=plugin_layers.TrtPlugins())
+
+
+def resolve(name: str | None = None) -> str:
+    name = name or _forced.get() or os.environ.get("DFLASH2_TRT_BACKEND", "auto")
+    if name == "auto":
+        return "trtllm" if importlib.util.find_spec("tensorrt_llm") is not None else "cpu"
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; expected auto, {', '.join(BACKENDS)}",
+                          field="DFLASH2_TRT_BACKEND")
+    return name
+
+
+def current(name: str | None = None) -> SimpleNamespace:
+    name = resolve(name)
+    if name not in _cache:
+        _cache[name] = _cpu() if name == "cpu" else _trtllm()
+    return _cache[name]
+
+
+@contextlib.contextmanager
+def using(name: str):
+    tok = _forced.set(resolve(name))
+    try:
+        yield current()
+    finally:
+        _forced.reset(tok)
+
+
+MODEL_FILE = Path(__file__).resolve().parent / "model.py"
+
+
+def load_network(backend: str) -> ModuleType:
+    """A fresh instance of the network module (``model.py``) bound to ``backend``."""
+    name = f"dflash2_trt_network_{resolve(backend)}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, MODEL_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod   # before exec: dataclasses look their module up there
+    try:
+        with using(backend):
+            spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod

@@ -1,0 +1,254 @@
+"""CPU stand-in for ``tensorrt_llm.functional.gpt_attention`` over a paged KV pool.
+
+NOT TensorRT-LLM: a torch implementation of the subset of the GPT attention plugin's behaviour
+that the DFlash2 network relies on, with TensorRT-LLM 1.2's argument names
+(``tensorrt_llm/functional.py: gpt_attention``; plugin ``cpp/tensorrt_llm/plugins/
+gptAttentionPlugin``; paged layout ``cpp/tensorrt_llm/kernels/kvCacheUtils.h`` ``KVBlockArray``).
+Arguments the subset does not use are accepted and ignored only when they hold their neutral
+value; anything else raises ``NotImplementedError`` instead of computing something different.
+
+Semantics (remove_input_padding, paged KV cache):
+
+- ``qkv [num_tokens, (H + 2*Hkv) * D]``: the requests' new tokens packed back to back, in batch
+  order; request b owns ``n_b = sequence_length[b] - host_past_key_value_lengths[b]`` tokens.
+- Request b is a context request (``host_request_types[b] == 0``: prompt or prompt chunk; the
+  new tokens sit at positions ``past + 0..n-1``) or a generation request (1). A generation
+  request with ``spec_decoding_use`` set sits at ``past + spec_decoding_position_offsets[b, i]``
+  and its new tokens see each other through ``spec_decoding_packed_mask[b, i, :]`` (bit j of
+  word j // 32: query i sees new token j); every past token is visible.
+- Context requests: ``mask_type`` causal (key position <= query position) or bidirectional.
+- RoPE (``rope_gpt_neox``, rotate-half on the first ``rotary_embedding_dim`` dims) is applied to
+  q and k at the token positions; K (post-RoPE) and V of the new tokens are WRITTEN to the pool
+  at positions ``past .. past+n-1`` of layer ``layer_idx`` before attending, as the plugin does.
+- Window: ``host_max_attention_window_sizes[layer_idx] = W`` masks keys with
+  ``q_pos - k_pos >= W`` (transformers' sliding-window convention). DEVIATION: the stand-in's
+  pool is never cyclic — every token stays at its own position whatever W is; the real plugin
+  treats a window smaller than the cache as a cyclic (rolling) cache [I, see
+  dflash2_trt/trtllm/model.py on how the drafter window is passed].
+- Scale ``1 / (sqrt(D) * q_scaling)``; GQA: query head h reads KV head ``h // (H / Hkv)``.
+- Pool addressing: ``host_kv_cache_pool_pointers[p, 0]`` is a handle of a :class:`KVCachePool`
+  (the real tensor holds device pointers), ``host_kv_cache_pool_mapping[layer] = (pool, layer in
+  pool)``, and ``kv_cache_block_offsets[p, b, 0|1, j]`` the K|V block of the request's j-th
+  ``tokens_per_block`` tokens. A pool stores ``[2 * num_blocks, layers, Hkv, tokens_per_block,
+  D]``; block ``k`` of K lives at row ``2k`` and its V at ``2k + 1`` (the runtime writes K offsets
+  even, V = K + 1, as TensorRT-LLM's block manager does).
+
+Returns ``(context [num_tokens, H * D], None)`` (the second output is the non-paged
+``present_key_value``, unused with a paged cache).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+
+import torch
+
+
+class AttentionMaskType(enum.IntEnum):
+    padding = 0
+    causal = 1
+    sliding_window_causal = 2
+    bidirectional = 3
+    bidirectionalglm = 4
+    blocksparse = 5
+    custom_mask = 6
+
+
+class PositionEmbeddingType(enum.IntEnum):
+    learned_absolute = 0
+    rope_gptj = 1
+    rope_gpt_neox = 2
+    long_rope = 3
+    alibi = 4
+    alibi_with_scale = 5
+    relative = 6
+    chatglm = 7
+    yarn = 8
+    mrope = 9
+    deferred = 10
+
+    def is_rope(self) -> bool:
+        return self in (PositionEmbeddingType.rope_gptj, PositionEmbeddingType.rope_gpt_neox)
+
+
+class RotaryScalingType(enum.IntEnum):
+    none = 0
+    linear = 1
+    dynamic = 2
+    longrope = 3
+    llama3 = 4
+    yarn = 5
+    mrope = 6
+
+
+class KVCachePool:
+    """One paged KV pool of one rank: ``[2 * num_blocks, layers, kv_heads, tokens_per_block, head_dim]``."""
+
+    _registry: dict[int, "KVCachePool"] = {}
+    _ids = itertools.count(1)
+    _lock = threading.Lock()
+
+    def __init__(self, num_blocks: int, num_layers: int, num_kv_heads: int, tokens_per_block: int,
+                 head_dim: int, dtype: torch.dtype):
+        self.num_blocks, self.num_layers = num_blocks, num_layers
+        self.num_kv_heads, self.tokens_per_block, self.head_dim = num_kv_heads, tokens_per_block, head_dim
+        self.data = torch.zeros(2 * num_blocks, num_layers, num_kv_heads, tokens_per_block, head_dim, dtype=dtype)
+        with KVCachePool._lock:
+            self.handle = next(KVCachePool._ids)
+            KVCachePool._registry[self.handle] = self
+
+    @classmethod
+    def from_handle(cls, handle: int) -> "KVCachePool":
+        try:
+            return cls._registry[int(handle)]
+        except KeyError:
+            raise ValueError(f"gpt_attention: no KV pool with handle {int(handle)}") from None
+
+    def release(self) -> None:
+        with KVCachePool._lock:
+            KVCachePool._registry.pop(self.handle, None)
+
+    # token-level access used by gpt_attention -----------------------------------------------
+    def _rows(self, offsets: torch.Tensor, positions: torch.Tensor, kv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tpb = self.tokens_per_block
+        blk = positions // tpb
+        if blk.numel() and int(blk.max()) >= offsets.shape[-1]:
+            raise IndexError(f"gpt_attention: position {int(positions.max())} needs block {int(blk.max())}, "
+                             f"the request has {offsets.shape[-1]} block offsets")
+        rows = offsets[kv][blk].long()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.data.shape[0]):
+            raise IndexError(f"gpt_attention: block offset outside the pool (0..{self.data.shape[0] - 1})")
+        return rows, positions % tpb
+
+    def write(self, layer: int, offsets: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """k, v ``[n, Hkv, D]`` at ``positions [n]``; offsets ``[2, max_blocks]``."""
+        for kv, val in ((0, k), (1, v)):
+            rows, slot = self._rows(offsets, positions, kv)
+            self.data[rows, layer, :, slot] = val.to(self.data.dtype)
+
+    def read(self, layer: int, offsets: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of positions ``0..length-1``: ``[Hkv, length, D]`` each."""
+        pos = torch.arange(length)
+        out = []
+        for kv in (0, 1):
+            rows, slot = self._rows(offsets, pos, kv)
+            out.append(self.data[rows, layer, :, slot].transpose(0, 1))
+        return out[0], out[1]
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, dim: int, base: float) -> torch.Tensor:
+    """rotate-half RoPE on the first ``dim`` channels of ``x [n, heads, D]`` (fp32 math)."""
+    if dim == 0:
+        return x
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    f = pos.float()[:, None] * inv[None, :]
+    emb = torch.cat([f, f], dim=-1)
+    cos, sin = emb.cos()[:, None, :].to(x.dtype), emb.sin()[:, None, :].to(x.dtype)
+    xr, xp = x[..., :dim], x[..., dim:]
+    half = dim // 2
+    rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return torch.cat([xr * cos + rot * sin, xp], dim=-1)
+
+
+def _unpack_mask(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """``[n, ceil(N/32)]`` int32 words -> ``[n, n]`` bool (bit j of word j//32)."""
+    j = torch.arange(n)
+    words = packed[:n, j // 32].long() & 0xFFFFFFFF
+    return ((words >> (j % 32)) & 1).bool()
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Inverse of the unpacking: bool ``[..., n, n]`` -> int32 ``[..., n, ceil(n/32)]``."""
+    n = mask.shape[-1]
+    words = (n + 31) // 32
+    out = torch.zeros(*mask.shape[:-1], words, dtype=torch.int64)
+    for j in range(n):
+        out[..., j // 32] |= mask[..., j].long() << (j % 32)
+    out = torch.where(out >= 2**31, out - 2**32, out)
+    return out.to(torch.int32)
+
+
+def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_packed_mask=None,
+                  sequence_length, host_past_key_value_lengths, host_max_attention_window_sizes,
+                  host_sink_token_length=None, context_lengths=None, cache_indirection=None,
+                  host_request_types, layer_idx: int, num_heads: int, num_kv_heads: int,
+                  hidden_size_per_head: int, q_scaling: float = 1.0, rotary_embedding_dim: int = 0,
+                  rotary_embedding_base: float = 10000.0,
+                  rotary_embedding_scale_type: RotaryScalingType = RotaryScalingType.none,
+                  rotary_embedding_scale: float = 1.0, rotary_embedding_max_positions: int = 1024,
+                  position_embedding_type: PositionEmbeddingType = PositionEmbeddingType.learned_absolute,
+                  max_context_length: int | None = None, mask_type: AttentionMaskType = AttentionMaskType.causal,
+                  kv_cache_block_offsets=None, host_kv_cache_block_offsets=None, host_kv_cache_pool_pointers=None,
+                  host_kv_cache_pool_mapping=None, use_cache: bool = True,
+                  spec_decoding_is_generation_length_variable: bool = False,
+                  spec_decoding_max_generation_length: int = 0, spec_decoding_generation_lengths=None,
+                  spec_decoding_position_offsets=None, spec_decoding_packed_mask=None, spec_decoding_use=None,
+                  host_runtime_perf_knobs=None, host_context_progress=None, host_context_lengths=None,
+                  qk_tanh_scale: float = 0.0, qkv_bias=None, do_cross_attention: bool = False,
+                  kv_cache_quant_mode=None, **unused):
+    for name, val in unused.items():
+        if val not in (None, False, 0, 0.0):
+            raise NotImplementedError(f"gpt_attention stand-in: argument {name}={val!r} is not implemented")
+    if rotary_embedding_scale_type != RotaryScalingType.none or rotary_embedding_scale != 1.0:
+        raise NotImplementedError("gpt_attention stand-in: scaled RoPE is not implemented")
+    if qk_tanh_scale or qkv_bias is not None or do_cross_attention or not use_cache:
+        raise NotImplementedError("gpt_attention stand-in: only paged self-attention without bias/tanh")
+    if position_embedding_type not in (PositionEmbeddingType.rope_gpt_neox, PositionEmbeddingType.learned_absolute):
+        raise NotImplementedError(f"gpt_attention stand-in: position embedding {position_embedding_type!r}")
+    H, Hkv, D = num_heads, num_kv_heads, hidden_size_per_head
+    if qkv.dim() != 2 or qkv.shape[1] != (H + 2 * Hkv) * D:
+        raise ValueError(f"gpt_attention: qkv must be [tokens, {(H + 2 * Hkv) * D}], got {tuple(qkv.shape)}")
+    rot = rotary_embedding_dim if position_embedding_type == PositionEmbeddingType.rope_gpt_neox else 0
+    pool_idx, layer_in_pool = (int(v) for v in host_kv_cache_pool_mapping[layer_idx])
+    pool = KVCachePool.from_handle(host_kv_cache_pool_pointers[pool_idx, 0])
+    window = int(host_max_attention_window_sizes[layer_idx])
+    spec = spec_decoding_use is not None and bool(int(torch.as_tensor(spec_decoding_use).reshape(-1)[0]))
+    seq = sequence_length.long()
+    past = host_past_key_value_lengths.long()
+    scale = 1.0 / (D ** 0.5 * q_scaling)
+    rep = H // Hkv
+    out = torch.empty(qkv.shape[0], H * D, dtype=qkv.dtype)
+    t0 = 0
+    for b in range(seq.shape[0]):
+        n = int(seq[b] - past[b])
+        p0 = int(past[b])
+        if n < 0 or t0 + n > qkv.shape[0]:
+            raise ValueError(f"gpt_attention: request {b} has {n} new tokens, only {qkv.shape[0] - t0} left")
+        x = qkv[t0:t0 + n]
+        q = x[:, :H * D].reshape(n, H, D)
+        k = x[:, H * D:(H + Hkv) * D].reshape(n, Hkv, D)
+        v = x[:, (H + Hkv) * D:].reshape(n, Hkv, D)
+        gen = int(host_request_types[b]) == 1
+        if gen and spec:
+            pos = p0 + spec_decoding_position_offsets[b, :n].long()
+            new_mask = _unpack_mask(spec_decoding_packed_mask[b], n)
+        else:
+            pos = p0 + torch.arange(n)
+            if mask_type == AttentionMaskType.bidirectional:
+                new_mask = torch.ones(n, n, dtype=torch.bool)
+            elif mask_type == AttentionMaskType.causal:
+                new_mask = torch.ones(n, n, dtype=torch.bool).tril()
+            else:
+                raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
+        q = _rope(q, pos, rot, rotary_embedding_base)
+        k = _rope(k, pos, rot, rotary_embedding_base)
+        offs = kv_cache_block_offsets[pool_idx, b]
+        pool.write(layer_in_pool, offs, torch.arange(p0, p0 + n), k, v)
+        kk, vv = pool.read(layer_in_pool, offs, p0 + n)              # [Hkv, p0+n, D]
+        k_pos = torch.arange(p0 + n)
+        allowed = torch.ones(n, p0 + n, dtype=torch.bool)
+        allowed[:, p0:] = new_mask
+        allowed &= (pos[:, None] - k_pos[None, :]) < window
+        kk = kk.repeat_interleave(rep, 0).float()
+        vv = vv.repeat_interleave(rep, 0).float()
+        s = torch.einsum("nhd,hkd->hnk", q.float(), kk) * scale
+        s = s.masked_fill(~allowed[None], float("-inf"))
+        pr = torch.softmax(s, dim=-1)
+        o = torch.einsum("hnk,hkd->nhd", pr, vv)
+        out[t0:t0 + n] = o.reshape(n, H * D).to(qkv.dtype)
+        t0 += n
+    if t0 != qkv.shape[0]:
+        raise ValueError(f"gpt_attention: {qkv.shape[0]} tokens given, the requests own {t0}")
+    return out, None

@@ -1,0 +1,106 @@
+"""Simulated tensor-parallel ranks for the CPU stand-in: one thread per rank, NCCL-like collectives.
+
+TensorRT-LLM runs one process per GPU and its ``allreduce``/``allgather`` plugins exchange over
+NCCL. Here the ranks of one engine step run as threads of one process (``World.run``); each
+collective is a rendezvous of every rank in the group, combined in rank order (so results are
+deterministic: the fp32 sum is ``((r0 + r1) + r2) + ...``), then handed back to every rank.
+With one rank the collectives are the identity.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+import torch
+
+_local = threading.local()
+
+
+class World:
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError("world size must be >= 1")
+        self.size = size
+        self._barrier = threading.Barrier(size)
+        self._slots: list = [None] * size
+        self._result = None
+
+    # ---- per-thread context ---------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return getattr(_local, "rank", 0)
+
+    def _exchange(self, value, combine: Callable[[list], object]):
+        if self.size == 1:
+            return combine([value])
+        r = self.rank
+        self._slots[r] = value
+        if self._barrier.wait() == 0:
+            self._result = combine(list(self._slots))
+        self._barrier.wait()
+        out = self._result
+        if self._barrier.wait() == 0:
+            self._slots = [None] * self.size
+            self._result = None
+        return out
+
+    def allreduce(self, tensor: torch.Tensor, group: Sequence[int] | None):
+        self._check_group(group)
+
+        def combine(parts):
+            acc = parts[0].float()
+            for p in parts[1:]:
+                acc = acc + p.float()
+            return acc.to(tensor.dtype)
+
+        return self._exchange(tensor, combine)
+
+    def allgather(self, tensor: torch.Tensor, group: Sequence[int] | None, gather_dim: int = 0):
+        self._check_group(group)
+        return self._exchange(tensor, lambda parts: torch.cat(parts, dim=gather_dim))
+
+    def _check_group(self, group) -> None:
+        if group is not None and list(group) != list(range(self.size)):
+            raise ValueError(f"collective group {list(group)} != all {self.size} simulated ranks")
+
+    def run(self, fn: Callable[[int], object]) -> list:
+        """Call ``fn(rank)`` on every rank (threads when size > 1); return the results by rank."""
+        if self.size == 1:
+            return [self._scoped(0, fn)]
+        results: list = [None] * self.size
+        errors: list = [None] * self.size
+
+        def work(r):
+            try:
+                results[r] = self._scoped(r, fn)
+            except BaseException as exc:  # re-raised on the caller's thread
+                errors[r] = exc
+                self._barrier.abort()
+
+        threads = [threading.Thread(target=work, args=(r,), name=f"tp-rank-{r}") for r in range(self.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
+                     next((e for e in errors if e is not None), None))
+        if first is not None:
+            self._barrier = threading.Barrier(self.size)
+            raise first
+        return results
+
+    def _scoped(self, rank: int, fn):
+        prev_world, prev_rank = getattr(_local, "world", None), getattr(_local, "rank", None)
+        _local.world, _local.rank = self, rank
+        try:
+            return fn(rank)
+        finally:
+            _local.world, _local.rank = prev_world, prev_rank
+
+
+_SINGLE = World(1)
+
+
+def current() -> World:
+    return getattr(_local, "world", None) or _SINGLE

@@ -1,0 +1,129 @@
+"""CPU stand-in for ``tensorrt_llm.models.modeling_utils`` (PretrainedConfig, PretrainedModel) and for
+the network-input / output declarations (``functional.Tensor(name=..., dim_range=...)``,
+``Tensor.mark_output``), TensorRT-LLM 1.2.
+
+NOT TensorRT-LLM. ``PretrainedConfig`` keeps every key of the checkpoint's ``config.json`` as an
+attribute (unknown keys included, as the real class does) and builds ``mapping``.
+``PretrainedModel.load(weights)`` requires every parameter and refuses unknown names (the real
+one raises on missing required weights; unexpected ones are an error here too, because a name
+the network does not read is a silent layout bug).
+
+Inputs: ``input_tensor(name, dtype, shape, dim_range)`` returns an :class:`InputDecl` (the real
+backend returns a TensorRT network input). Outputs: ``mark_output(tensor, name, dtype)`` records
+the tensor in the running step's output dict (``outputs()``), where the real backend marks a
+network output.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ...errors import CheckpointError
+from .functional import str_dtype_to_torch
+from .mapping import Mapping
+from .module import Module
+
+
+class PretrainedConfig:
+    def __init__(self, **kwargs):
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+        m = kwargs.get("mapping") or {}
+        self.mapping = m if isinstance(m, Mapping) else Mapping(
+            world_size=m.get("world_size", 1), rank=m.get("rank", 0), tp_size=m.get("tp_size", 1),
+            pp_size=m.get("pp_size", 1))
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "PretrainedConfig":
+        return cls(**dict(config))
+
+    def set_rank(self, rank: int) -> None:
+        self.mapping = Mapping(world_size=self.mapping.world_size, rank=rank, tp_size=self.mapping.tp_size)
+
+
+class PretrainedModel(Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.config = config
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig):
+        return cls(config)
+
+    def load(self, weights: dict[str, torch.Tensor], source: str | Path | None = None) -> None:
+        params = dict(self.named_parameters())
+        missing = sorted(set(params) - set(weights))
+        if missing:
+            raise CheckpointError(f"{len(missing)} required weight(s) not provided, e.g. {missing[:3]}",
+                                  file=source, tensor=missing[0])
+        extra = sorted(set(weights) - set(params))
+        if extra:
+            raise CheckpointError(f"{len(extra)} weight(s) the network does not use, e.g. {extra[:3]}",
+                                  file=source, tensor=extra[0])
+        for name, p in params.items():
+            w = weights[name]
+            if tuple(w.shape) != p.shape:
+                raise CheckpointError(f"shape {list(w.shape)}, the network expects {list(p.shape)}",
+                                      file=source, tensor=name)
+            if w.dtype != p.dtype:
+                raise CheckpointError(f"dtype {w.dtype}, the network expects {p.dtype}", file=source, tensor=name)
+            p.value = w
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: str | Path, rank: int, config: PretrainedConfig):
+        from safetensors.torch import load_file
+
+        path = Path(ckpt_dir) / f"rank{rank}.safetensors"
+        config.set_rank(rank)
+        model = cls(config)
+        try:
+            weights = load_file(str(path))
+        except Exception as exc:  # safetensors raises several types
+            raise CheckpointError(f"cannot read rank weights: {exc}", file=path) from None
+        model.load(weights, source=path)
+        return model
+
+
+@dataclass
+class InputDecl:
+    """One declared engine input: what ``prepare_inputs`` hands to ``trtllm-build``."""
+
+    name: str
+    dtype: str
+    shape: tuple
+    dim_range: "OrderedDict[str, list]" = field(default_factory=OrderedDict)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return str_dtype_to_torch(self.dtype)
+
+
+def input_tensor(name: str, dtype: str, shape, dim_range=None) -> InputDecl:
+    return InputDecl(name, dtype, tuple(shape), OrderedDict(dim_range or {}))
+
+
+_out = threading.local()
+
+
+def begin_outputs() -> None:
+    _out.d = OrderedDict()
+
+
+def mark_output(tensor: torch.Tensor, name: str, dtype=None) -> None:
+    d = getattr(_out, "d", None)
+    if d is None:
+        raise RuntimeError("mark_output outside an engine step")
+    if name in d:
+        raise RuntimeError(f"output {name!r} marked twice")
+    d[name] = tensor if dtype is None else tensor.to(str_dtype_to_torch(dtype))
+
+
+def outputs() -> "OrderedDict[str, torch.Tensor]":
+    d = getattr(_out, "d", None)
+    _out.d = None
+    return d

@@ -1,0 +1,581 @@
+"""The combined DFlash2 engine: target + DFlash2 drafter + plugins + in-engine acceptance, ONE step.
+
+This is the model class file ``trtllm-build --model_cls_file`` loads (``--model_cls_name
+DFlash2ForCausalLM``), and the same file the CPU backend executes (:mod:`.backend`: every
+TensorRT-LLM name comes from ``api``). It reads the checkpoint ``dflash2-trt convert`` writes
+(names: ``dflash2_trt/convert/{qwen3,dflash2}.py``; config: ``convert/schema.py``).
+
+One engine step for a batch packed as [context requests..., generation requests...]
+(DESIGN.md §5; the EAGLE one-engine contract of ``engine_io.yaml``)::
+
+    draft     block [anchor, MASK x K] per request -> drafter layers (DFlash2DynamicConv around
+              each sublayer, attention over the drafter's committed context K/V in the pool)
+              -> norm -> target lm_head (positions 1..K) -> output transform -> top-k
+              -> DFlash2PairwiseScan -> K drafts + proposal q
+    verify    target over the request's tokens, drafts substituted at positions 1..K of every
+              generation request (spec-decoding attention, chain mask from the runtime)
+    accept    greedy prefix match (T = 0) or rejection sampling with q (T > 0), per request
+    commit    fc(taps) of every token of the step -> each drafter layer's k/v -> written to the
+              drafter layers' KV slots at the tokens' positions (the accepted ones are then
+              committed by the runtime's ``seqLen += num_accepted_tokens``; the rest lie beyond
+              the sequence and are overwritten by the next step, never read)
+    outputs   accepted_tokens, num_accepted_tokens, accepted_paths = 0, next_draft_tokens
+              (placeholders), next_draft_lens = K, next_draft_paths (the chain), logits
+
+A context request (a whole prompt) gets its first token from the last prompt position and its
+drafter context for every prompt position; its draft block is computed too (the graph is the same
+for every request) but discarded: it is placed after the prompt, where the next step's block goes.
+
+KV layout: the drafter layers are KV layers ``num_hidden_layers + i`` of the target's paged pool
+(``layer_idx_offset``, as TensorRT-LLM's EAGLE drafter layers). Every layer of the pool has ONE
+per-token size (TRTLLM-ENGINE.md §3), so the drafter's ``num_key_value_heads * head_dim`` must
+equal the target's; :func:`check_kv_compatible` refuses other pairs (Qwen3.8-27B: 4 x 256 target,
+8 x 128 drafter — 1024 values both: compatible only once the drafter's slot is read as 8 x 128,
+which needs the per-layer head count the pool does not have; that pair is the hybrid issue's).
+
+Drafter sliding window: the runtime's attention window must stay uniform (a second window makes
+the model "variable window" and the KV rewind refuses it). The drafter layers therefore pass
+their OWN window to their attention calls (a constant ``host_max_attention_window_sizes`` made
+in the graph), never through the runtime. On the CPU backend that is a pure mask (the stand-in's
+pool is not cyclic). On TensorRT-LLM a window below the pool's capacity selects the plugin's
+cyclic-cache addressing [I: read, not run], which would misplace the drafter's K/V; build with
+``drafter_window: full`` there until that is settled — full context attention for the drafter:
+lossless, costs acceptance only past the window (``scripts/bench_engine.py`` measures both).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from dflash2_trt.trtllm import backend as _backend
+
+api = _backend.current()
+F = api.functional
+
+SELECTOR_PLUGIN_MODE = {"greedy": "sample", "viterbi": "viterbi"}
+"""Build selector -> DFlash2PairwiseScan mode. ``greedy`` (the published behaviour) is the
+plugin's ``sample`` mode: per request, T <= 0 walks greedily (one-hot q) and T > 0 samples from
+softmax(S/T) (q kept for rejection sampling). ``viterbi`` proposes the global best path (one-hot
+q) at every temperature — lossless too, never the default."""
+
+PRIME = 2**31 - 1
+
+
+@dataclass
+class KeyValueCacheParams:
+    host_past_key_value_lengths: object = None
+    host_max_attention_window_sizes: object = None
+    host_sink_token_length: object = None
+    kv_cache_block_offsets: object = None
+    host_kv_cache_block_offsets: object = None
+    host_kv_cache_pool_pointers: object = None
+    host_kv_cache_pool_mapping: object = None
+    cache_indirection: object = None
+
+
+@dataclass
+class AttentionParams:
+    sequence_length: object = None
+    context_lengths: object = None
+    host_context_lengths: object = None
+    max_context_length: int | None = None
+    host_request_types: object = None
+    host_runtime_perf_knobs: object = None
+    host_context_progress: object = None
+
+
+@dataclass
+class SpecDecodingParams:
+    spec_decoding_is_generation_length_variable: bool = True
+    spec_decoding_max_generation_length: int = 1
+    spec_decoding_generation_lengths: object = None
+    spec_decoding_position_offsets: object = None
+    spec_decoding_packed_mask: object = None
+    spec_decoding_use: object = None
+
+
+def check_kv_compatible(config) -> None:
+    d = config.dflash2
+    t_tok = config.num_key_value_heads * config.head_size
+    d_tok = d["num_key_value_heads"] * d["head_dim"]
+    if (d["num_key_value_heads"], d["head_dim"]) != (config.num_key_value_heads, config.head_size):
+        raise ValueError(
+            f"drafter KV {d['num_key_value_heads']} x {d['head_dim']} ({d_tok} per token) does not fit the target's "
+            f"pool layout {config.num_key_value_heads} x {config.head_size} ({t_tok}); every pool layer has one "
+            f"head layout (TRTLLM-ENGINE.md §3)")
+
+
+def _local(n: int, tp: int) -> int:
+    """Heads one rank holds (KV heads are duplicated when fewer than ranks, as convert does)."""
+    return n // tp if n >= tp else 1
+
+
+class QKNormAttention(api.Module):
+    """Fused-qkv attention with per-head q/k RMSNorm before RoPE (TensorRT-LLM's Qwen3 attention)."""
+
+    def __init__(self, *, hidden_size, num_heads, num_kv_heads, head_dim, eps, rope_base, rotary_dim, layer_idx,
+                 dtype, mapping):
+        super().__init__()
+        tp = mapping.tp_size
+        self.nq, self.nkv, self.d = num_heads // tp, _local(num_kv_heads, tp), head_dim
+        self.layer_idx, self.rope_base, self.rotary_dim, self.eps = layer_idx, rope_base, rotary_dim, eps
+        self.qkv = api.layers.ColumnLinear(hidden_size, (self.nq + 2 * self.nkv) * head_dim * tp, bias=False,
+                                           dtype=dtype, tp_group=mapping.tp_group, tp_size=tp, gather_output=False)
+        self.q_layernorm = api.layers.RmsNorm(head_dim, eps=eps, dtype=dtype)
+        self.k_layernorm = api.layers.RmsNorm(head_dim, eps=eps, dtype=dtype)
+        self.dense = api.layers.RowLinear(num_heads * head_dim, hidden_size, bias=False, dtype=dtype,
+                                          tp_group=mapping.tp_group, tp_size=tp)
+
+    def normed_qkv(self, hidden):
+        qkv = self.qkv(hidden)
+        n = F.shape(qkv, 0)
+        d, nq, nkv = self.d, self.nq, self.nkv
+        q = F.slice(qkv, [0, 0], [n, nq * d])
+        k = F.slice(qkv, [0, nq * d], [n, nkv * d])
+        v = F.slice(qkv, [0, (nq + nkv) * d], [n, nkv * d])
+        q = F.view(self.q_layernorm(F.view(q, [n, nq, d])), [n, nq * d])
+        k = F.view(self.k_layernorm(F.view(k, [n, nkv, d])), [n, nkv * d])
+        return F.concat([q, k, v], dim=1)
+
+    def forward(self, hidden, attention_params, kv_cache_params, spec_decoding_params, *, mask_type,
+                window_sizes=None):
+        ctx, _ = F.gpt_attention(
+            qkv=self.normed_qkv(hidden), past_key_value=None,
+            sequence_length=attention_params.sequence_length,
+            host_past_key_value_lengths=kv_cache_params.host_past_key_value_lengths,
+            host_max_attention_window_sizes=(kv_cache_params.host_max_attention_window_sizes
+                                             if window_sizes is None else window_sizes),
+            host_sink_token_length=kv_cache_params.host_sink_token_length,
+            context_lengths=attention_params.context_lengths, cache_indirection=kv_cache_params.cache_indirection,
+            host_request_types=attention_params.host_request_types, layer_idx=self.layer_idx,
+            num_heads=self.nq, num_kv_heads=self.nkv, hidden_size_per_head=self.d, q_scaling=1.0,
+            rotary_embedding_dim=self.rotary_dim, rotary_embedding_base=self.rope_base,
+            position_embedding_type=api.PositionEmbeddingType.rope_gpt_neox,
+            max_context_length=attention_params.max_context_length, mask_type=mask_type,
+            kv_cache_block_offsets=kv_cache_params.kv_cache_block_offsets,
+            host_kv_cache_block_offsets=kv_cache_params.host_kv_cache_block_offsets,
+            host_kv_cache_pool_pointers=kv_cache_params.host_kv_cache_pool_pointers,
+            host_kv_cache_pool_mapping=kv_cache_params.host_kv_cache_pool_mapping,
+            spec_decoding_is_generation_length_variable=spec_decoding_params.spec_decoding_is_generation_length_variable,
+            spec_decoding_max_generation_length=spec_decoding_params.spec_decoding_max_generation_length,
+            spec_decoding_generation_lengths=spec_decoding_params.spec_decoding_generation_lengths,
+            spec_decoding_position_offsets=spec_decoding_params.spec_decoding_position_offsets,
+            spec_decoding_packed_mask=spec_decoding_params.spec_decoding_packed_mask,
+            spec_decoding_use=spec_decoding_params.spec_decoding_use,
+            host_runtime_perf_knobs=attention_params.host_runtime_perf_knobs,
+            host_context_progress=attention_params.host_context_progress,
+            host_context_lengths=attention_params.host_context_lengths)
+        return self.dense(ctx)
+
+
+class GatedMLP(api.Module):
+    """SwiGLU: ``proj(silu(fc(x)) * gate(x))`` (TensorRT-LLM names; fc = HF gate_proj)."""
+
+    def __init__(self, hidden_size, ffn_hidden_size, dtype, mapping):
+        super().__init__()
+        tp, g = mapping.tp_size, mapping.tp_group
+        self.fc = api.layers.ColumnLinear(hidden_size, ffn_hidden_size, dtype=dtype, tp_group=g, tp_size=tp,
+                                          gather_output=False)
+        self.gate = api.layers.ColumnLinear(hidden_size, ffn_hidden_size, dtype=dtype, tp_group=g, tp_size=tp,
+                                            gather_output=False)
+        self.proj = api.layers.RowLinear(ffn_hidden_size, hidden_size, dtype=dtype, tp_group=g, tp_size=tp)
+
+    def forward(self, x):
+        return self.proj(F.silu(self.fc(x)) * self.gate(x))
+
+
+class Qwen3DecoderLayer(api.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        h, dt, eps = config.hidden_size, config.dtype, config.norm_epsilon
+        self.input_layernorm = api.layers.RmsNorm(h, eps=eps, dtype=dt)
+        self.attention = QKNormAttention(hidden_size=h, num_heads=config.num_attention_heads,
+                                         num_kv_heads=config.num_key_value_heads, head_dim=config.head_size, eps=eps,
+                                         rope_base=config.rotary_base, rotary_dim=config.rotary_dim,
+                                         layer_idx=layer_idx, dtype=dt, mapping=config.mapping)
+        self.post_layernorm = api.layers.RmsNorm(h, eps=eps, dtype=dt)
+        self.mlp = GatedMLP(h, config.intermediate_size, dt, config.mapping)
+
+    def forward(self, x, attention_params, kv_cache_params, spec_decoding_params):
+        x = x + self.attention(self.input_layernorm(x), attention_params, kv_cache_params, spec_decoding_params,
+                               mask_type=api.AttentionMaskType.causal)
+        return x + self.mlp(self.post_layernorm(x))
+
+
+class Qwen3Transformer(api.Module):
+    """Dense Qwen3 target (``qwen_type: qwen3``). Returns every layer's output for the taps."""
+
+    def __init__(self, config):
+        super().__init__()
+        m = config.mapping
+        self.vocab_embedding = api.layers.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype,
+                                                    tp_size=m.tp_size, tp_group=m.tp_group, sharding_dim=0,
+                                                    tp_rank=m.tp_rank)
+        self.layers = api.ModuleList(Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.ln_f = api.layers.RmsNorm(config.hidden_size, eps=config.norm_epsilon, dtype=config.dtype)
+
+    def forward(self, input_ids, attention_params, kv_cache_params, spec_decoding_params):
+        x = self.vocab_embedding(input_ids)
+        outs = []
+        for layer in self.layers:
+            x = layer(x, attention_params, kv_cache_params, spec_decoding_params)
+            outs.append(x)
+        return self.ln_f(x), outs
+
+
+TARGET_FAMILIES = {"qwen3": Qwen3Transformer}
+"""qwen_type -> target transformer class. The hybrid (qwen3_5) and Muse Glimmer targets add theirs."""
+
+
+class DynamicConv(api.Module):
+    """``attention_conv`` / ``mlp_conv``: kernel projection of the normed sublayer input (both sides), then
+    the pre-conv (plugin) and, after the sublayer, the post-conv fused with the residual add (plugin)."""
+
+    def __init__(self, hidden, kernel_size, group_size, block_size, dtype):
+        super().__init__()
+        self.h, self.k, self.g, self.block = hidden, kernel_size, group_size, block_size
+        self.base_kernel = api.Parameter((2, kernel_size, hidden), dtype)
+        self.kernel_projection = api.layers.ColumnLinear(hidden, 2 * kernel_size * hidden // group_size, dtype=dtype,
+                                                         tp_size=1, gather_output=False)
+
+    def _side(self, side):
+        return F.view(F.select(self.base_kernel.value, 0, side), [self.k, self.h])
+
+    def prepare(self, normed):
+        n = F.shape(normed, 0)
+        kp = F.view(self.kernel_projection(normed), [n, 2, self.k, self.h // self.g])   # [side, tap, group]
+        pre = F.view(F.select(kp, 1, 0), [n, self.k, self.h // self.g])
+        post = F.view(F.select(kp, 1, 1), [n, self.k, self.h // self.g])
+        y = api.plugins.dynamic_conv(normed, pre, self._side(0), block_size=self.block, kernel_size=self.k,
+                                     group_size=self.g)
+        return y, post
+
+    def finish(self, sub_out, post, residual):
+        y = api.plugins.dynamic_conv(sub_out, post, self._side(1), block_size=self.block, kernel_size=self.k,
+                                     group_size=self.g, residual=F.cast(residual, "float32"))
+        return F.cast(y, residual.dtype)
+
+
+class DFlash2DrafterLayer(api.Module):
+    def __init__(self, config, i):
+        super().__init__()
+        d, m = config.dflash2, config.mapping
+        h, dt, eps, bs = d["hidden_size"], config.dtype, d["rms_norm_eps"], d["block_size"]
+        self.window = d["sliding_window"] if d["layer_types"][i] == "sliding_attention" else None
+        self.input_layernorm = api.layers.RmsNorm(h, eps=eps, dtype=dt)
+        self.attention = QKNormAttention(hidden_size=h, num_heads=d["num_attention_heads"],
+                                         num_kv_heads=d["num_key_value_heads"], head_dim=d["head_dim"], eps=eps,
+                                         rope_base=d["rope_theta"], rotary_dim=d["head_dim"],
+                                         layer_idx=config.num_hidden_layers + i, dtype=dt, mapping=m)
+        self.post_layernorm = api.layers.RmsNorm(h, eps=eps, dtype=dt)
+        self.mlp = GatedMLP(h, d["intermediate_size"], dt, m)
+        self.attention_conv = DynamicConv(h, d["conv_kernel_size"], d["conv_group_size"], bs, dt)
+        self.mlp_conv = DynamicConv(h, d["conv_kernel_size"], d["conv_group_size"], bs, dt)
+
+    def forward(self, x, attention_params, kv_cache_params, spec_decoding_params, *, mask_type, window_sizes):
+        h, post = self.attention_conv.prepare(self.input_layernorm(x))
+        h = self.attention(h, attention_params, kv_cache_params, spec_decoding_params, mask_type=mask_type,
+                           window_sizes=window_sizes)
+        x = self.attention_conv.finish(h, post, x)
+        h, post = self.mlp_conv.prepare(self.post_layernorm(x))
+        return self.mlp_conv.finish(self.mlp(h), post, x)
+
+    def commit(self, ctx, attention_params, kv_cache_params, spec_decoding_params):
+        """Write the context K/V of ``ctx`` (fc(taps) of this step's tokens) into this layer's KV slots. The
+        attention output is discarded: on TensorRT-LLM this is a KV write done by a full attention call
+        (the price of using the stock plugin; a KV-write plugin would skip the attention math)."""
+        self.attention(ctx, attention_params, kv_cache_params, spec_decoding_params,
+                       mask_type=api.AttentionMaskType.causal)
+
+
+class DFlash2Drafter(api.Module):
+    """The drafter under the checkpoint prefix ``dflash2.`` (no embedding, no LM head of its own)."""
+
+    def __init__(self, config):
+        super().__init__()
+        d, m, dt = config.dflash2, config.mapping, config.dtype
+        h = d["hidden_size"]
+        self.fc = api.layers.ColumnLinear(len(d["target_layer_ids"]) * d["target_hidden_size"], h, dtype=dt,
+                                          tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
+        self.hidden_norm = api.layers.RmsNorm(h, eps=d["rms_norm_eps"], dtype=dt)
+        self.layers = api.ModuleList(DFlash2DrafterLayer(config, i) for i in range(d["num_hidden_layers"]))
+        self.norm = api.layers.RmsNorm(h, eps=d["rms_norm_eps"], dtype=dt)
+        self.selector = DFlash2Selector(h, d["vocab_size"], d["selector_rank"], dt)
+
+
+class DFlash2Selector(api.Module):
+    def __init__(self, hidden, vocab, rank, dtype):
+        super().__init__()
+        self.predecessor_codebook = api.Parameter((vocab, rank), dtype)
+        self.successor_codebook = api.Parameter((vocab, rank), dtype)
+        self.hidden_projection = api.layers.ColumnLinear(hidden, rank, dtype=dtype, tp_size=1, gather_output=False)
+
+
+def counter_uniforms(key, counter):
+    """Uniforms in [0, 1) from a counter-based generator: one value per (key, counter), int64 math only
+    (an affine mix, then multiply / square-and-add rounds modulo the prime 2^31 - 1; every product stays
+    below 2^63). ``key [B]`` int64 (per request and step), ``counter [B, N]`` int64 (absolute positions)."""
+    x = (F.unsqueeze(key, 1) * 1103515245 + counter * 2654435761 + 12345)
+    x = x - F.floordiv(x, PRIME) * PRIME
+    for add in (1442695041, 2147483587, 1013904223):
+        x = x * 48271
+        x = x - F.floordiv(x, PRIME) * PRIME
+        x = x * x + add
+        x = x - F.floordiv(x, PRIME) * PRIME
+    return F.cast(F.floordiv(x, 256), "float32") * (1.0 / 2**23)   # 23 bits: exact in fp32, < 1
+
+
+def inverse_cdf(probs, u):
+    """Smallest index whose cumulative mass exceeds ``u * total`` (fallback: the last index with mass);
+    ``probs [N, V]`` fp32, ``u [N]``. The reference (``verify.sample_from_probs``) sums in fp64."""
+    v = F.shape(probs, 1)
+    cdf = F.cumsum(probs, 1)
+    total = F.slice(cdf, [0, v - 1], [F.shape(probs, 0), 1])
+    first = F.sum(F.cast(op_le(cdf, F.unsqueeze(u, 1) * total), "int32"), 1)
+    ar = F.unsqueeze(F.arange(0, v, "int32"), 0)
+    last_pos = F.max(F.where(F.gt(probs, 0.0), ar, -1), 1)
+    return F.where(F.lt(first, v), first, last_pos)
+
+
+def op_le(a, b):
+    return F.op_or(F.lt(a, b), F.eq(a, b))
+
+
+class DFlash2ForCausalLM(api.PretrainedModel):
+    """Target + DFlash2 drafter + acceptance in one engine (EAGLE one-engine contract)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        check_kv_compatible(config)
+        if config.qwen_type not in TARGET_FAMILIES:
+            raise ValueError(f"qwen_type {config.qwen_type!r}: no engine network yet (have "
+                             f"{', '.join(TARGET_FAMILIES)})")
+        d, m = config.dflash2, config.mapping
+        self.K = d["block_size"] - 1
+        self.transformer = TARGET_FAMILIES[config.qwen_type](config)
+        self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, dtype=config.dtype,
+                                               tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
+        self.dflash2 = DFlash2Drafter(config)
+        eng = getattr(config, "dflash2_engine", None) or {}
+        self.selector_mode = SELECTOR_PLUGIN_MODE[eng.get("selector", "greedy")]
+        self.drafter_window = eng.get("drafter_window", "model")
+        self.max_seq_len = int(eng.get("max_seq_len", config.max_position_embeddings))
+
+    # ---- engine I/O -------------------------------------------------------------------------------
+    def prepare_inputs(self, max_batch_size: int, max_num_tokens: int, max_seq_len: int, max_blocks_per_seq: int,
+                       num_kv_layers: int | None = None, **unused):
+        """Every engine input, with dim ranges (names and shapes: ``engine_io.yaml``)."""
+        K = self.K
+        bs = [1, (max_batch_size + 1) // 2, max_batch_size]
+        nt = [1, (max_num_tokens + 1) // 2, max_num_tokens]
+        nl = num_kv_layers or (self.config.num_hidden_layers + len(self.dflash2.layers))
+        T = api.input_tensor
+        R = OrderedDict
+        kvp = KeyValueCacheParams(
+            host_past_key_value_lengths=T("host_past_key_value_lengths", "int32", [-1], R(batch_size=bs)),
+            host_max_attention_window_sizes=T("host_max_attention_window_sizes", "int32", [nl], R(num_layers=[nl] * 3)),
+            host_sink_token_length=T("host_sink_token_length", "int32", [1], R(scalar=[1, 1, 1])),
+            kv_cache_block_offsets=T("kv_cache_block_offsets", "int32", [1, -1, 2, -1],
+                                     R(num_pools=[1, 1, 1], batch_size=bs, kv=[2, 2, 2],
+                                       max_blocks_per_seq=[1, max_blocks_per_seq // 2 or 1, max_blocks_per_seq])),
+            host_kv_cache_block_offsets=T("host_kv_cache_block_offsets", "int32", [1, -1, 2, -1],
+                                          R(num_pools=[1, 1, 1], batch_size=bs, kv=[2, 2, 2],
+                                            max_blocks_per_seq=[1, max_blocks_per_seq // 2 or 1, max_blocks_per_seq])),
+            host_kv_cache_pool_pointers=T("host_kv_cache_pool_pointers", "int64", [1, 2], R(num_pools=[1, 1, 1],
+                                                                                             kv=[2, 2, 2])),
+            host_kv_cache_pool_mapping=T("host_kv_cache_pool_mapping", "int32", [nl, 2], R(num_layers=[nl] * 3,
+                                                                                            pool_and_layer=[2, 2, 2])),
+            cache_indirection=None)
+        att = AttentionParams(
+            sequence_length=T("sequence_length", "int32", [-1], R(batch_size=bs)),
+            context_lengths=T("context_lengths", "int32", [-1], R(batch_size=bs)),
+            host_context_lengths=T("host_context_lengths", "int32", [-1], R(batch_size=bs)),
+            max_context_length=max_seq_len,
+            host_request_types=T("host_request_types", "int32", [-1], R(batch_size=bs)),
+            host_runtime_perf_knobs=T("host_runtime_perf_knobs", "int64", [16], R(perf_knob_size=[16] * 3)),
+            host_context_progress=T("host_context_progress", "int64", [1], R(context_progress_size=[1] * 3)))
+        spec = SpecDecodingParams(
+            spec_decoding_is_generation_length_variable=True, spec_decoding_max_generation_length=K + 1,
+            spec_decoding_generation_lengths=T("spec_decoding_generation_lengths", "int32", [-1], R(batch_size=bs)),
+            spec_decoding_position_offsets=T("spec_decoding_position_offsets", "int32", [-1, K + 1],
+                                             R(batch_size=bs, spec_decoding_max_generation_length=[K + 1] * 3)),
+            spec_decoding_packed_mask=T("spec_decoding_packed_mask", "int32", [-1, K + 1, (K + 1 + 31) // 32],
+                                        R(batch_size=bs, spec_decoding_max_generation_length=[K + 1] * 3,
+                                          spec_decoding_packed_mask_size=[(K + 32) // 32] * 3)),
+            spec_decoding_use=T("spec_decoding_use", "int32", [1], R(spec_decoding_use_size=[1] * 3)))
+        return {
+            "input_ids": T("input_ids", "int32", [-1], R(num_tokens=nt)),
+            "position_ids": T("position_ids", "int32", [-1], R(num_tokens=nt)),
+            "last_token_ids": T("last_token_ids", "int32", [-1], R(batch_size=bs)),
+            "kv_cache_params": kvp,
+            "attention_params": att,
+            "spec_decoding_params": spec,
+            "eagle_temperature": T("eagle_temperature", "float32", [-1], R(batch_size=bs)),
+            "rand_data_validation": T("rand_data_validation", "float32", [-1, K + 1],
+                                      R(batch_size=bs, max_decoding_tokens=[K + 1] * 3)),
+            "rand_data_sample": T("rand_data_sample", "float32", [-1], R(batch_size=bs)),
+            "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1], R(batch_size=bs)),
+            "host_gen_eagle_net_past_key_value_lengths": T("host_gen_eagle_net_past_key_value_lengths", "int32", [-1],
+                                                           R(batch_size=bs)),
+        }
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def forward(self, input_ids, position_ids, last_token_ids, kv_cache_params, attention_params,
+                spec_decoding_params, eagle_temperature, rand_data_validation, rand_data_sample,
+                host_gen_eagle_net_request_types, host_gen_eagle_net_past_key_value_lengths):
+        K, d, cfg = self.K, self.config.dflash2, self.config
+        bs = F.shape(last_token_ids, 0)
+        ends = F.cast(last_token_ids, "int32")                                    # exclusive ends
+        starts = F.concat([F.constant(np.zeros(1, np.int32)), F.slice(ends, [0], [bs - 1])])
+        lastpos = ends - 1
+        is_gen = F.gt(attention_params.sequence_length, attention_params.context_lengths)   # [bs] device
+        j = F.unsqueeze(F.arange(0, K + 1, "int32"), 0)                          # [1, K+1]
+
+        # ---- 1. draft ----------------------------------------------------------------------------
+        anchor = F.index_select(input_ids, 0, starts)                              # [bs]
+        mask_col = F.expand(F.constant(np.full((1, 1), d["mask_token_id"], np.int32)), [bs, K])
+        block = F.concat([F.unsqueeze(anchor, 1), mask_col], dim=1)                # [bs, K+1]
+        x = self.transformer.vocab_embedding(F.view(block, [bs * (K + 1)]))
+        if d["input_embedding_scale"] is not None:
+            x = x * d["input_embedding_scale"]
+        draft_att, draft_kv, draft_spec, window_sizes = self._draft_attention(attention_params, kv_cache_params,
+                                                                              host_gen_eagle_net_request_types,
+                                                                              host_gen_eagle_net_past_key_value_lengths,
+                                                                              is_gen, bs)
+        mask_type = api.AttentionMaskType.causal if d["is_causal"] else api.AttentionMaskType.bidirectional
+        for i, layer in enumerate(self.dflash2.layers):
+            x = layer(x, draft_att, draft_kv, draft_spec, mask_type=mask_type, window_sizes=window_sizes[i])
+        hid = F.view(self.dflash2.norm(x), [bs, K + 1, d["hidden_size"]])
+        hid = F.slice(hid, [0, 1, 0], [bs, K, d["hidden_size"]])                    # draft positions 1..K
+        unary = F.cast(self.lm_head(hid), "float32")
+        if d["output_multiplier"] is not None:
+            unary = unary * float(d["output_multiplier"])
+        if d["final_logit_softcapping"] is not None:
+            cap = float(d["final_logit_softcapping"])
+            unary = F.tanh(unary * (1.0 / cap)) * cap
+        scores, cand = F.topk(unary, d["selector_top_k"], dim=2)
+        proj = self.dflash2.selector.hidden_projection(hid)
+        temperature = F.cast(eagle_temperature, "float32")
+        anchor_pos = F.index_select(position_ids, 0, starts)
+        key = F.cast(rand_data_sample * float(2**31), "int64")
+        counter = F.cast(F.unsqueeze(anchor_pos, 1) + F.slice(j, [0, 1], [1, K]), "int64")
+        uniforms = counter_uniforms(key, counter)                                     # [bs, K]
+        drafts, q = api.plugins.pairwise_scan(scores, cand, proj, anchor, self.dflash2.selector.predecessor_codebook.value,
+                                              self.dflash2.selector.successor_codebook.value, temperature, uniforms,
+                                              mode=self.selector_mode)
+
+        # ---- 2. verify ---------------------------------------------------------------------------
+        tok = F.arange(0, F.shape(input_ids, 0), "int32")
+        req = F.sum(F.cast(op_le(F.unsqueeze(ends, 0), F.unsqueeze(tok, 1)), "int32"), 1)  # request of each token
+        off = tok - F.index_select(starts, 0, req)
+        tok_gen = F.op_and(F.index_select(is_gen, 0, req), F.gt(off, 0))
+        slot = F.maximum(off - 1, 0)
+        sub = F.gather(F.index_select(drafts, 0, req), 1, F.unsqueeze(F.minimum(slot, K - 1), 1))
+        target_ids = F.where(tok_gen, F.view(sub, [-1]), input_ids)
+        final, layer_outs = self.transformer(target_ids, attention_params, kv_cache_params, spec_decoding_params)
+
+        rows = F.where(F.unsqueeze(is_gen, 1), F.unsqueeze(starts, 1) + j, F.unsqueeze(lastpos, 1) + j * 0)
+        h_rows = F.index_select(final, 0, F.view(rows, [bs * (K + 1)]))
+        logits = F.cast(self.lm_head(h_rows), "float32")                              # [bs*(K+1), V]
+        vocab = F.shape(logits, 1)
+        logits3 = F.view(logits, [bs, K + 1, vocab])
+
+        # ---- 3. accept ---------------------------------------------------------------------------
+        n, nxt = self._accept(logits3, drafts, q, cand, temperature, rand_data_validation, is_gen, bs, vocab)
+        jj = F.expand(j, [bs, K + 1])
+        padded = F.concat([drafts, F.expand(F.constant(np.zeros((1, 1), np.int32)), [bs, 1])], dim=1)
+        accepted = F.where(F.lt(jj, F.unsqueeze(n, 1)), padded,
+                           F.where(F.eq(jj, F.unsqueeze(n, 1)), F.unsqueeze(nxt, 1) + jj * 0, jj * 0))
+
+        # ---- 4. commit drafter context for every token of the step --------------------------------
+        taps = F.concat([layer_outs[i] for i in d["target_layer_ids"]], dim=1)
+        ctx = self.dflash2.hidden_norm(self.dflash2.fc(taps))
+        for layer in self.dflash2.layers:
+            layer.commit(ctx, attention_params, kv_cache_params, spec_decoding_params)
+
+        # ---- 5. outputs --------------------------------------------------------------------------
+        zero = F.expand(F.constant(np.zeros(1, np.int32)), [bs])
+        chain = np.full((1, K + 1, K + 1), -1, np.int32)
+        chain[0, 0] = np.arange(K + 1)
+        api.mark_output(accepted, "accepted_tokens", "int32")
+        api.mark_output(n + 1, "num_accepted_tokens", "int32")
+        api.mark_output(zero, "accepted_paths", "int32")
+        api.mark_output(F.expand(F.constant(np.full((1, K), d["mask_token_id"], np.int32)), [bs, K]),
+                        "next_draft_tokens", "int32")
+        api.mark_output(zero + K, "next_draft_lens", "int32")
+        api.mark_output(F.expand(F.constant(chain), [bs, K + 1, K + 1]), "next_draft_paths", "int32")
+        api.mark_output(logits, "logits", "float32")
+        return accepted
+
+    def _draft_attention(self, att, kvp, host_gen_types, host_gen_past, is_gen, bs):
+        """Attention parameters of the draft block: every request as a generation request with K+1 new tokens
+        at past = ``host_gen_eagle_net_past_key_value_lengths`` (generation: its committed length; context:
+        after its prompt), bidirectional (or causal) mask, offsets 0..K; the drafter's own window per layer."""
+        K, d = self.K, self.config.dflash2
+        extra = F.where(is_gen, 0, K + 1)
+        seq = F.where(is_gen, att.sequence_length, att.sequence_length + extra)
+        draft_att = AttentionParams(sequence_length=seq, context_lengths=att.context_lengths,
+                                    host_context_lengths=att.host_context_lengths, max_context_length=att.max_context_length,
+                                    host_request_types=host_gen_types, host_runtime_perf_knobs=att.host_runtime_perf_knobs,
+                                    host_context_progress=att.host_context_progress)
+        draft_kv = KeyValueCacheParams(**{**kvp.__dict__, "host_past_key_value_lengths": host_gen_past})
+        full = np.ones((K + 1, K + 1), bool) if not d["is_causal"] else np.tril(np.ones((K + 1, K + 1), bool))
+        words = np.zeros((K + 1, (K + 32) // 32), np.int64)
+        for c in range(K + 1):
+            words[:, c // 32] |= full[:, c].astype(np.int64) << (c % 32)
+        words = np.where(words >= 2**31, words - 2**32, words).astype(np.int32)
+        draft_spec = SpecDecodingParams(
+            spec_decoding_is_generation_length_variable=True, spec_decoding_max_generation_length=K + 1,
+            spec_decoding_generation_lengths=F.expand(F.constant(np.full(1, K + 1, np.int32)), [bs]),
+            spec_decoding_position_offsets=F.expand(F.constant(np.arange(K + 1, dtype=np.int32)[None]), [bs, K + 1]),
+            spec_decoding_packed_mask=F.expand(F.constant(words[None]), [bs, K + 1, (K + 32) // 32]),
+            spec_decoding_use=F.constant(np.ones(1, np.int32)))
+        n_layers = self.config.num_hidden_layers + len(self.dflash2.layers)
+        windows = []
+        for layer in self.dflash2.layers:
+            w = layer.window if (layer.window is not None and self.drafter_window == "model") else self.max_seq_len
+            windows.append(F.constant(np.full(n_layers, w, np.int32)))
+        return draft_att, draft_kv, draft_spec, windows
+
+    def _accept(self, logits3, drafts, q, cand, temperature, rand_data_validation, is_gen, bs, vocab):
+        """(n accepted drafts [bs], next token [bs]) per request: greedy where T <= 0, rejection sampling
+        with the selector's q where T > 0 (``reference/verify.py`` is the plain-torch statement of both).
+        Context requests accept no draft: their token comes from row 0 (the last prompt position)."""
+        K = self.K
+        gen_col = F.unsqueeze(is_gen, 1)
+        post = F.argmax(logits3, 2)                                                    # [bs, K+1]
+        ok_g = F.op_and(F.eq(drafts, F.slice(post, [0, 0], [bs, K])), gen_col)
+        n_g = _leading_true(ok_g)
+        next_g = F.view(F.gather(post, 1, F.unsqueeze(n_g, 1)), [bs])
+
+        sampled = F.gt(temperature, 0.0)
+        t_safe = F.where(sampled, temperature, 1.0)
+        p = F.softmax(logits3 * F.unsqueeze(F.unsqueeze(1.0 / t_safe, 1), 2), 2)      # [bs, K+1, V]
+        q_full = F.scatter(F.cast(F.expand(F.constant(np.zeros((1, 1, 1), np.float32)), [bs, K, vocab]), "float32"),
+                           2, cand, q)
+        q_full = q_full * F.cast(F.unsqueeze(gen_col, 2), "float32")                  # context: no proposal
+        d_idx = F.unsqueeze(drafts, 2)
+        pd = F.view(F.gather(F.slice(p, [0, 0, 0], [bs, K, vocab]), 2, d_idx), [bs, K])
+        qd = F.view(F.gather(q_full, 2, d_idx), [bs, K])
+        u_acc = F.slice(rand_data_validation, [0, 0], [bs, K])
+        u_fin = F.view(F.slice(rand_data_validation, [0, K], [bs, 1]), [bs])
+        n_s = _leading_true(F.op_and(F.lt(u_acc * qd, pd), gen_col))
+        row = F.unsqueeze(F.unsqueeze(n_s, 1), 2) + F.expand(F.constant(np.zeros((1, 1, 1), np.int32)), [bs, 1, vocab])
+        p_n = F.view(F.gather(p, 1, row), [bs, vocab])
+        q_pad = F.concat([q_full, F.cast(F.expand(F.constant(np.zeros((1, 1, 1), np.float32)), [bs, 1, vocab]),
+                                         "float32")], dim=1)
+        q_n = F.view(F.gather(q_pad, 1, row), [bs, vocab])
+        resid = F.maximum(p_n - q_n, 0.0)
+        empty = op_le(F.sum(resid, 1), 0.0)
+        resid = F.where(F.unsqueeze(empty, 1), p_n, resid)
+        next_s = inverse_cdf(resid, u_fin)
+        return F.where(sampled, n_s, n_g), F.where(sampled, next_s, next_g)
+
+
+def _leading_true(ok):
+    """Number of leading True values per row of a bool ``[B, L]``."""
+    miss = F.cumsum(1 - F.cast(ok, "int32"), 1)
+    return F.sum(F.cast(F.eq(miss, 0), "int32"), 1)
