@@ -39,11 +39,9 @@ class World:
         if self._barrier.wait() == 0:
             self._result = combine(list(self._slots))
         self._barrier.wait()
-        out = self._result
-        if self._barrier.wait() == 0:
-            self._slots = [None] * self.size
-            self._result = None
-        return out
+        # No reset afterwards: the next collective's combine runs only once every rank has reached it,
+        # i.e. after every rank has read this result (a reset here raced with fast ranks' next slot).
+        return self._result
 
     def allreduce(self, tensor: torch.Tensor, group: Sequence[int] | None):
         self._check_group(group)
