@@ -1,0 +1,44 @@
+"""The engine I/O contract (``engine_io.yaml``) as data: inputs and outputs with symbolic shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+CONTRACT = Path(__file__).resolve().parent / "engine_io.yaml"
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    dtype: str
+    shape: tuple
+    memory: str | None
+    filled_by: str
+
+
+@lru_cache(maxsize=1)
+def load_contract() -> dict:
+    data = yaml.safe_load(CONTRACT.read_text())
+    def ports(key):
+        return [Port(p["name"], p["dtype"], tuple(p["shape"]), p.get("memory"), p["filled_by"]) for p in data[key]]
+    return {"engine_config": data["engine_config"], "inputs": ports("inputs"), "outputs": ports("outputs")}
+
+
+def concrete_shape(shape: tuple, *, K: int, NL: int, V: int | None = None) -> tuple:
+    """Symbolic shape -> declared shape: batch/token/block dims become -1 (dynamic), K-sized dims numbers."""
+    table = {"K": K, "K+1": K + 1, "NL": NL, "W": (K + 32) // 32}
+    out = []
+    for s in shape:
+        if isinstance(s, int):
+            out.append(s)
+        elif s in table:
+            out.append(table[s])
+        elif s == "V" and V is not None:
+            out.append(V)
+        else:
+            out.append(-1)
+    return tuple(out)
