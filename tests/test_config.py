@@ -194,5 +194,6 @@ def test_pairing_mismatches_rejected():
     assert any("target_layer_ids" in p and "[61]" in p for p in probs)
     tdata = _load(QWEN_TARGET)
     tdata["text_config"]["vocab_size"] = 248000
+    tdata["text_config"]["eos_token_id"] = tdata["text_config"]["bos_token_id"] = 2   # 248044: outside the vocab
     probs = pairing_problems(d, TargetConfig.from_hugging_face(tdata))
     assert any("mask_token_id" in p for p in probs)

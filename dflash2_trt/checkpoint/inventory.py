@@ -15,7 +15,7 @@ from typing import Mapping
 import torch
 
 from ..config import DFlash2Config, TargetConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from .reader import DTYPE_NAMES, SafetensorsCheckpoint
 
 
@@ -106,6 +106,27 @@ _IGNORED_TARGET_PREFIXES = ("model.visual.", "model.vision_tower.", "model.multi
                             "model.vision_adapter.", "mtp.")
 
 
+def _hf_config(config_cls, text: dict, cfg: TargetConfig):
+    """``config_cls(**text)``, with transformers' own validation errors (huggingface_hub's strict
+    dataclass checks of every field it knows) turned into a ConfigError naming the field."""
+    import re
+
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # pragma: no cover - older huggingface_hub
+        StrictDataclassError = ValueError
+    try:
+        return config_cls(**{k: v for k, v in text.items() if k not in ("architectures", "model_type")})
+    except (StrictDataclassError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        text_msg = str(exc).strip()
+        m = re.search(r"field '([^']+)'", text_msg)
+        last = text_msg.splitlines()[-1].strip() if text_msg else type(exc).__name__
+        field = m.group(1) if m else None
+        if field is not None and cfg.text_config_key:
+            field = f"{cfg.text_config_key}.{field}"
+        raise ConfigError(f"transformers rejects the config: {last}", source=cfg.source, field=field) from None
+
+
 def _hf_text_model(cfg: TargetConfig) -> torch.nn.Module:
     """The family's HF causal LM for the text config, on the meta device."""
     import transformers
@@ -113,16 +134,16 @@ def _hf_text_model(cfg: TargetConfig) -> torch.nn.Module:
     raw = dict(cfg.raw)
     text = dict(raw[cfg.text_config_key]) if cfg.text_config_key else raw
     if cfg.family == "qwen3":
-        conf = transformers.Qwen3Config(**{k: v for k, v in text.items() if k not in ("architectures", "model_type")})
+        conf = _hf_config(transformers.Qwen3Config, text, cfg)
         cls = transformers.Qwen3ForCausalLM
     elif cfg.family == "qwen3_5":
-        conf = transformers.Qwen3_5TextConfig(**{k: v for k, v in text.items() if k not in ("architectures", "model_type")})
+        conf = _hf_config(transformers.Qwen3_5TextConfig, text, cfg)
         cls = transformers.Qwen3_5ForCausalLM
     elif cfg.family == "muse_glimmer":
         from transformers.models.muse_glimmer import configuration_muse_glimmer as mg
         from transformers.models.muse_glimmer import modeling_muse_glimmer as mm
 
-        conf = mg.MuseGlimmerTextConfig(**{k: v for k, v in text.items() if k not in ("architectures", "model_type")})
+        conf = _hf_config(mg.MuseGlimmerTextConfig, text, cfg)
         model_cls = mm.MuseGlimmerTextModel
 
         class _LM(torch.nn.Module):  # text model + lm_head, matching the wrapper's naming

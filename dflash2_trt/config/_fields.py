@@ -139,15 +139,23 @@ def parse_rope(f: Fields) -> tuple[float, str, float]:
     """(rope_theta, rope_type, partial_rotary_factor) from ``rope_parameters`` or legacy fields.
 
     Only ``rope_type: default`` is supported: a scaled RoPE read as plain RoPE would not crash,
-    it would silently misplace every position and acceptance would collapse.
+    it would silently misplace every position and acceptance would collapse. transformers applies
+    a scaling from ``rope_scaling`` even next to ``rope_parameters``, and reads the legacy key
+    ``type`` inside either, so every one of those places is checked (``generate`` would otherwise
+    run yarn through transformers while ``convert`` writes ``rotary_scaling: null``).
     """
+    scaling = f.raw("rope_scaling", None)
+    if scaling is not None:
+        if not isinstance(scaling, dict):
+            raise f.error("rope_scaling", f"expected an object or null, got {scaling!r}")
+        _check_rope_type(Fields(scaling, f.source, prefix=f.name("rope_scaling") + "."))
     if f.has("rope_parameters"):
         params = f.raw("rope_parameters")
         if not isinstance(params, dict):
             raise f.error("rope_parameters", f"expected an object, got {params!r}")
         sub = Fields(params, f.source, prefix=f.name("rope_parameters") + ".")
         theta = sub.float("rope_theta", positive=True)
-        rope_type = sub.str("rope_type", "default", choices=("default",))
+        rope_type = _check_rope_type(sub)
         partial = sub.float("partial_rotary_factor", None)
         if partial is None:
             partial = f.float("partial_rotary_factor", 1.0, positive=True)
@@ -155,16 +163,72 @@ def parse_rope(f: Fields) -> tuple[float, str, float]:
             f.seen.add("partial_rotary_factor")
     else:
         theta = f.float("rope_theta", 10000.0, positive=True)
-        scaling = f.raw("rope_scaling", None)
-        if scaling is not None:
-            rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-            if rope_type != "default":
-                raise f.error("rope_scaling", f"unsupported RoPE scaling {scaling!r}; supported: default (none)")
         rope_type = "default"
         partial = f.float("partial_rotary_factor", 1.0, positive=True)
     if partial > 1.0:
         raise f.error("partial_rotary_factor", f"must be in (0, 1], got {partial}")
     return theta, rope_type, partial
+
+
+def _check_rope_type(sub: Fields) -> str:
+    """``rope_type`` (or its legacy spelling ``type``) of a RoPE object; only ``default``."""
+    for key in ("rope_type", "type"):
+        value = sub.str(key, None)
+        if value is not None and value != "default":
+            raise sub.error(key, f"unsupported value {value!r}; supported: default (scaled RoPE - yarn, "
+                                 "linear, dynamic, llama3, longrope - is not implemented by the reference, the "
+                                 "converter or the engine)")
+    return "default"
+
+
+# Standard Hugging Face fields that do not change this project's numbers but that transformers
+# type-checks when it builds the model: a string there ("use_cache": "true") would otherwise be a
+# huggingface_hub traceback deep inside transformers, or (bool("false") is True) silently wrong.
+HF_TYPED_FIELDS = {
+    "use_cache": "bool", "tie_word_embeddings": "bool", "use_sliding_window": "bool", "attention_bias": "bool",
+    "output_attentions": "bool", "output_hidden_states": "bool", "return_dict": "bool",
+    "initializer_range": "number", "attention_dropout": "number",
+    "max_window_layers": "int", "full_attention_interval": "int",
+    "bos_token_id": "token", "eos_token_id": "token", "pad_token_id": "token",
+}
+# Token ids that generation uses (stop / padding): one outside the vocabulary can never be produced
+# (a stop that never stops) or indexes past the embedding.
+VOCAB_TOKEN_FIELDS = ("eos_token_id", "pad_token_id")
+
+
+def check_hf_fields(f: Fields, vocab: int) -> None:
+    """Types of :data:`HF_TYPED_FIELDS` present in ``f``, and eos/pad ids inside ``[0, vocab)``.
+
+    A token id field may be null, an integer, or a list of integers.
+    """
+    for key, kind in HF_TYPED_FIELDS.items():
+        if not f.has(key):
+            continue
+        value = f.data[key]
+        if kind == "bool":
+            f.bool(key)
+        elif kind == "int":
+            f.int(key, min=0)
+        elif kind == "number":
+            f.float(key)
+        else:
+            ids = value if isinstance(value, list) else [value]
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise f.error(key, f"expected a token id or a list of token ids, got {value!r}")
+            if key in VOCAB_TOKEN_FIELDS:
+                bad = [i for i in ids if not 0 <= i < vocab]
+                if bad:
+                    raise f.error(key, f"token id(s) {bad} outside the vocabulary [0, {vocab})")
+            f.seen.add(key)
+
+
+def reject_quantization(f: Fields) -> None:
+    """A ``quantization_config`` means packed/quantized weights, which nothing here reads."""
+    if f.has("quantization_config"):
+        q = f.data["quantization_config"]
+        method = q.get("quant_method") if isinstance(q, dict) else None
+        raise f.error("quantization_config", "quantized checkpoints are not supported"
+                      + (f" (quant_method {method!r})" if method else "") + "; use the unquantized checkpoint")
 
 
 def parse_attention_dims(f: Fields) -> tuple[int, int, int, int, int, int]:

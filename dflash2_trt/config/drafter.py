@@ -10,8 +10,11 @@ block_size                  tokens per draft block = 1 anchor + (block_size-1) M
                             engine's max_draft_len is block_size-1 [Qwen3.8: 8, Muse Glimmer: 16]
 mask_token_id               id embedded (with the TARGET embedding) at positions 1..block_size-1
 target_layer_ids            target decoder layers whose OUTPUT (HF hidden_states[id+1]) is tapped,
-                            concatenated in this order and fed to ``fc``; a wrong order does not crash,
-                            it silently ruins acceptance [both: 5 taps]
+                            concatenated in the LISTED order and fed to ``fc``: tap j fills ``fc``
+                            input columns [j*H, (j+1)*H). Any order is legal (unsorted lists are
+                            honoured as written, like transformers and NeMo read them; never
+                            sorted); ids must be distinct and < num_target_layers. A wrong order
+                            does not crash, it silently ruins acceptance [both: 5 taps, ascending]
 num_target_layers           number of decoder layers of the target the drafter was trained on
 conv_kernel_size            taps of the dynamic conv (2 in every published drafter); <= block_size
 conv_group_size             channels sharing one dynamic correction; must divide hidden_size [16]
@@ -24,8 +27,13 @@ is_causal                   false in both drafters: the block attends bidirectio
                             mean a causal mask inside the block
 layer_types/sliding_window  per layer, ``sliding_attention`` limits context keys to the last
                             ``sliding_window`` positions [both: all sliding, window 2048]
-rope_parameters             RoPE base (``rope_type: default`` only) [1e7 / 5e5]
+rope_parameters             RoPE base (``rope_type: default`` only) [1e7 / 5e5]; a scaled RoPE
+                            (``rope_type``/``type`` other than default, here or in ``rope_scaling``)
+                            is a ConfigError, for the target too
 rms_norm_eps                every RMSNorm of the drafter [1e-6 / 1e-5]
+quantization_config         refused: quantized checkpoints are not supported (drafter and target)
+eos/pad/bos_token_id        null, an id or a list of ids; eos and pad must lie in [0, vocab_size)
+use_cache, initializer_..   standard HF fields: not used, but type-checked (``"false"`` is not false)
 ==========================  ==========================================================================
 """
 
@@ -36,7 +44,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from ._fields import Fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope
+from ._fields import (Fields, check_hf_fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope,
+                      reject_quantization)
 
 ARCHITECTURE = "DFlash2DraftModel"
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -148,7 +157,9 @@ class DFlash2Config:
         if f.bool("attention_bias", False):
             raise f.error("attention_bias", "DFlash2 drafters have no attention biases; true is not supported")
 
+        reject_quantization(f)
         hidden, layers, heads, kv_heads, head_dim, vocab = parse_attention_dims(f)
+        check_hf_fields(f, vocab)
         theta, rope_type, partial = parse_rope(f)
         if partial != 1.0:
             raise f.error("partial_rotary_factor", f"DFlash2 drafters use full RoPE, got {partial}")

@@ -26,7 +26,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ._fields import Fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope
+from ._fields import (Fields, check_hf_fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope,
+                      reject_quantization)
 
 FAMILIES = ("qwen3", "qwen3_5", "muse_glimmer")
 
@@ -143,7 +144,13 @@ class TargetConfig:
         else:
             f = top
 
+        reject_quantization(top)
+        if f is not top:
+            reject_quantization(f)
         hidden, layers, heads, kv_heads, head_dim, vocab = parse_attention_dims(f)
+        check_hf_fields(f, vocab)
+        if f is not top:
+            check_hf_fields(top, vocab)
         theta, rope_type, partial = parse_rope(f)
 
         allowed = _LAYER_TYPES[family]
@@ -153,7 +160,7 @@ class TargetConfig:
                 interval = f.int("full_attention_interval", 4, min=1)
                 layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
             elif family == "qwen3":
-                use_sw = bool(f.raw("use_sliding_window", False))
+                use_sw = f.bool("use_sliding_window", False)
                 first = f.int("max_window_layers", layers, min=0)
                 layer_types = ["sliding_attention" if use_sw and i >= first else "full_attention" for i in range(layers)]
             else:
@@ -167,7 +174,7 @@ class TargetConfig:
             raise f.error("tie_word_embeddings", f"expected true or false, got {tie!r}")
         act_key = "hidden_activation" if family == "muse_glimmer" and f.has("hidden_activation") else "hidden_act"
         f.str(act_key, "silu", choices=("silu",))
-        if f.raw("attention_bias", False):
+        if f.bool("attention_bias", False):
             raise f.error("attention_bias", "attention biases are not supported")
         eos = f.raw("eos_token_id", None)
         if eos is None:
