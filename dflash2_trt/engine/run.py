@@ -1,0 +1,140 @@
+"""``dflash2-trt run``: prompts through a CPU engine with the CPU runtime (in-flight batching)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def read_prompts_file(path: str | Path) -> list[dict]:
+    """trtllm-bench dataset lines: ``{"task_id", "input_ids" | "prompt", "output_tokens"}``, one JSON object per line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"line {n}: invalid JSON ({exc.msg})", source=path) from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"line {n}: expected an object", source=path)
+        unknown = sorted(set(d) - {"task_id", "input_ids", "prompt", "output_tokens"})
+        if unknown:
+            raise ConfigError(f"line {n}: unknown key {unknown[0]!r}", source=path)
+        if ("input_ids" in d) == ("prompt" in d):
+            raise ConfigError(f"line {n}: give exactly one of input_ids or prompt", source=path)
+        ids = d.get("input_ids")
+        if ids is not None and (not isinstance(ids, list) or not ids
+                                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+            raise ConfigError(f"line {n}: input_ids must be a non-empty list of non-negative integers", source=path)
+        if "prompt" in d and not isinstance(d["prompt"], str):
+            raise ConfigError(f"line {n}: prompt must be a string", source=path)
+        ot = d.get("output_tokens")
+        if ot is not None and (not isinstance(ot, int) or isinstance(ot, bool) or ot < 1):
+            raise ConfigError(f"line {n}: output_tokens must be an integer >= 1", source=path)
+        out.append({"task_id": d.get("task_id", len(out)), "input_ids": ids, "prompt": d.get("prompt"),
+                    "output_tokens": ot, "where": f"{path}:{n}"})
+    if not out:
+        raise ConfigError("no prompts", source=path)
+    return out
+
+
+def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
+               temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
+               progress=None) -> dict:
+    from ..reference.generate import SEED_MAX, parse_prompt_ids
+    from ..runtime import Request, Runtime
+    from .build import open_cpu_engine
+
+    given = sum(x is not None for x in (prompt_ids, prompt, prompts_file))
+    if given != 1:
+        raise ConfigError("give exactly one of --prompt-ids, --prompt, --prompts", field="--prompt-ids")
+    if max_new_tokens < 1:
+        raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
+    if not (temperature >= 0 and temperature != float("inf")):
+        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
+    if not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ConfigError(f"must be >= 1, got {max_batch_size}", field="--max-batch-size")
+    engine, man = open_cpu_engine(engine_dir, verify=verify)
+    try:
+        pre = engine.config
+        tok = None
+        items = []
+        if prompts_file is not None:
+            items = read_prompts_file(prompts_file)
+        elif prompt_ids is not None:
+            items = [{"task_id": 0, "input_ids": parse_prompt_ids(prompt_ids, engine.vocab_size), "prompt": None,
+                      "output_tokens": None, "where": "--prompt-ids"}]
+        else:
+            items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
+        if any(it["prompt"] is not None for it in items):
+            tok = _tokenizer(man)
+        reqs = []
+        stops = _stop_ids(man, engine.vocab_size)
+        for i, it in enumerate(items):
+            ids = it["input_ids"]
+            if ids is None:
+                from ..tokenizer import encode_text
+
+                ids = encode_text(tok, it["prompt"])
+            reqs.append(Request(list(ids), it["output_tokens"] or max_new_tokens, temperature=temperature,
+                                seed=seed + i, stop_token_ids=stops, task_id=it["task_id"]))
+        rt = Runtime(engine, max_batch_size=max_batch_size)
+        t0 = time.perf_counter()
+        rt.generate(reqs, progress=progress)
+        wall = time.perf_counter() - t0
+        out = []
+        for r in reqs:
+            d = r.to_dict()
+            if tok is not None:
+                d["text"] = tok.decode(r.output_ids)
+            out.append(d)
+        n_tok = sum(len(r.output_ids) for r in reqs)
+        acc = [a for r in reqs for a in r.acceptance_lengths]
+        return {"engine_dir": str(engine_dir), "backend": "cpu", "block_size": engine.K + 1, "tp_size": engine.tp,
+                "temperature": temperature, "max_batch_size": rt.max_batch_size, "requests": out,
+                "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
+                           "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else 0.0,
+                           "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
+    finally:
+        engine.close()
+
+
+def _stop_ids(man: dict, vocab: int) -> tuple[int, ...]:
+    """The target's eos_token_id(s), recorded in engine.json at build time (``generate`` stops on the same)."""
+    return tuple(int(e) for e in man.get("eos_token_ids") or () if 0 <= int(e) < vocab)
+
+
+def _tokenizer(man: dict):
+    from ..tokenizer import find_tokenizer
+
+    tok = find_tokenizer(Path(man["sources"]["target_dir"]))
+    if tok is None:
+        raise ConfigError("--prompt needs a tokenizer in the target directory; this one has none: use --prompt-ids "
+                          "or a prompts file with input_ids", field="--prompt")
+    return tok
+
+
+def render(report: dict) -> str:
+    lines = []
+    for r in report["requests"]:
+        lines.append(f"[{r['task_id']}] prompt {r['prompt_len']} tokens -> {len(r['output_ids'])} new "
+                     f"({r['stop_reason']}), mean acceptance {r['mean_acceptance']:.2f} over {len(r['acceptance_lengths'])} steps")
+        lines.append("  ids: " + ",".join(map(str, r["output_ids"])))
+        if "text" in r:
+            lines.append("  text: " + r["text"])
+    t = report["totals"]
+    lines.append(f"{t['requests']} request(s), {t['output_tokens']} tokens in {t['steps']} engine steps "
+                 f"(max batch {report['max_batch_size']}), mean acceptance {t['mean_acceptance']:.2f}, "
+                 f"{t['output_tokens_per_s'] or 0:.1f} tokens/s")
+    return "\n".join(lines)
