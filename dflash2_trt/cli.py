@@ -155,6 +155,8 @@ def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, 
 
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     res = convert_pair(d, t, output, tp_size=int(tp_size), dtype=dtype, force=force)
+    for p in res.stale_removed:
+        click.echo(f"removed {p} (left behind by an earlier run that was killed)", err=True)
     click.echo(f"wrote {res.output} (tp {res.tp_size}, {res.dtype}, {len(res.files) - 1} rank file(s), "
                f"{res.bytes_read / 2**20:.1f} MiB read in {res.seconds:.1f} s)")
 
@@ -180,6 +182,70 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
     report = analyze_pair(d, t, prompts_file=prompts_file, block_size=block_size, top_k=parse_top_k(top_k),
                           max_new_tokens=max_new_tokens, max_prompts=max_prompts, measure=not no_measure,
                           temperature=temperature)
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+
+
+@main.command("build")
+@_pair_options
+@click.option("--output", required=True, type=click.Path(), help="Engine directory to create.")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "trtllm"]), default="auto", show_default=True,
+              help="cpu: the network run by the CPU stand-in; trtllm: TensorRT-LLM engines (auto: trtllm where it "
+                   "imports, else cpu).")
+@click.option("--tp-size", default="1", show_default=True, type=click.Choice(["1", "2", "4", "8"]),
+              help="Tensor-parallel ranks (the CPU backend simulates them).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
+              help="Cast weights (default: the checkpoints' own).")
+@click.option("--block-size", type=int, default=None, help="Draft block size (K + 1) [default: the build config's].")
+@click.option("--max-batch-size", type=int, default=None, help="Requests per engine step [default: build config].")
+@click.option("--max-input-len", type=int, default=None, help="Longest prompt [default: build config].")
+@click.option("--max-seq-len", type=int, default=None, help="Prompt + output + draft slots [default: build config].")
+@click.option("--max-num-tokens", type=int, default=None, help="Tokens per engine step [default: build config].")
+@click.option("--tokens-per-block", type=int, default=None, help="KV cache tokens per block [default: 32].")
+@click.option("--selector", type=click.Choice(["greedy", "viterbi"]), default=None,
+              help="Path selector (greedy = published: greedy at T=0, sampling at T>0) [default: build config].")
+@click.option("--drafter-window", type=click.Choice(["model", "full"]), default=None,
+              help="model: the drafter's own sliding window; full: full-context drafter attention [default: model].")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp_size, dtype, block_size,
+              max_batch_size, max_input_len, max_seq_len, max_num_tokens, tokens_per_block, selector, drafter_window,
+              force) -> None:
+    """Build an engine directory (validate -> convert -> engine config + manifest)."""
+    from .engine.build import build_engine
+    from .trtllm.backend import resolve
+
+    d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
+    res = build_engine(d, t, output, backend=resolve(None if backend == "auto" else backend), tp_size=int(tp_size),
+                       dtype=dtype, target_key=target_key, force=force, command=sys.argv,
+                       overrides={"block_size": block_size, "max_batch_size": max_batch_size,
+                                  "max_input_len": max_input_len, "max_seq_len": max_seq_len,
+                                  "max_num_tokens": max_num_tokens, "tokens_per_block": tokens_per_block,
+                                  "selector": selector, "drafter_window": drafter_window})
+    m = res.manifest
+    click.echo(f"wrote {res.output} ({m['backend']} engine, block {m['block_size']}, tp {m['tp_size']}, {m['dtype']}, "
+               f"max batch {m['limits']['max_batch_size']}, {len(m['files'])} files)")
+
+
+@main.command("run")
+@click.option("--engine-dir", required=True, type=click.Path(), help="Engine directory from `dflash2-trt build`.")
+@click.option("--prompt-ids", help="One prompt as comma-separated token ids.")
+@click.option("--prompt", help="One prompt as text (needs the target's tokenizer).")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+              help='JSON lines in trtllm-bench\'s format: {"task_id", "input_ids" | "prompt", "output_tokens"}.')
+@click.option("--max-new-tokens", type=int, default=64, show_default=True,
+              help="New tokens per prompt (a line's output_tokens overrides it).")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Request i uses seed + i.")
+@click.option("--max-batch-size", type=int, default=None, help="Requests in flight [default: the engine's].")
+@click.option("--verify", is_flag=True, help="Re-hash every engine file against engine.json first.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
+            as_json) -> None:
+    """Run prompts through an engine (CPU runtime: in-flight batching); prints tokens and acceptance."""
+    from .engine.run import render, run_engine
+
+    report = run_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
+                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                        max_batch_size=max_batch_size, verify=verify)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 

@@ -19,7 +19,12 @@ from the page cache once the frontier reaches it. The caller keeps each buffer a
 :meth:`_HashWorker.fence` it queued after the writes has passed.
 
 :class:`AtomicOutputDir` writes into a temporary directory beside the final one and renames it
-into place only when complete; an exception or Ctrl-C (KeyboardInterrupt) removes it.
+into place only when complete; an exception or Ctrl-C (KeyboardInterrupt) removes it. A failed
+write (read-only or full file system, no permission) is one :class:`OutputWriteError` line naming
+the output and the file. Once the swap into place starts, SIGINT/SIGTERM are held back until it
+and the removal of the replaced output are done: the run then succeeds. A run killed outright
+(SIGKILL, power loss) leaves ``.NAME.tmp-*`` / ``.NAME.old-*`` beside the output; the next run
+removes them unless a live run holds a lock on them (``flock`` on the directory).
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ import json
 import math
 import os
 import queue
+import re
 import shutil
+import signal
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -42,6 +50,18 @@ from ..errors import CheckpointError, DFlash2Error
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1}
 _HASH_BLOCK = 8 << 20
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no locks, so leftovers are never swept
+    fcntl = None
+
+
+def _named(exc: OSError, path: str | Path) -> OSError:
+    """``exc`` with ``path`` as its file name (fd-based calls such as pwrite/fsync have none)."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
 
 
 @dataclass(frozen=True)
@@ -130,7 +150,7 @@ class StreamingSafetensorsWriter:
     def __init__(self, path: str | Path, layout: SafetensorsLayout, hasher: _HashWorker | None = None):
         self.path = Path(path)
         self.layout = layout
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)  # OSError names the path
         self._closed = False
         self._written = {s.name: 0 for s in layout.specs}
         self._sha = hashlib.sha256()
@@ -138,9 +158,19 @@ class StreamingSafetensorsWriter:
         self._pending: dict[int, int] = {}  # written but not yet hashed: offset -> length
         self._hasher = hasher
         self._copy_ok = hasattr(os, "copy_file_range")
-        self._put(layout.header, 0)
+        try:
+            self._put(layout.header, 0)
+        except BaseException:
+            self.close()  # the caller never gets this writer to close
+            raise
 
     def _put(self, data, offset: int, copy_from: tuple[int, int] | None = None) -> None:
+        try:
+            self._put_raw(data, offset, copy_from)
+        except OSError as exc:  # e.g. ENOSPC: say which file
+            raise _named(exc, self.path) from exc
+
+    def _put_raw(self, data, offset: int, copy_from: tuple[int, int] | None) -> None:
         if copy_from is not None and self._copy_ok:
             try:
                 self._copy(copy_from, offset, memoryview(data).nbytes)
@@ -202,6 +232,12 @@ class StreamingSafetensorsWriter:
         self._drain()
 
     def _drain(self) -> None:
+        try:
+            self._drain_raw()
+        except OSError as exc:
+            raise _named(exc, self.path) from exc
+
+    def _drain_raw(self) -> None:
         while self._hashed in self._pending:
             end = self._hashed + self._pending.pop(self._hashed)
             while self._hashed < end:
@@ -220,10 +256,14 @@ class StreamingSafetensorsWriter:
         if missing:
             raise CheckpointError(f"{len(missing)} tensor(s) not fully written, e.g. {missing[:3]}", file=self.path,
                                   tensor=missing[0])
-        size = os.fstat(self._fd).st_size
-        if size != self.layout.total_bytes:
-            raise CheckpointError(f"file has {size} bytes, its header needs {self.layout.total_bytes}", file=self.path)
-        os.fsync(self._fd)
+        try:
+            size = os.fstat(self._fd).st_size
+            if size != self.layout.total_bytes:
+                raise CheckpointError(f"file has {size} bytes, its header needs {self.layout.total_bytes}",
+                                      file=self.path)
+            os.fsync(self._fd)  # a full disk may only show here (delayed allocation)
+        except OSError as exc:
+            raise _named(exc, self.path) from exc
 
     def sha256(self) -> str:
         """The file's digest; call after :meth:`finish` and after the hash worker closed."""
@@ -251,25 +291,129 @@ def sha256_file(path: str | Path) -> str:
 
 def write_small_file(path: str | Path, text: str) -> None:
     """Write a small text file and fsync it (used inside an :class:`AtomicOutputDir`)."""
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise _named(exc, path) from exc
 
 
 class OutputDirError(DFlash2Error):
     """The output directory cannot be used (exists and not empty, is a file, ...)."""
 
 
+class OutputWriteError(OutputDirError):
+    """Writing the output failed: read-only or full file system, no permission, I/O error."""
+
+
 def check_output_dir(final: str | Path, force: bool) -> Path:
-    """Refuse a non-empty ``final`` unless ``force``; never touches the disk."""
+    """Refuse a non-empty ``final`` unless ``force``, and a symlinked one; never writes.
+
+    An ``--output`` that is a symbolic link (dangling or not) is refused: writing through it would
+    put the checkpoint somewhere the command line does not say, and the final rename would replace
+    the link itself (with ``--force``, the link's target would be left as it was, the link gone).
+    """
     final = Path(final)
-    if final.exists() or final.is_symlink():
+    if final.is_symlink():
+        raise OutputDirError(f"{final}: is a symbolic link (to {os.readlink(final)}); give the real directory "
+                             f"path as --output")
+    for p in final.absolute().parents:
+        if p.is_symlink() and not p.exists():
+            raise OutputDirError(f"{p}: is a dangling symbolic link (to {os.readlink(p)}), a parent of the "
+                                 f"output {final}")
+    if final.exists():
         if not final.is_dir():
             raise OutputDirError(f"{final}: exists and is not a directory")
-        if any(final.iterdir()) and not force:
+        try:
+            empty = not any(final.iterdir())
+        except OSError as exc:
+            raise OutputDirError(f"{final}: cannot read the output directory: {exc.strerror or exc}") from None
+        if not empty and not force:
             raise OutputDirError(f"{final}: output directory is not empty (pass --force to replace it)")
     return final
+
+
+def _lock(path: Path) -> int | None:
+    """Hold an exclusive ``flock`` on directory ``path`` (released when closed or when the process
+    dies, SIGKILL included): it tells a later run that this leftover-looking directory is live."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def remove_stale(final: Path) -> list[Path]:
+    """Remove the ``.NAME.tmp-*`` / ``.NAME.old-*`` directories a killed run left beside ``final``.
+
+    A directory some live run still holds a lock on is left alone, and so is one whose lock
+    cannot be tested (no ``fcntl``, or a file system refusing ``flock``). Returns what was removed.
+    """
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.(?:tmp|old)-[a-z0-9_]{{8}}")
+    try:
+        entries = sorted(final.parent.iterdir())
+    except OSError:
+        return []
+    removed = []
+    for p in entries:
+        if not pattern.fullmatch(p.name) or p.is_symlink() or not p.is_dir():
+            continue
+        fd = _lock(p)
+        if fd is None:  # in use by a live run, or cannot tell
+            continue
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+        finally:
+            _unlock(fd)
+        if not os.path.lexists(p):
+            removed.append(p)
+    return removed
+
+
+@contextmanager
+def _signals_held():
+    """Hold SIGINT/SIGTERM back (main thread only): once the swap into place has started, stopping
+    half-way would leave the new output in place but the run reported as interrupted, and a
+    hidden ``.NAME.old-*`` beside it. A signal received meanwhile is dropped: the run succeeds."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.getsignal(sig)
+        signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _discard(path: Path) -> None:
+    """Delete the replaced output. The new one is already in place, so nothing here fails the run;
+    what cannot be deleted now is swept by the next run (:func:`remove_stale`)."""
+    for _ in range(3):
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        except KeyboardInterrupt:  # signals are held here; this is only reachable from code, not Ctrl-C
+            pass
+        if not os.path.lexists(path):
+            return
 
 
 class AtomicOutputDir:
@@ -277,27 +421,49 @@ class AtomicOutputDir:
 
     The temporary directory lives beside ``final`` (same file system, so the rename is atomic).
     On any exception, KeyboardInterrupt included, it is deleted and ``final`` is left as it was;
-    parent directories created for it are removed again. With ``force`` an existing ``final``
-    is moved aside, replaced, then deleted.
+    parent directories created for it are removed again. An ``OSError`` (ENOSPC, EROFS, EACCES,
+    ...) leaves as one :class:`OutputWriteError` naming ``final`` and the file. With ``force`` an
+    existing ``final`` is moved aside, replaced, then deleted, with SIGINT/SIGTERM held back from
+    the first rename to the end. Leftovers of a killed run beside ``final`` are removed on entry
+    (listed in :attr:`stale_removed`).
     """
 
     def __init__(self, final: str | Path, *, force: bool = False):
         self.final = check_output_dir(final, force).absolute()
         self.force = force
         self.tmp: Path | None = None
+        self.stale_removed: list[Path] = []
+        self._tmp_name: Path | None = None
         self._created_parents: list[Path] = []
+        self._locks: list[int | None] = []
 
     def __enter__(self) -> Path:
+        try:
+            return self._enter()
+        except BaseException as exc:
+            self._cleanup()
+            self._release()
+            if isinstance(exc, OSError):
+                raise self._write_error(exc) from exc
+            raise
+
+    def _enter(self) -> Path:
         parent = self.final.parent
         missing = []
         p = parent
         while not p.exists():
+            if p.is_symlink():
+                raise OutputDirError(f"{p}: is a dangling symbolic link (to {os.readlink(p)}), a parent of the "
+                                     f"output {self.final}")
             missing.append(p)
             p = p.parent
         for d in reversed(missing):
             d.mkdir()
             self._created_parents.append(d)
+        self.stale_removed = remove_stale(self.final)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.tmp-", dir=parent))
+        self._tmp_name = self.tmp
+        self._locks.append(_lock(self.tmp))  # a later run must not sweep it while this one lives
         umask = os.umask(0o022)
         os.umask(umask)
         os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the result should look like mkdir's
@@ -312,47 +478,79 @@ class AtomicOutputDir:
             except OSError:
                 pass
 
+    def _release(self) -> None:
+        for fd in self._locks:
+            _unlock(fd)
+        self._locks.clear()
+
+    def _write_error(self, exc: OSError) -> DFlash2Error:
+        """One line naming the output and the file (inside the temporary directory: its final name)."""
+        reason = exc.strerror or str(exc)
+        if exc.filename is None:
+            return OutputWriteError(f"{self.final}: cannot write the output: {reason}")
+        path = Path(os.fsdecode(exc.filename)).absolute()
+        tmp = self._tmp_name
+        if tmp is not None and (path == tmp or tmp in path.parents):
+            rel = path.relative_to(tmp)
+            what = str(rel) if str(rel) != "." else "the output directory"
+            return OutputWriteError(f"{self.final}: cannot write {what}: {reason}")
+        if path.parent == self.final.parent and path.name.startswith(f".{self.final.name}."):
+            return OutputWriteError(f"{self.final}: cannot create a temporary directory in {path.parent}: {reason}")
+        if path == self.final or path in self.final.parents or path.parent == self.final.parent:
+            return OutputWriteError(f"{self.final}: cannot create {path}: {reason}")
+        return DFlash2Error(f"{path}: {reason} (while writing {self.final})")
+
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self._cleanup()
-            return
         try:
-            self._commit()
-        except BaseException:
-            self._cleanup()
-            raise
+            if exc_type is not None:
+                self._cleanup()
+                if isinstance(exc, OSError):
+                    raise self._write_error(exc) from exc
+                return
+            try:
+                self._commit()
+            except BaseException as err:
+                self._cleanup()
+                if isinstance(err, OSError):
+                    raise self._write_error(err) from err
+                raise
+        finally:
+            self._release()
 
     def _commit(self) -> None:
         assert self.tmp is not None
-        old = None
-        if self.final.exists():
-            check_output_dir(self.final, self.force)  # re-check: it may have changed meanwhile
-            if any(self.final.iterdir()):
-                old = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.old-", dir=self.final.parent))
-                os.rmdir(old)
-                os.replace(self.final, old)
-        try:
-            os.replace(self.tmp, self.final)  # replaces an empty directory too
-        except BaseException:
-            # Silent failure mode otherwise: the previous output stays moved aside under a hidden
-            # ".NAME.old-*" name and ``final`` is gone. Put it back before reporting the error.
-            if old is not None:
-                os.replace(old, self.final)
-            raise
-        self.tmp = None
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            fd = os.open(self.final.parent, os.O_RDONLY)
+        with _signals_held():
+            old = None
+            if self.final.exists() or self.final.is_symlink():
+                check_output_dir(self.final, self.force)  # re-check: it may have changed meanwhile
+                if any(self.final.iterdir()):
+                    self._locks.append(_lock(self.final))  # the lock moves with it to .NAME.old-*
+                    old = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.old-", dir=self.final.parent))
+                    os.rmdir(old)
+                    os.replace(self.final, old)
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:  # some file systems refuse fsync on directories; the rename is done
-            pass
+                os.replace(self.tmp, self.final)  # replaces an empty directory too
+            except BaseException:
+                # Silent failure mode otherwise: the previous output stays moved aside under a hidden
+                # ".NAME.old-*" name and ``final`` is gone. Put it back before reporting the error.
+                if old is not None:
+                    os.replace(old, self.final)
+                raise
+            # From here on the new output is in place: the run has succeeded, whatever follows.
+            self.tmp = None
+            if old is not None:
+                _discard(old)
+            try:
+                fd = os.open(self.final.parent, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError:  # some file systems refuse fsync on directories; the rename is done
+                pass
 
 
 __all__ = [
-    "AtomicOutputDir", "OutputDirError", "SafetensorsLayout", "StreamingSafetensorsWriter", "TensorSpec",
-    "check_output_dir", "sha256_file", "write_small_file", "ITEMSIZE",
+    "AtomicOutputDir", "OutputDirError", "OutputWriteError", "SafetensorsLayout", "StreamingSafetensorsWriter",
+    "TensorSpec", "check_output_dir", "remove_stale", "sha256_file", "write_small_file", "ITEMSIZE",
 ]

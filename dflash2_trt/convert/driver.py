@@ -71,6 +71,7 @@ class ConvertResult:
     bytes_read: int
     seconds: float
     dropped: dict[str, int] = field(default_factory=dict)
+    stale_removed: list[str] = field(default_factory=list)  # leftovers of a killed run, removed
 
 
 @dataclass
@@ -241,7 +242,10 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
         for key in order:
             info = infos[key]
             if info.file not in fds:
-                fd = os.open(info.file, os.O_RDONLY)
+                try:
+                    fd = os.open(info.file, os.O_RDONLY)
+                except OSError as exc:  # not an output error: say it is the source
+                    raise CheckpointError(f"cannot open: {exc.strerror or exc}", file=info.file) from None
                 fds[info.file] = (fd, 8 + int.from_bytes(os.pread(fd, 8, 0), "little"))
             fd, data_start = fds[info.file]
             isz = ITEMSIZE[info.dtype]
@@ -360,7 +364,8 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
     show = sys.stderr.isatty() if progress is None else progress
     from tqdm import tqdm
 
-    with _sigterm_as_interrupt(), AtomicOutputDir(output, force=force) as tmp:
+    atomic = AtomicOutputDir(output, force=force)
+    with _sigterm_as_interrupt(), atomic as tmp:
         hasher: _HashWorker | None = _HashWorker()
         writers: list[StreamingSafetensorsWriter] = []
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="convert",
@@ -399,4 +404,5 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
             "dropped": dropped,
         }
         write_small_file(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-    return ConvertResult(Path(output), tp_size, out_dtype, files, read, time.perf_counter() - t0, dropped)
+    return ConvertResult(Path(output), tp_size, out_dtype, files, read, time.perf_counter() - t0, dropped,
+                         [str(p) for p in atomic.stale_removed])

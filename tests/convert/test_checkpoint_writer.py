@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ from safetensors.torch import load_file
 
 from dflash2_trt.checkpoint.reader import read_header
 from dflash2_trt.checkpoint.writer import (
-    AtomicOutputDir, SafetensorsLayout, StreamingSafetensorsWriter, TensorSpec, _HashWorker, sha256_file,
+    AtomicOutputDir, OutputWriteError, SafetensorsLayout, StreamingSafetensorsWriter, TensorSpec, _HashWorker,
+    sha256_file,
 )
 from dflash2_trt.errors import CheckpointError
 
@@ -114,7 +116,7 @@ def test_atomic_dir_failed_final_rename_with_force_restores_the_old_output(tmp_p
         return real(a, b)
 
     monkeypatch.setattr(os, "replace", flaky)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OutputWriteError, match=re.escape(f"{final}: ") + ".*No space left"):  # one line, not a raw OSError
         with AtomicOutputDir(final, force=True) as tmp:
             (tmp / "new.txt").write_text("new")
     monkeypatch.setattr(os, "replace", real)
