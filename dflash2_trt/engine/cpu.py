@@ -81,7 +81,7 @@ class CpuEngine:
                 host_max_attention_window_sizes=f["host_max_attention_window_sizes"],
                 host_sink_token_length=f["host_sink_token_length"],
                 kv_cache_block_offsets=f["kv_cache_block_offsets"],
-                host_kv_cache_block_offsets=f.get("host_kv_cache_block_offsets", f["kv_cache_block_offsets"]),
+                host_kv_cache_block_offsets=f["host_kv_cache_block_offsets"],
                 host_kv_cache_pool_pointers=f["host_kv_cache_pool_pointers"],
                 host_kv_cache_pool_mapping=f["host_kv_cache_pool_mapping"]),
             attention_params=net.AttentionParams(

@@ -1,0 +1,107 @@
+"""The network's declared inputs and marked outputs are exactly the contract of engine_io.yaml."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.trtllm.backend import load_network
+from dflash2_trt.trtllm.engine_io import concrete_shape, load_contract
+
+
+def _flatten(inputs: dict) -> dict:
+    from dflash2_trt.trtllm.cpu.modeling_utils import InputDecl
+
+    out = {}
+    for key, v in inputs.items():
+        if isinstance(v, InputDecl):
+            out[v.name] = v
+        elif hasattr(v, "__dataclass_fields__"):
+            for f in v.__dataclass_fields__:
+                x = getattr(v, f)
+                if isinstance(x, InputDecl):
+                    out[x.name] = x
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from dflash2_trt.engine.build import build_engine, open_cpu_engine
+
+    p = trained_pair("qwen3")
+    out = tmp_path_factory.mktemp("io") / "eng"
+    build_engine(p.drafter_dir, p.target_dir, out, target_key="tiny", overrides={"block_size": 4})
+    eng, _ = open_cpu_engine(out)
+    yield eng
+    eng.close()
+
+
+def test_prepare_inputs_declares_exactly_the_contract(built):
+    model = built.models[0]
+    K = built.K
+    decl = _flatten(model.prepare_inputs(max_batch_size=4, max_num_tokens=256, max_seq_len=512, max_blocks_per_seq=16))
+    contract = {p.name: p for p in load_contract()["inputs"]}
+    assert sorted(decl) == sorted(contract)
+    for name, d in decl.items():
+        c = contract[name]
+        assert d.dtype == c.dtype, name
+        assert d.shape == concrete_shape(c.shape, K=K, NL=built.num_layers), name
+        assert len(d.dim_range) == len(d.shape), name
+
+
+def test_forward_takes_the_declared_inputs(built):
+    import inspect
+
+    net = load_network("cpu")
+    params = list(inspect.signature(net.DFlash2ForCausalLM.forward).parameters)[1:]
+    decl = built.models[0].prepare_inputs(max_batch_size=4, max_num_tokens=256, max_seq_len=512, max_blocks_per_seq=16)
+    assert params == list(decl)
+
+
+def test_one_step_marks_exactly_the_contract_outputs(built):
+    from dflash2_trt.runtime import Request, Runtime
+
+    rt = Runtime(built)
+    seen = {}
+    orig = built.step
+
+    def spy(inputs):
+        out = orig(inputs)
+        seen.setdefault("inputs", inputs)
+        seen["out"] = out
+        return out
+
+    built.step = spy
+    try:
+        rt.generate([Request([5, 6, 7, 8, 9], 6), Request([3, 4], 6)])
+    finally:
+        built.step = orig
+    out, K, V = seen["out"], built.K, built.vocab_size
+    contract = {p.name: p for p in load_contract()["outputs"]}
+    assert list(out) == list(contract)
+    bs = out["num_accepted_tokens"].shape[0]
+    dt = {"int32": torch.int32, "float32": torch.float32}
+    for name, c in contract.items():
+        assert out[name].dtype == dt[c.dtype], name
+        want = [bs * (K + 1) if s == "bs*(K+1)" else bs if s == "bs" else V if s == "V" else
+                {"K": K, "K+1": K + 1}[s] for s in c.shape]
+        assert list(out[name].shape) == want, name
+    assert torch.equal(out["next_draft_lens"], torch.full((bs,), K, dtype=torch.int32))
+    assert torch.equal(out["accepted_paths"], torch.zeros(bs, dtype=torch.int32))
+    assert out["next_draft_paths"][0, 0].tolist() == list(range(K + 1))
+    assert (out["next_draft_paths"][:, 1:] == -1).all()
+    # the runtime's inputs carry every contract input that the runtime fills each step
+    static = set(built.static_inputs(0))
+    filled = set(seen["inputs"]) | static
+    assert {p.name for p in load_contract()["inputs"]} == filled
+
+
+def test_engine_config_fields_documented():
+    cfg = load_contract()["engine_config"]
+    assert cfg["speculative_decoding_mode"] == 32
+    assert cfg["max_non_leaves_per_layer"] == 1
+    assert cfg["architecture"] == "DFlash2ForCausalLM"
+    assert json.dumps(cfg)
