@@ -225,7 +225,7 @@ class Runtime:
         from ..trtllm.cpu.attention import pack_mask
 
         bs = len(batch)
-        offsets = self.blocks.offsets([r.req_id for r in batch], self.max_blocks)
+        blk_offsets = self.blocks.offsets([r.req_id for r in batch], self.max_blocks)
         i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
         rv = torch.zeros(bs, K + 1)
         rs = torch.zeros(bs)
@@ -238,7 +238,7 @@ class Runtime:
             "sequence_length": i32(seq), "host_past_key_value_lengths": i32(past),
             "context_lengths": i32(ctx_len), "host_context_lengths": i32(ctx_len),
             "host_request_types": i32(types),
-            "kv_cache_block_offsets": offsets, "host_kv_cache_block_offsets": offsets.clone(),
+            "kv_cache_block_offsets": blk_offsets, "host_kv_cache_block_offsets": blk_offsets.clone(),
             "spec_decoding_generation_lengths": i32(gen_len),
             "spec_decoding_position_offsets": torch.stack(offsets).to(torch.int32),
             "spec_decoding_packed_mask": pack_mask(torch.stack(masks)),
