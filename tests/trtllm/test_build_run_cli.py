@@ -1,0 +1,154 @@
+"""``dflash2-trt build --backend cpu`` and ``dflash2-trt run``: outputs, JSON, and every bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.cli import main
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "eng"
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out), "--block-size", "4")
+    assert code == 0, text
+    assert "cpu engine, block 4" in text
+    return out
+
+
+def _err(code, text):
+    assert code != 0
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    assert "Traceback" not in text
+    return lines[0]
+
+
+def test_engine_dir_layout_and_manifest(engine):
+    assert sorted(p.name for p in engine.iterdir()) == ["checkpoint", "config.json", "engine.json"]
+    man = json.loads((engine / "engine.json").read_text())
+    assert man["backend"] == "cpu" and man["block_size"] == 4 and man["tp_size"] == 1
+    assert set(man["files"]) == {str(p.relative_to(engine)) for p in engine.rglob("*") if p.is_file()} - {"engine.json"}
+    assert man["limits"]["max_batch_size"] == 4 and man["eos_token_ids"] == [2]
+
+
+def test_run_json_and_prompts_file(engine, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"task_id": "a", "input_ids": [5, 6, 7], "output_tokens": 5}\n\n'
+                 '{"task_id": "b", "input_ids": [9, 10, 11, 12, 13, 14]}\n')
+    code, text = _cli("run", "--engine-dir", str(engine), "--prompts", str(f), "--max-new-tokens", "9", "--json")
+    assert code == 0, text
+    rep = json.loads(text)
+    a, b = rep["requests"]
+    assert a["task_id"] == "a" and len(a["output_ids"]) <= 5 and b["task_id"] == "b" and len(b["output_ids"]) <= 9
+    assert rep["totals"]["requests"] == 2 and rep["totals"]["output_tokens"] == len(a["output_ids"]) + len(b["output_ids"])
+    assert all(1 <= x <= 4 for r in rep["requests"] for x in r["acceptance_lengths"])
+    code, text = _cli("run", "--engine-dir", str(engine), "--prompt-ids", "5,6,7", "--max-new-tokens", "5")
+    assert code == 0 and "mean acceptance" in text
+    assert json.loads(_cli("run", "--engine-dir", str(engine), "--prompt-ids", "5,6,7", "--max-new-tokens", "5",
+                           "--json")[1])["requests"][0]["output_ids"] == a["output_ids"]
+
+
+def test_run_not_an_engine_dir(tmp_path):
+    line = _err(*_cli("run", "--engine-dir", str(tmp_path), "--prompt-ids", "1,2"))
+    assert "not an engine directory" in line
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (lambda e: (e / "engine.json").write_text("{not json"), "engine.json: invalid JSON"),
+    (lambda e: (e / "engine.json").write_text("[]"), "engine.json: top level must be an object"),
+    (lambda e: (e / "config.json").write_text((e / "config.json").read_text().replace('"max_batch_size": 4',
+                                                                                    '"max_batch_size": 5')),
+     "config.json: sha256 differs"),
+    (lambda e: (e / "checkpoint" / "rank0.safetensors").write_bytes(b"x" * 10), "rank0.safetensors has 10 bytes"),
+    (lambda e: (e / "checkpoint" / "rank0.safetensors").unlink(), "rank0.safetensors is missing"),
+])
+def test_run_corrupted_engine(engine, tmp_path, damage, needle):
+    e = tmp_path / "eng"
+    shutil.copytree(engine, e)
+    damage(e)
+    assert needle in _err(*_cli("run", "--engine-dir", str(e), "--prompt-ids", "1,2"))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--prompt-ids", "1,300"], "outside the vocabulary"),
+    (["--prompt-ids", ",".join(["5"] * 300)], "exceeds the engine's max_input_len 256"),
+    (["--prompt-ids", "1,2", "--max-new-tokens", "600"], "exceeds the engine's max_seq_len 512"),
+    (["--prompt-ids", "1,2", "--max-batch-size", "0"], "--max-batch-size"),
+    (["--prompt-ids", "1,2", "--max-batch-size", "9"], "the engine's max_batch_size"),
+    (["--prompt-ids", "1,,2"], "--prompt-ids"),
+    (["--prompt-ids", "1,2", "--temperature", "nan"], "--temperature"),
+    (["--prompt-ids", "1,2", "--seed", str(2**70)], "--seed"),
+    (["--prompt-ids", "1,2", "--prompt", "hi"], "exactly one of"),
+    ([], "exactly one of"),
+    (["--prompt", "hello"], "tokenizer"),
+])
+def test_run_bad_input(engine, args, needle):
+    assert needle in _err(*_cli("run", "--engine-dir", str(engine), *args))
+
+
+@pytest.mark.parametrize("line,needle", [
+    ('{"input_ids": []}', "non-empty list"),
+    ('{"input_ids": [1], "prompt": "x"}', "exactly one of"),
+    ('{"input_ids": [1], "output_tokens": 0}', "output_tokens"),
+    ('{"input_ids": [1], "extra": 1}', "unknown key"),
+    ("[1, 2]", "expected an object"),
+    ("{oops", "invalid JSON"),
+])
+def test_run_bad_prompts_file(engine, tmp_path, line, needle):
+    f = tmp_path / "p.jsonl"
+    f.write_text(line + "\n")
+    out = _err(*_cli("run", "--engine-dir", str(engine), "--prompts", str(f)))
+    assert needle in out and "p.jsonl" in out and "line 1" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--block-size", "1"], "block_size"),
+    (["--max-batch-size", "64", "--max-num-tokens", "100"], "max_num_tokens"),
+    (["--max-seq-len", "4096"], "max_position_embeddings"),
+    (["--max-input-len", "600"], "max_input_len"),
+    (["--tokens-per-block", "0"], "tokens_per_block"),
+])
+def test_build_bad_settings_leave_nothing(tmp_path, args, needle):
+    out = tmp_path / "eng"
+    assert needle in _err(*_cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out), *args))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_interrupted_leaves_nothing(tmp_path, monkeypatch):
+    import dflash2_trt.engine.build as b
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(b, "_sha256", boom)    # after the checkpoint is written, before the manifest
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "eng"))
+    assert code == 130 and "interrupted" in text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_refuses_non_empty_output_without_force(engine, tmp_path):
+    out = tmp_path / "eng"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    _err(*_cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out)))
+    assert (out / "keep").read_text() == "x"
+
+
+def test_build_tp2_and_run(tmp_path):
+    out = tmp_path / "eng"
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out), "--tp-size", "2")
+    assert code == 0, text
+    assert sorted(p.name for p in (out / "checkpoint").glob("rank*")) == ["rank0.safetensors", "rank1.safetensors"]
+    code, text = _cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7,8", "--max-new-tokens", "6", "--json")
+    assert code == 0, text
+    assert json.loads(text)["tp_size"] == 2
