@@ -128,6 +128,36 @@ class KVCachePool:
             rows, slot = self._rows(offsets, positions, kv)
             self.data[rows, layer, :, slot] = val.to(self.data.dtype)
 
+    def write_tokens(self, layer: int, offsets: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,
+                     k: torch.Tensor, v: torch.Tensor) -> None:
+        """Every token at once: token t of request ``req[t]`` at ``positions[t]``; offsets ``[bs, 2, max_blocks]``."""
+        tpb = self.tokens_per_block
+        blk, slot = positions // tpb, positions % tpb
+        for kv, val in ((0, k), (1, v)):
+            rows = offsets[req, kv, blk].long()
+            self._check_rows(rows)
+            self.data[rows, layer, :, slot] = val.to(self.data.dtype)
+
+    def read_batch(self, layer: int, offsets: torch.Tensor, length: int, lengths: torch.Tensor):
+        """K, V of positions ``0..length-1`` of every request: ``[bs, length, Hkv, D]`` each (positions past a
+        request's own length read block 0 / whatever its offsets say and must be masked by the caller)."""
+        tpb = self.tokens_per_block
+        pos = torch.arange(length)
+        blk = (pos // tpb).clamp(max=offsets.shape[-1] - 1)
+        slot = pos % tpb
+        valid = pos[None, :] < lengths[:, None]
+        out = []
+        for kv in (0, 1):
+            rows = offsets[:, kv, blk].long()                                # [bs, length]
+            self._check_rows(rows[valid])
+            rows = torch.where(valid, rows, 0)
+            out.append(self.data[rows, layer, :, slot[None, :].expand_as(rows)])
+        return out[0], out[1]
+
+    def _check_rows(self, rows: torch.Tensor) -> None:
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.data.shape[0]):
+            raise IndexError(f"gpt_attention: block offset outside the pool (0..{self.data.shape[0] - 1})")
+
     def read(self, layer: int, offsets: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of positions ``0..length-1``: ``[Hkv, length, D]`` each."""
         pos = torch.arange(length)
@@ -156,6 +186,13 @@ def _unpack_mask(packed: torch.Tensor, n: int) -> torch.Tensor:
     """``[n, ceil(N/32)]`` int32 words -> ``[n, n]`` bool (bit j of word j//32)."""
     j = torch.arange(n)
     words = packed[:n, j // 32].long() & 0xFFFFFFFF
+    return ((words >> (j % 32)) & 1).bool()
+
+
+def _unpack_all(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """``[bs, >=n, words]`` -> ``[bs, n, n]`` bool."""
+    j = torch.arange(n)
+    words = packed[:, :n][:, :, j // 32].long() & 0xFFFFFFFF
     return ((words >> (j % 32)) & 1).bool()
 
 
@@ -209,46 +246,72 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
     past = host_past_key_value_lengths.long()
     scale = 1.0 / (D ** 0.5 * q_scaling)
     rep = H // Hkv
-    out = torch.empty(qkv.shape[0], H * D, dtype=qkv.dtype)
-    t0 = 0
-    for b in range(seq.shape[0]):
-        n = int(seq[b] - past[b])
-        p0 = int(past[b])
-        if n < 0 or t0 + n > qkv.shape[0]:
-            raise ValueError(f"gpt_attention: request {b} has {n} new tokens, only {qkv.shape[0] - t0} left")
-        x = qkv[t0:t0 + n]
-        q = x[:, :H * D].reshape(n, H, D)
-        k = x[:, H * D:(H + Hkv) * D].reshape(n, Hkv, D)
-        v = x[:, (H + Hkv) * D:].reshape(n, Hkv, D)
-        gen = int(host_request_types[b]) == 1
-        if gen and spec:
-            pos = p0 + spec_decoding_position_offsets[b, :n].long()
-            new_mask = _unpack_mask(spec_decoding_packed_mask[b], n)
-        else:
-            pos = p0 + torch.arange(n)
-            if mask_type == AttentionMaskType.bidirectional:
-                new_mask = torch.ones(n, n, dtype=torch.bool)
-            elif mask_type == AttentionMaskType.causal:
-                new_mask = torch.ones(n, n, dtype=torch.bool).tril()
-            else:
-                raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
-        q = _rope(q, pos, rot, rotary_embedding_base)
-        k = _rope(k, pos, rot, rotary_embedding_base)
-        offs = kv_cache_block_offsets[pool_idx, b]
-        pool.write(layer_in_pool, offs, torch.arange(p0, p0 + n), k, v)
-        kk, vv = pool.read(layer_in_pool, offs, p0 + n)              # [Hkv, p0+n, D]
-        k_pos = torch.arange(p0 + n)
-        allowed = torch.ones(n, p0 + n, dtype=torch.bool)
-        allowed[:, p0:] = new_mask
-        allowed &= (pos[:, None] - k_pos[None, :]) < window
-        kk = kk.repeat_interleave(rep, 0).float()
-        vv = vv.repeat_interleave(rep, 0).float()
-        s = torch.einsum("nhd,hkd->hnk", q.float(), kk) * scale
-        s = s.masked_fill(~allowed[None], float("-inf"))
-        pr = torch.softmax(s, dim=-1)
-        o = torch.einsum("hnk,hkd->nhd", pr, vv)
-        out[t0:t0 + n] = o.reshape(n, H * D).to(qkv.dtype)
-        t0 += n
-    if t0 != qkv.shape[0]:
-        raise ValueError(f"gpt_attention: {qkv.shape[0]} tokens given, the requests own {t0}")
+    T, bs = qkv.shape[0], seq.shape[0]
+    n = seq - past                                                        # new tokens per request
+    bad = torch.nonzero(n < 0).flatten()
+    if bad.numel():
+        raise ValueError(f"gpt_attention: request {int(bad[0])} has {int(n[bad[0]])} new tokens")
+    if int(n.sum()) != T:
+        raise ValueError(f"gpt_attention: {T} tokens given, the requests own {int(n.sum())}")
+    if mask_type not in (AttentionMaskType.causal, AttentionMaskType.bidirectional):
+        raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
+    # Vectorised over the batch: every token knows its request and its index among the request's new tokens.
+    req = torch.repeat_interleave(torch.arange(bs), n)                       # [T]
+    local = torch.arange(T) - (torch.cumsum(n, 0) - n)[req]                  # [T]
+    types = torch.as_tensor(host_request_types).long()
+    spec_req = (types == 1) & spec                                           # [bs]
+    if spec and spec_req.any():
+        width = spec_decoding_position_offsets.shape[1]
+        if int(n[spec_req].max()) > width:
+            raise ValueError(f"gpt_attention: a generation request has more new tokens than the {width} spec-decoding "
+                             f"positions")
+        offs = spec_decoding_position_offsets.long()[req, local.clamp(max=width - 1)]
+        pos = past[req] + torch.where(spec_req[req], offs, local)
+    else:
+        pos = past[req] + local
+    q = qkv[:, :H * D].reshape(T, H, D)
+    k = qkv[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D)
+    v = qkv[:, (H + Hkv) * D:].reshape(T, Hkv, D)
+    q = _rope(q, pos, rot, rotary_embedding_base)
+    k = _rope(k, pos, rot, rotary_embedding_base)
+    offsets = kv_cache_block_offsets[pool_idx]                               # [bs, 2, max_blocks]
+    total = past + n
+    tpb = pool.tokens_per_block
+    need = -(-total // tpb)
+    short = torch.nonzero(need > offsets.shape[-1]).flatten()
+    if short.numel():
+        b = int(short[0])
+        raise IndexError(f"gpt_attention: request {b} needs {int(need[b])} blocks for {int(total[b])} tokens, it has "
+                         f"{offsets.shape[-1]} block offsets")
+    pool.write_tokens(layer_in_pool, offsets, req, past[req] + local, k, v)  # KV slot = past + i (not + offset)
+    L, N = int(total.max()), int(n.max())
+    kk, vv = pool.read_batch(layer_in_pool, offsets, L, total)               # [bs, L, Hkv, D]
+    qp = torch.zeros(bs, N, H, D, dtype=q.dtype)
+    qp[req, local] = q
+    qpos = torch.zeros(bs, N, dtype=torch.long)
+    qpos[req, local] = pos
+    kpos = torch.arange(L)
+    # allowed[b, i, key]: past keys visible; new key j = key - past visible through the request's new-token mask
+    i_idx = torch.arange(N)
+    j_rel = kpos[None, :] - past[:, None]                                     # [bs, L]
+    is_new = (j_rel >= 0) & (kpos[None, :] < total[:, None])
+    if mask_type == AttentionMaskType.causal:
+        new_ok = j_rel[:, None, :] <= i_idx[None, :, None]
+    else:
+        new_ok = torch.ones(bs, N, L, dtype=torch.bool)
+    if spec and spec_req.any():
+        w = min(N, spec_decoding_packed_mask.shape[1])
+        m = torch.zeros(bs, N, N, dtype=torch.bool)
+        m[:, :w, :w] = _unpack_all(spec_decoding_packed_mask, w)               # [bs, N, N]
+        jc = j_rel.clamp(0, N - 1)
+        spec_ok = torch.gather(m, 2, jc[:, None, :].expand(bs, N, L))
+        new_ok = torch.where(spec_req[:, None, None], spec_ok, new_ok)
+    allowed = torch.where(is_new[:, None, :], new_ok, (j_rel < 0)[:, None, :])
+    allowed &= (qpos[:, :, None] - kpos[None, None, :]) < window
+    qg = qp.float().reshape(bs, N, Hkv, rep, D)
+    sc = torch.einsum("bigrd,bkgd->bgrik", qg, kk.float()) * scale             # [bs, Hkv, rep, N, L]
+    sc = sc.masked_fill(~allowed[:, None, None], float("-inf"))
+    pr = torch.softmax(sc, dim=-1)
+    o = torch.einsum("bgrik,bkgd->bigrd", pr, vv.float()).reshape(bs, N, H * D)
+    out = o[req, local].to(qkv.dtype)
     return out, None
