@@ -28,38 +28,9 @@ from dflash2_trt.trtllm.cpu.modeling_utils import PretrainedConfig, PretrainedMo
 from dflash2_trt.trtllm.cpu.module import Module, ModuleList, Parameter
 
 
-# Stand-in bugs, each pinned by a strict xfail below (the reason says where and the suggested fix).
-_XF_INT_REDUCE = (
-    "functional.py sum/cumsum wrap torch.sum/torch.cumsum, which promote int32 to int64; TensorRT's "
-    "IReduceLayer/ICumulativeLayer keep the input type (fix: pass dtype=input.dtype for integer inputs)"
-)
-_XF_SHARED_RESULT = (
-    "comm.py World._exchange (`return self._result`) hands the SAME result tensor object to every rank; "
-    "NCCL gives each rank its own buffer, so an in-place update on one simulated rank silently changes "
-    "the others' (fix: return self._result.clone() per rank)"
-)
-_XF_DEFAULTS = (
-    "attention.py gpt_attention's check of **unused (`val not in (None, False, 0, 0.0)`) treats only "
-    "falsy values as neutral, so TensorRT-LLM 1.2's OWN defaults of arguments the stand-in does not name "
-    "(tp_size=1, vision_start=-1, vision_length=-1, block_sparse_block_size=64, ...) raise "
-    "NotImplementedError when passed explicitly (fix: compare with a table of the real signature's "
-    "defaults)"
-)
-_XF_TENSOR_ARG = (
-    "attention.py gpt_attention's check of **unused (`val not in (None, False, 0, 0.0)`) compares a "
-    "tensor to False elementwise and raises RuntimeError ('Boolean value of Tensor ... ambiguous') "
-    "instead of NotImplementedError (fix: treat a torch.Tensor as non-neutral unless it is all zero)"
-)
-_XF_SINK = (
-    "attention.py gpt_attention: host_sink_token_length is accepted and ignored whatever its value; a "
-    "nonzero sink length changes the real plugin's result, so the module docstring's rule requires "
-    "NotImplementedError (fix: raise unless it is None or all zero)"
-)
-_XF_KVQUANT = (
-    "attention.py gpt_attention: kv_cache_quant_mode is accepted and ignored whatever its value; an "
-    "INT8/FP8 KV cache would quantise K/V in the real plugin (fix: raise NotImplementedError unless None "
-    "or 0)"
-)
+# Regression tests for stand-in bugs found in review (now fixed): integer sum/cumsum keep int32; every rank
+# owns its collective result; TensorRT-LLM's own defaults of unimplemented arguments are accepted, tensors and
+# nonzero sink / KV-quant values are refused.
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -314,7 +285,6 @@ def builtins_sum(it):
     return total
 
 
-@pytest.mark.xfail(strict=True, reason=_XF_INT_REDUCE)
 def test_sum_cumsum_keep_int32():
     x = torch.tensor([[1, 0, 1]], dtype=torch.int32)
     assert F.cumsum(x, 1).dtype == torch.int32
@@ -560,7 +530,6 @@ def test_many_back_to_back_collectives_stay_consistent():
     assert all(o == want for o in outs)
 
 
-@pytest.mark.xfail(strict=True, reason=_XF_SHARED_RESULT)
 def test_collective_results_are_per_rank_buffers():
     world = comm.World(2)
     outs = _run_guarded(lambda: world.run(lambda r: F.allreduce(torch.ones(2), None)))
@@ -971,7 +940,6 @@ def test_gpt_attention_neutral_unknown_args_accepted():
         assert torch.equal(_small_call(**over)[0], base)
 
 
-@pytest.mark.xfail(strict=True, reason=_XF_DEFAULTS)
 @pytest.mark.parametrize("over", [dict(tp_size=1), dict(vision_start=-1), dict(block_sparse_block_size=64)],
                          ids=lambda d: next(iter(d)))
 def test_gpt_attention_trtllm_default_values_accepted(over):
@@ -979,19 +947,16 @@ def test_gpt_attention_trtllm_default_values_accepted(over):
     assert torch.equal(_small_call(**over)[0], base)
 
 
-@pytest.mark.xfail(strict=True, reason=_XF_TENSOR_ARG)
 def test_gpt_attention_unknown_tensor_arg_not_implemented():
     with pytest.raises(NotImplementedError):
         _small_call(alibi_slopes=torch.ones(2))
 
 
-@pytest.mark.xfail(strict=True, reason=_XF_SINK)
 def test_gpt_attention_nonzero_sink_tokens_not_implemented():
     with pytest.raises(NotImplementedError):
         _small_call(host_sink_token_length=torch.tensor([4], dtype=torch.int32))
 
 
-@pytest.mark.xfail(strict=True, reason=_XF_KVQUANT)
 def test_gpt_attention_kv_quant_mode_not_implemented():
     with pytest.raises(NotImplementedError):
         _small_call(kv_cache_quant_mode=2)

@@ -169,7 +169,9 @@ class KVCachePool:
 
 
 def _rope(x: torch.Tensor, pos: torch.Tensor, dim: int, base: float) -> torch.Tensor:
-    """rotate-half RoPE on the first ``dim`` channels of ``x [n, heads, D]`` (fp32 math)."""
+    """rotate-half RoPE on the first ``dim`` channels of ``x [n, heads, D]``: fp32 tables, rounded to x's dtype,
+    multiply-adds in x's dtype — as the reference drafter and transformers' Qwen3 do. (TensorRT-LLM's kernel
+    rotates in fp32, so bf16 engines can differ from this stand-in in the last bit.)"""
     if dim == 0:
         return x
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -207,6 +209,21 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     return out.to(torch.int32)
 
 
+# Defaults of TensorRT-LLM 1.2's gpt_attention arguments the stand-in does not implement: passing these (or
+# None / False / 0 / an all-zero tensor) is accepted; anything else raises NotImplementedError.
+_NEUTRAL = {"tp_size": 1, "tp_rank": 0, "vision_start": -1, "vision_length": -1, "beam_width": 1,
+            "block_sparse_block_size": 64, "block_sparse_homo_head_pattern": False,
+            "block_sparse_num_local_blocks": 16, "block_sparse_vertical_stride": 8}
+
+
+def _neutral(name: str, val) -> bool:
+    if isinstance(val, torch.Tensor):
+        return not bool(val.ne(0).any())
+    if val is None or val is False or (isinstance(val, (int, float)) and val == 0):
+        return True
+    return name in _NEUTRAL and val == _NEUTRAL[name]
+
+
 def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_packed_mask=None,
                   sequence_length, host_past_key_value_lengths, host_max_attention_window_sizes,
                   host_sink_token_length=None, context_lengths=None, cache_indirection=None,
@@ -226,8 +243,12 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
                   qk_tanh_scale: float = 0.0, qkv_bias=None, do_cross_attention: bool = False,
                   kv_cache_quant_mode=None, **unused):
     for name, val in unused.items():
-        if val not in (None, False, 0, 0.0):
+        if not _neutral(name, val):
             raise NotImplementedError(f"gpt_attention stand-in: argument {name}={val!r} is not implemented")
+    if not _neutral("host_sink_token_length", host_sink_token_length):
+        raise NotImplementedError("gpt_attention stand-in: attention sink tokens are not implemented")
+    if not _neutral("kv_cache_quant_mode", kv_cache_quant_mode):
+        raise NotImplementedError("gpt_attention stand-in: a quantised KV cache is not implemented")
     if rotary_embedding_scale_type != RotaryScalingType.none or rotary_embedding_scale != 1.0:
         raise NotImplementedError("gpt_attention stand-in: scaled RoPE is not implemented")
     if qk_tanh_scale or qkv_bias is not None or do_cross_attention or not use_cache:

@@ -29,11 +29,12 @@ class World:
     # ---- per-thread context ---------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        return getattr(_local, "rank", 0)
+        r = getattr(_local, "rank", None)   # None: outside World.run (a single-rank caller)
+        return 0 if r is None else r
 
     def _exchange(self, value, combine: Callable[[list], object]):
         if self.size == 1:
-            return combine([value])
+            return combine([value]).clone()
         r = self.rank
         self._slots[r] = value
         if self._barrier.wait() == 0:
@@ -41,7 +42,7 @@ class World:
         self._barrier.wait()
         # No reset afterwards: the next collective's combine runs only once every rank has reached it,
         # i.e. after every rank has read this result (a reset here raced with fast ranks' next slot).
-        return self._result
+        return self._result.clone()   # each rank owns its buffer, as with NCCL
 
     def allreduce(self, tensor: torch.Tensor, group: Sequence[int] | None):
         self._check_group(group)

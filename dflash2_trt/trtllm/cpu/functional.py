@@ -199,8 +199,13 @@ def tanh(input: Tensor) -> Tensor:
 
 
 # ---- reductions ---------------------------------------------------------------------------------
+def _keep_int(input: Tensor):
+    """TensorRT's reduce / cumulative layers keep the input type; torch promotes integers to int64."""
+    return input.dtype if not input.dtype.is_floating_point and input.dtype != torch.bool else None
+
+
 def sum(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:  # noqa: A001
-    return torch.sum(input, dim=dim, keepdim=keepdim)
+    return torch.sum(input, dim=dim, keepdim=keepdim, dtype=_keep_int(input))
 
 
 def max(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:  # noqa: A001
@@ -208,7 +213,7 @@ def max(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:  # noqa: A001
 
 
 def cumsum(input: Tensor, dim: int) -> Tensor:
-    return torch.cumsum(input, dim=dim)
+    return torch.cumsum(input, dim=dim, dtype=_keep_int(input))
 
 
 def argmax(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:
@@ -253,7 +258,7 @@ def embedding(input: Tensor, weight: Tensor, tp_size: int = 1, tp_group=None, sh
     rows = weight.shape[0]
     local = ids - int(tp_rank) * rows
     mine = (local >= 0) & (local < rows)
-    out = tF.embedding(local.clamp(0, rows - 1), weight) * mine.unsqueeze(-1).to(weight.dtype)
+    out = torch.where(mine.unsqueeze(-1), tF.embedding(local.clamp(0, rows - 1), weight), torch.zeros((), dtype=weight.dtype))
     return allreduce(out, tp_group)
 
 
