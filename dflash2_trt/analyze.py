@@ -111,7 +111,7 @@ def collect_anchors(target, drafter, prompts: Sequence[Sequence[int]], *, max_ne
                     max_k: int) -> AnchorData:
     """Run the drafter at every anchor of the target's greedy continuations (see module doc)."""
     from .reference.drafter import extract_taps
-    from .reference.loop import target_generate
+    from .reference.loop import check_finite, target_generate
     from .reference.selector import topk_candidates
 
     cfg = drafter.cfg
@@ -141,6 +141,7 @@ def collect_anchors(target, drafter, prompts: Sequence[Sequence[int]], *, max_ne
             emb = drafter.embed_block(block, embed).to(dt)
             hidden = drafter(emb, taps[:, cache.length:s], s, cache)[:, 1:]
             unary = drafter.unary_logits(hidden.to(lm_head.weight.dtype), lm_head)
+            check_finite(unary, f"drafter logits (prompt {pi}, anchor at position {s})")
             scores, ids = topk_candidates(unary, max_k)
             recs["anchors"].append(seq[s])
             recs["labels"].append(seq[s + 1:s + 1 + L])
@@ -380,6 +381,7 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
     if max_prompts is not None and max_prompts < 1:
         # a negative value would silently slice prompts off the end (prompts[:-1])
         raise ConfigError(f"--max-prompts must be >= 1, got {max_prompts}", field="max_prompts")
+    # configs, headers, inventories, values, pairing (inspect's checks) before transformers sees a file
     target, drafter = load_pair(target_dir, drafter_dir, block_size=block_size)
     cfg = drafter.cfg
     if ks[-1] > cfg.vocab_size:

@@ -44,5 +44,9 @@ class PairingError(DFlash2Error):
     """A drafter and a target do not fit together (vocab, widths, layer ids, dtype)."""
 
 
+class NumericsError(DFlash2Error):
+    """A model produced NaN/Inf at run time (logits, hidden states) from weights that passed the checks."""
+
+
 class MissingDependencyError(DFlash2Error):
     """An optional dependency (TensorRT, TensorRT-LLM, CUDA) is not installed."""

@@ -9,17 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import (
-    SafetensorsCheckpoint,
-    check_inventory,
-    expected_drafter_tensors,
-    expected_target_tensors,
-    has_weights,
-)
-from .checkpoint.inventory import _IGNORED_TARGET_PREFIXES
-from .config import DFlash2Config, TargetConfig, pairing_problems
-from .config._fields import load_config_dict
-from .errors import DFlash2Error
+from .config import pairing_problems
+from .loading import check_dir, is_drafter_config  # noqa: F401  (is_drafter_config: re-exported)
 
 
 def _module_of(name: str) -> str:
@@ -40,43 +31,35 @@ def _count(shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def is_drafter_config(data: dict) -> bool:
-    return "DFlash2DraftModel" in (data.get("architectures") or []) or "dflash_config" in data
+def inspect_dir(path: str | Path, *, check_values: bool = False, kind: str | None = None) -> dict[str, Any]:
+    """Report for one directory. Raises DFlash2Error on unreadable configs and headers; contract
+    failures are reported in the result (``ok: false``) so that all of them are shown at once.
 
-
-def inspect_dir(path: str | Path, *, check_values: bool = False) -> dict[str, Any]:
-    """Report for one directory. Raises DFlash2Error on unreadable configs; contract failures are
-    reported in the result (``ok: false``) so that all of them are shown at once."""
+    The checks are :func:`dflash2_trt.loading.check_dir`'s, the ones every loading command runs."""
     path = Path(path)
-    data, source = load_config_dict(path)
+    check = check_dir(path, kind=kind, check_values=check_values)
+    cfg = check.cfg
     report: dict[str, Any] = {"path": str(path.resolve())}
-    if is_drafter_config(data):
-        cfg: Any = DFlash2Config.from_hugging_face(path)
+    if check.kind == "drafter":
         report.update(kind="drafter", family="dflash2", architecture="DFlash2DraftModel")
-        expected = expected_drafter_tensors(cfg)
-        ignore: tuple[str, ...] = ()
         if cfg.ignored_keys:
             report["ignored_config_keys"] = list(cfg.ignored_keys)
     else:
-        cfg = TargetConfig.from_hugging_face(path)
         report.update(kind="target", family=cfg.family, architecture=cfg.architecture)
-        expected = expected_target_tensors(cfg)
-        ignore = _IGNORED_TARGET_PREFIXES
+    ignore = check.ignore_prefixes
     report["config"] = cfg.numerics()
     report["problems"] = []
-    if not has_weights(path):
+    if check.ckpt is None:
         report["weights_checked"] = False
         report["note"] = "no weights found (config only): the config was checked, no tensors were"
-        report["parameters"] = _count({k: v.shape for k, v in expected.items()})
+        report["parameters"] = _count({k: v.shape for k, v in check.expected.items()})
         report["parameters_source"] = "config"
     else:
-        ckpt = SafetensorsCheckpoint(path)
-        inv = check_inventory(ckpt, expected, ignore_prefixes=ignore)
+        ckpt, inv = check.ckpt, check.inventory
         report["weights_checked"] = True
         report["files"] = [str(p.name) for p in ckpt.files]
         report["bytes"] = ckpt.total_bytes
         report["inventory"] = inv.as_dict()
-        report["problems"] += inv.problems()
         infos = ckpt.infos()
         report["parameters"] = _count({k: i.shape for k, i in infos.items()
                                        if not any(k.startswith(p) for p in ignore)})
@@ -88,21 +71,8 @@ def inspect_dir(path: str | Path, *, check_values: bool = False) -> dict[str, An
         if kind_is_drafter(report) and "fc.weight" in infos:
             report["_fc_shape"] = list(infos["fc.weight"].shape)
         if check_values:
-            import sys
-
-            from tqdm import tqdm
-
-            bad = []
-            with tqdm(total=ckpt.total_bytes, unit="B", unit_scale=True, desc=f"scanning {path.name}",
-                      disable=not sys.stderr.isatty(), leave=False) as bar:
-                for name, info in infos.items():
-                    try:
-                        ckpt.get(name, check_finite=True)
-                    except DFlash2Error as exc:
-                        bad.append(str(exc))
-                    bar.update(info.nbytes)
             report["values_checked"] = True
-            report["problems"] += bad
+        report["problems"] += check.problems()
     report["total_parameters"] = sum(report["parameters"].values())
     report["ok"] = not report["problems"]
     report["_cfg"] = cfg
@@ -114,12 +84,8 @@ def kind_is_drafter(report: dict) -> bool:
 
 
 def inspect_pair(drafter_dir: str | Path, target_dir: str | Path, *, check_values: bool = False) -> dict[str, Any]:
-    drafter = inspect_dir(drafter_dir, check_values=check_values)
-    target = inspect_dir(target_dir, check_values=check_values)
-    if drafter["kind"] != "drafter":
-        raise DFlash2Error(f"{drafter_dir}: expected a DFlash2 drafter, found a {drafter['kind']} config")
-    if target["kind"] != "target":
-        raise DFlash2Error(f"{target_dir}: expected a target model, found a DFlash2 drafter config")
+    drafter = inspect_dir(drafter_dir, check_values=check_values, kind="drafter")
+    target = inspect_dir(target_dir, check_values=check_values, kind="target")
     pair = pairing_problems(drafter["_cfg"], target["_cfg"], fc_weight_shape=drafter.get("_fc_shape"))
     return {
         "drafter": drafter,

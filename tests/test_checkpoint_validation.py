@@ -18,7 +18,7 @@ from dflash2_trt.checkpoint import SafetensorsCheckpoint
 from dflash2_trt.checkpoint.reader import read_header
 from dflash2_trt.errors import CheckpointError
 from dflash2_trt.testing import corrupt
-from dflash2_trt.testing.corrupt import CORRUPTIONS, D_K, D_Q, corrupt_copy
+from dflash2_trt.testing.corrupt import CORRUPTIONS, corrupt_copy
 
 
 def _file(tmp_path, **tensors):

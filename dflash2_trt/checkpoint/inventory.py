@@ -103,7 +103,7 @@ def expected_drafter_tensors(cfg: DFlash2Config, target_hidden_size: int | None 
 _FLOAT32_OK = ("A_log", "dt_bias")
 # Top-level groups of a target checkpoint that the language model does not use.
 _IGNORED_TARGET_PREFIXES = ("model.visual.", "model.vision_tower.", "model.multi_modal_projector.",
-                            "model.vision_adapter.", "mtp.")
+                            "model.vision_adapter.", "model.vision_projection.", "mtp.")
 
 
 def _hf_config(config_cls, text: dict, cfg: TargetConfig):

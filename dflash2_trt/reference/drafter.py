@@ -212,27 +212,24 @@ class DFlash2Drafter(nn.Module):
     def from_pretrained(cls, directory: str | Path, *, block_size: int | None = None,
                         dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                         target_hidden_size: int | None = None) -> "DFlash2Drafter":
-        """Strict load: every published tensor must be present with its exact shape, and no
-        other tensor may exist (a renamed or extra tensor is an error, never ignored)."""
-        from ..checkpoint import SafetensorsCheckpoint
+        """Strict load: every published tensor must be present with its exact shape and dtype,
+        and no other tensor may exist (a renamed or extra tensor is an error, never ignored).
+
+        The directory goes through :func:`dflash2_trt.loading.validate_drafter` first (config,
+        headers, the published inventory), so the errors are the ones ``inspect`` reports; every
+        tensor is then checked for NaN/Inf as it is read."""
+        from ..loading import validate_drafter
 
         directory = Path(directory)
-        cfg = DFlash2Config.from_hugging_face(directory / "config.json")
+        cfg, ckpt = validate_drafter(directory, check_values=False, target_hidden_size=target_hidden_size)
         if block_size is not None and block_size != cfg.block_size:
             cfg = cfg.with_block_size(block_size)
         with torch.device("meta"):
             model = cls(cfg, target_hidden_size)
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        ckpt = SafetensorsCheckpoint(directory)
-        have = set(ckpt.keys())
-        missing = sorted(set(expected) - have)
-        extra = sorted(have - set(expected))
-        if missing:
-            raise CheckpointError(f"{len(missing)} drafter tensor(s) missing, e.g. {missing[:5]}",
-                                  file=directory, tensor=missing[0])
-        if extra:
-            raise CheckpointError(f"{len(extra)} unexpected tensor(s) (not in the DFlash2 format), "
-                                  f"e.g. {extra[:5]}", file=directory, tensor=extra[0])
+        if set(expected) != set(ckpt.keys()):  # the module and the published inventory disagree: a bug here
+            raise CheckpointError(f"drafter module and published inventory differ: "
+                                  f"{sorted(set(expected) ^ set(ckpt.keys()))[:5]}", file=directory)
         dt = dtype or _DTYPES[cfg.dtype]
         sd = {}
         for name, shape in expected.items():

@@ -73,7 +73,7 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
     """Run the reference speculative loop; returns a JSON-ready report."""
     import torch
 
-    from ..config import DFlash2Config, TargetConfig
+    from ..loading import validate_pair
     from .loop import load_pair, speculative_generate
 
     if (prompt_ids is None) == (prompt is None):
@@ -88,7 +88,9 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
     if not 0 <= seed <= SEED_MAX:  # torch raised a bare overflow traceback
         raise ConfigError(f"must be in [0, 2**63-1], got {seed}", field="--seed")
     target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
-    tcfg = TargetConfig.from_hugging_face(target_dir / "config.json")
+    # configs, headers, inventories, values, pairing: before the tokenizer or transformers sees a file
+    checked = validate_pair(drafter_dir, target_dir)
+    tcfg = checked.target
     if top_k is not None and not 1 <= top_k <= tcfg.vocab_size:
         raise ConfigError(f"must be in [1, vocab size {tcfg.vocab_size}], got {top_k}", field="--top-k")
     tok = None
@@ -102,11 +104,11 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
             raise ConfigError("the prompt encodes to no tokens", field="--prompt")
     else:
         ids = parse_prompt_ids(prompt_ids, tcfg.vocab_size)
-    limit, limit_source = position_limit(tcfg, DFlash2Config.from_hugging_face(drafter_dir))
+    limit, limit_source = position_limit(tcfg, checked.drafter)
     check_positions(len(ids), max_new_tokens, limit, limit_source=limit_source, field="--max-new-tokens",
                     prompt_field="--prompt" if prompt is not None else "--prompt-ids")
     torch.manual_seed(seed)
-    target, drafter = load_pair(target_dir, drafter_dir, block_size=block_size, device=device)
+    target, drafter = load_pair(target_dir, drafter_dir, block_size=block_size, device=device, validated=checked)
     stops = tcfg.eos_token_ids if stop_token_ids is None else tuple(stop_token_ids)
     res = speculative_generate(target, drafter, ids, max_new_tokens=max_new_tokens,
                                selector=selector, temperature=temperature, top_k=top_k,

@@ -34,7 +34,7 @@ from .selector import MODES
 from .verify import accept_greedy, accept_sampling, sample_from_probs, scatter_proposal, target_probs
 
 __all__ = ["GenerationResult", "speculative_generate", "target_generate", "load_target",
-           "is_hybrid", "load_pair"]
+           "is_hybrid", "load_pair", "check_finite"]
 
 
 @dataclass
@@ -78,32 +78,70 @@ def is_hybrid(target) -> bool:
     return "linear_attention" in (getattr(cfg, "layer_types", None) or ())
 
 
-def load_target(directory: str | Path, *, dtype: torch.dtype | None = None, device="cpu"):
+def load_target(directory: str | Path, *, dtype: torch.dtype | None = None, device="cpu",
+                check_values: bool | str = "auto", validated: bool = False):
     """The target's causal LM through transformers (text model + lm_head; vision towers of
-    multimodal wrappers are not loaded)."""
+    multimodal wrappers are not loaded).
+
+    The directory first goes through :func:`dflash2_trt.loading.validate_target` (config, headers,
+    inventory against transformers' meta-device model, NaN/Inf per ``check_values``) unless the
+    caller already did that (``validated=True``): transformers would fill a missing tensor with
+    random values without a word. Anything transformers still refuses is a one-line error.
+    """
     import transformers
 
+    from ..errors import CheckpointError
+
+    if not validated:
+        from ..loading import validate_target
+
+        validate_target(directory, check_values=check_values)
+    kw = dict(dtype=dtype or "auto", output_loading_info=True)
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype or "auto")
-    except ValueError as exc:
-        # Muse Glimmer is only registered as an image-text-to-text model (its wrapper).
-        if "Unrecognized configuration class" not in str(exc):
-            raise
-        model = transformers.AutoModelForImageTextToText.from_pretrained(str(directory), dtype=dtype or "auto")
+        try:
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(str(directory), **kw)
+        except ValueError as exc:
+            # Muse Glimmer is only registered as an image-text-to-text model (its wrapper).
+            if "Unrecognized configuration class" not in str(exc):
+                raise
+            model, info = transformers.AutoModelForImageTextToText.from_pretrained(str(directory), **kw)
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError, ImportError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"transformers could not load the target: {type(exc).__name__}: {first}",
+                              file=directory) from exc
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:   # the inventory should have caught these: never run with random weights
+        raise CheckpointError(f"transformers found {len(missing)} tensor(s) missing and would use random "
+                              f"values, e.g. {missing[:3]}", file=directory, tensor=missing[0])
     return model.to(device).eval()
 
 
-def load_pair(target_dir, drafter_dir, *, block_size: int | None = None, dtype=None, device="cpu"):
-    """Load the target and the drafter, after checking that they pair (vocab, widths, taps)."""
-    from ..config import DFlash2Config, TargetConfig, check_pair
+def load_pair(target_dir, drafter_dir, *, block_size: int | None = None, dtype=None, device="cpu",
+              check_values: bool | str = "auto", validated=None):
+    """Load the target and the drafter, after :func:`dflash2_trt.loading.validate_pair` (configs,
+    headers, inventories, values, pairing; the same checks and messages as ``inspect``).
+    ``validated``: the :class:`~dflash2_trt.loading.ValidatedPair` when the caller already has it."""
+    from ..loading import validate_pair
 
-    dcfg = DFlash2Config.from_hugging_face(Path(drafter_dir) / "config.json")
-    tcfg = TargetConfig.from_hugging_face(Path(target_dir) / "config.json")
-    check_pair(dcfg, tcfg)
-    target = load_target(target_dir, dtype=dtype, device=device)
-    drafter = DFlash2Drafter.from_pretrained(drafter_dir, block_size=block_size, dtype=dtype,
-                                             device=device, target_hidden_size=tcfg.hidden_size)
+    if validated is None:
+        validated = validate_pair(drafter_dir, target_dir, check_values=check_values)
+    target = load_target(target_dir, dtype=dtype, device=device, validated=True)
+    drafter = DFlash2Drafter.from_pretrained(drafter_dir, block_size=block_size, dtype=dtype, device=device,
+                                             target_hidden_size=validated.target.hidden_size)
     return target, drafter
+
+
+def check_finite(t: torch.Tensor, what: str) -> None:
+    """NaN/Inf in logits or hidden states is an error, never a silently wrong token (argmax of
+    NaN logits is token 0; sampling from them is garbage)."""
+    if not bool(torch.isfinite(t).all()):
+        from ..errors import NumericsError
+
+        n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        raise NumericsError(
+            f"{what} are not finite ({n_nan} NaN, {n_inf} Inf of {t.numel()}): the weights passed the "
+            "NaN/Inf checks, so the forward pass overflowed (or an unscanned weight is bad: "
+            "`dflash2-trt inspect --check-values` scans them all)")
 
 
 def _new_cache(target, record: bool = True):
@@ -158,6 +196,7 @@ def target_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *,
     stops = set(stop_token_ids)
     logits = target(torch.tensor([list(prompt_ids)], device=dev), cache=cache, use_cache=True).logits
     while True:
+        check_finite(logits[0, -1], f"target logits (position {len(prompt_ids) + len(out) - 1})")
         tok = _first_token(logits[0, -1].cpu(), temperature, gen)
         if _emit(out, [tok], max_new_tokens, stops):
             return out
@@ -206,6 +245,7 @@ def speculative_generate(target, drafter: DFlash2Drafter, prompt_ids: Sequence[i
     out = target(torch.tensor([res.prompt_ids], device=dev), cache=cache, use_cache=True,
                  output_hidden_states=True)
     res.target_passes += 1
+    check_finite(out.logits[0, -1], "target logits of the prefill pass")
     new_taps = extract_taps(out.hidden_states, cfg.target_layer_ids)
     anchor = _first_token(out.logits[0, -1].cpu(), temperature, gen)
     start = len(res.prompt_ids)
@@ -220,6 +260,7 @@ def speculative_generate(target, drafter: DFlash2Drafter, prompt_ids: Sequence[i
         hidden = drafter(emb, new_taps.to(emb.dtype), start, dcache)[:, 1:]
         res.drafter_passes += 1
         unary = drafter.unary_logits(hidden.to(lm_head.weight.dtype), lm_head)
+        check_finite(unary, f"drafter logits (block at position {start})")
         uniforms = torch.rand(1, L, generator=gen).to(dev) if temperature > 0 else None
         sel = drafter.candidate_selector(
             hidden, unary, block[:, 0], selector, top_k=top_k,
@@ -234,6 +275,7 @@ def speculative_generate(target, drafter: DFlash2Drafter, prompt_ids: Sequence[i
         vout = target(block, cache=cache, use_cache=True, output_hidden_states=True)
         res.target_passes += 1
         logits = vout.logits.float()                                    # [1, bs, V]
+        check_finite(logits, f"target logits of the verification pass at position {start}")
         if temperature <= 0:
             n_acc, nxt = accept_greedy(draft, logits)
         else:

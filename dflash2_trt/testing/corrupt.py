@@ -270,12 +270,18 @@ CORRUPTIONS: tuple[Corruption, ...] = (
 )
 
 
-def corrupt_copy(pair, corruption: Corruption, root: Path) -> tuple[Path, Path]:
-    """Copy ``pair`` (a TinyPair or any object with drafter_dir/target_dir) under ``root`` and apply
-    ``corruption`` to one side. Returns (drafter_dir, target_dir)."""
+def copy_pair(pair, root: Path) -> tuple[Path, Path]:
+    """Copy ``pair`` (a TinyPair or any object with drafter_dir/target_dir) to ``root/drafter`` and
+    ``root/target``. Returns (drafter_dir, target_dir)."""
     root = Path(root)
     d, t = root / "drafter", root / "target"
     shutil.copytree(pair.drafter_dir, d)
     shutil.copytree(pair.target_dir, t)
+    return d, t
+
+
+def corrupt_copy(pair, corruption: Corruption, root: Path) -> tuple[Path, Path]:
+    """:func:`copy_pair`, then ``corruption`` applied to its side. Returns (drafter_dir, target_dir)."""
+    d, t = copy_pair(pair, root)
     corruption.apply(d if corruption.side == "drafter" else t)
     return d, t
