@@ -96,6 +96,8 @@ class Runtime:
         self.blocks = BlockManager(engine.num_blocks, lim["tokens_per_block"])
         self.max_blocks = self.blocks.blocks_for(self.max_seq_len)
         self._next_id = 0
+        self._waiting: deque[Request] = deque()
+        self._active: list[Request] = []
         self.step_count = 0
         self.step_log: list[dict] = []
 
@@ -128,58 +130,99 @@ class Runtime:
                               field=where)
 
     # ---- main loop -------------------------------------------------------------------------------
+    # ---- incremental API (serving: requests arrive while others generate) ------------------------
+    def submit(self, r: Request) -> Request:
+        """Queue a request (checked now); it joins the batch at the next :meth:`step` it fits in."""
+        self.check(r)
+        if r.start_time is None:
+            r.start_time = time.perf_counter()
+        self._waiting.append(r)
+        return r
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._active)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting) + len(self._active)
+
+    def step(self, on_tokens=None) -> list[Request]:
+        """One engine step: admit what fits, run the engine, emit the accepted tokens.
+
+        ``on_tokens(request, new_tokens)`` is called for every request that emitted tokens this step
+        (streaming). Returns the requests that finished in this step."""
+        batch_ctx: list[Request] = []
+        active = self._active
+        tokens = len(active) * (self.K + 1)
+        while self._waiting and len(active) + len(batch_ctx) < self.max_batch_size:
+            r = self._waiting[0]
+            need = len(r.prompt_ids) + self.K + 1
+            if tokens + len(r.prompt_ids) > self.max_num_tokens or not self.blocks.can_fit(self._next_id, need):
+                break
+            self._waiting.popleft()
+            r.req_id = self._next_id
+            self._next_id += 1
+            r._gen = torch.Generator().manual_seed(int(r.seed))
+            self.blocks.ensure(r.req_id, need)
+            batch_ctx.append(r)
+            tokens += len(r.prompt_ids)
+        if not batch_ctx and not active:
+            if self._waiting:
+                raise RuntimeError("scheduler: nothing fits (checked requests should always fit an empty engine)")
+            return []
+        for r in active:
+            self.blocks.ensure(r.req_id, r.committed + self.K + 1)
+        batch = batch_ctx + active
+        out = self.engine.step(self._inputs(batch_ctx, active))
+        self.step_count += 1
+        self.step_log.append({"context": len(batch_ctx), "generation": len(active), "tokens": tokens})
+        now = time.perf_counter()
+        acc, num = out["accepted_tokens"], out["num_accepted_tokens"]
+        for i, r in enumerate(batch):
+            n = int(num[i])
+            if not 1 <= n <= self.K + 1:
+                raise RuntimeError(f"engine reported {n} accepted tokens (must be in [1, {self.K + 1}])")
+            r.steps += 1
+            if i >= len(batch_ctx):
+                r.acceptance_lengths.append(n)
+            before = len(r.output_ids)
+            self._emit(r, [int(t) for t in acc[i, :n]])
+            if r.first_token_time is None:
+                r.first_token_time = now
+            r.next_draft_tokens = [int(t) for t in out["next_draft_tokens"][i, :int(out["next_draft_lens"][i])]]
+            r.next_draft_paths = out["next_draft_paths"][i].clone()
+            if len(r.next_draft_tokens) != self.K:
+                raise RuntimeError(f"engine asked for {len(r.next_draft_tokens)} drafts; this engine runs K = {self.K}")
+            if on_tokens is not None:
+                on_tokens(r, r.output_ids[before:])
+        self._active = [r for r in batch if not r.done]
+        finished = [r for r in batch if r.done]
+        for r in finished:
+            r.finish_time = now
+            self.blocks.free(r.req_id)
+        return finished
+
+    def cancel(self, r: Request) -> None:
+        """Drop a request (client gone): frees its blocks; it ends with stop_reason 'cancelled'."""
+        if r in self._waiting:
+            self._waiting.remove(r)
+        if r in self._active:
+            self._active.remove(r)
+            self.blocks.free(r.req_id)
+        if r.stop_reason is None:
+            r.stop_reason = "cancelled"
+
     def generate(self, requests: Sequence[Request], progress=None) -> list[Request]:
+        """Run ``requests`` (all arriving now) to completion."""
         for r in requests:
             self.check(r)
-        waiting = deque(requests)
-        active: list[Request] = []
         t0 = time.perf_counter()
         for r in requests:
             r.start_time = t0
-        while waiting or active:
-            batch_ctx: list[Request] = []
-            tokens = len(active) * (self.K + 1)
-            while waiting and len(active) + len(batch_ctx) < self.max_batch_size:
-                r = waiting[0]
-                need = len(r.prompt_ids) + self.K + 1
-                if tokens + len(r.prompt_ids) > self.max_num_tokens or not self.blocks.can_fit(self._next_id, need):
-                    break
-                waiting.popleft()
-                r.req_id = self._next_id
-                self._next_id += 1
-                r._gen = torch.Generator().manual_seed(int(r.seed))
-                self.blocks.ensure(r.req_id, need)
-                batch_ctx.append(r)
-                tokens += len(r.prompt_ids)
-            if not batch_ctx and not active:
-                raise RuntimeError("scheduler: nothing fits (checked requests should always fit an empty engine)")
-            for r in active:
-                self.blocks.ensure(r.req_id, r.committed + self.K + 1)
-            batch = batch_ctx + active
-            out = self.engine.step(self._inputs(batch_ctx, active))
-            self.step_count += 1
-            self.step_log.append({"context": len(batch_ctx), "generation": len(active), "tokens": tokens})
-            now = time.perf_counter()
-            acc, num = out["accepted_tokens"], out["num_accepted_tokens"]
-            for i, r in enumerate(batch):
-                n = int(num[i])
-                if not 1 <= n <= self.K + 1:
-                    raise RuntimeError(f"engine reported {n} accepted tokens (must be in [1, {self.K + 1}])")
-                r.steps += 1
-                if i >= len(batch_ctx):
-                    r.acceptance_lengths.append(n)
-                self._emit(r, [int(t) for t in acc[i, :n]])
-                if r.first_token_time is None:
-                    r.first_token_time = now
-                r.next_draft_tokens = [int(t) for t in out["next_draft_tokens"][i, :int(out["next_draft_lens"][i])]]
-                r.next_draft_paths = out["next_draft_paths"][i].clone()
-                if len(r.next_draft_tokens) != self.K:
-                    raise RuntimeError(f"engine asked for {len(r.next_draft_tokens)} drafts; this engine runs K = {self.K}")
-            active = [r for r in batch if not r.done]
-            for r in batch:
-                if r.done:
-                    r.finish_time = now
-                    self.blocks.free(r.req_id)
+            self._waiting.append(r)
+        while self.has_work:
+            self.step()
             if progress is not None:
                 progress(sum(r.done for r in requests), len(requests))
         return list(requests)

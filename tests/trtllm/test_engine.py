@@ -222,3 +222,37 @@ def test_sampling_is_reproducible(sampling_case):
     a, _ = _sample(eng, prompt, 16)
     b, _ = _sample(eng, prompt, 16)
     assert a == b and len(set(a)) > 1
+
+
+def test_late_arrivals_streaming_and_cancel(prompts, engines, oracle):
+    """Requests submitted while others generate (serving), streamed tokens, and a cancelled request."""
+    eng, man = open_cpu_engine(engines(8, 1))
+    try:
+        rt = Runtime(eng, max_batch_size=3)
+        streamed = {}
+
+        def on_tokens(r, toks):
+            streamed.setdefault(r.task_id, []).extend(toks)
+
+        reqs = [Request(list(p), NEW, stop_token_ids=(2,), task_id=i) for i, p in enumerate(prompts[:6])]
+        rt.submit(reqs[0])
+        victim = Request(list(prompts[6]), NEW, task_id="victim")
+        rt.submit(victim)
+        step, nxt = 0, 1
+        while rt.has_work:
+            rt.step(on_tokens)
+            step += 1
+            if step == 2:
+                rt.cancel(victim)
+            if step % 3 == 0 and nxt < len(reqs):
+                rt.submit(reqs[nxt])
+                nxt += 1
+            if not rt.has_work and nxt < len(reqs):
+                rt.submit(reqs[nxt])
+                nxt += 1
+        assert [r.output_ids for r in reqs] == oracle[:6]
+        assert all(streamed[r.task_id] == r.output_ids for r in reqs)
+        assert victim.stop_reason == "cancelled" and not rt.blocks.owned
+        assert rt.blocks.free_blocks == rt.blocks.num_blocks
+    finally:
+        eng.close()
