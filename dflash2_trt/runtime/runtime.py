@@ -115,7 +115,7 @@ class Runtime:
         if len(r.prompt_ids) > self.engine.limits["max_input_len"]:
             raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds the engine's max_input_len "
                               f"{self.engine.limits['max_input_len']}", field=where)
-        need = len(r.prompt_ids) + r.max_new_tokens + self.K + 1
+        need = self._lifetime_tokens(r)
         if need > self.max_seq_len:
             raise ConfigError(f"prompt ({len(r.prompt_ids)}) + max new tokens ({r.max_new_tokens}) + draft slots "
                               f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}",
@@ -157,7 +157,10 @@ class Runtime:
         tokens = len(active) * (self.K + 1)
         while self._waiting and len(active) + len(batch_ctx) < self.max_batch_size:
             r = self._waiting[0]
-            need = len(r.prompt_ids) + self.K + 1
+            # GUARANTEED_NO_EVICT (TensorRT-LLM's default capacity policy): reserve the request's whole
+            # lifetime — prompt + max new tokens + the K + 1 draft slots — at admission, so that a
+            # running request never finds the pool empty mid-generation.
+            need = self._lifetime_tokens(r)
             if tokens + len(r.prompt_ids) > self.max_num_tokens or not self.blocks.can_fit(self._next_id, need):
                 break
             self._waiting.popleft()
@@ -171,7 +174,7 @@ class Runtime:
             if self._waiting:
                 raise RuntimeError("scheduler: nothing fits (checked requests should always fit an empty engine)")
             return []
-        for r in active:
+        for r in active:   # already reserved at admission; ensure() is a no-op unless that changes
             self.blocks.ensure(r.req_id, r.committed + self.K + 1)
         batch = batch_ctx + active
         out = self.engine.step(self._inputs(batch_ctx, active))
@@ -202,6 +205,9 @@ class Runtime:
             r.finish_time = now
             self.blocks.free(r.req_id)
         return finished
+
+    def _lifetime_tokens(self, r: Request) -> int:
+        return len(r.prompt_ids) + r.max_new_tokens + self.K + 1
 
     def cancel(self, r: Request) -> None:
         """Drop a request (client gone): frees its blocks; it ends with stop_reason 'cancelled'."""

@@ -133,11 +133,11 @@ class QKNormAttention(api.Module):
         qkv = self.qkv(hidden)
         n = F.shape(qkv, 0)
         d, nq, nkv = self.d, self.nq, self.nkv
-        q = F.slice(qkv, [0, 0], [n, nq * d])
-        k = F.slice(qkv, [0, nq * d], [n, nkv * d])
-        v = F.slice(qkv, [0, (nq + nkv) * d], [n, nkv * d])
-        q = F.view(self.q_layernorm(F.view(q, [n, nq, d])), [n, nq * d])
-        k = F.view(self.k_layernorm(F.view(k, [n, nkv, d])), [n, nkv * d])
+        q = F.slice(qkv, [0, 0], dims(n, nq * d))
+        k = F.slice(qkv, [0, nq * d], dims(n, nkv * d))
+        v = F.slice(qkv, [0, (nq + nkv) * d], dims(n, nkv * d))
+        q = F.view(self.q_layernorm(F.view(q, dims(n, nq, d))), dims(n, nq * d))
+        k = F.view(self.k_layernorm(F.view(k, dims(n, nkv, d))), dims(n, nkv * d))
         return F.concat([q, k, v], dim=1)
 
     def forward(self, hidden, attention_params, kv_cache_params, spec_decoding_params, *, mask_type,
@@ -237,7 +237,7 @@ class DynamicConv(api.Module):
     def __init__(self, hidden, kernel_size, group_size, block_size, dtype):
         super().__init__()
         self.h, self.k, self.g, self.block = hidden, kernel_size, group_size, block_size
-        self.base_kernel = api.Parameter((2, kernel_size, hidden), dtype)
+        self.base_kernel = api.Parameter(shape=(2, kernel_size, hidden), dtype=dtype)
         self.kernel_projection = api.layers.ColumnLinear(hidden, 2 * kernel_size * hidden // group_size, dtype=dtype,
                                                          tp_size=1, gather_output=False)
 
@@ -246,9 +246,9 @@ class DynamicConv(api.Module):
 
     def prepare(self, normed):
         n = F.shape(normed, 0)
-        kp = F.view(self.kernel_projection(normed), [n, 2, self.k, self.h // self.g])   # [side, tap, group]
-        pre = F.view(F.select(kp, 1, 0), [n, self.k, self.h // self.g])
-        post = F.view(F.select(kp, 1, 1), [n, self.k, self.h // self.g])
+        kp = F.view(self.kernel_projection(normed), dims(n, 2, self.k, self.h // self.g))   # [side, tap, group]
+        pre = F.view(F.select(kp, 1, 0), dims(n, self.k, self.h // self.g))
+        post = F.view(F.select(kp, 1, 1), dims(n, self.k, self.h // self.g))
         y = api.plugins.dynamic_conv(normed, pre, self._side(0), block_size=self.block, kernel_size=self.k,
                                      group_size=self.g)
         return y, post
@@ -309,8 +309,8 @@ class DFlash2Drafter(api.Module):
 class DFlash2Selector(api.Module):
     def __init__(self, hidden, vocab, rank, dtype):
         super().__init__()
-        self.predecessor_codebook = api.Parameter((vocab, rank), dtype)
-        self.successor_codebook = api.Parameter((vocab, rank), dtype)
+        self.predecessor_codebook = api.Parameter(shape=(vocab, rank), dtype=dtype)
+        self.successor_codebook = api.Parameter(shape=(vocab, rank), dtype=dtype)
         self.hidden_projection = api.layers.ColumnLinear(hidden, rank, dtype=dtype, tp_size=1, gather_output=False)
 
 
@@ -328,14 +328,27 @@ def counter_uniforms(key, counter):
     return F.cast(F.floordiv(x, 256), "float32") * (1.0 / 2**23)   # 23 bits: exact in fp32, < 1
 
 
-def inverse_cdf(probs, u):
+def inverse_cdf(probs, u, block: int = 512):
     """Smallest index whose cumulative mass exceeds ``u * total`` (fallback: the last index with mass);
-    ``probs [N, V]`` fp32, ``u [N]``. The reference (``verify.sample_from_probs``) sums in fp64."""
-    v = F.shape(probs, 1)
-    cdf = F.cumsum(probs, 1)
-    total = F.slice(cdf, [0, v - 1], [F.shape(probs, 0), 1])
-    first = F.sum(F.cast(op_le(cdf, F.unsqueeze(u, 1) * total), "int32"), 1)
-    ar = F.unsqueeze(F.arange(0, v, "int32"), 0)
+    ``probs [N, V]`` fp32, ``u [N]``. The reference (``verify.sample_from_probs``) sums in fp64; one fp32
+    cumsum over a 248k vocabulary rounds away increments below an ulp of the running total (a
+    total-variation error of ~2e-3 per token), so this sums in two levels: block totals, then inside the
+    chosen block, each an fp32 sum of at most ``block`` (or V / block) terms."""
+    n, v = F.shape(probs, 0), F.shape(probs, 1)
+    nb = F.floordiv(v + (block - 1), block)
+    pad = nb * block - v
+    padded = F.concat([probs, F.expand(F.constant(np.zeros((1, 1), np.float32)), F.concat([n, pad]))], dim=1)
+    blocks = F.view(padded, F.concat([n, nb, block]))
+    totals = F.sum(blocks, 2)                                                        # [N, nb]
+    ctot = F.cumsum(totals, 1)
+    thresh = F.view(F.unsqueeze(u, 1) * F.slice(ctot, F.concat([0, nb - 1]), F.concat([n, 1])), F.concat([n]))
+    b = F.minimum(F.sum(F.cast(op_le(ctot, F.unsqueeze(thresh, 1)), "int32"), 1), nb - 1)   # block of the draw
+    before = F.where(F.gt(b, 0), F.view(F.gather(ctot, 1, F.unsqueeze(F.maximum(b - 1, 0), 1)), F.concat([n])), 0.0)
+    inner = F.view(F.gather(blocks, 1, F.expand(F.view(b, F.concat([n, 1, 1])), F.concat([n, 1, block]))),
+                   F.concat([n, block]))
+    cin = F.cumsum(inner, 1)
+    first = b * block + F.sum(F.cast(op_le(cin, F.unsqueeze(thresh - before, 1)), "int32"), 1)
+    ar = F.unsqueeze(F.arange(F.constant(np.array(0, np.int32)), v, "int32"), 0)
     last_pos = F.max(F.where(F.gt(probs, 0.0), ar, -1), 1)
     return F.where(F.lt(first, v), first, last_pos)
 
@@ -349,6 +362,12 @@ class DFlash2ForCausalLM(api.PretrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
+        if api.name == "trtllm":   # pragma: no cover - TensorRT-LLM only
+            # trtllm-build has no plugin flag: the model class file loads the DFlash2 plugin library itself
+            # (DFLASH2_PLUGIN_LIB, or the build directories dflash2_trt.plugins searches); build with --workers 1.
+            from dflash2_trt.plugins import load_library
+
+            load_library()
         check_kv_compatible(config)
         if config.qwen_type not in TARGET_FAMILIES:
             raise ValueError(f"qwen_type {config.qwen_type!r}: no engine network yet (have "
@@ -365,10 +384,16 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         self.max_seq_len = int(eng.get("max_seq_len", config.max_position_embeddings))
 
     # ---- engine I/O -------------------------------------------------------------------------------
-    def prepare_inputs(self, max_batch_size: int, max_num_tokens: int, max_seq_len: int, max_blocks_per_seq: int,
-                       num_kv_layers: int | None = None, **unused):
-        """Every engine input, with dim ranges (names and shapes: ``engine_io.yaml``)."""
+    def prepare_inputs(self, max_batch_size: int, max_num_tokens: int, max_seq_len: int,
+                       max_blocks_per_seq: int | None = None, num_kv_layers: int | None = None,
+                       tokens_per_block: int | None = None, **unused):
+        """Every engine input, with dim ranges (names and shapes: ``engine_io.yaml``). trtllm-build calls it with
+        its own keyword set (max_batch_size, max_input_len, max_seq_len, max_num_tokens, max_draft_len, ...);
+        the rest is ignored."""
         K = self.K
+        if max_blocks_per_seq is None:
+            tpb = tokens_per_block or int((getattr(self.config, "dflash2_engine", None) or {}).get("tokens_per_block", 32))
+            max_blocks_per_seq = -(-max_seq_len // tpb)
         bs = [1, (max_batch_size + 1) // 2, max_batch_size]
         nt = [1, (max_num_tokens + 1) // 2, max_num_tokens]
         nl = num_kv_layers or (self.config.num_hidden_layers + len(self.dflash2.layers))
@@ -429,16 +454,16 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         K, d, cfg = self.K, self.config.dflash2, self.config
         bs = F.shape(last_token_ids, 0)
         ends = F.cast(last_token_ids, "int32")                                    # exclusive ends
-        starts = F.concat([F.constant(np.zeros(1, np.int32)), F.slice(ends, [0], [bs - 1])])
+        starts = F.concat([F.constant(np.zeros(1, np.int32)), F.slice(ends, [0], dims(bs - 1))])
         lastpos = ends - 1
         is_gen = F.gt(attention_params.sequence_length, attention_params.context_lengths)   # [bs] device
         j = F.unsqueeze(F.arange(0, K + 1, "int32"), 0)                          # [1, K+1]
 
         # ---- 1. draft ----------------------------------------------------------------------------
         anchor = F.index_select(input_ids, 0, starts)                              # [bs]
-        mask_col = F.expand(F.constant(np.full((1, 1), d["mask_token_id"], np.int32)), [bs, K])
+        mask_col = F.expand(F.constant(np.full((1, 1), d["mask_token_id"], np.int32)), dims(bs, K))
         block = F.concat([F.unsqueeze(anchor, 1), mask_col], dim=1)                # [bs, K+1]
-        x = self.transformer.vocab_embedding(F.view(block, [bs * (K + 1)]))
+        x = self.transformer.vocab_embedding(F.view(block, dims(bs * (K + 1))))
         if d["input_embedding_scale"] is not None:
             x = x * d["input_embedding_scale"]
         draft_att, draft_kv, draft_spec, window_sizes = self._draft_attention(attention_params, kv_cache_params,
@@ -448,8 +473,8 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         mask_type = api.AttentionMaskType.causal if d["is_causal"] else api.AttentionMaskType.bidirectional
         for i, layer in enumerate(self.dflash2.layers):
             x = layer(x, draft_att, draft_kv, draft_spec, mask_type=mask_type, window_sizes=window_sizes[i])
-        hid = F.view(self.dflash2.norm(x), [bs, K + 1, d["hidden_size"]])
-        hid = F.slice(hid, [0, 1, 0], [bs, K, d["hidden_size"]])                    # draft positions 1..K
+        hid = F.view(self.dflash2.norm(x), dims(bs, K + 1, d["hidden_size"]))
+        hid = F.slice(hid, [0, 1, 0], dims(bs, K, d["hidden_size"]))                    # draft positions 1..K
         unary = F.cast(self.lm_head(hid), "float32")
         if d["output_multiplier"] is not None:
             unary = unary * float(d["output_multiplier"])
@@ -468,25 +493,25 @@ class DFlash2ForCausalLM(api.PretrainedModel):
                                               mode=self.selector_mode)
 
         # ---- 2. verify ---------------------------------------------------------------------------
-        tok = F.arange(0, F.shape(input_ids, 0), "int32")
+        tok = F.arange(F.constant(np.array(0, np.int32)), F.shape(input_ids, 0), "int32")
         req = F.sum(F.cast(op_le(F.unsqueeze(ends, 0), F.unsqueeze(tok, 1)), "int32"), 1)  # request of each token
         off = tok - F.index_select(starts, 0, req)
         tok_gen = F.op_and(F.index_select(is_gen, 0, req), F.gt(off, 0))
         slot = F.maximum(off - 1, 0)
         sub = F.gather(F.index_select(drafts, 0, req), 1, F.unsqueeze(F.minimum(slot, K - 1), 1))
-        target_ids = F.where(tok_gen, F.view(sub, [-1]), input_ids)
+        target_ids = F.where(tok_gen, F.view(sub, [-1]), input_ids)   # [-1]: a static shape list
         final, layer_outs = self.transformer(target_ids, attention_params, kv_cache_params, spec_decoding_params)
 
         rows = F.where(F.unsqueeze(is_gen, 1), F.unsqueeze(starts, 1) + j, F.unsqueeze(lastpos, 1) + j * 0)
-        h_rows = F.index_select(final, 0, F.view(rows, [bs * (K + 1)]))
+        h_rows = F.index_select(final, 0, F.view(rows, dims(bs * (K + 1))))
         logits = F.cast(self.lm_head(h_rows), "float32")                              # [bs*(K+1), V]
         vocab = F.shape(logits, 1)
-        logits3 = F.view(logits, [bs, K + 1, vocab])
+        logits3 = F.view(logits, dims(bs, K + 1, vocab))
 
         # ---- 3. accept ---------------------------------------------------------------------------
         n, nxt = self._accept(logits3, drafts, q, cand, temperature, rand_data_validation, is_gen, bs, vocab)
-        jj = F.expand(j, [bs, K + 1])
-        padded = F.concat([drafts, F.expand(F.constant(np.zeros((1, 1), np.int32)), [bs, 1])], dim=1)
+        jj = F.expand(j, dims(bs, K + 1))
+        padded = F.concat([drafts, F.expand(F.constant(np.zeros((1, 1), np.int32)), dims(bs, 1))], dim=1)
         accepted = F.where(F.lt(jj, F.unsqueeze(n, 1)), padded,
                            F.where(F.eq(jj, F.unsqueeze(n, 1)), F.unsqueeze(nxt, 1) + jj * 0, jj * 0))
 
@@ -497,16 +522,16 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             layer.commit(ctx, attention_params, kv_cache_params, spec_decoding_params)
 
         # ---- 5. outputs --------------------------------------------------------------------------
-        zero = F.expand(F.constant(np.zeros(1, np.int32)), [bs])
+        zero = F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
         chain = np.full((1, K + 1, K + 1), -1, np.int32)
         chain[0, 0] = np.arange(K + 1)
         api.mark_output(accepted, "accepted_tokens", "int32")
         api.mark_output(n + 1, "num_accepted_tokens", "int32")
         api.mark_output(zero, "accepted_paths", "int32")
-        api.mark_output(F.expand(F.constant(np.full((1, K), d["mask_token_id"], np.int32)), [bs, K]),
+        api.mark_output(F.expand(F.constant(np.full((1, K), d["mask_token_id"], np.int32)), dims(bs, K)),
                         "next_draft_tokens", "int32")
         api.mark_output(zero + K, "next_draft_lens", "int32")
-        api.mark_output(F.expand(F.constant(chain), [bs, K + 1, K + 1]), "next_draft_paths", "int32")
+        api.mark_output(F.expand(F.constant(chain), dims(bs, K + 1, K + 1)), "next_draft_paths", "int32")
         api.mark_output(logits, "logits", "float32")
         return accepted
 
@@ -529,9 +554,10 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         words = np.where(words >= 2**31, words - 2**32, words).astype(np.int32)
         draft_spec = SpecDecodingParams(
             spec_decoding_is_generation_length_variable=True, spec_decoding_max_generation_length=K + 1,
-            spec_decoding_generation_lengths=F.expand(F.constant(np.full(1, K + 1, np.int32)), [bs]),
-            spec_decoding_position_offsets=F.expand(F.constant(np.arange(K + 1, dtype=np.int32)[None]), [bs, K + 1]),
-            spec_decoding_packed_mask=F.expand(F.constant(words[None]), [bs, K + 1, (K + 32) // 32]),
+            spec_decoding_generation_lengths=F.expand(F.constant(np.full(1, K + 1, np.int32)), dims(bs)),
+            spec_decoding_position_offsets=F.expand(F.constant(np.arange(K + 1, dtype=np.int32)[None]),
+                                                    dims(bs, K + 1)),
+            spec_decoding_packed_mask=F.expand(F.constant(words[None]), dims(bs, K + 1, (K + 32) // 32)),
             spec_decoding_use=F.constant(np.ones(1, np.int32)))
         n_layers = self.config.num_hidden_layers + len(self.dflash2.layers)
         windows = []
@@ -547,32 +573,38 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         K = self.K
         gen_col = F.unsqueeze(is_gen, 1)
         post = F.argmax(logits3, 2)                                                    # [bs, K+1]
-        ok_g = F.op_and(F.eq(drafts, F.slice(post, [0, 0], [bs, K])), gen_col)
+        ok_g = F.op_and(F.eq(drafts, F.slice(post, [0, 0], dims(bs, K))), gen_col)
         n_g = _leading_true(ok_g)
-        next_g = F.view(F.gather(post, 1, F.unsqueeze(n_g, 1)), [bs])
+        next_g = F.view(F.gather(post, 1, F.unsqueeze(n_g, 1)), dims(bs))
 
         sampled = F.gt(temperature, 0.0)
         t_safe = F.where(sampled, temperature, 1.0)
         p = F.softmax(logits3 * F.unsqueeze(F.unsqueeze(1.0 / t_safe, 1), 2), 2)      # [bs, K+1, V]
-        q_full = F.scatter(F.cast(F.expand(F.constant(np.zeros((1, 1, 1), np.float32)), [bs, K, vocab]), "float32"),
+        q_full = F.scatter(F.cast(F.expand(F.constant(np.zeros((1, 1, 1), np.float32)), dims(bs, K, vocab)), "float32"),
                            2, cand, q)
-        q_full = q_full * F.cast(F.unsqueeze(gen_col, 2), "float32")                  # context: no proposal
+        q_full = F.where(F.unsqueeze(gen_col, 2), q_full, 0.0)   # context: no proposal (where: a NaN in a
+        # discarded dummy draft must not leak as NaN * 0)
         d_idx = F.unsqueeze(drafts, 2)
-        pd = F.view(F.gather(F.slice(p, [0, 0, 0], [bs, K, vocab]), 2, d_idx), [bs, K])
-        qd = F.view(F.gather(q_full, 2, d_idx), [bs, K])
-        u_acc = F.slice(rand_data_validation, [0, 0], [bs, K])
-        u_fin = F.view(F.slice(rand_data_validation, [0, K], [bs, 1]), [bs])
+        pd = F.view(F.gather(F.slice(p, [0, 0, 0], dims(bs, K, vocab)), 2, d_idx), dims(bs, K))
+        qd = F.view(F.gather(q_full, 2, d_idx), dims(bs, K))
+        u_acc = F.slice(rand_data_validation, [0, 0], dims(bs, K))
+        u_fin = F.view(F.slice(rand_data_validation, [0, K], dims(bs, 1)), dims(bs))
         n_s = _leading_true(F.op_and(F.lt(u_acc * qd, pd), gen_col))
-        row = F.unsqueeze(F.unsqueeze(n_s, 1), 2) + F.expand(F.constant(np.zeros((1, 1, 1), np.int32)), [bs, 1, vocab])
-        p_n = F.view(F.gather(p, 1, row), [bs, vocab])
-        q_pad = F.concat([q_full, F.cast(F.expand(F.constant(np.zeros((1, 1, 1), np.float32)), [bs, 1, vocab]),
+        row = F.unsqueeze(F.unsqueeze(n_s, 1), 2) + F.expand(F.constant(np.zeros((1, 1, 1), np.int32)), dims(bs, 1, vocab))
+        p_n = F.view(F.gather(p, 1, row), dims(bs, vocab))
+        q_pad = F.concat([q_full, F.cast(F.expand(F.constant(np.zeros((1, 1, 1), np.float32)), dims(bs, 1, vocab)),
                                          "float32")], dim=1)
-        q_n = F.view(F.gather(q_pad, 1, row), [bs, vocab])
+        q_n = F.view(F.gather(q_pad, 1, row), dims(bs, vocab))
         resid = F.maximum(p_n - q_n, 0.0)
         empty = op_le(F.sum(resid, 1), 0.0)
         resid = F.where(F.unsqueeze(empty, 1), p_n, resid)
         next_s = inverse_cdf(resid, u_fin)
         return F.where(sampled, n_s, n_g), F.where(sampled, next_s, next_g)
+
+
+def dims(*xs):
+    """A shape tensor from ints and 0-D shape Tensors (TensorRT-LLM takes a list of ints OR a Tensor)."""
+    return F.concat(list(xs))
 
 
 def _leading_true(ok):

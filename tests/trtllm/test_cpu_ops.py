@@ -65,13 +65,15 @@ def test_constant_copies_and_arange_shape_cast():
     a[0, 0] = 99
     assert c.dtype == torch.int32 and c.tolist() == [[0, 1, 2], [3, 4, 5]]
 
-    r = F.arange(2, torch.tensor(7), "int32")
+    r = F.arange(torch.tensor(2), torch.tensor(7), "int32")
     assert r.dtype == torch.int32 and r.tolist() == [2, 3, 4, 5, 6]
+    with pytest.raises(TypeError, match="both"):     # TensorRT-LLM asserts int/int or Tensor/Tensor
+        F.arange(2, torch.tensor(7), "int32")
     assert F.arange(0, 0, "int64").numel() == 0
 
     x = torch.zeros(3, 5, 7)
     s = F.shape(x)
-    assert s.dtype == torch.int64 and s.tolist() == [3, 5, 7]
+    assert s.dtype == torch.int32 and s.tolist() == [3, 5, 7]   # TensorRT-LLM's shape() is int32
     s1 = F.shape(x, 1)
     assert s1.dim() == 0 and int(s1) == 5 and int(F.shape(x, -1)) == 7
 
@@ -96,7 +98,9 @@ def test_slice_matches_indexing_and_rejects_out_of_range():
                 ref[i, j, k] = x[1 + i, j, 2 + k]
     assert torch.equal(out, ref)
     # starts / sizes given as 0-d tensors (what F.shape returns), as the network passes them
-    out2 = F.slice(x, [torch.tensor(0), 4, torch.tensor(6)], [3, torch.tensor(1), 1])
+    out2 = F.slice(x, F.concat([torch.tensor(0), 4, torch.tensor(6)]), F.concat([3, torch.tensor(1), 1]))
+    with pytest.raises(TypeError, match="concat"):   # a Python list holding Tensors is no TensorRT-LLM shape
+        F.slice(x, [torch.tensor(0), 4, torch.tensor(6)], [3, 1, 1])
     assert torch.equal(out2, x[:, 4:5, 6:7])
     assert F.slice(x, [0, 0, 7], [3, 5, 0]).shape == (3, 5, 0)
     with pytest.raises(IndexError, match="out of range"):
@@ -173,7 +177,9 @@ def test_view_zero_placeholder_unsqueeze_expand_concat_and_layout_ops():
         F.view(x, [0, 4])
 
     assert F.unsqueeze(x, 1).shape == (2, 1, 3, 5)
-    e = F.expand(torch.tensor([[1, 2, 3]]), [torch.tensor(4), 3])
+    e = F.expand(torch.tensor([[1, 2, 3]]), F.concat([torch.tensor(4), 3]))
+    with pytest.raises(TypeError, match="Tensor"):   # TensorRT-LLM's expand takes a shape Tensor
+        F.expand(torch.tensor([[1, 2, 3]]), [4, 3])
     assert e.shape == (4, 3) and all(e[i].tolist() == [1, 2, 3] for i in range(4))
 
     a, b, c = torch.randn(2, 3), torch.randn(1, 3), torch.randn(4, 3)
@@ -1067,7 +1073,7 @@ class _Block(Module):
         super().__init__()
         self.attn = L.ColumnLinear(4, 6, gather_output=False)
         self.norm = L.RmsNorm(4)
-        self.scale = Parameter((2, 3), "float32")
+        self.scale = Parameter(shape=(2, 3), dtype="float32")
 
 
 class _Tiny(PretrainedModel):

@@ -56,9 +56,14 @@ def _t(x) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
 
 
-def _ints(v) -> list[int]:
+def _ints(v, what: str = "shape") -> list[int]:
+    """A shape / index list as TensorRT-LLM takes it: a Tensor, or a sequence of Python ints. A Python list
+    holding Tensors is refused here exactly because TensorRT-LLM refuses it (build shape tensors with
+    ``concat([...])``): the stand-in must not accept network code that trtllm-build would reject."""
     if isinstance(v, torch.Tensor):
         return [int(i) for i in v.reshape(-1).tolist()]
+    if any(isinstance(i, torch.Tensor) for i in v):
+        raise TypeError(f"{what}: a list holding Tensors is not a TensorRT-LLM shape; use concat([...])")
     return [int(i) for i in v]
 
 
@@ -68,13 +73,17 @@ def constant(ndarray) -> Tensor:
 
 
 def arange(start, end, dtype: str) -> Tensor:
+    """TensorRT-LLM asserts that start and end are both ints or both Tensors."""
+    if isinstance(start, torch.Tensor) != isinstance(end, torch.Tensor):
+        raise TypeError("arange: start and end must both be int or both be Tensor (TensorRT-LLM asserts it)")
     return torch.arange(int(start), int(end), dtype=str_dtype_to_torch(dtype))
 
 
 def shape(input: Tensor, dim: int | None = None) -> Tensor:
+    """int32, as TensorRT-LLM's ``shape`` casts it: 1-D for the whole shape, 0-D for one dim."""
     if dim is None:
-        return torch.tensor(list(input.shape), dtype=torch.int64)
-    return torch.tensor(input.shape[dim], dtype=torch.int64)
+        return torch.tensor(list(input.shape), dtype=torch.int32)
+    return torch.tensor(input.shape[dim], dtype=torch.int32)
 
 
 def cast(input: Tensor, dtype) -> Tensor:
@@ -83,7 +92,7 @@ def cast(input: Tensor, dtype) -> Tensor:
 
 # ---- shape ops ----------------------------------------------------------------------------------
 def view(input: Tensor, shape, zero_is_placeholder: bool = True) -> Tensor:
-    dims = _ints(shape)
+    dims = _ints(shape, "view")
     if zero_is_placeholder:
         dims = [input.shape[i] if d == 0 else d for i, d in enumerate(dims)]
     return input.reshape(dims)
@@ -93,16 +102,27 @@ def unsqueeze(input: Tensor, axis: int) -> Tensor:
     return input.unsqueeze(axis)
 
 
-def expand(input: Tensor, expand_shape) -> Tensor:
+def expand(input: Tensor, expand_shape: Tensor) -> Tensor:
+    if not isinstance(expand_shape, torch.Tensor):
+        raise TypeError("expand: expand_shape must be a Tensor in TensorRT-LLM (e.g. concat([...]))")
     return input.expand(_ints(expand_shape))
 
 
-def concat(inputs: Sequence[Tensor], dim: int = 0) -> Tensor:
-    return torch.cat([_t(i) for i in inputs], dim=dim)
+def concat(inputs: Sequence[Tensor | int], dim: int = 0) -> Tensor:
+    """As TensorRT-LLM: an int becomes a 1-element int32 constant, a 0-D Tensor a 1-element one."""
+    parts = []
+    for i in inputs:
+        if isinstance(i, int) and not isinstance(i, bool):
+            parts.append(torch.tensor([i], dtype=torch.int32))
+        elif isinstance(i, torch.Tensor) and i.dim() == 0:
+            parts.append(i.reshape(1))
+        else:
+            parts.append(_t(i))
+    return torch.cat(parts, dim=dim)
 
 
 def slice(input: Tensor, starts, sizes) -> Tensor:  # noqa: A001 - TensorRT-LLM's name
-    st, sz = _ints(starts), _ints(sizes)
+    st, sz = _ints(starts, "slice starts"), _ints(sizes, "slice sizes")
     if len(st) != input.dim() or len(sz) != input.dim():
         raise ValueError(f"slice: starts/sizes need {input.dim()} entries, got {st} / {sz}")
     out = input

@@ -23,7 +23,7 @@ class Embedding(Module):
         rows = num_embeddings // tp_size if sharding_dim == 0 else num_embeddings
         cols = embedding_dim // tp_size if sharding_dim == 1 else embedding_dim
         self.tp_size, self.tp_group, self.sharding_dim, self.tp_rank = tp_size, tp_group, sharding_dim, tp_rank
-        self.weight = Parameter((rows, cols), dtype)
+        self.weight = Parameter(shape=(rows, cols), dtype=dtype)
 
     def forward(self, x):
         return F.embedding(x, self.weight.value, self.tp_size, self.tp_group, self.sharding_dim, self.tp_rank)
@@ -38,7 +38,7 @@ class ColumnLinear(Module):
         if out_features % tp_size:
             raise ValueError(f"ColumnLinear: out_features {out_features} not divisible by tp {tp_size}")
         self.tp_group, self.tp_size, self.gather_output = tp_group, tp_size, gather_output
-        self.weight = Parameter((out_features // tp_size, in_features), dtype)
+        self.weight = Parameter(shape=(out_features // tp_size, in_features), dtype=dtype)
 
     def forward(self, x):
         y = F.matmul(x, self.weight.value, transb=True)
@@ -56,7 +56,7 @@ class RowLinear(Module):
         if in_features % tp_size:
             raise ValueError(f"RowLinear: in_features {in_features} not divisible by tp {tp_size}")
         self.tp_group, self.tp_size = tp_group, tp_size
-        self.weight = Parameter((out_features, in_features // tp_size), dtype)
+        self.weight = Parameter(shape=(out_features, in_features // tp_size), dtype=dtype)
 
     def forward(self, x):
         y = F.matmul(x, self.weight.value, transb=True)
@@ -72,7 +72,7 @@ class RmsNorm(Module):
     def __init__(self, normalized_shape: int, eps: float = 1e-6, elementwise_affine: bool = True, dtype="float32"):
         super().__init__()
         self.normalized_shape, self.eps = int(normalized_shape), eps
-        self.weight = Parameter((self.normalized_shape,), dtype) if elementwise_affine else None
+        self.weight = Parameter(shape=(self.normalized_shape,), dtype=dtype) if elementwise_affine else None
 
     def forward(self, x):
         return F.rms_norm(x, self.normalized_shape, None if self.weight is None else self.weight.value, self.eps)

@@ -16,9 +16,14 @@ from .functional import str_dtype_to_torch
 
 
 class Parameter:
-    def __init__(self, shape, dtype="float32", value: torch.Tensor | None = None):
+    def __init__(self, value: torch.Tensor | None = None, shape=None, dtype=None):
+        """TensorRT-LLM 1.2's signature: ``Parameter(value=None, shape=None, dtype=None)``."""
+        if shape is None:
+            if value is None:
+                raise ValueError("Parameter needs a value or a shape")
+            shape = tuple(value.shape)
         self.shape = tuple(int(s) for s in shape)
-        self.dtype = str_dtype_to_torch(dtype)
+        self.dtype = str_dtype_to_torch(dtype or "float32")
         self._value = None
         if value is not None:
             self.value = value
