@@ -75,7 +75,7 @@ class CpuEngine:
         f = {**self.static_inputs(rank), **flat}
         K = self.K
         return dict(
-            input_ids=f["input_ids"], position_ids=f["position_ids"], last_token_ids=f["last_token_ids"],
+            input_ids=f["input_ids"], last_token_ids=f["last_token_ids"],
             kv_cache_params=net.KeyValueCacheParams(
                 host_past_key_value_lengths=f["host_past_key_value_lengths"],
                 host_max_attention_window_sizes=f["host_max_attention_window_sizes"],
@@ -94,10 +94,9 @@ class CpuEngine:
                 spec_decoding_generation_lengths=f["spec_decoding_generation_lengths"],
                 spec_decoding_position_offsets=f["spec_decoding_position_offsets"],
                 spec_decoding_packed_mask=f["spec_decoding_packed_mask"], spec_decoding_use=f["spec_decoding_use"]),
-            eagle_temperature=f["eagle_temperature"], rand_data_validation=f["rand_data_validation"],
-            rand_data_sample=f["rand_data_sample"],
-            host_gen_eagle_net_request_types=f["host_gen_eagle_net_request_types"],
-            host_gen_eagle_net_past_key_value_lengths=f["host_gen_eagle_net_past_key_value_lengths"])
+            draft_lens=f["draft_lens"], eagle_temperature=f["eagle_temperature"],
+            rand_data_validation=f["rand_data_validation"], rand_data_sample=f["rand_data_sample"],
+            host_gen_eagle_net_request_types=f["host_gen_eagle_net_request_types"])
 
     @torch.no_grad()
     def step(self, inputs: dict) -> dict:

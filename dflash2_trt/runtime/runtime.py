@@ -246,56 +246,68 @@ class Runtime:
 
     # ---- engine inputs ---------------------------------------------------------------------------
     def _inputs(self, ctx: list[Request], gen: list[Request]) -> dict:
+        """The step's engine inputs with the values TensorRT-LLM 1.2's batch manager gives them
+        (``batch_manager/runtimeBuffers.cpp`` setFromInputs, ``runtime/eagleBuffers.cpp``):
+
+        - context request (whole prompt of P tokens): tokens = the prompt; context_lengths = P;
+          sequence_length = P; host_past_key_value_lengths = P (chunk start + input length, as stock);
+          one logit (its last token); draft_lens = 0;
+        - generation request (S committed tokens): tokens = [last token] + next_draft_tokens;
+          context_lengths = prompt + K; sequence_length = S + K + 1; host_past_key_value_lengths = S;
+          K + 1 logits; draft_lens = K; its spec-decoding rows (offsets, packed mask) from next_draft_paths;
+        - last_token_ids = inclusive scan of the logits per request (a context request's entry is its
+          token count, each generation token adds 1);
+        - random data: rand_data_validation and rand_data_sample, one uniform each per request and step,
+          from a generator seeded by the request's seed.
+        """
         K = self.K
         batch = ctx + gen
-        ids, pos, lens = [], [], []
-        seq, past, ctx_len, types = [], [], [], []
-        gen_len, offsets, masks, gen_past = [], [], [], []
+        ids, logit_ids = [], []
+        seq, past, ctx_len, types, draft_lens = [], [], [], [], []
+        gen_len, offsets, masks = [], [], []
         chain = torch.tril(torch.ones(K + 1, K + 1, dtype=torch.bool))
         for r in ctx:
             p = len(r.prompt_ids)
             ids += r.prompt_ids
-            pos += list(range(p))
-            lens.append(p)
-            seq.append(p), past.append(0), ctx_len.append(p), types.append(CONTEXT)
-            gen_len.append(1), offsets.append(torch.zeros(K + 1, dtype=torch.int32))
-            masks.append(torch.zeros(K + 1, K + 1, dtype=torch.bool)), gen_past.append(p)
+            logit_ids.append(p)
+            seq.append(p), past.append(p), ctx_len.append(p), types.append(CONTEXT), draft_lens.append(0)
         for r in gen:
             s = r.committed
-            paths = r.next_draft_paths
-            offs, mask = _paths_to_offsets_and_mask(paths)
-            ids += [r.output_ids[-1]] + r.next_draft_tokens
-            pos += [s + int(o) for o in offs]
-            lens.append(K + 1)
-            seq.append(s + K + 1), past.append(s), ctx_len.append(len(r.prompt_ids)), types.append(GENERATION)
-            gen_len.append(K + 1), offsets.append(offs), masks.append(mask), gen_past.append(s)
+            offs, mask = _paths_to_offsets_and_mask(r.next_draft_paths)
             if not torch.equal(mask, chain):
                 raise RuntimeError("next_draft_paths is not the linear chain this runtime drives")
+            ids += [r.output_ids[-1]] + r.next_draft_tokens
+            logit_ids += [1] * (K + 1)
+            seq.append(s + K + 1), past.append(s), ctx_len.append(len(r.prompt_ids) + K), types.append(GENERATION)
+            draft_lens.append(len(r.next_draft_tokens))
+            gen_len.append(K + 1), offsets.append(offs), masks.append(mask)
         from ..trtllm.cpu.attention import pack_mask
 
         bs = len(batch)
         blk_offsets = self.blocks.offsets([r.req_id for r in batch], self.max_blocks)
         i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
-        rv = torch.zeros(bs, K + 1)
+        words = (K + 32) // 32
+        rv = torch.zeros(bs)
         rs = torch.zeros(bs)
         for i, r in enumerate(batch):
-            rv[i] = torch.rand(K + 1, generator=r._gen)
-            rs[i] = torch.rand(1, generator=r._gen)[0]
+            rv[i], rs[i] = torch.rand(2, generator=r._gen)
         return {
-            "input_ids": i32(ids), "position_ids": i32(pos),
-            "last_token_ids": torch.cumsum(i32(lens), 0).to(torch.int32),
+            "input_ids": i32(ids),
+            "last_token_ids": torch.cumsum(i32(logit_ids), 0).to(torch.int32),
             "sequence_length": i32(seq), "host_past_key_value_lengths": i32(past),
             "context_lengths": i32(ctx_len), "host_context_lengths": i32(ctx_len),
             "host_request_types": i32(types),
             "kv_cache_block_offsets": blk_offsets, "host_kv_cache_block_offsets": blk_offsets.clone(),
             "spec_decoding_generation_lengths": i32(gen_len),
-            "spec_decoding_position_offsets": torch.stack(offsets).to(torch.int32),
-            "spec_decoding_packed_mask": pack_mask(torch.stack(masks)),
-            "spec_decoding_use": i32([1]),
+            "spec_decoding_position_offsets": (torch.stack(offsets).to(torch.int32) if gen
+                                               else torch.zeros(0, K + 1, dtype=torch.int32)),
+            "spec_decoding_packed_mask": (pack_mask(torch.stack(masks)).reshape(-1, words) if gen
+                                          else torch.zeros(0, words, dtype=torch.int32)),
+            "spec_decoding_use": i32([1 if gen else 0]),
+            "draft_lens": i32(draft_lens),
             "eagle_temperature": torch.tensor([float(r.temperature) for r in batch], dtype=torch.float32),
             "rand_data_validation": rv, "rand_data_sample": rs,
             "host_gen_eagle_net_request_types": i32([GENERATION] * bs),
-            "host_gen_eagle_net_past_key_value_lengths": i32(gen_past),
         }
 
 

@@ -30,7 +30,7 @@ def load_contract() -> dict:
 
 def concrete_shape(shape: tuple, *, K: int, NL: int, V: int | None = None) -> tuple:
     """Symbolic shape -> declared shape: batch/token/block dims become -1 (dynamic), K-sized dims numbers."""
-    table = {"K": K, "K+1": K + 1, "NL": NL, "W": (K + 32) // 32}
+    table = {"K": K, "K+1": K + 1, "NL": NL, "W": (K + 32) // 32}   # bs, T, G, GT, NLOG, MB: dynamic
     out = []
     for s in shape:
         if isinstance(s, int):

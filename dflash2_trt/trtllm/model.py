@@ -422,42 +422,48 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             host_request_types=T("host_request_types", "int32", [-1], R(batch_size=bs)),
             host_runtime_perf_knobs=T("host_runtime_perf_knobs", "int64", [16], R(perf_knob_size=[16] * 3)),
             host_context_progress=T("host_context_progress", "int64", [1], R(context_progress_size=[1] * 3)))
+        gen = [0, (max_batch_size + 1) // 2, max_batch_size]            # generation requests: 0 in a context-only step
+        gen_tok = [0, (max_batch_size * (K + 1) + 1) // 2, max_batch_size * (K + 1)]
+        logits = [1, (max_batch_size * (K + 1) + 1) // 2, max_batch_size * (K + 1)]
         spec = SpecDecodingParams(
             spec_decoding_is_generation_length_variable=True, spec_decoding_max_generation_length=K + 1,
-            spec_decoding_generation_lengths=T("spec_decoding_generation_lengths", "int32", [-1], R(batch_size=bs)),
+            spec_decoding_generation_lengths=T("spec_decoding_generation_lengths", "int32", [-1],
+                                               R(gen_batch_size=gen)),
             spec_decoding_position_offsets=T("spec_decoding_position_offsets", "int32", [-1, K + 1],
-                                             R(batch_size=bs, spec_decoding_max_generation_length=[K + 1] * 3)),
-            spec_decoding_packed_mask=T("spec_decoding_packed_mask", "int32", [-1, K + 1, (K + 1 + 31) // 32],
-                                        R(batch_size=bs, spec_decoding_max_generation_length=[K + 1] * 3,
-                                          spec_decoding_packed_mask_size=[(K + 32) // 32] * 3)),
+                                             R(gen_batch_size=gen, spec_decoding_max_generation_length=[K + 1] * 3)),
+            spec_decoding_packed_mask=T("spec_decoding_packed_mask", "int32", [-1, (K + 1 + 31) // 32],
+                                        R(gen_num_tokens=gen_tok, spec_decoding_packed_mask_size=[(K + 32) // 32] * 3)),
             spec_decoding_use=T("spec_decoding_use", "int32", [1], R(spec_decoding_use_size=[1] * 3)))
         return {
             "input_ids": T("input_ids", "int32", [-1], R(num_tokens=nt)),
-            "position_ids": T("position_ids", "int32", [-1], R(num_tokens=nt)),
-            "last_token_ids": T("last_token_ids", "int32", [-1], R(batch_size=bs)),
+            "last_token_ids": T("last_token_ids", "int32", [-1], R(num_logits=logits)),
             "kv_cache_params": kvp,
             "attention_params": att,
             "spec_decoding_params": spec,
+            "draft_lens": T("draft_lens", "int32", [-1], R(batch_size=bs)),
             "eagle_temperature": T("eagle_temperature", "float32", [-1], R(batch_size=bs)),
-            "rand_data_validation": T("rand_data_validation", "float32", [-1, K + 1],
-                                      R(batch_size=bs, max_decoding_tokens=[K + 1] * 3)),
+            "rand_data_validation": T("rand_data_validation", "float32", [-1], R(batch_size=bs)),
             "rand_data_sample": T("rand_data_sample", "float32", [-1], R(batch_size=bs)),
             "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1], R(batch_size=bs)),
-            "host_gen_eagle_net_past_key_value_lengths": T("host_gen_eagle_net_past_key_value_lengths", "int32", [-1],
-                                                           R(batch_size=bs)),
         }
 
     # ---- one step ---------------------------------------------------------------------------------
-    def forward(self, input_ids, position_ids, last_token_ids, kv_cache_params, attention_params,
-                spec_decoding_params, eagle_temperature, rand_data_validation, rand_data_sample,
-                host_gen_eagle_net_request_types, host_gen_eagle_net_past_key_value_lengths):
+    def forward(self, input_ids, last_token_ids, kv_cache_params, attention_params, spec_decoding_params,
+                draft_lens, eagle_temperature, rand_data_validation, rand_data_sample,
+                host_gen_eagle_net_request_types):
         K, d, cfg = self.K, self.config.dflash2, self.config
-        bs = F.shape(last_token_ids, 0)
-        ends = F.cast(last_token_ids, "int32")                                    # exclusive ends
-        starts = F.concat([F.constant(np.zeros(1, np.int32)), F.slice(ends, [0], dims(bs - 1))])
-        lastpos = ends - 1
-        is_gen = F.gt(attention_params.sequence_length, attention_params.context_lengths)   # [bs] device
+        att = attention_params
+        bs = F.shape(att.sequence_length, 0)
+        is_gen = F.gt(draft_lens, 0)                       # the stock runtime: 0 for context requests, K otherwise
+        # Tokens per request as the batch manager packs them: a context request its chunk (context_lengths), a
+        # generation request [last token] + K draft slots.
+        n_tok = F.where(is_gen, K + 1, att.context_lengths)
+        ends = F.cumsum(F.cast(n_tok, "int32"), 0)                                 # exclusive ends
+        starts = ends - F.cast(n_tok, "int32")
         j = F.unsqueeze(F.arange(0, K + 1, "int32"), 0)                          # [1, K+1]
+        # Absolute position of the next draft block's anchor: a generation request's last token sits at its
+        # committed length (sequence_length - (K+1)); a context request's first new token right after its chunk.
+        anchor_pos = F.where(is_gen, att.sequence_length - (K + 1), att.sequence_length)
 
         # ---- 1. draft ----------------------------------------------------------------------------
         anchor = F.index_select(input_ids, 0, starts)                              # [bs]
@@ -466,9 +472,8 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         x = self.transformer.vocab_embedding(F.view(block, dims(bs * (K + 1))))
         if d["input_embedding_scale"] is not None:
             x = x * d["input_embedding_scale"]
-        draft_att, draft_kv, draft_spec, window_sizes = self._draft_attention(attention_params, kv_cache_params,
+        draft_att, draft_kv, draft_spec, window_sizes = self._draft_attention(att, kv_cache_params,
                                                                               host_gen_eagle_net_request_types,
-                                                                              host_gen_eagle_net_past_key_value_lengths,
                                                                               is_gen, bs)
         mask_type = api.AttentionMaskType.causal if d["is_causal"] else api.AttentionMaskType.bidirectional
         for i, layer in enumerate(self.dflash2.layers):
@@ -484,7 +489,6 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         scores, cand = F.topk(unary, d["selector_top_k"], dim=2)
         proj = self.dflash2.selector.hidden_projection(hid)
         temperature = F.cast(eagle_temperature, "float32")
-        anchor_pos = F.index_select(position_ids, 0, starts)
         key = F.cast(rand_data_sample * float(2**31), "int64")
         counter = F.cast(F.unsqueeze(anchor_pos, 1) + F.slice(j, [0, 1], [1, K]), "int64")
         uniforms = counter_uniforms(key, counter)                                     # [bs, K]
@@ -502,14 +506,19 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         target_ids = F.where(tok_gen, F.view(sub, [-1]), input_ids)   # [-1]: a static shape list
         final, layer_outs = self.transformer(target_ids, attention_params, kv_cache_params, spec_decoding_params)
 
-        rows = F.where(F.unsqueeze(is_gen, 1), F.unsqueeze(starts, 1) + j, F.unsqueeze(lastpos, 1) + j * 0)
-        h_rows = F.index_select(final, 0, F.view(rows, dims(bs * (K + 1))))
-        logits = F.cast(self.lm_head(h_rows), "float32")                              # [bs*(K+1), V]
+        # The runtime's logits rows: last_token_ids is the inclusive scan of logits per request (a context
+        # request 1 at its last token, a generation request K+1), i.e. row r is token last_token_ids[r] - 1.
+        logits = F.cast(self.lm_head(F.index_select(final, 0, last_token_ids - 1)), "float32")   # [num_logits, V]
         vocab = F.shape(logits, 1)
-        logits3 = F.view(logits, dims(bs, K + 1, vocab))
+        per_req = F.where(is_gen, K + 1, 1)
+        logit_start = F.cumsum(F.cast(per_req, "int32"), 0) - F.cast(per_req, "int32")
+        rows = F.unsqueeze(logit_start, 1) + F.where(F.unsqueeze(is_gen, 1), j, j * 0)   # [bs, K+1]
+        logits3 = F.view(F.index_select(logits, 0, F.view(rows, dims(bs * (K + 1)))), dims(bs, K + 1, vocab))
 
         # ---- 3. accept ---------------------------------------------------------------------------
-        n, nxt = self._accept(logits3, drafts, q, cand, temperature, rand_data_validation, is_gen, bs, vocab)
+        key_v = F.cast(rand_data_validation * float(2**31), "int64")
+        u = counter_uniforms(key_v, F.cast(F.unsqueeze(anchor_pos, 1) + j + 1, "int64"))   # [bs, K+1]
+        n, nxt = self._accept(logits3, drafts, q, cand, temperature, u, is_gen, bs, vocab)
         jj = F.expand(j, dims(bs, K + 1))
         padded = F.concat([drafts, F.expand(F.constant(np.zeros((1, 1), np.int32)), dims(bs, 1))], dim=1)
         accepted = F.where(F.lt(jj, F.unsqueeze(n, 1)), padded,
@@ -535,18 +544,19 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         api.mark_output(logits, "logits", "float32")
         return accepted
 
-    def _draft_attention(self, att, kvp, host_gen_types, host_gen_past, is_gen, bs):
-        """Attention parameters of the draft block: every request as a generation request with K+1 new tokens
-        at past = ``host_gen_eagle_net_past_key_value_lengths`` (generation: its committed length; context:
-        after its prompt), bidirectional (or causal) mask, offsets 0..K; the drafter's own window per layer."""
+    def _draft_attention(self, att, kvp, host_gen_types, is_gen, bs):
+        """Attention parameters of the draft block: every request as a generation request (host request types
+        from ``host_gen_eagle_net_request_types``) with K+1 new tokens after its committed tokens — a generation
+        request at its committed length, a context request after its chunk: exactly the stock
+        ``host_past_key_value_lengths`` of both kinds (runtimeBuffers.cpp) — bidirectional (or causal) mask,
+        offsets 0..K, the drafter's own window per layer."""
         K, d = self.K, self.config.dflash2
-        extra = F.where(is_gen, 0, K + 1)
-        seq = F.where(is_gen, att.sequence_length, att.sequence_length + extra)
+        seq = F.where(is_gen, att.sequence_length, att.sequence_length + (K + 1))
         draft_att = AttentionParams(sequence_length=seq, context_lengths=att.context_lengths,
                                     host_context_lengths=att.host_context_lengths, max_context_length=att.max_context_length,
                                     host_request_types=host_gen_types, host_runtime_perf_knobs=att.host_runtime_perf_knobs,
                                     host_context_progress=att.host_context_progress)
-        draft_kv = KeyValueCacheParams(**{**kvp.__dict__, "host_past_key_value_lengths": host_gen_past})
+        draft_kv = kvp
         full = np.ones((K + 1, K + 1), bool) if not d["is_causal"] else np.tril(np.ones((K + 1, K + 1), bool))
         words = np.zeros((K + 1, (K + 32) // 32), np.int64)
         for c in range(K + 1):
@@ -557,7 +567,8 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             spec_decoding_generation_lengths=F.expand(F.constant(np.full(1, K + 1, np.int32)), dims(bs)),
             spec_decoding_position_offsets=F.expand(F.constant(np.arange(K + 1, dtype=np.int32)[None]),
                                                     dims(bs, K + 1)),
-            spec_decoding_packed_mask=F.expand(F.constant(words[None]), dims(bs, K + 1, (K + 32) // 32)),
+            spec_decoding_packed_mask=F.view(F.expand(F.constant(words[None]), dims(bs, K + 1, (K + 32) // 32)),
+                                             dims(bs * (K + 1), (K + 32) // 32)),
             spec_decoding_use=F.constant(np.ones(1, np.int32)))
         n_layers = self.config.num_hidden_layers + len(self.dflash2.layers)
         windows = []
@@ -566,7 +577,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             windows.append(F.constant(np.full(n_layers, w, np.int32)))
         return draft_att, draft_kv, draft_spec, windows
 
-    def _accept(self, logits3, drafts, q, cand, temperature, rand_data_validation, is_gen, bs, vocab):
+    def _accept(self, logits3, drafts, q, cand, temperature, u, is_gen, bs, vocab):
         """(n accepted drafts [bs], next token [bs]) per request: greedy where T <= 0, rejection sampling
         with the selector's q where T > 0 (``reference/verify.py`` is the plain-torch statement of both).
         Context requests accept no draft: their token comes from row 0 (the last prompt position)."""
@@ -587,8 +598,8 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         d_idx = F.unsqueeze(drafts, 2)
         pd = F.view(F.gather(F.slice(p, [0, 0, 0], dims(bs, K, vocab)), 2, d_idx), dims(bs, K))
         qd = F.view(F.gather(q_full, 2, d_idx), dims(bs, K))
-        u_acc = F.slice(rand_data_validation, [0, 0], dims(bs, K))
-        u_fin = F.view(F.slice(rand_data_validation, [0, K], dims(bs, 1)), dims(bs))
+        u_acc = F.slice(u, [0, 0], dims(bs, K))
+        u_fin = F.view(F.slice(u, [0, K], dims(bs, 1)), dims(bs))
         n_s = _leading_true(F.op_and(F.lt(u_acc * qd, pd), gen_col))
         row = F.unsqueeze(F.unsqueeze(n_s, 1), 2) + F.expand(F.constant(np.zeros((1, 1, 1), np.int32)), dims(bs, 1, vocab))
         p_n = F.view(F.gather(p, 1, row), dims(bs, vocab))

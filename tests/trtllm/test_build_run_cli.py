@@ -34,7 +34,9 @@ def _err(code, text):
 
 
 def test_engine_dir_layout_and_manifest(engine):
-    assert sorted(p.name for p in engine.iterdir()) == ["checkpoint", "config.json", "engine.json"]
+    names = {p.name for p in engine.iterdir()}
+    assert {"checkpoint", "config.json", "engine.json"} <= names <= {"checkpoint", "config.json", "engine.json",
+                                                                     "tokenizer"}
     man = json.loads((engine / "engine.json").read_text())
     assert man["backend"] == "cpu" and man["block_size"] == 4 and man["tp_size"] == 1
     assert set(man["files"]) == {str(p.relative_to(engine)) for p in engine.rglob("*") if p.is_file()} - {"engine.json"}

@@ -71,7 +71,7 @@ def test_one_step_marks_exactly_the_contract_outputs(built):
     def spy(inputs):
         out = orig(inputs)
         seen.setdefault("inputs", inputs)
-        seen["out"] = out
+        seen["last_inputs"], seen["out"] = inputs, out
         return out
 
     built.step = spy
@@ -86,8 +86,9 @@ def test_one_step_marks_exactly_the_contract_outputs(built):
     dt = {"int32": torch.int32, "float32": torch.float32}
     for name, c in contract.items():
         assert out[name].dtype == dt[c.dtype], name
-        want = [bs * (K + 1) if s == "bs*(K+1)" else bs if s == "bs" else V if s == "V" else
-                {"K": K, "K+1": K + 1}[s] for s in c.shape]
+        nlog = seen["last_inputs"]["last_token_ids"].shape[0]
+        want = [nlog if s == "NLOG" else bs if s == "bs" else V if s == "V" else {"K": K, "K+1": K + 1}[s]
+                for s in c.shape]
         assert list(out[name].shape) == want, name
     assert torch.equal(out["next_draft_lens"], torch.full((bs,), K, dtype=torch.int32))
     assert torch.equal(out["accepted_paths"], torch.zeros(bs, dtype=torch.int32))

@@ -10,12 +10,21 @@ value; anything else raises ``NotImplementedError`` instead of computing somethi
 Semantics (remove_input_padding, paged KV cache):
 
 - ``qkv [num_tokens, (H + 2*Hkv) * D]``: the requests' new tokens packed back to back, in batch
-  order; request b owns ``n_b = sequence_length[b] - host_past_key_value_lengths[b]`` tokens.
-- Request b is a context request (``host_request_types[b] == 0``: prompt or prompt chunk; the
-  new tokens sit at positions ``past + 0..n-1``) or a generation request (1). A generation
-  request with ``spec_decoding_use`` set sits at ``past + spec_decoding_position_offsets[b, i]``
-  and its new tokens see each other through ``spec_decoding_packed_mask[b, i, :]`` (bit j of
-  word j // 32: query i sees new token j); every past token is visible.
+  order (context requests first). The per-request inputs mean what TensorRT-LLM 1.2's batch
+  manager puts there (``cpp/tensorrt_llm/batch_manager/runtimeBuffers.cpp`` ``setFromInputs``):
+  a context request (``host_request_types[b] == 0``, a prompt or a prompt chunk) owns
+  ``n_b = host_context_lengths[b]`` tokens (the chunk's input length) and ``sequence_length[b]``
+  = chunk start + n_b (its ``host_past_key_value_lengths`` is ALSO chunk start + n_b there, so it
+  is not used for context requests); a generation request (1) owns
+  ``spec_decoding_generation_lengths[g]`` tokens (``g`` = its index among the generation
+  requests; 1 without spec decoding), ``sequence_length[b]`` = committed length + n_b and
+  ``host_past_key_value_lengths[b]`` = the committed length. Here ``past = sequence_length - n``
+  for both kinds.
+- A context request's tokens sit at positions ``past + 0..n-1``. A generation request's token i
+  sits at ``past + spec_decoding_position_offsets[g, i]`` and sees the step's other tokens through
+  ``spec_decoding_packed_mask[row, :]``, one row per generation token, the generation requests'
+  rows back to back (``[num_gen_tokens, ceil(N/32)]``; bit j of word j // 32: it sees new token j);
+  every past token is visible.
 - Context requests: ``mask_type`` causal (key position <= query position) or bidirectional.
 - RoPE (``rope_gpt_neox``, rotate-half on the first ``rotary_embedding_dim`` dims) is applied to
   q and k at the token positions; K (post-RoPE) and V of the new tokens are WRITTEN to the pool
@@ -268,10 +277,21 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
     scale = 1.0 / (D ** 0.5 * q_scaling)
     rep = H // Hkv
     T, bs = qkv.shape[0], seq.shape[0]
-    n = seq - past                                                        # new tokens per request
-    bad = torch.nonzero(n < 0).flatten()
+    types = torch.as_tensor(host_request_types).long()
+    is_ctx = types == 0
+    gen_idx = torch.cumsum((~is_ctx).long(), 0) - 1                          # index among generation requests
+    if spec and (~is_ctx).any():
+        glen = spec_decoding_generation_lengths.long()
+        n_gen = glen[gen_idx.clamp(min=0)]
+    else:
+        glen = None
+        n_gen = torch.ones(bs, dtype=torch.long)
+    n = torch.where(is_ctx, torch.as_tensor(host_context_lengths).long(), n_gen)   # new tokens per request
+    past = seq - n                 # context: the chunk's start; generation: the committed length
+    bad = torch.nonzero((n < 0) | (past < 0)).flatten()
     if bad.numel():
-        raise ValueError(f"gpt_attention: request {int(bad[0])} has {int(n[bad[0]])} new tokens")
+        b = int(bad[0])
+        raise ValueError(f"gpt_attention: request {b} has {int(n[b])} new tokens for sequence length {int(seq[b])}")
     if int(n.sum()) != T:
         raise ValueError(f"gpt_attention: {T} tokens given, the requests own {int(n.sum())}")
     if mask_type not in (AttentionMaskType.causal, AttentionMaskType.bidirectional):
@@ -279,14 +299,13 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
     # Vectorised over the batch: every token knows its request and its index among the request's new tokens.
     req = torch.repeat_interleave(torch.arange(bs), n)                       # [T]
     local = torch.arange(T) - (torch.cumsum(n, 0) - n)[req]                  # [T]
-    types = torch.as_tensor(host_request_types).long()
-    spec_req = (types == 1) & spec                                           # [bs]
+    spec_req = (~is_ctx) & spec                                              # [bs]
     if spec and spec_req.any():
         width = spec_decoding_position_offsets.shape[1]
         if int(n[spec_req].max()) > width:
             raise ValueError(f"gpt_attention: a generation request has more new tokens than the {width} spec-decoding "
                              f"positions")
-        offs = spec_decoding_position_offsets.long()[req, local.clamp(max=width - 1)]
+        offs = spec_decoding_position_offsets.long()[gen_idx.clamp(min=0)[req], local.clamp(max=width - 1)]
         pos = past[req] + torch.where(spec_req[req], offs, local)
     else:
         pos = past[req] + local
@@ -321,9 +340,14 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
     else:
         new_ok = torch.ones(bs, N, L, dtype=torch.bool)
     if spec and spec_req.any():
-        w = min(N, spec_decoding_packed_mask.shape[1])
+        # packed mask rows: the generation requests' tokens back to back ([num_gen_tokens, W], TensorRT-LLM's
+        # layout); generation request g's token i is row gstart[g] + i
+        gstart = torch.cumsum(glen, 0) - glen
         m = torch.zeros(bs, N, N, dtype=torch.bool)
-        m[:, :w, :w] = _unpack_all(spec_decoding_packed_mask, w)               # [bs, N, N]
+        for b in torch.nonzero(spec_req).flatten().tolist():
+            g, nb = int(gen_idx[b]), int(n[b])
+            rows = spec_decoding_packed_mask[int(gstart[g]):int(gstart[g]) + nb]
+            m[b, :nb, :nb] = _unpack_all(rows[None], nb)[0]
         jc = j_rel.clamp(0, N - 1)
         spec_ok = torch.gather(m, 2, jc[:, None, :].expand(bs, N, L))
         new_ok = torch.where(spec_req[:, None, None], spec_ok, new_ok)
