@@ -256,3 +256,33 @@ def test_late_arrivals_streaming_and_cancel(prompts, engines, oracle):
         assert rt.blocks.free_blocks == rt.blocks.num_blocks
     finally:
         eng.close()
+
+
+def test_sampling_law_in_a_mixed_batch_over_several_steps(pair, prompts, oracle, engines, sampling_case):
+    """Block size 2 (one draft per step), so the 2nd and 3rd tokens come from two different steps; sampled
+    requests of one prompt share every batch with greedy requests of other prompts. The sampled law must still
+    be the target's, and every greedy request must still be exactly the target's greedy decoding (a mix-up of
+    rows, temperatures or uniforms between requests would break one or the other)."""
+    prompt, exact, _ = sampling_case
+    eng = engines(2, 1, max_batch_size=64, max_seq_len=128, max_input_len=32, max_num_tokens=1024)
+    runs = 900
+    greedy = [list(p[:12]) for p in prompts[:6]]
+    e, man = open_cpu_engine(eng)
+    try:
+        rt = Runtime(e, max_batch_size=64)
+        reqs = []
+        for i in range(runs):
+            reqs.append(Request(list(prompt), 3, temperature=T, seed=i, task_id=("s", i)))
+            if i % 150 == 0:
+                g = greedy[(i // 150) % len(greedy)]
+                reqs.append(Request(g, 12, temperature=0.0, stop_token_ids=(2,), task_id=("g", g)))
+        rt.generate(reqs)
+    finally:
+        e.close()
+    target, _ = load_pair(pair.target_dir, pair.drafter_dir)
+    samples = [tuple(r.output_ids) for r in reqs if r.task_id[0] == "s"]
+    assert _chi2(samples, exact) > 1e-3
+    for r in reqs:
+        if r.task_id[0] == "g":
+            assert r.output_ids == target_generate(target, r.prompt_ids, 12, stop_token_ids=(2,))
+    assert sum(len(r.acceptance_lengths) >= 2 for r in reqs if r.task_id[0] == "s") > runs // 2
