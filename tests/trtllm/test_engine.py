@@ -17,12 +17,11 @@ import warnings
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.build import build_engine, open_cpu_engine
 from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
-from dflash2_trt.reference.verify import target_probs
+from dflash2_trt.testing.law import chi2_pvalue, exact_triples
 from dflash2_trt.runtime import Request, Runtime
 
 NEW = 40
@@ -143,38 +142,12 @@ T = 1.0
 RUNS = 1200
 
 
-@torch.no_grad()
-def _exact_triples(target, prompt, thresh=1e-4):
-    def next_probs(prefixes):
-        x = torch.tensor([list(prompt) + list(pf) for pf in prefixes])
-        return target_probs(target(x).logits[:, -1], T)
-
-    p1 = next_probs([()])[0]
-    ones = [(int(t),) for t in torch.nonzero(p1 > thresh).flatten()]
-    probs1 = {pf: float(p1[pf[0]]) for pf in ones}
-    p2 = next_probs(ones)
-    twos = {}
-    for i, pf in enumerate(ones):
-        for t in torch.nonzero(probs1[pf] * p2[i] > thresh).flatten():
-            twos[pf + (int(t),)] = probs1[pf] * float(p2[i, t])
-    keys = list(twos)
-    p3 = next_probs(keys)
-    out = {}
-    for i, pf in enumerate(keys):
-        for t in torch.nonzero(twos[pf] * p3[i] > thresh).flatten():
-            out[pf + (int(t),)] = twos[pf] * float(p3[i, t])
-    return out
+def _exact_triples(target, prompt):
+    return exact_triples(target, prompt, T)
 
 
 def _chi2(samples, exact):
-    n = len(samples)
-    bins = sorted(k for k, v in exact.items() if v * n >= 5)
-    obs = [sum(1 for s in samples if s == b) for b in bins]
-    exp = [exact[b] * n for b in bins]
-    obs.append(n - sum(obs))
-    exp.append(n - sum(exp))
-    assert len(bins) >= 3, "too few populated bins for a meaningful test"
-    return chisquare(obs, exp).pvalue
+    return chi2_pvalue(samples, exact)
 
 
 @pytest.fixture(scope="module")
