@@ -643,6 +643,8 @@ class PagedSim:
         self.blocks: dict = {}
         self.hist: dict = {}         # (req, layer) -> [K rows (float64 [Hkv, D], post-RoPE)], [V rows]
         self.length: dict = {}
+        self.prompt: dict = {}       # req -> tokens its context calls consumed (TensorRT-LLM's context length)
+        self.pending_prompt: dict = {}
 
     def _ensure(self, req, length):
         b = self.blocks.setdefault(req, [])
@@ -658,29 +660,65 @@ class PagedSim:
             out[0, i, 1, :len(blk)] = 2 * blk + 1
         return out
 
-    def build(self, reqs, layer_idx=0, mask_type=AttentionMaskType.causal, spec=False):
-        """reqs: list of dicts {id, n, gen: bool, offsets: list (spec), mask: bool [n, n] (spec)}."""
+    def build(self, reqs, layer_idx=0, mask_type=AttentionMaskType.causal, spec=False, ctx_past_kv="stock",
+              width=None, pad_rows=0):
+        """reqs: list of dicts {id, n, gen: bool, offsets: list (spec), mask: bool [n, n] (spec)}, context
+        requests first. The inputs are encoded as TensorRT-LLM 1.2's batch manager fills them:
+
+        - context request: ``host_context_lengths`` = n (the chunk), ``sequence_length`` = chunk start + n,
+          ``host_past_key_value_lengths`` = ``ctx_past_kv``: "stock" (chunk start + n, what TensorRT-LLM
+          writes), "start" (the chunk start) or an int (anything: it must not be read);
+        - generation request: ``sequence_length`` = committed + n, ``host_past_key_value_lengths`` = committed,
+          ``host_context_lengths`` = prompt length + K (n = K + 1; what the runtime feeds, as TensorRT-LLM's
+          generation_mixin does): it must not be read;
+        - spec tensors for the G generation requests only, indexed by g: ``spec_decoding_generation_lengths
+          [G]``, ``spec_decoding_position_offsets [G, width]`` (width = K+1, default the longest generation
+          request) and ``spec_decoding_packed_mask [num_gen_tokens, ceil(width/32)]``, the generation
+          requests' rows back to back. ``pad_rows`` > 0 appends that many garbage rows to each of them (rows
+          past G / past num_gen_tokens: they must not be read)."""
         H, Hkv, D = self.H, self.Hkv, self.D
+        kinds = [r["gen"] for r in reqs]
+        assert kinds == sorted(kinds), "context requests first"
         past = [self.length.get(r["id"], 0) for r in reqs]
         for r, p in zip(reqs, past):
             self._ensure(r["id"], p + r["n"])
         T = sum(r["n"] for r in reqs)
         qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=self.g).to(self.dtype)
-        nmax = max(r["n"] for r in reqs)
-        W = (nmax + 31) // 32
-        pos_off = torch.zeros(len(reqs), nmax, dtype=torch.int32)
-        packed = torch.zeros(len(reqs), nmax, W, dtype=torch.int32)
-        for b, r in enumerate(reqs):
-            if spec and r["gen"]:
-                pos_off[b, :r["n"]] = torch.tensor(r["offsets"], dtype=torch.int32)
-                packed[b, :r["n"]] = torch.tensor(_pack_ref(r["mask"]), dtype=torch.int32)
+        gens = [r for r in reqs if r["gen"]]
+        G, n_gen_tokens = len(gens), sum(r["n"] for r in gens)
+        width = width or max([r["n"] for r in gens], default=1)
+        W = (width + 31) // 32
+        pos_off = torch.randint(-5, 50, (G + pad_rows, width), generator=self.g, dtype=torch.int32)
+        packed = torch.randint(-2**31, 2**31 - 1, (n_gen_tokens + pad_rows, W), generator=self.g,
+                               dtype=torch.int32)
+        gen_len = torch.randint(1, width + 1, (G + pad_rows,), generator=self.g, dtype=torch.int32)
+        row = 0
+        for gi, r in enumerate(gens):
+            gen_len[gi] = r["n"]
+            if spec:
+                pos_off[gi, :r["n"]] = torch.tensor(r["offsets"], dtype=torch.int32)
+                words = torch.tensor(_pack_ref(r["mask"]), dtype=torch.int32)
+                packed[row:row + r["n"]] = 0
+                packed[row:row + r["n"], :words.shape[1]] = words
+            else:
+                assert r["n"] == 1, "generation without spec decoding owns one token"
+            row += r["n"]
+        ctx_len, past_kv = [], []
+        for r, p in zip(reqs, past):
+            if r["gen"]:
+                ctx_len.append(self.prompt[r["id"]] + r["n"] - 1)       # prompt + K, as the runtime feeds
+                past_kv.append(p)
+            else:
+                ctx_len.append(r["n"])
+                past_kv.append({"stock": p + r["n"], "start": p}.get(ctx_past_kv, ctx_past_kv))
         kw = dict(
             qkv=qkv,
             sequence_length=torch.tensor([p + r["n"] for p, r in zip(past, reqs)], dtype=torch.int32),
-            host_past_key_value_lengths=torch.tensor(past, dtype=torch.int32),
+            host_past_key_value_lengths=torch.tensor(past_kv, dtype=torch.int32),
             host_max_attention_window_sizes=torch.tensor(self.windows, dtype=torch.int32),
             host_sink_token_length=torch.zeros(1, dtype=torch.int32),
-            context_lengths=torch.tensor([r["n"] for r in reqs], dtype=torch.int32),
+            context_lengths=torch.tensor(ctx_len, dtype=torch.int32),
+            host_context_lengths=torch.tensor(ctx_len, dtype=torch.int32),
             host_request_types=torch.tensor([1 if r["gen"] else 0 for r in reqs], dtype=torch.int32),
             layer_idx=layer_idx, num_heads=H, num_kv_heads=Hkv, hidden_size_per_head=D, q_scaling=self.q_scaling,
             rotary_embedding_dim=self.rot, rotary_embedding_base=self.base, position_embedding_type=self.pos_type,
@@ -688,9 +726,12 @@ class PagedSim:
             host_kv_cache_pool_pointers=torch.tensor([[self.pool.handle, 0]], dtype=torch.int64),
             host_kv_cache_pool_mapping=torch.tensor(self.mapping, dtype=torch.int32),
             spec_decoding_position_offsets=pos_off, spec_decoding_packed_mask=packed,
-            spec_decoding_generation_lengths=torch.tensor([r["n"] for r in reqs], dtype=torch.int32),
+            spec_decoding_generation_lengths=gen_len,
             spec_decoding_use=torch.tensor([1 if spec else 0], dtype=torch.int32),
-            spec_decoding_max_generation_length=nmax, spec_decoding_is_generation_length_variable=True)
+            spec_decoding_max_generation_length=width, spec_decoding_is_generation_length_variable=True)
+        for r in reqs:                                          # prompt length: what context calls consumed
+            if not r["gen"]:
+                self.pending_prompt[r["id"]] = self.prompt.get(r["id"], 0) + r["n"]
         return kw, past
 
     def reference(self, kw, reqs, past, layer_idx, mask_type, spec):
@@ -729,10 +770,12 @@ class PagedSim:
                     allowed[i, j] = seen and (pos[i] - j) < window
             outs.append(_dense_ref(q, keys, vals, allowed, scale, H, Hkv))
             self.length[r["id"]] = p0 + n
+            if not r["gen"]:
+                self.prompt[r["id"]] = self.pending_prompt[r["id"]]
         return outs
 
-    def step(self, reqs, *, layer_idx=0, mask_type=AttentionMaskType.causal, spec=False, atol=1e-5):
-        kw, past = self.build(reqs, layer_idx, mask_type, spec)
+    def step(self, reqs, *, layer_idx=0, mask_type=AttentionMaskType.causal, spec=False, atol=1e-5, **build):
+        kw, past = self.build(reqs, layer_idx, mask_type, spec, **build)
         out, present = gpt_attention(**kw)
         assert present is None
         assert out.shape == (kw["qkv"].shape[0], self.H * self.D) and out.dtype == self.dtype
@@ -800,12 +843,90 @@ def test_gpt_attention_paged_multi_call_fp32(H, Hkv):
     assert (sim.pool.data[:, 1] == 0).all()                   # layer 1 untouched
 
 
+def test_gpt_attention_context_past_kv_length_is_ignored():
+    """A context chunk's host_past_key_value_lengths holds chunk start + chunk length in TensorRT-LLM (== its
+    sequence_length): the chunk's start comes from sequence_length - host_context_lengths, whatever it holds."""
+    sim = PagedSim(H=4, Hkv=2, D=8, rot=8, tpb=3, seed=11)
+    sim.step([{"id": "a", "n": 5, "gen": False}, {"id": "b", "n": 4, "gen": False}])
+    reqs = [{"id": "a", "n": 4, "gen": False}, {"id": "c", "n": 3, "gen": False},
+            {"id": "b", "n": 1, "gen": True}]
+    kw, past = sim.build(reqs, ctx_past_kv="stock")
+    assert past == [5, 0, 4]
+    assert kw["host_past_key_value_lengths"].tolist() == [9, 3, 4]         # stock: chunk start + chunk length
+    assert kw["host_past_key_value_lengths"][:2].tolist() == kw["sequence_length"][:2].tolist()
+    assert kw["host_context_lengths"].tolist() == [4, 3, 4]                # b: prompt + K (K = 0), not 1
+    saved = sim.pool.data.clone()
+    outs, pools = [], []
+    for hpkv in ([9, 3, 4], [5, 0, 4], [0, 0, 4], [10**6, 7, 4]):          # stock, chunk start, garbage
+        sim.pool.data.copy_(saved)
+        outs.append(gpt_attention(**{**kw, "host_past_key_value_lengths": torch.tensor(hpkv, dtype=torch.int32)})[0])
+        pools.append(sim.pool.data.clone())
+    for o, d in zip(outs[1:], pools[1:]):
+        assert torch.equal(o, outs[0]) and torch.equal(d, pools[0])
+    refs = sim.reference(kw, reqs, past, 0, AttentionMaskType.causal, False)
+    t0 = 0
+    for r, ref in zip(reqs, refs):
+        got = outs[0][t0:t0 + r["n"]].double().reshape(r["n"], sim.H, sim.D)
+        t0 += r["n"]
+        assert (got - ref).abs().max() <= 1e-5, r["id"]
+    for req in "abc":
+        sim.check_pool_layout(req, 0, atol=1e-5)
+    # the chunk really sits at 5: read as a fresh prompt (start 0) its output differs
+    sim.pool.data.copy_(saved)
+    as_prompt = {**kw, "sequence_length": torch.tensor([4, 3, 5], dtype=torch.int32)}
+    assert not torch.allclose(gpt_attention(**as_prompt)[0][:4], outs[0][:4])
+
+
+def test_gpt_attention_generation_only_spec_tensors_exactly_g_rows():
+    """A generation-only batch with spec decoding: generation lengths [G], position offsets [G, K+1] (K+1
+    wider than the longest request) and the packed mask [num_gen_tokens, words] with no spare row; one
+    request has 34 tokens, so its rows take two words."""
+    sim = PagedSim(H=4, Hkv=1, D=8, rot=8, tpb=4, seed=12, num_blocks=40)
+    sim.step([{"id": "a", "n": 6, "gen": False}, {"id": "b", "n": 9, "gen": False},
+              {"id": "c", "n": 2, "gen": False}])
+    g = _gen(13)
+    tm, to = _tree(34, g)
+    tm[33, 31] = True                               # bit 31 of word 0 (the sign bit) in a row of word 1 too
+    cm, co = _chain(5)
+    reqs = [{"id": "a", "n": 34, "gen": True, "mask": tm, "offsets": to},
+            {"id": "b", "n": 5, "gen": True, "mask": cm, "offsets": co},
+            {"id": "c", "n": 1, "gen": True, "mask": torch.ones(1, 1, dtype=torch.bool), "offsets": [0]}]
+    _, kw = sim.step(reqs, spec=True, width=36)
+    assert kw["spec_decoding_generation_lengths"].tolist() == [34, 5, 1]
+    assert kw["spec_decoding_position_offsets"].shape == (3, 36)
+    assert kw["spec_decoding_packed_mask"].shape == (40, 2)
+    assert (kw["spec_decoding_packed_mask"][:34, 0] < 0).any()
+    # then a second step: requests in another order, other lengths (row starts move)
+    tm2, to2 = _tree(7, g)
+    reqs2 = [{"id": "c", "n": 7, "gen": True, "mask": tm2, "offsets": to2},
+             {"id": "a", "n": 2, "gen": True, "mask": _chain(2)[0], "offsets": [0, 1]}]
+    _, kw2 = sim.step(reqs2, spec=True)
+    assert kw2["spec_decoding_position_offsets"].shape == (2, 7)
+    assert kw2["spec_decoding_packed_mask"].shape == (9, 1)
+    for req in "abc":
+        sim.check_pool_layout(req, 0, atol=1e-5)
+
+
+def test_gpt_attention_spec_rows_past_g_not_read():
+    """Spec tensors with garbage rows after the G generation requests' rows (and after the last generation
+    token's mask row) in a batch that starts with context requests: only the generation rows are read."""
+    sim = PagedSim(H=2, Hkv=1, D=8, rot=8, tpb=3, seed=14)
+    sim.step([{"id": "a", "n": 4, "gen": False}, {"id": "b", "n": 5, "gen": False}])
+    tm, to = _tree(5, _gen(15))
+    reqs = [{"id": "c", "n": 3, "gen": False}, {"id": "d", "n": 2, "gen": False},
+            {"id": "a", "n": 5, "gen": True, "mask": tm, "offsets": to},
+            {"id": "b", "n": 3, "gen": True, "mask": _chain(3)[0], "offsets": [0, 1, 2]}]
+    _, kw = sim.step(reqs, spec=True, pad_rows=3)
+    assert kw["spec_decoding_position_offsets"].shape == (5, 5)
+    assert kw["spec_decoding_packed_mask"].shape == (11, 1)
+
+
 def test_gpt_attention_bidirectional_rotary_dim_window_and_layer_mapping():
     # layer_idx 1 -> pool layer 0 (mapping permuted); its window (3) is looked up by layer_idx
     sim = PagedSim(H=4, Hkv=2, D=8, rot=4, tpb=4, seed=5, windows=(10_000, 3), mapping=((0, 1), (0, 0)),
                    base=500.0)
     sim.step([{"id": "a", "n": 9, "gen": False}, {"id": "b", "n": 2, "gen": False}], layer_idx=1)
-    sim.step([{"id": "a", "n": 3, "gen": False}], layer_idx=1)                 # chunk under the window
+    sim.step([{"id": "a", "n": 3, "gen": False}], layer_idx=1, ctx_past_kv=12345)   # chunk under the window
     sim.step([{"id": "b", "n": 5, "gen": False}], layer_idx=1, mask_type=AttentionMaskType.bidirectional)
     cm, co = _chain(3)
     sim.step([{"id": "a", "n": 3, "gen": True, "mask": cm, "offsets": co}], layer_idx=1, spec=True)
@@ -824,7 +945,7 @@ def test_gpt_attention_bidirectional_rotary_dim_window_and_layer_mapping():
 def test_gpt_attention_no_rope_and_rotary_dim_zero():
     sim = PagedSim(H=2, Hkv=1, D=4, rot=4, tpb=2, seed=6, pos_type=PositionEmbeddingType.learned_absolute)
     sim.step([{"id": "a", "n": 5, "gen": False}])
-    sim.step([{"id": "a", "n": 2, "gen": False}])
+    sim.step([{"id": "a", "n": 2, "gen": False}], ctx_past_kv="start")    # the chunk start there: also ignored
     sim0 = PagedSim(H=2, Hkv=1, D=4, rot=0, tpb=2, seed=6)
     sim0.step([{"id": "a", "n": 5, "gen": False}])
 
@@ -866,7 +987,8 @@ def test_gpt_attention_pool_rows_k_even_v_odd():
     qkv = torch.tensor([[0.0, 0.0, 1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 5.0, 6.0, 7.0, 8.0],
                         [0.0, 0.0, 9.0, 10.0, 11.0, 12.0]])       # H = Hkv = 1, D = 2: q | k | v
     offs = torch.tensor([[[[4, 0], [5, 1]]]], dtype=torch.int32)  # block 2 then block 0
-    gpt_attention(qkv=qkv, sequence_length=torch.tensor([3]), host_past_key_value_lengths=torch.tensor([0]),
+    gpt_attention(qkv=qkv, sequence_length=torch.tensor([3]), host_past_key_value_lengths=torch.tensor([3]),
+                  host_context_lengths=torch.tensor([3]),
                   host_max_attention_window_sizes=torch.tensor([100]), host_request_types=torch.tensor([0]),
                   layer_idx=0, num_heads=1, num_kv_heads=1, hidden_size_per_head=2,
                   position_embedding_type=PositionEmbeddingType.learned_absolute, kv_cache_block_offsets=offs,
@@ -887,7 +1009,8 @@ def _small_call(**over):
     H, Hkv, D = 2, 1, 4
     pool = over.pop("pool", None) or KVCachePool(4, 1, Hkv, 4, D, torch.float32)
     kw = dict(qkv=torch.randn(3, (H + 2 * Hkv) * D, generator=_gen(0)), sequence_length=torch.tensor([3]),
-              host_past_key_value_lengths=torch.tensor([0]), host_max_attention_window_sizes=torch.tensor([100]),
+              host_context_lengths=torch.tensor([3]), host_past_key_value_lengths=torch.tensor([3]),
+              host_max_attention_window_sizes=torch.tensor([100]),
               host_request_types=torch.tensor([0]), layer_idx=0, num_heads=H, num_kv_heads=Hkv,
               hidden_size_per_head=D, rotary_embedding_dim=D,
               position_embedding_type=PositionEmbeddingType.rope_gpt_neox,
@@ -905,7 +1028,9 @@ def test_gpt_attention_errors():
     with pytest.raises(IndexError, match="outside the pool"):
         _small_call(kv_cache_block_offsets=torch.tensor([[[[-2], [-1]]]], dtype=torch.int32))
     with pytest.raises(IndexError, match="block offsets"):      # 5 tokens, 4 per block, one offset
-        _small_call(qkv=torch.randn(5, 16), sequence_length=torch.tensor([5]))
+        _small_call(qkv=torch.randn(5, 16), sequence_length=torch.tensor([5]), host_context_lengths=torch.tensor([5]))
+    with pytest.raises(IndexError, match="block offsets"):      # a 1-token chunk at 4: block 1, no offset
+        _small_call(qkv=torch.randn(1, 16), sequence_length=torch.tensor([5]), host_context_lengths=torch.tensor([1]))
     with pytest.raises(ValueError, match="qkv must be"):
         _small_call(qkv=torch.randn(3, 15))
     with pytest.raises(ValueError, match="qkv must be"):
@@ -914,8 +1039,27 @@ def test_gpt_attention_errors():
         _small_call(qkv=torch.randn(4, 16))
     with pytest.raises(ValueError, match="token"):              # fewer
         _small_call(qkv=torch.randn(2, 16))
-    with pytest.raises(ValueError, match="new tokens"):         # past > sequence length
-        _small_call(host_past_key_value_lengths=torch.tensor([4]))
+    with pytest.raises(ValueError, match="token"):              # old encoding: n = seq - past = 3, but the
+        _small_call(host_context_lengths=torch.tensor([2]),     # context length (2) is what counts
+                    host_past_key_value_lengths=torch.tensor([0]))
+    with pytest.raises(ValueError, match="new tokens"):         # context length > sequence length
+        _small_call(sequence_length=torch.tensor([2]))
+    with pytest.raises(ValueError, match="new tokens"):
+        _small_call(host_context_lengths=torch.tensor([-1]))
+    gen = dict(host_request_types=torch.tensor([1]), host_context_lengths=torch.tensor([7]),
+               spec_decoding_use=torch.tensor([1]), spec_decoding_generation_lengths=torch.tensor([3]),
+               spec_decoding_position_offsets=torch.tensor([[0, 1, 2]], dtype=torch.int32),
+               spec_decoding_packed_mask=pack_mask(torch.ones(3, 3, dtype=torch.bool).tril()),
+               spec_decoding_max_generation_length=3, spec_decoding_is_generation_length_variable=True)
+    _small_call(**gen)                                          # a valid 3-token spec-decoding step at 0
+    with pytest.raises(ValueError, match="new tokens"):         # generation length > sequence length
+        _small_call(**{**gen, "sequence_length": torch.tensor([2])})
+    with pytest.raises(ValueError, match="token"):              # 3 tokens, the request owns 2
+        _small_call(**{**gen, "spec_decoding_generation_lengths": torch.tensor([2])})
+    with pytest.raises(ValueError, match="spec-decoding positions"):   # 3 tokens, 2 position offsets
+        _small_call(**{**gen, "spec_decoding_position_offsets": torch.tensor([[0, 1]], dtype=torch.int32)})
+    with pytest.raises(ValueError, match="token"):              # no spec decoding: one token per request
+        _small_call(**{**gen, "spec_decoding_use": torch.tensor([0])})
     with pytest.raises(ValueError, match="no KV pool"):
         _small_call(host_kv_cache_pool_pointers=torch.tensor([[10**9, 0]]))
 
