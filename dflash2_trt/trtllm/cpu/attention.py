@@ -280,13 +280,29 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
     types = torch.as_tensor(host_request_types).long()
     is_ctx = types == 0
     gen_idx = torch.cumsum((~is_ctx).long(), 0) - 1                          # index among generation requests
-    if spec and (~is_ctx).any():
+    n_g = int((~is_ctx).sum())
+    if is_ctx.any() and host_context_lengths is None:
+        raise ValueError("gpt_attention: context requests need host_context_lengths")
+    if spec and n_g:
+        for name, t, rank in (("spec_decoding_generation_lengths", spec_decoding_generation_lengths, 1),
+                              ("spec_decoding_position_offsets", spec_decoding_position_offsets, 2),
+                              ("spec_decoding_packed_mask", spec_decoding_packed_mask, 2)):
+            if t is None or t.dim() != rank:
+                raise ValueError(f"gpt_attention: {name} must be a rank-{rank} tensor with spec decoding "
+                                 f"(TensorRT-LLM's layout), got {None if t is None else tuple(t.shape)}")
+        if spec_decoding_generation_lengths.shape[0] < n_g or spec_decoding_position_offsets.shape[0] < n_g:
+            raise ValueError(f"gpt_attention: spec-decoding inputs cover fewer than the {n_g} generation requests")
         glen = spec_decoding_generation_lengths.long()
         n_gen = glen[gen_idx.clamp(min=0)]
+        if spec_decoding_packed_mask.shape[0] < int(glen[:n_g].sum()):
+            raise ValueError(f"gpt_attention: spec_decoding_packed_mask has {spec_decoding_packed_mask.shape[0]} rows, "
+                             f"the generation requests have {int(glen[:n_g].sum())} tokens")
     else:
         glen = None
         n_gen = torch.ones(bs, dtype=torch.long)
-    n = torch.where(is_ctx, torch.as_tensor(host_context_lengths).long(), n_gen)   # new tokens per request
+    ctx_len = torch.zeros(bs, dtype=torch.long) if host_context_lengths is None else \
+        torch.as_tensor(host_context_lengths).long()
+    n = torch.where(is_ctx, ctx_len, n_gen)                                   # new tokens per request
     past = seq - n                 # context: the chunk's start; generation: the committed length
     bad = torch.nonzero((n < 0) | (past < 0)).flatten()
     if bad.numel():
