@@ -12,14 +12,55 @@ from pathlib import Path
 # transformers can build an EMPTY tokenizer from config.json alone (every text encodes to no
 # tokens), so real tokenizer files are required first.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+# Everything a tokenizer directory may need, copied into an engine directory (``tokenizer/``) so
+# an engine is self-contained; config.json goes along because AutoTokenizer may read model_type.
+TOKENIZER_COPY_FILES = TOKENIZER_FILES + ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                                          "merges.txt", "vocab.txt", "chat_template.jinja", "chat_template.json",
+                                          "config.json")
+ENGINE_TOKENIZER_DIR = "tokenizer"
+
+
+def has_tokenizer_files(directory: str | Path) -> bool:
+    return any((Path(directory) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+    """Copy the tokenizer files of ``src`` into ``dst`` (created); [] (nothing created) when it has none."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    if not has_tokenizer_files(src):
+        return []
+    dst.mkdir(parents=True, exist_ok=False)
+    names = [f for f in TOKENIZER_COPY_FILES if (src / f).is_file()]
+    for f in names:
+        shutil.copyfile(src / f, dst / f)
+    return names
+
+
+def engine_tokenizer_dir(engine_dir: str | Path, manifest: dict) -> Path | None:
+    """The tokenizer an engine serves text with: its own copy (``ENGINE_DIR/tokenizer/``, written by
+    ``build``), else the target directory recorded at build time (engines built before the copy
+    existed), else None."""
+    own = Path(engine_dir) / ENGINE_TOKENIZER_DIR
+    if manifest.get("tokenizer") and has_tokenizer_files(own):
+        return own
+    target = (manifest.get("sources") or {}).get("target_dir")
+    if target and has_tokenizer_files(target):
+        return Path(target)
+    return None
 
 
 def find_tokenizer(target_dir: str | Path):
     """The tokenizer saved in ``target_dir``, or None when it has no usable one."""
     target_dir = Path(target_dir)
-    if not any((target_dir / f).is_file() for f in TOKENIZER_FILES):
+    if not has_tokenizer_files(target_dir):
         return None
     try:
+        if declares_generic_fast_class(target_dir):
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(target_dir))
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(target_dir))
@@ -27,5 +68,49 @@ def find_tokenizer(target_dir: str | Path):
         return None
 
 
+GENERIC_FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def declares_generic_fast_class(directory: str | Path) -> bool:
+    """True when ``tokenizer_config.json`` names the generic fast class and ``tokenizer.json`` exists.
+
+    Such a tokenizer IS its tokenizer.json and is loaded as that class. AutoTokenizer (transformers
+    5) would instead pick the model type's own class from config.json for some model types (seen:
+    ``qwen3_5`` -> Qwen3_5Tokenizer), which rebuilds a BPE pipeline from the vocabulary and ignores
+    tokenizer.json's: the tiny pairs' word-level text then encodes to NO tokens, silently. The
+    python-backend pre/postprocessing models apply the same rule."""
+    import json
+
+    d = Path(directory)
+    try:
+        cfg = json.loads((d / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (d / "tokenizer.json").is_file() and isinstance(cfg, dict) \
+        and cfg.get("tokenizer_class") in GENERIC_FAST_CLASSES
+
+
 def encode_text(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    try:
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    except Exception as exc:  # noqa: BLE001 - e.g. a word-level vocabulary without an unknown token
+        from .errors import ConfigError
+
+        bad = next((w for w in text.split() if not _encodes(tokenizer, w)), None)
+        what = f"the word {bad!r} is not in its vocabulary" if bad is not None else str(exc)
+        raise ConfigError(f"the tokenizer cannot encode the prompt text: {what}", field="prompt") from None
+    if not ids and text.strip():
+        from .errors import ConfigError
+
+        # a tokenizer whose pipeline does not match its vocabulary maps every word to nothing
+        raise ConfigError(f"the tokenizer encodes the prompt text to no tokens ({type(tokenizer).__name__}: its "
+                          f"pre-tokenizer does not match its vocabulary?)", field="prompt")
+    return ids
+
+
+def _encodes(tokenizer, text: str) -> bool:
+    try:
+        tokenizer(text, add_special_tokens=False)
+        return True
+    except Exception:  # noqa: BLE001
+        return False

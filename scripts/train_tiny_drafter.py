@@ -322,6 +322,9 @@ def build_family(family: str, out_root: Path, *, target_steps: int, drafter_step
     try:
         log(f"[{family}] training the target ({target_steps} steps)")
         train_target(family, lang, work / "target", steps=target_steps, seed=seed, log=log)
+        from dflash2_trt.assets.phrase_tokenizer import write_tokenizer
+
+        write_tokenizer(work / "target")   # the language's text form (not trained; fixed by its ids)
         target = _target_cls(family).from_pretrained(str(work / "target"), dtype=torch.float32).eval()
         t_target = time.time() - t0
         log(f"[{family}] generating {n_seqs} sequences from the target")

@@ -8,6 +8,8 @@ or Ctrl-C leaves nothing behind)::
                          rank{N}.safetensors, manifest.json)
       config.json        the engine config: ``pretrained_config`` (the checkpoint's, with the engine's
                          block size and ``dflash2_engine`` build settings) + ``build_config`` (limits)
+      tokenizer/         the target's tokenizer files, when it has any (``run --prompt`` and
+                         ``deploy triton`` read this copy: the engine is self-contained)
       engine.json        manifest: format, backend, target, block size, dtype, tp, limits, versions,
                          source identities, the command, size and sha256 of every other file
 
@@ -140,6 +142,9 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
         engine_cfg = {"format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": "cpu",
                       "pretrained_config": pre, "build_config": build}
         (tmp / "config.json").write_text(json.dumps(engine_cfg, indent=2) + "\n")
+        from ..tokenizer import ENGINE_TOKENIZER_DIR, copy_tokenizer_files
+
+        tokenizer = ENGINE_TOKENIZER_DIR if copy_tokenizer_files(target_dir, tmp / ENGINE_TOKENIZER_DIR) else None
         files = {}
         for p in sorted(tmp.rglob("*")):
             if p.is_file():
@@ -151,7 +156,7 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
             "versions": {"dflash2_trt": __version__, "python": sys.version.split()[0], "torch": _torch_version()},
             "sources": {"target_dir": str(target_dir.resolve()), "drafter_dir": str(drafter_dir.resolve()),
                         "checkpoint_manifest_sha256": files["checkpoint/manifest.json"]["sha256"]},
-            "eos_token_ids": [int(e) for e in t.eos_token_ids],
+            "eos_token_ids": [int(e) for e in t.eos_token_ids], "tokenizer": tokenizer,
             "command": command or [], "files": files, "convert_seconds": round(res.seconds, 3),
         }
         (tmp / "engine.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -78,7 +78,7 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         else:
             items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
         if any(it["prompt"] is not None for it in items):
-            tok = _tokenizer(man)
+            tok = _tokenizer(man, engine_dir)
         reqs = []
         stops = _stop_ids(man, engine.vocab_size)
         for i, it in enumerate(items):
@@ -115,13 +115,14 @@ def _stop_ids(man: dict, vocab: int) -> tuple[int, ...]:
     return tuple(int(e) for e in man.get("eos_token_ids") or () if 0 <= int(e) < vocab)
 
 
-def _tokenizer(man: dict):
-    from ..tokenizer import find_tokenizer
+def _tokenizer(man: dict, engine_dir):
+    from ..tokenizer import engine_tokenizer_dir, find_tokenizer
 
-    tok = find_tokenizer(Path(man["sources"]["target_dir"]))
+    d = engine_tokenizer_dir(engine_dir, man)   # the engine's own copy first, else the target dir
+    tok = None if d is None else find_tokenizer(d)
     if tok is None:
-        raise ConfigError("--prompt needs a tokenizer in the target directory; this one has none: use --prompt-ids "
-                          "or a prompts file with input_ids", field="--prompt")
+        raise ConfigError("--prompt needs a tokenizer (the engine's tokenizer/ or its target directory); this engine "
+                          "has none: use --prompt-ids or a prompts file with input_ids", field="--prompt")
     return tok
 
 
