@@ -9,6 +9,7 @@
 #include <NvInferRuntime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -59,6 +60,26 @@ inline TensorDesc toDesc(nvinfer1::DataType type, nvinfer1::Dims const& dims)
 inline void reportError(char const* what, char const* msg)
 {
     std::fprintf(stderr, "[dflash2 plugin] %s: %s\n", what, msg);
+}
+
+//! Build-time trace: with DFLASH2_PLUGIN_TRACE=1 in the environment (read once), each build-time
+//! method of the glue prints one line on stderr, "[dflash2 plugin] trace <plugin>::<method> <detail>".
+//! Off by default. A builder that runs no kernels (TensorRT-RTX on a CPU machine) shows with it that
+//! it called them; dflash2_trt.onnx.rtx and tests/onnx read these lines.
+inline bool traceEnabled()
+{
+    static bool const enabled = []
+    {
+        char const* v = std::getenv("DFLASH2_PLUGIN_TRACE");
+        return v != nullptr && v[0] == '1' && v[1] == '\0';
+    }();
+    return enabled;
+}
+
+inline void trace(char const* plugin, char const* method, char const* detail = "")
+{
+    if (traceEnabled())
+        std::fprintf(stderr, "[dflash2 plugin] trace %s::%s%s%s\n", plugin, method, detail[0] ? " " : "", detail);
 }
 
 //! Reads one int32 attribute value; false when the field has another type or length.

@@ -1,6 +1,7 @@
 #include "dynamicConvPlugin.h"
 #include "dynamicConvKernel.h"
 
+#include <cstdio>
 #include <new>
 
 using namespace nvinfer1;
@@ -36,6 +37,7 @@ IPluginCapability* DynamicConvPlugin::getCapabilityInterface(PluginCapabilityTyp
 
 IPluginV3* DynamicConvPlugin::clone() noexcept
 {
+    trace(kDynamicConvName, "clone");
     auto* p = new (std::nothrow) DynamicConvPlugin(mAttrs);
     if (p != nullptr)
         p->mParams = mParams;
@@ -65,6 +67,7 @@ int32_t DynamicConvPlugin::getNbOutputs() const noexcept
 int32_t DynamicConvPlugin::getOutputDataTypes(
     DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
 {
+    trace(kDynamicConvName, "getOutputDataTypes");
     if (nbOutputs != 1 || nbInputs < 1)
         return -1;
     outputTypes[0] = mAttrs.fuseResidual ? DataType::kFLOAT : inputTypes[0];
@@ -74,6 +77,7 @@ int32_t DynamicConvPlugin::getOutputDataTypes(
 int32_t DynamicConvPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* /*shapeInputs*/,
     int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs, IExprBuilder& /*exprBuilder*/) noexcept
 {
+    trace(kDynamicConvName, "getOutputShapes");
     if (nbOutputs != 1 || nbInputs != dynamicConvNbInputs(mAttrs) || inputs[0].nbDims != 2)
         return -1;
     outputs[0] = inputs[0]; // [tokens, H]
@@ -83,6 +87,12 @@ int32_t DynamicConvPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbIn
 bool DynamicConvPlugin::supportsFormatCombination(
     int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t /*nbOutputs*/) noexcept
 {
+    if (traceEnabled())
+    {
+        char detail[32];
+        std::snprintf(detail, sizeof(detail), "pos=%d", pos);
+        trace(kDynamicConvName, "supportsFormatCombination", detail);
+    }
     PluginTensorDesc const& d = inOut[pos].desc;
     if (d.format != TensorFormat::kLINEAR)
         return false;
@@ -100,6 +110,7 @@ bool DynamicConvPlugin::supportsFormatCombination(
 int32_t DynamicConvPlugin::configurePlugin(
     DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
 {
+    trace(kDynamicConvName, "configurePlugin");
     TensorDesc descs[4];
     if (nbInputs > 4)
         return -1;
@@ -117,6 +128,7 @@ int32_t DynamicConvPlugin::configurePlugin(
 size_t DynamicConvPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs*/, int32_t /*nbInputs*/,
     DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
 {
+    trace(kDynamicConvName, "getWorkspaceSize", "bytes=0");
     return 0;
 }
 
@@ -158,6 +170,7 @@ IPluginV3* DynamicConvPlugin::attachToContext(IPluginResourceContext* /*context*
 
 PluginFieldCollection const* DynamicConvPlugin::getFieldsToSerialize() noexcept
 {
+    trace(kDynamicConvName, "getFieldsToSerialize");
     mSerialFields.clear();
     mSerialFields.emplace_back(kBlockSize, &mAttrs.blockSize, PluginFieldType::kINT32, 1);
     mSerialFields.emplace_back(kKernelSize, &mAttrs.kernelSize, PluginFieldType::kINT32, 1);

@@ -1,6 +1,7 @@
 #include "pairwiseScanPlugin.h"
 #include "pairwiseScanKernel.h"
 
+#include <cstdio>
 #include <new>
 
 using namespace nvinfer1;
@@ -38,6 +39,7 @@ IPluginCapability* PairwiseScanPlugin::getCapabilityInterface(PluginCapabilityTy
 
 IPluginV3* PairwiseScanPlugin::clone() noexcept
 {
+    trace(kPairwiseScanName, "clone");
     auto* p = new (std::nothrow) PairwiseScanPlugin(mAttrs);
     if (p != nullptr)
         p->mParams = mParams;
@@ -67,6 +69,7 @@ int32_t PairwiseScanPlugin::getNbOutputs() const noexcept
 int32_t PairwiseScanPlugin::getOutputDataTypes(
     DataType* outputTypes, int32_t nbOutputs, DataType const* /*inputTypes*/, int32_t nbInputs) const noexcept
 {
+    trace(kPairwiseScanName, "getOutputDataTypes");
     if (nbOutputs != kScanNbOutputs || nbInputs != kScanNbInputs)
         return -1;
     outputTypes[0] = DataType::kINT32; // path token ids [B, L]
@@ -77,6 +80,7 @@ int32_t PairwiseScanPlugin::getOutputDataTypes(
 int32_t PairwiseScanPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* /*shapeInputs*/,
     int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs, IExprBuilder& /*exprBuilder*/) noexcept
 {
+    trace(kPairwiseScanName, "getOutputShapes");
     if (nbOutputs != kScanNbOutputs || nbInputs != kScanNbInputs || inputs[0].nbDims != 3)
         return -1;
     outputs[0].nbDims = 2;
@@ -89,6 +93,12 @@ int32_t PairwiseScanPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbI
 bool PairwiseScanPlugin::supportsFormatCombination(
     int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/, int32_t /*nbOutputs*/) noexcept
 {
+    if (traceEnabled())
+    {
+        char detail[32];
+        std::snprintf(detail, sizeof(detail), "pos=%d", pos);
+        trace(kPairwiseScanName, "supportsFormatCombination", detail);
+    }
     PluginTensorDesc const& d = inOut[pos].desc;
     if (d.format != TensorFormat::kLINEAR)
         return false;
@@ -111,6 +121,7 @@ bool PairwiseScanPlugin::supportsFormatCombination(
 int32_t PairwiseScanPlugin::configurePlugin(
     DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
 {
+    trace(kPairwiseScanName, "configurePlugin");
     if (nbInputs != kScanNbInputs)
         return -1;
     TensorDesc descs[kScanNbInputs];
@@ -134,7 +145,14 @@ size_t PairwiseScanPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* input
     p.batch = inputs[0].max.d[0];
     p.length = static_cast<int32_t>(inputs[0].max.d[1]);
     p.topK = static_cast<int32_t>(inputs[0].max.d[2]);
-    return pairwiseScanWorkspaceSize(p);
+    size_t const bytes = pairwiseScanWorkspaceSize(p);
+    if (traceEnabled())
+    {
+        char detail[48];
+        std::snprintf(detail, sizeof(detail), "bytes=%zu", bytes);
+        trace(kPairwiseScanName, "getWorkspaceSize", detail);
+    }
+    return bytes;
 }
 
 int32_t PairwiseScanPlugin::onShapeChange(
@@ -177,6 +195,7 @@ IPluginV3* PairwiseScanPlugin::attachToContext(IPluginResourceContext* /*context
 
 PluginFieldCollection const* PairwiseScanPlugin::getFieldsToSerialize() noexcept
 {
+    trace(kPairwiseScanName, "getFieldsToSerialize");
     mSerialFields.clear();
     mSerialFields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
     mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
