@@ -68,12 +68,13 @@ TARGETS: dict[str, TargetEntry] = {
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,
-            build_config="qwen3-8b.yaml", supported=("inspect", "generate", "analyze", "convert"),
+            build_config="qwen3-8b.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
             notes="dense Qwen3; no published DFlash2 drafter: pass --drafter DIR",
         ),
         TargetEntry(
             key="tiny", family="qwen3", target_id=None, drafter_id=None, block_size=8,
-            build_config="tiny.yaml", supported=("inspect", "generate", "analyze", "convert"), tiny_family="qwen3",
+            build_config="tiny.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            tiny_family="qwen3",
             notes="trained tiny dense Qwen3 + DFlash2 drafter shipped in dflash2_trt/assets/tiny (scripts/train_tiny_drafter.py)",
         ),
         TargetEntry(

@@ -38,6 +38,16 @@ def test_registry_support_claims_match_the_converter():
         assert ("convert" in e.supported) == (e.family in _FAMILY_MAPS), e.key
 
 
+def test_registry_engine_claims_match_the_network():
+    """`build-cpu` / `run` are claimed exactly for the families the engine network has a target for."""
+    from dflash2_trt.trtllm.backend import load_network
+
+    families = load_network("cpu").TARGET_FAMILIES
+    for e in TARGETS.values():
+        assert ("build-cpu" in e.supported) == (e.family in families), e.key
+        assert ("run" in e.supported) == (e.family in families), e.key
+
+
 def test_build_configs_load():
     from dflash2_trt.config.build import BuildConfig
 
