@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -159,6 +160,60 @@ def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, 
         click.echo(f"removed {p} (left behind by an earlier run that was killed)", err=True)
     click.echo(f"wrote {res.output} (tp {res.tp_size}, {res.dtype}, {len(res.files) - 1} rank file(s), "
                f"{res.bytes_read / 2**20:.1f} MiB read in {res.seconds:.1f} s)")
+
+
+_EXPORT_ONNX_EPILOG = """\b
+Outputs: OUT/drafter.onnx (the graph), OUT/drafter.onnx.data (the weights, external data),
+OUT/manifest.json (I/O, plugin nodes and attributes, optimisation profile, trtexec shapes, sha256).
+
+\b
+Build it with TensorRT 10.13 on an H200 / B200 (trtexec; the engine runs only there):
+  cmake -S plugins -B plugins/build -DTensorRT_ROOT=/path/to/TensorRT-10.13 \\
+        -DCMAKE_CUDA_ARCHITECTURES="90a;100a" && cmake --build plugins/build -j
+  dflash2-trt export-onnx --target qwen3.8-27b --dtype bfloat16 --output drafter-onnx
+  trtexec --onnx=drafter-onnx/drafter.onnx --stronglyTyped \\
+          --dynamicPlugins=plugins/build/libdflash2_plugins_dynamic.so \\
+          --setPluginsToSerialize=plugins/build/libdflash2_plugins_dynamic.so \\
+          --minShapes=... --optShapes=... --maxShapes=...   (the manifest's "trtexec" shapes) \\
+          --saveEngine=drafter.plan
+  (--staticPlugins=plugins/build/libdflash2_plugins.so instead loads the self-registering
+  library; never both.) The command printed after the export has the shapes filled in.
+  --no-plugins graphs need no plugin flags.
+"""
+
+
+@main.command("export-onnx", epilog=_EXPORT_ONNX_EPILOG)
+@_pair_options
+@click.option("--output", required=True, type=click.Path(), help="Directory to create.")
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default=None,
+              help="Graph dtype [default: the drafter's].")
+@click.option("--opset", type=int, default=18, show_default=True, help="ONNX opset of the default domain (17..23).")
+@click.option("--no-plugins", is_flag=True,
+              help="Standard ONNX ops only: the conv and the selector (top-k lattice + walk) decomposed.")
+@click.option("--selector", type=click.Choice(["greedy", "viterbi"]), default="greedy", show_default=True,
+              help="greedy = the published walk (greedy at T<=0, sampling at T>0); viterbi = global best path.")
+@click.option("--tp-size", type=int, default=1, show_default=True, help="1 only: an ONNX graph is one device's.")
+@click.option("--max-batch-size", type=int, default=8, show_default=True, help="Batch range of the profile.")
+@click.option("--max-seq-len", type=int, default=None,
+              help="Longest context of the profile [default: the target's max_position_embeddings].")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def export_onnx_cmd(target_key, drafter_dir, target_dir, download, output, dtype, opset, no_plugins, selector, tp_size,
+                    max_batch_size, max_seq_len, force) -> None:
+    """Export the drafter's draft pass as ONNX, with DFlash2 plugin nodes (domain dflash2) or without."""
+    from .onnx import export_onnx
+    from .onnx.export import trtexec_command
+
+    d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
+    res = export_onnx(d, t, output, dtype=dtype, opset=opset, use_plugins=not no_plugins, selector=selector,
+                      tp_size=tp_size, max_batch_size=max_batch_size, max_seq_len=max_seq_len, force=force,
+                      target_key=target_key, command=sys.argv)
+    m = res.manifest
+    nodes = sum(v["count"] for v in m["plugin_nodes"].values())
+    click.echo(f"wrote {res.output} ({'plugins: ' + str(nodes) + ' nodes' if m['plugins'] else 'no plugins'}, "
+               f"{m['dtype']}, opset {m['opset']}, {m['files']['drafter.onnx.data']['size'] / 2**20:.1f} MiB of "
+               f"weights, {res.seconds:.1f} s)")
+    click.echo("build on an H200/B200 with TensorRT 10.13:")
+    click.echo("  " + trtexec_command(m, onnx_path=str(Path(res.output) / m["graph"])))
 
 
 @main.command("analyze")
