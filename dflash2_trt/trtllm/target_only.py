@@ -1,0 +1,115 @@
+"""The target alone, one token per generation request per step: the autoregressive baseline.
+
+``dflash2-trt bench`` compares speculative decoding with plain autoregressive decoding of the SAME
+target on the SAME executor. On the CPU backend that is this network, run by the same CPU stand-in
+of TensorRT-LLM and driven by the same CPU runtime (``runtime/runtime.py``) as the combined engine
+(``model.py``): the only difference between the two runs is speculation.
+
+What it reuses from ``model.py`` (the network module loaded for the same backend): the target
+transformer class (``TARGET_FAMILIES[qwen_type]``, e.g. ``Qwen3Transformer``), its engine-parameter
+dataclasses, ``inverse_cdf`` (sampling), and the ``lm_head`` layout (``ColumnLinear`` gathered over
+the TP ranks). It reads the same combined checkpoint ``dflash2-trt convert`` writes and drops the
+drafter's tensors (``dflash2.*``, :data:`DROPPED_PREFIXES`) deliberately; any other missing or
+unknown tensor is an error, as in ``PretrainedModel.load``.
+
+One step, for a batch packed as [context requests..., generation requests...]::
+
+    target    the request's new tokens (a whole prompt, or the last emitted token) -> logits of
+              the request's last token
+    sample    greedy argmax where eagle_temperature <= 0, else inverse-CDF sampling of
+              softmax(logits / T) with the runtime's ``rand_data_sample`` uniform
+    outputs   the EAGLE output contract with K = 0: accepted_tokens [bs, 1], num_accepted_tokens
+              = 1, accepted_paths = 0, next_draft_tokens [bs, 0], next_draft_lens = 0,
+              next_draft_paths [bs, 1, 1] = 0, logits [bs, V]
+
+With K = 0 the runtime's bookkeeping is exactly autoregressive decoding (``seqLen += 1``, the next
+step feeds the emitted token back). Attention runs WITHOUT speculative-decoding parameters (plain
+causal generation attention): a generation request has one new token. The EAGLE-only inputs the
+runtime still fills (``rand_data_validation``, ``draft_lens``, ``host_gen_eagle_net_*``, the
+spec-decoding inputs, positions) are accepted and unused: positions follow from the KV lengths.
+
+This is a baseline network for measurement, not an engine the GPU build produces: a GPU baseline is
+TensorRT-LLM's own target engine (``trtllm-build`` without ``--speculative_decoding_mode``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dflash2_trt.trtllm import backend as _backend
+
+api = _backend.current()
+F = api.functional
+_net = _backend.load_network(api.name)
+
+KeyValueCacheParams = _net.KeyValueCacheParams
+AttentionParams = _net.AttentionParams
+SpecDecodingParams = _net.SpecDecodingParams
+dims = _net.dims
+
+DROPPED_PREFIXES = ("dflash2.",)
+"""Checkpoint tensors the target-only network does not read: the drafter (convert's ``dflash2.`` prefix)."""
+
+
+class TargetOnlyForCausalLM(api.PretrainedModel):
+    """Target transformer + lm_head; next token sampled in the graph (see the module docstring)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        if config.qwen_type not in _net.TARGET_FAMILIES:
+            raise ValueError(f"qwen_type {config.qwen_type!r}: no target network yet (have "
+                             f"{', '.join(_net.TARGET_FAMILIES)})")
+        m = config.mapping
+        self.K = 0
+        self.transformer = _net.TARGET_FAMILIES[config.qwen_type](config)
+        self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, dtype=config.dtype,
+                                               tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir, rank: int, config):
+        """The combined checkpoint's rank file without the drafter's tensors; everything else strict."""
+        from safetensors.torch import load_file
+
+        from dflash2_trt.errors import CheckpointError
+
+        path = Path(ckpt_dir) / f"rank{rank}.safetensors"
+        config.set_rank(rank)
+        model = cls(config)
+        try:
+            weights = load_file(str(path))
+        except Exception as exc:  # safetensors raises several types
+            raise CheckpointError(f"cannot read rank weights: {exc}", file=path) from None
+        model.load({k: v for k, v in weights.items() if not k.startswith(DROPPED_PREFIXES)}, source=path)
+        return model
+
+    def forward(self, input_ids, last_token_ids, kv_cache_params, attention_params, spec_decoding_params=None,
+                eagle_temperature=None, rand_data_validation=None, rand_data_sample=None, **unused_eagle_inputs):
+        # With K = 0 every request has exactly one logit row, so last_token_ids has one entry per request
+        # (the inclusive scan of the tokens per request: a prompt, or the one generation token).
+        bs = F.shape(last_token_ids, 0)
+        plain = SpecDecodingParams(spec_decoding_is_generation_length_variable=False,
+                                   spec_decoding_max_generation_length=1)        # no spec-decoding attention
+        final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain)
+        last = F.cast(last_token_ids, "int32") - 1                               # each request's last token
+        logits = F.cast(self.lm_head(F.index_select(final, 0, last)), "float32")  # [bs, V]
+
+        greedy = F.cast(F.argmax(logits, 1), "int32")
+        temperature = F.cast(eagle_temperature, "float32")
+        sampled = F.gt(temperature, 0.0)
+        t_safe = F.where(sampled, temperature, 1.0)
+        probs = F.softmax(logits * F.unsqueeze(1.0 / t_safe, 1), 1)
+        drawn = F.cast(_net.inverse_cdf(probs, F.cast(rand_data_sample, "float32")), "int32")
+        nxt = F.where(sampled, drawn, greedy)
+
+        zero = F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
+        api.mark_output(F.unsqueeze(nxt, 1), "accepted_tokens", "int32")
+        api.mark_output(zero + 1, "num_accepted_tokens", "int32")
+        api.mark_output(zero, "accepted_paths", "int32")
+        api.mark_output(F.expand(F.constant(np.zeros((1, 0), np.int32)), dims(bs, 0)), "next_draft_tokens", "int32")
+        api.mark_output(zero, "next_draft_lens", "int32")
+        api.mark_output(F.expand(F.constant(np.zeros((1, 1, 1), np.int32)), dims(bs, 1, 1)), "next_draft_paths",
+                        "int32")
+        api.mark_output(logits, "logits", "float32")
+        return nxt
