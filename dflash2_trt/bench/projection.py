@@ -1,0 +1,414 @@
+"""``dflash2-trt bench project``: a roofline MODEL of speculative vs autoregressive decoding on a GPU.
+
+Not a measurement. From an acceptance (the mean tokens a speculative step emits, from a measured
+histogram or given), the published model shapes (the target's and drafter's ``config.json``; the
+parameter counts come from the project's own inventories: transformers' model class on the meta
+device for the target, :func:`~dflash2_trt.checkpoint.inventory.expected_drafter_tensors` for the
+drafter) and a GPU's data-sheet bandwidth and dense bf16 tensor throughput, it gives the expected
+decode speedup over autoregressive decoding at each concurrency B.
+
+The cost model (every quantity is also in the document it returns, ``components``):
+
+- A decode step is a sum of components, each one kernel family bound by memory or by arithmetic::
+
+      t(component) = max(bytes / (BW * bw_efficiency), FLOPs / (peak * compute_efficiency))
+      t(step)      = sum of its components + step_overhead
+
+- Autoregressive step (B requests, one token each, context of L tokens per request), the target
+  over T = B tokens:
+
+  ``target_weights``   every target layer weight + the final norm + lm_head read once, plus the T
+                       embedding rows; FLOPs 2 * (layer params) * T + 2 * V * H * T (logits)
+  ``target_attention`` per attention layer, K/V of its visible context (min(L, window) for a
+                       sliding layer) read once per request, the T new tokens' K/V written
+                       (bf16); FLOPs 4 * context * q_heads * head_dim per token and layer
+  ``target_recurrent`` per linear-attention (Gated DeltaNet) layer, the fp32 recurrent state
+                       (value heads * key dim * value dim) read and written once per request;
+                       FLOPs 6 * value heads * key dim * value dim per token (delta-rule update,
+                       readout)
+
+- Speculative step (K drafts per request, the combined engine's one step): the same target
+  components over T = B * (K + 1) tokens (logits for every row), plus
+
+  ``drafter_weights``  the drafter's weights read once (its selector codebooks are gathered, not
+                       streamed: 2 * K * top_k rows of rank values per request); FLOPs
+                       2 * (layer params) * B * (K + 1) for the draft block and the commit of the
+                       step's B * (K + 1) tokens into the drafter's context (fc + each layer's
+                       k / v projection: 2 * (taps * H_target * H + layers * 2 * kv * d * H) per token)
+  ``drafter_attention`` K/V of min(L, drafter window) context per drafter layer and request
+  ``drafter_lm_head``  the target's lm_head again on B * K draft rows (weights re-read)
+  ``selector``         the pairwise scan: 2 * K * top_k^2 * rank FLOPs per request
+
+- speedup(B) = tau * t_AR(B) / t_spec(B), where tau = mean tokens emitted per speculative step;
+  throughputs B / t_AR and B * tau / t_spec tokens per second.
+
+What it ignores (each could move the answer; see the README's note): prefill (context phases and
+their interference with decode), kernel launch, scheduling, sampling and host overheads (unless
+``step_overhead_s`` is given), attention / GEMM kernel efficiency below the roofline (unless the
+efficiencies are given), tensor-parallel communication (one GPU), the KV-cache rewind and any
+intermediate recurrent states kept for rejected drafts, the conv states, memory capacity (whether
+B requests fit), overlap between components, clocks and power limits, quantisation, and any change
+of acceptance with concurrency (the same tau at every B).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GPU:
+    key: str
+    name: str
+    hbm_bytes_per_s: float
+    bf16_flops_per_s: float     # dense tensor-core bf16
+    source: str
+
+
+GPUS: dict[str, GPU] = {
+    "h200": GPU("h200", "NVIDIA H200 SXM", 4.8e12, 989.5e12,
+                "NVIDIA H200 Tensor Core GPU data sheet: 141 GB HBM3e at 4.8 TB/s; BF16 Tensor Core 1,979 TFLOPS "
+                "with sparsity, 989.5 dense"),
+    "b200": GPU("b200", "NVIDIA B200 (HGX, 1000 W)", 8.0e12, 2.25e15,
+                "NVIDIA Blackwell B200: 192 GB HBM3e at 8 TB/s; HGX B200 FP16/BF16 Tensor Core 4.5 PFLOPS with "
+                "sparsity, 2.25 dense"),
+}
+
+
+@dataclass(frozen=True)
+class TargetShapes:
+    """What the model needs of a target (per layer: ``attention`` | ``sliding`` | ``linear``)."""
+
+    name: str
+    hidden_size: int
+    vocab_size: int
+    layer_params: int          # every decoder-layer tensor (matmul weights dominate)
+    other_params: int          # final norm and similar, read once per pass
+    lm_head_params: int
+    layer_kinds: tuple[str, ...]
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    weight_bytes: int = 2      # bf16
+    kv_bytes: int = 2          # bf16 KV cache
+    state_bytes: int = 4       # fp32 recurrent state
+
+
+@dataclass(frozen=True)
+class DrafterShapes:
+    name: str
+    hidden_size: int
+    layer_params: int          # drafter layers (attention, MLP, dynamic convs)
+    fc_params: int             # fc (taps -> hidden)
+    other_params: int          # norms, the selector's hidden projection
+    num_layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None
+    num_taps: int
+    target_hidden_size: int
+    block_size: int
+    top_k: int
+    rank: int
+    weight_bytes: int = 2
+
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def _numel(shape) -> int:
+    return int(math.prod(shape))
+
+
+def target_shapes(target_dir_or_config, name: str | None = None) -> TargetShapes:
+    """Shapes of a target from its ``config.json`` (a directory or a dict); params from transformers'
+    model class on the meta device (the project's inventory of the target)."""
+    from ..checkpoint.inventory import expected_target_tensors
+    from ..config import TargetConfig
+
+    cfg = TargetConfig.from_hugging_face(target_dir_or_config)
+    tensors = expected_target_tensors(cfg)
+    layer = other = embed = lm_head = 0
+    for n, e in tensors.items():
+        k = _numel(e.shape)
+        if _LAYER.search(n):
+            layer += k
+        elif "embed_tokens" in n:
+            embed += k
+        elif n.endswith("lm_head.weight"):
+            lm_head += k
+        else:
+            other += k
+    if lm_head == 0:             # tied: the embedding table is the lm_head
+        lm_head = embed
+    kinds = []
+    for t in cfg.layer_types:
+        kinds.append({"full_attention": "attention", "sliding_attention": "sliding",
+                      "linear_attention": "linear"}.get(t, "attention"))
+    return TargetShapes(
+        name=name or str(getattr(cfg, "source", "target")), hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+        layer_params=layer, other_params=other, lm_head_params=lm_head, layer_kinds=tuple(kinds),
+        q_heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        window=cfg.sliding_window, linear_value_heads=cfg.linear_num_value_heads or 0,
+        linear_key_dim=cfg.linear_key_head_dim or 0, linear_value_dim=cfg.linear_value_head_dim or 0)
+
+
+def drafter_shapes(drafter_dir_or_config, target: TargetShapes, name: str | None = None) -> DrafterShapes:
+    from ..checkpoint.inventory import expected_drafter_tensors
+    from ..config import DFlash2Config
+
+    cfg = DFlash2Config.from_hugging_face(drafter_dir_or_config)
+    tensors = expected_drafter_tensors(cfg, target.hidden_size)
+    layer = fc = other = 0
+    for n, e in tensors.items():
+        k = _numel(e.shape)
+        if n.startswith("layers."):
+            layer += k
+        elif n == "fc.weight":
+            fc += k
+        elif "codebook" in n:
+            continue             # gathered rows only (see the module docstring)
+        else:
+            other += k
+    return DrafterShapes(
+        name=name or str(getattr(cfg, "source", "drafter")), hidden_size=cfg.hidden_size, layer_params=layer,
+        fc_params=fc, other_params=other, num_layers=cfg.num_hidden_layers, q_heads=cfg.num_attention_heads,
+        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, window=cfg.sliding_window,
+        num_taps=cfg.num_taps, target_hidden_size=target.hidden_size, block_size=cfg.block_size,
+        top_k=cfg.selector_top_k, rank=cfg.selector_rank)
+
+
+# ---- the cost model ------------------------------------------------------------------------------
+def _comp(name: str, bytes_: float, flops: float, gpu: GPU, bw_eff: float, fl_eff: float) -> dict:
+    t_mem = bytes_ / (gpu.hbm_bytes_per_s * bw_eff)
+    t_fl = flops / (gpu.bf16_flops_per_s * fl_eff)
+    return {"name": name, "bytes": bytes_, "flops": flops, "time_s": max(t_mem, t_fl),
+            "bound": "memory" if t_mem >= t_fl else "compute"}
+
+
+def target_pass(t: TargetShapes, batch: int, tokens_per_request: int, context: int, gpu: GPU, *,
+                bw_eff: float = 1.0, fl_eff: float = 1.0) -> list[dict]:
+    """The target over ``batch * tokens_per_request`` tokens (logits for every one)."""
+    T = batch * tokens_per_request
+    wb = t.weight_bytes
+    weights = _comp("target_weights",
+                    (t.layer_params + t.other_params + t.lm_head_params) * wb + T * t.hidden_size * wb,
+                    2.0 * t.layer_params * T + 2.0 * t.lm_head_params * T, gpu, bw_eff, fl_eff)
+    att_bytes = att_flops = 0.0
+    n_attn = 0
+    for kind in t.layer_kinds:
+        if kind == "linear":
+            continue
+        n_attn += 1
+        ctx = min(context, t.window) if (kind == "sliding" and t.window) else context
+        per_tok = 2 * t.kv_heads * t.head_dim * t.kv_bytes
+        att_bytes += batch * ctx * per_tok + T * per_tok
+        att_flops += 4.0 * ctx * t.q_heads * t.head_dim * T
+    out = [weights, _comp("target_attention", att_bytes, att_flops, gpu, bw_eff, fl_eff)]
+    n_lin = sum(k == "linear" for k in t.layer_kinds)
+    if n_lin:
+        state = t.linear_value_heads * t.linear_key_dim * t.linear_value_dim
+        out.append(_comp("target_recurrent", n_lin * batch * 2.0 * state * t.state_bytes,
+                         n_lin * 6.0 * state * T, gpu, bw_eff, fl_eff))
+    return out
+
+
+def drafter_pass(d: DrafterShapes, t: TargetShapes, batch: int, context: int, gpu: GPU, *, bw_eff: float = 1.0,
+                 fl_eff: float = 1.0) -> list[dict]:
+    """One draft block (K + 1 positions) per request + the commit of the step's B * (K + 1) tokens."""
+    K = d.block_size - 1
+    T = batch * (K + 1)
+    wb = d.weight_bytes
+    kv_out = 2 * d.kv_heads * d.head_dim
+    commit_params = d.fc_params + d.num_layers * kv_out * d.hidden_size
+    gathered = batch * 2 * K * d.top_k * d.rank * wb
+    weights = _comp("drafter_weights",
+                    (d.layer_params + d.fc_params + d.other_params) * wb + gathered + T * d.hidden_size * wb,
+                    2.0 * d.layer_params * T + 2.0 * commit_params * T, gpu, bw_eff, fl_eff)
+    ctx = min(context, d.window) if d.window else context
+    per_tok = kv_out * t.kv_bytes
+    attention = _comp("drafter_attention", d.num_layers * (batch * ctx * per_tok + 2 * T * per_tok),
+                      d.num_layers * 4.0 * ctx * d.q_heads * d.head_dim * T, gpu, bw_eff, fl_eff)
+    lm_head = _comp("drafter_lm_head", t.lm_head_params * wb, 2.0 * t.lm_head_params * batch * K, gpu, bw_eff, fl_eff)
+    selector = _comp("selector", 0.0, batch * 2.0 * K * d.top_k ** 2 * d.rank, gpu, bw_eff, fl_eff)
+    return [weights, attention, lm_head, selector]
+
+
+def project_point(t: TargetShapes, d: DrafterShapes, gpu: GPU, *, batch: int, context: int, tau: float,
+                  bw_eff: float = 1.0, fl_eff: float = 1.0, step_overhead_s: float = 0.0) -> dict:
+    K = d.block_size - 1
+    ar = target_pass(t, batch, 1, context, gpu, bw_eff=bw_eff, fl_eff=fl_eff)
+    spec = (target_pass(t, batch, K + 1, context, gpu, bw_eff=bw_eff, fl_eff=fl_eff)
+            + drafter_pass(d, t, batch, context, gpu, bw_eff=bw_eff, fl_eff=fl_eff))
+    t_ar = sum(c["time_s"] for c in ar) + step_overhead_s
+    t_spec = sum(c["time_s"] for c in spec) + step_overhead_s
+    return {"concurrency": batch, "ar_step_s": t_ar, "spec_step_s": t_spec,
+            "ar_tokens_per_s": batch / t_ar, "spec_tokens_per_s": batch * tau / t_spec,
+            "speedup": tau * t_ar / t_spec, "components": {"autoregressive": ar, "speculative": spec}}
+
+
+# ---- the article's published table (Qwen3.8-27B, SGLang, one H200, seven draft tokens) -------------------
+ARTICLE = {
+    "source": "DFlash 2 blog post (Inco AI, 2026-08-23), 'Why acceptance length is not a leaderboard statistic'",
+    "setup": "Qwen3.8-27B, SGLang on one H200, seven draft tokens per step",
+    "dflash2_mean_acceptance": 4.80,
+    "headline_speedup_range": [2.7, 3.4],
+    "headline_note": "'2.7-3.4x autoregressive on Qwen3.8-27B' (concurrency not stated; the post's framing puts the "
+                     "clear wins at concurrency 1)",
+    "concurrency_32": {          # task: (autoregressive tok/s, DFlash2 tok/s, DFlash2 speedup)
+        "GSM8K": (1329.8, 1922.5, 1.45), "MATH-500": (1505.8, 1951.8, 1.30), "HumanEval": (1546.5, 1799.0, 1.16),
+        "MBPP": (1507.7, 1886.8, 1.25), "MT-Bench": (1507.4, 1525.3, 1.01),
+    },
+}
+
+
+def compare_with_article(points: list[dict], tau: float) -> dict | None:
+    """How close the H200 projection comes to the article (where the setup matches). Like for like only
+    when the projection's tau is the article's DFlash2 acceptance (``--acceptance 4.80``): ``same_tau``."""
+    by_b = {p["concurrency"]: p for p in points}
+    c32 = ARTICLE["concurrency_32"]
+    sp = [v[2] for v in c32.values()]
+    ar = [v[0] for v in c32.values()]
+    out = {"source": ARTICLE["source"], "setup": ARTICLE["setup"], "article_tau": ARTICLE["dflash2_mean_acceptance"],
+           "projection_tau": tau, "same_tau": abs(tau - ARTICLE["dflash2_mean_acceptance"]) < 0.005}
+    if 32 in by_b:
+        p = by_b[32]
+        out["concurrency_32"] = {
+            "article_speedup_range": [min(sp), max(sp)], "article_speedup_mean": sum(sp) / len(sp),
+            "projected_speedup": p["speedup"], "ratio_projected_to_article_mean": p["speedup"] / (sum(sp) / len(sp)),
+            "article_ar_tokens_per_s_range": [min(ar), max(ar)], "projected_ar_tokens_per_s": p["ar_tokens_per_s"],
+            "ratio_projected_ar_to_article_mean": p["ar_tokens_per_s"] / (sum(ar) / len(ar)),
+        }
+    if 1 in by_b:
+        lo, hi = ARTICLE["headline_speedup_range"]
+        out["concurrency_1"] = {"article_headline_range": [lo, hi], "note": ARTICLE["headline_note"],
+                                "projected_speedup": by_b[1]["speedup"],
+                                "ratio_projected_to_headline_mid": by_b[1]["speedup"] / ((lo + hi) / 2)}
+    return out if ("concurrency_32" in out or "concurrency_1" in out) else None
+
+
+def tau_from(*, acceptance: float | None = None, report: dict | None = None, draft_len: int,
+             report_source=None) -> tuple[float, dict]:
+    """The mean tokens per speculative step: given, or from a bench report's measured histogram (pooled over
+    its runs). A report measured with more drafts than the projected drafter has is truncated:
+    E[min(n, draft_len + 1)]; with fewer it cannot say what the extra positions would accept (an error)."""
+    if (acceptance is None) == (report is None):
+        raise ConfigError("give exactly one of --acceptance or --acceptance-from", field="--acceptance")
+    if acceptance is not None:
+        if not (1.0 <= acceptance <= draft_len + 1):
+            raise ConfigError(f"must be in [1, {draft_len + 1}] (tokens per step with {draft_len} drafts), got "
+                              f"{acceptance}", field="--acceptance")
+        return float(acceptance), {"kind": "given", "mean": float(acceptance)}
+    try:
+        hist: dict[int, int] = {}
+        for run in report["runs"]:
+            for n, c in run["speculative"]["acceptance"]["histogram"].items():
+                hist[int(n)] = hist.get(int(n), 0) + int(c)
+        measured_k = int(report["draft_len"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError("not a bench report with measured acceptance histograms (runs[].speculative.acceptance."
+                          "histogram)", source=report_source) from None
+    if not hist:
+        raise ConfigError("the report has no generation steps", source=report_source)
+    if measured_k < draft_len:
+        raise ConfigError(f"the report measured {measured_k} drafts per step; the projected drafter has {draft_len} "
+                          f"(acceptance beyond position {measured_k} is unknown)", source=report_source,
+                          field="draft_len")
+    steps = sum(hist.values())
+    tau = sum(min(n, draft_len + 1) * c for n, c in hist.items()) / steps
+    return tau, {"kind": "measured", "source": str(report_source) if report_source else None, "steps": steps,
+                 "histogram": {str(k): hist[k] for k in sorted(hist)}, "measured_draft_len": measured_k,
+                 "mean": tau}
+
+
+def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: int, tau: float,
+            acceptance_info: dict, bw_eff: float = 1.0, fl_eff: float = 1.0, step_overhead_s: float = 0.0) -> dict:
+    """The projection document (``report.projection``)."""
+    for v, f in ((bw_eff, "--bandwidth-efficiency"), (fl_eff, "--compute-efficiency")):
+        if not 0 < v <= 1:
+            raise ConfigError(f"must be in (0, 1], got {v}", field=f)
+    if not isinstance(context, int) or context < 1:
+        raise ConfigError(f"must be an integer >= 1, got {context!r}", field="--context-len")
+    if step_overhead_s < 0:
+        raise ConfigError(f"must be >= 0, got {step_overhead_s}", field="--step-overhead-ms")
+    per_gpu = []
+    for g in gpus:
+        pts = [project_point(t, d, g, batch=b, context=context, tau=tau, bw_eff=bw_eff, fl_eff=fl_eff,
+                             step_overhead_s=step_overhead_s) for b in concurrency]
+        entry = {"gpu": asdict(g), "points": pts}
+        if g.key == "h200" and t.name.lower().startswith("qwen3.8-27b") and d.block_size == 8:
+            entry["article"] = compare_with_article(pts, tau)
+        per_gpu.append(entry)
+    return {
+        "kind": "roofline model (not a measurement)",
+        "target": asdict(t) | {"layer_kinds": {k: t.layer_kinds.count(k) for k in sorted(set(t.layer_kinds))}},
+        "drafter": asdict(d), "draft_len": d.block_size - 1, "acceptance": acceptance_info, "tau": tau,
+        "context_len": context, "bandwidth_efficiency": bw_eff, "compute_efficiency": fl_eff,
+        "step_overhead_s": step_overhead_s, "gpus": per_gpu,
+        "model": "t(component) = max(bytes / (BW * bw_eff), FLOPs / (peak * compute_eff)); step = sum + overhead; "
+                 "speedup = tau * t_AR / t_spec (dflash2_trt/bench/projection.py)",
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def published_pair_shapes(target_key: str) -> tuple[TargetShapes, DrafterShapes]:
+    """Shapes of a registered target's published pair, from their config.json: the published-config
+    fixtures of this checkout (``tests/fixtures``, or ``$DFLASH2_TRT_FIXTURES``), else the local
+    checkpoints (``$DFLASH2_TRT_MODELS``, the HF cache); nothing is downloaded."""
+    from ..targets import get_target, resolve_dirs
+    from ..testing.fixtures import fixtures_dir
+
+    entry = get_target(target_key)
+    if entry.target_id is None or entry.drafter_id is None:
+        d, tdir = resolve_dirs(entry)
+    else:
+        fx = fixtures_dir()
+        tdir, d = (fx / entry.target_id.replace("/", "__")), (fx / entry.drafter_id.replace("/", "__"))
+        if not ((tdir / "config.json").is_file() and (d / "config.json").is_file()):
+            d, tdir = resolve_dirs(entry)
+    t = target_shapes(Path(tdir), name=target_key)
+    return t, drafter_shapes(Path(d), t, name=f"{target_key} drafter")
+
+
+def render(doc: dict) -> str:
+    lines = [f"PROJECTION ({doc['kind']}): {doc['target']['name']} + drafter, {doc['draft_len']} drafts/step, "
+             f"tau = {doc['tau']:.2f} tokens/step ({doc['acceptance']['kind']}), context {doc['context_len']} tokens, "
+             f"efficiency bw {doc['bandwidth_efficiency']:g} / compute {doc['compute_efficiency']:g}, "
+             f"overhead {doc['step_overhead_s'] * 1e3:g} ms/step"]
+    for g in doc["gpus"]:
+        lines.append(f"  {g['gpu']['name']} ({g['gpu']['hbm_bytes_per_s'] / 1e12:g} TB/s, "
+                     f"{g['gpu']['bf16_flops_per_s'] / 1e12:g} TFLOP/s bf16 dense)")
+        lines.append(f"  {'conc':>6} {'AR ms/step':>10} {'spec ms/step':>12} {'AR tok/s':>9} {'spec tok/s':>10} "
+                     f"{'speedup':>7}  bound (spec target weights)")
+        for p in g["points"]:
+            bound = p["components"]["speculative"][0]["bound"]
+            lines.append(f"  {p['concurrency']:>6} {p['ar_step_s'] * 1e3:>10.2f} {p['spec_step_s'] * 1e3:>12.2f} "
+                         f"{p['ar_tokens_per_s']:>9.0f} {p['spec_tokens_per_s']:>10.0f} {p['speedup']:>7.2f}  {bound}")
+        art = g.get("article")
+        if art:
+            c32, c1 = art.get("concurrency_32"), art.get("concurrency_1")
+            if not art["same_tau"]:
+                lines.append(f"  (the article's DFlash2 accepts {art['article_tau']:.2f} tokens/step, this projection "
+                             f"uses {art['projection_tau']:.2f}: not like for like; --acceptance 4.80 is)")
+            if c32:
+                lines.append(f"  vs the article at concurrency 32: DFlash2 {c32['article_speedup_range'][0]:.2f}-"
+                             f"{c32['article_speedup_range'][1]:.2f}x (mean {c32['article_speedup_mean']:.2f}), "
+                             f"projected {c32['projected_speedup']:.2f}x; AR {c32['article_ar_tokens_per_s_range'][0]:.0f}-"
+                             f"{c32['article_ar_tokens_per_s_range'][1]:.0f} tok/s, projected "
+                             f"{c32['projected_ar_tokens_per_s']:.0f}")
+            if c1:
+                lines.append(f"  vs the article's headline {c1['article_headline_range'][0]}-"
+                             f"{c1['article_headline_range'][1]}x: projected {c1['projected_speedup']:.2f}x at "
+                             f"concurrency 1")
+    return "\n".join(lines)

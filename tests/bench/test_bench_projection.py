@@ -1,0 +1,130 @@
+"""The roofline projection against hand computations, the published shapes against the fixtures, the
+acceptance it takes from a report, and its comparison with the article."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dflash2_trt.bench.projection import (ARTICLE, GPU, GPUS, DrafterShapes, TargetShapes, compare_with_article,
+                                          drafter_pass, project, project_point, published_pair_shapes, target_pass,
+                                          tau_from)
+from dflash2_trt.errors import ConfigError
+
+TOY_T = TargetShapes(name="toy", hidden_size=10, vocab_size=100, layer_params=1000, other_params=10,
+                     lm_head_params=1000, layer_kinds=("attention", "linear", "sliding"), q_heads=2, kv_heads=1,
+                     head_dim=4, window=8, linear_value_heads=2, linear_key_dim=3, linear_value_dim=5)
+TOY_D = DrafterShapes(name="toy drafter", hidden_size=10, layer_params=200, fc_params=30, other_params=5,
+                      num_layers=1, q_heads=2, kv_heads=1, head_dim=4, window=8, num_taps=3, target_hidden_size=10,
+                      block_size=3, top_k=2, rank=4)
+TOY_GPU = GPU("toy", "toy GPU", 1000.0, 100000.0, "test")      # 1000 B/s, 1e5 FLOP/s
+
+
+def _times(comps):
+    return {c["name"]: c["time_s"] for c in comps}
+
+
+def test_autoregressive_step_by_hand():
+    # B = 2 requests, 1 token each, context 20.
+    # weights: (1000 + 10 + 1000) * 2 B + 2 embedding rows * 10 * 2 B = 4060 B -> 4.06 s; FLOPs 8000 -> 0.08 s
+    # attention: per token 2 * 1 * 4 * 2 B = 16 B; full layer 2 * 20 * 16 + 2 * 16 = 672 B, sliding (8 of 20)
+    #   2 * 8 * 16 + 32 = 288 B -> 0.96 s; FLOPs 4*20*2*4*2 + 4*8*2*4*2 = 1792 -> 0.018 s
+    # recurrent: state 2 * 3 * 5 = 30 fp32, read + written per request: 2 * 2 * 30 * 4 = 480 B -> 0.48 s
+    t = _times(target_pass(TOY_T, 2, 1, 20, TOY_GPU))
+    assert t == pytest.approx({"target_weights": 4.06, "target_attention": 0.96, "target_recurrent": 0.48})
+
+
+def test_speculative_step_by_hand():
+    # K = 2, B = 2 -> T = 6 target tokens
+    t = _times(target_pass(TOY_T, 2, 3, 20, TOY_GPU))
+    # weights 4020 + 6 * 20 = 4140 B; attention 2*20*16 + 6*16 + 2*8*16 + 6*16 = 1088 B; recurrent as before
+    assert t == pytest.approx({"target_weights": 4.14, "target_attention": 1.088, "target_recurrent": 0.48})
+    d = _times(drafter_pass(TOY_D, TOY_T, 2, 20, TOY_GPU))
+    # drafter weights (200 + 30 + 5) * 2 + gathered codebook rows 2 * 2*K*top_k*rank * 2 B (= 128) + 6 * 20 = 718 B
+    # drafter attention: window 8, per token 2*1*4*2 = 16 B: 2 * 8 * 16 + 2 * 6 * 16 = 448 B
+    # lm_head re-read 2000 B -> 2.0 s; selector 2 * 2*K*top_k^2*rank = 128 FLOPs -> 0.00128 s
+    assert d == pytest.approx({"drafter_weights": 0.718, "drafter_attention": 0.448, "drafter_lm_head": 2.0,
+                               "selector": 0.00128})
+    p = project_point(TOY_T, TOY_D, TOY_GPU, batch=2, context=20, tau=2.5)
+    assert p["ar_step_s"] == pytest.approx(5.5)
+    assert p["spec_step_s"] == pytest.approx(4.14 + 1.088 + 0.48 + 0.718 + 0.448 + 2.0 + 0.00128)
+    assert p["speedup"] == pytest.approx(2.5 * 5.5 / 8.87528)
+    assert p["ar_tokens_per_s"] == pytest.approx(2 / 5.5)
+    assert p["spec_tokens_per_s"] == pytest.approx(2 * 2.5 / 8.87528)
+
+
+def test_compute_bound_efficiencies_and_overhead():
+    slow = GPU("slow", "slow", 1000.0, 1000.0, "test")          # 1000 FLOP/s: the weights GEMM is compute-bound
+    w = target_pass(TOY_T, 2, 1, 20, slow)[0]
+    assert w["bound"] == "compute" and w["time_s"] == pytest.approx(8.0)
+    assert target_pass(TOY_T, 2, 1, 20, TOY_GPU)[0]["bound"] == "memory"
+    half = _times(target_pass(TOY_T, 2, 1, 20, TOY_GPU, bw_eff=0.5))
+    assert half["target_weights"] == pytest.approx(8.12)        # memory time doubles
+    assert _times(target_pass(TOY_T, 2, 1, 20, slow, fl_eff=0.5))["target_weights"] == pytest.approx(16.0)
+    p0 = project_point(TOY_T, TOY_D, TOY_GPU, batch=2, context=20, tau=2.5)
+    p1 = project_point(TOY_T, TOY_D, TOY_GPU, batch=2, context=20, tau=2.5, step_overhead_s=1.0)
+    assert p1["ar_step_s"] == pytest.approx(p0["ar_step_s"] + 1) and p1["spec_step_s"] == pytest.approx(
+        p0["spec_step_s"] + 1)
+
+
+def test_tau_from_a_report_histogram_truncates_to_the_projected_drafts():
+    rep = {"draft_len": 3, "runs": [{"speculative": {"acceptance": {"histogram": {"1": 2, "4": 2}}}},
+                                    {"speculative": {"acceptance": {"histogram": {"2": 1}}}}]}
+    tau, info = tau_from(report=rep, draft_len=3)
+    assert tau == pytest.approx((2 + 8 + 2) / 5) and info["steps"] == 5 and info["kind"] == "measured"
+    tau2, _ = tau_from(report=rep, draft_len=2)                  # min(n, 3): (2 + 6 + 2) / 5
+    assert tau2 == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="measured 3 drafts"):
+        tau_from(report=rep, draft_len=7)
+    with pytest.raises(ConfigError, match="exactly one"):
+        tau_from(draft_len=3)
+    with pytest.raises(ConfigError, match=r"\[1, 4\]"):
+        tau_from(acceptance=4.5, draft_len=3)
+    with pytest.raises(ConfigError, match="not a bench report"):
+        tau_from(report={"runs": [{}]}, draft_len=3)
+
+
+def test_published_shapes_match_the_fixtures():
+    from dflash2_trt.testing.fixtures import QWEN_DRAFTER
+
+    t, d = published_pair_shapes("qwen3.8-27b")
+    assert t.layer_kinds.count("linear") == 48 and t.layer_kinds.count("attention") == 16
+    assert (t.q_heads, t.kv_heads, t.head_dim, t.hidden_size) == (24, 4, 256, 5120)
+    assert 26e9 < t.layer_params + t.other_params + 2 * t.lm_head_params < 28e9       # "27B" with its embedding
+    inv = json.loads((QWEN_DRAFTER / "tensors.json").read_text())["tensors"]
+    streamed = sum(math.prod(s) for n, s in inv.items() if "codebook" not in n)
+    assert d.layer_params + d.fc_params + d.other_params == streamed                 # the drafter's own inventory
+    assert d.block_size == 8 and d.top_k == 16 and d.rank == 256 and d.window == 2048
+    m_t, m_d = published_pair_shapes("muse-glimmer-30b")
+    assert m_d.block_size == 16 and m_t.layer_kinds.count("sliding") > 0 and "linear" not in m_t.layer_kinds
+
+
+def test_projection_document_and_the_article_comparison():
+    t, d = published_pair_shapes("qwen3.8-27b")
+    doc = project(t, d, [GPUS["h200"], GPUS["b200"]], concurrency=[1, 32], context=1024, tau=4.80,
+                  acceptance_info={"kind": "given", "mean": 4.8})
+    assert doc["kind"].startswith("roofline model") and doc["draft_len"] == 7
+    h200 = doc["gpus"][0]
+    art = h200["article"]
+    assert art["same_tau"] and art["article_tau"] == ARTICLE["dflash2_mean_acceptance"]
+    p1, p32 = h200["points"]
+    assert art["concurrency_32"]["projected_speedup"] == p32["speedup"]
+    assert art["concurrency_32"]["article_speedup_range"] == [1.01, 1.45]
+    assert art["concurrency_1"]["projected_speedup"] == p1["speedup"]
+    # batching amortises the weights: the model's speedup cannot grow from 1 to 32 on the H200 (it turns
+    # compute-bound first), and at concurrency 1 it is memory-bound: speedup ~ tau * W / (W + drafter)
+    assert p32["speedup"] < p1["speedup"] < 4.80
+    assert p1["components"]["speculative"][0]["bound"] == "memory"
+    assert "article" not in doc["gpus"][1]                          # the article's table is an H200 one
+    assert compare_with_article([p1], 3.3)["same_tau"] is False
+
+
+@pytest.mark.parametrize("kw,field", [({"bw_eff": 0}, "--bandwidth-efficiency"),
+                                      ({"fl_eff": 1.5}, "--compute-efficiency"),
+                                      ({"context": 0}, "--context-len"), ({"step_overhead_s": -1}, "--step-overhead-ms")])
+def test_projection_refuses_bad_settings(kw, field):
+    args = {"concurrency": [1], "context": 10, "tau": 2.0, "acceptance_info": {}} | kw
+    with pytest.raises(ConfigError, match=field):
+        project(TOY_T, TOY_D, [TOY_GPU], **args)
