@@ -361,7 +361,8 @@ def export_onnx(drafter_dir, target_dir, output, *, dtype: str | None = None, op
         _check_plugin_limits(cfg, cfg.source)
     T = cfg.block_size
     max_seq = tcfg.max_position_embeddings if max_seq_len is None else max_seq_len
-    if not isinstance(max_seq, int) or isinstance(max_seq, bool) or not T + 1 <= max_seq <= tcfg.max_position_embeddings:
+    mpe = tcfg.max_position_embeddings
+    if not isinstance(max_seq, int) or isinstance(max_seq, bool) or not T + 1 <= max_seq <= mpe:
         raise ConfigError(f"must be an integer in [{T + 1}, {tcfg.max_position_embeddings}] (block size + 1 .. the "
                           f"target's max_position_embeddings), got {max_seq!r}", field="--max-seq-len")
     dt = dtype or cfg.dtype
@@ -388,7 +389,8 @@ def export_onnx(drafter_dir, target_dir, output, *, dtype: str | None = None, op
                      dtype=dt, use_plugins=use_plugins, scan_mode=scan_mode).build()
         finally:
             g.close_data()
-        model = g.model("dflash2_drafter", doc=f"DFlash2 drafter draft pass ({'plugins' if use_plugins else 'no plugins'})")
+        kind = "plugins" if use_plugins else "no plugins"
+        model = g.model("dflash2_drafter", doc=f"DFlash2 drafter draft pass ({kind})")
         onnx.save_model(model, str(tmp / GRAPH_FILE))
         try:
             onnx.checker.check_model(str(tmp / GRAPH_FILE))
