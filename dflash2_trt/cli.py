@@ -304,5 +304,139 @@ def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temper
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
+# ---- bench ----------------------------------------------------------------------------------------
+@main.group("bench")
+def bench_group() -> None:
+    """Datasets, throughput / latency / acceptance per concurrency, and a GPU projection."""
+
+
+@bench_group.command("prepare-dataset")
+@click.option("--output", required=True, help="JSON-lines dataset to write.")
+@click.option("--builtin", type=click.Choice(["tiny", "tiny-hybrid"]), help="A shipped prompt set.")
+@click.option("--prompts", "prompts_file",
+              help="Prompts file: JSON list / {\"prompts\": [...]} / JSON lines of token-id lists or strings.")
+@click.option("--corpus", help="UTF-8 text, one prompt per non-empty line.")
+@click.option("--synthetic", type=click.Choice(["token-norm-dist", "token-unif-dist"]),
+              help="Random token ids with normal / uniform input and output lengths.")
+@click.option("--target", "target_key", help="Registered target (vocabulary, EOS, tokenizer).")
+@click.option("--target-dir", type=click.Path(file_okay=False), help="Target directory (vocabulary, EOS, tokenizer).")
+@click.option("--engine-dir", type=click.Path(file_okay=False), help="Engine directory (vocabulary, EOS, tokenizer).")
+@click.option("--num-requests", type=int, help="Requests (prompt sources repeat or cut their prompts).")
+@click.option("--output-tokens", type=int, default=64, show_default=True, help="output_tokens of prompt sources.")
+@click.option("--max-input-len", type=int, help="Truncate prompts to this many tokens.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Synthetic datasets: same seed, same file.")
+@click.option("--input-mean", type=int)
+@click.option("--input-stdev", type=int)
+@click.option("--output-mean", type=int)
+@click.option("--output-stdev", type=int)
+@click.option("--input-min", type=int)
+@click.option("--input-max", type=int)
+@click.option("--output-min", type=int)
+@click.option("--output-max", type=int)
+def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, target_key, target_dir, engine_dir,
+                              num_requests, output_tokens, max_input_len, seed, **lengths) -> None:
+    """Write a dataset in trtllm-bench's format: {"task_id", "input_ids", "output_tokens"} per line."""
+    from .bench.dataset import prepare_dataset, resolve_target
+    from .errors import ConfigError
+
+    sources = {"builtin": builtin, "prompts": prompts_file, "corpus": corpus, "synthetic": synthetic}
+    chosen = [k for k, v in sources.items() if v is not None]
+    if len(chosen) != 1:
+        raise ConfigError("give exactly one of --builtin, --prompts, --corpus, --synthetic", field="source")
+    if builtin is not None and target_key is None and target_dir is None and engine_dir is None:
+        target_key = builtin
+    tgt = resolve_target(target_key=target_key, target_dir=target_dir, engine_dir=engine_dir)
+    res = prepare_dataset(source=synthetic or chosen[0], output=output, builtin=builtin, prompts_file=prompts_file,
+                          corpus=corpus, tokenizer_dir=tgt["tokenizer_dir"], vocab_size=tgt["vocab_size"],
+                          stop_ids=tgt["stop_ids"], num_requests=num_requests, output_tokens=output_tokens,
+                          max_input_len=max_input_len, seed=seed, **lengths)
+    click.echo(f"wrote {res['output']}: {res['requests']} requests ({res['source']}), mean input "
+               f"{res['mean_input_len']:.1f} tokens, mean output {res['mean_output_tokens']:.1f} tokens")
+
+
+@bench_group.command("run")
+@click.option("--engine-dir", required=True, type=click.Path(), help="Engine directory from `dflash2-trt build`.")
+@click.option("--dataset", required=True, help="trtllm-bench JSON-lines dataset.")
+@click.option("--concurrency", default="1,4,16", show_default=True, help="Requests kept in flight, comma-separated.")
+@click.option("--num-requests", type=int, help="Use the dataset's first N lines [default: all].")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Request i uses seed + i.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="For lines without output_tokens.")
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at the target's EOS (every request runs its length).")
+@click.option("--no-baseline", is_flag=True, help="Skip the autoregressive runs.")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "trtllm"]), default="auto", show_default=True,
+              help="Refuse an engine of another backend than this one.")
+@click.option("--json", "json_out", help="Write the report (JSON) here.")
+@click.option("--plot", "plot_out", help="Write a PNG: acceptance by position, "
+              "speedup against concurrency.")
+@click.option("--project", "project_gpus", help="Add a roofline projection for these GPUs (h200,b200).")
+@click.option("--project-target", default="qwen3.8-27b", show_default=True,
+              help="Published model shapes the projection uses.")
+@click.option("--context-len", type=int, help="Projection's context length [default: mean prompt + half the output].")
+@click.option("--save-outputs", is_flag=True, help="Keep every request's output ids in the JSON report.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--threads", type=int, default=1, show_default=True, help="CPU engines: torch threads while measuring.")
+@click.option("--baseline-engine-dir", type=click.Path(file_okay=False),
+              help="TensorRT-LLM engines: a target-only engine for the autoregressive runs.")
+@click.option("--benchmark-bin",
+              help="TensorRT-LLM engines: gptManagerBenchmark [default: on PATH].")
+@click.option("--plugin-lib",
+              help="TensorRT-LLM engines: libdflash2_plugins.so to LD_PRELOAD [default: the engine's].")
+@click.option("--dry-run", is_flag=True, help="TensorRT-LLM engines: print the benchmark commands, run nothing.")
+def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, seed, max_new_tokens, ignore_eos,
+                  no_baseline, backend, json_out, plot_out, project_gpus, project_target, context_len, save_outputs,
+                  no_progress, threads, baseline_engine_dir, benchmark_bin, plugin_lib, dry_run) -> None:
+    """Throughput, latency, TTFT and acceptance per concurrency, speculative vs autoregressive."""
+    from .bench.report import render
+    from .bench.run import bench_run
+
+    report = bench_run(engine_dir, dataset, backend=backend, concurrency=concurrency, num_requests=num_requests,
+                       temperature=temperature, seed=seed, max_new_tokens=max_new_tokens, stop_on_eos=not ignore_eos,
+                       baseline=not no_baseline, json_out=json_out, plot_out=plot_out, project_gpus=project_gpus,
+                       project_target=project_target, context_len=context_len, progress=not no_progress,
+                       keep_outputs=save_outputs, baseline_engine_dir=baseline_engine_dir,
+                       benchmark_bin=benchmark_bin, plugin_lib=plugin_lib, dry_run=dry_run, threads=threads)
+    if dry_run:
+        import shlex
+
+        for cmd in report.get("commands", []):
+            click.echo(shlex.join(cmd))
+        return
+    click.echo(render(report))
+    for p, what in ((json_out, "report"), (plot_out, "plot")):
+        if p is not None:
+            click.echo(f"wrote {what} {p}")
+
+
+@bench_group.command("project")
+@click.option("--target", "target_key", default="qwen3.8-27b", show_default=True,
+              help="Registered target whose published shapes (target + drafter config.json) are used.")
+@click.option("--gpu", "gpus", default="h200,b200", show_default=True, help="GPUs: h200, b200 (comma-separated).")
+@click.option("--concurrency", default="1,4,16,32", show_default=True)
+@click.option("--context-len", type=int, default=1024, show_default=True, help="Tokens of context per request.")
+@click.option("--acceptance", type=float, help="Mean tokens emitted per speculative step (e.g. 4.80).")
+@click.option("--acceptance-from",
+              help="A `bench run --json` report: its measured acceptance histogram.")
+@click.option("--bandwidth-efficiency", type=float, default=1.0, show_default=True,
+              help="Achieved share of the data-sheet bandwidth.")
+@click.option("--compute-efficiency", type=float, default=1.0, show_default=True,
+              help="Achieved share of the data-sheet bf16 tensor throughput.")
+@click.option("--step-overhead-ms", type=float, default=0.0, show_default=True, help="Fixed cost per decode step.")
+@click.option("--json", "json_out", help="Write the projection (JSON) here.")
+def bench_project_cmd(target_key, gpus, concurrency, context_len, acceptance, acceptance_from, bandwidth_efficiency,
+                      compute_efficiency, step_overhead_ms, json_out) -> None:
+    """Roofline model of the speedup over autoregressive decoding on a GPU (a model, not a measurement)."""
+    from .bench.projection import render
+    from .bench.run import bench_project
+
+    doc = bench_project(target=target_key, gpus=gpus, concurrency=concurrency, context_len=context_len,
+                        acceptance=acceptance, acceptance_from=acceptance_from,
+                        bandwidth_efficiency=bandwidth_efficiency, compute_efficiency=compute_efficiency,
+                        step_overhead_ms=step_overhead_ms, json_out=json_out)
+    click.echo(render(doc))
+    if json_out is not None:
+        click.echo(f"wrote {json_out}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,188 @@
+"""The CPU-engine benchmark: requests kept in flight at each concurrency, with and without speculation.
+
+At concurrency C the load generator submits the first C requests, then a new one whenever one
+finishes (closed loop, as ``gptManagerBenchmark --concurrency C``), until the dataset's requests
+are done; the runtime's batch is capped at C. Each concurrency runs twice over the same requests:
+
+- ``speculative``: the engine directory's combined engine (``trtllm/model.py``: draft, verify and
+  accept in one step);
+- ``autoregressive``: the target alone (``trtllm/target_only.py`` via
+  :class:`~.autoregressive.TargetOnlyCpuEngine`): the same CPU stand-in, the same runtime, the
+  same batching and KV cache, one token per request per step.
+
+Request i of the dataset uses seed ``seed + i`` (as ``run``); it stops at the target's EOS (as
+``run`` and ``generate``) unless ``stop_on_eos`` is off, and at its ``output_tokens``. One short
+request per engine warms up first (the plugins' CPU builds, first-call allocations), untimed.
+
+At temperature 0 both modes must emit the same tokens (the speculation is lossless and the baseline
+IS the target); the report says so per concurrency (``outputs_match``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+
+from ..errors import ConfigError
+from .metrics import run_metrics
+
+
+def parse_concurrency(text) -> list[int]:
+    """``"1,4,16"`` -> ``[1, 4, 16]``; each >= 1, no repeats."""
+    if isinstance(text, (list, tuple)):
+        items = [str(t) for t in text]
+    else:
+        items = [t.strip() for t in str(text).split(",")]
+    if not items or any(not t.isdigit() or not t.isascii() for t in items):
+        raise ConfigError(f"expected comma-separated positive integers, got {text!r}", field="--concurrency")
+    vals = [int(t) for t in items]
+    if any(v < 1 for v in vals):
+        raise ConfigError(f"every concurrency must be >= 1, got {text!r}", field="--concurrency")
+    if len(set(vals)) != len(vals):
+        raise ConfigError(f"a concurrency is repeated in {text!r}", field="--concurrency")
+    return vals
+
+
+def make_requests(specs, *, temperature: float, seed: int, stops):
+    from ..runtime import Request
+
+    return [Request(list(s["input_ids"]), int(s["output_tokens"]), temperature=temperature, seed=seed + i,
+                    stop_token_ids=tuple(stops), task_id=s["task_id"]) for i, s in enumerate(specs)]
+
+
+def drive(runtime, requests, concurrency: int, *, on_finish=None) -> float:
+    """Run ``requests`` through ``runtime`` keeping ``concurrency`` in flight; returns the wall time."""
+    pending = deque(requests)
+    t0 = time.perf_counter()
+
+    def top_up():
+        while pending and runtime.in_flight < concurrency:
+            runtime.submit(pending.popleft())
+
+    top_up()
+    while runtime.has_work:
+        finished = runtime.step()
+        if on_finish is not None and finished:
+            on_finish(len(finished))
+        top_up()
+    return time.perf_counter() - t0
+
+
+def _progress(enabled: bool, total: int, desc: str):
+    from tqdm import tqdm
+
+    # enabled: a bar on a terminal (tqdm's disable=None: off when stderr is not a TTY, e.g. in CI logs)
+    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, disable=None if enabled else True, leave=False,
+                dynamic_ncols=True)
+
+
+def bench_cpu(engine_dir, dataset, *, concurrency, num_requests: int | None = None, temperature: float = 0.0,
+              seed: int = 0, max_new_tokens: int = 64, stop_on_eos: bool = True, baseline: bool = True,
+              warmup: bool = True, progress: bool = False, keep_outputs: bool = False, threads: int | None = 1) -> dict:
+    """The report's measured part for a CPU engine directory (see :mod:`.report` for the document).
+
+    ``threads``: torch intra-op threads while measuring (default 1: the stand-in runs many small ops, and on
+    a small shared machine a second thread mostly adds synchronisation stalls; None keeps torch's setting)."""
+    import torch
+
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"must be an integer >= 1, got {threads!r}", field="--threads")
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _bench_cpu(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
+                          temperature=temperature, seed=seed, max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos,
+                          baseline=baseline, warmup=warmup, progress=progress, keep_outputs=keep_outputs)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, seed, max_new_tokens, stop_on_eos,
+               baseline, warmup, progress, keep_outputs) -> dict:
+    import torch
+
+    from ..engine.build import open_cpu_engine
+    from ..engine.run import _stop_ids
+    from ..reference.generate import SEED_MAX
+    from ..runtime import Runtime
+    from .autoregressive import open_target_only_engine
+    from .dataset import load_bench_requests, prompt_tokenizer_dir
+
+    levels = parse_concurrency(concurrency)
+    if not (temperature >= 0 and temperature != float("inf")):
+        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
+    if not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
+    t_start = time.perf_counter()
+    engine, man = open_cpu_engine(engine_dir)
+    ar_engine = None
+    try:
+        K = engine.K
+        limit = engine.limits["max_batch_size"]
+        too_big = [c for c in levels if c > limit]
+        if too_big:
+            raise ConfigError(f"concurrency {too_big[0]} exceeds the engine's max_batch_size {limit}; rebuild it with "
+                              f"`dflash2-trt build ... --max-batch-size {max(levels)}`", field="--concurrency")
+        specs = load_bench_requests(dataset, vocab_size=engine.vocab_size, default_output_tokens=max_new_tokens,
+                                    num_requests=num_requests, tokenizer_dir=prompt_tokenizer_dir(engine_dir, man))
+        stops = _stop_ids(man, engine.vocab_size) if stop_on_eos else ()
+        checker = Runtime(engine)
+        for r in make_requests(specs, temperature=temperature, seed=seed, stops=stops):
+            checker.check(r)                      # every request fits before anything runs
+        if baseline:
+            ar_engine = open_target_only_engine(engine_dir)
+        engines = [("speculative", engine)] + ([("autoregressive", ar_engine)] if baseline else [])
+        if warmup:
+            for _, e in engines:
+                w = make_requests(specs[:1], temperature=temperature, seed=seed, stops=stops)[0]
+                w.max_new_tokens = min(w.max_new_tokens, 2)
+                Runtime(e, max_batch_size=1).generate([w])
+        runs = []
+        for c in levels:
+            row = {"concurrency": c}
+            outputs = {}
+            for mode, e in engines:
+                rt = Runtime(e, max_batch_size=c)
+                reqs = make_requests(specs, temperature=temperature, seed=seed, stops=stops)
+                with _progress(progress, len(reqs), f"concurrency {c} {mode}") as bar:
+                    wall = drive(rt, reqs, c, on_finish=bar.update)
+                row[mode] = run_metrics(reqs, wall_s=wall, step_log=rt.step_log, draft_len=e.K)
+                outputs[mode] = reqs
+                if keep_outputs:
+                    row[mode]["outputs"] = [{"task_id": r.task_id, "output_ids": list(r.output_ids),
+                                              "stop_reason": r.stop_reason,
+                                              "acceptance_lengths": list(r.acceptance_lengths)} for r in reqs]
+            if baseline:
+                spec, ar = row["speculative"], row["autoregressive"]
+                row["speedup"] = (spec["output_tokens_per_s"] / ar["output_tokens_per_s"]
+                                  if spec["output_tokens_per_s"] and ar["output_tokens_per_s"] else None)
+                row["outputs_match"] = (all(a.output_ids == b.output_ids for a, b in
+                                            zip(outputs["speculative"], outputs["autoregressive"]))
+                                        if temperature == 0 else None)
+            else:
+                row["autoregressive"], row["speedup"], row["outputs_match"] = None, None, None
+            runs.append(row)
+        in_lens = [len(s["input_ids"]) for s in specs]
+        return {
+            "backend": "cpu", "engine_dir": str(engine_dir), "target": man.get("target"),
+            "block_size": K + 1, "draft_len": K, "tp_size": engine.tp,
+            "dataset_requests": specs,
+            "settings": {"concurrency": levels, "num_requests": len(specs), "temperature": temperature, "seed": seed,
+                         "stop_on_eos": bool(stop_on_eos), "stop_token_ids": list(stops),
+                         "max_new_tokens": max_new_tokens, "warmup": bool(warmup),
+                         "torch_threads": torch.get_num_threads()},
+            "baseline": ({"kind": "target-only",
+                          "description": "the target alone (dflash2_trt/trtllm/target_only.py) on the same CPU stand-in "
+                                         "and CPU runtime, one token per request per step, in-flight batched at the "
+                                         "same concurrency"} if baseline else None),
+            "mean_input_len": sum(in_lens) / len(in_lens),
+            "runs": runs, "unavailable": [], "measure_wall_s": time.perf_counter() - t_start,
+        }
+    finally:
+        engine.close()
+        if ar_engine is not None:
+            ar_engine.close()

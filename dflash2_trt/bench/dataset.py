@@ -1,0 +1,268 @@
+"""``dflash2-trt bench prepare-dataset``: a dataset in trtllm-bench's JSON-lines format.
+
+One JSON object per line, no newline inside a line (``tensorrt_llm/bench/utils/data.py:
+create_dataset_from_stream`` reads line by line; ``tensorrt_llm/bench/dataset/utils.py:
+generate_text_dataset`` writes ``json.dumps(d, separators=(",", ":"))``)::
+
+    {"task_id": 0, "input_ids": [187, 95, 235], "output_tokens": 64}
+
+``task_id`` (int) and ``output_tokens`` (int) are required by trtllm-bench's ``InferenceRequest``;
+``input_ids`` (token ids) or ``prompt`` (text it tokenizes itself) carries the prompt. This writer
+always writes token ids (tokenized here with the target's tokenizer, no special tokens added —
+the rule every command of this project uses), so the benchmark does not depend on how another tool
+tokenizes.
+
+Sources (exactly one):
+
+- ``builtin``: a shipped prompt set (``tiny`` / ``tiny-hybrid``: the tiny pairs' ``prompts.json``);
+- ``prompts``: a prompts file (``analyze``'s format: a JSON list, ``{"prompts": [...]}`` or JSON
+  lines; each prompt a list of token ids or a string);
+- ``corpus``: a UTF-8 text file, one prompt per non-empty line, tokenized;
+- ``token-norm-dist`` / ``token-unif-dist``: synthetic prompts of random token ids with normally /
+  uniformly distributed input and output lengths, as trtllm-bench's own synthetic datasets:
+  lengths ``max(1, ceil(normal(mean, stdev)))`` (numpy's legacy generator seeded with ``seed``) or
+  integers in [min, max] (``numpy.random.default_rng(seed)``); tokens drawn without replacement
+  from the vocabulary (with replacement when longer than it; Python's ``random`` seeded with
+  ``seed``), stop tokens (EOS) replaced by the next id. Same seed, same file.
+
+Prompt sources repeat their prompts in order to reach ``num_requests`` (or keep the first
+``num_requests``), each with ``output_tokens`` new tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+from ..errors import ConfigError
+
+SOURCES = ("builtin", "prompts", "corpus", "token-norm-dist", "token-unif-dist")
+BUILTIN = {"tiny": "qwen3", "tiny-hybrid": "qwen3_5"}
+
+
+def builtin_prompts_path(name: str) -> Path:
+    from ..assets import ASSET_ROOT
+
+    if name not in BUILTIN:
+        raise ConfigError(f"unknown built-in prompt set {name!r}; known: {', '.join(BUILTIN)}", field="--builtin")
+    return ASSET_ROOT / BUILTIN[name] / "prompts.json"
+
+
+def _need_int(value, field: str, lo: int = 1) -> int:
+    if value is None:
+        raise ConfigError("is required for this source", field=field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise ConfigError(f"must be an integer >= {lo}, got {value!r}", field=field)
+    return value
+
+
+def norm_lengths(mean: int, stdev: int, n: int, seed: int) -> list[int]:
+    import numpy as np
+
+    rs = np.random.RandomState(seed)
+    return [max(1, math.ceil(x)) for x in rs.normal(loc=mean, scale=stdev, size=n).tolist()]
+
+
+def unif_lengths(lo: int, hi: int, n: int, seed: int) -> list[int]:
+    import numpy as np
+
+    return [int(x) for x in np.random.default_rng(seed).integers(low=lo, high=hi + 1, size=n).tolist()]
+
+
+def random_tokens(lengths: list[int], vocab_size: int, stop_ids, seed: int) -> list[list[int]]:
+    rnd = random.Random(seed)
+    stops = {int(s) for s in stop_ids if 0 <= int(s) < vocab_size}
+    if len(stops) >= vocab_size:
+        raise ConfigError("every token of the vocabulary is a stop token", field="--synthetic")
+    out = []
+    for n in lengths:
+        ids = rnd.sample(range(vocab_size), n) if n < vocab_size else rnd.choices(range(vocab_size), k=n)
+        fixed = []
+        for t in ids:
+            while t in stops:
+                t = (t + 1) % vocab_size
+            fixed.append(t)
+        out.append(fixed)
+    return out
+
+
+def _cycle(prompts: list[list[int]], n: int | None) -> list[list[int]]:
+    if n is None:
+        return prompts
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_file=None, corpus=None,
+                    tokenizer_dir=None, vocab_size: int | None = None, stop_ids=(), num_requests: int | None = None,
+                    output_tokens: int | None = 64, max_input_len: int | None = None, seed: int = 0,
+                    input_mean=None, input_stdev=None, output_mean=None, output_stdev=None, input_min=None,
+                    input_max=None, output_min=None, output_max=None) -> dict:
+    """Write the dataset (atomically) and return a summary ``{"output", "requests", ...}``."""
+    from .io import atomic_write_text, check_output_file
+
+    if source not in SOURCES:
+        raise ConfigError(f"unknown source {source!r}; one of {', '.join(SOURCES)}", field="source")
+    out = check_output_file(output, field="--output")
+    if num_requests is not None:
+        _need_int(num_requests, "--num-requests")
+    if max_input_len is not None:
+        _need_int(max_input_len, "--max-input-len")
+    if not isinstance(seed, int) or seed < 0 or seed >= 2**32:
+        raise ConfigError(f"must be in [0, 2**32), got {seed!r}", field="--seed")
+    if source in ("token-norm-dist", "token-unif-dist"):
+        n = _need_int(num_requests, "--num-requests")
+        if vocab_size is None:
+            raise ConfigError("synthetic datasets need the target's vocabulary: give --target, --target-dir or "
+                              "--engine-dir", field="--synthetic")
+        if source == "token-norm-dist":
+            i_mean, o_mean = _need_int(input_mean, "--input-mean"), _need_int(output_mean, "--output-mean")
+            i_sd, o_sd = _need_int(input_stdev, "--input-stdev", 0), _need_int(output_stdev, "--output-stdev", 0)
+            in_lens, out_lens = norm_lengths(i_mean, i_sd, n, seed), norm_lengths(o_mean, o_sd, n, seed)
+        else:
+            i_lo, i_hi = _need_int(input_min, "--input-min"), _need_int(input_max, "--input-max")
+            o_lo, o_hi = _need_int(output_min, "--output-min"), _need_int(output_max, "--output-max")
+            for lo, hi, f in ((i_lo, i_hi, "--input-max"), (o_lo, o_hi, "--output-max")):
+                if hi < lo:
+                    raise ConfigError(f"{hi} is below the minimum {lo}", field=f)
+            in_lens, out_lens = unif_lengths(i_lo, i_hi, n, seed), unif_lengths(o_lo, o_hi, n, seed)
+        prompts = random_tokens(in_lens, vocab_size, stop_ids, seed)
+    else:
+        fixed = _need_int(output_tokens, "--output-tokens")
+        if source == "builtin":
+            from ..analyze import load_prompts
+
+            prompts = load_prompts(builtin_prompts_path(builtin or ""), tokenizer_dir)
+        elif source == "prompts":
+            from ..analyze import load_prompts
+
+            if prompts_file is None:
+                raise ConfigError("is required for this source", field="--prompts")
+            prompts = load_prompts(prompts_file, tokenizer_dir)
+        else:
+            if corpus is None:
+                raise ConfigError("is required for this source", field="--corpus")
+            prompts = _corpus_prompts(corpus, tokenizer_dir)
+        prompts = _cycle(prompts, num_requests)
+        out_lens = [fixed] * len(prompts)
+    if max_input_len is not None:
+        prompts = [p[:max_input_len] for p in prompts]
+    if vocab_size is not None:
+        for i, p in enumerate(prompts):
+            bad = [t for t in p if not 0 <= t < vocab_size]
+            if bad:
+                raise ConfigError(f"prompt {i}: token ids {bad[:5]} outside the target's vocabulary [0, {vocab_size})",
+                                  field=f"--{source}")
+    lines = [json.dumps({"task_id": i, "input_ids": list(p), "output_tokens": int(o)}, separators=(",", ":"))
+             for i, (p, o) in enumerate(zip(prompts, out_lens))]
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    return {"output": str(out), "source": source, "requests": len(lines),
+            "mean_input_len": sum(map(len, prompts)) / len(prompts),
+            "mean_output_tokens": sum(out_lens) / len(out_lens), "seed": seed}
+
+
+def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
+    from ..tokenizer import encode_text, find_tokenizer
+
+    path = Path(corpus)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the corpus: {getattr(exc, 'strerror', None) or exc}", source=path) from None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ConfigError("no prompts (the corpus has no non-empty line)", source=path)
+    tok = find_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
+    if tok is None:
+        raise ConfigError("a text corpus needs the target's tokenizer (give --target, --target-dir or --engine-dir "
+                          f"of a target that has one; {tokenizer_dir or 'none given'})", source=path)
+    out = []
+    for i, ln in enumerate(lines):
+        ids = encode_text(tok, ln)
+        if not ids:
+            raise ConfigError(f"line {i + 1} tokenizes to no tokens", source=path)
+        out.append(ids)
+    return out
+
+
+# ---- reading a dataset for `bench run` ----------------------------------------------------------------
+def prompt_tokenizer_dir(engine_dir, manifest: dict):
+    """Where an engine's text prompts are tokenized: the engine's own tokenizer copy where this version of
+    the project writes one (``tokenizer.engine_tokenizer_dir``), else the target directory it was built from."""
+    from .. import tokenizer as tk
+
+    own = getattr(tk, "engine_tokenizer_dir", None)
+    if own is not None:
+        return own(engine_dir, manifest)
+    return (manifest.get("sources") or {}).get("target_dir")
+
+
+def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, num_requests: int | None,
+                        tokenizer_dir=None) -> list[dict]:
+    """``[{"task_id", "input_ids", "output_tokens", "where"}]`` from a trtllm-bench dataset: parsed by
+    ``run``'s reader (``engine/run.py: read_prompts_file``, the one parser of these lines), text
+    prompts tokenized with the target's tokenizer, ``num_requests`` the first N lines (as
+    trtllm-bench's ``--num_requests``; more than the file holds is an error)."""
+    from ..engine.run import read_prompts_file
+
+    items = read_prompts_file(path)
+    if num_requests is not None:
+        if not isinstance(num_requests, int) or isinstance(num_requests, bool) or num_requests < 1:
+            raise ConfigError(f"must be an integer >= 1, got {num_requests!r}", field="--num-requests")
+        if num_requests > len(items):
+            raise ConfigError(f"{num_requests} requests asked, the dataset has {len(items)} lines "
+                              f"(prepare a bigger one with `dflash2-trt bench prepare-dataset --num-requests`)",
+                              source=path, field="--num-requests")
+        items = items[:num_requests]
+    tok = None
+    out = []
+    for it in items:
+        ids = it["input_ids"]
+        if ids is None:
+            from ..tokenizer import encode_text, find_tokenizer
+
+            if tok is None:
+                tok = find_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
+                if tok is None:
+                    raise ConfigError("a line gives prompt text but the target has no tokenizer; write input_ids "
+                                      "(bench prepare-dataset does)", source=it["where"])
+            ids = encode_text(tok, it["prompt"])
+            if not ids:
+                raise ConfigError("the prompt tokenizes to no tokens", source=it["where"])
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ConfigError(f"token ids {bad[:5]} outside the vocabulary [0, {vocab_size})", source=it["where"],
+                              field="input_ids")
+        out.append({"task_id": it["task_id"], "input_ids": list(ids),
+                    "output_tokens": it["output_tokens"] or default_output_tokens, "where": it["where"]})
+    return out
+
+
+def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict:
+    """``{"vocab_size", "stop_ids", "tokenizer_dir"}`` of the target a dataset is prepared for: a registered
+    target, a target directory, or an engine directory (its config and manifest); all None if none is given."""
+    given = sum(x is not None for x in (target_key, target_dir, engine_dir))
+    if given > 1:
+        raise ConfigError("give at most one of --target, --target-dir, --engine-dir", field="--target")
+    if given == 0:
+        return {"vocab_size": None, "stop_ids": (), "tokenizer_dir": None}
+    from ..config import TargetConfig
+
+    if engine_dir is not None:
+        from .run import engine_backend
+
+        _, man, cfg = engine_backend(engine_dir)
+        try:
+            vocab = int(cfg["pretrained_config"]["vocab_size"])
+        except (TypeError, KeyError, ValueError):
+            raise ConfigError("no pretrained_config.vocab_size", source=Path(engine_dir) / "config.json") from None
+        return {"vocab_size": vocab, "stop_ids": tuple(int(e) for e in man.get("eos_token_ids") or ()),
+                "tokenizer_dir": prompt_tokenizer_dir(engine_dir, man)}
+    if target_key is not None:
+        from ..targets import get_target, resolve_dirs
+
+        _, target_dir = resolve_dirs(get_target(target_key))
+    t = TargetConfig.from_hugging_face(Path(target_dir))
+    return {"vocab_size": t.vocab_size, "stop_ids": tuple(int(e) for e in t.eos_token_ids),
+            "tokenizer_dir": Path(target_dir)}

@@ -1,0 +1,149 @@
+"""``dflash2-trt bench run`` and ``bench project``: dispatch on the engine's backend, build the report,
+add the projection, write the JSON and the plot."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def engine_backend(engine_dir) -> tuple[str, dict, dict | None]:
+    """(backend, manifest, engine config or None) of an engine directory, without loading it."""
+    from ..engine.build import ENGINE_FORMAT
+
+    d = Path(engine_dir)
+    if not d.is_dir():
+        raise ConfigError("not a directory", source=d)
+    man_path = d / "engine.json"
+    if not man_path.is_file():
+        raise ConfigError("not an engine directory (no engine.json; build one with `dflash2-trt build`)", source=d)
+    try:
+        man = json.loads(man_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read: {exc}", source=man_path) from None
+    if not isinstance(man, dict) or man.get("format") != ENGINE_FORMAT:
+        raise ConfigError(f"format {man.get('format') if isinstance(man, dict) else None!r}, expected "
+                          f"{ENGINE_FORMAT!r}", source=man_path, field="format")
+    backend = man.get("backend")
+    if backend not in ("cpu", "trtllm"):
+        raise ConfigError(f"unknown backend {backend!r}", source=man_path, field="backend")
+    cfg = None
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    return backend, man, cfg
+
+
+def _projection_for(report_like: dict, gpus, target_key: str, context: int | None, **kw) -> dict:
+    from .projection import GPUS, project, published_pair_shapes, tau_from
+
+    t, d = published_pair_shapes(target_key)
+    tau, info = tau_from(report=report_like, draft_len=d.block_size - 1, report_source="this run")
+    return project(t, d, [GPUS[g] for g in gpus], concurrency=report_like["settings"]["concurrency"],
+                   context=context or max(1, round(report_like["dataset"]["mean_input_len"]
+                                                   + report_like["dataset"]["mean_output_tokens"] / 2)),
+                   tau=tau, acceptance_info=info, **kw)
+
+
+def parse_gpus(text) -> list[str]:
+    from .projection import GPUS
+
+    items = [t.strip().lower() for t in str(text).split(",") if t.strip()]
+    bad = [t for t in items if t not in GPUS]
+    if not items or bad:
+        raise ConfigError(f"unknown GPU {bad[0] if bad else text!r}; known: {', '.join(GPUS)}", field="--gpu")
+    return items
+
+
+def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16", num_requests=None,
+              temperature: float = 0.0, seed: int = 0, max_new_tokens: int = 64, stop_on_eos: bool = True,
+              baseline: bool = True, json_out=None, plot_out=None, project_gpus=None,
+              project_target: str = "qwen3.8-27b", context_len: int | None = None, progress: bool = False,
+              keep_outputs: bool = False, baseline_engine_dir=None, benchmark_bin=None, plugin_lib=None,
+              dry_run: bool = False, threads: int | None = 1) -> dict:
+    from .io import atomic_write_json, check_output_file
+    from .report import build_report
+
+    t0 = time.perf_counter()
+    if backend not in ("auto", "cpu", "trtllm"):
+        raise ConfigError(f"must be auto, cpu or trtllm, got {backend!r}", field="--backend")
+    for p, f in ((json_out, "--json"), (plot_out, "--plot")):
+        if p is not None:
+            check_output_file(p, field=f)
+    if plot_out is not None:
+        from .plot import _pyplot
+
+        _pyplot()                                     # a missing matplotlib fails before the run, not after
+    gpus = parse_gpus(project_gpus) if project_gpus else None
+    kind, man, cfg = engine_backend(engine_dir)
+    if backend != "auto" and backend != kind:
+        raise ConfigError(f"is a {kind} engine (engine.json backend {kind!r}); --backend {backend} was asked",
+                          source=engine_dir, field="backend")
+    if kind == "cpu":
+        from .cpu import bench_cpu
+
+        if baseline_engine_dir is not None or benchmark_bin is not None or plugin_lib is not None or dry_run:
+            raise ConfigError("applies to TensorRT-LLM engines only (this is a CPU engine)",
+                              field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run")
+        measured = bench_cpu(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
+                             temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+                             stop_on_eos=stop_on_eos, baseline=baseline, progress=progress, keep_outputs=keep_outputs,
+                             threads=threads)
+    else:
+        from .gpu import bench_gpu
+
+        man = dict(man)
+        try:
+            man.setdefault("vocab_size", int(cfg["pretrained_config"]["vocab_size"]))
+        except (TypeError, KeyError, ValueError):
+            pass
+        measured = bench_gpu(engine_dir, dataset, manifest=man, concurrency=concurrency, num_requests=num_requests,
+                             temperature=temperature, max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos,
+                             baseline_engine_dir=baseline_engine_dir if baseline else None, binary=benchmark_bin,
+                             plugin_lib=plugin_lib, dry_run=dry_run)
+    report = build_report(measured, dataset)
+    if "commands" in measured:
+        report["commands"] = measured["commands"]
+    if gpus and kind == "cpu":
+        report["projection"] = _projection_for(report, gpus, project_target, context_len)
+    report["wall_s"] = time.perf_counter() - t0
+    if json_out is not None:
+        atomic_write_json(json_out, report)
+    if plot_out is not None:
+        from .plot import write_plot
+
+        write_plot(report, plot_out)
+    return report
+
+
+def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,16,32", context_len: int = 1024,
+                  acceptance: float | None = None, acceptance_from=None, bandwidth_efficiency: float = 1.0,
+                  compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, json_out=None) -> dict:
+    from .cpu import parse_concurrency
+    from .io import atomic_write_json, check_output_file
+    from .projection import GPUS, project, published_pair_shapes, tau_from
+
+    if json_out is not None:
+        check_output_file(json_out, field="--json")
+    levels = parse_concurrency(concurrency)
+    g = parse_gpus(gpus)
+    report = None
+    if acceptance_from is not None:
+        p = Path(acceptance_from)
+        try:
+            report = json.loads(p.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
+        except ValueError as exc:
+            raise ConfigError(f"invalid JSON ({exc})", source=p) from None
+    t, d = published_pair_shapes(target)
+    tau, info = tau_from(acceptance=acceptance, report=report, draft_len=d.block_size - 1, report_source=acceptance_from)
+    doc = project(t, d, [GPUS[k] for k in g], concurrency=levels, context=context_len, tau=tau, acceptance_info=info,
+                  bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3)
+    if json_out is not None:
+        atomic_write_json(json_out, doc)
+    return doc

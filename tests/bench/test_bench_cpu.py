@@ -1,0 +1,194 @@
+"""``bench run`` on the tiny CPU engine: every figure is reported, greedy outputs are lossless against the
+target for every request, the measured acceptance equals ``run``'s, the baseline is the target alone, and bad
+input is one clear line. Timings are reported, never asserted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.bench.report import REPORT_FORMAT, RUN_FIELDS
+from dflash2_trt.bench.run import bench_run
+from dflash2_trt.cli import main
+from dflash2_trt.errors import ConfigError
+
+N_NEW = 24
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The reference runs of this module (run_engine, target_generate) on one thread, as bench run measures:
+    on a small shared machine a second intra-op thread mostly adds stalls."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+
+    pair = trained_pair("qwen3")
+    out = tmp_path_factory.mktemp("bench") / "eng"
+    build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny", overrides={"max_batch_size": 4})
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from dflash2_trt.bench.dataset import prepare_dataset
+
+    p = tmp_path_factory.mktemp("ds") / "ds.jsonl"
+    prepare_dataset(source="builtin", builtin="tiny", output=p, num_requests=6, output_tokens=N_NEW, vocab_size=256)
+    return p
+
+
+@pytest.fixture(scope="module")
+def report(engine, dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep")
+    rep = bench_run(engine, dataset, concurrency="1,4", json_out=out / "r.json", plot_out=out / "r.png",
+                    project_gpus="h200", keep_outputs=True)
+    return rep, out
+
+
+def test_report_has_every_figure(report):
+    rep, out = report
+    assert json.loads((out / "r.json").read_text()) == json.loads(json.dumps(rep))
+    assert (out / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert rep["format"] == REPORT_FORMAT and rep["schema_version"] == 1 and rep["backend"] == "cpu"
+    assert rep["block_size"] == 8 and rep["draft_len"] == 7 and rep["dataset"]["requests"] == 6
+    assert rep["baseline"]["kind"] == "target-only" and rep["unavailable"] == []
+    assert [r["concurrency"] for r in rep["runs"]] == [1, 4]
+    for run in rep["runs"]:
+        for mode in ("speculative", "autoregressive"):
+            m = run[mode]
+            assert set(RUN_FIELDS) <= set(m)
+            assert m["requests"] == 6 and m["output_tokens"] > 0 and m["output_tokens_per_s"] > 0
+            for d in ("latency_s", "ttft_s", "itl_s"):
+                assert m[d]["min"] <= m[d]["p50"] <= m[d]["p90"] <= m[d]["p99"] <= m[d]["max"]
+        spec, ar = run["speculative"], run["autoregressive"]
+        assert run["speedup"] == pytest.approx(spec["output_tokens_per_s"] / ar["output_tokens_per_s"])
+        acc = spec["acceptance"]
+        assert sum(acc["histogram"].values()) == acc["steps"] and len(acc["per_position"]) == 7
+        assert all(a >= b for a, b in zip(acc["per_position"], acc["per_position"][1:]))
+        # the target's work: every prompt once, then K + 1 tokens per request per generation step
+        assert spec["target_tokens"] == spec["input_tokens"] + 8 * acc["steps"]
+        assert spec["target_tokens_per_emitted_token"] == pytest.approx(spec["target_tokens"] / spec["output_tokens"])
+        # autoregressive: one token per request per step, exactly one emitted per step
+        assert ar["acceptance"]["mean"] == 1.0 and ar["acceptance"]["per_position"] == []
+        assert ar["target_tokens"] == ar["input_tokens"] + ar["output_tokens"] - ar["requests"]
+        assert ar["decode_target_tokens_per_emitted_token"] == 1.0
+        assert acc["mean"] > 1.5 and spec["decode_target_tokens_per_emitted_token"] < 8
+    proj = rep["projection"]
+    assert proj["kind"].startswith("roofline") and proj["acceptance"]["kind"] == "measured"
+    assert proj["tau"] == pytest.approx(rep["runs"][0]["speculative"]["acceptance"]["mean"])
+
+
+def test_greedy_outputs_are_lossless_for_every_request(report, dataset):
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.reference.loop import load_pair, target_generate
+
+    rep, _ = report
+    pair = trained_pair("qwen3")
+    target, _ = load_pair(pair.target_dir, pair.drafter_dir)
+    lines = [json.loads(x) for x in dataset.read_text().splitlines()]
+    eos = tuple(rep["settings"]["stop_token_ids"])
+    assert eos == (2,)
+    ref = {ln["task_id"]: target_generate(target, ln["input_ids"], ln["output_tokens"], stop_token_ids=eos)
+           for ln in lines}
+    for run in rep["runs"]:
+        assert run["outputs_match"] is True
+        for mode in ("speculative", "autoregressive"):
+            got = {r["task_id"]: r["output_ids"] for r in run[mode]["outputs"]}
+            assert got == ref, (run["concurrency"], mode)
+
+
+def test_measured_acceptance_equals_runs(report, engine, dataset):
+    from dflash2_trt.engine.run import run_engine
+
+    rep, _ = report
+    ran = run_engine(engine, prompts_file=dataset, max_batch_size=4)
+    for run in rep["runs"]:
+        assert run["speculative"]["acceptance"]["mean"] == pytest.approx(ran["totals"]["mean_acceptance"], abs=1e-12)
+        assert [r["output_ids"] for r in run["speculative"]["outputs"]] == [r["output_ids"] for r in ran["requests"]]
+
+
+def test_cli_run_prints_the_table_and_writes_the_report(engine, dataset, tmp_path):
+    code, text = _cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset), "--concurrency", "2",
+                      "--num-requests", "3", "--json", str(tmp_path / "r.json"), "--no-progress", "--temperature",
+                      "0.8", "--seed", "5", "--backend", "cpu")
+    assert code == 0, text
+    assert "speculative" in text and "autoregressive" in text and f"wrote report {tmp_path / 'r.json'}" in text
+    rep = json.loads((tmp_path / "r.json").read_text())
+    (run,) = rep["runs"]
+    assert run["outputs_match"] is None                       # sampling: sequences differ, laws do not
+    assert rep["settings"]["temperature"] == 0.8 and run["speculative"]["requests"] == 3
+    assert rep["settings"]["torch_threads"] == 1
+
+
+def _one_error_line(code, text) -> str:
+    assert code != 0, text
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    return lines[0]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--concurrency", "0"], "--concurrency: every concurrency must be >= 1"),
+    (["--concurrency", "1,x"], "--concurrency: expected comma-separated positive integers"),
+    (["--concurrency", "8"], "exceeds the engine's max_batch_size 4; rebuild it"),
+    (["--backend", "trtllm"], "is a cpu engine"),
+    (["--num-requests", "99", "--concurrency", "2"], "99 requests asked, the dataset has 6"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--json", "{tmp}"], "--json: "),
+    (["--project", "a100"], "unknown GPU 'a100'"),
+    (["--dry-run"], "applies to TensorRT-LLM engines only"),
+])
+def test_bad_run_options_are_one_line(engine, dataset, tmp_path, extra, needle):
+    extra = [e.format(tmp=tmp_path) for e in extra]
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
+                                 "--no-progress", *extra))
+    assert needle in line, line
+
+
+def test_bad_datasets_and_engine_dirs_are_one_line(engine, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": 0, "input_ids": [1, 2], "output_tokens": 4}\n{"task_id": 1, "inputs": [1]}\n')
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"task_id": 0, "input_ids": [5] * 300, "output_tokens": 300}) + "\n")
+    for ds, needle in ((empty, "no prompts"), (bad, "line 2: unknown key 'inputs'"),
+                       (tmp_path / "missing.jsonl", "cannot read"), (long, "exceeds the engine's")):
+        line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(ds), "--concurrency", "2"))
+        assert needle in line, line
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(json.dumps({"task_id": 0, "input_ids": [1, 2], "output_tokens": 4}) + "\n")
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(tmp_path), "--dataset", str(ok)))
+    assert "not an engine directory" in line
+    other = tmp_path / "other"
+    shutil.copytree(engine, other)
+    man = json.loads((other / "engine.json").read_text())
+    (other / "engine.json").write_text(json.dumps(man | {"backend": "trtllm"}))
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(other), "--dataset", str(ok), "--backend", "cpu"))
+    assert "is a trtllm engine" in line and "--backend cpu" in line
+
+
+def test_no_baseline_skips_the_autoregressive_runs(engine, dataset):
+    with pytest.raises(ConfigError):
+        bench_run(engine, dataset, concurrency="1", num_requests=1, seed=-3)
+    rep = bench_run(engine, dataset, concurrency="2", num_requests=2, baseline=False)
+    (run,) = rep["runs"]
+    assert run["autoregressive"] is None and run["speedup"] is None and rep["baseline"] is None

@@ -1,0 +1,196 @@
+"""``bench prepare-dataset``: the output loads as trtllm-bench's dataset (a schema written from the 1.2
+sources), synthetic datasets are reproducible by seed, every source works, bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.bench.dataset import load_bench_requests, prepare_dataset
+from dflash2_trt.cli import main
+from dflash2_trt.engine.run import read_prompts_file
+from dflash2_trt.errors import ConfigError
+from trtllm_bench_schema import validate_file, validate_line
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def _one_error_line(code, text) -> str:
+    assert code != 0
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def target_with_tokenizer(tmp_path_factory):
+    """The trained tiny target with a word-level tokenizer "w0".."w255" (built here, nothing downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from dflash2_trt.assets import trained_pair
+
+    d = tmp_path_factory.mktemp("tok") / "target"
+    shutil.copytree(trained_pair("qwen3").target_dir, d)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).unlink(missing_ok=True)
+    tk = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(256)}, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="w2", unk_token="w0").save_pretrained(d)
+    return d
+
+
+def test_builtin_dataset_is_a_trtllm_bench_dataset(tmp_path):
+    out = tmp_path / "ds.jsonl"
+    code, text = _cli("bench", "prepare-dataset", "--builtin", "tiny", "--output", str(out), "--output-tokens", "48")
+    assert code == 0, text
+    rows = validate_file(out)
+    shipped = json.loads((__import__("dflash2_trt.assets", fromlist=["ASSET_ROOT"]).ASSET_ROOT
+                          / "qwen3" / "prompts.json").read_text())["prompts"]
+    assert [r["input_ids"] for r in rows] == shipped
+    assert [r["task_id"] for r in rows] == list(range(len(shipped)))
+    assert {r["output_tokens"] for r in rows} == {48}
+    # the project's own reader (run --prompts, bench run) reads the same lines
+    assert [it["input_ids"] for it in read_prompts_file(out)] == shipped
+
+
+def test_num_requests_repeats_or_cuts_the_prompts(tmp_path):
+    out = tmp_path / "ds.jsonl"
+    prepare_dataset(source="builtin", builtin="tiny", output=out, num_requests=20, vocab_size=256)
+    rows = validate_file(out)
+    assert len(rows) == 20 and [r["task_id"] for r in rows] == list(range(20))
+    assert rows[16]["input_ids"] == rows[0]["input_ids"] and rows[19]["input_ids"] == rows[3]["input_ids"]
+    prepare_dataset(source="builtin", builtin="tiny", output=out, num_requests=3)
+    assert len(validate_file(out)) == 3
+
+
+@pytest.mark.parametrize("kind,args", [
+    ("token-norm-dist", {"input_mean": 12, "input_stdev": 4, "output_mean": 20, "output_stdev": 6}),
+    ("token-unif-dist", {"input_min": 3, "input_max": 9, "output_min": 5, "output_max": 7}),
+])
+def test_synthetic_datasets_are_reproducible_by_seed(tmp_path, kind, args):
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    for p, seed in ((a, 5), (b, 5), (c, 6)):
+        prepare_dataset(source=kind, output=p, num_requests=40, vocab_size=256, stop_ids=(2,), seed=seed, **args)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+    rows = validate_file(a)
+    assert len(rows) == 40
+    for r in rows:
+        assert all(0 <= t < 256 and t != 2 for t in r["input_ids"])          # in the vocabulary, never EOS
+        assert r["input_ids"] and r["output_tokens"] >= 1
+    if kind == "token-unif-dist":
+        assert {len(r["input_ids"]) for r in rows} <= set(range(3, 10))
+        assert {r["output_tokens"] for r in rows} <= {5, 6, 7}
+        assert len({len(r["input_ids"]) for r in rows}) > 1                   # lengths do vary
+    else:
+        lens = [len(r["input_ids"]) for r in rows]
+        assert 8 < sum(lens) / len(lens) < 16                                # mean 12, stdev 4, n = 40
+
+
+def test_synthetic_cli_reads_the_vocabulary_from_the_target(tmp_path):
+    out = tmp_path / "s.jsonl"
+    code, text = _cli("bench", "prepare-dataset", "--synthetic", "token-unif-dist", "--target", "tiny", "--num-requests",
+                      "5", "--input-min", "300", "--input-max", "300", "--output-min", "4", "--output-max", "4",
+                      "--output", str(out))
+    assert code == 0, text
+    rows = validate_file(out)
+    assert all(len(r["input_ids"]) == 300 and max(r["input_ids"]) < 256 for r in rows)   # longer than the vocab
+
+
+def test_prompts_and_corpus_sources_tokenize_text(tmp_path, target_with_tokenizer):
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(["w5 w6 w7", [9, 10]]))
+    out = tmp_path / "ds.jsonl"
+    prepare_dataset(source="prompts", prompts_file=prompts, output=out, tokenizer_dir=target_with_tokenizer,
+                    vocab_size=256)
+    assert [r["input_ids"] for r in validate_file(out)] == [[5, 6, 7], [9, 10]]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("w11 w12\n\n  w13  \n")
+    code, text = _cli("bench", "prepare-dataset", "--corpus", str(corpus), "--target-dir", str(target_with_tokenizer),
+                      "--output", str(out), "--max-input-len", "1", "--output-tokens", "3")
+    assert code == 0, text
+    assert [(r["input_ids"], r["output_tokens"]) for r in validate_file(out)] == [([11], 3), ([13], 3)]
+
+
+def test_a_prepared_dataset_replaces_the_old_file_atomically(tmp_path, monkeypatch):
+    out = tmp_path / "ds.jsonl"
+    out.write_text("old\n")
+    import os
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(Exception) as exc:
+        prepare_dataset(source="builtin", builtin="tiny", output=out)
+    assert "No space left" in str(exc.value) and str(out) in str(exc.value)
+    assert out.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.jsonl"]        # no temporary left behind
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--output", "{tmp}/x.jsonl"], "give exactly one of --builtin"),
+    (["--builtin", "tiny", "--synthetic", "token-norm-dist", "--output", "{tmp}/x.jsonl"], "give exactly one of"),
+    (["--synthetic", "token-norm-dist", "--num-requests", "2", "--output", "{tmp}/x.jsonl"], "vocabulary"),
+    (["--synthetic", "token-norm-dist", "--target", "tiny", "--output", "{tmp}/x.jsonl"], "--num-requests"),
+    (["--synthetic", "token-unif-dist", "--target", "tiny", "--num-requests", "2", "--input-min", "5", "--input-max",
+      "4", "--output-min", "1", "--output-max", "1", "--output", "{tmp}/x.jsonl"], "--input-max"),
+    (["--synthetic", "token-norm-dist", "--target", "tiny", "--num-requests", "2", "--input-mean", "5",
+      "--output", "{tmp}/x.jsonl"], "--output-mean"),
+    (["--builtin", "tiny", "--num-requests", "0", "--output", "{tmp}/x.jsonl"], "--num-requests"),
+    (["--builtin", "tiny", "--output-tokens", "0", "--output", "{tmp}/x.jsonl"], "--output-tokens"),
+    (["--builtin", "tiny", "--seed", "-1", "--output", "{tmp}/x.jsonl"], "--seed"),
+    (["--builtin", "tiny", "--output", "{tmp}"], "is a directory"),
+    (["--builtin", "tiny", "--output", "{tmp}/missing/x.jsonl"], "does not exist"),
+    (["--corpus", "{tmp}/empty.txt", "--target", "tiny", "--output", "{tmp}/x.jsonl"], "no non-empty line"),
+    (["--corpus", "{tmp}/text.txt", "--target-dir", "{plain}", "--output", "{tmp}/x.jsonl"], "tokenizer"),
+    (["--prompts", "{tmp}/bad.json", "--target", "tiny", "--output", "{tmp}/x.jsonl"], "prompt 0"),
+    (["--prompts", "{tmp}/oov.json", "--target", "tiny", "--output", "{tmp}/x.jsonl"], "outside the target's"),
+])
+def test_bad_input_is_one_error_line(tmp_path, args, needle):
+    from dflash2_trt.assets import trained_pair
+
+    plain = tmp_path / "plain"
+    shutil.copytree(trained_pair("qwen3").target_dir, plain)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (plain / f).unlink(missing_ok=True)
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "text.txt").write_text("w1 w2\n")
+    (tmp_path / "bad.json").write_text(json.dumps([{"ids": [1]}]))
+    (tmp_path / "oov.json").write_text(json.dumps([[1, 999]]))
+    args = [a.format(tmp=tmp_path, plain=plain) for a in args]
+    line = _one_error_line(*_cli("bench", "prepare-dataset", *args))
+    assert needle in line, line
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_bench_reader_errors_name_the_file_and_line(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text("")
+    with pytest.raises(ConfigError, match="no prompts"):
+        load_bench_requests(p, vocab_size=256, default_output_tokens=8, num_requests=None)
+    p.write_text('{"task_id": 0, "input_ids": [1, 2], "output_tokens": 4}\n{"task_id": 1, "input_ids": [1,\n')
+    with pytest.raises(ConfigError, match=r"d.jsonl: line 2: invalid JSON"):
+        load_bench_requests(p, vocab_size=256, default_output_tokens=8, num_requests=None)
+    p.write_text('{"task_id": 0, "input_ids": [1, 300], "output_tokens": 4}\n')
+    with pytest.raises(ConfigError, match=r"d.jsonl:1.*outside the vocabulary"):
+        load_bench_requests(p, vocab_size=256, default_output_tokens=8, num_requests=None)
+    p.write_text('{"task_id": 0, "input_ids": [1, 2], "output_tokens": 4}\n')
+    with pytest.raises(ConfigError, match="2 requests asked, the dataset has 1"):
+        load_bench_requests(p, vocab_size=256, default_output_tokens=8, num_requests=2)
+
+
+def test_the_schema_check_itself_rejects_what_trtllm_bench_would():
+    for bad in ('{"input_ids": [1], "output_tokens": 2}', '{"task_id": 0, "input_ids": [1]}',
+                '{"task_id": "0", "input_ids": [1], "output_tokens": 2}', '{"task_id": 0, "output_tokens": 2}',
+                '{"task_id": 0, "input_ids": [1.5], "output_tokens": 2}', '[1, 2]'):
+        with pytest.raises(AssertionError):
+            validate_line(bad)
+    assert validate_line('{"task_id":0,"prompt":"hi","output_tokens":2}')["prompt"] == "hi"

@@ -1,0 +1,65 @@
+"""Per-run figures against hand computations: nearest-rank percentiles, acceptance by position, throughput,
+target tokens per emitted token."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash2_trt.bench.metrics import acceptance_stats, distribution, mean_from_histogram, percentile, run_metrics
+from dflash2_trt.runtime import Request
+
+
+def test_nearest_rank_percentiles():
+    v = [float(i) for i in range(1, 11)]            # 1..10
+    assert percentile(v, 50) == 5.0                  # ceil(0.5 * 10) - 1 = index 4
+    assert percentile(v, 90) == 9.0
+    assert percentile(v, 99) == 10.0                 # ceil(9.9) - 1 = 9
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([1.0, 2.0, 3.0], 50) == 2.0    # ceil(1.5) - 1 = 1
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    d = distribution([3, 1, 2, 4])
+    assert d == {"mean": 2.5, "p50": 2.0, "p90": 4.0, "p99": 4.0, "min": 1.0, "max": 4.0}
+    assert distribution([]) is None
+
+
+def test_acceptance_by_position_by_hand():
+    # K = 3; steps emitting 1, 2, 4, 4, 3 tokens
+    a = acceptance_stats([1, 2, 4, 4, 3], draft_len=3)
+    assert a["mean"] == pytest.approx(14 / 5)
+    assert a["steps"] == 5
+    assert a["histogram"] == {"1": 1, "2": 1, "3": 1, "4": 2}
+    # position 1 accepted when >= 2 tokens: 4 of 5; position 2 when >= 3: 3 of 5; position 3 when 4: 2 of 5
+    assert a["per_position"] == pytest.approx([4 / 5, 3 / 5, 2 / 5])
+    # conditional: among steps that reached the position (accepted all earlier): 4/5, 3/4, 2/3
+    assert a["per_position_conditional"] == pytest.approx([4 / 5, 3 / 4, 2 / 3])
+    assert mean_from_histogram(a["histogram"]) == pytest.approx(14 / 5)
+    none = acceptance_stats([], draft_len=2)
+    assert none["mean"] is None and none["per_position"] == [None, None] and none["histogram"] == {}
+
+
+def _req(prompt_len, out, acc, start, first, finish):
+    r = Request(list(range(1, prompt_len + 1)), max_new_tokens=len(out))
+    r.output_ids, r.acceptance_lengths = list(out), list(acc)
+    r.start_time, r.first_token_time, r.finish_time = start, first, finish
+    return r
+
+
+def test_run_metrics_by_hand():
+    # K = 3. Request A: prompt 5, 1 (context) + 4 + 3 = 8 tokens; B: prompt 3, 1 + 2 = 3 tokens.
+    a = _req(5, range(8), [4, 3], start=0.0, first=0.5, finish=2.0)
+    b = _req(3, range(3), [2], start=1.0, first=1.2, finish=1.5)
+    # steps: [A ctx], [A gen, B ctx], [A gen, B gen]
+    log = [{"context": 1, "generation": 0, "tokens": 5}, {"context": 1, "generation": 1, "tokens": 4 + 3},
+           {"context": 0, "generation": 2, "tokens": 8}]
+    m = run_metrics([a, b], wall_s=2.0, step_log=log, draft_len=3)
+    assert m["requests"] == 2 and m["output_tokens"] == 11 and m["input_tokens"] == 8
+    assert m["requests_per_s"] == 1.0 and m["output_tokens_per_s"] == 5.5
+    assert m["latency_s"]["p50"] == 0.5 and m["latency_s"]["p99"] == 2.0 and m["latency_s"]["mean"] == 1.25
+    assert m["ttft_s"]["p50"] == pytest.approx(0.2) and m["ttft_s"]["max"] == 0.5
+    assert m["itl_s"]["p50"] == pytest.approx(0.15) and m["itl_s"]["max"] == pytest.approx(1.5 / 7)
+    assert m["engine_steps"] == 3 and m["target_tokens"] == 20
+    assert m["target_tokens_per_emitted_token"] == pytest.approx(20 / 11)
+    # 3 generation slots x (K + 1) = 12 target tokens for the 11 - 2 tokens the generation steps emitted
+    assert m["decode_target_tokens_per_emitted_token"] == pytest.approx(12 / 9)
+    assert m["acceptance"]["mean"] == 3.0 and m["acceptance"]["steps"] == 3
