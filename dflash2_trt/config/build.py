@@ -1,25 +1,69 @@
 """Build configs (top-level ``build_configs/*.yaml``; see :func:`dflash2_trt.targets.build_config_dir`):
-engine-shape settings per target."""
+every engine-shape and trtllm-build setting of a target, validated strictly.
+
+Overrides (``build --set key=value`` and the named ``build`` options such as ``--block-size``) go
+through the same validation as the YAML: :meth:`BuildConfig.load` merges them into the file's
+mapping first, and an error names where the offending value came from (the file, or ``--set``).
+
+=================================  =========  ==================================================================
+key                                default    meaning
+=================================  =========  ==================================================================
+target                             required   the registry key the file belongs to (``dflash2-trt targets``)
+dtype                              bfloat16   weights and KV cache: bfloat16, float16 or float32
+tp_size                            1          tensor-parallel ranks: 1, 2, 4 or 8
+pp_size                            1          pipeline stages: 1 only
+block_size                         required   draft block size K + 1 (``max_draft_len`` = K); at most 16
+selector                           greedy     greedy (the published walk: greedy at T=0, sampling at T>0) or
+                                              viterbi (global best path, lossless, never the default)
+max_batch_size                     required   requests per engine step; at most 512 (trtllm-build's EAGLE limit)
+max_input_len                      required   longest prompt
+max_seq_len                        required   prompt + output (trtllm-build adds 2K draft slots on top)
+max_num_tokens                     required   tokens per engine step; >= max_batch_size x block_size
+kv_cache_free_gpu_mem_fraction     0.9        share of the GPU memory left after weights and activations that the
+                                              runtime gives the KV cache (TensorRT-LLM's KvCacheConfig)
+tokens_per_block                   32         tokens per paged KV block; a power of two
+drafter_window                     model      model: the drafter's own sliding window; full: full-context drafter
+                                              attention (the TensorRT-LLM backend needs ``full`` for a drafter
+                                              with sliding layers: trtllm/model.py docstring)
+gpus                               both       CUDA architectures the plugin library is built for: sm_90a, sm_100a
+num_kv_blocks                      0          CPU backend: KV blocks in the pool (0 = enough for max_batch_size
+                                              requests of max_seq_len)
+=================================  =========  ==================================================================
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, Mapping
 
 import yaml
 
 from ..errors import ConfigError
-from ._fields import DTYPES, Fields
+from ._fields import DTYPES
 
-SELECTORS = ("greedy", "sample", "viterbi", "none")
+SELECTORS = ("greedy", "viterbi")
+DRAFTER_WINDOWS = ("model", "full")
 GPU_ARCHS = ("sm_90a", "sm_100a")
-_KEYS = {"target", "dtype", "tp_size", "pp_size", "block_size", "selector", "max_batch_size", "max_input_len",
-         "max_seq_len", "max_num_tokens", "gpus"}
+TP_SIZES = (1, 2, 4, 8)
+MAX_EAGLE_BATCH = 512          # tensorrt_llm/builder.py asserts max_batch_size <= 512 in EAGLE mode
+MAX_BLOCK_SIZE = 16            # DFlash2PairwiseScan walks at most 15 draft positions
+
+DEFAULTS: dict[str, Any] = {
+    "dtype": "bfloat16", "tp_size": 1, "pp_size": 1, "selector": "greedy", "kv_cache_free_gpu_mem_fraction": 0.9,
+    "tokens_per_block": 32, "drafter_window": "model", "gpus": list(GPU_ARCHS), "num_kv_blocks": 0,
+}
+REQUIRED = ("block_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
+KEYS = ("target", "dtype", "tp_size", "pp_size", "block_size", "selector", "max_batch_size", "max_input_len",
+        "max_seq_len", "max_num_tokens", "kv_cache_free_gpu_mem_fraction", "tokens_per_block", "drafter_window",
+        "gpus", "num_kv_blocks")
+SETTABLE = tuple(k for k in KEYS if k != "target")
 
 
 @dataclass(frozen=True)
 class BuildConfig:
-    target: str
+    target: str | None
     dtype: str
     tp_size: int
     pp_size: int
@@ -29,11 +73,27 @@ class BuildConfig:
     max_input_len: int
     max_seq_len: int
     max_num_tokens: int
+    kv_cache_free_gpu_mem_fraction: float
+    tokens_per_block: int
+    drafter_window: str
     gpus: tuple[str, ...]
+    num_kv_blocks: int
     source: str
 
+    @property
+    def max_draft_len(self) -> int:
+        return self.block_size - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+        d["gpus"] = list(self.gpus)
+        return d
+
     @classmethod
-    def load(cls, path: str | Path) -> "BuildConfig":
+    def load(cls, path: str | Path, overrides: Mapping[str, Any] | None = None,
+             origins: Mapping[str, str] | None = None) -> "BuildConfig":
+        """The YAML at ``path`` with ``overrides`` (key -> value) applied, validated as one mapping.
+        ``origins`` names where each override came from (default ``--set``) for error messages."""
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text())
@@ -43,35 +103,114 @@ class BuildConfig:
             raise ConfigError(f"invalid YAML: {exc}", source=path) from None
         if not isinstance(data, dict):
             raise ConfigError("expected a mapping at the top level", source=path)
-        f = Fields(data, str(path))
-        unknown = sorted(set(data) - _KEYS)
+        unknown = sorted(set(map(str, data)) - set(KEYS))
         if unknown:
-            raise f.error(unknown[0], f"unknown key; known: {', '.join(sorted(_KEYS))}")
-        tp = f.int("tp_size", 1, min=1)
-        if tp not in (1, 2, 4, 8):
-            raise f.error("tp_size", f"must be 1, 2, 4 or 8, got {tp}")
-        pp = f.int("pp_size", 1, min=1)
+            raise ConfigError(f"unknown key; known: {', '.join(KEYS)}", source=path, field=unknown[0])
+        if not isinstance(data.get("target"), str):
+            raise ConfigError("required: the registry key this file belongs to", source=path, field="target")
+        return cls.from_mapping(data, str(path), overrides, origins)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str, overrides: Mapping[str, Any] | None = None,
+                     origins: Mapping[str, str] | None = None) -> "BuildConfig":
+        overrides = dict(overrides or {})
+        origins = dict(origins or {})
+        bad = sorted(set(overrides) - set(SETTABLE))
+        if bad:
+            raise ConfigError(f"unknown key; settable: {', '.join(SETTABLE)}", source=origins.get(bad[0], "--set"),
+                              field=bad[0])
+        merged = {**DEFAULTS, **dict(data), **overrides}
+
+        def where(key: str) -> str:
+            return origins.get(key, "--set") if key in overrides else source
+
+        def err(key: str, msg: str) -> ConfigError:
+            return ConfigError(msg, source=where(key), field=key)
+
+        for k in REQUIRED:
+            if merged.get(k) is None:
+                raise err(k, "required field is missing")
+
+        def integer(key: str, lo: int) -> int:
+            v = merged[key]
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise err(key, f"expected an integer, got {v!r}")
+            if v < lo:
+                raise err(key, f"must be >= {lo}, got {v}")
+            return v
+
+        def choice(key: str, options: tuple[str, ...]) -> str:
+            v = merged[key]
+            if not isinstance(v, str) or v not in options:
+                raise err(key, f"must be one of {', '.join(options)}, got {v!r}")
+            return v
+
+        target = merged.get("target")
+        if target is not None and not isinstance(target, str):
+            raise err("target", f"expected a string, got {target!r}")
+        tp = integer("tp_size", 1)
+        if tp not in TP_SIZES:
+            raise err("tp_size", f"must be 1, 2, 4 or 8, got {tp}")
+        pp = integer("pp_size", 1)
         if pp != 1:
-            raise f.error("pp_size", f"only 1 is supported, got {pp}")
-        gpus = data.get("gpus", list(GPU_ARCHS))
-        if not isinstance(gpus, list) or any(g not in GPU_ARCHS for g in gpus):
-            raise f.error("gpus", f"expected a list drawn from {', '.join(GPU_ARCHS)}, got {gpus!r}")
-        max_input = f.int("max_input_len", min=1)
-        max_seq = f.int("max_seq_len", min=1)
+            raise err("pp_size", f"only 1 is supported, got {pp}")
+        block = integer("block_size", 2)
+        if block > MAX_BLOCK_SIZE:
+            raise err("block_size", f"at most {MAX_BLOCK_SIZE} (the selector plugin walks at most "
+                                    f"{MAX_BLOCK_SIZE - 1} draft positions), got {block}")
+        mbs = integer("max_batch_size", 1)
+        if mbs > MAX_EAGLE_BATCH:
+            raise err("max_batch_size", f"at most {MAX_EAGLE_BATCH} (trtllm-build's limit in EAGLE mode), got {mbs}")
+        max_input = integer("max_input_len", 1)
+        max_seq = integer("max_seq_len", 1)
         if max_input > max_seq:
-            raise f.error("max_input_len", f"{max_input} exceeds max_seq_len={max_seq}")
-        block = f.int("block_size", min=2)
+            key = "max_input_len" if "max_input_len" in overrides or "max_seq_len" not in overrides else "max_seq_len"
+            raise err(key, f"max_input_len {max_input} exceeds max_seq_len {max_seq}")
+        mnt = integer("max_num_tokens", 1)
+        if mnt < mbs * block:
+            key = "max_num_tokens" if "max_num_tokens" in overrides or "max_batch_size" not in overrides \
+                else "max_batch_size"
+            raise err(key, f"max_num_tokens {mnt} < max_batch_size x block_size = {mbs * block} (every request of "
+                           f"a full batch runs block_size tokens per step; trtllm-build requires it)")
+        frac = merged["kv_cache_free_gpu_mem_fraction"]
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not math.isfinite(frac) \
+                or not 0 < frac <= 1:
+            raise err("kv_cache_free_gpu_mem_fraction", f"must be a number in (0, 1], got {frac!r}")
+        tpb = integer("tokens_per_block", 1)
+        if tpb & (tpb - 1):
+            raise err("tokens_per_block", f"must be a power of two (TensorRT-LLM's paged KV cache), got {tpb}")
+        gpus = merged["gpus"]
+        if not isinstance(gpus, list) or not gpus or any(g not in GPU_ARCHS for g in gpus) \
+                or len(set(gpus)) != len(gpus):
+            raise err("gpus", f"expected a non-empty list of distinct entries from {', '.join(GPU_ARCHS)}, "
+                              f"got {gpus!r}")
         return cls(
-            target=f.str("target"),
-            dtype=f.str("dtype", "bfloat16", choices=DTYPES),
-            tp_size=tp,
-            pp_size=pp,
-            block_size=block,
-            selector=f.str("selector", "greedy", choices=SELECTORS),
-            max_batch_size=f.int("max_batch_size", min=1),
-            max_input_len=max_input,
-            max_seq_len=max_seq,
-            max_num_tokens=f.int("max_num_tokens", min=block),
-            gpus=tuple(gpus),
-            source=str(path),
-        )
+            target=target, dtype=choice("dtype", DTYPES), tp_size=tp, pp_size=pp, block_size=block,
+            selector=choice("selector", SELECTORS), max_batch_size=mbs, max_input_len=max_input,
+            max_seq_len=max_seq, max_num_tokens=mnt, kv_cache_free_gpu_mem_fraction=float(frac),
+            tokens_per_block=tpb, drafter_window=choice("drafter_window", DRAFTER_WINDOWS), gpus=tuple(gpus),
+            num_kv_blocks=integer("num_kv_blocks", 0), source=source)
+
+
+def parse_set(items) -> dict[str, Any]:
+    """``--set key=value`` items -> {key: value}; values are YAML scalars or lists (``64``, ``0.85``,
+    ``full``, ``[sm_90a]``). Unknown keys and repeated keys are errors naming the item."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, raw = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", source="--set")
+        if key not in SETTABLE:
+            raise ConfigError(f"unknown key; settable: {', '.join(SETTABLE)}", source="--set", field=key)
+        if key in out:
+            raise ConfigError("given twice", source="--set", field=key)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"value {raw!r} is not a YAML scalar or list ({exc.__class__.__name__})",
+                              source="--set", field=key) from None
+        if value is None:
+            raise ConfigError("empty value", source="--set", field=key)
+        out[key] = value
+    return out
