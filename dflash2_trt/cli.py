@@ -242,42 +242,84 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 
 @main.command("build")
 @_pair_options
-@click.option("--output", required=True, type=click.Path(), help="Engine directory to create.")
+@click.option("--output", type=click.Path(), default=None, help="Engine directory to create (optional with --dry-run).")
 @click.option("--backend", type=click.Choice(["auto", "cpu", "trtllm"]), default="auto", show_default=True,
               help="cpu: the network run by the CPU stand-in; trtllm: TensorRT-LLM engines (auto: trtllm where it "
-                   "imports, else cpu).")
-@click.option("--tp-size", default="1", show_default=True, type=click.Choice(["1", "2", "4", "8"]),
-              help="Tensor-parallel ranks (the CPU backend simulates them).")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
-              help="Cast weights (default: the checkpoints' own).")
+                   "imports, else cpu; a dry run plans trtllm).")
+@click.option("--tp-size", default=None, type=click.Choice(["1", "2", "4", "8"]),
+              help="Tensor-parallel ranks (the CPU backend simulates them) [default: build config].")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,
+              help="Weights and KV cache dtype [default: build config, else the checkpoints' own].")
 @click.option("--block-size", type=int, default=None, help="Draft block size (K + 1) [default: the build config's].")
 @click.option("--max-batch-size", type=int, default=None, help="Requests per engine step [default: build config].")
 @click.option("--max-input-len", type=int, default=None, help="Longest prompt [default: build config].")
-@click.option("--max-seq-len", type=int, default=None, help="Prompt + output + draft slots [default: build config].")
+@click.option("--max-seq-len", type=int, default=None, help="Prompt + output [default: build config].")
 @click.option("--max-num-tokens", type=int, default=None, help="Tokens per engine step [default: build config].")
-@click.option("--tokens-per-block", type=int, default=None, help="KV cache tokens per block [default: 32].")
+@click.option("--tokens-per-block", type=int, default=None, help="KV cache tokens per block [default: build config].")
 @click.option("--selector", type=click.Choice(["greedy", "viterbi"]), default=None,
               help="Path selector (greedy = published: greedy at T=0, sampling at T>0) [default: build config].")
 @click.option("--drafter-window", type=click.Choice(["model", "full"]), default=None,
-              help="model: the drafter's own sliding window; full: full-context drafter attention [default: model].")
+              help="model: the drafter's own sliding window; full: full-context drafter attention [default: build "
+                   "config].")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override any build-config key, validated like the YAML (repeatable), e.g. "
+                   "--set kv_cache_free_gpu_mem_fraction=0.85 --set gpus=[sm_90a].")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (steps, the trtllm-build command, GPU sizing, what is supported) and write nothing; "
+                   "config-only directories are enough.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the manifest as JSON.")
+@click.option("--gpu-memory-gib", type=float, default=141.0, show_default=True,
+              help="GPU memory the plan sizes the batch for (H200: 141).")
+@click.option("--verify/--no-verify", default=None,
+              help="Fixed prompts through the engine vs the target's greedy decoding; any difference fails the build "
+                   "[default: on for small targets].")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the converted checkpoint here and reuse it when its manifest matches [trtllm default: "
+                   "OUTPUT.checkpoint; cpu default: inside the engine only].")
+@click.option("--reconvert", is_flag=True, help="Replace a --checkpoint-dir that does not match this build.")
+@click.option("--no-keep-checkpoint", is_flag=True,
+              help="trtllm: convert into a temporary directory that is removed after the build.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp_size, dtype, block_size,
               max_batch_size, max_input_len, max_seq_len, max_num_tokens, tokens_per_block, selector, drafter_window,
+              sets, dry_run, as_json, gpu_memory_gib, verify, checkpoint_dir, reconvert, no_keep_checkpoint,
               force) -> None:
-    """Build an engine directory (validate -> convert -> engine config + manifest)."""
+    """Build an engine directory (validate -> convert -> plugins -> engine -> verify), or plan one (--dry-run)."""
+    from .config.build import parse_set
     from .engine.build import build_engine
+    from .errors import ConfigError
     from .trtllm.backend import resolve
 
+    overrides = {"block_size": block_size, "max_batch_size": max_batch_size, "max_input_len": max_input_len,
+                 "max_seq_len": max_seq_len, "max_num_tokens": max_num_tokens, "tokens_per_block": tokens_per_block,
+                 "selector": selector, "drafter_window": drafter_window, "dtype": dtype,
+                 "tp_size": None if tp_size is None else int(tp_size)}
+    sets = parse_set(sets)
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
-    res = build_engine(d, t, output, backend=resolve(None if backend == "auto" else backend), tp_size=int(tp_size),
-                       dtype=dtype, target_key=target_key, force=force, command=sys.argv,
-                       overrides={"block_size": block_size, "max_batch_size": max_batch_size,
-                                  "max_input_len": max_input_len, "max_seq_len": max_seq_len,
-                                  "max_num_tokens": max_num_tokens, "tokens_per_block": tokens_per_block,
-                                  "selector": selector, "drafter_window": drafter_window})
+    if dry_run:
+        from .engine.plan import dry_run_plan, render_plan
+
+        plan = dry_run_plan(d, t, output=output, backend=backend, target_key=target_key, overrides=overrides,
+                            sets=sets, gpu_memory_gib=gpu_memory_gib, checkpoint_dir=checkpoint_dir,
+                            keep_checkpoint=not no_keep_checkpoint, verify=verify)
+        click.echo(json.dumps(plan, indent=2) if as_json else render_plan(plan))
+        return
+    if output is None:
+        raise ConfigError("required (only --dry-run goes without an output directory)", field="--output")
+    progress = (lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None
+    res = build_engine(d, t, output, backend=resolve(None if backend == "auto" else backend), target_key=target_key,
+                       force=force, command=sys.argv, overrides=overrides, sets=sets,
+                       verify="auto" if verify is None else verify, checkpoint_dir=checkpoint_dir,
+                       reconvert=reconvert, keep_checkpoint=not no_keep_checkpoint, progress=progress)
     m = res.manifest
+    if as_json:
+        click.echo(json.dumps(m, indent=2))
+        return
+    v = m.get("verify")
+    checked = (f"verified: {v['prompts']} prompts, {v['tokens']} tokens identical to the target's greedy decoding"
+               if v else "not verified (--verify to check)")
     click.echo(f"wrote {res.output} ({m['backend']} engine, block {m['block_size']}, tp {m['tp_size']}, {m['dtype']}, "
-               f"max batch {m['limits']['max_batch_size']}, {len(m['files'])} files)")
+               f"max batch {m['limits']['max_batch_size']}, {len(m['files'])} files; {checked})")
 
 
 @main.command("run")

@@ -1,4 +1,9 @@
-"""``dflash2-trt build --backend cpu``: an engine directory the CPU runtime runs.
+"""``dflash2-trt build``: an engine directory, from the CPU backend (here) or the TensorRT-LLM backend
+(:mod:`.trtllm_build`: rank engines from ``trtllm-build``; its layout is in that module). Both start
+from :func:`dflash2_trt.engine.plan.prepare` (configs, pairing, settings: ``build_configs/NAME.yaml``
++ overrides) and end with the verify gate (:mod:`.verify`) when it is on.
+
+CPU backend: an engine directory the CPU runtime runs.
 
 Layout (everything written into a temporary directory beside the output, renamed at the end; an error
 or Ctrl-C leaves nothing behind)::
@@ -14,8 +19,9 @@ or Ctrl-C leaves nothing behind)::
                          source identities, the command, size and sha256 of every other file
 
 The CPU "engine" holds weights, not a compiled plan: the network file is executed by the CPU stand-in
-at load time (``engine/cpu.py``). The GPU backend (``trtllm-build``) writes the same config.json and
-engine.json around TensorRT-LLM's rank engines.
+at load time (``engine/cpu.py``). The GPU backend writes TensorRT-LLM's config.json and the same
+engine.json around TensorRT-LLM's rank engines. ``engine.json`` records the verify gate's result
+(``verify``: prompts, tokens, mean acceptance; null when off).
 """
 
 from __future__ import annotations
@@ -28,14 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..errors import ConfigError, DFlash2Error
+from ..errors import ConfigError
 
 ENGINE_FORMAT = "dflash2-trt engine"
 ENGINE_SCHEMA = 1
-DRAFTER_WINDOWS = ("model", "full")
-SELECTORS = ("greedy", "viterbi")
-DEFAULTS = {"tokens_per_block": 32, "selector": "greedy", "drafter_window": "model", "num_kv_blocks": 0}
-
 
 @dataclass
 class BuildResult:
@@ -51,92 +53,73 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _int_setting(settings: dict, key: str, lo: int = 1) -> int:
-    v = settings[key]
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ConfigError(f"must be an integer >= {lo}, got {v!r}", field=key)
-    return v
+def _copy_tokenizer(target_dir, engine_tmp) -> str | None:
+    """The target's tokenizer files into the engine directory (``tokenizer/``), when it has any."""
+    from ..tokenizer import ENGINE_TOKENIZER_DIR, copy_tokenizer_files
+
+    return ENGINE_TOKENIZER_DIR if copy_tokenizer_files(target_dir, Path(engine_tmp) / ENGINE_TOKENIZER_DIR) else None
 
 
-def resolve_settings(build_cfg, target_cfg, drafter_cfg, overrides: dict) -> dict:
-    """Engine settings: the target's build config (``build_configs/NAME.yaml``) or defaults from the
-    checkpoint configs, then the command line's overrides (``None`` = not given)."""
-    if build_cfg is not None:
-        s = {"max_batch_size": build_cfg.max_batch_size, "max_input_len": build_cfg.max_input_len,
-             "max_seq_len": build_cfg.max_seq_len, "max_num_tokens": build_cfg.max_num_tokens,
-             "block_size": build_cfg.block_size, "selector": build_cfg.selector}
-    else:
-        mpe = target_cfg.max_position_embeddings
-        s = {"max_batch_size": 8, "max_input_len": mpe // 2, "max_seq_len": mpe,
-             "block_size": drafter_cfg.block_size}
-        s["max_num_tokens"] = max(4096, s["max_batch_size"] * s["block_size"])
-    s = {**DEFAULTS, **s}
-    s.update({k: v for k, v in overrides.items() if v is not None})
-    for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block"):
-        _int_setting(s, k)
-    _int_setting(s, "block_size", 2)
-    _int_setting(s, "num_kv_blocks", 0)
-    if s["selector"] not in SELECTORS:
-        raise ConfigError(f"the engine's selector is one of {', '.join(SELECTORS)} (greedy = the published walk: "
-                          f"greedy at T=0, sampling at T>0), got {s['selector']!r}", field="selector")
-    if s["drafter_window"] not in DRAFTER_WINDOWS:
-        raise ConfigError(f"must be one of {', '.join(DRAFTER_WINDOWS)}, got {s['drafter_window']!r}",
-                          field="drafter_window")
-    if s["max_input_len"] > s["max_seq_len"]:
-        raise ConfigError(f"max_input_len {s['max_input_len']} exceeds max_seq_len {s['max_seq_len']}",
-                          field="max_input_len")
-    if s["max_seq_len"] > target_cfg.max_position_embeddings:
-        raise ConfigError(f"max_seq_len {s['max_seq_len']} exceeds the target's max_position_embeddings "
-                          f"{target_cfg.max_position_embeddings}", field="max_seq_len")
-    K = s["block_size"] - 1
-    if s["max_num_tokens"] < s["max_batch_size"] * (K + 1):
-        raise ConfigError(f"max_num_tokens {s['max_num_tokens']} < max_batch_size x block_size = "
-                          f"{s['max_batch_size'] * (K + 1)} (trtllm-build requires it)", field="max_num_tokens")
-    if s["block_size"] - 1 > 15 and s["block_size"] != drafter_cfg.block_size:
-        raise ConfigError("the selector plugin handles at most 15 draft positions (block size 16)", field="block_size")
-    return s
+def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_size: int | None = None, dtype=None,
+                 target_key: str | None = None, overrides: dict | None = None, sets: dict | None = None,
+                 force: bool = False, command: list[str] | None = None, verify: bool | str = False,
+                 checkpoint_dir=None, reconvert: bool = False, keep_checkpoint: bool = True, progress=None,
+                 toolchain=None, runner=None, verifier=None) -> BuildResult:
+    """Build an engine directory with ``backend`` (``cpu`` or ``trtllm``).
 
-
-def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_size: int = 1, dtype=None,
-                 target_key: str | None = None, overrides: dict | None = None, force: bool = False,
-                 command: list[str] | None = None) -> BuildResult:
-    from ..checkpoint.writer import AtomicOutputDir
-    from ..config import DFlash2Config, TargetConfig
-    from ..config.build import BuildConfig
+    Settings: ``build_configs/<target_key>.yaml`` (or defaults from the checkpoint configs), then
+    ``overrides`` (named options, ``None`` = not given), ``tp_size``/``dtype`` and ``sets`` (``--set``),
+    all validated together. ``verify``: True, False or ``"auto"`` (on when the target is small:
+    :data:`dflash2_trt.engine.verify.AUTO_MAX_TARGET_BYTES`). ``checkpoint_dir``: keep (and reuse, when its
+    manifest matches) the converted checkpoint there; the CPU engine then links its files.
+    ``toolchain``/``runner``/``verifier``: injectable machine access for the TensorRT-LLM branch
+    (:mod:`.trtllm_build`)."""
+    from ..checkpoint.writer import AtomicOutputDir, check_output_dir
     from ..convert import convert_pair
+    from .plan import engine_pretrained_config, prepare, weight_bytes_per_rank
 
+    over = dict(overrides or {})
+    if tp_size is not None:
+        over["tp_size"] = int(tp_size)
+    if dtype is not None:
+        over["dtype"] = dtype
+    prep = prepare(drafter_dir, target_dir, target_key=target_key, overrides=over, sets=sets)
+    if backend == "trtllm":
+        from .trtllm_build import build_trtllm
+
+        return build_trtllm(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
+                            reconvert=reconvert, keep_checkpoint=keep_checkpoint, progress=progress,
+                            toolchain=toolchain, runner=runner, verifier=verifier)
     if backend != "cpu":
-        raise DFlash2Error(f"backend {backend!r}: only the CPU backend is implemented (the TensorRT-LLM build "
-                           f"is the next step; see RUN.md once it lands)")
-    drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
-    t = TargetConfig.from_hugging_face(target_dir)
-    d = DFlash2Config.from_hugging_face(drafter_dir)
-    build_cfg = None
-    if target_key is not None:
-        from ..targets import get_target
+        raise ConfigError(f"unknown backend {backend!r}; expected cpu or trtllm", field="--backend")
+    if prep.blockers:
+        raise ConfigError(f"cannot build an engine for this target: {prep.blockers[0]}", source=prep.t.source)
+    say = progress or (lambda s: None)
+    check_output_dir(output, force)
+    drafter_dir, target_dir = prep.drafter_dir, prep.target_dir
+    t, cfg = prep.t, prep.cfg
+    s = cfg.to_dict()
+    if verify == "auto":
+        from .verify import AUTO_MAX_TARGET_BYTES
 
-        path = get_target(target_key).build_config_path
-        if path.exists():
-            build_cfg = BuildConfig.load(path)
-    s = resolve_settings(build_cfg, t, d, overrides or {})
+        verify = sum(r["target"] for r in weight_bytes_per_rank(t, prep.d, cfg.tp_size, cfg.dtype)) \
+            <= AUTO_MAX_TARGET_BYTES
     with AtomicOutputDir(output, force=force) as tmp:
-        res = convert_pair(drafter_dir, target_dir, tmp / "checkpoint", tp_size=tp_size, dtype=dtype, progress=False)
-        ck = json.loads((tmp / "checkpoint" / "config.json").read_text())
-        if ck["qwen_type"] != "qwen3":
-            raise ConfigError(f"target family {ck['qwen_type']!r} has no engine network yet (dense qwen3 only; the "
-                              f"hybrid Qwen3.5 target is its own issue)", source=t.source, field="architectures")
-        pre = json.loads(json.dumps(ck))
-        pre["dflash2"]["block_size"] = s["block_size"]
-        pre["max_draft_len"] = s["block_size"] - 1
-        pre["dflash2_engine"] = {"selector": s["selector"], "drafter_window": s["drafter_window"],
-                                 "max_seq_len": s["max_seq_len"]}
-        from ..trtllm.backend import load_network
+        if checkpoint_dir is not None:
+            from .checkpoint import ensure_checkpoint, link_files
 
-        net = load_network("cpu")
-        try:
-            net.check_kv_compatible(net.api.PretrainedConfig.from_dict(pre))
-        except ValueError as exc:
-            raise ConfigError(str(exc), source=drafter_dir / "config.json", field="num_key_value_heads") from None
+            say(f"[convert] {checkpoint_dir}")
+            ck_res = ensure_checkpoint(prep, checkpoint_dir, reconvert=reconvert, progress=say)
+            names = ["config.json", "manifest.json"] + [f"rank{r}.safetensors" for r in range(cfg.tp_size)]
+            link_files(checkpoint_dir, tmp / "checkpoint", names, symlink_ok=False)   # self-contained engine dir
+            convert_seconds, reused = ck_res["seconds"], ck_res["reused"]
+        else:
+            say(f"[convert] {Path(output) / 'checkpoint'}")
+            res = convert_pair(drafter_dir, target_dir, tmp / "checkpoint", tp_size=cfg.tp_size, dtype=cfg.dtype,
+                               progress=False)
+            convert_seconds, reused = res.seconds, False
+        ck = json.loads((tmp / "checkpoint" / "config.json").read_text())
+        pre = engine_pretrained_config(ck, cfg, prep.d)
         build = {k: s[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
                                    "tokens_per_block", "num_kv_blocks")}
         engine_cfg = {"format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": "cpu",
@@ -152,17 +135,33 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
         manifest = {
             "format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": "cpu",
             "target": target_key, "family": ck["qwen_type"], "block_size": s["block_size"], "dtype": ck["dtype"],
-            "tp_size": tp_size, "limits": build, "selector": s["selector"], "drafter_window": s["drafter_window"],
+            "tp_size": cfg.tp_size, "limits": build, "selector": s["selector"], "drafter_window": s["drafter_window"],
             "versions": {"dflash2_trt": __version__, "python": sys.version.split()[0], "torch": _torch_version()},
             "sources": {"target_dir": str(target_dir.resolve()), "drafter_dir": str(drafter_dir.resolve()),
-                        "checkpoint_manifest_sha256": files["checkpoint/manifest.json"]["sha256"]},
+                        "checkpoint_manifest_sha256": files["checkpoint/manifest.json"]["sha256"],
+                        "checkpoint_dir": str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
+                        "checkpoint_reused": reused},
             "eos_token_ids": [int(e) for e in t.eos_token_ids], "tokenizer": tokenizer,
-            "command": command or [], "files": files, "convert_seconds": round(res.seconds, 3),
+            "command": command or [], "files": files, "convert_seconds": round(convert_seconds, 3),
+            "settings_source": cfg.source, "verify": None,
         }
-        (tmp / "engine.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        with open(tmp / "engine.json", "rb") as f:
-            os.fsync(f.fileno())
+        _write_manifest(tmp, manifest)
+        if verify:
+            # Through the same loading path as `run` (engine.json written first); a difference raises, and the
+            # temporary directory is removed: nothing half-written.
+            from .verify import verify_cpu_engine
+
+            say("[verify] fixed prompts through the engine vs the target's greedy decoding")
+            manifest["verify"] = (verifier or verify_cpu_engine)(tmp, target_dir=target_dir, target_key=target_key)
+            _write_manifest(tmp, manifest)
     return BuildResult(Path(output), manifest)
+
+
+def _write_manifest(tmp: Path, manifest: dict) -> None:
+    with open(tmp / "engine.json", "w") as f:
+        f.write(json.dumps(manifest, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _torch_version() -> str:
@@ -191,15 +190,17 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
         if not isinstance(docs[-1], dict):
             raise ConfigError("top level must be an object", source=p)
     man, cfg = docs
-    for doc, p in ((man, man_path), (cfg, cfg_path)):
+    backend = man.get("backend")
+    # A TensorRT-LLM engine's config.json is TensorRT-LLM's own (the runtime reads it); engine.json is ours.
+    ours = ((man, man_path), (cfg, cfg_path)) if backend == "cpu" else ((man, man_path),)
+    for doc, p in ours:
         if doc.get("format") != ENGINE_FORMAT:
             raise ConfigError(f"format {doc.get('format')!r}, expected {ENGINE_FORMAT!r}", source=p, field="format")
         if doc.get("schema_version") != ENGINE_SCHEMA:
             raise ConfigError(f"schema version {doc.get('schema_version')!r}; this dflash2-trt reads {ENGINE_SCHEMA} "
                               f"(rebuild the engine)", source=p, field="schema_version")
-    if man.get("backend") != "cpu":
-        raise ConfigError(f"backend {man.get('backend')!r}: `dflash2-trt run` runs CPU engines; run a TensorRT-LLM "
-                          f"engine with TensorRT-LLM's executor", source=man_path, field="backend")
+    if backend not in ("cpu", "trtllm"):
+        raise ConfigError(f"backend {backend!r}: expected cpu or trtllm", source=man_path, field="backend")
     files = man.get("files")
     if not isinstance(files, dict) or "config.json" not in files:
         raise ConfigError("no file list", source=man_path, field="files")
@@ -215,7 +216,8 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
                               field="files")
     try:
         pre, build = cfg["pretrained_config"], cfg["build_config"]
-        for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block"):
+        limit_keys = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
+        for k in limit_keys + (("tokens_per_block",) if backend == "cpu" else ()):
             if not isinstance(build[k], int) or build[k] < 1:
                 raise ConfigError(f"must be a positive integer, got {build[k]!r}", source=cfg_path,
                                   field=f"build_config.{k}")
@@ -225,9 +227,22 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     return cfg, man
 
 
+def engine_backend(engine_dir) -> str | None:
+    """The ``backend`` an engine directory's engine.json names (None when unreadable: the full load reports why)."""
+    try:
+        man = json.loads((Path(engine_dir) / "engine.json").read_text())
+        return man.get("backend") if isinstance(man, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
 def open_cpu_engine(engine_dir, *, verify: bool = False):
     from .cpu import CpuEngine, limits_from
 
     cfg, man = load_engine_dir(engine_dir, verify=verify)
+    if man["backend"] != "cpu":
+        raise ConfigError(f"backend {man['backend']!r}: a TensorRT-LLM engine runs through TensorRT-LLM's runner on a GPU "
+                          f"machine (`dflash2-trt run` there, or RUN.md in the engine directory)",
+                          source=Path(engine_dir) / "engine.json", field="backend")
     pre = cfg["pretrained_config"]
     return CpuEngine(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre)), man

@@ -65,6 +65,14 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     if max_batch_size is not None and max_batch_size < 1:
         raise ConfigError(f"must be >= 1, got {max_batch_size}", field="--max-batch-size")
+    from .build import engine_backend
+
+    if engine_backend(engine_dir) == "trtllm":   # TensorRT-LLM's C++ runner on a GPU machine (engine/trtllm_runner.py)
+        from .trtllm_runner import run_engine_trtllm
+
+        return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
+                                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                 max_batch_size=max_batch_size, verify=verify)
     engine, man = open_cpu_engine(engine_dir, verify=verify)
     try:
         pre = engine.config

@@ -1,0 +1,131 @@
+"""The converted checkpoint of a build: reuse one whose manifest matches, else write it.
+
+A checkpoint (``dflash2-trt convert``: ``config.json``, ``rank{N}.safetensors``, ``manifest.json``)
+matches a build when its manifest names the same format and schema, the same converter version,
+tp size and dtype, the same sources (config sha256, every safetensors file's name, size and header
+sha256, the HF revision when known; NOT the path, so a moved model directory still matches), when
+its ``config.json`` is byte for byte what the converter would write now, and when every file the
+manifest lists is there with its size. Rank files are not re-hashed (54 GB for Qwen3.8-27B): sizes
+and the headers' hashes stand for them.
+
+A directory that exists and does not match is never overwritten silently: the build stops with the
+first difference unless the caller asked to reconvert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def _ident_key(ident: dict) -> dict:
+    return {k: v for k, v in ident.items() if k != "path"}
+
+
+def checkpoint_problems(ckpt_dir, prep) -> list[str]:
+    """Why ``ckpt_dir`` cannot be reused for ``prep`` (empty: it matches)."""
+    from .. import __version__
+    from ..checkpoint.reader import SafetensorsCheckpoint
+    from ..convert.driver import source_identity
+    from ..convert.schema import FORMAT, SCHEMA_VERSION
+
+    ckpt_dir = Path(ckpt_dir)
+    man_path = ckpt_dir / "manifest.json"
+    try:
+        man = json.loads(man_path.read_text())
+    except OSError:
+        return ["manifest.json: missing (not a dflash2-trt checkpoint, or an interrupted one)"]
+    except json.JSONDecodeError as exc:
+        return [f"manifest.json: invalid JSON ({exc.msg})"]
+    if not isinstance(man, dict):
+        return ["manifest.json: not an object"]
+    cfg = prep.cfg
+    want = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "converter_version": __version__,
+            "tp_size": cfg.tp_size, "dtype": cfg.dtype}
+    problems = [f"{k}: {man.get(k)!r}, this build needs {v!r}" for k, v in want.items() if man.get(k) != v]
+    if problems:
+        return problems
+    sources = man.get("sources") or {}
+    for kind, directory in (("target", prep.target_dir), ("drafter", prep.drafter_dir)):
+        try:
+            now = source_identity(Path(directory), SafetensorsCheckpoint(directory))
+        except Exception as exc:   # the sources themselves are broken: the build reports that elsewhere
+            return [f"sources.{kind}: cannot identify {directory} ({exc})"]
+        if _ident_key(sources.get(kind) or {}) != _ident_key(now):
+            return [f"sources.{kind}: written from different files than {directory} (config or safetensors "
+                    f"headers differ)"]
+    files = man.get("files")
+    if not isinstance(files, list):
+        return ["files: missing"]
+    for f in files:
+        p = ckpt_dir / str(f.get("name"))
+        if not p.is_file():
+            return [f"files: {f.get('name')} is missing"]
+        if p.stat().st_size != f.get("size"):
+            return [f"files: {f.get('name')} has {p.stat().st_size} bytes, the manifest says {f.get('size')}"]
+    names = {f.get("name") for f in files}
+    ranks = {f"rank{r}.safetensors" for r in range(cfg.tp_size)}
+    if not ranks | {"config.json"} <= names:
+        return [f"files: expected config.json and {', '.join(sorted(ranks))}"]
+    try:
+        written = json.loads((ckpt_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return [f"config.json: unreadable ({exc})"]
+    if written != prep.checkpoint_config:
+        diff = sorted(k for k in set(written) | set(prep.checkpoint_config)
+                      if written.get(k) != prep.checkpoint_config.get(k))
+        return [f"config.json: differs from what the converter writes now (fields {', '.join(diff[:5])})"]
+    return []
+
+
+def ensure_checkpoint(prep, ckpt_dir, *, reconvert: bool = False, progress=None) -> dict:
+    """Reuse ``ckpt_dir`` when it matches ``prep``, else convert into it (atomically). Returns
+    ``{"path", "reused", "seconds"}``. A non-matching existing checkpoint is an error naming the first
+    difference, unless ``reconvert``."""
+    from ..checkpoint.writer import check_output_dir
+    from ..convert import convert_pair
+
+    ckpt_dir = Path(ckpt_dir)
+    t0 = time.perf_counter()
+    check_output_dir(ckpt_dir, force=True)      # symlinks / files refused
+    exists = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())
+    if exists:
+        problems = checkpoint_problems(ckpt_dir, prep)
+        if not problems:
+            if progress:
+                progress(f"checkpoint: reusing {ckpt_dir} (manifest matches)")
+            return {"path": str(ckpt_dir), "reused": True, "seconds": round(time.perf_counter() - t0, 3)}
+        if not reconvert:
+            raise ConfigError(f"exists and does not match this build: {problems[0]}; pass --reconvert to replace it, "
+                              f"or another --checkpoint-dir", source=ckpt_dir / "manifest.json")
+    if progress:
+        progress(f"checkpoint: converting into {ckpt_dir}")
+    convert_pair(prep.drafter_dir, prep.target_dir, ckpt_dir, tp_size=prep.cfg.tp_size, dtype=prep.cfg.dtype,
+                 force=exists, progress=None)
+    return {"path": str(ckpt_dir), "reused": False, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def link_files(src_dir, dst_dir, names, *, symlink_ok: bool = True) -> str:
+    """Hard-link ``names`` from ``src_dir`` into ``dst_dir`` (same file system), else symlink them
+    (``symlink_ok``), else copy. Returns how: ``hardlink``, ``symlink`` or ``copy``."""
+    src_dir, dst_dir = Path(src_dir).resolve(), Path(dst_dir)
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    how = "hardlink"
+    for name in names:
+        src, dst = src_dir / name, dst_dir / name
+        try:
+            if how == "hardlink":
+                os.link(src, dst)
+                continue
+        except OSError:
+            how = "symlink" if symlink_ok else "copy"
+        if how == "symlink":
+            os.symlink(src, dst)
+        else:
+            shutil.copy2(src, dst)
+    return how

@@ -1,0 +1,511 @@
+"""What ``dflash2-trt build`` will do, computed from configs alone: settings, steps, the trtllm-build
+command line and the numbers a GPU is sized with (``build --dry-run``; the real build runs the same
+:func:`prepare` first).
+
+Config-only directories (a ``config.json`` and no weights, e.g. the published fixtures in
+``tests/fixtures/``) are enough: weight bytes come from the converter's own plan
+(:mod:`dflash2_trt.convert.plan`: every output tensor's shape per rank), not from files.
+
+Memory figures (per rank, bytes; ``K = block_size - 1``, ``itemsize`` of the engine dtype):
+
+======================================  ==========================================================================
+figure                                  how it is computed
+======================================  ==========================================================================
+weights                                 sum of the rank's output tensors (``convert`` plan) x itemsize
+KV bytes per token                      (target attention layers + drafter layers) x 2 (K and V) x KV heads per
+                                        rank x head_size x itemsize: ONE pool, one per-token layout for every layer
+                                        (the drafter's layers are pool layers after the target's)
+extra slots per request                 2K: trtllm-build adds ``max_draft_len`` and ``num_eagle_layers`` (both K)
+                                        to ``max_seq_len`` in EAGLE mode (tensorrt_llm/builder.py)
+KV bytes per request                    ceil((max_seq_len + 2K) / tokens_per_block) blocks x tokens_per_block x
+                                        KV bytes per token (a request's blocks are reserved for its whole life)
+recurrent state per request             Qwen3.5 hybrid only: linear layers x (value heads per rank x key_dim x
+                                        value_dim x 4 (fp32 state) + (conv_kernel - 1) x conv channels per rank x
+                                        itemsize)
+activations (estimate)                  logits max_batch_size x (K+1) x vocab x 4 (fp32 output) + max_num_tokens x
+                                        3 x intermediate per rank x itemsize (the MLP's widest live tensors) +
+                                        max_num_tokens x taps x hidden x itemsize (the drafter's fc input); the
+                                        real figure is TensorRT's and is known only after the build
+reserve (estimate)                      1 GiB: CUDA context, cuBLAS/NCCL workspaces
+KV budget                               kv_cache_free_gpu_mem_fraction x (GPU memory - weights - activations -
+                                        reserve): TensorRT-LLM gives the KV cache that share of what is free
+largest batch that fits                 KV budget // (KV bytes per request + recurrent state per request), every
+                                        request at the full max_seq_len
+======================================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import ConfigError, PairingError
+
+GIB = 1 << 30
+H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default
+RESERVE_BYTES = 1 * GIB
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+MODEL_CLS_NAME = "DFlash2ForCausalLM"
+HYBRID_ISSUE = "issue 15"
+# The one-line origin of a setting given on the command line (error messages name it).
+OPTION_OF = {"block_size": "--block-size", "max_batch_size": "--max-batch-size", "max_input_len": "--max-input-len",
+             "max_seq_len": "--max-seq-len", "max_num_tokens": "--max-num-tokens",
+             "tokens_per_block": "--tokens-per-block", "selector": "--selector", "drafter_window": "--drafter-window",
+             "tp_size": "--tp-size", "dtype": "--dtype"}
+
+
+@dataclass
+class Prepared:
+    """A validated build request: configs, settings, the checkpoint config convert will write, and
+    what stands in the way of each backend."""
+
+    drafter_dir: Path
+    target_dir: Path
+    target_key: str | None
+    t: Any                      # TargetConfig
+    d: Any                      # DFlash2Config
+    cfg: Any                    # BuildConfig (file + overrides, validated)
+    checkpoint_config: dict     # config.json of the converted checkpoint (convert/schema.py)
+    engine_families: tuple[str, ...]
+    blockers: list[str] = field(default_factory=list)      # no engine for this target at all
+    trtllm_blockers: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def K(self) -> int:
+        return self.cfg.block_size - 1
+
+    @property
+    def settings(self) -> dict:
+        return self.cfg.to_dict()
+
+
+def _defaults_from_checkpoints(t, d) -> dict:
+    mpe = t.max_position_embeddings
+    block = d.block_size
+    return {"target": None, "dtype": t.dtype, "block_size": block, "max_batch_size": 8, "max_input_len": mpe // 2,
+            "max_seq_len": mpe, "max_num_tokens": max(4096, 8 * block)}
+
+
+def split_overrides(overrides: dict | None, sets: dict | None) -> tuple[dict, dict]:
+    """(overrides, origins) from the named options (``None`` = not given) and ``--set``; a key given both
+    ways is an error."""
+    out: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            out[k] = v
+            origins[k] = OPTION_OF.get(k, k)
+    for k, v in (sets or {}).items():
+        if k in out:
+            raise ConfigError(f"given twice ({origins[k]} and --set {k}=...)", source="--set", field=k)
+        out[k] = v
+        origins[k] = "--set"
+    return out, origins
+
+
+def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides: dict | None = None,
+            sets: dict | None = None) -> Prepared:
+    """Configs, pairing and settings, checked; nothing is written. Weights are not needed."""
+    from ..checkpoint.reader import SafetensorsCheckpoint
+    from ..config import DFlash2Config, TargetConfig, pairing_problems
+    from ..config.build import BuildConfig
+    from ..convert.schema import build_config
+
+    drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
+    t = TargetConfig.from_hugging_face(target_dir)
+    d = DFlash2Config.from_hugging_face(drafter_dir)
+    over, origins = split_overrides(overrides, sets)
+    if target_key is not None:
+        from ..targets import get_target
+
+        entry = get_target(target_key)
+        cfg = BuildConfig.load(entry.build_config_path, over, origins)
+    else:
+        cfg = BuildConfig.from_mapping(_defaults_from_checkpoints(t, d), "<defaults from the checkpoint configs>",
+                                       over, origins)
+
+    def origin(key: str) -> str:
+        return origins.get(key, cfg.source)
+
+    if cfg.max_seq_len > t.max_position_embeddings:
+        raise ConfigError(f"max_seq_len {cfg.max_seq_len} exceeds the target's max_position_embeddings "
+                          f"{t.max_position_embeddings}", source=origin("max_seq_len"), field="max_seq_len")
+    fc_shape = None
+    try:
+        dck = SafetensorsCheckpoint(drafter_dir)
+        fc_shape = dck.info("fc.weight").shape if "fc.weight" in dck else None
+    except Exception:   # config-only directory: the pairing is checked on the configs alone
+        fc_shape = None
+    from dataclasses import replace
+
+    # A dtype the build names (build config or override) casts both sides, so their stored dtypes need not agree.
+    cast = target_key is not None or "dtype" in over
+    problems = pairing_problems(replace(d, dtype=t.dtype) if cast else d, t, fc_weight_shape=fc_shape)
+    if problems:
+        raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
+    from ..convert.driver import _FAMILY_MAPS
+
+    if t.family in _FAMILY_MAPS:
+        ck = build_config(t, d, tp_size=cfg.tp_size, dtype=cfg.dtype, converter_version=__version__)
+    else:
+        ck = {}
+    weight_bytes_per_rank(t, d, cfg.tp_size, cfg.dtype)   # the converter's split: tp must divide heads, widths, vocab
+    prep = Prepared(drafter_dir, target_dir, target_key, t, d, cfg, ck, _engine_families())
+    _collect_blockers(prep)
+    return prep
+
+
+def _engine_families() -> tuple[str, ...]:
+    from ..trtllm.backend import load_network
+
+    return tuple(load_network("cpu").TARGET_FAMILIES)
+
+
+def _collect_blockers(p: Prepared) -> None:
+    from ..convert.driver import _FAMILY_MAPS
+
+    t, d, cfg = p.t, p.d, p.cfg
+    if t.family not in _FAMILY_MAPS:
+        p.blockers.append(f"target family {t.family!r} cannot be converted yet (no weight map; supported: "
+                          f"{', '.join(_FAMILY_MAPS)})")
+    if t.family not in p.engine_families:
+        extra = f" ({HYBRID_ISSUE})" if t.family == "qwen3_5" else ""
+        p.blockers.append(f"target family {t.family!r} has no engine network yet: trtllm/model.py covers "
+                          f"{', '.join(p.engine_families)} targets{extra}")
+    if p.checkpoint_config:
+        try:
+            check_kv_compatible(engine_pretrained_config(p.checkpoint_config, cfg, d))
+        except ConfigError as exc:
+            p.blockers.append(str(exc))
+    if cfg.drafter_window == "model":
+        windows = [w for w in (d.layer_window(i) for i in range(d.num_hidden_layers)) if w]
+        window = min(windows) if windows else 0
+        if window and window < cfg.max_seq_len + 2 * p.K:
+            p.trtllm_blockers.append(
+                f"drafter_window 'model': the drafter's sliding window ({window}) below the pool's capacity would "
+                f"select gpt_attention's cyclic-cache addressing on TensorRT-LLM [read, not run] and misplace the "
+                f"drafter's K/V (trtllm/model.py docstring); use --set drafter_window=full (lossless, costs "
+                f"acceptance past the window only)")
+    if cfg.dtype == "float32":
+        p.warnings.append("dtype float32 on TensorRT-LLM: EAGLE mode needs paged context FMHA, whose kernels are "
+                          "float16/bfloat16 [inferred]; build a GPU engine with --dtype float16 or bfloat16")
+
+
+def engine_pretrained_config(ck: dict, cfg, d) -> dict:
+    """The checkpoint's config.json with the engine's settings: what the network reads (``dflash2_engine``,
+    the block size) and the EAGLE fields TensorRT-LLM's runtime reads (``num_eagle_layers``,
+    ``max_non_leaves_per_layer``, ``eagle_net_config.num_hidden_layers``: TRTLLM-ENGINE.md §1). A copy:
+    the reusable checkpoint's own config.json is never edited."""
+    pre = json.loads(json.dumps(ck))
+    K = cfg.block_size - 1
+    pre["dflash2"]["block_size"] = cfg.block_size
+    pre["max_draft_len"] = K
+    pre["num_eagle_layers"] = K                        # tree depth; a chain of K
+    pre["max_non_leaves_per_layer"] = 1
+    pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers}   # added to the KV pool's layer count
+    pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
+                             "max_seq_len": cfg.max_seq_len, "tokens_per_block": cfg.tokens_per_block}
+    return pre
+
+
+def check_kv_compatible(pre: dict) -> None:
+    """The network's own pool-layout check (``trtllm/model.py``), as a ConfigError."""
+    from ..trtllm.backend import load_network
+
+    net = load_network("cpu")
+    try:
+        net.check_kv_compatible(net.api.PretrainedConfig.from_dict(pre))
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="num_key_value_heads") from None
+
+
+def eagle_choices(K: int) -> list[list[int]]:
+    """The linear chain every request/executor must pass: ``[[0], [0, 0], ..., [0] * K]``."""
+    return [[0] * (i + 1) for i in range(K)]
+
+
+# ---------------------------------------------------------------------------------------- sizing
+def weight_bytes_per_rank(t, d, tp: int, dtype: str) -> list[dict] | None:
+    """Per rank: bytes of the target's and the drafter's tensors in the converted checkpoint (from the
+    converter's plan, so config-only directories work); None for a family without a weight map."""
+    from ..convert.driver import _FAMILY_MAPS, _rank_plans
+
+    if t.family not in _FAMILY_MAPS:
+        return None
+    item = ITEMSIZE[dtype]
+    out = []
+    for plan in _rank_plans(t, d, tp):
+        tb = sum(math.prod(o.shape) for o in plan if not o.name.startswith("dflash2.")) * item
+        db = sum(math.prod(o.shape) for o in plan if o.name.startswith("dflash2.")) * item
+        out.append({"target": tb, "drafter": db, "total": tb + db})
+    return out
+
+
+def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
+    t, d, cfg = p.t, p.d, p.cfg
+    tp, item, K = cfg.tp_size, ITEMSIZE[cfg.dtype], p.K
+    weights = weight_bytes_per_rank(t, d, tp, cfg.dtype)
+    kv_heads = t.num_key_value_heads // tp if t.num_key_value_heads >= tp else 1
+    per_layer = 2 * kv_heads * t.head_dim * item
+    n_target = sum(1 for lt in t.layer_types if lt != "linear_attention")
+    n_drafter = d.num_hidden_layers
+    kv_token = (n_target + n_drafter) * per_layer
+    extra = 2 * K
+    seq = cfg.max_seq_len + extra
+    blocks = -(-seq // cfg.tokens_per_block)
+    kv_request = blocks * cfg.tokens_per_block * kv_token
+    recurrent = 0
+    if t.family == "qwen3_5":
+        nk, nv = t.linear_num_key_heads, t.linear_num_value_heads
+        nk_l, nv_l = (nk // tp if nk >= tp else 1), nv // tp
+        conv = 2 * nk_l * t.linear_key_head_dim + nv_l * t.linear_value_head_dim
+        n_lin = sum(1 for lt in t.layer_types if lt == "linear_attention")
+        recurrent = n_lin * (nv_l * t.linear_key_head_dim * t.linear_value_head_dim * 4
+                             + (t.linear_conv_kernel_dim - 1) * conv * item)
+    inter = max(t.intermediate_size, d.intermediate_size) // tp
+    act = {"logits": cfg.max_batch_size * (K + 1) * t.vocab_size * 4,
+           "mlp": cfg.max_num_tokens * 3 * inter * item,
+           "taps": cfg.max_num_tokens * d.num_taps * t.hidden_size * item}
+    act_total = sum(act.values())
+    gpu = int(gpu_memory_gib * GIB)
+    out = {
+        "tp_size": tp, "dtype": cfg.dtype, "gpu_memory_bytes": gpu, "gpu_memory_gib": gpu_memory_gib,
+        "weights_per_rank": weights,
+        "kv": {"pool_layers": {"target": n_target, "drafter": n_drafter}, "kv_heads_per_rank": kv_heads,
+               "head_size": t.head_dim, "bytes_per_token_per_layer": per_layer,
+               "bytes_per_token": kv_token, "bytes_per_token_target": n_target * per_layer,
+               "bytes_per_token_drafter": n_drafter * per_layer},
+        "extra_slots_per_request": extra, "engine_max_seq_len": seq, "blocks_per_request": blocks,
+        "kv_bytes_per_request": kv_request, "recurrent_state_bytes_per_request": recurrent,
+        "activations_estimate": {**act, "total": act_total}, "reserve_estimate": RESERVE_BYTES,
+        "kv_cache_free_gpu_mem_fraction": cfg.kv_cache_free_gpu_mem_fraction,
+    }
+    if weights is None:
+        out.update(kv_budget=None, max_batch_that_fits=None, tokens_in_kv_budget=None, fits=None)
+        return out
+    free = gpu - weights[0]["total"] - act_total - RESERVE_BYTES
+    budget = max(0, math.floor(free * cfg.kv_cache_free_gpu_mem_fraction))
+    fit = budget // (kv_request + recurrent)
+    out.update(free_after_load=free, kv_budget=budget, max_batch_that_fits=fit,
+               tokens_in_kv_budget=budget // kv_token,
+               fits=fit >= cfg.max_batch_size)
+    return out
+
+
+# --------------------------------------------------------------------------------- trtllm-build
+def model_cls_file() -> Path:
+    from ..trtllm.backend import MODEL_FILE
+
+    return MODEL_FILE
+
+
+def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, trtllm_build: str = "trtllm-build") -> list[str]:
+    """The trtllm-build command line (TensorRT-LLM 1.2 flags, ``tensorrt_llm/commands/build.py``)."""
+    K = cfg.block_size - 1
+    return [
+        trtllm_build, "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir),
+        "--model_cls_file", str(model_cls_file()), "--model_cls_name", MODEL_CLS_NAME,
+        "--speculative_decoding_mode", "eagle", "--max_draft_len", str(K),
+        "--max_batch_size", str(cfg.max_batch_size), "--max_input_len", str(cfg.max_input_len),
+        "--max_seq_len", str(cfg.max_seq_len), "--max_num_tokens", str(cfg.max_num_tokens), "--max_beam_width", "1",
+        "--kv_cache_type", "paged", "--tokens_per_block", str(cfg.tokens_per_block),
+        "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto", "--context_fmha", "enable",
+        "--use_paged_context_fmha", "enable", "--remove_input_padding", "enable",
+        "--logits_dtype", "float32", "--workers", "1",
+    ]
+
+
+def trtllm_build_env(plugin_lib) -> dict[str, str]:
+    """What the model class file needs in trtllm-build's process: the plugin library (trtllm-build has no
+    plugin flag; model.py loads it) and the TensorRT-LLM backend of the network."""
+    return {"DFLASH2_PLUGIN_LIB": str(plugin_lib), "DFLASH2_TRT_BACKEND": "trtllm"}
+
+
+def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
+    pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    return (pre + " " if pre else "") + shlex.join(argv)
+
+
+def cuda_archs(gpus) -> str:
+    """CMAKE_CUDA_ARCHITECTURES for the build config's ``gpus`` (``sm_90a`` -> ``90a``)."""
+    return ";".join(g.removeprefix("sm_") for g in gpus)
+
+
+# ------------------------------------------------------------------------------------------ plan
+def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: str | None = None,
+              gpu_memory_gib: float = H200_GIB, toolchain=None, keep_checkpoint: bool = True,
+              verify: bool | None = None) -> dict:
+    """The steps of ``build`` for ``backend`` with every path and command spelled out, the sizing,
+    and what is supported for the target today."""
+    from ..plugins import plugin_dir
+
+    cfg, t, d = p.cfg, p.t, p.d
+    if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
+        raise ConfigError(f"must be a positive number, got {gpu_memory_gib}", field="--gpu-memory-gib")
+    out = Path(output) if output else Path("ENGINE_DIR")
+    size = sizing(p, gpu_memory_gib)
+    ckpt = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(out)
+    plugin_lib = "$DFLASH2_TRT_CACHE/plugins-trt/<sha256 of plugins/ + flags>/libdflash2_plugins.so"
+    steps = [{"step": "validate", "what": f"configs, pairing and settings ({cfg.source})"}]
+    command = None
+    if backend == "trtllm":
+        steps.append({"step": "convert", "what": f"checkpoint at {ckpt} (reused when its manifest.json matches the "
+                                                  f"sources, tp {cfg.tp_size} and {cfg.dtype}; else written)"
+                                                  + ("" if keep_checkpoint or checkpoint_dir else
+                                                     "; removed after the build (--no-keep-checkpoint)")})
+        archs = cuda_archs(cfg.gpus)
+        if toolchain is not None and toolchain.gpu_sm:
+            archs = toolchain.gpu_sm.removeprefix("sm_")
+        steps.append({"step": "plugins", "what": "libdflash2_plugins.so with CMake, cached by source hash: "
+                      + shell_line(["cmake", "-S", str(plugin_dir()), "-B", "<tmp>", "-DCMAKE_BUILD_TYPE=Release",
+                                    f"-DCMAKE_CUDA_ARCHITECTURES={archs}", "-DTensorRT_INCLUDE_DIR=<TensorRT>/include"])
+                      + " && cmake --build <tmp> --target dflash2_plugins"})
+        argv = trtllm_build_argv(cfg, checkpoint_dir=out / "build-checkpoint", output_dir=out)
+        env = trtllm_build_env(plugin_lib)
+        command = {"argv": argv, "env": env, "line": shell_line(argv, env)}
+        steps.append({"step": "engine", "what": f"{out}/build-checkpoint: the checkpoint's config.json with the EAGLE "
+                                                 f"fields and dflash2_engine, rank files linked; then trtllm-build "
+                                                 f"(log kept as {out}/trtllm-build.log); rank engines, config.json, "
+                                                 f"the plugin library, engine.json and RUN.md in {out}"})
+    else:
+        steps.append({"step": "convert", "what": f"checkpoint into {out}/checkpoint"
+                                                  + (f" (linked from {checkpoint_dir}, reused when it matches)"
+                                                     if checkpoint_dir else "")})
+        steps.append({"step": "engine", "what": f"{out}/config.json (engine config) and engine.json (manifest); the "
+                                                 f"network runs on the CPU stand-in at load time"})
+    steps.append({"step": "verify", "what": "fixed prompts through the engine vs the target's own greedy decoding "
+                                            "(transformers); any token difference fails the build"
+                                            + ("" if verify is None else (" [on]" if verify else " [off]"))})
+    supported = {"stages": [], "cpu_engine": False, "trtllm_engine": False}
+    if p.target_key is not None:
+        from ..targets import get_target
+
+        supported["stages"] = list(get_target(p.target_key).supported)
+    supported["cpu_engine"] = not p.blockers
+    supported["trtllm_engine"] = not p.blockers and not p.trtllm_blockers
+    return {
+        "target": p.target_key, "family": t.family, "backend": backend, "output": str(out),
+        "drafter_dir": str(p.drafter_dir), "target_dir": str(p.target_dir),
+        "settings": {**cfg.to_dict(), "max_draft_len": p.K, "source": cfg.source},
+        "eagle_choices": eagle_choices(p.K), "steps": steps, "trtllm_build": command, "sizing": size,
+        "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": list(p.trtllm_blockers),
+        "warnings": list(p.warnings),
+    }
+
+
+def default_checkpoint_dir(output) -> Path:
+    """Where the TensorRT-LLM backend keeps the converted checkpoint: beside the engine dir."""
+    output = Path(output)
+    return output.with_name(output.name + ".checkpoint")
+
+
+def _gib(n) -> str:
+    """Bytes in the largest binary unit that keeps the number >= 1 (GiB at most)."""
+    if n is None:
+        return "n/a"
+    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,} B"
+
+
+def render_plan(plan: dict) -> str:
+    s, z = plan["settings"], plan["sizing"]
+    lines = [f"plan: build {plan['target'] or plan['target_dir']} ({plan['family']}) -> {plan['output']} "
+             f"[{plan['backend']} backend]",
+             f"settings ({s['source']}): block {s['block_size']} (max_draft_len {s['max_draft_len']}), tp "
+             f"{s['tp_size']}, {s['dtype']}, max batch {s['max_batch_size']}, max input {s['max_input_len']}, max "
+             f"seq {s['max_seq_len']}, max tokens {s['max_num_tokens']}, {s['tokens_per_block']} tokens/block, "
+             f"selector {s['selector']}, drafter window {s['drafter_window']}, KV fraction "
+             f"{s['kv_cache_free_gpu_mem_fraction']}, gpus {','.join(s['gpus'])}",
+             "steps:"]
+    for i, st in enumerate(plan["steps"], 1):
+        lines.append(f"  {i}. {st['step']}: {st['what']}")
+    if plan["trtllm_build"]:
+        lines.append("trtllm-build command:")
+        lines.append("  " + plan["trtllm_build"]["line"])
+        lines.append(f"eagle_choices (every request/executor): {json.dumps(plan['eagle_choices'])}")
+    lines.append(f"sizing per rank (tp {z['tp_size']}, {z['dtype']}, GPU {z['gpu_memory_gib']:g} GiB):")
+    w = z["weights_per_rank"]
+    if w is None:
+        lines.append("  weights: unknown (no weight map for this family)")
+    else:
+        lines.append(f"  weights: {_gib(w[0]['total'])} ({w[0]['total']:,} B: target {_gib(w[0]['target'])}, "
+                     f"drafter {_gib(w[0]['drafter'])})")
+    kv = z["kv"]
+    lines.append(f"  KV cache per token: {kv['bytes_per_token']:,} B ({kv['pool_layers']['target']} target + "
+                 f"{kv['pool_layers']['drafter']} drafter layers x 2 x {kv['kv_heads_per_rank']} heads x "
+                 f"{kv['head_size']} x {ITEMSIZE[z['dtype']]} B; target {kv['bytes_per_token_target']:,} B, "
+                 f"drafter {kv['bytes_per_token_drafter']:,} B)")
+    lines.append(f"  extra slots per request: {z['extra_slots_per_request']} (engine max_seq_len "
+                 f"{z['engine_max_seq_len']}, {z['blocks_per_request']} blocks)")
+    lines.append(f"  KV cache per request at max_seq_len: {_gib(z['kv_bytes_per_request'])}")
+    if z["recurrent_state_bytes_per_request"]:
+        lines.append(f"  recurrent state per request: {_gib(z['recurrent_state_bytes_per_request'])}")
+    a = z["activations_estimate"]
+    lines.append(f"  activations (estimate): {_gib(a['total'])} (logits {_gib(a['logits'])}, MLP {_gib(a['mlp'])}, "
+                 f"taps {_gib(a['taps'])}); reserve (estimate) {_gib(z['reserve_estimate'])}")
+    if z["kv_budget"] is not None:
+        lines.append(f"  KV budget: {_gib(z['kv_budget'])} ({z['kv_cache_free_gpu_mem_fraction']} of "
+                     f"{_gib(z['free_after_load'])} free after load); {z['tokens_in_kv_budget']:,} tokens")
+        verdict = "fits" if z["fits"] else "does NOT fit"
+        lines.append(f"  largest batch at max_seq_len: {z['max_batch_that_fits']} (max_batch_size "
+                     f"{s['max_batch_size']} {verdict})")
+    sup = plan["supported"]
+    lines.append(f"supported today: stages {', '.join(sup['stages']) or '(unregistered target)'}; CPU engine "
+                 f"{'yes' if sup['cpu_engine'] else 'no'}; TensorRT-LLM engine "
+                 f"{'yes (not yet run on hardware by this project)' if sup['trtllm_engine'] else 'no'}")
+    for b in plan["blockers"] + plan["trtllm_blockers"]:
+        lines.append(f"  blocked: {b}")
+    for wn in plan["warnings"]:
+        lines.append(f"  warning: {wn}")
+    m = plan.get("machine")
+    if m is not None:
+        have = (f"TensorRT-LLM {m['tensorrt_llm']}" if m["tensorrt_llm"] else "no TensorRT-LLM") + ", " + \
+            (f"GPU {m['gpu_name']} ({m['gpu_sm']})" if m["gpu_sm"] else "no GPU")
+        lines.append(f"this machine: {have}" + (f"; missing for the {plan['backend']} build: "
+                                                 f"{'; '.join(m['missing'])}" if m["missing"] else ""))
+    return "\n".join(lines)
+
+
+def verify_default(p: Prepared, backend: str) -> bool:
+    """The verify gate's default: on for small targets (the reference decodes on this machine through
+    transformers), and on the TensorRT-LLM backend only at tp 1 (its runner needs one MPI rank per GPU)."""
+    from .verify import AUTO_MAX_TARGET_BYTES
+
+    w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
+    small = w is not None and sum(r["target"] for r in w) <= AUTO_MAX_TARGET_BYTES
+    return small and (backend == "cpu" or p.cfg.tp_size == 1)
+
+
+def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto", target_key=None, overrides=None,
+                 sets=None, gpu_memory_gib: float = H200_GIB, checkpoint_dir=None, keep_checkpoint: bool = True,
+                 verify=None, toolchain=None) -> dict:
+    """``build --dry-run``: the plan for ``backend`` (``auto`` plans the TensorRT-LLM build: sizing a GPU is
+    what a dry run is for) plus what this machine has and lacks for it."""
+    from .trtllm_build import plugin_toolchain_missing, probe_toolchain
+
+    p = prepare(drafter_dir, target_dir, target_key=target_key, overrides=overrides, sets=sets)
+    be = "cpu" if backend == "cpu" else "trtllm"
+    tc = toolchain if toolchain is not None else probe_toolchain()
+    v = verify_default(p, be) if verify is None else bool(verify)
+    plan = make_plan(p, backend=be, output=output, checkpoint_dir=checkpoint_dir, gpu_memory_gib=gpu_memory_gib,
+                     toolchain=tc, keep_checkpoint=keep_checkpoint, verify=v)
+    missing = []
+    if be == "trtllm":
+        if tc.tensorrt_llm is None:
+            missing.append("tensorrt_llm (TensorRT-LLM 1.2.x)")
+        if tc.trtllm_build is None:
+            missing.append("trtllm-build")
+        missing += plugin_toolchain_missing(tc)
+        if tc.gpu_sm is None:
+            missing.append("a CUDA GPU")
+    plan["machine"] = {**tc.to_dict(), "missing": missing}
+    plan["verify"] = v
+    return plan

@@ -1,0 +1,142 @@
+"""The build's verify gate: a few fixed prompts through the built engine and through the target's own
+greedy decoding (transformers, :func:`dflash2_trt.reference.loop.target_generate`); any token
+difference fails the build (and the build then leaves nothing behind).
+
+Greedy speculative decoding is lossless: the engine's output must equal the target's token for
+token, stop tokens included. A difference means the engine (network, converter layout, plugins,
+runtime bookkeeping) is wrong, however plausible its text looks.
+
+Prompts: the trained tiny pairs' own held-out prompts (their drafters predict them, so multi-token
+acceptance is exercised too), else :data:`N_PROMPTS` deterministic id sequences over the vocabulary
+(special ids avoided). Each prompt is cut to the engine's ``max_input_len`` and the new tokens to
+what ``max_seq_len`` leaves.
+
+On the CPU backend the engine runs here (:class:`dflash2_trt.runtime.Runtime`); on the TensorRT-LLM
+backend through TensorRT-LLM's C++ runner (:mod:`.trtllm_runner`, GPU machines).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..errors import DFlash2Error
+
+N_PROMPTS = 4
+NEW_TOKENS = 24
+AUTO_MAX_TARGET_BYTES = 2 << 30   # verify by default when the target's weights are at most this (the reference
+                                  # decodes on this machine's CPU through transformers)
+
+
+class VerifyError(DFlash2Error):
+    """The engine's greedy output differs from the target's own."""
+
+
+def fixed_prompts(target_key: str | None, vocab_size: int, avoid=(), n: int = N_PROMPTS) -> list[list[int]]:
+    if target_key is not None:
+        from ..targets import get_target
+
+        entry = get_target(target_key)
+        if entry.tiny_family is not None:
+            from ..assets import ASSET_ROOT
+
+            path = ASSET_ROOT / entry.tiny_family / "prompts.json"
+            if path.is_file():
+                prompts = json.loads(path.read_text())["prompts"]
+                return [list(map(int, p)) for p in prompts[:n]]
+    avoid = set(int(a) for a in avoid)
+    out = []
+    for i in range(n):
+        length = 5 + 4 * i
+        ids, j = [], 0
+        while len(ids) < length:
+            tok = (7919 * (i + 1) + 104729 * j + 31 * j * j) % vocab_size
+            j += 1
+            if tok not in avoid:
+                ids.append(tok)
+        out.append(ids)
+    return out
+
+
+def _shape(prompts, max_input_len: int, max_seq_len: int, new: int) -> tuple[list[list[int]], int]:
+    prompts = [p[:max_input_len] for p in prompts]
+    new = max(1, min(new, max_seq_len - max(len(p) for p in prompts)))
+    return prompts, new
+
+
+def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = None) -> list[list[int]]:
+    """The target's own greedy decoding of ``prompts`` (transformers, on this machine's CPU), in the engine's dtype:
+    lossless means equal to the target under the same weights; an engine cast to float16 is compared with the
+    target cast to float16."""
+    import torch
+
+    from ..reference.loop import load_target, target_generate
+
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()      # the build prints its own progress; no "Loading weights" bar
+    try:
+        target = load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None)
+        return [target_generate(target, p, new, stop_token_ids=eos) for p in prompts]
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def compare(engine_outs, ref_outs, prompts) -> None:
+    for i, (got, want, p) in enumerate(zip(engine_outs, ref_outs, prompts)):
+        if got != want:
+            pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            g = got[pos] if pos < len(got) else "(end)"
+            w = want[pos] if pos < len(want) else "(end)"
+            head = ",".join(map(str, p[:8])) + ("..." if len(p) > 8 else "")
+            raise VerifyError(f"verify failed: prompt {i} ({head}): output token {pos} is {g} from the engine, {w} "
+                              f"from the target's own greedy decoding (transformers); the engine is not lossless, "
+                              f"nothing was written")
+
+
+def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW_TOKENS) -> dict:
+    """Open the engine directory as ``run`` does, decode the fixed prompts, compare with the target."""
+    from ..runtime import Request, Runtime
+    from .build import open_cpu_engine
+
+    t0 = time.perf_counter()
+    engine, man = open_cpu_engine(engine_dir)
+    try:
+        eos = tuple(int(e) for e in man.get("eos_token_ids") or ())
+        lim = engine.limits
+        prompts = fixed_prompts(target_key, engine.vocab_size, avoid=(*eos, engine.mask_token_id))
+        prompts, new = _shape(prompts, lim["max_input_len"], lim["max_seq_len"], new)
+        reqs = [Request(list(p), new, stop_token_ids=eos) for p in prompts]
+        Runtime(engine).generate(reqs)
+        outs = [r.output_ids for r in reqs]
+        acc = [a for r in reqs for a in r.acceptance_lengths]
+    finally:
+        engine.close()
+    refs = reference_outputs(target_dir, prompts, new, eos, dtype=engine.config["dtype"])
+    compare(outs, refs, prompts)
+    return {"passed": True, "backend": "cpu", "prompts": len(prompts), "new_tokens": new,
+            "tokens": sum(map(len, outs)), "mean_acceptance": round(sum(acc) / len(acc), 3) if acc else 0.0,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def verify_trtllm_engine(engine_dir, *, target_dir, target_key=None, plugin_lib=None,
+                         new: int = NEW_TOKENS) -> dict:   # pragma: no cover - TensorRT-LLM on a GPU
+    """The same check with TensorRT-LLM's C++ runner (ModelRunnerCpp) on the built rank engine."""
+    from .trtllm_runner import generate
+
+    t0 = time.perf_counter()
+    cfg = json.loads((Path(engine_dir) / "config.json").read_text())
+    man = json.loads((Path(engine_dir) / "engine.json").read_text())
+    pre, build = cfg["pretrained_config"], cfg["build_config"]
+    eos = tuple(int(e) for e in man.get("eos_token_ids") or ())
+    prompts = fixed_prompts(target_key, int(pre["vocab_size"]), avoid=(*eos, int(pre["dflash2"]["mask_token_id"])))
+    K = int(pre["dflash2"]["block_size"]) - 1
+    prompts, new = _shape(prompts, int(build["max_input_len"]), int(build["max_seq_len"]) - 2 * K, new)
+    outs = generate(engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib)
+    refs = reference_outputs(target_dir, prompts, new, eos, dtype=pre["dtype"])
+    compare(outs, refs, prompts)
+    return {"passed": True, "backend": "trtllm", "prompts": len(prompts), "new_tokens": new,
+            "tokens": sum(map(len, outs)), "seconds": round(time.perf_counter() - t0, 3)}

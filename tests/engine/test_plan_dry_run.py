@@ -1,0 +1,169 @@
+"""``build --dry-run``: the plan from config-only directories, and its memory figures against a hand
+computation from the published Qwen3.8-27B configs (read here as plain JSON, not through the project)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.cli import main
+from dflash2_trt.testing.fixtures import QWEN_DRAFTER, QWEN_TARGET
+
+GIB = 1 << 30
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def _plan(*args):
+    code, text = _cli("build", "--dry-run", "--json", *args)
+    assert code == 0, text
+    return json.loads(text)
+
+
+def _qwen(*args):
+    return _plan("--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER), "--target-dir", str(QWEN_TARGET), *args)
+
+
+def _hand_weights(tp: int) -> dict:
+    """Per-rank parameter count of the combined checkpoint, from the published configs: every tensor the target
+    (Qwen3.5 hybrid: gated full attention + Gated DeltaNet) and the drafter hold, TP-split as TensorRT-LLM does
+    (vocab/heads/intermediate split, norms/conv/selector replicated). A_log and dt_bias are counted in bf16
+    (config-only directories carry no stored dtype)."""
+    t = json.loads((QWEN_TARGET / "config.json").read_text())["text_config"]
+    d = json.loads((QWEN_DRAFTER / "config.json").read_text())
+    H, V, I = t["hidden_size"], t["vocab_size"], t["intermediate_size"]
+    nh, nkv, hd = t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
+    nk, nv, dk, dv, ck = (t["linear_num_key_heads"], t["linear_num_value_heads"], t["linear_key_head_dim"],
+                          t["linear_value_head_dim"], t["linear_conv_kernel_dim"])
+    kv_l = max(1, nkv // tp)
+    full = (nh // tp) * hd * H * 2 + 2 * kv_l * hd * H + H * (nh // tp) * hd + 2 * hd   # q + gate, k, v, o, q/k norm
+    lin = ((2 * nk // tp * dk + nv // tp * dv) * H + (2 * nk // tp * dk + nv // tp * dv) * ck  # qkv, conv1d
+           + (nv // tp) * dv * H + 2 * (nv // tp) * H + 2 * (nv // tp) + dv + H * (nv // tp) * dv)  # z, b/a, dt/A, norm, out
+    per_layer = 2 * H + 3 * H * I // tp
+    n_full = t["layer_types"].count("full_attention")
+    n_lin = t["layer_types"].count("linear_attention")
+    target = 2 * V // tp * H + H + n_full * (per_layer + full) + n_lin * (per_layer + lin)
+    Hd, Id, Ld = d["hidden_size"], d["intermediate_size"], d["num_hidden_layers"]
+    dh, dkv, ddim = d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"]
+    dc = d["dflash_config"]
+    taps, kern, grp, rank = (len(dc["target_layer_ids"]), dc["conv_kernel_size"], dc["conv_group_size"],
+                             dc["selector_rank"])
+    conv = 2 * (2 * kern * Hd + (2 * kern * Hd // grp) * Hd)        # attention_conv + mlp_conv: base + projection
+    layer = (2 * Hd + (dh // tp) * ddim * Hd + 2 * (dkv // tp) * ddim * Hd + Hd * (dh // tp) * ddim + 2 * ddim
+             + 3 * Hd * Id // tp + conv)
+    drafter = Hd // tp * taps * H + 2 * Hd + Ld * layer + 2 * V * rank + rank * Hd
+    return {"target": 2 * target, "drafter": 2 * drafter, "total": 2 * (target + drafter)}
+
+
+def _hand_sizing(tp: int, gpu_gib: float, *, mbs=64, mnt=8192, seq=40960, block=8, tpb=32, frac=0.9):
+    t = json.loads((QWEN_TARGET / "config.json").read_text())["text_config"]
+    d = json.loads((QWEN_DRAFTER / "config.json").read_text())
+    K = block - 1
+    kv_token = (t["layer_types"].count("full_attention") + d["num_hidden_layers"]) * 2 * max(1, 4 // tp) * 256 * 2
+    kv_request = math.ceil((seq + 2 * K) / tpb) * tpb * kv_token
+    nv = 48 // tp
+    recurrent = 48 * (nv * 128 * 128 * 4 + 3 * (2 * (16 // tp) * 128 + nv * 128) * 2)
+    act = mbs * (K + 1) * 248320 * 4 + mnt * 3 * (17408 // tp) * 2 + mnt * 5 * 5120 * 2
+    w = _hand_weights(tp)["total"]
+    budget = math.floor((int(gpu_gib * GIB) - w - act - GIB) * frac)
+    return {"kv_token": kv_token, "kv_request": kv_request, "recurrent": recurrent, "act": act, "budget": budget,
+            "fit": budget // (kv_request + recurrent)}
+
+
+def test_qwen_plan_memory_figures_match_a_hand_computation():
+    plan = _qwen()
+    z = plan["sizing"]
+    w = _hand_weights(1)
+    assert z["weights_per_rank"] == [w]
+    assert 53 * GIB < w["total"] < 54 * GIB          # ~28.8 B parameters in bf16
+    h = _hand_sizing(1, 141)
+    assert z["kv"]["bytes_per_token"] == h["kv_token"] == 86016   # (16 full + 5 drafter) x 2 x 4 x 256 x 2
+    assert z["kv"]["pool_layers"] == {"target": 16, "drafter": 5}
+    assert z["extra_slots_per_request"] == 14 and z["engine_max_seq_len"] == 40974
+    assert z["kv_bytes_per_request"] == h["kv_request"]
+    assert z["recurrent_state_bytes_per_request"] == h["recurrent"]
+    assert z["activations_estimate"]["total"] == h["act"]
+    assert z["kv_budget"] == h["budget"] and z["max_batch_that_fits"] == h["fit"] == 22
+    assert z["fits"] is False                         # max_batch_size 64 at the full 40960 context does not
+
+
+def test_qwen_plan_tp2_and_gpu_memory():
+    z = _qwen("--tp-size", "2", "--gpu-memory-gib", "80")["sizing"]
+    w = _hand_weights(2)
+    assert z["weights_per_rank"] == [w, w]
+    h = _hand_sizing(2, 80)
+    assert z["kv"]["bytes_per_token"] == h["kv_token"] == 43008
+    assert z["recurrent_state_bytes_per_request"] == h["recurrent"]
+    assert z["max_batch_that_fits"] == h["fit"]
+    small = _qwen("--gpu-memory-gib", "40")["sizing"]      # weights alone exceed 40 GiB
+    assert small["kv_budget"] == 0 and small["max_batch_that_fits"] == 0
+
+
+def test_qwen_plan_is_honest_about_support():
+    plan = _qwen()
+    assert plan["supported"]["cpu_engine"] is False and plan["supported"]["trtllm_engine"] is False
+    assert any("issue 15" in b for b in plan["blockers"])
+    assert any("4 x 256" in b for b in plan["blockers"])
+    assert plan["supported"]["stages"] == ["inspect", "generate", "analyze", "convert"]
+    code, text = _cli("build", "--dry-run", "--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER),
+                      "--target-dir", str(QWEN_TARGET))
+    assert code == 0, text
+    for needle in ("KV cache per token: 86,016 B", "extra slots per request: 14", "largest batch at max_seq_len: 22",
+                   "weights: 53.", "recurrent state per request", "blocked:", "--max_draft_len 7"):
+        assert needle in text, needle
+
+
+def test_tiny_trtllm_dry_run_command():
+    from dflash2_trt.trtllm.backend import MODEL_FILE
+
+    plan = _plan("--target", "tiny", "--backend", "trtllm", "--output", "tiny-engine")
+    argv = plan["trtllm_build"]["argv"]
+    assert argv[0] == "trtllm-build"
+    flags = dict(zip(argv[1::2], argv[2::2]))
+    assert flags["--model_cls_file"] == str(MODEL_FILE) and flags["--model_cls_name"] == "DFlash2ForCausalLM"
+    assert flags["--speculative_decoding_mode"] == "eagle" and flags["--max_draft_len"] == "7"
+    assert flags["--workers"] == "1" and flags["--tokens_per_block"] == "32" and flags["--kv_cache_type"] == "paged"
+    assert flags["--max_batch_size"] == "4" and flags["--max_seq_len"] == "512" and flags["--max_num_tokens"] == "1024"
+    assert flags["--checkpoint_dir"] == "tiny-engine/build-checkpoint" and flags["--output_dir"] == "tiny-engine"
+    assert plan["trtllm_build"]["env"]["DFLASH2_TRT_BACKEND"] == "trtllm"
+    assert plan["eagle_choices"] == [[0] * i for i in range(1, 8)]
+    assert [s["step"] for s in plan["steps"]] == ["validate", "convert", "plugins", "engine", "verify"]
+    assert plan["verify"] is True                          # small target: on by default
+    code, text = _cli("build", "--target", "tiny", "--backend", "trtllm", "--dry-run")
+    assert code == 0 and "--model_cls_file" in text and "--speculative_decoding_mode eagle" in text
+    assert "--max_draft_len 7" in text
+
+
+def test_dry_run_settings_flow_into_the_command():
+    plan = _plan("--target", "tiny", "--backend", "trtllm", "--block-size", "4", "--set", "tokens_per_block=64",
+                 "--set", "max_batch_size=2", "--set", "drafter_window=full")
+    flags = dict(zip(plan["trtllm_build"]["argv"][1::2], plan["trtllm_build"]["argv"][2::2]))
+    assert flags["--max_draft_len"] == "3" and flags["--tokens_per_block"] == "64" and flags["--max_batch_size"] == "2"
+    assert plan["trtllm_blockers"] == [] and plan["supported"]["trtllm_engine"] is True
+    assert plan["sizing"]["extra_slots_per_request"] == 6
+    # the default drafter_window 'model' of a sliding-window drafter is refused for TensorRT-LLM, with the fix named
+    plan = _plan("--target", "tiny", "--backend", "trtllm")
+    assert plan["supported"]["cpu_engine"] is True and plan["supported"]["trtllm_engine"] is False
+    assert "drafter_window=full" in plan["trtllm_blockers"][0]
+
+
+def test_cpu_dry_run_has_no_trtllm_command():
+    plan = _plan("--target", "tiny", "--backend", "cpu")
+    assert plan["backend"] == "cpu" and plan["trtllm_build"] is None
+    assert [s["step"] for s in plan["steps"]] == ["validate", "convert", "engine", "verify"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu-memory-gib", "0"], "--gpu-memory-gib: must be a positive number"),
+    (["--set", "nope=1"], "--set: nope: unknown key"),
+    (["--tp-size", "8"], "not divisible by --tp-size 8"),
+])
+def test_dry_run_bad_input(args, needle):
+    code, text = _cli("build", "--target", "tiny", "--dry-run", *args)
+    assert code == 1 and needle in text and len(text.strip().splitlines()) == 1, text

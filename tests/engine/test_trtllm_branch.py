@@ -1,0 +1,387 @@
+"""The whole ``build --backend trtllm`` branch up to the subprocess calls, with a recorded command line.
+
+The machine is faked at its two seams (dflash2_trt/engine/trtllm_build.py): a :class:`Toolchain` saying what is
+installed, and a runner that records each command and plays CMake / trtllm-build by writing what they would
+(a library file; rank engines and a TensorRT-LLM config.json). What is asserted: the exact commands (spelt out
+here, not rebuilt from the code under test), the derived build checkpoint trtllm-build reads, every file placed,
+checkpoint and plugin-library reuse, and that every failure (missing TensorRT-LLM, a manifest that does not match,
+a failed or interrupted step) leaves no half-written engine directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.engine.build import build_engine, load_engine_dir
+from dflash2_trt.engine.checkpoint import checkpoint_problems
+from dflash2_trt.engine.trtllm_build import EngineBuildError, Toolchain
+from dflash2_trt.errors import ConfigError, MissingDependencyError
+from dflash2_trt.trtllm.backend import MODEL_FILE
+
+SETS = {"drafter_window": "full"}          # tiny's drafter has a sliding layer: TensorRT-LLM needs full
+FLAGS_TAIL = ["--model_cls_file", str(MODEL_FILE), "--model_cls_name", "DFlash2ForCausalLM",
+              "--speculative_decoding_mode", "eagle", "--max_draft_len", "7", "--max_batch_size", "4",
+              "--max_input_len", "256", "--max_seq_len", "512", "--max_num_tokens", "1024", "--max_beam_width", "1",
+              "--kv_cache_type", "paged", "--tokens_per_block", "32", "--gpt_attention_plugin", "auto",
+              "--gemm_plugin", "auto", "--context_fmha", "enable", "--use_paged_context_fmha", "enable",
+              "--remove_input_padding", "enable", "--logits_dtype", "float32", "--workers", "1"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return trained_pair("qwen3")
+
+
+@pytest.fixture(autouse=True)
+def _own_plugin_cache(tmp_path_factory, monkeypatch):
+    """Each test starts with an empty plugin-library cache (and the real DFLASH2_PLUGIN_LIB unset)."""
+    monkeypatch.setenv("DFLASH2_TRT_CACHE", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("DFLASH2_PLUGIN_LIB", raising=False)
+
+
+@pytest.fixture
+def toolchain(tmp_path):
+    inc = tmp_path / "TensorRT-10.13" / "include"
+    inc.mkdir(parents=True)
+    (inc / "NvInferVersion.h").write_text("#define TRT_MAJOR_ENTERPRISE 10\n#define TRT_MINOR_ENTERPRISE 13\n")
+    return Toolchain(tensorrt_llm="1.2.0", tensorrt="10.13.3", trtllm_build="/opt/trt/bin/trtllm-build",
+                     cmake="/opt/cmake/bin/cmake", nvcc="/usr/local/cuda/bin/nvcc", cuda="12.9",
+                     tensorrt_include=str(inc), gpu_name="NVIDIA H200", gpu_sm="sm_90a")
+
+
+class FakeRunner:
+    """Records every command; plays cmake (configure: CMakeCache.txt; build: the .so) and trtllm-build."""
+
+    def __init__(self, *, trtllm_rc=0, interrupt_in=None, eagle_fields=True):
+        self.calls, self.seen = [], []
+        self.trtllm_rc, self.interrupt_in, self.eagle_fields = trtllm_rc, interrupt_in, eagle_fields
+
+    def __call__(self, argv, *, env=None, log=None, cwd=None, echo=None):
+        argv = list(argv)
+        tool = Path(argv[0]).name
+        self.calls.append({"tool": tool, "argv": argv, "env": dict(env or {})})
+        if self.interrupt_in == tool:
+            raise KeyboardInterrupt
+        if tool == "cmake" and "-S" in argv:
+            build = Path(argv[argv.index("-B") + 1])
+            build.mkdir(parents=True)
+            inc = next(a.split("=", 1)[1] for a in argv if a.startswith("-DTensorRT_INCLUDE_DIR="))
+            (build / "CMakeCache.txt").write_text(f"TensorRT_INCLUDE_DIR:PATH={inc}\n")
+        elif tool == "cmake":
+            (Path(argv[argv.index("--build") + 1]) / "libdflash2_plugins.so").write_bytes(b"\x7fELF fake plugins")
+        elif tool == "trtllm-build":
+            ck = Path(argv[argv.index("--checkpoint_dir") + 1])
+            out = Path(argv[argv.index("--output_dir") + 1])
+            pre = json.loads((ck / "config.json").read_text())
+            tp = pre["mapping"]["tp_size"]
+            self.seen.append({"config": pre, "files": sorted(p.name for p in ck.iterdir()),
+                              "ranks": {f"rank{r}.safetensors": os.stat(ck / f"rank{r}.safetensors")[1:3]
+                                        for r in range(tp)},   # (inode, device) the file resolves to
+                              "plugin_lib_exists": Path(env["DFLASH2_PLUGIN_LIB"]).is_file()})
+            with open(log, "a") as f:
+                f.write("[TRT-LLM] [I] Total time of building all engines: 00:00:01\n")
+            if self.trtllm_rc:
+                return self.trtllm_rc
+            for r in range(tp):
+                (out / f"rank{r}.engine").write_bytes(b"fake engine %d" % r)
+            built = dict(pre)
+            if not self.eagle_fields:
+                built.pop("num_eagle_layers")
+            built["logits_dtype"] = "float32"
+            (out / "config.json").write_text(json.dumps({
+                "version": "1.2.0", "pretrained_config": built,
+                "build_config": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 526, "max_num_tokens": 1024,
+                                 "max_draft_len": 7, "speculative_decoding_mode": 32,
+                                 "plugin_config": {"tokens_per_block": 32}}}))
+        return 0
+
+    def tools(self):
+        return [c["tool"] for c in self.calls]
+
+
+def _build(pair, out, toolchain, runner, **kw):
+    kw.setdefault("sets", SETS)
+    kw.setdefault("verify", False)
+    return build_engine(pair.drafter_dir, pair.target_dir, out, backend="trtllm", target_key="tiny",
+                        toolchain=toolchain, runner=runner, **kw)
+
+
+def _left_beside(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith("." + out.name))
+
+
+def test_trtllm_branch_commands_and_files(pair, tmp_path, toolchain):
+    out = tmp_path / "eng"
+    r = FakeRunner()
+    res = _build(pair, out, toolchain, r, command=["dflash2-trt", "build"])
+    assert r.tools() == ["cmake", "cmake", "trtllm-build"]
+    # CMake: the local GPU's architecture, the TensorRT headers, into a temporary build dir
+    conf, build, tb = r.calls
+    inc = Path(toolchain.tensorrt_include)
+    bdir = conf["argv"][conf["argv"].index("-B") + 1]
+    assert conf["argv"] == ["/opt/cmake/bin/cmake", "-S", str(Path(__file__).resolve().parents[2] / "plugins"), "-B",
+                            bdir, "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_CUDA_ARCHITECTURES=90a",
+                            f"-DTensorRT_INCLUDE_DIR={inc}", f"-DTensorRT_ROOT={inc.parent}",
+                            "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"]
+    assert build["argv"][:5] == ["/opt/cmake/bin/cmake", "--build", bdir, "--target", "dflash2_plugins"]
+    # trtllm-build: in a temporary directory beside the output, renamed at the end
+    argv = tb["argv"]
+    tmp_out = Path(argv[4])
+    assert argv[:5] == ["/opt/trt/bin/trtllm-build", "--checkpoint_dir", str(tmp_out / "build-checkpoint"),
+                        "--output_dir", str(tmp_out)]
+    assert argv[5:] == FLAGS_TAIL
+    assert tmp_out.parent == out.parent.absolute() and tmp_out.name.startswith(".eng.tmp-")
+    lib = Path(tb["env"]["DFLASH2_PLUGIN_LIB"])
+    assert tb["env"] == {"DFLASH2_PLUGIN_LIB": str(lib), "DFLASH2_TRT_BACKEND": "trtllm"}
+    assert lib.name == "libdflash2_plugins.so" and "plugins-trt" in lib.parts
+    # what trtllm-build read: the checkpoint's config.json + the engine fields, the reusable checkpoint's rank files
+    seen = r.seen[0]
+    pre = seen["config"]
+    assert (pre["num_eagle_layers"], pre["max_non_leaves_per_layer"], pre["max_draft_len"]) == (7, 1, 7)
+    assert pre["eagle_net_config"] == {"num_hidden_layers": 2}
+    assert pre["dflash2_engine"] == {"selector": "greedy", "drafter_window": "full", "max_seq_len": 512,
+                                     "tokens_per_block": 32}
+    ckpt = tmp_path / "eng.checkpoint"
+    assert seen["files"] == ["config.json", "rank0.safetensors"] and seen["plugin_lib_exists"]
+    assert seen["ranks"]["rank0.safetensors"] == os.stat(ckpt / "rank0.safetensors")[1:3]   # linked, not copied
+    reusable = json.loads((ckpt / "config.json").read_text())
+    assert "num_eagle_layers" not in reusable and "dflash2_engine" not in reusable   # never edited
+    assert {k: v for k, v in pre.items() if k not in ("num_eagle_layers", "max_non_leaves_per_layer",
+                                                        "eagle_net_config", "dflash2_engine")} == reusable
+    # the engine dir
+    names = sorted(p.name for p in out.iterdir())
+    man = json.loads((out / "engine.json").read_text())
+    expect = ["RUN.md", "config.json", "engine.json", "libdflash2_plugins.so", "rank0.engine", "trtllm-build.log"]
+    if man["tokenizer"]:
+        expect.append("tokenizer")
+    assert names == sorted(expect)
+    assert (out / "libdflash2_plugins.so").read_bytes() == b"\x7fELF fake plugins"
+    assert "Total time of building all engines" in (out / "trtllm-build.log").read_text()
+    assert man["backend"] == "trtllm" and man["block_size"] == 8 and man["dtype"] == "float32"
+    assert man["versions"]["tensorrt_llm"] == "1.2.0" and man["versions"]["tensorrt"] == "10.13.3"
+    assert man["versions"]["cuda"] == "12.9" and man["gpu"] == {"name": "NVIDIA H200", "sm": "sm_90a"}
+    assert man["trtllm_build"]["argv"] == argv and man["trtllm_build"]["env"] == tb["env"]
+    assert man["eagle_choices"] == [[0] * i for i in range(1, 8)]
+    assert man["command"] == ["dflash2-trt", "build"] and man["verify"] is None
+    assert set(man["files"]) == {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {"engine.json"}
+    cfg, man2 = load_engine_dir(out, verify=True)           # every sha256 matches
+    assert man2 == man and cfg["build_config"]["speculative_decoding_mode"] == 32
+    run = (out / "RUN.md").read_text()
+    for needle in (f"LD_PRELOAD={out.absolute()}/libdflash2_plugins.so", json.dumps(man["eagle_choices"]),
+                   "ModelRunnerCpp.from_dir", "tritonserver", "decoding_mode:eagle",
+                   r"eagle_choices:{0}\,{0\,0}\,{0\,0\,0}\,", "gptManagerBenchmark"):
+        assert needle in run, needle
+    assert "mpirun" not in run
+    assert res.manifest["sources"]["checkpoint_reused"] is False
+    assert _left_beside(out) == []
+    assert checkpoint_problems(ckpt, _prep(pair)) == []
+
+
+def _prep(pair, **over):
+    from dflash2_trt.engine.plan import prepare
+
+    return prepare(pair.drafter_dir, pair.target_dir, target_key="tiny", sets=SETS, overrides=over)
+
+
+def test_checkpoint_and_plugin_library_are_reused(pair, tmp_path, toolchain, monkeypatch):
+    out = tmp_path / "eng"
+    _build(pair, out, toolchain, FakeRunner())
+    import dflash2_trt.convert as conv
+
+    def no_convert(*a, **k):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(conv, "convert_pair", no_convert)
+    r = FakeRunner()
+    res = _build(pair, out, toolchain, r, force=True)
+    assert r.tools() == ["trtllm-build"]                      # no CMake: the cached library
+    assert res.manifest["sources"]["checkpoint_reused"] is True and res.manifest["plugin_library"]["cached"] is True
+
+
+def test_mismatching_checkpoint_is_refused_then_reconverted(pair, tmp_path, toolchain):
+    out, ckpt = tmp_path / "eng", tmp_path / "ck"
+    _build(pair, out, toolchain, FakeRunner(), checkpoint_dir=ckpt)
+    before = (ckpt / "manifest.json").read_text()
+    r = FakeRunner()
+    with pytest.raises(ConfigError, match=r"ck/manifest.json: exists and does not match this build: dtype: "
+                                          r"'float32', this build needs 'float16'; pass --reconvert") as ei:
+        _build(pair, tmp_path / "eng2", toolchain, r, checkpoint_dir=ckpt, overrides={"dtype": "float16"})
+    assert "\n" not in str(ei.value)
+    assert r.calls == [] and not (tmp_path / "eng2").exists() and (ckpt / "manifest.json").read_text() == before
+    # a checkpoint written from other sources: the manifest's identity says so
+    man = json.loads(before)
+    man["sources"]["target"]["config_sha256"] = "0" * 64
+    (ckpt / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ConfigError, match="sources.target: written from different files"):
+        _build(pair, tmp_path / "eng2", toolchain, FakeRunner(), checkpoint_dir=ckpt)
+    res = _build(pair, tmp_path / "eng2", toolchain, FakeRunner(), checkpoint_dir=ckpt, reconvert=True,
+                 overrides={"dtype": "float16"})
+    assert json.loads((ckpt / "manifest.json").read_text())["dtype"] == "float16"
+    assert res.manifest["dtype"] == "float16" and res.manifest["sources"]["checkpoint_reused"] is False
+
+
+def test_without_tensorrt_llm_stops_before_the_engine(pair, tmp_path, toolchain):
+    from dataclasses import replace
+
+    out = tmp_path / "eng"
+    r = FakeRunner()
+    with pytest.raises(MissingDependencyError) as ei:
+        _build(pair, out, replace(toolchain, tensorrt_llm=None, trtllm_build=None), r)
+    msg = str(ei.value)
+    assert "\n" not in msg and "TensorRT-LLM is not importable" in msg
+    assert "trtllm-build --checkpoint_dir" in msg and "--max_draft_len 7" in msg and "--model_cls_file" in msg
+    assert f"checkpoint {tmp_path / 'eng.checkpoint'}" in msg and "plugin library" in msg
+    assert r.tools() == ["cmake", "cmake"]                     # the library is built and kept
+    assert not out.exists() and _left_beside(out) == []
+    assert checkpoint_problems(tmp_path / "eng.checkpoint", _prep(pair)) == []   # complete, reusable
+    # neither TensorRT-LLM nor the plugin toolchain (this machine): both named, the checkpoint still kept
+    r = FakeRunner()
+    with pytest.raises(MissingDependencyError, match="TensorRT headers") as ei:
+        _build(pair, out, replace(toolchain, tensorrt_llm=None, tensorrt_include=None, gpu_sm=None), r)
+    assert r.calls == [] and "TensorRT-LLM is not importable" in str(ei.value) and not out.exists()
+
+
+def test_cli_on_this_machine_names_what_is_missing(pair, tmp_path):
+    out = tmp_path / "eng"
+    r = CliRunner().invoke(main_cli(), ["build", "--target", "tiny", "--backend", "trtllm", "--output", str(out),
+                                        "--set", "drafter_window=full", "--dtype", "float16", "--no-verify"])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: the engine step cannot run here")
+    assert "trtllm-build --checkpoint_dir" in lines[0]
+    assert not out.exists() and (tmp_path / "eng.checkpoint" / "manifest.json").is_file()
+
+
+def main_cli():
+    from dflash2_trt.cli import main
+
+    return main
+
+
+@pytest.mark.parametrize("tool", ["cmake", "trtllm-build"])
+def test_interrupt_leaves_nothing_half_written(pair, tmp_path, toolchain, tool):
+    from dflash2_trt.engine.trtllm_build import plugin_cache_dir
+
+    out = tmp_path / "eng"
+    cached = set(plugin_cache_dir().glob("*")) if plugin_cache_dir().is_dir() else set()
+    if tool == "trtllm-build":
+        _build(pair, tmp_path / "warm", toolchain, FakeRunner())     # library cached: the interrupt hits trtllm-build
+        cached = set(plugin_cache_dir().glob("*"))
+    else:
+        toolchain = Toolchain(**{**toolchain.to_dict(), "cuda": "interrupt-test"})   # a fresh library hash
+    with pytest.raises(KeyboardInterrupt):
+        _build(pair, out, toolchain, FakeRunner(interrupt_in=tool))
+    assert not out.exists() and _left_beside(out) == []
+    assert set(plugin_cache_dir().glob("*")) == cached                 # no half-built library, no build dir
+    assert checkpoint_problems(tmp_path / "eng.checkpoint", _prep(pair)) == []
+
+
+def test_trtllm_build_failure_keeps_only_its_log(pair, tmp_path, toolchain):
+    out = tmp_path / "eng"
+    with pytest.raises(EngineBuildError, match=r"trtllm-build failed \(exit 3\); nothing was written") as ei:
+        _build(pair, out, toolchain, FakeRunner(trtllm_rc=3))
+    assert "Total time of building" in str(ei.value)
+    assert not out.exists() and _left_beside(out) == []
+    assert "Total time of building" in (tmp_path / "eng.trtllm-build-failed.log").read_text()
+
+
+def test_engine_config_without_the_eagle_chain_is_refused(pair, tmp_path, toolchain):
+    out = tmp_path / "eng"
+    with pytest.raises(EngineBuildError, match="pretrained_config.num_eagle_layers = None \\(expected 7\\)"):
+        _build(pair, out, toolchain, FakeRunner(eagle_fields=False))
+    assert not out.exists() and _left_beside(out) == []
+
+
+def test_verify_gate_runs_on_the_finished_engine_and_can_fail_it(pair, tmp_path, toolchain):
+    from dflash2_trt.engine.verify import VerifyError
+
+    seen = []
+
+    def ok(engine_dir, **kw):
+        seen.append(sorted(p.name for p in Path(engine_dir).iterdir()))
+        return {"passed": True, "prompts": 4, "tokens": 96}
+
+    res = _build(pair, tmp_path / "eng", toolchain, FakeRunner(), verify=True, verifier=ok)
+    assert "rank0.engine" in seen[0] and "engine.json" in seen[0] and "libdflash2_plugins.so" in seen[0]
+    assert json.loads((tmp_path / "eng" / "engine.json").read_text())["verify"]["tokens"] == 96
+    assert res.manifest["verify"]["passed"]
+
+    def bad(engine_dir, **kw):
+        raise VerifyError("verify failed: prompt 0: output token 3 differs")
+
+    with pytest.raises(VerifyError):
+        _build(pair, tmp_path / "eng2", toolchain, FakeRunner(), verify=True, verifier=bad)
+    assert not (tmp_path / "eng2").exists() and _left_beside(tmp_path / "eng2") == []
+
+
+def test_auto_verify_is_on_for_tiny_at_tp1(pair, tmp_path, toolchain):
+    calls = []
+    _build(pair, tmp_path / "eng", toolchain, FakeRunner(), verify="auto", verifier=lambda d, **k: calls.append(d) or
+           {"passed": True})
+    assert len(calls) == 1
+
+
+def test_tp2_engine_and_its_launch(pair, tmp_path, toolchain):
+    out = tmp_path / "eng"
+    r = FakeRunner()
+    res = _build(pair, out, toolchain, r, tp_size=2, verify="auto", verifier=lambda *a, **k: pytest.fail("verified"))
+    assert r.calls[-1]["argv"][5:] == FLAGS_TAIL                       # --workers 1: one process builds both ranks
+    assert r.seen[0]["files"] == ["config.json", "rank0.safetensors", "rank1.safetensors"]
+    assert (out / "rank0.engine").is_file() and (out / "rank1.engine").is_file() and res.manifest["tp_size"] == 2
+    run = (out / "RUN.md").read_text()
+    assert "mpirun -n 2" in run and "--world_size 2" in run
+    with pytest.raises(ConfigError, match="--verify: .*mpirun -n 2"):
+        _build(pair, tmp_path / "eng2", toolchain, FakeRunner(), tp_size=2, verify=True)
+
+
+def test_no_keep_checkpoint(pair, tmp_path, toolchain):
+    out = tmp_path / "eng"
+    res = _build(pair, out, toolchain, FakeRunner(), keep_checkpoint=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["TensorRT-10.13", "eng"]
+    assert res.manifest["sources"]["checkpoint_dir"] is None
+
+
+def test_output_dir_exists_without_force(pair, tmp_path, toolchain):
+    out = tmp_path / "eng"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    r = FakeRunner()
+    with pytest.raises(Exception, match="not empty \\(pass --force"):
+        _build(pair, out, toolchain, r)
+    assert r.calls == [] and not (tmp_path / "eng.checkpoint").exists() and (out / "keep").read_text() == "x"
+
+
+def test_gpu_outside_the_build_config(pair, tmp_path, toolchain):
+    from dataclasses import replace
+
+    with pytest.raises(ConfigError, match=r"GPU NVIDIA A100 \(sm_80\) is not one of the build config's gpus"):
+        _build(pair, tmp_path / "eng", replace(toolchain, gpu_name="NVIDIA A100", gpu_sm="sm_80"), FakeRunner())
+    assert list(p.name for p in tmp_path.iterdir()) == ["TensorRT-10.13"]
+    # no GPU: the library is cross-compiled for every architecture of the config
+    r = FakeRunner()
+    _build(pair, tmp_path / "eng", replace(toolchain, gpu_name=None, gpu_sm=None, cuda="x"), r)
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90a;100a" in r.calls[0]["argv"]
+
+
+def test_hybrid_target_is_refused_before_anything(tmp_path, toolchain):
+    hy = trained_pair("qwen3_5")
+    r = FakeRunner()
+    with pytest.raises(ConfigError, match="no engine network yet.*issue 15"):
+        build_engine(hy.drafter_dir, hy.target_dir, tmp_path / "eng", backend="trtllm", target_key="tiny-hybrid",
+                     sets=SETS, toolchain=toolchain, runner=r)
+    assert r.calls == [] and list(p.name for p in tmp_path.iterdir()) == ["TensorRT-10.13"]
+
+
+def test_run_on_a_trtllm_engine_needs_tensorrt_llm(pair, tmp_path, toolchain):
+    out = tmp_path / "eng"
+    _build(pair, out, toolchain, FakeRunner())
+    runner = CliRunner()
+    r = runner.invoke(main_cli(), ["run", "--engine-dir", str(out), "--prompt-ids", "5,6,7"])
+    assert r.exit_code == 1 and "TensorRT-LLM is not importable" in r.output and len(r.output.strip().splitlines()) == 1
+    r = runner.invoke(main_cli(), ["run", "--engine-dir", str(out), "--prompt-ids", "5,999"])
+    assert r.exit_code == 1 and "vocabulary" in r.output

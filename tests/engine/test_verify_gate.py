@@ -1,0 +1,91 @@
+"""The verify gate on the CPU backend: the built engine's greedy output against the target's own
+(transformers), the default for small targets; a difference fails the build and leaves nothing. Also
+checkpoint reuse on the CPU backend (--checkpoint-dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.cli import main
+from dflash2_trt.engine.build import build_engine
+from dflash2_trt.engine.verify import VerifyError, compare, fixed_prompts
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def test_default_build_is_verified(tmp_path):
+    out = tmp_path / "eng"
+    code, text = _cli("build", "--target", "tiny", "--output", str(out))   # --backend auto: cpu here
+    assert code == 0, text
+    assert "cpu engine" in text and "verified: 4 prompts" in text
+    v = json.loads((out / "engine.json").read_text())["verify"]
+    assert v["passed"] and v["backend"] == "cpu" and v["prompts"] == 4 and v["new_tokens"] == 24
+    assert v["tokens"] >= 4 and v["mean_acceptance"] > 1.5      # the trained drafter's prompts: real acceptance
+    # the recorded engine still loads and runs (the gate rewrote engine.json, not a hashed file)
+    code, text = _cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--verify")
+    assert code == 0, text
+
+
+def test_no_verify(tmp_path):
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"), "--no-verify")
+    assert code == 0 and "not verified" in text
+    assert json.loads((tmp_path / "e" / "engine.json").read_text())["verify"] is None
+
+
+def test_an_engine_that_is_not_the_target_fails_the_build(tmp_path, monkeypatch):
+    """The reference decoded by ANOTHER target (the seeded random tiny Qwen3, same shapes): the engine's output
+    (of the trained pair) differs, the build fails with one line, nothing is left."""
+    import dflash2_trt.engine.verify as v
+    from dflash2_trt.testing.tiny import tiny_pair
+
+    other = tiny_pair("qwen3").target_dir
+    real = v.reference_outputs
+    monkeypatch.setattr(v, "reference_outputs", lambda target_dir, *a, **k: real(other, *a, **k))
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "eng"))
+    lines = text.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: verify failed: prompt 0"), text
+    assert "not lossless" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_names_the_first_difference():
+    compare([[1, 2, 3]], [[1, 2, 3]], [[9]])
+    with pytest.raises(VerifyError, match=r"prompt 1 \(4,5\): output token 2 is 7 from the engine, 8 from the target"):
+        compare([[1], [1, 2, 7]], [[1], [1, 2, 8]], [[9], [4, 5]])
+    with pytest.raises(VerifyError, match=r"output token 2 is \(end\) from the engine, 3"):
+        compare([[1, 2]], [[1, 2, 3]], [[9]])
+
+
+def test_fixed_prompts():
+    tiny = fixed_prompts("tiny", 256)
+    assert len(tiny) == 4 and tiny[0][:6] == [187, 95, 235, 168, 53, 118]   # the pair's held-out prompts
+    gen = fixed_prompts(None, 1000, avoid=(0, 1, 2))
+    assert [len(p) for p in gen] == [5, 9, 13, 17] and gen == fixed_prompts(None, 1000, avoid=(0, 1, 2))
+    assert all(0 <= t < 1000 and t not in (0, 1, 2) for p in gen for t in p)
+
+
+def test_cpu_checkpoint_dir_reuse(tmp_path, monkeypatch):
+    pair = trained_pair("qwen3")
+    ck = tmp_path / "ck"
+    r1 = build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "e1", target_key="tiny", checkpoint_dir=ck)
+    assert r1.manifest["sources"]["checkpoint_reused"] is False
+    import dflash2_trt.convert as conv
+
+    monkeypatch.setattr(conv, "convert_pair", lambda *a, **k: pytest.fail("converted again"))
+    r2 = build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "e2", target_key="tiny", checkpoint_dir=ck,
+                      verify=True)
+    assert r2.manifest["sources"]["checkpoint_reused"] is True and r2.manifest["verify"]["passed"]
+    a, b = ck / "rank0.safetensors", tmp_path / "e2" / "checkpoint" / "rank0.safetensors"
+    assert not b.is_symlink() and os.path.samefile(a, b)        # hard-linked: the engine dir stands alone
+    with pytest.raises(Exception, match="does not match this build: tp_size: 1, this build needs 2"):
+        build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "e3", target_key="tiny", checkpoint_dir=ck,
+                     tp_size=2)
+    assert not (tmp_path / "e3").exists()
