@@ -2,10 +2,10 @@
 
 :class:`TargetOnlyCpuEngine` is :class:`~dflash2_trt.engine.cpu.CpuEngine` with the network
 ``trtllm/target_only.py`` instead of the combined engine's: it loads the target's tensors of the
-same engine directory's checkpoint (the drafter's are dropped), allocates a KV pool for the target
-layers only, and reports ``K = 0``. The stock :class:`~dflash2_trt.runtime.Runtime` then drives it
-unchanged: with no draft slots every generation step feeds one token per request and emits one —
-plain autoregressive decoding, batched the same way (in-flight batching, paged KV cache).
+same engine directory's checkpoint (the drafter's are dropped) and reports ``K = 0``. The stock
+:class:`~dflash2_trt.runtime.Runtime` then drives it unchanged: with no draft slots every generation
+step feeds one token per request and emits one — plain autoregressive decoding, batched the same way
+(in-flight batching, paged KV cache).
 """
 
 from __future__ import annotations
@@ -41,43 +41,26 @@ def load_target_only_network(backend: str = "cpu") -> ModuleType:
 
 
 class TargetOnlyCpuEngine(CpuEngine):
-    """The target of a CPU engine directory, alone (see the module docstring)."""
+    """The target of a CPU engine directory, alone (see the module docstring).
+
+    Built as the combined :class:`CpuEngine` is (same KV pool layout, state slots, static inputs and input
+    structuring: whatever the runtime relies on stays the combined engine's), then its per-rank models are
+    the target-only network's and ``K`` is 0. The target's layers are the pool's first KV layers in both
+    networks (``layer_idx``), so the target-only network addresses the pool exactly as the combined one
+    does; the drafter's layer slots stay unused."""
 
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path, limits: dict, *,
                  num_blocks: int | None = None):
-        # CpuEngine.__init__ builds the combined network; this one builds the target-only network and
-        # reuses CpuEngine's input structuring (_structured), static inputs, step and close.
-        from ..trtllm.cpu import comm
-        from ..trtllm.cpu.attention import KVCachePool
-
+        super().__init__(pretrained_config, checkpoint_dir, limits, num_blocks=num_blocks)
         net = load_target_only_network("cpu")
-        cpu = net.api
-        self.net = net
-        self.config = dict(pretrained_config)
-        self.limits = dict(limits)
-        self.tp = int(self.config["mapping"]["tp_size"])
-        self.world = comm.World(self.tp)
-        self.K = 0
-        self.vocab_size = int(self.config["vocab_size"])
-        self.num_layers = int(self.config["num_hidden_layers"])
-        tpb = int(limits["tokens_per_block"])
-        per_seq = -(-int(limits["max_seq_len"]) // tpb)
-        self.num_blocks = num_blocks or int(limits.get("num_kv_blocks") or per_seq * int(limits["max_batch_size"]))
-        dtype = cpu.functional.str_dtype_to_torch(self.config["dtype"])
+        api = net.api
 
         def load(rank):
-            cfg = cpu.PretrainedConfig.from_dict(self.config)
+            cfg = api.PretrainedConfig.from_dict(self.config)
             return net.TargetOnlyForCausalLM.from_checkpoint(checkpoint_dir, rank, cfg)
 
         self.models = self.world.run(load)
-        kv_heads = self.config["num_key_value_heads"]
-        local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
-        self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype)
-                      for _ in range(self.tp)]
-        self.layer_offset = self.num_layers
-        import torch
-
-        self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
+        self.K = 0
 
 
 def open_target_only_engine(engine_dir) -> TargetOnlyCpuEngine:

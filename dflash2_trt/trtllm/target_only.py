@@ -85,13 +85,15 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         return model
 
     def forward(self, input_ids, last_token_ids, kv_cache_params, attention_params, spec_decoding_params=None,
-                eagle_temperature=None, rand_data_validation=None, rand_data_sample=None, **unused_eagle_inputs):
+                eagle_temperature=None, rand_data_validation=None, rand_data_sample=None, recurrent_params=None,
+                **unused_eagle_inputs):
         # With K = 0 every request has exactly one logit row, so last_token_ids has one entry per request
         # (the inclusive scan of the tokens per request: a prompt, or the one generation token).
         bs = F.shape(last_token_ids, 0)
         plain = SpecDecodingParams(spec_decoding_is_generation_length_variable=False,
                                    spec_decoding_max_generation_length=1)        # no spec-decoding attention
-        final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain)
+        extra = {} if recurrent_params is None else {"recurrent_params": recurrent_params}   # hybrid targets
+        final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain, **extra)
         last = F.cast(last_token_ids, "int32") - 1                               # each request's last token
         logits = F.cast(self.lm_head(F.index_select(final, 0, last)), "float32")  # [bs, V]
 
