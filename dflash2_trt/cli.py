@@ -464,9 +464,12 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
 @click.option("--compute-efficiency", type=float, default=1.0, show_default=True,
               help="Achieved share of the data-sheet bf16 tensor throughput.")
 @click.option("--step-overhead-ms", type=float, default=0.0, show_default=True, help="Fixed cost per decode step.")
+@click.option("--recurrent-verify", type=click.Choice(["replay", "intermediate"]), default="replay", show_default=True,
+              help="Hybrid targets: how a verify pass keeps the recurrent state (replay the accepted tokens, or store "
+                   "the state after every draft position).")
 @click.option("--json", "json_out", help="Write the projection (JSON) here.")
 def bench_project_cmd(target_key, gpus, concurrency, context_len, acceptance, acceptance_from, bandwidth_efficiency,
-                      compute_efficiency, step_overhead_ms, json_out) -> None:
+                      compute_efficiency, step_overhead_ms, recurrent_verify, json_out) -> None:
     """Roofline model of the speedup over autoregressive decoding on a GPU (a model, not a measurement)."""
     from .bench.projection import render
     from .bench.run import bench_project
@@ -474,7 +477,7 @@ def bench_project_cmd(target_key, gpus, concurrency, context_len, acceptance, ac
     doc = bench_project(target=target_key, gpus=gpus, concurrency=concurrency, context_len=context_len,
                         acceptance=acceptance, acceptance_from=acceptance_from,
                         bandwidth_efficiency=bandwidth_efficiency, compute_efficiency=compute_efficiency,
-                        step_overhead_ms=step_overhead_ms, json_out=json_out)
+                        step_overhead_ms=step_overhead_ms, recurrent_verify=recurrent_verify, json_out=json_out)
     click.echo(render(doc))
     if json_out is not None:
         click.echo(f"wrote {json_out}")

@@ -25,7 +25,11 @@ The cost model (every quantity is also in the document it returns, ``components`
   ``target_recurrent`` per linear-attention (Gated DeltaNet) layer, the fp32 recurrent state
                        (value heads * key dim * value dim) read and written once per request;
                        FLOPs 6 * value heads * key dim * value dim per token (delta-rule update,
-                       readout)
+                       readout). A verify pass (K + 1 tokens) touches it more: ``replay`` (this
+                       project's design, TRTLLM-ENGINE.md §4 A: verify reads the committed state,
+                       then the accepted tokens are replayed from it) reads it twice and writes it
+                       once; ``intermediate`` (keep the state after every draft position, as
+                       SGLang / vLLM do for rollback) reads it once and writes it K + 1 times
 
 - Speculative step (K drafts per request, the combined engine's one step): the same target
   components over T = B * (K + 1) tokens (logits for every row), plus
@@ -197,8 +201,11 @@ def _comp(name: str, bytes_: float, flops: float, gpu: GPU, bw_eff: float, fl_ef
             "bound": "memory" if t_mem >= t_fl else "compute"}
 
 
+RECURRENT_VERIFY = ("replay", "intermediate")
+
+
 def target_pass(t: TargetShapes, batch: int, tokens_per_request: int, context: int, gpu: GPU, *,
-                bw_eff: float = 1.0, fl_eff: float = 1.0) -> list[dict]:
+                bw_eff: float = 1.0, fl_eff: float = 1.0, recurrent: str = "replay") -> list[dict]:
     """The target over ``batch * tokens_per_request`` tokens (logits for every one)."""
     T = batch * tokens_per_request
     wb = t.weight_bytes
@@ -219,7 +226,15 @@ def target_pass(t: TargetShapes, batch: int, tokens_per_request: int, context: i
     n_lin = sum(k == "linear" for k in t.layer_kinds)
     if n_lin:
         state = t.linear_value_heads * t.linear_key_dim * t.linear_value_dim
-        out.append(_comp("target_recurrent", n_lin * batch * 2.0 * state * t.state_bytes,
+        if tokens_per_request == 1:
+            touches = 2                                   # read + write
+        elif recurrent == "replay":
+            touches = 3                                   # verify reads; the replay reads and writes
+        elif recurrent == "intermediate":
+            touches = 1 + tokens_per_request              # one read, a state written per position
+        else:
+            raise ConfigError(f"one of {', '.join(RECURRENT_VERIFY)}, got {recurrent!r}", field="--recurrent-verify")
+        out.append(_comp("target_recurrent", n_lin * batch * touches * state * t.state_bytes,
                          n_lin * 6.0 * state * T, gpu, bw_eff, fl_eff))
     return out
 
@@ -246,10 +261,11 @@ def drafter_pass(d: DrafterShapes, t: TargetShapes, batch: int, context: int, gp
 
 
 def project_point(t: TargetShapes, d: DrafterShapes, gpu: GPU, *, batch: int, context: int, tau: float,
-                  bw_eff: float = 1.0, fl_eff: float = 1.0, step_overhead_s: float = 0.0) -> dict:
+                  bw_eff: float = 1.0, fl_eff: float = 1.0, step_overhead_s: float = 0.0,
+                  recurrent: str = "replay") -> dict:
     K = d.block_size - 1
     ar = target_pass(t, batch, 1, context, gpu, bw_eff=bw_eff, fl_eff=fl_eff)
-    spec = (target_pass(t, batch, K + 1, context, gpu, bw_eff=bw_eff, fl_eff=fl_eff)
+    spec = (target_pass(t, batch, K + 1, context, gpu, bw_eff=bw_eff, fl_eff=fl_eff, recurrent=recurrent)
             + drafter_pass(d, t, batch, context, gpu, bw_eff=bw_eff, fl_eff=fl_eff))
     t_ar = sum(c["time_s"] for c in ar) + step_overhead_s
     t_spec = sum(c["time_s"] for c in spec) + step_overhead_s
@@ -333,8 +349,11 @@ def tau_from(*, acceptance: float | None = None, report: dict | None = None, dra
 
 
 def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: int, tau: float,
-            acceptance_info: dict, bw_eff: float = 1.0, fl_eff: float = 1.0, step_overhead_s: float = 0.0) -> dict:
+            acceptance_info: dict, bw_eff: float = 1.0, fl_eff: float = 1.0, step_overhead_s: float = 0.0,
+            recurrent: str = "replay") -> dict:
     """The projection document (``report.projection``)."""
+    if recurrent not in RECURRENT_VERIFY:
+        raise ConfigError(f"one of {', '.join(RECURRENT_VERIFY)}, got {recurrent!r}", field="--recurrent-verify")
     for v, f in ((bw_eff, "--bandwidth-efficiency"), (fl_eff, "--compute-efficiency")):
         if not 0 < v <= 1:
             raise ConfigError(f"must be in (0, 1], got {v}", field=f)
@@ -345,7 +364,7 @@ def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: in
     per_gpu = []
     for g in gpus:
         pts = [project_point(t, d, g, batch=b, context=context, tau=tau, bw_eff=bw_eff, fl_eff=fl_eff,
-                             step_overhead_s=step_overhead_s) for b in concurrency]
+                             step_overhead_s=step_overhead_s, recurrent=recurrent) for b in concurrency]
         entry = {"gpu": asdict(g), "points": pts}
         if g.key == "h200" and t.name.lower().startswith("qwen3.8-27b") and d.block_size == 8:
             entry["article"] = compare_with_article(pts, tau)
@@ -355,7 +374,7 @@ def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: in
         "target": asdict(t) | {"layer_kinds": {k: t.layer_kinds.count(k) for k in sorted(set(t.layer_kinds))}},
         "drafter": asdict(d), "draft_len": d.block_size - 1, "acceptance": acceptance_info, "tau": tau,
         "context_len": context, "bandwidth_efficiency": bw_eff, "compute_efficiency": fl_eff,
-        "step_overhead_s": step_overhead_s, "gpus": per_gpu,
+        "step_overhead_s": step_overhead_s, "recurrent_verify": recurrent, "gpus": per_gpu,
         "model": "t(component) = max(bytes / (BW * bw_eff), FLOPs / (peak * compute_eff)); step = sum + overhead; "
                  "speedup = tau * t_AR / t_spec (dflash2_trt/bench/projection.py)",
     }
@@ -385,7 +404,8 @@ def render(doc: dict) -> str:
     lines = [f"PROJECTION ({doc['kind']}): {doc['target']['name']} + drafter, {doc['draft_len']} drafts/step, "
              f"tau = {doc['tau']:.2f} tokens/step ({doc['acceptance']['kind']}), context {doc['context_len']} tokens, "
              f"efficiency bw {doc['bandwidth_efficiency']:g} / compute {doc['compute_efficiency']:g}, "
-             f"overhead {doc['step_overhead_s'] * 1e3:g} ms/step"]
+             f"overhead {doc['step_overhead_s'] * 1e3:g} ms/step"
+             + (f", recurrent verify {doc['recurrent_verify']}" if "linear" in doc["target"]["layer_kinds"] else "")]
     for g in doc["gpus"]:
         lines.append(f"  {g['gpu']['name']} ({g['gpu']['hbm_bytes_per_s'] / 1e12:g} TB/s, "
                      f"{g['gpu']['bf16_flops_per_s'] / 1e12:g} TFLOP/s bf16 dense)")

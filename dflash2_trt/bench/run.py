@@ -122,7 +122,8 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
 
 def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,16,32", context_len: int = 1024,
                   acceptance: float | None = None, acceptance_from=None, bandwidth_efficiency: float = 1.0,
-                  compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, json_out=None) -> dict:
+                  compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str = "replay",
+                  json_out=None) -> dict:
     from .cpu import parse_concurrency
     from .io import atomic_write_json, check_output_file
     from .projection import GPUS, project, published_pair_shapes, tau_from
@@ -143,7 +144,8 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,
     t, d = published_pair_shapes(target)
     tau, info = tau_from(acceptance=acceptance, report=report, draft_len=d.block_size - 1, report_source=acceptance_from)
     doc = project(t, d, [GPUS[k] for k in g], concurrency=levels, context=context_len, tau=tau, acceptance_info=info,
-                  bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3)
+                  bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3,
+                  recurrent=recurrent_verify)
     if json_out is not None:
         atomic_write_json(json_out, doc)
     return doc

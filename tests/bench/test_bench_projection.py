@@ -39,8 +39,12 @@ def test_autoregressive_step_by_hand():
 def test_speculative_step_by_hand():
     # K = 2, B = 2 -> T = 6 target tokens
     t = _times(target_pass(TOY_T, 2, 3, 20, TOY_GPU))
-    # weights 4020 + 6 * 20 = 4140 B; attention 2*20*16 + 6*16 + 2*8*16 + 6*16 = 1088 B; recurrent as before
-    assert t == pytest.approx({"target_weights": 4.14, "target_attention": 1.088, "target_recurrent": 0.48})
+    # weights 4020 + 6 * 20 = 4140 B; attention 2*20*16 + 6*16 + 2*8*16 + 6*16 = 1088 B; recurrent (replay:
+    # verify reads the state, the replay reads and writes it) 2 requests * 3 * 30 * 4 B = 720 B
+    assert t == pytest.approx({"target_weights": 4.14, "target_attention": 1.088, "target_recurrent": 0.72})
+    # intermediate states: one read + K + 1 = 3 writes -> 2 * 4 * 30 * 4 B = 960 B
+    assert _times(target_pass(TOY_T, 2, 3, 20, TOY_GPU, recurrent="intermediate"))["target_recurrent"] == \
+        pytest.approx(0.96)
     d = _times(drafter_pass(TOY_D, TOY_T, 2, 20, TOY_GPU))
     # drafter weights (200 + 30 + 5) * 2 + gathered codebook rows 2 * 2*K*top_k*rank * 2 B (= 128) + 6 * 20 = 718 B
     # drafter attention: window 8, per token 2*1*4*2 = 16 B: 2 * 8 * 16 + 2 * 6 * 16 = 448 B
@@ -49,10 +53,10 @@ def test_speculative_step_by_hand():
                                "selector": 0.00128})
     p = project_point(TOY_T, TOY_D, TOY_GPU, batch=2, context=20, tau=2.5)
     assert p["ar_step_s"] == pytest.approx(5.5)
-    assert p["spec_step_s"] == pytest.approx(4.14 + 1.088 + 0.48 + 0.718 + 0.448 + 2.0 + 0.00128)
-    assert p["speedup"] == pytest.approx(2.5 * 5.5 / 8.87528)
+    assert p["spec_step_s"] == pytest.approx(4.14 + 1.088 + 0.72 + 0.718 + 0.448 + 2.0 + 0.00128)
+    assert p["speedup"] == pytest.approx(2.5 * 5.5 / 9.11528)
     assert p["ar_tokens_per_s"] == pytest.approx(2 / 5.5)
-    assert p["spec_tokens_per_s"] == pytest.approx(2 * 2.5 / 8.87528)
+    assert p["spec_tokens_per_s"] == pytest.approx(2 * 2.5 / 9.11528)
 
 
 def test_compute_bound_efficiencies_and_overhead():
@@ -123,8 +127,35 @@ def test_projection_document_and_the_article_comparison():
 
 @pytest.mark.parametrize("kw,field", [({"bw_eff": 0}, "--bandwidth-efficiency"),
                                       ({"fl_eff": 1.5}, "--compute-efficiency"),
-                                      ({"context": 0}, "--context-len"), ({"step_overhead_s": -1}, "--step-overhead-ms")])
+                                      ({"context": 0}, "--context-len"), ({"step_overhead_s": -1}, "--step-overhead-ms"),
+                                      ({"recurrent": "none"}, "--recurrent-verify")])
 def test_projection_refuses_bad_settings(kw, field):
     args = {"concurrency": [1], "context": 10, "tau": 2.0, "acceptance_info": {}} | kw
     with pytest.raises(ConfigError, match=field):
         project(TOY_T, TOY_D, [TOY_GPU], **args)
+
+
+def test_project_cli(tmp_path):
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "4.8", "--gpu", "h200", "--concurrency", "1,32",
+                                  "--recurrent-verify", "intermediate", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "roofline model (not a measurement)" in r.output and "vs the article at concurrency 32" in r.output
+    doc = json.loads(out.read_text())
+    assert doc["recurrent_verify"] == "intermediate" and [p["concurrency"] for p in doc["gpus"][0]["points"]] == [1, 32]
+    rep = tmp_path / "rep.json"
+    rep.write_text(json.dumps({"draft_len": 7, "runs": [{"speculative": {"acceptance": {"histogram": {"3": 4}}}}]}))
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance-from", str(rep), "--gpu", "b200"])
+    assert r.exit_code == 0, r.output
+    assert "tau = 3.00 tokens/step (measured)" in r.output
+    for args, needle in ((["--acceptance", "4.8", "--acceptance-from", str(rep)], "exactly one"),
+                         (["--acceptance", "9"], "--acceptance"), (["--acceptance", "4", "--gpu", "v100"], "unknown GPU"),
+                         (["--acceptance-from", str(tmp_path / "nope.json")], "cannot read"),
+                         (["--acceptance", "4", "--target", "nope"], "unknown target")):
+        r = CliRunner().invoke(main, ["bench", "project", *args])
+        lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+        assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
