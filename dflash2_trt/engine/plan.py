@@ -192,7 +192,14 @@ def _collect_blockers(p: Prepared) -> None:
                 f"select gpt_attention's cyclic-cache addressing on TensorRT-LLM [read, not run] and misplace the "
                 f"drafter's K/V (trtllm/model.py docstring); use --set drafter_window=full (lossless, costs "
                 f"acceptance past the window only)")
-    if cfg.dtype == "float32":
+    if t.family == "qwen3_5":
+        n_kv = sum(1 for lt in t.layer_types if lt != "linear_attention") + d.num_hidden_layers
+        n_all = t.num_hidden_layers + d.num_hidden_layers
+        p.warnings.append(
+            f"on TensorRT-LLM the runtime reads pretrained_config.layer_types in its own names (attention, recurrent, "
+            f"linear, no_op; any other name is 'assuming attention') and adds eagle_net_config.num_hidden_layers to "
+            f"num_hidden_layers (gptJsonConfig.cpp) [read, not run]: with this checkpoint's names it would give "
+            f"{n_all} pool layers KV space, not the {n_kv} the sizing counts")
         p.warnings.append("dtype float32 on TensorRT-LLM: EAGLE mode needs paged context FMHA, whose kernels are "
                           "float16/bfloat16 [inferred]; build a GPU engine with --dtype float16 or bfloat16")
 

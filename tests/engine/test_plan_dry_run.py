@@ -105,18 +105,29 @@ def test_qwen_plan_tp2_and_gpu_memory():
     assert small["kv_budget"] == 0 and small["max_batch_that_fits"] == 0
 
 
-def test_qwen_plan_is_honest_about_support():
+def test_qwen_plan_is_honest_about_support(monkeypatch):
+    """What is supported comes from the network file itself: with no engine network for the hybrid family the plan
+    says so (and names the issue), with one it does not; a pool layout that does not fit (tp 8: the target's
+    duplicated 1 x 256 KV heads against the drafter's 1 x 128) is a blocker either way."""
+    from dflash2_trt.trtllm.backend import load_network
+
+    net = load_network("cpu")
+    monkeypatch.setattr(net, "TARGET_FAMILIES", {k: v for k, v in net.TARGET_FAMILIES.items() if k != "qwen3_5"})
     plan = _qwen()
     assert plan["supported"]["cpu_engine"] is False and plan["supported"]["trtllm_engine"] is False
-    assert any("issue 15" in b for b in plan["blockers"])
-    assert any("4 x 256" in b for b in plan["blockers"])
-    assert plan["supported"]["stages"] == ["inspect", "generate", "analyze", "convert"]
+    assert any("no engine network yet" in b and "issue 15" in b for b in plan["blockers"])
+    assert plan["supported"]["stages"][:4] == ["inspect", "generate", "analyze", "convert"]
     code, text = _cli("build", "--dry-run", "--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER),
                       "--target-dir", str(QWEN_TARGET))
     assert code == 0, text
     for needle in ("KV cache per token: 86,016 B", "extra slots per request: 14", "largest batch at max_seq_len: 22",
-                   "weights: 53.", "recurrent state per request", "blocked:", "--max_draft_len 7"):
+                   "weights: 53.", "recurrent state per request", "blocked: target family 'qwen3_5'",
+                   "--max_draft_len 7"):
         assert needle in text, needle
+    monkeypatch.undo()
+    plan = _qwen("--tp-size", "8")
+    assert any("does not fit the target's pool layout" in b for b in plan["blockers"])
+    assert plan["supported"]["cpu_engine"] is False
 
 
 def test_tiny_trtllm_dry_run_command():

@@ -368,7 +368,11 @@ def test_gpu_outside_the_build_config(pair, tmp_path, toolchain):
     assert "-DCMAKE_CUDA_ARCHITECTURES=90a;100a" in r.calls[0]["argv"]
 
 
-def test_hybrid_target_is_refused_before_anything(tmp_path, toolchain):
+def test_target_without_a_network_is_refused_before_anything(tmp_path, toolchain, monkeypatch):
+    from dflash2_trt.trtllm.backend import load_network
+
+    net = load_network("cpu")
+    monkeypatch.setattr(net, "TARGET_FAMILIES", {k: v for k, v in net.TARGET_FAMILIES.items() if k != "qwen3_5"})
     hy = trained_pair("qwen3_5")
     r = FakeRunner()
     with pytest.raises(ConfigError, match="no engine network yet.*issue 15"):
