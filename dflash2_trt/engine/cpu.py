@@ -37,7 +37,8 @@ class CpuEngine:
         self.K = int(d["block_size"]) - 1
         self.vocab_size = int(self.config["vocab_size"])
         self.mask_token_id = int(d["mask_token_id"])
-        self.num_layers = int(self.config["num_hidden_layers"]) + int(d["num_hidden_layers"])
+        target_kv_layers = sum(1 for t in self.config["layer_types"] if t != "linear_attention")
+        self.num_layers = target_kv_layers + int(d["num_hidden_layers"])   # KV layers: target attention + drafter
         tpb = int(limits["tokens_per_block"])
         per_seq = -(-int(limits["max_seq_len"]) // tpb)
         self.num_blocks = num_blocks or int(limits.get("num_kv_blocks") or per_seq * int(limits["max_batch_size"]))
@@ -52,12 +53,37 @@ class CpuEngine:
         local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
         self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype)
                       for _ in range(self.tp)]
-        self.layer_offset = int(self.config["num_hidden_layers"])   # drafter KV layers follow the target's
+        self.layer_offset = target_kv_layers   # drafter KV layers follow the target's
         self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
+        # Recurrent (Gated DeltaNet) layers: one state pool per layer and rank, a slot per request in flight.
+        self.gdn_layers = [i for i, t in enumerate(self.config["layer_types"]) if t == "linear_attention"]
+        self.recurrent = bool(self.gdn_layers)
+        self.num_slots = int(limits["max_batch_size"])
+        self.states: list[dict] = [{} for _ in range(self.tp)]
+        if self.recurrent:
+            from ..trtllm.cpu.state import StatePool
+
+            la = self.config["linear_attention"]
+            nk = la["num_key_heads"] // self.tp if la["num_key_heads"] >= self.tp else 1
+            nv = la["num_value_heads"] // self.tp
+            conv_dim = 2 * nk * la["key_head_dim"] + nv * la["value_head_dim"]
+            for r in range(self.tp):
+                for layer in self.gdn_layers:
+                    self.states[r][layer] = StatePool(self.num_slots, nv, la["key_head_dim"], la["value_head_dim"],
+                                                      la["conv_kernel_size"], conv_dim, dtype)
 
     def close(self) -> None:
         for p in self.pools:
             p.release()
+        for per_rank in self.states:
+            for sp in per_rank.values():
+                sp.release()
+
+    def reset_slot(self, slot: int) -> None:
+        """Zero a state slot on every rank and layer (a request's context starts from the zero state)."""
+        for per_rank in self.states:
+            for sp in per_rank.values():
+                sp.reset(slot)
 
     def static_inputs(self, rank: int) -> dict:
         return {
@@ -68,6 +94,8 @@ class CpuEngine:
             "host_kv_cache_pool_mapping": self._pool_mapping,
             "host_runtime_perf_knobs": torch.zeros(16, dtype=torch.int64),
             "host_context_progress": torch.zeros(1, dtype=torch.int64),
+            **{f"rnn_state_ptr_{layer}": sp.handle_tensor() for layer, sp in self.states[rank].items()},
+            **{f"conv_state_ptr_{layer}": sp.handle_tensor() for layer, sp in self.states[rank].items()},
         }
 
     def _structured(self, flat: dict, rank: int) -> dict:
@@ -96,7 +124,12 @@ class CpuEngine:
                 spec_decoding_packed_mask=f["spec_decoding_packed_mask"], spec_decoding_use=f["spec_decoding_use"]),
             draft_lens=f["draft_lens"], eagle_temperature=f["eagle_temperature"],
             rand_data_validation=f["rand_data_validation"], rand_data_sample=f["rand_data_sample"],
-            host_gen_eagle_net_request_types=f["host_gen_eagle_net_request_types"])
+            host_gen_eagle_net_request_types=f["host_gen_eagle_net_request_types"],
+            **({"recurrent_params": net.RecurrentStateParams(
+                slot_mapping=f["slot_mapping"],
+                rnn_state_ptr={layer: f[f"rnn_state_ptr_{layer}"] for layer in self.gdn_layers},
+                conv_state_ptr={layer: f[f"conv_state_ptr_{layer}"] for layer in self.gdn_layers})}
+               if self.recurrent else {}))
 
     @torch.no_grad()
     def step(self, inputs: dict) -> dict:

@@ -51,6 +51,7 @@ class Request:
     stop_reason: str | None = None
     next_draft_tokens: list[int] = field(default_factory=list)
     next_draft_paths: torch.Tensor | None = None
+    slot: int | None = None
     arrival_step: int = 0
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -97,6 +98,10 @@ class Runtime:
         self.max_blocks = self.blocks.blocks_for(self.max_seq_len)
         self._next_id = 0
         self._waiting: deque[Request] = deque()
+        # Recurrent targets: one state slot per request in flight (TensorRT-LLM's RnnStateManager slots):
+        # taken at admission and zeroed (a context starts from the zero state), returned at completion.
+        self._free_slots = list(range(getattr(engine, "num_slots", 0) - 1, -1, -1)) if getattr(engine, "recurrent",
+                                                                                                False) else None
         self._active: list[Request] = []
         self.step_count = 0
         self.step_log: list[dict] = []
@@ -163,7 +168,12 @@ class Runtime:
             need = self._lifetime_tokens(r)
             if tokens + len(r.prompt_ids) > self.max_num_tokens or not self.blocks.can_fit(self._next_id, need):
                 break
+            if self._free_slots is not None and not self._free_slots:
+                break
             self._waiting.popleft()
+            if self._free_slots is not None:
+                r.slot = self._free_slots.pop()
+                self.engine.reset_slot(r.slot)
             r.req_id = self._next_id
             self._next_id += 1
             r._gen = torch.Generator().manual_seed(int(r.seed))
@@ -204,7 +214,13 @@ class Runtime:
         for r in finished:
             r.finish_time = now
             self.blocks.free(r.req_id)
+            self._release_slot(r)
         return finished
+
+    def _release_slot(self, r: Request) -> None:
+        if self._free_slots is not None and r.slot is not None:
+            self._free_slots.append(r.slot)
+            r.slot = None
 
     def _lifetime_tokens(self, r: Request) -> int:
         return len(r.prompt_ids) + r.max_new_tokens + self.K + 1
@@ -216,6 +232,7 @@ class Runtime:
         if r in self._active:
             self._active.remove(r)
             self.blocks.free(r.req_id)
+            self._release_slot(r)
         if r.stop_reason is None:
             r.stop_reason = "cancelled"
 
@@ -308,6 +325,7 @@ class Runtime:
             "eagle_temperature": torch.tensor([float(r.temperature) for r in batch], dtype=torch.float32),
             "rand_data_validation": rv, "rand_data_sample": rs,
             "host_gen_eagle_net_request_types": i32([GENERATION] * bs),
+            **({"slot_mapping": i32([r.slot for r in batch])} if self._free_slots is not None else {}),
         }
 
 

@@ -114,14 +114,23 @@ class SpecDecodingParams:
 
 
 def check_kv_compatible(config) -> None:
-    d = config.dflash2
-    t_tok = config.num_key_value_heads * config.head_size
-    d_tok = d["num_key_value_heads"] * d["head_dim"]
-    if (d["num_key_value_heads"], d["head_dim"]) != (config.num_key_value_heads, config.head_size):
+    """Every layer of the paged pool holds one size per token (TRTLLM-ENGINE.md §3): a drafter layer fits when its
+    K/V values per token ON EACH RANK equal the target's (KV heads duplicated when fewer than ranks); its own head
+    split may differ (Qwen3.8-27B: target 4 x 256, drafter 8 x 128 = 1024 both at tp 1..4; at tp 8 the target's
+    duplicated 1 x 256 meets the drafter's 1 x 128 and the pair does not fit)."""
+    d, tp = config.dflash2, config.mapping.tp_size
+    t_tok = _local(config.num_key_value_heads, tp) * config.head_size
+    d_tok = _local(d["num_key_value_heads"], tp) * d["head_dim"]
+    if t_tok != d_tok:
         raise ValueError(
-            f"drafter KV {d['num_key_value_heads']} x {d['head_dim']} ({d_tok} per token) does not fit the target's "
-            f"pool layout {config.num_key_value_heads} x {config.head_size} ({t_tok}); every pool layer has one "
-            f"head layout (TRTLLM-ENGINE.md §3)")
+            f"drafter KV {d['num_key_value_heads']} x {d['head_dim']} ({d_tok} values per token per rank at tp {tp}) "
+            f"does not fit the target's pool layout {config.num_key_value_heads} x {config.head_size} ({t_tok}); "
+            f"every pool layer has one size per token (TRTLLM-ENGINE.md §3)")
+
+
+def num_kv_layers_of(config) -> int:
+    """Target layers with a KV cache (attention layers; Gated DeltaNet layers keep recurrent state instead)."""
+    return sum(1 for t in config.layer_types if t != "linear_attention")
 
 
 def _local(n: int, tp: int) -> int:
@@ -133,15 +142,19 @@ class QKNormAttention(api.Module):
     """Fused-qkv attention with per-head q/k RMSNorm before RoPE (TensorRT-LLM's Qwen3 attention)."""
 
     def __init__(self, *, hidden_size, num_heads, num_kv_heads, head_dim, eps, rope_base, rotary_dim, layer_idx,
-                 dtype, mapping):
+                 dtype, mapping, norm_offset: float = 0.0, output_gate: bool = False):
         super().__init__()
         tp = mapping.tp_size
         self.nq, self.nkv, self.d = num_heads // tp, _local(num_kv_heads, tp), head_dim
         self.layer_idx, self.rope_base, self.rotary_dim, self.eps = layer_idx, rope_base, rotary_dim, eps
         self.qkv = api.layers.ColumnLinear(hidden_size, (self.nq + 2 * self.nkv) * head_dim * tp, bias=False,
                                            dtype=dtype, tp_group=mapping.tp_group, tp_size=tp, gather_output=False)
-        self.q_layernorm = api.layers.RmsNorm(head_dim, eps=eps, dtype=dtype)
-        self.k_layernorm = api.layers.RmsNorm(head_dim, eps=eps, dtype=dtype)
+        self.q_layernorm = OffsetRmsNorm(head_dim, eps, dtype, norm_offset)
+        self.k_layernorm = OffsetRmsNorm(head_dim, eps, dtype, norm_offset)
+        if output_gate:   # Qwen3.5: out *= sigmoid(output_gate(x)) before dense, per query head
+            self.output_gate = api.layers.ColumnLinear(hidden_size, num_heads * head_dim, bias=False, dtype=dtype,
+                                                       tp_group=mapping.tp_group, tp_size=tp, gather_output=False)
+        self.gated = output_gate
         self.dense = api.layers.RowLinear(num_heads * head_dim, hidden_size, bias=False, dtype=dtype,
                                           tp_group=mapping.tp_group, tp_size=tp)
 
@@ -184,6 +197,8 @@ class QKNormAttention(api.Module):
             host_runtime_perf_knobs=attention_params.host_runtime_perf_knobs,
             host_context_progress=attention_params.host_context_progress,
             host_context_lengths=attention_params.host_context_lengths)
+        if self.gated:
+            ctx = ctx * F.sigmoid(self.output_gate(hidden))
         return self.dense(ctx)
 
 
@@ -242,8 +257,153 @@ class Qwen3Transformer(api.Module):
         return self.ln_f(x), outs
 
 
-TARGET_FAMILIES = {"qwen3": Qwen3Transformer}
-"""qwen_type -> target transformer class. The hybrid (qwen3_5) and Muse Glimmer targets add theirs."""
+class OffsetRmsNorm(api.Module):
+    """RMSNorm whose scale is ``weight + offset``: Qwen3.5's zero-centred norms store ``weight`` with
+    ``layernorm_weight_offset: 1.0`` (convert/schema.py); offset 0 is the plain RmsNorm."""
+
+    def __init__(self, dim, eps, dtype, offset: float = 0.0):
+        super().__init__()
+        self.dim, self.eps, self.offset = dim, eps, float(offset)
+        self.weight = api.Parameter(shape=(dim,), dtype=dtype)
+
+    def forward(self, x):
+        w = self.weight.value
+        if self.offset:
+            return F.rms_norm(x, self.dim, None, self.eps) * (w + self.offset)
+        return F.rms_norm(x, self.dim, w, self.eps)
+
+
+class GatedDeltaNet(api.Module):
+    """Qwen3.5's linear-attention mixer (names: convert/qwen3_5.py). The recurrence, its causal conv and the
+    per-request state live in the DFlash2GatedDeltaNet plugin: ``forward`` advances context requests' state
+    slots and only reads generation requests' (their K+1 verify tokens); :meth:`commit` then advances a
+    generation request's slot over exactly its accepted tokens, replaying the verify pass's projected qkv and
+    gates. State slots are the runtime's (``slot_mapping``, ``rnn_state_ptr_<L>``, ``conv_state_ptr_<L>``)."""
+
+    def __init__(self, config, layer_idx, dtype, mapping):
+        super().__init__()
+        la, tp = config.linear_attention, mapping.tp_size
+        self.layer_idx = layer_idx
+        self.nk, self.nv = _local(la["num_key_heads"], tp), la["num_value_heads"] // tp
+        self.dk, self.dv, self.kconv = la["key_head_dim"], la["value_head_dim"], la["conv_kernel_size"]
+        self.c = 2 * self.nk * self.dk + self.nv * self.dv
+        h, g = config.hidden_size, mapping.tp_group
+        col = lambda out: api.layers.ColumnLinear(h, out * tp, bias=False, dtype=dtype, tp_group=g, tp_size=tp,  # noqa: E731
+                                                  gather_output=False)
+        self.qkv = col(self.c)
+        self.conv1d = _WeightOnly((self.c, 1, self.kconv), dtype)   # depthwise causal conv weight [C, 1, K]
+        self.z = col(self.nv * self.dv)
+        self.b = col(self.nv)
+        self.a = col(self.nv)
+        self.dt_bias = api.Parameter(shape=(self.nv,), dtype="float32")
+        self.A_log = api.Parameter(shape=(self.nv,), dtype="float32")
+        self.norm = OffsetRmsNorm(self.dv, config.norm_epsilon, dtype, 0.0)   # the one Qwen3.5 norm without offset
+        self.dense = api.layers.RowLinear(la["num_value_heads"] * self.dv, h, bias=False, dtype=dtype, tp_group=g,
+                                          tp_size=tp)
+        self.max_verify = config.dflash2["block_size"]
+
+    def _attrs(self):
+        return dict(num_k_heads=self.nk, num_v_heads=self.nv, head_k_dim=self.dk, head_v_dim=self.dv,
+                    conv_kernel=self.kconv, max_verify_tokens=self.max_verify)
+
+    def forward(self, x, rs):
+        n = F.shape(x, 0)
+        conv_w = F.view(self.conv1d.weight.value, [self.c, self.kconv])
+        y, vqkv, vgates = api.plugins.gated_delta_net(
+            self.qkv(x), conv_w, self.a(x), self.b(x), self.dt_bias.value, self.A_log.value, rs.cu_seqlens,
+            rs.slot_mapping, rs.host_request_types, rs.rnn_state_ptr[self.layer_idx], rs.conv_state_ptr[self.layer_idx],
+            **self._attrs())
+        core = self.norm(F.view(y, dims(n, self.nv, self.dv)))
+        z = F.view(self.z(x), dims(n, self.nv, self.dv))
+        core = F.cast(F.cast(core, "float32") * F.silu(F.cast(z, "float32")), x.dtype)
+        return self.dense(F.view(core, dims(n, self.nv * self.dv))), (vqkv, vgates, conv_w)
+
+    def commit(self, saved, num_accepted, rs):
+        vqkv, vgates, conv_w = saved
+        return api.plugins.gated_delta_net_commit(vqkv, vgates, conv_w, num_accepted, rs.cu_seqlens, rs.slot_mapping,
+                                                  rs.host_request_types, rs.rnn_state_ptr[self.layer_idx],
+                                                  rs.conv_state_ptr[self.layer_idx], **self._attrs())
+
+
+class _WeightOnly(api.Module):
+    """A parameter named ``<module>.weight`` whose op is the plugin's (the DeltaNet's conv1d)."""
+
+    def __init__(self, shape, dtype):
+        super().__init__()
+        self.weight = api.Parameter(shape=shape, dtype=dtype)
+
+
+@dataclass
+class RecurrentStateParams:
+    """TensorRT-LLM's recurrent-state inputs (``rnn_state_ptr_<L>``, ``conv_state_ptr_<L>``, ``slot_mapping``), plus
+    the packed request boundaries the plugin reads."""
+    slot_mapping: object = None
+    rnn_state_ptr: dict = None
+    conv_state_ptr: dict = None
+    host_request_types: object = None
+    cu_seqlens: object = None
+
+
+class Qwen3_5DecoderLayer(api.Module):
+    def __init__(self, config, layer_idx, kv_layer_idx):
+        super().__init__()
+        h, dt, eps, off = config.hidden_size, config.dtype, config.norm_epsilon, config.layernorm_weight_offset
+        self.kind = config.layer_types[layer_idx]
+        self.input_layernorm = OffsetRmsNorm(h, eps, dt, off)
+        if self.kind == "linear_attention":
+            self.linear_attention = GatedDeltaNet(config, layer_idx, dt, config.mapping)
+        else:
+            self.attention = QKNormAttention(hidden_size=h, num_heads=config.num_attention_heads,
+                                             num_kv_heads=config.num_key_value_heads, head_dim=config.head_size,
+                                             eps=eps, rope_base=config.rotary_base, rotary_dim=config.rotary_dim,
+                                             layer_idx=kv_layer_idx, dtype=dt, mapping=config.mapping, norm_offset=off,
+                                             output_gate=bool(config.attn_output_gate))
+        self.post_layernorm = OffsetRmsNorm(h, eps, dt, off)
+        self.mlp = GatedMLP(h, config.intermediate_size, dt, config.mapping)
+
+    def forward(self, x, attention_params, kv_cache_params, spec_decoding_params, rs, saved):
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            out, keep = self.linear_attention(h, rs)
+            saved.append((self.linear_attention, keep))
+        else:
+            out = self.attention(h, attention_params, kv_cache_params, spec_decoding_params,
+                                 mask_type=api.AttentionMaskType.causal)
+        x = x + out
+        return x + self.mlp(self.post_layernorm(x))
+
+
+class Qwen3_5Transformer(api.Module):
+    """Qwen3.5 hybrid target (``qwen_type: qwen3_5``): Gated DeltaNet + gated full-attention layers, zero-centred
+    norms. Only attention layers own KV layers of the pool (numbered in order); DeltaNet layers own state slots."""
+
+    recurrent = True
+
+    def __init__(self, config):
+        super().__init__()
+        m = config.mapping
+        self.vocab_embedding = api.layers.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype,
+                                                    tp_size=m.tp_size, tp_group=m.tp_group, sharding_dim=0,
+                                                    tp_rank=m.tp_rank)
+        kv_idx, layers = 0, []
+        for i, kind in enumerate(config.layer_types):
+            layers.append(Qwen3_5DecoderLayer(config, i, kv_idx))
+            kv_idx += kind != "linear_attention"
+        self.layers = api.ModuleList(layers)
+        self.ln_f = OffsetRmsNorm(config.hidden_size, config.norm_epsilon, config.dtype,
+                                  config.layernorm_weight_offset)
+
+    def forward(self, input_ids, attention_params, kv_cache_params, spec_decoding_params, rs=None, saved=None):
+        x = self.vocab_embedding(input_ids)
+        outs = []
+        for layer in self.layers:
+            x = layer(x, attention_params, kv_cache_params, spec_decoding_params, rs, saved)
+            outs.append(x)
+        return self.ln_f(x), outs
+
+
+TARGET_FAMILIES = {"qwen3": Qwen3Transformer, "qwen3_5": Qwen3_5Transformer}
+"""qwen_type -> target transformer class. Muse Glimmer adds its own."""
 
 
 class DynamicConv(api.Module):
@@ -285,7 +445,7 @@ class DFlash2DrafterLayer(api.Module):
         self.attention = QKNormAttention(hidden_size=h, num_heads=d["num_attention_heads"],
                                          num_kv_heads=d["num_key_value_heads"], head_dim=d["head_dim"], eps=eps,
                                          rope_base=d["rope_theta"], rotary_dim=d["head_dim"],
-                                         layer_idx=config.num_hidden_layers + i, dtype=dt, mapping=m)
+                                         layer_idx=num_kv_layers_of(config) + i, dtype=dt, mapping=m)
         self.post_layernorm = api.layers.RmsNorm(h, eps=eps, dtype=dt)
         self.mlp = GatedMLP(h, d["intermediate_size"], dt, m)
         self.attention_conv = DynamicConv(h, d["conv_kernel_size"], d["conv_group_size"], bs, dt)
@@ -412,7 +572,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             max_blocks_per_seq = -(-max_seq_len // tpb)
         bs = [1, (max_batch_size + 1) // 2, max_batch_size]
         nt = [1, (max_num_tokens + 1) // 2, max_num_tokens]
-        nl = num_kv_layers or (self.config.num_hidden_layers + len(self.dflash2.layers))
+        nl = num_kv_layers or (num_kv_layers_of(self.config) + len(self.dflash2.layers))
         T = api.input_tensor
         R = OrderedDict
         kvp = KeyValueCacheParams(
@@ -461,12 +621,25 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             "rand_data_validation": T("rand_data_validation", "float32", [-1], R(batch_size=bs)),
             "rand_data_sample": T("rand_data_sample", "float32", [-1], R(batch_size=bs)),
             "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1], R(batch_size=bs)),
+            **self._recurrent_inputs(bs),
         }
+
+    def _recurrent_inputs(self, bs) -> dict:
+        """TensorRT-LLM's recurrent-state inputs (RecurrentGemma / Mamba convention): ``slot_mapping`` and one
+        ``rnn_state_ptr_<L>`` / ``conv_state_ptr_<L>`` per Gated DeltaNet layer L (host int64 addresses)."""
+        if not getattr(self.transformer, "recurrent", False):
+            return {}
+        T, R = api.input_tensor, OrderedDict
+        gdn = [i for i, t in enumerate(self.config.layer_types) if t == "linear_attention"]
+        return {"recurrent_params": RecurrentStateParams(
+            slot_mapping=T("slot_mapping", "int32", [-1], R(batch_size=bs)),
+            rnn_state_ptr={i: T(f"rnn_state_ptr_{i}", "int64", [1], R(ptr=[1, 1, 1])) for i in gdn},
+            conv_state_ptr={i: T(f"conv_state_ptr_{i}", "int64", [1], R(ptr=[1, 1, 1])) for i in gdn})}
 
     # ---- one step ---------------------------------------------------------------------------------
     def forward(self, input_ids, last_token_ids, kv_cache_params, attention_params, spec_decoding_params,
                 draft_lens, eagle_temperature, rand_data_validation, rand_data_sample,
-                host_gen_eagle_net_request_types):
+                host_gen_eagle_net_request_types, recurrent_params=None):
         K, d, cfg = self.K, self.config.dflash2, self.config
         att = attention_params
         bs = F.shape(att.sequence_length, 0)
@@ -520,7 +693,17 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         slot = F.maximum(off - 1, 0)
         sub = F.gather(F.index_select(drafts, 0, req), 1, F.unsqueeze(F.minimum(slot, K - 1), 1))
         target_ids = F.where(tok_gen, F.view(sub, [-1]), input_ids)   # [-1]: a static shape list
-        final, layer_outs = self.transformer(target_ids, attention_params, kv_cache_params, spec_decoding_params)
+        if getattr(self.transformer, "recurrent", False):
+            rs = RecurrentStateParams(slot_mapping=recurrent_params.slot_mapping,
+                                      rnn_state_ptr=recurrent_params.rnn_state_ptr,
+                                      conv_state_ptr=recurrent_params.conv_state_ptr,
+                                      host_request_types=att.host_request_types,
+                                      cu_seqlens=F.concat([F.constant(np.zeros(1, np.int32)), ends]))
+            saved = []
+            final, layer_outs = self.transformer(target_ids, attention_params, kv_cache_params, spec_decoding_params,
+                                                 rs, saved)
+        else:
+            final, layer_outs = self.transformer(target_ids, attention_params, kv_cache_params, spec_decoding_params)
 
         # The runtime's logits rows: last_token_ids is the inclusive scan of logits per request (a context
         # request 1 at its last token, a generation request K+1), i.e. row r is token last_token_ids[r] - 1.
@@ -540,7 +723,10 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         accepted = F.where(F.lt(jj, F.unsqueeze(n, 1)), padded,
                            F.where(F.eq(jj, F.unsqueeze(n, 1)), F.unsqueeze(nxt, 1) + jj * 0, jj * 0))
 
-        # ---- 4. commit drafter context for every token of the step --------------------------------
+        # ---- 4. commit: recurrent state over the accepted tokens, drafter context for every token --------
+        if getattr(self.transformer, "recurrent", False):
+            for gdn, keep in saved:   # generation requests: anchor + n accepted drafts; context requests: done
+                gdn.commit(keep, F.cast(n + 1, "int32"), rs)
         taps = F.concat([layer_outs[i] for i in d["target_layer_ids"]], dim=1)
         ctx = self.dflash2.hidden_norm(self.dflash2.fc(taps))
         for layer in self.dflash2.layers:
@@ -586,7 +772,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             spec_decoding_packed_mask=F.view(F.expand(F.constant(words[None]), dims(bs, K + 1, (K + 32) // 32)),
                                              dims(bs * (K + 1), (K + 32) // 32)),
             spec_decoding_use=F.constant(np.ones(1, np.int32)))
-        n_layers = self.config.num_hidden_layers + len(self.dflash2.layers)
+        n_layers = num_kv_layers_of(self.config) + len(self.dflash2.layers)
         windows = []
         for layer in self.dflash2.layers:
             w = layer.window if (layer.window is not None and self.drafter_window == "model") else self.max_seq_len

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import torch
+
 
 class CpuPlugins:
     name = "cpu"
@@ -30,6 +32,29 @@ class CpuPlugins:
         _, _, ids, q = scan_lib().run(mode, unary, cand_ids, proj_hidden, anchor, pred_codebook, succ_codebook,
                                       temperature, uniforms)
         return ids.to(cand_ids.dtype), q
+
+
+    # DFlash2GatedDeltaNet: the state pools are the runtime's; the pointer inputs hold handles of
+    # :class:`dflash2_trt.trtllm.cpu.state.StatePool` (TensorRT-LLM: device addresses).
+    def gated_delta_net(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types,
+                        rnn_state_ptr, conv_state_ptr, **attrs):
+        from .cpu.plugin_libs import gdn_lib
+        from .cpu.state import StatePool
+
+        pool = StatePool.from_handles(rnn_state_ptr, conv_state_ptr)
+        return gdn_lib().forward(qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens.to(torch.int32),
+                                 slot_mapping.to(torch.int32), host_request_types.to(torch.int32), pool.rnn, pool.conv,
+                                 **attrs)
+
+    def gated_delta_net_commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping,
+                               host_request_types, rnn_state_ptr, conv_state_ptr, **attrs):
+        from .cpu.plugin_libs import gdn_lib
+        from .cpu.state import StatePool
+
+        pool = StatePool.from_handles(rnn_state_ptr, conv_state_ptr)
+        return gdn_lib().commit(verify_qkv, verify_gates, conv_weight, num_accepted.to(torch.int32),
+                                cu_seqlens.to(torch.int32), slot_mapping.to(torch.int32),
+                                host_request_types.to(torch.int32), pool.rnn, pool.conv, **attrs)
 
 
 class TrtPlugins:  # pragma: no cover - needs TensorRT-LLM (GPU machines)
@@ -59,3 +84,15 @@ class TrtPlugins:  # pragma: no cover - needs TensorRT-LLM (GPU machines)
                            [unary, cand_ids, proj_hidden, anchor, pred_codebook, succ_codebook, temperature,
                             uniforms], 2, mode=mode)
         return ids, q
+
+    def gated_delta_net(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types,
+                        rnn_state_ptr, conv_state_ptr, **attrs):
+        return self._add("DFlash2GatedDeltaNet", "dflash2_gated_delta_net",
+                         [qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types,
+                          rnn_state_ptr, conv_state_ptr], 3, mode="forward", **attrs)
+
+    def gated_delta_net_commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping,
+                               host_request_types, rnn_state_ptr, conv_state_ptr, **attrs):
+        return self._add("DFlash2GatedDeltaNet", "dflash2_gated_delta_net_commit",
+                         [verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping,
+                          host_request_types, rnn_state_ptr, conv_state_ptr], 1, mode="commit", **attrs)[0]

@@ -93,7 +93,13 @@ class RotaryScalingType(enum.IntEnum):
 
 
 class KVCachePool:
-    """One paged KV pool of one rank: ``[2 * num_blocks, layers, kv_heads, tokens_per_block, head_dim]``."""
+    """One paged KV pool of one rank: ``[2 * num_blocks, layers, kv_heads, tokens_per_block, head_dim]``.
+
+    Every layer's block holds ``kv_heads * tokens_per_block * head_dim`` values (one size for every layer,
+    as TensorRT-LLM's pool); a layer whose attention has another head split of the same per-token width
+    (the Qwen3.8-27B drafter: 8 x 128 in a 4 x 256 target's pool) views the same bytes as its own
+    ``[Hkv', tokens_per_block, D']`` (:meth:`view`): it alone writes and reads that layer, so any consistent
+    view is valid."""
 
     _registry: dict[int, "KVCachePool"] = {}
     _ids = itertools.count(1)
@@ -137,17 +143,29 @@ class KVCachePool:
             rows, slot = self._rows(offsets, positions, kv)
             self.data[rows, layer, :, slot] = val.to(self.data.dtype)
 
+    def view(self, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+        """The pool as ``[2 * num_blocks, layers, num_kv_heads, tokens_per_block, head_dim]`` (same storage)."""
+        if num_kv_heads * head_dim != self.num_kv_heads * self.head_dim:
+            raise ValueError(f"gpt_attention: {num_kv_heads} x {head_dim} KV values per token do not fit a pool of "
+                             f"{self.num_kv_heads} x {self.head_dim}")
+        if (num_kv_heads, head_dim) == (self.num_kv_heads, self.head_dim):
+            return self.data
+        return self.data.view(self.data.shape[0], self.num_layers, num_kv_heads, self.tokens_per_block, head_dim)
+
     def write_tokens(self, layer: int, offsets: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,
                      k: torch.Tensor, v: torch.Tensor) -> None:
-        """Every token at once: token t of request ``req[t]`` at ``positions[t]``; offsets ``[bs, 2, max_blocks]``."""
+        """Every token at once: token t of request ``req[t]`` at ``positions[t]``; offsets ``[bs, 2, max_blocks]``;
+        k, v ``[T, Hkv, D]`` in the layer's own head split."""
         tpb = self.tokens_per_block
+        data = self.view(k.shape[1], k.shape[2])
         blk, slot = positions // tpb, positions % tpb
         for kv, val in ((0, k), (1, v)):
             rows = offsets[req, kv, blk].long()
             self._check_rows(rows)
-            self.data[rows, layer, :, slot] = val.to(self.data.dtype)
+            data[rows, layer, :, slot] = val.to(data.dtype)
 
-    def read_batch(self, layer: int, offsets: torch.Tensor, length: int, lengths: torch.Tensor):
+    def read_batch(self, layer: int, offsets: torch.Tensor, length: int, lengths: torch.Tensor,
+                   num_kv_heads: int | None = None, head_dim: int | None = None):
         """K, V of positions ``0..length-1`` of every request: ``[bs, length, Hkv, D]`` each (positions past a
         request's own length read block 0 / whatever its offsets say and must be masked by the caller)."""
         tpb = self.tokens_per_block
@@ -160,7 +178,8 @@ class KVCachePool:
             rows = offsets[:, kv, blk].long()                                # [bs, length]
             self._check_rows(rows[valid])
             rows = torch.where(valid, rows, 0)
-            out.append(self.data[rows, layer, :, slot[None, :].expand_as(rows)])
+            data = self.view(num_kv_heads or self.num_kv_heads, head_dim or self.head_dim)
+            out.append(data[rows, layer, :, slot[None, :].expand_as(rows)])
         return out[0], out[1]
 
     def _check_rows(self, rows: torch.Tensor) -> None:
@@ -341,7 +360,7 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
                          f"{offsets.shape[-1]} block offsets")
     pool.write_tokens(layer_in_pool, offsets, req, past[req] + local, k, v)  # KV slot = past + i (not + offset)
     L, N = int(total.max()), int(n.max())
-    kk, vv = pool.read_batch(layer_in_pool, offsets, L, total)               # [bs, L, Hkv, D]
+    kk, vv = pool.read_batch(layer_in_pool, offsets, L, total, Hkv, D)       # [bs, L, Hkv, D]
     qp = torch.zeros(bs, N, H, D, dtype=q.dtype)
     qp[req, local] = q
     qpos = torch.zeros(bs, N, dtype=torch.long)
