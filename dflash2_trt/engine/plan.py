@@ -199,7 +199,10 @@ def _collect_blockers(p: Prepared) -> None:
             f"on TensorRT-LLM the runtime reads pretrained_config.layer_types in its own names (attention, recurrent, "
             f"linear, no_op; any other name is 'assuming attention') and adds eagle_net_config.num_hidden_layers to "
             f"num_hidden_layers (gptJsonConfig.cpp) [read, not run]: with this checkpoint's names it would give "
-            f"{n_all} pool layers KV space, not the {n_kv} the sizing counts")
+            f"{n_all} pool layers KV space, not the {n_kv} the sizing counts; and it refuses speculative decoding "
+            f"for the models it treats as recurrent (TRTLLM-ENGINE.md §4): the stock 1.2 runtime is not expected to "
+            f"run this engine")
+    if cfg.dtype == "float32":
         p.warnings.append("dtype float32 on TensorRT-LLM: EAGLE mode needs paged context FMHA, whose kernels are "
                           "float16/bfloat16 [inferred]; build a GPU engine with --dtype float16 or bfloat16")
 
@@ -467,7 +470,7 @@ def render_plan(plan: dict) -> str:
     sup = plan["supported"]
     lines.append(f"supported today: stages {', '.join(sup['stages']) or '(unregistered target)'}; CPU engine "
                  f"{'yes' if sup['cpu_engine'] else 'no'}; TensorRT-LLM engine "
-                 f"{'yes (not yet run on hardware by this project)' if sup['trtllm_engine'] else 'no'}")
+                 f"{'buildable (not yet built or run on a GPU by this project)' if sup['trtllm_engine'] else 'no'}")
     for b in plan["blockers"] + plan["trtllm_blockers"]:
         lines.append(f"  blocked: {b}")
     for wn in plan["warnings"]:

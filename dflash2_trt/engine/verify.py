@@ -75,12 +75,14 @@ def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = No
 
     from transformers.utils import logging as hf_logging
 
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()      # the build prints its own progress; no "Loading weights" bar
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()      # the build prints its own progress; no "Loading weights" bar and no
+    hf_logging.set_verbosity_error()       # "falling back to the reference kernel" notes in the build's output
     try:
         target = load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None)
         return [target_generate(target, p, new, stop_token_ids=eos) for p in prompts]
     finally:
+        hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
 

@@ -124,6 +124,8 @@ def test_qwen_plan_is_honest_about_support(monkeypatch):
                    "weights: 53.", "recurrent state per request", "blocked: target family 'qwen3_5'",
                    "--max_draft_len 7"):
         assert needle in text, needle
+    assert not any("float32" in w for w in plan["warnings"])          # bfloat16
+    assert any("69 pool layers" in w for w in plan["warnings"])         # 64 + 5 under TensorRT-LLM's layer names
     monkeypatch.undo()
     plan = _qwen("--tp-size", "8")
     assert any("does not fit the target's pool layout" in b for b in plan["blockers"])
@@ -162,6 +164,7 @@ def test_dry_run_settings_flow_into_the_command():
     plan = _plan("--target", "tiny", "--backend", "trtllm")
     assert plan["supported"]["cpu_engine"] is True and plan["supported"]["trtllm_engine"] is False
     assert "drafter_window=full" in plan["trtllm_blockers"][0]
+    assert any("dtype float32" in w for w in plan["warnings"]) and not any("pool layers" in w for w in plan["warnings"])
 
 
 def test_cpu_dry_run_has_no_trtllm_command():
