@@ -89,12 +89,24 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
                 **unused_eagle_inputs):
         # With K = 0 every request has exactly one logit row, so last_token_ids has one entry per request
         # (the inclusive scan of the tokens per request: a prompt, or the one generation token).
-        bs = F.shape(last_token_ids, 0)
+        bs = F.shape(attention_params.sequence_length, 0)
         plain = SpecDecodingParams(spec_decoding_is_generation_length_variable=False,
                                    spec_decoding_max_generation_length=1)        # no spec-decoding attention
-        extra = {} if recurrent_params is None else {"recurrent_params": recurrent_params}   # hybrid targets
-        final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain, **extra)
-        last = F.cast(last_token_ids, "int32") - 1                               # each request's last token
+        ends = F.cast(last_token_ids, "int32")                                   # exclusive ends of the requests
+        recurrent = getattr(self.transformer, "recurrent", False)
+        if recurrent:                 # hybrid target: its Gated DeltaNet layers read and advance the state slots
+            if recurrent_params is None:
+                raise ValueError("a recurrent target needs the runtime's recurrent-state inputs")
+            rs = _net.RecurrentStateParams(slot_mapping=recurrent_params.slot_mapping,
+                                           rnn_state_ptr=recurrent_params.rnn_state_ptr,
+                                           conv_state_ptr=recurrent_params.conv_state_ptr,
+                                           host_request_types=attention_params.host_request_types,
+                                           cu_seqlens=F.concat([F.constant(np.zeros(1, np.int32)), ends]))
+            saved = []
+            final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain, rs, saved)
+        else:
+            final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain)
+        last = ends - 1                                                          # each request's last token
         logits = F.cast(self.lm_head(F.index_select(final, 0, last)), "float32")  # [bs, V]
 
         greedy = F.cast(F.argmax(logits, 1), "int32")
@@ -106,6 +118,9 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         nxt = F.where(sampled, drawn, greedy)
 
         zero = F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
+        if recurrent:                 # a generation request's one token is always kept: commit it
+            for gdn, keep in saved:
+                gdn.commit(keep, zero + 1, rs)
         api.mark_output(F.unsqueeze(nxt, 1), "accepted_tokens", "int32")
         api.mark_output(zero + 1, "num_accepted_tokens", "int32")
         api.mark_output(zero, "accepted_paths", "int32")

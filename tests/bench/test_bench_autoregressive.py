@@ -70,3 +70,25 @@ def test_target_only_loads_the_target_tensors_strictly(engine_dir, tmp_path):
     save_file(broken, str(ck / "rank0.safetensors"))
     with pytest.raises(CheckpointError, match="not provided"):
         net.TargetOnlyForCausalLM.from_checkpoint(ck, 0, net.api.PretrainedConfig.from_dict(cfg))
+
+
+def test_target_only_hybrid_target_equals_its_decoding(tmp_path):
+    """The Qwen3.5 hybrid target alone: its Gated DeltaNet layers read and advance the runtime's state slots."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.bench.autoregressive import open_target_only_engine
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.reference.loop import load_pair, target_generate
+    from dflash2_trt.runtime import Request, Runtime
+
+    pair = trained_pair("qwen3_5")
+    build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "eng", target_key="tiny-hybrid")
+    prompts = json.loads((pair.drafter_dir.parent / "prompts.json").read_text())["prompts"][:3]
+    e = open_target_only_engine(tmp_path / "eng")
+    try:
+        reqs = [Request(list(p), 12, stop_token_ids=(2,), task_id=i) for i, p in enumerate(prompts)]
+        Runtime(e, max_batch_size=2).generate(reqs)
+    finally:
+        e.close()
+    target, _ = load_pair(pair.target_dir, pair.drafter_dir)
+    for r in reqs:
+        assert r.output_ids == target_generate(target, r.prompt_ids, 12, stop_token_ids=(2,)), r.task_id

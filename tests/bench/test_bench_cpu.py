@@ -23,18 +23,6 @@ def _cli(*args):
     return r.exit_code, r.output
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """The reference runs of this module (run_engine, target_generate) on one thread, as bench run measures:
-    on a small shared machine a second intra-op thread mostly adds stalls."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from dflash2_trt.assets import trained_pair
