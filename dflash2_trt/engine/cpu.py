@@ -37,7 +37,8 @@ class CpuEngine:
         self.K = int(d["block_size"]) - 1
         self.vocab_size = int(self.config["vocab_size"])
         self.mask_token_id = int(d["mask_token_id"])
-        target_kv_layers = sum(1 for t in self.config["layer_types"] if t != "linear_attention")
+        kinds = self.config.get("hf_layer_types") or self.config["layer_types"]   # HF names (model.hf_layer_types)
+        target_kv_layers = sum(1 for t in kinds if t != "linear_attention")
         self.num_layers = target_kv_layers + int(d["num_hidden_layers"])   # KV layers: target attention + drafter
         tpb = int(limits["tokens_per_block"])
         per_seq = -(-int(limits["max_seq_len"]) // tpb)
@@ -56,7 +57,7 @@ class CpuEngine:
         self.layer_offset = target_kv_layers   # drafter KV layers follow the target's
         self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
         # Recurrent (Gated DeltaNet) layers: one state pool per layer and rank, a slot per request in flight.
-        self.gdn_layers = [i for i, t in enumerate(self.config["layer_types"]) if t == "linear_attention"]
+        self.gdn_layers = [i for i, t in enumerate(kinds) if t == "linear_attention"]
         self.recurrent = bool(self.gdn_layers)
         self.num_slots = int(limits["max_batch_size"])
         self.states: list[dict] = [{} for _ in range(self.tp)]

@@ -221,6 +221,11 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers}   # added to the KV pool's layer count
     pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
                              "max_seq_len": cfg.max_seq_len, "tokens_per_block": cfg.tokens_per_block}
+    if "linear_attention" in pre["layer_types"]:
+        # TensorRT-LLM's runtime (gptJsonConfig.cpp) reads layer_types in its own names to size the KV pool
+        # (attention layers only); the network reads the HF kinds from hf_layer_types (model.hf_layer_types).
+        pre["hf_layer_types"] = list(pre["layer_types"])
+        pre["layer_types"] = ["recurrent" if t == "linear_attention" else "attention" for t in pre["layer_types"]]
     return pre
 
 

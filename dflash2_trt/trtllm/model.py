@@ -128,9 +128,16 @@ def check_kv_compatible(config) -> None:
             f"every pool layer has one size per token (TRTLLM-ENGINE.md §3)")
 
 
+def hf_layer_types(config) -> list:
+    """The target's per-layer kinds in the checkpoint's (HF) names. An engine config written for TensorRT-LLM's
+    runtime carries ``layer_types`` in the runtime's own names (attention / recurrent, which gptJsonConfig.cpp
+    reads to size the KV pool) and the HF names as ``hf_layer_types``."""
+    return list(getattr(config, "hf_layer_types", None) or config.layer_types)
+
+
 def num_kv_layers_of(config) -> int:
     """Target layers with a KV cache (attention layers; Gated DeltaNet layers keep recurrent state instead)."""
-    return sum(1 for t in config.layer_types if t != "linear_attention")
+    return sum(1 for t in hf_layer_types(config) if t != "linear_attention")
 
 
 def _local(n: int, tp: int) -> int:
@@ -348,7 +355,7 @@ class Qwen3_5DecoderLayer(api.Module):
     def __init__(self, config, layer_idx, kv_layer_idx):
         super().__init__()
         h, dt, eps, off = config.hidden_size, config.dtype, config.norm_epsilon, config.layernorm_weight_offset
-        self.kind = config.layer_types[layer_idx]
+        self.kind = hf_layer_types(config)[layer_idx]
         self.input_layernorm = OffsetRmsNorm(h, eps, dt, off)
         if self.kind == "linear_attention":
             self.linear_attention = GatedDeltaNet(config, layer_idx, dt, config.mapping)
@@ -386,7 +393,7 @@ class Qwen3_5Transformer(api.Module):
                                                     tp_size=m.tp_size, tp_group=m.tp_group, sharding_dim=0,
                                                     tp_rank=m.tp_rank)
         kv_idx, layers = 0, []
-        for i, kind in enumerate(config.layer_types):
+        for i, kind in enumerate(hf_layer_types(config)):
             layers.append(Qwen3_5DecoderLayer(config, i, kv_idx))
             kv_idx += kind != "linear_attention"
         self.layers = api.ModuleList(layers)
@@ -630,7 +637,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         if not getattr(self.transformer, "recurrent", False):
             return {}
         T, R = api.input_tensor, OrderedDict
-        gdn = [i for i, t in enumerate(self.config.layer_types) if t == "linear_attention"]
+        gdn = [i for i, t in enumerate(hf_layer_types(self.config)) if t == "linear_attention"]
         return {"recurrent_params": RecurrentStateParams(
             slot_mapping=T("slot_mapping", "int32", [-1], R(batch_size=bs)),
             rnn_state_ptr={i: T(f"rnn_state_ptr_{i}", "int64", [1], R(ptr=[1, 1, 1])) for i in gdn},
