@@ -63,8 +63,9 @@ TARGETS: dict[str, TargetEntry] = {
         TargetEntry(
             key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",
             drafter_id="z-lab/Muse-Glimmer-30B-DFlash2", block_size=16, build_config="muse-glimmer-30b.yaml",
-            supported=("inspect", "generate", "analyze"),
-            notes="reference decoding works; conversion not yet (NoPE full-attention layers, qk_scale_factor)",
+            supported=("inspect", "generate", "analyze", "convert"),
+            notes="reference decoding and conversion work; no engine network yet (sliding + NoPE full-attention "
+                  "layers, q_scaling, the drafter's 8x128 KV heads vs the target's 2x128)",
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,

@@ -144,6 +144,35 @@ def test_published_targets_accepted():
     assert m.family == "muse_glimmer" and m.layer_rope_theta[3] == 0.0 and m.qk_scale_factor == 3.87
 
 
+def test_muse_glimmer_defaults_are_transformers():
+    """A Muse Glimmer config that leaves a numerics field out gets transformers' default, not the
+    project's generic one (rms_norm_eps is 1e-5 there; layer_rope_theta NoPE on every 4th layer
+    from the back); a wrong default would silently convert another model."""
+    from transformers.models.muse_glimmer.configuration_muse_glimmer import MuseGlimmerTextConfig
+
+    from dflash2_trt.config.target import MUSE_GLIMMER_DEFAULTS
+
+    hf = MuseGlimmerTextConfig()
+    assert MUSE_GLIMMER_DEFAULTS == {k: getattr(hf, k) for k in MUSE_GLIMMER_DEFAULTS}
+    data = _load(MUSE_TARGET)
+    for k in [*MUSE_GLIMMER_DEFAULTS, "layer_rope_theta"]:
+        data["text_config"].pop(k)
+    data["text_config"]["num_hidden_layers"] = 6
+    data["text_config"]["layer_types"] = data["text_config"]["layer_types"][:6]
+    m = TargetConfig.from_hugging_face(data)
+    hf = MuseGlimmerTextConfig(num_hidden_layers=6, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"})
+    assert m.layer_rope_theta == tuple(float(x) for x in hf.layer_rope_theta) == (500000.0, 0.0, 500000.0, 500000.0,
+                                                                                  500000.0, 0.0)
+    assert (m.rms_norm_eps, m.qk_scale_factor, m.output_multiplier, m.final_logit_softcapping, m.post_norm_eps) == (
+        hf.rms_norm_eps, hf.qk_scale_factor, hf.output_multiplier, hf.final_logit_softcapping, hf.post_norm_eps)
+    published = TargetConfig.from_hugging_face(MUSE_TARGET)
+    assert published.post_norm_eps == 1e-8 and published.rms_norm_eps == 1e-5
+    for bad in ([0.0] * 5, [1.0, -1.0, 0.0, 0.0, 0.0, 0.0], [True] * 6, ["0"] * 6):
+        data["text_config"]["layer_rope_theta"] = bad
+        with pytest.raises(ConfigError, match="text_config.layer_rope_theta"):
+            TargetConfig.from_hugging_face(data)
+
+
 def test_unsupported_target_architecture_lists_supported():
     data = {"architectures": ["LlamaForCausalLM"], "hidden_size": 8}
     with pytest.raises(ConfigError) as ei:

@@ -9,10 +9,16 @@ qwen3_5        Qwen3_5ForConditionalGeneration / qwen3_5     hybrid: Gated Delta
                (text in ``text_config``), Qwen3_5ForCausalLM ``full_attention`` with output gate, partial
                / qwen3_5_text                                RoPE (Qwen/Qwen3.8-27B: 48 + 16 layers)
 muse_glimmer   MuseGlimmerForConditionalGeneration /         sliding + full attention, per-layer RoPE theta
-               muse_glimmer (text in ``text_config``)        (0 = NoPE), qk_scale_factor, logit multiplier and
-                                                             softcap (meta-models/Muse-Glimmer-30B); read and
-                                                             checked only
+               muse_glimmer (text in ``text_config``)        (0 = NoPE), qk_scale_factor, post-norm eps,
+                                                             logit multiplier and softcap
+                                                             (meta-models/Muse-Glimmer-30B)
 =============  ============================================  ===============================================
+
+Muse Glimmer fields that a saved config may omit take transformers' ``MuseGlimmerTextConfig``
+defaults (:data:`MUSE_GLIMMER_DEFAULTS`, pinned by tests/test_config.py against transformers), not
+this project's generic ones: ``rms_norm_eps`` is 1e-5 there (1e-6 elsewhere), and a missing
+``layer_rope_theta`` means NoPE on every 4th layer counted back from the last. A different default
+would not crash anything; the converted checkpoint would just compute another model.
 
 ``weight_prefix`` is where the language model's tensors live in the HF checkpoint
 (``model.`` for a causal LM, ``model.language_model.`` inside a multimodal wrapper);
@@ -21,6 +27,7 @@ muse_glimmer   MuseGlimmerForConditionalGeneration /         sliding + full atte
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -44,6 +51,9 @@ _MODEL_TYPES = {
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "muse_glimmer": "MuseGlimmerForConditionalGeneration",
 }
+# transformers' MuseGlimmerTextConfig defaults for the numerics fields a config may leave out.
+MUSE_GLIMMER_DEFAULTS = {"rms_norm_eps": 1e-5, "qk_scale_factor": 3.87, "output_multiplier": 0.19611613513818404,
+                         "final_logit_softcapping": 20.0, "post_norm_eps": 1e-8}
 _LAYER_TYPES = {
     "qwen3": ("full_attention", "sliding_attention"),
     "qwen3_5": ("linear_attention", "full_attention"),
@@ -90,6 +100,7 @@ class TargetConfig:
     qk_scale_factor: float | None = None
     output_multiplier: float | None = None
     final_logit_softcapping: float | None = None
+    post_norm_eps: float | None = None
     source: str = "<dict>"
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -108,7 +119,7 @@ class TargetConfig:
             keys += ["attn_output_gate", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                      "linear_value_head_dim", "linear_conv_kernel_dim"]
         if self.family == "muse_glimmer":
-            keys += ["qk_scale_factor", "output_multiplier", "final_logit_softcapping"]
+            keys += ["qk_scale_factor", "output_multiplier", "final_logit_softcapping", "post_norm_eps"]
         out = {k: getattr(self, k) for k in keys}
         counts: dict[str, int] = {}
         for t in self.layer_types:
@@ -198,13 +209,15 @@ class TargetConfig:
                 raise f.error("output_gate_type", f"unsupported gate {gate_type!r}")
         if family == "muse_glimmer":
             lrt = f.raw("layer_rope_theta", None)
-            if lrt is not None:
-                if not isinstance(lrt, list) or len(lrt) != layers:
-                    raise f.error("layer_rope_theta", f"expected {layers} values, got {lrt!r}")
-                kw["layer_rope_theta"] = tuple(float(x) for x in lrt)
-            kw["qk_scale_factor"] = f.float("qk_scale_factor", None, positive=True)
-            kw["output_multiplier"] = f.float("output_multiplier", None, positive=True)
-            kw["final_logit_softcapping"] = f.float("final_logit_softcapping", None, positive=True)
+            if lrt is None:   # transformers' default: NoPE on every 4th layer counted back from the last
+                lrt = [0.0 if (layers - 1 - i) % 4 == 0 else theta for i in range(layers)]
+            if not isinstance(lrt, list) or len(lrt) != layers or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                    for x in lrt):
+                raise f.error("layer_rope_theta", f"expected {layers} non-negative numbers (0 = NoPE), got {lrt!r}")
+            kw["layer_rope_theta"] = tuple(float(x) for x in lrt)
+            for key in ("qk_scale_factor", "output_multiplier", "final_logit_softcapping", "post_norm_eps"):
+                kw[key] = f.float(key, MUSE_GLIMMER_DEFAULTS[key], positive=True)
 
         return cls(
             family=family,
@@ -216,7 +229,8 @@ class TargetConfig:
             head_dim=head_dim,
             intermediate_size=f.int("intermediate_size", min=1),
             vocab_size=vocab,
-            rms_norm_eps=f.float("rms_norm_eps", 1e-6, positive=True),
+            rms_norm_eps=f.float("rms_norm_eps", MUSE_GLIMMER_DEFAULTS["rms_norm_eps"] if family == "muse_glimmer"
+                                 else 1e-6, positive=True),
             rope_theta=theta,
             rope_type=rope_type,
             partial_rotary_factor=partial,

@@ -48,7 +48,7 @@ from ..checkpoint.writer import (
 )
 from ..config import DFlash2Config, TargetConfig, pairing_problems
 from ..errors import CheckpointError, ConfigError, PairingError
-from . import dflash2, qwen3, qwen3_5
+from . import dflash2, muse_glimmer, qwen3, qwen3_5
 from .plan import DRAFTER, TARGET, Drop, OutTensor, width_of
 from .schema import FORMAT, SCHEMA_VERSION, build_config
 
@@ -56,7 +56,7 @@ TP_SIZES = (1, 2, 4, 8)
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 CHUNK_BYTES = 64 << 20
 KERNEL_COPY = True  # copy_file_range for whole-row, same-dtype slices (bench_convert A/B switch)
-_FAMILY_MAPS = {"qwen3": qwen3, "qwen3_5": qwen3_5}
+_FAMILY_MAPS = {"qwen3": qwen3, "qwen3_5": qwen3_5, "muse_glimmer": muse_glimmer}
 _TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 # Exponent bits: a value is NaN or Inf exactly when all of them are set.
 _EXP_MASK = {"BF16": (np.uint16, 0x7F80), "F16": (np.uint16, 0x7C00), "F32": (np.uint32, 0x7F800000)}

@@ -5,16 +5,18 @@ The checkpoint directory written by ``dflash2-trt convert`` holds ``config.json`
 target's TensorRT-LLM fields at the top level (as a TensorRT-LLM Qwen checkpoint does), the
 speculative field ``max_draft_len``, the drafter's hyper-parameters under ``dflash2`` and this
 project's bookkeeping under ``dflash2_trt``. Tensor names per family: :mod:`.qwen3`,
-:mod:`.qwen3_5`, :mod:`.dflash2`.
+:mod:`.qwen3_5`, :mod:`.muse_glimmer`, :mod:`.dflash2`.
 
-Schema version 1 — top level (target):
+Schema version 1 — top level (target), every family:
 
 =============================  ====================================================================================
 field                          meaning
 =============================  ====================================================================================
-architecture                   ``DFlash2Qwen3ForCausalLM`` or ``DFlash2Qwen3_5ForCausalLM`` — the project's model
-                               class (loaded by ``trtllm-build --model_cls_file``)
-qwen_type                      ``qwen3`` or ``qwen3_5``
+architecture                   ``DFlash2Qwen3ForCausalLM``, ``DFlash2Qwen3_5ForCausalLM`` or
+                               ``DFlash2MuseGlimmerForCausalLM`` — the project's model class (loaded by
+                               ``trtllm-build --model_cls_file``)
+qwen_type                      the target family: ``qwen3``, ``qwen3_5`` or ``muse_glimmer`` (the name is
+                               TensorRT-LLM's Qwen field; it selects the network's target class)
 hf_architecture                the target's HF architecture (e.g. ``Qwen3_5ForConditionalGeneration``)
 dtype                          dtype of every tensor except those listed in ``dflash2_trt.keep_float32``
 vocab_size                     target vocabulary (lm_head rows before the vocab split)
@@ -26,28 +28,58 @@ head_size                      per-head dim of the attention layers
 intermediate_size              MLP width (before the TP split)
 norm_epsilon                   every RMSNorm of the target
 layernorm_weight_offset        0.0 (Qwen3) or 1.0 (Qwen3.5: RMSNorm scale is ``1 + weight``; applies to
-                               input/post layernorms, q/k layernorms and ln_f, NOT to the Gated DeltaNet norm)
+                               input/post layernorms, q/k layernorms and ln_f, NOT to the Gated DeltaNet norm;
+                               Muse Glimmer: 1.0 on the four layer norms, ln_f see ``ln_f_weight_offset``)
 hidden_act                     ``silu`` (SwiGLU: ``proj(silu(fc(x)) * gate(x))``)
 position_embedding_type        ``rope_gpt_neox`` (rotate-half RoPE)
-rotary_base                    RoPE theta
+rotary_base                    RoPE theta (Muse Glimmer: of the layers that rotate, ``layer_rotary_base``)
 rotary_scaling                 null (only unscaled RoPE is supported)
 rotary_pct                     fraction of head_size that is rotated (0.25 for Qwen3.5), the first dims
 rotary_dim                     ``int(head_size * rotary_pct)``
 max_position_embeddings        from the target config
-qk_layernorm                   true: per-head RMSNorm of q and k before RoPE
+qk_layernorm                   true: per-head RMSNorm of q and k before RoPE (weights ``q_layernorm`` /
+                               ``k_layernorm`` unless ``qk_layernorm_weight`` is false)
 tie_word_embeddings            whether the source tied lm_head to the embedding (lm_head.weight is written anyway)
 use_parallel_embedding         true: ``transformer.vocab_embedding`` is split over ranks on the vocab
 embedding_sharding_dim         0 (each rank holds ``vocab_size / tp`` rows; lookups are masked and all-reduced)
 layer_types                    per layer: ``full_attention``, ``sliding_attention`` (Qwen3 with sliding window)
                                or ``linear_attention`` (Qwen3.5 Gated DeltaNet)
 sliding_window                 keys kept by ``sliding_attention`` layers; null when there are none
-attn_output_gate               Qwen3.5: attention output ``*= sigmoid(output_gate(x))`` before ``dense``
+attn_output_gate               Qwen3.5, Muse Glimmer: attention output ``*= sigmoid(output_gate(x))`` before
+                               ``dense`` (x: the layer's normed input)
 linear_attention               Qwen3.5 Gated DeltaNet: ``num_key_heads``, ``num_value_heads``, ``key_head_dim``,
                                ``value_head_dim``, ``conv_kernel_size``; null for Qwen3
 mapping                        ``world_size``, ``tp_size``, ``pp_size`` (1)
 quantization                   ``quant_algo``/``kv_cache_quant_algo``: null (no quantization)
 max_draft_len                  drafter ``block_size - 1``
 =============================  ====================================================================================
+
+Top level, ``qwen_type: muse_glimmer`` only (required there, unknown fields elsewhere;
+:mod:`.muse_glimmer` says where each comes from in transformers):
+
+=============================  ====================================================================================
+field                          meaning
+=============================  ====================================================================================
+q_scaling                      TensorRT-LLM's ``Attention(q_scaling=)``: softmax scale ``1 / (q_scaling *
+                               sqrt(head_size))``; ``1 / qk_scale_factor`` (transformers multiplies the normed q
+                               by ``qk_scale_factor`` AND scales by ``1/sqrt(head_dim)``)
+qk_layernorm_weight            false: the q/k RMSNorm has no weights (no ``q_layernorm``/``k_layernorm`` tensors)
+layer_rotary_base              per layer: 0.0 = NoPE (no rotary at all), else ``rotary_base``
+inter_layernorms               true (TensorRT-LLM's Gemma-2 layer): ``x += post_layernorm(attention(
+                               input_layernorm(x)))``, then ``x += post_feedforward_layernorm(mlp(
+                               pre_feedforward_layernorm(x)))``
+post_norm_epsilon              eps of ``post_layernorm`` and ``post_feedforward_layernorm`` (the others use
+                               ``norm_epsilon``)
+ln_f_weight_offset             0.0: ``ln_f`` is a plain RMSNorm scale (the layer norms are ``1 + weight``)
+embedding_norm                 true: the target's embedding lookup is followed by a weight-less RMSNorm
+                               (eps ``norm_epsilon``); the drafter's block embedding is the raw lookup
+output_multiplier              target logits: ``final_logit_softcapping * tanh(lm_head(x) * output_multiplier /
+final_logit_softcapping        final_logit_softcapping)``
+=============================  ====================================================================================
+
+These keys came with the muse_glimmer family and exist only in its checkpoints, so the version
+stayed 1: every checkpoint an earlier converter wrote still reads, and an earlier reader refuses a
+muse_glimmer checkpoint by name (unknown fields, unsupported ``qwen_type``).
 
 ``dflash2`` (drafter; its tensors are under ``tensor_prefix``): every field of
 :meth:`DFlash2Config.numerics` (block_size, mask_token_id, target_layer_ids, num_target_layers,
@@ -75,7 +107,8 @@ from ..errors import ConfigError
 
 SCHEMA_VERSION = 1
 FORMAT = "dflash2-trt combined TensorRT-LLM checkpoint"
-ARCHITECTURES = {"qwen3": "DFlash2Qwen3ForCausalLM", "qwen3_5": "DFlash2Qwen3_5ForCausalLM"}
+ARCHITECTURES = {"qwen3": "DFlash2Qwen3ForCausalLM", "qwen3_5": "DFlash2Qwen3_5ForCausalLM",
+                 "muse_glimmer": "DFlash2MuseGlimmerForCausalLM"}
 KEEP_FLOAT32 = ("A_log", "dt_bias")
 
 _TOP_KEYS = (
@@ -86,6 +119,11 @@ _TOP_KEYS = (
     "use_parallel_embedding", "embedding_sharding_dim", "layer_types", "sliding_window", "attn_output_gate", "linear_attention", "mapping", "quantization",
     "max_draft_len", "dflash2", "dflash2_trt",
 )
+# Required for that family, unknown for the others.
+FAMILY_KEYS = {
+    "muse_glimmer": ("q_scaling", "qk_layernorm_weight", "layer_rotary_base", "inter_layernorms", "post_norm_epsilon",
+                     "ln_f_weight_offset", "embedding_norm", "output_multiplier", "final_logit_softcapping"),
+}
 
 
 def build_config(target: TargetConfig, drafter: DFlash2Config, *, tp_size: int, dtype: str,
@@ -97,6 +135,21 @@ def build_config(target: TargetConfig, drafter: DFlash2Config, *, tp_size: int, 
             "num_key_heads": target.linear_num_key_heads, "num_value_heads": target.linear_num_value_heads,
             "key_head_dim": target.linear_key_head_dim, "value_head_dim": target.linear_value_head_dim,
             "conv_kernel_size": target.linear_conv_kernel_dim,
+        }
+    family_fields: dict[str, Any] = {}
+    if target.family == "muse_glimmer":
+        from . import muse_glimmer
+
+        family_fields = {
+            "q_scaling": muse_glimmer.q_scaling(target),
+            "qk_layernorm_weight": False,
+            "layer_rotary_base": muse_glimmer.layer_rotary_base(target),
+            "inter_layernorms": True,
+            "post_norm_epsilon": target.post_norm_eps,
+            "ln_f_weight_offset": 0.0,
+            "embedding_norm": True,
+            "output_multiplier": target.output_multiplier,
+            "final_logit_softcapping": target.final_logit_softcapping,
         }
     draft = drafter.numerics()
     draft["dtype"] = dtype
@@ -120,7 +173,7 @@ def build_config(target: TargetConfig, drafter: DFlash2Config, *, tp_size: int, 
         "head_size": target.head_dim,
         "intermediate_size": target.intermediate_size,
         "norm_epsilon": target.rms_norm_eps,
-        "layernorm_weight_offset": 1.0 if target.family == "qwen3_5" else 0.0,
+        "layernorm_weight_offset": 1.0 if target.family in ("qwen3_5", "muse_glimmer") else 0.0,
         "hidden_act": "silu",
         "position_embedding_type": "rope_gpt_neox",
         "rotary_base": target.rope_theta,
@@ -134,11 +187,12 @@ def build_config(target: TargetConfig, drafter: DFlash2Config, *, tp_size: int, 
         "embedding_sharding_dim": 0,
         "layer_types": list(target.layer_types),
         "sliding_window": target.sliding_window,
-        "attn_output_gate": bool(target.attn_output_gate),
+        "attn_output_gate": bool(target.attn_output_gate) or target.family == "muse_glimmer",
         "linear_attention": linear,
         "mapping": {"world_size": tp_size, "tp_size": tp_size, "pp_size": 1},
         "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
         "max_draft_len": drafter.max_draft_len,
+        **family_fields,
         "dflash2": draft,
         "dflash2_trt": {
             "schema_version": SCHEMA_VERSION,
@@ -195,12 +249,18 @@ class CheckpointConfig:
         missing = [k for k in _TOP_KEYS if k not in data]
         if missing:
             raise ConfigError(f"required field(s) missing: {missing}", source=path, field=missing[0])
-        unknown = sorted(set(data) - set(_TOP_KEYS))
+        family = data["qwen_type"]
+        if not isinstance(family, str) or family not in ARCHITECTURES:
+            raise ConfigError(f"unsupported qwen_type {family!r}", source=path, field="qwen_type")
+        extra = FAMILY_KEYS.get(family, ())
+        missing = [k for k in extra if k not in data]
+        if missing:
+            raise ConfigError(f"required field(s) missing for qwen_type {family}: {missing}", source=path,
+                              field=missing[0])
+        unknown = sorted(set(data) - set(_TOP_KEYS) - set(extra))
         if unknown:
-            raise ConfigError(f"unknown field(s) {unknown} for schema version {SCHEMA_VERSION}", source=path,
-                              field=unknown[0])
-        if data["qwen_type"] not in ARCHITECTURES:
-            raise ConfigError(f"unsupported qwen_type {data['qwen_type']!r}", source=path, field="qwen_type")
+            raise ConfigError(f"unknown field(s) {unknown} for schema version {SCHEMA_VERSION} and qwen_type "
+                              f"{family}", source=path, field=unknown[0])
         m = data["mapping"]
 
         def _int(v):  # JSON true/2.0 compare equal to 1/2 in Python; they are not valid sizes

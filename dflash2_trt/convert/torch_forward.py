@@ -9,7 +9,10 @@ reference drafter's logits, the names, fusions, splits and config fields written
 converter mean what the network will assume they mean.
 
 Everything runs in float32 (weights are upcast), so dtype casts in the conversion are the only
-source of differences. For the Gated DeltaNet recurrence it calls transformers' torch reference
+source of differences. Muse Glimmer targets (``qwen_type: muse_glimmer``) read their extra keys
+(``q_scaling``, weight-less q/k norm, per-layer NoPE, the sandwich norms with their own eps, the
+plain ``ln_f``, the embedding norm, the logit multiplier and softcap) from config.json exactly as
+:mod:`.schema` defines them; a target's sliding-window layers are masked to their window. For the Gated DeltaNet recurrence it calls transformers' torch reference
 (``torch_chunk_gated_delta_rule``); for the DFlash2 conv, the project's reference
 :func:`~dflash2_trt.reference.conv.dynamic_conv`: the point is the layout, not those kernels.
 """
@@ -65,8 +68,12 @@ def _local_heads(n: int, tp: int) -> int:
 def _attention(ck: ConvertedCheckpoint, pre: str, x: torch.Tensor, *, heads: int, kv_heads: int, d: int,
                rotary_dim: int, base: float, eps: float, offset: float, q_pos: torch.Tensor,
                ctx: torch.Tensor | None = None, k_pos: torch.Tensor | None = None, causal: bool = True,
-               window: int | None = None, gated: bool = False) -> torch.Tensor:
-    """Sum over ranks of one attention block. ``ctx`` (drafter): extra key/value inputs before x."""
+               window: int | None = None, gated: bool = False, qk_weight: bool = True,
+               q_scaling: float = 1.0) -> torch.Tensor:
+    """Sum over ranks of one attention block. ``ctx`` (drafter): extra key/value inputs before x.
+
+    ``base`` 0: no rotary (NoPE). ``qk_weight`` False: the q/k RMSNorm has no weights. Softmax
+    scale ``1 / (q_scaling * sqrt(d))`` (TensorRT-LLM's ``q_scaling``)."""
     b, t, _ = x.shape
     nq, nkv = heads // ck.tp, _local_heads(kv_heads, ck.tp)
     total = 0.0
@@ -80,13 +87,19 @@ def _attention(ck: ConvertedCheckpoint, pre: str, x: torch.Tensor, *, heads: int
             return (q.view(*inp.shape[:2], nq, d).transpose(1, 2), k.view(*inp.shape[:2], nkv, d).transpose(1, 2),
                     v.view(*inp.shape[:2], nkv, d).transpose(1, 2))
 
+        def norm(t, which):
+            return _rms(t, ck.w(r, pre + which) if qk_weight else torch.ones(()), eps, offset if qk_weight else 0.0)
+
+        def rope(t, pos):
+            return _rope(t, pos, rotary_dim, base) if base else t
+
         q, k, v = proj(x)
-        q = _rope(_rms(q, ck.w(r, pre + "q_layernorm.weight"), eps, offset), q_pos, rotary_dim, base)
-        k = _rope(_rms(k, ck.w(r, pre + "k_layernorm.weight"), eps, offset), q_pos, rotary_dim, base)
+        q = rope(norm(q, "q_layernorm.weight"), q_pos)
+        k = rope(norm(k, "k_layernorm.weight"), q_pos)
         kp = q_pos
         if ctx is not None:
             _, kc, vc = proj(ctx)
-            kc = _rope(_rms(kc, ck.w(r, pre + "k_layernorm.weight"), eps, offset), k_pos, rotary_dim, base)
+            kc = rope(norm(kc, "k_layernorm.weight"), k_pos)
             k, v, kp = torch.cat([kc, k], 2), torch.cat([vc, v], 2), torch.cat([k_pos, q_pos])
         rep = nq // nkv
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -96,7 +109,7 @@ def _attention(ck: ConvertedCheckpoint, pre: str, x: torch.Tensor, *, heads: int
             allowed &= diff >= 0
         if window is not None:
             allowed &= diff < window
-        s = (q @ k.transpose(-1, -2)) * d ** -0.5
+        s = (q @ k.transpose(-1, -2)) / (q_scaling * d ** 0.5)
         p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1)
         o = (p @ v).transpose(1, 2).reshape(b, t, nq * d)
         if gated:
@@ -160,7 +173,11 @@ def target_forward(ck: ConvertedCheckpoint, input_ids: torch.Tensor) -> tuple[to
     is before ln_f)."""
     c = ck.config
     eps, off = c["norm_epsilon"], c["layernorm_weight_offset"]
+    muse = c.family == "muse_glimmer"   # its keys exist only there (schema.FAMILY_KEYS)
+    post_eps = c["post_norm_epsilon"] if muse else eps
     x = _embed(ck, input_ids)
+    if muse and c["embedding_norm"]:
+        x = _rms(x, torch.ones(()), eps)
     pos = torch.arange(input_ids.shape[1])
     hidden = [x]
     for i, kind in enumerate(c["layer_types"]):
@@ -170,12 +187,27 @@ def target_forward(ck: ConvertedCheckpoint, input_ids: torch.Tensor) -> tuple[to
             a = _gated_deltanet(ck, p + "linear_attention.", h, eps)
         else:
             a = _attention(ck, p + "attention.", h, heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
-                           d=c["head_size"], rotary_dim=c["rotary_dim"], base=c["rotary_base"], eps=eps, offset=off,
-                           q_pos=pos, gated=c["attn_output_gate"])
-        x = x + a
-        x = x + _mlp(ck, p + "mlp.", _rms(x, ck.w(0, p + "post_layernorm.weight"), eps, off))
+                           d=c["head_size"], rotary_dim=c["rotary_dim"],
+                           base=c["layer_rotary_base"][i] if muse else c["rotary_base"], eps=eps, offset=off,
+                           q_pos=pos, gated=c["attn_output_gate"],
+                           window=c["sliding_window"] if kind == "sliding_attention" else None,
+                           qk_weight=c["qk_layernorm_weight"] if muse else True,
+                           q_scaling=c["q_scaling"] if muse else 1.0)
+        if muse and c["inter_layernorms"]:   # Gemma-2 sandwich: post norms on the sub-layer outputs
+            x = x + _rms(a, ck.w(0, p + "post_layernorm.weight"), post_eps, off)
+            m = _mlp(ck, p + "mlp.", _rms(x, ck.w(0, p + "pre_feedforward_layernorm.weight"), eps, off))
+            x = x + _rms(m, ck.w(0, p + "post_feedforward_layernorm.weight"), post_eps, off)
+        else:
+            x = x + a
+            x = x + _mlp(ck, p + "mlp.", _rms(x, ck.w(0, p + "post_layernorm.weight"), eps, off))
         hidden.append(x)
-    return _lm_head(ck, _rms(x, ck.w(0, "transformer.ln_f.weight"), eps, off)), hidden
+    logits = _lm_head(ck, _rms(x, ck.w(0, "transformer.ln_f.weight"), eps, c["ln_f_weight_offset"] if muse else off))
+    if muse:
+        cap = c["final_logit_softcapping"]
+        logits = logits * c["output_multiplier"]
+        if cap:
+            logits = cap * torch.tanh(logits / cap)
+    return logits, hidden
 
 
 def drafter_forward(ck: ConvertedCheckpoint, block_ids: torch.Tensor, taps: torch.Tensor

@@ -1,12 +1,19 @@
 """Deterministic tiny checkpoints: random targets built with transformers and matching DFlash2
 drafters in exactly the published HF format (``config.json`` + ``model.safetensors``).
 
-Two families:
+Three families:
 
 * ``qwen3``   -- dense Qwen3 (``Qwen3ForCausalLM``), 4 layers.
 * ``qwen3_5`` -- the Qwen3.5 hybrid in its multimodal wrapper (``Qwen3_5ForConditionalGeneration``,
   a one-block vision tower included so that ``model.language_model.`` prefixes and ignored vision
   tensors are exercised), layers ``[linear, full, linear, full]``.
+* ``muse_glimmer`` -- Muse Glimmer in its wrapper (``MuseGlimmerForConditionalGeneration``, a
+  one-block vision tower), layers ``[sliding, sliding, sliding, full]`` as transformers' default
+  pattern puts them (the full layer is NoPE, ``layer_rope_theta`` 0; window 16), gated attention
+  with weight-less QK norm and ``qk_scale_factor``, post norms, the weight-less embedding norm, and
+  the logit multiplier + softcap (``output_multiplier`` 0.5, cap 20). Its drafter uses block 16
+  (as the published Muse Glimmer drafter), the same multiplier and cap, and the target's KV
+  layout (2 KV heads x 16).
 
 The drafter's conv and selector weights are deliberately NOT the identity/zero a fresh DFlash2
 module starts from (base kernel 1/0, zero projection, zero successor codebook): with those, a
@@ -28,7 +35,12 @@ from pathlib import Path
 import torch
 
 TINY_VERSION = 1
-FAMILIES = ("qwen3", "qwen3_5")
+FAMILIES = ("qwen3", "qwen3_5", "muse_glimmer")
+# Not 2.0, the released checkpoint's 1/sqrt(hidden_size / 256) rule at hidden 64: with it the trained
+# tiny target stayed unconfident (mean top-1 probability 0.59 on its own greedy text, 0.81 for the
+# dense tiny target) and its drafter reached 1.7 tokens per pass; at 0.5 it trains like the others.
+MUSE_OUTPUT_MULTIPLIER = 0.5
+MUSE_SOFTCAP = 20.0
 VOCAB = 256
 HIDDEN = 64
 
@@ -65,17 +77,28 @@ def _text_config(family: str, *, heads: int = 4, linear_value_heads: int = 4) ->
             rope_parameters={"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.25,
                              "mrope_section": [1, 1, 0], "mrope_interleaved": True},
         )
+    if family == "muse_glimmer":
+        text = dict(common, hidden_activation="silu",
+                    layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=16,
+                    layer_rope_theta=[10000.0, 10000.0, 10000.0, 0.0],
+                    rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+                    qk_scale_factor=3.87, output_multiplier=MUSE_OUTPUT_MULTIPLIER,
+                    final_logit_softcapping=MUSE_SOFTCAP, post_norm_eps=1e-8)
+        text.pop("hidden_act")
+        return text
     raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(FAMILIES)}")
 
 
 def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads: int = 4,
-                      linear_value_heads: int = 4, tie: bool = False, random_1d: bool = False) -> Path:
+                      linear_value_heads: int = 4, tie: bool = False, random_1d: bool = False,
+                      text_overrides: dict | None = None) -> Path:
     """Build a random tiny target with transformers and ``save_pretrained`` it (float32).
 
     ``heads``/``linear_value_heads`` widen the attention (8 lets every --tp-size up to 8 split).
     ``random_1d`` also randomises RMSNorm scales, ``A_log`` and ``dt_bias``, which transformers
     initialises to constants: with constants, a swapped or mis-offset norm changes nothing and
-    a layout test cannot catch it. The defaults reproduce the standard tiny target exactly.
+    a layout test cannot catch it. ``text_overrides`` replaces fields of the text config (e.g. a
+    Muse Glimmer layer pattern). The defaults reproduce the standard tiny target exactly.
     """
     import transformers
 
@@ -83,9 +106,20 @@ def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads:
     torch.manual_seed(seed)
     text = _text_config(family, heads=heads, linear_value_heads=linear_value_heads)
     text["tie_word_embeddings"] = tie
+    text.update(text_overrides or {})
     if family == "qwen3":
         config = transformers.Qwen3Config(**text)
         model = transformers.Qwen3ForCausalLM(config)
+    elif family == "muse_glimmer":
+        from transformers.models.muse_glimmer import configuration_muse_glimmer as mg
+        from transformers.models.muse_glimmer import modeling_muse_glimmer as mm
+
+        # out_hidden_size = vision hidden x merge_size**2 (the pixel shuffle); small projector.
+        vision = dict(patch_size=4, pos_emb_height=4, pos_emb_width=4, num_attention_heads=2, num_hidden_layers=1,
+                      hidden_size=32, intermediate_size=64)
+        config = mg.MuseGlimmerConfig(text_config=text, vision_config=vision, out_hidden_size=128,
+                                      projector_hidden_size=64, tie_word_embeddings=tie)
+        model = mm.MuseGlimmerForConditionalGeneration(config)
     else:
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN,
                       patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
@@ -96,21 +130,31 @@ def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads:
     # in practice (ties would make "identical to greedy" depend on float rounding).
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "visual" in name:
+            if "visual" in name or "vision" in name:
                 continue
             if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
                 p.normal_(0.0, 1.0)
             elif p.dim() == 2:
                 p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
             elif not random_1d:
+                # transformers' generic init fills every RMSNorm weight with ones, which for Muse
+                # Glimmer's zero-centred layer norms (scale 1 + w) is a scale of 2: start at 1 instead
+                if family == "muse_glimmer" and p.dim() == 1 and not name.endswith("language_model.norm.weight"):
+                    p.zero_()
                 continue
             elif name.endswith("A_log"):
                 p.uniform_(-1.0, 1.0)
             elif name.endswith("dt_bias"):
                 p.normal_(0.0, 0.5)
             elif p.dim() == 1:
-                # RMSNorm scales: zero-centred (1 + w) in qwen3_5 except the DeltaNet norm
-                centre = 0.0 if (family == "qwen3_5" and "linear_attn.norm" not in name) else 1.0
+                # RMSNorm scales: zero-centred (1 + w) in qwen3_5 except the DeltaNet norm; in
+                # muse_glimmer the layer norms are zero-centred, the final norm is a plain scale
+                if family == "qwen3_5":
+                    centre = 0.0 if "linear_attn.norm" not in name else 1.0
+                elif family == "muse_glimmer":
+                    centre = 1.0 if name.endswith("language_model.norm.weight") else 0.0
+                else:
+                    centre = 1.0
                 p.copy_(centre + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)
@@ -122,9 +166,13 @@ def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads:
     return out_dir
 
 
-def tiny_drafter_config(family: str, *, block_size: int = 8, heads: int = 4,
+def tiny_drafter_config(family: str, *, block_size: int | None = None, heads: int = 4,
                         target_layer_ids: tuple[int, ...] = (0, 2)) -> dict:
-    return {
+    """The tiny drafter's config (block 8; block 16 and the logit multiplier + softcap for Muse
+    Glimmer, as its published drafter has). Its KV layout (2 heads x 16) is the target's."""
+    if block_size is None:
+        block_size = 16 if family == "muse_glimmer" else 8
+    cfg = {
         "architectures": ["DFlash2DraftModel"],
         "model_type": "qwen3",
         "attention_bias": False,
@@ -163,9 +211,12 @@ def tiny_drafter_config(family: str, *, block_size: int = 8, heads: int = 4,
         "vocab_size": VOCAB,
         "tiny_family": family,
     }
+    if family == "muse_glimmer":
+        cfg["dflash_config"].update(output_multiplier=MUSE_OUTPUT_MULTIPLIER, final_logit_softcapping=MUSE_SOFTCAP)
+    return cfg
 
 
-def build_tiny_drafter(family: str, out_dir: str | Path, *, seed: int = 1, block_size: int = 8,
+def build_tiny_drafter(family: str, out_dir: str | Path, *, seed: int = 1, block_size: int | None = None,
                        heads: int = 4, target_layer_ids: tuple[int, ...] = (0, 2), norm_std: float = 0.1) -> Path:
     """Random drafter in the published format, with non-identity conv and selector weights."""
     from safetensors.torch import save_file

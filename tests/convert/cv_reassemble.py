@@ -2,8 +2,10 @@
 
 This knows the TensorRT-LLM conventions (fused qkv per rank = [q heads; kv heads; kv heads],
 KV / key heads duplicated on consecutive ranks when fewer than tp, row-parallel = dim 1,
-column-parallel (and the vocab-parallel embedding) = dim 0, Qwen3.5's q_proj = per head [query; gate]) and inverts them with plain
-torch.cat, asserting that duplicated copies are identical. It does not import dflash2_trt.convert
+column-parallel (and the vocab-parallel embedding) = dim 0, Qwen3.5's q_proj = per head [query; gate],
+Muse Glimmer's separate gate_proj = output_gate with the query heads, its weight-less q/k norm and its
+sandwich norms under TensorRT-LLM's Gemma-2 names) and inverts them with plain torch.cat, asserting
+that duplicated copies are identical. It does not import dflash2_trt.convert
 beyond reading config.json.
 """
 
@@ -56,7 +58,7 @@ def reassemble(directory: str | Path) -> dict[str, torch.Tensor]:
     def cat1(name):
         return torch.cat(get(name), 1)
 
-    def attention(pre_out, pre_in, heads, kv_heads, d, gated):
+    def attention(pre_out, pre_in, heads, kv_heads, d, gated, muse=False):
         nq, nkv = heads // tp, (kv_heads // tp if kv_heads >= tp else 1)
         qs, ks, vs = [], [], []
         for w in get(pre_out + "qkv.weight"):
@@ -67,9 +69,13 @@ def reassemble(directory: str | Path) -> dict[str, torch.Tensor]:
             pre_in + "k_proj.weight": torch.cat(_dedup(ks, kv_heads, tp), 0),
             pre_in + "v_proj.weight": torch.cat(_dedup(vs, kv_heads, tp), 0),
             pre_in + "o_proj.weight": cat1(pre_out + "dense.weight"),
-            pre_in + "q_norm.weight": same(pre_out + "q_layernorm.weight"),
-            pre_in + "k_norm.weight": same(pre_out + "k_layernorm.weight"),
         }
+        if muse:  # no q/k norm weights; the gate is its own matrix, rows per query head
+            res[pre_in + "gate_proj.weight"] = cat0(pre_out + "output_gate.weight")
+            res[pre_in + "q_proj.weight"] = q
+            return res
+        res[pre_in + "q_norm.weight"] = same(pre_out + "q_layernorm.weight")
+        res[pre_in + "k_norm.weight"] = same(pre_out + "k_layernorm.weight")
         if gated:
             gate = cat0(pre_out + "output_gate.weight")
             h = q.shape[1]
@@ -92,14 +98,18 @@ def reassemble(directory: str | Path) -> dict[str, torch.Tensor]:
         assert torch.equal(lm_head, out[p + "embed_tokens.weight"]), "tied lm_head differs from the embedding"
     else:
         out["lm_head.weight"] = lm_head
+    muse = cfg["qwen_type"] == "muse_glimmer"
     for i, kind in enumerate(cfg["layer_types"]):
         o, s = f"transformer.layers.{i}.", f"{p}layers.{i}."
         out[s + "input_layernorm.weight"] = same(o + "input_layernorm.weight")
         out[s + "post_attention_layernorm.weight"] = same(o + "post_layernorm.weight")
         out.update(mlp(o + "mlp.", s + "mlp."))
-        if kind == "full_attention":
+        if muse:
+            out[s + "pre_feedforward_layernorm.weight"] = same(o + "pre_feedforward_layernorm.weight")
+            out[s + "post_feedforward_layernorm.weight"] = same(o + "post_feedforward_layernorm.weight")
+        if kind in ("full_attention", "sliding_attention"):
             out.update(attention(o + "attention.", s + "self_attn.", cfg["num_attention_heads"],
-                                 cfg["num_key_value_heads"], cfg["head_size"], cfg["attn_output_gate"]))
+                                 cfg["num_key_value_heads"], cfg["head_size"], cfg["attn_output_gate"], muse))
             continue
         la = cfg["linear_attention"]
         nk, nv, dk, dv = la["num_key_heads"], la["num_value_heads"], la["key_head_dim"], la["value_head_dim"]

@@ -247,25 +247,39 @@ def test_cli_convert_registered_target(tiny_hybrid, tmp_path, monkeypatch):
     assert res.exit_code == 1 and "unknown target" in res.output
 
 
-def test_unsupported_family_is_a_clear_error(tmp_path):
-    """Muse Glimmer is read and checked by the project but not converted yet: say so, touch nothing."""
-    from dflash2_trt.testing.tiny import tiny_pair
-
-    t = tmp_path / "target"
-    t.mkdir()
-    from dflash2_trt.config import TargetConfig
-
-    cfg = {"architectures": ["MuseGlimmerForConditionalGeneration"], "model_type": "muse_glimmer",
-           "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                           "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 256,
-                           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16,
-                           "dtype": "float32"}}
+def test_muse_per_layer_rope_theta_is_refused(tmp_path):
+    """transformers rotates every layer whose layer_rope_theta is non-zero with the GLOBAL rope_theta
+    (it ignores the value), so a layer theta that is neither 0 nor rope_theta has no one meaning:
+    one clear line naming the field, nothing written. 0 and rope_theta convert."""
     import json
+    import shutil
 
+    from dflash2_trt.testing.tiny import build_tiny_drafter, build_tiny_target
+
+    d = build_tiny_drafter("muse_glimmer", tmp_path / "drafter")
+    t = build_tiny_target("muse_glimmer", tmp_path / "target")
+    cfg = json.loads((t / "config.json").read_text())
+    cfg["text_config"]["layer_rope_theta"] = [10000.0, 500.0, 10000.0, 0.0]
     (t / "config.json").write_text(json.dumps(cfg))
-    assert TargetConfig.from_hugging_face(t).family == "muse_glimmer"
-    with pytest.raises(ConfigError, match="muse_glimmer.*cannot be converted"):
-        convert_pair(tiny_pair("qwen3").drafter_dir, t, tmp_path / "ckpt")
+    with pytest.raises(ConfigError, match="layer 1 has RoPE theta 500") as exc:
+        convert_pair(d, t, tmp_path / "ckpt")
+    assert exc.value.field == "text_config.layer_rope_theta"
+    assert not (tmp_path / "ckpt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter", "target"]
+    cfg["text_config"]["layer_rope_theta"] = [10000.0, 0.0, 10000.0, 0.0]
+    (t / "config.json").write_text(json.dumps(cfg))
+    convert_pair(d, t, tmp_path / "ckpt")
+    shutil.rmtree(tmp_path / "ckpt")
+
+
+def test_unsupported_family_is_a_clear_error(tiny_dense, tmp_path, monkeypatch):
+    """A family the project reads but has no weight map for: say so, touch nothing. (Every family of
+    config.target.FAMILIES converts today, so the guard is exercised with one map removed.)"""
+    from dflash2_trt.convert import driver
+
+    monkeypatch.setattr(driver, "_FAMILY_MAPS", {k: v for k, v in driver._FAMILY_MAPS.items() if k != "qwen3"})
+    with pytest.raises(ConfigError, match="qwen3.*cannot be converted"):
+        convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -286,6 +300,36 @@ def test_checkpoint_config_schema_version_is_checked(tiny_dense, tmp_path):
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="unknown field"):
         CheckpointConfig.load(out)
+
+
+def test_checkpoint_config_family_keys_are_strict(tiny_dense, tmp_path):
+    """The muse_glimmer keys are required in a muse_glimmer checkpoint and unknown in any other, so
+    a Qwen checkpoint written before them (schema 1) still reads, and none can be half of each."""
+    import json
+
+    from dflash2_trt.convert import CheckpointConfig
+    from dflash2_trt.convert.schema import FAMILY_KEYS
+    from dflash2_trt.testing.tiny import build_tiny_drafter, build_tiny_target
+
+    qwen, muse = tmp_path / "qwen", tmp_path / "muse"
+    convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, qwen)
+    convert_pair(build_tiny_drafter("muse_glimmer", tmp_path / "d"), build_tiny_target("muse_glimmer", tmp_path / "t"),
+                 muse)
+    q, m = (json.loads((d / "config.json").read_text()) for d in (qwen, muse))
+    assert set(m) - set(q) == set(FAMILY_KEYS["muse_glimmer"])
+    assert CheckpointConfig.load(muse).family == "muse_glimmer"
+    for key in FAMILY_KEYS["muse_glimmer"]:
+        (qwen / "config.json").write_text(json.dumps({**q, key: m[key]}))
+        with pytest.raises(ConfigError, match="unknown field") as ei:
+            CheckpointConfig.load(qwen)
+        assert ei.value.field == key
+        (muse / "config.json").write_text(json.dumps({k: v for k, v in m.items() if k != key}))
+        with pytest.raises(ConfigError, match="missing for qwen_type muse_glimmer") as ei:
+            CheckpointConfig.load(muse)
+        assert ei.value.field == key
+    (muse / "config.json").write_text(json.dumps({**m, "qwen_type": "gemma"}))
+    with pytest.raises(ConfigError, match="unsupported qwen_type 'gemma'"):
+        CheckpointConfig.load(muse)
 
 
 @pytest.mark.parametrize("edit, field", [

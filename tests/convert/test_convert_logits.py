@@ -26,8 +26,10 @@ TOL[torch.bfloat16] = TOL[torch.float16] = TOL[torch.float32]  # same: weights i
 
 def _hf_model(family: str, target_dir: Path, dtype: torch.dtype = torch.float32):
     import transformers
+    from transformers.models.muse_glimmer.modeling_muse_glimmer import MuseGlimmerForConditionalGeneration
 
-    cls = transformers.Qwen3_5ForConditionalGeneration if family == "qwen3_5" else transformers.Qwen3ForCausalLM
+    cls = {"qwen3_5": transformers.Qwen3_5ForConditionalGeneration, "muse_glimmer": MuseGlimmerForConditionalGeneration,
+           "qwen3": transformers.Qwen3ForCausalLM}[family]
     model = cls.from_pretrained(target_dir, dtype=torch.float32).eval()
     if dtype != torch.float32:  # round the weights like the conversion did, compute in fp32
         with torch.no_grad():
@@ -51,7 +53,7 @@ def hf_outputs(wide_pairs):
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "muse_glimmer"])
 def test_target_logits_match_transformers(wide_pairs, hf_outputs, family, tp, tmp_path):
     d, t = wide_pairs[family]
     convert_pair(d, t, tmp_path / "ckpt", tp_size=tp)
@@ -70,7 +72,7 @@ def _reference_drafter(d: Path, t: Path, family: str, block: torch.Tensor, taps:
     from dflash2_trt.reference.drafter import DFlash2Drafter
 
     tsd = load_file(str(t / "model.safetensors"))
-    pre = "model.language_model." if family == "qwen3_5" else "model."
+    pre = "model.language_model." if family in ("qwen3_5", "muse_glimmer") else "model."
     emb, head = tsd[pre + "embed_tokens.weight"], tsd["lm_head.weight"]
     ref = DFlash2Drafter.from_pretrained(d, target_hidden_size=emb.shape[1])
     with torch.no_grad():
@@ -80,21 +82,21 @@ def _reference_drafter(d: Path, t: Path, family: str, block: torch.Tensor, taps:
     return hidden, unary, proj
 
 
-def _block_and_taps(n_taps: int, hidden: int, ctx: int = 21):
+def _block_and_taps(n_taps: int, hidden: int, ctx: int = 21, block_size: int = 8):
     g = torch.Generator().manual_seed(3)
     taps = torch.randn(2, ctx, n_taps * hidden, generator=g)  # ctx 21 > sliding window 16: the window matters
-    block = torch.full((2, 8), 255)
+    block = torch.full((2, block_size), 255)
     block[:, 0] = torch.tensor([5, 77])
     return block, taps
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "muse_glimmer"])
 def test_drafter_logits_match_reference(wide_pairs, family, tp, tmp_path):
     d, t = wide_pairs[family]
     convert_pair(d, t, tmp_path / "ckpt", tp_size=tp)
     ck = ConvertedCheckpoint(tmp_path / "ckpt")
-    block, taps = _block_and_taps(3, 64)
+    block, taps = _block_and_taps(3, 64, block_size=ck.config.dflash2["block_size"])
     h_ref, u_ref, p_ref = _reference_drafter(d, t, family, block, taps)
     with torch.no_grad():
         h, u, p = drafter_forward(ck, block, taps)
@@ -171,3 +173,71 @@ def test_layout_mistakes_are_caught(wide_pairs, hf_outputs, mistake, tmp_path):
     with torch.no_grad():
         logits, _ = target_forward(ConvertedCheckpoint(out), _ids())
     assert (logits - hf_outputs["qwen3_5"].logits).abs().max() > 100 * TOL[torch.float32]["atol"]
+
+
+# ---- Muse Glimmer: the readings public engines disagree on, and the other silent mistakes ----
+
+def _set_config(ckpt: Path, **fields) -> None:
+    import json
+
+    path = ckpt / "config.json"
+    cfg = json.loads(path.read_text())
+    for k, v in fields.items():
+        cfg[k] = v(cfg) if callable(v) else v
+    path.write_text(json.dumps(cfg))
+
+
+# Each rewrites the converted config.json the way a converter (or a network reading it) that made
+# that mistake would have; the forward must then miss transformers' logits by far more than the tolerance.
+MUSE_MISTAKES = {
+    # qk_scale_factor REPLACES 1/sqrt(head_dim) (softmax scale = qk_scale_factor), instead of multiplying it
+    "qk_scale_replaces": dict(q_scaling=lambda c: 1 / (3.87 * c["head_size"] ** 0.5)),
+    "qk_scale_ignored": dict(q_scaling=1.0),
+    "nope_layers_rotated": dict(layer_rotary_base=lambda c: [c["rotary_base"]] * c["num_hidden_layers"]),
+    "nope_follows_layer_kind": dict(layer_rotary_base=lambda c: [0.0 if k == "full_attention" else c["rotary_base"]
+                                                                 for k in c["layer_types"]]),
+    "ln_f_offset": dict(ln_f_weight_offset=1.0),
+    "post_norm_eps_is_norm_eps": dict(post_norm_epsilon=lambda c: c["norm_epsilon"]),
+    "no_embedding_norm": dict(embedding_norm=False),
+    "qwen_norm_order": dict(inter_layernorms=False),
+    "no_softcap": dict(final_logit_softcapping=None),
+    "no_window": dict(sliding_window=10**6),
+}
+
+
+def test_muse_qk_scale_reading_is_transformers(wide_pairs, hf_outputs, tmp_path):
+    """The converted q_scaling is 1/qk_scale_factor (the factor multiplies 1/sqrt(head_dim)) and that
+    reproduces transformers; the other reading (the factor replaces 1/sqrt(head_dim)) is caught."""
+    d, t = wide_pairs["muse_glimmer"]
+    out = tmp_path / "ckpt"
+    convert_pair(d, t, out, tp_size=2)
+    ref = hf_outputs["muse_glimmer"].logits
+    with torch.no_grad():
+        good, _ = target_forward(ConvertedCheckpoint(out), _ids())
+    torch.testing.assert_close(good, ref, **TOL[torch.float32])
+    _set_config(out, **MUSE_MISTAKES["qk_scale_replaces"])
+    with torch.no_grad():
+        bad, _ = target_forward(ConvertedCheckpoint(out), _ids())
+    assert (bad - ref).abs().max() > 100 * TOL[torch.float32]["atol"]
+
+
+@pytest.mark.parametrize("mistake", sorted(set(MUSE_MISTAKES) - {"qk_scale_replaces"}))
+def test_muse_layout_mistakes_are_caught(wide_pairs, hf_outputs, mistake, tmp_path):
+    d, t = wide_pairs["muse_glimmer"]
+    out = tmp_path / "ckpt"
+    convert_pair(d, t, out, tp_size=2)
+    _set_config(out, **MUSE_MISTAKES[mistake])
+    with torch.no_grad():
+        logits, _ = target_forward(ConvertedCheckpoint(out), _ids())
+    assert (logits - hf_outputs["muse_glimmer"].logits).abs().max() > 100 * TOL[torch.float32]["atol"]
+
+
+def test_muse_tied_embeddings_logits(tied_pair, tmp_path):
+    """Tied Muse Glimmer: lm_head is the RAW embedding table (the embedding norm is in the lookup only)."""
+    d, t = tied_pair
+    family = "muse_glimmer" if "Muse" in (t / "config.json").read_text() else "qwen3"
+    convert_pair(d, t, tmp_path / "ckpt", tp_size=2)
+    with torch.no_grad():
+        logits, _ = target_forward(ConvertedCheckpoint(tmp_path / "ckpt"), _ids(4))
+        ref = _hf_model(family, t)(input_ids=_ids(4)).logits
+    torch.testing.assert_close(logits, ref, **TOL[torch.float32])

@@ -15,6 +15,9 @@ from safetensors.torch import load_file
 from cv_reassemble import reassemble
 from dflash2_trt.convert import CheckpointConfig, convert_pair
 
+# The text-only engine drops the vision towers (Qwen3.5's ``visual``; Muse Glimmer's tower, adapter, projection).
+VISION_PREFIXES = ("model.visual.", "model.vision_tower.", "model.vision_adapter.", "model.vision_projection.")
+
 
 def _hf_tensors(drafter_dir, target_dir) -> dict[str, torch.Tensor]:
     out = {}
@@ -28,7 +31,7 @@ def _hf_tensors(drafter_dir, target_dir) -> dict[str, torch.Tensor]:
 def _check_roundtrip(drafter_dir, target_dir, out_dir, *, dtype=None):
     hf = _hf_tensors(drafter_dir, target_dir)
     got = reassemble(out_dir)
-    dropped = {k for k in hf if k.startswith("model.visual.")}
+    dropped = {k for k in hf if k.startswith(VISION_PREFIXES)}
     assert set(got) == set(hf) - dropped, (sorted(set(hf) - dropped - set(got))[:5], sorted(set(got) - set(hf))[:5])
     manifest = json.loads((out_dir / "manifest.json").read_text())
     assert sum(manifest["dropped"].values()) == len(dropped)
@@ -42,7 +45,7 @@ def _check_roundtrip(drafter_dir, target_dir, out_dir, *, dtype=None):
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "muse_glimmer"])
 def test_roundtrip_wide_every_tp(wide_pairs, family, tp, tmp_path):
     d, t = wide_pairs[family]
     out = tmp_path / "ckpt"
@@ -140,3 +143,24 @@ def test_roundtrip_across_many_small_chunks(wide_pairs, kernel_copy, tmp_path, m
     cast = tmp_path / "cast"
     convert_pair(d, t, cast, tp_size=8, dtype="bfloat16")  # column slices + casts, chunk by chunk
     _check_roundtrip(d, t, cast, dtype=torch.bfloat16)
+
+
+def test_muse_glimmer_config_fields(wide_pairs, tmp_path):
+    """The muse_glimmer keys say what transformers computes (the wide pair decouples NoPE from
+    the layer kind: layers 1 and 2 are NoPE, 1 and 3 full attention)."""
+    d, t = wide_pairs["muse_glimmer"]
+    out = tmp_path / "ckpt"
+    convert_pair(d, t, out, tp_size=2)
+    cfg = CheckpointConfig.load(out)
+    assert cfg["architecture"] == "DFlash2MuseGlimmerForCausalLM" and cfg.family == "muse_glimmer"
+    assert cfg["q_scaling"] == pytest.approx(1 / 3.87)
+    assert cfg["layer_rotary_base"] == [10000.0, 0.0, 0.0, 10000.0]
+    assert cfg["layer_types"] == ["sliding_attention", "full_attention"] * 2 and cfg["sliding_window"] == 5
+    assert (cfg["norm_epsilon"], cfg["post_norm_epsilon"]) == (1e-2, 1e-6)
+    assert cfg["layernorm_weight_offset"] == 1.0 and cfg["ln_f_weight_offset"] == 0.0
+    assert cfg["qk_layernorm_weight"] is False and cfg["attn_output_gate"] is True and cfg["inter_layernorms"]
+    assert cfg["embedding_norm"] is True
+    assert (cfg["output_multiplier"], cfg["final_logit_softcapping"]) == (2.0, 20.0)
+    assert cfg["max_draft_len"] == 15 and cfg.dflash2["output_multiplier"] == 0.5   # the drafter's own
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["dropped"]) == {"vision tower, adapter and projection: the engine is text only"}
