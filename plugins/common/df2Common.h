@@ -36,6 +36,7 @@ enum class DType : int32_t
     kFLOAT16 = 1,
     kBFLOAT16 = 2,
     kINT32 = 3,
+    kINT64 = 4, //!< pointer-valued host tensors (state pool addresses)
 };
 
 inline char const* dtypeName(DType t)
@@ -46,12 +47,15 @@ inline char const* dtypeName(DType t)
     case DType::kFLOAT16: return "float16";
     case DType::kBFLOAT16: return "bfloat16";
     case DType::kINT32: return "int32";
+    case DType::kINT64: return "int64";
     }
     return "unknown";
 }
 
 inline size_t dtypeSize(DType t)
 {
+    if (t == DType::kINT64)
+        return 8;
     return (t == DType::kFLOAT16 || t == DType::kBFLOAT16) ? 2 : 4;
 }
 

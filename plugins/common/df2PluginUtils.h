@@ -29,6 +29,7 @@ inline DType toDType(nvinfer1::DataType t)
     case nvinfer1::DataType::kHALF: return DType::kFLOAT16;
     case nvinfer1::DataType::kBF16: return DType::kBFLOAT16;
     case nvinfer1::DataType::kINT32: return DType::kINT32;
+    case nvinfer1::DataType::kINT64: return DType::kINT64;
     default: return static_cast<DType>(99);
     }
 }
@@ -40,6 +41,7 @@ inline nvinfer1::DataType toTrt(DType t)
     case DType::kFLOAT16: return nvinfer1::DataType::kHALF;
     case DType::kBFLOAT16: return nvinfer1::DataType::kBF16;
     case DType::kINT32: return nvinfer1::DataType::kINT32;
+    case DType::kINT64: return nvinfer1::DataType::kINT64;
     case DType::kFLOAT32: break;
     }
     return nvinfer1::DataType::kFLOAT;
