@@ -62,7 +62,7 @@ def test_parse_ptxas_detects_spills():
 
 def test_kernel_sources_found():
     names = {p.name for p in KERNEL_SOURCES}
-    assert names == {"dynamicConvKernel.cu", "pairwiseScanKernel.cu"}
+    assert names == {"dynamicConvKernel.cu", "pairwiseScanKernel.cu", "gatedDeltaNetKernel.cu"}
 
 
 @pytest.mark.parametrize("source", KERNEL_SOURCES, ids=lambda p: p.name)

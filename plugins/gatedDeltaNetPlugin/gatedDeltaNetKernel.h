@@ -1,0 +1,65 @@
+/*
+ * DFlash2GatedDeltaNet: launchers, one per kernel, plus the two sequences the plugin enqueues
+ * (forward, commit). The glue only calls launchGatedDeltaNetForward / launchGatedDeltaNetCommit.
+ */
+#pragma once
+
+#include "gatedDeltaNetParams.h"
+
+#include <cuda_runtime_api.h>
+
+namespace dflash2
+{
+
+//! Device pointers of one call (either mode); a field the mode does not use stays null.
+struct GdnLaunchArgs
+{
+    // forward inputs
+    void const* qkv{nullptr};        //!< [T, C]
+    void const* a{nullptr};          //!< [T, Hv]
+    void const* b{nullptr};          //!< [T, Hv]
+    float const* dtBias{nullptr};    //!< [Hv]
+    float const* aLog{nullptr};      //!< [Hv]
+    // commit inputs
+    int32_t const* numAccepted{nullptr}; //!< [B]
+    // both
+    void const* convWeight{nullptr};     //!< [C, K]
+    int32_t const* cuSeqlens{nullptr};   //!< [B+1]
+    int32_t const* slots{nullptr};       //!< [B]
+    float* rnnPool{nullptr};             //!< [slots, Hv, Dk, Dv] fp32
+    void* convPool{nullptr};             //!< [slots, K-1, C]
+    // forward outputs (verifyQkv / verifyGates are commit inputs)
+    void* y{nullptr};                    //!< [T, Hv Dv]
+    void* verifyQkv{nullptr};            //!< [B, Kv, C]
+    float* verifyGates{nullptr};         //!< [B, Kv, 2, Hv]
+    // commit output
+    int32_t* committed{nullptr};         //!< [B]
+    void* workspace{nullptr};            //!< gatedDeltaNetWorkspaceSize bytes, 256-byte aligned
+};
+
+//! Causal conv + silu into the workspace's xc (forward: every packed row, and the raw verify rows
+//! of generation requests into verifyQkv; commit: the k/v channels of the rows to commit).
+Status launchGdnConv(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! l2norm of q (scaled) and k per row and key head (commit: k only).
+Status launchGdnQkNorm(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! g and beta per row and value head (forward only; also into verifyGates for generation rows).
+Status launchGdnGates(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! Per-token recurrence: forward generation requests (and context requests when chunk_size = 0),
+//! commit replays.
+Status launchGdnRecurrent(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! Chunked context requests, step 1: cumulative decays, A and QK per chunk and value head.
+Status launchGdnChunkMatrices(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! Step 2: U and W by forward substitution, one column per thread.
+Status launchGdnChunkSolve(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! Step 3: the scan over a request's chunks (state in registers), y, and the final state.
+Status launchGdnChunkScan(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! Conv state after the advanced tokens (forward: context requests; commit: generation
+//! requests, and the committed counts).
+Status launchGdnConvState(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+
+//! The forward (p.numContext from validateGatedDeltaNetBatch). Enqueues on stream; no sync.
+Status launchGatedDeltaNetForward(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! The commit.
+Status launchGatedDeltaNetCommit(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+
+} // namespace dflash2

@@ -1,0 +1,132 @@
+/*
+ * DFlash2GatedDeltaNet: attributes, parameters and validation (TensorRT-free). The glue
+ * translates TensorRT descriptors into TensorDesc and calls these; so does the CPU build.
+ */
+#pragma once
+
+#include "../common/df2Common.h"
+
+namespace dflash2
+{
+
+enum class GdnMode : int32_t
+{
+    kFORWARD = 0, //!< conv + gated delta rule over the packed tokens of a mixed batch
+    kCOMMIT = 1,  //!< advance each generation request's committed state over its accepted tokens
+};
+
+inline char const* gdnModeName(GdnMode m)
+{
+    switch (m)
+    {
+    case GdnMode::kFORWARD: return "forward";
+    case GdnMode::kCOMMIT: return "commit";
+    }
+    return "unknown";
+}
+
+//! Plugin attributes (see gatedDeltaNetPlugin.yaml; the names there are the field names).
+struct GatedDeltaNetAttrs
+{
+    int32_t mode{0};            //!< GdnMode
+    int32_t numKHeads{0};       //!< Hk (this rank's key heads)
+    int32_t numVHeads{0};       //!< Hv (this rank's value heads), a multiple of Hk
+    int32_t headKDim{0};        //!< Dk in {16, 32, 64, 128}
+    int32_t headVDim{0};        //!< Dv
+    int32_t convKernel{0};      //!< K taps of the causal conv; the conv state holds K-1 inputs
+    int32_t maxVerifyTokens{0}; //!< Kv = K_draft + 1: verify tokens per generation request
+    int32_t chunkSize{64};      //!< context requests: tokens per chunk; 0 = the per-token path
+};
+
+constexpr int32_t kGdnNbAttrs = 8;
+
+//! Everything a launcher needs, derived and checked by validateGatedDeltaNet (shapes) and
+//! validateGatedDeltaNetBatch (the host-visible request data).
+struct GatedDeltaNetParams
+{
+    GatedDeltaNetAttrs attrs;
+    int64_t tokens{0};  //!< T packed tokens (forward; in commit the verify rows B * Kv)
+    int64_t batch{0};   //!< B requests
+    int64_t convDim{0}; //!< C = 2 Hk Dk + Hv Dv
+    DType dataType{DType::kFLOAT16}; //!< activations, conv weight and conv state
+    int32_t numContext{0};           //!< requests [0, numContext) are context requests
+};
+
+constexpr int32_t kGdnMaxHeads = 1024; //!< per rank, Hk and Hv (a grid dimension; C stays < 2^20)
+constexpr int32_t kGdnMaxHeadVDim = 512;
+constexpr int32_t kGdnMaxConvKernel = 8;
+constexpr int32_t kGdnMaxVerifyTokens = 32;
+constexpr int32_t kGdnMaxChunkSize = 64;
+
+//! Request types (TensorRT-LLM's host_request_types).
+constexpr int32_t kGdnRequestContext = 0;
+constexpr int32_t kGdnRequestGeneration = 1;
+
+//! Forward inputs: 0 qkv [T, C], 1 conv_weight [C, K], 2 a [T, Hv], 3 b [T, Hv] (activation
+//! dtype), 4 dt_bias [Hv] fp32, 5 A_log [Hv] fp32, 6 cu_seqlens [B+1] int32, 7 slot_mapping [B]
+//! int32, 8 host_request_types [B] int32 (host), 9 rnn_state_ptr [1] int64 (host),
+//! 10 conv_state_ptr [1] int64 (host).
+//! Outputs: 0 y [T, Hv Dv], 1 verify_qkv [B, Kv, C] (activation dtype), 2 verify_gates
+//! [B, Kv, 2, Hv] fp32.
+constexpr int32_t kGdnFwdNbInputs = 11;
+constexpr int32_t kGdnFwdNbOutputs = 3;
+//! Commit inputs: 0 verify_qkv [B, Kv, C], 1 verify_gates [B, Kv, 2, Hv] fp32, 2 conv_weight
+//! [C, K], 3 num_accepted [B] int32, 4 cu_seqlens [B+1] int32, 5 slot_mapping [B] int32,
+//! 6 host_request_types [B] int32 (host), 7 rnn_state_ptr, 8 conv_state_ptr [1] int64 (host).
+//! Output: 0 committed [B] int32.
+constexpr int32_t kGdnCommitNbInputs = 9;
+constexpr int32_t kGdnCommitNbOutputs = 1;
+
+inline int32_t gatedDeltaNetNbInputs(GatedDeltaNetAttrs const& a)
+{
+    return a.mode == static_cast<int32_t>(GdnMode::kCOMMIT) ? kGdnCommitNbInputs : kGdnFwdNbInputs;
+}
+
+inline int32_t gatedDeltaNetNbOutputs(GatedDeltaNetAttrs const& a)
+{
+    return a.mode == static_cast<int32_t>(GdnMode::kCOMMIT) ? kGdnCommitNbOutputs : kGdnFwdNbOutputs;
+}
+
+//! Input names in order for the attributes' mode (for messages and the glue).
+char const* gatedDeltaNetInputName(GatedDeltaNetAttrs const& a, int32_t index);
+
+inline int64_t gatedDeltaNetConvDim(GatedDeltaNetAttrs const& a)
+{
+    return 2 * static_cast<int64_t>(a.numKHeads) * a.headKDim + static_cast<int64_t>(a.numVHeads) * a.headVDim;
+}
+
+//! Checks the attributes alone (the plugin creator calls this before any shape is known).
+Status validateGatedDeltaNetAttrs(GatedDeltaNetAttrs const& attrs, char* msg, size_t msgLen);
+
+//! Checks dtypes and shapes (dims of -1 are unknown and skipped). Fills *params (numContext
+//! stays 0) when params is not null.
+Status validateGatedDeltaNet(GatedDeltaNetAttrs const& attrs, TensorDesc const* inputs, int32_t nbInputs,
+    GatedDeltaNetParams* params, char* msg, size_t msgLen);
+
+//! Checks the request data and sets params->numContext. hostRequestTypes [B] is always given
+//! (the plugin reads it on the host); cuSeqlens [B+1], slots [B] (with numSlots, the pool size)
+//! and numAccepted [B] are checked when not null (the CPU build has them on the host; on the GPU
+//! they stay on the device and the kernels clamp instead). Rules: request types are 0 or 1 with
+//! the context requests first; cu_seqlens starts at 0, never decreases and (forward) ends at T;
+//! a generation request has at most Kv tokens; slots lie in [0, numSlots) and are distinct;
+//! num_accepted of a generation request lies in [0, its token count].
+Status validateGatedDeltaNetBatch(GatedDeltaNetParams* params, int32_t const* hostRequestTypes,
+    int32_t const* cuSeqlens, int32_t const* slots, int64_t numSlots, int32_t const* numAccepted, char* msg,
+    size_t msgLen);
+
+//! Bytes of device workspace the launchers need for these dims (tokens/batch at their maxima).
+size_t gatedDeltaNetWorkspaceSize(GatedDeltaNetParams const& params);
+
+//! Workspace carve-up (byte offsets, each segment 256-byte aligned). Forward: xc [T, C]
+//! (activation dtype), qh/kh [T, Hk Dk], gates [T, 2, Hv], and for chunk_size > 0 gam [T, Hv],
+//! A/QK [T, Hv, chunk], U [T, Hv, Dv], W [T, Hv, Dk] (fp32). Commit: xc and kh over the B Kv
+//! verify rows.
+struct GatedDeltaNetWorkspace
+{
+    size_t xc{0}, qh{0}, kh{0}, gates{0}, gam{0}, a{0}, qk{0}, u{0}, w{0};
+    size_t total{0};
+};
+
+GatedDeltaNetWorkspace gatedDeltaNetWorkspaceLayout(GatedDeltaNetParams const& params);
+
+} // namespace dflash2
