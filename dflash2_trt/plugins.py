@@ -54,6 +54,7 @@ LIBRARY_NAME = "libdflash2_plugins.so"
 _SPEC_FILES = {
     "DFlash2DynamicConv": "dynamicConvPlugin/dynamicConvPlugin.yaml",
     "DFlash2PairwiseScan": "pairwiseScanPlugin/pairwiseScanPlugin.yaml",
+    "DFlash2GatedDeltaNet": "gatedDeltaNetPlugin/gatedDeltaNetPlugin.yaml",
 }
 PLUGIN_NAMES = tuple(_SPEC_FILES)
 

@@ -9,6 +9,7 @@
  * does not contain this file.
  */
 #include "dynamicConvPlugin/dynamicConvPlugin.h"
+#include "gatedDeltaNetPlugin/gatedDeltaNetPlugin.h"
 #include "pairwiseScanPlugin/pairwiseScanPlugin.h"
 
 #include <NvInferRuntime.h>
@@ -24,7 +25,8 @@ extern "C" nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCrea
 {
     static dflash2::DynamicConvPluginCreator convCreator;
     static dflash2::PairwiseScanPluginCreator scanCreator;
-    static nvinfer1::IPluginCreatorInterface* const creators[] = {&convCreator, &scanCreator};
+    static dflash2::GatedDeltaNetPluginCreator gdnCreator;
+    static nvinfer1::IPluginCreatorInterface* const creators[] = {&convCreator, &scanCreator, &gdnCreator};
     nbCreators = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
     return creators;
 }

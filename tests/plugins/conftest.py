@@ -16,8 +16,8 @@ import pytest
 
 from dflash2_trt.errors import MissingDependencyError
 from dflash2_trt.trtllm.cpu import plugin_libs
-from dflash2_trt.trtllm.cpu.plugin_libs import (DTYPE_CODES, UNKNOWN_DTYPE, ConvLib, ScanLib,  # noqa: F401
-                                                descs)
+from dflash2_trt.trtllm.cpu.plugin_libs import (DTYPE_CODES, UNKNOWN_DTYPE, ConvLib, GdnLib,  # noqa: F401
+                                                ScanLib, descs)
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "plugins"
@@ -51,3 +51,8 @@ def conv_lib(_tiny_cache) -> ConvLib:
 @pytest.fixture(scope="session")
 def scan_lib(_tiny_cache) -> ScanLib:
     return _lib(plugin_libs.scan_lib)
+
+
+@pytest.fixture(scope="session")
+def gdn_lib(_tiny_cache) -> GdnLib:
+    return _lib(plugin_libs.gdn_lib)

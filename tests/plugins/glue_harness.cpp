@@ -3,6 +3,7 @@
 // kernels and libcudart. Run by tests/plugins/test_plugin_build.py when DFLASH2_TRT_INCLUDE is set.
 // Prints one line per check; exit status = number of failed checks.
 #include "dynamicConvPlugin/dynamicConvPlugin.h"
+#include "gatedDeltaNetPlugin/gatedDeltaNetPlugin.h"
 #include "pairwiseScanPlugin/pairwiseScanPlugin.h"
 
 #include <cstdio>
@@ -207,17 +208,138 @@ void testScan()
     check(again != nullptr, "scan recreated from its serialised fields");
 }
 
+
+void testGdn()
+{
+    GatedDeltaNetPluginCreator creator;
+    check(std::strcmp(creator.getPluginName(), "DFlash2GatedDeltaNet") == 0, "gdn creator name");
+    check(creator.getFieldNames()->nbFields == 8, "gdn creator announces 8 fields");
+    std::vector<std::pair<char const*, int32_t>> req = {{"num_k_heads", 16}, {"num_v_heads", 48}, {"head_k_dim", 128},
+        {"head_v_dim", 128}, {"conv_kernel", 4}, {"max_verify_tokens", 8}};
+    Fields good(req);
+    auto plugin = own(creator.createPlugin("gdn", &good.fc, TensorRTPhase::kBUILD));
+    check(plugin != nullptr, "gdn createPlugin with required fields (mode forward, chunk 64)");
+    auto missingReq = req;
+    missingReq.pop_back();
+    Fields missing(missingReq);
+    check(own(creator.createPlugin("g", &missing.fc, TensorRTPhase::kBUILD)) == nullptr, "gdn rejects missing field");
+    auto badDkReq = req;
+    badDkReq[2].second = 96;
+    Fields badDk(badDkReq);
+    check(own(creator.createPlugin("g", &badDk.fc, TensorRTPhase::kBUILD)) == nullptr, "gdn rejects head_k_dim 96");
+    if (!plugin)
+        return;
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    check(build->getNbOutputs() == 3, "gdn forward has three outputs");
+    int64_t const C = 2 * 16 * 128 + 48 * 128;
+    DataType in[11] = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kFLOAT,
+        DataType::kFLOAT, DataType::kINT32, DataType::kINT32, DataType::kINT32, DataType::kINT64, DataType::kINT64};
+    DataType out[3];
+    check(build->getOutputDataTypes(out, 3, in, 11) == 0 && out[0] == DataType::kBF16 && out[1] == DataType::kBF16
+            && out[2] == DataType::kFLOAT,
+        "gdn forward outputs y, verify_qkv in the activation dtype, verify_gates fp32");
+    std::vector<DynamicPluginTensorDesc> io = {dyn(DataType::kBF16, {-1, C}, {8192, C}), dyn(DataType::kBF16, {C, 4}),
+        dyn(DataType::kBF16, {-1, 48}), dyn(DataType::kBF16, {-1, 48}), dyn(DataType::kFLOAT, {48}),
+        dyn(DataType::kFLOAT, {48}), dyn(DataType::kINT32, {-1}), dyn(DataType::kINT32, {-1}, {64}),
+        dyn(DataType::kINT32, {-1}), dyn(DataType::kINT64, {1}), dyn(DataType::kINT64, {1}),
+        dyn(DataType::kBF16, {-1, 48 * 128}), dyn(DataType::kBF16, {-1, 8, C}), dyn(DataType::kFLOAT, {-1, 8, 2, 48})};
+    bool formats = true;
+    for (int pos = 0; pos < 14; ++pos)
+        formats = formats && build->supportsFormatCombination(pos, io.data(), 11, 3);
+    check(formats, "gdn forward supports its declared dtypes");
+    io[9].desc.type = DataType::kINT32;
+    check(!build->supportsFormatCombination(9, io.data(), 11, 3), "gdn rejects an int32 state pointer");
+    io[9].desc.type = DataType::kINT64;
+    check(build->configurePlugin(io.data(), 11, io.data() + 11, 3) == 0, "gdn configurePlugin with dynamic T and B");
+    GatedDeltaNetParams wp;
+    wp.attrs = GatedDeltaNetAttrs{0, 16, 48, 128, 128, 4, 8, 64};
+    wp.tokens = 8192;
+    wp.batch = 64;
+    wp.convDim = C;
+    wp.dataType = DType::kBFLOAT16;
+    check(build->getWorkspaceSize(io.data(), 11, io.data() + 11, 3) == gatedDeltaNetWorkspaceSize(wp),
+        "gdn workspace at max tokens = gatedDeltaNetWorkspaceSize");
+    io[0].desc.dims = dims({-1, C + 8});
+    std::printf("(expected error follows)\n");
+    check(build->configurePlugin(io.data(), 11, io.data() + 11, 3) != 0, "gdn configurePlugin rejects a wrong C");
+    io[0].desc.dims = dims({-1, C});
+    auto again = own(creator.createPlugin("gdn", rt->getFieldsToSerialize(), TensorRTPhase::kRUNTIME));
+    check(again != nullptr, "gdn recreated from its serialised fields");
+
+    // runtime: concrete shapes; request kinds are read on the host in enqueue
+    PluginTensorDesc rin[11];
+    for (int i = 0; i < 11; ++i)
+        rin[i] = io[i].desc;
+    rin[0].dims = dims({10, C});
+    rin[2].dims = dims({10, 48});
+    rin[3].dims = dims({10, 48});
+    rin[6].dims = dims({3});
+    rin[7].dims = dims({2});
+    rin[8].dims = dims({2});
+    check(rt->onShapeChange(rin, 11, &io[11].desc, 3) == 0, "gdn onShapeChange with concrete shapes");
+    static int32_t types[2] = {1, 0}; // a context request after a generation request
+    static int64_t fakePool = 0x1000;
+    static int64_t nullPool = 0;
+    alignas(16) static uint16_t dummy[8];
+    void const* ins[11] = {dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, types, &fakePool, &fakePool};
+    void* outs[3] = {dummy, dummy, dummy};
+    std::printf("(expected error follows)\n");
+    check(rt->enqueue(rin, &io[11].desc, ins, outs, nullptr, nullptr) != 0, "gdn enqueue rejects context after generation");
+    types[0] = 0;
+    types[1] = 1;
+    ins[9] = &nullPool;
+    std::printf("(expected error follows)\n");
+    check(rt->enqueue(rin, &io[11].desc, ins, outs, nullptr, nullptr) == 0, "gdn enqueue with a null pool is a no-op");
+    ins[9] = &fakePool;
+    int deviceCount = 0;
+    if (cudaGetDeviceCount(&deviceCount) != cudaSuccess || deviceCount == 0)
+    {
+        std::printf("(expected error follows)\n");
+        check(rt->enqueue(rin, &io[11].desc, ins, outs, nullptr, nullptr) != 0, "gdn enqueue without a GPU fails cleanly");
+    }
+
+    // commit: one int32 output [B]
+    auto commitReq = req;
+    commitReq.push_back({"mode", 1});
+    Fields commitFields(commitReq);
+    auto cp = own(creator.createPlugin("gdnc", &commitFields.fc, TensorRTPhase::kBUILD));
+    check(cp != nullptr, "gdn commit createPlugin");
+    if (cp)
+    {
+        auto* b2 = static_cast<IPluginV3OneBuild*>(cp->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        check(b2->getNbOutputs() == 1, "gdn commit has one output");
+        DataType cin[9] = {DataType::kHALF, DataType::kFLOAT, DataType::kHALF, DataType::kINT32, DataType::kINT32,
+            DataType::kINT32, DataType::kINT32, DataType::kINT64, DataType::kINT64};
+        check(b2->getOutputDataTypes(out, 1, cin, 9) == 0 && out[0] == DataType::kINT32, "gdn commit outputs int32");
+        std::vector<DynamicPluginTensorDesc> cio = {dyn(DataType::kHALF, {-1, 8, C}, {64, 8, C}),
+            dyn(DataType::kFLOAT, {-1, 8, 2, 48}), dyn(DataType::kHALF, {C, 4}), dyn(DataType::kINT32, {-1}),
+            dyn(DataType::kINT32, {-1}), dyn(DataType::kINT32, {-1}), dyn(DataType::kINT32, {-1}),
+            dyn(DataType::kINT64, {1}), dyn(DataType::kINT64, {1}), dyn(DataType::kINT32, {-1})};
+        bool cf = true;
+        for (int pos = 0; pos < 10; ++pos)
+            cf = cf && b2->supportsFormatCombination(pos, cio.data(), 9, 1);
+        check(cf, "gdn commit supports its declared dtypes");
+        check(b2->configurePlugin(cio.data(), 9, cio.data() + 9, 1) == 0, "gdn commit configurePlugin");
+        wp.attrs.mode = 1;
+        wp.tokens = 64 * 8;
+        wp.dataType = DType::kFLOAT16;
+        check(b2->getWorkspaceSize(cio.data(), 9, cio.data() + 9, 1) == gatedDeltaNetWorkspaceSize(wp),
+            "gdn commit workspace covers B x Kv verify rows");
+    }
+}
+
 } // namespace
 
 void testLibraryEntry()
 {
     int32_t n = -1;
     IPluginCreatorInterface* const* creators = getCreators(n);
-    check(n == 2 && creators != nullptr, "getCreators returns the two creators");
-    if (n != 2 || creators == nullptr)
+    check(n == 3 && creators != nullptr, "getCreators returns the three creators");
+    if (n != 3 || creators == nullptr)
         return;
-    char const* expected[] = {"DFlash2DynamicConv", "DFlash2PairwiseScan"};
-    for (int32_t i = 0; i < 2; ++i)
+    char const* expected[] = {"DFlash2DynamicConv", "DFlash2PairwiseScan", "DFlash2GatedDeltaNet"};
+    for (int32_t i = 0; i < 3; ++i)
     {
         auto* c = creators[i];
         check(c != nullptr && std::strcmp(c->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0,
@@ -228,13 +350,14 @@ void testLibraryEntry()
             "getCreators entry has the spec's name/version/namespace");
     }
     int32_t n2 = 0;
-    check(getCreators(n2) == creators && n2 == 2, "getCreators is stable across calls");
+    check(getCreators(n2) == creators && n2 == 3, "getCreators is stable across calls");
 }
 
 int main()
 {
     testConv();
     testScan();
+    testGdn();
     testLibraryEntry();
     std::printf("%d failure(s)\n", gFailures);
     return gFailures;

@@ -20,7 +20,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "plugins"
-GLUE = [PLUGINS / "dynamicConvPlugin" / "dynamicConvPlugin.cpp", PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.cpp"]
+GLUE = [PLUGINS / "dynamicConvPlugin" / "dynamicConvPlugin.cpp", PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.cpp",
+        PLUGINS / "gatedDeltaNetPlugin" / "gatedDeltaNetPlugin.cpp"]
 
 
 def _cuda_include() -> Path | None:
@@ -59,8 +60,10 @@ def test_cmake_builds_kernels_library(tmp_path, capsys):
     assert lib.is_file()
     syms = subprocess.run(["nm", "-DC", "--defined-only", str(lib)], capture_output=True, text=True).stdout
     assert "dflash2::launchDynamicConv" in syms and "dflash2::launchPairwiseScan" in syms
+    assert "dflash2::launchGatedDeltaNetForward" in syms and "dflash2::launchGatedDeltaNetCommit" in syms
     if trt is not None:
         assert "DynamicConvPluginCreator" in syms and "PairwiseScanPluginCreator" in syms
+        assert "GatedDeltaNetPluginCreator" in syms
         assert "PluginRegistrar" in syms  # LD_PRELOAD/ctypes variant self-registers
         dyn = tmp_path / "libdflash2_plugins_dynamic.so"
         dsyms = subprocess.run(["nm", "-DC", "--defined-only", str(dyn)], capture_output=True, text=True).stdout
@@ -108,13 +111,14 @@ def test_glue_harness_without_tensorrt_library(tmp_path):
            str(Path(__file__).with_name("glue_harness.cpp")), *map(str, GLUE),
            str(PLUGINS / "common" / "df2LibraryEntry.cpp"),
            str(PLUGINS / "dynamicConvPlugin" / "dynamicConvParams.cpp"),
-           str(PLUGINS / "pairwiseScanPlugin" / "pairwiseScanParams.cpp"), *objs,
+           str(PLUGINS / "pairwiseScanPlugin" / "pairwiseScanParams.cpp"),
+           str(PLUGINS / "gatedDeltaNetPlugin" / "gatedDeltaNetParams.cpp"), *objs,
            f"-L{libdir}", "-lcudart", f"-Wl,-rpath,{libdir}", "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     res = subprocess.run([str(exe)], capture_output=True, text=True)
     assert res.returncode == 0 and "0 failure(s)" in res.stdout, res.stdout + res.stderr
-    assert res.stdout.count("PASS") >= 30
+    assert res.stdout.count("PASS") >= 50
 
 
 def test_gpu_check_script_parses_and_exits_cleanly_without_gpu():

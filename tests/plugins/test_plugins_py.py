@@ -16,9 +16,11 @@ from dflash2_trt.errors import ConfigError, MissingDependencyError
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 GLUE = {"DFlash2DynamicConv": PLUGINS / "dynamicConvPlugin" / "dynamicConvPlugin.cpp",
-        "DFlash2PairwiseScan": PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.cpp"}
+        "DFlash2PairwiseScan": PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.cpp",
+        "DFlash2GatedDeltaNet": PLUGINS / "gatedDeltaNetPlugin" / "gatedDeltaNetPlugin.cpp"}
 GLUE_H = {"DFlash2DynamicConv": PLUGINS / "dynamicConvPlugin" / "dynamicConvPlugin.h",
-          "DFlash2PairwiseScan": PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.h"}
+          "DFlash2PairwiseScan": PLUGINS / "pairwiseScanPlugin" / "pairwiseScanPlugin.h",
+          "DFlash2GatedDeltaNet": PLUGINS / "gatedDeltaNetPlugin" / "gatedDeltaNetPlugin.h"}
 
 
 def test_importing_plugins_loads_nothing():
@@ -214,3 +216,71 @@ def test_scan_enum_matches_validation(scan_lib):
         assert scan_lib.validate(ins, v) == (0, ""), name
     assert scan_lib.validate(ins, max(spec.attribute("mode").enum.values()) + 1)[0] == 1
     assert len(spec.inputs) == 8 and len(spec.outputs) == 2
+
+
+# ----------------------------------------------------------------------- DFlash2GatedDeltaNet
+_GDN_ATTRS = dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel=4, max_verify_tokens=4)
+
+
+def _gdn_inputs(mode, attrs):
+    """Input descriptors with unknown T/B for ``attrs`` (what TensorRT sees at build time)."""
+    c = 2 * attrs["num_k_heads"] * attrs["head_k_dim"] + attrs["num_v_heads"] * attrs["head_v_dim"]
+    hv, kc, kv = attrs["num_v_heads"], attrs["conv_kernel"], attrs["max_verify_tokens"]
+    if mode == 0:
+        return [(2, (-1, c)), (2, (c, kc)), (2, (-1, hv)), (2, (-1, hv)), (0, (hv,)), (0, (hv,)), (3, (-1,)),
+                (3, (-1,)), (3, (-1,)), (4, (1,)), (4, (1,))]
+    return [(2, (-1, kv, c)), (0, (-1, kv, 2, hv)), (2, (c, kc)), (3, (-1,)), (3, (-1,)), (3, (-1,)), (3, (-1,)),
+            (4, (1,)), (4, (1,))]
+
+
+def test_gdn_spec_and_fields():
+    spec = plugins.load_spec("DFlash2GatedDeltaNet")
+    assert (spec.version, spec.namespace) == ("1", "dflash2")
+    assert [a.name for a in spec.attributes] == ["mode", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim",
+                                                 "conv_kernel", "max_verify_tokens", "chunk_size"]
+    assert spec.attribute("mode").enum == {"forward": 0, "commit": 1}
+    fwd = [t.name for t in spec.inputs if t.when in (None, "mode == 0")]
+    com = [t.name for t in spec.inputs if t.when in (None, "mode == 1")]
+    assert fwd == ["qkv", "conv_weight", "a", "b", "dt_bias", "A_log", "cu_seqlens", "slot_mapping",
+                   "host_request_types", "rnn_state_ptr", "conv_state_ptr"]
+    assert com == ["verify_qkv", "verify_gates", "conv_weight", "num_accepted", "cu_seqlens", "slot_mapping",
+                   "host_request_types", "rnn_state_ptr", "conv_state_ptr"]
+    assert [t.name for t in spec.outputs] == ["y", "verify_qkv", "verify_gates", "committed"]
+    assert plugins.attribute_values("DFlash2GatedDeltaNet", **_GDN_ATTRS) == {"mode": 0, **_GDN_ATTRS, "chunk_size": 64}
+    assert plugins.attribute_values("DFlash2GatedDeltaNet", mode="commit", **_GDN_ATTRS)["mode"] == 1
+
+
+def test_gdn_input_names_match_validation_messages(gdn_lib):
+    """The YAML's input order is the validation's (each message names the input it checks)."""
+    spec = plugins.load_spec("DFlash2GatedDeltaNet")
+    for mode in (0, 1):
+        names = [t.name for t in spec.inputs if t.when in (None, f"mode == {mode}")]
+        for i, name in enumerate(names):
+            ins = _gdn_inputs(mode, _GDN_ATTRS)
+            code, shape = ins[i]
+            ins[i] = (99, shape)  # an unknown dtype at position i
+            rc, msg = gdn_lib.validate(ins, mode, **_GDN_ATTRS)
+            assert rc == 1 and f"input {i} ({name})" in msg, (mode, i, msg)
+
+
+def test_gdn_ranges_match_validation(gdn_lib):
+    spec = plugins.load_spec("DFlash2GatedDeltaNet")
+    for a in spec.attributes:
+        if a.enum is not None:
+            for v in a.enum.values():
+                attrs = dict(_GDN_ATTRS, chunk_size=64)
+                assert gdn_lib.validate(_gdn_inputs(v, attrs), v, **attrs) == (0, ""), (a.name, v)
+            continue
+        for v, ok in ((a.min, True), (a.max, True), (None if a.min is None else a.min - 1, False),
+                      (None if a.max is None else a.max + 1, False)):
+            if v is None:
+                continue
+            attrs = {**_GDN_ATTRS, "chunk_size": 64, a.name: v}
+            if a.name == "num_k_heads":
+                attrs["num_v_heads"] = max(v, 1)  # keep Hv a multiple of Hk
+            if a.name == "num_v_heads":
+                attrs["num_k_heads"] = 1
+            rc, msg = gdn_lib.validate(_gdn_inputs(0, attrs), "forward", **attrs)
+            assert (rc == 0) == ok, (a.name, v, msg)
+            if not ok:
+                assert a.name in msg, msg

@@ -12,8 +12,8 @@ include, so an edited plugin gets a new directory and an unchanged one is never 
 is written to a temporary file in its final directory and renamed into place, so processes
 building at the same time never see (or leave) a half-written library.
 
-:class:`ConvLib` / :class:`ScanLib` wrap the two libraries; :func:`conv_lib` / :func:`scan_lib`
-build and load each once per process. A call the plugin's own validation rejects raises
+:class:`ConvLib` / :class:`ScanLib` / :class:`GdnLib` wrap the libraries; :func:`conv_lib` /
+:func:`scan_lib` / :func:`gdn_lib` build and load each once per process. A call the plugin's own validation rejects raises
 :class:`PluginRunError` (a :class:`ValueError` and a :class:`DFlash2Error`) carrying the
 plugin's message, e.g. ``"DFlash2DynamicConv: tokens=6 is not a multiple of block_size=4"``.
 
@@ -58,8 +58,10 @@ __all__ = [
     "descs",
     "ConvLib",
     "ScanLib",
+    "GdnLib",
     "conv_lib",
     "scan_lib",
+    "gdn_lib",
 ]
 
 # -ffp-contract=off: the CUDA kernels use explicit round-to-nearest multiplies/adds (no FMA, or
@@ -73,6 +75,7 @@ CXXFLAGS: tuple[str, ...] = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-cont
 _CPU_BUILDS: dict[str, tuple[tuple[str, ...], str]] = {
     "DFlash2DynamicConv": (("dynamicConvCpu.cpp", "dynamicConvParams.cpp"), "libdf2_conv_cpu.so"),
     "DFlash2PairwiseScan": (("pairwiseScanCpu.cpp", "pairwiseScanParams.cpp"), "libdf2_scan_cpu.so"),
+    "DFlash2GatedDeltaNet": (("gatedDeltaNetCpu.cpp", "gatedDeltaNetParams.cpp"), "libdf2_gdn_cpu.so"),
 }
 CPU_PLUGIN_NAMES = tuple(_CPU_BUILDS)
 
@@ -403,6 +406,119 @@ class ScanLib:
         return idx.long(), q
 
 
+class GdnLib:
+    """ctypes wrapper of plugins/gatedDeltaNetPlugin/gatedDeltaNetCpu.cpp (DFlash2GatedDeltaNet).
+
+    The state pools are torch tensors the caller owns (the runtime's slots): ``rnn_state`` float32
+    ``[slots, Hv, Dk, Dv]`` and ``conv_state`` ``[slots, K-1, C]`` in the activation dtype; the
+    plugin receives their addresses as the int64 ``rnn_state_ptr`` / ``conv_state_ptr`` inputs, as
+    TensorRT-LLM's recurrent layers do, and updates them in place.
+    """
+
+    PLUGIN = "DFlash2GatedDeltaNet"
+    MODES = {"forward": 0, "commit": 1}
+    ATTRS = ("mode", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel", "max_verify_tokens",
+             "chunk_size")
+    INT64 = 4  # dflash2::DType::kINT64 (not in DTYPE_CODES: elsewhere an int64 tensor is "unknown")
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.lib = _load(self.path, ["df2_gdn_validate", "df2_gdn_forward", "df2_gdn_commit", "df2_gdn_softplus",
+                                     "df2_gdn_sigmoid", "df2_gdn_silu", "df2_gdn_log"])
+        for f in ("df2_gdn_validate", "df2_gdn_forward", "df2_gdn_commit"):
+            getattr(self.lib, f).restype = ctypes.c_int32
+        for f in ("df2_gdn_softplus", "df2_gdn_sigmoid", "df2_gdn_silu", "df2_gdn_log"):
+            getattr(self.lib, f).restype = ctypes.c_float
+            getattr(self.lib, f).argtypes = [ctypes.c_float]
+
+    def _attrs(self, mode, *, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel, max_verify_tokens,
+               chunk_size=64):
+        if isinstance(mode, str):
+            if mode not in self.MODES:
+                raise PluginRunError(f"{self.PLUGIN}: mode {mode!r} is not one of {sorted(self.MODES)}")
+            mode = self.MODES[mode]
+        vals = dict(mode=mode, num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
+                    head_v_dim=head_v_dim, conv_kernel=conv_kernel, max_verify_tokens=max_verify_tokens,
+                    chunk_size=chunk_size)
+        return (ctypes.c_int32 * len(self.ATTRS))(*(_int32(self.PLUGIN, k, vals[k]) for k in self.ATTRS))
+
+    def _descs(self, inputs):
+        return descs([(self.INT64, tuple(t.shape)) if isinstance(t, torch.Tensor) and t.dtype == torch.int64 else t
+                      for t in inputs])
+
+    def validate(self, inputs, mode="forward", **attrs) -> tuple[int, str]:
+        """(status, message) of the plugin's shape validation for ``inputs`` (tensors or
+        (dtype_code, shape); int64 is code 4)."""
+        msg = ctypes.create_string_buffer(_MSG_LEN)
+        n, dt, nd, dims = self._descs(inputs)
+        rc = self.lib.df2_gdn_validate(self._attrs(mode, **attrs), n, dt, nd, dims, msg, _MSG_LEN)
+        return rc, msg.value.decode()
+
+    def _pools(self, rnn_state, conv_state, act_dtype, attrs) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Checks the pools against the attributes; returns (slots, rnn_state_ptr, conv_state_ptr)."""
+        hv, dk, dv = attrs["num_v_heads"], attrs["head_k_dim"], attrs["head_v_dim"]
+        c = 2 * attrs["num_k_heads"] * dk + hv * dv
+        keep = attrs["conv_kernel"] - 1
+        for name, t, dtype, tail in (("rnn_state", rnn_state, torch.float32, (hv, dk, dv)),
+                                     ("conv_state", conv_state, act_dtype, (keep, c))):
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.is_contiguous():
+                raise PluginRunError(f"{self.PLUGIN}: {name} must be a contiguous CPU tensor (the pool is updated "
+                                     f"in place)")
+            if t.dtype != dtype or t.dim() != 1 + len(tail) or tuple(t.shape[1:]) != tail:
+                raise PluginRunError(f"{self.PLUGIN}: {name} must be {dtype} [slots, {', '.join(map(str, tail))}], "
+                                     f"got {t.dtype} {list(t.shape)}")
+        if rnn_state.shape[0] != conv_state.shape[0]:
+            raise PluginRunError(f"{self.PLUGIN}: rnn_state has {rnn_state.shape[0]} slots but conv_state "
+                                 f"{conv_state.shape[0]}")
+        ptrs = [torch.tensor([t.data_ptr()], dtype=torch.int64) for t in (rnn_state, conv_state)]
+        return int(rnn_state.shape[0]), ptrs[0], ptrs[1]
+
+    def _run(self, fn, mode, ins, outs, slots, attrs):
+        _on_cpu(self.PLUGIN, ins)
+        msg = ctypes.create_string_buffer(_MSG_LEN)
+        n, dt, nd, dims = self._descs(ins)
+        in_ptrs = (ctypes.c_void_p * len(ins))(*(t.data_ptr() for t in ins))
+        out_ptrs = (ctypes.c_void_p * len(outs))(*(t.data_ptr() for t in outs))
+        rc = fn(self._attrs(mode, **attrs), n, dt, nd, dims, in_ptrs, out_ptrs, ctypes.c_int64(slots), msg, _MSG_LEN)
+        if rc != 0:
+            raise PluginRunError(msg.value.decode() or f"{self.PLUGIN}: rejected (status {rc})")
+
+    def forward(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, request_types, rnn_state,
+                conv_state, **attrs):
+        """The forward over a packed mixed batch: ``(y [T, Hv*Dv], verify_qkv [B, Kv, C],
+        verify_gates [B, Kv, 2, Hv])``. Context requests' slots of the pools advance; generation
+        requests' slots are only read. Rows of verify_* that the plugin does not write are zero."""
+        slots, rnn_ptr, conv_ptr = self._pools(rnn_state, conv_state, qkv.dtype, attrs)
+        ins = [t.contiguous() for t in (qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping,
+                                        request_types)] + [rnn_ptr, conv_ptr]
+        rc, text = self.validate(ins, "forward", **attrs)  # before the shapes size the outputs
+        if rc != 0:
+            raise PluginRunError(text or f"{self.PLUGIN}: rejected (status {rc})")
+        t, bsz, kv, hv = qkv.shape[0], slot_mapping.shape[0], attrs["max_verify_tokens"], attrs["num_v_heads"]
+        outs = [torch.empty(t, hv * attrs["head_v_dim"], dtype=qkv.dtype),
+                torch.zeros(bsz, kv, qkv.shape[1], dtype=qkv.dtype), torch.zeros(bsz, kv, 2, hv)]
+        self._run(self.lib.df2_gdn_forward, "forward", ins, outs, slots, attrs)
+        return tuple(outs)
+
+    def commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping, request_types,
+               rnn_state, conv_state, **attrs) -> torch.Tensor:
+        """Advances each generation request's slot over its first ``num_accepted`` verify tokens;
+        returns ``committed [B]`` (int32, 0 for context requests)."""
+        slots, rnn_ptr, conv_ptr = self._pools(rnn_state, conv_state, verify_qkv.dtype, attrs)
+        ins = [t.contiguous() for t in (verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens,
+                                        slot_mapping, request_types)] + [rnn_ptr, conv_ptr]
+        rc, text = self.validate(ins, "commit", **attrs)
+        if rc != 0:
+            raise PluginRunError(text or f"{self.PLUGIN}: rejected (status {rc})")
+        outs = [torch.zeros(slot_mapping.shape[0], dtype=torch.int32)]
+        self._run(self.lib.df2_gdn_commit, "commit", ins, outs, slots, attrs)
+        return outs[0]
+
+    def scalar(self, fn: str, x: float) -> float:
+        """One of the plugin's scalar functions (softplus, sigmoid, silu, log) on x."""
+        return float(getattr(self.lib, f"df2_gdn_{fn}")(x))
+
+
 # --------------------------------------------------------------------- once-per-process access
 _LIBS: dict[str, Any] = {}
 _LOCK = threading.Lock()
@@ -424,3 +540,8 @@ def conv_lib() -> ConvLib:
 def scan_lib() -> ScanLib:
     """The DFlash2PairwiseScan CPU build, built (or found in the cache) and loaded once per process."""
     return _cached("DFlash2PairwiseScan", ScanLib)
+
+
+def gdn_lib() -> GdnLib:
+    """The DFlash2GatedDeltaNet CPU build, built (or found in the cache) and loaded once per process."""
+    return _cached("DFlash2GatedDeltaNet", GdnLib)

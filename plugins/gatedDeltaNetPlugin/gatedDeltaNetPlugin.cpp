@@ -1,0 +1,399 @@
+#include "gatedDeltaNetPlugin.h"
+#include "gatedDeltaNetKernel.h"
+
+#include <cstdio>
+#include <new>
+
+using namespace nvinfer1;
+
+namespace dflash2
+{
+
+// Attribute names: keep in sync with gatedDeltaNetPlugin.yaml (tests/plugins checks both ways).
+namespace
+{
+constexpr char const* kMode = "mode";
+constexpr char const* kNumKHeads = "num_k_heads";
+constexpr char const* kNumVHeads = "num_v_heads";
+constexpr char const* kHeadKDim = "head_k_dim";
+constexpr char const* kHeadVDim = "head_v_dim";
+constexpr char const* kConvKernel = "conv_kernel";
+constexpr char const* kMaxVerifyTokens = "max_verify_tokens";
+constexpr char const* kChunkSize = "chunk_size";
+
+bool isFloatType(DataType t)
+{
+    return t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
+}
+
+bool isCommit(GatedDeltaNetAttrs const& a)
+{
+    return a.mode == static_cast<int32_t>(GdnMode::kCOMMIT);
+}
+
+// Input positions the glue reads on the host.
+int32_t hostRequestTypesIndex(GatedDeltaNetAttrs const& a)
+{
+    return isCommit(a) ? 6 : 8;
+}
+
+int32_t rnnStatePtrIndex(GatedDeltaNetAttrs const& a)
+{
+    return isCommit(a) ? 7 : 9;
+}
+
+} // namespace
+
+GatedDeltaNetPlugin::GatedDeltaNetPlugin(GatedDeltaNetAttrs const& attrs)
+    : mAttrs(attrs)
+{
+    mParams.attrs = attrs;
+}
+
+IPluginCapability* GatedDeltaNetPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
+{
+    switch (type)
+    {
+    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
+    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
+    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
+    }
+    return nullptr;
+}
+
+IPluginV3* GatedDeltaNetPlugin::clone() noexcept
+{
+    trace(kGatedDeltaNetName, "clone");
+    auto* p = new (std::nothrow) GatedDeltaNetPlugin(mAttrs);
+    if (p != nullptr)
+        p->mParams = mParams;
+    return p;
+}
+
+char const* GatedDeltaNetPlugin::getPluginName() const noexcept
+{
+    return kGatedDeltaNetName;
+}
+
+char const* GatedDeltaNetPlugin::getPluginVersion() const noexcept
+{
+    return kGatedDeltaNetVersion;
+}
+
+char const* GatedDeltaNetPlugin::getPluginNamespace() const noexcept
+{
+    return kPluginNamespace;
+}
+
+int32_t GatedDeltaNetPlugin::getNbOutputs() const noexcept
+{
+    return gatedDeltaNetNbOutputs(mAttrs);
+}
+
+int32_t GatedDeltaNetPlugin::getOutputDataTypes(
+    DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
+{
+    trace(kGatedDeltaNetName, "getOutputDataTypes");
+    if (nbOutputs != gatedDeltaNetNbOutputs(mAttrs) || nbInputs != gatedDeltaNetNbInputs(mAttrs))
+        return -1;
+    if (isCommit(mAttrs))
+    {
+        outputTypes[0] = DataType::kINT32; // committed [B]
+        return 0;
+    }
+    outputTypes[0] = inputTypes[0]; // y
+    outputTypes[1] = inputTypes[0]; // verify_qkv
+    outputTypes[2] = DataType::kFLOAT; // verify_gates
+    return 0;
+}
+
+int32_t GatedDeltaNetPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
+    DimsExprs const* /*shapeInputs*/, int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs,
+    IExprBuilder& exprBuilder) noexcept
+{
+    trace(kGatedDeltaNetName, "getOutputShapes");
+    if (nbOutputs != gatedDeltaNetNbOutputs(mAttrs) || nbInputs != gatedDeltaNetNbInputs(mAttrs))
+        return -1;
+    if (isCommit(mAttrs))
+    {
+        if (inputs[5].nbDims != 1)
+            return -1;
+        outputs[0] = inputs[5]; // committed [B], B from slot_mapping
+        return 0;
+    }
+    if (inputs[0].nbDims != 2 || inputs[7].nbDims != 1)
+        return -1;
+    auto const* hvdv = exprBuilder.constant(static_cast<int64_t>(mAttrs.numVHeads) * mAttrs.headVDim);
+    auto const* kv = exprBuilder.constant(mAttrs.maxVerifyTokens);
+    auto const* c = exprBuilder.constant(gatedDeltaNetConvDim(mAttrs));
+    outputs[0].nbDims = 2; // y [T, Hv Dv]
+    outputs[0].d[0] = inputs[0].d[0];
+    outputs[0].d[1] = hvdv;
+    outputs[1].nbDims = 3; // verify_qkv [B, Kv, C]
+    outputs[1].d[0] = inputs[7].d[0];
+    outputs[1].d[1] = kv;
+    outputs[1].d[2] = c;
+    outputs[2].nbDims = 4; // verify_gates [B, Kv, 2, Hv]
+    outputs[2].d[0] = inputs[7].d[0];
+    outputs[2].d[1] = kv;
+    outputs[2].d[2] = exprBuilder.constant(2);
+    outputs[2].d[3] = exprBuilder.constant(mAttrs.numVHeads);
+    return 0;
+}
+
+bool GatedDeltaNetPlugin::supportsFormatCombination(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t /*nbOutputs*/) noexcept
+{
+    if (traceEnabled())
+    {
+        char detail[32];
+        std::snprintf(detail, sizeof(detail), "pos=%d", pos);
+        trace(kGatedDeltaNetName, "supportsFormatCombination", detail);
+    }
+    PluginTensorDesc const& d = inOut[pos].desc;
+    if (d.format != TensorFormat::kLINEAR)
+        return false;
+    DataType const act = inOut[0].desc.type;
+    if (isCommit(mAttrs))
+    {
+        switch (pos)
+        {
+        case 0: return isFloatType(d.type);                   // verify_qkv
+        case 1: return d.type == DataType::kFLOAT;            // verify_gates
+        case 2: return d.type == act;                         // conv_weight
+        case 3:                                               // num_accepted
+        case 4:                                               // cu_seqlens
+        case 5:                                               // slot_mapping
+        case 6: return d.type == DataType::kINT32;            // host_request_types
+        case 7:
+        case 8: return d.type == DataType::kINT64;            // state pointers
+        default: return pos == nbInputs && d.type == DataType::kINT32; // committed
+        }
+    }
+    switch (pos)
+    {
+    case 0: return isFloatType(d.type); // qkv
+    case 1:                             // conv_weight
+    case 2:                             // a
+    case 3: return d.type == act;       // b
+    case 4:
+    case 5: return d.type == DataType::kFLOAT; // dt_bias, A_log
+    case 6:
+    case 7:
+    case 8: return d.type == DataType::kINT32; // cu_seqlens, slot_mapping, host_request_types
+    case 9:
+    case 10: return d.type == DataType::kINT64; // state pointers
+    case 11:
+    case 12: return d.type == act;              // y, verify_qkv
+    case 13: return d.type == DataType::kFLOAT; // verify_gates
+    default: return false;
+    }
+}
+
+int32_t GatedDeltaNetPlugin::configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs,
+    DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
+{
+    trace(kGatedDeltaNetName, "configurePlugin");
+    TensorDesc descs[kGdnFwdNbInputs];
+    if (nbInputs != gatedDeltaNetNbInputs(mAttrs))
+        return -1;
+    for (int32_t i = 0; i < nbInputs; ++i)
+        descs[i] = toDesc(in[i].desc.type, in[i].desc.dims); // -1 dims are skipped by the validation
+    char msg[512];
+    if (validateGatedDeltaNet(mAttrs, descs, nbInputs, nullptr, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("configurePlugin", msg);
+        return -1;
+    }
+    return 0;
+}
+
+size_t GatedDeltaNetPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+    DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
+{
+    if (nbInputs != gatedDeltaNetNbInputs(mAttrs) || inputs[0].max.nbDims < 1)
+        return 0;
+    GatedDeltaNetParams p;
+    p.attrs = mAttrs;
+    p.convDim = gatedDeltaNetConvDim(mAttrs);
+    p.dataType = toDType(inputs[0].desc.type);
+    if (isCommit(mAttrs))
+    {
+        p.batch = inputs[0].max.d[0];
+        p.tokens = p.batch * mAttrs.maxVerifyTokens;
+    }
+    else
+    {
+        p.tokens = inputs[0].max.d[0];
+        p.batch = inputs[7].max.d[0];
+    }
+    size_t const bytes = gatedDeltaNetWorkspaceSize(p);
+    if (traceEnabled())
+    {
+        char detail[48];
+        std::snprintf(detail, sizeof(detail), "bytes=%zu", bytes);
+        trace(kGatedDeltaNetName, "getWorkspaceSize", detail);
+    }
+    return bytes;
+}
+
+int32_t GatedDeltaNetPlugin::onShapeChange(
+    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
+{
+    TensorDesc descs[kGdnFwdNbInputs];
+    if (nbInputs != gatedDeltaNetNbInputs(mAttrs))
+        return -1;
+    for (int32_t i = 0; i < nbInputs; ++i)
+        descs[i] = toDesc(in[i].type, in[i].dims);
+    char msg[512];
+    if (validateGatedDeltaNet(mAttrs, descs, nbInputs, &mParams, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("onShapeChange", msg);
+        return -1;
+    }
+    return 0;
+}
+
+int32_t GatedDeltaNetPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, PluginTensorDesc const* /*outputDesc*/,
+    void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
+{
+    char msg[512];
+    GatedDeltaNetParams p = mParams;
+    // host_request_types is a host tensor: request kinds (and the context-first order) are known here.
+    auto const* types = static_cast<int32_t const*>(inputs[hostRequestTypesIndex(mAttrs)]);
+    if (validateGatedDeltaNetBatch(&p, types, nullptr, nullptr, 0, nullptr, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("enqueue", msg);
+        return -1;
+    }
+    int32_t const ptrAt = rnnStatePtrIndex(mAttrs);
+    int64_t const rnnPtr = *static_cast<int64_t const*>(inputs[ptrAt]);
+    int64_t const convPtr = *static_cast<int64_t const*>(inputs[ptrAt + 1]);
+    if (rnnPtr == 0 || (convPtr == 0 && mAttrs.convKernel > 1))
+    {
+        // TensorRT may run a plugin with zero-filled inputs while it builds; a real call always
+        // has both pools. Nothing is computed, so no pool is touched.
+        reportError("enqueue", "DFlash2GatedDeltaNet: rnn_state_ptr or conv_state_ptr is null; nothing computed");
+        return 0;
+    }
+    GdnLaunchArgs g;
+    g.rnnPool = reinterpret_cast<float*>(rnnPtr);
+    g.convPool = reinterpret_cast<void*>(convPtr);
+    g.workspace = workspace;
+    Status s;
+    if (isCommit(mAttrs))
+    {
+        g.verifyQkv = const_cast<void*>(inputs[0]); // read only in commit
+        g.verifyGates = static_cast<float*>(const_cast<void*>(inputs[1]));
+        g.convWeight = inputs[2];
+        g.numAccepted = static_cast<int32_t const*>(inputs[3]);
+        g.cuSeqlens = static_cast<int32_t const*>(inputs[4]);
+        g.slots = static_cast<int32_t const*>(inputs[5]);
+        g.committed = static_cast<int32_t*>(outputs[0]);
+        s = launchGatedDeltaNetCommit(p, g, stream, msg, sizeof(msg));
+    }
+    else
+    {
+        g.qkv = inputs[0];
+        g.convWeight = inputs[1];
+        g.a = inputs[2];
+        g.b = inputs[3];
+        g.dtBias = static_cast<float const*>(inputs[4]);
+        g.aLog = static_cast<float const*>(inputs[5]);
+        g.cuSeqlens = static_cast<int32_t const*>(inputs[6]);
+        g.slots = static_cast<int32_t const*>(inputs[7]);
+        g.y = outputs[0];
+        g.verifyQkv = outputs[1];
+        g.verifyGates = static_cast<float*>(outputs[2]);
+        s = launchGatedDeltaNetForward(p, g, stream, msg, sizeof(msg));
+    }
+    if (s != Status::kOK)
+    {
+        reportError("enqueue", msg);
+        return -1;
+    }
+    return 0;
+}
+
+IPluginV3* GatedDeltaNetPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
+{
+    return clone();
+}
+
+PluginFieldCollection const* GatedDeltaNetPlugin::getFieldsToSerialize() noexcept
+{
+    trace(kGatedDeltaNetName, "getFieldsToSerialize");
+    mSerialFields.clear();
+    mSerialFields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kNumKHeads, &mAttrs.numKHeads, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kNumVHeads, &mAttrs.numVHeads, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kHeadKDim, &mAttrs.headKDim, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kHeadVDim, &mAttrs.headVDim, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kConvKernel, &mAttrs.convKernel, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kMaxVerifyTokens, &mAttrs.maxVerifyTokens, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kChunkSize, &mAttrs.chunkSize, PluginFieldType::kINT32, 1);
+    mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
+    mSerialCollection.fields = mSerialFields.data();
+    return &mSerialCollection;
+}
+
+GatedDeltaNetPluginCreator::GatedDeltaNetPluginCreator()
+{
+    mFields.emplace_back(kMode, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kNumKHeads, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kNumVHeads, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kHeadKDim, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kHeadVDim, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kConvKernel, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kMaxVerifyTokens, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kChunkSize, nullptr, PluginFieldType::kINT32, 1);
+    mCollection.nbFields = static_cast<int32_t>(mFields.size());
+    mCollection.fields = mFields.data();
+}
+
+char const* GatedDeltaNetPluginCreator::getPluginName() const noexcept
+{
+    return kGatedDeltaNetName;
+}
+
+char const* GatedDeltaNetPluginCreator::getPluginVersion() const noexcept
+{
+    return kGatedDeltaNetVersion;
+}
+
+char const* GatedDeltaNetPluginCreator::getPluginNamespace() const noexcept
+{
+    return kPluginNamespace;
+}
+
+PluginFieldCollection const* GatedDeltaNetPluginCreator::getFieldNames() noexcept
+{
+    return &mCollection;
+}
+
+IPluginV3* GatedDeltaNetPluginCreator::createPlugin(
+    char const* /*name*/, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
+{
+    GatedDeltaNetAttrs a; // mode forward, chunk_size 64 by default
+    Int32Attr attrs[] = {{kMode, &a.mode, false}, {kNumKHeads, &a.numKHeads, true}, {kNumVHeads, &a.numVHeads, true},
+        {kHeadKDim, &a.headKDim, true}, {kHeadVDim, &a.headVDim, true}, {kConvKernel, &a.convKernel, true},
+        {kMaxVerifyTokens, &a.maxVerifyTokens, true}, {kChunkSize, &a.chunkSize, false}};
+    if (!parseInt32Attrs(kGatedDeltaNetName, fc, attrs, kGdnNbAttrs))
+        return nullptr;
+    char msg[512];
+    if (validateGatedDeltaNetAttrs(a, msg, sizeof(msg)) != Status::kOK)
+    {
+        reportError("createPlugin", msg);
+        return nullptr;
+    }
+    return new (std::nothrow) GatedDeltaNetPlugin(a);
+}
+
+// Static registration: loading the library (LD_PRELOAD / ctypes / dlopen) registers the creator;
+// Triton's TensorRT-LLM backend calls no init function. DFLASH2_NO_STATIC_REGISTRATION exists only
+// for the glue test harness, which runs without libnvinfer.
+#ifndef DFLASH2_NO_STATIC_REGISTRATION
+REGISTER_TENSORRT_PLUGIN(GatedDeltaNetPluginCreator);
+#endif
+
+} // namespace dflash2

@@ -1,0 +1,89 @@
+/*
+ * DFlash2GatedDeltaNet (version "1", namespace "dflash2"): TensorRT IPluginV3 glue. It translates
+ * TensorRT's descriptors, calls validateGatedDeltaNet / validateGatedDeltaNetBatch and forwards to
+ * launchGatedDeltaNetForward / launchGatedDeltaNetCommit; all math lives in gatedDeltaNetMath.h /
+ * gatedDeltaNetKernel.cu. host_request_types, rnn_state_ptr and conv_state_ptr are host tensors
+ * (read in enqueue), the state pools behind the pointers are device memory the runtime owns.
+ */
+#pragma once
+
+#include "../common/df2PluginUtils.h"
+#include "gatedDeltaNetParams.h"
+
+#include <NvInferRuntime.h>
+
+#include <string>
+#include <vector>
+
+namespace dflash2
+{
+
+constexpr char const* kGatedDeltaNetName = "DFlash2GatedDeltaNet";
+constexpr char const* kGatedDeltaNetVersion = "1";
+
+class GatedDeltaNetPlugin : public nvinfer1::IPluginV3,
+                          public nvinfer1::IPluginV3OneCore,
+                          public nvinfer1::IPluginV3OneBuild,
+                          public nvinfer1::IPluginV3OneRuntime
+{
+public:
+    explicit GatedDeltaNetPlugin(GatedDeltaNetAttrs const& attrs);
+    ~GatedDeltaNetPlugin() override = default;
+
+    // IPluginV3
+    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
+    nvinfer1::IPluginV3* clone() noexcept override;
+
+    // IPluginV3OneCore
+    char const* getPluginName() const noexcept override;
+    char const* getPluginVersion() const noexcept override;
+    char const* getPluginNamespace() const noexcept override;
+
+    // IPluginV3OneBuild
+    int32_t getNbOutputs() const noexcept override;
+    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
+        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
+    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
+        int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
+        nvinfer1::IExprBuilder& exprBuilder) noexcept override;
+    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
+        int32_t nbOutputs) noexcept override;
+    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
+        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
+    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
+
+    // IPluginV3OneRuntime
+    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
+        int32_t nbOutputs) noexcept override;
+    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
+        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
+    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
+    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
+
+private:
+    GatedDeltaNetAttrs mAttrs;
+    GatedDeltaNetParams mParams;
+    std::vector<nvinfer1::PluginField> mSerialFields;
+    nvinfer1::PluginFieldCollection mSerialCollection{};
+};
+
+class GatedDeltaNetPluginCreator : public nvinfer1::IPluginCreatorV3One
+{
+public:
+    GatedDeltaNetPluginCreator();
+    ~GatedDeltaNetPluginCreator() override = default;
+
+    char const* getPluginName() const noexcept override;
+    char const* getPluginVersion() const noexcept override;
+    char const* getPluginNamespace() const noexcept override;
+    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
+    nvinfer1::IPluginV3* createPlugin(
+        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
+
+private:
+    std::vector<nvinfer1::PluginField> mFields;
+    nvinfer1::PluginFieldCollection mCollection{};
+};
+
+} // namespace dflash2
