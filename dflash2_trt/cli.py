@@ -483,5 +483,41 @@ def bench_project_cmd(target_key, gpus, concurrency, context_len, acceptance, ac
         click.echo(f"wrote {json_out}")
 
 
+@main.group("deploy")
+def deploy_group() -> None:
+    """Serving deployments of an engine directory."""
+
+
+@deploy_group.command("triton")
+@click.option("--engine-dir", required=True, type=click.Path(), help="Engine directory from `dflash2-trt build`.")
+@click.option("--output", required=True, type=click.Path(), help="Model repository to create.")
+@click.option("--model-name", default="ensemble", show_default=True, help="Name of the text entry point (ensemble).")
+@click.option("--max-batch-size", type=int, default=None, help="Triton max_batch_size [default: the engine's].")
+@click.option("--decoupled", is_flag=True, help="Decoupled tensorrt_llm model: streaming, one response per step.")
+@click.option("--tokenizer", type=click.Path(), default=None,
+              help="Tokenizer directory [default: the engine's tokenizer/, else its target directory].")
+@click.option("--ids-only", is_flag=True, help="No tokenizer: write the tensorrt_llm model alone (token ids).")
+@click.option("--backend", type=click.Choice(["auto", "python", "tensorrtllm"]), default="auto", show_default=True,
+              help="Who serves tensorrt_llm (auto: python for a CPU engine, tensorrtllm for a TensorRT-LLM one).")
+@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
+              help="tensorrtllm backend: GPU memory fraction for the KV cache.")
+@click.option("--plugin-lib", type=click.Path(), default=None,
+              help="tensorrtllm backend: libdflash2_plugins.so for launch.sh's LD_PRELOAD.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled, tokenizer, ids_only, backend,
+                      kv_cache_free_gpu_mem_fraction, plugin_lib, force) -> None:
+    """Write a Triton model repository (preprocessing, tensorrt_llm, postprocessing, ensemble)."""
+    from .deploy.triton.repository import deploy_triton
+
+    res = deploy_triton(engine_dir, output, model_name=model_name, max_batch_size=max_batch_size, decoupled=decoupled,
+                        tokenizer=tokenizer, ids_only=ids_only, backend=backend, force=force,
+                        kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction, plugin_lib=plugin_lib,
+                        command=sys.argv)
+    for note in res.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {res.output} ({res.backend} backend, {'decoupled' if res.decoupled else 'not decoupled'}, "
+               f"max batch {res.max_batch_size}; models: {', '.join(res.models)})")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

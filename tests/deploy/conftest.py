@@ -12,9 +12,7 @@ import pytest
 
 from dflash2_trt.assets import ASSET_ROOT, trained_pair
 
-MAX_NEW = 16
-EOS = (2,)
-SERVERS: list = []   # every server started by these tests, to assert none is left running
+from deploy_helpers import EOS, MAX_NEW, SERVERS, stop_and_check, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +30,23 @@ def engine(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def engine_without_tokenizer(tmp_path_factory, tiny_dense):
+    """A CPU engine of the seeded random tiny pair, whose target has no tokenizer."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    out = tmp_path_factory.mktemp("deploy") / "engine-no-tokenizer"
+    r = CliRunner().invoke(main, ["build", "--drafter", str(tiny_dense.drafter_dir), "--target-dir",
+                                  str(tiny_dense.target_dir), "--backend", "cpu", "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.fixture(scope="session")
 def prompts():
-    return json.loads((ASSET_ROOT / "qwen3" / "prompts.json").read_text())["prompts"]
+    """The first 10 of the pair's 16 held-out prompts (the oracle decodes one token per target pass)."""
+    return json.loads((ASSET_ROOT / "qwen3" / "prompts.json").read_text())["prompts"][:10]
 
 
 @pytest.fixture(scope="session")
@@ -62,30 +75,12 @@ def tokenizer(engine):
     return tok
 
 
-def start_server(repo, **kw):
-    from dflash2_trt.deploy.triton.server import TritonServer
-
-    srv = TritonServer(repo, ready_timeout=120, **kw)
-    SERVERS.append(srv)
-    srv.start()
-    return srv
-
-
 def _server(tmp_path_factory, engine, *, decoupled):
     from dflash2_trt.deploy.triton.repository import deploy_triton
 
     repo = tmp_path_factory.mktemp("repo") / ("decoupled" if decoupled else "plain")
     deploy_triton(engine, repo, decoupled=decoupled)
     return start_server(repo)
-
-
-def stop_and_check(srv) -> None:
-    """Stop ``srv`` and assert that no process of its group (server or python-backend stub) is left."""
-    from dflash2_trt.deploy.triton.server import group_alive
-
-    srv.close()
-    assert not srv.alive()
-    assert not group_alive(srv.proc.pid), f"processes of tritonserver group {srv.proc.pid} left running"
 
 
 @pytest.fixture(scope="session")
@@ -107,7 +102,7 @@ def server_stream(tmp_path_factory, engine):
 def pytest_sessionfinish(session, exitstatus):
     """Belt and braces: a server a failing fixture did not stop is stopped here."""
     for srv in SERVERS:
-        srv.stop()
+        srv.close()
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

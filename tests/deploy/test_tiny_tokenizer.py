@@ -106,12 +106,9 @@ def test_build_copies_the_tokenizer_and_run_takes_text(engine, tokenizer, prompt
     assert out["text"] == tokenizer.decode(greedy[0])
 
 
-def test_run_text_on_an_engine_without_tokenizer(tmp_path, tiny_dense):
+def test_run_text_on_an_engine_without_tokenizer(engine_without_tokenizer):
     """The seeded random tiny pair has no tokenizer: text prompts are one clear error."""
-    eng = tmp_path / "eng"
-    r = CliRunner().invoke(main, ["build", "--drafter", str(tiny_dense.drafter_dir), "--target-dir",
-                                  str(tiny_dense.target_dir), "--backend", "cpu", "--output", str(eng)])
-    assert r.exit_code == 0, r.output
+    eng = engine_without_tokenizer
     assert not (eng / "tokenizer").exists() and json.loads((eng / "engine.json").read_text())["tokenizer"] is None
     r = CliRunner().invoke(main, ["run", "--engine-dir", str(eng), "--prompt", WORDS[5]])
     assert r.exit_code == 1 and r.output.startswith("error: ") and "has none" in r.output, r.output

@@ -1,0 +1,1 @@
+"""Serving deployments of engine directories (``dflash2-trt deploy ...``)."""

@@ -1,0 +1,54 @@
+"""Triton python-backend model ``postprocessing`` (written by ``dflash2-trt deploy triton``).
+
+TOKENS_BATCH [b, beam, L] + SEQUENCE_LENGTH [b, beam] -> OUTPUT [b] (text of the first beam, special
+tokens skipped unless the ``skip_special_tokens`` parameter is "false"). Stateless: a streamed
+response is decoded on its own.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def load_tokenizer(directory):
+    """As dflash2_trt.tokenizer.find_tokenizer loads it: a tokenizer_config naming the generic fast
+    class is its tokenizer.json (AutoTokenizer may substitute the model type's own class, which
+    ignores tokenizer.json's pipeline), anything else goes through AutoTokenizer."""
+    import os
+
+    try:
+        with open(os.path.join(directory, "tokenizer_config.json")) as f:
+            declared = json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    if declared in ("PreTrainedTokenizerFast", "TokenizersBackend") and \
+            os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(directory)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        params = cfg.get("parameters", {})
+        self.tokenizer = load_tokenizer(params["tokenizer_dir"]["string_value"])
+        self.skip_special = params.get("skip_special_tokens", {}).get("string_value", "true").lower() != "false"
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+            tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
+            lengths = lengths.reshape(lengths.shape[0], -1)
+            texts = [self.tokenizer.decode(tokens[b, 0, :int(lengths[b, 0])].tolist(),
+                                           skip_special_tokens=self.skip_special).encode("utf-8")
+                     for b in range(tokens.shape[0])]
+            out = np.array(texts, dtype=np.object_).reshape(-1, 1)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", out)]))
+        return responses

@@ -1,0 +1,117 @@
+"""Triton python-backend model ``preprocessing`` (written by ``dflash2-trt deploy triton``).
+
+QUERY (text) -> INPUT_ID / REQUEST_INPUT_LEN with the target's tokenizer (no special tokens unless
+the ``add_special_tokens`` parameter is "true"); STOP_WORDS_DICT -> STOP_WORDS_IDS in
+TensorRT-LLM's [2, L] word-list form; END_ID / PAD_ID default to the ``end_id`` / ``pad_id``
+parameters (the engine's EOS and the tokenizer's pad). The engine's other EOS ids
+(``extra_stop_ids``) are appended as one-token stop words when the request gives no END_ID, so the
+ensemble stops where ``dflash2-trt run`` does.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _param(cfg, key, default=None):
+    value = cfg.get("parameters", {}).get(key, {}).get("string_value")
+    return default if value in (None, "") else value
+
+
+def word_list(words):
+    """[[ids...], ...] -> int32 [2, L]: ids back to back, then the cumulative end offsets (-1 padded)."""
+    flat, offsets = [], []
+    for w in words:
+        flat += list(w)
+        offsets.append(len(flat))
+    n = max(1, len(flat), len(offsets))
+    out = np.zeros((2, n), dtype=np.int32)
+    out[1, :] = -1
+    out[0, :len(flat)] = flat
+    out[1, :len(offsets)] = offsets
+    return out
+
+
+def load_tokenizer(directory):
+    """As dflash2_trt.tokenizer.find_tokenizer loads it: a tokenizer_config naming the generic fast
+    class is its tokenizer.json (AutoTokenizer may substitute the model type's own class, which
+    ignores tokenizer.json's pipeline), anything else goes through AutoTokenizer."""
+    import os
+
+    try:
+        with open(os.path.join(directory, "tokenizer_config.json")) as f:
+            declared = json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    if declared in ("PreTrainedTokenizerFast", "TokenizersBackend") and \
+            os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(directory)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        self.tokenizer = load_tokenizer(_param(cfg, "tokenizer_dir"))
+        self.add_special = _param(cfg, "add_special_tokens", "false").lower() == "true"
+        self.end_id = int(_param(cfg, "end_id", "-1"))
+        self.pad_id = int(_param(cfg, "pad_id", "0"))
+        extra = _param(cfg, "extra_stop_ids", "")
+        self.extra_stop = [[int(t)] for t in extra.split(",") if t.strip()]
+
+    def _encode(self, text):
+        try:
+            return list(self.tokenizer(text, add_special_tokens=self.add_special)["input_ids"])
+        except Exception as exc:  # noqa: BLE001 - e.g. a word outside a word-level vocabulary
+            raise ValueError(f"preprocessing: the tokenizer cannot encode the text ({exc})") from None
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request)))
+            except ValueError as exc:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
+        return responses
+
+    def _one(self, request):
+        def get(name):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            return None if t is None else t.as_numpy()
+
+        query = get("QUERY").reshape(-1)
+        if query.size != 1:
+            raise ValueError(f"preprocessing: QUERY must hold one text per request, got {query.size}")
+        text = query[0].decode("utf-8") if isinstance(query[0], bytes) else str(query[0])
+        ids = self._encode(text)
+        if not ids:
+            raise ValueError("preprocessing: the text encodes to no tokens")
+        out_len = get("REQUEST_OUTPUT_LEN").reshape(-1)[:1].astype(np.int32)
+        end = get("END_ID")
+        pad = get("PAD_ID")
+        words = []
+        stop = get("STOP_WORDS_DICT")
+        if stop is not None:
+            for s in stop.reshape(-1):
+                s = s.decode("utf-8") if isinstance(s, bytes) else str(s)
+                if s:
+                    w = self._encode(s)
+                    if w:
+                        words.append(w)
+        if end is None:
+            words += self.extra_stop
+        end_id = np.array([int(end.reshape(-1)[0]) if end is not None else self.end_id], dtype=np.int32)
+        pad_id = np.array([int(pad.reshape(-1)[0]) if pad is not None else self.pad_id], dtype=np.int32)
+        return [
+            pb_utils.Tensor("INPUT_ID", np.array([ids], dtype=np.int32)),
+            pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(ids)]], dtype=np.int32)),
+            pb_utils.Tensor("REQUEST_OUTPUT_LEN", out_len.reshape(1, 1)),
+            pb_utils.Tensor("STOP_WORDS_IDS", word_list(words)[None]),
+            pb_utils.Tensor("OUT_END_ID", end_id.reshape(1, 1)),
+            pb_utils.Tensor("OUT_PAD_ID", pad_id.reshape(1, 1)),
+        ]

@@ -1,0 +1,128 @@
+"""Triton python-backend model ``tensorrt_llm`` for a CPU engine (written by ``dflash2-trt deploy triton``).
+
+Same name and tensors as TensorRT-LLM's ``tensorrtllm`` backend model; the work is done by
+``dflash2_trt.deploy.triton.serving`` (one CPU runtime in a background thread: in-flight batching
+across Triton requests; decoupled: one response per engine step with the tokens it accepted).
+Needs the ``dflash2-trt`` package importable by the python-backend stub (the server's Python).
+"""
+
+import json
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from dflash2_trt.deploy.triton.serving import ServingLoop, parse_request
+from dflash2_trt.errors import DFlash2Error
+
+
+def _param(cfg, key, default=None):
+    value = cfg.get("parameters", {}).get(key, {}).get("string_value")
+    return default if value in (None, "") else value
+
+
+def _response(tensors):
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+
+
+def _error(message):
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+class _StreamSink:
+    """Decoupled: responses go out through the request's sender as they are made."""
+
+    def __init__(self, request):
+        self.request = request
+        self.sender = request.get_response_sender()
+
+    def send(self, tensors, final):
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        self.sender.send(_response(tensors), flags=flags)
+
+    def error(self, message):
+        self.sender.send(_error(message), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def cancelled(self):
+        return self.request.is_cancelled()
+
+
+class _CollectSink:
+    """Not decoupled: execute() waits for the one final response."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.response = None
+
+    def send(self, tensors, final):
+        if final:
+            self.response = _response(tensors)
+            self.done.set()
+
+    def error(self, message):
+        self.response = _error(message)
+        self.done.set()
+
+    def cancelled(self):
+        return False
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from dflash2_trt.engine.build import open_cpu_engine
+
+        cfg = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
+        engine_dir = _param(cfg, "gpt_model_path")
+        if engine_dir is None:
+            raise pb_utils.TritonModelException("parameter gpt_model_path (the engine directory) is not set")
+        try:
+            self.engine, self.manifest = open_cpu_engine(engine_dir)
+        except DFlash2Error as exc:
+            raise pb_utils.TritonModelException(f"cannot open the engine: {exc}") from None
+        K = self.engine.K
+        mode = _param(cfg, "decoding_mode", "eagle")
+        if mode != "eagle":
+            raise pb_utils.TritonModelException(f"decoding_mode {mode!r}: this engine runs eagle decoding only")
+        choices = _param(cfg, "eagle_choices")
+        chain = ",".join("{" + ",".join(["0"] * d) + "}" for d in range(1, K + 1))
+        if choices is not None and choices.replace(" ", "") != chain:
+            # a different tree would silently change what the engine is asked to verify
+            raise pb_utils.TritonModelException(f"eagle_choices {choices!r} is not the engine's chain of depth {K}: "
+                                                f"{chain}")
+        self.exclude_default = _param(cfg, "exclude_input_in_output", "false").lower() == "true"
+        self.eos = tuple(int(e) for e in self.manifest.get("eos_token_ids") or ())
+        max_batch = int(cfg.get("max_batch_size") or 0) or None
+        try:
+            self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=self.decoupled)
+        except DFlash2Error as exc:
+            raise pb_utils.TritonModelException(f"max_batch_size: {exc}") from None
+
+    def _spec(self, request):
+        inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+        return parse_request(inputs, vocab_size=self.engine.vocab_size, eos_token_ids=self.eos,
+                             exclude_default=self.exclude_default, decoupled=self.decoupled)
+
+    def execute(self, requests):
+        if self.decoupled:
+            for request in requests:
+                sink = _StreamSink(request)
+                try:
+                    self.loop.submit(self._spec(request), sink, task_id=request.request_id())
+                except DFlash2Error as exc:
+                    sink.error(str(exc))
+            return None
+        sinks = []
+        for request in requests:
+            sink = _CollectSink()
+            try:
+                self.loop.submit(self._spec(request), sink, task_id=request.request_id())
+            except DFlash2Error as exc:
+                sink.error(str(exc))
+            sinks.append(sink)
+        for sink in sinks:
+            sink.done.wait()
+        return [sink.response for sink in sinks]
+
+    def finalize(self):
+        self.loop.close()
+        self.engine.close()

@@ -1,0 +1,342 @@
+"""``dflash2-trt deploy triton``: a Triton model repository for an engine directory.
+
+The layout is TensorRT-LLM's ``inflight_batcher_llm`` one, generated from the project's own
+templates (``templates/``)::
+
+    REPO/
+      preprocessing/   config.pbtxt, 1/model.py    text -> input_ids (the target's tokenizer)
+      tensorrt_llm/    config.pbtxt, 1/[model.py]  the engine: TensorRT-LLM backend tensors
+      postprocessing/  config.pbtxt, 1/model.py    output_ids -> text
+      ensemble/        config.pbtxt, 1/            text_input, max_tokens, ... -> text_output
+      launch.sh                                    (tensorrtllm backend) tritonserver + LD_PRELOAD
+
+``tensorrt_llm`` is served by ``backend: "tensorrtllm"`` for a TensorRT-LLM engine, or by a
+python-backend model running the CPU runtime for a CPU engine (``models/tensorrt_llm_cpu.py``);
+the two configs come from one template and differ only in ``backend`` and ``parameters``. Every
+``config.pbtxt`` is parsed strictly with Triton's own model-config protobuf (tritonclient's
+``model_config_pb2``) and the ensemble's wiring is checked against the composing models before the
+repository is renamed into place (:class:`~dflash2_trt.checkpoint.writer.AtomicOutputDir`: an
+error leaves nothing behind). Without a tokenizer only ``tensorrt_llm`` is written (``ids_only``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import __version__
+from ...errors import ConfigError, MissingDependencyError
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = HERE / "templates"
+MODELS = HERE / "models"
+BACKENDS = ("python", "tensorrtllm")
+MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+TRITON_EXTRA = "pip install 'dflash2-trt[triton]' (nvidia-pytriton: tritonserver + tritonclient)"
+
+
+@dataclass
+class RepositoryResult:
+    output: Path
+    backend: str
+    decoupled: bool
+    max_batch_size: int
+    ensemble: str | None
+    tokenizer_dir: Path | None
+    models: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- templates -----------------------------------------------------------------------------------
+def fill(template: str, values: dict[str, object], *, source: str = "template") -> str:
+    """``string.Template`` substitution where every placeholder must be given and every given value
+    used (as TensorRT-LLM's fill_template.py insists): a typo is an error, not a silent default."""
+    t = string.Template(template)
+    names = set()
+    for m in t.pattern.finditer(template):
+        if m.group("invalid") is not None:
+            raise ConfigError(f"invalid placeholder at offset {m.start()}", source=source)
+        name = m.group("named") or m.group("braced")
+        if name:
+            names.add(name)
+    missing, unused = sorted(names - set(values)), sorted(set(values) - names)
+    if missing or unused:
+        raise ConfigError(f"placeholders missing values: {missing}; values without placeholders: {unused}",
+                          source=source)
+    return t.substitute({k: str(v) for k, v in values.items()})
+
+
+def read_template(name: str) -> str:
+    return (TEMPLATES / name).read_text()
+
+
+def parameters_block(params: dict[str, str]) -> str:
+    return "\n".join(f'parameters: {{\n  key: "{k}"\n  value: {{ string_value: "{_pbtxt_str(v)}" }}\n}}'
+                     for k, v in params.items())
+
+
+def _pbtxt_str(v) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def eagle_chain(K: int) -> str:
+    """TensorRT-LLM's ``eagle_choices`` for the linear draft chain of depth K: ``{0},{0,0},...``."""
+    return ",".join("{" + ",".join(["0"] * d) + "}" for d in range(1, K + 1))
+
+
+def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
+                            kv_cache_free_gpu_mem_fraction: float = 0.9) -> dict[str, str]:
+    """The ``parameters`` of the tensorrt_llm model. The CPU model's are a subset of the GPU ones,
+    with equal values (those it reads)."""
+    common = {
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": str(engine_dir),
+        "max_beam_width": "1",
+        "exclude_input_in_output": "true",
+        "decoding_mode": "eagle",
+        "eagle_choices": eagle_chain(K),
+    }
+    if backend == "python":
+        return common
+    return {**common,
+            "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+            "batch_scheduler_policy": "guaranteed_no_evict",
+            "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}",
+            "enable_kv_cache_reuse": "false",
+            "enable_chunked_context": "false",
+            "normalize_log_probs": "true",
+            "cancellation_check_period_ms": "100"}
+
+
+# ---- config checks -------------------------------------------------------------------------------
+def _pb():
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError as exc:
+        raise MissingDependencyError(f"checking config.pbtxt needs tritonclient ({exc.name} missing): "
+                                     f"{TRITON_EXTRA}") from None
+    return text_format, model_config_pb2
+
+
+def parse_config(text: str, *, source: str | Path):
+    """Strict text-format parse into Triton's ``inference.ModelConfig`` (unknown fields and bad enum
+    values are errors)."""
+    text_format, pb = _pb()
+    try:
+        return text_format.Parse(text, pb.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ConfigError(f"not a valid Triton model config: {exc}", source=source) from None
+
+
+def _dims(t) -> list[int]:
+    return list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+
+
+def check_ensemble(ensemble, models: dict, *, source: str | Path = "ensemble/config.pbtxt") -> None:
+    """The ensemble's steps name existing models and tensors, every step input is an ensemble input
+    or an earlier step's output of the same data type, and every ensemble output is produced."""
+    available = {t.name: t.data_type for t in ensemble.input}
+    for i, step in enumerate(ensemble.ensemble_scheduling.step):
+        where = f"ensemble_scheduling.step[{i}] ({step.model_name})"
+        m = models.get(step.model_name)
+        if m is None:
+            raise ConfigError(f"model {step.model_name!r} is not in the repository", source=source, field=where)
+        m_in = {t.name: t for t in m.input}
+        m_out = {t.name: t for t in m.output}
+        for key, value in step.input_map.items():
+            if key not in m_in:
+                raise ConfigError(f"input_map key {key!r} is not an input of {step.model_name}", source=source,
+                                  field=where)
+            if value not in available:
+                raise ConfigError(f"input_map value {value!r} is neither an ensemble input nor an earlier output",
+                                  source=source, field=where)
+            if available[value] != m_in[key].data_type:
+                raise ConfigError(f"{value!r} feeds {step.model_name}.{key} with another data type", source=source,
+                                  field=where)
+        for name, t in m_in.items():
+            if not t.optional and name not in step.input_map:
+                raise ConfigError(f"required input {name!r} of {step.model_name} is not mapped", source=source,
+                                  field=where)
+        for key, value in step.output_map.items():
+            if key not in m_out:
+                raise ConfigError(f"output_map key {key!r} is not an output of {step.model_name}", source=source,
+                                  field=where)
+            available[value] = m_out[key].data_type
+    for t in ensemble.output:
+        if t.name not in available:
+            raise ConfigError(f"ensemble output {t.name!r} is produced by no step", source=source, field="output")
+        if available[t.name] != t.data_type:
+            raise ConfigError(f"ensemble output {t.name!r} has another data type than its producer", source=source,
+                              field="output")
+
+
+def check_repository(repo: str | Path) -> dict:
+    """Parse every ``*/config.pbtxt`` of a repository strictly and check the ensemble(s); returns
+    {model name: ModelConfig}."""
+    repo = Path(repo)
+    models = {}
+    for cfg_path in sorted(repo.glob("*/config.pbtxt")):
+        cfg = parse_config(cfg_path.read_text(), source=cfg_path)
+        if cfg.name != cfg_path.parent.name:
+            raise ConfigError(f"name {cfg.name!r} differs from its directory {cfg_path.parent.name!r}",
+                              source=cfg_path, field="name")
+        if not (cfg_path.parent / "1").is_dir():
+            raise ConfigError("no version directory 1/", source=cfg_path.parent)
+        models[cfg.name] = cfg
+    for name, cfg in models.items():
+        if cfg.platform == "ensemble":
+            check_ensemble(cfg, models, source=repo / name / "config.pbtxt")
+    return models
+
+
+# ---- the engine ----------------------------------------------------------------------------------
+def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
+    """(engine config, manifest). CPU engines are fully checked (load_engine_dir); a TensorRT-LLM
+    engine directory's engine.json and config.json are read as ``build --backend trtllm`` writes them."""
+    from ...engine.build import ENGINE_FORMAT, load_engine_dir
+
+    engine_dir = Path(engine_dir)
+    man_path = engine_dir / "engine.json"
+    if not engine_dir.is_dir():
+        raise ConfigError("engine directory not found", source=engine_dir)
+    if not man_path.is_file():
+        raise ConfigError("not an engine directory (no engine.json; build one with `dflash2-trt build`)",
+                          source=engine_dir)
+    try:
+        man = json.loads(man_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", source=man_path) from None
+    if not isinstance(man, dict) or man.get("format") != ENGINE_FORMAT:
+        raise ConfigError(f"format {man.get('format') if isinstance(man, dict) else None!r}, expected "
+                          f"{ENGINE_FORMAT!r}", source=man_path, field="format")
+    if man.get("backend") == "cpu":
+        return load_engine_dir(engine_dir)
+    if man.get("backend") == "trtllm":
+        for k in ("block_size", "limits"):
+            if k not in man:
+                raise ConfigError("missing", source=man_path, field=k)
+        try:   # TensorRT-LLM's engine config: pretrained_config + build_config
+            cfg = json.loads((engine_dir / "config.json").read_text())
+            cfg["pretrained_config"]["vocab_size"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"no TensorRT-LLM engine config with pretrained_config.vocab_size ({exc})",
+                              source=engine_dir / "config.json") from None
+        return cfg, man
+    raise ConfigError(f"backend {man.get('backend')!r}: expected 'cpu' or 'trtllm'", source=man_path, field="backend")
+
+
+def _tokenizer_for(engine_dir: Path, man: dict, tokenizer: str | Path | None, vocab: int):
+    """(tokenizer directory, loaded tokenizer) or (None, None) when the engine has none."""
+    from ...tokenizer import engine_tokenizer_dir, find_tokenizer
+
+    if tokenizer is not None:
+        d = Path(tokenizer)
+        if not d.is_dir():
+            raise ConfigError("tokenizer directory not found", source=d, field="--tokenizer")
+    else:
+        d = engine_tokenizer_dir(engine_dir, man)
+        if d is None:
+            return None, None
+    tok = find_tokenizer(d)
+    if tok is None:
+        raise ConfigError("no usable tokenizer (tokenizer.json, tokenizer.model, vocab.json or tiktoken.model "
+                          "loadable by transformers)", source=d, field="--tokenizer")
+    if len(tok) > vocab:
+        # ids the engine has no row for would be an out-of-range lookup, not an error message
+        raise ConfigError(f"the tokenizer has {len(tok)} tokens, the engine's vocabulary {vocab}", source=d,
+                          field="--tokenizer")
+    return d.resolve(), tok
+
+
+# ---- the repository ------------------------------------------------------------------------------
+def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str = "ensemble",
+                  max_batch_size: int | None = None, decoupled: bool = False, tokenizer: str | Path | None = None,
+                  backend: str = "auto", ids_only: bool = False, force: bool = False,
+                  kv_cache_free_gpu_mem_fraction: float = 0.9, plugin_lib: str | Path | None = None,
+                  command=None) -> RepositoryResult:
+    from ...checkpoint.writer import AtomicOutputDir
+
+    engine_dir = Path(engine_dir)
+    cfg, man = read_engine(engine_dir)
+    notes = []
+    if backend == "auto":
+        backend = "python" if man["backend"] == "cpu" else "tensorrtllm"
+    if backend not in BACKENDS:
+        raise ConfigError(f"must be one of auto, {', '.join(BACKENDS)}, got {backend!r}", field="--backend")
+    if backend == "python" and man["backend"] != "cpu":
+        raise ConfigError("the python backend serves CPU engines; this is a TensorRT-LLM engine (use --backend "
+                          "tensorrtllm)", source=engine_dir, field="--backend")
+    if backend == "tensorrtllm" and man["backend"] == "cpu":
+        notes.append(f"{engine_dir} is a CPU engine: the tensorrtllm backend needs TensorRT-LLM engine files at "
+                     f"gpt_model_path (`dflash2-trt build --backend trtllm` on a GPU machine)")
+    if not _NAME_RE.match(model_name) or model_name in MODEL_NAMES:
+        raise ConfigError(f"{model_name!r} must be a plain model name other than {', '.join(MODEL_NAMES)}",
+                          field="--model-name")
+    limit = int(man["limits"]["max_batch_size"])
+    mbs = limit if max_batch_size is None else int(max_batch_size)
+    if not 1 <= mbs <= limit:
+        raise ConfigError(f"must be in [1, {limit}] (the engine's max_batch_size), got {mbs}", field="--max-batch-size")
+    if not 0 < kv_cache_free_gpu_mem_fraction <= 1:
+        raise ConfigError(f"must be in (0, 1], got {kv_cache_free_gpu_mem_fraction}",
+                          field="--kv-cache-free-gpu-mem-fraction")
+    vocab = int(cfg["pretrained_config"]["vocab_size"])
+    K = int(man["block_size"]) - 1
+    tok_dir, tok = (None, None) if ids_only else _tokenizer_for(engine_dir, man, tokenizer, vocab)
+    if tok is None and not ids_only:
+        raise ConfigError("has no tokenizer (no tokenizer/ and none in its target directory), so the text "
+                          "ensemble cannot be made: give --tokenizer DIR, or --ids-only for a token-id-only "
+                          "repository (tensorrt_llm alone)", source=engine_dir)
+    engine_abs = engine_dir.resolve()
+    eos = [int(e) for e in man.get("eos_token_ids") or ()]
+    with AtomicOutputDir(output, force=force) as tmp:
+        params = tensorrt_llm_parameters(backend, engine_dir=engine_abs, K=K,
+                                         kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction)
+        _write_model(tmp, "tensorrt_llm", fill(read_template("tensorrt_llm.pbtxt"), {
+            "backend": backend, "max_batch_size": mbs, "decoupled": "true" if decoupled else "false",
+            "max_queue_delay_microseconds": 0, "parameters": parameters_block(params)},
+            source="templates/tensorrt_llm.pbtxt"),
+            MODELS / "tensorrt_llm_cpu.py" if backend == "python" else None)
+        models = ["tensorrt_llm"]
+        if tok is not None:
+            end_id = eos[0] if eos else (tok.eos_token_id if tok.eos_token_id is not None else -1)
+            pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+            common = {"max_batch_size": mbs, "tokenizer_dir": _pbtxt_str(tok_dir), "tokenizer_instances": 1}
+            _write_model(tmp, "preprocessing", fill(read_template("preprocessing.pbtxt"), {
+                **common, "end_id": end_id, "pad_id": pad_id, "extra_stop_ids": ",".join(map(str, eos[1:]))},
+                source="templates/preprocessing.pbtxt"), MODELS / "preprocessing.py")
+            _write_model(tmp, "postprocessing", fill(read_template("postprocessing.pbtxt"), common,
+                                                     source="templates/postprocessing.pbtxt"),
+                         MODELS / "postprocessing.py")
+            _write_model(tmp, model_name, fill(read_template("ensemble.pbtxt"), {
+                "ensemble_name": model_name, "max_batch_size": mbs}, source="templates/ensemble.pbtxt"), None)
+            models += ["preprocessing", "postprocessing", model_name]
+        if backend == "tensorrtllm":
+            lib_name = (man.get("plugin_library") or {}).get("file") or "libdflash2_plugins.so"
+            lib = Path(plugin_lib).resolve() if plugin_lib is not None else engine_abs / lib_name
+            launch = tmp / "launch.sh"
+            launch.write_text(fill(read_template("launch.sh"), {"plugin_lib": lib}, source="templates/launch.sh"))
+            launch.chmod(0o755)
+        check_repository(tmp)
+        (tmp / "dflash2_repository.json").write_text(json.dumps({
+            "format": "dflash2-trt triton repository", "backend": backend, "decoupled": decoupled,
+            "max_batch_size": mbs, "ensemble": model_name if tok is not None else None,
+            "engine_dir": str(engine_abs), "tokenizer_dir": None if tok_dir is None else str(tok_dir),
+            "models": models, "dflash2_trt": __version__, "python": sys.version.split()[0],
+            "command": command or []}, indent=2) + "\n")
+    return RepositoryResult(Path(output), backend, decoupled, mbs, model_name if tok is not None else None, tok_dir,
+                            models, notes)
+
+
+def _write_model(repo: Path, name: str, config: str, model_file: Path | None) -> None:
+    d = repo / name
+    (d / "1").mkdir(parents=True)
+    (d / "config.pbtxt").write_text(config)
+    if model_file is not None:
+        shutil.copyfile(model_file, d / "1" / "model.py")

@@ -1,0 +1,373 @@
+"""The CPU engine behind Triton's ``tensorrt_llm`` tensors: what the python-backend model does.
+
+``models/tensorrt_llm_cpu.py`` (the repository's ``tensorrt_llm/1/model.py``) is a thin Triton
+wrapper around this module, which imports no Triton code so that it is tested directly:
+
+- :func:`parse_request` turns one request's input tensors (TensorRT-LLM backend names, see
+  ``templates/tensorrt_llm.pbtxt``) into a :class:`Spec`, or raises a :class:`ConfigError` naming
+  the input. Inputs the CPU engine cannot honour (beams, logits, LoRA, top-k/top-p, ...) are
+  refused when set to anything but their neutral value, never silently ignored.
+- :class:`ServingLoop` owns ONE :class:`~dflash2_trt.runtime.Runtime` in a background thread: every
+  Triton request joins the in-flight batch at the next engine step it fits in (requests from
+  different ``execute`` calls share steps), and each step's accepted tokens are handed to the
+  request's sink (streamed as one response per step when decoupled).
+
+Speculative-decoding statistics (outputs with ``return_perf_metrics``), defined as TensorRT-LLM's
+executor defines them (``LlmRequest::updateNumTokensPerIteration`` and the result's
+``RequestPerfMetrics.speculativeDecoding``):
+
+- ``total_draft_tokens`` += min(drafts of the step, max draft path length) = K per generation step
+  (the context step, which produces the first token, has no drafts and counts nothing);
+- ``total_accepted_draft_tokens`` += tokens emitted by the step - 1 (the engine's accepted count,
+  before a stop word or ``request_output_len`` cuts the last step short);
+- ``acceptance_rate`` = accepted / drafts (0 when no generation step ran).
+
+The mean acceptance length (tokens per generation step, ``dflash2-trt run``'s "mean acceptance")
+is ``1 + total_accepted_draft_tokens * K / total_draft_tokens``.
+
+Times (``arrival_time_ns``, ``first_scheduled_time_ns``, ``first_token_time_ns``,
+``last_token_time_ns``) are ``time.monotonic_ns()`` (a steady clock, as TensorRT-LLM's).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
+
+import numpy as np
+
+from ...errors import ConfigError
+
+# Inputs of the tensorrt_llm model this backend honours.
+HONOURED = ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "stop_words_list", "streaming",
+            "exclude_input_in_output", "temperature", "seed", "return_perf_metrics", "return_num_input_tokens",
+            "return_num_output_tokens")
+# Inputs accepted only at a value that changes nothing for this engine (one beam, no logits, ...).
+_NEUTRAL: dict[str, Callable[[float], bool]] = {
+    "beam_width": lambda v: v == 1,
+    "num_return_sequences": lambda v: v == 1,
+    "runtime_top_k": lambda v: v == 0,
+    "runtime_top_p": lambda v: v == 0.0 or v == 1.0,
+    "repetition_penalty": lambda v: v == 1.0,
+    "presence_penalty": lambda v: v == 0.0,
+    "frequency_penalty": lambda v: v == 0.0,
+    "min_tokens": lambda v: v <= 1,
+    "return_log_probs": lambda v: not v,
+    "return_context_logits": lambda v: not v,
+    "return_generation_logits": lambda v: not v,
+    "stop": lambda v: not v,
+    # beam-search-only and nucleus-decay settings: no effect with one beam and no top-p
+    "len_penalty": lambda v: True,
+    "early_stopping": lambda v: True,
+    "beam_search_diversity_rate": lambda v: True,
+    "runtime_top_p_min": lambda v: True,
+    "runtime_top_p_decay": lambda v: True,
+    "runtime_top_p_reset_ids": lambda v: True,
+}
+NEUTRAL = tuple(_NEUTRAL)
+PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "arrival_time_ns",
+                "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+
+
+@dataclass
+class Spec:
+    """One request, parsed."""
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    stop_words: list[list[int]] = field(default_factory=list)
+    streaming: bool = False
+    exclude_input: bool = True
+    perf: bool = False
+    num_input: bool = False
+    num_output: bool = False
+    arrival_ns: int = 0
+
+
+def _scalar(arr: np.ndarray, name: str):
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size != 1:
+        raise ConfigError(f"expected one value per request, got shape {list(np.asarray(arr).shape)}", field=name)
+    return flat[0].item()
+
+
+def parse_stop_words(arr: np.ndarray) -> list[list[int]]:
+    """TensorRT-LLM's word list ``[1, 2, L]`` (or ``[2, L]``): row 0 the words' ids back to back,
+    row 1 each word's cumulative end offset, -1 padded."""
+    a = np.asarray(arr)
+    if a.ndim == 3 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 2 or a.shape[0] != 2:
+        raise ConfigError(f"must have shape [2, L] (ids, end offsets), got {list(np.asarray(arr).shape)}",
+                          field="stop_words_list")
+    ids, offsets = a[0].tolist(), [int(o) for o in a[1].tolist() if int(o) >= 0]
+    words, start = [], 0
+    for off in offsets:
+        if not start < off <= len(ids):
+            raise ConfigError(f"end offsets must increase within the {len(ids)} ids, got {offsets}",
+                              field="stop_words_list")
+        words.append([int(t) for t in ids[start:off]])
+        start = off
+    return words
+
+
+def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_token_ids=(), exclude_default: bool = True,
+                  decoupled: bool = False, arrival_ns: int | None = None) -> Spec:
+    """One request's input tensors (name -> array, only those the client gave) -> :class:`Spec`."""
+    for name, arr in inputs.items():
+        if name in HONOURED:
+            continue
+        if name in _NEUTRAL:
+            v = _scalar(arr, name)
+            if not _NEUTRAL[name](v):
+                raise ConfigError(f"{v!r} is not supported by the CPU engine (one beam, no logits, no top-k/top-p; "
+                                  f"the tensorrtllm backend serves it on a GPU)", field=name)
+            continue
+        raise ConfigError("not supported by the CPU tensorrt_llm model (the tensorrtllm backend serves it on a GPU)",
+                          field=name)
+    if "input_ids" not in inputs:
+        raise ConfigError("required (the prompt's token ids)", field="input_ids")
+    ids = np.asarray(inputs["input_ids"])
+    if ids.ndim == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.ndim != 1:
+        raise ConfigError(f"expected [1, L] token ids per request, got shape {list(np.asarray(inputs['input_ids']).shape)}",
+                          field="input_ids")
+    prompt = [int(t) for t in ids.tolist()]
+    if "input_lengths" in inputs:
+        n = int(_scalar(inputs["input_lengths"], "input_lengths"))
+        if not 1 <= n <= len(prompt):
+            raise ConfigError(f"{n} is not in [1, {len(prompt)}] (the ids given)", field="input_lengths")
+        prompt = prompt[:n]
+    if not prompt:
+        raise ConfigError("empty prompt", field="input_ids")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise ConfigError(f"token ids {bad[:5]} outside the vocabulary [0, {vocab_size})", field="input_ids")
+    if "request_output_len" not in inputs:
+        raise ConfigError("required (new tokens to generate)", field="request_output_len")
+    out_len = int(_scalar(inputs["request_output_len"], "request_output_len"))
+    if out_len < 1:
+        raise ConfigError(f"must be >= 1, got {out_len}", field="request_output_len")
+    temperature = float(_scalar(inputs["temperature"], "temperature")) if "temperature" in inputs else 0.0
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="temperature")
+    seed = int(_scalar(inputs["seed"], "seed")) if "seed" in inputs else 0
+    if not 0 <= seed < 2**64:
+        raise ConfigError(f"must be in [0, 2**64), got {seed}", field="seed")
+    if "end_id" in inputs:
+        end = int(_scalar(inputs["end_id"], "end_id"))
+        stops = (end,) if end >= 0 else ()
+    else:
+        stops = tuple(int(e) for e in eos_token_ids)
+    words = parse_stop_words(inputs["stop_words_list"]) if "stop_words_list" in inputs else []
+    streaming = bool(_scalar(inputs["streaming"], "streaming")) if "streaming" in inputs else False
+    if streaming and not decoupled:
+        raise ConfigError("streaming needs a decoupled model: deploy the repository with --decoupled", field="streaming")
+    flag = lambda name, default=False: bool(_scalar(inputs[name], name)) if name in inputs else default  # noqa: E731
+    return Spec(prompt, out_len, temperature, seed, stops, words, streaming,
+                flag("exclude_input_in_output", exclude_default), flag("return_perf_metrics"),
+                flag("return_num_input_tokens"), flag("return_num_output_tokens"),
+                time.monotonic_ns() if arrival_ns is None else arrival_ns)
+
+
+def draft_stats(acceptance_lengths, K: int) -> dict:
+    """TensorRT-LLM's speculative-decoding request statistics (see the module docstring)."""
+    steps = len(acceptance_lengths)
+    accepted = sum(int(n) - 1 for n in acceptance_lengths)
+    drafts = K * steps
+    return {"total_accepted_draft_tokens": accepted, "total_draft_tokens": drafts,
+            "acceptance_rate": accepted / drafts if drafts else 0.0}
+
+
+class Sink(Protocol):
+    """Where one request's responses go (a Triton response sender, or a collector)."""
+
+    def send(self, tensors: dict[str, np.ndarray], final: bool) -> None: ...
+
+    def error(self, message: str) -> None: ...
+
+    def cancelled(self) -> bool: ...
+
+
+@dataclass
+class _Live:
+    spec: Spec
+    sink: Sink
+    request: object
+    scheduled_ns: int | None = None
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    last_chunk: list[int] = field(default_factory=list)
+
+
+class ServingLoop:
+    """One CPU runtime in a background thread, fed by :meth:`submit` from any thread."""
+
+    def __init__(self, engine, *, max_batch_size: int | None = None, poll_cancel: bool = True):
+        from ...runtime import Runtime
+
+        self.engine = engine
+        self.K = engine.K
+        self._runtime_args = {"max_batch_size": max_batch_size}
+        self._Runtime = Runtime
+        self.runtime = Runtime(engine, **self._runtime_args)
+        self.poll_cancel = poll_cancel
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[int, _Live] = {}
+        self._closed = threading.Event()
+        self.steps = 0
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="dflash2-serving", daemon=True)
+        self._thread.start()
+
+    # ---- any thread ------------------------------------------------------------------------------
+    def submit(self, spec: Spec, sink: Sink, task_id=None) -> None:
+        """Queue a request; a request the engine cannot take raises :class:`ConfigError` here."""
+        from ...runtime import Request
+
+        if self._closed.is_set():
+            raise ConfigError("the model is shutting down")
+        req = Request(list(spec.prompt_ids), spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
+                      stop_token_ids=tuple(spec.stop_token_ids), task_id=task_id)
+        self.runtime.check(req)   # reads the engine's limits only: safe beside the loop thread
+        self._q.put((req, spec, sink))
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    # ---- the loop thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self._q.get() if not self.runtime.has_work else self._get_nowait()
+                while item is not _EMPTY:
+                    if item is None:
+                        return
+                    req, spec, sink = item
+                    self.runtime.submit(req)
+                    self._live[id(req)] = _Live(spec, sink, req)
+                    item = self._get_nowait()
+                if self.poll_cancel:
+                    self._reap_cancelled()
+                if not self.runtime.has_work:
+                    continue
+                t_step = time.monotonic_ns()
+                try:
+                    finished = self.runtime.step(on_tokens=lambda r, new: self._on_tokens(t_step, r, new))
+                except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
+                    self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+                    self.runtime = self._Runtime(self.engine, **self._runtime_args)
+                    continue
+                self.steps += 1
+                for r in finished:
+                    self._finish(r)
+        finally:
+            self._fail_all("the model is shutting down")
+
+    def _get_nowait(self):
+        try:
+            return self._q.get_nowait()
+        except queue.Empty:
+            return _EMPTY
+
+    def _reap_cancelled(self) -> None:
+        for key, live in list(self._live.items()):
+            try:
+                gone = live.sink.cancelled()
+            except Exception:  # noqa: BLE001 - a sender that cannot answer is gone
+                gone = True
+            if gone:
+                self.runtime.cancel(live.request)
+                del self._live[key]
+                _safe(live.sink.error, "request cancelled")
+
+    def _on_tokens(self, t_step: int, r, new: list[int]) -> None:
+        live = self._live[id(r)]
+        now = time.monotonic_ns()
+        if live.scheduled_ns is None:
+            live.scheduled_ns = t_step
+            live.first_token_ns = now
+        live.last_token_ns = now
+        new = self._cut_at_stop_word(live.spec.stop_words, r, new)
+        if r.done:
+            live.last_chunk = new
+        elif live.spec.streaming and new:
+            _safe(live.sink.send, self._tensors(live, r, new), False)
+
+    @staticmethod
+    def _cut_at_stop_word(words: list[list[int]], r, new: list[int]) -> list[int]:
+        """Truncate the request at the first stop word completed by this step's tokens (kept in the
+        output, as a stop token is); the runtime then frees it as finished this step."""
+        if not words:
+            return new
+        before = len(r.output_ids) - len(new)
+        for j in range(len(new)):
+            end = before + j + 1
+            if any(end >= len(w) and r.output_ids[end - len(w):end] == w for w in words):
+                del r.output_ids[end:]
+                r.stop_reason = "stop_words"
+                return new[:j + 1]
+        return new
+
+    def _finish(self, r) -> None:
+        live = self._live.pop(id(r), None)
+        if live is None:
+            return
+        if live.spec.streaming:
+            tokens = live.last_chunk
+        else:
+            tokens = list(r.output_ids) if live.spec.exclude_input else list(r.prompt_ids) + list(r.output_ids)
+        _safe(live.sink.send, self._tensors(live, r, tokens), True)
+
+    def _tensors(self, live: _Live, r, tokens: list[int]) -> dict[str, np.ndarray]:
+        i32 = lambda v: np.array([[v]], dtype=np.int32)  # noqa: E731
+        out = {"output_ids": np.array([[tokens]], dtype=np.int32).reshape(1, 1, len(tokens)),
+               "sequence_length": i32(len(tokens))}
+        spec = live.spec
+        if spec.perf:
+            st = draft_stats(r.acceptance_lengths, self.K)
+            i64 = lambda v: np.array([[v or 0]], dtype=np.int64)  # noqa: E731
+            out.update({"acceptance_rate": np.array([[st["acceptance_rate"]]], dtype=np.float32),
+                        "total_accepted_draft_tokens": i32(st["total_accepted_draft_tokens"]),
+                        "total_draft_tokens": i32(st["total_draft_tokens"]),
+                        "arrival_time_ns": i64(spec.arrival_ns), "first_scheduled_time_ns": i64(live.scheduled_ns),
+                        "first_token_time_ns": i64(live.first_token_ns), "last_token_time_ns": i64(live.last_token_ns)})
+        if spec.num_input:
+            out["num_input_tokens"] = i32(len(r.prompt_ids))
+        if spec.num_output:
+            out["num_output_tokens"] = i32(len(r.output_ids))
+        return out
+
+    def _fail_all(self, message: str) -> None:
+        self.errors.append(message)
+        while True:
+            item = self._get_nowait()
+            if item is _EMPTY:
+                break
+            if item is not None:
+                _safe(item[2].error, message)
+        for live in self._live.values():
+            _safe(live.sink.error, message)
+        self._live.clear()
+
+
+_EMPTY = object()
+
+
+def _safe(fn, *args) -> None:
+    """Deliver to a sink; a client that went away must not stop the loop serving the others."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,329 @@
+"""`dflash2-trt deploy triton`: the generated repository (layout, strict configs, wiring, the
+tensorrtllm vs python difference) and every bad input as one line with nothing left behind.
+No server here (see test_triton_server.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.cli import main
+from dflash2_trt.deploy.triton import repository as rp
+from dflash2_trt.errors import ConfigError
+
+MODELS = ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
+# Every tensor TensorRT-LLM's Triton backend exposes on its tensorrt_llm model (triton_backend/
+# all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt), typed as there.
+TRTLLM_INPUTS = {
+    "input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "end_id": "INT32",
+    "pad_id": "INT32", "stop_words_list": "INT32", "bad_words_list": "INT32", "embedding_bias": "FP32",
+    "num_return_sequences": "INT32", "beam_width": "INT32", "streaming": "BOOL", "stop": "BOOL",
+    "exclude_input_in_output": "BOOL", "temperature": "FP32", "seed": "UINT64", "runtime_top_k": "INT32",
+    "runtime_top_p": "FP32", "runtime_top_p_min": "FP32", "runtime_top_p_decay": "FP32",
+    "runtime_top_p_reset_ids": "INT32", "len_penalty": "FP32", "early_stopping": "BOOL", "repetition_penalty": "FP32",
+    "min_tokens": "INT32", "beam_search_diversity_rate": "FP32", "presence_penalty": "FP32",
+    "frequency_penalty": "FP32", "return_log_probs": "BOOL", "return_context_logits": "BOOL",
+    "return_generation_logits": "BOOL", "return_perf_metrics": "BOOL", "return_num_input_tokens": "BOOL",
+    "return_num_output_tokens": "BOOL", "draft_input_ids": "INT32", "draft_logits": "FP32",
+    "draft_acceptance_threshold": "FP32", "lookahead_window_size": "INT32", "lookahead_ngram_size": "INT32",
+    "lookahead_verification_set_size": "INT32", "encoder_input_features": "FP16", "encoder_output_lengths": "INT32",
+    "decoder_input_ids": "INT32", "decoder_input_lengths": "INT32", "prompt_embedding_table": "FP16",
+    "prompt_table_extra_ids": "UINT64", "prompt_vocab_size": "INT32", "cross_attention_mask": "BOOL",
+    "skip_cross_attn_blocks": "BOOL", "mrope_rotary_cos_sin": "FP32", "mrope_position_deltas": "INT64",
+    "lora_task_id": "UINT64", "lora_weights": "FP16", "lora_config": "INT32", "context_phase_params": "UINT8",
+    "retention_token_range_starts": "INT32", "retention_token_range_ends": "INT32",
+    "retention_token_range_priorities": "INT32", "retention_token_range_durations_ms": "INT32",
+    "retention_decode_priority": "INT32", "retention_decode_duration_ms": "INT32",
+    "guided_decoding_guide_type": "STRING", "guided_decoding_guide": "STRING",
+}
+TRTLLM_OUTPUTS = {
+    "output_ids": "INT32", "sequence_length": "INT32", "cum_log_probs": "FP32", "output_log_probs": "FP32",
+    "context_logits": "FP32", "generation_logits": "FP32", "batch_index": "INT32", "sequence_index": "INT32",
+    "context_phase_params": "UINT8", "kv_cache_alloc_new_blocks": "INT32", "kv_cache_reused_blocks": "INT32",
+    "kv_cache_alloc_total_blocks": "INT32", "arrival_time_ns": "INT64", "first_scheduled_time_ns": "INT64",
+    "first_token_time_ns": "INT64", "last_token_time_ns": "INT64", "acceptance_rate": "FP32",
+    "total_accepted_draft_tokens": "INT32", "total_draft_tokens": "INT32", "num_input_tokens": "INT32",
+    "num_output_tokens": "INT32",
+}
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def _err(code, text):
+    assert code != 0
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def cpu_repo(engine, tmp_path_factory):
+    out = tmp_path_factory.mktemp("r") / "cpu"
+    code, text = _cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out), "--decoupled")
+    assert code == 0, text
+    assert "python backend, decoupled, max batch 16" in text
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpu_repo(engine, tmp_path_factory):
+    out = tmp_path_factory.mktemp("r") / "gpu"
+    code, text = _cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out), "--decoupled",
+                      "--backend", "tensorrtllm")
+    assert code == 0, text
+    assert "note: " in text and "is a CPU engine" in text   # said, not silently accepted
+    return out
+
+
+def _type(t) -> str:
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    return pb.DataType.Name(t.data_type).removeprefix("TYPE_")
+
+
+def test_layout(cpu_repo, engine):
+    assert sorted(p.name for p in cpu_repo.iterdir() if p.is_dir()) == MODELS
+    for m in MODELS:
+        assert (cpu_repo / m / "config.pbtxt").is_file() and (cpu_repo / m / "1").is_dir()
+    for m in ("preprocessing", "postprocessing", "tensorrt_llm"):
+        assert (cpu_repo / m / "1" / "model.py").is_file()
+    assert not (cpu_repo / "launch.sh").exists()
+    meta = json.loads((cpu_repo / "dflash2_repository.json").read_text())
+    assert meta["backend"] == "python" and meta["decoupled"] and meta["engine_dir"] == str(engine.resolve())
+    assert meta["tokenizer_dir"] == str((engine / "tokenizer").resolve())
+
+
+def test_every_config_parses_strictly_and_names_the_backend_tensors(cpu_repo, gpu_repo):
+    for repo in (cpu_repo, gpu_repo):
+        models = rp.check_repository(repo)
+        assert sorted(models) == MODELS
+        trt = models["tensorrt_llm"]
+        assert {t.name: _type(t) for t in trt.input} == TRTLLM_INPUTS
+        assert {t.name: _type(t) for t in trt.output} == TRTLLM_OUTPUTS
+        assert trt.model_transaction_policy.decoupled and trt.max_batch_size == 16
+        params = {k: v.string_value for k, v in trt.parameters.items()}
+        assert params["decoding_mode"] == "eagle" and params["gpt_model_type"] == "inflight_fused_batching"
+        assert params["eagle_choices"] == "{0},{0,0},{0,0,0},{0,0,0,0},{0,0,0,0,0},{0,0,0,0,0,0},{0,0,0,0,0,0,0}"
+        ens = models["ensemble"]
+        assert {t.name for t in ens.input} >= {"text_input", "max_tokens", "temperature", "seed", "stream"}
+        assert {t.name for t in ens.output} >= {"text_output", "acceptance_rate", "total_accepted_draft_tokens",
+                                               "total_draft_tokens"}
+
+
+def test_gpu_and_cpu_repositories_differ_only_in_the_tensorrt_llm_backend_and_parameters(cpu_repo, gpu_repo, engine):
+    cpu, gpu = rp.check_repository(cpu_repo), rp.check_repository(gpu_repo)
+    assert (cpu["tensorrt_llm"].backend, gpu["tensorrt_llm"].backend) == ("python", "tensorrtllm")
+    cp = {k: v.string_value for k, v in cpu["tensorrt_llm"].parameters.items()}
+    gp = {k: v.string_value for k, v in gpu["tensorrt_llm"].parameters.items()}
+    assert cp.items() <= gp.items()             # the CPU model reads a subset, with the same values
+    assert gp["gpt_model_path"] == str(engine.resolve()) and gp["kv_cache_free_gpu_mem_fraction"] == "0.9"
+    for m in (cpu["tensorrt_llm"], gpu["tensorrt_llm"]):
+        m.ClearField("backend")
+        m.ClearField("parameters")
+    assert cpu["tensorrt_llm"] == gpu["tensorrt_llm"]
+    for name in ("preprocessing", "postprocessing", "ensemble"):
+        assert cpu[name] == gpu[name], name
+        for f in (cpu_repo / name).rglob("*"):
+            if f.is_file():
+                assert f.read_bytes() == (gpu_repo / name / f.relative_to(cpu_repo / name)).read_bytes(), f
+    assert not (gpu_repo / "tensorrt_llm" / "1" / "model.py").exists()   # the C++ backend has no model file
+    assert sorted(p.name for p in gpu_repo.iterdir() if p.is_dir()) == MODELS
+
+
+def test_launch_script_preloads_the_plugin_library(gpu_repo, engine, tmp_path):
+    script = gpu_repo / "launch.sh"
+    assert script.stat().st_mode & 0o111
+    text = script.read_text()
+    assert "LD_PRELOAD" in text and str(engine.resolve() / "libdflash2_plugins.so") in text
+    assert "$$" not in text and "plugin_lib" not in text   # every placeholder filled, every escape undone
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    # no library: a clear error, tritonserver never started
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "DFLASH2_PLUGIN_LIB": str(tmp_path / "none.so"),
+                            "TRITONSERVER": "/bin/false"})
+    assert r.returncode == 1 and "plugin library not found" in r.stderr
+    # with a library: tritonserver is exec'd with the repository and the preload
+    lib = tmp_path / "libdflash2_plugins.so"
+    lib.write_bytes(b"")
+    fake = tmp_path / "tritonserver"
+    fake.write_text('#!/bin/sh\necho "LD_PRELOAD=$LD_PRELOAD"; echo "$@"\n')
+    fake.chmod(0o755)
+    r = subprocess.run(["bash", str(script), "--log-verbose", "1"], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "DFLASH2_PLUGIN_LIB": str(lib), "TRITONSERVER": str(fake)})
+    assert r.returncode == 0, r.stderr
+    assert f"LD_PRELOAD={lib}" in r.stdout and f"--model-repository {gpu_repo}" in r.stdout
+    assert "--http-port 8000 --grpc-port 8001 --metrics-port 8002 --log-verbose 1" in r.stdout
+
+
+def test_ids_only_and_model_name(engine, tmp_path):
+    code, text = _cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(tmp_path / "a"), "--ids-only")
+    assert code == 0, text
+    assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_dir()) == ["tensorrt_llm"]
+    rp.check_repository(tmp_path / "a")
+    code, text = _cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(tmp_path / "b"),
+                      "--model-name", "dflash2", "--max-batch-size", "4")
+    assert code == 0, text
+    models = rp.check_repository(tmp_path / "b")
+    assert "dflash2" in models and models["dflash2"].platform == "ensemble"
+    assert all(m.max_batch_size == 4 for m in models.values())
+    assert not models["tensorrt_llm"].model_transaction_policy.decoupled
+
+
+def test_template_fill_is_strict():
+    assert rp.fill("a ${x} b $$y", {"x": 1}) == "a 1 b $y"
+    with pytest.raises(ConfigError, match=r"missing values: \['y'\]"):
+        rp.fill("${x} ${y}", {"x": 1})
+    with pytest.raises(ConfigError, match=r"without placeholders: \['z'\]"):
+        rp.fill("${x}", {"x": 1, "z": 2})
+    with pytest.raises(ConfigError, match="invalid placeholder"):
+        rp.fill("${x} $", {"x": 1})
+
+
+def _models(repo):
+    return rp.check_repository(repo)
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda t: t.replace('key: "QUERY" value: "text_input"', 'key: "QUERYX" value: "text_input"'),
+     "'QUERYX' is not an input of preprocessing"),
+    (lambda t: t.replace('value: "_INPUT_ID" }\n      input_map { key: "input_lengths"',
+                         'value: "_NOPE" }\n      input_map { key: "input_lengths"'),
+     "'_NOPE' is neither an ensemble input nor an earlier output"),
+    (lambda t: t.replace('input_map { key: "request_output_len" value: "_REQUEST_OUTPUT_LEN" }\n', ""),
+     "required input 'request_output_len' of tensorrt_llm is not mapped"),
+    (lambda t: t.replace('output_map { key: "OUTPUT" value: "text_output" }', 'output_map { key: "OUTPUT" value: "x" }'),
+     "ensemble output 'text_output' is produced by no step"),
+    (lambda t: t.replace('model_name: "postprocessing"', 'model_name: "postprocess"'),
+     "model 'postprocess' is not in the repository"),
+    (lambda t: t.replace('input_map { key: "seed" value: "seed" }', 'input_map { key: "seed" value: "temperature" }'),
+     "'temperature' feeds tensorrt_llm.seed with another data type"),
+    (lambda t: t.replace("ensemble_scheduling {", "ensemble_schedule {"), "no field named \"ensemble_schedule\""),
+    (lambda t: t.replace("TYPE_STRING", "TYPE_TEXT", 1), "TYPE_TEXT"),
+])
+def test_repository_check_catches_wiring_errors(cpu_repo, tmp_path, edit, needle):
+    bad = tmp_path / "bad"
+    shutil.copytree(cpu_repo, bad)
+    cfg = bad / "ensemble" / "config.pbtxt"
+    before = cfg.read_text()
+    cfg.write_text(edit(before))
+    assert cfg.read_text() != before
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        rp.check_repository(bad)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--engine-dir", "/nonexistent/engine"], "engine directory not found"),
+    (["--max-batch-size", "17"], "the engine's max_batch_size"),
+    (["--max-batch-size", "0"], "--max-batch-size"),
+    (["--model-name", "tensorrt_llm"], "--model-name"),
+    (["--model-name", "a b"], "--model-name"),
+    (["--tokenizer", "/nonexistent/tok"], "tokenizer directory not found"),
+    (["--kv-cache-free-gpu-mem-fraction", "1.5"], "--kv-cache-free-gpu-mem-fraction"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(engine, tmp_path, args, needle):
+    out = tmp_path / "repo"
+    full = ["deploy", "triton", "--engine-dir", str(engine), "--output", str(out), *args]
+    if args[0] == "--engine-dir":
+        full = ["deploy", "triton", *args, "--output", str(out)]
+    line = _err(*_cli(*full))
+    assert needle in line, line
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_not_an_engine_dir_and_tokenizer_errors(engine_without_tokenizer, tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert "not an engine directory" in _err(*_cli("deploy", "triton", "--engine-dir", str(tmp_path / "empty"),
+                                                   "--output", str(tmp_path / "o")))
+    # an engine without a tokenizer asked for the text ensemble
+    eng = engine_without_tokenizer
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o")))
+    assert "has no tokenizer" in line and "--ids-only" in line
+    # a directory that is no tokenizer
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--tokenizer",
+                      str(tmp_path / "empty")))
+    assert "no usable tokenizer" in line
+    # a tokenizer larger than the engine's vocabulary
+    big = tmp_path / "big"
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(300)}, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="w0").save_pretrained(big)
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--tokenizer",
+                      str(big)))
+    assert "300 tokens, the engine's vocabulary 256" in line
+    assert not (tmp_path / "o").exists()
+    code, text = _cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--ids-only")
+    assert code == 0 and (tmp_path / "o" / "tensorrt_llm").is_dir(), text
+
+
+def test_existing_output_needs_force(cpu_repo, engine):
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(cpu_repo)))
+    assert "--force" in line
+    assert (cpu_repo / "tensorrt_llm" / "config.pbtxt").is_file()
+
+
+def test_a_failing_check_leaves_nothing(engine, tmp_path, monkeypatch):
+    """A template that does not parse is caught before the rename: no repository, no temp dir."""
+    bad = tmp_path / "templates"
+    shutil.copytree(rp.TEMPLATES, bad)
+    (bad / "postprocessing.pbtxt").write_text((bad / "postprocessing.pbtxt").read_text().replace("dims", "dimz", 1))
+    monkeypatch.setattr(rp, "TEMPLATES", bad)
+    out = tmp_path / "out" / "repo"
+    with pytest.raises(ConfigError, match="postprocessing/config.pbtxt: not a valid Triton model config"):
+        rp.deploy_triton(engine, out)
+    assert not (tmp_path / "out").exists()
+
+
+def test_wheel_carries_templates_models_and_tokenizers(tmp_path):
+    """The package data a `pip install .` needs: templates, model files, the tiny tokenizers."""
+    repo = Path(__file__).resolve().parents[2]
+    lib = tmp_path / "lib"
+    r = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path), "build_py",
+                        "--build-lib", str(lib)], cwd=repo, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    pkg = lib / "dflash2_trt"
+    for rel in ("deploy/triton/templates/tensorrt_llm.pbtxt", "deploy/triton/templates/ensemble.pbtxt",
+                "deploy/triton/templates/preprocessing.pbtxt", "deploy/triton/templates/postprocessing.pbtxt",
+                "deploy/triton/templates/launch.sh", "deploy/triton/models/tensorrt_llm_cpu.py",
+                "deploy/triton/models/preprocessing.py", "deploy/triton/models/postprocessing.py",
+                "assets/tiny/qwen3/target/tokenizer.json", "assets/tiny/qwen3_5/target/tokenizer_config.json"):
+        assert (pkg / rel).is_file(), rel
+
+
+def _trtllm_engine_dir(engine, d):
+    """An engine directory as `build --backend trtllm` writes it (engine.json backend trtllm,
+    TensorRT-LLM's config.json, the plugin library, tokenizer/); rank engines are not needed here."""
+    d.mkdir()
+    man = json.loads((engine / "engine.json").read_text())
+    man.update({"backend": "trtllm", "plugin_library": {"file": "libdflash2_plugins.so"}})
+    (d / "engine.json").write_text(json.dumps(man))
+    (d / "config.json").write_text(json.dumps({"pretrained_config": {"vocab_size": 256}, "build_config": {}}))
+    shutil.copytree(engine / "tokenizer", d / "tokenizer")
+    return d
+
+
+def test_a_tensorrt_llm_engine_gets_the_tensorrtllm_backend(engine, tmp_path):
+    eng = _trtllm_engine_dir(engine, tmp_path / "trt-engine")
+    code, text = _cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "repo"), "--decoupled")
+    assert code == 0 and "tensorrtllm backend" in text and "note:" not in text, text
+    models = rp.check_repository(tmp_path / "repo")
+    assert models["tensorrt_llm"].backend == "tensorrtllm"
+    assert models["tensorrt_llm"].parameters["gpt_model_path"].string_value == str(eng.resolve())
+    assert str(eng.resolve() / "libdflash2_plugins.so") in (tmp_path / "repo" / "launch.sh").read_text()
+    assert "python backend serves CPU engines" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
+                                                             str(tmp_path / "r2"), "--backend", "python"))
+    (eng / "config.json").write_text("{}")
+    assert "pretrained_config.vocab_size" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
+                                                        str(tmp_path / "r3")))

@@ -1,0 +1,251 @@
+"""The CPU tensorrt_llm model's logic without a server (``deploy/triton/serving.py``): request
+parsing (TensorRT-LLM backend tensors), the statistics' definitions, and the serving loop on the
+real CPU engine: greedy outputs equal the target's own, in-flight batching across submissions,
+streamed chunks, stop words, cancellation, an engine failure."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dflash2_trt.deploy.triton.serving import ServingLoop, draft_stats, parse_request, parse_stop_words
+from dflash2_trt.errors import ConfigError
+
+from deploy_helpers import MAX_NEW
+
+
+def _req(ids=(5, 6, 7), out=4, **extra):
+    d = {"input_ids": np.array([list(ids)], dtype=np.int32), "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+         "request_output_len": np.array([[out]], dtype=np.int32)}
+    d.update({k: np.array([[v]]) for k, v in extra.items()})
+    return d
+
+
+def _parse(d, **kw):
+    return parse_request(d, vocab_size=256, eos_token_ids=(2,), **kw)
+
+
+def test_parse_a_request():
+    s = _parse(_req(temperature=np.float32(0.5), seed=np.uint64(2**64 - 1), return_perf_metrics=True,
+                    beam_width=np.int32(1), runtime_top_k=np.int32(0), runtime_top_p=np.float32(1.0)))
+    assert (s.prompt_ids, s.max_new_tokens, s.temperature, s.seed) == ([5, 6, 7], 4, 0.5, 2**64 - 1)
+    assert s.stop_token_ids == (2,) and s.perf and not s.streaming and s.exclude_input
+    # input_lengths cuts a padded (ragged) batch row
+    s = _parse({**_req((5, 6, 7, 0, 0)), "input_lengths": np.array([[3]], dtype=np.int32)})
+    assert s.prompt_ids == [5, 6, 7]
+    assert _parse(_req(end_id=np.int32(9))).stop_token_ids == (9,)
+    assert _parse(_req(end_id=np.int32(-1))).stop_token_ids == ()
+    assert not _parse(_req(exclude_input_in_output=False)).exclude_input
+    assert not _parse(_req(), exclude_default=False).exclude_input
+    assert _parse(_req(streaming=True), decoupled=True).streaming
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda d: d.pop("input_ids"), "input_ids: required"),
+    (lambda d: d.pop("request_output_len"), "request_output_len: required"),
+    (lambda d: d.update(request_output_len=np.array([[0]], dtype=np.int32)), "request_output_len: must be >= 1"),
+    (lambda d: d.update(input_ids=np.array([[5, 300]], dtype=np.int32), input_lengths=np.array([[2]])),
+     "outside the vocabulary"),
+    (lambda d: d.update(input_lengths=np.array([[9]], dtype=np.int32)), "input_lengths: 9 is not in [1, 3]"),
+    (lambda d: d.update(temperature=np.array([[np.nan]], dtype=np.float32)), "temperature"),
+    (lambda d: d.update(temperature=np.array([[-1.0]], dtype=np.float32)), "temperature"),
+    (lambda d: d.update(streaming=np.array([[True]])), "streaming needs a decoupled model"),
+    (lambda d: d.update(beam_width=np.array([[2]], dtype=np.int32)), "beam_width: 2 is not supported"),
+    (lambda d: d.update(runtime_top_k=np.array([[5]], dtype=np.int32)), "runtime_top_k"),
+    (lambda d: d.update(runtime_top_p=np.array([[0.9]], dtype=np.float32)), "runtime_top_p"),
+    (lambda d: d.update(return_log_probs=np.array([[True]])), "return_log_probs"),
+    (lambda d: d.update(lora_task_id=np.array([[1]], dtype=np.uint64)), "lora_task_id: not supported"),
+    (lambda d: d.update(bad_words_list=np.zeros((1, 2, 1), dtype=np.int32)), "bad_words_list: not supported"),
+    (lambda d: d.update(temperature=np.array([[0.5, 0.5]], dtype=np.float32)), "one value per request"),
+    (lambda d: d.update(stop_words_list=np.zeros((1, 3, 2), dtype=np.int32)), "stop_words_list: must have shape"),
+    (lambda d: d.update(stop_words_list=np.array([[[5, 6], [3, -1]]], dtype=np.int32)), "end offsets"),
+])
+def test_bad_requests_name_the_input(change, needle):
+    d = _req()
+    change(d)
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        _parse(d)
+
+
+def test_stop_word_lists():
+    assert parse_stop_words(np.array([[[5, 6, 7, 0], [2, 3, -1, -1]]], dtype=np.int32)) == [[5, 6], [7]]
+    assert parse_stop_words(np.array([[0], [-1]], dtype=np.int32)) == []
+
+
+def test_statistics_are_tensorrt_llms():
+    """drafts += K per generation step, accepted += tokens emitted - 1; rate = accepted / drafts."""
+    st = draft_stats([4, 1, 8], K=7)
+    assert st == {"total_accepted_draft_tokens": 3 + 0 + 7, "total_draft_tokens": 21, "acceptance_rate": 10 / 21}
+    assert draft_stats([], K=7) == {"total_accepted_draft_tokens": 0, "total_draft_tokens": 0, "acceptance_rate": 0.0}
+
+
+class Sink:
+    def __init__(self, cancel_after=None):
+        self.chunks, self.final, self.err, self.cancel_after = [], None, None, cancel_after
+        self.done = threading.Event()
+
+    def send(self, tensors, final):
+        ids = tensors["output_ids"].reshape(-1).tolist()
+        assert tensors["sequence_length"].reshape(-1)[0] == len(ids)
+        self.chunks.append(ids)
+        if final:
+            self.final = tensors
+            self.done.set()
+
+    def error(self, message):
+        self.err = message
+        self.done.set()
+
+    def cancelled(self):
+        return self.cancel_after is not None and len(self.chunks) >= self.cancel_after
+
+
+@pytest.fixture(scope="module")
+def cpu_engine(engine):
+    from dflash2_trt.engine.build import open_cpu_engine
+
+    eng, man = open_cpu_engine(engine)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def loop(cpu_engine):
+    lp = ServingLoop(cpu_engine, max_batch_size=16)
+    yield lp
+    lp.close()
+    assert not lp._thread.is_alive()
+
+
+def _spec(prompt, **kw):
+    kw.setdefault("return_perf_metrics", True)
+    return _parse(_req(prompt, MAX_NEW, **kw), decoupled=True)
+
+
+def _wait(sinks, timeout=120):
+    for s in sinks:
+        assert s.done.wait(timeout), "a request never finished"
+
+
+def test_greedy_outputs_are_the_targets(loop, prompts, greedy):
+    sinks = [Sink() for _ in prompts]
+    for p, s in zip(prompts, sinks):
+        loop.submit(_spec(p), s)
+    _wait(sinks)
+    for p, s, want in zip(prompts, sinks, greedy):
+        assert s.err is None and s.chunks == [want]
+    # in-flight batching: the 16 requests shared engine steps (alone, each takes 1 + its generation steps)
+    alone = sum(1 + s.final["total_draft_tokens"].reshape(-1)[0] // 7 for s in sinks)
+    assert loop.steps <= alone / 4
+
+
+def test_statistics_match_the_runtime_solo(loop, engine, prompts):
+    """Batched with others, a greedy request has the acceptance it has alone (`dflash2-trt run`)."""
+    from dflash2_trt.engine.run import run_engine
+
+    sinks = [Sink() for _ in prompts[:6]]
+    for p, s in zip(prompts, sinks):
+        loop.submit(_spec(p), s)
+    _wait(sinks)
+    for p, s in zip(prompts, sinks):
+        solo = run_engine(engine, prompt_ids=",".join(map(str, p)), max_new_tokens=MAX_NEW)["requests"][0]
+        st = draft_stats(solo["acceptance_lengths"], K=7)
+        got = {k: s.final[k].reshape(-1)[0].item() for k in st}
+        assert got["total_accepted_draft_tokens"] == st["total_accepted_draft_tokens"]
+        assert got["total_draft_tokens"] == st["total_draft_tokens"]
+        assert got["acceptance_rate"] == pytest.approx(st["acceptance_rate"], rel=1e-6)
+        f = s.final
+        assert 0 < f["arrival_time_ns"] <= f["first_scheduled_time_ns"] <= f["first_token_time_ns"] \
+            <= f["last_token_time_ns"]
+
+
+def test_streaming_chunks_are_steps_and_concatenate(loop, prompts, greedy):
+    sinks = [Sink() for _ in prompts[:5]]
+    for p, s in zip(prompts, sinks):
+        loop.submit(_spec(p, streaming=True), s)
+    _wait(sinks)
+    for s, want in zip(sinks, greedy):
+        assert sum(s.chunks, []) == want
+        assert len(s.chunks[0]) == 1                    # the context step: the first token
+        steps = s.final["total_draft_tokens"].reshape(-1)[0] // 7
+        assert len(s.chunks) == 1 + steps               # then one response per generation step
+        assert all(1 <= len(c) <= 8 for c in s.chunks)
+
+
+def test_late_arrivals_join_the_batch(loop, prompts, greedy):
+    first = [Sink() for _ in range(4)]
+    for p, s in zip(prompts, first):
+        loop.submit(_spec(p, streaming=True), s)
+    while not all(s.chunks for s in first):
+        time.sleep(0.001)
+    late = [Sink() for _ in range(4)]
+    for p, s in zip(prompts[4:], late):
+        loop.submit(_spec(p), s)
+    _wait(first + late)
+    for s, want in zip(first + late, greedy):
+        assert sum(s.chunks, []) == want
+
+
+def test_stop_words_cut_the_output_and_free_the_blocks(loop, prompts, greedy):
+    want = greedy[0]
+    word = want[5:7]
+    first = next(i for i in range(len(want)) if want[i:i + 2] == word)
+    sink = Sink()
+    words = np.array([[word + [0], [2, -1, -1]]], dtype=np.int32)
+    loop.submit(_parse({**_req(prompts[0], MAX_NEW), "stop_words_list": words}, decoupled=True), sink)
+    _wait([sink])
+    assert sink.chunks == [want[:first + 2]]
+    free = loop.runtime.blocks.free_blocks
+    assert free == loop.runtime.blocks.num_blocks
+
+
+def test_exclude_input_false_returns_prompt_and_output(loop, prompts, greedy):
+    sink = Sink()
+    loop.submit(_spec(prompts[1], exclude_input_in_output=False), sink)
+    _wait([sink])
+    assert sink.chunks == [prompts[1] + greedy[1]]
+
+
+def test_a_cancelled_request_is_dropped_and_the_others_finish(loop, prompts, greedy):
+    gone, kept = Sink(cancel_after=1), Sink()
+    loop.submit(_spec(prompts[0], streaming=True), gone)
+    loop.submit(_spec(prompts[1], streaming=True), kept)
+    _wait([gone, kept])
+    assert gone.err == "request cancelled" and gone.final is None
+    assert sum(kept.chunks, []) == greedy[1]
+    deadline = time.time() + 10
+    while loop.runtime.has_work and time.time() < deadline:
+        time.sleep(0.01)
+    assert loop.runtime.blocks.free_blocks == loop.runtime.blocks.num_blocks
+
+
+def test_an_engine_failure_fails_the_batch_and_serving_goes_on(loop, prompts, greedy, monkeypatch):
+    real = loop.engine.step
+    calls = {"n": 0}
+
+    def flaky(inputs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return real(inputs)
+
+    monkeypatch.setattr(loop.engine, "step", flaky)
+    a = Sink()
+    loop.submit(_spec(prompts[0]), a)
+    _wait([a])
+    assert a.err is not None and "engine step failed: RuntimeError: boom" in a.err
+    b = Sink()
+    loop.submit(_spec(prompts[2]), b)
+    _wait([b])
+    assert b.err is None and b.chunks == [greedy[2]]
+
+
+def test_submit_checks_the_engine_limits(loop):
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        loop.submit(_parse(_req((5, 6), 600)), Sink())
+    loop.close()
+    with pytest.raises(ConfigError, match="shutting down"):
+        loop.submit(_parse(_req()), Sink())
