@@ -519,5 +519,28 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
                f"max batch {res.max_batch_size}; models: {', '.join(res.models)})")
 
 
+@main.command("serve")
+@click.option("--engine-dir", type=click.Path(), default=None, help="Engine directory (a repository is generated).")
+@click.option("--repository", type=click.Path(), default=None, help="An existing repository from `deploy triton`.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Base port: HTTP P, gRPC P+1, metrics P+2.")
+@click.option("--http-port", type=int, default=None, help="HTTP port [default: --port].")
+@click.option("--grpc-port", type=int, default=None, help="gRPC port [default: --port + 1].")
+@click.option("--metrics-port", type=int, default=None, help="Metrics port [default: --port + 2].")
+@click.option("--max-batch-size", type=int, default=None, help="Triton max_batch_size [default: the engine's].")
+@click.option("--no-decoupled", is_flag=True, help="Serve without streaming (HTTP /infer works on tensorrt_llm).")
+@click.option("--tokenizer", type=click.Path(), default=None, help="Tokenizer directory [default: the engine's].")
+@click.option("--ids-only", is_flag=True, help="No tokenizer: serve the tensorrt_llm model alone.")
+@click.option("--log", "log_path", type=click.Path(), default=None, help="Write tritonserver's log here.")
+@click.option("--ready-timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for readiness.")
+def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, max_batch_size, no_decoupled,
+              tokenizer, ids_only, log_path, ready_timeout) -> None:
+    """Start the bundled tritonserver on 127.0.0.1 for an engine (Ctrl-C stops it)."""
+    from .deploy.triton.server import serve
+
+    sys.exit(serve(engine_dir=engine_dir, repository=repository, port=port, http_port=http_port, grpc_port=grpc_port,
+                   metrics_port=metrics_port, max_batch_size=max_batch_size, decoupled=not no_decoupled,
+                   tokenizer=tokenizer, ids_only=ids_only, log_path=log_path, ready_timeout=ready_timeout,
+                   echo=lambda m: click.echo(m, err=False)))
+
 if __name__ == "__main__":  # pragma: no cover
     main()

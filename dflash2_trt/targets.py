@@ -57,8 +57,10 @@ TARGETS: dict[str, TargetEntry] = {
         TargetEntry(
             key="qwen3.8-27b", family="qwen3_5", target_id="Qwen/Qwen3.8-27B",
             drafter_id="z-lab/Qwen3.8-27B-DFlash2", block_size=8, build_config="qwen3.8-27b.yaml",
-            supported=("inspect", "generate", "analyze", "convert"),
-            notes="Qwen3.5 hybrid (48 Gated DeltaNet + 16 full-attention layers), multimodal wrapper; text only",
+            supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            notes="Qwen3.5 hybrid (48 Gated DeltaNet + 16 full-attention layers), multimodal wrapper; text only; "
+                  "the engine network covers it (CPU backend); the stock TensorRT-LLM 1.2 runtime refuses "
+                  "speculative decoding for recurrent models",
         ),
         TargetEntry(
             key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",
