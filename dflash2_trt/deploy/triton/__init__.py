@@ -1,3 +1,3 @@
-"""Triton Inference Server: the model repository (``repository.py``, ``templates/``, ``models/``) and
-the CPU engine behind the ``tensorrt_llm`` tensors (``serving.py``). Importing this package imports
-no Triton code."""
+"""Triton Inference Server: the model repository (``repository.py``, ``templates/``, ``models/``), the
+CPU engine behind the ``tensorrt_llm`` tensors (``serving.py``), the bundled server (``server.py``)
+and a bounded load client (``load.py``). Importing this package imports no Triton code."""

@@ -1,0 +1,313 @@
+"""The tritonserver bundled with nvidia-pytriton, started on 127.0.0.1 and always stopped.
+
+nvidia-pytriton ships Triton Inference Server (``pytriton/tritonserver/bin/tritonserver``), the
+python backend, one python-backend stub per Python version and the libraries they need
+(``nvidia_pytriton.libs``). :class:`TritonServer` assembles a backend directory (the python backend +
+the stub of THIS interpreter), puts the interpreter's ``bin`` first on PATH (the stub finds the
+environment, and so numpy/torch/dflash2_trt, through it), binds every endpoint to 127.0.0.1, and
+waits for readiness while watching the process: a server that exits or never gets ready is a
+:class:`ServerError` carrying the tail of its log.
+
+Stopping: SIGTERM to the server (it unloads its models, the stubs exit), then SIGKILL to its whole
+process group after a grace period, so no stub is left behind. The server runs in its own session
+with ``PR_SET_PDEATHSIG`` (Linux): if the starting process dies, the server gets SIGTERM too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import DFlash2Error, MissingDependencyError
+from .repository import TRITON_EXTRA
+
+HOST = "127.0.0.1"
+
+
+class ServerError(DFlash2Error):
+    """tritonserver could not be started (occupied port, exited, not ready in time)."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    python_backend: Path
+    stub: Path
+    libs: Path
+
+
+def find_tritonserver() -> TritonInstall:
+    """The pieces of the nvidia-pytriton install this interpreter can use."""
+    try:
+        import pytriton
+    except ImportError:
+        raise MissingDependencyError(f"tritonserver is not installed: {TRITON_EXTRA}") from None
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    inst = TritonInstall(root / "bin" / "tritonserver", root / "backends" / "python",
+                         root / "python_backend_stubs" / ver / "triton_python_backend_stub",
+                         root.parent.parent / "nvidia_pytriton.libs")
+    for what, p in (("tritonserver binary", inst.binary), ("python backend", inst.python_backend / "libtriton_python.so"),
+                    (f"python-backend stub for Python {ver}", inst.stub), ("server libraries", inst.libs)):
+        if not p.exists():
+            raise MissingDependencyError(f"nvidia-pytriton install is incomplete: no {what} at {p}")
+    return inst
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int, what: str) -> None:
+    if not 1 <= port <= 65535:
+        raise ServerError(f"{what}: port {port} is not in [1, 65535]")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as a server binds: a port whose last connections are in TIME_WAIT is free, a listener is not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError as exc:
+            raise ServerError(f"{what}: {HOST}:{port} is not available ({exc.strerror or exc}); pick another port") \
+                from None
+
+
+def _own_libpython_dir() -> str | None:
+    """The directory of THIS interpreter's libpython, when it has one. The stub links
+    ``libpython3.X.so.1.0`` by name: without this it may find the system's (another patch release)
+    and run it with this interpreter's standard library, which fails on some extension modules
+    (seen: pyenv 3.11.7's ``_ssl`` under Debian's 3.11.2 libpython, so transformers cannot import)."""
+    import sysconfig
+
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if libdir and soname and (Path(libdir) / soname).is_file():
+        return libdir
+    return None
+
+
+def _pdeathsig():  # pragma: no cover - runs in the child
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class TritonServer:
+    """``with TritonServer(repo) as srv:`` — tritonserver on 127.0.0.1, ready inside, stopped after."""
+
+    def __init__(self, repository: str | Path, *, http_port: int | None = None, grpc_port: int | None = None,
+                 metrics_port: int | None = None, log_path: str | Path | None = None, ready_timeout: float = 120.0,
+                 extra_args: list[str] | None = None, log_kept: bool = True):
+        self.repository = Path(repository).resolve()
+        self.http_port = http_port if http_port is not None else free_port()
+        self.grpc_port = grpc_port if grpc_port is not None else free_port()
+        self.metrics_port = metrics_port if metrics_port is not None else free_port()
+        self.ready_timeout = ready_timeout
+        self.extra_args = list(extra_args or [])
+        self._work = Path(tempfile.mkdtemp(prefix="dflash2-triton-"))
+        self.log_path = Path(log_path) if log_path is not None else self._work / "tritonserver.log"
+        self.log_kept = log_kept   # False: the log goes with a temporary directory, so do not point at it
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{HOST}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{HOST}:{self.grpc_port}"
+
+    def command(self, inst: TritonInstall, backends: Path) -> list[str]:
+        return [str(inst.binary), "--model-repository", str(self.repository), "--backend-directory", str(backends),
+                "--http-address", HOST, "--grpc-address", HOST, "--metrics-address", HOST,
+                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+                "--metrics-port", str(self.metrics_port), "--exit-timeout-secs", "10", "--strict-readiness", "true",
+                *self.extra_args]
+
+    def start(self) -> "TritonServer":
+        if not (self.repository / "tensorrt_llm" / "config.pbtxt").is_file():
+            raise ServerError(f"{self.repository}: not a model repository (no tensorrt_llm/config.pbtxt; write one "
+                              f"with `dflash2-trt deploy triton`)")
+        for what, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
+                           ("--metrics-port", self.metrics_port)):
+            check_port_free(port, what)
+        inst = find_tritonserver()
+        backends = self._work / "backends"
+        (backends / "python").mkdir(parents=True)
+        for f in inst.python_backend.iterdir():
+            if f.is_file():
+                shutil.copy2(f, backends / "python" / f.name)
+        shutil.copy2(inst.stub, backends / "python" / "triton_python_backend_stub")
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (_own_libpython_dir(), str(inst.libs), env.get("LD_LIBRARY_PATH")) if p)
+        env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH")) if p)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command(inst, backends), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                         preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        url = f"http://{self.http_url}/v2/health/ready"
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerError(f"tritonserver exited with status {code} before it was ready; its log "
+                                  f"({self._log_ref()}) ends:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise ServerError(f"tritonserver was not ready within {self.ready_timeout:.0f} s; its log "
+                                  f"({self._log_ref()}) ends:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def _log_ref(self) -> str:
+        return str(self.log_path) if self.log_kept else "--log FILE keeps all of it"
+
+    def log_tail(self, lines: int = 8, width: int = 400) -> str:
+        """The log's error lines (Triton's ``E...`` lines; a python model's traceback is one of
+        them) then its last ``lines`` lines, each cut to ``width`` characters."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        all_lines = text.splitlines()
+        harmless = ("CudaDriverHelper", "Failed to initialize NVML", "DCGM")   # no GPU here: expected noise
+        errors = [ln for ln in all_lines if ln[:1] == "E" and ln[1:5].isdigit() and not any(h in ln for h in harmless)]
+        tail = [ln for ln in all_lines[-lines:] if ln not in errors and ln[:1] not in ("|", "+") and ln.strip()]
+        cut = [ln if len(ln) <= width else ln[:width] + " ..." for ln in errors[-6:] + tail]
+        return "\n".join(cut) if cut else "(empty log)"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM, wait up to ``grace`` s, then SIGKILL the whole process group; idempotent."""
+        p = self.proc
+        if p is not None:
+            pgid = p.pid   # start_new_session: the server leads its own group
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGTERM)
+                    p.wait(grace)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(pgid, signal.SIGKILL)   # whatever is left: the server or a stub
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+            deadline = time.monotonic() + 5
+            while group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        shutil.rmtree(self._work / "backends", ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop, then remove the working directory (the log too, unless ``log_path`` was given)."""
+        self.stop()
+        shutil.rmtree(self._work, ignore_errors=True)
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists (zombies of other parents included)."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+
+
+def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None = None, port: int = 8000,
+          http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
+          max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
+          ids_only: bool = False, log_path: str | Path | None = None, ready_timeout: float = 120.0,
+          echo=print) -> int:
+    """``dflash2-trt serve``: a repository for ``engine_dir`` in a temporary directory (or an existing
+    ``repository``), tritonserver on 127.0.0.1 until Ctrl-C / SIGTERM, then stopped and cleaned up.
+    Returns 0 after a requested stop; a server that dies on its own is a :class:`ServerError`."""
+    from .repository import deploy_triton
+
+    if (engine_dir is None) == (repository is None):
+        raise ServerError("give exactly one of --engine-dir or --repository")
+    ports = {"--http-port": port if http_port is None else http_port,
+             "--grpc-port": port + 1 if grpc_port is None else grpc_port,
+             "--metrics-port": port + 2 if metrics_port is None else metrics_port}
+    if len(set(ports.values())) != 3:
+        raise ServerError(f"the three ports must differ, got {ports}")
+    for what, p in ports.items():
+        check_port_free(p, what)   # before anything is generated or started
+    find_tritonserver()
+    work = Path(tempfile.mkdtemp(prefix="dflash2-serve-"))
+    old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    srv = None
+    try:
+        # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must still stop us
+        for sig in old_handlers:
+            signal.signal(sig, _stop)
+        if engine_dir is not None:
+            res = deploy_triton(engine_dir, work / "repository", max_batch_size=max_batch_size, decoupled=decoupled,
+                                tokenizer=tokenizer, ids_only=ids_only)
+            repository, models = res.output, res.models
+        else:
+            models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
+        srv = TritonServer(repository, http_port=ports["--http-port"], grpc_port=ports["--grpc-port"],
+                           metrics_port=ports["--metrics-port"], log_path=log_path or work / "tritonserver.log",
+                           ready_timeout=ready_timeout, log_kept=log_path is not None)
+        srv.start()
+        echo(f"serving {engine_dir or repository} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
+             f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)} (Ctrl-C stops)")
+        try:
+            while srv.alive():
+                time.sleep(0.25)
+        except KeyboardInterrupt:
+            echo("stopping tritonserver")
+            srv.stop()
+            echo("stopped")
+            return 0
+        raise ServerError(f"tritonserver exited with status {srv.proc.returncode}; its log ({srv._log_ref()}) "
+                          f"ends:\n{srv.log_tail()}")
+    finally:
+        if srv is not None:
+            srv.close()
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(work, ignore_errors=True)

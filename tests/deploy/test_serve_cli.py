@@ -1,0 +1,181 @@
+"""`dflash2-trt serve`: one command starts the bundled tritonserver on 127.0.0.1 for an engine,
+serves text, and Ctrl-C stops it with nothing left running; an occupied port, a missing engine
+and a server that fails to start are clear errors (the last one with its log's errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from deploy_helpers import MAX_NEW
+
+pytestmark = pytest.mark.triton
+pytest.importorskip("pytriton")
+
+
+def _free_base_port() -> int:
+    """A port P with P, P+1 and P+2 free on 127.0.0.1."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p + 2 > 65535:
+            continue
+        try:
+            socks = []
+            for q in (p, p + 1, p + 2):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", q))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no three consecutive free ports")
+
+
+def _procs_with(needle: str) -> list[int]:
+    """Live processes whose command line contains ``needle`` (the test's unique port)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if needle in cmd and state != "Z" and int(d.name) != os.getpid():
+                out.append(int(d.name))
+    return out
+
+
+class Serve:
+    """`python -m dflash2_trt.cli serve ...` in its own process group, killed whatever happens."""
+
+    def __init__(self, *args):
+        self.p = subprocess.Popen([sys.executable, "-m", "dflash2_trt.cli", "serve", *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, needle: str, timeout: float) -> bool:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(needle in ln for ln in self.lines):
+                return True
+            if self.p.poll() is not None:
+                self._t.join(5)
+                return any(needle in ln for ln in self.lines)
+            time.sleep(0.1)
+        return False
+
+    def finish(self, timeout: float = 60) -> int:
+        code = self.p.wait(timeout)
+        self._t.join(5)
+        return code
+
+    def kill(self):
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _error_of(s: Serve) -> str:
+    assert s.finish() == 1, s.lines
+    assert s.lines and s.lines[0].startswith("error: "), s.lines
+    assert not any("Traceback" in ln for ln in s.lines), s.lines
+    return "\n".join(s.lines)
+
+
+def test_serve_an_engine_and_stop_it_with_ctrl_c(engine, tokenizer, prompts, greedy):
+    port = _free_base_port()
+    s = Serve("--engine-dir", str(engine), "--port", str(port))
+    try:
+        assert s.wait_for("serving", 120), s.lines
+        line = next(ln for ln in s.lines if "serving" in ln)
+        assert f"HTTP http://127.0.0.1:{port}" in line and f"gRPC 127.0.0.1:{port + 1}" in line
+        assert "ensemble" in line and "tensorrt_llm" in line
+        assert _procs_with(f"--http-port {port}"), "no tritonserver with the requested port"
+        body = json.dumps({"text_input": tokenizer.decode(prompts[0]), "max_tokens": MAX_NEW}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/ensemble/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read())["text_output"] == tokenizer.decode(greedy[0])
+        s.p.send_signal(signal.SIGINT)
+        assert s.finish() == 0, s.lines
+        assert "stopped" in s.lines[-1]
+        deadline = time.time() + 10
+        while _procs_with(f"--http-port {port}") and time.time() < deadline:
+            time.sleep(0.1)
+        assert not _procs_with(f"--http-port {port}"), "tritonserver (or a stub) left running"
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))   # nothing listens there any more (TIME_WAIT connections may stay)
+            sock.listen()
+    finally:
+        s.kill()
+
+
+def test_occupied_port_is_one_clear_error(engine):
+    port = _free_base_port()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port + 1))
+        held.listen()
+        s = Serve("--engine-dir", str(engine), "--port", str(port))
+        try:
+            text = _error_of(s)
+        finally:
+            s.kill()
+    assert f"--grpc-port: 127.0.0.1:{port + 1} is not available" in text
+    assert not _procs_with(f"--http-port {port}")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--engine-dir", "/nonexistent/engine"], "engine directory not found"),
+    ([], "exactly one of --engine-dir or --repository"),
+    (["--repository", "/nonexistent/repo"], "not a model repository"),
+])
+def test_bad_arguments(args, needle):
+    s = Serve(*args, "--port", str(_free_base_port()))
+    try:
+        assert needle in _error_of(s)
+    finally:
+        s.kill()
+
+
+def test_a_server_that_fails_to_start_shows_its_log(engine, tmp_path):
+    """A repository whose engine has gone: tritonserver exits; the error carries the model's message."""
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+
+    eng = tmp_path / "engine"
+    shutil.copytree(engine, eng)
+    deploy_triton(eng, tmp_path / "repo", ids_only=True)
+    (eng / "checkpoint" / "rank0.safetensors").unlink()
+    port = _free_base_port()
+    s = Serve("--repository", str(tmp_path / "repo"), "--port", str(port))
+    try:
+        text = _error_of(s)
+    finally:
+        s.kill()
+    assert "tritonserver exited with status" in text and "before it was ready" in text
+    assert "cannot open the engine" in text and "rank0.safetensors is missing" in text
+    assert not _procs_with(f"--http-port {port}")

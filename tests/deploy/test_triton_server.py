@@ -1,0 +1,217 @@
+"""A real tritonserver (nvidia-pytriton's, on 127.0.0.1) serving the generated CPU repository.
+
+Over HTTP and gRPC (tritonclient): every shipped prompt gives exactly the target's own greedy
+continuation, as ids (tensorrt_llm) and as text (ensemble); streamed responses concatenate to the
+non-streamed output; seeded sampling is reproducible; bad requests are errors that leave the server
+serving; a bounded load of 200 requests at concurrency 1, 4 and 16 loses nothing and gets every
+token right."""
+
+from __future__ import annotations
+
+import json
+import queue
+import urllib.request
+
+import numpy as np
+import pytest
+
+from deploy_helpers import MAX_NEW
+
+pytestmark = pytest.mark.triton
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+httpclient = pytest.importorskip("tritonclient.http")
+InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
+
+
+def _in(mod, name, arr, dt):
+    x = mod.InferInput(name, list(arr.shape), dt)
+    x.set_data_from_numpy(arr)
+    return x
+
+
+def ids_inputs(mod, prompt, max_new=MAX_NEW, **extra):
+    ins = [_in(mod, "input_ids", np.array([prompt], dtype=np.int32), "INT32"),
+           _in(mod, "input_lengths", np.array([[len(prompt)]], dtype=np.int32), "INT32"),
+           _in(mod, "request_output_len", np.array([[max_new]], dtype=np.int32), "INT32")]
+    types = {bool: "BOOL", float: "FP32", int: "INT32"}
+    for k, v in extra.items():
+        if k == "seed":
+            ins.append(_in(mod, k, np.array([[v]], dtype=np.uint64), "UINT64"))
+        else:
+            ins.append(_in(mod, k, np.array([[v]], dtype={bool: bool, float: np.float32, int: np.int32}[type(v)]),
+                           types[type(v)]))
+    return ins
+
+
+def text_inputs(mod, text, max_new=MAX_NEW, **extra):
+    ins = [_in(mod, "text_input", np.array([[text.encode()]], dtype=np.object_), "BYTES"),
+           _in(mod, "max_tokens", np.array([[max_new]], dtype=np.int32), "INT32")]
+    for k, v in extra.items():
+        dt, np_dt = {bool: ("BOOL", bool), float: ("FP32", np.float32)}[type(v)]
+        ins.append(_in(mod, k, np.array([[v]], dtype=np_dt), dt))
+    return ins
+
+
+@pytest.fixture(scope="module")
+def http(server_plain):
+    c = httpclient.InferenceServerClient(server_plain.http_url, connection_timeout=60, network_timeout=120)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def grpc_plain(server_plain):
+    c = grpcclient.InferenceServerClient(server_plain.grpc_url)
+    yield c
+    c.close()
+
+
+class Stream:
+    """One gRPC stream on the decoupled server; ``run`` returns a request's responses."""
+
+    def __init__(self, url):
+        self.client = grpcclient.InferenceServerClient(url)
+        self.q: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.q.put((result, error)))
+        self.n = 0
+
+    def run(self, model, inputs, timeout=60):
+        self.n += 1
+        rid = f"r{self.n}"
+        self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
+        out = []
+        while True:
+            result, error = self.q.get(timeout=timeout)
+            if error is not None:
+                raise error
+            assert result.get_response().id == rid
+            out.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return out
+
+    def close(self):
+        self.client.stop_stream()
+        self.client.close()
+
+
+@pytest.fixture(scope="module")
+def stream(server_stream):
+    s = Stream(server_stream.grpc_url)
+    yield s
+    s.close()
+
+
+def _ids(result):
+    ids = result.as_numpy("output_ids")
+    assert ids.shape[:2] == (1, 1)
+    n = int(result.as_numpy("sequence_length").reshape(-1)[0])
+    return ids.reshape(-1)[:n].tolist()
+
+
+def _text(result):
+    return b"".join(result.as_numpy("text_output").reshape(-1)).decode()
+
+
+def test_greedy_ids_over_http_and_grpc(http, grpc_plain, prompts, greedy):
+    assert len(prompts) == len(greedy) >= 8
+    for p, want in zip(prompts, greedy):
+        assert _ids(http.infer("tensorrt_llm", ids_inputs(httpclient, p))) == want
+        assert _ids(grpc_plain.infer("tensorrt_llm", ids_inputs(grpcclient, p))) == want
+
+
+def test_greedy_text_over_http_and_grpc(http, grpc_plain, prompts, greedy, tokenizer):
+    for p, want in zip(prompts, greedy):
+        text, expect = tokenizer.decode(p), tokenizer.decode(want, skip_special_tokens=True)
+        assert _text(http.infer("ensemble", text_inputs(httpclient, text))) == expect
+        assert _text(grpc_plain.infer("ensemble", text_inputs(grpcclient, text))) == expect
+
+
+def test_perf_metrics_and_token_counts(http, prompts, greedy):
+    r = http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0], return_perf_metrics=True,
+                                              return_num_input_tokens=True, return_num_output_tokens=True))
+    drafts = int(r.as_numpy("total_draft_tokens").reshape(-1)[0])
+    accepted = int(r.as_numpy("total_accepted_draft_tokens").reshape(-1)[0])
+    rate = float(r.as_numpy("acceptance_rate").reshape(-1)[0])
+    assert drafts > 0 and drafts % 7 == 0 and 0 <= accepted <= drafts
+    assert rate == pytest.approx(accepted / drafts, rel=1e-6)
+    # 1 token from the context step + per generation step (accepted drafts + 1), before the length cut
+    assert 1 + accepted + drafts // 7 >= len(greedy[0]) > accepted + drafts // 7 - 7
+    assert int(r.as_numpy("num_input_tokens").reshape(-1)[0]) == len(prompts[0])
+    assert int(r.as_numpy("num_output_tokens").reshape(-1)[0]) == len(greedy[0])
+    plain = http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0]))
+    assert plain.as_numpy("acceptance_rate") is None     # only with return_perf_metrics, as TensorRT-LLM's
+    e = http.infer("ensemble", text_inputs(httpclient, "bafe befu", return_perf_metrics=True))
+    assert int(e.as_numpy("total_draft_tokens").reshape(-1)[0]) % 7 == 0
+
+
+def test_streaming_concatenates_to_the_non_streamed_output(stream, http, prompts, greedy, tokenizer):
+    for p, want in zip(prompts[:8], greedy):
+        parts = stream.run("tensorrt_llm", ids_inputs(grpcclient, p, streaming=True, return_perf_metrics=True))
+        chunks = [_ids(r) for r in parts]
+        assert sum(chunks, []) == want and len(chunks) > 1 and chunks[0] == want[:1]
+        one = stream.run("tensorrt_llm", ids_inputs(grpcclient, p))       # decoupled, not streaming: one response
+        assert len(one) == 1 and _ids(one[0]) == want
+        texts = [_text(r) for r in stream.run("ensemble", text_inputs(grpcclient, tokenizer.decode(p), stream=True))]
+        whole = _text(http.infer("ensemble", text_inputs(httpclient, tokenizer.decode(p))))
+        assert len(texts) == len(chunks) and "".join(texts) == whole == tokenizer.decode(want)
+
+
+def test_http_generate_stream_endpoint(server_stream, prompts, greedy, tokenizer):
+    body = json.dumps({"text_input": tokenizer.decode(prompts[0]), "max_tokens": MAX_NEW, "stream": True}).encode()
+    req = urllib.request.Request(f"http://{server_stream.http_url}/v2/models/ensemble/generate_stream", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [json.loads(line[len(b"data: "):]) for line in r.read().splitlines() if line.startswith(b"data: ")]
+    assert len(events) > 1 and "".join(e["text_output"] for e in events) == tokenizer.decode(greedy[0])
+
+
+def test_seeded_sampling_is_reproducible(http, stream, prompts):
+    def sample(seed, client=http, mod=httpclient):
+        return _ids(client.infer("tensorrt_llm", ids_inputs(mod, prompts[3], 24, temperature=1.0, seed=seed)))
+
+    a, b, c = sample(7), sample(7), sample(8)
+    assert a == b and len(a) == 24
+    assert a != c   # another seed, another draw (24 tokens at T = 1: equal only by a fluke of ~0)
+    streamed = stream.run("tensorrt_llm", ids_inputs(grpcclient, prompts[3], 24, temperature=1.0, seed=7,
+                                                     streaming=True))
+    assert sum((_ids(r) for r in streamed), []) == a   # the same draw whatever the transport and batching
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"beam_width": 2}, "beam_width: 2 is not supported"),
+    ({"streaming": True}, "streaming needs a decoupled model"),
+    ({"temperature": -1.0}, "temperature"),
+])
+def test_bad_requests_are_errors_and_the_server_keeps_serving(http, prompts, greedy, extra, needle):
+    with pytest.raises(InferenceServerException, match=needle):
+        http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0], **extra))
+    with pytest.raises(InferenceServerException, match="outside the vocabulary"):
+        http.infer("tensorrt_llm", ids_inputs(httpclient, [5, 999]))
+    with pytest.raises(InferenceServerException, match="'hello' is not in its vocabulary|cannot encode"):
+        http.infer("ensemble", text_inputs(httpclient, "hello"))
+    assert _ids(http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0]))) == greedy[0]
+
+
+def test_bad_streaming_request_ends_its_stream_with_an_error(stream, prompts, greedy):
+    with pytest.raises(InferenceServerException, match="request_output_len: must be >= 1"):
+        stream.run("tensorrt_llm", ids_inputs(grpcclient, prompts[0], 0, streaming=True))
+    parts = stream.run("tensorrt_llm", ids_inputs(grpcclient, prompts[0], streaming=True))
+    assert sum((_ids(r) for r in parts), []) == greedy[0]
+
+
+def test_bounded_load(server_stream, prompts, greedy):
+    """≥ 200 requests at concurrency 1, 4 and 16: nothing lost, every token the target's."""
+    from dflash2_trt.deploy.triton.load import LoadRequest, render, run_load
+
+    reqs = [LoadRequest(prompts[i % len(prompts)], MAX_NEW, greedy[i % len(prompts)]) for i in range(200)]
+    reports = {}
+    for c in (1, 4, 16):
+        rep = run_load(server_stream.grpc_url, reqs, c, K=7, timeout=60)
+        print(render(rep))
+        assert rep["requests"] == 200 and rep["output_tokens"] == sum(len(r.expected) for r in reqs)
+        reports[c] = rep
+    # the same greedy requests accept the same drafts however they are batched
+    assert len({(r["total_accepted_draft_tokens"], r["total_draft_tokens"]) for r in reports.values()}) == 1
+    # in-flight batching across requests: more requests per second with more of them in flight
+    assert reports[16]["requests_per_s"] > 1.5 * reports[1]["requests_per_s"]
