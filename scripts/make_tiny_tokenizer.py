@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Write the phrase-language tokenizer (``dflash2_trt/assets/phrase_tokenizer.py``) into the shipped
-tiny targets (``dflash2_trt/assets/tiny/{qwen3,qwen3_5}/target/``) without retraining them.
+"""Write the phrase-language tokenizer (``dflash2_trt/assets/phrase_tokenizer.py``) into every shipped
+tiny target (``dflash2_trt/assets/tiny/<family>/target/``) without retraining them.
 
-``scripts/train_tiny_drafter.py`` writes the same files when it retrains a pair.
+``scripts/train_tiny_drafter.py`` writes the same files when it retrains a pair. A target whose
+vocabulary is not the language's 256 ids is refused (its ids would not mean these words).
 
 Usage::
 
@@ -11,6 +12,7 @@ Usage::
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -18,12 +20,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dflash2_trt.assets import ASSET_ROOT  # noqa: E402
-from dflash2_trt.assets.phrase_tokenizer import write_tokenizer  # noqa: E402
+from dflash2_trt.assets.phrase_tokenizer import VOCAB, write_tokenizer  # noqa: E402
 
 
 def main() -> int:
-    for family in ("qwen3", "qwen3_5"):
-        for p in write_tokenizer(ASSET_ROOT / family / "target"):
+    for cfg_path in sorted(ASSET_ROOT.glob("*/target/config.json")):
+        cfg = json.loads(cfg_path.read_text())
+        vocab = cfg.get("text_config", cfg).get("vocab_size")
+        if vocab != VOCAB:
+            print(f"error: {cfg_path}: vocab_size {vocab}, the phrase language has {VOCAB} ids", file=sys.stderr)
+            return 1
+        for p in write_tokenizer(cfg_path.parent):
             print(f"wrote {p.relative_to(REPO)}")
     return 0
 
