@@ -33,7 +33,7 @@ void fillDescs(int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims, i
 
 GatedDeltaNetAttrs toAttrs(int32_t const* v)
 {
-    return GatedDeltaNetAttrs{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+    return GatedDeltaNetAttrs{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
 }
 
 //! What one call works on: the row space (packed tokens in forward, B x Kv verify rows in commit)
@@ -51,14 +51,14 @@ struct Batch
 template <int32_t kDk>
 void recurrentColumn(float* st, int64_t dv, float const* qh, float const* kh, int64_t qkw, DType vt, void const* xc,
     int64_t v0, int64_t vStride, float const* gates, int64_t gateStride, int64_t betaOffset, int32_t n, void* y,
-    int64_t y0, int64_t yStride, bool write)
+    int64_t y0, int64_t yStride, bool write, bool zeroInit)
 {
     constexpr int32_t kSplit = kGdnSplit<kDk>;
     constexpr int32_t kSlice = kDk / kSplit;
     float s[kDk];
     float part[kSplit];
     for (int32_t i = 0; i < kDk; ++i)
-        s[i] = st[i * dv];
+        s[i] = zeroInit ? 0.0f : st[i * dv];
     for (int32_t p = 0; p < n; ++p)
     {
         float const* kp = kh + p * qkw;
@@ -84,7 +84,7 @@ void recurrentColumn(float* st, int64_t dv, float const* qh, float const* kh, in
 
 template <int32_t kDk>
 void recurrentColumns(GatedDeltaNetParams const& p, int32_t n, int32_t slot, float* pool, float const* qh,
-    float const* kh, void const* xc, float const* gates, void* y, bool write, int64_t base)
+    float const* kh, void const* xc, float const* gates, void* y, bool write, int64_t base, bool zeroInit)
 {
     auto const& a = p.attrs;
     int64_t const hk = a.numKHeads, hv = a.numVHeads, dv = a.headVDim, C = p.convDim;
@@ -97,7 +97,7 @@ void recurrentColumns(GatedDeltaNetParams const& p, int32_t n, int32_t slot, flo
         for (int64_t j = 0; j < dv; ++j)
             recurrentColumn<kDk>(st + j, dv, qh == nullptr ? nullptr : qh + base * qkw + kHead * kDk,
                 kh + base * qkw + kHead * kDk, qkw, p.dataType, xc, base * C + 2 * qkw + h * dv + j, C,
-                gates + base * 2 * hv + h, 2 * hv, hv, n, y, base * hv * dv + h * dv + j, hv * dv, write);
+                gates + base * 2 * hv + h, 2 * hv, hv, n, y, base * hv * dv + h * dv + j, hv * dv, write, zeroInit);
     }
 }
 
@@ -106,14 +106,14 @@ void recurrentColumns(GatedDeltaNetParams const& p, int32_t n, int32_t slot, flo
 template <int32_t kDk>
 void chunkScanColumn(float* st, int64_t dv, float const* qh, float const* kh, int64_t qkw, float const* gam,
     int64_t gamStride, float const* qk, int64_t qkmStride, float* u, int64_t uStride, float const* w, int64_t wStride,
-    int32_t n, int32_t chunk, DType yt, void* y, int64_t y0, int64_t yStride)
+    int32_t n, int32_t chunk, DType yt, void* y, int64_t y0, int64_t yStride, bool zeroInit)
 {
     constexpr int32_t kSplit = kGdnSplit<kDk>;
     constexpr int32_t kSlice = kDk / kSplit;
     float s[kDk];
     float part[kSplit];
     for (int32_t i = 0; i < kDk; ++i)
-        s[i] = st[i * dv];
+        s[i] = zeroInit ? 0.0f : st[i * dv];
     for (int32_t c0 = 0; c0 < n; c0 += chunk)
     {
         int32_t const m = (n - c0) < chunk ? (n - c0) : chunk;
@@ -154,7 +154,7 @@ void chunkScanColumn(float* st, int64_t dv, float const* qh, float const* kh, in
 template <int32_t kDk>
 void chunkedRequest(GatedDeltaNetParams const& p, int32_t n, int32_t slot, float* pool, float const* qh,
     float const* kh, void const* xc, float const* gates, float* gam, float* amat, float* qk, float* u, float* w,
-    void* y, int64_t base)
+    void* y, int64_t base, bool zeroInit)
 {
     auto const& a = p.attrs;
     int64_t const hk = a.numKHeads, hv = a.numVHeads, dv = a.headVDim, C = p.convDim, ch = a.chunkSize;
@@ -220,14 +220,15 @@ void chunkedRequest(GatedDeltaNetParams const& p, int32_t n, int32_t slot, float
             chunkScanColumn<kDk>(st + j, dv, qh + base * qkw + kHead * kDk, kh + base * qkw + kHead * kDk, qkw,
                 gam + base * hv + h, hv, qk + (base * hv + h) * ch, hv * ch, u + (base * hv + h) * dv + j, hv * dv,
                 w + (base * hv + h) * kDk, hv * kDk, n, a.chunkSize, p.dataType, y, base * hv * dv + h * dv + j,
-                hv * dv);
+                hv * dv, zeroInit);
     }
 }
 
-//! Conv state after n more tokens: the last K-1 raw inputs of [old state, x[0..n)].
+//! Conv state after n more tokens: the last K-1 raw inputs of [old state, x[0..n)] (old state =
+//! zeros when zeroInit).
 template <class T>
 void updateConvState(GatedDeltaNetParams const& p, typename T::Storage* state, typename T::Storage const* x,
-    int64_t base, int32_t n)
+    int64_t base, int32_t n, bool zeroInit)
 {
     int32_t const keep = p.attrs.convKernel - 1;
     int64_t const C = p.convDim;
@@ -237,7 +238,8 @@ void updateConvState(GatedDeltaNetParams const& p, typename T::Storage* state, t
         for (int32_t m = 0; m < keep; ++m)
         {
             int32_t const pos = n - keep + m;
-            col[m] = pos < 0 ? state[static_cast<int64_t>(pos + keep) * C + c] : x[(base + pos) * C + c];
+            col[m] = pos >= 0 ? x[(base + pos) * C + c]
+                              : (zeroInit ? T::store(0.0f) : state[static_cast<int64_t>(pos + keep) * C + c]);
         }
         for (int32_t m = 0; m < keep; ++m)
             state[static_cast<int64_t>(m) * C + c] = col[m];
@@ -261,6 +263,8 @@ void forwardTyped(GatedDeltaNetParams const& p, void const* const* in, void* con
     auto const* slots = static_cast<int32_t const*>(in[7]);
     auto* rnnPool = reinterpret_cast<float*>(*static_cast<int64_t const*>(in[9]));
     auto* convPool = reinterpret_cast<S*>(*static_cast<int64_t const*>(in[10]));
+    auto const* zeroState = a.zeroStateInput ? static_cast<int32_t const*>(in[11]) : nullptr;
+    auto zeroInit = [&](int64_t r) { return zeroState != nullptr && r < p.numContext && zeroState[r] != 0; };
     auto* y = static_cast<S*>(out[0]);
     auto* vqkv = static_cast<S*>(out[1]);
     auto* vgates = static_cast<float*>(out[2]);
@@ -280,7 +284,7 @@ void forwardTyped(GatedDeltaNetParams const& p, void const* const* in, void* con
     {
         int64_t const r0 = cu[r];
         int32_t const n = cu[r + 1] - cu[r];
-        S const* st = convPool + static_cast<int64_t>(slots[r]) * keep * C;
+        S const* st = zeroInit(r) ? nullptr : convPool + static_cast<int64_t>(slots[r]) * keep * C;
         bool const gen = r >= p.numContext;
         for (int32_t pp = 0; pp < n; ++pp)
             for (int64_t c = 0; c < C; ++c)
@@ -324,7 +328,7 @@ void forwardTyped(GatedDeltaNetParams const& p, void const* const* in, void* con
         bool const ctx = r < p.numContext;
         if (ctx && a.chunkSize > 0)
             continue;
-        recurrentColumns<kDk>(p, cu[r + 1] - cu[r], slots[r], rnnPool, qh, kh, xc, gates, y, ctx, cu[r]);
+        recurrentColumns<kDk>(p, cu[r + 1] - cu[r], slots[r], rnnPool, qh, kh, xc, gates, y, ctx, cu[r], zeroInit(r));
     }
     // 5. chunked context requests
     if (a.chunkSize > 0)
@@ -336,11 +340,12 @@ void forwardTyped(GatedDeltaNetParams const& p, void const* const* in, void* con
         auto* w = reinterpret_cast<float*>(base + ws.w);
         for (int64_t r = 0; r < p.numContext; ++r)
             chunkedRequest<kDk>(p, cu[r + 1] - cu[r], slots[r], rnnPool, qh, kh, xc, gates, gam, amat, qk, u, w, y,
-                cu[r]);
+                cu[r], zeroInit(r));
     }
     // 6. conv state of context requests (gdnConvStateKernel)
     for (int64_t r = 0; r < p.numContext; ++r)
-        updateConvState<T>(p, convPool + static_cast<int64_t>(slots[r]) * keep * C, x, cu[r], cu[r + 1] - cu[r]);
+        updateConvState<T>(p, convPool + static_cast<int64_t>(slots[r]) * keep * C, x, cu[r], cu[r + 1] - cu[r],
+            zeroInit(r));
 }
 
 template <int32_t kDk, class T>
@@ -385,9 +390,9 @@ void commitTyped(GatedDeltaNetParams const& p, void const* const* in, void* cons
             for (int64_t g = 0; g < hk; ++g)
                 gdnL2Normalize<T>(xc + (r0 + pp) * C + hk * kDk + g * kDk, kh + ((r0 + pp) * hk + g) * kDk, kDk, 0.0f);
         // 3. replay (gdnRecurrentKernel, state only)
-        recurrentColumns<kDk>(p, n, slots[r], rnnPool, nullptr, kh, xc, vgates, nullptr, true, r0);
+        recurrentColumns<kDk>(p, n, slots[r], rnnPool, nullptr, kh, xc, vgates, nullptr, true, r0, false);
         // 4. conv state (gdnConvStateKernel), after the conv read the old one
-        updateConvState<T>(p, st, vqkv, r0, n);
+        updateConvState<T>(p, st, vqkv, r0, n, false);
     }
 }
 
@@ -448,7 +453,7 @@ extern "C"
 {
 
 //! attrs = {mode, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel,
-//! max_verify_tokens, chunk_size}; dims holds 8 slots per input.
+//! max_verify_tokens, chunk_size, zero_state_input}; dims holds 8 slots per input.
 int32_t df2_gdn_validate(int32_t const* attrs, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims,
     int64_t const* dims, char* msg, int32_t msgLen)
 {

@@ -90,6 +90,12 @@ __device__ __forceinline__ bool findChunk(int32_t const* cu, int32_t numContext,
     return false;
 }
 
+//! A context request whose initial state is zeros (zero_state input; null = none).
+__device__ __forceinline__ bool zeroInit(int32_t const* zeroState, int32_t r, int32_t numContext)
+{
+    return zeroState != nullptr && r < numContext && zeroState[r] != 0;
+}
+
 struct Dims
 {
     int32_t batch, numContext, hk, hv, dk, dv, kc, kv, chunk;
@@ -107,9 +113,9 @@ Dims dimsOf(GatedDeltaNetParams const& p)
 template <class T>
 __global__ void __launch_bounds__(kElemThreads) gdnConvKernel(typename T::Storage const* __restrict__ x,
     typename T::Storage const* __restrict__ w, int32_t const* __restrict__ cu, int32_t const* __restrict__ slots,
-    int32_t const* __restrict__ numAccepted, typename T::Storage const* __restrict__ convPool,
-    typename T::Storage* __restrict__ xc, typename T::Storage* __restrict__ verifyQkv, int64_t rows, Dims d,
-    int64_t cLo, bool commit)
+    int32_t const* __restrict__ numAccepted, int32_t const* __restrict__ zeroState,
+    typename T::Storage const* __restrict__ convPool, typename T::Storage* __restrict__ xc,
+    typename T::Storage* __restrict__ verifyQkv, int64_t rows, Dims d, int64_t cLo, bool commit)
 {
     using S = typename T::Storage;
     int64_t const c = cLo + static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
@@ -122,7 +128,8 @@ __global__ void __launch_bounds__(kElemThreads) gdnConvKernel(typename T::Storag
         RowInfo const ri = rowInfo(commit, cu, numAccepted, d.batch, d.numContext, d.kv, row);
         if (!ri.active)
             continue;
-        S const* st = convPool + static_cast<int64_t>(slots[ri.r]) * keep * C;
+        S const* st = zeroInit(zeroState, ri.r, d.numContext) ? nullptr
+                                                              : convPool + static_cast<int64_t>(slots[ri.r]) * keep * C;
         xc[row * C + c] = gdnConvSilu<T>(x + ri.base * C, C, st, C, w, d.kc, ri.p, c);
         if (!commit && ri.r >= d.numContext && ri.p < d.kv)
             verifyQkv[(static_cast<int64_t>(ri.r) * d.kv + ri.p) * C + c] = x[row * C + c];
@@ -211,7 +218,8 @@ template <int32_t kDk>
 __global__ void __launch_bounds__(kColumnThreads) gdnRecurrentKernel(float const* __restrict__ qh,
     float const* __restrict__ kh, void const* __restrict__ xc, float const* __restrict__ gates,
     int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ numAccepted,
-    float* __restrict__ rnnPool, void* __restrict__ y, DType dtype, Dims d, bool commit)
+    int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool, void* __restrict__ y, DType dtype, Dims d,
+    bool commit)
 {
     constexpr int32_t kSplit = kGdnSplit<kDk>;
     constexpr int32_t kSlice = kDk / kSplit;
@@ -252,10 +260,11 @@ __global__ void __launch_bounds__(kColumnThreads) gdnRecurrentKernel(float const
     int64_t const v0 = base * d.convDim + 2 * qkw + static_cast<int64_t>(h) * d.dv + j;
     int64_t const y0 = base * d.hv * d.dv + static_cast<int64_t>(h) * d.dv + j;
     int64_t const yStride = static_cast<int64_t>(d.hv) * d.dv;
+    bool const zero = !commit && zeroInit(zeroState, r, d.numContext);
     float s[kSlice];
 GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
-        s[i] = st[i * d.dv];
+        s[i] = zero ? 0.0f : st[i * d.dv];
 GDN_NO_UNROLL
     for (int32_t p = 0; p < n; ++p)
     {
@@ -360,7 +369,8 @@ template <int32_t kDk>
 __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float const* __restrict__ qh,
     float const* __restrict__ kh, float const* __restrict__ gam, float const* __restrict__ qk,
     float const* __restrict__ u, float const* __restrict__ w, int32_t const* __restrict__ cu,
-    int32_t const* __restrict__ slots, float* __restrict__ rnnPool, void* __restrict__ y, DType dtype, Dims d)
+    int32_t const* __restrict__ slots, int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool,
+    void* __restrict__ y, DType dtype, Dims d)
 {
     constexpr int32_t kSplit = kGdnSplit<kDk>;
     constexpr int32_t kSlice = kDk / kSplit;
@@ -387,10 +397,11 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
     float const* uRow = u + (base * d.hv + h) * d.dv + j;
     float const* wRow = w + (base * d.hv + h) * kDk + off;
     int64_t const y0 = base * hvdv + static_cast<int64_t>(h) * d.dv + j;
+    bool const zero = zeroInit(zeroState, r, d.numContext);
     float s[kSlice];
 GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
-        s[i] = st[i * d.dv];
+        s[i] = zero ? 0.0f : st[i * d.dv];
 GDN_NO_UNROLL
     for (int32_t c0 = 0; c0 < n; c0 += d.chunk)
     {
@@ -435,7 +446,8 @@ GDN_UNROLL
 template <class T>
 __global__ void __launch_bounds__(kElemThreads) gdnConvStateKernel(typename T::Storage const* __restrict__ x,
     int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ numAccepted,
-    typename T::Storage* __restrict__ convPool, int32_t* __restrict__ committed, Dims d, bool commit)
+    int32_t const* __restrict__ zeroState, typename T::Storage* __restrict__ convPool, int32_t* __restrict__ committed,
+    Dims d, bool commit)
 {
     using S = typename T::Storage;
     int32_t const r = blockIdx.x;
@@ -461,13 +473,14 @@ __global__ void __launch_bounds__(kElemThreads) gdnConvStateKernel(typename T::S
         return;
     int64_t const C = d.convDim;
     S* st = convPool + static_cast<int64_t>(slots[r]) * keep * C;
+    bool const zero = !commit && zeroInit(zeroState, r, d.numContext);
     S col[kGdnMaxConvKernel - 1];
 #pragma unroll
     for (int32_t m = 0; m < kGdnMaxConvKernel - 1; ++m)
     {
         int32_t const pos = n - keep + m;
         if (m < keep)
-            col[m] = pos < 0 ? st[static_cast<int64_t>(pos + keep) * C + c] : x[(base + pos) * C + c];
+            col[m] = pos >= 0 ? x[(base + pos) * C + c] : (zero ? T::store(0.0f) : st[static_cast<int64_t>(pos + keep) * C + c]);
     }
 #pragma unroll
     for (int32_t m = 0; m < kGdnMaxConvKernel - 1; ++m)
@@ -541,7 +554,7 @@ Status convTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStrea
     dim3 const grid(static_cast<unsigned>((d.convDim - cLo + kElemThreads - 1) / kElemThreads), gridY(rows));
     S const* x = static_cast<S const*>(commit ? g.verifyQkv : g.qkv);
     gdnConvKernel<T><<<grid, kElemThreads, 0, s>>>(x, static_cast<S const*>(g.convWeight), g.cuSeqlens, g.slots,
-        g.numAccepted, static_cast<S const*>(g.convPool), static_cast<S*>(wk.xc), commit ? nullptr : static_cast<S*>(g.verifyQkv), rows, d, cLo, commit);
+        g.numAccepted, commit ? nullptr : g.zeroState, static_cast<S const*>(g.convPool), static_cast<S*>(wk.xc), commit ? nullptr : static_cast<S*>(g.verifyQkv), rows, d, cLo, commit);
     return cudaStatus("conv kernel", msg, len);
 }
 
@@ -582,7 +595,7 @@ void recurrentDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work cons
     dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>(d.hv),
         static_cast<unsigned>((d.dv + kColumns - 1) / kColumns));
     gdnRecurrentKernel<kDk><<<grid, kColumnThreads, 0, s>>>(wk.qh, wk.kh, wk.xc, commit ? g.verifyGates : wk.gates,
-        g.cuSeqlens, g.slots, g.numAccepted, g.rnnPool, g.y, p.dataType, d, commit);
+        g.cuSeqlens, g.slots, g.numAccepted, g.zeroState, g.rnnPool, g.y, p.dataType, d, commit);
 }
 
 Status recurrentStage(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
@@ -637,7 +650,7 @@ void scanDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work const& wk
     dim3 const grid(static_cast<unsigned>(d.numContext), static_cast<unsigned>(d.hv),
         static_cast<unsigned>((d.dv + kColumns - 1) / kColumns));
     gdnChunkScanKernel<kDk><<<grid, kColumnThreads, 0, s>>>(wk.qh, wk.kh, wk.gam, wk.qk, wk.u, wk.w, g.cuSeqlens,
-        g.slots, g.rnnPool, g.y, p.dataType, d);
+        g.slots, g.zeroState, g.rnnPool, g.y, p.dataType, d);
 }
 
 Status scanStage(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
@@ -666,7 +679,7 @@ Status convStateTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cuda
         return Status::kOK;
     dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>((d.convDim + kElemThreads - 1) / kElemThreads));
     S const* x = static_cast<S const*>(commit ? g.verifyQkv : g.qkv);
-    gdnConvStateKernel<T><<<grid, kElemThreads, 0, s>>>(x, g.cuSeqlens, g.slots, g.numAccepted,
+    gdnConvStateKernel<T><<<grid, kElemThreads, 0, s>>>(x, g.cuSeqlens, g.slots, g.numAccepted, g.zeroState,
         static_cast<S*>(g.convPool), g.committed, d, commit);
     return cudaStatus("conv state kernel", msg, len);
 }

@@ -20,6 +20,7 @@ struct GdnLaunchArgs
     void const* b{nullptr};          //!< [T, Hv]
     float const* dtBias{nullptr};    //!< [Hv]
     float const* aLog{nullptr};      //!< [Hv]
+    int32_t const* zeroState{nullptr}; //!< [B] or null (zero_state_input = 0)
     // commit inputs
     int32_t const* numAccepted{nullptr}; //!< [B]
     // both

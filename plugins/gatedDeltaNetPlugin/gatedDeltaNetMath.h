@@ -138,7 +138,8 @@ DF2_HD float gdnBeta(typename T::Storage b)
 
 //! Causal depthwise conv of channel c at request position p, fp32, taps oldest first:
 //! sum_j w[c, j] * x[p - (K-1) + j]; positions < 0 read the conv state [K-1, C] (row m holds
-//! position m - (K-1)). x points at the request's row 0; rows are rowStride elements apart.
+//! position m - (K-1)), or zeros when state is null (a sequence's first chunk: transformers'
+//! zero padding). x points at the request's row 0; rows are rowStride elements apart.
 template <class T>
 DF2_HD float gdnConvRaw(typename T::Storage const* x, int64_t rowStride, typename T::Storage const* state,
     int64_t convDim, typename T::Storage const* w, int32_t kc, int32_t p, int64_t c)
@@ -147,8 +148,8 @@ DF2_HD float gdnConvRaw(typename T::Storage const* x, int64_t rowStride, typenam
     for (int32_t j = 0; j < kc; ++j)
     {
         int32_t const pos = p - (kc - 1) + j;
-        float const xv = pos < 0 ? T::load(state[static_cast<int64_t>(pos + kc - 1) * convDim + c])
-                                 : T::load(x[static_cast<int64_t>(pos) * rowStride + c]);
+        float const xv = pos >= 0 ? T::load(x[static_cast<int64_t>(pos) * rowStride + c])
+            : (state != nullptr ? T::load(state[static_cast<int64_t>(pos + kc - 1) * convDim + c]) : 0.0f);
         float const prod = mulRn(T::load(w[c * kc + j]), xv);
         acc = (j == 0) ? prod : addRn(acc, prod);
     }

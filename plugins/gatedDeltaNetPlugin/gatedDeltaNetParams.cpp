@@ -29,8 +29,8 @@ bool known(int64_t d)
     return d >= 0;
 }
 
-char const* const kFwdNames[kGdnFwdNbInputs] = {"qkv", "conv_weight", "a", "b", "dt_bias", "A_log", "cu_seqlens",
-    "slot_mapping", "host_request_types", "rnn_state_ptr", "conv_state_ptr"};
+char const* const kFwdNames[kGdnMaxNbInputs] = {"qkv", "conv_weight", "a", "b", "dt_bias", "A_log", "cu_seqlens",
+    "slot_mapping", "host_request_types", "rnn_state_ptr", "conv_state_ptr", "zero_state"};
 char const* const kCommitNames[kGdnCommitNbInputs] = {"verify_qkv", "verify_gates", "conv_weight", "num_accepted",
     "cu_seqlens", "slot_mapping", "host_request_types", "rnn_state_ptr", "conv_state_ptr"};
 
@@ -73,7 +73,7 @@ char const* gatedDeltaNetInputName(GatedDeltaNetAttrs const& a, int32_t index)
 {
     if (a.mode == static_cast<int32_t>(GdnMode::kCOMMIT))
         return (index >= 0 && index < kGdnCommitNbInputs) ? kCommitNames[index] : "?";
-    return (index >= 0 && index < kGdnFwdNbInputs) ? kFwdNames[index] : "?";
+    return (index >= 0 && index < gatedDeltaNetNbInputs(a)) ? kFwdNames[index] : "?";
 }
 
 Status validateGatedDeltaNetAttrs(GatedDeltaNetAttrs const& a, char* msg, size_t msgLen)
@@ -101,6 +101,8 @@ Status validateGatedDeltaNetAttrs(GatedDeltaNetAttrs const& a, char* msg, size_t
         return fail(msg, msgLen, "max_verify_tokens=%d outside [1, %d]", a.maxVerifyTokens, kGdnMaxVerifyTokens);
     if (a.chunkSize < 0 || a.chunkSize > kGdnMaxChunkSize)
         return fail(msg, msgLen, "chunk_size=%d outside [0, %d] (0 = per-token path)", a.chunkSize, kGdnMaxChunkSize);
+    if (a.zeroStateInput != 0 && a.zeroStateInput != 1)
+        return fail(msg, msgLen, "zero_state_input=%d must be 0 or 1", a.zeroStateInput);
     return Status::kOK;
 }
 
@@ -113,8 +115,12 @@ Status validateGatedDeltaNet(GatedDeltaNetAttrs const& a, TensorDesc const* in, 
     bool const commit = a.mode == static_cast<int32_t>(GdnMode::kCOMMIT);
     int32_t const want = gatedDeltaNetNbInputs(a);
     if (nbInputs != want)
-        return fail(msg, msgLen, "expected %d inputs in %s mode, got %d", want, gdnModeName(static_cast<GdnMode>(a.mode)),
-            nbInputs);
+    {
+        if (commit)
+            return fail(msg, msgLen, "expected %d inputs in commit mode, got %d", want, nbInputs);
+        return fail(msg, msgLen, "expected %d inputs in forward mode with zero_state_input=%d, got %d", want,
+            a.zeroStateInput, nbInputs);
+    }
     char const* const* names = commit ? kCommitNames : kFwdNames;
 
     DType const dataType = in[0].type;
@@ -122,9 +128,9 @@ Status validateGatedDeltaNet(GatedDeltaNetAttrs const& a, TensorDesc const* in, 
         return fail(msg, msgLen, "input 0 (%s) has dtype %s; supported: float32, float16, bfloat16", names[0],
             dtypeName(dataType));
     // dtype and rank of every input
-    DType const fwdTypes[kGdnFwdNbInputs] = {dataType, dataType, dataType, dataType, DType::kFLOAT32, DType::kFLOAT32,
-        DType::kINT32, DType::kINT32, DType::kINT32, DType::kINT64, DType::kINT64};
-    int32_t const fwdDims[kGdnFwdNbInputs] = {2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1};
+    DType const fwdTypes[kGdnMaxNbInputs] = {dataType, dataType, dataType, dataType, DType::kFLOAT32, DType::kFLOAT32,
+        DType::kINT32, DType::kINT32, DType::kINT32, DType::kINT64, DType::kINT64, DType::kINT32};
+    int32_t const fwdDims[kGdnMaxNbInputs] = {2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1};
     DType const commitTypes[kGdnCommitNbInputs] = {dataType, DType::kFLOAT32, dataType, DType::kINT32, DType::kINT32,
         DType::kINT32, DType::kINT32, DType::kINT64, DType::kINT64};
     int32_t const commitDims[kGdnCommitNbInputs] = {3, 4, 2, 1, 1, 1, 1, 1, 1};
@@ -154,8 +160,9 @@ Status validateGatedDeltaNet(GatedDeltaNetAttrs const& a, TensorDesc const* in, 
         Want const wants[] = {{0, 1, C, "2 Hk Dk + Hv Dv"}, {1, 0, C, "2 Hk Dk + Hv Dv"}, {1, 1, kc, "conv_kernel"},
             {2, 0, tokens, "T"}, {2, 1, hv, "num_v_heads"}, {3, 0, tokens, "T"}, {3, 1, hv, "num_v_heads"},
             {4, 0, hv, "num_v_heads"}, {5, 0, hv, "num_v_heads"}, {6, 0, known(batch) ? batch + 1 : -1, "B+1"},
-            {8, 0, batch, "B"}, {9, 0, 1, "one pointer"}, {10, 0, 1, "one pointer"}};
-        Status const s = checkDims(in, names, wants, static_cast<int32_t>(sizeof(wants) / sizeof(wants[0])), msg, msgLen);
+            {8, 0, batch, "B"}, {9, 0, 1, "one pointer"}, {10, 0, 1, "one pointer"}, {11, 0, batch, "B"}};
+        int32_t const nbWants = static_cast<int32_t>(sizeof(wants) / sizeof(wants[0])) - (a.zeroStateInput ? 0 : 1);
+        Status const s = checkDims(in, names, wants, nbWants, msg, msgLen);
         if (s != Status::kOK)
             return s;
     }

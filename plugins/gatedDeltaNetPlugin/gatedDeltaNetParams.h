@@ -36,9 +36,10 @@ struct GatedDeltaNetAttrs
     int32_t convKernel{0};      //!< K taps of the causal conv; the conv state holds K-1 inputs
     int32_t maxVerifyTokens{0}; //!< Kv = K_draft + 1: verify tokens per generation request
     int32_t chunkSize{64};      //!< context requests: tokens per chunk; 0 = the per-token path
+    int32_t zeroStateInput{0};  //!< forward: 1 adds input 11 zero_state [B] (first chunks start from zeros)
 };
 
-constexpr int32_t kGdnNbAttrs = 8;
+constexpr int32_t kGdnNbAttrs = 9;
 
 //! Everything a launcher needs, derived and checked by validateGatedDeltaNet (shapes) and
 //! validateGatedDeltaNetBatch (the host-visible request data).
@@ -66,9 +67,13 @@ constexpr int32_t kGdnRequestGeneration = 1;
 //! dtype), 4 dt_bias [Hv] fp32, 5 A_log [Hv] fp32, 6 cu_seqlens [B+1] int32, 7 slot_mapping [B]
 //! int32, 8 host_request_types [B] int32 (host), 9 rnn_state_ptr [1] int64 (host),
 //! 10 conv_state_ptr [1] int64 (host).
+//! With zero_state_input = 1: 11 zero_state [B] int32 (device): a context request r with
+//! zero_state[r] != 0 starts from zero recurrent and conv state (its slot's contents are neither
+//! read nor kept); generation requests ignore it.
 //! Outputs: 0 y [T, Hv Dv], 1 verify_qkv [B, Kv, C] (activation dtype), 2 verify_gates
 //! [B, Kv, 2, Hv] fp32.
 constexpr int32_t kGdnFwdNbInputs = 11;
+constexpr int32_t kGdnMaxNbInputs = 12;
 constexpr int32_t kGdnFwdNbOutputs = 3;
 //! Commit inputs: 0 verify_qkv [B, Kv, C], 1 verify_gates [B, Kv, 2, Hv] fp32, 2 conv_weight
 //! [C, K], 3 num_accepted [B] int32, 4 cu_seqlens [B+1] int32, 5 slot_mapping [B] int32,
@@ -77,9 +82,11 @@ constexpr int32_t kGdnFwdNbOutputs = 3;
 constexpr int32_t kGdnCommitNbInputs = 9;
 constexpr int32_t kGdnCommitNbOutputs = 1;
 
+//! The commit ignores zero_state_input (its requests continue from their committed state).
 inline int32_t gatedDeltaNetNbInputs(GatedDeltaNetAttrs const& a)
 {
-    return a.mode == static_cast<int32_t>(GdnMode::kCOMMIT) ? kGdnCommitNbInputs : kGdnFwdNbInputs;
+    return a.mode == static_cast<int32_t>(GdnMode::kCOMMIT) ? kGdnCommitNbInputs
+                                                             : kGdnFwdNbInputs + (a.zeroStateInput ? 1 : 0);
 }
 
 inline int32_t gatedDeltaNetNbOutputs(GatedDeltaNetAttrs const& a)

@@ -20,6 +20,7 @@ constexpr char const* kHeadVDim = "head_v_dim";
 constexpr char const* kConvKernel = "conv_kernel";
 constexpr char const* kMaxVerifyTokens = "max_verify_tokens";
 constexpr char const* kChunkSize = "chunk_size";
+constexpr char const* kZeroStateInput = "zero_state_input";
 
 bool isFloatType(DataType t)
 {
@@ -170,6 +171,8 @@ bool GatedDeltaNetPlugin::supportsFormatCombination(
         default: return pos == nbInputs && d.type == DataType::kINT32; // committed
         }
     }
+    if (pos >= nbInputs) // outputs: y, verify_qkv (activation dtype), verify_gates (fp32)
+        return pos - nbInputs < 2 ? d.type == act : (pos - nbInputs == 2 && d.type == DataType::kFLOAT);
     switch (pos)
     {
     case 0: return isFloatType(d.type); // qkv
@@ -183,9 +186,7 @@ bool GatedDeltaNetPlugin::supportsFormatCombination(
     case 8: return d.type == DataType::kINT32; // cu_seqlens, slot_mapping, host_request_types
     case 9:
     case 10: return d.type == DataType::kINT64; // state pointers
-    case 11:
-    case 12: return d.type == act;              // y, verify_qkv
-    case 13: return d.type == DataType::kFLOAT; // verify_gates
+    case 11: return d.type == DataType::kINT32; // zero_state (zero_state_input = 1)
     default: return false;
     }
 }
@@ -194,7 +195,7 @@ int32_t GatedDeltaNetPlugin::configurePlugin(DynamicPluginTensorDesc const* in, 
     DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
 {
     trace(kGatedDeltaNetName, "configurePlugin");
-    TensorDesc descs[kGdnFwdNbInputs];
+    TensorDesc descs[kGdnMaxNbInputs];
     if (nbInputs != gatedDeltaNetNbInputs(mAttrs))
         return -1;
     for (int32_t i = 0; i < nbInputs; ++i)
@@ -240,7 +241,7 @@ size_t GatedDeltaNetPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inpu
 int32_t GatedDeltaNetPlugin::onShapeChange(
     PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
 {
-    TensorDesc descs[kGdnFwdNbInputs];
+    TensorDesc descs[kGdnMaxNbInputs];
     if (nbInputs != gatedDeltaNetNbInputs(mAttrs))
         return -1;
     for (int32_t i = 0; i < nbInputs; ++i)
@@ -302,6 +303,7 @@ int32_t GatedDeltaNetPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plug
         g.aLog = static_cast<float const*>(inputs[5]);
         g.cuSeqlens = static_cast<int32_t const*>(inputs[6]);
         g.slots = static_cast<int32_t const*>(inputs[7]);
+        g.zeroState = mAttrs.zeroStateInput ? static_cast<int32_t const*>(inputs[11]) : nullptr;
         g.y = outputs[0];
         g.verifyQkv = outputs[1];
         g.verifyGates = static_cast<float*>(outputs[2]);
@@ -332,6 +334,7 @@ PluginFieldCollection const* GatedDeltaNetPlugin::getFieldsToSerialize() noexcep
     mSerialFields.emplace_back(kConvKernel, &mAttrs.convKernel, PluginFieldType::kINT32, 1);
     mSerialFields.emplace_back(kMaxVerifyTokens, &mAttrs.maxVerifyTokens, PluginFieldType::kINT32, 1);
     mSerialFields.emplace_back(kChunkSize, &mAttrs.chunkSize, PluginFieldType::kINT32, 1);
+    mSerialFields.emplace_back(kZeroStateInput, &mAttrs.zeroStateInput, PluginFieldType::kINT32, 1);
     mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
     mSerialCollection.fields = mSerialFields.data();
     return &mSerialCollection;
@@ -347,6 +350,7 @@ GatedDeltaNetPluginCreator::GatedDeltaNetPluginCreator()
     mFields.emplace_back(kConvKernel, nullptr, PluginFieldType::kINT32, 1);
     mFields.emplace_back(kMaxVerifyTokens, nullptr, PluginFieldType::kINT32, 1);
     mFields.emplace_back(kChunkSize, nullptr, PluginFieldType::kINT32, 1);
+    mFields.emplace_back(kZeroStateInput, nullptr, PluginFieldType::kINT32, 1);
     mCollection.nbFields = static_cast<int32_t>(mFields.size());
     mCollection.fields = mFields.data();
 }
@@ -374,10 +378,11 @@ PluginFieldCollection const* GatedDeltaNetPluginCreator::getFieldNames() noexcep
 IPluginV3* GatedDeltaNetPluginCreator::createPlugin(
     char const* /*name*/, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
 {
-    GatedDeltaNetAttrs a; // mode forward, chunk_size 64 by default
+    GatedDeltaNetAttrs a; // mode forward, chunk_size 64, zero_state_input 0 by default
     Int32Attr attrs[] = {{kMode, &a.mode, false}, {kNumKHeads, &a.numKHeads, true}, {kNumVHeads, &a.numVHeads, true},
         {kHeadKDim, &a.headKDim, true}, {kHeadVDim, &a.headVDim, true}, {kConvKernel, &a.convKernel, true},
-        {kMaxVerifyTokens, &a.maxVerifyTokens, true}, {kChunkSize, &a.chunkSize, false}};
+        {kMaxVerifyTokens, &a.maxVerifyTokens, true}, {kChunkSize, &a.chunkSize, false},
+        {kZeroStateInput, &a.zeroStateInput, false}};
     if (!parseInt32Attrs(kGatedDeltaNetName, fc, attrs, kGdnNbAttrs))
         return nullptr;
     char msg[512];

@@ -213,7 +213,7 @@ void testGdn()
 {
     GatedDeltaNetPluginCreator creator;
     check(std::strcmp(creator.getPluginName(), "DFlash2GatedDeltaNet") == 0, "gdn creator name");
-    check(creator.getFieldNames()->nbFields == 8, "gdn creator announces 8 fields");
+    check(creator.getFieldNames()->nbFields == 9, "gdn creator announces 9 fields");
     std::vector<std::pair<char const*, int32_t>> req = {{"num_k_heads", 16}, {"num_v_heads", 48}, {"head_k_dim", 128},
         {"head_v_dim", 128}, {"conv_kernel", 4}, {"max_verify_tokens", 8}};
     Fields good(req);
@@ -253,7 +253,7 @@ void testGdn()
     io[9].desc.type = DataType::kINT64;
     check(build->configurePlugin(io.data(), 11, io.data() + 11, 3) == 0, "gdn configurePlugin with dynamic T and B");
     GatedDeltaNetParams wp;
-    wp.attrs = GatedDeltaNetAttrs{0, 16, 48, 128, 128, 4, 8, 64};
+    wp.attrs = GatedDeltaNetAttrs{0, 16, 48, 128, 128, 4, 8, 64, 0};
     wp.tokens = 8192;
     wp.batch = 64;
     wp.convDim = C;
@@ -266,6 +266,27 @@ void testGdn()
     io[0].desc.dims = dims({-1, C});
     auto again = own(creator.createPlugin("gdn", rt->getFieldsToSerialize(), TensorRTPhase::kRUNTIME));
     check(again != nullptr, "gdn recreated from its serialised fields");
+
+    // zero_state_input = 1: a 12th input, int32 [B]; the outputs follow it
+    auto zsReq = req;
+    zsReq.push_back({"zero_state_input", 1});
+    Fields zsFields(zsReq);
+    auto zp = own(creator.createPlugin("gdnz", &zsFields.fc, TensorRTPhase::kBUILD));
+    check(zp != nullptr, "gdn createPlugin with zero_state_input");
+    if (zp)
+    {
+        auto* zb = static_cast<IPluginV3OneBuild*>(zp->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        std::vector<DynamicPluginTensorDesc> zio(io.begin(), io.begin() + 11);
+        zio.push_back(dyn(DataType::kINT32, {-1}));
+        zio.insert(zio.end(), io.begin() + 11, io.end());
+        bool zf = true;
+        for (int pos = 0; pos < 15; ++pos)
+            zf = zf && zb->supportsFormatCombination(pos, zio.data(), 12, 3);
+        check(zf, "gdn with zero_state supports its declared dtypes (outputs after input 11)");
+        check(zb->configurePlugin(zio.data(), 12, zio.data() + 12, 3) == 0, "gdn with zero_state configurePlugin");
+        std::printf("(expected error follows)\n");
+        check(zb->configurePlugin(io.data(), 11, io.data() + 11, 3) != 0, "gdn with zero_state needs 12 inputs");
+    }
 
     // runtime: concrete shapes; request kinds are read on the host in enqueue
     PluginTensorDesc rin[11];

@@ -175,6 +175,35 @@ def test_chunk_sizes_agree_with_per_token_path(gdn_lib):
     assert not torch.equal(y, y0)  # a different formulation: rounding differs somewhere
 
 
+@pytest.mark.parametrize("chunk", [64, 0], ids=["chunked", "per_token"])
+def test_zero_state_starts_first_chunks_from_zeros(gdn_lib, chunk):
+    """zero_state (TensorRT-LLM never zeroes a slot): flagged context requests start from zero
+    recurrent and conv state whatever their slot holds, unflagged ones continue from their slot,
+    and generation requests ignore the flag. A 1-token first chunk with K = 4 leaves the conv
+    state [0, 0, x0], as transformers' zero padding does."""
+    h = GROUPED
+    bt = _batch(h, torch.bfloat16, [1, 9, 70, 5], [4, 3], seed=22)  # slots hold garbage
+    flags = [1, 1, 0, 1, 1, 0]
+    rnn, conv = bt["rnn"].clone(), bt["conv"].clone()
+    y, _, _ = gdn_lib.forward(bt["qkv"], bt["w"], bt["a"], bt["b"], bt["dt_bias"], bt["A_log"], bt["cu"], bt["slots"],
+                              bt["types"], rnn, conv, zero_state=torch.tensor(flags, dtype=torch.int32),
+                              **h.attrs(chunk))
+    for r, kind in enumerate(bt["types"].tolist()):
+        rows, sl = _rows(bt, r), int(bt["slots"][r])
+        zero = flags[r] and kind == CONTEXT
+        rnn0 = torch.zeros_like(bt["rnn"][sl]) if zero else bt["rnn"][sl]
+        conv0 = torch.zeros_like(bt["conv"][sl]) if zero else bt["conv"][sl]
+        yr, sr, cr = _reference(h, bt, rows, rnn0, conv0, chunk or None)
+        _close(y[rows], yr, f"y of request {r} (zero={zero})", **TOL_Y[torch.bfloat16])
+        if kind == CONTEXT:
+            _close(rnn[sl], sr, f"state of request {r} (zero={zero})", **TOL_STATE)
+            assert torch.equal(conv[sl], cr), r
+        else:
+            assert torch.equal(rnn[sl], bt["rnn"][sl]) and torch.equal(conv[sl], bt["conv"][sl]), r
+    first = int(bt["slots"][0])
+    assert torch.equal(conv[first, :2], torch.zeros_like(conv[first, :2])) and torch.equal(conv[first, 2], bt["qkv"][0])
+
+
 def test_generation_read_equals_per_token_context_bit_for_bit(gdn_lib):
     """The same 4 tokens from the same state as a verify block and as a context chunk (per-token
     path): identical y bits, and the context request's slot advances while the verify one does not."""
@@ -360,7 +389,12 @@ def test_validation_accepts_good_and_unknown_dims(gdn_lib):
     ("kc", dict(conv_kernel=9), None, "conv_kernel=9 outside [1, 8]"),
     ("kv", dict(max_verify_tokens=33), None, "max_verify_tokens=33 outside [1, 32]"),
     ("chunk", dict(chunk_size=65), None, "chunk_size=65 outside [0, 64]"),
-    ("nb", {}, lambda d: d[:10], "expected 11 inputs in forward mode, got 10"),
+    ("nb", {}, lambda d: d[:10], "expected 11 inputs in forward mode with zero_state_input=0, got 10"),
+    ("zero attr", dict(zero_state_input=2), None, "zero_state_input=2 must be 0 or 1"),
+    ("zero missing", dict(zero_state_input=1), None, "expected 12 inputs in forward mode with zero_state_input=1, got 11"),
+    ("zero B", dict(zero_state_input=1), lambda d: d + [(I32, (2,))], "input 11 (zero_state) dim 0 is 2 but B=3"),
+    ("zero dtype", dict(zero_state_input=1), lambda d: d + [(I64, (3,))],
+     "input 11 (zero_state) has dtype int64, expected int32"),
     ("dtype", {}, lambda d: _set(d, 0, (I32, (10, 128))), "input 0 (qkv) has dtype int32; supported"),
     ("w dtype", {}, lambda d: _set(d, 1, (F32_, (128, 4))), "input 1 (conv_weight) has dtype float32, expected bfloat16"),
     ("dt_bias", {}, lambda d: _set(d, 4, (BF16, (4,))), "input 4 (dt_bias) has dtype bfloat16, expected float32"),

@@ -228,7 +228,7 @@ def _gdn_inputs(mode, attrs):
     hv, kc, kv = attrs["num_v_heads"], attrs["conv_kernel"], attrs["max_verify_tokens"]
     if mode == 0:
         return [(2, (-1, c)), (2, (c, kc)), (2, (-1, hv)), (2, (-1, hv)), (0, (hv,)), (0, (hv,)), (3, (-1,)),
-                (3, (-1,)), (3, (-1,)), (4, (1,)), (4, (1,))]
+                (3, (-1,)), (3, (-1,)), (4, (1,)), (4, (1,))] + ([(3, (-1,))] if attrs.get("zero_state_input") else [])
     return [(2, (-1, kv, c)), (0, (-1, kv, 2, hv)), (2, (c, kc)), (3, (-1,)), (3, (-1,)), (3, (-1,)), (3, (-1,)),
             (4, (1,)), (4, (1,))]
 
@@ -237,7 +237,7 @@ def test_gdn_spec_and_fields():
     spec = plugins.load_spec("DFlash2GatedDeltaNet")
     assert (spec.version, spec.namespace) == ("1", "dflash2")
     assert [a.name for a in spec.attributes] == ["mode", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim",
-                                                 "conv_kernel", "max_verify_tokens", "chunk_size"]
+                                                 "conv_kernel", "max_verify_tokens", "chunk_size", "zero_state_input"]
     assert spec.attribute("mode").enum == {"forward": 0, "commit": 1}
     fwd = [t.name for t in spec.inputs if t.when in (None, "mode == 0")]
     com = [t.name for t in spec.inputs if t.when in (None, "mode == 1")]
@@ -245,21 +245,25 @@ def test_gdn_spec_and_fields():
                    "host_request_types", "rnn_state_ptr", "conv_state_ptr"]
     assert com == ["verify_qkv", "verify_gates", "conv_weight", "num_accepted", "cu_seqlens", "slot_mapping",
                    "host_request_types", "rnn_state_ptr", "conv_state_ptr"]
+    assert [t.name for t in spec.inputs if t.when == "mode == 0 and zero_state_input == 1"] == ["zero_state"]
     assert [t.name for t in spec.outputs] == ["y", "verify_qkv", "verify_gates", "committed"]
-    assert plugins.attribute_values("DFlash2GatedDeltaNet", **_GDN_ATTRS) == {"mode": 0, **_GDN_ATTRS, "chunk_size": 64}
+    assert plugins.attribute_values("DFlash2GatedDeltaNet", **_GDN_ATTRS) == {"mode": 0, **_GDN_ATTRS, "chunk_size": 64,
+                                                                              "zero_state_input": 0}
     assert plugins.attribute_values("DFlash2GatedDeltaNet", mode="commit", **_GDN_ATTRS)["mode"] == 1
 
 
 def test_gdn_input_names_match_validation_messages(gdn_lib):
     """The YAML's input order is the validation's (each message names the input it checks)."""
     spec = plugins.load_spec("DFlash2GatedDeltaNet")
-    for mode in (0, 1):
-        names = [t.name for t in spec.inputs if t.when in (None, f"mode == {mode}")]
+    for mode, zs in ((0, 0), (0, 1), (1, 0)):
+        when = {None, f"mode == {mode}"} | ({"mode == 0 and zero_state_input == 1"} if zs else set())
+        names = [t.name for t in spec.inputs if t.when in when]
+        attrs = dict(_GDN_ATTRS, zero_state_input=zs)
         for i, name in enumerate(names):
-            ins = _gdn_inputs(mode, _GDN_ATTRS)
+            ins = _gdn_inputs(mode, attrs)
             code, shape = ins[i]
             ins[i] = (99, shape)  # an unknown dtype at position i
-            rc, msg = gdn_lib.validate(ins, mode, **_GDN_ATTRS)
+            rc, msg = gdn_lib.validate(ins, mode, **attrs)
             assert rc == 1 and f"input {i} ({name})" in msg, (mode, i, msg)
 
 

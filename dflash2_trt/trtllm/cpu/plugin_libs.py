@@ -418,7 +418,7 @@ class GdnLib:
     PLUGIN = "DFlash2GatedDeltaNet"
     MODES = {"forward": 0, "commit": 1}
     ATTRS = ("mode", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel", "max_verify_tokens",
-             "chunk_size")
+             "chunk_size", "zero_state_input")
     INT64 = 4  # dflash2::DType::kINT64 (not in DTYPE_CODES: elsewhere an int64 tensor is "unknown")
 
     def __init__(self, path: str | os.PathLike):
@@ -432,14 +432,14 @@ class GdnLib:
             getattr(self.lib, f).argtypes = [ctypes.c_float]
 
     def _attrs(self, mode, *, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel, max_verify_tokens,
-               chunk_size=64):
+               chunk_size=64, zero_state_input=0):
         if isinstance(mode, str):
             if mode not in self.MODES:
                 raise PluginRunError(f"{self.PLUGIN}: mode {mode!r} is not one of {sorted(self.MODES)}")
             mode = self.MODES[mode]
         vals = dict(mode=mode, num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
                     head_v_dim=head_v_dim, conv_kernel=conv_kernel, max_verify_tokens=max_verify_tokens,
-                    chunk_size=chunk_size)
+                    chunk_size=chunk_size, zero_state_input=zero_state_input)
         return (ctypes.c_int32 * len(self.ATTRS))(*(_int32(self.PLUGIN, k, vals[k]) for k in self.ATTRS))
 
     def _descs(self, inputs):
@@ -484,13 +484,18 @@ class GdnLib:
             raise PluginRunError(msg.value.decode() or f"{self.PLUGIN}: rejected (status {rc})")
 
     def forward(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, request_types, rnn_state,
-                conv_state, **attrs):
+                conv_state, zero_state=None, **attrs):
         """The forward over a packed mixed batch: ``(y [T, Hv*Dv], verify_qkv [B, Kv, C],
-        verify_gates [B, Kv, 2, Hv])``. Context requests' slots of the pools advance; generation
+        verify_gates [B, Kv, 2, Hv])``. Context requests' slots of the pools advance (from zeros
+        where ``zero_state`` [B] int32 is nonzero: the plugin's zero_state_input = 1); generation
         requests' slots are only read. Rows of verify_* that the plugin does not write are zero."""
+        if zero_state is not None:
+            attrs = {**attrs, "zero_state_input": 1}
         slots, rnn_ptr, conv_ptr = self._pools(rnn_state, conv_state, qkv.dtype, attrs)
         ins = [t.contiguous() for t in (qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping,
                                         request_types)] + [rnn_ptr, conv_ptr]
+        if zero_state is not None:
+            ins.append(zero_state.contiguous())
         rc, text = self.validate(ins, "forward", **attrs)  # before the shapes size the outputs
         if rc != 0:
             raise PluginRunError(text or f"{self.PLUGIN}: rejected (status {rc})")
