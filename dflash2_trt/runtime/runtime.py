@@ -99,7 +99,7 @@ class Runtime:
         self._next_id = 0
         self._waiting: deque[Request] = deque()
         # Recurrent targets: one state slot per request in flight (TensorRT-LLM's RnnStateManager slots):
-        # taken at admission and zeroed (a context starts from the zero state), returned at completion.
+        # taken at admission, returned at completion.
         self._free_slots = list(range(getattr(engine, "num_slots", 0) - 1, -1, -1)) if getattr(engine, "recurrent",
                                                                                                 False) else None
         self._active: list[Request] = []
@@ -172,8 +172,9 @@ class Runtime:
                 break
             self._waiting.popleft()
             if self._free_slots is not None:
+                # Not zeroed here, as TensorRT-LLM's RnnStateManager does not: the engine starts a prompt's
+                # first chunk from zero state itself (DFlash2GatedDeltaNet zero_state).
                 r.slot = self._free_slots.pop()
-                self.engine.reset_slot(r.slot)
             r.req_id = self._next_id
             self._next_id += 1
             r._gen = torch.Generator().manual_seed(int(r.seed))

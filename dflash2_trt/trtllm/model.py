@@ -319,7 +319,7 @@ class GatedDeltaNet(api.Module):
         y, vqkv, vgates = api.plugins.gated_delta_net(
             self.qkv(x), conv_w, self.a(x), self.b(x), self.dt_bias.value, self.A_log.value, rs.cu_seqlens,
             rs.slot_mapping, rs.host_request_types, rs.rnn_state_ptr[self.layer_idx], rs.conv_state_ptr[self.layer_idx],
-            **self._attrs())
+            zero_state=rs.zero_state, **self._attrs())
         core = self.norm(F.view(y, dims(n, self.nv, self.dv)))
         z = F.view(self.z(x), dims(n, self.nv, self.dv))
         core = F.cast(F.cast(core, "float32") * F.silu(F.cast(z, "float32")), x.dtype)
@@ -349,6 +349,7 @@ class RecurrentStateParams:
     conv_state_ptr: dict = None
     host_request_types: object = None
     cu_seqlens: object = None
+    zero_state: object = None   # [bs] int32: a context request whose chunk starts at 0 starts from zero state
 
 
 class Qwen3_5DecoderLayer(api.Module):
@@ -470,8 +471,8 @@ class DFlash2DrafterLayer(api.Module):
         """Write the context K/V of ``ctx`` (fc(taps) of this step's tokens) into this layer's KV slots. The
         attention output is discarded: on TensorRT-LLM this is a KV write done by a full attention call
         (the price of using the stock plugin; a KV-write plugin would skip the attention math)."""
-        self.attention(ctx, attention_params, kv_cache_params, spec_decoding_params,
-                       mask_type=api.AttentionMaskType.causal)
+        return self.attention(ctx, attention_params, kv_cache_params, spec_decoding_params,
+                              mask_type=api.AttentionMaskType.causal)
 
 
 class DFlash2Drafter(api.Module):
@@ -705,7 +706,12 @@ class DFlash2ForCausalLM(api.PretrainedModel):
                                       rnn_state_ptr=recurrent_params.rnn_state_ptr,
                                       conv_state_ptr=recurrent_params.conv_state_ptr,
                                       host_request_types=att.host_request_types,
-                                      cu_seqlens=F.concat([F.constant(np.zeros(1, np.int32)), ends]))
+                                      cu_seqlens=F.concat([F.constant(np.zeros(1, np.int32)), ends]),
+                                      # TensorRT-LLM never zeroes a state slot (docs/hybrid-runtime.md E1): a
+                                      # prompt's first chunk (sequence_length == context_lengths, stock inputs)
+                                      # starts from zeros whatever the reused slot holds
+                                      zero_state=F.cast(F.op_and(F.eq(att.sequence_length, att.context_lengths),
+                                                                 F.eq(F.cast(is_gen, "int32"), 0)), "int32"))
             saved = []
             final, layer_outs = self.transformer(target_ids, attention_params, kv_cache_params, spec_decoding_params,
                                                  rs, saved)
@@ -731,13 +737,17 @@ class DFlash2ForCausalLM(api.PretrainedModel):
                            F.where(F.eq(jj, F.unsqueeze(n, 1)), F.unsqueeze(nxt, 1) + jj * 0, jj * 0))
 
         # ---- 4. commit: recurrent state over the accepted tokens, drafter context for every token --------
+        side_effects = []   # layers run for what they write (state, KV), not for their outputs
         if getattr(self.transformer, "recurrent", False):
             for gdn, keep in saved:   # generation requests: anchor + n accepted drafts; context requests: done
-                gdn.commit(keep, F.cast(n + 1, "int32"), rs)
+                side_effects.append(gdn.commit(keep, F.cast(n + 1, "int32"), rs))
         taps = F.concat([layer_outs[i] for i in d["target_layer_ids"]], dim=1)
         ctx = self.dflash2.hidden_norm(self.dflash2.fc(taps))
         for layer in self.dflash2.layers:
-            layer.commit(ctx, attention_params, kv_cache_params, spec_decoding_params)
+            side_effects.append(layer.commit(ctx, attention_params, kv_cache_params, spec_decoding_params))
+        # TensorRT removes layers whose outputs reach no network output; the commits exist for their writes, so
+        # num_accepted_tokens takes a zero that depends on each of them (NaN-safe: eq(x, x) then * 0).
+        n = n + keep_alive(side_effects)
 
         # ---- 5. outputs --------------------------------------------------------------------------
         zero = F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
@@ -820,6 +830,15 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         resid = F.where(F.unsqueeze(empty, 1), p_n, resid)
         next_s = inverse_cdf(resid, u_fin)
         return F.where(sampled, n_s, n_g), F.where(sampled, next_s, next_g)
+
+
+def keep_alive(tensors):
+    """An int32 zero [1] that depends on every tensor of ``tensors`` (their first element)."""
+    z = F.constant(np.zeros(1, np.int32))
+    for t in tensors:
+        first = F.slice(F.view(t, [-1]), [0], [1])
+        z = z + F.cast(F.eq(first, first), "int32") * 0
+    return z
 
 
 def dims(*xs):

@@ -37,14 +37,14 @@ class CpuPlugins:
     # DFlash2GatedDeltaNet: the state pools are the runtime's; the pointer inputs hold handles of
     # :class:`dflash2_trt.trtllm.cpu.state.StatePool` (TensorRT-LLM: device addresses).
     def gated_delta_net(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types,
-                        rnn_state_ptr, conv_state_ptr, **attrs):
+                        rnn_state_ptr, conv_state_ptr, zero_state=None, **attrs):
         from .cpu.plugin_libs import gdn_lib
         from .cpu.state import StatePool
 
         pool = StatePool.from_handles(rnn_state_ptr, conv_state_ptr)
         return gdn_lib().forward(qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens.to(torch.int32),
                                  slot_mapping.to(torch.int32), host_request_types.to(torch.int32), pool.rnn, pool.conv,
-                                 **attrs)
+                                 zero_state=None if zero_state is None else zero_state.to(torch.int32), **attrs)
 
     def gated_delta_net_commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping,
                                host_request_types, rnn_state_ptr, conv_state_ptr, **attrs):
@@ -86,10 +86,11 @@ class TrtPlugins:  # pragma: no cover - needs TensorRT-LLM (GPU machines)
         return ids, q
 
     def gated_delta_net(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types,
-                        rnn_state_ptr, conv_state_ptr, **attrs):
-        return self._add("DFlash2GatedDeltaNet", "dflash2_gated_delta_net",
-                         [qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types,
-                          rnn_state_ptr, conv_state_ptr], 3, mode="forward", **attrs)
+                        rnn_state_ptr, conv_state_ptr, zero_state=None, **attrs):
+        ins = [qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types, rnn_state_ptr,
+               conv_state_ptr] + ([zero_state] if zero_state is not None else [])
+        return self._add("DFlash2GatedDeltaNet", "dflash2_gated_delta_net", ins, 3, mode="forward",
+                         zero_state_input=int(zero_state is not None), **attrs)
 
     def gated_delta_net_commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping,
                                host_request_types, rnn_state_ptr, conv_state_ptr, **attrs):
