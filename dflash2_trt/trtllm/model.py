@@ -149,15 +149,22 @@ class QKNormAttention(api.Module):
     """Fused-qkv attention with per-head q/k RMSNorm before RoPE (TensorRT-LLM's Qwen3 attention)."""
 
     def __init__(self, *, hidden_size, num_heads, num_kv_heads, head_dim, eps, rope_base, rotary_dim, layer_idx,
-                 dtype, mapping, norm_offset: float = 0.0, output_gate: bool = False):
+                 dtype, mapping, norm_offset: float = 0.0, output_gate: bool = False, qk_norm_weight: bool = True,
+                 q_scaling: float = 1.0):
         super().__init__()
         tp = mapping.tp_size
         self.nq, self.nkv, self.d = num_heads // tp, _local(num_kv_heads, tp), head_dim
         self.layer_idx, self.rope_base, self.rotary_dim, self.eps = layer_idx, rope_base, rotary_dim, eps
+        self.q_scaling = q_scaling
+        # rope_base 0: a NoPE layer (Muse Glimmer's full-attention layers): no rotary at all
+        self.pos_type = api.PositionEmbeddingType.rope_gpt_neox if rope_base else api.PositionEmbeddingType.learned_absolute
         self.qkv = api.layers.ColumnLinear(hidden_size, (self.nq + 2 * self.nkv) * head_dim * tp, bias=False,
                                            dtype=dtype, tp_group=mapping.tp_group, tp_size=tp, gather_output=False)
-        self.q_layernorm = OffsetRmsNorm(head_dim, eps, dtype, norm_offset)
-        self.k_layernorm = OffsetRmsNorm(head_dim, eps, dtype, norm_offset)
+        if qk_norm_weight:
+            self.q_layernorm = OffsetRmsNorm(head_dim, eps, dtype, norm_offset)
+            self.k_layernorm = OffsetRmsNorm(head_dim, eps, dtype, norm_offset)
+        else:   # Muse Glimmer: a weight-less per-head RMSNorm (no tensors in the checkpoint)
+            self.q_layernorm = self.k_layernorm = WeightlessRmsNorm(head_dim, eps)
         if output_gate:   # Qwen3.5: out *= sigmoid(output_gate(x)) before dense, per query head
             self.output_gate = api.layers.ColumnLinear(hidden_size, num_heads * head_dim, bias=False, dtype=dtype,
                                                        tp_group=mapping.tp_group, tp_size=tp, gather_output=False)
@@ -187,9 +194,9 @@ class QKNormAttention(api.Module):
             host_sink_token_length=kv_cache_params.host_sink_token_length,
             context_lengths=attention_params.context_lengths, cache_indirection=kv_cache_params.cache_indirection,
             host_request_types=attention_params.host_request_types, layer_idx=self.layer_idx,
-            num_heads=self.nq, num_kv_heads=self.nkv, hidden_size_per_head=self.d, q_scaling=1.0,
-            rotary_embedding_dim=self.rotary_dim, rotary_embedding_base=self.rope_base,
-            position_embedding_type=api.PositionEmbeddingType.rope_gpt_neox,
+            num_heads=self.nq, num_kv_heads=self.nkv, hidden_size_per_head=self.d, q_scaling=self.q_scaling,
+            rotary_embedding_dim=self.rotary_dim if self.rope_base else 0,
+            rotary_embedding_base=self.rope_base or 10000.0, position_embedding_type=self.pos_type,
             max_context_length=attention_params.max_context_length, mask_type=mask_type,
             kv_cache_block_offsets=kv_cache_params.kv_cache_block_offsets,
             host_kv_cache_block_offsets=kv_cache_params.host_kv_cache_block_offsets,
@@ -410,8 +417,72 @@ class Qwen3_5Transformer(api.Module):
         return self.ln_f(x), outs
 
 
-TARGET_FAMILIES = {"qwen3": Qwen3Transformer, "qwen3_5": Qwen3_5Transformer}
-"""qwen_type -> target transformer class. Muse Glimmer adds its own."""
+class WeightlessRmsNorm(api.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x):
+        return F.rms_norm(x, self.dim, None, self.eps)
+
+
+class MuseGlimmerDecoderLayer(api.Module):
+    """Muse Glimmer's layer (names: convert/muse_glimmer.py): Gemma-2 sandwich norms, gated attention with a
+    weight-less q/k norm and ``q_scaling = 1 / qk_scale_factor``, NoPE full-attention layers (rotary base 0),
+    sliding-window layers (their window comes from the runtime's per-layer ``host_max_attention_window_sizes``)."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        h, dt, eps, off = config.hidden_size, config.dtype, config.norm_epsilon, config.layernorm_weight_offset
+        peps = config.post_norm_epsilon
+        self.input_layernorm = OffsetRmsNorm(h, eps, dt, off)
+        self.attention = QKNormAttention(hidden_size=h, num_heads=config.num_attention_heads,
+                                         num_kv_heads=config.num_key_value_heads, head_dim=config.head_size, eps=eps,
+                                         rope_base=config.layer_rotary_base[layer_idx], rotary_dim=config.rotary_dim,
+                                         layer_idx=layer_idx, dtype=dt, mapping=config.mapping, norm_offset=off,
+                                         output_gate=bool(config.attn_output_gate),
+                                         qk_norm_weight=bool(config.qk_layernorm_weight), q_scaling=config.q_scaling)
+        self.post_layernorm = OffsetRmsNorm(h, peps, dt, off)
+        self.pre_feedforward_layernorm = OffsetRmsNorm(h, eps, dt, off)
+        self.mlp = GatedMLP(h, config.intermediate_size, dt, config.mapping)
+        self.post_feedforward_layernorm = OffsetRmsNorm(h, peps, dt, off)
+
+    def forward(self, x, attention_params, kv_cache_params, spec_decoding_params):
+        a = self.attention(self.input_layernorm(x), attention_params, kv_cache_params, spec_decoding_params,
+                           mask_type=api.AttentionMaskType.causal)
+        x = x + self.post_layernorm(a)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class MuseGlimmerTransformer(api.Module):
+    """Muse Glimmer target (``qwen_type: muse_glimmer``). The target's lookup is followed by a weight-less
+    RMSNorm (``embedding_norm``); the drafter embeds through the same table WITHOUT it (it calls
+    ``vocab_embedding`` directly, as transformers' DFlash code bypasses ``embed_norm``)."""
+
+    def __init__(self, config):
+        super().__init__()
+        m = config.mapping
+        self.eps, self.embedding_norm = config.norm_epsilon, bool(config.embedding_norm)
+        self.vocab_embedding = api.layers.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype,
+                                                    tp_size=m.tp_size, tp_group=m.tp_group, sharding_dim=0,
+                                                    tp_rank=m.tp_rank)
+        self.layers = api.ModuleList(MuseGlimmerDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.ln_f = OffsetRmsNorm(config.hidden_size, config.norm_epsilon, config.dtype, config.ln_f_weight_offset)
+        self.hidden = config.hidden_size
+
+    def forward(self, input_ids, attention_params, kv_cache_params, spec_decoding_params):
+        x = self.vocab_embedding(input_ids)
+        if self.embedding_norm:
+            x = F.rms_norm(x, self.hidden, None, self.eps)
+        outs = []
+        for layer in self.layers:
+            x = layer(x, attention_params, kv_cache_params, spec_decoding_params)
+            outs.append(x)
+        return self.ln_f(x), outs
+
+
+TARGET_FAMILIES = {"qwen3": Qwen3Transformer, "qwen3_5": Qwen3_5Transformer, "muse_glimmer": MuseGlimmerTransformer}
+"""qwen_type -> target transformer class."""
 
 
 class DynamicConv(api.Module):
@@ -721,6 +792,11 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         # The runtime's logits rows: last_token_ids is the inclusive scan of logits per request (a context
         # request 1 at its last token, a generation request K+1), i.e. row r is token last_token_ids[r] - 1.
         logits = F.cast(self.lm_head(F.index_select(final, 0, last_token_ids - 1)), "float32")   # [num_logits, V]
+        if getattr(cfg, "output_multiplier", None) is not None:      # the target's own logit transform (Muse Glimmer)
+            logits = logits * float(cfg.output_multiplier)
+        if getattr(cfg, "final_logit_softcapping", None):
+            tcap = float(cfg.final_logit_softcapping)
+            logits = F.tanh(logits * (1.0 / tcap)) * tcap
         vocab = F.shape(logits, 1)
         per_req = F.where(is_gen, K + 1, 1)
         logit_start = F.cumsum(F.cast(per_req, "int32"), 0) - F.cast(per_req, "int32")
