@@ -179,3 +179,16 @@ def test_a_server_that_fails_to_start_shows_its_log(engine, tmp_path):
     assert "tritonserver exited with status" in text and "before it was ready" in text
     assert "cannot open the engine" in text and "rank0.safetensors is missing" in text
     assert not _procs_with(f"--http-port {port}")
+
+
+def test_the_stub_resolves_its_libraries_only_with_the_server_environment(tmp_path):
+    """A copied stub (as start() places it) loses its $ORIGIN-relative path to the bundled
+    libraries: missing_libraries names them without server_env, and none with it."""
+    from dflash2_trt.deploy.triton.server import find_tritonserver, missing_libraries, server_env
+
+    inst = find_tritonserver()
+    stub = tmp_path / "triton_python_backend_stub"
+    shutil.copy2(inst.stub, stub)
+    bare = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    assert any("libcudart" in m for m in missing_libraries(stub, bare))
+    assert missing_libraries(stub, server_env(inst)) == []

@@ -84,6 +84,25 @@ def check_port_free(port: int, what: str) -> None:
                 from None
 
 
+def server_env(inst: TritonInstall) -> dict:
+    """tritonserver's environment: this interpreter's libpython and the bundled libraries first on
+    LD_LIBRARY_PATH, this interpreter's bin first on PATH."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (_own_libpython_dir(), str(inst.libs), env.get("LD_LIBRARY_PATH")) if p)
+    env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH")) if p)
+    return env
+
+
+def missing_libraries(binary: str | Path, env: dict) -> list[str]:
+    """Shared libraries ``binary`` cannot resolve under ``env`` (``ldd``; [] when ldd is absent)."""
+    try:
+        r = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, env=env, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [ln.split("=>")[0].strip() for ln in r.stdout.splitlines() if "not found" in ln]
+
+
 def _own_libpython_dir() -> str | None:
     """The directory of THIS interpreter's libpython, when it has one. The stub links
     ``libpython3.X.so.1.0`` by name: without this it may find the system's (another patch release)
@@ -150,10 +169,15 @@ class TritonServer:
             if f.is_file():
                 shutil.copy2(f, backends / "python" / f.name)
         shutil.copy2(inst.stub, backends / "python" / "triton_python_backend_stub")
-        env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (_own_libpython_dir(), str(inst.libs), env.get("LD_LIBRARY_PATH")) if p)
-        env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH")) if p)
+        env = server_env(inst)
+        stub = backends / "python" / "triton_python_backend_stub"
+        missing = missing_libraries(stub, env)
+        if missing:
+            # otherwise every python model fails to load with a message about the stub, not the cause
+            raise ServerError(f"the python-backend stub for Python {sys.version_info.major}.{sys.version_info.minor} "
+                              f"cannot find {', '.join(missing)} (ldd {stub}); install the matching libpython "
+                              f"(e.g. the distribution's libpython3.X package) or use a Python built with "
+                              f"--enable-shared")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(inst, backends), stdout=log, stderr=subprocess.STDOUT,
