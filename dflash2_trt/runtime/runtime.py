@@ -330,7 +330,21 @@ class Runtime:
         }
 
 
+_PATHS_CACHE: dict = {}
+
+
 def _paths_to_offsets_and_mask(paths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cached by the paths' values (every step of a chain engine hands back the same paths)."""
+    key = (tuple(paths.shape), paths.to(torch.int64).flatten().tolist().__repr__())
+    hit = _PATHS_CACHE.get(key)
+    if hit is None:
+        hit = _PATHS_CACHE[key] = _paths_uncached(paths)
+        if len(_PATHS_CACHE) > 64:
+            _PATHS_CACHE.pop(next(iter(_PATHS_CACHE)))
+    return hit[0].clone(), hit[1].clone()
+
+
+def _paths_uncached(paths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE ``next_draft_paths [K+1, L+1]`` (rows = paths, entries = token indices, -1 padding) -> the
     position offset of every draft-tree token (its depth) and the attention mask (a token sees its
     ancestors on a path and itself), as TensorRT-LLM's spec-decoding inputs are built from a tree."""

@@ -49,6 +49,7 @@ Returns ``(context [num_tokens, H * D], None)`` (the second output is the non-pa
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 import itertools
 import threading
 
@@ -252,6 +253,115 @@ def _neutral(name: str, val) -> bool:
     return name in _NEUTRAL and val == _NEUTRAL[name]
 
 
+_PLAN_CACHE: "OrderedDict" = OrderedDict()
+
+
+def _batch_plan(T, sequence_length, host_request_types, host_context_lengths, spec, spec_decoding_generation_lengths,
+                spec_decoding_position_offsets, spec_decoding_packed_mask, mask_type, window) -> dict:
+    """Everything of a gpt_attention call that depends only on the batch's attention parameters (shared by every
+    layer that takes the same parameters in one step): each token's request, index and position, and the mask."""
+    seq = sequence_length.long()
+    bs = seq.shape[0]
+    types = torch.as_tensor(host_request_types).long()
+    is_ctx = types == 0
+    gen_idx = torch.cumsum((~is_ctx).long(), 0) - 1                          # index among generation requests
+    n_g = int((~is_ctx).sum())
+    if is_ctx.any() and host_context_lengths is None:
+        raise ValueError("gpt_attention: context requests need host_context_lengths")
+    if spec and n_g:
+        for name, t, rank in (("spec_decoding_generation_lengths", spec_decoding_generation_lengths, 1),
+                              ("spec_decoding_position_offsets", spec_decoding_position_offsets, 2),
+                              ("spec_decoding_packed_mask", spec_decoding_packed_mask, 2)):
+            if t is None or t.dim() != rank:
+                raise ValueError(f"gpt_attention: {name} must be a rank-{rank} tensor with spec decoding "
+                                 f"(TensorRT-LLM's layout), got {None if t is None else tuple(t.shape)}")
+        if spec_decoding_generation_lengths.shape[0] < n_g or spec_decoding_position_offsets.shape[0] < n_g:
+            raise ValueError(f"gpt_attention: spec-decoding inputs cover fewer than the {n_g} generation requests")
+        glen = spec_decoding_generation_lengths.long()
+        n_gen = glen[gen_idx.clamp(min=0)]
+        if spec_decoding_packed_mask.shape[0] < int(glen[:n_g].sum()):
+            raise ValueError(f"gpt_attention: spec_decoding_packed_mask has {spec_decoding_packed_mask.shape[0]} rows, "
+                             f"the generation requests have {int(glen[:n_g].sum())} tokens")
+    else:
+        glen = None
+        n_gen = torch.ones(bs, dtype=torch.long)
+    ctx_len = torch.zeros(bs, dtype=torch.long) if host_context_lengths is None else \
+        torch.as_tensor(host_context_lengths).long()
+    n = torch.where(is_ctx, ctx_len, n_gen)                                   # new tokens per request
+    past = seq - n                 # context: the chunk's start; generation: the committed length
+    bad = torch.nonzero((n < 0) | (past < 0)).flatten()
+    if bad.numel():
+        b = int(bad[0])
+        raise ValueError(f"gpt_attention: request {b} has {int(n[b])} new tokens for sequence length {int(seq[b])}")
+    if int(n.sum()) != T:
+        raise ValueError(f"gpt_attention: {T} tokens given, the requests own {int(n.sum())}")
+    # Vectorised over the batch: every token knows its request and its index among the request's new tokens.
+    req = torch.repeat_interleave(torch.arange(bs), n)                       # [T]
+    local = torch.arange(T) - (torch.cumsum(n, 0) - n)[req]                  # [T]
+    spec_req = (~is_ctx) & spec                                              # [bs]
+    if spec and spec_req.any():
+        width = spec_decoding_position_offsets.shape[1]
+        if int(n[spec_req].max()) > width:
+            raise ValueError(f"gpt_attention: a generation request has more new tokens than the {width} spec-decoding "
+                             f"positions")
+        offs = spec_decoding_position_offsets.long()[gen_idx.clamp(min=0)[req], local.clamp(max=width - 1)]
+        pos = past[req] + torch.where(spec_req[req], offs, local)
+    else:
+        pos = past[req] + local
+    total = past + n
+    L, N = int(total.max()), int(n.max())
+    qpos = torch.zeros(bs, N, dtype=torch.long)
+    qpos[req, local] = pos
+    kpos = torch.arange(L)
+    # allowed[b, i, key]: past keys visible; new key j = key - past visible through the request's new-token mask
+    i_idx = torch.arange(N)
+    j_rel = kpos[None, :] - past[:, None]                                     # [bs, L]
+    is_new = (j_rel >= 0) & (kpos[None, :] < total[:, None])
+    if mask_type == AttentionMaskType.causal:
+        new_ok = j_rel[:, None, :] <= i_idx[None, :, None]
+    else:
+        new_ok = torch.ones(bs, N, L, dtype=torch.bool)
+    if spec and spec_req.any():
+        # packed mask rows: the generation requests' tokens back to back ([num_gen_tokens, W], TensorRT-LLM's
+        # layout); generation request g's token i is row gstart[g] + i
+        gstart = torch.cumsum(glen, 0) - glen
+        m = torch.zeros(bs, N, N, dtype=torch.bool)
+        gen_b = torch.nonzero(spec_req).flatten()                              # batch index of each gen request
+        g_of = gen_idx[gen_b]
+        tok_b = torch.repeat_interleave(gen_b, n[gen_b])                        # one entry per generation token
+        tok_i = torch.arange(tok_b.shape[0]) - torch.repeat_interleave(torch.cumsum(n[gen_b], 0) - n[gen_b], n[gen_b])
+        rows = torch.repeat_interleave(gstart[g_of], n[gen_b]) + tok_i
+        jj = torch.arange(N)
+        words = spec_decoding_packed_mask[rows][:, (jj // 32).clamp(max=spec_decoding_packed_mask.shape[1] - 1)]
+        bits = (((words.long() & 0xFFFFFFFF) >> (jj % 32)) & 1).bool()            # [gen tokens, N]
+        bits &= torch.arange(N)[None, :] < n[tok_b][:, None]                     # only the request's own tokens
+        m[tok_b, tok_i] = bits
+        jc = j_rel.clamp(0, N - 1)
+        spec_ok = torch.gather(m, 2, jc[:, None, :].expand(bs, N, L))
+        new_ok = torch.where(spec_req[:, None, None], spec_ok, new_ok)
+    allowed = torch.where(is_new[:, None, :], new_ok, (j_rel < 0)[:, None, :])
+    allowed &= (qpos[:, :, None] - kpos[None, None, :]) < window
+    return {"T": T, "bs": bs, "req": req, "local": local, "pos": pos, "past": past, "n": n, "total": total, "L": L,
+            "N": N, "allowed": allowed, "rope": {}}
+
+
+def _rope_tables(plan: dict, pos, dim: int, base: float, dtype):
+    key = (dim, float(base), dtype)
+    if key not in plan["rope"]:
+        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        f = pos.float()[:, None] * inv[None, :]
+        emb = torch.cat([f, f], dim=-1)
+        plan["rope"][key] = (emb.cos()[:, None, :].to(dtype), emb.sin()[:, None, :].to(dtype))
+    return plan["rope"][key]
+
+
+def _rope_apply(x, cos, sin, dim: int):
+    xr, xp = x[..., :dim], x[..., dim:]
+    half = dim // 2
+    rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return torch.cat([xr * cos + rot * sin, xp], dim=-1)
+
+
 def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_packed_mask=None,
                   sequence_length, host_past_key_value_lengths, host_max_attention_window_sizes,
                   host_sink_token_length=None, context_lengths=None, cache_indirection=None,
@@ -291,66 +401,33 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
     pool = KVCachePool.from_handle(host_kv_cache_pool_pointers[pool_idx, 0])
     window = int(host_max_attention_window_sizes[layer_idx])
     spec = spec_decoding_use is not None and bool(int(torch.as_tensor(spec_decoding_use).reshape(-1)[0]))
-    seq = sequence_length.long()
-    past = host_past_key_value_lengths.long()
     scale = 1.0 / (D ** 0.5 * q_scaling)
     rep = H // Hkv
-    T, bs = qkv.shape[0], seq.shape[0]
-    types = torch.as_tensor(host_request_types).long()
-    is_ctx = types == 0
-    gen_idx = torch.cumsum((~is_ctx).long(), 0) - 1                          # index among generation requests
-    n_g = int((~is_ctx).sum())
-    if is_ctx.any() and host_context_lengths is None:
-        raise ValueError("gpt_attention: context requests need host_context_lengths")
-    if spec and n_g:
-        for name, t, rank in (("spec_decoding_generation_lengths", spec_decoding_generation_lengths, 1),
-                              ("spec_decoding_position_offsets", spec_decoding_position_offsets, 2),
-                              ("spec_decoding_packed_mask", spec_decoding_packed_mask, 2)):
-            if t is None or t.dim() != rank:
-                raise ValueError(f"gpt_attention: {name} must be a rank-{rank} tensor with spec decoding "
-                                 f"(TensorRT-LLM's layout), got {None if t is None else tuple(t.shape)}")
-        if spec_decoding_generation_lengths.shape[0] < n_g or spec_decoding_position_offsets.shape[0] < n_g:
-            raise ValueError(f"gpt_attention: spec-decoding inputs cover fewer than the {n_g} generation requests")
-        glen = spec_decoding_generation_lengths.long()
-        n_gen = glen[gen_idx.clamp(min=0)]
-        if spec_decoding_packed_mask.shape[0] < int(glen[:n_g].sum()):
-            raise ValueError(f"gpt_attention: spec_decoding_packed_mask has {spec_decoding_packed_mask.shape[0]} rows, "
-                             f"the generation requests have {int(glen[:n_g].sum())} tokens")
-    else:
-        glen = None
-        n_gen = torch.ones(bs, dtype=torch.long)
-    ctx_len = torch.zeros(bs, dtype=torch.long) if host_context_lengths is None else \
-        torch.as_tensor(host_context_lengths).long()
-    n = torch.where(is_ctx, ctx_len, n_gen)                                   # new tokens per request
-    past = seq - n                 # context: the chunk's start; generation: the committed length
-    bad = torch.nonzero((n < 0) | (past < 0)).flatten()
-    if bad.numel():
-        b = int(bad[0])
-        raise ValueError(f"gpt_attention: request {b} has {int(n[b])} new tokens for sequence length {int(seq[b])}")
-    if int(n.sum()) != T:
-        raise ValueError(f"gpt_attention: {T} tokens given, the requests own {int(n.sum())}")
     if mask_type not in (AttentionMaskType.causal, AttentionMaskType.bidirectional):
         raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
-    # Vectorised over the batch: every token knows its request and its index among the request's new tokens.
-    req = torch.repeat_interleave(torch.arange(bs), n)                       # [T]
-    local = torch.arange(T) - (torch.cumsum(n, 0) - n)[req]                  # [T]
-    spec_req = (~is_ctx) & spec                                              # [bs]
-    if spec and spec_req.any():
-        width = spec_decoding_position_offsets.shape[1]
-        if int(n[spec_req].max()) > width:
-            raise ValueError(f"gpt_attention: a generation request has more new tokens than the {width} spec-decoding "
-                             f"positions")
-        offs = spec_decoding_position_offsets.long()[gen_idx.clamp(min=0)[req], local.clamp(max=width - 1)]
-        pos = past[req] + torch.where(spec_req[req], offs, local)
+    key_tensors = (sequence_length, host_request_types, host_context_lengths, spec_decoding_generation_lengths,
+                   spec_decoding_position_offsets, spec_decoding_packed_mask)
+    key = (tuple(id(t) for t in key_tensors), bool(spec), int(mask_type), window, qkv.shape[0])
+    hit = _PLAN_CACHE.get(key)
+    if hit is None:
+        plan = _batch_plan(qkv.shape[0], sequence_length, host_request_types, host_context_lengths, spec,
+                           spec_decoding_generation_lengths, spec_decoding_position_offsets, spec_decoding_packed_mask,
+                           mask_type, window)
+        _PLAN_CACHE[key] = (key_tensors, plan)      # the tensors stay referenced: their ids cannot be reused
+        while len(_PLAN_CACHE) > 8:
+            _PLAN_CACHE.popitem(last=False)
     else:
-        pos = past[req] + local
+        plan = hit[1]
+    T, bs, req, local, pos, past, n, total, L, N, allowed = (plan[k] for k in (
+        "T", "bs", "req", "local", "pos", "past", "n", "total", "L", "N", "allowed"))
     q = qkv[:, :H * D].reshape(T, H, D)
     k = qkv[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D)
     v = qkv[:, (H + Hkv) * D:].reshape(T, Hkv, D)
-    q = _rope(q, pos, rot, rotary_embedding_base)
-    k = _rope(k, pos, rot, rotary_embedding_base)
+    if rot:
+        cos, sin = _rope_tables(plan, pos, rot, rotary_embedding_base, q.dtype)
+        q = _rope_apply(q, cos, sin, rot)
+        k = _rope_apply(k, cos, sin, rot)
     offsets = kv_cache_block_offsets[pool_idx]                               # [bs, 2, max_blocks]
-    total = past + n
     tpb = pool.tokens_per_block
     need = -(-total // tpb)
     short = torch.nonzero(need > offsets.shape[-1]).flatten()
@@ -359,39 +436,16 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
         raise IndexError(f"gpt_attention: request {b} needs {int(need[b])} blocks for {int(total[b])} tokens, it has "
                          f"{offsets.shape[-1]} block offsets")
     pool.write_tokens(layer_in_pool, offsets, req, past[req] + local, k, v)  # KV slot = past + i (not + offset)
-    L, N = int(total.max()), int(n.max())
     kk, vv = pool.read_batch(layer_in_pool, offsets, L, total, Hkv, D)       # [bs, L, Hkv, D]
-    qp = torch.zeros(bs, N, H, D, dtype=q.dtype)
-    qp[req, local] = q
-    qpos = torch.zeros(bs, N, dtype=torch.long)
-    qpos[req, local] = pos
-    kpos = torch.arange(L)
-    # allowed[b, i, key]: past keys visible; new key j = key - past visible through the request's new-token mask
-    i_idx = torch.arange(N)
-    j_rel = kpos[None, :] - past[:, None]                                     # [bs, L]
-    is_new = (j_rel >= 0) & (kpos[None, :] < total[:, None])
-    if mask_type == AttentionMaskType.causal:
-        new_ok = j_rel[:, None, :] <= i_idx[None, :, None]
-    else:
-        new_ok = torch.ones(bs, N, L, dtype=torch.bool)
-    if spec and spec_req.any():
-        # packed mask rows: the generation requests' tokens back to back ([num_gen_tokens, W], TensorRT-LLM's
-        # layout); generation request g's token i is row gstart[g] + i
-        gstart = torch.cumsum(glen, 0) - glen
-        m = torch.zeros(bs, N, N, dtype=torch.bool)
-        for b in torch.nonzero(spec_req).flatten().tolist():
-            g, nb = int(gen_idx[b]), int(n[b])
-            rows = spec_decoding_packed_mask[int(gstart[g]):int(gstart[g]) + nb]
-            m[b, :nb, :nb] = _unpack_all(rows[None], nb)[0]
-        jc = j_rel.clamp(0, N - 1)
-        spec_ok = torch.gather(m, 2, jc[:, None, :].expand(bs, N, L))
-        new_ok = torch.where(spec_req[:, None, None], spec_ok, new_ok)
-    allowed = torch.where(is_new[:, None, :], new_ok, (j_rel < 0)[:, None, :])
-    allowed &= (qpos[:, :, None] - kpos[None, None, :]) < window
-    qg = qp.float().reshape(bs, N, Hkv, rep, D)
-    sc = torch.einsum("bigrd,bkgd->bgrik", qg, kk.float()) * scale             # [bs, Hkv, rep, N, L]
+    qp = torch.zeros(bs, N, H, D, dtype=torch.float32)
+    qp[req, local] = q.float()
+    # scores [bs, Hkv, rep*N, L] = q [bs, Hkv, rep*N, D] @ k^T [bs, Hkv, D, L]
+    qg = qp.reshape(bs, N, Hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(bs, Hkv, rep * N, D)
+    kt = kk.float().permute(0, 2, 3, 1)                                       # [bs, Hkv, D, L]
+    sc = torch.matmul(qg, kt).reshape(bs, Hkv, rep, N, L) * scale
     sc = sc.masked_fill(~allowed[:, None, None], float("-inf"))
-    pr = torch.softmax(sc, dim=-1)
-    o = torch.einsum("bgrik,bkgd->bigrd", pr, vv.float()).reshape(bs, N, H * D)
+    pr = torch.softmax(sc, dim=-1).reshape(bs, Hkv, rep * N, L)
+    o = torch.matmul(pr, vv.float().permute(0, 2, 1, 3))                      # [bs, Hkv, rep*N, D]
+    o = o.reshape(bs, Hkv, rep, N, D).permute(0, 3, 1, 2, 4).reshape(bs, N, H * D)
     out = o[req, local].to(qkv.dtype)
     return out, None

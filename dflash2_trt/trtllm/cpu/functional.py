@@ -93,7 +93,7 @@ def cast(input: Tensor, dtype) -> Tensor:
 # ---- shape ops ----------------------------------------------------------------------------------
 def view(input: Tensor, shape, zero_is_placeholder: bool = True) -> Tensor:
     dims = _ints(shape, "view")
-    if zero_is_placeholder:
+    if zero_is_placeholder and 0 in dims:
         dims = [input.shape[i] if d == 0 else d for i, d in enumerate(dims)]
     return input.reshape(dims)
 
