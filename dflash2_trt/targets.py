@@ -66,8 +66,8 @@ TARGETS: dict[str, TargetEntry] = {
             key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",
             drafter_id="z-lab/Muse-Glimmer-30B-DFlash2", block_size=16, build_config="muse-glimmer-30b.yaml",
             supported=("inspect", "generate", "analyze", "convert"),
-            notes="reference decoding and conversion work; no engine network yet (sliding + NoPE full-attention "
-                  "layers, q_scaling, the drafter's 8x128 KV heads vs the target's 2x128)",
+            notes="reference decoding and conversion work; the engine network has the family, but the published "
+                  "drafter's 8x128 KV heads do not fit the target's 2x128 pool (build --dry-run says so)",
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,
@@ -84,6 +84,13 @@ TARGETS: dict[str, TargetEntry] = {
             key="tiny-hybrid", family="qwen3_5", target_id=None, drafter_id=None, block_size=8,
             build_config="tiny-hybrid.yaml", supported=("inspect", "generate", "analyze", "convert"), tiny_family="qwen3_5",
             notes="trained tiny Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter shipped in dflash2_trt/assets/tiny",
+        ),
+        TargetEntry(
+            key="tiny-muse", family="muse_glimmer", target_id=None, drafter_id=None, block_size=16,
+            build_config="tiny-muse.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            tiny_family="muse_glimmer",
+            notes="trained tiny Muse Glimmer (wrapper + tiny vision tower; sliding and NoPE full-attention layers) + "
+                  "block-16 DFlash2 drafter with the target's KV layout, shipped in dflash2_trt/assets/tiny",
         ),
     )
 }

@@ -19,7 +19,7 @@ __all__ = ["ASSET_ROOT", "trained_pair", "trained_card"]
 
 
 def trained_pair(family: str = "qwen3") -> TinyPair:
-    """The shipped trained tiny pair of ``family`` (``qwen3`` or ``qwen3_5``)."""
+    """The shipped trained tiny pair of ``family`` (``qwen3``, ``qwen3_5`` or ``muse_glimmer``)."""
     if family not in FAMILIES:
         raise DFlash2Error(f"unknown tiny family {family!r}; known: {', '.join(FAMILIES)}")
     root = ASSET_ROOT / family

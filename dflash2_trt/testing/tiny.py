@@ -11,9 +11,9 @@ Three families:
   one-block vision tower), layers ``[sliding, sliding, sliding, full]`` as transformers' default
   pattern puts them (the full layer is NoPE, ``layer_rope_theta`` 0; window 16), gated attention
   with weight-less QK norm and ``qk_scale_factor``, post norms, the weight-less embedding norm, and
-  the logit multiplier + softcap (``output_multiplier`` 0.5, cap 20). Its drafter uses block 16
-  (as the published Muse Glimmer drafter), the same multiplier and cap, and the target's KV
-  layout (2 KV heads x 16).
+  the logit multiplier + softcap (``output_multiplier`` 0.5, cap 20); 8 query heads (2 KV heads
+  of 16), so that every --tp-size up to 8 splits it. Its drafter uses block 16 (as the published
+  Muse Glimmer drafter), the same multiplier and cap, and the target's KV layout (2 KV heads x 16).
 
 The drafter's conv and selector weights are deliberately NOT the identity/zero a fresh DFlash2
 module starts from (base kernel 1/0, zero projection, zero successor codebook): with those, a
@@ -59,6 +59,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dflash2-trt"
 
 
+def default_heads(family: str) -> int:
+    """Query heads of the tiny target and drafter: 4; 8 for Muse Glimmer, so that its pair splits
+    over every --tp-size up to 8 (2 KV heads, duplicated at tp 4 and 8)."""
+    return 8 if family == "muse_glimmer" else 4
+
+
 def _text_config(family: str, *, heads: int = 4, linear_value_heads: int = 4) -> dict:
     common = dict(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=4,
@@ -89,12 +95,13 @@ def _text_config(family: str, *, heads: int = 4, linear_value_heads: int = 4) ->
     raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(FAMILIES)}")
 
 
-def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads: int = 4,
+def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads: int | None = None,
                       linear_value_heads: int = 4, tie: bool = False, random_1d: bool = False,
                       text_overrides: dict | None = None) -> Path:
     """Build a random tiny target with transformers and ``save_pretrained`` it (float32).
 
-    ``heads``/``linear_value_heads`` widen the attention (8 lets every --tp-size up to 8 split).
+    ``heads``/``linear_value_heads`` widen the attention (8 lets every --tp-size up to 8 split;
+    ``heads`` defaults to 4, 8 for Muse Glimmer).
     ``random_1d`` also randomises RMSNorm scales, ``A_log`` and ``dt_bias``, which transformers
     initialises to constants: with constants, a swapped or mis-offset norm changes nothing and
     a layout test cannot catch it. ``text_overrides`` replaces fields of the text config (e.g. a
@@ -104,7 +111,7 @@ def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads:
 
     out_dir = Path(out_dir)
     torch.manual_seed(seed)
-    text = _text_config(family, heads=heads, linear_value_heads=linear_value_heads)
+    text = _text_config(family, heads=heads or default_heads(family), linear_value_heads=linear_value_heads)
     text["tie_word_embeddings"] = tie
     text.update(text_overrides or {})
     if family == "qwen3":
@@ -166,12 +173,13 @@ def build_tiny_target(family: str, out_dir: str | Path, *, seed: int = 0, heads:
     return out_dir
 
 
-def tiny_drafter_config(family: str, *, block_size: int | None = None, heads: int = 4,
+def tiny_drafter_config(family: str, *, block_size: int | None = None, heads: int | None = None,
                         target_layer_ids: tuple[int, ...] = (0, 2)) -> dict:
     """The tiny drafter's config (block 8; block 16 and the logit multiplier + softcap for Muse
     Glimmer, as its published drafter has). Its KV layout (2 heads x 16) is the target's."""
     if block_size is None:
         block_size = 16 if family == "muse_glimmer" else 8
+    heads = heads or default_heads(family)
     cfg = {
         "architectures": ["DFlash2DraftModel"],
         "model_type": "qwen3",
@@ -217,7 +225,8 @@ def tiny_drafter_config(family: str, *, block_size: int | None = None, heads: in
 
 
 def build_tiny_drafter(family: str, out_dir: str | Path, *, seed: int = 1, block_size: int | None = None,
-                       heads: int = 4, target_layer_ids: tuple[int, ...] = (0, 2), norm_std: float = 0.1) -> Path:
+                       heads: int | None = None, target_layer_ids: tuple[int, ...] = (0, 2),
+                       norm_std: float = 0.1) -> Path:
     """Random drafter in the published format, with non-identity conv and selector weights."""
     from safetensors.torch import save_file
 

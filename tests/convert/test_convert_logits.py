@@ -241,3 +241,23 @@ def test_muse_tied_embeddings_logits(tied_pair, tmp_path):
         logits, _ = target_forward(ConvertedCheckpoint(tmp_path / "ckpt"), _ids(4))
         ref = _hf_model(family, t)(input_ids=_ids(4)).logits
     torch.testing.assert_close(logits, ref, **TOL[torch.float32])
+
+
+def test_tiny_muse_logits_and_drafter(tmp_path):
+    """The shipped trained tiny-muse pair (tp 4: KV heads duplicated): target logits against
+    transformers on 40 random ids (past its window of 16), drafter logits against the reference."""
+    from dflash2_trt.assets import trained_pair
+
+    p = trained_pair("muse_glimmer")
+    convert_pair(p.drafter_dir, p.target_dir, tmp_path / "ckpt", tp_size=4)
+    ck = ConvertedCheckpoint(tmp_path / "ckpt")
+    ids = _ids(5, t=40)                                   # 40 > sliding window 16
+    with torch.no_grad():
+        logits, _ = target_forward(ck, ids)
+        ref = _hf_model("muse_glimmer", p.target_dir)(input_ids=ids).logits
+    torch.testing.assert_close(logits, ref, **TOL[torch.float32])
+    block, taps = _block_and_taps(2, 64, block_size=16)
+    _, u_ref, _ = _reference_drafter(p.drafter_dir, p.target_dir, "muse_glimmer", block, taps)
+    with torch.no_grad():
+        _, u, _ = drafter_forward(ck, block, taps)
+    torch.testing.assert_close(u, u_ref, **TOL[torch.float32])

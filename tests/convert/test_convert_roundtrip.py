@@ -164,3 +164,19 @@ def test_muse_glimmer_config_fields(wide_pairs, tmp_path):
     assert cfg["max_draft_len"] == 15 and cfg.dflash2["output_multiplier"] == 0.5   # the drafter's own
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["dropped"]) == {"vision tower, adapter and projection: the engine is text only"}
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_roundtrip_tiny_muse_every_tp(tp, tmp_path):
+    """`convert --target tiny-muse` (the shipped trained pair: 8 query / 2 KV heads, so every tp splits)."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.cli import main
+
+    p = trained_pair("muse_glimmer")
+    out = tmp_path / "ckpt"
+    res = CliRunner().invoke(main, ["convert", "--target", "tiny-muse", "--output", str(out), "--tp-size", str(tp)])
+    assert res.exit_code == 0, res.output
+    assert CheckpointConfig.load(out).tp_size == tp
+    _check_roundtrip(p.drafter_dir, p.target_dir, out)
