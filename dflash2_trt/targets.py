@@ -82,7 +82,8 @@ TARGETS: dict[str, TargetEntry] = {
         ),
         TargetEntry(
             key="tiny-hybrid", family="qwen3_5", target_id=None, drafter_id=None, block_size=8,
-            build_config="tiny-hybrid.yaml", supported=("inspect", "generate", "analyze", "convert"), tiny_family="qwen3_5",
+            build_config="tiny-hybrid.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            tiny_family="qwen3_5",
             notes="trained tiny Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter shipped in dflash2_trt/assets/tiny",
         ),
         TargetEntry(
