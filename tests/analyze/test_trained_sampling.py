@@ -24,7 +24,7 @@ T = 1.0
 RUNS = 600
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5", "muse_glimmer"])
 def pair(request):
     from transformers.utils import logging
 
