@@ -87,14 +87,10 @@ class CpuEngine:
                 sp.reset(slot)
 
     def _windows(self) -> torch.Tensor:
-        """The runtime's per-KV-layer attention window: the target's sliding-window layers their window (Muse
-        Glimmer mixes them with full attention: a "variable window" model, whose KV rewind TensorRT-LLM refuses,
-        TRTLLM-ENGINE.md §3), every other layer max_seq_len. The drafter's draft calls pass their own."""
-        full = int(self.limits["max_seq_len"])
-        kinds = self.config.get("hf_layer_types") or self.config["layer_types"]
-        w = [int(self.config["sliding_window"]) if k == "sliding_attention" else full
-             for k in kinds if k != "linear_attention"]
-        return torch.tensor(w + [full] * (self.num_layers - len(w)), dtype=torch.int32)
+        """The runtime's per-KV-layer attention window: uniform (max_seq_len), as TensorRT-LLM's EAGLE KV rewind
+        requires; layers with a window of their own (the drafter's draft calls, Muse Glimmer's sliding layers)
+        pass it in the graph."""
+        return torch.full((self.num_layers,), int(self.limits["max_seq_len"]), dtype=torch.int32)
 
     def static_inputs(self, rank: int) -> dict:
         return {

@@ -442,14 +442,21 @@ class MuseGlimmerDecoderLayer(api.Module):
                                          layer_idx=layer_idx, dtype=dt, mapping=config.mapping, norm_offset=off,
                                          output_gate=bool(config.attn_output_gate),
                                          qk_norm_weight=bool(config.qk_layernorm_weight), q_scaling=config.q_scaling)
+        # Sliding-window layers pass their window as an in-graph constant, like the drafter's draft calls: the
+        # runtime's per-layer windows stay uniform (a second window makes TensorRT-LLM's KV rewind refuse the
+        # model, TRTLLM-ENGINE.md §3); the same [I] on the plugin's cyclic addressing applies (docstring above).
+        kinds = hf_layer_types(config)
+        self.window = config.sliding_window if kinds[layer_idx] == "sliding_attention" else None
+        self.num_kv_layers = num_kv_layers_of(config) + int(config.dflash2["num_hidden_layers"])
         self.post_layernorm = OffsetRmsNorm(h, peps, dt, off)
         self.pre_feedforward_layernorm = OffsetRmsNorm(h, eps, dt, off)
         self.mlp = GatedMLP(h, config.intermediate_size, dt, config.mapping)
         self.post_feedforward_layernorm = OffsetRmsNorm(h, peps, dt, off)
 
     def forward(self, x, attention_params, kv_cache_params, spec_decoding_params):
+        windows = None if self.window is None else F.constant(np.full(self.num_kv_layers, self.window, np.int32))
         a = self.attention(self.input_layernorm(x), attention_params, kv_cache_params, spec_decoding_params,
-                           mask_type=api.AttentionMaskType.causal)
+                           mask_type=api.AttentionMaskType.causal, window_sizes=windows)
         x = x + self.post_layernorm(a)
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
@@ -794,7 +801,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         logits = F.cast(self.lm_head(F.index_select(final, 0, last_token_ids - 1)), "float32")   # [num_logits, V]
         if getattr(cfg, "output_multiplier", None) is not None:      # the target's own logit transform (Muse Glimmer)
             logits = logits * float(cfg.output_multiplier)
-        if getattr(cfg, "final_logit_softcapping", None):
+        if getattr(cfg, "final_logit_softcapping", None) is not None:
             tcap = float(cfg.final_logit_softcapping)
             logits = F.tanh(logits * (1.0 / tcap)) * tcap
         vocab = F.shape(logits, 1)

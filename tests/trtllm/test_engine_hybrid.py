@@ -80,7 +80,7 @@ def _run(engine_dir, prompts, *, max_batch=4, temperature=0.0, seeds=None, new=N
         eng.close()
 
 
-@pytest.mark.parametrize("block,tp", [(4, 1), (8, 1), (8, 2)])
+@pytest.mark.parametrize("block,tp", [(4, 1), (8, 1), (8, 2), (8, 4)])
 def test_hybrid_greedy_lossless_and_acceptance_equals_reference(pair, prompts, oracle, engines, block, tp):
     reqs, rt = _run(engines(block, tp), prompts)
     assert any(s["context"] and s["generation"] for s in rt.step_log)

@@ -87,14 +87,19 @@ def test_muse_greedy_lossless_and_acceptance_equals_reference(pair, prompts, tar
 
 
 def test_the_target_window_is_real(prompts, target, engines, monkeypatch):
-    """Control: the runtime's per-layer window switched off (every layer full attention) must change outputs or
-    acceptance — the sliding-window target layers are really windowed through it."""
-    from dflash2_trt.engine.cpu import CpuEngine
+    """Control: the target's sliding-window layers without their (in-graph) window must change the outputs — the
+    window is really applied, and by the layers themselves (the runtime's per-layer windows stay uniform)."""
+    from dflash2_trt.trtllm.backend import load_network
 
     base, _ = _run(engines(16), prompts)
-    monkeypatch.setattr(CpuEngine, "_windows", lambda self: torch.full((self.num_layers,),
-                                                                       int(self.limits["max_seq_len"]),
-                                                                       dtype=torch.int32))
+    net = load_network("cpu")
+    orig = net.MuseGlimmerDecoderLayer.__init__
+
+    def no_window(self, *a, **kw):
+        orig(self, *a, **kw)
+        self.window = None
+
+    monkeypatch.setattr(net.MuseGlimmerDecoderLayer, "__init__", no_window)
     bad, _ = _run(engines(16), prompts)
     assert [r.output_ids for r in bad] != [r.output_ids for r in base]
 
@@ -107,3 +112,28 @@ def test_muse_sampling_joint_law(target, prompts, engines):
     eng = engines(16, max_batch_size=64, max_seq_len=64, max_input_len=32, max_num_tokens=2048)
     reqs, _ = _run(eng, [prompt] * runs, max_batch=64, temperature=T, seeds=list(range(runs)), new=3)
     assert chi2_pvalue([tuple(r.output_ids) for r in reqs], exact) > 1e-3
+
+
+def test_drafter_and_target_transforms_and_windows_stay_apart(pair, prompts, target, tmp_path):
+    """The tiny pair's drafter and target share multiplier 0.5, softcap 20 and window 16, so a mix-up between the
+    drafter's unary transform / window and the target's would go unseen. A copy of the drafter with its own
+    (multiplier 1.3, softcap 7, window 6) must give the reference loop's exact acceptance with the same drafter —
+    and still the target's greedy output."""
+    import shutil
+
+    d = tmp_path / "drafter"
+    shutil.copytree(pair.drafter_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["dflash_config"].update(output_multiplier=1.3, final_logit_softcapping=7.0)
+    cfg["sliding_window"] = 6
+    (d / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "eng"
+    build_engine(d, pair.target_dir, out, target_key="tiny-muse", overrides={"tokens_per_block": 16}, verify=False)
+    eos = tuple(json.loads((out / "engine.json").read_text())["eos_token_ids"])
+    reqs, _ = _run(out, prompts[:6])
+    t, drafter = load_pair(pair.target_dir, d)
+    assert drafter.cfg.output_multiplier == 1.3 and drafter.cfg.sliding_window == 6
+    for r, p in zip(reqs, prompts[:6]):
+        assert r.output_ids == target_generate(target, p, NEW, stop_token_ids=eos)
+        assert r.acceptance_lengths == speculative_generate(t, drafter, p, max_new_tokens=NEW,
+                                                            stop_token_ids=eos).acceptance_lengths
