@@ -232,8 +232,9 @@ def test_muse_layout_mistakes_are_caught(wide_pairs, hf_outputs, mistake, tmp_pa
     assert (logits - hf_outputs["muse_glimmer"].logits).abs().max() > 100 * TOL[torch.float32]["atol"]
 
 
-def test_muse_tied_embeddings_logits(tied_pair, tmp_path):
-    """Tied Muse Glimmer: lm_head is the RAW embedding table (the embedding norm is in the lookup only)."""
+def test_tied_embeddings_logits(tied_pair, tmp_path):
+    """Tied lm_head: the logits match transformers; for Muse Glimmer that means lm_head is the RAW
+    embedding table (its embedding norm belongs to the lookup only)."""
     d, t = tied_pair
     family = "muse_glimmer" if "Muse" in (t / "config.json").read_text() else "qwen3"
     convert_pair(d, t, tmp_path / "ckpt", tp_size=2)
