@@ -21,6 +21,7 @@ import torch
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.build import build_engine, open_cpu_engine
 from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
+from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompts
 from dflash2_trt.testing.law import chi2_pvalue, exact_triples
 from dflash2_trt.runtime import Request, Runtime
 
@@ -38,28 +39,14 @@ def pair():
 
 @pytest.fixture(scope="module")
 def prompts(pair):
-    import json
-
-    ps = json.loads((pair.drafter_dir.parent / "prompts.json").read_text())["prompts"]
-    out = [list(p) for p in ps[:12]]
+    out = shipped_prompts(pair)
     assert len({len(p) for p in out}) >= 6
     return out
 
 
 @pytest.fixture(scope="module")
 def engines(pair, tmp_path_factory):
-    cache = {}
-
-    def get(block, tp, **over):
-        key = (block, tp, tuple(sorted(over.items())))
-        if key not in cache:
-            out = tmp_path_factory.mktemp("engine") / f"b{block}-tp{tp}"
-            build_engine(pair.drafter_dir, pair.target_dir, out, tp_size=tp, target_key="tiny",
-                         overrides={"block_size": block, "tokens_per_block": 16, **over})
-            cache[key] = out
-        return cache[key]
-
-    return get
+    return EngineCache(pair, "tiny", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +61,8 @@ def oracle(pair, prompts):
 
 
 def _run(engine_dir, prompts, *, max_batch=4, temperature=0.0, seeds=None, new=NEW, patch=None):
-    eng, man = open_cpu_engine(engine_dir)
-    try:
-        rt = Runtime(eng, max_batch_size=max_batch)
-        if patch is not None:
-            patch(rt, eng)
-        reqs = [Request(list(p), new, temperature=temperature, seed=(seeds[i] if seeds else i),
-                        stop_token_ids=tuple(man["eos_token_ids"]), task_id=i) for i, p in enumerate(prompts)]
-        rt.generate(reqs)
-        return reqs, rt
-    finally:
-        eng.close()
+    return run_prompts(engine_dir, prompts, new=new, max_batch=max_batch, temperature=temperature, seeds=seeds,
+                       patch=patch)
 
 
 @pytest.mark.parametrize("block,tp", [(4, 1), (8, 1), (16, 1), (8, 2), (4, 2), (8, 4)])

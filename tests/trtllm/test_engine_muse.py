@@ -15,6 +15,7 @@ from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.build import build_engine, open_cpu_engine
 from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
 from dflash2_trt.runtime import Request, Runtime
+from dflash2_trt.testing.engines import EngineCache, run_prompts
 from dflash2_trt.testing.law import chi2_pvalue, exact_triples
 
 NEW = 40
@@ -48,30 +49,11 @@ def target(pair):
 
 @pytest.fixture(scope="module")
 def engines(pair, tmp_path_factory):
-    cache = {}
-
-    def get(block, tp=1, **over):
-        key = (block, tp, tuple(sorted(over.items())))
-        if key not in cache:
-            out = tmp_path_factory.mktemp("muse") / f"b{block}-tp{tp}"
-            build_engine(pair.drafter_dir, pair.target_dir, out, tp_size=tp, target_key="tiny-muse",
-                         overrides={"block_size": block, "tokens_per_block": 16, **over}, verify=False)
-            cache[key] = out
-        return cache[key]
-
-    return get
+    return EngineCache(pair, "tiny-muse", tmp_path_factory, verify=False)
 
 
 def _run(engine_dir, prompts, *, max_batch=4, temperature=0.0, seeds=None, new=NEW):
-    eng, man = open_cpu_engine(engine_dir)
-    try:
-        rt = Runtime(eng, max_batch_size=max_batch)
-        reqs = [Request(list(p), new, temperature=temperature, seed=(seeds[i] if seeds else i),
-                        stop_token_ids=tuple(man["eos_token_ids"]), task_id=i) for i, p in enumerate(prompts)]
-        rt.generate(reqs)
-        return reqs, rt
-    finally:
-        eng.close()
+    return run_prompts(engine_dir, prompts, new=new, max_batch=max_batch, temperature=temperature, seeds=seeds)
 
 
 @pytest.mark.parametrize("block,tp", [(16, 1), (8, 1), (8, 2)])

@@ -1,0 +1,51 @@
+"""Shared helpers of the engine tests: build CPU engines of a pair once per settings, run prompts through the CPU
+runtime, and load a pair's shipped prompts."""
+
+from __future__ import annotations
+
+import json
+
+
+def shipped_prompts(pair, n: int = 12) -> list[list[int]]:
+    ps = json.loads((pair.drafter_dir.parent / "prompts.json").read_text())["prompts"]
+    return [list(p) for p in ps[:n]]
+
+
+class EngineCache:
+    """``get(block, tp=1, **overrides)`` -> the directory of a CPU engine of ``pair`` built once per settings."""
+
+    def __init__(self, pair, target_key: str, tmp_path_factory, **build_kw):
+        self.pair, self.target_key, self.tmp = pair, target_key, tmp_path_factory
+        self.build_kw = build_kw
+        self._cache: dict = {}
+
+    def __call__(self, block, tp=1, **over):
+        from ..engine.build import build_engine
+
+        key = (block, tp, tuple(sorted(over.items())))
+        if key not in self._cache:
+            out = self.tmp.mktemp(self.target_key) / f"b{block}-tp{tp}"
+            build_engine(self.pair.drafter_dir, self.pair.target_dir, out, tp_size=tp, target_key=self.target_key,
+                         overrides={"block_size": block, "tokens_per_block": 16, **over}, **self.build_kw)
+            self._cache[key] = out
+        return self._cache[key]
+
+
+def run_prompts(engine_dir, prompts, *, new: int, max_batch: int = 4, temperature: float = 0.0, seeds=None,
+                patch=None):
+    """Every prompt through a fresh CPU engine + runtime; returns (requests, runtime). ``patch(runtime, engine)``
+    may alter them before the run (negative controls)."""
+    from ..engine.build import open_cpu_engine
+    from ..runtime import Request, Runtime
+
+    eng, man = open_cpu_engine(engine_dir)
+    try:
+        rt = Runtime(eng, max_batch_size=max_batch)
+        if patch is not None:
+            patch(rt, eng)
+        reqs = [Request(list(p), new, temperature=temperature, seed=(seeds[i] if seeds else i),
+                        stop_token_ids=tuple(man["eos_token_ids"]), task_id=i) for i, p in enumerate(prompts)]
+        rt.generate(reqs)
+        return reqs, rt
+    finally:
+        eng.close()
