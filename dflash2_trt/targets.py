@@ -65,9 +65,9 @@ TARGETS: dict[str, TargetEntry] = {
         TargetEntry(
             key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",
             drafter_id="z-lab/Muse-Glimmer-30B-DFlash2", block_size=16, build_config="muse-glimmer-30b.yaml",
-            supported=("inspect", "generate", "analyze", "convert"),
-            notes="reference decoding and conversion work; the engine network has the family, but the published "
-                  "drafter's 8x128 KV heads do not fit the target's 2x128 pool (build --dry-run says so)",
+            supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            notes="reference decoding, conversion and the engine network (CPU backend); the published drafter's "
+                  "8x128 KV heads spread over 4 pool layers each next to the target's 2x128 (drafter_kv_split)",
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,

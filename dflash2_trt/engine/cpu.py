@@ -39,7 +39,8 @@ class CpuEngine:
         self.mask_token_id = int(d["mask_token_id"])
         kinds = self.config.get("hf_layer_types") or self.config["layer_types"]   # HF names (model.hf_layer_types)
         target_kv_layers = sum(1 for t in kinds if t != "linear_attention")
-        self.num_layers = target_kv_layers + int(d["num_hidden_layers"])   # KV layers: target attention + drafter
+        # KV layers: the target's attention layers, then the drafter's (model.total_kv_layers)
+        self.num_layers = net.total_kv_layers(cpu.PretrainedConfig.from_dict(self.config))
         tpb = int(limits["tokens_per_block"])
         per_seq = -(-int(limits["max_seq_len"]) // tpb)
         self.num_blocks = num_blocks or int(limits.get("num_kv_blocks") or per_seq * int(limits["max_batch_size"]))

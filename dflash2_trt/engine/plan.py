@@ -218,7 +218,9 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     pre["max_draft_len"] = K
     pre["num_eagle_layers"] = K                        # tree depth; a chain of K
     pre["max_non_leaves_per_layer"] = 1
-    pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers}   # added to the KV pool's layer count
+    # added to the KV pool's layer count: the drafter's pool layers (x its KV split, trtllm/model.py drafter_kv_split)
+    pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers * drafter_pool_layers_per_layer(
+        p_t(ck), d, cfg.tp_size)}
     pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
                              "max_seq_len": cfg.max_seq_len, "tokens_per_block": cfg.tokens_per_block}
     if "linear_attention" in pre["layer_types"]:
@@ -262,6 +264,23 @@ def weight_bytes_per_rank(t, d, tp: int, dtype: str) -> list[dict] | None:
     return out
 
 
+def drafter_pool_layers_per_layer(t, d, tp: int) -> int:
+    """Pool layers one drafter layer occupies (``trtllm/model.py drafter_kv_split``, from plain configs): its K/V
+    per token and rank over the target's, 1 when equal (Qwen3.8-27B), 4 for Muse Glimmer 30B."""
+    def local(n):
+        return n // tp if n >= tp else 1
+    t_tok = local(t.num_key_value_heads) * t.head_dim
+    d_tok = local(d.num_key_value_heads) * d.head_dim
+    return max(1, d_tok // t_tok) if t_tok else 1
+
+
+def p_t(ck: dict):
+    """The few target fields drafter_pool_layers_per_layer reads, from a checkpoint config.json."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(num_key_value_heads=ck["num_key_value_heads"], head_dim=ck["head_size"])
+
+
 def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
     t, d, cfg = p.t, p.d, p.cfg
     tp, item, K = cfg.tp_size, ITEMSIZE[cfg.dtype], p.K
@@ -269,7 +288,7 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
     kv_heads = t.num_key_value_heads // tp if t.num_key_value_heads >= tp else 1
     per_layer = 2 * kv_heads * t.head_dim * item
     n_target = sum(1 for lt in t.layer_types if lt != "linear_attention")
-    n_drafter = d.num_hidden_layers
+    n_drafter = d.num_hidden_layers * drafter_pool_layers_per_layer(t, d, tp)
     kv_token = (n_target + n_drafter) * per_layer
     extra = 2 * K
     seq = cfg.max_seq_len + extra

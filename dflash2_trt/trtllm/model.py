@@ -121,6 +121,10 @@ def check_kv_compatible(config) -> None:
     d, tp = config.dflash2, config.mapping.tp_size
     t_tok = _local(config.num_key_value_heads, tp) * config.head_size
     d_tok = _local(d["num_key_value_heads"], tp) * d["head_dim"]
+    split = d_tok // t_tok if t_tok and d_tok % t_tok == 0 else 0
+    if split >= 1 and _local(d["num_key_value_heads"], tp) % split == 0 and \
+            (d["num_attention_heads"] // tp) % split == 0:
+        return   # the drafter's heads fill `split` pool layers exactly (drafter_kv_split)
     if t_tok != d_tok:
         raise ValueError(
             f"drafter KV {d['num_key_value_heads']} x {d['head_dim']} ({d_tok} values per token per rank at tp {tp}) "
@@ -133,6 +137,21 @@ def hf_layer_types(config) -> list:
     runtime carries ``layer_types`` in the runtime's own names (attention / recurrent, which gptJsonConfig.cpp
     reads to size the KV pool) and the HF names as ``hf_layer_types``."""
     return list(getattr(config, "hf_layer_types", None) or config.layer_types)
+
+
+def drafter_kv_split(config) -> int:
+    """Pool layers per drafter layer: 1 when the drafter's K/V per token and rank equal the target's; m when they
+    are m times wider (Muse Glimmer 30B: drafter 8 x 128 in a 2 x 128 target pool, m = 4 at tp 1), the drafter's
+    KV heads then spread over m consecutive pool layers (check_kv_compatible allows exactly these)."""
+    d, tp = config.dflash2, config.mapping.tp_size
+    t_tok = _local(config.num_key_value_heads, tp) * config.head_size
+    d_tok = _local(d["num_key_value_heads"], tp) * d["head_dim"]
+    return max(1, d_tok // t_tok)
+
+
+def total_kv_layers(config) -> int:
+    """Layers of the paged pool: the target's attention layers, then the drafter layers (x their split)."""
+    return num_kv_layers_of(config) + int(config.dflash2["num_hidden_layers"]) * drafter_kv_split(config)
 
 
 def num_kv_layers_of(config) -> int:
@@ -150,9 +169,10 @@ class QKNormAttention(api.Module):
 
     def __init__(self, *, hidden_size, num_heads, num_kv_heads, head_dim, eps, rope_base, rotary_dim, layer_idx,
                  dtype, mapping, norm_offset: float = 0.0, output_gate: bool = False, qk_norm_weight: bool = True,
-                 q_scaling: float = 1.0):
+                 q_scaling: float = 1.0, kv_split: int = 1):
         super().__init__()
         tp = mapping.tp_size
+        self.kv_split = kv_split
         self.nq, self.nkv, self.d = num_heads // tp, _local(num_kv_heads, tp), head_dim
         self.layer_idx, self.rope_base, self.rotary_dim, self.eps = layer_idx, rope_base, rotary_dim, eps
         self.q_scaling = q_scaling
@@ -185,16 +205,39 @@ class QKNormAttention(api.Module):
 
     def forward(self, hidden, attention_params, kv_cache_params, spec_decoding_params, *, mask_type,
                 window_sizes=None):
+        qkv = self.normed_qkv(hidden)
+        if self.kv_split == 1:
+            ctx = self._attend(qkv, self.layer_idx, self.nq, self.nkv, attention_params, kv_cache_params,
+                               spec_decoding_params, mask_type, window_sizes)
+        else:
+            # KV heads wider than the pool's per-layer slot: head group s (nkv / split KV heads and their query
+            # heads) attends in pool layer layer_idx + s; attention is independent per head group, so exact.
+            n, d, nq, nkv, sp = F.shape(qkv, 0), self.d, self.nq, self.nkv, self.kv_split
+            gq, gk = nq // sp, nkv // sp
+            parts = []
+            for g in range(sp):
+                q = F.slice(qkv, [0, g * gq * d], dims(n, gq * d))
+                k = F.slice(qkv, [0, (nq + g * gk) * d], dims(n, gk * d))
+                v = F.slice(qkv, [0, (nq + nkv + g * gk) * d], dims(n, gk * d))
+                parts.append(self._attend(F.concat([q, k, v], dim=1), self.layer_idx + g, gq, gk, attention_params,
+                                          kv_cache_params, spec_decoding_params, mask_type, window_sizes))
+            ctx = F.concat(parts, dim=1)
+        if self.gated:
+            ctx = ctx * F.sigmoid(self.output_gate(hidden))
+        return self.dense(ctx)
+
+    def _attend(self, qkv, layer_idx, nq, nkv, attention_params, kv_cache_params, spec_decoding_params, mask_type,
+                window_sizes):
         ctx, _ = F.gpt_attention(
-            qkv=self.normed_qkv(hidden), past_key_value=None,
+            qkv=qkv, past_key_value=None,
             sequence_length=attention_params.sequence_length,
             host_past_key_value_lengths=kv_cache_params.host_past_key_value_lengths,
             host_max_attention_window_sizes=(kv_cache_params.host_max_attention_window_sizes
                                              if window_sizes is None else window_sizes),
             host_sink_token_length=kv_cache_params.host_sink_token_length,
             context_lengths=attention_params.context_lengths, cache_indirection=kv_cache_params.cache_indirection,
-            host_request_types=attention_params.host_request_types, layer_idx=self.layer_idx,
-            num_heads=self.nq, num_kv_heads=self.nkv, hidden_size_per_head=self.d, q_scaling=self.q_scaling,
+            host_request_types=attention_params.host_request_types, layer_idx=layer_idx,
+            num_heads=nq, num_kv_heads=nkv, hidden_size_per_head=self.d, q_scaling=self.q_scaling,
             rotary_embedding_dim=self.rotary_dim if self.rope_base else 0,
             rotary_embedding_base=self.rope_base or 10000.0, position_embedding_type=self.pos_type,
             max_context_length=attention_params.max_context_length, mask_type=mask_type,
@@ -211,9 +254,7 @@ class QKNormAttention(api.Module):
             host_runtime_perf_knobs=attention_params.host_runtime_perf_knobs,
             host_context_progress=attention_params.host_context_progress,
             host_context_lengths=attention_params.host_context_lengths)
-        if self.gated:
-            ctx = ctx * F.sigmoid(self.output_gate(hidden))
-        return self.dense(ctx)
+        return ctx
 
 
 class GatedMLP(api.Module):
@@ -447,7 +488,7 @@ class MuseGlimmerDecoderLayer(api.Module):
         # model, TRTLLM-ENGINE.md §3); the same [I] on the plugin's cyclic addressing applies (docstring above).
         kinds = hf_layer_types(config)
         self.window = config.sliding_window if kinds[layer_idx] == "sliding_attention" else None
-        self.num_kv_layers = num_kv_layers_of(config) + int(config.dflash2["num_hidden_layers"])
+        self.num_kv_layers = total_kv_layers(config)
         self.post_layernorm = OffsetRmsNorm(h, peps, dt, off)
         self.pre_feedforward_layernorm = OffsetRmsNorm(h, eps, dt, off)
         self.mlp = GatedMLP(h, config.intermediate_size, dt, config.mapping)
@@ -531,7 +572,8 @@ class DFlash2DrafterLayer(api.Module):
         self.attention = QKNormAttention(hidden_size=h, num_heads=d["num_attention_heads"],
                                          num_kv_heads=d["num_key_value_heads"], head_dim=d["head_dim"], eps=eps,
                                          rope_base=d["rope_theta"], rotary_dim=d["head_dim"],
-                                         layer_idx=num_kv_layers_of(config) + i, dtype=dt, mapping=m)
+                                         layer_idx=num_kv_layers_of(config) + i * drafter_kv_split(config),
+                                         dtype=dt, mapping=m, kv_split=drafter_kv_split(config))
         self.post_layernorm = api.layers.RmsNorm(h, eps=eps, dtype=dt)
         self.mlp = GatedMLP(h, d["intermediate_size"], dt, m)
         self.attention_conv = DynamicConv(h, d["conv_kernel_size"], d["conv_group_size"], bs, dt)
@@ -658,7 +700,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             max_blocks_per_seq = -(-max_seq_len // tpb)
         bs = [1, (max_batch_size + 1) // 2, max_batch_size]
         nt = [1, (max_num_tokens + 1) // 2, max_num_tokens]
-        nl = num_kv_layers or (num_kv_layers_of(self.config) + len(self.dflash2.layers))
+        nl = num_kv_layers or total_kv_layers(self.config)
         T = api.input_tensor
         R = OrderedDict
         kvp = KeyValueCacheParams(
@@ -872,7 +914,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             spec_decoding_packed_mask=F.view(F.expand(F.constant(words[None]), dims(bs, K + 1, (K + 32) // 32)),
                                              dims(bs * (K + 1), (K + 32) // 32)),
             spec_decoding_use=F.constant(np.ones(1, np.int32)))
-        n_layers = num_kv_layers_of(self.config) + len(self.dflash2.layers)
+        n_layers = total_kv_layers(self.config)
         windows = []
         for layer in self.dflash2.layers:
             w = layer.window if (layer.window is not None and self.drafter_window == "model") else self.max_seq_len
