@@ -197,11 +197,12 @@ def _collect_blockers(p: Prepared) -> None:
         n_all = t.num_hidden_layers + d.num_hidden_layers
         p.warnings.append(
             f"on TensorRT-LLM the runtime reads pretrained_config.layer_types in its own names (attention, recurrent, "
-            f"linear, no_op; any other name is 'assuming attention') and adds eagle_net_config.num_hidden_layers to "
-            f"num_hidden_layers (gptJsonConfig.cpp) [read, not run]: with this checkpoint's names it would give "
-            f"{n_all} pool layers KV space, not the {n_kv} the sizing counts; and it refuses speculative decoding "
-            f"for the models it treats as recurrent (TRTLLM-ENGINE.md §4): the stock 1.2 runtime is not expected to "
-            f"run this engine")
+            f"linear, no_op) and adds eagle_net_config.num_hidden_layers to num_hidden_layers (gptJsonConfig.cpp) "
+            f"[read, not run]: the engine config therefore writes attention/recurrent (with the checkpoint's names it "
+            f"would give {n_all} pool layers KV space, not the {n_kv} the sizing counts) and keeps hf_layer_types; "
+            f"the stock 1.2 runtime refuses speculative decoding for recurrent models (TRTLLM-ENGINE.md §4): it needs "
+            f"the relaxations of docs/hybrid-runtime.md, applied to a 1.2.x checkout by "
+            f"scripts/patch_trtllm_recurrent_spec.py (not yet built or run on a GPU)")
     if cfg.dtype == "float32":
         p.warnings.append("dtype float32 on TensorRT-LLM: EAGLE mode needs paged context FMHA, whose kernels are "
                           "float16/bfloat16 [inferred]; build a GPU engine with --dtype float16 or bfloat16")
