@@ -34,7 +34,6 @@ TensorRT-LLM's own target engine (``trtllm-build`` without ``--speculative_decod
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
@@ -67,22 +66,7 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, dtype=config.dtype,
                                                tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
 
-    @classmethod
-    def from_checkpoint(cls, ckpt_dir, rank: int, config):
-        """The combined checkpoint's rank file without the drafter's tensors; everything else strict."""
-        from safetensors.torch import load_file
-
-        from dflash2_trt.errors import CheckpointError
-
-        path = Path(ckpt_dir) / f"rank{rank}.safetensors"
-        config.set_rank(rank)
-        model = cls(config)
-        try:
-            weights = load_file(str(path))
-        except Exception as exc:  # safetensors raises several types
-            raise CheckpointError(f"cannot read rank weights: {exc}", file=path) from None
-        model.load({k: v for k, v in weights.items() if not k.startswith(DROPPED_PREFIXES)}, source=path)
-        return model
+    ignored_weight_prefixes = DROPPED_PREFIXES   # the combined checkpoint's drafter tensors; the rest strict
 
     def forward(self, input_ids, last_token_ids, kv_cache_params, attention_params, spec_decoding_params=None,
                 eagle_temperature=None, rand_data_validation=None, rand_data_sample=None, recurrent_params=None,

@@ -85,7 +85,8 @@ class PretrainedModel(Module):
             weights = load_file(str(path))
         except Exception as exc:  # safetensors raises several types
             raise CheckpointError(f"cannot read rank weights: {exc}", file=path) from None
-        model.load(weights, source=path)
+        skip = tuple(getattr(cls, "ignored_weight_prefixes", ()))   # e.g. the target-only baseline: no drafter
+        model.load({k: v for k, v in weights.items() if not (skip and k.startswith(skip))}, source=path)
         return model
 
 
