@@ -34,7 +34,6 @@ TensorRT-LLM's own target engine (``trtllm-build`` without ``--speculative_decod
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from dflash2_trt.trtllm import backend as _backend
