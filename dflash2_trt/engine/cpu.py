@@ -88,10 +88,14 @@ class CpuEngine:
                 sp.reset(slot)
 
     def _windows(self) -> torch.Tensor:
-        """The runtime's per-KV-layer attention window: uniform (max_seq_len), as TensorRT-LLM's EAGLE KV rewind
-        requires; layers with a window of their own (the drafter's draft calls, Muse Glimmer's sliding layers)
-        pass it in the graph."""
-        return torch.full((self.num_layers,), int(self.limits["max_seq_len"]), dtype=torch.int32)
+        """The runtime's per-KV-layer attention window (model.kv_layer_windows: TensorRT-LLM's executor
+        max_attention_window list): max_seq_len, or a sliding layer's own window (the drafter's with
+        drafter_window model, Muse Glimmer's sliding layers). The plugin reads it on the host, so the graph cannot
+        make it."""
+        cfg = self.net.api.PretrainedConfig.from_dict(self.config)
+        eng = self.config.get("dflash2_engine") or {}
+        w = self.net.kv_layer_windows(cfg, eng.get("drafter_window", "model"), int(self.limits["max_seq_len"]))
+        return torch.tensor(w, dtype=torch.int32)
 
     def static_inputs(self, rank: int) -> dict:
         return {
@@ -106,8 +110,15 @@ class CpuEngine:
         }
 
     def _structured(self, flat: dict, rank: int) -> dict:
+        from ..trtllm.cpu.tensor import network_input
+        from ..trtllm.engine_io import load_contract
+
         net = self.net
-        f = {**self.static_inputs(rank), **flat}
+        memory = {p.name: p.memory or "device" for p in load_contract()["inputs"]}
+        # every input as the engine sees it: bound by the runtime, in host or device memory (engine_io.yaml)
+        f = {k: network_input(v, k, memory.get(k, "host" if k.startswith(("rnn_state_ptr_", "conv_state_ptr_"))
+                                                 else "device"))
+             for k, v in {**self.static_inputs(rank), **flat}.items()}
         K = self.K
         return dict(
             input_ids=f["input_ids"], last_token_ids=f["last_token_ids"],
@@ -118,7 +129,8 @@ class CpuEngine:
                 kv_cache_block_offsets=f["kv_cache_block_offsets"],
                 host_kv_cache_block_offsets=f["host_kv_cache_block_offsets"],
                 host_kv_cache_pool_pointers=f["host_kv_cache_pool_pointers"],
-                host_kv_cache_pool_mapping=f["host_kv_cache_pool_mapping"]),
+                host_kv_cache_pool_mapping=f["host_kv_cache_pool_mapping"],
+                cache_indirection=f["cache_indirection"]),
             attention_params=net.AttentionParams(
                 sequence_length=f["sequence_length"], context_lengths=f["context_lengths"],
                 host_context_lengths=f["host_context_lengths"], max_context_length=int(self.limits["max_input_len"]),

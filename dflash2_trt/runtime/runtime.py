@@ -325,7 +325,10 @@ class Runtime:
             "draft_lens": i32(draft_lens),
             "eagle_temperature": torch.tensor([float(r.temperature) for r in batch], dtype=torch.float32),
             "rand_data_validation": rv, "rand_data_sample": rs,
-            "host_gen_eagle_net_request_types": i32([GENERATION] * bs),
+            # eagleBuffers.cpp: [numSequences, maxDecodingDraftTokens]
+            "host_gen_eagle_net_request_types": torch.full((bs, K), GENERATION, dtype=torch.int32),
+            # beam search only (beam width 1): TensorRT-LLM's runtime binds it, the plugin takes it
+            "cache_indirection": torch.zeros(bs, 1, self.max_seq_len, dtype=torch.int32),
             **({"slot_mapping": i32([r.slot for r in batch])} if self._free_slots is not None else {}),
         }
 

@@ -33,26 +33,26 @@ equal the target's; :func:`check_kv_compatible` refuses other pairs (Qwen3.8-27B
 8 x 128 drafter — 1024 values both: compatible only once the drafter's slot is read as 8 x 128,
 which needs the per-layer head count the pool does not have; that pair is the hybrid issue's).
 
-Drafter sliding window: the runtime's attention window must stay uniform (a second window makes
-the model "variable window" and the KV rewind refuses it). The drafter layers therefore pass
-their OWN window to their attention calls (a constant ``host_max_attention_window_sizes`` made
-in the graph), never through the runtime. On the CPU backend that is a pure mask (the stand-in's
-pool is not cyclic). On TensorRT-LLM a window below the pool's capacity selects the plugin's
-cyclic-cache addressing [I: read, not run], which would misplace the drafter's K/V; build with
-``drafter_window: full`` there until that is settled — full context attention for the drafter:
-lossless, costs acceptance only past the window (``scripts/bench_engine.py`` measures both: on the
-tiny pair, window 16, mean acceptance 3.35 with the window vs 2.62 without). Either way nothing
-the drafter does can break losslessness: its K/V only shape the drafts, and q is the true law of
-the drafts proposed.
+Attention windows and every other host input of an attention call come from the runtime: the GPTAttention
+plugin dereferences ``host_*`` inputs (and ``spec_decoding_use``) on the host, and a tensor made in the graph
+lives in device memory, so none can be a constant. The drafter's and Muse Glimmer's sliding windows are
+therefore entries of the runtime's per-layer ``host_max_attention_window_sizes`` (:func:`kv_layer_windows`;
+TensorRT-LLM: the executor's ``max_attention_window`` list). A window that differs between layers makes the
+model "variable window", which TensorRT-LLM 1.2's EAGLE KV rewind refuses (docs/TRTLLM-ENGINE.md §3): on
+TensorRT-LLM build dense targets with ``drafter_window: full`` (lossless; acceptance past the window only:
+``scripts/bench_engine.py`` measured mean acceptance 3.35 with the window vs 2.62 without on the tiny pair,
+window 16), and a Muse Glimmer target needs that refusal relaxed, as the hybrid needs its own
+(docs/hybrid-runtime.md). The CPU runtime applies the windows as a mask (its pool is not cyclic; on
+TensorRT-LLM a window below the pool's capacity selects the plugin's cyclic addressing [I]).
 
 Under TensorRT-LLM 1.2 (not run here; CPU-only machine). Expected to carry over unchanged: the
 module tree and parameter names (= the checkpoint's), the layers' constructors, the target's
 ``gpt_attention`` call, the plugin layers (``plugin_layers.TrtPlugins``: IPluginV3 through
 ``add_plugin_v3``), the elementwise / where / gather / softmax / cumsum / topk structure of the draft,
 accept and output code, shape tensors built with ``concat`` (the stand-in refuses Python lists
-holding Tensors, as TensorRT-LLM does). Relied on but unverified [I]: host tensors the draft call
-makes in the graph (its per-layer window and ``spec_decoding_use`` are constants; the attention
-plugin reads those on the host), int64 elementwise math in :func:`counter_uniforms`, TensorRT's
+holding Tensors, as TensorRT-LLM does). The stand-in holds the file to TensorRT-LLM's recorded signatures and
+dtype rules (``trtllm/cpu/api_1_2.yaml``). Relied on but unverified [I]: int64 elementwise math in
+:func:`counter_uniforms`, TensorRT's
 top-k/argmax tie order (the contract is lower id first), that ``host_gen_eagle_net_request_types`` is
 all 1, the plugin's cyclic addressing for a window below the cache, the runtime's default
 temperature (greedy needs an explicit 0), and the memory of ``[bs, K, V]`` fp32 proposal/target
@@ -159,6 +159,47 @@ def num_kv_layers_of(config) -> int:
     return sum(1 for t in hf_layer_types(config) if t != "linear_attention")
 
 
+def rope_positions(config) -> int:
+    """Positions of the rotary tables: the engine's max_seq_len plus one draft block (a context request's block
+    sits right after its chunk)."""
+    eng = getattr(config, "dflash2_engine", None) or {}
+    return int(eng.get("max_seq_len", config.max_position_embeddings)) + int(config.dflash2["block_size"])
+
+
+_ROPE_CACHE: dict = {}
+
+
+def rope_tables(num_pos: int, dim: int, base: float):
+    """(inv_freq [dim/2], cos_sin [1, num_pos * dim]) fp32 as the GPTAttention plugin takes them: the layout of
+    TensorRT-LLM's RopeEmbeddingUtils.create_sinusoidal_positions_for_attention_plugin (scale 1, no scaling type):
+    inv = 1 / base^(arange(0, dim, 2) / dim), computed in float64 and rounded to fp32; angles pos * inv in fp32;
+    float2 (cos, sin) per position and frequency."""
+    key = (int(num_pos), int(dim), float(base))
+    if key not in _ROPE_CACHE:
+        inv = (1.0 / (base ** (np.arange(0, dim, 2) / dim))).astype(np.float32)
+        ang = np.einsum("i,j->ij", np.arange(num_pos, dtype=np.float32), inv, dtype=np.float32)[..., None]
+        cos_sin = np.concatenate((np.cos(ang), np.sin(ang)), axis=-1).reshape(1, -1).astype(np.float32)
+        _ROPE_CACHE[key] = (inv, cos_sin)
+    return _ROPE_CACHE[key]
+
+
+def kv_layer_windows(config, drafter_window: str, max_seq_len: int) -> list[int]:
+    """The per-KV-layer attention window the runtime passes in host_max_attention_window_sizes (TensorRT-LLM:
+    the executor's KvCacheConfig.max_attention_window, one entry per layer): max_seq_len for full-attention
+    layers, the target's sliding window for its sliding layers (Muse Glimmer), the drafter's own window for its
+    layers when ``drafter_window == "model"``. More than one value makes a variable-window model, which
+    TensorRT-LLM 1.2's KV rewind for EAGLE refuses (docs/TRTLLM-ENGINE.md §3): the plan says so."""
+    kinds = [t for t in hf_layer_types(config) if t != "linear_attention"]
+    sw = getattr(config, "sliding_window", None)
+    out = [int(sw) if (t == "sliding_attention" and sw) else int(max_seq_len) for t in kinds]
+    d = config.dflash2
+    for i in range(int(d["num_hidden_layers"])):
+        w = d.get("sliding_window") if d["layer_types"][i] == "sliding_attention" else None
+        w = int(w) if (w and drafter_window == "model") else int(max_seq_len)
+        out += [w] * drafter_kv_split(config)
+    return out
+
+
 def _local(n: int, tp: int) -> int:
     """Heads one rank holds (KV heads are duplicated when fewer than ranks, as convert does)."""
     return n // tp if n >= tp else 1
@@ -169,9 +210,10 @@ class QKNormAttention(api.Module):
 
     def __init__(self, *, hidden_size, num_heads, num_kv_heads, head_dim, eps, rope_base, rotary_dim, layer_idx,
                  dtype, mapping, norm_offset: float = 0.0, output_gate: bool = False, qk_norm_weight: bool = True,
-                 q_scaling: float = 1.0, kv_split: int = 1):
+                 q_scaling: float = 1.0, kv_split: int = 1, max_positions: int = 0):
         super().__init__()
         tp = mapping.tp_size
+        self.max_positions = int(max_positions)
         self.kv_split = kv_split
         self.nq, self.nkv, self.d = num_heads // tp, _local(num_kv_heads, tp), head_dim
         self.layer_idx, self.rope_base, self.rotary_dim, self.eps = layer_idx, rope_base, rotary_dim, eps
@@ -203,12 +245,11 @@ class QKNormAttention(api.Module):
         k = F.view(self.k_layernorm(F.view(k, dims(n, nkv, d))), dims(n, nkv * d))
         return F.concat([q, k, v], dim=1)
 
-    def forward(self, hidden, attention_params, kv_cache_params, spec_decoding_params, *, mask_type,
-                window_sizes=None):
+    def forward(self, hidden, attention_params, kv_cache_params, spec_decoding_params, *, mask_type):
         qkv = self.normed_qkv(hidden)
         if self.kv_split == 1:
             ctx = self._attend(qkv, self.layer_idx, self.nq, self.nkv, attention_params, kv_cache_params,
-                               spec_decoding_params, mask_type, window_sizes)
+                               spec_decoding_params, mask_type)
         else:
             # KV heads wider than the pool's per-layer slot: head group s (nkv / split KV heads and their query
             # heads) attends in pool layer layer_idx + s; attention is independent per head group, so exact.
@@ -220,20 +261,23 @@ class QKNormAttention(api.Module):
                 k = F.slice(qkv, [0, (nq + g * gk) * d], dims(n, gk * d))
                 v = F.slice(qkv, [0, (nq + nkv + g * gk) * d], dims(n, gk * d))
                 parts.append(self._attend(F.concat([q, k, v], dim=1), self.layer_idx + g, gq, gk, attention_params,
-                                          kv_cache_params, spec_decoding_params, mask_type, window_sizes))
+                                          kv_cache_params, spec_decoding_params, mask_type))
             ctx = F.concat(parts, dim=1)
         if self.gated:
             ctx = ctx * F.sigmoid(self.output_gate(hidden))
         return self.dense(ctx)
 
-    def _attend(self, qkv, layer_idx, nq, nkv, attention_params, kv_cache_params, spec_decoding_params, mask_type,
-                window_sizes):
+    def _attend(self, qkv, layer_idx, nq, nkv, attention_params, kv_cache_params, spec_decoding_params, mask_type):
+        rope = {}
+        if self.rope_base:   # the plugin reads the rotary tables as inputs (fp32 constants, TensorRT-LLM's layout)
+            inv, cos_sin = rope_tables(self.max_positions, self.rotary_dim, self.rope_base)
+            rope = dict(rotary_inv_freq=F.constant(inv), rotary_cos_sin=F.constant(cos_sin),
+                        rotary_embedding_max_positions=self.max_positions)
         ctx, _ = F.gpt_attention(
             qkv=qkv, past_key_value=None,
             sequence_length=attention_params.sequence_length,
             host_past_key_value_lengths=kv_cache_params.host_past_key_value_lengths,
-            host_max_attention_window_sizes=(kv_cache_params.host_max_attention_window_sizes
-                                             if window_sizes is None else window_sizes),
+            host_max_attention_window_sizes=kv_cache_params.host_max_attention_window_sizes,
             host_sink_token_length=kv_cache_params.host_sink_token_length,
             context_lengths=attention_params.context_lengths, cache_indirection=kv_cache_params.cache_indirection,
             host_request_types=attention_params.host_request_types, layer_idx=layer_idx,
@@ -253,7 +297,7 @@ class QKNormAttention(api.Module):
             spec_decoding_use=spec_decoding_params.spec_decoding_use,
             host_runtime_perf_knobs=attention_params.host_runtime_perf_knobs,
             host_context_progress=attention_params.host_context_progress,
-            host_context_lengths=attention_params.host_context_lengths)
+            host_context_lengths=attention_params.host_context_lengths, **rope)
         return ctx
 
 
@@ -263,11 +307,11 @@ class GatedMLP(api.Module):
     def __init__(self, hidden_size, ffn_hidden_size, dtype, mapping):
         super().__init__()
         tp, g = mapping.tp_size, mapping.tp_group
-        self.fc = api.layers.ColumnLinear(hidden_size, ffn_hidden_size, dtype=dtype, tp_group=g, tp_size=tp,
-                                          gather_output=False)
-        self.gate = api.layers.ColumnLinear(hidden_size, ffn_hidden_size, dtype=dtype, tp_group=g, tp_size=tp,
-                                            gather_output=False)
-        self.proj = api.layers.RowLinear(ffn_hidden_size, hidden_size, dtype=dtype, tp_group=g, tp_size=tp)
+        self.fc = api.layers.ColumnLinear(hidden_size, ffn_hidden_size, bias=False, dtype=dtype, tp_group=g,
+                                          tp_size=tp, gather_output=False)
+        self.gate = api.layers.ColumnLinear(hidden_size, ffn_hidden_size, bias=False, dtype=dtype, tp_group=g,
+                                            tp_size=tp, gather_output=False)
+        self.proj = api.layers.RowLinear(ffn_hidden_size, hidden_size, bias=False, dtype=dtype, tp_group=g, tp_size=tp)
 
     def forward(self, x):
         return self.proj(F.silu(self.fc(x)) * self.gate(x))
@@ -281,7 +325,8 @@ class Qwen3DecoderLayer(api.Module):
         self.attention = QKNormAttention(hidden_size=h, num_heads=config.num_attention_heads,
                                          num_kv_heads=config.num_key_value_heads, head_dim=config.head_size, eps=eps,
                                          rope_base=config.rotary_base, rotary_dim=config.rotary_dim,
-                                         layer_idx=layer_idx, dtype=dt, mapping=config.mapping)
+                                         layer_idx=layer_idx, dtype=dt, mapping=config.mapping,
+                                         max_positions=rope_positions(config))
         self.post_layernorm = api.layers.RmsNorm(h, eps=eps, dtype=dt)
         self.mlp = GatedMLP(h, config.intermediate_size, dt, config.mapping)
 
@@ -324,8 +369,8 @@ class OffsetRmsNorm(api.Module):
     def forward(self, x):
         w = self.weight.value
         if self.offset:
-            return F.rms_norm(x, self.dim, None, self.eps) * (w + self.offset)
-        return F.rms_norm(x, self.dim, w, self.eps)
+            return F.rms_norm(x, self.dim, eps=self.eps) * (w + self.offset)
+        return F.rms_norm(x, self.dim, weight=w, eps=self.eps)
 
 
 class GatedDeltaNet(api.Module):
@@ -413,7 +458,8 @@ class Qwen3_5DecoderLayer(api.Module):
                                              num_kv_heads=config.num_key_value_heads, head_dim=config.head_size,
                                              eps=eps, rope_base=config.rotary_base, rotary_dim=config.rotary_dim,
                                              layer_idx=kv_layer_idx, dtype=dt, mapping=config.mapping, norm_offset=off,
-                                             output_gate=bool(config.attn_output_gate))
+                                             output_gate=bool(config.attn_output_gate),
+                                             max_positions=rope_positions(config))
         self.post_layernorm = OffsetRmsNorm(h, eps, dt, off)
         self.mlp = GatedMLP(h, config.intermediate_size, dt, config.mapping)
 
@@ -464,7 +510,7 @@ class WeightlessRmsNorm(api.Module):
         self.dim, self.eps = dim, eps
 
     def forward(self, x):
-        return F.rms_norm(x, self.dim, None, self.eps)
+        return F.rms_norm(x, self.dim, eps=self.eps)
 
 
 class MuseGlimmerDecoderLayer(api.Module):
@@ -482,22 +528,18 @@ class MuseGlimmerDecoderLayer(api.Module):
                                          rope_base=config.layer_rotary_base[layer_idx], rotary_dim=config.rotary_dim,
                                          layer_idx=layer_idx, dtype=dt, mapping=config.mapping, norm_offset=off,
                                          output_gate=bool(config.attn_output_gate),
-                                         qk_norm_weight=bool(config.qk_layernorm_weight), q_scaling=config.q_scaling)
-        # Sliding-window layers pass their window as an in-graph constant, like the drafter's draft calls: the
-        # runtime's per-layer windows stay uniform (a second window makes TensorRT-LLM's KV rewind refuse the
-        # model, TRTLLM-ENGINE.md §3); the same [I] on the plugin's cyclic addressing applies (docstring above).
-        kinds = hf_layer_types(config)
-        self.window = config.sliding_window if kinds[layer_idx] == "sliding_attention" else None
-        self.num_kv_layers = total_kv_layers(config)
+                                         qk_norm_weight=bool(config.qk_layernorm_weight), q_scaling=config.q_scaling,
+                                         max_positions=rope_positions(config))
+        # Sliding-window layers get their window from the runtime's per-layer host_max_attention_window_sizes
+        # (kv_layer_windows): the plugin reads it on the host, so it cannot be made in the graph.
         self.post_layernorm = OffsetRmsNorm(h, peps, dt, off)
         self.pre_feedforward_layernorm = OffsetRmsNorm(h, eps, dt, off)
         self.mlp = GatedMLP(h, config.intermediate_size, dt, config.mapping)
         self.post_feedforward_layernorm = OffsetRmsNorm(h, peps, dt, off)
 
     def forward(self, x, attention_params, kv_cache_params, spec_decoding_params):
-        windows = None if self.window is None else F.constant(np.full(self.num_kv_layers, self.window, np.int32))
         a = self.attention(self.input_layernorm(x), attention_params, kv_cache_params, spec_decoding_params,
-                           mask_type=api.AttentionMaskType.causal, window_sizes=windows)
+                           mask_type=api.AttentionMaskType.causal)
         x = x + self.post_layernorm(a)
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
@@ -521,7 +563,7 @@ class MuseGlimmerTransformer(api.Module):
     def forward(self, input_ids, attention_params, kv_cache_params, spec_decoding_params):
         x = self.vocab_embedding(input_ids)
         if self.embedding_norm:
-            x = F.rms_norm(x, self.hidden, None, self.eps)
+            x = F.rms_norm(x, self.hidden, eps=self.eps)
         outs = []
         for layer in self.layers:
             x = layer(x, attention_params, kv_cache_params, spec_decoding_params)
@@ -541,8 +583,8 @@ class DynamicConv(api.Module):
         super().__init__()
         self.h, self.k, self.g, self.block = hidden, kernel_size, group_size, block_size
         self.base_kernel = api.Parameter(shape=(2, kernel_size, hidden), dtype=dtype)
-        self.kernel_projection = api.layers.ColumnLinear(hidden, 2 * kernel_size * hidden // group_size, dtype=dtype,
-                                                         tp_size=1, gather_output=False)
+        self.kernel_projection = api.layers.ColumnLinear(hidden, 2 * kernel_size * hidden // group_size, bias=False,
+                                                         dtype=dtype, tp_size=1, gather_output=False)
 
     def _side(self, side):
         return F.view(F.select(self.base_kernel.value, 0, side), [self.k, self.h])
@@ -573,16 +615,16 @@ class DFlash2DrafterLayer(api.Module):
                                          num_kv_heads=d["num_key_value_heads"], head_dim=d["head_dim"], eps=eps,
                                          rope_base=d["rope_theta"], rotary_dim=d["head_dim"],
                                          layer_idx=num_kv_layers_of(config) + i * drafter_kv_split(config),
-                                         dtype=dt, mapping=m, kv_split=drafter_kv_split(config))
+                                         dtype=dt, mapping=m, kv_split=drafter_kv_split(config),
+                                         max_positions=rope_positions(config))
         self.post_layernorm = api.layers.RmsNorm(h, eps=eps, dtype=dt)
         self.mlp = GatedMLP(h, d["intermediate_size"], dt, m)
         self.attention_conv = DynamicConv(h, d["conv_kernel_size"], d["conv_group_size"], bs, dt)
         self.mlp_conv = DynamicConv(h, d["conv_kernel_size"], d["conv_group_size"], bs, dt)
 
-    def forward(self, x, attention_params, kv_cache_params, spec_decoding_params, *, mask_type, window_sizes):
+    def forward(self, x, attention_params, kv_cache_params, spec_decoding_params, *, mask_type):
         h, post = self.attention_conv.prepare(self.input_layernorm(x))
-        h = self.attention(h, attention_params, kv_cache_params, spec_decoding_params, mask_type=mask_type,
-                           window_sizes=window_sizes)
+        h = self.attention(h, attention_params, kv_cache_params, spec_decoding_params, mask_type=mask_type)
         x = self.attention_conv.finish(h, post, x)
         h, post = self.mlp_conv.prepare(self.post_layernorm(x))
         return self.mlp_conv.finish(self.mlp(h), post, x)
@@ -602,8 +644,8 @@ class DFlash2Drafter(api.Module):
         super().__init__()
         d, m, dt = config.dflash2, config.mapping, config.dtype
         h = d["hidden_size"]
-        self.fc = api.layers.ColumnLinear(len(d["target_layer_ids"]) * d["target_hidden_size"], h, dtype=dt,
-                                          tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
+        self.fc = api.layers.ColumnLinear(len(d["target_layer_ids"]) * d["target_hidden_size"], h, bias=False,
+                                          dtype=dt, tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
         self.hidden_norm = api.layers.RmsNorm(h, eps=d["rms_norm_eps"], dtype=dt)
         self.layers = api.ModuleList(DFlash2DrafterLayer(config, i) for i in range(d["num_hidden_layers"]))
         self.norm = api.layers.RmsNorm(h, eps=d["rms_norm_eps"], dtype=dt)
@@ -615,14 +657,15 @@ class DFlash2Selector(api.Module):
         super().__init__()
         self.predecessor_codebook = api.Parameter(shape=(vocab, rank), dtype=dtype)
         self.successor_codebook = api.Parameter(shape=(vocab, rank), dtype=dtype)
-        self.hidden_projection = api.layers.ColumnLinear(hidden, rank, dtype=dtype, tp_size=1, gather_output=False)
+        self.hidden_projection = api.layers.ColumnLinear(hidden, rank, bias=False, dtype=dtype, tp_size=1,
+                                                         gather_output=False)
 
 
 def counter_uniforms(key, counter):
     """Uniforms in [0, 1) from a counter-based generator: one value per (key, counter), int64 math only
     (an affine mix, then multiply / square-and-add rounds modulo the prime 2^31 - 1; every product stays
     below 2^63). ``key [B]`` int64 (per request and step), ``counter [B, N]`` int64 (absolute positions)."""
-    x = (F.unsqueeze(key, 1) * 1103515245 + counter * 2654435761 + 12345)
+    x = (F.unsqueeze(key, 1) * 1103515245 + counter * _i64(2654435761) + 12345)
     x = x - F.floordiv(x, PRIME) * PRIME
     for add in (1442695041, 2147483587, 1013904223):
         x = x * 48271
@@ -630,6 +673,12 @@ def counter_uniforms(key, counter):
         x = x * x + add
         x = x - F.floordiv(x, PRIME) * PRIME
     return F.cast(F.floordiv(x, 256), "float32") * (1.0 / 2**23)   # 23 bits: exact in fp32, < 1
+
+
+def _i64(v: int):
+    """An int64 constant [1]: TensorRT-LLM turns a bare Python int into an int32 constant (int32_array), which a
+    value beyond int32 overflows."""
+    return F.constant(np.array([v], np.int64))
 
 
 def inverse_cdf(probs, u, block: int = 512):
@@ -651,7 +700,9 @@ def inverse_cdf(probs, u, block: int = 512):
     inner = F.view(F.gather(blocks, 1, F.expand(F.view(b, F.concat([n, 1, 1])), F.concat([n, 1, block]))),
                    F.concat([n, block]))
     cin = F.cumsum(inner, 1)
-    first = b * block + F.sum(F.cast(op_le(cin, F.unsqueeze(thresh - before, 1)), "int32"), 1)
+    # b is int64 (it meets shape() values, int64 in TensorRT 10); where() below never casts a Tensor operand, and
+    # ISelectLayer refuses int64 against last_pos's int32, so the index is int32 here
+    first = F.cast(b * block + F.sum(F.cast(op_le(cin, F.unsqueeze(thresh - before, 1)), "int32"), 1), "int32")
     ar = F.unsqueeze(F.arange(F.constant(np.array(0, np.int32)), v, "int32"), 0)
     last_pos = F.max(F.where(F.gt(probs, 0.0), ar, -1), 1)
     return F.where(F.lt(first, v), first, last_pos)
@@ -679,7 +730,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         d, m = config.dflash2, config.mapping
         self.K = d["block_size"] - 1
         self.transformer = TARGET_FAMILIES[config.qwen_type](config)
-        self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, dtype=config.dtype,
+        self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, bias=False, dtype=config.dtype,
                                                tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
         self.dflash2 = DFlash2Drafter(config)
         eng = getattr(config, "dflash2_engine", None) or {}
@@ -717,7 +768,10 @@ class DFlash2ForCausalLM(api.PretrainedModel):
                                                                                              kv=[2, 2, 2])),
             host_kv_cache_pool_mapping=T("host_kv_cache_pool_mapping", "int32", [nl, 2], R(num_layers=[nl] * 3,
                                                                                             pool_and_layer=[2, 2, 2])),
-            cache_indirection=None)
+            # beam search only; the plugin still takes it (use_cache): TensorRT-LLM's runtime binds it
+            cache_indirection=T("cache_indirection", "int32", [-1, -1, -1],
+                                R(batch_size_cache=bs, beam_width=[1, 1, 1],
+                                  max_seq_len=[1, (max_seq_len + 1) // 2, max_seq_len])))
         att = AttentionParams(
             sequence_length=T("sequence_length", "int32", [-1], R(batch_size=bs)),
             context_lengths=T("context_lengths", "int32", [-1], R(batch_size=bs)),
@@ -748,7 +802,10 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             "eagle_temperature": T("eagle_temperature", "float32", [-1], R(batch_size=bs)),
             "rand_data_validation": T("rand_data_validation", "float32", [-1], R(batch_size=bs)),
             "rand_data_sample": T("rand_data_sample", "float32", [-1], R(batch_size=bs)),
-            "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1], R(batch_size=bs)),
+            # eagleBuffers.cpp reshapes it to [numSequences, maxDecodingDraftTokens]; the draft call reads its first
+            # bs entries as the request types (the plugin indexes a flat host array)
+            "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1, K],
+                                                  R(batch_size=bs, max_draft_len=[K] * 3)),
             **self._recurrent_inputs(bs),
         }
 
@@ -789,12 +846,11 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         x = self.transformer.vocab_embedding(F.view(block, dims(bs * (K + 1))))
         if d["input_embedding_scale"] is not None:
             x = x * d["input_embedding_scale"]
-        draft_att, draft_kv, draft_spec, window_sizes = self._draft_attention(att, kv_cache_params,
-                                                                              host_gen_eagle_net_request_types,
-                                                                              is_gen, bs)
+        draft_att, draft_kv, draft_spec = self._draft_attention(att, kv_cache_params, spec_decoding_params,
+                                                                host_gen_eagle_net_request_types, is_gen, bs)
         mask_type = api.AttentionMaskType.causal if d["is_causal"] else api.AttentionMaskType.bidirectional
-        for i, layer in enumerate(self.dflash2.layers):
-            x = layer(x, draft_att, draft_kv, draft_spec, mask_type=mask_type, window_sizes=window_sizes[i])
+        for layer in self.dflash2.layers:
+            x = layer(x, draft_att, draft_kv, draft_spec, mask_type=mask_type)
         hid = F.view(self.dflash2.norm(x), dims(bs, K + 1, d["hidden_size"]))
         hid = F.slice(hid, [0, 1, 0], dims(bs, K, d["hidden_size"]))                    # draft positions 1..K
         unary = F.cast(self.lm_head(hid), "float32")
@@ -888,7 +944,7 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         api.mark_output(logits, "logits", "float32")
         return accepted
 
-    def _draft_attention(self, att, kvp, host_gen_types, is_gen, bs):
+    def _draft_attention(self, att, kvp, spec, host_gen_types, is_gen, bs):
         """Attention parameters of the draft block: every request as a generation request (host request types
         from ``host_gen_eagle_net_request_types``) with K+1 new tokens after its committed tokens — a generation
         request at its committed length, a context request after its chunk: exactly the stock
@@ -913,13 +969,10 @@ class DFlash2ForCausalLM(api.PretrainedModel):
                                                     dims(bs, K + 1)),
             spec_decoding_packed_mask=F.view(F.expand(F.constant(words[None]), dims(bs, K + 1, (K + 32) // 32)),
                                              dims(bs * (K + 1), (K + 32) // 32)),
-            spec_decoding_use=F.constant(np.ones(1, np.int32)))
-        n_layers = total_kv_layers(self.config)
-        windows = []
-        for layer in self.dflash2.layers:
-            w = layer.window if (layer.window is not None and self.drafter_window == "model") else self.max_seq_len
-            windows.append(F.constant(np.full(n_layers, w, np.int32)))
-        return draft_att, draft_kv, draft_spec, windows
+            # the plugin reads spec_decoding_use on the host: the runtime's own input (1 in a step with generation
+            # requests; in a context-only step the draft blocks are discarded, see the runtime doc)
+            spec_decoding_use=spec.spec_decoding_use)
+        return draft_att, draft_kv, draft_spec
 
     def _accept(self, logits3, drafts, q, cand, temperature, u, is_gen, bs, vocab):
         """(n accepted drafts [bs], next token [bs]) per request: greedy where T <= 0, rejection sampling
@@ -934,7 +987,8 @@ class DFlash2ForCausalLM(api.PretrainedModel):
 
         sampled = F.gt(temperature, 0.0)
         t_safe = F.where(sampled, temperature, 1.0)
-        p = F.softmax(logits3 * F.unsqueeze(F.unsqueeze(1.0 / t_safe, 1), 2), 2)      # [bs, K+1, V]
+        p = F.softmax(logits3 * F.unsqueeze(F.unsqueeze(F.div(1.0, t_safe), 1), 2), 2)   # [bs, K+1, V]
+        # (F.div: TensorRT-LLM's Tensor has no __rtruediv__, so `1.0 / t` fails there)
         q_full = F.scatter(F.cast(F.expand(F.constant(np.zeros((1, 1, 1), np.float32)), dims(bs, K, vocab)), "float32"),
                            2, cand, q)
         q_full = F.where(F.unsqueeze(gen_col, 2), q_full, 0.0)   # context: no proposal (where: a NaN in a

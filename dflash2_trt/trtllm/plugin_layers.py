@@ -15,9 +15,24 @@ from __future__ import annotations
 import torch
 
 
+def _io(fn):
+    """Plugin layers take the stand-in's Tensors and return layer outputs (device Tensors), as a TensorRT plugin
+    layer does; the CPU builds work on plain torch tensors."""
+    import functools
+
+    from .cpu.tensor import raw, wrap
+
+    @functools.wraps(fn)
+    def f(self, *args, **kwargs):
+        out = fn(self, *(raw(a) for a in args), **{k: raw(v) for k, v in kwargs.items()})
+        return tuple(wrap(o) for o in out) if isinstance(out, tuple) else wrap(out)
+    return f
+
+
 class CpuPlugins:
     name = "cpu"
 
+    @_io
     def dynamic_conv(self, x, delta, base_kernel, *, block_size: int, kernel_size: int, group_size: int,
                      residual=None):
         from .cpu.plugin_libs import conv_lib
@@ -25,6 +40,7 @@ class CpuPlugins:
         return conv_lib().run(x, delta, base_kernel, block_size=block_size, group_size=group_size,
                               residual=residual, kernel_size=kernel_size)
 
+    @_io
     def pairwise_scan(self, unary, cand_ids, proj_hidden, anchor, pred_codebook, succ_codebook, temperature,
                       uniforms, *, mode: str):
         from .cpu.plugin_libs import scan_lib
@@ -36,6 +52,7 @@ class CpuPlugins:
 
     # DFlash2GatedDeltaNet: the state pools are the runtime's; the pointer inputs hold handles of
     # :class:`dflash2_trt.trtllm.cpu.state.StatePool` (TensorRT-LLM: device addresses).
+    @_io
     def gated_delta_net(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types,
                         rnn_state_ptr, conv_state_ptr, zero_state=None, **attrs):
         from .cpu.plugin_libs import gdn_lib
@@ -46,6 +63,7 @@ class CpuPlugins:
                                  slot_mapping.to(torch.int32), host_request_types.to(torch.int32), pool.rnn, pool.conv,
                                  zero_state=None if zero_state is None else zero_state.to(torch.int32), **attrs)
 
+    @_io
     def gated_delta_net_commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping,
                                host_request_types, rnn_state_ptr, conv_state_ptr, **attrs):
         from .cpu.plugin_libs import gdn_lib

@@ -69,20 +69,24 @@ def test_muse_greedy_lossless_and_acceptance_equals_reference(pair, prompts, tar
 
 
 def test_the_target_window_is_real(prompts, target, engines, monkeypatch):
-    """Control: the target's sliding-window layers without their (in-graph) window must change the outputs — the
-    window is really applied, and by the layers themselves (the runtime's per-layer windows stay uniform)."""
+    """Control: the target's sliding-window layers without their window must change the outputs -- the window is
+    really applied, and it reaches the layers through the runtime's per-layer host_max_attention_window_sizes
+    (model.kv_layer_windows; the plugin reads it on the host, so the graph cannot make it)."""
     from dflash2_trt.trtllm.backend import load_network
 
     base, _ = _run(engines(16), prompts)
     net = load_network("cpu")
-    orig = net.MuseGlimmerDecoderLayer.__init__
+    orig = net.kv_layer_windows
+    seen = []
 
-    def no_window(self, *a, **kw):
-        orig(self, *a, **kw)
-        self.window = None
+    def uniform(config, drafter_window, max_seq_len):
+        w = orig(config, drafter_window, max_seq_len)
+        seen.append(len(set(w)) > 1)          # the real list mixes the sliding window and full layers
+        return [max_seq_len] * len(w)
 
-    monkeypatch.setattr(net.MuseGlimmerDecoderLayer, "__init__", no_window)
+    monkeypatch.setattr(net, "kv_layer_windows", uniform)
     bad, _ = _run(engines(16), prompts)
+    assert seen and all(seen)
     assert [r.output_ids for r in bad] != [r.output_ids for r in base]
 
 

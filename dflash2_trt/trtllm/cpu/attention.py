@@ -55,6 +55,8 @@ import threading
 
 import torch
 
+from .tensor import raw, wrap
+
 
 class AttentionMaskType(enum.IntEnum):
     padding = 0
@@ -262,7 +264,10 @@ def _batch_plan(T, sequence_length, host_request_types, host_context_lengths, sp
     layer that takes the same parameters in one step): each token's request, index and position, and the mask."""
     seq = sequence_length.long()
     bs = seq.shape[0]
-    types = torch.as_tensor(host_request_types).long()
+    # the plugin reads the first bs entries of the host array (host_gen_eagle_net_request_types is [bs, K])
+    types = torch.as_tensor(host_request_types).reshape(-1)[:bs].long()
+    if types.shape[0] < bs:
+        raise ValueError(f"gpt_attention: host_request_types has {types.shape[0]} entries for {bs} requests")
     is_ctx = types == 0
     gen_idx = torch.cumsum((~is_ctx).long(), 0) - 1                          # index among generation requests
     n_g = int((~is_ctx).sum())
@@ -293,8 +298,14 @@ def _batch_plan(T, sequence_length, host_request_types, host_context_lengths, sp
     if bad.numel():
         b = int(bad[0])
         raise ValueError(f"gpt_attention: request {b} has {int(n[b])} new tokens for sequence length {int(seq[b])}")
+    T_in = T
     if int(n.sum()) != T:
-        raise ValueError(f"gpt_attention: {T} tokens given, the requests own {int(n.sum())}")
+        if spec or is_ctx.any() or int(n.sum()) > T:
+            raise ValueError(f"gpt_attention: {T} tokens given, the requests own {int(n.sum())}")
+        # spec_decoding_use 0 with multi-token generation requests (a draft block in a context-only step): the
+        # plugin takes one token per request, the first bs tokens in order; the rest of its output is undefined
+        # (zeros here). Only a discarded result may depend on this.
+        T = int(n.sum())
     # Vectorised over the batch: every token knows its request and its index among the request's new tokens.
     req = torch.repeat_interleave(torch.arange(bs), n)                       # [T]
     local = torch.arange(T) - (torch.cumsum(n, 0) - n)[req]                  # [T]
@@ -341,17 +352,25 @@ def _batch_plan(T, sequence_length, host_request_types, host_context_lengths, sp
         new_ok = torch.where(spec_req[:, None, None], spec_ok, new_ok)
     allowed = torch.where(is_new[:, None, :], new_ok, (j_rel < 0)[:, None, :])
     allowed &= (qpos[:, :, None] - kpos[None, None, :]) < window
-    return {"T": T, "bs": bs, "req": req, "local": local, "pos": pos, "past": past, "n": n, "total": total, "L": L,
+    return {"T": T, "T_in": T_in, "bs": bs, "req": req, "local": local, "pos": pos, "past": past, "n": n, "total": total, "L": L,
             "N": N, "allowed": allowed, "rope": {}}
 
 
-def _rope_tables(plan: dict, pos, dim: int, base: float, dtype):
-    key = (dim, float(base), dtype)
+def _rope_from_table(plan: dict, pos, table, dim: int, max_positions: int, dtype):
+    """cos / sin per token from the plugin's ``rotary_cos_sin`` input ([1, max_positions * dim] fp32, float2
+    (cos, sin) per position and frequency), as the plugin reads it: a position past the table is refused."""
+    key = ("table", id(table), dtype)
     if key not in plan["rope"]:
-        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        f = pos.float()[:, None] * inv[None, :]
-        emb = torch.cat([f, f], dim=-1)
-        plan["rope"][key] = (emb.cos()[:, None, :].to(dtype), emb.sin()[:, None, :].to(dtype))
+        if table.numel() != max_positions * dim:
+            raise ValueError(f"gpt_attention: rotary_cos_sin has {table.numel()} values, expected "
+                             f"rotary_embedding_max_positions {max_positions} x rotary_embedding_dim {dim}")
+        if int(pos.max()) >= max_positions:
+            raise IndexError(f"gpt_attention: position {int(pos.max())} is past rotary_embedding_max_positions "
+                             f"{max_positions} (the plugin would read outside rotary_cos_sin)")
+        t = table.reshape(max_positions, dim // 2, 2)[pos.long()]
+        cos, sin = t[..., 0], t[..., 1]
+        plan["rope"][key] = (torch.cat([cos, cos], -1)[:, None, :].to(dtype),
+                             torch.cat([sin, sin], -1)[:, None, :].to(dtype))
     return plan["rope"][key]
 
 
@@ -362,37 +381,128 @@ def _rope_apply(x, cos, sin, dim: int):
     return torch.cat([xr * cos + rot * sin, xp], dim=-1)
 
 
-def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_packed_mask=None,
+def _plugin_facts() -> dict:
+    global _FACTS
+    if _FACTS is None:
+        import yaml
+        from pathlib import Path
+
+        _FACTS = yaml.safe_load((Path(__file__).with_name("api_1_2.yaml")).read_text())["gpt_attention_plugin_inputs"]
+    return _FACTS
+
+
+_FACTS = None
+
+
+def check_plugin_inputs(args: dict) -> list:
+    """The GPTAttention plugin's input list exactly as TensorRT-LLM's gpt_attention assembles it
+    (``api_1_2.yaml`` gpt_attention_plugin_inputs): the Python-side asserts, no None entry ("Found None input
+    for {idx} th item in plugin inputs"), host inputs bound by the runtime in host memory (a tensor made in the
+    graph lives on the device, and the plugin dereferences these on the host), device inputs not host ones,
+    and a RoPE layer's rotary tables (fp32). Returns the list (names)."""
+    for name in ("host_request_types", "host_context_lengths", "host_max_attention_window_sizes",
+                 "host_sink_token_length"):
+        if args.get(name) is None:
+            raise AssertionError(f"gpt_attention: {name} is None (TensorRT-LLM asserts it is given)")
+    if not isinstance(args.get("max_context_length"), int) or isinstance(args.get("max_context_length"), bool):
+        raise AssertionError("gpt_attention: max_context_length must be an int (TensorRT-LLM asserts it)")
+    facts = _plugin_facts()
+    pet = args["position_embedding_type"]
+    if pet.name in facts["rope_tables_required_for"]:
+        for name in ("rotary_inv_freq", "rotary_cos_sin"):
+            if args.get(name) is None:
+                raise ValueError(f"gpt_attention: a {pet.name} layer's plugin reads {name} as an input (the rotary "
+                                 f"tables of RopeEmbeddingUtils.create_sinusoidal_positions_for_attention_plugin); "
+                                 f"none was passed")
+    names = []
+    for idx, entry in enumerate(e for e in facts["inputs"] if e.get("if") is None or args.get(e["if"]) is not None):
+        name = entry["name"]
+        val = args.get(name)
+        if val is None:
+            raise AssertionError(f"gpt_attention: Found None input for {idx} th item in plugin inputs ({name})")
+        host = getattr(val, "is_network_input", False) and getattr(val, "location", "device") == "host"
+        if entry["memory"] == "host" and not host:
+            raise ValueError(f"gpt_attention: {name} is read on the host by the plugin; it must be an engine input "
+                             f"the runtime binds in host memory, not a tensor made in the graph (device memory)")
+        if entry["memory"] == "device" and host:
+            raise ValueError(f"gpt_attention: {name} is a device input of the plugin; the host tensor "
+                             f"{getattr(val, 'input_name', '?')!r} was passed")
+        if entry.get("dtype") and str(val.dtype).removeprefix("torch.") != entry["dtype"]:
+            raise TypeError(f"gpt_attention: {name} must be {entry['dtype']}, got {val.dtype}")
+        names.append(name)
+    return names
+
+
+def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_mask=None,
                   sequence_length, host_past_key_value_lengths, host_max_attention_window_sizes,
-                  host_sink_token_length=None, context_lengths=None, cache_indirection=None,
-                  host_request_types, layer_idx: int, num_heads: int, num_kv_heads: int,
-                  hidden_size_per_head: int, q_scaling: float = 1.0, rotary_embedding_dim: int = 0,
+                  host_sink_token_length, context_lengths, cache_indirection, host_request_types,
+                  layer_idx: int, num_heads: int, num_kv_heads: int, hidden_size_per_head: int, q_scaling: float,
+                  attn_logit_softcapping_scale: float = 0.0, rotary_embedding_dim: int = 0,
                   rotary_embedding_base: float = 10000.0,
                   rotary_embedding_scale_type: RotaryScalingType = RotaryScalingType.none,
+                  rotary_embedding_short_m_scale: float = 1.0, rotary_embedding_long_m_scale: float = 1.0,
                   rotary_embedding_scale: float = 1.0, rotary_embedding_max_positions: int = 1024,
+                  rotary_embedding_original_max_positions: int = 1024,
                   position_embedding_type: PositionEmbeddingType = PositionEmbeddingType.learned_absolute,
+                  rotary_inv_freq=None, rotary_cos_sin=None, kv_orig_quant_scale=None, kv_quant_orig_scale=None,
+                  attention_output_orig_quant_scale=None, attention_output_sf_scale=None, kv_cache_quant_mode=None,
                   max_context_length: int | None = None, mask_type: AttentionMaskType = AttentionMaskType.causal,
-                  kv_cache_block_offsets=None, host_kv_cache_block_offsets=None, host_kv_cache_pool_pointers=None,
-                  host_kv_cache_pool_mapping=None, use_cache: bool = True,
-                  spec_decoding_is_generation_length_variable: bool = False,
+                  block_sparse_block_size: int = 64, block_sparse_homo_head_pattern: bool = False,
+                  block_sparse_num_local_blocks: int = 16, block_sparse_vertical_stride: int = 8,
+                  alibi_slopes=None, tp_size: int = 1, tp_rank: int = 0, vision_start: int = -1,
+                  vision_length: int = -1, kv_cache_block_offsets=None, host_kv_cache_block_offsets=None,
+                  host_kv_cache_pool_pointers=None, host_kv_cache_pool_mapping=None, do_cross_attention: bool = False,
+                  cross_kv=None, cross_kv_length=None, encoder_input_lengths=None, relative_attention_bias=None,
+                  logn_scaling=None, max_distance: int = 0, host_context_lengths=None, qkv_bias=None,
+                  use_cache: bool = True, spec_decoding_is_generation_length_variable: bool = False,
                   spec_decoding_max_generation_length: int = 0, spec_decoding_generation_lengths=None,
                   spec_decoding_position_offsets=None, spec_decoding_packed_mask=None, spec_decoding_use=None,
-                  host_runtime_perf_knobs=None, host_context_progress=None, host_context_lengths=None,
-                  qk_tanh_scale: float = 0.0, qkv_bias=None, do_cross_attention: bool = False,
-                  kv_cache_quant_mode=None, **unused):
+                  long_rope_rotary_inv_freq=None, long_rope_rotary_cos_sin=None, mrope_rotary_cos_sin=None,
+                  mrope_position_deltas=None, host_runtime_perf_knobs=None, host_context_progress=None,
+                  is_mla_enabled_flag: bool = False, q_lora_rank: int = 0, kv_lora_rank: int = 0,
+                  qk_nope_head_dim: int = 0, qk_rope_head_dim: int = 0, v_head_dim: int = 0, q_b_proj=None,
+                  kv_b_proj=None, k_b_proj_trans=None, skip_attn=None, cp_group=(0,), cp_size: int = 1,
+                  cp_rank: int = 0, num_kv_heads_origin: int = -1):
+    """TensorRT-LLM 1.2's signature (``api_1_2.yaml``); see the module docstring for what is implemented."""
+    args = dict(locals())
+    unused = {k: args[k] for k in (
+        "attention_mask", "attention_packed_mask", "attn_logit_softcapping_scale", "kv_orig_quant_scale",
+        "kv_quant_orig_scale", "attention_output_orig_quant_scale", "attention_output_sf_scale", "alibi_slopes",
+        "cross_kv", "cross_kv_length", "encoder_input_lengths", "relative_attention_bias", "logn_scaling",
+        "max_distance", "qkv_bias", "long_rope_rotary_inv_freq", "long_rope_rotary_cos_sin",
+        "mrope_rotary_cos_sin", "mrope_position_deltas", "is_mla_enabled_flag", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "q_b_proj", "kv_b_proj", "k_b_proj_trans",
+        "skip_attn", "tp_size", "tp_rank", "vision_start", "vision_length", "block_sparse_block_size",
+        "block_sparse_homo_head_pattern", "block_sparse_num_local_blocks", "block_sparse_vertical_stride")}
     for name, val in unused.items():
         if not _neutral(name, val):
             raise NotImplementedError(f"gpt_attention stand-in: argument {name}={val!r} is not implemented")
+    if qkv_bias is not None:
+        raise NotImplementedError("gpt_attention stand-in: qkv_bias is not implemented")
+    if cp_size != 1 or past_key_value is not None:
+        raise NotImplementedError("gpt_attention stand-in: context parallelism / a contiguous KV cache")
+    check_plugin_inputs(args)
     if not _neutral("host_sink_token_length", host_sink_token_length):
         raise NotImplementedError("gpt_attention stand-in: attention sink tokens are not implemented")
     if not _neutral("kv_cache_quant_mode", kv_cache_quant_mode):
         raise NotImplementedError("gpt_attention stand-in: a quantised KV cache is not implemented")
     if rotary_embedding_scale_type != RotaryScalingType.none or rotary_embedding_scale != 1.0:
         raise NotImplementedError("gpt_attention stand-in: scaled RoPE is not implemented")
-    if qk_tanh_scale or qkv_bias is not None or do_cross_attention or not use_cache:
-        raise NotImplementedError("gpt_attention stand-in: only paged self-attention without bias/tanh")
+    if do_cross_attention or not use_cache:
+        raise NotImplementedError("gpt_attention stand-in: only paged self-attention")
     if position_embedding_type not in (PositionEmbeddingType.rope_gpt_neox, PositionEmbeddingType.learned_absolute):
         raise NotImplementedError(f"gpt_attention stand-in: position embedding {position_embedding_type!r}")
+    # the batch plan is cached per set of attention-parameter tensors (the network's own objects)
+    key_tensors = (sequence_length, host_request_types, host_context_lengths, spec_decoding_generation_lengths,
+                   spec_decoding_position_offsets, spec_decoding_packed_mask)
+    key_ids = tuple(id(t) for t in key_tensors)
+    (qkv, sequence_length, host_request_types, host_context_lengths, spec_decoding_generation_lengths,
+     spec_decoding_position_offsets, spec_decoding_packed_mask, spec_decoding_use, host_max_attention_window_sizes,
+     host_kv_cache_pool_mapping, host_kv_cache_pool_pointers, kv_cache_block_offsets, rotary_cos_sin) = (
+        raw(t) for t in (qkv, sequence_length, host_request_types, host_context_lengths,
+                         spec_decoding_generation_lengths, spec_decoding_position_offsets, spec_decoding_packed_mask,
+                         spec_decoding_use, host_max_attention_window_sizes, host_kv_cache_pool_mapping,
+                         host_kv_cache_pool_pointers, kv_cache_block_offsets, rotary_cos_sin))
     H, Hkv, D = num_heads, num_kv_heads, hidden_size_per_head
     if qkv.dim() != 2 or qkv.shape[1] != (H + 2 * Hkv) * D:
         raise ValueError(f"gpt_attention: qkv must be [tokens, {(H + 2 * Hkv) * D}], got {tuple(qkv.shape)}")
@@ -405,9 +515,7 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
     rep = H // Hkv
     if mask_type not in (AttentionMaskType.causal, AttentionMaskType.bidirectional):
         raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
-    key_tensors = (sequence_length, host_request_types, host_context_lengths, spec_decoding_generation_lengths,
-                   spec_decoding_position_offsets, spec_decoding_packed_mask)
-    key = (tuple(id(t) for t in key_tensors), bool(spec), int(mask_type), window, qkv.shape[0])
+    key = (key_ids, bool(spec), int(mask_type), window, qkv.shape[0])
     hit = _PLAN_CACHE.get(key)
     if hit is None:
         plan = _batch_plan(qkv.shape[0], sequence_length, host_request_types, host_context_lengths, spec,
@@ -420,11 +528,13 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
         plan = hit[1]
     T, bs, req, local, pos, past, n, total, L, N, allowed = (plan[k] for k in (
         "T", "bs", "req", "local", "pos", "past", "n", "total", "L", "N", "allowed"))
+    if plan["T_in"] != T:
+        qkv = qkv[:T]
     q = qkv[:, :H * D].reshape(T, H, D)
     k = qkv[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D)
     v = qkv[:, (H + Hkv) * D:].reshape(T, Hkv, D)
     if rot:
-        cos, sin = _rope_tables(plan, pos, rot, rotary_embedding_base, q.dtype)
+        cos, sin = _rope_from_table(plan, pos, rotary_cos_sin, rot, rotary_embedding_max_positions, q.dtype)
         q = _rope_apply(q, cos, sin, rot)
         k = _rope_apply(k, cos, sin, rot)
     offsets = kv_cache_block_offsets[pool_idx]                               # [bs, 2, max_blocks]
@@ -448,4 +558,6 @@ def gpt_attention(*, qkv, past_key_value=None, attention_mask=None, attention_pa
     o = torch.matmul(pr, vv.float().permute(0, 2, 1, 3))                      # [bs, Hkv, rep*N, D]
     o = o.reshape(bs, Hkv, rep, N, D).permute(0, 3, 1, 2, 4).reshape(bs, N, H * D)
     out = o[req, local].to(qkv.dtype)
-    return out, None
+    if plan["T_in"] != T:
+        out = torch.cat([out, torch.zeros(plan["T_in"] - T, out.shape[1], dtype=out.dtype)])
+    return wrap(out), None

@@ -2,10 +2,16 @@
 
 THIS IS NOT TensorRT-LLM. It executes the project's network file eagerly in torch so that the
 network, the engine I/O contract and losslessness can be proven on a machine without a GPU.
-Names, argument names and argument order follow ``tensorrt_llm/functional.py`` of the 1.2
-release; where TensorRT-LLM builds a TensorRT layer, this module computes the result at once.
-A ``Tensor`` here IS a ``torch.Tensor`` (TensorRT-LLM's ``Tensor`` is a symbolic handle; the
-network only uses the functional forms below and arithmetic operators, which both accept).
+Names, parameter names, order and defaults are those recorded from ``tensorrt_llm/functional.py`` in
+``api_1_2.yaml`` (tests/trtllm/test_api_fidelity.py holds every signature here to that table); where
+TensorRT-LLM builds a TensorRT layer, this module computes the result at once. Every result is a
+:class:`.tensor.Tensor` (a torch tensor with exactly the real ``Tensor``'s operators).
+
+TensorRT-LLM's dtype rules are enforced, not relaxed (``api_1_2.yaml`` ``dtype_rules``): ``shape()`` is
+int64 (0-D for one dim) unless ``cast_to_dtype`` says otherwise; a Python int becomes an int32 constant
+(one beyond int32 is refused, as ``int32_array`` overflows), a float a float32 one; elementwise ops cast an
+int32 operand meeting an int64 one to int64 and refuse any other integer/bool mismatch; ``where`` and
+``concat`` never cast a Tensor, so mixed dtypes there are refused (ISelectLayer / IConcatenationLayer).
 
 Semantics pinned here (each op is tested against plain torch in ``tests/trtllm/test_cpu_ops.py``):
 
@@ -32,15 +38,16 @@ from __future__ import annotations
 import builtins
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as tF
 
 from . import comm
-
-Tensor = torch.Tensor
+from .tensor import Tensor, raw, wrap
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "int32": torch.int32, "int64": torch.int64, "bool": torch.bool, "int8": torch.int8}
+_INT32 = (-2**31, 2**31 - 1)
 
 
 def str_dtype_to_torch(dtype) -> torch.dtype:
@@ -52,244 +59,383 @@ def str_dtype_to_torch(dtype) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}") from None
 
 
-def _t(x) -> torch.Tensor:
-    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
-
-
 def _ints(v, what: str = "shape") -> list[int]:
     """A shape / index list as TensorRT-LLM takes it: a Tensor, or a sequence of Python ints. A Python list
     holding Tensors is refused here exactly because TensorRT-LLM refuses it (build shape tensors with
     ``concat([...])``): the stand-in must not accept network code that trtllm-build would reject."""
     if isinstance(v, torch.Tensor):
-        return [int(i) for i in v.reshape(-1).tolist()]
+        return [int(i) for i in raw(v).reshape(-1).tolist()]
     if any(isinstance(i, torch.Tensor) for i in v):
         raise TypeError(f"{what}: a list holding Tensors is not a TensorRT-LLM shape; use concat([...])")
     return [int(i) for i in v]
 
 
+def _const(x, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """constant_to_tensor_: a Python scalar as a [1] constant (bool -> bool, int -> int32, float -> float32 when
+    dtype is None); a Tensor as it is."""
+    if isinstance(x, torch.Tensor):
+        return raw(x)
+    if dtype is None:
+        dtype = torch.bool if isinstance(x, bool) else torch.int32 if isinstance(x, int) else torch.float32
+    if dtype == torch.int32 and isinstance(x, int) and not _INT32[0] <= x <= _INT32[1]:
+        raise OverflowError(f"Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
+                            f"(int32_array); make an int64 constant explicitly")
+    return torch.tensor([x], dtype=dtype)
+
+
+def _consts(*xs) -> list[torch.Tensor]:
+    """constants_to_tensors_: when an input is an int64 Tensor (or an int beyond int32), Python ints become int64
+    constants; Tensors are never cast."""
+    has64 = builtins.any((isinstance(x, int) and not isinstance(x, bool) and not _INT32[0] <= x <= _INT32[1])
+                         or (isinstance(x, torch.Tensor) and x.dtype == torch.int64) for x in xs)
+    return [_const(x, torch.int64 if has64 and isinstance(x, int) and not isinstance(x, bool) else None)
+            for x in xs]
+
+
+def _same_dtype(op: str, tensors: Sequence[torch.Tensor]) -> None:
+    kinds = {t.dtype for t in tensors}
+    if len(kinds) > 1:
+        raise TypeError(f"{op}: inputs of mixed dtypes {sorted(str(k) for k in kinds)} (TensorRT's layer refuses "
+                        f"them; TensorRT-LLM does not cast Tensor operands here)")
+
+
 # ---- construction -------------------------------------------------------------------------------
-def constant(ndarray) -> Tensor:
-    return torch.as_tensor(ndarray).clone()
+def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
+    if as_dtype is not None or as_shape is not None:
+        raise NotImplementedError("constant stand-in: as_dtype / as_shape are not used by the network")
+    if not isinstance(ndarray, np.ndarray):
+        raise TypeError(f"constant: TensorRT-LLM takes a numpy array, got {type(ndarray).__name__}")
+    return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).clone())
 
 
 def arange(start, end, dtype: str) -> Tensor:
-    """TensorRT-LLM asserts that start and end are both ints or both Tensors."""
-    if isinstance(start, torch.Tensor) != isinstance(end, torch.Tensor):
+    """TensorRT-LLM asserts that start and end are both ints or both Tensors (int32/int64, reconciled)."""
+    if isinstance(start, torch.Tensor) != isinstance(end, torch.Tensor) or isinstance(start, bool):
         raise TypeError("arange: start and end must both be int or both be Tensor (TensorRT-LLM asserts it)")
-    return torch.arange(int(start), int(end), dtype=str_dtype_to_torch(dtype))
+    if isinstance(start, torch.Tensor):
+        for t in (start, end):
+            if t.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"arange: Tensor bounds must be int32 or int64, got {t.dtype}")
+        start, end = int(raw(start).reshape(-1)[0]), int(raw(end).reshape(-1)[0])
+    return wrap(torch.arange(int(start), int(end), dtype=str_dtype_to_torch(dtype)))
 
 
-def shape(input: Tensor, dim: int | None = None) -> Tensor:
-    """int32, as TensorRT-LLM's ``shape`` casts it: 1-D for the whole shape, 0-D for one dim."""
-    if dim is None:
-        return torch.tensor(list(input.shape), dtype=torch.int32)
-    return torch.tensor(input.shape[dim], dtype=torch.int32)
+def shape(input: Tensor, dim: int | None = None, cast_to_dtype=None, clip_before_cast=None) -> Tensor:
+    """int64 as TensorRT 10's IShapeLayer makes it (1-D for the whole shape, 0-D for one dim), unless
+    ``cast_to_dtype``."""
+    if clip_before_cast is not None:
+        raise NotImplementedError("shape stand-in: clip_before_cast is not used by the network")
+    res = torch.tensor(list(input.shape), dtype=torch.int64)
+    if cast_to_dtype is not None:
+        res = res.to(str_dtype_to_torch(cast_to_dtype))
+    return wrap(res if dim is None else res[dim].reshape(()))
 
 
 def cast(input: Tensor, dtype) -> Tensor:
-    return input.to(str_dtype_to_torch(dtype))
+    if not isinstance(dtype, (str, torch.dtype)):
+        raise TypeError(f"{type(dtype)} is not supported")
+    t = str_dtype_to_torch(dtype)
+    return input if input.dtype == t else wrap(raw(input).to(t))
 
 
 # ---- shape ops ----------------------------------------------------------------------------------
 def view(input: Tensor, shape, zero_is_placeholder: bool = True) -> Tensor:
+    if not isinstance(shape, (torch.Tensor, list, tuple)):
+        raise TypeError(f"{type(shape)} is not supported")
     dims = _ints(shape, "view")
+    if builtins.sum(1 for d in dims if d == -1) > 1:
+        raise ValueError("view: at most one -1 (TensorRT-LLM asserts it)")
     if zero_is_placeholder and 0 in dims:
         dims = [input.shape[i] if d == 0 else d for i, d in enumerate(dims)]
-    return input.reshape(dims)
+    return wrap(raw(input).reshape(dims))
 
 
 def unsqueeze(input: Tensor, axis: int) -> Tensor:
-    return input.unsqueeze(axis)
+    return wrap(raw(input).unsqueeze(axis))
 
 
 def expand(input: Tensor, expand_shape: Tensor) -> Tensor:
     if not isinstance(expand_shape, torch.Tensor):
         raise TypeError("expand: expand_shape must be a Tensor in TensorRT-LLM (e.g. concat([...]))")
-    return input.expand(_ints(expand_shape))
+    return wrap(raw(input).expand(_ints(expand_shape)))
 
 
 def concat(inputs: Sequence[Tensor | int], dim: int = 0) -> Tensor:
-    """As TensorRT-LLM: an int becomes a 1-element int32 constant, a 0-D Tensor a 1-element one."""
-    parts = []
-    for i in inputs:
-        if isinstance(i, int) and not isinstance(i, bool):
-            parts.append(torch.tensor([i], dtype=torch.int32))
-        elif isinstance(i, torch.Tensor) and i.dim() == 0:
-            parts.append(i.reshape(1))
-        else:
-            parts.append(_t(i))
-    return torch.cat(parts, dim=dim)
+    """As TensorRT-LLM: ints become 1-element constants (constants_to_tensors_), a 0-D Tensor a 1-element one;
+    mixed dtypes are refused (IConcatenationLayer)."""
+    if len(inputs) == 0:
+        raise ValueError("concat: Number of inputs (0) to the concatenation layer must be > 0")
+    parts = [p.reshape(1) if p.dim() == 0 else p for p in _consts(*inputs)]
+    _same_dtype("concat", parts)
+    return wrap(torch.cat(parts, dim=dim))
 
 
-def slice(input: Tensor, starts, sizes) -> Tensor:  # noqa: A001 - TensorRT-LLM's name
+def slice(input: Tensor, starts, sizes, strides=None, mode=None, fill_value=None) -> Tensor:  # noqa: A001
+    if strides is not None or mode is not None or fill_value is not None:
+        raise NotImplementedError("slice stand-in: strides / mode / fill_value are not used by the network")
     st, sz = _ints(starts, "slice starts"), _ints(sizes, "slice sizes")
     if len(st) != input.dim() or len(sz) != input.dim():
         raise ValueError(f"slice: starts/sizes need {input.dim()} entries, got {st} / {sz}")
-    out = input
+    out = raw(input)
     for d, (a, n) in enumerate(zip(st, sz)):
         if a < 0 or n < 0 or a + n > input.shape[d]:
             raise IndexError(f"slice: [{a}, {a + n}) out of range for dim {d} of size {input.shape[d]}")
         out = out.narrow(d, a, n)
-    return out
+    return wrap(out)
 
 
-def gather(input: Tensor, dim: int, indices: Tensor) -> Tensor:
-    return torch.gather(input, dim, indices.long())
+def _index(t, what):
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{what}: indices must be int32 or int64, got {t.dtype}")
+    return raw(t).long()
+
+
+def gather(input: Tensor, dim: int, indices) -> Tensor:
+    if isinstance(indices, int):
+        indices = torch.tensor([indices], dtype=torch.int32)
+    if input.dim() != indices.dim():
+        raise ValueError(f"gather: input and indices must have the same rank ({input.dim()} vs {indices.dim()})")
+    return wrap(torch.gather(raw(input), dim, _index(indices, "gather")))
 
 
 def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
-    return torch.index_select(input, dim, index.long().reshape(-1))
+    if index.dim() != 1:
+        raise ValueError(f"index should have rank 1, got {index.dim()}")
+    return wrap(torch.index_select(raw(input), dim, _index(index, "index_select")))
 
 
 def select(input: Tensor, dim: int, index) -> Tensor:
-    return input.select(dim, int(index))
+    if isinstance(index, torch.Tensor):
+        if index.dim() != 1 or index.shape[0] != 1:
+            raise ValueError(f"index should have rank 1, got {index.dim()}")
+        index = int(raw(index)[0])
+    return wrap(raw(input).select(dim, int(index)))
 
 
 def scatter(input: Tensor, dim: int, indices: Tensor, updates: Tensor) -> Tensor:
-    return input.scatter(dim, indices.long(), updates)
+    _same_dtype("scatter", [raw(input), raw(updates)])
+    return wrap(raw(input).scatter(dim, _index(indices, "scatter"), raw(updates)))
 
 
 def repeat_interleave(tensor: Tensor, repeats: int, dim: int) -> Tensor:
-    return tensor.repeat_interleave(repeats, dim=dim)
-
-
-def permute(input: Tensor, dims) -> Tensor:
-    return input.permute(*_ints(dims))
-
-
-def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
-    return input.transpose(dim0, dim1)
+    return wrap(raw(tensor).repeat_interleave(repeats, dim=dim))
 
 
 def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-    return input.flatten(start_dim, end_dim)
+    return wrap(raw(input).flatten(start_dim, end_dim))
+
+
+def permute(input: Tensor, dims) -> Tensor:
+    return wrap(raw(input).permute(*_ints(dims)))
+
+
+def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
+    return wrap(raw(input).transpose(dim0, dim1))
 
 
 # ---- elementwise --------------------------------------------------------------------------------
-def where(condition: Tensor, left, right) -> Tensor:
-    return torch.where(condition.bool(), _t(left), _t(right))
+def _binary(left, right, fn, op: str):
+    """elementwise_binary: Python scalars become constants (broadcast_helper), int32 meeting int64 is cast to
+    int64, integer/bool kinds must otherwise agree; floats of two precisions meet at the layer's precision."""
+    a, b = _const(left), _const(right)
+    if not isinstance(left, torch.Tensor) and b.dtype.is_floating_point and a.dtype.is_floating_point:
+        a = a.to(b.dtype)
+    if not isinstance(right, torch.Tensor) and a.dtype.is_floating_point and b.dtype.is_floating_point:
+        b = b.to(a.dtype)
+    if {a.dtype, b.dtype} == {torch.int32, torch.int64}:
+        a, b = a.long(), b.long()
+    fa, fb = a.dtype.is_floating_point, b.dtype.is_floating_point
+    if fa != fb or (not fa and a.dtype != b.dtype):
+        raise TypeError(f"{op}: operands of dtypes {a.dtype} and {b.dtype} (TensorRT's IElementWiseLayer refuses "
+                        f"them; cast explicitly)")
+    if fa and a.dtype != b.dtype:
+        b = b.to(a.dtype) if isinstance(left, torch.Tensor) else b
+        a = a.to(b.dtype)
+    return wrap(fn(a, b))
 
 
-def eq(left, right) -> Tensor:
-    return torch.eq(_t(left), _t(right))
+def add(left, right) -> Tensor:
+    return _binary(left, right, torch.add, "add")
 
 
-def lt(left, right) -> Tensor:
-    return torch.lt(_t(left), _t(right))
+def sub(left, right) -> Tensor:
+    return _binary(left, right, torch.sub, "sub")
 
 
-def gt(left, right) -> Tensor:
-    return torch.gt(_t(left), _t(right))
+def mul(left, right) -> Tensor:
+    return _binary(left, right, torch.mul, "mul")
 
 
-def op_and(left, right) -> Tensor:
-    return torch.logical_and(_t(left), _t(right))
-
-
-def op_or(left, right) -> Tensor:
-    return torch.logical_or(_t(left), _t(right))
-
-
-def minimum(left, right) -> Tensor:
-    return torch.minimum(_t(left), _t(right))
-
-
-def maximum(left, right) -> Tensor:
-    return torch.maximum(_t(left), _t(right))
+def div(left, right) -> Tensor:
+    def f(a, b):
+        return torch.div(a, b) if a.dtype.is_floating_point else torch.div(a, b, rounding_mode="trunc")
+    return _binary(left, right, f, "div")
 
 
 def floordiv(left, right) -> Tensor:
-    return torch.div(_t(left), _t(right), rounding_mode="floor")
+    return _binary(left, right, lambda a, b: torch.div(a, b, rounding_mode="floor"), "floordiv")
+
+
+def eq(left, right) -> Tensor:
+    return _binary(left, right, torch.eq, "eq")
+
+
+def lt(left, right) -> Tensor:
+    return _binary(left, right, torch.lt, "lt")
+
+
+def gt(left, right) -> Tensor:
+    return _binary(left, right, torch.gt, "gt")
+
+
+def _bool_op(left, right, fn, op):
+    a, b = _const(left), _const(right)
+    if a.dtype != torch.bool or b.dtype != torch.bool:
+        raise TypeError(f"{op}: TensorRT's logical ops take bool operands, got {a.dtype} and {b.dtype}")
+    return wrap(fn(a, b))
+
+
+def op_and(left, right) -> Tensor:
+    return _bool_op(left, right, torch.logical_and, "op_and")
+
+
+def op_or(left, right) -> Tensor:
+    return _bool_op(left, right, torch.logical_or, "op_or")
+
+
+def minimum(left, right) -> Tensor:
+    return _binary(left, right, torch.minimum, "minimum")
+
+
+def maximum(left, right) -> Tensor:
+    return _binary(left, right, torch.maximum, "maximum")
+
+
+def where(condition, left, right) -> Tensor:
+    """ISelectLayer: the condition is bool; left and right after constants_to_tensors_ must share a dtype."""
+    c = _const(condition)
+    if c.dtype != torch.bool:
+        raise TypeError(f"where: the condition must be bool, got {c.dtype}")
+    a, b = _consts(left, right)
+    _same_dtype("where", [a, b])
+    return wrap(torch.where(c, a, b))
 
 
 def exp(input: Tensor) -> Tensor:
-    return torch.exp(input)
+    return wrap(torch.exp(raw(input)))
 
 
 def sigmoid(input: Tensor) -> Tensor:
-    return torch.sigmoid(input)
+    return wrap(torch.sigmoid(raw(input)))
 
 
 def silu(input: Tensor) -> Tensor:
-    return tF.silu(input)
+    return wrap(tF.silu(raw(input)))
 
 
 def tanh(input: Tensor) -> Tensor:
-    return torch.tanh(input)
+    return wrap(torch.tanh(raw(input)))
 
 
 # ---- reductions ---------------------------------------------------------------------------------
-def _keep_int(input: Tensor):
+def _keep_int(input: torch.Tensor):
     """TensorRT's reduce / cumulative layers keep the input type; torch promotes integers to int64."""
     return input.dtype if not input.dtype.is_floating_point and input.dtype != torch.bool else None
 
 
 def sum(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:  # noqa: A001
-    return torch.sum(input, dim=dim, keepdim=keepdim, dtype=_keep_int(input))
+    x = raw(input)
+    return wrap(torch.sum(x, dim=dim, keepdim=keepdim, dtype=_keep_int(x)))
 
 
 def max(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:  # noqa: A001
-    return torch.amax(input, dim=dim, keepdim=keepdim)
+    return wrap(torch.amax(raw(input), dim=dim, keepdim=keepdim))
 
 
-def cumsum(input: Tensor, dim: int) -> Tensor:
-    return torch.cumsum(input, dim=dim, dtype=_keep_int(input))
+def cumsum(input: Tensor, dim: int, prefer_plugin: bool = True) -> Tensor:
+    x = raw(input)
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim should be in [{-x.dim()}, {x.dim()}) when input have rank {x.dim()}")
+    return wrap(torch.cumsum(x, dim=dim, dtype=_keep_int(x)))
 
 
 def argmax(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:
-    return torch.argmax(input, dim=dim, keepdim=keepdim).to(torch.int32)
+    return wrap(torch.argmax(raw(input), dim=dim, keepdim=keepdim).to(torch.int32))
 
 
-def topk(input: Tensor, k: int, dim: int, largest: bool = True) -> tuple[Tensor, Tensor]:
+def topk(input: Tensor, k, dim: int, largest: bool = True, prefer_plugin: bool = True) -> tuple[Tensor, Tensor]:
     """(values, int32 indices); stable order: equal values keep ascending index order."""
-    if torch.isnan(input).any():
+    x = raw(input)
+    if torch.isnan(x).any():
         raise ValueError("topk: NaN in the input (their order is undefined)")
-    values, idx = torch.sort(input, dim=dim, descending=largest, stable=True)
-    return values.narrow(dim, 0, k).contiguous(), idx.narrow(dim, 0, k).to(torch.int32).contiguous()
+    values, idx = torch.sort(x, dim=dim, descending=largest, stable=True)
+    return wrap(values.narrow(dim, 0, k).contiguous()), wrap(idx.narrow(dim, 0, k).to(torch.int32).contiguous())
 
 
-def softmax(input: Tensor, dim: int = -1) -> Tensor:
-    return torch.softmax(input, dim=dim)
+def softmax(input: Tensor, dim: int | None = None) -> Tensor:
+    x = raw(input)
+    return wrap(torch.softmax(x, dim=x.dim() - 1 if dim is None else dim))
 
 
 # ---- linear algebra / layers' math --------------------------------------------------------------
-def matmul(input: Tensor, mat2: Tensor, transa: bool = False, transb: bool = False) -> Tensor:
-    a = input.transpose(-1, -2) if transa else input
-    b = mat2.transpose(-1, -2) if transb else mat2
-    return torch.matmul(a, b)
+def matmul(input: Tensor, mat2: Tensor, transa: bool = False, transb: bool = False,
+           use_fp32_acc: bool = True) -> Tensor:
+    a, b = raw(input), raw(mat2)
+    _same_dtype("matmul", [a, b])
+    a = a.transpose(-1, -2) if transa else a
+    b = b.transpose(-1, -2) if transb else b
+    if use_fp32_acc and a.dtype == torch.float16:
+        return wrap(torch.matmul(a.float(), b.float()).to(torch.float16))
+    return wrap(torch.matmul(a, b))
 
 
-def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
-    n = len(_ints(normalized_shape)) if not isinstance(normalized_shape, int) else 1
-    dims = tuple(range(-n, 0))
-    xf = input.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
-    y = xf.to(input.dtype)
-    return y if weight is None else weight * y
+def rms_norm(input: Tensor, normalized_shape, num_groups: int = 1, weight: Tensor | None = None,
+             eps: float = 1e-06) -> Tensor:
+    """TensorRT-LLM 1.2's signature: ``num_groups`` third, so weight and eps must be passed by keyword (a weight
+    given positionally lands in num_groups: refused here, a TypeError/garbage there)."""
+    if not isinstance(num_groups, int) or isinstance(num_groups, bool):
+        raise TypeError(f"rms_norm: num_groups must be an int, got {type(num_groups).__name__} (weight passed "
+                        f"positionally? TensorRT-LLM 1.2's order is (input, normalized_shape, num_groups, weight, eps))")
+    if num_groups != 1:
+        raise NotImplementedError("rms_norm stand-in: num_groups > 1 is not used by the network")
+    if not isinstance(eps, float):
+        raise TypeError(f"rms_norm: eps must be a float, got {type(eps).__name__}")
+    shape_ = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    dims = tuple(range(-len(shape_), 0))
+    x = raw(input)
+    xf = x.float()
+    y = (xf / torch.sqrt(xf.pow(2).mean(dims, keepdim=True) + eps)).to(x.dtype)
+    return wrap(y) if weight is None else mul(wrap(y), weight)
 
 
-def embedding(input: Tensor, weight: Tensor, tp_size: int = 1, tp_group=None, sharding_dim: int = 0,
-              tp_rank: int | None = None) -> Tensor:
-    ids = input.long()
-    if tp_size == 1:
-        return tF.embedding(ids, weight)
+def embedding(input: Tensor, weight: Tensor, tp_size=1, tp_group=None, sharding_dim=0, tp_rank=None,
+              per_token_scale=None, padding=None) -> Tensor:
+    if per_token_scale is not None:
+        raise NotImplementedError("embedding stand-in: per_token_scale is not used by the network")
+    ids, w = _index(input, "embedding"), raw(weight)
+    if padding is not None:
+        w = torch.cat([w, raw(padding)], dim=0)
+    if not (tp_size > 1 and tp_group is not None):
+        return wrap(tF.embedding(ids, w))
     if sharding_dim != 0:
         raise NotImplementedError("embedding: only vocab (dim 0) sharding is implemented")
-    rows = weight.shape[0]
+    if tp_rank is None:
+        raise ValueError("Rank cannot be none for tensor parallelism on vocab dim")
+    rows = raw(weight).shape[0]
     local = ids - int(tp_rank) * rows
     mine = (local >= 0) & (local < rows)
-    out = torch.where(mine.unsqueeze(-1), tF.embedding(local.clamp(0, rows - 1), weight), torch.zeros((), dtype=weight.dtype))
-    return allreduce(out, tp_group)
+    out = torch.where(mine.unsqueeze(-1), tF.embedding(local.clamp(0, rows - 1), w), torch.zeros((), dtype=w.dtype))
+    return allreduce(wrap(out), tp_group)
 
 
 # ---- collectives --------------------------------------------------------------------------------
 def allreduce(tensor: Tensor, group, all_reduce_params=None) -> Tensor:
     """Sum over the ranks of ``group`` (a list of ranks), computed in fp32 and cast back."""
-    return comm.current().allreduce(tensor, group)
+    return wrap(comm.current().allreduce(raw(tensor), group))
 
 
 def allgather(tensor: Tensor, group, gather_dim: int = 0) -> Tensor:
-    return comm.current().allgather(tensor, group, gather_dim)
+    return wrap(comm.current().allgather(raw(tensor), group, gather_dim))
 
 
 # gpt_attention is large enough to live in its own module; re-exported under its real name.

@@ -121,7 +121,16 @@ def mark_output(tensor: torch.Tensor, name: str, dtype=None) -> None:
         raise RuntimeError("mark_output outside an engine step")
     if name in d:
         raise RuntimeError(f"output {name!r} marked twice")
-    d[name] = tensor if dtype is None else tensor.to(str_dtype_to_torch(dtype))
+    from .tensor import Tensor, raw
+
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"mark_output({name!r}): not a network tensor ({type(tensor).__name__}); every value the "
+                        f"network computes must come from the stand-in's ops")
+    t = raw(tensor)
+    if dtype is not None and t.dtype != str_dtype_to_torch(dtype):
+        # Tensor.mark_output(name, dtype) sets the output's type; TensorRT refuses a type that is not the tensor's
+        raise TypeError(f"mark_output({name!r}): the tensor is {t.dtype}, the output is declared {dtype}")
+    d[name] = t
 
 
 def outputs() -> "OrderedDict[str, torch.Tensor]":

@@ -13,6 +13,7 @@ from typing import Iterator
 import torch
 
 from .functional import str_dtype_to_torch
+from .tensor import wrap
 
 
 class Parameter:
@@ -29,10 +30,12 @@ class Parameter:
             self.value = value
 
     @property
-    def value(self) -> torch.Tensor:
+    def value(self):
+        """The weights as the network sees them: a constant :class:`.tensor.Tensor` (TensorRT-LLM: a constant
+        layer's output)."""
         if self._value is None:
             raise RuntimeError(f"parameter of shape {list(self.shape)} was never loaded")
-        return self._value
+        return self._wrapped
 
     @value.setter
     def value(self, v: torch.Tensor) -> None:
@@ -40,6 +43,7 @@ class Parameter:
         if tuple(v.shape) != self.shape:
             raise ValueError(f"parameter shape {list(self.shape)}, got {list(v.shape)}")
         self._value = v.to(self.dtype)
+        self._wrapped = wrap(self._value)
 
     @property
     def is_loaded(self) -> bool:

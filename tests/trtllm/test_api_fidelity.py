@@ -1,0 +1,258 @@
+"""The CPU stand-in held to what TensorRT-LLM 1.2 really accepts (``dflash2_trt/trtllm/cpu/api_1_2.yaml``, facts
+recorded from TensorRT-LLM's sources with their paths and commits).
+
+Signatures: every stand-in callable the table lists has exactly the recorded parameters (names, order, defaults).
+Rules: each of the six errors found when the network file went through TensorRT-LLM's real network-definition
+code, and the host-input fault, is refused by the stand-in the way TensorRT-LLM refuses it -- the network file
+that landed before this test made each of these mistakes, and a CPU run of it now stops at the first one
+(test_landed_network_pattern_is_refused_*).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from dflash2_trt.errors import CheckpointError
+from dflash2_trt.trtllm.cpu import functional as F
+from dflash2_trt.trtllm.cpu import layers as L
+from dflash2_trt.trtllm.cpu.attention import PositionEmbeddingType, gpt_attention
+from dflash2_trt.trtllm.cpu.modeling_utils import PretrainedConfig, PretrainedModel
+from dflash2_trt.trtllm.cpu.tensor import Tensor, network_input, raw
+
+FACTS = yaml.safe_load((Path(F.__file__).with_name("api_1_2.yaml")).read_text())
+_MISSING = object()
+
+
+def _recorded(sig_rows):
+    return [(name, _MISSING if default == "REQUIRED" else default) for name, default in sig_rows]
+
+
+def _actual(fn, skip_self=False):
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        if skip_self and p.name == "self":
+            continue
+        out.append((p.name, _MISSING if p.default is inspect.Parameter.empty else p.default))
+    return out
+
+
+def _same(rec, act):
+    """Defaults compared where the table pins them (a '<non-literal>' default is a TensorRT enum / object)."""
+    assert [n for n, _ in act] == [n for n, _ in rec]
+    for (n, d_rec), (_, d_act) in zip(rec, act):
+        if d_rec == "<non-literal>":
+            assert d_act is not _MISSING, n
+        else:
+            assert d_act == d_rec or (d_rec is _MISSING and d_act is _MISSING), (n, d_rec, d_act)
+
+
+@pytest.mark.parametrize("name", sorted(FACTS["functional"]["signatures"]))
+def test_functional_signature_equals_the_recorded_one(name):
+    _same(_recorded(FACTS["functional"]["signatures"][name]), _actual(getattr(F, name)))
+
+
+def test_gpt_attention_signature_equals_the_recorded_one():
+    params = inspect.signature(gpt_attention).parameters
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())   # a bare * first, as the real
+    rec = _recorded(FACTS["functional"]["gpt_attention"])
+    act = _actual(gpt_attention)[:len(rec)]
+    _same(rec, act)
+    later = [n for n, _ in _actual(gpt_attention)[len(rec):]]
+    want = FACTS["functional"]["gpt_attention_later_keywords"]
+    assert [n for n in later if n in want] == want                  # same order, none missing
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())   # unknown keyword: TypeError
+    for k, v in FACTS["functional"]["gpt_attention_defaults"].items():
+        d = params[k].default
+        assert (d.name if hasattr(d, "name") else d) == v, k
+
+
+@pytest.mark.parametrize("name", ["Linear", "RowLinear", "RmsNorm", "Embedding"])
+def test_layer_signature_equals_the_recorded_one(name):
+    _same(_recorded(FACTS["layers"][name]["signature"]), _actual(getattr(L, name).__init__, skip_self=True))
+    assert L.ColumnLinear is L.Linear
+
+
+# ---- the Tensor's operators ------------------------------------------------------------------------------
+def test_tensor_has_exactly_the_real_operators():
+    t = F.constant(np.array([1.0, 2.0], np.float32))
+    u = F.constant(np.array([True, False]))
+    for name in FACTS["tensor_operators"]["absent"]:
+        assert name in Tensor.__dict__, name
+        with pytest.raises(TypeError, match="has no"):
+            getattr(t, name)(u if name in ("__and__", "__or__", "__rand__", "__ror__") else 1.0)
+    with pytest.raises(TypeError, match="__rtruediv__"):             # error 5: `1.0 / tensor` in the accept step
+        1.0 / t
+    with pytest.raises(TypeError):
+        -t
+    with pytest.raises(TypeError):
+        t[0]
+    for name in FACTS["tensor_operators"]["present"]:
+        assert name in Tensor.__dict__, name
+    assert raw(F.div(1.0, t)).tolist() == [1.0, 0.5]                 # the functional form works
+    assert raw(2.0 - t).tolist() == [1.0, 0.0] and raw(t / 2.0).tolist() == [0.5, 1.0]
+
+
+# ---- dtype rules (error 6 and friends) ------------------------------------------------------------------
+def test_shape_is_int64_and_where_refuses_mixed_int_kinds():
+    x = F.constant(np.zeros((3, 5), np.float32))
+    n = F.shape(x, 1)
+    assert n.dtype == torch.int64 and n.dim() == 0 and int(n) == 5     # TensorRT 10's IShapeLayer
+    assert F.shape(x, 1, "int32").dtype == torch.int32
+    i32 = F.constant(np.arange(5, dtype=np.int32))
+    first = i32 + n                                                    # elementwise: int32 meeting int64 -> int64
+    assert first.dtype == torch.int64
+    with pytest.raises(TypeError, match="mixed dtypes"):               # error 6: where(cond, int64, int32)
+        F.where(F.lt(first, n), first, i32)
+    assert F.where(F.lt(first, n), F.cast(first, "int32"), i32).dtype == torch.int32
+    assert F.where(F.lt(i32, 2), i32, -1).dtype == torch.int32        # a Python int follows the Tensor's kind
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        F.concat([i32, F.cast(i32, "int64")])
+    assert F.concat([n, 4]).dtype == torch.int64                       # ints become int64 next to an int64 Tensor
+
+
+def test_python_ints_beyond_int32_and_mixed_kinds_are_refused():
+    k = F.constant(np.array([3], np.int64))
+    with pytest.raises(OverflowError, match="int32"):                 # int32_array(2654435761) overflows
+        k * 2654435761
+    assert raw(k * F.constant(np.array([2654435761], np.int64))).tolist() == [3 * 2654435761]
+    with pytest.raises(TypeError, match="IElementWiseLayer"):
+        F.constant(np.ones(2, np.float32)) + F.constant(np.ones(2, np.int32))
+    with pytest.raises(TypeError, match="bool"):
+        F.op_and(F.constant(np.ones(2, np.int32)), F.constant(np.ones(2, np.int32)))
+
+
+# ---- error 3: rms_norm's num_groups ------------------------------------------------------------------------
+def test_rms_norm_weight_and_eps_only_by_keyword():
+    x = F.constant(np.ones((2, 4), np.float32))
+    w = F.constant(np.full(4, 2.0, np.float32))
+    with pytest.raises(TypeError, match="num_groups"):                # the landed OffsetRmsNorm: (x, dim, w, eps)
+        F.rms_norm(x, 4, w, 1e-6)
+    with pytest.raises(TypeError, match="num_groups"):                # (x, dim, None, eps)
+        F.rms_norm(x, 4, None, 1e-6)
+    assert torch.allclose(raw(F.rms_norm(x, 4, weight=w, eps=1e-6)), torch.full((2, 4), 2.0), atol=1e-5)
+
+
+# ---- error 2: Linear's bias default -----------------------------------------------------------------------
+class _Net(PretrainedModel):
+    def __init__(self, config, bias_kw):
+        super().__init__(config)
+        self.fc = L.ColumnLinear(4, 4, dtype="float32", **bias_kw)
+        self.proj = L.RowLinear(4, 4, dtype="float32", **bias_kw)
+
+
+def test_linear_without_bias_false_needs_bias_tensors():
+    cfg = PretrainedConfig.from_dict({"mapping": {"world_size": 1, "tp_size": 1}})
+    weights = {"fc.weight": torch.zeros(4, 4), "proj.weight": torch.zeros(4, 4)}   # what convert writes
+    with pytest.raises(CheckpointError, match="required weight"):
+        _Net(cfg, {}).load(weights)                                  # the landed GatedMLP / fc / lm_head
+    _Net(cfg, {"bias": False}).load(weights)
+
+
+# ---- error 4 and the host-input fault: the GPTAttention plugin's inputs -----------------------------------
+def _attention_args(**over):
+    from dflash2_trt.trtllm.cpu.attention import KVCachePool
+
+    pool = KVCachePool(4, 1, 1, 4, 4, torch.float32)
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)   # noqa: E731
+    host = {"host_past_key_value_lengths": i32([3]), "host_max_attention_window_sizes": i32([100]),
+            "host_sink_token_length": i32([0]), "host_request_types": i32([0]), "host_context_lengths": i32([3]),
+            "host_kv_cache_block_offsets": i32([[[[0], [1]]]]), "host_kv_cache_pool_pointers":
+            torch.tensor([[pool.handle, 0]]), "host_kv_cache_pool_mapping": i32([[0, 0]])}
+    dev = {"sequence_length": i32([3]), "context_lengths": i32([3]), "cache_indirection": torch.zeros(1, 1, 8,
+           dtype=torch.int32), "kv_cache_block_offsets": i32([[[[0], [1]]]])}
+    kw = {k: network_input(v, k, "host") for k, v in host.items()}
+    kw.update({k: network_input(v, k, "device") for k, v in dev.items()})
+    kw.update(qkv=F.constant(np.random.default_rng(0).standard_normal((3, 12)).astype(np.float32)),
+              past_key_value=None, layer_idx=0, num_heads=1, num_kv_heads=1, hidden_size_per_head=4, q_scaling=1.0,
+              max_context_length=8, position_embedding_type=PositionEmbeddingType.learned_absolute)
+    kw.update(over)
+    return kw, pool
+
+
+def test_gpt_attention_plugin_inputs_as_tensorrt_llm_checks_them():
+    kw, pool = _attention_args()
+    try:
+        gpt_attention(**kw)                                          # the complete call is valid
+        with pytest.raises(AssertionError, match="Found None input for 6 th item"):   # error 4: cache_indirection
+            gpt_attention(**{**kw, "cache_indirection": None})
+        with pytest.raises(ValueError, match="rotary_inv_freq"):      # error 4: a RoPE layer without its tables
+            gpt_attention(**{**kw, "position_embedding_type": PositionEmbeddingType.rope_gpt_neox,
+                             "rotary_embedding_dim": 4})
+        # the host-input fault: a window (or spec_decoding_use) made in the graph is device memory
+        with pytest.raises(ValueError, match="host_max_attention_window_sizes is read on the host"):
+            gpt_attention(**{**kw, "host_max_attention_window_sizes": F.constant(np.array([100], np.int32))})
+        with pytest.raises(ValueError, match="device input"):
+            gpt_attention(**{**kw, "context_lengths": kw["host_context_lengths"]})
+        with pytest.raises(AssertionError, match="max_context_length"):
+            gpt_attention(**{**kw, "max_context_length": None})
+    finally:
+        pool.release()
+
+
+def test_rotary_tables_are_read_from_the_plugin_input():
+    """The stand-in rotates with the rotary_cos_sin it is given (as the plugin reads it), so a wrong table changes
+    the result -- it is not recomputed behind the network's back."""
+    from dflash2_trt.trtllm.backend import load_network
+
+    net = load_network("cpu")
+    inv, table = net.rope_tables(8, 4, 10000.0)
+    rope = dict(position_embedding_type=PositionEmbeddingType.rope_gpt_neox, rotary_embedding_dim=4,
+                rotary_embedding_max_positions=8, rotary_inv_freq=F.constant(inv))
+    outs = []
+    for t in (table, table * 0.5):
+        kw, pool = _attention_args(**rope, rotary_cos_sin=F.constant(np.ascontiguousarray(t)))
+        try:
+            outs.append(raw(gpt_attention(**kw)[0]))
+        finally:
+            pool.release()
+    assert not torch.allclose(outs[0], outs[1])
+    kw, pool = _attention_args(**{**rope, "rotary_embedding_max_positions": 2}, rotary_cos_sin=F.constant(table))
+    try:
+        with pytest.raises(ValueError, match="rotary_cos_sin has"):
+            gpt_attention(**kw)
+    finally:
+        pool.release()
+
+
+def test_rope_tables_follow_the_recorded_layout():
+    from dflash2_trt.trtllm.backend import load_network
+
+    inv, table = load_network("cpu").rope_tables(5, 4, 500.0)
+    assert inv.dtype == np.float32 and table.dtype == np.float32 and table.shape == (1, 5 * 4)
+    t = table.reshape(5, 2, 2)
+    for p in range(5):
+        for i in range(2):
+            ang = np.float32(p) * np.float32(1.0 / 500.0 ** (2 * i / 4))
+            assert t[p, i, 0] == np.cos(np.float32(ang)) and t[p, i, 1] == np.sin(np.float32(ang))
+
+
+# ---- error 1: MODEL_MAP -------------------------------------------------------------------------------------
+def test_registration_makes_every_checkpoint_architecture_resolve(tmp_path):
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.convert.schema import ARCHITECTURES
+    from dflash2_trt.trtllm.register import architectures, register
+
+    class Model:   # stands for the network file's class; MODEL_MAP only maps names to classes
+        pass
+
+    model_map = {"LlamaForCausalLM": object}
+    assert set(architectures()) == set(ARCHITECTURES.values())
+    register(model_map, Model)
+    # the architecture the converter writes into a real checkpoint's config.json resolves
+    from dflash2_trt.convert.driver import convert_pair
+
+    pair = trained_pair("qwen3")
+    out = tmp_path / "ckpt"
+    convert_pair(pair.drafter_dir, pair.target_dir, out, tp_size=1)
+    import json
+
+    arch = json.loads((out / "config.json").read_text())["architecture"]
+    assert model_map[arch] is Model and model_map["LlamaForCausalLM"] is object
+    with pytest.raises(RuntimeError, match="already"):
+        register({arch: dict}, Model)
