@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,11 +341,18 @@ def model_cls_file() -> Path:
     return MODEL_FILE
 
 
-def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, trtllm_build: str = "trtllm-build") -> list[str]:
-    """The trtllm-build command line (TensorRT-LLM 1.2 flags, ``tensorrt_llm/commands/build.py``)."""
+BUILD_ENTRY = "dflash2_trt.trtllm.register"
+"""The module run as trtllm-build: registers the DFlash2 architectures in TensorRT-LLM's MODEL_MAP (the bare
+``trtllm-build`` stops at config parsing with a KeyError), then runs ``tensorrt_llm.commands.build.main()``."""
+
+
+def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = None) -> list[str]:
+    """The trtllm-build command line (TensorRT-LLM 1.2 flags, ``tensorrt_llm/commands/build.py``), run through
+    :data:`BUILD_ENTRY` with ``python`` (default: this interpreter, where tensorrt_llm must import)."""
     K = cfg.block_size - 1
     return [
-        trtllm_build, "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir),
+        python or sys.executable, "-m", BUILD_ENTRY, "--checkpoint_dir", str(checkpoint_dir),
+        "--output_dir", str(output_dir),
         "--model_cls_file", str(model_cls_file()), "--model_cls_name", MODEL_CLS_NAME,
         "--speculative_decoding_mode", "eagle", "--max_draft_len", str(K),
         "--max_batch_size", str(cfg.max_batch_size), "--max_input_len", str(cfg.max_input_len),

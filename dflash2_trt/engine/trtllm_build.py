@@ -392,6 +392,8 @@ or with TensorRT-LLM's C++ runner directly:
 ```python
 import ctypes, torch
 ctypes.CDLL("{engine_dir}/{lib}", mode=ctypes.RTLD_GLOBAL)
+from dflash2_trt.trtllm.register import register
+register()   # the DFlash2 architectures into tensorrt_llm.models.MODEL_MAP, or from_dir's config parsing fails
 from tensorrt_llm.runtime import ModelRunnerCpp
 runner = ModelRunnerCpp.from_dir(engine_dir="{engine_dir}", eagle_choices={choices})
 out = runner.generate([torch.tensor([1, 2, 3], dtype=torch.int32)], max_new_tokens=64, end_id={eos},
@@ -463,8 +465,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
         kept = [f"checkpoint {ckpt_dir}"] if temp_ckpt is None else []
 
         # ---- plugins
-        final_argv = planmod.trtllm_build_argv(cfg, checkpoint_dir=output / "build-checkpoint", output_dir=output,
-                                               trtllm_build=toolchain.trtllm_build or "trtllm-build")
+        final_argv = planmod.trtllm_build_argv(cfg, checkpoint_dir=output / "build-checkpoint", output_dir=output)
         plugin = None
         plugin_err = None
         try:
@@ -477,8 +478,6 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
         if toolchain.tensorrt_llm is None:
             missing.insert(0, "TensorRT-LLM is not importable (pip install 'tensorrt-llm>=1.2,<1.3' from NVIDIA's "
                               "index, on a GPU machine)")
-        elif toolchain.trtllm_build is None:
-            missing.insert(0, "trtllm-build is not on PATH (it comes with the tensorrt-llm package)")
         if missing:
             lib = plugin["path"] if plugin else "<libdflash2_plugins.so>"
             raise MissingDependencyError(
@@ -494,8 +493,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
             pre = planmod.engine_pretrained_config(json.loads((ckpt_dir / "config.json").read_text()), cfg, prep.d)
             (bck / "config.json").write_text(json.dumps(pre, indent=2) + "\n")
             how = link_files(ckpt_dir, bck, [f"rank{r}.safetensors" for r in range(cfg.tp_size)])
-            argv = planmod.trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=tmp,
-                                             trtllm_build=toolchain.trtllm_build)
+            argv = planmod.trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=tmp)
             env = planmod.trtllm_build_env(plugin["path"])
             log = tmp / "trtllm-build.log"
             log.write_text(f"# {planmod.shell_line(argv, env)}\n")

@@ -36,6 +36,9 @@ def _runner(engine_dir, *, plugin_lib=None, max_batch_size=None):   # pragma: no
     engine_dir = Path(engine_dir)
     lib = plugin_lib or (engine_dir / plugins.LIBRARY_NAME)
     plugins.load_library(lib)
+    from ..trtllm.register import register
+
+    register()   # EngineConfig.from_json_file looks the architecture up in MODEL_MAP
     from tensorrt_llm.runtime import ModelRunnerCpp
     cfg = json.loads((engine_dir / "config.json").read_text())
     K = int(cfg["pretrained_config"]["dflash2"]["block_size"]) - 1

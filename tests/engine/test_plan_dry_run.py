@@ -3,6 +3,8 @@ computation from the published Qwen3.8-27B configs (read here as plain JSON, not
 
 from __future__ import annotations
 
+import sys
+
 import json
 import math
 
@@ -137,7 +139,9 @@ def test_tiny_trtllm_dry_run_command():
 
     plan = _plan("--target", "tiny", "--backend", "trtllm", "--output", "tiny-engine")
     argv = plan["trtllm_build"]["argv"]
-    assert argv[0] == "trtllm-build"
+    # trtllm-build through the entry point that registers the DFlash2 architectures in MODEL_MAP first
+    assert argv[0] == sys.executable and argv[1:3] == ["-m", "dflash2_trt.trtllm.register"]
+    argv = argv[2:]
     flags = dict(zip(argv[1::2], argv[2::2]))
     assert flags["--model_cls_file"] == str(MODEL_FILE) and flags["--model_cls_name"] == "DFlash2ForCausalLM"
     assert flags["--speculative_decoding_mode"] == "eagle" and flags["--max_draft_len"] == "7"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,8 @@ class FakeRunner:
 
     def __call__(self, argv, *, env=None, log=None, cwd=None, echo=None):
         argv = list(argv)
-        tool = Path(argv[0]).name
+        # trtllm-build runs as `python -m dflash2_trt.trtllm.register ...` (MODEL_MAP registration first)
+        tool = "trtllm-build" if argv[1:3] == ["-m", "dflash2_trt.trtllm.register"] else Path(argv[0]).name
         self.calls.append({"tool": tool, "argv": argv, "env": dict(env or {})})
         if self.interrupt_in == tool:
             raise KeyboardInterrupt
@@ -132,10 +134,10 @@ def test_trtllm_branch_commands_and_files(pair, tmp_path, toolchain):
     assert build["argv"][:5] == ["/opt/cmake/bin/cmake", "--build", bdir, "--target", "dflash2_plugins"]
     # trtllm-build: in a temporary directory beside the output, renamed at the end
     argv = tb["argv"]
-    tmp_out = Path(argv[4])
-    assert argv[:5] == ["/opt/trt/bin/trtllm-build", "--checkpoint_dir", str(tmp_out / "build-checkpoint"),
-                        "--output_dir", str(tmp_out)]
-    assert argv[5:] == FLAGS_TAIL
+    tmp_out = Path(argv[6])
+    assert argv[:7] == [sys.executable, "-m", "dflash2_trt.trtllm.register", "--checkpoint_dir",
+                        str(tmp_out / "build-checkpoint"), "--output_dir", str(tmp_out)]
+    assert argv[7:] == FLAGS_TAIL
     assert tmp_out.parent == out.parent.absolute() and tmp_out.name.startswith(".eng.tmp-")
     lib = Path(tb["env"]["DFLASH2_PLUGIN_LIB"])
     assert tb["env"] == {"DFLASH2_PLUGIN_LIB": str(lib), "DFLASH2_TRT_BACKEND": "trtllm"}
@@ -235,7 +237,7 @@ def test_without_tensorrt_llm_stops_before_the_engine(pair, tmp_path, toolchain)
         _build(pair, out, replace(toolchain, tensorrt_llm=None, trtllm_build=None), r)
     msg = str(ei.value)
     assert "\n" not in msg and "TensorRT-LLM is not importable" in msg
-    assert "trtllm-build --checkpoint_dir" in msg and "--max_draft_len 7" in msg and "--model_cls_file" in msg
+    assert "-m dflash2_trt.trtllm.register --checkpoint_dir" in msg and "--max_draft_len 7" in msg and "--model_cls_file" in msg
     assert f"checkpoint {tmp_path / 'eng.checkpoint'}" in msg and "plugin library" in msg
     assert r.tools() == ["cmake", "cmake"]                     # the library is built and kept
     assert not out.exists() and _left_beside(out) == []
@@ -253,7 +255,7 @@ def test_cli_on_this_machine_names_what_is_missing(pair, tmp_path):
                                         "--set", "drafter_window=full", "--dtype", "float16", "--no-verify"])
     lines = r.output.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: the engine step cannot run here")
-    assert "trtllm-build --checkpoint_dir" in lines[0]
+    assert "-m dflash2_trt.trtllm.register --checkpoint_dir" in lines[0]
     assert not out.exists() and (tmp_path / "eng.checkpoint" / "manifest.json").is_file()
 
 
@@ -330,7 +332,7 @@ def test_tp2_engine_and_its_launch(pair, tmp_path, toolchain):
     out = tmp_path / "eng"
     r = FakeRunner()
     res = _build(pair, out, toolchain, r, tp_size=2, verify="auto", verifier=lambda *a, **k: pytest.fail("verified"))
-    assert r.calls[-1]["argv"][5:] == FLAGS_TAIL                       # --workers 1: one process builds both ranks
+    assert r.calls[-1]["argv"][7:] == FLAGS_TAIL                       # --workers 1: one process builds both ranks
     assert r.seen[0]["files"] == ["config.json", "rank0.safetensors", "rank1.safetensors"]
     assert (out / "rank0.engine").is_file() and (out / "rank1.engine").is_file() and res.manifest["tp_size"] == 2
     run = (out / "RUN.md").read_text()
