@@ -22,7 +22,7 @@ class Port:
 
 @lru_cache(maxsize=1)
 def load_contract() -> dict:
-    data = yaml.safe_load(CONTRACT.read_text())
+    data = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))
     def ports(key):
         return [Port(p["name"], p["dtype"], tuple(p["shape"]), p.get("memory"), p["filled_by"]) for p in data[key]]
     return {"engine_config": data["engine_config"], "inputs": ports("inputs"), "outputs": ports("outputs")}

@@ -62,7 +62,7 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         m = config.mapping
         self.K = 0
         self.transformer = _net.TARGET_FAMILIES[config.qwen_type](config)
-        self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, dtype=config.dtype,
+        self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, bias=False, dtype=config.dtype,
                                                tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
 
     ignored_weight_prefixes = DROPPED_PREFIXES   # the combined checkpoint's drafter tensors; the rest strict
@@ -96,7 +96,7 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         temperature = F.cast(eagle_temperature, "float32")
         sampled = F.gt(temperature, 0.0)
         t_safe = F.where(sampled, temperature, 1.0)
-        probs = F.softmax(logits * F.unsqueeze(1.0 / t_safe, 1), 1)
+        probs = F.softmax(logits * F.unsqueeze(F.div(1.0, t_safe), 1), 1)      # no reverse division on a Tensor
         drawn = F.cast(_net.inverse_cdf(probs, F.cast(rand_data_sample, "float32")), "int32")
         nxt = F.where(sampled, drawn, greedy)
 

@@ -109,3 +109,22 @@ def test_engine_config_fields_documented():
     assert cfg["max_non_leaves_per_layer"] == 1
     assert cfg["architecture"] == "DFlash2ForCausalLM"
     assert json.dumps(cfg)
+
+
+def test_every_host_input_of_the_attention_plugin_is_a_runtime_filled_host_input():
+    """The GPTAttention plugin reads its host inputs on the host (api_1_2.yaml gpt_attention_plugin_inputs): each one
+    the network passes must be an engine input in host memory that the runtime fills, with the runtime buffer named
+    (engine_io.yaml host_inputs_filled_by), and the draft calls' request types too."""
+    import yaml
+
+    from dflash2_trt.trtllm.cpu.attention import _plugin_facts
+    from dflash2_trt.trtllm.engine_io import CONTRACT
+
+    data = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))
+    contract = {p.name: p for p in load_contract()["inputs"]}
+    host = [e["name"] for e in _plugin_facts()["inputs"] if e["memory"] == "host"]
+    assert len(host) >= 10
+    for name in host + ["host_gen_eagle_net_request_types"]:
+        assert contract[name].memory == "host" and contract[name].filled_by == "runtime", name
+        assert data["host_inputs_filled_by"][name].startswith(("[V]", "[I]")), name
+    assert set(data["host_inputs_filled_by"]) <= set(contract)

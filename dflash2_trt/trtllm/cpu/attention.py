@@ -387,7 +387,7 @@ def _plugin_facts() -> dict:
         import yaml
         from pathlib import Path
 
-        _FACTS = yaml.safe_load((Path(__file__).with_name("api_1_2.yaml")).read_text())["gpt_attention_plugin_inputs"]
+        _FACTS = yaml.safe_load((Path(__file__).with_name("api_1_2.yaml")).read_text(encoding="utf-8"))["gpt_attention_plugin_inputs"]
     return _FACTS
 
 
