@@ -451,6 +451,25 @@ def dataset_lines(specs: list[dict]) -> str:
                    for i, s in enumerate(specs))
 
 
+def engine_options_file(engine_dir, draft_len: int) -> Path | None:
+    """The engine's own options file when it still describes this engine: the chain of ``draft_len`` and a
+    ``speculative_model_dir`` that is the engine's model folder (it moves with the engine directory only if
+    the build wrote a path inside it that still exists). None otherwise (``bench run`` writes a fresh one)."""
+    e = Path(engine_dir)
+    p = e / BENCH_DIR / OPTIONS_FILE
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    model = e / BENCH_DIR / MODEL_DIR
+    try:
+        same = Path(doc["speculative_config"]["speculative_model_dir"]).resolve() == model.resolve()
+    except (TypeError, KeyError):
+        return None
+    return p if same and model.is_dir() and doc == options_document(draft_len, doc["speculative_config"][
+        "speculative_model_dir"]) else None
+
+
 def _outputs(path: Path):
     try:
         return json.loads(path.read_text())
@@ -502,14 +521,19 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
             raise ConfigError("does not exist (the DFlash2 plugins every rank loads)", field="--plugin-lib")
     work = Path(workdir or "WORKDIR") if dry_run else (Path(workdir) if workdir else
                                                       Path(tempfile.mkdtemp(prefix="dflash2-trtllm-bench-")))
-    ds, opts, samp = work / "dataset.jsonl", work / OPTIONS_FILE, work / "sampler_options.yaml"
-    writes = [f"{ds} ({len(specs)} requests, token ids)", f"{opts} (speculative_config: Eagle, {K} drafts)"]
+    ds, samp = work / "dataset.jsonl", work / "sampler_options.yaml"
+    own = engine_options_file(e, K)
+    opts = own.absolute() if own is not None else work / OPTIONS_FILE
+    writes = [f"{ds} ({len(specs)} requests, token ids)"]
+    if own is None:
+        writes.append(f"{opts} (speculative_config: Eagle, {K} drafts)")
     if temperature > 0:
         writes.append(f"{samp} (temperature: {temperature})")
     if not dry_run:
         work.mkdir(parents=True, exist_ok=True)
         ds.write_text(dataset_lines(specs))
-        opts.write_text(options_text(K, model_dir.absolute()))
+        if own is None:
+            opts.write_text(options_text(K, model_dir.absolute()))
         if temperature > 0:
             samp.write_text(yaml.safe_dump({"temperature": float(temperature)}))
     env = bench_env(plugin_lib)
