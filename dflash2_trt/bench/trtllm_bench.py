@@ -256,10 +256,10 @@ def write_bench_files(engine_tmp, *, target_dir, t, draft_len: int, final_dir) -
     final_model = Path(final_dir) / BENCH_DIR / MODEL_DIR
     try:
         info = write_model_folder(root / MODEL_DIR, target_dir=target_dir, t=t)
-    except ConfigError as exc:
+        check_model_folder(root / MODEL_DIR)     # as trtllm-bench loads it, with this machine's transformers
+    except ConfigError as exc:                   # the engine stays good; only the trtllm-bench files are left out
         shutil.rmtree(root, ignore_errors=True)
         return {"available": False, "why": str(exc)}
-    check_model_folder(root / MODEL_DIR)
     (root / OPTIONS_FILE).write_text(options_text(draft_len, final_model))
     return {"available": True, "model_dir": f"{BENCH_DIR}/{MODEL_DIR}", "options": f"{BENCH_DIR}/{OPTIONS_FILE}",
             **info}
@@ -557,7 +557,10 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
             if dry_run:
                 row[mode] = None
                 continue
-            proc = runner(cmd, capture_output=True, text=True, env={**os.environ, **env})
+            run_env = dict(os.environ)
+            if env:
+                run_env["LD_PRELOAD"] = ":".join(x for x in (env["LD_PRELOAD"], os.environ.get("LD_PRELOAD")) if x)
+            proc = runner(cmd, capture_output=True, text=True, env=run_env)
             text = (proc.stdout or "") + "\n" + (proc.stderr or "")
             if proc.returncode != 0:
                 tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]

@@ -431,3 +431,16 @@ def test_bench_run_dry_run_prints_the_launcher_commands(tmp_path):
     bad = CliRunner().invoke(main, ["bench", "run", "--engine-dir", str(e), "--dataset", str(ds), "--dry-run",
                                     "--benchmark-bin", "/x"])
     assert bad.exit_code != 0 and "--tool gptmanager" in bad.output
+
+
+def test_tool_applies_to_tensorrt_llm_engines_only(tmp_path):
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.engine.build import ENGINE_FORMAT
+
+    e = tmp_path / "cpu-engine"
+    e.mkdir()
+    (e / "engine.json").write_text(json.dumps({"format": ENGINE_FORMAT, "backend": "cpu", "block_size": 8}))
+    with pytest.raises(ConfigError, match="--tool"):
+        bench_run(e, tmp_path / "ds.jsonl", tool="trtllm-bench")
+    with pytest.raises(ConfigError, match="must be trtllm-bench or gptmanager"):
+        bench_run(e, tmp_path / "ds.jsonl", tool="genai-perf")
