@@ -445,7 +445,8 @@ and writes the bench report (`bench prepare-dataset --engine-dir {engine_dir} ..
     {cmd["line"]}
 
 `python -m dflash2_trt.bench.trtllm_bench` is trtllm-bench with EAGLE added to its `SPECULATIVE_MAP`
-(stock trtllm-bench stops at a KeyError on this engine's mode, 32) and its arguments passed through unchanged;
+(stock trtllm-bench stops at a KeyError on this engine's mode, 32) and a mode name its report can read, its
+arguments passed through unchanged;
 `{tb["options"]}` gives the LLM API the chain (`speculative_config`: Eagle, {K} drafts, `eagle_choices`), and
 `{tb["model_dir"]}` is the `--model_path` folder it needs (tokenizer, a `{tb["model_type"]}` config with the target's
 sizes, a placeholder safetensors: the weights are in the engine). No `--max_seq_len` with `--backend tensorrt`;
