@@ -447,6 +447,8 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
 
         for what in report.get("writes", []):
             click.echo(f"# writes {what}")
+        for what in report.get("notes", []):
+            click.echo(f"# note: {what}")
         for line in report.get("command_lines") or [shlex.join(cmd) for cmd in report.get("commands", [])]:
             click.echo(line)
         return

@@ -123,7 +123,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
                                  plugin_lib=plugin_lib, dry_run=dry_run)
             measured["tool"] = "gptmanager"
     report = build_report(measured, dataset)
-    for k in ("tool", "commands", "command_lines", "writes"):
+    for k in ("tool", "commands", "command_lines", "writes", "notes"):
         if k in measured:
             report[k] = measured[k]
     if gpus and kind == "cpu":

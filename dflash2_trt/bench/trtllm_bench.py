@@ -46,7 +46,6 @@ import importlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -525,6 +524,8 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
     own = engine_options_file(e, K)
     opts = own.absolute() if own is not None else work / OPTIONS_FILE
     writes = [f"{ds} ({len(specs)} requests, token ids)"]
+    notes = [] if (model_dir / "config.json").is_file() else [
+        f"{model_dir} does not exist: rebuild the engine with this version (`build --backend trtllm` writes it)"]
     if own is None:
         writes.append(f"{opts} (speculative_config: Eagle, {K} drafts)")
     if temperature > 0:
@@ -585,7 +586,7 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
         "baseline": ({"kind": "target-only engine", "description": f"TensorRT-LLM engine {baseline_engine_dir} run "
                       f"without speculation by trtllm-bench"} if baseline_engine_dir else None),
         "runs": runs, "unavailable": list(UNAVAILABLE), "commands": commands, "command_lines": lines,
-        "writes": writes, "workdir": str(work),
+        "writes": writes, "notes": notes, "workdir": str(work),
     }
 
 

@@ -424,6 +424,7 @@ def test_bench_run_dry_run_prints_the_launcher_commands(tmp_path):
                    "--extra_llm_api_options WORKDIR/extra_llm_api_options.yaml", "--concurrency 2"):
         assert needle in line, needle
     assert "# writes WORKDIR/dataset.jsonl (3 requests, token ids)" in r.output
+    assert f"# note: {e}/trtllm-bench/model does not exist" in r.output
     assert not (tmp_path / "WORKDIR").exists() and not Path("WORKDIR").exists()
     g = CliRunner().invoke(main, ["bench", "run", "--engine-dir", str(e), "--dataset", str(ds), "--dry-run",
                                   "--tool", "gptmanager"])
