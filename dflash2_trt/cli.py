@@ -421,13 +421,16 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
 @click.option("--baseline-engine-dir", type=click.Path(file_okay=False),
               help="TensorRT-LLM engines: a target-only engine for the autoregressive runs.")
 @click.option("--benchmark-bin",
-              help="TensorRT-LLM engines: gptManagerBenchmark [default: on PATH].")
+              help="TensorRT-LLM engines, --tool gptmanager: gptManagerBenchmark [default: on PATH].")
 @click.option("--plugin-lib",
               help="TensorRT-LLM engines: libdflash2_plugins.so to LD_PRELOAD [default: the engine's].")
+@click.option("--tool", type=click.Choice(["trtllm-bench", "gptmanager"]), default=None,
+              help="TensorRT-LLM engines: trtllm-bench (through python -m dflash2_trt.bench.trtllm_bench) or "
+                   "gptManagerBenchmark [default: trtllm-bench].")
 @click.option("--dry-run", is_flag=True, help="TensorRT-LLM engines: print the benchmark commands, run nothing.")
 def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, seed, max_new_tokens, ignore_eos,
                   no_baseline, backend, json_out, plot_out, project_gpus, project_target, context_len, save_outputs,
-                  no_progress, threads, baseline_engine_dir, benchmark_bin, plugin_lib, dry_run) -> None:
+                  no_progress, threads, baseline_engine_dir, benchmark_bin, plugin_lib, tool, dry_run) -> None:
     """Throughput, latency, TTFT and acceptance per concurrency, speculative vs autoregressive."""
     from .bench.report import render
     from .bench.run import bench_run
@@ -437,12 +440,17 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
                        baseline=not no_baseline, json_out=json_out, plot_out=plot_out, project_gpus=project_gpus,
                        project_target=project_target, context_len=context_len, progress=not no_progress,
                        keep_outputs=save_outputs, baseline_engine_dir=baseline_engine_dir,
-                       benchmark_bin=benchmark_bin, plugin_lib=plugin_lib, dry_run=dry_run, threads=threads)
+                       benchmark_bin=benchmark_bin, plugin_lib=plugin_lib, dry_run=dry_run, threads=threads,
+                       tool=tool)
     if dry_run:
         import shlex
 
-        for cmd in report.get("commands", []):
-            click.echo(shlex.join(cmd))
+        for what in report.get("writes", []):
+            click.echo(f"# writes {what}")
+        for what in report.get("notes", []):
+            click.echo(f"# note: {what}")
+        for line in report.get("command_lines") or [shlex.join(cmd) for cmd in report.get("commands", [])]:
+            click.echo(line)
         return
     click.echo(render(report))
     for p, what in ((json_out, "report"), (plot_out, "plot")):

@@ -1,10 +1,11 @@
-"""The GPU path of ``bench run``: TensorRT-LLM's ``gptManagerBenchmark`` on an EAGLE-mode engine.
+"""``bench run --tool gptmanager``: TensorRT-LLM's ``gptManagerBenchmark`` on an EAGLE-mode engine.
 
 Which tool (read in TensorRT-LLM 1.2's sources):
 
-- ``trtllm-bench throughput --engine_dir`` cannot run it: ``tensorrt_llm/bench/dataclasses/
+- stock ``trtllm-bench throughput --engine_dir`` cannot run it: ``tensorrt_llm/bench/dataclasses/
   configuration.py`` maps the engine's speculative mode through ``SPECULATIVE_MAP``, which holds
-  only ``NONE`` and ``MEDUSA`` — an EAGLE engine (mode 32, TRTLLM-ENGINE.md §1) is a KeyError there.
+  only ``NONE`` and ``MEDUSA`` — an EAGLE engine (mode 32, TRTLLM-ENGINE.md §1) is a KeyError there;
+  :mod:`.trtllm_bench`'s launcher adds the mode and is ``bench run``'s default (``--tool trtllm-bench``).
 - ``benchmarks/cpp/gptManagerBenchmark`` (the executor API) does: ``--eagle_choices`` (parsed by
   ``parseVectorOfVectors`` from ``[[0],[0,0],...]``) makes an ``EagleConfig`` and sets
   ``DecodingMode::Eagle`` in the executor's ``DecodingConfig``; ``--concurrency C`` keeps C requests

@@ -13,6 +13,9 @@ Top level (``schema_version`` 1; the README's "Bench report" section is the refe
                                   speedup (spec ÷ AR output tokens/s) | null,
                                   outputs_match (T = 0: every request's tokens equal) | null}
     unavailable[]                RUN fields this backend cannot measure (null in every RUN)
+    tool, commands, command_lines, writes, notes
+                                 TensorRT-LLM engines: "trtllm-bench" | "gptmanager", the argv of each run,
+                                 the same with LD_PRELOAD, the files a --dry-run would write
     projection                   bench project's document | null
     environment                  {dflash2_trt, python, torch, platform, cpu_count}
     wall_s                       the whole command

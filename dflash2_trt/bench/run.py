@@ -64,13 +64,17 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
               baseline: bool = True, json_out=None, plot_out=None, project_gpus=None,
               project_target: str = "qwen3.8-27b", context_len: int | None = None, progress: bool = False,
               keep_outputs: bool = False, baseline_engine_dir=None, benchmark_bin=None, plugin_lib=None,
-              dry_run: bool = False, threads: int | None = 1) -> dict:
+              dry_run: bool = False, threads: int | None = 1, tool: str | None = None) -> dict:
+    """The bench report of ``engine_dir``. TensorRT-LLM engines: ``tool`` ``trtllm-bench`` (the default: through
+    :mod:`.trtllm_bench`'s launcher) or ``gptmanager`` (gptManagerBenchmark, :mod:`.gpu`)."""
     from .io import atomic_write_json, check_output_file
     from .report import build_report
 
     t0 = time.perf_counter()
     if backend not in ("auto", "cpu", "trtllm"):
         raise ConfigError(f"must be auto, cpu or trtllm, got {backend!r}", field="--backend")
+    if tool not in (None, "trtllm-bench", "gptmanager"):
+        raise ConfigError(f"must be trtllm-bench or gptmanager, got {tool!r}", field="--tool")
     for p, f in ((json_out, "--json"), (plot_out, "--plot")):
         if p is not None:
             check_output_file(p, field=f)
@@ -86,28 +90,42 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if kind == "cpu":
         from .cpu import bench_cpu
 
-        if baseline_engine_dir is not None or benchmark_bin is not None or plugin_lib is not None or dry_run:
+        if baseline_engine_dir is not None or benchmark_bin is not None or plugin_lib is not None or dry_run \
+                or tool is not None:
             raise ConfigError("applies to TensorRT-LLM engines only (this is a CPU engine)",
-                              field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run")
+                              field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run/--tool")
         measured = bench_cpu(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                              temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                              stop_on_eos=stop_on_eos, baseline=baseline, progress=progress, keep_outputs=keep_outputs,
                              threads=threads)
     else:
-        from .gpu import bench_gpu
-
         man = dict(man)
         try:
             man.setdefault("vocab_size", int(cfg["pretrained_config"]["vocab_size"]))
         except (TypeError, KeyError, ValueError):
             pass
-        measured = bench_gpu(engine_dir, dataset, manifest=man, concurrency=concurrency, num_requests=num_requests,
-                             temperature=temperature, max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos,
-                             baseline_engine_dir=baseline_engine_dir if baseline else None, binary=benchmark_bin,
-                             plugin_lib=plugin_lib, dry_run=dry_run)
+        if (tool or "trtllm-bench") == "trtllm-bench":
+            from .trtllm_bench import bench_trtllm_bench
+
+            if benchmark_bin is not None:
+                raise ConfigError("names gptManagerBenchmark: it applies to --tool gptmanager", field="--benchmark-bin")
+            measured = bench_trtllm_bench(engine_dir, dataset, manifest=man, concurrency=concurrency,
+                                          num_requests=num_requests, temperature=temperature,
+                                          max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos,
+                                          baseline_engine_dir=baseline_engine_dir if baseline else None,
+                                          plugin_lib=plugin_lib, dry_run=dry_run)
+        else:
+            from .gpu import bench_gpu
+
+            measured = bench_gpu(engine_dir, dataset, manifest=man, concurrency=concurrency, num_requests=num_requests,
+                                 temperature=temperature, max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos,
+                                 baseline_engine_dir=baseline_engine_dir if baseline else None, binary=benchmark_bin,
+                                 plugin_lib=plugin_lib, dry_run=dry_run)
+            measured["tool"] = "gptmanager"
     report = build_report(measured, dataset)
-    if "commands" in measured:
-        report["commands"] = measured["commands"]
+    for k in ("tool", "commands", "command_lines", "writes", "notes"):
+        if k in measured:
+            report[k] = measured[k]
     if gpus and kind == "cpu":
         report["projection"] = _projection_for(report, gpus, project_target, context_len)
     report["wall_s"] = time.perf_counter() - t0

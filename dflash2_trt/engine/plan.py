@@ -396,7 +396,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     ckpt = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(out)
     plugin_lib = "$DFLASH2_TRT_CACHE/plugins-trt/<sha256 of plugins/ + flags>/libdflash2_plugins.so"
     steps = [{"step": "validate", "what": f"configs, pairing and settings ({cfg.source})"}]
-    command = None
+    command = bench = None
     if backend == "trtllm":
         steps.append({"step": "convert", "what": f"checkpoint at {ckpt} (reused when its manifest.json matches the "
                                                   f"sources, tp {cfg.tp_size} and {cfg.dtype}; else written)"
@@ -415,7 +415,14 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         steps.append({"step": "engine", "what": f"{out}/build-checkpoint: the checkpoint's config.json with the EAGLE "
                                                  f"fields and dflash2_engine, rank files linked; then trtllm-build "
                                                  f"(log kept as {out}/trtllm-build.log); rank engines, config.json, "
-                                                 f"the plugin library, engine.json and RUN.md in {out}"})
+                                                 f"the plugin library, engine.json and RUN.md in {out}; "
+                                                 f"{out}/trtllm-bench/: the --model_path folder (tokenizer, config, "
+                                                 f"placeholder safetensors) and extra_llm_api_options.yaml"})
+        from ..bench.trtllm_bench import planned_command
+
+        bench = planned_command(engine_dir=out, target_key=p.target_key, draft_len=p.K,
+                                max_batch_size=cfg.max_batch_size, eos_id=(list(t.eos_token_ids) or [None])[0],
+                                kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction)
     else:
         steps.append({"step": "convert", "what": f"checkpoint into {out}/checkpoint"
                                                   + (f" (linked from {checkpoint_dir}, reused when it matches)"
@@ -436,7 +443,8 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         "target": p.target_key, "family": t.family, "backend": backend, "output": str(out),
         "drafter_dir": str(p.drafter_dir), "target_dir": str(p.target_dir),
         "settings": {**cfg.to_dict(), "max_draft_len": p.K, "source": cfg.source},
-        "eagle_choices": eagle_choices(p.K), "steps": steps, "trtllm_build": command, "sizing": size,
+        "eagle_choices": eagle_choices(p.K), "steps": steps, "trtllm_build": command, "trtllm_bench": bench,
+        "sizing": size,
         "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": list(p.trtllm_blockers),
         "warnings": list(p.warnings),
     }
@@ -474,6 +482,10 @@ def render_plan(plan: dict) -> str:
         lines.append("trtllm-build command:")
         lines.append("  " + plan["trtllm_build"]["line"])
         lines.append(f"eagle_choices (every request/executor): {json.dumps(plan['eagle_choices'])}")
+    if plan.get("trtllm_bench"):
+        lines.append("trtllm-bench command (after the build; DATASET.jsonl from `dflash2-trt bench prepare-dataset "
+                     "--engine-dir ENGINE_DIR ...`; `bench run` runs it per concurrency):")
+        lines.append("  " + plan["trtllm_bench"]["line"])
     lines.append(f"sizing per rank (tp {z['tp_size']}, {z['dtype']}, GPU {z['gpu_memory_gib']:g} GiB):")
     w = z["weights_per_rank"]
     if w is None:

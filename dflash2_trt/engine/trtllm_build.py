@@ -401,9 +401,11 @@ out = runner.generate([torch.tensor([1, 2, 3], dtype=torch.int32)], max_new_toke
 ```
 
 (the executor API: `tensorrt_llm.bindings.executor.DecodingConfig(eagle_config=EagleConfig(eagle_choices))`
-in the `ExecutorConfig`). Benchmarks: trtllm-bench's engine path does not map EAGLE mode; use
-`benchmarks/cpp/gptManagerBenchmark --engine_dir {engine_dir} --eagle_choices '{choices}' ...` with
-`LD_PRELOAD` set.
+in the `ExecutorConfig`).
+
+## 3b. Benchmarks
+
+{bench_md(man, engine_dir)}
 
 ## 4. Triton (the `tensorrtllm` backend)
 
@@ -420,6 +422,37 @@ the plugins preloaded:
     LD_PRELOAD={engine_dir}/{lib} tritonserver --model-repository <repo>
 
 {"For tp > 1: one process per GPU through TensorRT-LLM's launcher, `python3 scripts/launch_triton_server.py --world_size " + str(tp) + " --model_repo <repo>` (it runs `mpirun -n " + str(tp) + "`; export LD_PRELOAD first so every rank inherits it)." if tp > 1 else "tp 1: one GPU, one process."}
+"""
+
+
+def bench_md(man: dict, engine_dir: Path) -> str:
+    """RUN.md's benchmark paragraph: trtllm-bench through the launcher (it maps EAGLE mode), else gptManagerBenchmark."""
+    from ..bench.trtllm_bench import planned_command
+
+    K = man["block_size"] - 1
+    choices = json.dumps(planmod.eagle_choices(K)).replace(" ", "")
+    gpt = (f"`benchmarks/cpp/gptManagerBenchmark --engine_dir {engine_dir} --eagle_choices '{choices}' ...` with "
+           f"`LD_PRELOAD` set (`dflash2-trt bench run --tool gptmanager`)")
+    tb = man.get("trtllm_bench") or {}
+    if not tb.get("available"):
+        return (f"trtllm-bench needs a tokenizer and none was written ({tb.get('why', 'no trtllm-bench/ folder')}); "
+                f"use {gpt}.")
+    eos = (man.get("eos_token_ids") or [None])[0]
+    cmd = planned_command(engine_dir=engine_dir, target_key=man.get("target"), draft_len=K,
+                          max_batch_size=man["limits"]["max_batch_size"], eos_id=eos,
+                          kv_cache_fraction=man["limits"].get("kv_cache_free_gpu_mem_fraction"))
+    return f"""`dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl` runs trtllm-bench per concurrency
+and writes the bench report (`bench prepare-dataset --engine-dir {engine_dir} ...` writes a dataset). By hand:
+
+    {cmd["line"]}
+
+`python -m dflash2_trt.bench.trtllm_bench` is trtllm-bench with EAGLE added to its `SPECULATIVE_MAP`
+(stock trtllm-bench stops at a KeyError on this engine's mode, 32) and a mode name its report can read, its
+arguments passed through unchanged;
+`{tb["options"]}` gives the LLM API the chain (`speculative_config`: Eagle, {K} drafts, `eagle_choices`), and
+`{tb["model_dir"]}` is the `--model_path` folder it needs (tokenizer, a `{tb["model_type"]}` config with the target's
+sizes, a placeholder safetensors: the weights are in the engine). No `--max_seq_len` with `--backend tensorrt`;
+every dataset line must fit the engine's max_seq_len. Alternative: {gpt}. Not yet run on a GPU (nor at tp > 1).
 """
 
 
@@ -517,6 +550,10 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
 
             shutil.copy2(plugin["path"], tmp / LIBRARY_NAME)
             tokenizer = _copy_tokenizer(prep.target_dir, tmp)
+            from ..bench.trtllm_bench import write_bench_files
+
+            bench = write_bench_files(tmp, target_dir=prep.target_dir, t=prep.t, draft_len=K,
+                                      final_dir=output.absolute())
             files = _hash_files(tmp, sha256_file)
             man = {
                 "format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": "trtllm",
@@ -541,6 +578,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
                                  "ran_in": str(tmp), "renamed_to": str(output.absolute()),
                                  "build_checkpoint_files": how, "seconds": round(build_s, 3)},
                 "eos_token_ids": [int(e) for e in prep.t.eos_token_ids], "tokenizer": tokenizer,
+                "trtllm_bench": bench,
                 "command": command or [], "files": files, "verify": None,
             }
             (tmp / "RUN.md").write_text(run_md(man, output.absolute()))

@@ -128,8 +128,8 @@ def test_gpu_engine_without_the_benchmark_binary_is_a_clear_error(gpu_engine, tm
     e, ds, _ = gpu_engine
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(MissingDependencyError, match="gptManagerBenchmark not found"):
-        bench_run(e, ds, concurrency="1")
-    rep = bench_run(e, ds, concurrency="2", dry_run=True)
+        bench_run(e, ds, concurrency="1", tool="gptmanager")
+    rep = bench_run(e, ds, concurrency="2", dry_run=True, tool="gptmanager")
     (cmd,) = rep["commands"]
     assert cmd[0] == "gptManagerBenchmark" and "--eagle_choices" in cmd
 

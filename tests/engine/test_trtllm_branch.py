@@ -159,7 +159,8 @@ def test_trtllm_branch_commands_and_files(pair, tmp_path, toolchain):
     # the engine dir
     names = sorted(p.name for p in out.iterdir())
     man = json.loads((out / "engine.json").read_text())
-    expect = ["RUN.md", "config.json", "engine.json", "libdflash2_plugins.so", "rank0.engine", "trtllm-build.log"]
+    expect = ["RUN.md", "config.json", "engine.json", "libdflash2_plugins.so", "rank0.engine", "trtllm-bench",
+              "trtllm-build.log"]
     if man["tokenizer"]:
         expect.append("tokenizer")
     assert names == sorted(expect)
@@ -174,10 +175,25 @@ def test_trtllm_branch_commands_and_files(pair, tmp_path, toolchain):
     assert set(man["files"]) == {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {"engine.json"}
     cfg, man2 = load_engine_dir(out, verify=True)           # every sha256 matches
     assert man2 == man and cfg["build_config"]["speculative_decoding_mode"] == 32
+    # what trtllm-bench needs beside the engine (tests/bench/test_trtllm_bench.py checks their contents)
+    bench = man["trtllm_bench"]
+    assert bench["available"] is True and bench["model_type"] == "qwen3"
+    assert sorted(p.name for p in (out / "trtllm-bench").iterdir()) == ["extra_llm_api_options.yaml", "model"]
+    assert sorted(p.name for p in (out / "trtllm-bench" / "model").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    import yaml
+
+    opts = yaml.safe_load((out / "trtllm-bench" / "extra_llm_api_options.yaml").read_text())["speculative_config"]
+    assert opts["speculative_model_dir"] == str(out.absolute() / "trtllm-bench" / "model")   # the final path
+    assert opts["max_draft_len"] == 7 and opts["eagle_choices"] == man["eagle_choices"]
     run = (out / "RUN.md").read_text()
     for needle in (f"LD_PRELOAD={out.absolute()}/libdflash2_plugins.so", json.dumps(man["eagle_choices"]),
                    "ModelRunnerCpp.from_dir", "tritonserver", "decoding_mode:eagle",
-                   r"eagle_choices:{0}\,{0\,0}\,{0\,0\,0}\,", "gptManagerBenchmark"):
+                   r"eagle_choices:{0}\,{0\,0}\,{0\,0\,0}\,", "gptManagerBenchmark",
+                   f"python -m dflash2_trt.bench.trtllm_bench --model dflash2-trt/tiny --model_path "
+                   f"{out.absolute()}/trtllm-bench/model throughput --backend tensorrt --engine_dir {out.absolute()} "
+                   f"--dataset DATASET.jsonl --extra_llm_api_options "
+                   f"{out.absolute()}/trtllm-bench/extra_llm_api_options.yaml"):
         assert needle in run, needle
     assert "mpirun" not in run
     assert res.manifest["sources"]["checkpoint_reused"] is False
