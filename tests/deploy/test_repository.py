@@ -327,3 +327,32 @@ def test_a_tensorrt_llm_engine_gets_the_tensorrtllm_backend(engine, tmp_path):
     (eng / "config.json").write_text("{}")
     assert "pretrained_config.vocab_size" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
                                                         str(tmp_path / "r3")))
+
+
+def test_tensorrtllm_repository_carries_every_parameter_the_backend_reads_without_default(gpu_repo, tmp_path):
+    """TensorRT-LLM's Triton backend (model_instance_state.cc / model_state.cc; paths and commits in
+    tensorrtllm_backend.yaml) fails the load on a parameter it reads with no fallback; the generated
+    config.pbtxt carries each with an accepted value, and the repository check names a missing one."""
+    import yaml
+
+    facts = yaml.safe_load((Path(rp.__file__).parent / "tensorrtllm_backend.yaml").read_text())
+    assert {s["path"].rsplit("/", 1)[-1] for s in facts["sources"]} == {"model_instance_state.cc", "model_state.cc"}
+    assert {"tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend",
+            "gpt_model_type"} <= set(facts["required"])
+    params = {k: v.string_value for k, v in rp.check_repository(gpu_repo)["tensorrt_llm"].parameters.items()}
+    for name, rule in {**facts["required"], **facts["effectively_required"]}.items():
+        assert name in params, name
+        if rule and "allowed" in rule:
+            assert params[name] in rule["allowed"], (name, params[name])
+    assert not set(facts["forbidden"]) & set(params)
+    assert params["guided_decoding_backend"] == "" and params["enable_kv_cache_reuse"] == "false"
+    for name in ("tokenizer_dir", "guided_decoding_backend"):
+        bad = tmp_path / name
+        shutil.copytree(gpu_repo, bad)
+        cfg = bad / "tensorrt_llm" / "config.pbtxt"
+        text = cfg.read_text()
+        start = text.index(f'  key: "{name}"') - len("parameters: {\n")
+        end = text.index("}\n}", start) + 3
+        cfg.write_text(text[:start] + text[end:])
+        with pytest.raises(ConfigError, match=f"parameters.{name}.*Cannot find parameter with name: {name}"):
+            rp.check_repository(bad)

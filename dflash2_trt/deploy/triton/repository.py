@@ -91,9 +91,12 @@ def eagle_chain(K: int) -> str:
 
 
 def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
-                            kv_cache_free_gpu_mem_fraction: float = 0.9) -> dict[str, str]:
+                            kv_cache_free_gpu_mem_fraction: float = 0.9,
+                            tokenizer_dir: Path | None = None) -> dict[str, str]:
     """The ``parameters`` of the tensorrt_llm model. The CPU model's are a subset of the GPU ones,
-    with equal values (those it reads)."""
+    with equal values (those it reads). The GPU ones include every parameter the tensorrtllm backend reads
+    without a default (``tensorrtllm_backend.yaml``); guided decoding stays off (empty backend and tokenizer
+    info: it does not combine with in-engine acceptance)."""
     common = {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": str(engine_dir),
@@ -111,7 +114,42 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
             "enable_kv_cache_reuse": "false",
             "enable_chunked_context": "false",
             "normalize_log_probs": "true",
-            "cancellation_check_period_ms": "100"}
+            "cancellation_check_period_ms": "100",
+            "tokenizer_dir": "" if tokenizer_dir is None else str(tokenizer_dir),
+            "xgrammar_tokenizer_info_path": "",
+            "guided_decoding_backend": ""}
+
+
+def tensorrtllm_backend_facts() -> dict:
+    """``tensorrtllm_backend.yaml``: the parameters TensorRT-LLM's Triton backend reads without a default (source
+    paths and commits inside)."""
+    import yaml
+
+    return yaml.safe_load((HERE / "tensorrtllm_backend.yaml").read_text())
+
+
+def check_tensorrtllm_parameters(cfg, *, source) -> None:
+    """The tensorrt_llm model of a ``backend: "tensorrtllm"`` repository carries every parameter the backend
+    reads with no fallback, each with a value it accepts (``tensorrtllm_backend.yaml``); else a ConfigError
+    naming the parameter, as the backend would fail the load ("Cannot find parameter with name: ...")."""
+    facts = tensorrtllm_backend_facts()
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    for name, rule in {**facts["required"], **facts["effectively_required"]}.items():
+        if name not in params:
+            raise ConfigError("missing: TensorRT-LLM's Triton backend reads it with no default and fails the load "
+                              f"(Cannot find parameter with name: {name})", source=source, field=f"parameters.{name}")
+        v = params[name]
+        if "allowed" in (rule or {}) and v not in rule["allowed"]:
+            raise ConfigError(f"{v!r} is not one of {rule['allowed']} (the backend throws)", source=source,
+                              field=f"parameters.{name}")
+        if (rule or {}).get("must_exist") and not v:
+            raise ConfigError("empty: the backend needs an existing path", source=source, field=f"parameters.{name}")
+    for name in facts["forbidden"]:
+        if name in params:
+            raise ConfigError("given: the backend refuses it", source=source, field=f"parameters.{name}")
+    for name, v in params.items():
+        if "${" in v:
+            raise ConfigError(f"unfilled template value {v!r}", source=source, field=f"parameters.{name}")
 
 
 # ---- config checks -------------------------------------------------------------------------------
@@ -191,6 +229,8 @@ def check_repository(repo: str | Path) -> dict:
             raise ConfigError("no version directory 1/", source=cfg_path.parent)
         models[cfg.name] = cfg
     for name, cfg in models.items():
+        if cfg.backend == "tensorrtllm":
+            check_tensorrtllm_parameters(cfg, source=repo / name / "config.pbtxt")
         if cfg.platform == "ensemble":
             check_ensemble(cfg, models, source=repo / name / "config.pbtxt")
     return models
@@ -297,7 +337,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     eos = [int(e) for e in man.get("eos_token_ids") or ()]
     with AtomicOutputDir(output, force=force) as tmp:
         params = tensorrt_llm_parameters(backend, engine_dir=engine_abs, K=K,
-                                         kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction)
+                                         kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
+                                         tokenizer_dir=tok_dir)
         _write_model(tmp, "tensorrt_llm", fill(read_template("tensorrt_llm.pbtxt"), {
             "backend": backend, "max_batch_size": mbs, "decoupled": "true" if decoupled else "false",
             "max_queue_delay_microseconds": 0, "parameters": parameters_block(params)},
