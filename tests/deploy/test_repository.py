@@ -356,3 +356,41 @@ def test_tensorrtllm_repository_carries_every_parameter_the_backend_reads_withou
         cfg.write_text(text[:start] + text[end:])
         with pytest.raises(ConfigError, match=f"parameters.{name}.*Cannot find parameter with name: {name}"):
             rp.check_repository(bad)
+
+
+def test_tp2_engine_launches_one_mpi_rank_per_gpu(engine, tmp_path):
+    """The tensorrtllm backend's executor expects an MPI world of tp ranks (executorImpl.cpp, initializeWorkers:
+    worldSize == tp*pp*cp without participant ids): launch.sh starts them as TensorRT-LLM's
+    triton_backend/scripts/launch_triton_server.py does (one `-n 1 tritonserver` app context per rank; ranks > 0
+    load tensorrt_llm only; a python shared-memory prefix per rank), or says clearly that mpirun is missing."""
+    eng = _trtllm_engine_dir(engine, tmp_path / "tp2-engine")
+    man = json.loads((eng / "engine.json").read_text())
+    (eng / "engine.json").write_text(json.dumps({**man, "tp_size": 2}))
+    repo = tmp_path / "repo"
+    code, text = _cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(repo))
+    assert code == 0, text
+    script = repo / "launch.sh"
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lib = tmp_path / "libdflash2_plugins.so"
+    lib.write_bytes(b"")
+    fake = tmp_path / "mpirun"
+    fake.write_text('#!/bin/sh\necho "LD_PRELOAD=$LD_PRELOAD"; for a in "$@"; do echo "[$a]"; done\n')
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "DFLASH2_PLUGIN_LIB": str(lib), "MPIRUN": str(fake), "TRITONSERVER": "/opt/ts"}
+    r = subprocess.run(["bash", str(script), "--log-verbose", "1"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"LD_PRELOAD={lib}"
+    args = [a[1:-1] for a in lines[1:]]
+    assert args[:3] == ["--allow-run-as-root", "-x", "LD_PRELOAD"]
+    ranks = " ".join(args[3:]).split(" : ")
+    ports = "--http-port 8000 --grpc-port 8001 --metrics-port 8002"
+    assert ranks == [
+        f"-n 1 /opt/ts --model-repository {repo} {ports} --disable-auto-complete-config "
+        "--backend-config=python,shm-region-prefix-name=prefix0_ --log-verbose 1",
+        f"-n 1 /opt/ts --model-repository {repo} {ports} --model-control-mode=explicit --load-model=tensorrt_llm "
+        "--disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix1_ --log-verbose 1"]
+    env["MPIRUN"] = str(tmp_path / "no-mpirun")
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "tp 2" in r.stderr and "one MPI process per GPU" in r.stderr

@@ -8,7 +8,8 @@ templates (``templates/``)::
       tensorrt_llm/    config.pbtxt, 1/[model.py]  the engine: TensorRT-LLM backend tensors
       postprocessing/  config.pbtxt, 1/model.py    output_ids -> text
       ensemble/        config.pbtxt, 1/            text_input, max_tokens, ... -> text_output
-      launch.sh                                    (tensorrtllm backend) tritonserver + LD_PRELOAD
+      launch.sh                                    (tensorrtllm backend) tritonserver + LD_PRELOAD;
+                                                   tp > 1: mpirun, one tritonserver rank per GPU
 
 ``tensorrt_llm`` is served by ``backend: "tensorrtllm"`` for a TensorRT-LLM engine, or by a
 python-backend model running the CPU runtime for a CPU engine (``models/tensorrt_llm_cpu.py``);
@@ -326,6 +327,9 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if not 0 < kv_cache_free_gpu_mem_fraction <= 1:
         raise ConfigError(f"must be in (0, 1], got {kv_cache_free_gpu_mem_fraction}",
                           field="--kv-cache-free-gpu-mem-fraction")
+    tp = man.get("tp_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"must be a positive integer, got {tp!r}", source=engine_dir / "engine.json", field="tp_size")
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     K = int(man["block_size"]) - 1
     tok_dir, tok = (None, None) if ids_only else _tokenizer_for(engine_dir, man, tokenizer, vocab)
@@ -362,7 +366,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
             lib_name = (man.get("plugin_library") or {}).get("file") or "libdflash2_plugins.so"
             lib = Path(plugin_lib).resolve() if plugin_lib is not None else engine_abs / lib_name
             launch = tmp / "launch.sh"
-            launch.write_text(fill(read_template("launch.sh"), {"plugin_lib": lib}, source="templates/launch.sh"))
+            launch.write_text(fill(read_template("launch.sh"), {"plugin_lib": lib, "tp_size": tp},
+                                   source="templates/launch.sh"))
             launch.chmod(0o755)
         check_repository(tmp)
         (tmp / "dflash2_repository.json").write_text(json.dumps({
