@@ -394,3 +394,29 @@ def test_tp2_engine_launches_one_mpi_rank_per_gpu(engine, tmp_path):
     env["MPIRUN"] = str(tmp_path / "no-mpirun")
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     assert r.returncode == 1 and "tp 2" in r.stderr and "one MPI process per GPU" in r.stderr
+
+
+def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_repo):
+    """Every input of TensorRT-LLM's text ensemble (recorded with its source in tensorrtllm_backend.yaml) is either
+    an input of this ensemble, with the upstream name, type and dims, or listed as not offered, with a reason, in the
+    data and in README."""
+    import yaml
+
+    up = yaml.safe_load((Path(rp.__file__).parent / "tensorrtllm_backend.yaml").read_text())["upstream_ensemble"]
+    assert up["source"]["path"].endswith("inflight_batcher_llm/ensemble/config.pbtxt") and len(up["inputs"]) == 36
+    ens = rp.check_repository(cpu_repo)["ensemble"]
+    ours = {t.name: (_type(t), list(t.dims)) for t in ens.input}
+    accepted = {k for k, v in up["inputs"].items() if v == "accepted"}
+    assert set(ours) == accepted
+    upstream_types = {"text_input": ("STRING", [1]), "max_tokens": ("INT32", [1]), "stop_words": ("STRING", [-1]),
+                      "end_id": ("INT32", [1]), "pad_id": ("INT32", [1]), "temperature": ("FP32", [1]),
+                      "top_k": ("INT32", [1]), "top_p": ("FP32", [1]), "seed": ("UINT64", [1]),
+                      "beam_width": ("INT32", [1]), "stream": ("BOOL", [1]), "exclude_input_in_output": ("BOOL", [1]),
+                      "return_perf_metrics": ("BOOL", [1]), "return_num_input_tokens": ("BOOL", [1]),
+                      "return_num_output_tokens": ("BOOL", [1])}
+    assert ours == upstream_types
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("The ensemble's inputs are a subset"):][:2500]
+    for name, why in up["inputs"].items():
+        assert f"`{name}`" in section, name
+        assert why == "accepted" or len(why) > 10, name
