@@ -200,8 +200,10 @@ def _collect_blockers(p: Prepared) -> None:
         p.warnings.append(
             f"on TensorRT-LLM the runtime reads pretrained_config.layer_types in its own names (attention, recurrent, "
             f"linear, no_op) and adds eagle_net_config.num_hidden_layers to num_hidden_layers (gptJsonConfig.cpp) "
-            f"[read, not run]: the engine config therefore writes attention/recurrent (with the checkpoint's names it "
-            f"would give {n_all} pool layers KV space, not the {n_kv} the sizing counts) and keeps hf_layer_types; "
+            f"[read, not run]: the engine config therefore writes one attention/recurrent entry per layer, the "
+            f"drafter's as attention (with the checkpoint's names it would give {n_all} pool layers KV space, not the "
+            f"{n_kv} the sizing counts), keeps hf_layer_types, and writes the per-rank RNN fields the runtime "
+            f"requires of a recurrent variant; "
             f"the stock 1.2 runtime refuses speculative decoding for recurrent models (TRTLLM-ENGINE.md §4): it needs "
             f"the relaxations of docs/hybrid-runtime.md, applied to a 1.2.x checkout by "
             f"scripts/patch_trtllm_recurrent_spec.py (not yet built or run on a GPU)")
