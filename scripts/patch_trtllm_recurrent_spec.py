@@ -27,6 +27,10 @@ R4     same (constructor)                                          its EAGLE mod
 G1a/b  same (executorConfigIsValid / fixExecutorConfig)            KV-cache block reuse is switched off for it (a
                                                                    reused prefix has K/V but no recurrent state)
 O1     same (constructor), only with --chunked-context             chunked context is no longer refused for it
+O1b/c  cpp/tensorrt_llm/executor/executorImpl.cpp                  with --chunked-context: the executor no longer
+       (executorConfigIsValid / fixExecutorConfig)                 switches chunked context off for it (it does so for
+                                                                   every RNN-based model before the model is made, so
+                                                                   O1 alone would change nothing)
 =====  ==========================================================  ====================================================
 
 Each change is found by a pattern over the code's structure (not line numbers), so other 1.2.x patch levels work
@@ -129,6 +133,14 @@ def _o1(m: re.Match, c: Context) -> str:
             f"/* {MARK}O1 the engine continues a chunk from the committed state */,{m['msg']}")
 
 
+def _o1x(pid: str) -> Callable[[re.Match, Context], str]:
+    """O1b/O1c: executorImpl.cpp's chunked-context switch-off skips the hybrid (the stock rule stays for others)."""
+    def render(m: re.Match, c: Context) -> str:
+        v = m["var"]
+        return f"{m['head']}({v}.isRnnBased() && !{c.predicate(v)}) /* {MARK}{pid} */"
+    return render
+
+
 def _g1a(m: re.Match, c: Context) -> str:
     ind = _indent_at(m.string, m.end() - 1) + "    "
     return (f"{m['head']}\n{ind}if ({c.predicate(m['var'])}) // {MARK}G1a no block reuse for the hybrid\n"
@@ -144,6 +156,10 @@ def _g1b(m: re.Match, c: Context) -> str:
 
 
 _MODEL_PARAM = r"(?:runtime::)?ModelConfig\s+const\s*&\s*(?P<var>\w+)"
+# executorImpl.cpp's own executorConfigIsValid / fixExecutorConfig: (ExecutorConfig const&, ModelConfig const& m),
+# "if (executorConfig.getEnableChunkedContext()) { if (m.isRnnBased() || ..." -> chunked context off for recurrent
+_EXEC_CHUNKED = (r"\(\s*ExecutorConfig\s+const\s*&\s*\w+\s*,\s*" + _MODEL_PARAM + r"\s*\)\s*\{[^{}]*?"
+                 r"getEnableChunkedContext\(\)\s*\)\s*\{\s*if\s*\(\s*)(?P=var)\.isRnnBased\(\)")
 
 PATCHES: tuple[Patch, ...] = (
     Patch("R1", GPT_JSON_CONFIG, "parseJson (RNN config block)",
@@ -176,6 +192,14 @@ PATCHES: tuple[Patch, ...] = (
           '`TLLM_CHECK_WITH_INFO(!executorConfig.getEnableChunkedContext(), "...Chunked Context...")`',
           re.compile(r"(?P<head>TLLM_CHECK_WITH_INFO\(\s*)!\s*executorConfig\.getEnableChunkedContext\(\)\s*,"
                      r"(?P<msg>\s*\"[^\"]*[Cc]hunked [Cc]ontext[^\"]*\")"), _o1, optional=True),
+    Patch("O1b", EXECUTOR_IMPL, "executorConfigIsValid (anonymous namespace)",
+          "`executorConfigIsValid(ExecutorConfig const&, ModelConfig const& <cfg>) { if (...getEnableChunkedContext()) "
+          "{ if (<cfg>.isRnnBased() || ...`",
+          re.compile(r"(?P<head>\bbool\s+executorConfigIsValid" + _EXEC_CHUNKED), _o1x("O1b"), optional=True),
+    Patch("O1c", EXECUTOR_IMPL, "fixExecutorConfig (anonymous namespace)",
+          "`ExecutorConfig fixExecutorConfig(ExecutorConfig const&, ModelConfig const& <cfg>) { ... if "
+          "(...getEnableChunkedContext()) { if (<cfg>.isRnnBased() || ...`",
+          re.compile(r"(?P<head>\bExecutorConfig\s+fixExecutorConfig" + _EXEC_CHUNKED), _o1x("O1c"), optional=True),
 )
 
 
@@ -293,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--architecture", action="append", dest="architectures", metavar="NAME",
                     help=f"engine architecture the changes apply to (repeatable; default {DEFAULT_ARCHITECTURES[0]})")
     ap.add_argument("--chunked-context", action="store_true",
-                    help="also allow chunked context (O1; needs the engine's first-chunk rule, docs/hybrid-runtime.md)")
+                    help="also allow chunked context (O1, O1b, O1c; needs the engine's first-chunk rule, "
+                         "docs/hybrid-runtime.md)")
     ap.add_argument("--any-version", action="store_true", help=f"skip the {SUPPORTED_VERSION_PREFIX}x version check")
     ap.add_argument("--build", action="store_true", help="run TensorRT-LLM's scripts/build_wheel.py after patching")
     ap.add_argument("--python", default="python3", help="interpreter for the build (default python3)")

@@ -12,7 +12,19 @@ Which tool (read in TensorRT-LLM 1.2's sources):
   in flight (``canEnqueue``: sent - finished < C); ``--streaming`` records time to first token and
   inter-token latency; ``--temperature``, ``--eos_id`` (default -1: never stop early),
   ``--max_num_samples``, ``--warm_up``, ``--output_csv``, ``--responses_json``,
-  ``--enable_kv_cache_reuse`` (default true) are its flags.
+  ``--enable_kv_cache_reuse`` and ``--enable_chunked_context`` (both default true; passed as false here, as the
+  Triton repository and the hybrid runtime run) are its flags.
+
+What it records (``Recorder``, read in ``benchmarks/cpp/gptManagerBenchmark.cpp``, the revision whose two flags
+above default to true): in ``--streaming`` mode no response tokens at all (``recordEnd`` keeps tokens only when not
+streaming), so ``--responses_json`` writes ``[]``; and its streaming metrics read every request's inter-token
+latency, which is unset for a request with one output token, so such a run throws after the work is done.
+Hence: timing runs stream (time to first token, inter-token latency) and write no responses file; with a
+baseline engine at temperature 0 each level adds one non-streaming run per engine whose responses are compared
+(``outputs_match``: true / false, with the mismatching requests in ``outputs_compared``; null when nothing was
+compared, never true by default); requests asking for fewer than 2 output tokens are refused. A request that
+stops at EOS after its first token still trips that throw: ``bench run --ignore-eos`` (``--eos_id -1``) avoids it.
+Values printed as ``nan`` / ``-nan`` (a 0/0 average) are parsed and reported as null.
 
 Its dataset is NOT trtllm-bench's JSON lines but one JSON document (``utils/utils.cpp:
 parseWorkloadJson``, written by ``benchmarks/cpp/utils/utils.py: dataset_dump``)::
@@ -40,6 +52,7 @@ directory: its config.json and rank engines, as ``ModelRunnerCpp.from_dir`` read
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -53,7 +66,10 @@ UNAVAILABLE = ["input_tokens", "engine_steps", "target_tokens", "target_tokens_p
                "decode_target_tokens_per_emitted_token", "acceptance.histogram", "acceptance.per_position",
                "acceptance.per_position_conditional", "latency_s.mean (given as avg_sequence_latency)"]
 
-_LINE = re.compile(r"^\[BENCHMARK\]\s+([A-Za-z0-9_]+)(?:\(([^)]*)\))?\s+(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf|-inf)\s*$")
+# printf("%.2f") of a 0/0 average or an empty percentile prints nan or -nan (glibc), inf or -inf
+_LINE = re.compile(r"^\[BENCHMARK\]\s+([A-Za-z0-9_]+)(?:\(([^)]*)\))?\s+([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))\s*$",
+                   re.IGNORECASE)
+MIN_OUTPUT_TOKENS = 2
 
 
 def eagle_choices(draft_len: int) -> str:
@@ -73,10 +89,14 @@ def workload_json(specs: list[dict], metadata: dict | None = None) -> dict:
 def benchmark_command(*, binary: str, engine_dir, dataset_json, concurrency: int, num_samples: int,
                       draft_len: int | None, temperature: float = 0.0, eos_id: int | None = None,
                       warm_up: int = 2, output_csv=None, responses_json=None, streaming: bool = True) -> list[str]:
-    """The argv of one gptManagerBenchmark run (``draft_len`` None: no speculation, the baseline engine)."""
+    """The argv of one gptManagerBenchmark run (``draft_len`` None: no speculation, the baseline engine).
+    Block reuse and chunked context are off (both default on in gptManagerBenchmark; the Triton repository and the
+    hybrid runtime turn them off too). ``responses_json`` only holds tokens of a non-streaming run (in streaming
+    mode its Recorder keeps no response, and the file is ``[]``)."""
     cmd = [str(binary), "--engine_dir", str(engine_dir), "--api", "executor", "--type", "inflight",
            "--dataset", str(dataset_json), "--max_num_samples", str(num_samples), "--concurrency", str(concurrency),
-           "--warm_up", str(warm_up), "--enable_kv_cache_reuse=false", "--log_level", "warning"]
+           "--warm_up", str(warm_up), "--enable_kv_cache_reuse=false", "--enable_chunked_context=false",
+           "--log_level", "warning"]
     if streaming:
         cmd.append("--streaming")
     if draft_len is not None:
@@ -98,7 +118,7 @@ def parse_benchmark_output(text: str) -> dict:
     for line in text.splitlines():
         m = _LINE.match(line.strip())
         if m:
-            out[m.group(1)] = float(m.group(3))
+            out[m.group(1)] = float(m.group(3))     # "-nan" -> nan: printed, so measured as not-a-number
     if not out:
         raise ConfigError("no [BENCHMARK] lines in gptManagerBenchmark's output (did it fail? its log says why)",
                           field=BINARY)
@@ -114,7 +134,9 @@ def _dist_ms(vals: dict, stem: str) -> dict | None:
 
 
 def metrics_from_benchmark(vals: dict, *, num_requests: int) -> dict:
-    """A report RUN block from parsed gptManagerBenchmark values (fields it does not measure are null)."""
+    """A report RUN block from parsed gptManagerBenchmark values (fields it does not measure, and nan values, are
+    null)."""
+    vals = {k: v for k, v in vals.items() if not math.isnan(v)}
     wall = vals.get("total_latency") and vals["total_latency"] / 1e3
     tok_s = vals.get("token_throughput")
     return {
@@ -147,6 +169,21 @@ def _responses(path: Path) -> list[list[int]] | None:
         return None
 
 
+def compare_outputs(spec: list[list[int]] | None, base: list[list[int]] | None, expected: int) -> dict:
+    """``{"match": True | False | None, "compared", "mismatched"}`` of two non-streaming runs' responses (in
+    request order; both runs enqueue the same warm-up and samples, so response ids line up). ``match`` is None
+    when nothing could be compared (a file missing, unreadable or empty), False when a request differs or a run
+    returned another number of responses than the ``expected`` requests."""
+    if not spec or not base:
+        return {"match": None, "compared": 0, "mismatched": []}
+    n = min(len(spec), len(base))
+    bad = [i for i in range(n) if spec[i] != base[i]]
+    ok = not bad and len(spec) == len(base) == expected
+    return {"match": ok, "compared": n, "mismatched": bad[:8],
+            **({} if len(spec) == len(base) == expected else {"responses": {"speculative": len(spec),
+                                                                            "autoregressive": len(base)}})}
+
+
 def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests: int | None = None,
               temperature: float = 0.0, max_new_tokens: int = 64, stop_on_eos: bool = True,
               baseline_engine_dir=None, binary: str | None = None, plugin_lib: str | None = None,
@@ -163,6 +200,12 @@ def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests:
     vocab = int(manifest.get("vocab_size") or 2**31 - 1)   # the caller puts config.json's vocab_size here
     specs = load_bench_requests(dataset, vocab_size=vocab, default_output_tokens=max_new_tokens,
                                 num_requests=num_requests, tokenizer_dir=prompt_tokenizer_dir(engine_dir, manifest))
+    short = [i for i, sp in enumerate(specs) if int(sp["output_tokens"]) < MIN_OUTPUT_TOKENS]
+    if short:
+        raise ConfigError(f"request {short[0]} asks for {specs[short[0]]['output_tokens']} output token(s): "
+                          f"gptManagerBenchmark's streaming metrics throw for a request with fewer than "
+                          f"{MIN_OUTPUT_TOKENS} (its inter-token latency is undefined); give each request >= "
+                          f"{MIN_OUTPUT_TOKENS}", source=str(dataset), field="output_tokens")
     eos = [int(e) for e in manifest.get("eos_token_ids") or []] if stop_on_eos else []
     exe = (binary or BINARY) if dry_run else find_binary(binary)
     trt_dir = Path(engine_dir)
@@ -183,33 +226,48 @@ def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests:
     if plugin_lib:
         env["LD_PRELOAD"] = ":".join(p for p in (plugin_lib, env.get("LD_PRELOAD")) if p)
     runs, commands = [], []
+    compare = temperature == 0 and baseline_engine_dir is not None
+    modes = (("speculative", trt_dir, K), ("autoregressive", baseline_engine_dir, None))
+
+    def run(cmd, c, mode, what):
+        commands.append(cmd)
+        if dry_run:
+            return None
+        proc = runner(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["(no output)"]
+            raise ConfigError(f"exited {proc.returncode} at concurrency {c} ({mode}{what}): {tail[0]}", field=BINARY)
+        return proc
+
     for c in levels:
         row = {"concurrency": c}
-        outs = {}
-        for mode, edir, dl in (("speculative", trt_dir, K), ("autoregressive", baseline_engine_dir, None)):
+        # timing: streaming (time to first token, inter-token latency); its responses file would be empty
+        for mode, edir, dl in modes:
+            row[mode] = None
             if edir is None:
-                row[mode] = None
                 continue
-            resp = work / f"responses_{mode}_c{c}.json"
-            cmd = benchmark_command(binary=exe, engine_dir=edir, dataset_json=ds_json, concurrency=c,
-                                    num_samples=len(specs), draft_len=dl, temperature=temperature,
-                                    eos_id=eos[0] if eos else None, output_csv=work / f"{mode}_c{c}.csv",
-                                    responses_json=resp)
-            commands.append(cmd)
-            if dry_run:
-                row[mode] = None
-                continue
-            proc = runner(cmd, capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["(no output)"]
-                raise ConfigError(f"exited {proc.returncode} at concurrency {c} ({mode}): {tail[0]}", field=BINARY)
-            row[mode] = metrics_from_benchmark(parse_benchmark_output(proc.stdout), num_requests=len(specs))
-            outs[mode] = _responses(resp)
+            proc = run(benchmark_command(binary=exe, engine_dir=edir, dataset_json=ds_json, concurrency=c,
+                                         num_samples=len(specs), draft_len=dl, temperature=temperature,
+                                         eos_id=eos[0] if eos else None, output_csv=work / f"{mode}_c{c}.csv"),
+                       c, mode, "")
+            if proc is not None:
+                row[mode] = metrics_from_benchmark(parse_benchmark_output(proc.stdout), num_requests=len(specs))
         spec, ar = row.get("speculative"), row.get("autoregressive")
         row["speedup"] = (spec["output_tokens_per_s"] / ar["output_tokens_per_s"]
                           if spec and ar and spec["output_tokens_per_s"] and ar["output_tokens_per_s"] else None)
-        a, b = outs.get("speculative"), outs.get("autoregressive")
-        row["outputs_match"] = (a == b) if (temperature == 0 and a is not None and b is not None) else None
+        # outputs: one non-streaming run per engine (the only mode whose responses gptManagerBenchmark records),
+        # greedy with a baseline only; null when nothing was compared, never true by default
+        outs = {}
+        if compare:
+            for mode, edir, dl in modes:
+                resp = work / f"responses_{mode}_c{c}.json"
+                proc = run(benchmark_command(binary=exe, engine_dir=edir, dataset_json=ds_json, concurrency=c,
+                                             num_samples=len(specs), draft_len=dl, temperature=temperature,
+                                             eos_id=eos[0] if eos else None, responses_json=resp, streaming=False),
+                           c, mode, ", outputs check")
+                outs[mode] = _responses(resp) if proc is not None else None
+        cmp = compare_outputs(outs.get("speculative"), outs.get("autoregressive"), len(specs))
+        row["outputs_match"], row["outputs_compared"] = cmp["match"], cmp
         runs.append(row)
     return {
         "backend": "trtllm", "engine_dir": str(engine_dir), "target": manifest.get("target"), "block_size": K + 1,

@@ -53,6 +53,8 @@ RESERVE_BYTES = 1 * GIB
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 MODEL_CLS_NAME = "DFlash2ForCausalLM"
 HYBRID_ISSUE = "issue 15"
+# The architectures scripts/patch_trtllm_recurrent_spec.py maps to the runtime's hybrid variant by default (R1).
+PATCHED_ARCHITECTURES = ("DFlash2Qwen3_5ForCausalLM",)
 # The one-line origin of a setting given on the command line (error messages name it).
 OPTION_OF = {"block_size": "--block-size", "max_batch_size": "--max-batch-size", "max_input_len": "--max-input-len",
              "max_seq_len": "--max-seq-len", "max_num_tokens": "--max-num-tokens",
@@ -199,8 +201,10 @@ def _collect_blockers(p: Prepared) -> None:
         p.warnings.append(
             f"on TensorRT-LLM the runtime reads pretrained_config.layer_types in its own names (attention, recurrent, "
             f"linear, no_op) and adds eagle_net_config.num_hidden_layers to num_hidden_layers (gptJsonConfig.cpp) "
-            f"[read, not run]: the engine config therefore writes attention/recurrent (with the checkpoint's names it "
-            f"would give {n_all} pool layers KV space, not the {n_kv} the sizing counts) and keeps hf_layer_types; "
+            f"[read, not run]: the engine config therefore writes one attention/recurrent entry per layer, the "
+            f"drafter's as attention (with the checkpoint's names it would give {n_all} pool layers KV space, not the "
+            f"{n_kv} the sizing counts), keeps hf_layer_types, and writes the per-rank RNN fields the runtime "
+            f"requires of a recurrent variant; "
             f"the stock 1.2 runtime refuses speculative decoding for recurrent models (TRTLLM-ENGINE.md §4): it needs "
             f"the relaxations of docs/hybrid-runtime.md, applied to a 1.2.x checkout by "
             f"scripts/patch_trtllm_recurrent_spec.py (not yet built or run on a GPU)")
@@ -226,11 +230,29 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
                              "max_seq_len": cfg.max_seq_len, "tokens_per_block": cfg.tokens_per_block}
     if "linear_attention" in pre["layer_types"]:
-        # TensorRT-LLM's runtime (gptJsonConfig.cpp) reads layer_types in its own names to size the KV pool
-        # (attention layers only); the network reads the HF kinds from hf_layer_types (model.hf_layer_types).
+        # TensorRT-LLM's runtime (gptJsonConfig.cpp, engine/runtime_rules.py) reads layer_types in its own names,
+        # one per layer of num_hidden_layers + eagle_net_config.num_hidden_layers (a shorter list repeats
+        # cyclically): the drafter's pool layers are attention. The network reads the HF kinds from hf_layer_types
+        # (model.hf_layer_types).
         pre["hf_layer_types"] = list(pre["layer_types"])
-        pre["layer_types"] = ["recurrent" if t == "linear_attention" else "attention" for t in pre["layer_types"]]
+        pre["layer_types"] = (["recurrent" if t == "linear_attention" else "attention" for t in pre["layer_types"]]
+                              + ["attention"] * pre["eagle_net_config"]["num_hidden_layers"])
+        pre.update(rnn_fields(pre))
     return pre
+
+
+def rnn_fields(ck: dict) -> dict:
+    """The RNN fields the runtime requires of a recurrent variant (gptJsonConfig.cpp; after the patch's R1 the
+    hybrid is one), per rank, from the Gated DeltaNet shapes: the runtime's state slot ``[rnn_hidden_size /
+    rnn_head_size, state_size, rnn_head_size]`` float32 is then the plugin's ``[Hv/tp, Dk, Dv]`` and its conv slot
+    ``[conv_kernel - 1, rnn_conv_dim_size]`` the plugin's ``[K-1, (2 Hk Dk + Hv Dv)/tp]`` (docs/hybrid-runtime.md
+    §4). The runtime divides none of them by tp."""
+    la, tp = ck["linear_attention"], ck["mapping"]["tp_size"]
+    nk, nv = la["num_key_heads"], la["num_value_heads"]
+    nk_l, nv_l = (nk // tp if nk >= tp else 1), nv // tp
+    dk, dv = la["key_head_dim"], la["value_head_dim"]
+    return {"state_size": dk, "rnn_head_size": dv, "rnn_hidden_size": nv_l * dv, "conv_kernel": la["conv_kernel_size"],
+            "rnn_conv_dim_size": 2 * nk_l * dk + nv_l * dv, "state_dtype": "float32"}
 
 
 def check_kv_compatible(pre: dict) -> None:
@@ -364,6 +386,41 @@ def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = N
     ]
 
 
+def trtllm_engine_config(pre: dict, cfg) -> dict:
+    """The engine ``config.json`` trtllm-build writes from the build checkpoint's config (``pre``, kept whole as
+    ``pretrained_config``) and :func:`trtllm_build_argv`'s flags, as far as the runtime reads it [inferred from
+    ``tensorrt_llm/commands/build.py`` and ``plugin.py`` defaults; the real file is trtllm-build's]. What the
+    runtime-rule emulation (engine/runtime_rules.py) parses."""
+    K = cfg.block_size - 1
+    auto = pre.get("dtype", cfg.dtype)      # "auto" plugins resolve to the model dtype
+    return {"version": "1.2", "pretrained_config": pre, "build_config": {
+        "max_batch_size": cfg.max_batch_size, "max_input_len": cfg.max_input_len, "max_seq_len": cfg.max_seq_len + 2 * K,
+        "max_num_tokens": cfg.max_num_tokens, "max_beam_width": 1, "max_draft_len": K,
+        "speculative_decoding_mode": 32, "kv_cache_type": "PAGED", "lora_config": {},
+        "plugin_config": {"gpt_attention_plugin": auto, "gemm_plugin": auto, "remove_input_padding": True,
+                          "paged_kv_cache": True, "tokens_per_block": cfg.tokens_per_block, "context_fmha": True,
+                          "use_paged_context_fmha": True, "lora_plugin": None, "mamba_conv1d_plugin": auto,
+                          "paged_state": True}}}
+
+
+def runtime_reading(pre: dict | None, cfg) -> dict | None:
+    """What the (patched, for the hybrid) C++ runtime counts in this engine: layers, KV-pool (attention) and state
+    (recurrent) layers, the variant and the RNN fields (engine/runtime_rules.py); ``{"error": ...}`` when it would
+    refuse the config."""
+    if pre is None:
+        return None
+    from .runtime_rules import parse_engine_config
+
+    try:
+        r = parse_engine_config(trtllm_engine_config(pre, cfg), source="engine config.json",
+                                patched_architectures=PATCHED_ARCHITECTURES)
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    return {"layers": r["layers"], "target_layers": pre["num_hidden_layers"],
+            "eagle_net_layers": (r["eagle"] or {}).get("eagle_net_layers", 0), "attention_layers": r["attention_layers"],
+            "recurrent_layers": r["recurrent_layers"], "variant": r["variant"], "rnn": r["rnn"]}
+
+
 def trtllm_build_env(plugin_lib) -> dict[str, str]:
     """What the model class file needs in trtllm-build's process: the plugin library (trtllm-build has no
     plugin flag; model.py loads it) and the TensorRT-LLM backend of the network."""
@@ -439,6 +496,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         supported["stages"] = list(get_target(p.target_key).supported)
     supported["cpu_engine"] = not p.blockers
     supported["trtllm_engine"] = not p.blockers and not p.trtllm_blockers
+    engine_config = engine_pretrained_config(p.checkpoint_config, cfg, d) if p.checkpoint_config else None
     return {
         "target": p.target_key, "family": t.family, "backend": backend, "output": str(out),
         "drafter_dir": str(p.drafter_dir), "target_dir": str(p.target_dir),
@@ -447,6 +505,9 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         "sizing": size,
         "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": list(p.trtllm_blockers),
         "warnings": list(p.warnings),
+        # the build checkpoint's config.json, exactly as trtllm-build receives it (engine step), and what the
+        # runtime will count in it
+        "engine_config": engine_config, "runtime": runtime_reading(engine_config, cfg),
     }
 
 
@@ -486,6 +547,17 @@ def render_plan(plan: dict) -> str:
         lines.append("trtllm-bench command (after the build; DATASET.jsonl from `dflash2-trt bench prepare-dataset "
                      "--engine-dir ENGINE_DIR ...`; `bench run` runs it per concurrency):")
         lines.append("  " + plan["trtllm_bench"]["line"])
+    rt = plan.get("runtime")
+    if rt and "error" in rt:
+        lines.append(f"TensorRT-LLM runtime reading of the engine config: REFUSED: {rt['error']}")
+    elif rt:
+        line = (f"TensorRT-LLM runtime reading of the engine config (gptJsonConfig.cpp rule): {rt['layers']} layers "
+                f"({rt['target_layers']} target + {rt['eagle_net_layers']} EAGLE-net): {rt['attention_layers']} "
+                f"attention (KV pool) / {rt['recurrent_layers']} recurrent (state)")
+        if rt["rnn"]:
+            line += (f"; variant {rt['variant']} (with the runtime patch's R1); RNN fields per rank: "
+                     + ", ".join(f"{k} {v}" for k, v in rt["rnn"].items()))
+        lines.append(line)
     lines.append(f"sizing per rank (tp {z['tp_size']}, {z['dtype']}, GPU {z['gpu_memory_gib']:g} GiB):")
     w = z["weights_per_rank"]
     if w is None:

@@ -10,7 +10,13 @@ libdflash2_plugins.so, bound by ext.cpp), then on the current CUDA GPU:
      as a fraction of the GPU's nominal DRAM bandwidth (goal >= 85% on H200) and of a measured
      device-to-device copy;
    - the scan (lattice + walk) at B 64, L 7, K 16, R 256 per call, plain stream and CUDA graph
-     (goal <= 5 us).
+     (goal <= 5 us);
+3. the Gated DeltaNet plugin (DFlash2GatedDeltaNet): forward (context requests: y and their slots),
+   verify (generation requests: y, verify_qkv, verify_gates, slots left alone) and commit (committed
+   counts and both pools) against the CPU build (gatedDeltaNetCpu.cpp), bit for bit, on mixed batches
+   (chunked and per-token context paths, zero_state, fp32/fp16/bf16, up to Qwen3.8-27B's per-rank
+   heads); timed at a Qwen3.8-27B decode step (tp 1: 48 value x 16 key heads of 128, B 64 x Kv 8,
+   bf16) against the DRAM bound of the bytes it must move (the fp32 state dominates).
 Exit codes: 0 all checks passed, 1 a correctness check failed, 2 no CUDA GPU / build failure.
 Goals that are missed are reported (MISSED), not failures: they are measurements.
 """
@@ -49,6 +55,8 @@ def build_extension(verbose: bool):
         PLUGINS / "dynamicConvPlugin" / "dynamicConvParams.cpp",
         PLUGINS / "pairwiseScanPlugin" / "pairwiseScanKernel.cu",
         PLUGINS / "pairwiseScanPlugin" / "pairwiseScanParams.cpp",
+        PLUGINS / "gatedDeltaNetPlugin" / "gatedDeltaNetKernel.cu",
+        PLUGINS / "gatedDeltaNetPlugin" / "gatedDeltaNetParams.cpp",
     ]
     t0 = time.monotonic()
     ext = load(name="dflash2_gpu_check_ext", sources=[str(s) for s in sources],
@@ -108,6 +116,17 @@ def load_cpu_build(tmpdir: Path):
         return conv, scan
     except BaseException as e:  # noqa: BLE001 - pytest.skip raises BaseException subclasses
         log(f"note: CPU build of the shared math unavailable ({type(e).__name__}: {e}); GPU-vs-CPU bit identity not checked")
+        return None
+
+
+def load_gdn_cpu():
+    """The Gated DeltaNet CPU build (the package's own g++ build, dflash2_trt.trtllm.cpu.plugin_libs); None with a
+    note if it cannot be built."""
+    try:
+        from dflash2_trt.trtllm.cpu.plugin_libs import gdn_lib
+        return gdn_lib()
+    except Exception as e:  # noqa: BLE001
+        log(f"note: Gated DeltaNet CPU build unavailable ({type(e).__name__}: {e})")
         return None
 
 
@@ -281,6 +300,184 @@ def bench_scan(ext, results: dict) -> None:
         results[f"scan_{mode}"] = dict(graph_us=graph_us, stream_us=stream_us, eager_us=eager_us)
 
 
+# ------------------------------------------------------------------------------- Gated DeltaNet
+# (Hk, Hv, Dk, Dv, conv taps, Kv, chunk, context lengths, generation lengths): grouped heads, the per-token
+# context path (chunk 0), one-token chunks, and Qwen3.8-27B's per-rank heads at tp 1.
+GDN_CASES = [
+    (2, 4, 16, 16, 4, 4, 64, (37, 5), (4, 2)),
+    (4, 8, 128, 128, 4, 8, 64, (70, 1, 130), (8, 8, 3)),
+    (4, 8, 128, 128, 4, 8, 0, (9,), (8, 1)),
+    (2, 2, 64, 32, 3, 5, 7, (20,), (5, 5)),
+    (16, 48, 128, 128, 4, 8, 64, (200,), (8,) * 6),
+]
+
+
+def gdn_attrs(case) -> dict:
+    hk, hv, dk, dv, kc, kv, chunk = case[:7]
+    return dict(num_k_heads=hk, num_v_heads=hv, head_k_dim=dk, head_v_dim=dv, conv_kernel=kc, max_verify_tokens=kv,
+                chunk_size=chunk)
+
+
+def gdn_batch(case, dtype, seed: int, extra_slots: int = 2) -> dict:
+    """Random packed inputs of a mixed batch (context requests first) and dirty state pools, on the CPU."""
+    import torch
+    hk, hv, dk, dv, kc, kv, chunk, ctx, gen = case
+    c = 2 * hk * dk + hv * dv
+    g = torch.Generator().manual_seed(seed)
+    lens = list(ctx) + list(gen)
+    t, b = sum(lens), len(lens)
+    rn = lambda *sh: torch.randn(*sh, generator=g)  # noqa: E731
+    pools = b + extra_slots
+    return dict(
+        qkv=rn(t, c).to(dtype), w=(0.5 * rn(c, kc)).to(dtype), a=rn(t, hv).to(dtype), b=rn(t, hv).to(dtype),
+        dt_bias=rn(hv), A_log=torch.rand(hv, generator=g).clamp_min(0.01).log(),
+        cu=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
+        slots=torch.randperm(pools, generator=g)[:b].to(torch.int32),
+        types=torch.tensor([0] * len(ctx) + [1] * len(gen), dtype=torch.int32),
+        zero=torch.tensor([i % 2 for i in range(len(ctx))] + [1] * len(gen), dtype=torch.int32),
+        accepted=torch.tensor([0] * len(ctx) + [int(torch.randint(0, n + 1, (1,), generator=g)) for n in gen],
+                              dtype=torch.int32),
+        rnn=0.1 * rn(pools, hv, dk, dv), conv=rn(pools, kc - 1, c).to(dtype), lens=lens, n_ctx=len(ctx))
+
+
+class ExtGdn:
+    """The extension's gdn_forward / gdn_commit behind the CPU build's interface (GdnLib.forward / .commit), so one
+    comparison serves both; host_request_types stays on the host, as TensorRT-LLM passes it."""
+
+    def __init__(self, ext):
+        self.ext = ext
+
+    @staticmethod
+    def _v(mode, a):
+        return [mode, a["num_k_heads"], a["num_v_heads"], a["head_k_dim"], a["head_v_dim"], a["conv_kernel"],
+                a["max_verify_tokens"], a.get("chunk_size", 64), a.get("zero_state_input", 0)]
+
+    def forward(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, request_types, rnn_state,
+                conv_state, zero_state=None, **attrs):
+        import torch
+        return tuple(self.ext.gdn_forward(self._v(0, attrs), qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens,
+                                          slot_mapping, request_types.cpu(), rnn_state, conv_state, zero_state,
+                                          torch.cuda.current_stream().cuda_stream))
+
+    def commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping, request_types,
+               rnn_state, conv_state, **attrs):
+        import torch
+        return self.ext.gdn_commit(self._v(1, attrs), verify_qkv, verify_gates, conv_weight, num_accepted,
+                                   cu_seqlens, slot_mapping, request_types.cpu(), rnn_state, conv_state,
+                                   torch.cuda.current_stream().cuda_stream)
+
+
+def _bits(t):
+    import torch
+    t = t.detach().cpu().contiguous()
+    return t.view(torch.int32) if t.dtype == torch.float32 else (t.view(torch.int16) if t.element_size() == 2 else t)
+
+
+def gdn_compare(dev, cpu, case, dtype, zero_state: bool, seed: int, device: str = "cuda") -> list[str]:
+    """Runs one mixed batch through `dev` (on `device`) and the CPU build `cpu`: forward, then commit on the
+    forward's verify rows. Returns the stage:tensor names that differ in any bit (empty = identical)."""
+    bt = gdn_batch(case, dtype, seed)
+    attrs = gdn_attrs(case)
+    n_ctx, lens = bt["n_ctx"], bt["lens"]
+    ctx_rows = int(sum(lens[:n_ctx]))
+    ctx_slots = bt["slots"][:n_ctx].long()
+    gen_slots = bt["slots"][n_ctx:].long()
+    keys = ("qkv", "w", "a", "b", "dt_bias", "A_log", "cu", "slots")
+    zs = bt["zero"] if zero_state else None
+    rnn_c, conv_c = bt["rnn"].clone(), bt["conv"].clone()
+    out_c = cpu.forward(*(bt[k] for k in keys), bt["types"], rnn_c, conv_c, zero_state=zs, **attrs)
+    to = lambda t: t.to(device)  # noqa: E731
+    rnn_d, conv_d = to(bt["rnn"]), to(bt["conv"])
+    out_d = dev.forward(*(to(bt[k]) for k in keys), bt["types"], rnn_d, conv_d,
+                        zero_state=None if zs is None else to(zs), **attrs)
+    bad = []
+    y_c, y_d = out_c[0], out_d[0]
+    if not _bits(y_c[:ctx_rows]).equal(_bits(y_d[:ctx_rows])):
+        bad.append("forward:y")
+    for name, pc, pd in (("rnn", rnn_c, rnn_d), ("conv", conv_c, conv_d)):
+        if not _bits(pc[ctx_slots]).equal(_bits(pd[ctx_slots])):
+            bad.append(f"forward:{name}_state")
+        if not _bits(pc[gen_slots]).equal(_bits(pd[gen_slots])):
+            bad.append(f"verify:{name}_state")
+    if not _bits(y_c[ctx_rows:]).equal(_bits(y_d[ctx_rows:])):
+        bad.append("verify:y")
+    for i, name in ((1, "verify_qkv"), (2, "verify_gates")):
+        if not _bits(out_c[i]).equal(_bits(out_d[i])):
+            bad.append(f"verify:{name}")
+    ckeys = ("w",)
+    com_c = cpu.commit(out_c[1], out_c[2], *(bt[k] for k in ckeys), bt["accepted"], bt["cu"], bt["slots"],
+                       bt["types"], rnn_c, conv_c, **attrs)
+    com_d = dev.commit(out_d[1], out_d[2], *(to(bt[k]) for k in ckeys), to(bt["accepted"]), to(bt["cu"]),
+                       to(bt["slots"]), bt["types"], rnn_d, conv_d, **attrs)
+    if not _bits(com_c).equal(_bits(com_d)):
+        bad.append("commit:committed")
+    for name, pc, pd in (("rnn", rnn_c, rnn_d), ("conv", conv_c, conv_d)):
+        if not _bits(pc).equal(_bits(pd)):
+            bad.append(f"commit:{name}_state")
+    return bad
+
+
+def check_gdn(dev, cpu, results: dict, device: str = "cuda") -> bool:
+    """Every GDN_CASES batch x dtype x zero_state through `dev` vs the CPU build, bit for bit."""
+    import torch
+    if cpu is None:
+        log("gdn: the CPU build is unavailable: GPU-vs-CPU bit identity NOT checked")
+        results["gdn_exact"] = None
+        return True
+    ok, n = True, 0
+    for ci, case in enumerate(GDN_CASES):
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            for zs in (False, True):
+                n += 1
+                bad = gdn_compare(dev, cpu, case, dt, zs, seed=100 * ci + n, device=device)
+                if bad:
+                    ok = False
+                    log(f"  gdn MISMATCH case={case[:7]} ctx={case[7]} gen={case[8]} dtype={dt} zero_state={zs}: "
+                        f"{', '.join(bad)}")
+    log(f"gdn forward / verify / commit vs the CPU build (bit for bit, {n} batches): {'ok' if ok else 'FAILED'}")
+    results["gdn_exact"] = ok
+    return ok
+
+
+def gdn_decode_bytes(hk, hv, dk, dv, kc, kv, batch, el=2) -> dict:
+    """DRAM bytes a decode step must move at least: forward (verify) reads each request's fp32 state and conv state
+    and the Kv rows, writes y and the verify rows; commit reads and writes the state, reads the verify rows, writes
+    the conv state."""
+    c = 2 * hk * dk + hv * dv
+    state = batch * hv * dk * dv * 4
+    conv = batch * (kc - 1) * c * el
+    rows = batch * kv
+    fwd = state + conv + rows * (c + 2 * hv) * el + rows * hv * dv * el + rows * c * el + rows * 2 * hv * 4
+    com = 2 * state + conv + rows * c * el + rows * 2 * hv * 4
+    return {"forward": fwd, "commit": com}
+
+
+def bench_gdn(ext, results: dict) -> None:
+    import torch
+    hk, hv, dk, dv, kc, kv, batch = 16, 48, 128, 128, 4, 8, 64
+    case = (hk, hv, dk, dv, kc, kv, 64, (), (kv,) * batch)
+    bt = gdn_batch(case, torch.bfloat16, seed=7)
+    attrs = gdn_attrs(case)
+    dev = ExtGdn(ext)
+    cu = lambda t: t.cuda()  # noqa: E731
+    ins = [cu(bt[k]) for k in ("qkv", "w", "a", "b", "dt_bias", "A_log", "cu", "slots")]
+    rnn, conv = cu(bt["rnn"]), cu(bt["conv"])
+    out = dev.forward(*ins, bt["types"], rnn, conv, **attrs)
+    acc = torch.full((batch,), kv // 2, dtype=torch.int32, device="cuda")
+    nominal = results.get("nominal_bw")
+    need = gdn_decode_bytes(hk, hv, dk, dv, kc, kv, batch)
+    for name, fn in (("forward", lambda: dev.forward(*ins, bt["types"], rnn, conv, **attrs)),
+                     ("commit", lambda: dev.commit(out[1], out[2], ins[1], acc, ins[6], ins[7], bt["types"], rnn,
+                                                    conv, **attrs))):
+        us = cuda_time_us(fn, 50)
+        bound_us = need[name] / nominal * 1e6 if nominal else float("nan")
+        log(f"gdn {name} (Qwen3.8-27B tp1 decode step: B {batch} x Kv {kv}, Hv {hv} Hk {hk} x 128, bf16): "
+            f"{us:.1f} us; DRAM bound {bound_us:.1f} us for {need[name] / 1e6:.1f} MB "
+            f"({bound_us / us * 100 if us else float('nan'):.0f}% of the bound); per layer, x 48 layers")
+        results[f"gdn_{name}"] = dict(us=us, bytes=need[name], bound_us=bound_us,
+                                      frac_bound=bound_us / us if us else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
@@ -310,9 +507,11 @@ def main(argv: list[str] | None = None) -> int:
         ok = check_conv(ext, results, cpu)
         ok = check_scan(ext, results, cpu) and ok
         results["cpu_bit_identity_checked"] = cpu is not None
+        ok = check_gdn(ExtGdn(ext), load_gdn_cpu(), results) and ok
     if not args.skip_bench:
         bench_conv(ext, results)
         bench_scan(ext, results)
+        bench_gdn(ext, results)
     results["total_s"] = time.monotonic() - t0
     log(f"gpu_check finished in {results['total_s']:.0f} s: {'PASS' if ok else 'FAIL'}")
     if args.json:

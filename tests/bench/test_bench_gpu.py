@@ -49,6 +49,11 @@ def test_command_has_the_eagle_and_concurrency_flags():
     assert _parse_vector_of_vectors(cmd[i + 1]) == [[0] * d for d in range(1, 8)]
     assert cmd[cmd.index("--eos_id") + 1] == "2"
     assert "--streaming" in cmd and "--enable_kv_cache_reuse=false" in cmd and "--temperature" not in cmd
+    # both default to true in gptManagerBenchmark (cxxopts default_value "true"); the hybrid runtime and the
+    # Triton repository run with them off
+    assert "--enable_chunked_context=false" in cmd
+    assert "--streaming" not in benchmark_command(binary="b", engine_dir="/e", dataset_json="/w.json", concurrency=1,
+                                                  num_samples=1, draft_len=7, streaming=False)
     base = benchmark_command(binary="b", engine_dir="/t", dataset_json="/w.json", concurrency=1, num_samples=1,
                              draft_len=None, temperature=0.7, eos_id=None)
     assert "--eagle_choices" not in base and base[base.index("--temperature") + 1] == "0.7"
@@ -67,6 +72,21 @@ def test_parse_the_recorded_sample():
     assert m["acceptance"]["mean"] == 4.25 and m["acceptance"]["histogram"] is None and m["target_tokens"] is None
     with pytest.raises(ConfigError, match="no \\[BENCHMARK\\] lines"):
         parse_benchmark_output("[TensorRT-LLM][ERROR] engine not found\n")
+
+
+def test_nan_values_are_parsed_not_dropped():
+    """printf("%.2f") of a 0/0 average prints -nan (glibc): the value is read (as nan), and the report gives null
+    for it instead of losing the line or writing NaN into JSON."""
+    text = ("[BENCHMARK] num_samples 4\n[BENCHMARK] token_throughput(token/sec) 100.00\n"
+            "[BENCHMARK] total_latency(ms) 1000.00\n[BENCHMARK] avg_inter_token_latency(ms) -nan\n"
+            "[BENCHMARK] p50_inter_token_latency(ms) nan\n[BENCHMARK] max_inter_token_latency(ms) -inf\n")
+    vals = parse_benchmark_output(text)
+    assert set(vals) >= {"avg_inter_token_latency", "p50_inter_token_latency", "max_inter_token_latency"}
+    assert vals["avg_inter_token_latency"] != vals["avg_inter_token_latency"]      # nan
+    assert vals["max_inter_token_latency"] == float("-inf")
+    m = metrics_from_benchmark(vals, num_requests=4)
+    assert m["itl_s"] is None and m["output_tokens_per_s"] == 100.0
+    json.dumps(m, allow_nan=False)
 
 
 @pytest.fixture()
@@ -97,20 +117,25 @@ def test_bench_gpu_with_a_fake_benchmark_builds_the_report(gpu_engine, tmp_path)
 
     def runner(cmd, **kw):
         calls.append(cmd)
-        resp = Path(cmd[cmd.index("--responses_json") + 1])
-        resp.write_text(json.dumps([{"response_id": i + 1, "response_tokens": [9, i]} for i in range(3)]))
+        if "--responses_json" in cmd:       # gptManagerBenchmark records responses in non-streaming runs only
+            assert "--streaming" not in cmd
+            resp = Path(cmd[cmd.index("--responses_json") + 1])
+            resp.write_text(json.dumps([{"response_id": i + 1, "response_tokens": [9, i]} for i in range(3)]))
         out = spec_out if "--eagle_choices" in cmd else base_out
         return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
 
     m = bench_gpu(e, ds, manifest=json.loads((e / "engine.json").read_text()) | {"vocab_size": 256},
                   concurrency="1,4", baseline_engine_dir=tmp_path / "target-engine", binary=str(binary),
                   workdir=tmp_path / "work", runner=runner)
-    assert len(calls) == 4 and [c[c.index("--concurrency") + 1] for c in calls] == ["1", "1", "4", "4"]
+    # per level: a streaming timing run per engine, then a non-streaming outputs check per engine
+    assert len(calls) == 8 and [c[c.index("--concurrency") + 1] for c in calls] == ["1"] * 4 + ["4"] * 4
+    assert ["--streaming" in c for c in calls[:4]] == [True, True, False, False]
+    assert ["--responses_json" in c for c in calls[:4]] == [False, False, True, True]
     work = json.loads((tmp_path / "work" / "workload.json").read_text())
     assert [s["input_ids"] for s in work["samples"]] == [[5, 6], [6, 6], [7, 6]]
     for row in m["runs"]:
         assert row["speedup"] == 2.0                      # 2048 / 1024 token/s in the two samples
-        assert row["outputs_match"] is True
+        assert row["outputs_match"] is True and row["outputs_compared"]["compared"] == 3
         assert row["speculative"]["acceptance"]["mean"] == 4.25
     assert "target_tokens" in m["unavailable"] and m["backend"] == "trtllm"
 
@@ -142,3 +167,48 @@ def test_real_gptmanagerbenchmark_help_lists_the_flags_used():
     text = subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
     for flag in ("--eagle_choices", "--concurrency", "--streaming", "--responses_json", "--max_num_samples"):
         assert flag in text
+
+
+def _fake(spec_tokens, base_tokens, spec_out, base_out):
+    def runner(cmd, **kw):
+        if "--responses_json" in cmd:
+            toks = spec_tokens if "--eagle_choices" in cmd else base_tokens
+            Path(cmd[cmd.index("--responses_json") + 1]).write_text(json.dumps(
+                [{"response_id": i + 10, "response_tokens": t} for i, t in enumerate(toks)]))
+        return subprocess.CompletedProcess(cmd, 0, stdout=spec_out if "--eagle_choices" in cmd else base_out,
+                                           stderr="")
+    return runner
+
+
+def test_outputs_match_reports_a_mismatch_and_null_when_nothing_was_compared(gpu_engine, tmp_path):
+    """outputs_match comes from comparing the two engines' non-streaming responses: a differing token is False
+    (with the request named), an empty responses file (what a streaming run writes) or no baseline is null."""
+    e, ds, binary = gpu_engine
+    spec_out = (DATA / "gptManagerBenchmark_eagle_sample.txt").read_text()
+    base_out = (DATA / "gptManagerBenchmark_baseline_sample.txt").read_text()
+    man = json.loads((e / "engine.json").read_text()) | {"vocab_size": 256}
+    same = [[9, 1], [9, 2], [9, 3]]
+    kw = dict(manifest=man, concurrency="2", baseline_engine_dir=tmp_path / "t", binary=str(binary))
+    m = bench_gpu(e, ds, workdir=tmp_path / "a", runner=_fake(same, [[9, 1], [9, 7], [9, 3]], spec_out, base_out), **kw)
+    row = m["runs"][0]
+    assert row["outputs_match"] is False and row["outputs_compared"]["mismatched"] == [1]
+    m = bench_gpu(e, ds, workdir=tmp_path / "b", runner=_fake(same, same[:2], spec_out, base_out), **kw)
+    assert m["runs"][0]["outputs_match"] is False                  # a missing response is not a match
+    m = bench_gpu(e, ds, workdir=tmp_path / "c", runner=_fake([], [], spec_out, base_out), **kw)
+    assert m["runs"][0]["outputs_match"] is None and m["runs"][0]["outputs_compared"]["compared"] == 0
+    m = bench_gpu(e, ds, workdir=tmp_path / "d", runner=_fake(same, same, spec_out, base_out), **kw)
+    assert m["runs"][0]["outputs_match"] is True
+    m = bench_gpu(e, ds, workdir=tmp_path / "e", runner=_fake(same, same, spec_out, base_out), manifest=man,
+                  concurrency="2", binary=str(binary))
+    assert m["runs"][0]["outputs_match"] is None                   # no baseline: nothing compared
+    assert not any("--responses_json" in c for c in m["commands"])
+
+
+def test_requests_with_fewer_than_two_output_tokens_are_refused(gpu_engine, tmp_path):
+    """gptManagerBenchmark's streaming metrics read an unset inter-token latency for a request with <= 1 output
+    token (std::optional::value): the run would throw after doing all the work."""
+    e, ds, binary = gpu_engine
+    ds.write_text(json.dumps({"task_id": 0, "input_ids": [5, 6], "output_tokens": 1}) + "\n")
+    with pytest.raises(ConfigError, match="request 0 asks for 1 output token.*>= 2"):
+        bench_gpu(e, ds, manifest={"block_size": 8, "vocab_size": 256}, concurrency="1", binary=str(binary),
+                  workdir=tmp_path / "w", runner=lambda *a, **k: pytest.fail("ran"))

@@ -298,7 +298,9 @@ def test_wheel_carries_templates_models_and_tokenizers(tmp_path):
                 "deploy/triton/templates/preprocessing.pbtxt", "deploy/triton/templates/postprocessing.pbtxt",
                 "deploy/triton/templates/launch.sh", "deploy/triton/models/tensorrt_llm_cpu.py",
                 "deploy/triton/models/preprocessing.py", "deploy/triton/models/postprocessing.py",
-                "assets/tiny/qwen3/target/tokenizer.json", "assets/tiny/qwen3_5/target/tokenizer_config.json"):
+                "assets/tiny/qwen3/target/tokenizer.json", "assets/tiny/qwen3_5/target/tokenizer_config.json",
+                "deploy/triton/tensorrtllm_backend.yaml", "engine/trtllm_facts/gptJsonConfig.yaml",
+                "engine/runtime_rules.py"):
         assert (pkg / rel).is_file(), rel
 
 
@@ -327,3 +329,96 @@ def test_a_tensorrt_llm_engine_gets_the_tensorrtllm_backend(engine, tmp_path):
     (eng / "config.json").write_text("{}")
     assert "pretrained_config.vocab_size" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
                                                         str(tmp_path / "r3")))
+
+
+def test_tensorrtllm_repository_carries_every_parameter_the_backend_reads_without_default(gpu_repo, tmp_path):
+    """TensorRT-LLM's Triton backend (model_instance_state.cc / model_state.cc; paths and commits in
+    tensorrtllm_backend.yaml) fails the load on a parameter it reads with no fallback; the generated
+    config.pbtxt carries each with an accepted value, and the repository check names a missing one."""
+    import yaml
+
+    facts = yaml.safe_load((Path(rp.__file__).parent / "tensorrtllm_backend.yaml").read_text())
+    assert {s["path"].rsplit("/", 1)[-1] for s in facts["sources"]} == {"model_instance_state.cc", "model_state.cc"}
+    assert {"tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend",
+            "gpt_model_type"} <= set(facts["required"])
+    params = {k: v.string_value for k, v in rp.check_repository(gpu_repo)["tensorrt_llm"].parameters.items()}
+    for name, rule in {**facts["required"], **facts["effectively_required"]}.items():
+        assert name in params, name
+        if rule and "allowed" in rule:
+            assert params[name] in rule["allowed"], (name, params[name])
+    assert not set(facts["forbidden"]) & set(params)
+    assert params["guided_decoding_backend"] == "" and params["enable_kv_cache_reuse"] == "false"
+    for name in ("tokenizer_dir", "guided_decoding_backend"):
+        bad = tmp_path / name
+        shutil.copytree(gpu_repo, bad)
+        cfg = bad / "tensorrt_llm" / "config.pbtxt"
+        text = cfg.read_text()
+        start = text.index(f'  key: "{name}"') - len("parameters: {\n")
+        end = text.index("}\n}", start) + 3
+        cfg.write_text(text[:start] + text[end:])
+        with pytest.raises(ConfigError, match=f"parameters.{name}.*Cannot find parameter with name: {name}"):
+            rp.check_repository(bad)
+
+
+def test_tp2_engine_launches_one_mpi_rank_per_gpu(engine, tmp_path):
+    """The tensorrtllm backend's executor expects an MPI world of tp ranks (executorImpl.cpp, initializeWorkers:
+    worldSize == tp*pp*cp without participant ids): launch.sh starts them as TensorRT-LLM's
+    triton_backend/scripts/launch_triton_server.py does (one `-n 1 tritonserver` app context per rank; ranks > 0
+    load tensorrt_llm only; a python shared-memory prefix per rank), or says clearly that mpirun is missing."""
+    eng = _trtllm_engine_dir(engine, tmp_path / "tp2-engine")
+    man = json.loads((eng / "engine.json").read_text())
+    (eng / "engine.json").write_text(json.dumps({**man, "tp_size": 2}))
+    repo = tmp_path / "repo"
+    code, text = _cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(repo))
+    assert code == 0, text
+    script = repo / "launch.sh"
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lib = tmp_path / "libdflash2_plugins.so"
+    lib.write_bytes(b"")
+    fake = tmp_path / "mpirun"
+    fake.write_text('#!/bin/sh\necho "LD_PRELOAD=$LD_PRELOAD"; for a in "$@"; do echo "[$a]"; done\n')
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "DFLASH2_PLUGIN_LIB": str(lib), "MPIRUN": str(fake), "TRITONSERVER": "/opt/ts"}
+    r = subprocess.run(["bash", str(script), "--log-verbose", "1"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"LD_PRELOAD={lib}"
+    args = [a[1:-1] for a in lines[1:]]
+    assert args[:3] == ["--allow-run-as-root", "-x", "LD_PRELOAD"]
+    ranks = " ".join(args[3:]).split(" : ")
+    ports = "--http-port 8000 --grpc-port 8001 --metrics-port 8002"
+    assert ranks == [
+        f"-n 1 /opt/ts --model-repository {repo} {ports} --disable-auto-complete-config "
+        "--backend-config=python,shm-region-prefix-name=prefix0_ --log-verbose 1",
+        f"-n 1 /opt/ts --model-repository {repo} {ports} --model-control-mode=explicit --load-model=tensorrt_llm "
+        "--disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix1_ --log-verbose 1"]
+    env["MPIRUN"] = str(tmp_path / "no-mpirun")
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "tp 2" in r.stderr and "one MPI process per GPU" in r.stderr
+
+
+def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_repo):
+    """Every input of TensorRT-LLM's text ensemble (recorded with its source in tensorrtllm_backend.yaml) is either
+    an input of this ensemble, with the upstream name, type and dims, or listed as not offered, with a reason, in the
+    data and in README."""
+    import yaml
+
+    up = yaml.safe_load((Path(rp.__file__).parent / "tensorrtllm_backend.yaml").read_text())["upstream_ensemble"]
+    assert up["source"]["path"].endswith("inflight_batcher_llm/ensemble/config.pbtxt") and len(up["inputs"]) == 36
+    ens = rp.check_repository(cpu_repo)["ensemble"]
+    ours = {t.name: (_type(t), list(t.dims)) for t in ens.input}
+    accepted = {k for k, v in up["inputs"].items() if v == "accepted"}
+    assert set(ours) == accepted
+    upstream_types = {"text_input": ("STRING", [1]), "max_tokens": ("INT32", [1]), "stop_words": ("STRING", [-1]),
+                      "end_id": ("INT32", [1]), "pad_id": ("INT32", [1]), "temperature": ("FP32", [1]),
+                      "top_k": ("INT32", [1]), "top_p": ("FP32", [1]), "seed": ("UINT64", [1]),
+                      "beam_width": ("INT32", [1]), "stream": ("BOOL", [1]), "exclude_input_in_output": ("BOOL", [1]),
+                      "return_perf_metrics": ("BOOL", [1]), "return_num_input_tokens": ("BOOL", [1]),
+                      "return_num_output_tokens": ("BOOL", [1])}
+    assert ours == upstream_types
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("The ensemble's inputs are a subset"):][:2500]
+    for name, why in up["inputs"].items():
+        assert f"`{name}`" in section, name
+        assert why == "accepted" or len(why) > 10, name

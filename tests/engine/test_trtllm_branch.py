@@ -407,3 +407,23 @@ def test_run_on_a_trtllm_engine_needs_tensorrt_llm(pair, tmp_path, toolchain):
     assert r.exit_code == 1 and "TensorRT-LLM is not importable" in r.output and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(main_cli(), ["run", "--engine-dir", str(out), "--prompt-ids", "5,999"])
     assert r.exit_code == 1 and "vocabulary" in r.output
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_dry_run_engine_config_is_exactly_what_trtllm_build_receives(family, tmp_path, toolchain):
+    """``build --dry-run --json``'s ``engine_config`` is the build checkpoint's config.json byte for byte as parsed
+    (what a user checks before renting a GPU); for the hybrid it carries the runtime's full layer list and the RNN
+    fields."""
+    from dflash2_trt.engine.plan import dry_run_plan
+
+    p = trained_pair(family)
+    r = FakeRunner()
+    build_engine(p.drafter_dir, p.target_dir, tmp_path / "eng", backend="trtllm", target_key="tiny", sets=SETS,
+                 toolchain=toolchain, runner=r, verify=False)
+    plan = dry_run_plan(p.drafter_dir, p.target_dir, target_key="tiny", sets=SETS, toolchain=toolchain)
+    assert plan["engine_config"] == r.seen[0]["config"]
+    if family == "qwen3_5":
+        pre = plan["engine_config"]
+        assert len(pre["layer_types"]) == pre["num_hidden_layers"] + pre["eagle_net_config"]["num_hidden_layers"]
+        assert {"state_size", "conv_kernel", "rnn_hidden_size", "rnn_conv_dim_size"} <= set(pre)
+        assert plan["runtime"]["recurrent_layers"] == pre["hf_layer_types"].count("linear_attention")

@@ -44,7 +44,35 @@ void pickVariant(Json const& pretrained, ModelConfig& cfg)
 """
 
 EXECUTOR = """\
-// synthetic: batching type per model
+// synthetic: the executor's own config checks (chunked context) and the batching type per model
+[[nodiscard]] bool executorConfigIsValid(ExecutorConfig const& executorConfig, runtime::ModelConfig const& modelConfig)
+{
+    if (executorConfig.getEnableChunkedContext())
+    {
+        if (modelConfig.isRnnBased() || !modelConfig.getPagedContextFMHA())
+        {
+            return false;
+        }
+    }
+    return true;
+}
+
+[[nodiscard]] ExecutorConfig fixExecutorConfig(
+    ExecutorConfig const& executorConfig, runtime::ModelConfig const& modelConfig)
+{
+    auto fixed = executorConfig;
+    // chunked context off where unsupported
+    if (executorConfig.getEnableChunkedContext())
+    {
+        if (modelConfig.isRnnBased() || !modelConfig.getPagedContextFMHA())
+        {
+            fixed.setEnableChunkedContext(false);
+            TLLM_LOG_WARNING("no chunked context here: RNN %d", modelConfig.isRnnBased());
+        }
+    }
+    return fixed;
+}
+
 std::shared_ptr<Model> makeModel(runtime::ModelConfig const& modelConfig, ExecutorConfig const& ec)
 {
     auto const type = [&ec, &modelConfig]()
@@ -153,8 +181,9 @@ def test_applies_every_required_change(tree, capsys):
     assert ib.count("dflash2-trt:G1a") == 1 and ib.count("dflash2-trt:G1b") == 1
     assert "            return false;\n        }\n        if (!modelConfig.getPagedContextFMHA())" in ib
     assert "kvCacheConfig.setEnableBlockReuse(false);\n        }\n        if (!modelConfig" in ib
-    # O1 is opt-in: the chunked-context refusal stays
+    # O1 is opt-in: the chunked-context refusal stays, and so does the executor's switch-off (O1b, O1c)
     assert "!executorConfig.getEnableChunkedContext(), \"recurrent models: no Chunked Context\"" in ib
+    assert ex.count("if (modelConfig.isRnnBased() || !modelConfig.getPagedContextFMHA())") == 2
     for text in (js, ex, ib):   # the edits keep the code balanced
         assert text.count("(") == text.count(")") and text.count("{") == text.count("}")
     out = capsys.readouterr().out
@@ -166,6 +195,13 @@ def test_chunked_context_and_architectures_options(tree):
     ib = (tree / P.INFLIGHT_BATCHING).read_text()
     assert ('(!executorConfig.getEnableChunkedContext() || (mModelConfig.getModelName() == "A1" || '
             'mModelConfig.getModelName() == "B2"))') in ib
+    # the executor turns chunked context off for every RNN-based model before the model exists (executorImpl.cpp):
+    # both of its functions skip the hybrid, so O1's check is actually reached with chunking on
+    ex = (tree / P.EXECUTOR_IMPL).read_text()
+    pred = '(modelConfig.getModelName() == "A1" || modelConfig.getModelName() == "B2")'
+    assert ex.count(f"if ((modelConfig.isRnnBased() && !{pred}) /* dflash2-trt:O1") == 2
+    assert "dflash2-trt:O1b" in ex.split("fixExecutorConfig")[0] and "dflash2-trt:O1c" in ex.split("fixExecutorConfig")[1]
+    assert 'TLLM_LOG_WARNING("no chunked context here: RNN %d", modelConfig.isRnnBased());' in ex
     js = (tree / P.GPT_JSON_CONFIG).read_text()
     assert 'arch == std::string("A1") || arch == std::string("B2")' in js
     assert "DFlash2Qwen3_5ForCausalLM" not in js
@@ -179,7 +215,7 @@ def test_idempotent(tree, capsys):
     assert snapshot(tree) == first
     out = capsys.readouterr().out
     applied = [ln for ln in out.splitlines() if ln.startswith("  ") and ln.endswith(": already applied")]
-    assert len(applied) == 7 and "nothing to do" in out
+    assert len(applied) == 9 and "nothing to do" in out
     # a third run without the option: the applied O1 stays, the rest is still 'already applied'
     assert P.main([str(tree)]) == 0 and snapshot(tree) == first
 
@@ -216,7 +252,7 @@ def test_refuses_ambiguous_match(tmp_path, capsys):
     files[P.EXECUTOR_IMPL] = EXECUTOR + "\n" + EXECUTOR.replace("makeModel", "makeOtherModel")
     root = make_tree(tmp_path / "t", files=files)
     before = snapshot(root)
-    with pytest.raises(P.PatchError, match=r"R2: ambiguous in .*executorImpl\.cpp.*2 matches \(lines 9, 25\)"):
+    with pytest.raises(P.PatchError, match=r"R2: ambiguous in .*executorImpl\.cpp.*2 matches \(lines 37, 81\)"):
         P.plan(root)
     assert P.main([str(root)]) == 2 and "ambiguous" in capsys.readouterr().err
     assert snapshot(root) == before

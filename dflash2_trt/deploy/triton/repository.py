@@ -8,7 +8,8 @@ templates (``templates/``)::
       tensorrt_llm/    config.pbtxt, 1/[model.py]  the engine: TensorRT-LLM backend tensors
       postprocessing/  config.pbtxt, 1/model.py    output_ids -> text
       ensemble/        config.pbtxt, 1/            text_input, max_tokens, ... -> text_output
-      launch.sh                                    (tensorrtllm backend) tritonserver + LD_PRELOAD
+      launch.sh                                    (tensorrtllm backend) tritonserver + LD_PRELOAD;
+                                                   tp > 1: mpirun, one tritonserver rank per GPU
 
 ``tensorrt_llm`` is served by ``backend: "tensorrtllm"`` for a TensorRT-LLM engine, or by a
 python-backend model running the CPU runtime for a CPU engine (``models/tensorrt_llm_cpu.py``);
@@ -91,9 +92,12 @@ def eagle_chain(K: int) -> str:
 
 
 def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
-                            kv_cache_free_gpu_mem_fraction: float = 0.9) -> dict[str, str]:
+                            kv_cache_free_gpu_mem_fraction: float = 0.9,
+                            tokenizer_dir: Path | None = None) -> dict[str, str]:
     """The ``parameters`` of the tensorrt_llm model. The CPU model's are a subset of the GPU ones,
-    with equal values (those it reads)."""
+    with equal values (those it reads). The GPU ones include every parameter the tensorrtllm backend reads
+    without a default (``tensorrtllm_backend.yaml``); guided decoding stays off (empty backend and tokenizer
+    info: it does not combine with in-engine acceptance)."""
     common = {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": str(engine_dir),
@@ -111,7 +115,42 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
             "enable_kv_cache_reuse": "false",
             "enable_chunked_context": "false",
             "normalize_log_probs": "true",
-            "cancellation_check_period_ms": "100"}
+            "cancellation_check_period_ms": "100",
+            "tokenizer_dir": "" if tokenizer_dir is None else str(tokenizer_dir),
+            "xgrammar_tokenizer_info_path": "",
+            "guided_decoding_backend": ""}
+
+
+def tensorrtllm_backend_facts() -> dict:
+    """``tensorrtllm_backend.yaml``: the parameters TensorRT-LLM's Triton backend reads without a default (source
+    paths and commits inside)."""
+    import yaml
+
+    return yaml.safe_load((HERE / "tensorrtllm_backend.yaml").read_text())
+
+
+def check_tensorrtllm_parameters(cfg, *, source) -> None:
+    """The tensorrt_llm model of a ``backend: "tensorrtllm"`` repository carries every parameter the backend
+    reads with no fallback, each with a value it accepts (``tensorrtllm_backend.yaml``); else a ConfigError
+    naming the parameter, as the backend would fail the load ("Cannot find parameter with name: ...")."""
+    facts = tensorrtllm_backend_facts()
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    for name, rule in {**facts["required"], **facts["effectively_required"]}.items():
+        if name not in params:
+            raise ConfigError("missing: TensorRT-LLM's Triton backend reads it with no default and fails the load "
+                              f"(Cannot find parameter with name: {name})", source=source, field=f"parameters.{name}")
+        v = params[name]
+        if "allowed" in (rule or {}) and v not in rule["allowed"]:
+            raise ConfigError(f"{v!r} is not one of {rule['allowed']} (the backend throws)", source=source,
+                              field=f"parameters.{name}")
+        if (rule or {}).get("must_exist") and not v:
+            raise ConfigError("empty: the backend needs an existing path", source=source, field=f"parameters.{name}")
+    for name in facts["forbidden"]:
+        if name in params:
+            raise ConfigError("given: the backend refuses it", source=source, field=f"parameters.{name}")
+    for name, v in params.items():
+        if "${" in v:
+            raise ConfigError(f"unfilled template value {v!r}", source=source, field=f"parameters.{name}")
 
 
 # ---- config checks -------------------------------------------------------------------------------
@@ -191,6 +230,8 @@ def check_repository(repo: str | Path) -> dict:
             raise ConfigError("no version directory 1/", source=cfg_path.parent)
         models[cfg.name] = cfg
     for name, cfg in models.items():
+        if cfg.backend == "tensorrtllm":
+            check_tensorrtllm_parameters(cfg, source=repo / name / "config.pbtxt")
         if cfg.platform == "ensemble":
             check_ensemble(cfg, models, source=repo / name / "config.pbtxt")
     return models
@@ -286,6 +327,9 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if not 0 < kv_cache_free_gpu_mem_fraction <= 1:
         raise ConfigError(f"must be in (0, 1], got {kv_cache_free_gpu_mem_fraction}",
                           field="--kv-cache-free-gpu-mem-fraction")
+    tp = man.get("tp_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"must be a positive integer, got {tp!r}", source=engine_dir / "engine.json", field="tp_size")
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     K = int(man["block_size"]) - 1
     tok_dir, tok = (None, None) if ids_only else _tokenizer_for(engine_dir, man, tokenizer, vocab)
@@ -297,7 +341,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     eos = [int(e) for e in man.get("eos_token_ids") or ()]
     with AtomicOutputDir(output, force=force) as tmp:
         params = tensorrt_llm_parameters(backend, engine_dir=engine_abs, K=K,
-                                         kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction)
+                                         kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
+                                         tokenizer_dir=tok_dir)
         _write_model(tmp, "tensorrt_llm", fill(read_template("tensorrt_llm.pbtxt"), {
             "backend": backend, "max_batch_size": mbs, "decoupled": "true" if decoupled else "false",
             "max_queue_delay_microseconds": 0, "parameters": parameters_block(params)},
@@ -321,7 +366,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
             lib_name = (man.get("plugin_library") or {}).get("file") or "libdflash2_plugins.so"
             lib = Path(plugin_lib).resolve() if plugin_lib is not None else engine_abs / lib_name
             launch = tmp / "launch.sh"
-            launch.write_text(fill(read_template("launch.sh"), {"plugin_lib": lib}, source="templates/launch.sh"))
+            launch.write_text(fill(read_template("launch.sh"), {"plugin_lib": lib, "tp_size": tp},
+                                   source="templates/launch.sh"))
             launch.chmod(0o755)
         check_repository(tmp)
         (tmp / "dflash2_repository.json").write_text(json.dumps({

@@ -1,0 +1,94 @@
+"""scripts/gpu_check/gpu_check.py's Gated DeltaNet check, run here with the CPU build standing in for the GPU
+(the check itself needs a CUDA GPU): the comparison is bit for bit per stage, and it names the stage and tensor
+that differ. The GPU side (ext.cpp's gdn_forward / gdn_commit) is compiled, not run, on this machine
+(tests/plugins/test_plugin_build.py::test_gpu_check_extension_source_compiles)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("dflash2_gpu_check", ROOT / "scripts" / "gpu_check" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, mod)
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+G = _load()
+SMALL = G.GDN_CASES[0]
+
+
+@pytest.fixture(scope="module")
+def cpu(_tiny_cache):
+    from dflash2_trt.errors import MissingDependencyError
+    from dflash2_trt.trtllm.cpu.plugin_libs import gdn_lib
+
+    try:
+        return gdn_lib()
+    except MissingDependencyError as e:
+        pytest.skip(str(e))
+
+
+class _Perturbed:
+    """The CPU build with one defect, standing in for a kernel that is wrong in one place."""
+
+    def __init__(self, lib, defect):
+        self.lib, self.defect = lib, defect
+
+    def forward(self, *args, zero_state=None, **attrs):
+        if self.defect == "ignores zero_state":
+            zero_state = None
+        y, vq, vg = self.lib.forward(*args, zero_state=zero_state, **attrs)
+        if self.defect == "last y bit":
+            y.view(torch.int16 if y.element_size() == 2 else torch.int32)[-1, -1] ^= 1
+        return y, vq, vg
+
+    def commit(self, *args, **attrs):
+        out = self.lib.commit(*args, **attrs)
+        if self.defect == "commit state":
+            args[7][args[5][-1].long()].view(-1)[0] += 1.0   # rnn_state of the last request's slot
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_build_matches_itself(cpu, dtype):
+    assert G.gdn_compare(cpu, cpu, SMALL, dtype, zero_state=True, seed=3, device="cpu") == []
+
+
+@pytest.mark.parametrize("defect, stage", [("last y bit", ["verify:y"]),
+                                           ("commit state", ["commit:rnn_state"])])
+def test_a_one_bit_difference_is_named_by_stage(cpu, defect, stage):
+    assert G.gdn_compare(_Perturbed(cpu, defect), cpu, SMALL, torch.float16, zero_state=False, seed=4,
+                         device="cpu") == stage
+
+
+def test_ignoring_zero_state_is_caught(cpu):
+    bad = G.gdn_compare(_Perturbed(cpu, "ignores zero_state"), cpu, SMALL, torch.float32, zero_state=True, seed=5,
+                        device="cpu")
+    assert "forward:y" in bad and "forward:rnn_state" in bad
+
+
+def test_check_gdn_reports_failure(cpu, monkeypatch, capsys):
+    monkeypatch.setattr(G, "GDN_CASES", [SMALL])
+    res = {}
+    assert G.check_gdn(cpu, cpu, res, device="cpu") is True and res["gdn_exact"] is True
+    assert G.check_gdn(_Perturbed(cpu, "last y bit"), cpu, res, device="cpu") is False and res["gdn_exact"] is False
+    out = capsys.readouterr().out
+    assert "gdn MISMATCH" in out and "verify:y" in out and "FAILED" in out
+    assert G.check_gdn(cpu, None, res) is True and res["gdn_exact"] is None   # said, not claimed
+
+
+def test_decode_bound_bytes_are_dominated_by_the_fp32_state():
+    b = G.gdn_decode_bytes(16, 48, 128, 128, 4, 8, 64)
+    state = 64 * 48 * 128 * 128 * 4
+    assert state < b["forward"] < 1.2 * state and 2 * state < b["commit"] < 2.2 * state
+
