@@ -16,7 +16,13 @@ dereference a device pointer on the host).
 
 from __future__ import annotations
 
+import builtins
+import sys
+from typing import Sequence
+
 import torch
+
+_INT32 = (-2**31, 2**31 - 1)
 
 
 class Tensor(torch.Tensor):
@@ -102,14 +108,11 @@ class Tensor(torch.Tensor):
 
 
 def _not(x):
-    F = _F()
-    return F.eq(x, False)
+    return eq(x, False)
 
 
 def _F():
-    from . import functional
-
-    return functional
+    return sys.modules[__name__]
 
 
 def raw(x):
@@ -129,3 +132,113 @@ def network_input(x: torch.Tensor, name: str, location: str) -> Tensor:
     t = torch.Tensor.as_subclass(torch.as_tensor(x), Tensor)
     t.location, t.is_network_input, t.input_name = location, True, name
     return t
+
+
+# ---- TensorRT-LLM's conversion rules for Python scalars and the elementwise ops (functional.py:
+# constant_to_tensor_, constants_to_tensors_, broadcast_helper, elementwise_binary); functional re-exports them
+def _const(x, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """constant_to_tensor_: a Python scalar as a [1] constant (bool -> bool, int -> int32, float -> float32 when
+    dtype is None); a Tensor as it is."""
+    if isinstance(x, torch.Tensor):
+        return raw(x)
+    if dtype is None:
+        dtype = torch.bool if isinstance(x, bool) else torch.int32 if isinstance(x, int) else torch.float32
+    if dtype == torch.int32 and isinstance(x, int) and not _INT32[0] <= x <= _INT32[1]:
+        raise OverflowError(f"Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
+                            f"(int32_array); make an int64 constant explicitly")
+    return torch.tensor([x], dtype=dtype)
+
+
+def _consts(*xs) -> list[torch.Tensor]:
+    """constants_to_tensors_: when an input is an int64 Tensor (or an int beyond int32), Python ints become int64
+    constants; Tensors are never cast."""
+    has64 = builtins.any((isinstance(x, int) and not isinstance(x, bool) and not _INT32[0] <= x <= _INT32[1])
+                         or (isinstance(x, torch.Tensor) and x.dtype == torch.int64) for x in xs)
+    return [_const(x, torch.int64 if has64 and isinstance(x, int) and not isinstance(x, bool) else None)
+            for x in xs]
+
+
+def _same_dtype(op: str, tensors: Sequence[torch.Tensor]) -> None:
+    kinds = {t.dtype for t in tensors}
+    if len(kinds) > 1:
+        raise TypeError(f"{op}: inputs of mixed dtypes {sorted(str(k) for k in kinds)} (TensorRT's layer refuses "
+                        f"them; TensorRT-LLM does not cast Tensor operands here)")
+
+
+def _binary(left, right, fn, op: str):
+    """elementwise_binary: Python scalars become constants (broadcast_helper), int32 meeting int64 is cast to
+    int64, integer/bool kinds must otherwise agree; floats of two precisions meet at the layer's precision."""
+    a, b = _const(left), _const(right)
+    if not isinstance(left, torch.Tensor) and b.dtype.is_floating_point and a.dtype.is_floating_point:
+        a = a.to(b.dtype)
+    if not isinstance(right, torch.Tensor) and a.dtype.is_floating_point and b.dtype.is_floating_point:
+        b = b.to(a.dtype)
+    if {a.dtype, b.dtype} == {torch.int32, torch.int64}:
+        a, b = a.long(), b.long()
+    fa, fb = a.dtype.is_floating_point, b.dtype.is_floating_point
+    if fa != fb or (not fa and a.dtype != b.dtype):
+        raise TypeError(f"{op}: operands of dtypes {a.dtype} and {b.dtype} (TensorRT's IElementWiseLayer refuses "
+                        f"them; cast explicitly)")
+    if fa and a.dtype != b.dtype:
+        b = b.to(a.dtype) if isinstance(left, torch.Tensor) else b
+        a = a.to(b.dtype)
+    return wrap(fn(a, b))
+
+
+def add(left, right) -> Tensor:
+    return _binary(left, right, torch.add, "add")
+
+
+def sub(left, right) -> Tensor:
+    return _binary(left, right, torch.sub, "sub")
+
+
+def mul(left, right) -> Tensor:
+    return _binary(left, right, torch.mul, "mul")
+
+
+def div(left, right) -> Tensor:
+    def f(a, b):
+        return torch.div(a, b) if a.dtype.is_floating_point else torch.div(a, b, rounding_mode="trunc")
+    return _binary(left, right, f, "div")
+
+
+def floordiv(left, right) -> Tensor:
+    return _binary(left, right, lambda a, b: torch.div(a, b, rounding_mode="floor"), "floordiv")
+
+
+def eq(left, right) -> Tensor:
+    return _binary(left, right, torch.eq, "eq")
+
+
+def lt(left, right) -> Tensor:
+    return _binary(left, right, torch.lt, "lt")
+
+
+def gt(left, right) -> Tensor:
+    return _binary(left, right, torch.gt, "gt")
+
+
+def _bool_op(left, right, fn, op):
+    a, b = _const(left), _const(right)
+    if a.dtype != torch.bool or b.dtype != torch.bool:
+        raise TypeError(f"{op}: TensorRT's logical ops take bool operands, got {a.dtype} and {b.dtype}")
+    return wrap(fn(a, b))
+
+
+def op_and(left, right) -> Tensor:
+    return _bool_op(left, right, torch.logical_and, "op_and")
+
+
+def op_or(left, right) -> Tensor:
+    return _bool_op(left, right, torch.logical_or, "op_or")
+
+
+def minimum(left, right) -> Tensor:
+    return _binary(left, right, torch.minimum, "minimum")
+
+
+def maximum(left, right) -> Tensor:
+    return _binary(left, right, torch.maximum, "maximum")
+
+
