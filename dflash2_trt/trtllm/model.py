@@ -949,7 +949,9 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         from ``host_gen_eagle_net_request_types``) with K+1 new tokens after its committed tokens — a generation
         request at its committed length, a context request after its chunk: exactly the stock
         ``host_past_key_value_lengths`` of both kinds (runtimeBuffers.cpp) — bidirectional (or causal) mask,
-        offsets 0..K, the drafter's own window per layer."""
+        offsets 0..K (device inputs made in the graph: allowed); every host input is the runtime's own (the
+        plugin reads those on the host), the drafter layers' windows included (their entries of the runtime's
+        per-layer host_max_attention_window_sizes)."""
         K, d = self.K, self.config.dflash2
         seq = F.where(is_gen, att.sequence_length, att.sequence_length + (K + 1))
         draft_att = AttentionParams(sequence_length=seq, context_lengths=att.context_lengths,
