@@ -195,6 +195,13 @@ def _collect_blockers(p: Prepared) -> None:
                 f"select gpt_attention's cyclic-cache addressing on TensorRT-LLM [read, not run] and misplace the "
                 f"drafter's K/V (trtllm/model.py docstring); use --set drafter_window=full (lossless, costs "
                 f"acceptance past the window only)")
+    if any(lt == "sliding_attention" for lt in (t.layer_types or ())):
+        p.trtllm_blockers.append(
+            "the target's sliding-window layers take their window from the runtime's per-layer "
+            "host_max_attention_window_sizes (the attention plugin reads it on the host; trtllm/model.py "
+            "kv_layer_windows): a variable-window model, which TensorRT-LLM 1.2's EAGLE KV rewind refuses "
+            "(\"Rewinding KV cache blocks for variable SWA models isn't supported\", docs/TRTLLM-ENGINE.md §3) "
+            "[read, not run]; the CPU backend applies the windows")
     if t.family == "qwen3_5":
         n_kv = sum(1 for lt in t.layer_types if lt != "linear_attention") + d.num_hidden_layers
         n_all = t.num_hidden_layers + d.num_hidden_layers

@@ -94,6 +94,7 @@ class Runtime:
                               f"{self.max_batch_size}", field="--max-batch-size")
         self.max_num_tokens = lim["max_num_tokens"] if max_num_tokens is None else max_num_tokens
         self.max_seq_len = lim["max_seq_len"]
+        self._cache_indirection = torch.zeros(lim["max_batch_size"], 1, self.max_seq_len, dtype=torch.int32)
         self.blocks = BlockManager(engine.num_blocks, lim["tokens_per_block"])
         self.max_blocks = self.blocks.blocks_for(self.max_seq_len)
         self._next_id = 0
@@ -275,7 +276,7 @@ class Runtime:
           K + 1 logits; draft_lens = K; its spec-decoding rows (offsets, packed mask) from next_draft_paths;
         - last_token_ids = inclusive scan of the logits per request (a context request's entry is its
           token count, each generation token adds 1);
-        - random data: rand_data_validation and rand_data_sample, one uniform each per request and step,
+        - random data: rand_data_validation [bs, K+1] and rand_data_sample [bs], uniforms per request and step,
           from a generator seeded by the request's seed.
         """
         K = self.K
@@ -305,10 +306,11 @@ class Runtime:
         blk_offsets = self.blocks.offsets([r.req_id for r in batch], self.max_blocks)
         i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
         words = (K + 32) // 32
-        rv = torch.zeros(bs)
+        rv = torch.zeros(bs, K + 1)      # eagleBuffers.cpp: rand_data_validation [numSequences, maxDecodingTokens]
         rs = torch.zeros(bs)
         for i, r in enumerate(batch):
-            rv[i], rs[i] = torch.rand(2, generator=r._gen)
+            rv[i, 0], rs[i] = torch.rand(2, generator=r._gen)     # the engine keys its generators on these two
+            rv[i, 1:] = torch.rand(K, generator=r._gen)
         return {
             "input_ids": i32(ids),
             "last_token_ids": torch.cumsum(i32(logit_ids), 0).to(torch.int32),
@@ -321,14 +323,16 @@ class Runtime:
                                                else torch.zeros(0, K + 1, dtype=torch.int32)),
             "spec_decoding_packed_mask": (pack_mask(torch.stack(masks)).reshape(-1, words) if gen
                                           else torch.zeros(0, words, dtype=torch.int32)),
-            "spec_decoding_use": i32([1 if gen else 0]),
+            # eagleBuffers.cpp: EagleBuffers::engineInputs.useSpecDecoding, a host [1] set to 1 once, every step
+            "spec_decoding_use": i32([1]),
             "draft_lens": i32(draft_lens),
             "eagle_temperature": torch.tensor([float(r.temperature) for r in batch], dtype=torch.float32),
             "rand_data_validation": rv, "rand_data_sample": rs,
-            # eagleBuffers.cpp: [numSequences, maxDecodingDraftTokens]
-            "host_gen_eagle_net_request_types": torch.full((bs, K), GENERATION, dtype=torch.int32),
-            # beam search only (beam width 1): TensorRT-LLM's runtime binds it, the plugin takes it
-            "cache_indirection": torch.zeros(bs, 1, self.max_seq_len, dtype=torch.int32),
+            # eagleBuffers.cpp: [numSequences]
+            "host_gen_eagle_net_request_types": i32([GENERATION] * bs),
+            # beam search only: transformerBuffers.cpp allocates [maxBatchSize, maxBeamWidth, maxAttentionWindow]
+            # once and binds it whole
+            "cache_indirection": self._cache_indirection,
             **({"slot_mapping": i32([r.slot for r in batch])} if self._free_slots is not None else {}),
         }
 

@@ -172,11 +172,11 @@ _ROPE_CACHE: dict = {}
 def rope_tables(num_pos: int, dim: int, base: float):
     """(inv_freq [dim/2], cos_sin [1, num_pos * dim]) fp32 as the GPTAttention plugin takes them: the layout of
     TensorRT-LLM's RopeEmbeddingUtils.create_sinusoidal_positions_for_attention_plugin (scale 1, no scaling type):
-    inv = 1 / base^(arange(0, dim, 2) / dim), computed in float64 and rounded to fp32; angles pos * inv in fp32;
-    float2 (cos, sin) per position and frequency."""
+    inv = 1 / fp32(base^(arange(0, dim, 2) / dim)) (the power in float64 rounded to fp32, the division in fp32);
+    angles pos * inv in fp32; float2 (cos, sin) per position and frequency."""
     key = (int(num_pos), int(dim), float(base))
     if key not in _ROPE_CACHE:
-        inv = (1.0 / (base ** (np.arange(0, dim, 2) / dim))).astype(np.float32)
+        inv = np.float32(1.0) / (base ** (np.arange(0, dim, 2) / dim)).astype(np.float32)
         ang = np.einsum("i,j->ij", np.arange(num_pos, dtype=np.float32), inv, dtype=np.float32)[..., None]
         cos_sin = np.concatenate((np.cos(ang), np.sin(ang)), axis=-1).reshape(1, -1).astype(np.float32)
         _ROPE_CACHE[key] = (inv, cos_sin)
@@ -800,12 +800,12 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             "spec_decoding_params": spec,
             "draft_lens": T("draft_lens", "int32", [-1], R(batch_size=bs)),
             "eagle_temperature": T("eagle_temperature", "float32", [-1], R(batch_size=bs)),
-            "rand_data_validation": T("rand_data_validation", "float32", [-1], R(batch_size=bs)),
+            # eagleBuffers.cpp reshape(): [numSequences, maxDecodingTokens]
+            "rand_data_validation": T("rand_data_validation", "float32", [-1, K + 1],
+                                      R(batch_size=bs, max_decoding_tokens=[K + 1] * 3)),
             "rand_data_sample": T("rand_data_sample", "float32", [-1], R(batch_size=bs)),
-            # eagleBuffers.cpp reshapes it to [numSequences, maxDecodingDraftTokens]; the draft call reads its first
-            # bs entries as the request types (the plugin indexes a flat host array)
-            "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1, K],
-                                                  R(batch_size=bs, max_draft_len=[K] * 3)),
+            # eagleBuffers.cpp reshape(): [numSequences], one entry per request (setupEagleNetHostBuffers)
+            "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1], R(batch_size=bs)),
             **self._recurrent_inputs(bs),
         }
 
@@ -909,7 +909,8 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         logits3 = F.view(F.index_select(logits, 0, F.view(rows, dims(bs * (K + 1)))), dims(bs, K + 1, vocab))
 
         # ---- 3. accept ---------------------------------------------------------------------------
-        key_v = F.cast(rand_data_validation * float(2**31), "int64")
+        # one uniform per request keys the counter-based generator (the runtime's first of its K+1)
+        key_v = F.cast(F.view(F.slice(rand_data_validation, [0, 0], dims(bs, 1)), dims(bs)) * float(2**31), "int64")
         u = counter_uniforms(key_v, F.cast(F.unsqueeze(anchor_pos, 1) + j + 1, "int64"))   # [bs, K+1]
         n, nxt = self._accept(logits3, drafts, q, cand, temperature, u, is_gen, bs, vocab)
         jj = F.expand(j, dims(bs, K + 1))

@@ -98,11 +98,25 @@ def test_tensor_has_exactly_the_real_operators():
     assert raw(2.0 - t).tolist() == [1.0, 0.0] and raw(t / 2.0).tolist() == [0.5, 1.0]
 
 
+def test_tensor_methods_are_the_real_ones():
+    t = F.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+    present = FACTS["tensor_methods"]["present"]
+    for name in present:
+        assert callable(getattr(t, name)), name
+    assert raw(t.view([3, 2])).tolist() == [[0, 1], [2, 3], [4, 5]] and t.rank() == 2 and t.ndim() == 2
+    assert raw(t.permute([1, 0])).shape == (3, 2) and t.cast("int32").dtype == torch.int32
+    for name in FACTS["tensor_methods"]["absent_examples"]:
+        with pytest.raises(TypeError, match="has no"):
+            getattr(t, name)() if not name.startswith("__") else {"__len__": len, "__iter__": iter,
+                                                                 "__bool__": bool, "__index__": lambda x: [0][x],
+                                                                 "__int__": int, "__float__": float}[name](t)
+
+
 # ---- dtype rules (error 6 and friends) ------------------------------------------------------------------
 def test_shape_is_int64_and_where_refuses_mixed_int_kinds():
     x = F.constant(np.zeros((3, 5), np.float32))
     n = F.shape(x, 1)
-    assert n.dtype == torch.int64 and n.dim() == 0 and int(n) == 5     # TensorRT 10's IShapeLayer
+    assert n.dtype == torch.int64 and n.dim() == 0 and int(raw(n)) == 5     # TensorRT 10's IShapeLayer
     assert F.shape(x, 1, "int32").dtype == torch.int32
     i32 = F.constant(np.arange(5, dtype=np.int32))
     first = i32 + n                                                    # elementwise: int32 meeting int64 -> int64
@@ -116,13 +130,22 @@ def test_shape_is_int64_and_where_refuses_mixed_int_kinds():
     assert F.concat([n, 4]).dtype == torch.int64                       # ints become int64 next to an int64 Tensor
 
 
-def test_python_ints_beyond_int32_and_mixed_kinds_are_refused():
-    k = F.constant(np.array([3], np.int64))
+def test_strongly_typed_scalar_rule_and_mixed_kinds_refused():
+    """trtllm-build's network is strongly typed by default: a Python scalar takes the other operand's dtype
+    (broadcast_helper); two Tensors must agree (int32 meeting int64 excepted)."""
+    k64 = F.constant(np.array([3], np.int64))
+    assert raw(k64 * 2654435761).tolist() == [3 * 2654435761]          # an int64 constant next to an int64 Tensor
+    k32 = F.constant(np.array([3], np.int32))
     with pytest.raises(OverflowError, match="int32"):                 # int32_array(2654435761) overflows
-        k * 2654435761
-    assert raw(k * F.constant(np.array([2654435761], np.int64))).tolist() == [3 * 2654435761]
+        k32 * 2654435761
+    h = F.constant(np.ones(2, np.float16))
+    assert (h * 2).dtype == torch.float16 and (1 - h).dtype == torch.float16   # scalars follow the Tensor
+    with pytest.raises(TypeError, match="IElementWiseLayer"):          # no implicit float promotion
+        h * F.constant(np.ones(2, np.float32))
     with pytest.raises(TypeError, match="IElementWiseLayer"):
         F.constant(np.ones(2, np.float32)) + F.constant(np.ones(2, np.int32))
+    with pytest.raises(TypeError, match="truncated"):                  # int32_array([0.5]) would be 0
+        k32 + 0.5
     with pytest.raises(TypeError, match="bool"):
         F.op_and(F.constant(np.ones(2, np.int32)), F.constant(np.ones(2, np.int32)))
 
@@ -223,13 +246,19 @@ def test_rotary_tables_are_read_from_the_plugin_input():
 def test_rope_tables_follow_the_recorded_layout():
     from dflash2_trt.trtllm.backend import load_network
 
-    inv, table = load_network("cpu").rope_tables(5, 4, 500.0)
+    net = load_network("cpu")
+    inv, table = net.rope_tables(5, 4, 500.0)
     assert inv.dtype == np.float32 and table.dtype == np.float32 and table.shape == (1, 5 * 4)
     t = table.reshape(5, 2, 2)
     for p in range(5):
         for i in range(2):
-            ang = np.float32(p) * np.float32(1.0 / 500.0 ** (2 * i / 4))
+            ang = np.float32(p) * (np.float32(1.0) / np.float32(500.0 ** (2 * i / 4)))
             assert t[p, i, 0] == np.cos(np.float32(ang)) and t[p, i, 1] == np.sin(np.float32(ang))
+    # the rounding order matters: base 1e4, dim 128 -- the power rounded to fp32 first, then an fp32 division
+    inv, _ = net.rope_tables(2, 128, 10000.0)
+    want = [np.float32(1.0) / np.float32(10000.0 ** (i / 128)) for i in range(0, 128, 2)]
+    other = (1.0 / 10000.0 ** (np.arange(0, 128, 2) / 128)).astype(np.float32)   # float64 division, then rounded
+    assert list(inv) == want and (other != np.array(want)).sum() > 0
 
 
 # ---- error 1: MODEL_MAP -------------------------------------------------------------------------------------
@@ -256,3 +285,21 @@ def test_registration_makes_every_checkpoint_architecture_resolve(tmp_path):
     assert model_map[arch] is Model and model_map["LlamaForCausalLM"] is object
     with pytest.raises(RuntimeError, match="already"):
         register({arch: dict}, Model)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "muse_glimmer"])
+def test_bf16_engine_steps_under_the_strongly_typed_rules(family, tmp_path):
+    """Every other tiny test engine is float32; a bfloat16 engine exercises the dtype rules where they bite (Python
+    scalars next to bf16 Tensors, fp32 logits next to bf16 hidden states, bias and norm weights): greedy and sampled
+    steps of every family must run with no op the strongly typed rules refuse."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.testing.engines import run_prompts, shipped_prompts
+
+    pair = trained_pair(family)
+    out = tmp_path / "e"
+    build_engine(pair.drafter_dir, pair.target_dir, out, dtype="bfloat16",
+                 overrides={"block_size": 4, "tokens_per_block": 16})
+    for temperature in (0.0, 1.0):
+        reqs, _ = run_prompts(out, shipped_prompts(pair, 3), new=6, temperature=temperature, seeds=[1, 2, 3])
+        assert all(len(r.output_ids) == 6 for r in reqs)

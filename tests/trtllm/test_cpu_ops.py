@@ -49,9 +49,9 @@ ROPE_POSITIONS = 512
 
 
 def _rope_tables_ref(num_pos: int, dim: int, base: float):
-    """The plugin's rotary inputs, written here from the recorded layout (api_1_2.yaml): inv_freq in float64
-    rounded to fp32, fp32 angles, float2 (cos, sin) per position and frequency."""
-    inv = (1.0 / base ** (np.arange(0, dim, 2) / dim)).astype(np.float32)
+    """The plugin's rotary inputs, written here from the recorded layout (api_1_2.yaml rope_tables): the power in
+    float64 rounded to fp32, the division in fp32, fp32 angles, float2 (cos, sin) per position and frequency."""
+    inv = np.array([np.float32(1.0) / np.float32(base ** (i / dim)) for i in range(0, dim, 2)], np.float32)
     ang = np.arange(num_pos, dtype=np.float32)[:, None] * inv[None, :]
     table = np.stack([np.cos(ang), np.sin(ang)], axis=-1).reshape(1, -1).astype(np.float32)
     return torch.from_numpy(inv), torch.from_numpy(table)
@@ -1208,7 +1208,7 @@ def test_column_linear_gather_and_not(tp):
                                  gather_output=gather)
             assert lin.weight.shape == (rows, 5)
             lin.weight.value = W[r * rows:(r + 1) * rows]
-            out.append(lin(x))
+            out.append(raw(lin(x)))
         return out
 
     for r, (full, part) in enumerate(_run_guarded(lambda: world.run(fn))):
@@ -1237,7 +1237,7 @@ def test_row_linear_sums_partials(tp):
         lin = L.RowLinear(6, 5, bias=False, tp_group=list(range(tp)), tp_size=tp)
         assert lin.weight.shape == (5, cols)
         lin.weight.value = W[:, r * cols:(r + 1) * cols]
-        return lin(x[:, r * cols:(r + 1) * cols])
+        return raw(lin(x[:, r * cols:(r + 1) * cols]))
 
     outs = _run_guarded(lambda: world.run(fn))
     for o in outs:
@@ -1255,14 +1255,14 @@ def test_embedding_and_rmsnorm_layers():
     ids = torch.tensor([7, 0, 4, 3], dtype=torch.int32)
     emb = L.Embedding(8, 3)
     emb.weight.value = W
-    assert torch.equal(emb(ids), torch.stack([W[i] for i in ids.tolist()]))
+    assert torch.equal(raw(emb(ids)), torch.stack([W[i] for i in ids.tolist()]))
     world = comm.World(2)
 
     def fn(r):
         e = L.Embedding(8, 3, tp_size=2, tp_group=[0, 1], sharding_dim=0, tp_rank=r)
         assert e.weight.shape == (4, 3)
         e.weight.value = W[4 * r:4 * r + 4]
-        return e(ids)
+        return raw(e(ids))
 
     for o in _run_guarded(lambda: world.run(fn)):
         assert torch.equal(o, W[ids.long()])
@@ -1276,10 +1276,10 @@ def test_embedding_and_rmsnorm_layers():
     norm = L.RmsNorm(6, eps=1e-5)
     w = torch.randn(6, generator=g)
     norm.weight.value = w
-    assert torch.allclose(norm(x), _rms_ref(x, 1, 1e-5, w), atol=1e-6)
+    assert torch.allclose(raw(norm(x)), _rms_ref(x, 1, 1e-5, w), atol=1e-6)
     plain = L.RmsNorm(6, eps=1e-5, elementwise_affine=False)
     assert plain.weight is None and list(dict(plain.named_parameters())) == []
-    assert torch.allclose(plain(x), _rms_ref(x, 1, 1e-5), atol=1e-6)
+    assert torch.allclose(raw(plain(x)), _rms_ref(x, 1, 1e-5), atol=1e-6)
     nb = L.RmsNorm(6, dtype="bfloat16")
     nb.weight.value = w                                           # cast to the parameter dtype
     assert nb.weight.value.dtype == torch.bfloat16
@@ -1462,7 +1462,7 @@ def test_inverse_cdf_exact_dyadic_cases_and_fallback(net):
                           [0.2, 0.3, 0.5, 0.0],
                           [0.0, 0.0, 0.0, 0.0]])         # no mass: both give -1
     u = torch.tensor([0.5, 0.0, 0.0, 1.0 - 2**-24, 0.5, 0.75, 1.0, 1.0 + 2**-23, 0.3])
-    got = net.inverse_cdf(probs, u)
+    got = raw(net.inverse_cdf(probs, u))
     want = _inverse_cdf_ref(probs, u)
     assert want == [2, 0, 1, 3, 3, 2, 2, 2, -1]
     assert got.tolist() == want
@@ -1481,7 +1481,7 @@ def test_inverse_cdf_random_against_float64(net):
     probs[1, :-1] = 0.0                                                   # mass only at the end
     u = torch.rand(N, generator=g)
     u[2] = 0.0
-    got = net.inverse_cdf(probs, u).tolist()
+    got = raw(net.inverse_cdf(probs, u)).tolist()
     want = _inverse_cdf_ref(probs, u)
     # only rows where u * total is clearly away from every cumulative value (fp32 vs fp64 rounding)
     cdf = probs.double().cumsum(1)
@@ -1502,11 +1502,11 @@ def test_leading_true(net):
     ok[1] = False
     ok[2, :] = True
     ok[2, 6] = False
-    got = net._leading_true(ok).tolist()
+    got = raw(net._leading_true(ok)).tolist()
     for i in range(50):
         n = 0
         while n < 7 and bool(ok[i, n]):
             n += 1
         assert got[i] == n
     assert got[0] == 7 and got[1] == 0 and got[2] == 6
-    assert net._leading_true(torch.tensor([[True], [False]])).tolist() == [1, 0]
+    assert raw(net._leading_true(torch.tensor([[True], [False]]))).tolist() == [1, 0]

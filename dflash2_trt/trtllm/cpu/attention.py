@@ -359,8 +359,9 @@ def _batch_plan(T, sequence_length, host_request_types, host_context_lengths, sp
 def _rope_from_table(plan: dict, pos, table, dim: int, max_positions: int, dtype):
     """cos / sin per token from the plugin's ``rotary_cos_sin`` input ([1, max_positions * dim] fp32, float2
     (cos, sin) per position and frequency), as the plugin reads it: a position past the table is refused."""
-    key = ("table", id(table), dtype)
-    if key not in plan["rope"]:
+    key = ("table", dim, max_positions, dtype)
+    hit = plan["rope"].get(key)
+    if hit is None or not torch.equal(hit[0], table):      # a layer with other tables (another base) recomputes
         if table.numel() != max_positions * dim:
             raise ValueError(f"gpt_attention: rotary_cos_sin has {table.numel()} values, expected "
                              f"rotary_embedding_max_positions {max_positions} x rotary_embedding_dim {dim}")
@@ -369,9 +370,9 @@ def _rope_from_table(plan: dict, pos, table, dim: int, max_positions: int, dtype
                              f"{max_positions} (the plugin would read outside rotary_cos_sin)")
         t = table.reshape(max_positions, dim // 2, 2)[pos.long()]
         cos, sin = t[..., 0], t[..., 1]
-        plan["rope"][key] = (torch.cat([cos, cos], -1)[:, None, :].to(dtype),
+        plan["rope"][key] = (table, torch.cat([cos, cos], -1)[:, None, :].to(dtype),
                              torch.cat([sin, sin], -1)[:, None, :].to(dtype))
-    return plan["rope"][key]
+    return plan["rope"][key][1:]
 
 
 def _rope_apply(x, cos, sin, dim: int):

@@ -38,9 +38,10 @@ class Embedding(Module):
 
 class _LinearBase(Module):
     def _init(self, local_in, local_out, bias, dtype, tp_group, tp_size, share_weight, strict_dtype, pad_lda,
-              prefer_managed_weight):
-        if share_weight is not None or strict_dtype or pad_lda:
-            raise NotImplementedError("Linear stand-in: share_weight / strict_dtype / pad_lda are not used by the network")
+              prefer_managed_weight, pad_ldc=0, is_expert=False):
+        if share_weight is not None or strict_dtype or pad_lda or pad_ldc or is_expert:
+            raise NotImplementedError("Linear stand-in: share_weight / strict_dtype / pad_lda / pad_ldc / is_expert "
+                                      "are not used by the network")
         self.tp_group, self.tp_size = tp_group, tp_size
         self.weight = Parameter(shape=(local_out, local_in), dtype=dtype)
         # TensorRT-LLM's default is bias=True: a layer built without bias=False needs `<name>.bias` in the checkpoint
@@ -55,13 +56,13 @@ class ColumnLinear(_LinearBase):
     """``Linear`` / ``ColumnLinear``: each rank holds ``out/tp`` rows; bias added before the gather."""
 
     def __init__(self, in_features, out_features, bias=True, dtype=None, tp_group=None, tp_size=1,
-                 gather_output=True, share_weight=None, strict_dtype=False, pad_lda=0, prefer_managed_weight=True,
-                 is_qkv=False):
+                 gather_output=True, share_weight=None, strict_dtype=False, pad_lda=0, pad_ldc=0,
+                 prefer_managed_weight=True, is_qkv=False):
         super().__init__()
         if out_features % tp_size:
             raise ValueError(f"ColumnLinear: out_features {out_features} not divisible by tp {tp_size}")
         self._init(in_features, out_features // tp_size, bias, dtype, tp_group, tp_size, share_weight, strict_dtype,
-                   pad_lda, prefer_managed_weight)
+                   pad_lda, prefer_managed_weight, pad_ldc=pad_ldc)
         self.gather_output = gather_output
 
     def forward(self, x):
@@ -77,19 +78,19 @@ class RowLinear(_LinearBase):
     """Each rank holds ``in/tp`` columns; partial products are summed (``allreduce``), then the bias."""
 
     def __init__(self, in_features, out_features, bias=True, dtype=None, tp_group=None, tp_size=1,
-                 strict_dtype=False, pad_lda=0, prefer_managed_weight=True):
+                 strict_dtype=False, pad_lda=0, prefer_managed_weight=True, is_expert=False):
         super().__init__()
         if in_features % tp_size:
             raise ValueError(f"RowLinear: in_features {in_features} not divisible by tp {tp_size}")
         self._init(in_features // tp_size, out_features, bias, dtype, tp_group, tp_size, None, strict_dtype, pad_lda,
-                   prefer_managed_weight)
+                   prefer_managed_weight, is_expert=is_expert)
 
     def forward(self, x):
         y = self._matmul(x)
         if self.tp_size > 1 and self.tp_group is not None:
             y = F.allreduce(y, self.tp_group)
         if self.bias is not None:
-            y = y + self.bias.value
+            y = y + F.cast(self.bias.value, y.dtype)
         return y
 
 
@@ -97,12 +98,14 @@ Linear = ColumnLinear
 
 
 class RmsNorm(Module):
-    def __init__(self, normalized_shape, eps=1e-06, elementwise_affine=True, dtype=None):
+    def __init__(self, normalized_shape, num_groups=1, eps=1e-06, elementwise_affine=True, dtype=None):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        self.eps = eps
+        if self.normalized_shape[-1] % num_groups != 0:
+            raise ValueError("num_channels must be divisible by num_groups")
+        self.eps, self.num_groups = eps, num_groups
         self.weight = Parameter(shape=self.normalized_shape, dtype=dtype) if elementwise_affine else None
 
     def forward(self, x):
-        return F.rms_norm(x, self.normalized_shape, weight=None if self.weight is None else self.weight.value,
-                          eps=self.eps)
+        return F.rms_norm(x, self.normalized_shape, self.num_groups,
+                          None if self.weight is None else self.weight.value, self.eps)

@@ -86,10 +86,65 @@ class Tensor(torch.Tensor):
     # ---- what the real Tensor does not have --------------------------------------------------------------
     def _absent(name):
         def f(self, *args, **kwargs):
-            raise TypeError(f"tensorrt_llm's Tensor has no {name} (api_1_2.yaml tensor_operators.absent); "
+            raise TypeError(f"tensorrt_llm's Tensor has no {name} (api_1_2.yaml tensor_operators, tensor_methods); "
                             f"use the functional form")
         f.__name__ = name
         return f
+
+    # ---- the real Tensor's methods (api_1_2.yaml tensor_methods), routed to the functional forms ----------------
+    def view(self, shape, zero_is_placeholder=True):
+        return _functional().view(self, shape, zero_is_placeholder)
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        return _functional().flatten(self, start_dim, end_dim)
+
+    def permute(self, dims):
+        return _functional().permute(self, dims)
+
+    def transpose(self, dim0, dim1):
+        return _functional().transpose(self, dim0, dim1)
+
+    def unsqueeze(self, dim):
+        return _functional().unsqueeze(self, dim)
+
+    def select(self, dim, index):
+        return _functional().select(self, dim, index)
+
+    def cast(self, dtype):
+        return _functional().cast(self, dtype)
+
+    def max(self, dim, keepdim=False):
+        return _functional().max(self, dim, keepdim)
+
+    def mark_output(self, name=None, dtype=None):
+        """Tensor.mark_output: records the tensor as engine output ``name`` of the running step."""
+        if name is None:
+            raise ValueError("mark_output: the stand-in's tensors have no names; pass the output's name")
+        sys.modules[__package__ + ".modeling_utils"].mark_output(self, name, dtype)
+
+    def rank(self):
+        return torch.Tensor.dim(self)
+
+    def ndim(self):   # noqa: D102 - a method on the real Tensor, not torch's property
+        return torch.Tensor.dim(self)
+
+    def _unimplemented(name):
+        def f(self, *args, **kwargs):
+            raise NotImplementedError(f"Tensor.{name} exists in TensorRT-LLM but the stand-in does not implement it "
+                                      f"(not used by the network)")
+        f.__name__ = name
+        return f
+
+    mean = _unimplemented("mean")
+    abs = _unimplemented("abs")
+    sqrt = _unimplemented("sqrt")
+    log = _unimplemented("log")
+    squeeze = _unimplemented("squeeze")
+    split = _unimplemented("split")
+    unbind = _unimplemented("unbind")
+    repeat = _unimplemented("repeat")
+    is_dynamic = _unimplemented("is_dynamic")
+    del _unimplemented
 
     __rtruediv__ = _absent("__rtruediv__")
     __rfloordiv__ = _absent("__rfloordiv__")
@@ -104,6 +159,11 @@ class Tensor(torch.Tensor):
     __invert__ = _absent("__invert__")
     __getitem__ = _absent("__getitem__")
     __ne__ = _absent("__ne__")
+    for _name in ("reshape", "expand", "to", "float", "long", "int", "half", "double", "tolist", "item", "numpy",
+                  "contiguous", "clone", "detach", "sum", "softmax", "exp", "sigmoid", "__len__", "__iter__",
+                  "__bool__", "__index__", "__int__", "__float__"):
+        locals()[_name] = _absent(_name)
+    del _name
     del _absent
 
 
@@ -113,6 +173,12 @@ def _not(x):
 
 def _F():
     return sys.modules[__name__]
+
+
+def _functional():
+    """The stand-in's functional module (it made every Tensor there is, so it is loaded; looked up rather than
+    imported: functional imports this module)."""
+    return sys.modules[__package__ + ".functional"]
 
 
 def raw(x):
@@ -165,23 +231,34 @@ def _same_dtype(op: str, tensors: Sequence[torch.Tensor]) -> None:
                         f"them; TensorRT-LLM does not cast Tensor operands here)")
 
 
+def _scalar_as(x, dtype: torch.dtype, op: str) -> torch.Tensor:
+    """broadcast_helper in a strongly typed network (BuildConfig.strongly_typed defaults to True): a Python scalar
+    becomes a constant of the other operand's dtype. A float meeting an integer Tensor would be truncated there
+    (int32_array([0.5]) == 0) and an int beyond the integer dtype overflows: both refused here."""
+    if not dtype.is_floating_point and dtype != torch.bool and isinstance(x, float):
+        raise TypeError(f"{op}: the Python float {x!r} would become a {dtype} constant (truncated); cast the "
+                        f"Tensor or use an int")
+    if dtype == torch.int32 and isinstance(x, int) and not _INT32[0] <= x <= _INT32[1]:
+        raise OverflowError(f"{op}: Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
+                            f"next to an int32 Tensor (int32_array)")
+    return torch.tensor([x], dtype=dtype)
+
+
 def _binary(left, right, fn, op: str):
-    """elementwise_binary: Python scalars become constants (broadcast_helper), int32 meeting int64 is cast to
-    int64, integer/bool kinds must otherwise agree; floats of two precisions meet at the layer's precision."""
-    a, b = _const(left), _const(right)
-    if not isinstance(left, torch.Tensor) and b.dtype.is_floating_point and a.dtype.is_floating_point:
-        a = a.to(b.dtype)
-    if not isinstance(right, torch.Tensor) and a.dtype.is_floating_point and b.dtype.is_floating_point:
-        b = b.to(a.dtype)
+    """elementwise_binary over broadcast_helper, strongly typed (TensorRT-LLM's default build): a Python scalar
+    takes the Tensor operand's dtype; an int32 Tensor meeting an int64 one is cast to int64; any other dtype
+    mismatch between two Tensors reaches TensorRT's IElementWiseLayer, which refuses it in a strongly typed
+    network (no implicit float promotion)."""
+    lt_, rt_ = isinstance(left, torch.Tensor), isinstance(right, torch.Tensor)
+    if not (lt_ or rt_):
+        raise TypeError(f"{op}: at least one operand must be a Tensor")
+    a = raw(left) if lt_ else _scalar_as(left, right.dtype, op)
+    b = raw(right) if rt_ else _scalar_as(right, a.dtype, op)
     if {a.dtype, b.dtype} == {torch.int32, torch.int64}:
         a, b = a.long(), b.long()
-    fa, fb = a.dtype.is_floating_point, b.dtype.is_floating_point
-    if fa != fb or (not fa and a.dtype != b.dtype):
+    if a.dtype != b.dtype:
         raise TypeError(f"{op}: operands of dtypes {a.dtype} and {b.dtype} (TensorRT's IElementWiseLayer refuses "
-                        f"them; cast explicitly)")
-    if fa and a.dtype != b.dtype:
-        b = b.to(a.dtype) if isinstance(left, torch.Tensor) else b
-        a = a.to(b.dtype)
+                        f"them in a strongly typed network; cast explicitly)")
     return wrap(fn(a, b))
 
 
