@@ -155,13 +155,14 @@ def test_wrong_proposal_q_is_detected(sampling_case, monkeypatch):
     law must break. (A one-hot q on the drafted token would NOT be wrong: rejection sampling against a
     point mass is lossless whatever chose the point — that is why greedy and Viterbi proposals are.)"""
     prompt, exact, eng = sampling_case
+    from dflash2_trt.trtllm.cpu.tensor import raw, wrap
     from dflash2_trt.trtllm.plugin_layers import CpuPlugins
 
     orig = CpuPlugins.pairwise_scan
 
     def wrong_q(self, unary, cand_ids, *a, **kw):
         ids, q = orig(self, unary, cand_ids, *a, **kw)
-        return ids, torch.full_like(q, 1.0 / q.shape[-1])
+        return ids, wrap(torch.full_like(raw(q), 1.0 / q.shape[-1]))   # handed back as a plugin output
 
     monkeypatch.setattr(CpuPlugins, "pairwise_scan", wrong_q)
     samples, _ = _sample(eng, prompt, RUNS // 2)

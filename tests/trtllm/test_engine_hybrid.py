@@ -77,6 +77,7 @@ def test_hybrid_greedy_lossless_and_acceptance_equals_reference(pair, prompts, o
 def _force_prefixes(monkeypatch, K):
     """Replace the drafts after a cycling prefix length m = 0..K with a token that differs from the selector's,
     so that every acceptance length 1..K+1 occurs (acceptance <= m + 1; = m + 1 when the first m were right)."""
+    from dflash2_trt.trtllm.cpu.tensor import raw, wrap
     from dflash2_trt.trtllm.plugin_layers import CpuPlugins
 
     orig = CpuPlugins.pairwise_scan
@@ -86,9 +87,9 @@ def _force_prefixes(monkeypatch, K):
         ids, q = orig(self, unary, cand_ids, *a, **kw)
         m = state["step"] % (K + 1)
         state["step"] += 1
-        ids = ids.clone()
+        ids = raw(ids).clone()                    # a plugin output, edited as plain torch, handed back as one
         ids[:, m:] = (ids[:, m:] + 7) % 250 + 3   # never the selector's own token, always a real word id
-        return ids, q
+        return wrap(ids), q
 
     monkeypatch.setattr(CpuPlugins, "pairwise_scan", forced)
 
