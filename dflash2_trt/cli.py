@@ -297,7 +297,11 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
     sets = parse_set(sets)
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     if dry_run:
+        from .engine.build import check_build_outputs
         from .engine.plan import dry_run_plan, render_plan
+
+        check_build_outputs(d, t, output, checkpoint_dir=checkpoint_dir,   # what the real build would refuse
+                            default_checkpoint=backend != "cpu" and checkpoint_dir is None and not no_keep_checkpoint)
 
         plan = dry_run_plan(d, t, output=output, backend=backend, target_key=target_key, overrides=overrides,
                             sets=sets, gpu_memory_gib=gpu_memory_gib, checkpoint_dir=checkpoint_dir,
@@ -380,6 +384,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     """Write a dataset in trtllm-bench's format: {"task_id", "input_ids", "output_tokens"} per line."""
     from .bench.dataset import prepare_dataset, resolve_target
     from .errors import ConfigError
+    from .overlap import refuse_overlap
 
     sources = {"builtin": builtin, "prompts": prompts_file, "corpus": corpus, "synthetic": synthetic}
     chosen = [k for k, v in sources.items() if v is not None]
@@ -388,6 +393,9 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     if builtin is not None and target_key is None and target_dir is None and engine_dir is None:
         target_key = builtin
     tgt = resolve_target(target_key=target_key, target_dir=target_dir, engine_dir=engine_dir)
+    refuse_overlap(output, "--output", [("--prompts file", prompts_file), ("--corpus file", corpus),
+                                        ("target directory", target_dir), ("engine directory", engine_dir),
+                                        ("tokenizer directory", tgt["tokenizer_dir"])])
     res = prepare_dataset(source=synthetic or chosen[0], output=output, builtin=builtin, prompts_file=prompts_file,
                           corpus=corpus, tokenizer_dir=tgt["tokenizer_dir"], vocab_size=tgt["vocab_size"],
                           stop_ids=tgt["stop_ids"], num_requests=num_requests, output_tokens=output_tokens,

@@ -65,12 +65,17 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
               project_target: str = "qwen3.8-27b", context_len: int | None = None, progress: bool = False,
               keep_outputs: bool = False, baseline_engine_dir=None, benchmark_bin=None, plugin_lib=None,
               dry_run: bool = False, threads: int | None = 1) -> dict:
+    from ..overlap import refuse_overlap
     from .io import atomic_write_json, check_output_file
     from .report import build_report
 
     t0 = time.perf_counter()
     if backend not in ("auto", "cpu", "trtllm"):
         raise ConfigError(f"must be auto, cpu or trtllm, got {backend!r}", field="--backend")
+    inputs = [("engine directory", engine_dir), ("dataset", dataset), ("baseline engine directory", baseline_engine_dir),
+              ("benchmark binary", benchmark_bin), ("plugin library", plugin_lib)]
+    refuse_overlap(json_out, "--json", inputs)
+    refuse_overlap(plot_out, "--plot", inputs + [("--json report", json_out)])
     for p, f in ((json_out, "--json"), (plot_out, "--plot")):
         if p is not None:
             check_output_file(p, field=f)
@@ -125,9 +130,11 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,
                   compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str = "replay",
                   json_out=None) -> dict:
     from .cpu import parse_concurrency
+    from ..overlap import refuse_overlap
     from .io import atomic_write_json, check_output_file
     from .projection import GPUS, project, published_pair_shapes, tau_from
 
+    refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from)])
     if json_out is not None:
         check_output_file(json_out, field="--json")
     levels = parse_concurrency(concurrency)

@@ -78,6 +78,8 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     from ..convert import convert_pair
     from .plan import engine_pretrained_config, prepare, weight_bytes_per_rank
 
+    check_build_outputs(drafter_dir, target_dir, output, checkpoint_dir=checkpoint_dir,
+                        default_checkpoint=backend == "trtllm" and checkpoint_dir is None and keep_checkpoint)
     over = dict(overrides or {})
     if tp_size is not None:
         over["tp_size"] = int(tp_size)
@@ -155,6 +157,22 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
             manifest["verify"] = (verifier or verify_cpu_engine)(tmp, target_dir=target_dir, target_key=target_key)
             _write_manifest(tmp, manifest)
     return BuildResult(Path(output), manifest)
+
+
+def check_build_outputs(drafter_dir, target_dir, output, *, checkpoint_dir=None, default_checkpoint=False) -> None:
+    """The overlap rule (:mod:`dflash2_trt.overlap`) for a build: ``--output`` and ``--checkpoint-dir`` (and the
+    TensorRT-LLM backend's default ``OUTPUT.checkpoint``) are not, do not contain and do not lie inside the
+    drafter or target directory, nor each other. Raises before anything is written or deleted."""
+    from ..overlap import refuse_overlap
+    from .plan import default_checkpoint_dir
+
+    inputs = [("drafter directory", drafter_dir), ("target directory", target_dir)]
+    refuse_overlap(output, "--output", inputs)
+    ckpt, option = checkpoint_dir, "--checkpoint-dir"
+    if ckpt is None and default_checkpoint and output is not None:
+        ckpt, option = default_checkpoint_dir(output), "--checkpoint-dir (default: OUTPUT.checkpoint)"
+    if ckpt is not None:
+        refuse_overlap(ckpt, option, inputs + ([("engine output directory", output)] if output is not None else []))
 
 
 def _write_manifest(tmp: Path, manifest: dict) -> None:

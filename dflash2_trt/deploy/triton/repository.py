@@ -262,8 +262,11 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                   kv_cache_free_gpu_mem_fraction: float = 0.9, plugin_lib: str | Path | None = None,
                   command=None) -> RepositoryResult:
     from ...checkpoint.writer import AtomicOutputDir
+    from ...overlap import refuse_overlap
 
     engine_dir = Path(engine_dir)
+    refuse_overlap(output, "--output", [("engine directory", engine_dir), ("tokenizer directory", tokenizer),
+                                        ("plugin library", plugin_lib)])
     cfg, man = read_engine(engine_dir)
     notes = []
     if backend == "auto":
@@ -293,6 +296,7 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
         raise ConfigError("has no tokenizer (no tokenizer/ and none in its target directory), so the text "
                           "ensemble cannot be made: give --tokenizer DIR, or --ids-only for a token-id-only "
                           "repository (tensorrt_llm alone)", source=engine_dir)
+    refuse_overlap(output, "--output", [("tokenizer directory", tok_dir)])   # the engine's, or its target's
     engine_abs = engine_dir.resolve()
     eos = [int(e) for e in man.get("eos_token_ids") or ()]
     with AtomicOutputDir(output, force=force) as tmp:

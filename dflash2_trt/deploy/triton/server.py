@@ -288,6 +288,14 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
 
     if (engine_dir is None) == (repository is None):
         raise ServerError("give exactly one of --engine-dir or --repository")
+    if log_path is not None:
+        from ...overlap import refuse_overlap
+        from ...errors import ConfigError
+
+        refuse_overlap(log_path, "--log", [("engine directory", engine_dir), ("repository", repository),
+                                           ("tokenizer directory", tokenizer)])
+        if Path(log_path).is_dir():
+            raise ConfigError(f"{log_path} is a directory; give a file name", field="--log")
     ports = {"--http-port": port if http_port is None else http_port,
              "--grpc-port": port + 1 if grpc_port is None else grpc_port,
              "--metrics-port": port + 2 if metrics_port is None else metrics_port}
