@@ -9,21 +9,41 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import DFlash2Error
+from .errors import DFlash2Error, Terminated
+
+
+def _raise_terminated(signum, frame):
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *a: None)   # a second SIGTERM must not cut the clean-up short
+    raise Terminated(f"signal {signum}")
 
 
 class _Group(click.Group):
-    """Report DFlash2Error as one clear line and exit 1, never as a traceback."""
+    """Report DFlash2Error as one clear line and exit 1, never as a traceback. Ctrl-C (exit 130) and
+    SIGTERM (exit 143) unwind like an error: what a command was writing is removed, one line says so."""
 
     def invoke(self, ctx):
+        import signal
+        import threading
+
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             return super().invoke(ctx)
         except DFlash2Error as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except Terminated:
+            click.echo("terminated (SIGTERM): stopped; any output in progress was removed", err=True)
+            sys.exit(143)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
 
 @click.group(cls=_Group)
@@ -156,8 +176,6 @@ def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, 
 
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     res = convert_pair(d, t, output, tp_size=int(tp_size), dtype=dtype, force=force)
-    for p in res.stale_removed:
-        click.echo(f"removed {p} (left behind by an earlier run that was killed)", err=True)
     click.echo(f"wrote {res.output} (tp {res.tp_size}, {res.dtype}, {len(res.files) - 1} rank file(s), "
                f"{res.bytes_read / 2**20:.1f} MiB read in {res.seconds:.1f} s)")
 

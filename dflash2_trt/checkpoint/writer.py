@@ -38,6 +38,7 @@ import queue
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -357,21 +358,61 @@ def _unlock(fd: int | None) -> None:
         os.close(fd)
 
 
+def notice(message: str) -> None:
+    """One ``note:`` line on stderr: what a run did on its own beside the output (a leftover removed, an
+    output restored). Never silent: a user must learn that something beside ``--output`` changed."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def _leftovers(final: Path, kind: str) -> list[Path]:
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.{kind}-[a-z0-9_]{{8}}")
+    try:
+        entries = sorted(final.parent.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if pattern.fullmatch(p.name) and not p.is_symlink() and p.is_dir()]
+
+
+def recover_swapped(final: str | Path) -> Path | None:
+    """Put back an output a killed ``--force`` run moved aside and never replaced.
+
+    The swap is two renames (``final`` -> ``.NAME.old-*``, then the new output -> ``final``); a run
+    killed between them (SIGKILL, power loss) leaves no ``final``, the previous complete output under
+    ``.NAME.old-*``. When ``final`` is absent and such a directory exists that no live run holds, the
+    newest one is renamed back to ``final`` and a note says so (the caller then sees an existing output:
+    without ``--force`` it is refused as usual); the killed run's other leftovers are then removed
+    (:func:`remove_stale`, each named). Returns where it was restored from, else None."""
+    final = Path(final).absolute()
+    if os.path.lexists(final):
+        return None
+    olds = sorted(_leftovers(final, "old"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in olds:
+        fd = _lock(old)
+        if fd is None:   # a live run's swap in progress, or cannot tell: not ours
+            continue
+        try:
+            if not any(old.iterdir()):
+                continue
+            os.replace(old, final)
+        except OSError:
+            continue
+        finally:
+            _unlock(fd)
+        notice(f"restored {final} from {old}: a run killed during its --force swap had moved the previous output "
+               f"aside and never put a new one in place")
+        remove_stale(final)   # that run's half-swapped new output and any older leftovers (each named)
+        return old
+    return None
+
+
 def remove_stale(final: Path) -> list[Path]:
     """Remove the ``.NAME.tmp-*`` / ``.NAME.old-*`` directories a killed run left beside ``final``.
 
     A directory some live run still holds a lock on is left alone, and so is one whose lock
     cannot be tested (no ``fcntl``, or a file system refusing ``flock``). Returns what was removed.
     """
-    pattern = re.compile(rf"\.{re.escape(final.name)}\.(?:tmp|old)-[a-z0-9_]{{8}}")
-    try:
-        entries = sorted(final.parent.iterdir())
-    except OSError:
-        return []
     removed = []
-    for p in entries:
-        if not pattern.fullmatch(p.name) or p.is_symlink() or not p.is_dir():
-            continue
+    for p in sorted(_leftovers(final, "tmp") + _leftovers(final, "old")):
         fd = _lock(p)
         if fd is None:  # in use by a live run, or cannot tell
             continue
@@ -381,6 +422,7 @@ def remove_stale(final: Path) -> list[Path]:
             _unlock(fd)
         if not os.path.lexists(p):
             removed.append(p)
+            notice(f"removed {p} (left behind by an earlier run that was killed)")
     return removed
 
 
@@ -429,6 +471,7 @@ class AtomicOutputDir:
     """
 
     def __init__(self, final: str | Path, *, force: bool = False):
+        self.restored_from = recover_swapped(final) if not Path(final).is_symlink() else None
         self.final = check_output_dir(final, force).absolute()
         self.force = force
         self.tmp: Path | None = None
@@ -552,5 +595,6 @@ class AtomicOutputDir:
 
 __all__ = [
     "AtomicOutputDir", "OutputDirError", "OutputWriteError", "SafetensorsLayout", "StreamingSafetensorsWriter",
-    "TensorSpec", "check_output_dir", "remove_stale", "sha256_file", "write_small_file", "ITEMSIZE",
+    "TensorSpec", "check_output_dir", "notice", "recover_swapped", "remove_stale", "sha256_file", "write_small_file",
+    "ITEMSIZE",
 ]

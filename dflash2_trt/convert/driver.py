@@ -47,7 +47,7 @@ from ..checkpoint.writer import (
     check_output_dir, sha256_file, write_small_file,
 )
 from ..config import DFlash2Config, TargetConfig, pairing_problems
-from ..errors import CheckpointError, ConfigError, PairingError
+from ..errors import CheckpointError, ConfigError, PairingError, Terminated
 from ..overlap import refuse_overlap
 from . import dflash2, muse_glimmer, qwen3, qwen3_5
 from .plan import DRAFTER, TARGET, Drop, OutTensor, width_of
@@ -182,7 +182,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise Terminated(f"signal {signum}")
 
     old = signal.signal(signal.SIGTERM, handler)
     try:

@@ -80,6 +80,10 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
 
     check_build_outputs(drafter_dir, target_dir, output, checkpoint_dir=checkpoint_dir,
                         default_checkpoint=backend == "trtllm" and checkpoint_dir is None and keep_checkpoint)
+    if output is not None and not Path(output).is_symlink():
+        from ..checkpoint.writer import recover_swapped
+
+        recover_swapped(output)   # an engine a killed --force run moved aside is put back (and named) first
     over = dict(overrides or {})
     if tp_size is not None:
         over["tp_size"] = int(tp_size)
