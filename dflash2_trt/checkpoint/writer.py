@@ -24,7 +24,11 @@ write (read-only or full file system, no permission) is one :class:`OutputWriteE
 the output and the file. Once the swap into place starts, SIGINT/SIGTERM are held back until it
 and the removal of the replaced output are done: the run then succeeds. A run killed outright
 (SIGKILL, power loss) leaves ``.NAME.tmp-*`` / ``.NAME.old-*`` beside the output; the next run
-removes them unless a live run holds a lock on them (``flock`` on the directory).
+removes them unless a live run holds a lock on them (``flock`` on the directory), naming each on
+stderr (:func:`notice`). A run killed between the two renames of the swap leaves no output and the
+previous one under ``.NAME.old-*``: the next run renames it back first (:func:`recover_swapped`).
+The CLI turns SIGTERM into :class:`~dflash2_trt.errors.Terminated` (a KeyboardInterrupt), so it
+unwinds exactly like Ctrl-C.
 """
 
 from __future__ import annotations
