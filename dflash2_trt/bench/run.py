@@ -72,6 +72,9 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     t0 = time.perf_counter()
     if backend not in ("auto", "cpu", "trtllm"):
         raise ConfigError(f"must be auto, cpu or trtllm, got {backend!r}", field="--backend")
+    from ..sampling import effective_temperature
+
+    temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy, on both backends
     inputs = [("engine directory", engine_dir), ("dataset", dataset), ("baseline engine directory", baseline_engine_dir),
               ("benchmark binary", benchmark_bin), ("plugin library", plugin_lib)]
     refuse_overlap(json_out, "--json", inputs)

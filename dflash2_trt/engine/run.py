@@ -59,8 +59,9 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         raise ConfigError("give exactly one of --prompt-ids, --prompt, --prompts", field="--prompt-ids")
     if max_new_tokens < 1:
         raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
-    if not (temperature >= 0 and temperature != float("inf")):
-        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
+    from ..sampling import effective_temperature
+
+    temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy
     if not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     if max_batch_size is not None and max_batch_size < 1:
