@@ -288,9 +288,18 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
 
     if (engine_dir is None) == (repository is None):
         raise ServerError("give exactly one of --engine-dir or --repository")
+    from ...errors import ConfigError
+
+    if repository is not None:   # a repository is served as written: these would silently do nothing
+        given = [o for o, v in (("--max-batch-size", max_batch_size is not None), ("--no-decoupled", not decoupled),
+                                ("--tokenizer", tokenizer is not None), ("--ids-only", ids_only)) if v]
+        if given:
+            raise ConfigError(f"applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
+                              f"(write another with the option there)", field=given[0])
+    if not (isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")):
+        raise ConfigError(f"must be a number of seconds > 0, got {ready_timeout}", field="--ready-timeout")
     if log_path is not None:
         from ...overlap import refuse_overlap
-        from ...errors import ConfigError
 
         refuse_overlap(log_path, "--log", [("engine directory", engine_dir), ("repository", repository),
                                            ("tokenizer directory", tokenizer)])
