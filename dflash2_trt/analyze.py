@@ -277,9 +277,11 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
     a list of token ids, or a string tokenized with the target directory's tokenizer."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read prompts: {exc}", source=path) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
     try:
         data = json.loads(text)
         items = data["prompts"] if isinstance(data, dict) else data

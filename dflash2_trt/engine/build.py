@@ -243,7 +243,11 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
             if not isinstance(build[k], int) or build[k] < 1:
                 raise ConfigError(f"must be a positive integer, got {build[k]!r}", source=cfg_path,
                                   field=f"build_config.{k}")
-        pre["dflash2"]["block_size"], pre["mapping"]["tp_size"], pre["vocab_size"]
+        for where, v, lo in (("pretrained_config.dflash2.block_size", pre["dflash2"]["block_size"], 2),
+                             ("pretrained_config.mapping.tp_size", pre["mapping"]["tp_size"], 1),
+                             ("pretrained_config.vocab_size", pre["vocab_size"], 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"must be an integer >= {lo}, got {v!r}", source=cfg_path, field=where)
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"missing or malformed field {exc}", source=cfg_path) from None
     return cfg, man

@@ -16,6 +16,8 @@ def read_prompts_file(path: str | Path) -> list[dict]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
