@@ -130,7 +130,7 @@ def _tokenizer(man: dict, engine_dir):
     from ..tokenizer import engine_tokenizer_dir, find_tokenizer
 
     d = engine_tokenizer_dir(engine_dir, man)   # the engine's own copy first, else the target dir
-    tok = None if d is None else find_tokenizer(d)
+    tok = None if d is None else find_tokenizer(d, strict=True)   # a corrupt one is not "none"
     if tok is None:
         raise ConfigError("--prompt needs a tokenizer (the engine's tokenizer/ or its target directory); this engine "
                           "has none: use --prompt-ids or a prompts file with input_ids", field="--prompt")

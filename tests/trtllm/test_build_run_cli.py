@@ -180,3 +180,18 @@ def test_non_utf8_prompts_file_is_one_line(engine, tmp_path):
     f.write_bytes(b'\xff\xfe{"task_id": 0, "input_ids": [5]}\n')
     line = _err(*_cli("run", "--engine-dir", str(engine), "--prompts", str(f)))
     assert "p.jsonl: not UTF-8 text (byte 0" in line, line
+
+
+def test_corrupt_tokenizer_is_not_reported_as_none(engine, tmp_path):
+    """Issue 21 weak spot: a tokenizer.json damaged in place (same size, so the manifest's size check passes)
+    was reported as "this engine has none"; now the directory and the loader's reason are named."""
+    e = tmp_path / "eng"
+    shutil.copytree(engine, e)
+    tj = e / "tokenizer" / "tokenizer.json"
+    data = bytearray(tj.read_bytes())
+    data[0:1] = b"X"
+    tj.write_bytes(bytes(data))
+    line = _err(*_cli("run", "--engine-dir", str(e), "--prompt", "puni kiku"))
+    assert "tokenizer: has tokenizer files that cannot be loaded" in line and "has none" not in line, line
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(e), "--output", str(tmp_path / "repo")))
+    assert "tokenizer: has tokenizer files that cannot be loaded" in line, line

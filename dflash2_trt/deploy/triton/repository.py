@@ -244,7 +244,7 @@ def _tokenizer_for(engine_dir: Path, man: dict, tokenizer: str | Path | None, vo
         d = engine_tokenizer_dir(engine_dir, man)
         if d is None:
             return None, None
-    tok = find_tokenizer(d)
+    tok = find_tokenizer(d, strict=True)   # files that fail to load: the reason, not "no tokenizer"
     if tok is None:
         raise ConfigError("no usable tokenizer (tokenizer.json, tokenizer.model, vocab.json or tiktoken.model "
                           "loadable by transformers)", source=d, field="--tokenizer")
