@@ -110,6 +110,10 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
 
         verify = sum(r["target"] for r in weight_bytes_per_rank(t, prep.d, cfg.tp_size, cfg.dtype)) \
             <= AUTO_MAX_TARGET_BYTES
+    if verify and verifier is None:
+        from .verify import planned_check_pool
+
+        planned_check_pool(target_key, t.vocab_size, cfg, s["block_size"] - 1)   # before converting anything
     with AtomicOutputDir(output, force=force) as tmp:
         if checkpoint_dir is not None:
             from .checkpoint import ensure_checkpoint, link_files

@@ -119,3 +119,17 @@ def test_reused_checkpoint_dir_is_rehashed(tmp_path):
     man = json.loads((ck / "manifest.json").read_text())
     want = next(f["sha256"] for f in man["files"] if f["name"] == "rank0.safetensors")
     assert hashlib.sha256(rank.read_bytes()).hexdigest() == want
+
+
+def test_a_kv_pool_too_small_for_the_verify_gate_names_the_setting(tmp_path):
+    """Issue 21 weak spot: num_kv_blocks=1 failed the build as "request 16: needs 2 KV blocks", a request the
+    user never sent, after converting; now one line names num_kv_blocks before anything is written."""
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"),
+                      "--set", "num_kv_blocks=1")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert code == 1 and len(lines) == 1, text
+    assert lines[0].startswith("error: num_kv_blocks: 1 KV block(s) of 32 tokens cannot hold the verify gate's"), text
+    assert list(tmp_path.iterdir()) == []
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"),
+                      "--set", "num_kv_blocks=1", "--no-verify")
+    assert code == 0, text
