@@ -216,3 +216,22 @@ def test_build_dry_run_refuses_what_the_build_would(pair):
     _one_error(code, text, "--output", "lies inside the target directory")
     code, text = _cli("build", "--drafter", d, "--target-dir", t, "--dry-run", "--output", t.parent / "E")
     assert code == 0, text
+
+
+def test_target_layer_ids_out_of_order_is_warned(pair, tmp_path):
+    """Issue 21 (older commands): target_layer_ids in another order than ascending were accepted silently; now
+    inspect shows a WARN line and the commands that load the pair say it once on stderr (still accepted)."""
+    d, t = pair
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [2, 0]
+    (d / "config.json").write_text(json.dumps(cfg))
+    code, text = _cli("inspect", "--drafter", d, "--target-dir", t)
+    assert code == 0, text
+    assert "WARN dflash_config.target_layer_ids [2, 0] are not in ascending order ([0, 2])" in text
+    code, text = _cli("convert", "--drafter", d, "--target-dir", t, "--output", tmp_path / "ck")
+    assert code == 0, text
+    assert text.count("warning: dflash_config.target_layer_ids [2, 0] are not in ascending order") == 1, text
+    cfg["dflash_config"]["target_layer_ids"] = [0, 2]
+    (d / "config.json").write_text(json.dumps(cfg))
+    code, text = _cli("convert", "--drafter", d, "--target-dir", t, "--output", tmp_path / "ck2")
+    assert code == 0 and "warning" not in text, text

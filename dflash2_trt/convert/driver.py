@@ -337,6 +337,9 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
     fc_shape = dck.info("fc.weight").shape if "fc.weight" in dck else None
     # With an explicit --dtype both sides are cast to it, so their stored dtypes need not agree.
     problems = pairing_problems(replace(d, dtype=t.dtype) if dtype else d, t, fc_weight_shape=fc_shape)
+    from ..config.pairing import warn_pairing
+
+    warn_pairing(d)
     if problems:
         raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
     refuse_overlap(output, "--output", [("target directory", target_dir), ("drafter directory", drafter_dir)])
