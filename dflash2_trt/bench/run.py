@@ -76,8 +76,9 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     from ..sampling import effective_temperature
 
     temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy, on both backends
-    inputs = [("engine directory", engine_dir), ("dataset", dataset), ("baseline engine directory", baseline_engine_dir),
-              ("benchmark binary", benchmark_bin), ("plugin library", plugin_lib)]
+    inputs = [("engine directory", engine_dir), ("dataset", dataset),
+              ("baseline engine directory", baseline_engine_dir), ("benchmark binary", benchmark_bin),
+              ("plugin library", plugin_lib)]
     refuse_overlap(json_out, "--json", inputs)
     refuse_overlap(plot_out, "--plot", inputs + [("--json report", json_out)])
     for p, f in ((json_out, "--json"), (plot_out, "--plot")):
