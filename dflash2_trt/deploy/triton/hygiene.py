@@ -3,7 +3,7 @@
 Triton's python backend runs every python model in a stub process (``triton_python_backend_stub``, started
 through ``sh -c``) and talks to it through a shared-memory region ``/dev/shm/triton_python_backend_shm_region_*``
 (1 MiB and up each). The stubs ignore SIGTERM; a tritonserver that dies (or is SIGKILLed) while its models
-load leaves them orphaned (~100-250 MiB each, running forever) and their regions in place. So:
+load leaves them orphaned (measured 70-240 MiB resident each, running forever) and their regions in place. So:
 
 * every working directory (``dflash2-triton-*``, ``dflash2-serve-*`` in the temp dir) carries an ``owner``
   file (pid and start time of the process that made it) and a ``shm_regions`` list of the regions its
