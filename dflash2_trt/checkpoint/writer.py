@@ -22,7 +22,9 @@ from the page cache once the frontier reaches it. The caller keeps each buffer a
 into place only when complete; an exception or Ctrl-C (KeyboardInterrupt) removes it. A failed
 write (read-only or full file system, no permission) is one :class:`OutputWriteError` line naming
 the output and the file. Once the swap into place starts, SIGINT/SIGTERM are held back until it
-and the removal of the replaced output are done: the run then succeeds. A run killed outright
+and the removal of the replaced output are done: the run then succeeds (for an output nested in
+another one still being written, such as an engine's checkpoint, the signal is delivered after
+the inner swap, and stops the whole run). A run killed outright
 (SIGKILL, power loss) leaves ``.NAME.tmp-*`` / ``.NAME.old-*`` beside the output; the next run
 removes them unless a live run holds a lock on them (``flock`` on the directory), naming each on
 stderr (:func:`notice`). A run killed between the two renames of the swap leaves no output and the
@@ -430,21 +432,25 @@ def remove_stale(final: Path) -> list[Path]:
     return removed
 
 
+_open_outputs = 0   # AtomicOutputDirs entered and not yet exited (nested: a checkpoint inside an engine)
+
+
 @contextmanager
 def _signals_held():
     """Hold SIGINT/SIGTERM back (main thread only): once the swap into place has started, stopping
     half-way would leave the new output in place but the run reported as interrupted, and a
-    hidden ``.NAME.old-*`` beside it. A signal received meanwhile is dropped: the run succeeds."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    hidden ``.NAME.old-*`` beside it. Yields the list of signals received meanwhile; the caller
+    drops them (the run succeeds) or re-delivers them (an enclosing output is still being written)."""
     held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.getsignal(sig)
         signal.signal(sig, lambda signum, frame: held.append(signum))
     try:
-        yield
+        yield held
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
@@ -485,8 +491,11 @@ class AtomicOutputDir:
         self._locks: list[int | None] = []
 
     def __enter__(self) -> Path:
+        global _open_outputs
         try:
-            return self._enter()
+            tmp = self._enter()
+            _open_outputs += 1
+            return tmp
         except BaseException as exc:
             self._cleanup()
             self._release()
@@ -548,6 +557,8 @@ class AtomicOutputDir:
         return DFlash2Error(f"{path}: {reason} (while writing {self.final})")
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        global _open_outputs
+        _open_outputs -= 1
         try:
             if exc_type is not None:
                 self._cleanup()
@@ -566,7 +577,7 @@ class AtomicOutputDir:
 
     def _commit(self) -> None:
         assert self.tmp is not None
-        with _signals_held():
+        with _signals_held() as held:
             old = None
             if self.final.exists() or self.final.is_symlink():
                 check_output_dir(self.final, self.force)  # re-check: it may have changed meanwhile
@@ -595,6 +606,11 @@ class AtomicOutputDir:
                     os.close(fd)
             except OSError:  # some file systems refuse fsync on directories; the rename is done
                 pass
+        if held and _open_outputs > 0:
+            # This output lies inside another one still being written (the checkpoint of an engine): the
+            # signal is for the whole run, so it is delivered now, to the handler in force again (Ctrl-C /
+            # SIGTERM: the enclosing output is removed). Dropping it let the build run on and succeed.
+            os.kill(os.getpid(), held[0])
 
 
 __all__ = [

@@ -173,3 +173,46 @@ def test_crash_between_the_swap_renames_then_force_says_so(tmp_path, old_engine)
     assert r.returncode == 0, r.stderr
     assert "restored" in r.stderr and "cpu engine, block 4" in r.stdout
     assert _debris(tmp_path) == []
+
+
+def test_a_signal_during_a_nested_commit_stops_the_enclosing_output(tmp_path, monkeypatch):
+    """SIGTERM while the checkpoint inside an engine's temporary directory is swapped into place (signals
+    held) used to be dropped, and the build ran on and succeeded (exit 0, seen in the 'after convert'
+    moment above). Now it is delivered once the inner swap is done, and the engine output is removed."""
+    from dflash2_trt.checkpoint import writer
+
+    class Terminated(KeyboardInterrupt):   # what the CLI's SIGTERM handler raises (errors.Terminated)
+        pass
+
+    def raise_terminated(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    real_replace = os.replace
+
+    def replace(src, dst, *a, **kw):
+        r = real_replace(src, dst, *a, **kw)
+        if os.path.basename(str(src)).startswith(".checkpoint.tmp-"):
+            os.kill(os.getpid(), signal.SIGTERM)          # a real signal, inside the held window
+        return r
+
+    monkeypatch.setattr(writer.os, "replace", replace)
+    try:
+        with pytest.raises(Terminated):
+            with writer.AtomicOutputDir(tmp_path / "E") as outer:
+                with writer.AtomicOutputDir(outer / "checkpoint") as inner:
+                    (inner / "rank0.safetensors").write_bytes(b"x")
+                (outer / "config.json").write_text("{}")    # never reached: the signal stops the run here
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert list(tmp_path.iterdir()) == []
+    # the outermost swap still drops a signal (the run has succeeded once its output is in place)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    monkeypatch.setattr(writer.os, "replace", lambda src, dst, *a, **kw: (
+        real_replace(src, dst, *a, **kw), os.kill(os.getpid(), signal.SIGTERM))[0])
+    try:
+        with writer.AtomicOutputDir(tmp_path / "E2") as out:
+            (out / "f").write_text("x")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (tmp_path / "E2" / "f").read_text() == "x"
