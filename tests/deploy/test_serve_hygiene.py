@@ -61,6 +61,13 @@ class Watch:
                 return
             self.pgid = pids[0]
         for pid in _members(self.pgid):
+            try:   # the regions the server itself maps (made before their stub starts)
+                maps = Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                maps = ""
+            for line in maps.splitlines():
+                if "/dev/shm/" + PREFIX in line:
+                    self.regions.add(line.split("/dev/shm/", 1)[1].split()[0])
             for a in _cmd(pid):
                 if a.startswith(PREFIX):
                     self.regions.add(a)

@@ -18,6 +18,8 @@ load leaves them orphaned (measured 70-240 MiB resident each, running forever) a
 
 Processes are only ever signalled when their command line names one of these directories; regions only
 when this tool recorded them (or an orphan stub of such a directory names it) and no live process maps them.
+Limit: the watchdog records every 0.5 s, so when ``serve`` and its watchdog are SIGKILLed together, a region
+the server made in the last half second before and no stub names yet cannot be attributed (and is left).
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ def clean_work_dirs(works, *, pgid: int | None = None, grace: float = 5.0) -> di
     if pids:
         _kill_all(pids, signal.SIGTERM)   # tritonserver unloads and exits on it; the stubs ignore it
         left = _wait_gone(pids, grace)
+        regions |= regions_of(left) | (regions_of(group_members(pgid)) if pgid is not None else set())
         _kill_all(left, signal.SIGKILL)
         _wait_gone(left, 5.0)
     if pgid is not None:

@@ -251,6 +251,8 @@ class TritonServer:
                     p.wait(grace)
                 except subprocess.TimeoutExpired:
                     pass
+            # again before SIGKILL: a model still loading during the grace period may have made another region
+            self._regions |= hygiene.regions_of(hygiene.group_members(pgid))
             try:
                 os.killpg(pgid, signal.SIGKILL)   # whatever is left: the server or a stub
             except (ProcessLookupError, PermissionError):
