@@ -277,9 +277,11 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
     a list of token ids, or a string tokenized with the target directory's tokenizer."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read prompts: {exc}", source=path) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
     try:
         data = json.loads(text)
         items = data["prompts"] if isinstance(data, dict) else data
@@ -376,8 +378,12 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
     ks = sorted(set(int(k) for k in top_k))
     if not ks or ks[0] < 1:
         raise ConfigError(f"--top-k values must be >= 1, got {list(top_k)}", field="top_k")
-    if not (0 <= temperature < float("inf")):   # NaN would silently skip the sampled runs
-        raise ConfigError(f"--temperature must be a finite number >= 0, got {temperature}", field="temperature")
+    from .sampling import GREEDY_BELOW, effective_temperature
+
+    if effective_temperature(temperature, "--temperature") == 0 and temperature > 0:
+        # the sampled runs would silently be greedy ones (dflash2_trt/sampling.py)
+        raise ConfigError(f"must be 0 (no sampled runs) or >= {GREEDY_BELOW:g}, got {temperature}",
+                          field="--temperature")
     if max_prompts is not None and max_prompts < 1:
         # a negative value would silently slice prompts off the end (prompts[:-1])
         raise ConfigError(f"--max-prompts must be >= 1, got {max_prompts}", field="max_prompts")

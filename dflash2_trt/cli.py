@@ -9,21 +9,41 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import DFlash2Error
+from .errors import DFlash2Error, Terminated
+
+
+def _raise_terminated(signum, frame):
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *a: None)   # a second SIGTERM must not cut the clean-up short
+    raise Terminated(f"signal {signum}")
 
 
 class _Group(click.Group):
-    """Report DFlash2Error as one clear line and exit 1, never as a traceback."""
+    """Report DFlash2Error as one clear line and exit 1, never as a traceback. Ctrl-C (exit 130) and
+    SIGTERM (exit 143) unwind like an error: what a command was writing is removed, one line says so."""
 
     def invoke(self, ctx):
+        import signal
+        import threading
+
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             return super().invoke(ctx)
         except DFlash2Error as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except Terminated:
+            click.echo("terminated (SIGTERM): stopped; any output in progress was removed", err=True)
+            sys.exit(143)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
 
 @click.group(cls=_Group)
@@ -156,8 +176,6 @@ def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, 
 
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     res = convert_pair(d, t, output, tp_size=int(tp_size), dtype=dtype, force=force)
-    for p in res.stale_removed:
-        click.echo(f"removed {p} (left behind by an earlier run that was killed)", err=True)
     click.echo(f"wrote {res.output} (tp {res.tp_size}, {res.dtype}, {len(res.files) - 1} rank file(s), "
                f"{res.bytes_read / 2**20:.1f} MiB read in {res.seconds:.1f} s)")
 
@@ -274,7 +292,8 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
               help="Fixed prompts through the engine vs the target's greedy decoding; any difference fails the build "
                    "[default: on for small targets].")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
-              help="Keep the converted checkpoint here and reuse it when its manifest matches [trtllm default: "
+              help="Keep the converted checkpoint here and reuse it when its manifest and file hashes match "
+                   "[trtllm default: "
                    "OUTPUT.checkpoint; cpu default: inside the engine only].")
 @click.option("--reconvert", is_flag=True, help="Replace a --checkpoint-dir that does not match this build.")
 @click.option("--no-keep-checkpoint", is_flag=True,
@@ -297,7 +316,11 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
     sets = parse_set(sets)
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     if dry_run:
+        from .engine.build import check_build_outputs
         from .engine.plan import dry_run_plan, render_plan
+
+        check_build_outputs(d, t, output, checkpoint_dir=checkpoint_dir,   # what the real build would refuse
+                            default_checkpoint=backend != "cpu" and checkpoint_dir is None and not no_keep_checkpoint)
 
         plan = dry_run_plan(d, t, output=output, backend=backend, target_key=target_key, overrides=overrides,
                             sets=sets, gpu_memory_gib=gpu_memory_gib, checkpoint_dir=checkpoint_dir,
@@ -380,6 +403,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     """Write a dataset in trtllm-bench's format: {"task_id", "input_ids", "output_tokens"} per line."""
     from .bench.dataset import prepare_dataset, resolve_target
     from .errors import ConfigError
+    from .overlap import refuse_overlap
 
     sources = {"builtin": builtin, "prompts": prompts_file, "corpus": corpus, "synthetic": synthetic}
     chosen = [k for k, v in sources.items() if v is not None]
@@ -388,6 +412,9 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     if builtin is not None and target_key is None and target_dir is None and engine_dir is None:
         target_key = builtin
     tgt = resolve_target(target_key=target_key, target_dir=target_dir, engine_dir=engine_dir)
+    refuse_overlap(output, "--output", [("--prompts file", prompts_file), ("--corpus file", corpus),
+                                        ("target directory", target_dir), ("engine directory", engine_dir),
+                                        ("tokenizer directory", tgt["tokenizer_dir"])])
     res = prepare_dataset(source=synthetic or chosen[0], output=output, builtin=builtin, prompts_file=prompts_file,
                           corpus=corpus, tokenizer_dir=tgt["tokenizer_dir"], vocab_size=tgt["vocab_size"],
                           stop_ids=tgt["stop_ids"], num_requests=num_requests, output_tokens=output_tokens,

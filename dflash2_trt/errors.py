@@ -11,6 +11,12 @@ class DFlash2Error(Exception):
     """Base class for errors reported to the user (CLI exit code 1, no traceback)."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so every ``except KeyboardInterrupt`` /
+    ``BaseException`` clean-up (temporary output directories, child processes) runs the same way; the
+    CLI then exits 143 (128 + SIGTERM) with one line."""
+
+
 def _where(source: str | Path | None, field: str | None) -> str:
     parts = []
     if source is not None:

@@ -87,10 +87,12 @@ def inspect_pair(drafter_dir: str | Path, target_dir: str | Path, *, check_value
     drafter = inspect_dir(drafter_dir, check_values=check_values, kind="drafter")
     target = inspect_dir(target_dir, check_values=check_values, kind="target")
     pair = pairing_problems(drafter["_cfg"], target["_cfg"], fc_weight_shape=drafter.get("_fc_shape"))
+    from .config.pairing import pairing_warnings
+
     return {
         "drafter": drafter,
         "target": target,
-        "pairing": {"ok": not pair, "problems": pair},
+        "pairing": {"ok": not pair, "problems": pair, "warnings": pairing_warnings(drafter["_cfg"])},
         "ok": drafter["ok"] and target["ok"] and not pair,
     }
 
@@ -118,6 +120,7 @@ def render(report: dict) -> str:
         if report["pairing"]["ok"]:
             lines.append("  OK (vocab, hidden size, fc width, target layers, mask id, dtype)")
         lines += [f"  FAIL {p}" for p in report["pairing"]["problems"]]
+        lines += [f"  WARN {w}" for w in report["pairing"].get("warnings", ())]
         lines.append("")
         lines.append("RESULT: " + ("OK" if report["ok"] else "FAILED"))
         return "\n".join(lines)

@@ -238,6 +238,9 @@ def validate_pair(drafter_dir: str | Path, target_dir: str | Path, *, check_valu
     fc = d.ckpt.info("fc.weight").shape if "fc.weight" in d.ckpt else None
     dcfg = replace(d.cfg, dtype=t.cfg.dtype) if cast_dtype else d.cfg
     pair = pairing_problems(dcfg, t.cfg, fc_weight_shape=fc)
+    from .config.pairing import warn_pairing
+
+    warn_pairing(d.cfg)
     errors += [PairingError(f"drafter and target do not pair: {p}") for p in pair]
     _raise_first(errors, drafter_dir, target_dir)
     return ValidatedPair(drafter_dir, target_dir, d.cfg, t.cfg, d.ckpt, t.ckpt,

@@ -51,21 +51,36 @@ def engine_tokenizer_dir(engine_dir: str | Path, manifest: dict) -> Path | None:
     return None
 
 
-def find_tokenizer(target_dir: str | Path):
-    """The tokenizer saved in ``target_dir``, or None when it has no usable one."""
+def find_tokenizer(target_dir: str | Path, *, strict: bool = False):
+    """The tokenizer saved in ``target_dir``, or None when it has no usable one. ``strict``: tokenizer files
+    that are there but cannot be loaded (a corrupt tokenizer.json) are a ConfigError naming the directory and
+    the reason, not "no tokenizer"."""
     target_dir = Path(target_dir)
     if not has_tokenizer_files(target_dir):
         return None
+    if strict:
+        try:
+            return _load_tokenizer(target_dir)
+        except Exception as exc:  # noqa: BLE001 - transformers/tokenizers raise many kinds
+            from .errors import ConfigError
+
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise ConfigError(f"has tokenizer files that cannot be loaded ({type(exc).__name__}: {reason})",
+                              source=target_dir) from None
     try:
-        if declares_generic_fast_class(target_dir):
-            from transformers import PreTrainedTokenizerFast
-
-            return PreTrainedTokenizerFast.from_pretrained(str(target_dir))
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(target_dir))
+        return _load_tokenizer(target_dir)
     except Exception:  # noqa: BLE001 - any failure means "no usable tokenizer here"
         return None
+
+
+def _load_tokenizer(target_dir: Path):
+    if declares_generic_fast_class(target_dir):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(target_dir))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(target_dir))
 
 
 GENERIC_FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")

@@ -111,8 +111,9 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
     from .dataset import load_bench_requests, prompt_tokenizer_dir
 
     levels = parse_concurrency(concurrency)
-    if not (temperature >= 0 and temperature != float("inf")):
-        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
+    from ..sampling import effective_temperature
+
+    temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy
     if not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:

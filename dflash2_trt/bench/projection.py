@@ -106,6 +106,7 @@ class TargetShapes:
     weight_bytes: int = 2      # bf16
     kv_bytes: int = 2          # bf16 KV cache
     state_bytes: int = 4       # fp32 recurrent state
+    max_position_embeddings: int | None = None   # the longest context the model takes (--context-len's bound)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,8 @@ def target_shapes(target_dir_or_config, name: str | None = None) -> TargetShapes
         layer_params=layer, other_params=other, lm_head_params=lm_head, layer_kinds=tuple(kinds),
         q_heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
         window=cfg.sliding_window, linear_value_heads=cfg.linear_num_value_heads or 0,
-        linear_key_dim=cfg.linear_key_head_dim or 0, linear_value_dim=cfg.linear_value_head_dim or 0)
+        linear_key_dim=cfg.linear_key_head_dim or 0, linear_value_dim=cfg.linear_value_head_dim or 0,
+        max_position_embeddings=cfg.max_position_embeddings)
 
 
 def drafter_shapes(drafter_dir_or_config, target: TargetShapes, name: str | None = None) -> DrafterShapes:
@@ -327,14 +329,37 @@ def tau_from(*, acceptance: float | None = None, report: dict | None = None, dra
                               f"{acceptance}", field="--acceptance")
         return float(acceptance), {"kind": "given", "mean": float(acceptance)}
     try:
-        hist: dict[int, int] = {}
-        for run in report["runs"]:
-            for n, c in run["speculative"]["acceptance"]["histogram"].items():
-                hist[int(n)] = hist.get(int(n), 0) + int(c)
-        measured_k = int(report["draft_len"])
+        runs = report["runs"]
+        measured_k = report["draft_len"]
+        if not isinstance(runs, list):
+            raise TypeError
+        hists = [(i, run["speculative"]["acceptance"]["histogram"]) for i, run in enumerate(runs)]
     except (KeyError, TypeError, ValueError):
         raise ConfigError("not a bench report with measured acceptance histograms (runs[].speculative.acceptance."
                           "histogram)", source=report_source) from None
+    if not isinstance(measured_k, int) or isinstance(measured_k, bool) or not 1 <= measured_k <= 1024:
+        raise ConfigError(f"must be an integer in [1, 1024] (drafts per step), got {measured_k!r}",
+                          source=report_source, field="draft_len")
+    hist: dict[int, int] = {}
+    for i, h in hists:
+        where = f"runs[{i}].speculative.acceptance.histogram"
+        if not isinstance(h, dict):
+            raise ConfigError(f"must be an object {{tokens per step: steps}}, got {type(h).__name__}",
+                              source=report_source, field=where)
+        for n, c in h.items():
+            # a step emits 1 .. K+1 tokens; a count is a number of steps (a whole number >= 0)
+            try:
+                n_int = int(n)
+            except (TypeError, ValueError):
+                n_int = None
+            if n_int is None or str(n_int) != str(n).strip() or not 1 <= n_int <= measured_k + 1:
+                raise ConfigError(f"step length {n!r} is not in [1, {measured_k + 1}] (draft_len {measured_k} + 1)",
+                                  source=report_source, field=where)
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise ConfigError(f"[{n!r}]: the count must be a whole number >= 0, got {c!r}", source=report_source,
+                                  field=where)
+            hist[n_int] = hist.get(n_int, 0) + c
+    hist = {n: c for n, c in hist.items() if c}
     if not hist:
         raise ConfigError("the report has no generation steps", source=report_source)
     if measured_k < draft_len:
@@ -357,10 +382,19 @@ def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: in
     for v, f in ((bw_eff, "--bandwidth-efficiency"), (fl_eff, "--compute-efficiency")):
         if not 0 < v <= 1:
             raise ConfigError(f"must be in (0, 1], got {v}", field=f)
-    if not isinstance(context, int) or context < 1:
-        raise ConfigError(f"must be an integer >= 1, got {context!r}", field="--context-len")
-    if step_overhead_s < 0:
-        raise ConfigError(f"must be >= 0, got {step_overhead_s}", field="--step-overhead-ms")
+    limit = t.max_position_embeddings
+    if not isinstance(context, int) or isinstance(context, bool) or context < 1 or (limit and context > limit):
+        raise ConfigError(f"must be an integer in [1, {limit or 'inf'}] (the target's max_position_embeddings), got "
+                          f"{context!r}", field="--context-len")
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and 1 <= tau <= d.block_size):
+        raise ConfigError(f"must be in [1, {d.block_size}], got {tau}", field="--acceptance")
+    if not (isinstance(step_overhead_s, (int, float)) and math.isfinite(step_overhead_s)
+            and 0 <= step_overhead_s <= 1.0):
+        raise ConfigError(f"must be a finite number of milliseconds in [0, 1000], got {step_overhead_s * 1e3}",
+                          field="--step-overhead-ms")
+    for v, f in ((bw_eff, "--bandwidth-efficiency"), (fl_eff, "--compute-efficiency")):
+        if not math.isfinite(v):
+            raise ConfigError(f"must be in (0, 1], got {v}", field=f)
     per_gpu = []
     for g in gpus:
         pts = [project_point(t, d, g, batch=b, context=context, tau=tau, bw_eff=bw_eff, fl_eff=fl_eff,

@@ -44,8 +44,9 @@ def _projection_for(report_like: dict, gpus, target_key: str, context: int | Non
     t, d = published_pair_shapes(target_key)
     tau, info = tau_from(report=report_like, draft_len=d.block_size - 1, report_source="this run")
     return project(t, d, [GPUS[g] for g in gpus], concurrency=report_like["settings"]["concurrency"],
-                   context=context or max(1, round(report_like["dataset"]["mean_input_len"]
-                                                   + report_like["dataset"]["mean_output_tokens"] / 2)),
+                   context=context if context is not None else max(1, round(report_like["dataset"]["mean_input_len"]
+                                                                         + report_like["dataset"]["mean_output_tokens"]
+                                                                         / 2)),
                    tau=tau, acceptance_info=info, **kw)
 
 
@@ -67,6 +68,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
               dry_run: bool = False, threads: int | None = 1, tool: str | None = None) -> dict:
     """The bench report of ``engine_dir``. TensorRT-LLM engines: ``tool`` ``trtllm-bench`` (the default: through
     :mod:`.trtllm_bench`'s launcher) or ``gptmanager`` (gptManagerBenchmark, :mod:`.gpu`)."""
+    from ..overlap import refuse_overlap
     from .io import atomic_write_json, check_output_file
     from .report import build_report
 
@@ -75,6 +77,14 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         raise ConfigError(f"must be auto, cpu or trtllm, got {backend!r}", field="--backend")
     if tool not in (None, "trtllm-bench", "gptmanager"):
         raise ConfigError(f"must be trtllm-bench or gptmanager, got {tool!r}", field="--tool")
+    from ..sampling import effective_temperature
+
+    temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy, on both backends
+    inputs = [("engine directory", engine_dir), ("dataset", dataset),
+              ("baseline engine directory", baseline_engine_dir), ("benchmark binary", benchmark_bin),
+              ("plugin library", plugin_lib)]
+    refuse_overlap(json_out, "--json", inputs)
+    refuse_overlap(plot_out, "--plot", inputs + [("--json report", json_out)])
     for p, f in ((json_out, "--json"), (plot_out, "--plot")):
         if p is not None:
             check_output_file(p, field=f)
@@ -82,8 +92,24 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         from .plot import _pyplot
 
         _pyplot()                                     # a missing matplotlib fails before the run, not after
-    gpus = parse_gpus(project_gpus) if project_gpus else None
+    # options that cannot apply are refused, not ignored: --project '' used to mean "no projection"
+    gpus = parse_gpus(project_gpus) if project_gpus is not None else None
+    if context_len is not None:
+        if gpus is None:
+            raise ConfigError("applies to the projection only: give --project GPUS too", field="--context-len")
+        if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
+            raise ConfigError(f"must be an integer >= 1, got {context_len!r}", field="--context-len")
+    if gpus is not None:   # the projection's target and context, checked before the measurement, not after it
+        from .projection import published_pair_shapes
+
+        limit = published_pair_shapes(project_target)[0].max_position_embeddings
+        if context_len is not None and limit and context_len > limit:
+            raise ConfigError(f"must be an integer in [1, {limit}] (the target's max_position_embeddings), got "
+                              f"{context_len}", field="--context-len")
     kind, man, cfg = engine_backend(engine_dir)
+    if gpus is not None and kind != "cpu":
+        raise ConfigError("the projection is made from a CPU engine's measured acceptance; for a TensorRT-LLM "
+                          "engine run `dflash2-trt bench project --acceptance-from REPORT.json`", field="--project")
     if backend != "auto" and backend != kind:
         raise ConfigError(f"is a {kind} engine (engine.json backend {kind!r}); --backend {backend} was asked",
                           source=engine_dir, field="backend")
@@ -126,7 +152,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     for k in ("tool", "commands", "command_lines", "writes", "notes"):
         if k in measured:
             report[k] = measured[k]
-    if gpus and kind == "cpu":
+    if gpus is not None:
         report["projection"] = _projection_for(report, gpus, project_target, context_len)
     report["wall_s"] = time.perf_counter() - t0
     if json_out is not None:
@@ -143,9 +169,11 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,
                   compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str = "replay",
                   json_out=None) -> dict:
     from .cpu import parse_concurrency
+    from ..overlap import refuse_overlap
     from .io import atomic_write_json, check_output_file
     from .projection import GPUS, project, published_pair_shapes, tau_from
 
+    refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from)])
     if json_out is not None:
         check_output_file(json_out, field="--json")
     levels = parse_concurrency(concurrency)

@@ -22,9 +22,15 @@ from the page cache once the frontier reaches it. The caller keeps each buffer a
 into place only when complete; an exception or Ctrl-C (KeyboardInterrupt) removes it. A failed
 write (read-only or full file system, no permission) is one :class:`OutputWriteError` line naming
 the output and the file. Once the swap into place starts, SIGINT/SIGTERM are held back until it
-and the removal of the replaced output are done: the run then succeeds. A run killed outright
+and the removal of the replaced output are done: the run then succeeds (for an output nested in
+another one still being written, such as an engine's checkpoint, the signal is delivered after
+the inner swap, and stops the whole run). A run killed outright
 (SIGKILL, power loss) leaves ``.NAME.tmp-*`` / ``.NAME.old-*`` beside the output; the next run
-removes them unless a live run holds a lock on them (``flock`` on the directory).
+removes them unless a live run holds a lock on them (``flock`` on the directory), naming each on
+stderr (:func:`notice`). A run killed between the two renames of the swap leaves no output and the
+previous one under ``.NAME.old-*``: the next run renames it back first (:func:`recover_swapped`).
+The CLI turns SIGTERM into :class:`~dflash2_trt.errors.Terminated` (a KeyboardInterrupt), so it
+unwinds exactly like Ctrl-C.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import queue
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -357,21 +364,61 @@ def _unlock(fd: int | None) -> None:
         os.close(fd)
 
 
+def notice(message: str) -> None:
+    """One ``note:`` line on stderr: what a run did on its own beside the output (a leftover removed, an
+    output restored). Never silent: a user must learn that something beside ``--output`` changed."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def _leftovers(final: Path, kind: str) -> list[Path]:
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.{kind}-[a-z0-9_]{{8}}")
+    try:
+        entries = sorted(final.parent.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if pattern.fullmatch(p.name) and not p.is_symlink() and p.is_dir()]
+
+
+def recover_swapped(final: str | Path) -> Path | None:
+    """Put back an output a killed ``--force`` run moved aside and never replaced.
+
+    The swap is two renames (``final`` -> ``.NAME.old-*``, then the new output -> ``final``); a run
+    killed between them (SIGKILL, power loss) leaves no ``final``, the previous complete output under
+    ``.NAME.old-*``. When ``final`` is absent and such a directory exists that no live run holds, the
+    newest one is renamed back to ``final`` and a note says so (the caller then sees an existing output:
+    without ``--force`` it is refused as usual); the killed run's other leftovers are then removed
+    (:func:`remove_stale`, each named). Returns where it was restored from, else None."""
+    final = Path(final).absolute()
+    if os.path.lexists(final):
+        return None
+    olds = sorted(_leftovers(final, "old"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in olds:
+        fd = _lock(old)
+        if fd is None:   # a live run's swap in progress, or cannot tell: not ours
+            continue
+        try:
+            if not any(old.iterdir()):
+                continue
+            os.replace(old, final)
+        except OSError:
+            continue
+        finally:
+            _unlock(fd)
+        notice(f"restored {final} from {old}: a run killed during its --force swap had moved the previous output "
+               f"aside and never put a new one in place")
+        remove_stale(final)   # that run's half-swapped new output and any older leftovers (each named)
+        return old
+    return None
+
+
 def remove_stale(final: Path) -> list[Path]:
     """Remove the ``.NAME.tmp-*`` / ``.NAME.old-*`` directories a killed run left beside ``final``.
 
     A directory some live run still holds a lock on is left alone, and so is one whose lock
     cannot be tested (no ``fcntl``, or a file system refusing ``flock``). Returns what was removed.
     """
-    pattern = re.compile(rf"\.{re.escape(final.name)}\.(?:tmp|old)-[a-z0-9_]{{8}}")
-    try:
-        entries = sorted(final.parent.iterdir())
-    except OSError:
-        return []
     removed = []
-    for p in entries:
-        if not pattern.fullmatch(p.name) or p.is_symlink() or not p.is_dir():
-            continue
+    for p in sorted(_leftovers(final, "tmp") + _leftovers(final, "old")):
         fd = _lock(p)
         if fd is None:  # in use by a live run, or cannot tell
             continue
@@ -381,24 +428,29 @@ def remove_stale(final: Path) -> list[Path]:
             _unlock(fd)
         if not os.path.lexists(p):
             removed.append(p)
+            notice(f"removed {p} (left behind by an earlier run that was killed)")
     return removed
+
+
+_open_outputs = 0   # AtomicOutputDirs entered and not yet exited (nested: a checkpoint inside an engine)
 
 
 @contextmanager
 def _signals_held():
     """Hold SIGINT/SIGTERM back (main thread only): once the swap into place has started, stopping
     half-way would leave the new output in place but the run reported as interrupted, and a
-    hidden ``.NAME.old-*`` beside it. A signal received meanwhile is dropped: the run succeeds."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    hidden ``.NAME.old-*`` beside it. Yields the list of signals received meanwhile; the caller
+    drops them (the run succeeds) or re-delivers them (an enclosing output is still being written)."""
     held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.getsignal(sig)
         signal.signal(sig, lambda signum, frame: held.append(signum))
     try:
-        yield
+        yield held
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
@@ -429,6 +481,7 @@ class AtomicOutputDir:
     """
 
     def __init__(self, final: str | Path, *, force: bool = False):
+        self.restored_from = recover_swapped(final) if not Path(final).is_symlink() else None
         self.final = check_output_dir(final, force).absolute()
         self.force = force
         self.tmp: Path | None = None
@@ -438,8 +491,11 @@ class AtomicOutputDir:
         self._locks: list[int | None] = []
 
     def __enter__(self) -> Path:
+        global _open_outputs
         try:
-            return self._enter()
+            tmp = self._enter()
+            _open_outputs += 1
+            return tmp
         except BaseException as exc:
             self._cleanup()
             self._release()
@@ -501,6 +557,8 @@ class AtomicOutputDir:
         return DFlash2Error(f"{path}: {reason} (while writing {self.final})")
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        global _open_outputs
+        _open_outputs -= 1
         try:
             if exc_type is not None:
                 self._cleanup()
@@ -519,7 +577,7 @@ class AtomicOutputDir:
 
     def _commit(self) -> None:
         assert self.tmp is not None
-        with _signals_held():
+        with _signals_held() as held:
             old = None
             if self.final.exists() or self.final.is_symlink():
                 check_output_dir(self.final, self.force)  # re-check: it may have changed meanwhile
@@ -548,9 +606,15 @@ class AtomicOutputDir:
                     os.close(fd)
             except OSError:  # some file systems refuse fsync on directories; the rename is done
                 pass
+        if held and _open_outputs > 0:
+            # This output lies inside another one still being written (the checkpoint of an engine): the
+            # signal is for the whole run, so it is delivered now, to the handler in force again (Ctrl-C /
+            # SIGTERM: the enclosing output is removed). Dropping it let the build run on and succeed.
+            os.kill(os.getpid(), held[0])
 
 
 __all__ = [
     "AtomicOutputDir", "OutputDirError", "OutputWriteError", "SafetensorsLayout", "StreamingSafetensorsWriter",
-    "TensorSpec", "check_output_dir", "remove_stale", "sha256_file", "write_small_file", "ITEMSIZE",
+    "TensorSpec", "check_output_dir", "notice", "recover_swapped", "remove_stale", "sha256_file", "write_small_file",
+    "ITEMSIZE",
 ]

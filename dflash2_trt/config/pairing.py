@@ -53,6 +53,34 @@ def pairing_problems(
     return problems
 
 
+def pairing_warnings(drafter: DFlash2Config) -> list[str]:
+    """What is accepted but suspicious. ``target_layer_ids`` out of ascending order: the fc layer reads the taps
+    concatenated in the listed order, and the published drafters list them ascending, so another order is
+    either a drafter trained that way or a config edited by hand (its fc columns then read the wrong layers:
+    plausible-looking but worse drafts, no error anywhere)."""
+    ids = list(drafter.target_layer_ids)
+    if ids != sorted(ids):
+        return [f"dflash_config.target_layer_ids {ids} are not in ascending order ({sorted(ids)}); the taps are "
+                f"concatenated in the listed order for fc, so this must be the order the drafter was trained with "
+                f"({drafter.source})"]
+    return []
+
+
+_warned: set[str] = set()
+
+
+def warn_pairing(drafter: DFlash2Config) -> list[str]:
+    """:func:`pairing_warnings` as ``warning:`` lines on stderr, each once per process."""
+    import sys
+
+    out = pairing_warnings(drafter)
+    for w in out:
+        if w not in _warned:
+            _warned.add(w)
+            print(f"warning: {w}", file=sys.stderr, flush=True)
+    return out
+
+
 def check_pair(drafter: DFlash2Config, target: TargetConfig, *, fc_weight_shape: Sequence[int] | None = None) -> None:
     problems = pairing_problems(drafter, target, fc_weight_shape=fc_weight_shape)
     if problems:

@@ -47,7 +47,8 @@ from ..checkpoint.writer import (
     check_output_dir, sha256_file, write_small_file,
 )
 from ..config import DFlash2Config, TargetConfig, pairing_problems
-from ..errors import CheckpointError, ConfigError, PairingError
+from ..errors import CheckpointError, ConfigError, PairingError, Terminated
+from ..overlap import refuse_overlap
 from . import dflash2, muse_glimmer, qwen3, qwen3_5
 from .plan import DRAFTER, TARGET, Drop, OutTensor, width_of
 from .schema import FORMAT, SCHEMA_VERSION, build_config
@@ -181,7 +182,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise Terminated(f"signal {signum}")
 
     old = signal.signal(signal.SIGTERM, handler)
     try:
@@ -336,15 +337,13 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
     fc_shape = dck.info("fc.weight").shape if "fc.weight" in dck else None
     # With an explicit --dtype both sides are cast to it, so their stored dtypes need not agree.
     problems = pairing_problems(replace(d, dtype=t.dtype) if dtype else d, t, fc_weight_shape=fc_shape)
+    from ..config.pairing import warn_pairing
+
+    warn_pairing(d)
     if problems:
         raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
+    refuse_overlap(output, "--output", [("target directory", target_dir), ("drafter directory", drafter_dir)])
     check_output_dir(output, force)
-    out_abs = Path(output).resolve()
-    for kind, src_dir in (("target", target_dir), ("drafter", drafter_dir)):
-        src_abs = src_dir.resolve()
-        if out_abs == src_abs or out_abs in src_abs.parents:
-            raise ConfigError(f"{out_abs} is or contains the {kind} checkpoint {src_abs}; --force would delete it",
-                              field="--output")
     drops = _FAMILY_MAPS[t.family].target_drops(t)
     dropped = _check_inventories(t, d, tck, dck, drops)
     sources = {TARGET: _Source(tck, t, target_dir), DRAFTER: _Source(dck, d, drafter_dir)}

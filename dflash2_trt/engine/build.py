@@ -78,6 +78,12 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     from ..convert import convert_pair
     from .plan import engine_pretrained_config, prepare, weight_bytes_per_rank
 
+    check_build_outputs(drafter_dir, target_dir, output, checkpoint_dir=checkpoint_dir,
+                        default_checkpoint=backend == "trtllm" and checkpoint_dir is None and keep_checkpoint)
+    if output is not None and not Path(output).is_symlink():
+        from ..checkpoint.writer import recover_swapped
+
+        recover_swapped(output)   # an engine a killed --force run moved aside is put back (and named) first
     over = dict(overrides or {})
     if tp_size is not None:
         over["tp_size"] = int(tp_size)
@@ -104,6 +110,10 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
 
         verify = sum(r["target"] for r in weight_bytes_per_rank(t, prep.d, cfg.tp_size, cfg.dtype)) \
             <= AUTO_MAX_TARGET_BYTES
+    if verify and verifier is None:
+        from .verify import planned_check_pool
+
+        planned_check_pool(target_key, t.vocab_size, cfg, s["block_size"] - 1)   # before converting anything
     with AtomicOutputDir(output, force=force) as tmp:
         if checkpoint_dir is not None:
             from .checkpoint import ensure_checkpoint, link_files
@@ -155,6 +165,22 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
             manifest["verify"] = (verifier or verify_cpu_engine)(tmp, target_dir=target_dir, target_key=target_key)
             _write_manifest(tmp, manifest)
     return BuildResult(Path(output), manifest)
+
+
+def check_build_outputs(drafter_dir, target_dir, output, *, checkpoint_dir=None, default_checkpoint=False) -> None:
+    """The overlap rule (:mod:`dflash2_trt.overlap`) for a build: ``--output`` and ``--checkpoint-dir`` (and the
+    TensorRT-LLM backend's default ``OUTPUT.checkpoint``) are not, do not contain and do not lie inside the
+    drafter or target directory, nor each other. Raises before anything is written or deleted."""
+    from ..overlap import refuse_overlap
+    from .plan import default_checkpoint_dir
+
+    inputs = [("drafter directory", drafter_dir), ("target directory", target_dir)]
+    refuse_overlap(output, "--output", inputs)
+    ckpt, option = checkpoint_dir, "--checkpoint-dir"
+    if ckpt is None and default_checkpoint and output is not None:
+        ckpt, option = default_checkpoint_dir(output), "--checkpoint-dir (default: OUTPUT.checkpoint)"
+    if ckpt is not None:
+        refuse_overlap(ckpt, option, inputs + ([("engine output directory", output)] if output is not None else []))
 
 
 def _write_manifest(tmp: Path, manifest: dict) -> None:
@@ -221,7 +247,11 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
             if not isinstance(build[k], int) or build[k] < 1:
                 raise ConfigError(f"must be a positive integer, got {build[k]!r}", source=cfg_path,
                                   field=f"build_config.{k}")
-        pre["dflash2"]["block_size"], pre["mapping"]["tp_size"], pre["vocab_size"]
+        for where, v, lo in (("pretrained_config.dflash2.block_size", pre["dflash2"]["block_size"], 2),
+                             ("pretrained_config.mapping.tp_size", pre["mapping"]["tp_size"], 1),
+                             ("pretrained_config.vocab_size", pre["vocab_size"], 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"must be an integer >= {lo}, got {v!r}", source=cfg_path, field=where)
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"missing or malformed field {exc}", source=cfg_path) from None
     return cfg, man

@@ -150,6 +150,9 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
     # A dtype the build names (build config or override) casts both sides, so their stored dtypes need not agree.
     cast = target_key is not None or "dtype" in over
     problems = pairing_problems(replace(d, dtype=t.dtype) if cast else d, t, fc_weight_shape=fc_shape)
+    from ..config.pairing import warn_pairing
+
+    warn_pairing(d)
     if problems:
         raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
     from ..convert.driver import _FAMILY_MAPS

@@ -16,6 +16,8 @@ def read_prompts_file(path: str | Path) -> list[dict]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -59,8 +61,9 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         raise ConfigError("give exactly one of --prompt-ids, --prompt, --prompts", field="--prompt-ids")
     if max_new_tokens < 1:
         raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
-    if not (temperature >= 0 and temperature != float("inf")):
-        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
+    from ..sampling import effective_temperature
+
+    temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy
     if not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     if max_batch_size is not None and max_batch_size < 1:
@@ -127,7 +130,7 @@ def _tokenizer(man: dict, engine_dir):
     from ..tokenizer import engine_tokenizer_dir, find_tokenizer
 
     d = engine_tokenizer_dir(engine_dir, man)   # the engine's own copy first, else the target dir
-    tok = None if d is None else find_tokenizer(d)
+    tok = None if d is None else find_tokenizer(d, strict=True)   # a corrupt one is not "none"
     if tok is None:
         raise ConfigError("--prompt needs a tokenizer (the engine's tokenizer/ or its target directory); this engine "
                           "has none: use --prompt-ids or a prompts file with input_ids", field="--prompt")

@@ -65,6 +65,28 @@ def _shape(prompts, max_input_len: int, max_seq_len: int, new: int) -> tuple[lis
     return prompts, new
 
 
+def check_pool(prompts, new: int, K: int, tokens_per_block: int, num_blocks: int) -> None:
+    """The verify gate's requests must fit a KV pool of ``num_blocks`` (a small ``num_kv_blocks``): else one
+    ConfigError naming the setting, not "request 16 needs 2 KV blocks" about a request the user never sent."""
+    need = max(-(-(len(p) + new + K + 1) // tokens_per_block) for p in prompts)
+    if need > num_blocks:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{num_blocks} KV block(s) of {tokens_per_block} tokens cannot hold the verify gate's "
+                          f"longest request ({max(map(len, prompts))} prompt + {new} new + {K + 1} draft slots: "
+                          f"{need} blocks); raise num_kv_blocks (0 = enough for max_batch_size requests) or build "
+                          f"with --no-verify", field="num_kv_blocks")
+
+
+def planned_check_pool(target_key, vocab_size: int, cfg, K: int, new: int = None) -> None:
+    """:func:`check_pool` from the build settings alone, before anything is converted."""
+    if not cfg.num_kv_blocks:
+        return
+    prompts = fixed_prompts(target_key, vocab_size)
+    prompts, new = _shape(prompts, cfg.max_input_len, cfg.max_seq_len, NEW_TOKENS if new is None else new)
+    check_pool(prompts, new, K, cfg.tokens_per_block, cfg.num_kv_blocks)
+
+
 def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = None) -> list[list[int]]:
     """The target's own greedy decoding of ``prompts`` (transformers, on this machine's CPU), in the engine's dtype:
     lossless means equal to the target under the same weights; an engine cast to float16 is compared with the
@@ -112,7 +134,9 @@ def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW
         prompts = fixed_prompts(target_key, engine.vocab_size, avoid=(*eos, engine.mask_token_id))
         prompts, new = _shape(prompts, lim["max_input_len"], lim["max_seq_len"], new)
         reqs = [Request(list(p), new, stop_token_ids=eos) for p in prompts]
-        Runtime(engine).generate(reqs)
+        rt = Runtime(engine)
+        check_pool(prompts, new, engine.K, rt.blocks.tokens_per_block, rt.blocks.num_blocks)
+        rt.generate(reqs)
         outs = [r.output_ids for r in reqs]
         acc = [a for r in reqs for a in r.acceptance_lengths]
     finally:

@@ -55,6 +55,7 @@ import torch
 
 from .. import __version__
 from ..errors import ConfigError, DFlash2Error
+from ..overlap import refuse_overlap
 from .graph import ONNX_DTYPES
 
 __all__ = ["FORMAT", "SCHEMA_VERSION", "GRAPH_FILE", "DATA_FILE", "SELECTORS", "SUPPORTED_FAMILIES", "DTYPES",
@@ -366,13 +367,8 @@ def export_onnx(drafter_dir, target_dir, output, *, dtype: str | None = None, op
         raise ConfigError(f"must be an integer in [{T + 1}, {tcfg.max_position_embeddings}] (block size + 1 .. the "
                           f"target's max_position_embeddings), got {max_seq!r}", field="--max-seq-len")
     dt = dtype or cfg.dtype
+    refuse_overlap(output, "--output", [("target directory", target_dir), ("drafter directory", drafter_dir)])
     check_output_dir(output, force)
-    out_abs = Path(output).resolve()
-    for kind, src in (("target", target_dir), ("drafter", drafter_dir)):
-        s = src.resolve()
-        if out_abs == s or out_abs in s.parents:
-            raise ConfigError(f"{out_abs} is or contains the {kind} checkpoint {s}; --force would delete it",
-                              field="--output")
 
     dck, tck = pair.drafter_ckpt, pair.target_ckpt
     embed_name = tcfg.weight_prefix + "embed_tokens.weight"

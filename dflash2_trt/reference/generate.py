@@ -78,11 +78,13 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
 
     if (prompt_ids is None) == (prompt is None):
         raise DFlash2Error("give exactly one of --prompt-ids or --prompt")
-    if not (0 <= temperature < float("inf")):   # also NaN (would sample garbage ids) and inf
-        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
+    from ..sampling import GREEDY_BELOW, effective_temperature
+
+    temperature = effective_temperature(temperature, "--temperature")   # NaN/inf/negative refused; < 1e-5: greedy
     selector = selector or ("sample" if temperature > 0 else "greedy")
     if selector == "sample" and temperature <= 0:
-        raise ConfigError("selector 'sample' needs --temperature > 0", field="--selector")
+        raise ConfigError(f"selector 'sample' needs --temperature >= {GREEDY_BELOW:g} (smaller ones decode "
+                          f"greedily)", field="--selector")
     if max_new_tokens < 1:
         raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
     if not 0 <= seed <= SEED_MAX:  # torch raised a bare overflow traceback

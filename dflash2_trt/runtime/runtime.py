@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..errors import ConfigError
+from ..sampling import effective_temperature
 from .kv_cache import BlockManager
 
 CONTEXT, GENERATION = 0, 1
@@ -129,8 +130,7 @@ class Runtime:
         if len(r.prompt_ids) > self.max_num_tokens:
             raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds max_num_tokens {self.max_num_tokens}",
                               field=where)
-        if not (r.temperature >= 0 and r.temperature == r.temperature and r.temperature != float("inf")):
-            raise ConfigError(f"temperature must be a finite number >= 0, got {r.temperature}", field=where)
+        effective_temperature(r.temperature, field=f"{where}: temperature")   # below 1e-5: decoded greedily
         if self.blocks.blocks_for(need) > self.blocks.num_blocks:
             raise ConfigError(f"needs {self.blocks.blocks_for(need)} KV blocks, the pool has {self.blocks.num_blocks}",
                               field=where)
@@ -326,7 +326,8 @@ class Runtime:
             # eagleBuffers.cpp: EagleBuffers::engineInputs.useSpecDecoding, a host [1] set to 1 once, every step
             "spec_decoding_use": i32([1]),
             "draft_lens": i32(draft_lens),
-            "eagle_temperature": torch.tensor([float(r.temperature) for r in batch], dtype=torch.float32),
+            "eagle_temperature": torch.tensor([effective_temperature(r.temperature) for r in batch],
+                                              dtype=torch.float32),   # below 1e-5: greedy (dflash2_trt/sampling.py)
             "rand_data_validation": rv, "rand_data_sample": rs,
             # eagleBuffers.cpp: [numSequences]
             "host_gen_eagle_net_request_types": i32([GENERATION] * bs),

@@ -143,6 +143,11 @@ def _one_error_line(code, text) -> str:
     (["--json", "{tmp}"], "--json: "),
     (["--project", "a100"], "unknown GPU 'a100'"),
     (["--dry-run"], "applies to TensorRT-LLM engines only"),
+    # issue 21 item 11: options that cannot apply are refused, not ignored
+    (["--project", ""], "unknown GPU ''"),
+    (["--project", "h200", "--context-len", "0"], "--context-len: must be an integer >= 1, got 0"),
+    (["--context-len", "512"], "--context-len: applies to the projection only"),
+    (["--project", "h200", "--context-len", "1000000000", "--concurrency", "1"], "max_position_embeddings"),
 ])
 def test_bad_run_options_are_one_line(engine, dataset, tmp_path, extra, needle):
     extra = [e.format(tmp=tmp_path) for e in extra]

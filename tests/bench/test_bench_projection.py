@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -159,3 +160,52 @@ def test_project_cli(tmp_path):
         r = CliRunner().invoke(main, ["bench", "project", *args])
         lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
         assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
+
+
+@pytest.mark.parametrize("hist,needle", [
+    ({"12": 4, "3": 1}, "step length '12' is not in [1, 8]"),       # K + 1 is 8: a step cannot emit 12
+    ({"0": 4}, "step length '0' is not in [1, 8]"),
+    ({"3": -2, "4": 5}, "the count must be a whole number >= 0, got -2"),
+    ({"3": 1.5}, "the count must be a whole number >= 0, got 1.5"),
+    ({"3": True}, "the count must be a whole number >= 0, got True"),
+    ({"x": 1}, "step length 'x'"),
+    ({"3.5": 1}, "step length '3.5'"),
+    ([3, 4], "must be an object"),
+    ({"3": 0}, "no generation steps"),
+])
+def test_report_histograms_are_validated(hist, needle):
+    """Issue 21 item 9: a report whose histogram has a step length of 12 (K+1 is 8) and a negative count
+    projected 24.95x; every entry is checked like an option."""
+    rep = {"draft_len": 7, "runs": [{"speculative": {"acceptance": {"histogram": hist}}}]}
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        tau_from(report=rep, draft_len=7, report_source="rep.json")
+
+
+@pytest.mark.parametrize("k", [0, -1, "7", 7.0, True, 10**6])
+def test_report_draft_len_is_validated(k):
+    rep = {"draft_len": k, "runs": [{"speculative": {"acceptance": {"histogram": {"1": 1}}}}]}
+    with pytest.raises(ConfigError, match="draft_len: must be an integer"):
+        tau_from(report=rep, draft_len=1, report_source="rep.json")
+
+
+def test_project_cli_refuses_non_finite_and_absurd_values(tmp_path):
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    rep = tmp_path / "rep.json"
+    rep.write_text(json.dumps({"draft_len": 7, "runs": [{"speculative": {"acceptance": {"histogram": {"12": 4,
+                                                                                                    "3": -1}}}}]}))
+    for args, needle in ((["--acceptance-from", str(rep)], "histogram: step length '12'"),
+                         (["--acceptance", "4", "--step-overhead-ms", "nan"], "--step-overhead-ms"),
+                         (["--acceptance", "4", "--step-overhead-ms", "inf"], "--step-overhead-ms"),
+                         (["--acceptance", "4", "--step-overhead-ms", "5000"], "--step-overhead-ms"),
+                         (["--acceptance", "4", "--bandwidth-efficiency", "nan"], "--bandwidth-efficiency"),
+                         (["--acceptance", "nan"], "--acceptance"),
+                         (["--acceptance", "4", "--context-len", "1000000000"], "max_position_embeddings")):
+        r = CliRunner().invoke(main, ["bench", "project", *args])
+        lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+        assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], \
+            (args, r.output)
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "4", "--context-len", "32768", "--gpu", "h200"])
+    assert r.exit_code == 0, r.output

@@ -367,4 +367,7 @@ def test_output_must_not_replace_a_source(work):
     for out in (t, t.parent):
         with pytest.raises(ConfigError, match="--force would delete it"):
             convert_pair(d, t, out, force=True)
+    with pytest.raises(ConfigError, match="lies inside the target directory"):   # writing into a source
+        convert_pair(d, t, t / "ckpt", force=True)
+    assert not (t / "ckpt").exists()
     assert (t / "model.safetensors").is_file() and (d / "model.safetensors").is_file()

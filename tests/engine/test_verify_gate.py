@@ -89,3 +89,47 @@ def test_cpu_checkpoint_dir_reuse(tmp_path, monkeypatch):
         build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "e3", target_key="tiny", checkpoint_dir=ck,
                      tp_size=2)
     assert not (tmp_path / "e3").exists()
+
+
+def test_reused_checkpoint_dir_is_rehashed(tmp_path):
+    """One flipped byte in a reused rank file (same size, same header) is caught before the build uses it
+    (issue 21 item 7); --reconvert replaces it."""
+    import hashlib
+
+    pair = trained_pair("qwen3")
+    ck = tmp_path / "ck"
+    code, text = _cli("build", "--drafter", str(pair.drafter_dir), "--target-dir", str(pair.target_dir), "--backend",
+                      "cpu", "--output", str(tmp_path / "e1"), "--no-verify", "--checkpoint-dir", str(ck))
+    assert code == 0, text
+    rank = ck / "rank0.safetensors"
+    os.unlink(tmp_path / "e1" / "checkpoint" / "rank0.safetensors")   # e1 shares the inode (hard link)
+    data = bytearray(rank.read_bytes())
+    data[-3] ^= 0x01                                  # in the last tensor's data: size and header unchanged
+    rank.write_bytes(bytes(data))
+    code, text = _cli("build", "--drafter", str(pair.drafter_dir), "--target-dir", str(pair.target_dir), "--backend",
+                      "cpu", "--output", str(tmp_path / "e2"), "--no-verify", "--checkpoint-dir", str(ck))
+    assert code == 1, text
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "rank0.safetensors: sha256 differs" in lines[0] and "--reconvert" in lines[0], text
+    assert not (tmp_path / "e2").exists()
+    code, text = _cli("build", "--drafter", str(pair.drafter_dir), "--target-dir", str(pair.target_dir), "--backend",
+                      "cpu", "--output", str(tmp_path / "e2"), "--no-verify", "--checkpoint-dir", str(ck),
+                      "--reconvert")
+    assert code == 0, text
+    man = json.loads((ck / "manifest.json").read_text())
+    want = next(f["sha256"] for f in man["files"] if f["name"] == "rank0.safetensors")
+    assert hashlib.sha256(rank.read_bytes()).hexdigest() == want
+
+
+def test_a_kv_pool_too_small_for_the_verify_gate_names_the_setting(tmp_path):
+    """Issue 21 weak spot: num_kv_blocks=1 failed the build as "request 16: needs 2 KV blocks", a request the
+    user never sent, after converting; now one line names num_kv_blocks before anything is written."""
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"),
+                      "--set", "num_kv_blocks=1")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert code == 1 and len(lines) == 1, text
+    assert lines[0].startswith("error: num_kv_blocks: 1 KV block(s) of 32 tokens cannot hold the verify gate's"), text
+    assert list(tmp_path.iterdir()) == []
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"),
+                      "--set", "num_kv_blocks=1", "--no-verify")
+    assert code == 0, text

@@ -153,6 +153,9 @@ def test_output_inside_a_source_and_existing_output(pairs, tmp_path):
     d, t = pairs("qwen3")
     with pytest.raises(ConfigError, match="--force would delete it"):
         export_onnx(d, t, d.parent, force=True)
+    with pytest.raises(ConfigError, match="lies inside the drafter directory"):
+        export_onnx(d, t, d / "onnx", force=True)
+    assert not (d / "onnx").exists()
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep").write_text("x")
     with pytest.raises(DFlash2Error):

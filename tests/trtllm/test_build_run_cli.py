@@ -154,3 +154,44 @@ def test_build_tp2_and_run(tmp_path):
     code, text = _cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7,8", "--max-new-tokens", "6", "--json")
     assert code == 0, text
     assert json.loads(text)["tp_size"] == 2
+
+
+@pytest.mark.parametrize("field,value", [("vocab_size", "256"), ("vocab_size", 0), ("vocab_size", 2.5)])
+def test_engine_config_with_a_mistyped_field_is_one_line(engine, tmp_path, field, value):
+    """Issue 21 weak spot: a config.json whose vocab_size is a string (manifest hash updated to match) was a
+    traceback deep in the runtime."""
+    import hashlib
+
+    e = tmp_path / "eng"
+    shutil.copytree(engine, e)
+    cfg = json.loads((e / "config.json").read_text())
+    cfg["pretrained_config"][field] = value
+    (e / "config.json").write_text(json.dumps(cfg))
+    man = json.loads((e / "engine.json").read_text())
+    man["files"]["config.json"] = {"size": (e / "config.json").stat().st_size,
+                                   "sha256": hashlib.sha256((e / "config.json").read_bytes()).hexdigest()}
+    (e / "engine.json").write_text(json.dumps(man))
+    line = _err(*_cli("run", "--engine-dir", str(e), "--prompt-ids", "5,6,7", "--max-new-tokens", "2"))
+    assert f"config.json: pretrained_config.{field}: must be an integer >= 1" in line, line
+
+
+def test_non_utf8_prompts_file_is_one_line(engine, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_bytes(b'\xff\xfe{"task_id": 0, "input_ids": [5]}\n')
+    line = _err(*_cli("run", "--engine-dir", str(engine), "--prompts", str(f)))
+    assert "p.jsonl: not UTF-8 text (byte 0" in line, line
+
+
+def test_corrupt_tokenizer_is_not_reported_as_none(engine, tmp_path):
+    """Issue 21 weak spot: a tokenizer.json damaged in place (same size, so the manifest's size check passes)
+    was reported as "this engine has none"; now the directory and the loader's reason are named."""
+    e = tmp_path / "eng"
+    shutil.copytree(engine, e)
+    tj = e / "tokenizer" / "tokenizer.json"
+    data = bytearray(tj.read_bytes())
+    data[0:1] = b"X"
+    tj.write_bytes(bytes(data))
+    line = _err(*_cli("run", "--engine-dir", str(e), "--prompt", "puni kiku"))
+    assert "tokenizer: has tokenizer files that cannot be loaded" in line and "has none" not in line, line
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(e), "--output", str(tmp_path / "repo")))
+    assert "tokenizer: has tokenizer files that cannot be loaded" in line, line

@@ -285,7 +285,7 @@ def _tokenizer_for(engine_dir: Path, man: dict, tokenizer: str | Path | None, vo
         d = engine_tokenizer_dir(engine_dir, man)
         if d is None:
             return None, None
-    tok = find_tokenizer(d)
+    tok = find_tokenizer(d, strict=True)   # files that fail to load: the reason, not "no tokenizer"
     if tok is None:
         raise ConfigError("no usable tokenizer (tokenizer.json, tokenizer.model, vocab.json or tiktoken.model "
                           "loadable by transformers)", source=d, field="--tokenizer")
@@ -303,8 +303,11 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                   kv_cache_free_gpu_mem_fraction: float = 0.9, plugin_lib: str | Path | None = None,
                   command=None) -> RepositoryResult:
     from ...checkpoint.writer import AtomicOutputDir
+    from ...overlap import refuse_overlap
 
     engine_dir = Path(engine_dir)
+    refuse_overlap(output, "--output", [("engine directory", engine_dir), ("tokenizer directory", tokenizer),
+                                        ("plugin library", plugin_lib)])
     cfg, man = read_engine(engine_dir)
     notes = []
     if backend == "auto":
@@ -337,6 +340,7 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
         raise ConfigError("has no tokenizer (no tokenizer/ and none in its target directory), so the text "
                           "ensemble cannot be made: give --tokenizer DIR, or --ids-only for a token-id-only "
                           "repository (tensorrt_llm alone)", source=engine_dir)
+    refuse_overlap(output, "--output", [("tokenizer directory", tok_dir)])   # the engine's, or its target's
     engine_abs = engine_dir.resolve()
     eos = [int(e) for e in man.get("eos_token_ids") or ()]
     with AtomicOutputDir(output, force=force) as tmp:

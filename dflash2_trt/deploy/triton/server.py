@@ -9,8 +9,12 @@ waits for readiness while watching the process: a server that exits or never get
 :class:`ServerError` carrying the tail of its log.
 
 Stopping: SIGTERM to the server (it unloads its models, the stubs exit), then SIGKILL to its whole
-process group after a grace period, so no stub is left behind. The server runs in its own session
-with ``PR_SET_PDEATHSIG`` (Linux): if the starting process dies, the server gets SIGTERM too.
+process group after a grace period, so no stub is left behind, and the python backend's
+``/dev/shm`` regions its processes mapped are unlinked. The server runs in its own session with
+``PR_SET_PDEATHSIG`` (Linux): if the starting process dies, the server gets SIGTERM too; the stubs
+ignore SIGTERM, so a watchdog process (:mod:`.hygiene`) stops the whole group, unlinks the regions and
+removes the working directories when the starting process is gone, SIGKILL included. What a run killed
+together with its watchdog left is cleaned (and named) by the next ``serve``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import DFlash2Error, MissingDependencyError
+from . import hygiene
 from .repository import TRITON_EXTRA
 
 HOST = "127.0.0.1"
@@ -128,17 +132,20 @@ class TritonServer:
 
     def __init__(self, repository: str | Path, *, http_port: int | None = None, grpc_port: int | None = None,
                  metrics_port: int | None = None, log_path: str | Path | None = None, ready_timeout: float = 120.0,
-                 extra_args: list[str] | None = None, log_kept: bool = True):
+                 extra_args: list[str] | None = None, log_kept: bool = True, cleanup_dirs=()):
         self.repository = Path(repository).resolve()
         self.http_port = http_port if http_port is not None else free_port()
         self.grpc_port = grpc_port if grpc_port is not None else free_port()
         self.metrics_port = metrics_port if metrics_port is not None else free_port()
         self.ready_timeout = ready_timeout
         self.extra_args = list(extra_args or [])
-        self._work = Path(tempfile.mkdtemp(prefix="dflash2-triton-"))
+        self._work = hygiene.make_work_dir("dflash2-triton-")   # with its owner: a later run can tell it is stale
+        self.cleanup_dirs = [Path(d) for d in cleanup_dirs]      # also removed by the watchdog if we die
         self.log_path = Path(log_path) if log_path is not None else self._work / "tritonserver.log"
         self.log_kept = log_kept   # False: the log goes with a temporary directory, so do not point at it
         self.proc: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
+        self._regions: set[str] = set()
 
     @property
     def http_url(self) -> str:
@@ -184,6 +191,7 @@ class TritonServer:
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                                          preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
         try:
+            self._watchdog = hygiene.start_watchdog(self.proc.pid, [self._work, *self.cleanup_dirs])
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -207,6 +215,7 @@ class TritonServer:
             if time.monotonic() > deadline:
                 raise ServerError(f"tritonserver was not ready within {self.ready_timeout:.0f} s; its log "
                                   f"({self._log_ref()}) ends:\n{self.log_tail()}")
+            self._regions |= hygiene.regions_of(hygiene.group_members(self.proc.pid))
             time.sleep(0.2)
 
     def _log_ref(self) -> str:
@@ -234,12 +243,16 @@ class TritonServer:
         p = self.proc
         if p is not None:
             pgid = p.pid   # start_new_session: the server leads its own group
+            # the regions its processes map: a SIGKILLed stub (or server) does not unlink its own
+            self._regions |= hygiene.regions_of(hygiene.group_members(pgid)) | hygiene.recorded_regions(self._work)
             if p.poll() is None:
                 try:
                     p.send_signal(signal.SIGTERM)
                     p.wait(grace)
                 except subprocess.TimeoutExpired:
                     pass
+            # again before SIGKILL: a model still loading during the grace period may have made another region
+            self._regions |= hygiene.regions_of(hygiene.group_members(pgid))
             try:
                 os.killpg(pgid, signal.SIGKILL)   # whatever is left: the server or a stub
             except (ProcessLookupError, PermissionError):
@@ -249,14 +262,23 @@ class TritonServer:
             except subprocess.TimeoutExpired:  # pragma: no cover
                 pass
             deadline = time.monotonic() + 5
-            while group_alive(pgid) and time.monotonic() < deadline:
+            while (group_alive(pgid) or hygiene.group_members(pgid)) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            hygiene.unlink_regions(self._regions)
         shutil.rmtree(self._work / "backends", ignore_errors=True)
 
     def close(self) -> None:
-        """Stop, then remove the working directory (the log too, unless ``log_path`` was given)."""
+        """Stop, then remove the working directory (the log too, unless ``log_path`` was given) and end the
+        watchdog."""
         self.stop()
         shutil.rmtree(self._work, ignore_errors=True)
+        w, self._watchdog = self._watchdog, None
+        if w is not None:
+            try:
+                w.stdin.close()      # it finds nothing left to clean and exits
+                w.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                w.kill()
 
     def __enter__(self) -> "TritonServer":
         return self.start()
@@ -288,6 +310,23 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
 
     if (engine_dir is None) == (repository is None):
         raise ServerError("give exactly one of --engine-dir or --repository")
+    from ...errors import ConfigError
+
+    if repository is not None:   # a repository is served as written: these would silently do nothing
+        given = [o for o, v in (("--max-batch-size", max_batch_size is not None), ("--no-decoupled", not decoupled),
+                                ("--tokenizer", tokenizer is not None), ("--ids-only", ids_only)) if v]
+        if given:
+            raise ConfigError(f"applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
+                              f"(write another with the option there)", field=given[0])
+    if not (isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")):
+        raise ConfigError(f"must be a number of seconds > 0, got {ready_timeout}", field="--ready-timeout")
+    if log_path is not None:
+        from ...overlap import refuse_overlap
+
+        refuse_overlap(log_path, "--log", [("engine directory", engine_dir), ("repository", repository),
+                                           ("tokenizer directory", tokenizer)])
+        if Path(log_path).is_dir():
+            raise ConfigError(f"{log_path} is a directory; give a file name", field="--log")
     ports = {"--http-port": port if http_port is None else http_port,
              "--grpc-port": port + 1 if grpc_port is None else grpc_port,
              "--metrics-port": port + 2 if metrics_port is None else metrics_port}
@@ -296,11 +335,14 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
     for what, p in ports.items():
         check_port_free(p, what)   # before anything is generated or started
     find_tritonserver()
-    work = Path(tempfile.mkdtemp(prefix="dflash2-serve-"))
+    hygiene.sweep_leftovers(echo=lambda m: print(m, file=sys.stderr, flush=True))
+    work = hygiene.make_work_dir("dflash2-serve-")
     old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _stop(signum, frame):
-        raise KeyboardInterrupt
+        from ...errors import Terminated
+
+        raise Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt
 
     srv = None
     try:
@@ -315,7 +357,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
         srv = TritonServer(repository, http_port=ports["--http-port"], grpc_port=ports["--grpc-port"],
                            metrics_port=ports["--metrics-port"], log_path=log_path or work / "tritonserver.log",
-                           ready_timeout=ready_timeout, log_kept=log_path is not None)
+                           ready_timeout=ready_timeout, log_kept=log_path is not None, cleanup_dirs=[work])
         srv.start()
         echo(f"serving {engine_dir or repository} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
              f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)} (Ctrl-C stops)")

@@ -31,7 +31,6 @@ Times (``arrival_time_ns``, ``first_scheduled_time_ns``, ``first_token_time_ns``
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
@@ -155,9 +154,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
     out_len = int(_scalar(inputs["request_output_len"], "request_output_len"))
     if out_len < 1:
         raise ConfigError(f"must be >= 1, got {out_len}", field="request_output_len")
-    temperature = float(_scalar(inputs["temperature"], "temperature")) if "temperature" in inputs else 0.0
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="temperature")
+    from ...sampling import effective_temperature
+
+    temperature = effective_temperature(_scalar(inputs["temperature"], "temperature") if "temperature" in inputs
+                                        else 0.0, field="temperature")   # below 1e-5: greedy
     seed = int(_scalar(inputs["seed"], "seed")) if "seed" in inputs else 0
     if not 0 <= seed < 2**64:
         raise ConfigError(f"must be in [0, 2**64), got {seed}", field="seed")

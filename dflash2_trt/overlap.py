@@ -1,0 +1,70 @@
+"""One rule for every command that writes: an output never is, contains, or lies inside an input.
+
+``--force`` replaces an output directory by moving it aside and deleting it, so an ``--output`` that
+is (or contains) a source checkpoint would delete the source; one inside an input would write into
+it (an engine directory's manifest, a model directory). Every writing command (``build --output`` /
+``--checkpoint-dir``, ``convert``, ``export-onnx``, ``deploy triton``, ``bench prepare-dataset``,
+``bench run --json/--plot``, ``bench project --json``, ``serve --log``) checks its outputs with
+:func:`refuse_overlap` before anything is written or deleted, ``--force`` or not. Paths are compared
+after resolving symbolic links (``..`` and relative paths included); two existing paths that are the
+same file (a hard link) count as the same.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+from .errors import ConfigError
+
+
+def _resolved(p) -> Path:
+    return Path(os.path.expanduser(os.fspath(p))).resolve()
+
+
+def _relation(out: Path, src: Path) -> str | None:
+    if out == src:
+        return "is"
+    if out in src.parents:
+        return "contains"
+    if src in out.parents:
+        return "lies inside"
+    try:
+        if out.exists() and src.exists() and os.path.samefile(out, src):
+            return "is"
+    except OSError:
+        pass
+    return None
+
+
+def overlap(output, inputs: Iterable[tuple[str, object]]) -> tuple[str, str, object] | None:
+    """``(relation, what, path)`` of the first input ``output`` is, contains or lies inside, else None.
+    ``inputs``: ``(what, path or None)`` pairs; None entries are skipped."""
+    out = _resolved(output)
+    for what, p in inputs:
+        if p is None:
+            continue
+        rel = _relation(out, _resolved(p))
+        if rel is not None:
+            return rel, what, p
+    return None
+
+
+def refuse_overlap(output, option: str, inputs: Iterable[tuple[str, object]]) -> None:
+    """Raise one :class:`ConfigError` line naming ``option`` and the input when ``output`` is, contains or
+    lies inside one of ``inputs`` (``(what, path or None)`` pairs). Writes nothing."""
+    if output is None:
+        return
+    hit = overlap(output, inputs)
+    if hit is None:
+        return
+    rel, what, p = hit
+    shown_out, shown_in = _resolved(output), _resolved(p)
+    why = {"is": "--force would delete it", "contains": "--force would delete it",
+           "lies inside": "the output would be written into it"}[rel]
+    raise ConfigError(f"{shown_out} {rel} the {what} {shown_in} ({why}); an output must not be, contain or lie "
+                      f"inside an input: nothing was written", field=option)
+
+
+__all__ = ["overlap", "refuse_overlap"]

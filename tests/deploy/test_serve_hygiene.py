@@ -1,0 +1,169 @@
+"""Real signals against `dflash2-trt serve` (issue 21 items 3 and 4): SIGKILL while the models load, SIGKILL of
+serve and its watchdog together, SIGTERM during start, a readiness timeout. Afterwards no process of the
+server's group runs, none of the python backend's /dev/shm regions its processes used exists, and the
+temporary directories are gone (at the latest after the next `serve`, which names what it cleaned).
+
+The server's processes and regions are observed from here, independently of the code under test: the
+process group of the tritonserver listening on the test's port, read from /proc while it runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from test_serve_cli import Serve, _free_base_port, _procs_with
+
+pytestmark = pytest.mark.triton
+pytest.importorskip("pytriton")
+
+SHM = Path("/dev/shm")
+PREFIX = "triton_python_backend_shm_region_"
+
+
+def _stat(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _cmd(pid):
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _members(pgid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(d)
+            if st and st[0] != "Z" and st[2] == str(pgid):
+                out.append(int(d))
+    return out
+
+
+class Watch:
+    """What the server on ``port`` runs and uses: its group, the regions and work directories its processes name."""
+
+    def __init__(self, port):
+        self.port, self.pgid, self.regions, self.dirs, self.stubs = port, None, set(), set(), set()
+
+    def poll(self):
+        if self.pgid is None:
+            pids = _procs_with(f"--http-port {self.port}")
+            if not pids:
+                return
+            self.pgid = pids[0]
+        for pid in _members(self.pgid):
+            try:   # the regions the server itself maps (made before their stub starts)
+                maps = Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                maps = ""
+            for line in maps.splitlines():
+                if "/dev/shm/" + PREFIX in line:
+                    self.regions.add(line.split("/dev/shm/", 1)[1].split()[0])
+            for a in _cmd(pid):
+                if a.startswith(PREFIX):
+                    self.regions.add(a)
+                for part in a.split("/")[:3]:
+                    if part.startswith(("dflash2-triton-", "dflash2-serve-")):
+                        self.dirs.add(Path("/tmp") / part)
+                if a.endswith("triton_python_backend_stub"):
+                    self.stubs.add(pid)
+
+    def until(self, pred, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            self.poll()
+            if pred():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def left(self):
+        return {"processes": _members(self.pgid) if self.pgid else [],
+                "regions": sorted(r for r in self.regions if (SHM / r).exists()),
+                "dirs": sorted(str(d) for d in self.dirs if d.exists())}
+
+
+def _settled(w, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(w.left().values()):
+        time.sleep(0.2)
+    return w.left()
+
+
+def test_sigkill_while_the_models_load_leaves_nothing(engine):
+    port = _free_base_port()
+    s = Serve("--engine-dir", str(engine), "--port", str(port))
+    w = Watch(port)
+    try:
+        assert w.until(lambda: w.stubs and w.regions), s.lines        # loading: stubs and their regions exist
+        os.kill(s.p.pid, signal.SIGKILL)                                 # serve alone, as `kill -9 PID` does
+        assert s.finish() == -signal.SIGKILL
+        assert _settled(w) == {"processes": [], "regions": [], "dirs": []}
+    finally:
+        s.kill()
+
+
+def test_the_next_serve_cleans_what_a_killed_one_and_its_watchdog_left(engine):
+    port = _free_base_port()
+    s = Serve("--engine-dir", str(engine), "--port", str(port))
+    w = Watch(port)
+    try:
+        assert w.until(lambda: w.stubs and w.regions), s.lines
+        dogs = [p for p in _procs_with("dflash2_trt.deploy.triton.hygiene") if any(str(d) in " ".join(_cmd(p))
+                                                                                   for d in w.dirs)]
+        assert dogs, "no watchdog for this server"
+        for pid in dogs + [s.p.pid]:
+            os.kill(pid, signal.SIGKILL)                                 # both at once: nobody cleans up
+        s.finish()
+        time.sleep(3)
+        left = w.left()
+        assert left["dirs"], left                                       # the killed run's debris is there
+    finally:
+        s.kill()
+    port2 = _free_base_port()
+    s2 = Serve("--engine-dir", str(engine), "--port", str(port2), "--ready-timeout", "1")
+    try:
+        s2.finish(120)
+    finally:
+        s2.kill()
+    notes = [ln for ln in s2.lines if ln.startswith("note: cleaned up after a tritonserver run that was killed")]
+    for d in left["dirs"]:
+        assert any(d in ln for ln in notes), (d, s2.lines)
+    assert w.left() == {"processes": [], "regions": [], "dirs": []}
+
+
+def test_a_readiness_timeout_leaves_no_shared_memory(engine):
+    port = _free_base_port()
+    s = Serve("--engine-dir", str(engine), "--port", str(port), "--ready-timeout", "3")
+    w = Watch(port)
+    try:
+        w.until(lambda: s.p.poll() is not None, timeout=120)
+        assert s.finish() == 1 and any("not ready within" in ln for ln in s.lines), s.lines
+        assert w.regions, "the server never got as far as its python models"
+        assert _settled(w, timeout=5) == {"processes": [], "regions": [], "dirs": []}
+    finally:
+        s.kill()
+
+
+def test_sigterm_during_start_is_143_and_leaves_nothing(engine):
+    port = _free_base_port()
+    s = Serve("--engine-dir", str(engine), "--port", str(port))
+    w = Watch(port)
+    try:
+        assert w.until(lambda: w.stubs and w.regions), s.lines
+        s.p.send_signal(signal.SIGTERM)
+        assert s.finish() == 143, s.lines
+        assert [ln for ln in s.lines if ln.startswith(("terminated", "error", "Traceback"))] == \
+            ["terminated (SIGTERM): stopped; any output in progress was removed"], s.lines
+        assert _settled(w, timeout=5) == {"processes": [], "regions": [], "dirs": []}
+    finally:
+        s.kill()
