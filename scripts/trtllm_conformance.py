@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Conformance harness: the project's engine network through TensorRT-LLM's own network-definition code.
+
+    python scripts/trtllm_conformance.py --trtllm-src DIR [--target tiny|tiny-hybrid|tiny-muse|all]
+                                         [--tp 1|2|all] [--model-file PATH] [--no-register] [--json]
+
+DIR holds TensorRT-LLM's public Python sources at their repository paths (``DIR/tensorrt_llm/functional.py``...;
+never part of this repository). For each target and tp size, for every rank, the harness runs what
+``trtllm-build`` does to define the network (commands/build.py -> builder.build, reproduced here because
+build.py / builder.py are not in DIR): the checkpoint ``dflash2-trt build --backend trtllm`` would hand to
+trtllm-build (converted checkpoint + ``plan.engine_pretrained_config``: EAGLE fields, ``dflash2_engine``), its
+recorded command line (``plan.trtllm_build_argv``: plugin flags, max sizes, ``--max_draft_len``), the real
+``PretrainedConfig.from_json_file`` (MODEL_MAP lookup; the architectures are registered through
+``dflash2_trt.trtllm.register`` unless ``--no-register``), ``model_cls.from_checkpoint`` (real
+``PretrainedModel.__init__``/``load``), a real ``Network`` over TensorRT-RTX, ``prepare_inputs`` and ``forward``
+inside ``net_guard``, then a TensorRT-RTX engine build. It prints per target/tp/rank: defined or the first error
+with a traceback summary; layers, inputs, outputs, plugin layers; build OK/fail. Exit status 1 when any fails.
+
+Real (run from DIR, unmodified): tensorrt_llm/{_utils, _common, logger, module, parameter, network, functional,
+mapping}.py, plugin/plugin.py, layers/{linear, normalization, embedding}.py, models/modeling_utils.py (the
+revisions read are listed in DIR/COMMITS.txt when present).
+
+Stubbed (in scripts/trtllm_conformance_lib/harness.py; none is on the definition path of this network, each
+raises if called where a value matters):
+- ``tensorrt``: TensorRT-RTX plus plugin placeholders (scripts/trtllm_conformance_lib/fake_trt.py): RTX's Python
+  network API has no add_plugin_v2/v3, so each plugin call checks the plugin's input contract (GPTAttention:
+  gpt_attention_contract.yaml, from functional.py and gptAttentionPlugin.cpp's isEntryUsed; DFlash2 plugins: their
+  YAML specs) and makes shape/dtype-correct outputs from ordinary layers. The NCCL collectives (AllReduce,
+  AllGather) are placeholders too, so tp 2 defines and builds each rank's network separately.
+- the package ``__init__`` files of tensorrt_llm, tensorrt_llm.layers, tensorrt_llm.plugin, tensorrt_llm.models
+  (the real ones import every model family, the executor and the C++ bindings); ``MODEL_MAP`` starts empty.
+- tensorrt_llm.bindings (C++ runtime), _ipc_utils, envs, llmapi.kv_cache_type, top_model_mixin,
+  models.generation_mixin (prepare_basic_inputs: the network defines its own prepare_inputs), models.convert_utils,
+  layers.{lora, attention, moe, conv} (type names only), graph_rewriting (metadata only), quantization (only the
+  unquantized mode: QuantMode(0)), and the third-party mpi4py (one rank per process), nvtx, onnx_graphsurgeon.
+- not reproduced: builder.build's graph-rewriting optimize() pass and the refit/weight-streaming options.
+- the DFlash2 plugin library is not loaded (dflash2_trt.plugins.load_library is replaced by a no-op); the
+  DFlash2 plugin calls reach the placeholders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+TARGETS = ("tiny", "tiny-hybrid", "tiny-muse")
+
+
+def run(src, targets, tps, model_file=None, register=True, workdir=None, build=True, progress=None) -> list[dict]:
+    from trtllm_conformance_lib import harness
+
+    harness.install(Path(src))
+    model_file = Path(model_file) if model_file else REPO / "dflash2_trt" / "trtllm" / "model.py"
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="trtllm-conformance-") as tmp:
+        work = Path(workdir) if workdir else Path(tmp)
+        for target in targets:
+            for tp in tps:
+                entry = {"target": target, "tp": tp, "model_file": str(model_file), "ranks": []}
+                try:
+                    ckpt, argv, _ = harness.prepare_checkpoint(target, tp, work)
+                except Exception as exc:   # noqa: BLE001
+                    entry["error"] = f"checkpoint: {type(exc).__name__}: {exc}"
+                    reports.append(entry)
+                    continue
+                entry["trtllm_build_argv"] = argv
+                for rank in range(tp):
+                    entry["ranks"].append(harness.define(model_file, ckpt, argv, rank, register=register, build=build,
+                                                        progress=progress))
+                reports.append(entry)
+    return reports
+
+
+def ok(reports) -> bool:
+    return all(not r.get("error") and r["ranks"] and all(x["defined"] and x.get("built", True) and not x.get("error")
+                                                          for x in r["ranks"]) for r in reports)
+
+
+def _build_word(x) -> str:
+    if "built" not in x:
+        return "not run"
+    return f"OK ({x['engine_bytes']} bytes, {x.get('build_seconds')} s)" if x["built"] else "FAILED"
+
+
+def format_report(reports) -> str:
+    lines = []
+    for r in reports:
+        if r.get("error"):
+            lines.append(f"{r['target']} tp{r['tp']}: {r['error']}")
+            continue
+        for x in r["ranks"]:
+            head = f"{r['target']} tp{r['tp']} rank{x['rank']}:"
+            if x["defined"]:
+                lines.append(f"{head} defined: {x['layers']} TensorRT layers ({x['network_layers']} outside plugin "
+                             f"placeholders), {x['inputs']} inputs, {x['outputs']} outputs, "
+                             f"{x['plugin_layers']} plugin layers {x['plugins']}; RTX build "
+                             f"{_build_word(x)}"
+                             + (f" - {x['error']}" if x.get("error") else ""))
+                lines += [f"    warning: {w}" for w in x.get("warnings", [])]
+            else:
+                lines.append(f"{head} FAILED at {x['stage']}: {x['error']}")
+                lines += [f"    {t}" for t in x.get("traceback", [])]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p.add_argument("--trtllm-src", required=True, help="directory holding tensorrt_llm/... (TensorRT-LLM sources)")
+    p.add_argument("--target", default="all", choices=(*TARGETS, "all"))
+    p.add_argument("--tp", default="all", choices=("1", "2", "all"))
+    p.add_argument("--model-file", default=None, help="network file (default: dflash2_trt/trtllm/model.py)")
+    p.add_argument("--no-register", action="store_true", help="do not register the DFlash2 architectures")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-build", action="store_true", help="define the networks only (no TensorRT-RTX build)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    a = p.parse_args(argv)
+    src = Path(a.trtllm_src)
+    if not (src / "tensorrt_llm" / "functional.py").is_file():
+        print(f"error: {src}: no tensorrt_llm/functional.py (--trtllm-src)", file=sys.stderr)
+        return 2
+    if a.model_file and not Path(a.model_file).is_file():
+        print(f"error: {a.model_file}: not a file (--model-file)", file=sys.stderr)
+        return 2
+    targets = TARGETS if a.target == "all" else (a.target,)
+    tps = (1, 2) if a.tp == "all" else (int(a.tp),)
+    say = None if a.quiet else (lambda m: print(f"[conformance] {m}", file=sys.stderr, flush=True))
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)   # TensorRT and the sources log to stdout; the report alone goes there
+    try:
+        reports = run(src, targets, tps, a.model_file, register=not a.no_register, build=not a.no_build,
+                      progress=say)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    print(json.dumps(reports, indent=2) if a.json else format_report(reports))
+    return 0 if ok(reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""The conformance harness (scripts/trtllm_conformance.py): its own pieces (the fake tensorrt module made from
+TensorRT-RTX, the plugin placeholders' contract checks) run everywhere TensorRT-RTX is installed; the end-to-end
+run over TensorRT-LLM's real sources needs them in $DFLASH2_TRTLLM_SRC (DIR/tensorrt_llm/functional.py ...) and
+skips otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+rtx = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX (tensorrt-rtx-cu12/cu13) is not installed")
+sys.path.insert(0, str(REPO / "scripts"))
+from trtllm_conformance_lib import fake_trt  # noqa: E402
+from trtllm_conformance_lib.fake_trt import ContractError  # noqa: E402
+
+TRT = fake_trt.make_module()
+
+
+def _net():
+    builder = rtx.Builder(rtx.Logger(rtx.Logger.ERROR))
+    real = builder.create_network(1 << int(rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    return builder, real, TRT.INetworkDefinition(real)
+
+
+def _plugin(name, fields, namespace="tensorrt_llm", version="1"):
+    creator = TRT.get_plugin_registry().get_plugin_creator(name, version, namespace)
+    assert creator is not None, name
+    pfc = TRT.PluginFieldCollection([TRT.PluginField(k, np.array(v), None) for k, v in fields.items()])
+    return creator.create_plugin(name.lower(), pfc)
+
+
+def _build(builder, real, profile_inputs):
+    cfg = builder.create_builder_config()
+    prof = builder.create_optimization_profile()
+    for name, (lo, opt, hi) in profile_inputs.items():
+        prof.set_shape(name, lo, opt, hi)
+    cfg.add_optimization_profile(prof)
+    return builder.build_serialized_network(real, cfg)
+
+
+def test_fake_module_is_rtx_plus_placeholders():
+    assert TRT.IS_PLACEHOLDER_TENSORRT and TRT.DataType is rtx.DataType and TRT.Weights is rtx.Weights
+    reg = TRT.get_plugin_registry()
+    assert reg.get_plugin_creator("GPTAttention", "1", "tensorrt_llm") is not None
+    assert reg.get_plugin_creator("NoSuchPlugin", "1", "tensorrt_llm") is None   # unknown plugins: no creator
+    assert reg.get_creator("DFlash2PairwiseScan", "1", "dflash2") is not None
+
+
+def test_plugin_fields_keep_their_data():
+    # TensorRT-RTX's own PluginField does not keep a temporary array alive (fields read freed memory); the fake one
+    # owns a copy, as TensorRT's binding keeps the array alive
+    pfc = TRT.PluginFieldCollection([TRT.PluginField(f"f{i}", np.array([i * 7], np.int32), None) for i in range(4)])
+    p = TRT.get_plugin_registry().get_plugin_creator("Gemm", "1", "tensorrt_llm").create_plugin("g", pfc)
+    assert [p.field(f"f{i}") for i in range(4)] == [0, 7, 14, 21]
+
+
+def test_gemm_placeholder_checks_dtypes_and_builds():
+    builder, real, net = _net()
+    x = net.add_input("x", rtx.float32, (-1, 8))
+    w = net.const(np.zeros((4, 8), np.float32))
+    fields = {"transa": np.array(0, np.int32), "transb": np.array(1, np.int32),
+              "type_id": np.array([int(rtx.float32)], np.int32)}
+    layer = net.add_plugin_v2([x, w], _plugin("Gemm", fields))
+    out = layer.get_output(0)
+    assert out.dtype == rtx.float32 and tuple(out.shape) == (-1, 4)
+    real.mark_output(out)
+    assert _build(builder, real, {"x": ((1, 8), (2, 8), (4, 8))}) is not None
+    # a wrong-dtype input is refused, naming the input and the rule
+    _, _, net2 = _net()
+    x2 = net2.add_input("x", rtx.int32, (-1, 8))
+    with pytest.raises(ContractError, match="input 'input' has dtype int32, the plugin requires float32"):
+        net2.add_plugin_v2([x2, net2.const(np.zeros((4, 8), np.float32))], _plugin("Gemm", fields))
+
+
+def _gpt_fields(rope: bool, spec: bool = False):
+    return {"use_cache": np.array([1], np.int32), "paged_kv_cache": np.array(1, np.int32),
+            "remove_input_padding": np.array(1, np.int8), "is_spec_decoding_enabled": np.array(int(spec), np.int8),
+            "position_embedding_type": np.array(2 if rope else 0, np.int8), "num_heads": np.array(2, np.int32),
+            "num_kv_heads": np.array(1, np.int32), "head_size": np.array(4, np.int32),
+            "type_id": np.array([int(rtx.float32)], np.int32)}
+
+
+def _gpt_inputs(net, rope: bool, computed_host=None):
+    c = fake_trt.gpt_attention_contract()
+    flags = {"rope": rope}
+    ins = []
+    for e in c["inputs"]:
+        if e.get("when") == "rope" and not flags["rope"]:
+            continue
+        if e.get("when") == "is_spec_decoding_enabled":
+            continue
+        dt = rtx.float32 if e["dtype"] == "plugin" else fake_trt._DT[e["dtype"]]
+        rank = e.get("rank", e.get("rank_doc", 1))
+        shape = (-1, 16) if e["name"] == "qkv" else tuple([2] * rank)
+        if e["name"] == computed_host:
+            t = net.add_input("src_" + e["name"], dt, shape)
+            t = real_identity(net, t)
+        else:
+            t = net.add_input(e["name"], dt, shape)
+        ins.append(t)
+    return ins
+
+
+def real_identity(net, t):
+    return net.real.add_identity(t).get_output(0)
+
+
+def test_gpt_attention_placeholder_contract():
+    builder, real, net = _net()
+    ins = _gpt_inputs(net, rope=True)
+    layer = net.add_plugin_v2(ins, _plugin("GPTAttention", _gpt_fields(rope=True)))
+    assert tuple(layer.get_output(0).shape) == (-1, 8)   # [num_tokens, num_heads * head_size]
+    # a RoPE layer without the rotary tables: the plugin numbers 17 inputs from its fields (no spec decoding), got 15
+    _, _, net2 = _net()
+    with pytest.raises(ContractError, match=r"numbers 17 inputs .* got 15"):
+        net2.add_plugin_v2(_gpt_inputs(net2, rope=False), _plugin("GPTAttention", _gpt_fields(rope=True)))
+    # a host input computed in the graph (device memory) is refused
+    _, _, net3 = _net()
+    with pytest.raises(ContractError, match="'host_max_attention_window_sizes' is read on the host"):
+        net3.add_plugin_v2(_gpt_inputs(net3, rope=False, computed_host="host_max_attention_window_sizes"),
+                           _plugin("GPTAttention", _gpt_fields(rope=False)))
+
+
+def test_allgather_placeholder_multiplies_dim0_by_group():
+    builder, real, net = _net()
+    x = net.add_input("x", rtx.float32, (-1, 6))
+    fields = {"group": np.array([0, 1], np.int32), "type_id": np.array([int(rtx.float32)], np.int32)}
+    out = net.add_plugin_v2([x], _plugin("AllGather", fields)).get_output(0)
+    real.mark_output(out)
+    assert tuple(out.shape) == (-1, 6)
+    assert _build(builder, real, {"x": ((1, 6), (2, 6), (3, 6))}) is not None
+    _, _, net2 = _net()
+    with pytest.raises(ContractError, match="AllGather: input 'input' has dtype float16"):
+        net2.add_plugin_v2([net2.add_input("x", rtx.float16, (-1, 6))], _plugin("AllGather", fields))
+
+
+def test_dflash2_placeholder_from_yaml_spec():
+    from dflash2_trt.plugins import trt_field_collection
+
+    sys.modules["tensorrt"] = TRT   # dflash2_trt.plugins imports tensorrt lazily
+    try:
+        pfc = trt_field_collection("DFlash2DynamicConv", block_size=8, kernel_size=2, group_size=16, fuse_residual=0)
+    finally:
+        del sys.modules["tensorrt"]
+    plugin = TRT.get_plugin_registry().get_creator("DFlash2DynamicConv", "1", "dflash2").create_plugin("c", pfc)
+    builder, real, net = _net()
+    x = net.add_input("x", rtx.float32, (-1, 64))
+    delta = net.add_input("delta", rtx.float32, (-1, 2, 4))
+    base = net.const(np.zeros((2, 64), np.float32))
+    out = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
+    assert tuple(out.shape) == (-1, 64) and out.dtype == rtx.float32
+    _, _, net2 = _net()
+    with pytest.raises(ContractError, match="input 'delta' has dtype float16"):
+        net2.add_plugin_v3([net2.add_input("x", rtx.float32, (-1, 64)), net2.add_input("d", rtx.float16, (-1, 2, 4)),
+                            net2.const(np.zeros((2, 64), np.float32))], [], plugin)
+    _, _, net3 = _net()
+    with pytest.raises(ContractError, match="dim 1 is 3, the spec says kernel_size = 2"):
+        net3.add_plugin_v3([net3.add_input("x", rtx.float32, (-1, 64)), net3.add_input("d", rtx.float32, (-1, 3, 4)),
+                            net3.const(np.zeros((2, 64), np.float32))], [], plugin)
+
+
+SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
+needs_src = pytest.mark.skipif(not SRC or not (Path(SRC) / "tensorrt_llm" / "functional.py").is_file(),
+                               reason="TensorRT-LLM's Python sources are not in $DFLASH2_TRTLLM_SRC")
+
+
+@needs_src
+@pytest.mark.parametrize("target", ["tiny", "tiny-hybrid", "tiny-muse"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_networks_define_and_build_over_real_trtllm(target, tp):
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "trtllm_conformance.py"), "--trtllm-src", SRC,
+                        "--target", target, "--tp", str(tp), "--json", "--quiet"],
+                       capture_output=True, text=True, timeout=3000, cwd=REPO)
+    reports = json.loads(r.stdout)
+    assert len(reports) == 1 and not reports[0].get("error"), reports
+    ranks = reports[0]["ranks"]
+    assert [x["rank"] for x in ranks] == list(range(tp))
+    for x in ranks:
+        assert x["defined"], (x["stage"], x["error"], x.get("traceback"))
+        assert x["built"] and not x["error"], x["error"]
+        assert x["plugin_layers"] > 0 and "GPTAttention" in x["plugins"]
+        if tp > 1:
+            assert "AllReduce" in x["plugins"]
+    assert r.returncode == 0
