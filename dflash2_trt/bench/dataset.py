@@ -36,7 +36,10 @@ import math
 import random
 from pathlib import Path
 
+from ..engine.common import read_prompts_file
 from ..errors import ConfigError
+from .common import engine_backend
+from .io import atomic_write_text, check_output_file
 
 SOURCES = ("builtin", "prompts", "corpus", "token-norm-dist", "token-unif-dist")
 BUILTIN = {"tiny": "qwen3", "tiny-hybrid": "qwen3_5"}
@@ -100,7 +103,6 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
                     input_mean=None, input_stdev=None, output_mean=None, output_stdev=None, input_min=None,
                     input_max=None, output_min=None, output_max=None) -> dict:
     """Write the dataset (atomically) and return a summary ``{"output", "requests", ...}``."""
-    from .io import atomic_write_text, check_output_file
 
     if source not in SOURCES:
         raise ConfigError(f"unknown source {source!r}; one of {', '.join(SOURCES)}", field="source")
@@ -204,7 +206,6 @@ def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, nu
     ``run``'s reader (``engine/run.py: read_prompts_file``, the one parser of these lines), text
     prompts tokenized with the target's tokenizer, ``num_requests`` the first N lines (as
     trtllm-bench's ``--num_requests``; more than the file holds is an error)."""
-    from ..engine.run import read_prompts_file
 
     items = read_prompts_file(path)
     if num_requests is not None:
@@ -250,8 +251,6 @@ def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict
     from ..config import TargetConfig
 
     if engine_dir is not None:
-        from .run import engine_backend
-
         _, man, cfg = engine_backend(engine_dir)
         try:
             vocab = int(cfg["pretrained_config"]["vocab_size"])

@@ -60,6 +60,8 @@ import subprocess
 from pathlib import Path
 
 from ..errors import ConfigError, MissingDependencyError
+from .common import parse_concurrency
+from .dataset import load_bench_requests, prompt_tokenizer_dir
 
 BINARY = "gptManagerBenchmark"
 UNAVAILABLE = ["input_tokens", "engine_steps", "target_tokens", "target_tokens_per_emitted_token",
@@ -192,8 +194,6 @@ def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests:
     the report's measured part. ``dry_run`` returns the commands without running anything."""
     import tempfile
 
-    from .cpu import parse_concurrency
-    from .dataset import load_bench_requests, prompt_tokenizer_dir
 
     levels = parse_concurrency(concurrency)
     K = int(manifest["block_size"]) - 1

@@ -54,7 +54,10 @@ from pathlib import Path
 
 import yaml
 
+from ..engine.common import eagle_choices, shell_line
 from ..errors import ConfigError, MissingDependencyError
+from .common import parse_concurrency
+from .dataset import load_bench_requests, prompt_tokenizer_dir
 
 FACTS_FILE = Path(__file__).with_name("trtllm_bench_1_2.yaml")
 LAUNCHER_MODULE = "dflash2_trt.bench.trtllm_bench"
@@ -136,8 +139,6 @@ def main(argv=None) -> int:
 # ---------------------------------------------------------------------------------------- options file
 def options_document(draft_len: int, speculative_model_dir) -> dict:
     """The ``--extra_llm_api_options`` document: the EAGLE chain of ``draft_len`` drafts."""
-    from ..engine.plan import eagle_choices
-
     if not isinstance(draft_len, int) or draft_len < 1:
         raise ConfigError(f"an EAGLE chain needs >= 1 draft, got {draft_len!r}", field="max_draft_len")
     return {"speculative_config": {"decoding_type": facts()["eagle_decoding_config"]["decoding_type"],
@@ -306,8 +307,6 @@ def bench_env(plugin_lib) -> dict[str, str]:
 
 
 def command_line(argv: list[str], env: dict[str, str] | None = None) -> str:
-    from ..engine.plan import shell_line
-
     return shell_line(argv, env)
 
 
@@ -485,8 +484,6 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
     import tempfile
 
     from ..plugins import LIBRARY_NAME
-    from .cpu import parse_concurrency
-    from .dataset import load_bench_requests, prompt_tokenizer_dir
 
     levels = parse_concurrency(concurrency)
     K = int(manifest["block_size"]) - 1

@@ -38,14 +38,17 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..bench.trtllm_bench import planned_command
 from ..errors import ConfigError, PairingError
+from .common import AUTO_MAX_TARGET_BYTES, eagle_choices, shell_line
+from .runtime_rules import parse_engine_config
+from .toolchain import plugin_toolchain_missing, probe_toolchain
 
 GIB = 1 << 30
 H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default
@@ -276,11 +279,6 @@ def check_kv_compatible(pre: dict) -> None:
         raise ConfigError(str(exc), field="num_key_value_heads") from None
 
 
-def eagle_choices(K: int) -> list[list[int]]:
-    """The linear chain every request/executor must pass: ``[[0], [0, 0], ..., [0] * K]``."""
-    return [[0] * (i + 1) for i in range(K)]
-
-
 # ---------------------------------------------------------------------------------------- sizing
 def weight_bytes_per_rank(t, d, tp: int, dtype: str) -> list[dict] | None:
     """Per rank: bytes of the target's and the drafter's tensors in the converted checkpoint (from the
@@ -419,8 +417,6 @@ def runtime_reading(pre: dict | None, cfg) -> dict | None:
     refuse the config."""
     if pre is None:
         return None
-    from .runtime_rules import parse_engine_config
-
     try:
         r = parse_engine_config(trtllm_engine_config(pre, cfg), source="engine config.json",
                                 patched_architectures=PATCHED_ARCHITECTURES)
@@ -435,11 +431,6 @@ def trtllm_build_env(plugin_lib) -> dict[str, str]:
     """What the model class file needs in trtllm-build's process: the plugin library (trtllm-build has no
     plugin flag; model.py loads it) and the TensorRT-LLM backend of the network."""
     return {"DFLASH2_PLUGIN_LIB": str(plugin_lib), "DFLASH2_TRT_BACKEND": "trtllm"}
-
-
-def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
-    pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-    return (pre + " " if pre else "") + shlex.join(argv)
 
 
 def cuda_archs(gpus) -> str:
@@ -485,8 +476,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                                  f"the plugin library, engine.json and RUN.md in {out}; "
                                                  f"{out}/trtllm-bench/: the --model_path folder (tokenizer, config, "
                                                  f"placeholder safetensors) and extra_llm_api_options.yaml"})
-        from ..bench.trtllm_bench import planned_command
-
         bench = planned_command(engine_dir=out, target_key=p.target_key, draft_len=p.K,
                                 max_batch_size=cfg.max_batch_size, eos_id=(list(t.eos_token_ids) or [None])[0],
                                 kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction)
@@ -614,7 +603,6 @@ def render_plan(plan: dict) -> str:
 def verify_default(p: Prepared, backend: str) -> bool:
     """The verify gate's default: on for small targets (the reference decodes on this machine through
     transformers), and on the TensorRT-LLM backend only at tp 1 (its runner needs one MPI rank per GPU)."""
-    from .verify import AUTO_MAX_TARGET_BYTES
 
     w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
     small = w is not None and sum(r["target"] for r in w) <= AUTO_MAX_TARGET_BYTES
@@ -626,7 +614,6 @@ def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto",
                  verify=None, toolchain=None) -> dict:
     """``build --dry-run``: the plan for ``backend`` (``auto`` plans the TensorRT-LLM build: sizing a GPU is
     what a dry run is for) plus what this machine has and lacks for it."""
-    from .trtllm_build import plugin_toolchain_missing, probe_toolchain
 
     p = prepare(drafter_dir, target_dir, target_key=target_key, overrides=overrides, sets=sets)
     be = "cpu" if backend == "cpu" else "trtllm"

@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 from ..errors import DFlash2Error
+from .common import AUTO_MAX_TARGET_BYTES  # noqa: F401  (re-exported: the verify gate's policy)
+from .cpu import open_cpu_engine
+from .trtllm_runner import generate
 
 N_PROMPTS = 4
 NEW_TOKENS = 24
-AUTO_MAX_TARGET_BYTES = 2 << 30   # verify by default when the target's weights are at most this (the reference
-                                  # decodes on this machine's CPU through transformers)
 
 
 class VerifyError(DFlash2Error):
@@ -124,7 +125,6 @@ def compare(engine_outs, ref_outs, prompts) -> None:
 def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW_TOKENS) -> dict:
     """Open the engine directory as ``run`` does, decode the fixed prompts, compare with the target."""
     from ..runtime import Request, Runtime
-    from .build import open_cpu_engine
 
     t0 = time.perf_counter()
     engine, man = open_cpu_engine(engine_dir)
@@ -151,8 +151,6 @@ def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW
 def verify_trtllm_engine(engine_dir, *, target_dir, target_key=None, plugin_lib=None,
                          new: int = NEW_TOKENS) -> dict:   # pragma: no cover - TensorRT-LLM on a GPU
     """The same check with TensorRT-LLM's C++ runner (ModelRunnerCpp) on the built rank engine."""
-    from .trtllm_runner import generate
-
     t0 = time.perf_counter()
     cfg = json.loads((Path(engine_dir) / "config.json").read_text())
     man = json.loads((Path(engine_dir) / "engine.json").read_text())
