@@ -210,6 +210,17 @@ def _reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
     return seen
 
 
+def test_the_shipped_assets_do_not_import_the_test_helpers():
+    # The shipped trained pairs (and their registry) stand on their own: dflash2_trt/testing may
+    # import dflash2_trt/assets, never the reverse, directly or through another module.
+    graph = import_graph()
+    assets = {m for m in graph if m == f"{PACKAGE}.assets" or m.startswith(f"{PACKAGE}.assets.")}
+    assert f"{PACKAGE}.assets.registry" in assets
+    reached = sorted(m for m in _reachable(graph, assets) if m.startswith(f"{PACKAGE}.testing"))
+    assert not reached, f"dflash2_trt/assets reaches the test helpers: {reached}"
+    assert f"{PACKAGE}.assets.registry" in graph[f"{PACKAGE}.testing.tiny"]
+
+
 # Private names still taken across files, each waiting on other work; the test fails when one of
 # them is gone too, so the list only shrinks. convert/driver.py and checkpoint/writer.py are being
 # edited on the issue 23 branch: their names are renamed after that lands.
