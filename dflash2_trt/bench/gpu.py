@@ -4,7 +4,7 @@ Which tool (read in TensorRT-LLM 1.2's sources):
 
 - stock ``trtllm-bench throughput --engine_dir`` cannot run it: ``tensorrt_llm/bench/dataclasses/
   configuration.py`` maps the engine's speculative mode through ``SPECULATIVE_MAP``, which holds
-  only ``NONE`` and ``MEDUSA`` — an EAGLE engine (mode 32, TRTLLM-ENGINE.md §1) is a KeyError there;
+  only ``NONE`` and ``MEDUSA`` — an EAGLE engine (mode 32, docs/TRTLLM-ENGINE.md §1) is a KeyError there;
   :mod:`.trtllm_bench`'s launcher adds the mode and is ``bench run``'s default (``--tool trtllm-bench``).
 - ``benchmarks/cpp/gptManagerBenchmark`` (the executor API) does: ``--eagle_choices`` (parsed by
   ``parseVectorOfVectors`` from ``[[0],[0,0],...]``) makes an ``EagleConfig`` and sets
@@ -45,7 +45,7 @@ TensorRT-LLM engine run without ``--eagle_choices`` (``--baseline-engine-dir``).
 Nothing here imports TensorRT-LLM; the benchmark binary is looked up on ``PATH`` or given, and the
 DFlash2 plugin library (``--plugin-lib``, default ``ENGINE_DIR/libdflash2_plugins.so`` where the
 GPU build puts it) is preloaded with ``LD_PRELOAD`` (no flag loads a plugin library,
-TRTLLM-ENGINE.md §5). The engine directory is passed as ``--engine_dir`` (a TensorRT-LLM engine
+docs/TRTLLM-ENGINE.md §5). The engine directory is passed as ``--engine_dir`` (a TensorRT-LLM engine
 directory: its config.json and rank engines, as ``ModelRunnerCpp.from_dir`` reads it).
 """
 

@@ -1,6 +1,6 @@
 """Strict tensor inventories: what a checkpoint must hold, what it holds, and the difference.
 
-The drafter's expected tensors come from its config (the published contract, DESIGN.md §3).
+The drafter's expected tensors come from its config (the published contract, docs/architecture.md §2).
 A target's come from transformers itself: its model class is instantiated on the meta device
 (no memory, no weights) and its state dict names and shapes are the contract, so a family's
 layout is never re-derived by hand here.

@@ -218,7 +218,7 @@ def _collect_blockers(p: Prepared) -> None:
             f"drafter's as attention (with the checkpoint's names it would give {n_all} pool layers KV space, not the "
             f"{n_kv} the sizing counts), keeps hf_layer_types, and writes the per-rank RNN fields the runtime "
             f"requires of a recurrent variant; "
-            f"the stock 1.2 runtime refuses speculative decoding for recurrent models (TRTLLM-ENGINE.md §4): it needs "
+            f"the stock 1.2 runtime refuses speculative decoding for recurrent models (docs/TRTLLM-ENGINE.md §4): it needs "
             f"the relaxations of docs/hybrid-runtime.md, applied to a 1.2.x checkout by "
             f"scripts/patch_trtllm_recurrent_spec.py (not yet built or run on a GPU)")
     if cfg.dtype == "float32":
@@ -229,7 +229,7 @@ def _collect_blockers(p: Prepared) -> None:
 def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     """The checkpoint's config.json with the engine's settings: what the network reads (``dflash2_engine``,
     the block size) and the EAGLE fields TensorRT-LLM's runtime reads (``num_eagle_layers``,
-    ``max_non_leaves_per_layer``, ``eagle_net_config.num_hidden_layers``: TRTLLM-ENGINE.md §1). A copy:
+    ``max_non_leaves_per_layer``, ``eagle_net_config.num_hidden_layers``: docs/TRTLLM-ENGINE.md §1). A copy:
     the reusable checkpoint's own config.json is never edited."""
     pre = json.loads(json.dumps(ck))
     K = cfg.block_size - 1

@@ -272,7 +272,7 @@ Files: `rank{{N}}.engine` (one per TP rank), `config.json` (TensorRT-LLM's engin
 `engine.json` (manifest: versions, GPU, the exact trtllm-build command, sha256 of every file),
 `trtllm-build.log`, and `tokenizer/` when the target has one.
 
-The engine drafts, verifies and accepts inside one step (DESIGN.md §5); the runtime sees an EAGLE
+The engine drafts, verifies and accepts inside one step (docs/architecture.md §3); the runtime sees an EAGLE
 engine. Its limits: EOS, stop words and max length apply; penalties, bad words and min length are
 not applied in EAGLE mode; guided decoding and logits post-processors do not combine with in-engine
 acceptance. This project has not run a TensorRT-LLM engine on hardware yet: treat the first run as
@@ -513,7 +513,7 @@ def _write_manifest(tmp: Path, man: dict) -> None:
 
 def _check_engine_output(tmp: Path, cfg, K: int, log: Path) -> None:
     """What the runtime needs from trtllm-build's output: one engine per rank and a config.json whose EAGLE
-    fields are the chain's (TRTLLM-ENGINE.md §1)."""
+    fields are the chain's (docs/TRTLLM-ENGINE.md §1)."""
     missing = [f"rank{r}.engine" for r in range(cfg.tp_size) if not (tmp / f"rank{r}.engine").is_file()]
     if missing or not (tmp / "config.json").is_file():
         raise EngineBuildError(f"trtllm-build exited 0 but wrote no {', '.join(missing) or 'config.json'}. Last lines "
