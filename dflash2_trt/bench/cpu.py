@@ -27,6 +27,9 @@ from collections import deque
 from ..engine.common import stop_ids
 from ..engine.cpu import open_cpu_engine
 from ..errors import ConfigError
+from ..reference.generate import SEED_MAX
+from ..runtime import Request, Runtime
+from ..sampling import effective_temperature
 from .autoregressive import open_target_only_engine
 from .common import parse_concurrency
 from .dataset import load_bench_requests, prompt_tokenizer_dir
@@ -35,8 +38,6 @@ from .metrics import run_metrics
 
 
 def make_requests(specs, *, temperature: float, seed: int, stops):
-    from ..runtime import Request
-
     return [Request(list(s["input_ids"]), int(s["output_tokens"]), temperature=temperature, seed=seed + i,
                     stop_token_ids=tuple(stops), task_id=s["task_id"]) for i, s in enumerate(specs)]
 
@@ -93,12 +94,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                baseline, warmup, progress, keep_outputs) -> dict:
     import torch
 
-    from ..reference.generate import SEED_MAX
-    from ..runtime import Runtime
-
     levels = parse_concurrency(concurrency)
-    from ..sampling import effective_temperature
-
     temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy
     if not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")

@@ -60,6 +60,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import ConfigError, MissingDependencyError
+from ..plugins import LIBRARY_NAME
 from .common import parse_concurrency
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 
@@ -210,8 +211,6 @@ def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests:
     exe = (binary or BINARY) if dry_run else find_binary(binary)
     trt_dir = Path(engine_dir)
     if plugin_lib is None:
-        from ..plugins import LIBRARY_NAME
-
         own = trt_dir / LIBRARY_NAME
         plugin_lib = str(own) if own.is_file() else None
     if dry_run:

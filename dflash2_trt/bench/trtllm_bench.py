@@ -56,6 +56,8 @@ import yaml
 
 from ..engine.common import eagle_choices, shell_line
 from ..errors import ConfigError, MissingDependencyError
+from ..plugins import LIBRARY_NAME
+from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
 from .common import parse_concurrency
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 
@@ -178,8 +180,6 @@ def write_model_folder(dst, *, target_dir, t) -> dict:
     (trtllm-bench always loads one)."""
     import numpy as np
     from safetensors.numpy import save_file
-
-    from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
 
     if not has_tokenizer_files(target_dir):
         raise ConfigError("has no tokenizer files; trtllm-bench loads the tokenizer of --model_path",
@@ -314,8 +314,6 @@ def planned_command(*, engine_dir, target_key: str | None, draft_len: int, max_b
                     eos_id: int | None, kv_cache_fraction: float | None, dataset="DATASET.jsonl") -> dict:
     """``build --dry-run``: the trtllm-bench command the engine directory will take (its own model folder and
     options file)."""
-    from ..plugins import LIBRARY_NAME
-
     e = Path(engine_dir)
     argv = bench_argv(model_name=model_name(target_key), model_dir=e / BENCH_DIR / MODEL_DIR, engine_dir=e,
                       dataset=dataset, options=e / BENCH_DIR / OPTIONS_FILE, concurrency=max_batch_size,
@@ -482,8 +480,6 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
     """trtllm-bench (through the launcher) per concurrency, speculative then the baseline engine if given; the
     report's measured part. ``dry_run``: the commands, nothing written or run."""
     import tempfile
-
-    from ..plugins import LIBRARY_NAME
 
     levels = parse_concurrency(concurrency)
     K = int(manifest["block_size"]) - 1

@@ -39,13 +39,20 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..bench.trtllm_bench import planned_command
+from ..checkpoint.reader import SafetensorsCheckpoint
+from ..config import DFlash2Config, TargetConfig, pairing_problems
+from ..config.build import BuildConfig
+from ..config.pairing import warn_pairing
+from ..convert.schema import build_config
 from ..errors import ConfigError, PairingError
+from ..plugins import plugin_dir
+from ..targets import get_target
 from .common import AUTO_MAX_TARGET_BYTES, eagle_choices, shell_line
 from .runtime_rules import parse_engine_config
 from .toolchain import plugin_toolchain_missing, probe_toolchain
@@ -118,18 +125,11 @@ def split_overrides(overrides: dict | None, sets: dict | None) -> tuple[dict, di
 def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides: dict | None = None,
             sets: dict | None = None) -> Prepared:
     """Configs, pairing and settings, checked; nothing is written. Weights are not needed."""
-    from ..checkpoint.reader import SafetensorsCheckpoint
-    from ..config import DFlash2Config, TargetConfig, pairing_problems
-    from ..config.build import BuildConfig
-    from ..convert.schema import build_config
-
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
     t = TargetConfig.from_hugging_face(target_dir)
     d = DFlash2Config.from_hugging_face(drafter_dir)
     over, origins = split_overrides(overrides, sets)
     if target_key is not None:
-        from ..targets import get_target
-
         entry = get_target(target_key)
         cfg = BuildConfig.load(entry.build_config_path, over, origins)
     else:
@@ -148,13 +148,9 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
         fc_shape = dck.info("fc.weight").shape if "fc.weight" in dck else None
     except Exception:   # config-only directory: the pairing is checked on the configs alone
         fc_shape = None
-    from dataclasses import replace
-
     # A dtype the build names (build config or override) casts both sides, so their stored dtypes need not agree.
     cast = target_key is not None or "dtype" in over
     problems = pairing_problems(replace(d, dtype=t.dtype) if cast else d, t, fc_weight_shape=fc_shape)
-    from ..config.pairing import warn_pairing
-
     warn_pairing(d)
     if problems:
         raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
@@ -444,8 +440,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
               verify: bool | None = None) -> dict:
     """The steps of ``build`` for ``backend`` with every path and command spelled out, the sizing,
     and what is supported for the target today."""
-    from ..plugins import plugin_dir
-
     cfg, t, d = p.cfg, p.t, p.d
     if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
         raise ConfigError(f"must be a positive number, got {gpu_memory_gib}", field="--gpu-memory-gib")
@@ -490,8 +484,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                             + ("" if verify is None else (" [on]" if verify else " [off]"))})
     supported = {"stages": [], "cpu_engine": False, "trtllm_engine": False}
     if p.target_key is not None:
-        from ..targets import get_target
-
         supported["stages"] = list(get_target(p.target_key).supported)
     supported["cpu_engine"] = not p.blockers
     supported["trtllm_engine"] = not p.blockers and not p.trtllm_blockers

@@ -5,32 +5,30 @@ from __future__ import annotations
 import time
 
 from ..errors import ConfigError
+from ..reference.generate import SEED_MAX, parse_prompt_ids
+from ..runtime import Request, Runtime
+from ..sampling import effective_temperature
+from ..tokenizer import encode_text
 from .common import prompt_tokenizer, read_prompts_file, stop_ids
 from .cpu import open_cpu_engine
 from .format import engine_backend
+from .trtllm_runner import run_engine_trtllm
 
 
 def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
                progress=None) -> dict:
-    from ..reference.generate import SEED_MAX, parse_prompt_ids
-    from ..runtime import Request, Runtime
-
     given = sum(x is not None for x in (prompt_ids, prompt, prompts_file))
     if given != 1:
         raise ConfigError("give exactly one of --prompt-ids, --prompt, --prompts", field="--prompt-ids")
     if max_new_tokens < 1:
         raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
-    from ..sampling import effective_temperature
-
     temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy
     if not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     if max_batch_size is not None and max_batch_size < 1:
         raise ConfigError(f"must be >= 1, got {max_batch_size}", field="--max-batch-size")
     if engine_backend(engine_dir) == "trtllm":   # TensorRT-LLM's C++ runner on a GPU machine (engine/trtllm_runner.py)
-        from .trtllm_runner import run_engine_trtllm
-
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                  max_batch_size=max_batch_size, verify=verify)
@@ -53,8 +51,6 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         for i, it in enumerate(items):
             ids = it["input_ids"]
             if ids is None:
-                from ..tokenizer import encode_text
-
                 ids = encode_text(tok, it["prompt"])
             reqs.append(Request(list(ids), it["output_tokens"] or max_new_tokens, temperature=temperature,
                                 seed=seed + i, stop_token_ids=stops, task_id=it["task_id"]))

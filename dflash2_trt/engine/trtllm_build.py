@@ -45,7 +45,9 @@ from pathlib import Path
 
 from .. import __version__
 from ..bench.trtllm_bench import planned_command, write_bench_files
+from ..checkpoint.writer import AtomicOutputDir, check_output_dir, sha256_file
 from ..errors import ConfigError, DFlash2Error, MissingDependencyError
+from ..plugins import LIBRARY_NAME, plugin_dir
 from . import plan as planmod
 from .checkpoint import ensure_checkpoint, link_files
 from .common import AUTO_MAX_TARGET_BYTES
@@ -174,8 +176,6 @@ def cmake_commands(root: Path, build_dir: Path, archs, toolchain: Toolchain) -> 
 
 def ensure_plugin_library(cfg, toolchain: Toolchain, runner, *, progress=None) -> dict:
     """``{"path", "cached", "archs", "commands"}`` of the plugin library, built into the cache unless there."""
-    from ..plugins import LIBRARY_NAME, plugin_dir
-
     env_lib = os.environ.get("DFLASH2_PLUGIN_LIB")
     if env_lib:
         p = Path(env_lib)
@@ -367,8 +367,6 @@ every dataset line must fit the engine's max_seq_len. Alternative: {gpt}. Not ye
 def build_trtllm(prep, output, *, force: bool = False, command=None, verify="auto", checkpoint_dir=None,
                  reconvert: bool = False, keep_checkpoint: bool = True, progress=None, toolchain: Toolchain | None = None,
                  runner=None, verifier=None):
-    from ..checkpoint.writer import AtomicOutputDir, check_output_dir, sha256_file
-
     toolchain = toolchain if toolchain is not None else probe_toolchain()
     runner = runner if runner is not None else SubprocessRunner()
     say = progress or (lambda s: None)
@@ -449,8 +447,6 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
                                        + f". Last lines:\n{_tail(log)}")
             shutil.rmtree(bck)
             _check_engine_output(tmp, cfg, K, log)
-            from ..plugins import LIBRARY_NAME
-
             shutil.copy2(plugin["path"], tmp / LIBRARY_NAME)
             tokenizer = copy_tokenizer(prep.target_dir, tmp)
             bench = write_bench_files(tmp, target_dir=prep.target_dir, t=prep.t, draft_len=K,
