@@ -29,7 +29,7 @@ from typing import Any, Literal, Union
 
 from .checkpoint import SafetensorsCheckpoint, check_inventory, expected_drafter_tensors, expected_target_tensors
 from .checkpoint import has_weights
-from .checkpoint.inventory import _IGNORED_TARGET_PREFIXES, Expected, InventoryReport
+from .checkpoint.inventory import IGNORED_TARGET_PREFIXES, Expected, InventoryReport
 from .config import DFlash2Config, TargetConfig, pairing_problems
 from .config._fields import load_config_dict
 from .errors import CheckpointError, DFlash2Error, PairingError
@@ -62,7 +62,7 @@ class DirCheck:
 
     @property
     def ignore_prefixes(self) -> tuple[str, ...]:
-        return _IGNORED_TARGET_PREFIXES if self.kind == "target" else ()
+        return IGNORED_TARGET_PREFIXES if self.kind == "target" else ()
 
     def problems(self) -> list[str]:
         """Inventory problems (bare, as ``inspect`` lists them) then value problems (whole messages)."""

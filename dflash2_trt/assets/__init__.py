@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DFlash2Error
-from ..testing.tiny import FAMILIES, TinyPair
+from .registry import FAMILIES, TinyPair
 
 ASSET_ROOT = Path(__file__).resolve().parent / "tiny"
 
-__all__ = ["ASSET_ROOT", "trained_pair", "trained_card"]
+__all__ = ["ASSET_ROOT", "FAMILIES", "TinyPair", "trained_pair", "trained_card"]
 
 
 def trained_pair(family: str = "qwen3") -> TinyPair:

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from ..engine.cpu import CpuEngine
+from ..engine.cpu import CpuEngine, limits_from
+from ..engine.format import load_engine_dir
 
 TARGET_ONLY_FILE = Path(__file__).resolve().parents[1] / "trtllm" / "target_only.py"
 
@@ -65,9 +66,6 @@ class TargetOnlyCpuEngine(CpuEngine):
 
 def open_target_only_engine(engine_dir) -> TargetOnlyCpuEngine:
     """The target alone of a CPU engine directory (checked as ``open_cpu_engine`` checks it)."""
-    from ..engine.build import load_engine_dir
-    from ..engine.cpu import limits_from
-
     cfg, _ = load_engine_dir(engine_dir)
     pre = cfg["pretrained_config"]
     return TargetOnlyCpuEngine(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre))

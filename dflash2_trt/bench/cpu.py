@@ -24,29 +24,20 @@ import sys
 import time
 from collections import deque
 
+from ..engine.common import stop_ids
+from ..engine.cpu import open_cpu_engine
 from ..errors import ConfigError
+from ..reference.generate import SEED_MAX
+from ..runtime import Request, Runtime
+from ..sampling import effective_temperature
+from .autoregressive import open_target_only_engine
+from .common import parse_concurrency
+from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
 
 
-def parse_concurrency(text) -> list[int]:
-    """``"1,4,16"`` -> ``[1, 4, 16]``; each >= 1, no repeats."""
-    if isinstance(text, (list, tuple)):
-        items = [str(t) for t in text]
-    else:
-        items = [t.strip() for t in str(text).split(",")]
-    if not items or any(not t.isdigit() or not t.isascii() for t in items):
-        raise ConfigError(f"expected comma-separated positive integers, got {text!r}", field="--concurrency")
-    vals = [int(t) for t in items]
-    if any(v < 1 for v in vals):
-        raise ConfigError(f"every concurrency must be >= 1, got {text!r}", field="--concurrency")
-    if len(set(vals)) != len(vals):
-        raise ConfigError(f"a concurrency is repeated in {text!r}", field="--concurrency")
-    return vals
-
 
 def make_requests(specs, *, temperature: float, seed: int, stops):
-    from ..runtime import Request
-
     return [Request(list(s["input_ids"]), int(s["output_tokens"]), temperature=temperature, seed=seed + i,
                     stop_token_ids=tuple(stops), task_id=s["task_id"]) for i, s in enumerate(specs)]
 
@@ -103,16 +94,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                baseline, warmup, progress, keep_outputs) -> dict:
     import torch
 
-    from ..engine.build import open_cpu_engine
-    from ..engine.run import _stop_ids
-    from ..reference.generate import SEED_MAX
-    from ..runtime import Runtime
-    from .autoregressive import open_target_only_engine
-    from .dataset import load_bench_requests, prompt_tokenizer_dir
-
     levels = parse_concurrency(concurrency)
-    from ..sampling import effective_temperature
-
     temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy
     if not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
@@ -130,7 +112,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                               f"`dflash2-trt build ... --max-batch-size {max(levels)}`", field="--concurrency")
         specs = load_bench_requests(dataset, vocab_size=engine.vocab_size, default_output_tokens=max_new_tokens,
                                     num_requests=num_requests, tokenizer_dir=prompt_tokenizer_dir(engine_dir, man))
-        stops = _stop_ids(man, engine.vocab_size) if stop_on_eos else ()
+        stops = stop_ids(man, engine.vocab_size) if stop_on_eos else ()
         checker = Runtime(engine)
         for r in make_requests(specs, temperature=temperature, seed=seed, stops=stops):
             checker.check(r)                      # every request fits before anything runs

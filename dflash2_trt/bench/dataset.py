@@ -36,15 +36,20 @@ import math
 import random
 from pathlib import Path
 
+from .. import tokenizer as tk
+from ..assets import ASSET_ROOT
+from ..config import TargetConfig
+from ..engine.common import read_prompts_file
 from ..errors import ConfigError
+from ..tokenizer import encode_text, find_tokenizer
+from .common import engine_backend
+from .io import atomic_write_text, check_output_file
 
 SOURCES = ("builtin", "prompts", "corpus", "token-norm-dist", "token-unif-dist")
 BUILTIN = {"tiny": "qwen3", "tiny-hybrid": "qwen3_5"}
 
 
 def builtin_prompts_path(name: str) -> Path:
-    from ..assets import ASSET_ROOT
-
     if name not in BUILTIN:
         raise ConfigError(f"unknown built-in prompt set {name!r}; known: {', '.join(BUILTIN)}", field="--builtin")
     return ASSET_ROOT / BUILTIN[name] / "prompts.json"
@@ -100,7 +105,6 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
                     input_mean=None, input_stdev=None, output_mean=None, output_stdev=None, input_min=None,
                     input_max=None, output_min=None, output_max=None) -> dict:
     """Write the dataset (atomically) and return a summary ``{"output", "requests", ...}``."""
-    from .io import atomic_write_text, check_output_file
 
     if source not in SOURCES:
         raise ConfigError(f"unknown source {source!r}; one of {', '.join(SOURCES)}", field="source")
@@ -163,8 +167,6 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
 
 
 def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
-    from ..tokenizer import encode_text, find_tokenizer
-
     path = Path(corpus)
     try:
         text = path.read_text(encoding="utf-8")
@@ -190,8 +192,6 @@ def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
 def prompt_tokenizer_dir(engine_dir, manifest: dict):
     """Where an engine's text prompts are tokenized: the engine's own tokenizer copy where this version of
     the project writes one (``tokenizer.engine_tokenizer_dir``), else the target directory it was built from."""
-    from .. import tokenizer as tk
-
     own = getattr(tk, "engine_tokenizer_dir", None)
     if own is not None:
         return own(engine_dir, manifest)
@@ -204,7 +204,6 @@ def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, nu
     ``run``'s reader (``engine/run.py: read_prompts_file``, the one parser of these lines), text
     prompts tokenized with the target's tokenizer, ``num_requests`` the first N lines (as
     trtllm-bench's ``--num_requests``; more than the file holds is an error)."""
-    from ..engine.run import read_prompts_file
 
     items = read_prompts_file(path)
     if num_requests is not None:
@@ -220,8 +219,6 @@ def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, nu
     for it in items:
         ids = it["input_ids"]
         if ids is None:
-            from ..tokenizer import encode_text, find_tokenizer
-
             if tok is None:
                 tok = find_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
                 if tok is None:
@@ -247,11 +244,7 @@ def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict
         raise ConfigError("give at most one of --target, --target-dir, --engine-dir", field="--target")
     if given == 0:
         return {"vocab_size": None, "stop_ids": (), "tokenizer_dir": None}
-    from ..config import TargetConfig
-
     if engine_dir is not None:
-        from .run import engine_backend
-
         _, man, cfg = engine_backend(engine_dir)
         try:
             vocab = int(cfg["pretrained_config"]["vocab_size"])

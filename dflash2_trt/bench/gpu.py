@@ -4,7 +4,7 @@ Which tool (read in TensorRT-LLM 1.2's sources):
 
 - stock ``trtllm-bench throughput --engine_dir`` cannot run it: ``tensorrt_llm/bench/dataclasses/
   configuration.py`` maps the engine's speculative mode through ``SPECULATIVE_MAP``, which holds
-  only ``NONE`` and ``MEDUSA`` — an EAGLE engine (mode 32, TRTLLM-ENGINE.md §1) is a KeyError there;
+  only ``NONE`` and ``MEDUSA`` — an EAGLE engine (mode 32, docs/TRTLLM-ENGINE.md §1) is a KeyError there;
   :mod:`.trtllm_bench`'s launcher adds the mode and is ``bench run``'s default (``--tool trtllm-bench``).
 - ``benchmarks/cpp/gptManagerBenchmark`` (the executor API) does: ``--eagle_choices`` (parsed by
   ``parseVectorOfVectors`` from ``[[0],[0,0],...]``) makes an ``EagleConfig`` and sets
@@ -45,7 +45,7 @@ TensorRT-LLM engine run without ``--eagle_choices`` (``--baseline-engine-dir``).
 Nothing here imports TensorRT-LLM; the benchmark binary is looked up on ``PATH`` or given, and the
 DFlash2 plugin library (``--plugin-lib``, default ``ENGINE_DIR/libdflash2_plugins.so`` where the
 GPU build puts it) is preloaded with ``LD_PRELOAD`` (no flag loads a plugin library,
-TRTLLM-ENGINE.md §5). The engine directory is passed as ``--engine_dir`` (a TensorRT-LLM engine
+docs/TRTLLM-ENGINE.md §5). The engine directory is passed as ``--engine_dir`` (a TensorRT-LLM engine
 directory: its config.json and rank engines, as ``ModelRunnerCpp.from_dir`` reads it).
 """
 
@@ -60,6 +60,9 @@ import subprocess
 from pathlib import Path
 
 from ..errors import ConfigError, MissingDependencyError
+from ..plugins import LIBRARY_NAME
+from .common import parse_concurrency
+from .dataset import load_bench_requests, prompt_tokenizer_dir
 
 BINARY = "gptManagerBenchmark"
 UNAVAILABLE = ["input_tokens", "engine_steps", "target_tokens", "target_tokens_per_emitted_token",
@@ -192,8 +195,6 @@ def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests:
     the report's measured part. ``dry_run`` returns the commands without running anything."""
     import tempfile
 
-    from .cpu import parse_concurrency
-    from .dataset import load_bench_requests, prompt_tokenizer_dir
 
     levels = parse_concurrency(concurrency)
     K = int(manifest["block_size"]) - 1
@@ -210,8 +211,6 @@ def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests:
     exe = (binary or BINARY) if dry_run else find_binary(binary)
     trt_dir = Path(engine_dir)
     if plugin_lib is None:
-        from ..plugins import LIBRARY_NAME
-
         own = trt_dir / LIBRARY_NAME
         plugin_lib = str(own) if own.is_file() else None
     if dry_run:

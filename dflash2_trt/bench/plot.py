@@ -13,7 +13,7 @@ import io
 from ..errors import MissingDependencyError
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
 
@@ -25,7 +25,7 @@ def _pyplot():
 
 
 def render_png(report: dict) -> bytes:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_acc, ax_sp) = plt.subplots(1, 2, figsize=(11, 4.2))
     try:
         K = report["draft_len"]

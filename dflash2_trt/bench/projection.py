@@ -26,7 +26,7 @@ The cost model (every quantity is also in the document it returns, ``components`
                        (value heads * key dim * value dim) read and written once per request;
                        FLOPs 6 * value heads * key dim * value dim per token (delta-rule update,
                        readout). A verify pass (K + 1 tokens) touches it more: ``replay`` (this
-                       project's design, TRTLLM-ENGINE.md §4 A: verify reads the committed state,
+                       project's design, docs/TRTLLM-ENGINE.md §4 A: verify reads the committed state,
                        then the accepted tokens are replayed from it) reads it twice and writes it
                        once; ``intermediate`` (keep the state after every draft position, as
                        SGLang / vLLM do for rollback) reads it once and writes it K + 1 times

@@ -8,39 +8,16 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-
-
-def engine_backend(engine_dir) -> tuple[str, dict, dict | None]:
-    """(backend, manifest, engine config or None) of an engine directory, without loading it."""
-    from ..engine.build import ENGINE_FORMAT
-
-    d = Path(engine_dir)
-    if not d.is_dir():
-        raise ConfigError("not a directory", source=d)
-    man_path = d / "engine.json"
-    if not man_path.is_file():
-        raise ConfigError("not an engine directory (no engine.json; build one with `dflash2-trt build`)", source=d)
-    try:
-        man = json.loads(man_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read: {exc}", source=man_path) from None
-    if not isinstance(man, dict) or man.get("format") != ENGINE_FORMAT:
-        raise ConfigError(f"format {man.get('format') if isinstance(man, dict) else None!r}, expected "
-                          f"{ENGINE_FORMAT!r}", source=man_path, field="format")
-    backend = man.get("backend")
-    if backend not in ("cpu", "trtllm"):
-        raise ConfigError(f"unknown backend {backend!r}", source=man_path, field="backend")
-    cfg = None
-    try:
-        cfg = json.loads((d / "config.json").read_text())
-    except (OSError, ValueError):
-        pass
-    return backend, man, cfg
+from ..overlap import refuse_overlap
+from ..sampling import effective_temperature
+from .common import engine_backend, parse_concurrency
+from .io import atomic_write_json, check_output_file
+from .plot import pyplot, write_plot
+from .projection import GPUS, project, published_pair_shapes, tau_from
+from .report import build_report
 
 
 def _projection_for(report_like: dict, gpus, target_key: str, context: int | None, **kw) -> dict:
-    from .projection import GPUS, project, published_pair_shapes, tau_from
-
     t, d = published_pair_shapes(target_key)
     tau, info = tau_from(report=report_like, draft_len=d.block_size - 1, report_source="this run")
     return project(t, d, [GPUS[g] for g in gpus], concurrency=report_like["settings"]["concurrency"],
@@ -51,8 +28,6 @@ def _projection_for(report_like: dict, gpus, target_key: str, context: int | Non
 
 
 def parse_gpus(text) -> list[str]:
-    from .projection import GPUS
-
     items = [t.strip().lower() for t in str(text).split(",") if t.strip()]
     bad = [t for t in items if t not in GPUS]
     if not items or bad:
@@ -68,17 +43,11 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
               dry_run: bool = False, threads: int | None = 1, tool: str | None = None) -> dict:
     """The bench report of ``engine_dir``. TensorRT-LLM engines: ``tool`` ``trtllm-bench`` (the default: through
     :mod:`.trtllm_bench`'s launcher) or ``gptmanager`` (gptManagerBenchmark, :mod:`.gpu`)."""
-    from ..overlap import refuse_overlap
-    from .io import atomic_write_json, check_output_file
-    from .report import build_report
-
     t0 = time.perf_counter()
     if backend not in ("auto", "cpu", "trtllm"):
         raise ConfigError(f"must be auto, cpu or trtllm, got {backend!r}", field="--backend")
     if tool not in (None, "trtllm-bench", "gptmanager"):
         raise ConfigError(f"must be trtllm-bench or gptmanager, got {tool!r}", field="--tool")
-    from ..sampling import effective_temperature
-
     temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy, on both backends
     inputs = [("engine directory", engine_dir), ("dataset", dataset),
               ("baseline engine directory", baseline_engine_dir), ("benchmark binary", benchmark_bin),
@@ -89,9 +58,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         if p is not None:
             check_output_file(p, field=f)
     if plot_out is not None:
-        from .plot import _pyplot
-
-        _pyplot()                                     # a missing matplotlib fails before the run, not after
+        pyplot()                                      # a missing matplotlib fails before the run, not after
     # options that cannot apply are refused, not ignored: --project '' used to mean "no projection"
     gpus = parse_gpus(project_gpus) if project_gpus is not None else None
     if context_len is not None:
@@ -100,8 +67,6 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
             raise ConfigError(f"must be an integer >= 1, got {context_len!r}", field="--context-len")
     if gpus is not None:   # the projection's target and context, checked before the measurement, not after it
-        from .projection import published_pair_shapes
-
         limit = published_pair_shapes(project_target)[0].max_position_embeddings
         if context_len is not None and limit and context_len > limit:
             raise ConfigError(f"must be an integer in [1, {limit}] (the target's max_position_embeddings), got "
@@ -158,8 +123,6 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if json_out is not None:
         atomic_write_json(json_out, report)
     if plot_out is not None:
-        from .plot import write_plot
-
         write_plot(report, plot_out)
     return report
 
@@ -168,11 +131,6 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,
                   acceptance: float | None = None, acceptance_from=None, bandwidth_efficiency: float = 1.0,
                   compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str = "replay",
                   json_out=None) -> dict:
-    from .cpu import parse_concurrency
-    from ..overlap import refuse_overlap
-    from .io import atomic_write_json, check_output_file
-    from .projection import GPUS, project, published_pair_shapes, tau_from
-
     refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from)])
     if json_out is not None:
         check_output_file(json_out, field="--json")

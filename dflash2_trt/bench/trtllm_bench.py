@@ -54,7 +54,12 @@ from pathlib import Path
 
 import yaml
 
+from ..engine.common import eagle_choices, shell_line
 from ..errors import ConfigError, MissingDependencyError
+from ..plugins import LIBRARY_NAME
+from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
+from .common import parse_concurrency
+from .dataset import load_bench_requests, prompt_tokenizer_dir
 
 FACTS_FILE = Path(__file__).with_name("trtllm_bench_1_2.yaml")
 LAUNCHER_MODULE = "dflash2_trt.bench.trtllm_bench"
@@ -136,8 +141,6 @@ def main(argv=None) -> int:
 # ---------------------------------------------------------------------------------------- options file
 def options_document(draft_len: int, speculative_model_dir) -> dict:
     """The ``--extra_llm_api_options`` document: the EAGLE chain of ``draft_len`` drafts."""
-    from ..engine.plan import eagle_choices
-
     if not isinstance(draft_len, int) or draft_len < 1:
         raise ConfigError(f"an EAGLE chain needs >= 1 draft, got {draft_len!r}", field="max_draft_len")
     return {"speculative_config": {"decoding_type": facts()["eagle_decoding_config"]["decoding_type"],
@@ -177,8 +180,6 @@ def write_model_folder(dst, *, target_dir, t) -> dict:
     (trtllm-bench always loads one)."""
     import numpy as np
     from safetensors.numpy import save_file
-
-    from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
 
     if not has_tokenizer_files(target_dir):
         raise ConfigError("has no tokenizer files; trtllm-bench loads the tokenizer of --model_path",
@@ -306,8 +307,6 @@ def bench_env(plugin_lib) -> dict[str, str]:
 
 
 def command_line(argv: list[str], env: dict[str, str] | None = None) -> str:
-    from ..engine.plan import shell_line
-
     return shell_line(argv, env)
 
 
@@ -315,8 +314,6 @@ def planned_command(*, engine_dir, target_key: str | None, draft_len: int, max_b
                     eos_id: int | None, kv_cache_fraction: float | None, dataset="DATASET.jsonl") -> dict:
     """``build --dry-run``: the trtllm-bench command the engine directory will take (its own model folder and
     options file)."""
-    from ..plugins import LIBRARY_NAME
-
     e = Path(engine_dir)
     argv = bench_argv(model_name=model_name(target_key), model_dir=e / BENCH_DIR / MODEL_DIR, engine_dir=e,
                       dataset=dataset, options=e / BENCH_DIR / OPTIONS_FILE, concurrency=max_batch_size,
@@ -483,10 +480,6 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
     """trtllm-bench (through the launcher) per concurrency, speculative then the baseline engine if given; the
     report's measured part. ``dry_run``: the commands, nothing written or run."""
     import tempfile
-
-    from ..plugins import LIBRARY_NAME
-    from .cpu import parse_concurrency
-    from .dataset import load_bench_requests, prompt_tokenizer_dir
 
     levels = parse_concurrency(concurrency)
     K = int(manifest["block_size"]) - 1

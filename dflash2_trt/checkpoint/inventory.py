@@ -1,6 +1,6 @@
 """Strict tensor inventories: what a checkpoint must hold, what it holds, and the difference.
 
-The drafter's expected tensors come from its config (the published contract, DESIGN.md §3).
+The drafter's expected tensors come from its config (the published contract, docs/architecture.md §2).
 A target's come from transformers itself: its model class is instantiated on the meta device
 (no memory, no weights) and its state dict names and shapes are the contract, so a family's
 layout is never re-derived by hand here.
@@ -102,7 +102,7 @@ def expected_drafter_tensors(cfg: DFlash2Config, target_hidden_size: int | None 
 # Tensors that real checkpoints keep in float32 whatever the model dtype (Gated DeltaNet decay params).
 _FLOAT32_OK = ("A_log", "dt_bias")
 # Top-level groups of a target checkpoint that the language model does not use.
-_IGNORED_TARGET_PREFIXES = ("model.visual.", "model.vision_tower.", "model.multi_modal_projector.",
+IGNORED_TARGET_PREFIXES = ("model.visual.", "model.vision_tower.", "model.multi_modal_projector.",
                             "model.vision_adapter.", "model.vision_projection.", "mtp.")
 
 
@@ -217,4 +217,4 @@ def check_drafter_checkpoint(directory: str | Path, cfg: DFlash2Config,
 
 def check_target_checkpoint(directory: str | Path, cfg: TargetConfig) -> InventoryReport:
     ckpt = SafetensorsCheckpoint(directory)
-    return check_inventory(ckpt, expected_target_tensors(cfg), ignore_prefixes=_IGNORED_TARGET_PREFIXES)
+    return check_inventory(ckpt, expected_target_tensors(cfg), ignore_prefixes=IGNORED_TARGET_PREFIXES)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
+from .format import load_engine_dir
 
 # The runtime's per-layer tensors that are the same every step (TensorRT-LLM's runtime also fills them once).
 _STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",
@@ -176,3 +177,13 @@ def limits_from(build: dict, config: dict) -> dict:
                           f"{lim['max_batch_size'] * (K + 1)} (trtllm-build's own rule)", field="max_num_tokens")
     lim["num_kv_blocks"] = int(build.get("num_kv_blocks") or 0)
     return lim
+
+
+def open_cpu_engine(engine_dir, *, verify: bool = False):
+    cfg, man = load_engine_dir(engine_dir, verify=verify)
+    if man["backend"] != "cpu":
+        raise ConfigError(f"backend {man['backend']!r}: a TensorRT-LLM engine runs through TensorRT-LLM's runner on a GPU "
+                          f"machine (`dflash2-trt run` there, or RUN.md in the engine directory)",
+                          source=Path(engine_dir) / "engine.json", field="backend")
+    pre = cfg["pretrained_config"]
+    return CpuEngine(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre)), man

@@ -38,14 +38,24 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..bench.trtllm_bench import planned_command
+from ..checkpoint.reader import SafetensorsCheckpoint
+from ..config import DFlash2Config, TargetConfig, pairing_problems
+from ..config.build import BuildConfig
+from ..config.pairing import warn_pairing
+from ..convert.schema import build_config
 from ..errors import ConfigError, PairingError
+from ..plugins import plugin_dir
+from ..targets import get_target
+from .common import AUTO_MAX_TARGET_BYTES, eagle_choices, shell_line
+from .runtime_rules import parse_engine_config
+from .toolchain import plugin_toolchain_missing, probe_toolchain
 
 GIB = 1 << 30
 H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default
@@ -115,18 +125,11 @@ def split_overrides(overrides: dict | None, sets: dict | None) -> tuple[dict, di
 def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides: dict | None = None,
             sets: dict | None = None) -> Prepared:
     """Configs, pairing and settings, checked; nothing is written. Weights are not needed."""
-    from ..checkpoint.reader import SafetensorsCheckpoint
-    from ..config import DFlash2Config, TargetConfig, pairing_problems
-    from ..config.build import BuildConfig
-    from ..convert.schema import build_config
-
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
     t = TargetConfig.from_hugging_face(target_dir)
     d = DFlash2Config.from_hugging_face(drafter_dir)
     over, origins = split_overrides(overrides, sets)
     if target_key is not None:
-        from ..targets import get_target
-
         entry = get_target(target_key)
         cfg = BuildConfig.load(entry.build_config_path, over, origins)
     else:
@@ -145,13 +148,9 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
         fc_shape = dck.info("fc.weight").shape if "fc.weight" in dck else None
     except Exception:   # config-only directory: the pairing is checked on the configs alone
         fc_shape = None
-    from dataclasses import replace
-
     # A dtype the build names (build config or override) casts both sides, so their stored dtypes need not agree.
     cast = target_key is not None or "dtype" in over
     problems = pairing_problems(replace(d, dtype=t.dtype) if cast else d, t, fc_weight_shape=fc_shape)
-    from ..config.pairing import warn_pairing
-
     warn_pairing(d)
     if problems:
         raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
@@ -215,7 +214,7 @@ def _collect_blockers(p: Prepared) -> None:
             f"drafter's as attention (with the checkpoint's names it would give {n_all} pool layers KV space, not the "
             f"{n_kv} the sizing counts), keeps hf_layer_types, and writes the per-rank RNN fields the runtime "
             f"requires of a recurrent variant; "
-            f"the stock 1.2 runtime refuses speculative decoding for recurrent models (TRTLLM-ENGINE.md §4): it needs "
+            f"the stock 1.2 runtime refuses speculative decoding for recurrent models (docs/TRTLLM-ENGINE.md §4): it needs "
             f"the relaxations of docs/hybrid-runtime.md, applied to a 1.2.x checkout by "
             f"scripts/patch_trtllm_recurrent_spec.py (not yet built or run on a GPU)")
     if cfg.dtype == "float32":
@@ -226,7 +225,7 @@ def _collect_blockers(p: Prepared) -> None:
 def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     """The checkpoint's config.json with the engine's settings: what the network reads (``dflash2_engine``,
     the block size) and the EAGLE fields TensorRT-LLM's runtime reads (``num_eagle_layers``,
-    ``max_non_leaves_per_layer``, ``eagle_net_config.num_hidden_layers``: TRTLLM-ENGINE.md §1). A copy:
+    ``max_non_leaves_per_layer``, ``eagle_net_config.num_hidden_layers``: docs/TRTLLM-ENGINE.md §1). A copy:
     the reusable checkpoint's own config.json is never edited."""
     pre = json.loads(json.dumps(ck))
     K = cfg.block_size - 1
@@ -274,11 +273,6 @@ def check_kv_compatible(pre: dict) -> None:
         net.check_kv_compatible(net.api.PretrainedConfig.from_dict(pre))
     except ValueError as exc:
         raise ConfigError(str(exc), field="num_key_value_heads") from None
-
-
-def eagle_choices(K: int) -> list[list[int]]:
-    """The linear chain every request/executor must pass: ``[[0], [0, 0], ..., [0] * K]``."""
-    return [[0] * (i + 1) for i in range(K)]
 
 
 # ---------------------------------------------------------------------------------------- sizing
@@ -419,8 +413,6 @@ def runtime_reading(pre: dict | None, cfg) -> dict | None:
     refuse the config."""
     if pre is None:
         return None
-    from .runtime_rules import parse_engine_config
-
     try:
         r = parse_engine_config(trtllm_engine_config(pre, cfg), source="engine config.json",
                                 patched_architectures=PATCHED_ARCHITECTURES)
@@ -437,11 +429,6 @@ def trtllm_build_env(plugin_lib) -> dict[str, str]:
     return {"DFLASH2_PLUGIN_LIB": str(plugin_lib), "DFLASH2_TRT_BACKEND": "trtllm"}
 
 
-def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
-    pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-    return (pre + " " if pre else "") + shlex.join(argv)
-
-
 def cuda_archs(gpus) -> str:
     """CMAKE_CUDA_ARCHITECTURES for the build config's ``gpus`` (``sm_90a`` -> ``90a``)."""
     return ";".join(g.removeprefix("sm_") for g in gpus)
@@ -453,8 +440,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
               verify: bool | None = None) -> dict:
     """The steps of ``build`` for ``backend`` with every path and command spelled out, the sizing,
     and what is supported for the target today."""
-    from ..plugins import plugin_dir
-
     cfg, t, d = p.cfg, p.t, p.d
     if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
         raise ConfigError(f"must be a positive number, got {gpu_memory_gib}", field="--gpu-memory-gib")
@@ -485,8 +470,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                                  f"the plugin library, engine.json and RUN.md in {out}; "
                                                  f"{out}/trtllm-bench/: the --model_path folder (tokenizer, config, "
                                                  f"placeholder safetensors) and extra_llm_api_options.yaml"})
-        from ..bench.trtllm_bench import planned_command
-
         bench = planned_command(engine_dir=out, target_key=p.target_key, draft_len=p.K,
                                 max_batch_size=cfg.max_batch_size, eos_id=(list(t.eos_token_ids) or [None])[0],
                                 kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction)
@@ -501,8 +484,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                             + ("" if verify is None else (" [on]" if verify else " [off]"))})
     supported = {"stages": [], "cpu_engine": False, "trtllm_engine": False}
     if p.target_key is not None:
-        from ..targets import get_target
-
         supported["stages"] = list(get_target(p.target_key).supported)
     supported["cpu_engine"] = not p.blockers
     supported["trtllm_engine"] = not p.blockers and not p.trtllm_blockers
@@ -614,7 +595,6 @@ def render_plan(plan: dict) -> str:
 def verify_default(p: Prepared, backend: str) -> bool:
     """The verify gate's default: on for small targets (the reference decodes on this machine through
     transformers), and on the TensorRT-LLM backend only at tp 1 (its runner needs one MPI rank per GPU)."""
-    from .verify import AUTO_MAX_TARGET_BYTES
 
     w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
     small = w is not None and sum(r["target"] for r in w) <= AUTO_MAX_TARGET_BYTES
@@ -626,7 +606,6 @@ def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto",
                  verify=None, toolchain=None) -> dict:
     """``build --dry-run``: the plan for ``backend`` (``auto`` plans the TensorRT-LLM build: sizing a GPU is
     what a dry run is for) plus what this machine has and lacks for it."""
-    from .trtllm_build import plugin_toolchain_missing, probe_toolchain
 
     p = prepare(drafter_dir, target_dir, target_key=target_key, overrides=overrides, sets=sets)
     be = "cpu" if backend == "cpu" else "trtllm"

@@ -2,77 +2,33 @@
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from ..errors import ConfigError
-
-
-def read_prompts_file(path: str | Path) -> list[dict]:
-    """trtllm-bench dataset lines: ``{"task_id", "input_ids" | "prompt", "output_tokens"}``, one JSON object per line."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"line {n}: invalid JSON ({exc.msg})", source=path) from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"line {n}: expected an object", source=path)
-        unknown = sorted(set(d) - {"task_id", "input_ids", "prompt", "output_tokens"})
-        if unknown:
-            raise ConfigError(f"line {n}: unknown key {unknown[0]!r}", source=path)
-        if ("input_ids" in d) == ("prompt" in d):
-            raise ConfigError(f"line {n}: give exactly one of input_ids or prompt", source=path)
-        ids = d.get("input_ids")
-        if ids is not None and (not isinstance(ids, list) or not ids
-                                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
-            raise ConfigError(f"line {n}: input_ids must be a non-empty list of non-negative integers", source=path)
-        if "prompt" in d and not isinstance(d["prompt"], str):
-            raise ConfigError(f"line {n}: prompt must be a string", source=path)
-        ot = d.get("output_tokens")
-        if ot is not None and (not isinstance(ot, int) or isinstance(ot, bool) or ot < 1):
-            raise ConfigError(f"line {n}: output_tokens must be an integer >= 1", source=path)
-        out.append({"task_id": d.get("task_id", len(out)), "input_ids": ids, "prompt": d.get("prompt"),
-                    "output_tokens": ot, "where": f"{path}:{n}"})
-    if not out:
-        raise ConfigError("no prompts", source=path)
-    return out
+from ..reference.generate import SEED_MAX, parse_prompt_ids
+from ..runtime import Request, Runtime
+from ..sampling import effective_temperature
+from ..tokenizer import encode_text
+from .common import prompt_tokenizer, read_prompts_file, stop_ids
+from .cpu import open_cpu_engine
+from .format import engine_backend
+from .trtllm_runner import run_engine_trtllm
 
 
 def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
                progress=None) -> dict:
-    from ..reference.generate import SEED_MAX, parse_prompt_ids
-    from ..runtime import Request, Runtime
-    from .build import open_cpu_engine
-
     given = sum(x is not None for x in (prompt_ids, prompt, prompts_file))
     if given != 1:
         raise ConfigError("give exactly one of --prompt-ids, --prompt, --prompts", field="--prompt-ids")
     if max_new_tokens < 1:
         raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
-    from ..sampling import effective_temperature
-
     temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy
     if not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     if max_batch_size is not None and max_batch_size < 1:
         raise ConfigError(f"must be >= 1, got {max_batch_size}", field="--max-batch-size")
-    from .build import engine_backend
-
     if engine_backend(engine_dir) == "trtllm":   # TensorRT-LLM's C++ runner on a GPU machine (engine/trtllm_runner.py)
-        from .trtllm_runner import run_engine_trtllm
-
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                  max_batch_size=max_batch_size, verify=verify)
@@ -89,14 +45,12 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         else:
             items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
         if any(it["prompt"] is not None for it in items):
-            tok = _tokenizer(man, engine_dir)
+            tok = prompt_tokenizer(man, engine_dir)
         reqs = []
-        stops = _stop_ids(man, engine.vocab_size)
+        stops = stop_ids(man, engine.vocab_size)
         for i, it in enumerate(items):
             ids = it["input_ids"]
             if ids is None:
-                from ..tokenizer import encode_text
-
                 ids = encode_text(tok, it["prompt"])
             reqs.append(Request(list(ids), it["output_tokens"] or max_new_tokens, temperature=temperature,
                                 seed=seed + i, stop_token_ids=stops, task_id=it["task_id"]))
@@ -119,22 +73,6 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
                            "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
     finally:
         engine.close()
-
-
-def _stop_ids(man: dict, vocab: int) -> tuple[int, ...]:
-    """The target's eos_token_id(s), recorded in engine.json at build time (``generate`` stops on the same)."""
-    return tuple(int(e) for e in man.get("eos_token_ids") or () if 0 <= int(e) < vocab)
-
-
-def _tokenizer(man: dict, engine_dir):
-    from ..tokenizer import engine_tokenizer_dir, find_tokenizer
-
-    d = engine_tokenizer_dir(engine_dir, man)   # the engine's own copy first, else the target dir
-    tok = None if d is None else find_tokenizer(d, strict=True)   # a corrupt one is not "none"
-    if tok is None:
-        raise ConfigError("--prompt needs a tokenizer (the engine's tokenizer/ or its target directory); this engine "
-                          "has none: use --prompt-ids or a prompts file with input_ids", field="--prompt")
-    return tok
 
 
 def render(report: dict) -> str:

@@ -32,8 +32,6 @@ a runner (:class:`SubprocessRunner`: ``runner(argv, env=..., log=..., cwd=...) -
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import re
@@ -43,12 +41,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import __version__
+from ..bench.trtllm_bench import planned_command, write_bench_files
+from ..checkpoint.writer import AtomicOutputDir, check_output_dir, sha256_file
 from ..errors import ConfigError, DFlash2Error, MissingDependencyError
+from ..plugins import LIBRARY_NAME, plugin_dir
 from . import plan as planmod
+from .checkpoint import ensure_checkpoint, link_files
+from .common import AUTO_MAX_TARGET_BYTES
+from .format import ENGINE_FORMAT, ENGINE_SCHEMA, BuildResult, copy_tokenizer, torch_version
+from .toolchain import Toolchain, plugin_toolchain_missing, probe_toolchain
+from .verify import verify_trtllm_engine
 
 PLUGIN_TARGET = "dflash2_plugins"
 _PLUGIN_HASH_VERSION = b"dflash2-trt plugins-trt 1\0"
@@ -57,88 +62,6 @@ _LOG_TAIL = 3000
 
 class EngineBuildError(DFlash2Error):
     """trtllm-build (or CMake) failed, or wrote something unexpected."""
-
-
-# ------------------------------------------------------------------------------------ toolchain
-@dataclass(frozen=True)
-class Toolchain:
-    """What this machine has for the TensorRT-LLM backend (None = absent)."""
-
-    tensorrt_llm: str | None = None     # version of the importable tensorrt_llm
-    tensorrt: str | None = None         # version of the tensorrt Python package
-    trtllm_build: str | None = None     # path of the trtllm-build executable
-    cmake: str | None = None
-    nvcc: str | None = None
-    cuda: str | None = None             # nvcc's release, e.g. "12.9"
-    tensorrt_include: str | None = None  # directory holding NvInferRuntime.h
-    gpu_name: str | None = None
-    gpu_sm: str | None = None           # e.g. "sm_90a" (compute capability 9.0)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _dist_version(*names: str) -> str | None:
-    for n in names:
-        try:
-            return importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def _sm_of(compute_cap: str) -> str:
-    major, _, minor = compute_cap.strip().partition(".")
-    sm = f"sm_{int(major)}{int(minor or 0)}"
-    return sm + "a" if sm in ("sm_90", "sm_100") else sm
-
-
-def _find_tensorrt_include() -> str | None:
-    cands = []
-    for env in ("TensorRT_ROOT", "TENSORRT_ROOT", "TRT_ROOT"):
-        if os.environ.get(env):
-            cands.append(Path(os.environ[env]) / "include")
-    cands += [Path("/usr/include/x86_64-linux-gnu"), Path("/usr/include/aarch64-linux-gnu"), Path("/usr/include"),
-              Path("/usr/local/tensorrt/include"), Path("/opt/tensorrt/include")]
-    for c in cands:
-        if (c / "NvInferRuntime.h").is_file():
-            return str(c)
-    return None
-
-
-def probe_toolchain() -> Toolchain:
-    """Look, without importing tensorrt_llm (slow, initialises CUDA/MPI), at what is installed."""
-    trtllm = None
-    if importlib.util.find_spec("tensorrt_llm") is not None:
-        trtllm = _dist_version("tensorrt-llm", "tensorrt_llm") or "unknown"
-    venv_bin = Path(sys.executable).parent
-    build = shutil.which("trtllm-build") or (str(venv_bin / "trtllm-build") if (venv_bin / "trtllm-build").is_file()
-                                              else None)
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
-    cuda = None
-    if nvcc:
-        try:
-            m = re.search(r"release (\d+\.\d+)", subprocess.run([nvcc, "--version"], capture_output=True, text=True,
-                                                                timeout=30).stdout)
-            cuda = m.group(1) if m else None
-        except (OSError, subprocess.SubprocessError):
-            cuda = None
-    gpu_name = gpu_sm = None
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            r = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"], capture_output=True,
-                               text=True, timeout=30)
-            first = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else ""
-            if "," in first:
-                gpu_name, cap = (x.strip() for x in first.rsplit(",", 1))
-                gpu_sm = _sm_of(cap)
-        except (OSError, subprocess.SubprocessError, ValueError):
-            gpu_name = gpu_sm = None
-    return Toolchain(tensorrt_llm=trtllm, tensorrt=_dist_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13",
-                                                                  "tensorrt_cu12", "tensorrt_cu13"),
-                     trtllm_build=build, cmake=shutil.which("cmake"), nvcc=nvcc, cuda=cuda,
-                     tensorrt_include=_find_tensorrt_include(), gpu_name=gpu_name, gpu_sm=gpu_sm)
 
 
 # --------------------------------------------------------------------------------------- runner
@@ -251,22 +174,8 @@ def cmake_commands(root: Path, build_dir: Path, archs, toolchain: Toolchain) -> 
     return [configure, build]
 
 
-def plugin_toolchain_missing(toolchain: Toolchain) -> list[str]:
-    missing = []
-    if not toolchain.cmake:
-        missing.append("cmake (>= 3.24) not on PATH")
-    if not toolchain.nvcc:
-        missing.append("nvcc (the CUDA toolkit) not found")
-    if not toolchain.tensorrt_include:
-        missing.append("TensorRT headers (NvInferRuntime.h) not found: set TensorRT_ROOT to a TensorRT install or "
-                       "source tree")
-    return missing
-
-
 def ensure_plugin_library(cfg, toolchain: Toolchain, runner, *, progress=None) -> dict:
     """``{"path", "cached", "archs", "commands"}`` of the plugin library, built into the cache unless there."""
-    from ..plugins import LIBRARY_NAME, plugin_dir
-
     env_lib = os.environ.get("DFLASH2_PLUGIN_LIB")
     if env_lib:
         p = Path(env_lib)
@@ -363,7 +272,7 @@ Files: `rank{{N}}.engine` (one per TP rank), `config.json` (TensorRT-LLM's engin
 `engine.json` (manifest: versions, GPU, the exact trtllm-build command, sha256 of every file),
 `trtllm-build.log`, and `tokenizer/` when the target has one.
 
-The engine drafts, verifies and accepts inside one step (DESIGN.md §5); the runtime sees an EAGLE
+The engine drafts, verifies and accepts inside one step (docs/architecture.md §3); the runtime sees an EAGLE
 engine. Its limits: EOS, stop words and max length apply; penalties, bad words and min length are
 not applied in EAGLE mode; guided decoding and logits post-processors do not combine with in-engine
 acceptance. This project has not run a TensorRT-LLM engine on hardware yet: treat the first run as
@@ -427,8 +336,6 @@ the plugins preloaded:
 
 def bench_md(man: dict, engine_dir: Path) -> str:
     """RUN.md's benchmark paragraph: trtllm-bench through the launcher (it maps EAGLE mode), else gptManagerBenchmark."""
-    from ..bench.trtllm_bench import planned_command
-
     K = man["block_size"] - 1
     choices = json.dumps(planmod.eagle_choices(K)).replace(" ", "")
     gpt = (f"`benchmarks/cpp/gptManagerBenchmark --engine_dir {engine_dir} --eagle_choices '{choices}' ...` with "
@@ -460,10 +367,6 @@ every dataset line must fit the engine's max_seq_len. Alternative: {gpt}. Not ye
 def build_trtllm(prep, output, *, force: bool = False, command=None, verify="auto", checkpoint_dir=None,
                  reconvert: bool = False, keep_checkpoint: bool = True, progress=None, toolchain: Toolchain | None = None,
                  runner=None, verifier=None):
-    from ..checkpoint.writer import AtomicOutputDir, check_output_dir, sha256_file
-    from .build import ENGINE_FORMAT, ENGINE_SCHEMA, BuildResult, _copy_tokenizer, _torch_version
-    from .checkpoint import ensure_checkpoint, link_files
-
     toolchain = toolchain if toolchain is not None else probe_toolchain()
     runner = runner if runner is not None else SubprocessRunner()
     say = progress or (lambda s: None)
@@ -476,8 +379,6 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
     archs = plugin_archs(cfg, toolchain)
     if verify == "auto":
         w = planmod.weight_bytes_per_rank(prep.t, prep.d, cfg.tp_size, cfg.dtype)
-        from .verify import AUTO_MAX_TARGET_BYTES
-
         verify = cfg.tp_size == 1 and sum(r["target"] for r in w) <= AUTO_MAX_TARGET_BYTES
     elif verify and cfg.tp_size > 1:
         raise ConfigError(f"--verify on a tp {cfg.tp_size} TensorRT-LLM engine needs one MPI rank per GPU; build "
@@ -546,12 +447,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
                                        + f". Last lines:\n{_tail(log)}")
             shutil.rmtree(bck)
             _check_engine_output(tmp, cfg, K, log)
-            from ..plugins import LIBRARY_NAME
-
             shutil.copy2(plugin["path"], tmp / LIBRARY_NAME)
-            tokenizer = _copy_tokenizer(prep.target_dir, tmp)
-            from ..bench.trtllm_bench import write_bench_files
-
+            tokenizer = copy_tokenizer(prep.target_dir, tmp)
             bench = write_bench_files(tmp, target_dir=prep.target_dir, t=prep.t, draft_len=K,
                                       final_dir=output.absolute())
             files = _hash_files(tmp, sha256_file)
@@ -564,7 +461,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
                                                          "kv_cache_free_gpu_mem_fraction")},
                 "selector": cfg.selector, "drafter_window": cfg.drafter_window,
                 "eagle_choices": planmod.eagle_choices(K),
-                "versions": {"dflash2_trt": __version__, "python": sys.version.split()[0], "torch": _torch_version(),
+                "versions": {"dflash2_trt": __version__, "python": sys.version.split()[0], "torch": torch_version(),
                              "tensorrt_llm": toolchain.tensorrt_llm, "tensorrt": toolchain.tensorrt,
                              "cuda": toolchain.cuda},
                 "gpu": {"name": toolchain.gpu_name, "sm": toolchain.gpu_sm},
@@ -587,7 +484,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify="aut
             if verify:
                 say("[verify] fixed prompts through TensorRT-LLM's runner vs the target's greedy decoding")
                 if verifier is None:
-                    from .verify import verify_trtllm_engine as verifier
+                    verifier = verify_trtllm_engine
                 man["verify"] = verifier(tmp, target_dir=prep.target_dir, target_key=prep.target_key,
                                          plugin_lib=tmp / LIBRARY_NAME)
                 _write_manifest(tmp, man)
@@ -612,7 +509,7 @@ def _write_manifest(tmp: Path, man: dict) -> None:
 
 def _check_engine_output(tmp: Path, cfg, K: int, log: Path) -> None:
     """What the runtime needs from trtllm-build's output: one engine per rank and a config.json whose EAGLE
-    fields are the chain's (TRTLLM-ENGINE.md §1)."""
+    fields are the chain's (docs/TRTLLM-ENGINE.md §1)."""
     missing = [f"rank{r}.engine" for r in range(cfg.tp_size) if not (tmp / f"rank{r}.engine").is_file()]
     if missing or not (tmp / "config.json").is_file():
         raise EngineBuildError(f"trtllm-build exited 0 but wrote no {', '.join(missing) or 'config.json'}. Last lines "

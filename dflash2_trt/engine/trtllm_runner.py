@@ -19,7 +19,12 @@ import json
 import time
 from pathlib import Path
 
+from .. import plugins
 from ..errors import ConfigError, MissingDependencyError
+from ..reference.generate import parse_prompt_ids
+from ..tokenizer import encode_text
+from .common import eagle_choices, prompt_tokenizer, read_prompts_file
+from .format import load_engine_dir
 
 
 def _require_trtllm():
@@ -29,9 +34,6 @@ def _require_trtllm():
 
 
 def _runner(engine_dir, *, plugin_lib=None, max_batch_size=None):   # pragma: no cover - GPU only
-    from .. import plugins
-    from .plan import eagle_choices
-
     _require_trtllm()
     engine_dir = Path(engine_dir)
     lib = plugin_lib or (engine_dir / plugins.LIBRARY_NAME)
@@ -109,10 +111,6 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
                       temperature: float = 0.0, seed: int = 0, max_batch_size=None, verify: bool = False) -> dict:
     """``run --engine-dir`` on a TensorRT-LLM engine: the engine directory and the prompts are checked here (any
     machine), the decoding needs TensorRT-LLM and a GPU."""
-    from ..reference.generate import parse_prompt_ids
-    from .build import load_engine_dir
-    from .run import _tokenizer, read_prompts_file
-
     cfg, man = load_engine_dir(engine_dir, verify=verify)
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     if prompts_file is not None:
@@ -123,9 +121,7 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
     else:
         items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
     if any(it["prompt"] is not None for it in items):
-        from ..tokenizer import encode_text
-
-        tok = _tokenizer(man, engine_dir)
+        tok = prompt_tokenizer(man, engine_dir)
         for it in items:
             if it["input_ids"] is None:
                 it["input_ids"] = encode_text(tok, it["prompt"])

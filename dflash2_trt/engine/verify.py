@@ -21,12 +21,16 @@ import json
 import time
 from pathlib import Path
 
-from ..errors import DFlash2Error
+from ..assets import ASSET_ROOT
+from ..errors import ConfigError, DFlash2Error
+from ..runtime import Request, Runtime
+from ..targets import get_target
+from .common import AUTO_MAX_TARGET_BYTES  # noqa: F401  (re-exported: the verify gate's policy)
+from .cpu import open_cpu_engine
+from .trtllm_runner import generate
 
 N_PROMPTS = 4
 NEW_TOKENS = 24
-AUTO_MAX_TARGET_BYTES = 2 << 30   # verify by default when the target's weights are at most this (the reference
-                                  # decodes on this machine's CPU through transformers)
 
 
 class VerifyError(DFlash2Error):
@@ -35,12 +39,8 @@ class VerifyError(DFlash2Error):
 
 def fixed_prompts(target_key: str | None, vocab_size: int, avoid=(), n: int = N_PROMPTS) -> list[list[int]]:
     if target_key is not None:
-        from ..targets import get_target
-
         entry = get_target(target_key)
         if entry.tiny_family is not None:
-            from ..assets import ASSET_ROOT
-
             path = ASSET_ROOT / entry.tiny_family / "prompts.json"
             if path.is_file():
                 prompts = json.loads(path.read_text())["prompts"]
@@ -70,8 +70,6 @@ def check_pool(prompts, new: int, K: int, tokens_per_block: int, num_blocks: int
     ConfigError naming the setting, not "request 16 needs 2 KV blocks" about a request the user never sent."""
     need = max(-(-(len(p) + new + K + 1) // tokens_per_block) for p in prompts)
     if need > num_blocks:
-        from ..errors import ConfigError
-
         raise ConfigError(f"{num_blocks} KV block(s) of {tokens_per_block} tokens cannot hold the verify gate's "
                           f"longest request ({max(map(len, prompts))} prompt + {new} new + {K + 1} draft slots: "
                           f"{need} blocks); raise num_kv_blocks (0 = enough for max_batch_size requests) or build "
@@ -123,9 +121,6 @@ def compare(engine_outs, ref_outs, prompts) -> None:
 
 def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW_TOKENS) -> dict:
     """Open the engine directory as ``run`` does, decode the fixed prompts, compare with the target."""
-    from ..runtime import Request, Runtime
-    from .build import open_cpu_engine
-
     t0 = time.perf_counter()
     engine, man = open_cpu_engine(engine_dir)
     try:
@@ -151,8 +146,6 @@ def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW
 def verify_trtllm_engine(engine_dir, *, target_dir, target_key=None, plugin_lib=None,
                          new: int = NEW_TOKENS) -> dict:   # pragma: no cover - TensorRT-LLM on a GPU
     """The same check with TensorRT-LLM's C++ runner (ModelRunnerCpp) on the built rank engine."""
-    from .trtllm_runner import generate
-
     t0 = time.perf_counter()
     cfg = json.loads((Path(engine_dir) / "config.json").read_text())
     man = json.loads((Path(engine_dir) / "engine.json").read_text())

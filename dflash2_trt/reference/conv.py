@@ -1,6 +1,6 @@
 """Block-local dynamic depthwise convolution of DFlash2 (the "two-tap conv").
 
-Math (DESIGN.md §2), for a sequence packed as consecutive blocks of ``block_size`` positions::
+Math (docs/architecture.md §1), for a sequence packed as consecutive blocks of ``block_size`` positions::
 
     coef[t, j, h] = base_kernel[j, h] + delta[t, j, h // group_size]
     y[t, h]       = sum_{j < K, (t mod block_size) >= j} coef[t, j, h] * x[t - j, h]
@@ -100,7 +100,7 @@ def dynamic_conv(
 class DynamicConv(nn.Module):
     """One DFlash2 conv wrapper around a sublayer (``attention_conv`` or ``mlp_conv``).
 
-    Parameters (published names, DESIGN.md §3):
+    Parameters (published names, docs/architecture.md §2):
         base_kernel: ``[2, K, H]`` — side 0 = before the sublayer, side 1 = after it.
         kernel_projection: ``Linear(H, 2*K*H/G, bias=False)``; its output is read as
             ``[2 (side), K (tap), H/G (group)]``. Both sides' corrections come from the SAME

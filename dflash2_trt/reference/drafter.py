@@ -1,6 +1,6 @@
 """The DFlash2 drafter in plain PyTorch, loaded strictly from the published HF format.
 
-One drafter pass (DESIGN.md §2) for a block that starts at absolute position ``start``::
+One drafter pass (docs/architecture.md §1) for a block that starts at absolute position ``start``::
 
     ctx   = hidden_norm(fc(concat(target hidden_states[id + 1] for id in target_layer_ids)))
             for the NEW committed context positions [cache.length, start)

@@ -3,7 +3,7 @@
 Shapes: B = batch, L = draft positions (block_size - 1), K = candidates per position (top-k),
 V = vocab, R = selector rank.
 
-Scores (DESIGN.md §2)::
+Scores (docs/architecture.md §1)::
 
     S[b, l, p, c] = U[b, l, c] + sum_r A[pred(b, l, p), r] * Hp[b, l, r] * Bc[cand[b, l, c], r]
 

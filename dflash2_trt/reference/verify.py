@@ -1,4 +1,4 @@
-"""Lossless verification of a drafted block (DESIGN.md §2 "Lossless").
+"""Lossless verification of a drafted block (docs/architecture.md §1 "Lossless").
 
 Shapes: B batch, L drafted tokens, V vocab. The target scored ``[anchor, d_1 .. d_L]`` in one
 pass, so ``target_logits[:, i]`` is the target's distribution for the token AFTER position i,

@@ -1,7 +1,7 @@
 """The CPU runtime: plays TensorRT-LLM's runtime (executor + in-flight batch manager) for a CPU engine.
 
 What it does per step, as ``batch_manager/trtGptModelInflightBatching.cpp`` and the EAGLE decoder
-(``layers/eagleDecodingLayer.cpp``) do for an EAGLE-mode engine (TRTLLM-ENGINE.md §1):
+(``layers/eagleDecodingLayer.cpp``) do for an EAGLE-mode engine (docs/TRTLLM-ENGINE.md §1):
 
 - schedule: every request already generating stays; waiting requests are admitted FIFO (a whole
   prompt = one context request) while the batch holds fewer than ``max_batch_size`` requests, the

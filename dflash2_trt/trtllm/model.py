@@ -6,7 +6,7 @@ TensorRT-LLM name comes from ``api``). It reads the checkpoint ``dflash2-trt con
 (names: ``dflash2_trt/convert/{qwen3,dflash2}.py``; config: ``convert/schema.py``).
 
 One engine step for a batch packed as [context requests..., generation requests...]
-(DESIGN.md §5; the EAGLE one-engine contract of ``engine_io.yaml``)::
+(docs/architecture.md §3; the EAGLE one-engine contract of ``engine_io.yaml``)::
 
     draft     block [anchor, MASK x K] per request -> drafter layers (DFlash2DynamicConv around
               each sublayer, attention over the drafter's committed context K/V in the pool)
@@ -28,7 +28,7 @@ for every request) but discarded: it is placed after the prompt, where the next 
 
 KV layout: the drafter layers are KV layers ``num_hidden_layers + i`` of the target's paged pool
 (``layer_idx_offset``, as TensorRT-LLM's EAGLE drafter layers). Every layer of the pool has ONE
-per-token size (TRTLLM-ENGINE.md §3), so the drafter's ``num_key_value_heads * head_dim`` must
+per-token size (docs/TRTLLM-ENGINE.md §3), so the drafter's ``num_key_value_heads * head_dim`` must
 equal the target's; :func:`check_kv_compatible` refuses other pairs (Qwen3.8-27B: 4 x 256 target,
 8 x 128 drafter — 1024 values both: compatible only once the drafter's slot is read as 8 x 128,
 which needs the per-layer head count the pool does not have; that pair is the hybrid issue's).
@@ -114,7 +114,7 @@ class SpecDecodingParams:
 
 
 def check_kv_compatible(config) -> None:
-    """Every layer of the paged pool holds one size per token (TRTLLM-ENGINE.md §3): a drafter layer fits when its
+    """Every layer of the paged pool holds one size per token (docs/TRTLLM-ENGINE.md §3): a drafter layer fits when its
     K/V values per token ON EACH RANK equal the target's (KV heads duplicated when fewer than ranks); its own head
     split may differ (Qwen3.8-27B: target 4 x 256, drafter 8 x 128 = 1024 both at tp 1..4; at tp 8 the target's
     duplicated 1 x 256 meets the drafter's 1 x 128 and the pair does not fit)."""
@@ -129,7 +129,7 @@ def check_kv_compatible(config) -> None:
         raise ValueError(
             f"drafter KV {d['num_key_value_heads']} x {d['head_dim']} ({d_tok} values per token per rank at tp {tp}) "
             f"does not fit the target's pool layout {config.num_key_value_heads} x {config.head_size} ({t_tok}); "
-            f"every pool layer has one size per token (TRTLLM-ENGINE.md §3)")
+            f"every pool layer has one size per token (docs/TRTLLM-ENGINE.md §3)")
 
 
 def hf_layer_types(config) -> list:

@@ -19,44 +19,9 @@ constexpr char const* kFuseResidual = "fuse_residual";
 } // namespace
 
 DynamicConvPlugin::DynamicConvPlugin(DynamicConvAttrs const& attrs)
-    : mAttrs(attrs)
+    : PluginV3Base(attrs)
 {
     mParams.attrs = attrs;
-}
-
-IPluginCapability* DynamicConvPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
-{
-    switch (type)
-    {
-    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
-    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
-    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
-    }
-    return nullptr;
-}
-
-IPluginV3* DynamicConvPlugin::clone() noexcept
-{
-    trace(kDynamicConvName, "clone");
-    auto* p = new (std::nothrow) DynamicConvPlugin(mAttrs);
-    if (p != nullptr)
-        p->mParams = mParams;
-    return p;
-}
-
-char const* DynamicConvPlugin::getPluginName() const noexcept
-{
-    return kDynamicConvName;
-}
-
-char const* DynamicConvPlugin::getPluginVersion() const noexcept
-{
-    return kDynamicConvVersion;
-}
-
-char const* DynamicConvPlugin::getPluginNamespace() const noexcept
-{
-    return kPluginNamespace;
 }
 
 int32_t DynamicConvPlugin::getNbOutputs() const noexcept
@@ -163,52 +128,20 @@ int32_t DynamicConvPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plugin
     return 0;
 }
 
-IPluginV3* DynamicConvPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
+void DynamicConvPlugin::appendSerialFields(std::vector<PluginField>& fields) noexcept
 {
-    return clone();
-}
-
-PluginFieldCollection const* DynamicConvPlugin::getFieldsToSerialize() noexcept
-{
-    trace(kDynamicConvName, "getFieldsToSerialize");
-    mSerialFields.clear();
-    mSerialFields.emplace_back(kBlockSize, &mAttrs.blockSize, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kKernelSize, &mAttrs.kernelSize, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kGroupSize, &mAttrs.groupSize, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kFuseResidual, &mAttrs.fuseResidual, PluginFieldType::kINT32, 1);
-    mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
-    mSerialCollection.fields = mSerialFields.data();
-    return &mSerialCollection;
+    fields.emplace_back(kBlockSize, &mAttrs.blockSize, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kKernelSize, &mAttrs.kernelSize, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kGroupSize, &mAttrs.groupSize, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kFuseResidual, &mAttrs.fuseResidual, PluginFieldType::kINT32, 1);
 }
 
 DynamicConvPluginCreator::DynamicConvPluginCreator()
 {
-    mFields.emplace_back(kBlockSize, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kKernelSize, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kGroupSize, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kFuseResidual, nullptr, PluginFieldType::kINT32, 1);
-    mCollection.nbFields = static_cast<int32_t>(mFields.size());
-    mCollection.fields = mFields.data();
-}
-
-char const* DynamicConvPluginCreator::getPluginName() const noexcept
-{
-    return kDynamicConvName;
-}
-
-char const* DynamicConvPluginCreator::getPluginVersion() const noexcept
-{
-    return kDynamicConvVersion;
-}
-
-char const* DynamicConvPluginCreator::getPluginNamespace() const noexcept
-{
-    return kPluginNamespace;
-}
-
-PluginFieldCollection const* DynamicConvPluginCreator::getFieldNames() noexcept
-{
-    return &mCollection;
+    addField(kBlockSize, PluginFieldType::kINT32);
+    addField(kKernelSize, PluginFieldType::kINT32);
+    addField(kGroupSize, PluginFieldType::kINT32);
+    addField(kFuseResidual, PluginFieldType::kINT32);
 }
 
 IPluginV3* DynamicConvPluginCreator::createPlugin(

@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include "../common/df2PluginBase.h"
 #include "../common/df2PluginUtils.h"
 #include "dynamicConvParams.h"
 
@@ -19,23 +20,18 @@ namespace dflash2
 constexpr char const* kDynamicConvName = "DFlash2DynamicConv";
 constexpr char const* kDynamicConvVersion = "1";
 
-class DynamicConvPlugin : public nvinfer1::IPluginV3,
-                          public nvinfer1::IPluginV3OneCore,
-                          public nvinfer1::IPluginV3OneBuild,
-                          public nvinfer1::IPluginV3OneRuntime
+//! Capabilities, clone, names, attachToContext and the serialisation collection: PluginV3Base.
+class DynamicConvPlugin : public PluginV3Base<DynamicConvPlugin, DynamicConvAttrs, DynamicConvParams>
 {
 public:
+    static constexpr char const* kName = kDynamicConvName;
+    static constexpr char const* kVersion = kDynamicConvVersion;
+
     explicit DynamicConvPlugin(DynamicConvAttrs const& attrs);
     ~DynamicConvPlugin() override = default;
 
-    // IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
-
-    // IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
+    //! The attributes an engine stores (getFieldsToSerialize), in the order of the spec YAML.
+    void appendSerialFields(std::vector<nvinfer1::PluginField>& fields) noexcept;
 
     // IPluginV3OneBuild
     int32_t getNbOutputs() const noexcept override;
@@ -56,32 +52,17 @@ public:
         int32_t nbOutputs) noexcept override;
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
         void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
-
-private:
-    DynamicConvAttrs mAttrs;
-    DynamicConvParams mParams;
-    std::vector<nvinfer1::PluginField> mSerialFields;
-    nvinfer1::PluginFieldCollection mSerialCollection{};
 };
 
-class DynamicConvPluginCreator : public nvinfer1::IPluginCreatorV3One
+//! Names and the field list: PluginCreatorBase.
+class DynamicConvPluginCreator : public PluginCreatorBase<DynamicConvPlugin>
 {
 public:
     DynamicConvPluginCreator();
     ~DynamicConvPluginCreator() override = default;
 
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
     nvinfer1::IPluginV3* createPlugin(
         char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
-
-private:
-    std::vector<nvinfer1::PluginField> mFields;
-    nvinfer1::PluginFieldCollection mCollection{};
 };
 
 } // namespace dflash2

@@ -46,44 +46,9 @@ int32_t rnnStatePtrIndex(GatedDeltaNetAttrs const& a)
 } // namespace
 
 GatedDeltaNetPlugin::GatedDeltaNetPlugin(GatedDeltaNetAttrs const& attrs)
-    : mAttrs(attrs)
+    : PluginV3Base(attrs)
 {
     mParams.attrs = attrs;
-}
-
-IPluginCapability* GatedDeltaNetPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
-{
-    switch (type)
-    {
-    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
-    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
-    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
-    }
-    return nullptr;
-}
-
-IPluginV3* GatedDeltaNetPlugin::clone() noexcept
-{
-    trace(kGatedDeltaNetName, "clone");
-    auto* p = new (std::nothrow) GatedDeltaNetPlugin(mAttrs);
-    if (p != nullptr)
-        p->mParams = mParams;
-    return p;
-}
-
-char const* GatedDeltaNetPlugin::getPluginName() const noexcept
-{
-    return kGatedDeltaNetName;
-}
-
-char const* GatedDeltaNetPlugin::getPluginVersion() const noexcept
-{
-    return kGatedDeltaNetVersion;
-}
-
-char const* GatedDeltaNetPlugin::getPluginNamespace() const noexcept
-{
-    return kPluginNamespace;
 }
 
 int32_t GatedDeltaNetPlugin::getNbOutputs() const noexcept
@@ -317,62 +282,30 @@ int32_t GatedDeltaNetPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plug
     return 0;
 }
 
-IPluginV3* GatedDeltaNetPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
+void GatedDeltaNetPlugin::appendSerialFields(std::vector<PluginField>& fields) noexcept
 {
-    return clone();
-}
-
-PluginFieldCollection const* GatedDeltaNetPlugin::getFieldsToSerialize() noexcept
-{
-    trace(kGatedDeltaNetName, "getFieldsToSerialize");
-    mSerialFields.clear();
-    mSerialFields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kNumKHeads, &mAttrs.numKHeads, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kNumVHeads, &mAttrs.numVHeads, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kHeadKDim, &mAttrs.headKDim, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kHeadVDim, &mAttrs.headVDim, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kConvKernel, &mAttrs.convKernel, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kMaxVerifyTokens, &mAttrs.maxVerifyTokens, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kChunkSize, &mAttrs.chunkSize, PluginFieldType::kINT32, 1);
-    mSerialFields.emplace_back(kZeroStateInput, &mAttrs.zeroStateInput, PluginFieldType::kINT32, 1);
-    mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
-    mSerialCollection.fields = mSerialFields.data();
-    return &mSerialCollection;
+    fields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kNumKHeads, &mAttrs.numKHeads, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kNumVHeads, &mAttrs.numVHeads, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kHeadKDim, &mAttrs.headKDim, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kHeadVDim, &mAttrs.headVDim, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kConvKernel, &mAttrs.convKernel, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kMaxVerifyTokens, &mAttrs.maxVerifyTokens, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kChunkSize, &mAttrs.chunkSize, PluginFieldType::kINT32, 1);
+    fields.emplace_back(kZeroStateInput, &mAttrs.zeroStateInput, PluginFieldType::kINT32, 1);
 }
 
 GatedDeltaNetPluginCreator::GatedDeltaNetPluginCreator()
 {
-    mFields.emplace_back(kMode, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kNumKHeads, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kNumVHeads, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kHeadKDim, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kHeadVDim, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kConvKernel, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kMaxVerifyTokens, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kChunkSize, nullptr, PluginFieldType::kINT32, 1);
-    mFields.emplace_back(kZeroStateInput, nullptr, PluginFieldType::kINT32, 1);
-    mCollection.nbFields = static_cast<int32_t>(mFields.size());
-    mCollection.fields = mFields.data();
-}
-
-char const* GatedDeltaNetPluginCreator::getPluginName() const noexcept
-{
-    return kGatedDeltaNetName;
-}
-
-char const* GatedDeltaNetPluginCreator::getPluginVersion() const noexcept
-{
-    return kGatedDeltaNetVersion;
-}
-
-char const* GatedDeltaNetPluginCreator::getPluginNamespace() const noexcept
-{
-    return kPluginNamespace;
-}
-
-PluginFieldCollection const* GatedDeltaNetPluginCreator::getFieldNames() noexcept
-{
-    return &mCollection;
+    addField(kMode, PluginFieldType::kINT32);
+    addField(kNumKHeads, PluginFieldType::kINT32);
+    addField(kNumVHeads, PluginFieldType::kINT32);
+    addField(kHeadKDim, PluginFieldType::kINT32);
+    addField(kHeadVDim, PluginFieldType::kINT32);
+    addField(kConvKernel, PluginFieldType::kINT32);
+    addField(kMaxVerifyTokens, PluginFieldType::kINT32);
+    addField(kChunkSize, PluginFieldType::kINT32);
+    addField(kZeroStateInput, PluginFieldType::kINT32);
 }
 
 IPluginV3* GatedDeltaNetPluginCreator::createPlugin(

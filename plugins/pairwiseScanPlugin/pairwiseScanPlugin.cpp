@@ -21,44 +21,9 @@ bool isFloatType(DataType t)
 } // namespace
 
 PairwiseScanPlugin::PairwiseScanPlugin(PairwiseScanAttrs const& attrs)
-    : mAttrs(attrs)
+    : PluginV3Base(attrs)
 {
     mParams.mode = static_cast<ScanMode>(attrs.mode);
-}
-
-IPluginCapability* PairwiseScanPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
-{
-    switch (type)
-    {
-    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
-    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
-    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
-    }
-    return nullptr;
-}
-
-IPluginV3* PairwiseScanPlugin::clone() noexcept
-{
-    trace(kPairwiseScanName, "clone");
-    auto* p = new (std::nothrow) PairwiseScanPlugin(mAttrs);
-    if (p != nullptr)
-        p->mParams = mParams;
-    return p;
-}
-
-char const* PairwiseScanPlugin::getPluginName() const noexcept
-{
-    return kPairwiseScanName;
-}
-
-char const* PairwiseScanPlugin::getPluginVersion() const noexcept
-{
-    return kPairwiseScanVersion;
-}
-
-char const* PairwiseScanPlugin::getPluginNamespace() const noexcept
-{
-    return kPluginNamespace;
 }
 
 int32_t PairwiseScanPlugin::getNbOutputs() const noexcept
@@ -188,46 +153,14 @@ int32_t PairwiseScanPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plugi
     return 0;
 }
 
-IPluginV3* PairwiseScanPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
+void PairwiseScanPlugin::appendSerialFields(std::vector<PluginField>& fields) noexcept
 {
-    return clone();
-}
-
-PluginFieldCollection const* PairwiseScanPlugin::getFieldsToSerialize() noexcept
-{
-    trace(kPairwiseScanName, "getFieldsToSerialize");
-    mSerialFields.clear();
-    mSerialFields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
-    mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
-    mSerialCollection.fields = mSerialFields.data();
-    return &mSerialCollection;
+    fields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
 }
 
 PairwiseScanPluginCreator::PairwiseScanPluginCreator()
 {
-    mFields.emplace_back(kMode, nullptr, PluginFieldType::kINT32, 1);
-    mCollection.nbFields = static_cast<int32_t>(mFields.size());
-    mCollection.fields = mFields.data();
-}
-
-char const* PairwiseScanPluginCreator::getPluginName() const noexcept
-{
-    return kPairwiseScanName;
-}
-
-char const* PairwiseScanPluginCreator::getPluginVersion() const noexcept
-{
-    return kPairwiseScanVersion;
-}
-
-char const* PairwiseScanPluginCreator::getPluginNamespace() const noexcept
-{
-    return kPluginNamespace;
-}
-
-PluginFieldCollection const* PairwiseScanPluginCreator::getFieldNames() noexcept
-{
-    return &mCollection;
+    addField(kMode, PluginFieldType::kINT32);
 }
 
 IPluginV3* PairwiseScanPluginCreator::createPlugin(

@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include "../common/df2PluginBase.h"
 #include "../common/df2PluginUtils.h"
 #include "pairwiseScanParams.h"
 
@@ -19,23 +20,18 @@ namespace dflash2
 constexpr char const* kPairwiseScanName = "DFlash2PairwiseScan";
 constexpr char const* kPairwiseScanVersion = "1";
 
-class PairwiseScanPlugin : public nvinfer1::IPluginV3,
-                          public nvinfer1::IPluginV3OneCore,
-                          public nvinfer1::IPluginV3OneBuild,
-                          public nvinfer1::IPluginV3OneRuntime
+//! Capabilities, clone, names, attachToContext and the serialisation collection: PluginV3Base.
+class PairwiseScanPlugin : public PluginV3Base<PairwiseScanPlugin, PairwiseScanAttrs, PairwiseScanParams>
 {
 public:
+    static constexpr char const* kName = kPairwiseScanName;
+    static constexpr char const* kVersion = kPairwiseScanVersion;
+
     explicit PairwiseScanPlugin(PairwiseScanAttrs const& attrs);
     ~PairwiseScanPlugin() override = default;
 
-    // IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
-
-    // IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
+    //! The attributes an engine stores (getFieldsToSerialize), in the order of the spec YAML.
+    void appendSerialFields(std::vector<nvinfer1::PluginField>& fields) noexcept;
 
     // IPluginV3OneBuild
     int32_t getNbOutputs() const noexcept override;
@@ -56,32 +52,17 @@ public:
         int32_t nbOutputs) noexcept override;
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
         void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
-
-private:
-    PairwiseScanAttrs mAttrs;
-    PairwiseScanParams mParams;
-    std::vector<nvinfer1::PluginField> mSerialFields;
-    nvinfer1::PluginFieldCollection mSerialCollection{};
 };
 
-class PairwiseScanPluginCreator : public nvinfer1::IPluginCreatorV3One
+//! Names and the field list: PluginCreatorBase.
+class PairwiseScanPluginCreator : public PluginCreatorBase<PairwiseScanPlugin>
 {
 public:
     PairwiseScanPluginCreator();
     ~PairwiseScanPluginCreator() override = default;
 
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
     nvinfer1::IPluginV3* createPlugin(
         char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
-
-private:
-    std::vector<nvinfer1::PluginField> mFields;
-    nvinfer1::PluginFieldCollection mCollection{};
 };
 
 } // namespace dflash2

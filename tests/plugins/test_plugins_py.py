@@ -174,7 +174,7 @@ def test_glue_matches_spec(name):
     # every attribute serialised and announced as kINT32 (what plugin_fields produces)
     for const in consts:
         assert re.search(rf"{const}, &mAttrs\.\w+, PluginFieldType::kINT32, 1", cpp), const
-        assert re.search(rf"{const}, nullptr, PluginFieldType::kINT32, 1", cpp), const
+        assert re.search(rf"addField\({const}, PluginFieldType::kINT32\);", cpp), const   # length 1 (the default)
 
 
 def _good_conv_inputs():

@@ -1,4 +1,4 @@
-"""The drafter pass against an independent, naive re-implementation written from DESIGN.md §2
+"""The drafter pass against an independent, naive re-implementation written from docs/architecture.md §1
 (raw tensors from the safetensors file, float64, explicit per-position / per-head loops; no code
 from dflash2_trt.reference). Without it, the drafter is only checked against itself (cache vs
 recompute) and against a training script that uses the same module, so a wrong tap index, conv

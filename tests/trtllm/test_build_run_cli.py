@@ -132,7 +132,7 @@ def test_build_interrupted_leaves_nothing(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(b, "_sha256", boom)    # after the checkpoint is written, before the manifest
+    monkeypatch.setattr(b, "file_sha256", boom)    # after the checkpoint is written, before the manifest
     code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "eng"))
     assert code == 130 and "interrupted" in text
     assert list(tmp_path.iterdir()) == []

@@ -44,9 +44,9 @@ import torch.nn.functional as tF
 
 from . import comm
 from .tensor import (  # noqa: F401 - TensorRT-LLM's functional names
-    _INT32, Tensor, _const, _consts, _same_dtype, add, div, eq, floordiv, gt, lt, maximum, minimum, mul, op_and,
-    op_or, raw, sub, wrap,
+    Tensor, add, div, eq, floordiv, gt, lt, maximum, minimum, mul, op_and, op_or, raw, sub, wrap,
 )
+from .tensor import check_same_dtype, const_tensor, const_tensors   # the stand-in's own helpers
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "int32": torch.int32, "int64": torch.int64, "bool": torch.bool, "int8": torch.int8}
@@ -138,8 +138,8 @@ def concat(inputs: Sequence[Tensor | int], dim: int = 0) -> Tensor:
     mixed dtypes are refused (IConcatenationLayer)."""
     if len(inputs) == 0:
         raise ValueError("concat: Number of inputs (0) to the concatenation layer must be > 0")
-    parts = [p.reshape(1) if p.dim() == 0 else p for p in _consts(*inputs)]
-    _same_dtype("concat", parts)
+    parts = [p.reshape(1) if p.dim() == 0 else p for p in const_tensors(*inputs)]
+    check_same_dtype("concat", parts)
     return wrap(torch.cat(parts, dim=dim))
 
 
@@ -186,7 +186,7 @@ def select(input: Tensor, dim: int, index) -> Tensor:
 
 
 def scatter(input: Tensor, dim: int, indices: Tensor, updates: Tensor) -> Tensor:
-    _same_dtype("scatter", [raw(input), raw(updates)])
+    check_same_dtype("scatter", [raw(input), raw(updates)])
     return wrap(raw(input).scatter(dim, _index(indices, "scatter"), raw(updates)))
 
 
@@ -209,11 +209,11 @@ def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
 # ---- elementwise (with the Tensor's operators in .tensor: one set of TensorRT-LLM's conversion rules) ---------
 def where(condition, left, right) -> Tensor:
     """ISelectLayer: the condition is bool; left and right after constants_to_tensors_ must share a dtype."""
-    c = _const(condition)
+    c = const_tensor(condition)
     if c.dtype != torch.bool:
         raise TypeError(f"where: the condition must be bool, got {c.dtype}")
-    a, b = _consts(left, right)
-    _same_dtype("where", [a, b])
+    a, b = const_tensors(left, right)
+    check_same_dtype("where", [a, b])
     return wrap(torch.where(c, a, b))
 
 
@@ -277,7 +277,7 @@ def softmax(input: Tensor, dim: int | None = None) -> Tensor:
 def matmul(input: Tensor, mat2: Tensor, transa: bool = False, transb: bool = False,
            use_fp32_acc: bool = True) -> Tensor:
     a, b = raw(input), raw(mat2)
-    _same_dtype("matmul", [a, b])
+    check_same_dtype("matmul", [a, b])
     a = a.transpose(-1, -2) if transa else a
     b = b.transpose(-1, -2) if transb else b
     if use_fp32_acc and a.dtype == torch.float16:

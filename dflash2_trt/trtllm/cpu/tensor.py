@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-_INT32 = (-2**31, 2**31 - 1)
+INT32_RANGE = (-2**31, 2**31 - 1)
 
 
 class Tensor(torch.Tensor):
@@ -202,29 +202,29 @@ def network_input(x: torch.Tensor, name: str, location: str) -> Tensor:
 
 # ---- TensorRT-LLM's conversion rules for Python scalars and the elementwise ops (functional.py:
 # constant_to_tensor_, constants_to_tensors_, broadcast_helper, elementwise_binary); functional re-exports them
-def _const(x, dtype: torch.dtype | None = None) -> torch.Tensor:
+def const_tensor(x, dtype: torch.dtype | None = None) -> torch.Tensor:
     """constant_to_tensor_: a Python scalar as a [1] constant (bool -> bool, int -> int32, float -> float32 when
     dtype is None); a Tensor as it is."""
     if isinstance(x, torch.Tensor):
         return raw(x)
     if dtype is None:
         dtype = torch.bool if isinstance(x, bool) else torch.int32 if isinstance(x, int) else torch.float32
-    if dtype == torch.int32 and isinstance(x, int) and not _INT32[0] <= x <= _INT32[1]:
+    if dtype == torch.int32 and isinstance(x, int) and not INT32_RANGE[0] <= x <= INT32_RANGE[1]:
         raise OverflowError(f"Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
                             f"(int32_array); make an int64 constant explicitly")
     return torch.tensor([x], dtype=dtype)
 
 
-def _consts(*xs) -> list[torch.Tensor]:
+def const_tensors(*xs) -> list[torch.Tensor]:
     """constants_to_tensors_: when an input is an int64 Tensor (or an int beyond int32), Python ints become int64
     constants; Tensors are never cast."""
-    has64 = builtins.any((isinstance(x, int) and not isinstance(x, bool) and not _INT32[0] <= x <= _INT32[1])
+    has64 = builtins.any((isinstance(x, int) and not isinstance(x, bool) and not INT32_RANGE[0] <= x <= INT32_RANGE[1])
                          or (isinstance(x, torch.Tensor) and x.dtype == torch.int64) for x in xs)
-    return [_const(x, torch.int64 if has64 and isinstance(x, int) and not isinstance(x, bool) else None)
+    return [const_tensor(x, torch.int64 if has64 and isinstance(x, int) and not isinstance(x, bool) else None)
             for x in xs]
 
 
-def _same_dtype(op: str, tensors: Sequence[torch.Tensor]) -> None:
+def check_same_dtype(op: str, tensors: Sequence[torch.Tensor]) -> None:
     kinds = {t.dtype for t in tensors}
     if len(kinds) > 1:
         raise TypeError(f"{op}: inputs of mixed dtypes {sorted(str(k) for k in kinds)} (TensorRT's layer refuses "
@@ -238,7 +238,7 @@ def _scalar_as(x, dtype: torch.dtype, op: str) -> torch.Tensor:
     if not dtype.is_floating_point and dtype != torch.bool and isinstance(x, float):
         raise TypeError(f"{op}: the Python float {x!r} would become a {dtype} constant (truncated); cast the "
                         f"Tensor or use an int")
-    if dtype == torch.int32 and isinstance(x, int) and not _INT32[0] <= x <= _INT32[1]:
+    if dtype == torch.int32 and isinstance(x, int) and not INT32_RANGE[0] <= x <= INT32_RANGE[1]:
         raise OverflowError(f"{op}: Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
                             f"next to an int32 Tensor (int32_array)")
     return torch.tensor([x], dtype=dtype)
@@ -297,7 +297,7 @@ def gt(left, right) -> Tensor:
 
 
 def _bool_op(left, right, fn, op):
-    a, b = _const(left), _const(right)
+    a, b = const_tensor(left), const_tensor(right)
     if a.dtype != torch.bool or b.dtype != torch.bool:
         raise TypeError(f"{op}: TensorRT's logical ops take bool operands, got {a.dtype} and {b.dtype}")
     return wrap(fn(a, b))

@@ -1,0 +1,52 @@
+"""Helpers every benchmark module shares, with no imports from the other bench modules: what an engine
+directory's ``engine.json`` says (without loading the engine) and the ``--concurrency`` list."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..engine.format import ENGINE_FORMAT
+from ..errors import ConfigError
+
+
+def engine_backend(engine_dir) -> tuple[str, dict, dict | None]:
+    """(backend, manifest, engine config or None) of an engine directory, without loading it."""
+    d = Path(engine_dir)
+    if not d.is_dir():
+        raise ConfigError("not a directory", source=d)
+    man_path = d / "engine.json"
+    if not man_path.is_file():
+        raise ConfigError("not an engine directory (no engine.json; build one with `dflash2-trt build`)", source=d)
+    try:
+        man = json.loads(man_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read: {exc}", source=man_path) from None
+    if not isinstance(man, dict) or man.get("format") != ENGINE_FORMAT:
+        raise ConfigError(f"format {man.get('format') if isinstance(man, dict) else None!r}, expected "
+                          f"{ENGINE_FORMAT!r}", source=man_path, field="format")
+    backend = man.get("backend")
+    if backend not in ("cpu", "trtllm"):
+        raise ConfigError(f"unknown backend {backend!r}", source=man_path, field="backend")
+    cfg = None
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    return backend, man, cfg
+
+
+def parse_concurrency(text) -> list[int]:
+    """``"1,4,16"`` -> ``[1, 4, 16]``; each >= 1, no repeats."""
+    if isinstance(text, (list, tuple)):
+        items = [str(t) for t in text]
+    else:
+        items = [t.strip() for t in str(text).split(",")]
+    if not items or any(not t.isdigit() or not t.isascii() for t in items):
+        raise ConfigError(f"expected comma-separated positive integers, got {text!r}", field="--concurrency")
+    vals = [int(t) for t in items]
+    if any(v < 1 for v in vals):
+        raise ConfigError(f"every concurrency must be >= 1, got {text!r}", field="--concurrency")
+    if len(set(vals)) != len(vals):
+        raise ConfigError(f"a concurrency is repeated in {text!r}", field="--concurrency")
+    return vals

@@ -1,0 +1,80 @@
+"""Small helpers the engine modules and the benchmarks share, with no engine-package imports: the
+prompts-file reader (``run --prompts``, ``bench``), the stop ids and tokenizer an engine directory
+names, the EAGLE chain every TensorRT-LLM request passes, a shell line for a printed command, and
+the verify gate's size threshold (the dry run and both builders read it)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..tokenizer import engine_tokenizer_dir, find_tokenizer
+
+AUTO_MAX_TARGET_BYTES = 2 << 30   # verify by default when the target's weights are at most this (the reference
+                                  # decodes on this machine's CPU through transformers)
+
+
+def read_prompts_file(path: str | Path) -> list[dict]:
+    """trtllm-bench dataset lines: ``{"task_id", "input_ids" | "prompt", "output_tokens"}``, one JSON object per line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"line {n}: invalid JSON ({exc.msg})", source=path) from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"line {n}: expected an object", source=path)
+        unknown = sorted(set(d) - {"task_id", "input_ids", "prompt", "output_tokens"})
+        if unknown:
+            raise ConfigError(f"line {n}: unknown key {unknown[0]!r}", source=path)
+        if ("input_ids" in d) == ("prompt" in d):
+            raise ConfigError(f"line {n}: give exactly one of input_ids or prompt", source=path)
+        ids = d.get("input_ids")
+        if ids is not None and (not isinstance(ids, list) or not ids
+                                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+            raise ConfigError(f"line {n}: input_ids must be a non-empty list of non-negative integers", source=path)
+        if "prompt" in d and not isinstance(d["prompt"], str):
+            raise ConfigError(f"line {n}: prompt must be a string", source=path)
+        ot = d.get("output_tokens")
+        if ot is not None and (not isinstance(ot, int) or isinstance(ot, bool) or ot < 1):
+            raise ConfigError(f"line {n}: output_tokens must be an integer >= 1", source=path)
+        out.append({"task_id": d.get("task_id", len(out)), "input_ids": ids, "prompt": d.get("prompt"),
+                    "output_tokens": ot, "where": f"{path}:{n}"})
+    if not out:
+        raise ConfigError("no prompts", source=path)
+    return out
+
+
+def stop_ids(man: dict, vocab: int) -> tuple[int, ...]:
+    """The target's eos_token_id(s), recorded in engine.json at build time (``generate`` stops on the same)."""
+    return tuple(int(e) for e in man.get("eos_token_ids") or () if 0 <= int(e) < vocab)
+
+
+def prompt_tokenizer(man: dict, engine_dir):
+    d = engine_tokenizer_dir(engine_dir, man)   # the engine's own copy first, else the target dir
+    tok = None if d is None else find_tokenizer(d, strict=True)   # a corrupt one is not "none"
+    if tok is None:
+        raise ConfigError("--prompt needs a tokenizer (the engine's tokenizer/ or its target directory); this engine "
+                          "has none: use --prompt-ids or a prompts file with input_ids", field="--prompt")
+    return tok
+
+
+def eagle_choices(K: int) -> list[list[int]]:
+    """The linear chain every request/executor must pass: ``[[0], [0, 0], ..., [0] * K]``."""
+    return [[0] * (i + 1) for i in range(K)]
+
+
+def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
+    pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    return (pre + " " if pre else "") + shlex.join(argv)

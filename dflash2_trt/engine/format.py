@@ -1,0 +1,125 @@
+"""The engine directory format, shared by both backends: ``engine.json`` (the manifest: format, schema
+version, backend, limits, versions, sources, the size and sha256 of every other file), its load and
+hash checks, and the small pieces every builder writes the same way (the tokenizer copy, the file
+hashes, the manifest write).
+
+The layout itself (what each backend puts beside ``engine.json``) is described in
+:mod:`dflash2_trt.engine.build` (CPU backend) and :mod:`dflash2_trt.engine.trtllm_build`
+(TensorRT-LLM backend); ``docs/architecture.md`` shows both. This module imports nothing of the
+engine package: every other engine module may use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..tokenizer import ENGINE_TOKENIZER_DIR, copy_tokenizer_files
+
+ENGINE_FORMAT = "dflash2-trt engine"
+ENGINE_SCHEMA = 1
+
+@dataclass
+class BuildResult:
+    output: Path
+    manifest: dict
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def copy_tokenizer(target_dir, engine_tmp) -> str | None:
+    """The target's tokenizer files into the engine directory (``tokenizer/``), when it has any."""
+    return ENGINE_TOKENIZER_DIR if copy_tokenizer_files(target_dir, Path(engine_tmp) / ENGINE_TOKENIZER_DIR) else None
+
+
+def write_manifest(tmp: Path, manifest: dict) -> None:
+    with open(tmp / "engine.json", "w") as f:
+        f.write(json.dumps(manifest, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def load_engine_dir(engine_dir, *, verify: bool = False):
+    """(engine config, manifest) of an engine directory, checked; ``verify`` re-hashes every file."""
+    engine_dir = Path(engine_dir)
+    if not engine_dir.is_dir():
+        raise ConfigError("not a directory", source=engine_dir)
+    man_path, cfg_path = engine_dir / "engine.json", engine_dir / "config.json"
+    if not man_path.is_file():
+        raise ConfigError("not an engine directory (no engine.json; build one with `dflash2-trt build`)",
+                          source=engine_dir)
+    docs = []
+    for p in (man_path, cfg_path):
+        try:
+            docs.append(json.loads(p.read_text()))
+        except OSError as exc:
+            raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"invalid JSON: {exc.msg} at line {exc.lineno}", source=p) from None
+        if not isinstance(docs[-1], dict):
+            raise ConfigError("top level must be an object", source=p)
+    man, cfg = docs
+    backend = man.get("backend")
+    # A TensorRT-LLM engine's config.json is TensorRT-LLM's own (the runtime reads it); engine.json is ours.
+    ours = ((man, man_path), (cfg, cfg_path)) if backend == "cpu" else ((man, man_path),)
+    for doc, p in ours:
+        if doc.get("format") != ENGINE_FORMAT:
+            raise ConfigError(f"format {doc.get('format')!r}, expected {ENGINE_FORMAT!r}", source=p, field="format")
+        if doc.get("schema_version") != ENGINE_SCHEMA:
+            raise ConfigError(f"schema version {doc.get('schema_version')!r}; this dflash2-trt reads {ENGINE_SCHEMA} "
+                              f"(rebuild the engine)", source=p, field="schema_version")
+    if backend not in ("cpu", "trtllm"):
+        raise ConfigError(f"backend {backend!r}: expected cpu or trtllm", source=man_path, field="backend")
+    files = man.get("files")
+    if not isinstance(files, dict) or "config.json" not in files:
+        raise ConfigError("no file list", source=man_path, field="files")
+    for rel, meta in files.items():
+        p = engine_dir / rel
+        if not p.is_file():
+            raise ConfigError(f"{rel} is missing", source=man_path, field="files")
+        if p.stat().st_size != meta.get("size"):
+            raise ConfigError(f"{rel} has {p.stat().st_size} bytes, the manifest says {meta.get('size')} (truncated or "
+                              f"modified; rebuild the engine)", source=man_path, field="files")
+        if (verify or rel == "config.json") and file_sha256(p) != meta.get("sha256"):
+            raise ConfigError(f"{rel}: sha256 differs from the manifest (modified after the build)", source=man_path,
+                              field="files")
+    try:
+        pre, build = cfg["pretrained_config"], cfg["build_config"]
+        limit_keys = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
+        for k in limit_keys + (("tokens_per_block",) if backend == "cpu" else ()):
+            if not isinstance(build[k], int) or build[k] < 1:
+                raise ConfigError(f"must be a positive integer, got {build[k]!r}", source=cfg_path,
+                                  field=f"build_config.{k}")
+        for where, v, lo in (("pretrained_config.dflash2.block_size", pre["dflash2"]["block_size"], 2),
+                             ("pretrained_config.mapping.tp_size", pre["mapping"]["tp_size"], 1),
+                             ("pretrained_config.vocab_size", pre["vocab_size"], 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"must be an integer >= {lo}, got {v!r}", source=cfg_path, field=where)
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"missing or malformed field {exc}", source=cfg_path) from None
+    return cfg, man
+
+
+def engine_backend(engine_dir) -> str | None:
+    """The ``backend`` an engine directory's engine.json names (None when unreadable: the full load reports why)."""
+    try:
+        man = json.loads((Path(engine_dir) / "engine.json").read_text())
+        return man.get("backend") if isinstance(man, dict) else None
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,266 @@
+"""The package's import graph has no cycles.
+
+Every module of ``dflash2_trt`` is parsed with ``ast`` (nothing is imported), every import
+statement is collected, at module level and inside functions alike, relative imports are
+resolved against the importing module, and ``from pkg import name`` counts as an edge to
+``pkg.name`` when that is a module of the package (and to ``pkg`` itself, whose
+``__init__`` runs first). A cycle is a strongly connected component of more than one module
+(or a module that imports itself); the test lists each one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "dflash2_trt"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+
+def _modules(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
+    """Module name -> file, for every .py file under the package."""
+    mods = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, name: str | None) -> str:
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _enclosing_package_chain(name: str) -> list[str]:
+    """``a.b.c`` -> ``['a', 'a.b', 'a.b.c']``: importing a module runs its packages first."""
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
+    """Module -> set of package modules it imports (anywhere in its body)."""
+    mods = _modules(root, package)
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    targets.update(_enclosing_package_chain(alias.name))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = _resolve_relative(mod, is_pkg, node.level, node.module)
+                else:
+                    base = node.module or ""
+                chain = _enclosing_package_chain(base)
+                names_a_non_module = False
+                for alias in node.names:
+                    if f"{base}.{alias.name}" in mods:
+                        targets.add(f"{base}.{alias.name}")
+                    else:
+                        names_a_non_module = True
+                if names_a_non_module or not _encloses(base, mod):
+                    targets.update(chain)
+                else:
+                    targets.update(c for c in chain if c != base)
+        for t in targets:
+            # A module's enclosing packages are already being imported when it runs, so
+            # ``from . import sibling`` (or ``import pkg.sibling``) inside a package is no
+            # edge to the package: its ``__init__`` importing this module is the normal
+            # shape. Taking a *name* from the enclosing ``__init__`` (``from .. import
+            # __version__``) is an edge: that name must exist before this module can run.
+            if t not in mods or t == mod:
+                continue
+            if _encloses(t, mod) and not _takes_names_from(tree, mod, is_pkg, t, mods):
+                continue
+            graph[mod].add(t)
+    return graph
+
+
+def _encloses(package: str, module: str) -> bool:
+    return module.startswith(package + ".")
+
+
+def _takes_names_from(tree: ast.AST, mod: str, is_pkg: bool, package: str, mods) -> bool:
+    """Does ``mod`` take a non-module name from its enclosing ``package``?"""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve_relative(mod, is_pkg, node.level, node.module) if node.level else node.module
+            if base == package and any(f"{base}.{a.name}" not in mods for a in node.names):
+                return True
+    return False
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+
+    def strongconnect(v: str) -> None:
+        nonlocal counter
+        # Iterative to stay clear of the recursion limit on a big graph.
+        work = [(v, iter(sorted(graph[v])))]
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[node] = min(low[node], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1 or node in graph[node]:
+                    out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    return sorted(out)
+
+
+def _describe(comp: list[str], graph: dict[str, set[str]]) -> str:
+    members = set(comp)
+    edges = [f"    {a} -> {b}" for a in comp for b in sorted(graph[a] & members)]
+    return f"  cycle of {len(comp)}: " + ", ".join(comp) + "\n" + "\n".join(edges)
+
+
+def test_the_walker_sees_a_cycle_it_is_shown(tmp_path):
+    # The detector itself: a package with a two-module circle through a function-level
+    # relative import and a ``from pkg import module`` edge, and a clean leaf.
+    pkg = tmp_path / "pkgx"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import a\n    return a\n")
+    (pkg / "leaf.py").write_text("import os\n")
+    graph = import_graph(pkg, "pkgx")
+    assert graph["pkgx.a"] == {"pkgx.sub", "pkgx.sub.b"}
+    assert graph["pkgx.sub.b"] == {"pkgx.a"}
+    assert cycles(graph) == [["pkgx.a", "pkgx.sub.b"]]
+    (pkg / "sub" / "b.py").write_text("import os\n")
+    assert cycles(import_graph(pkg, "pkgx")) == []
+    # A package whose __init__ imports its submodule, which takes a sibling module through
+    # the package, is no circle; taking a name the __init__ defines is one.
+    (pkg / "sub" / "__init__.py").write_text("from .b import f\nVALUE = 1\n")
+    (pkg / "sub" / "b.py").write_text("from . import c\ndef f():\n    return c\n")
+    (pkg / "sub" / "c.py").write_text("")
+    graph = import_graph(pkg, "pkgx")
+    assert graph["pkgx.sub.b"] == {"pkgx.sub.c"}
+    assert cycles(graph) == []
+    (pkg / "sub" / "c.py").write_text("from . import VALUE\n")
+    assert cycles(import_graph(pkg, "pkgx")) == [["pkgx.sub", "pkgx.sub.b", "pkgx.sub.c"]]
+
+
+def test_the_package_has_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 50, "the walker found too few modules; is ROOT right?"
+    found = cycles(graph)
+    if found:
+        pytest.fail(
+            f"{len(found)} import cycle(s) in {PACKAGE}/:\n"
+            + "\n".join(_describe(c, graph) for c in found)
+        )
+
+
+def _reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
+    seen, todo = set(), list(start)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    return seen
+
+
+def test_the_shipped_assets_do_not_import_the_test_helpers():
+    # The shipped trained pairs (and their registry) stand on their own: dflash2_trt/testing may
+    # import dflash2_trt/assets, never the reverse, directly or through another module.
+    graph = import_graph()
+    assets = {m for m in graph if m == f"{PACKAGE}.assets" or m.startswith(f"{PACKAGE}.assets.")}
+    assert f"{PACKAGE}.assets.registry" in assets
+    reached = sorted(m for m in _reachable(graph, assets) if m.startswith(f"{PACKAGE}.testing"))
+    assert not reached, f"dflash2_trt/assets reaches the test helpers: {reached}"
+    assert f"{PACKAGE}.assets.registry" in graph[f"{PACKAGE}.testing.tiny"]
+
+
+# Private names still taken across files, each waiting on other work; the test fails when one of
+# them is gone too, so the list only shrinks. convert/driver.py and checkpoint/writer.py are being
+# edited on the issue 23 branch: their names are renamed after that lands.
+PENDING_PRIVATE = {
+    ("dflash2_trt.convert.driver", "dflash2_trt.checkpoint.writer", "_HashWorker"),
+    ("dflash2_trt.engine.plan", "dflash2_trt.convert.driver", "_FAMILY_MAPS"),
+    ("dflash2_trt.engine.plan", "dflash2_trt.convert.driver", "_rank_plans"),
+}
+
+
+def private_imports(root: Path = ROOT, package: str = PACKAGE) -> set[tuple[str, str, str]]:
+    """(importer, module, name) for every ``from M import _name`` where M is another module of the
+    package (``import M as _alias`` and dunders such as ``__version__`` are not private names)."""
+    mods = _modules(root, package)
+    out = set()
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _resolve_relative(mod, is_pkg, node.level, node.module) if node.level else node.module
+            if base not in mods or base == mod:
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__") and f"{base}.{a.name}" not in mods:
+                    out.add((mod, base, a.name))
+    return out
+
+
+def test_no_private_name_is_imported_across_files(tmp_path):
+    pkg = tmp_path / "pkgy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("__version__ = '1'\n")
+    (pkg / "a.py").write_text("from . import __version__\nfrom .b import _hidden, shown\nfrom . import b as _b\n")
+    (pkg / "b.py").write_text("_hidden = 1\nshown = 2\n")
+    assert private_imports(pkg, "pkgy") == {("pkgy.a", "pkgy.b", "_hidden")}
+
+    found = private_imports()
+    new = sorted(found - PENDING_PRIVATE)
+    assert not new, "private names imported across files (make them public or move them):\n" + "\n".join(
+        f"  {imp}: from {m} import {n}" for imp, m, n in new)
+    gone = sorted(PENDING_PRIVATE - found)
+    assert not gone, f"no longer imported, drop from PENDING_PRIVATE: {gone}"
