@@ -115,11 +115,21 @@ class _HashWorker:
     def submit(self, writer: "StreamingSafetensorsWriter", offset: int, data) -> None:
         self._q.put((writer, offset, data))
 
+    def call(self, fn, *args) -> None:
+        """Run ``fn(*args)`` in the worker, in queue order (e.g. a check of a buffer that is then
+        hashed); an exception it raises is reported by :meth:`raise_error` / :meth:`close`."""
+        self._q.put((None, fn, args))
+
     def fence(self) -> threading.Event:
         """An event set once everything submitted before it has been hashed (or failed)."""
         ev = threading.Event()
         self._q.put(ev)
         return ev
+
+    def raise_error(self) -> None:
+        """Raise the first error the worker met, if any (it skips all work after it)."""
+        if self._error is not None:
+            raise self._error
 
     def _run(self) -> None:
         while True:
@@ -131,10 +141,13 @@ class _HashWorker:
                 continue
             if self._error is not None:
                 continue
-            writer, offset, data = item
+            writer, a, b = item
             try:
-                writer._hash_piece(offset, data)
-            except BaseException as exc:  # reported by close()
+                if writer is None:
+                    a(*b)
+                else:
+                    writer._hash_piece(a, b)
+            except BaseException as exc:  # reported by raise_error() / close()
                 self._error = exc
 
     def close(self) -> None:

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import torch
 
 from .. import __version__
 from ..checkpoint.inventory import check_inventory, expected_drafter_tensors, expected_target_tensors
@@ -57,9 +56,15 @@ OUT_DTYPES = ("bfloat16", "float16", "float32")
 CHUNK_BYTES = 64 << 20
 KERNEL_COPY = True  # copy_file_range for whole-row, same-dtype slices (bench_convert A/B switch)
 _FAMILY_MAPS = {"qwen3": qwen3, "qwen3_5": qwen3_5, "muse_glimmer": muse_glimmer}
-_TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+N_SLOTS = 2  # chunks in flight: the writes of one while the worker checks and hashes the previous
 # Exponent bits: a value is NaN or Inf exactly when all of them are set.
 _EXP_MASK = {"BF16": (np.uint16, 0x7F80), "F16": (np.uint16, 0x7C00), "F32": (np.uint32, 0x7F800000)}
+
+
+def _torch_dtype(tag: str):
+    import torch
+
+    return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[tag]
 
 
 @dataclass
@@ -191,29 +196,55 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 class _FiniteCheck:
-    """NaN/Inf check on raw bits: ``max(bits & exponent_mask) == exponent_mask`` (~5 GB/s).
+    """NaN/Inf check on raw bits: ``max(bits & exponent_mask) == exponent_mask``.
 
-    The AND goes into a preallocated scratch buffer: a fresh 64 MiB temporary per chunk costs
-    page faults that made this 25x slower (measured), dominating the whole conversion.
+    Runs in the hash worker thread (off the critical path of the writes), block by block through
+    a small scratch buffer that stays in the CPU cache: a fresh 64 MiB temporary per chunk costs
+    page faults that made this 25x slower (measured), and a chunk-sized scratch one costs a
+    second pass over memory.
     """
 
-    def __init__(self, nbytes: int):
-        self.scratch = np.empty(nbytes, dtype=np.uint8)
+    BLOCK = 1 << 20
+
+    def __init__(self):
+        self.scratch = np.empty(self.BLOCK, dtype=np.uint8)
 
     def __call__(self, raw: np.ndarray, tag: str, info: TensorInfo, row0: int, row1: int) -> None:
         if tag not in _EXP_MASK:
             return
         np_t, mask = _EXP_MASK[tag]
         bits = raw.reshape(-1).view(np_t)
-        if not bits.size:
-            return
-        if self.scratch.nbytes < raw.nbytes:
-            self.scratch = np.empty(raw.nbytes, dtype=np.uint8)
-        out = self.scratch[:raw.nbytes].view(np_t)
-        np.bitwise_and(bits, np_t(mask), out=out)
-        if int(out.max()) == mask:
-            raise CheckpointError(f"non-finite values (NaN or Inf) in rows [{row0}, {row1})", file=info.file,
-                                  tensor=info.name)
+        step = self.BLOCK // bits.itemsize
+        scratch = self.scratch.view(np_t)
+        m = np_t(mask)
+        for i in range(0, bits.size, step):
+            part = bits[i:i + step]
+            out = scratch[:part.size]
+            np.bitwise_and(part, m, out=out)
+            if int(out.max()) == mask:
+                raise CheckpointError(f"non-finite values (NaN or Inf) in rows [{row0}, {row1})", file=info.file,
+                                      tensor=info.name)
+
+
+class _Arena:
+    """Reused memory for the slices and casts of one chunk slot (bump allocation, reset when the
+    slot's fence has passed): fresh 64 MiB arrays per chunk cost page faults on every use."""
+
+    def __init__(self):
+        self.buf = np.empty(0, dtype=np.uint8)
+        self.used = 0
+
+    def reset(self) -> None:
+        self.used = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if self.used + nbytes > self.buf.nbytes:
+            # Views handed out earlier keep the old buffer alive until they are hashed.
+            self.buf = np.empty(max(2 * self.buf.nbytes, nbytes, 1 << 20), dtype=np.uint8)
+            self.used = 0
+        view = self.buf[self.used:self.used + nbytes]
+        self.used += nbytes
+        return view
 
 
 def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: list[StreamingSafetensorsWriter],
@@ -233,10 +264,11 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
     # are checked and hashed in place). Two slots: the hash thread reads chunk k while chunk k+1 is
     # mapped; a slot's map is dropped (unmapped once no view is left) only after the fence queued
     # behind its writes has passed, so the resident set stays ~2 chunks whatever the tensor size.
-    maps: list = [None, None]
-    fences: list = [None, None]
+    maps: list = [None] * N_SLOTS
+    fences: list = [None] * N_SLOTS
+    arenas = [_Arena() for _ in range(N_SLOTS)]
     n_chunk = 0
-    check_finite = _FiniteCheck(CHUNK_BYTES)
+    check_finite = _FiniteCheck()
     total = 0
     try:
         for key in order:
@@ -255,11 +287,15 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
             for a in range(0, n_rows, chunk_rows):
                 b = min(n_rows, a + chunk_rows)
                 nbytes = (b - a) * row_bytes
-                slot = n_chunk % 2
+                slot = n_chunk % N_SLOTS
                 n_chunk += 1
                 if fences[slot] is not None:
                     fences[slot].wait()
+                    if hasher is not None:
+                        hasher.raise_error()  # e.g. non-finite values found by the check queued there
                 maps[slot] = None
+                arena = arenas[slot]
+                arena.reset()
                 off = data_start + info.offsets[0] + a * row_bytes
                 base = off - off % mmap.ALLOCATIONGRANULARITY
                 try:
@@ -270,19 +306,29 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                 maps[slot] = mm
                 view = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=off - base)
                 arr = view.reshape(b - a, row_bytes)
-                check_finite(arr, info.dtype, info, a, b)
+                if hasher is not None:
+                    hasher.call(check_finite, arr, info.dtype, info, a, b)
+                else:
+                    check_finite(arr, info.dtype, info, a, b)
                 for rank, out, p, row0 in dests[key]:
                     x, y = max(a, p.rows[0]), min(b, p.rows[1])
                     if x >= y:
                         continue
                     block = arr[x - a:y - a]
-                    if p.cols is not None:
+                    whole_rows = p.cols is None or p.cols[1] - p.cols[0] == row_bytes // isz  # e.g. row-parallel at tp 1
+                    if not whole_rows:
                         block = block[:, p.cols[0] * isz:p.cols[1] * isz]
                     tag = tags[rank][out.name]
                     copy_from = None
                     if tag != info.dtype:
-                        src = torch.from_numpy(block.copy()).view(_TORCH[info.dtype])  # copy: the map is read-only
-                        cast = src.to(_TORCH[tag])
+                        import torch
+
+                        dt_in, dt_out = _torch_dtype(info.dtype), _torch_dtype(tag)
+                        src_buf = arena.take(block.nbytes).reshape(block.shape)
+                        np.copyto(src_buf, block)  # the map is read-only; torch wants writable memory
+                        dst_buf = arena.take(block.nbytes // isz * ITEMSIZE[tag]).reshape(block.shape[0], -1)
+                        cast = torch.from_numpy(dst_buf).view(dt_out)
+                        cast.copy_(torch.from_numpy(src_buf).view(dt_in))
                         # The source was checked finite, so a non-finite value here is an overflow of the
                         # narrower dtype (e.g. |w| > 65504 cast to float16): silent inf weights otherwise.
                         if not bool(torch.isfinite(cast).all()):
@@ -290,16 +336,18 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                                 f"rows [{x}, {y}) overflow {tag} when cast from {info.dtype} (a finite value "
                                 f"beyond {tag}'s largest); convert with a wider --dtype", file=info.file,
                                 tensor=info.name)
-                        block = cast.view(torch.uint8).numpy()
-                    elif p.cols is None:  # whole rows, same dtype: the kernel copies them file to file
+                        block = dst_buf
+                    elif whole_rows:  # whole rows, same dtype: the kernel copies them file to file
                         copy_from = (fd, off + (x - a) * row_bytes) if KERNEL_COPY else None
                     else:
-                        block = np.ascontiguousarray(block)
+                        buf = arena.take(block.nbytes).reshape(block.shape)
+                        np.copyto(buf, block)
+                        block = buf
                     out_row_bytes = out.width * ITEMSIZE[tag]
                     writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block, copy_from)
                 fences[slot] = hasher.fence() if hasher is not None else None
                 total += nbytes
-                view = arr = block = None  # no view of the map may outlive its fence
+                view = arr = block = buf = None  # no view of the map may outlive its fence
                 if progress is not None:
                     progress.update(nbytes)
     finally:
