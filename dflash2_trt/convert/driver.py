@@ -93,28 +93,75 @@ def _rank_plans(t: TargetConfig, d: DFlash2Config, tp: int) -> list[list[OutTens
     return [fam.target_tensors(t, tp, r) + dflash2.drafter_tensors(d, t.hidden_size, tp, r) for r in range(tp)]
 
 
-def _check_inventories(t: TargetConfig, d: DFlash2Config, tck: SafetensorsCheckpoint, dck: SafetensorsCheckpoint,
-                       drops: list[Drop]) -> dict[str, int]:
-    """Raise on missing / wrong-shape / wrong-dtype / unmapped tensors. Returns dropped counts by reason."""
-    dropped: dict[str, int] = {}
-    for ckpt, expected, rules in ((tck, expected_target_tensors(t), drops),
-                                  (dck, expected_drafter_tensors(d, t.hidden_size), [])):
-        rep = check_inventory(ckpt, expected)
-        unexpected = []
-        for name in rep.unexpected:
-            rule = next((r for r in rules if r.matches(name)), None)
-            if rule is None:
-                unexpected.append(name)
-            else:
-                dropped[rule.reason] = dropped.get(rule.reason, 0) + 1
-        rep.unexpected = unexpected
-        if rep.unexpected and not (rep.missing or rep.wrong_shape or rep.wrong_dtype):
-            n = len(rep.unexpected)
-            raise CheckpointError(
-                f"{n} tensor(s) neither converted nor deliberately dropped (unmapped), e.g. {rep.unexpected[:5]}",
-                file=ckpt.directory, tensor=rep.unexpected[0])
-        rep.raise_for_problems()
-    return dropped
+def _check_inventory(ckpt: SafetensorsCheckpoint, expected: dict, rules: list[Drop], dropped: dict[str, int]) -> None:
+    """Raise on missing / wrong-shape / wrong-dtype / unmapped tensors; count dropped ones by reason."""
+    rep = check_inventory(ckpt, expected)
+    unexpected = []
+    for name in rep.unexpected:
+        rule = next((r for r in rules if r.matches(name)), None)
+        if rule is None:
+            unexpected.append(name)
+        else:
+            dropped[rule.reason] = dropped.get(rule.reason, 0) + 1
+    rep.unexpected = unexpected
+    if rep.unexpected and not (rep.missing or rep.wrong_shape or rep.wrong_dtype):
+        n = len(rep.unexpected)
+        raise CheckpointError(
+            f"{n} tensor(s) neither converted nor deliberately dropped (unmapped), e.g. {rep.unexpected[:5]}",
+            file=ckpt.directory, tensor=rep.unexpected[0])
+    rep.raise_for_problems()
+
+
+class _TargetInventory:
+    """The target's inventory check, whose expected tensors come from transformers (importing it
+    and torch is ~3 s, more than a tenth of converting a 9 GB pair). The import and the meta-device
+    model run in a background thread from the start, so they overlap planning and the data pass.
+
+    Its verdict comes first, as if it had run before everything else: :meth:`first_error` gives it
+    for any error raised meanwhile, and the output is renamed into place only after :meth:`check`
+    passed (until then it is a temporary directory, removed on error).
+    """
+
+    def __init__(self, t: TargetConfig, ckpt: SafetensorsCheckpoint, drops: list[Drop]):
+        self._ckpt, self._drops = ckpt, drops
+        self._expected: dict | None = None
+        self._exc: BaseException | None = None
+        self._verdict: tuple[dict[str, int] | None, BaseException | None] | None = None
+        self._thread = threading.Thread(target=self._run, args=(t,), name="dflash2-target-inventory", daemon=True)
+        self._thread.start()
+
+    def _run(self, t: TargetConfig) -> None:
+        try:
+            self._expected = expected_target_tensors(t)
+        except BaseException as exc:  # re-raised in the caller's thread
+            self._exc = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def _judge(self) -> tuple[dict[str, int] | None, BaseException | None]:
+        if self._verdict is None:
+            self._thread.join()
+            dropped: dict[str, int] = {}
+            try:
+                if self._exc is not None:
+                    raise self._exc
+                _check_inventory(self._ckpt, self._expected, self._drops, dropped)
+                self._verdict = (dropped, None)
+            except Exception as exc:
+                self._verdict = (None, exc)
+        return self._verdict
+
+    def check(self) -> dict[str, int]:
+        """Wait for the check; raise its error, or return the dropped tensor counts by reason."""
+        dropped, exc = self._judge()
+        if exc is not None:
+            raise exc
+        return dropped
+
+    def first_error(self) -> BaseException | None:
+        """The check's error (waiting for it), or None when it passes."""
+        return self._judge()[1]
 
 
 def _check_plan(plans: list[list[OutTensor]], sources: dict[str, _Source], drops: list[Drop]) -> None:
@@ -248,7 +295,7 @@ class _Arena:
 
 
 def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: list[StreamingSafetensorsWriter],
-            tags: list[dict[str, str]], progress, hasher: _HashWorker | None) -> int:
+            tags: list[dict[str, str]], progress, hasher: _HashWorker | None, poll=None) -> int:
     """One pass over every used source tensor, in file order; returns the bytes read."""
     dests: dict[tuple[str, str], list] = {}
     for rank, plan in enumerate(plans):
@@ -350,6 +397,8 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                 view = arr = block = buf = None  # no view of the map may outlive its fence
                 if progress is not None:
                     progress.update(nbytes)
+                if poll is not None:
+                    poll()
     finally:
         maps.clear()
         for fd, _ in fds.values():
@@ -394,7 +443,24 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
             raise ConfigError(f"{out_abs} is or contains the {kind} checkpoint {src_abs}; --force would delete it",
                               field="--output")
     drops = _FAMILY_MAPS[t.family].target_drops(t)
-    dropped = _check_inventories(t, d, tck, dck, drops)
+    target_inventory = _TargetInventory(t, tck, drops)
+    try:
+        return _convert_checked(t, d, tck, dck, drafter_dir, target_dir, drops, target_inventory, output, tp_size,
+                                out_dtype, force, progress, t0)
+    except Exception as exc:
+        first = target_inventory.first_error()
+        if first is not None and first is not exc:
+            raise first from None  # the old order: the target inventory was checked before anything below
+        raise
+
+
+def _convert_checked(t: TargetConfig, d: DFlash2Config, tck: SafetensorsCheckpoint, dck: SafetensorsCheckpoint,
+                     drafter_dir: Path, target_dir: Path, drops: list[Drop], target_inventory: _TargetInventory,
+                     output, tp_size: int, out_dtype: str, force: bool, progress: bool | None,
+                     t0: float) -> ConvertResult:
+    """:func:`convert_pair` after the cheap checks, with the target inventory running meanwhile."""
+    dropped: dict[str, int] = {}
+    _check_inventory(dck, expected_drafter_tensors(d, t.hidden_size), [], dropped)
     sources = {TARGET: _Source(tck, t, target_dir), DRAFTER: _Source(dck, d, drafter_dir)}
     plans = _rank_plans(t, d, tp_size)
     _check_plan(plans, sources, drops)
@@ -418,10 +484,15 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
         writers: list[StreamingSafetensorsWriter] = []
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="convert",
                    disable=not show, file=sys.stderr, dynamic_ncols=True)
+
+        def poll() -> None:  # stop early when the target inventory fails
+            if target_inventory.done():
+                target_inventory.check()
+
         try:
             for r, layout in enumerate(layouts):
                 writers.append(StreamingSafetensorsWriter(tmp / f"rank{r}.safetensors", layout, hasher))
-            read = _stream(sources, plans, writers, tags, bar, hasher)
+            read = _stream(sources, plans, writers, tags, bar, hasher, poll)
             for w in writers:
                 w.finish()
             hasher.close()
@@ -436,6 +507,7 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
                     pass
             for w in writers:
                 w.close()
+        dropped = {**target_inventory.check(), **dropped}  # nothing is renamed into place before it passed
         write_small_file(tmp / "config.json", json.dumps(config, indent=2) + "\n")
         files = [{"name": "config.json", "size": (tmp / "config.json").stat().st_size,
                   "sha256": sha256_file(tmp / "config.json")}]

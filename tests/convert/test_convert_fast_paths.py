@@ -1,0 +1,131 @@
+"""What keeps ``convert`` near the cost of a plain copy, checked structurally (no timings):
+
+* start-up: the command imports neither torch nor transformers before the data pass;
+* the target inventory (transformers, ~3 s to import) runs while the data streams, and its
+  verdict still comes first and still stops the output from being put in place;
+* at tp 1 with the source dtype every data byte is copied by the kernel (``copy_file_range``),
+  row-parallel tensors (a "column slice" as wide as the row) included;
+* the manifest's sha256 of every file is that of the bytes on disk, whatever path wrote them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from dflash2_trt.checkpoint import writer as writer_mod
+from dflash2_trt.convert import convert_pair, driver
+from dflash2_trt.errors import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_convert_start_up_imports_neither_torch_nor_transformers():
+    code = ("import sys; import dflash2_trt.cli, dflash2_trt.convert, dflash2_trt.checkpoint; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _inventory_waiting_for_the_stream(monkeypatch, extra: str | None = None) -> dict:
+    """Make the target inventory wait (up to 20 s) for the first tensor write, and record whether
+    it came: with the inventory run before the data pass it never does."""
+    first_write = threading.Event()
+    seen = {"overlapped": None}
+    real_write = writer_mod.StreamingSafetensorsWriter.write
+    real_expected = driver.expected_target_tensors
+
+    def write(self, *a, **k):
+        first_write.set()
+        return real_write(self, *a, **k)
+
+    def expected(cfg):
+        seen["overlapped"] = first_write.wait(20)
+        out = real_expected(cfg)
+        if extra is not None:
+            out[extra] = next(iter(out.values()))
+        return out
+
+    monkeypatch.setattr(writer_mod.StreamingSafetensorsWriter, "write", write)
+    monkeypatch.setattr(driver, "expected_target_tensors", expected)
+    return seen
+
+
+def test_target_inventory_runs_while_the_data_streams(wide_pairs, tmp_path, monkeypatch):
+    seen = _inventory_waiting_for_the_stream(monkeypatch)
+    d, t = wide_pairs["qwen3_5"]
+    convert_pair(d, t, tmp_path / "ckpt", tp_size=2)
+    assert seen["overlapped"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_target_inventory_failing_during_the_stream_leaves_nothing(wide_pairs, tmp_path, monkeypatch):
+    seen = _inventory_waiting_for_the_stream(monkeypatch, extra="model.language_model.layers.0.extra.weight")
+    d, t = wide_pairs["qwen3_5"]
+    out_root = tmp_path / "out"
+    with pytest.raises(CheckpointError, match=r"missing tensor model\.language_model\.layers\.0\.extra\.weight"):
+        convert_pair(d, t, out_root / "ckpt", tp_size=2)
+    assert seen["overlapped"] is True
+    assert not out_root.exists()  # nor its temporary directory, nor the parent made for it
+
+
+def _break(directory: Path, name: str) -> None:
+    path = directory / "model.safetensors"
+    sd = load_file(str(path))
+    sd.pop(name)
+    save_file(sd, str(path), metadata={"format": "pt"})
+
+
+def test_target_inventory_error_comes_before_later_errors(tiny_hybrid, tmp_path):
+    """As when it ran first: with the drafter broken as well, the error names the target's tensor."""
+    d, t = tmp_path / "drafter", tmp_path / "target"
+    shutil.copytree(tiny_hybrid.drafter_dir, d)
+    shutil.copytree(tiny_hybrid.target_dir, t)
+    _break(t, "model.language_model.layers.1.mlp.up_proj.weight")
+    _break(d, "layers.0.mlp_conv.base_kernel")
+    with pytest.raises(CheckpointError) as exc:
+        convert_pair(d, t, tmp_path / "out" / "ckpt", tp_size=2)
+    assert "model.language_model.layers.1.mlp.up_proj.weight" in str(exc.value)
+    assert "base_kernel" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_tp1_same_dtype_data_is_all_copied_by_the_kernel(wide_pairs, tmp_path, monkeypatch):
+    written = {"kernel": 0, "user": 0}
+    real_write = writer_mod.StreamingSafetensorsWriter.write
+
+    def write(self, name, offset, data, copy_from=None):
+        written["kernel" if copy_from is not None else "user"] += memoryview(data).nbytes
+        return real_write(self, name, offset, data, copy_from)
+
+    monkeypatch.setattr(writer_mod.StreamingSafetensorsWriter, "write", write)
+    d, t = wide_pairs["qwen3_5"]  # has row-parallel o_proj / down_proj / out_proj
+    res = convert_pair(d, t, tmp_path / "ckpt", tp_size=1)
+    assert written == {"kernel": res.bytes_read, "user": 0}
+
+
+@pytest.mark.parametrize("tp,dtype,kernel_copy", [(1, None, True), (1, "float16", True), (2, None, True),
+                                                  (2, None, False), (4, "bfloat16", True)])
+def test_manifest_sha256_is_that_of_the_files_on_disk(wide_pairs, tmp_path, monkeypatch, tp, dtype, kernel_copy):
+    """Hashing happens while writing (from the mapped source, the cast buffers, or re-read from
+    the output for out-of-order writes): the digests must still be those of the files."""
+    monkeypatch.setattr(driver, "KERNEL_COPY", kernel_copy)
+    d, t = wide_pairs["qwen3_5"]
+    out = tmp_path / "ckpt"
+    convert_pair(d, t, out, tp_size=tp, dtype=dtype)
+    files = json.loads((out / "manifest.json").read_text())["files"]
+    assert sorted(f["name"] for f in files) == sorted(p.name for p in out.iterdir() if p.name != "manifest.json")
+    for f in files:
+        data = (out / f["name"]).read_bytes()
+        assert (f["size"], f["sha256"]) == (len(data), hashlib.sha256(data).hexdigest()), f["name"]
+
