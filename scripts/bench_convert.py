@@ -14,9 +14,12 @@ run and alternating, it times:
 * ``convert``: the ``dflash2-trt convert`` command in a subprocess (startup included), whose
   peak RSS is read from ``wait4``.
 
-Reports per-rep times, the ratio of medians (goal <= 1.5; also without the fixed start-up of
-the interpreter, torch and transformers, which the CLI reports apart) and the converter's peak RSS (goal
-< 1.5 GiB, independent of model size: compare ``--target-layers 4`` and ``8``).
+Reports per-rep times, the ratio of medians (goal <= 1.15 including start-up; also the ratio
+without the start-up before ``convert_pair`` runs, i.e. the interpreter and the CLI's imports, from
+the time the CLI reports; the transformers/torch import of the target inventory runs inside it,
+overlapping the data pass) and the converter's peak RSS (goal < 1 GiB, independent of model size:
+compare ``--target-layers 4`` and ``8``). It is a side-by-side ratio on whatever machine runs it,
+not a timed test: on a shared machine both sides are noisy, so run it more than once.
 
     python scripts/bench_convert.py [--workdir DIR] [--tp-size 1] [--reps 2] [--keep]
 """
@@ -200,7 +203,7 @@ def main() -> None:
             inner.append(vi)
             rss.append(r)
             print(f"rep {rep}: copy {c:.2f} s ({total / c / 2**20:.0f} MiB/s), convert {v:.2f} s "
-                  f"(after imports {vi:.1f} s) "
+                  f"(after start-up {vi:.1f} s) "
                   f"({total / v / 2**20:.0f} MiB/s, output {out_bytes / 2**30:.2f} GiB), "
                   f"convert peak RSS {r / 2**20:.0f} MiB", file=sys.stderr)
         report = {
@@ -214,12 +217,12 @@ def main() -> None:
             "ratio_of_medians": round(statistics.median(converts) / statistics.median(copies), 3),
             "ratio_after_imports": round(statistics.median(inner) / statistics.median(copies), 3),
             "convert_peak_rss_mib": round(max(rss) / 2**20, 1),
-            "goal": {"ratio": 1.5, "rss_mib": 1536},
+            "goal": {"ratio": 1.15, "rss_mib": 1024},
         }
         print(json.dumps(report, indent=2) if args.json else
-              f"convert/copy = {report['ratio_of_medians']} (goal <= 1.5; {report['ratio_after_imports']} without "
-              f"the fixed interpreter/torch/transformers start-up); "
-              f"converter peak RSS = {report['convert_peak_rss_mib']} MiB (goal < 1536)")
+              f"convert/copy = {report['ratio_of_medians']} (goal <= 1.15x including start-up, RSS < 1 GiB; "
+              f"{report['ratio_after_imports']} without the interpreter and CLI imports); "
+              f"converter peak RSS = {report['convert_peak_rss_mib']} MiB (goal < 1024)")
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
