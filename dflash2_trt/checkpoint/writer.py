@@ -18,6 +18,11 @@ straight from the caller's buffer; a write ahead of the frontier is remembered a
 from the page cache once the frontier reaches it. The caller keeps each buffer alive until a
 :meth:`_HashWorker.fence` it queued after the writes has passed.
 
+Write-behind: every 256 MiB the writer waits for the writeback of what it wrote more than 1 GiB
+before (``sync_file_range``) and drops those pages, already hashed, from the page cache; so a
+multi-GB file never fills memory with its own dirty and cached pages (which made every further
+page cost reclaim: 4x the kernel CPU time of a plain copy, measured) and the final fsync is short.
+
 :class:`AtomicOutputDir` writes into a temporary directory beside the final one and renames it
 into place only when complete; an exception or Ctrl-C (KeyboardInterrupt) removes it. A failed
 write (read-only or full file system, no permission) is one :class:`OutputWriteError` line naming
@@ -38,6 +43,7 @@ import queue
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -50,6 +56,35 @@ from ..errors import CheckpointError, DFlash2Error
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1}
 _HASH_BLOCK = 8 << 20
+# Write-behind (see StreamingSafetensorsWriter._write_behind): every _WB_STEP bytes, wait for the
+# writeback of what was written more than _WB_WINDOW ago and drop those clean, hashed pages.
+_WB_STEP = 256 << 20
+_WB_WINDOW = 1 << 30
+
+
+def _libc_sync_file_range():
+    """``sync_file_range(2)`` through libc (Linux; ``os`` has no wrapper), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):  # pragma: no cover - no such libc symbol
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def call(fd: int, offset: int, nbytes: int, flags: int) -> None:
+        if fn(fd, offset, nbytes, flags) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    return call
+
+
+_SFR_WAIT_BEFORE, _SFR_WRITE, _SFR_WAIT_AFTER = 1, 2, 4
+_sync_file_range = _libc_sync_file_range()
 
 try:
     import fcntl
@@ -171,6 +206,10 @@ class StreamingSafetensorsWriter:
         self._pending: dict[int, int] = {}  # written but not yet hashed: offset -> length
         self._hasher = hasher
         self._copy_ok = hasattr(os, "copy_file_range")
+        self._wb_next = _WB_STEP  # write-behind (see _write_behind): next trigger,
+        self._wb_done = 0  # bytes [0, _wb_done) written back,
+        self._wb_dropped = 0  # bytes [0, _wb_dropped) dropped from the page cache
+        self._wb_ok = True
         try:
             self._put(layout.header, 0)
         except BaseException:
@@ -180,8 +219,38 @@ class StreamingSafetensorsWriter:
     def _put(self, data, offset: int, copy_from: tuple[int, int] | None = None) -> None:
         try:
             self._put_raw(data, offset, copy_from)
+            end = offset + memoryview(data).nbytes
+            if end >= self._wb_next:
+                self._write_behind(end)
         except OSError as exc:  # e.g. ENOSPC: say which file
             raise _named(exc, self.path) from exc
+
+    def _write_behind(self, end: int) -> None:
+        """Keep at most ~:data:`_WB_WINDOW` of this file dirty or cached, as a copy that fsyncs
+        each file does: wait for the writeback of what lies a window behind ``end``, drop those
+        pages from the page cache once hashed (they are never read again), and start writeback of
+        the rest. Measured on a 9 GB conversion: without it the file's dirty and cached pages fill
+        memory and every new page costs reclaim (kernel CPU time 4x that of the copy itself).
+        """
+        self._wb_next = end + _WB_STEP
+        if _sync_file_range is None or not self._wb_ok:
+            return
+        try:
+            lag = end - _WB_WINDOW
+            if lag > self._wb_done:
+                _sync_file_range(self._fd, self._wb_done, lag - self._wb_done,
+                                 _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER)
+                hashed = min(lag, self._hashed)  # pages above the hashed frontier may be read back
+                if hashed > self._wb_dropped and hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(self._fd, self._wb_dropped, hashed - self._wb_dropped,
+                                     os.POSIX_FADV_DONTNEED)
+                    self._wb_dropped = hashed
+                self._wb_done = lag
+            _sync_file_range(self._fd, 0, 0, _SFR_WRITE)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):
+                raise  # e.g. EIO / ENOSPC from the writeback: a write error
+            self._wb_ok = False  # not supported here: the kernel writes back on its own
 
     def _put_raw(self, data, offset: int, copy_from: tuple[int, int] | None) -> None:
         if copy_from is not None and self._copy_ok:
