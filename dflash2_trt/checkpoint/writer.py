@@ -51,11 +51,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import numpy as np
+
 from ..errors import CheckpointError, DFlash2Error
 
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1}
 _HASH_BLOCK = 8 << 20
+CHECK_BLOCK = 1 << 20  # a write's ``check`` sees blocks this size (fits the L2 cache with the hash)
 # Write-behind (see StreamingSafetensorsWriter._write_behind): every _WB_STEP bytes, wait for the
 # writeback of what was written more than _WB_WINDOW ago and drop those clean, hashed pages.
 _WB_STEP = 256 << 20
@@ -147,8 +150,8 @@ class _HashWorker:
         self._thread = threading.Thread(target=self._run, name="dflash2-sha256", daemon=True)
         self._thread.start()
 
-    def submit(self, writer: "StreamingSafetensorsWriter", offset: int, data) -> None:
-        self._q.put((writer, offset, data))
+    def submit(self, writer: "StreamingSafetensorsWriter", offset: int, data, check=None) -> None:
+        self._q.put((writer, offset, (data, check)))
 
     def call(self, fn, *args) -> None:
         """Run ``fn(*args)`` in the worker, in queue order (e.g. a check of a buffer that is then
@@ -181,7 +184,7 @@ class _HashWorker:
                 if writer is None:
                     a(*b)
                 else:
-                    writer._hash_piece(a, b)
+                    writer._hash_piece(a, *b)
             except BaseException as exc:  # reported by raise_error() / close()
                 self._error = exc
 
@@ -216,9 +219,9 @@ class StreamingSafetensorsWriter:
             self.close()  # the caller never gets this writer to close
             raise
 
-    def _put(self, data, offset: int, copy_from: tuple[int, int] | None = None) -> None:
+    def _put(self, data, offset: int, copy_from: tuple[int, int] | None = None, check=None) -> None:
         try:
-            self._put_raw(data, offset, copy_from)
+            self._put_raw(data, offset, copy_from, check)
             end = offset + memoryview(data).nbytes
             if end >= self._wb_next:
                 self._write_behind(end)
@@ -252,7 +255,7 @@ class StreamingSafetensorsWriter:
                 raise  # e.g. EIO / ENOSPC from the writeback: a write error
             self._wb_ok = False  # not supported here: the kernel writes back on its own
 
-    def _put_raw(self, data, offset: int, copy_from: tuple[int, int] | None) -> None:
+    def _put_raw(self, data, offset: int, copy_from: tuple[int, int] | None, check=None) -> None:
         if copy_from is not None and self._copy_ok:
             try:
                 self._copy(copy_from, offset, memoryview(data).nbytes)
@@ -269,9 +272,9 @@ class StreamingSafetensorsWriter:
                 view = view[n:]
                 pos += n
         if self._hasher is not None:
-            self._hasher.submit(self, offset, data)
+            self._hasher.submit(self, offset, data, check)
         else:
-            self._hash_piece(offset, data)
+            self._hash_piece(offset, data, check)
 
     def _copy(self, copy_from: tuple[int, int], offset: int, n: int) -> None:
         fd, src = copy_from
@@ -282,13 +285,15 @@ class StreamingSafetensorsWriter:
                 raise CheckpointError(f"copy_file_range returned {k} at byte {offset + done}", file=self.path)
             done += k
 
-    def write(self, name: str, offset: int, data, copy_from: tuple[int, int] | None = None) -> None:
+    def write(self, name: str, offset: int, data, copy_from: tuple[int, int] | None = None, check=None) -> None:
         """Write ``data`` (any contiguous buffer) at byte ``offset`` inside tensor ``name``.
 
         With a hash worker, ``data`` must stay unchanged until a later fence has passed.
         ``copy_from=(fd, file_offset)`` says ``data`` is exactly those bytes of another file: they
         are then copied file to file inside the kernel (``copy_file_range``), and ``data`` is only
-        hashed.
+        hashed. ``check``, if given, is called (in the hash worker) on consecutive blocks of
+        ``data`` (numpy uint8 arrays of at most :data:`CHECK_BLOCK` bytes) just before each is
+        hashed, so both read it while it is in the CPU cache; an error it raises fails the write.
         """
         begin, end = self.layout.offsets[name]
         n = memoryview(data).nbytes
@@ -298,18 +303,28 @@ class StreamingSafetensorsWriter:
         if self._written[name] + n > end - begin:
             raise CheckpointError("tensor received more bytes than it holds (overlapping writes)",
                                   file=self.path, tensor=name)
-        self._put(data, self.layout.data_start + begin + offset, copy_from)
+        self._put(data, self.layout.data_start + begin + offset, copy_from, check)
         self._written[name] += n
 
     # -- hashing (runs in the hash worker thread when there is one) --
-    def _hash_piece(self, offset: int, data) -> None:
-        n = memoryview(data).nbytes
+    def _hash_piece(self, offset: int, data, check=None) -> None:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
         if offset != self._hashed:
             if offset < self._hashed or offset in self._pending:
                 raise CheckpointError(f"overlapping write at byte {offset}", file=self.path)
+            if check is not None:
+                for i in range(0, n, CHECK_BLOCK):
+                    check(np.frombuffer(view[i:i + CHECK_BLOCK], dtype=np.uint8))
             self._pending[offset] = n
             return
-        self._sha.update(memoryview(data).cast("B"))
+        if check is None:
+            self._sha.update(view)
+        else:
+            for i in range(0, n, CHECK_BLOCK):
+                block = view[i:i + CHECK_BLOCK]
+                check(np.frombuffer(block, dtype=np.uint8))
+                self._sha.update(block)
         self._hashed += n
         self._drain()
 

@@ -28,6 +28,7 @@ is not. Peak RSS ~0.5 GiB (most of it torch and transformers).
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -358,14 +359,23 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                 maps[slot] = mm
                 view = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=off - base)
                 arr = view.reshape(b - a, row_bytes)
-                if hasher is not None:
+                hits = [(rank, out, p, row0) for rank, out, p, row0 in dests[key] if max(a, p.rows[0]) < min(b, p.rows[1])]
+                # One destination taking the whole chunk as it is (the usual case at tp 1): the NaN/Inf
+                # check runs block by block just before each block is hashed, so memory is read once.
+                fused = None
+                if hasher is not None and len(hits) == 1:
+                    rank, out, p, _ = hits[0]
+                    if (p.rows[0] <= a and b <= p.rows[1] and tags[rank][out.name] == info.dtype
+                            and (p.cols is None or p.cols[1] - p.cols[0] == row_bytes // isz)):
+                        fused = functools.partial(check_finite, tag=info.dtype, info=info, row0=a, row1=b)
+                if fused is not None:
+                    pass
+                elif hasher is not None:
                     hasher.call(check_finite, arr, info.dtype, info, a, b)
                 else:
                     check_finite(arr, info.dtype, info, a, b)
-                for rank, out, p, row0 in dests[key]:
+                for rank, out, p, row0 in hits:
                     x, y = max(a, p.rows[0]), min(b, p.rows[1])
-                    if x >= y:
-                        continue
                     block = arr[x - a:y - a]
                     whole_rows = p.cols is None or p.cols[1] - p.cols[0] == row_bytes // isz  # e.g. row-parallel at tp 1
                     if not whole_rows:
@@ -396,10 +406,10 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                         np.copyto(buf, block)
                         block = buf
                     out_row_bytes = out.width * ITEMSIZE[tag]
-                    writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block, copy_from)
+                    writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block, copy_from, fused)
                 fences[slot] = hasher.fence() if hasher is not None else None
                 total += nbytes
-                view = arr = block = buf = None  # no view of the map may outlive its fence
+                view = arr = block = buf = fused = None  # no view of the map may outlive its fence
                 if progress is not None:
                     progress.update(nbytes)
                 if poll is not None:

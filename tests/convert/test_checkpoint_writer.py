@@ -190,3 +190,41 @@ def test_write_behind_errors(tmp_path, monkeypatch, err, fails):
             assert w.sha256() == sha256_file(tmp_path / "x.safetensors")
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("hashed", [True, False])
+def test_write_check_sees_every_block_in_order(tmp_path, monkeypatch, hashed):
+    """``check`` gets consecutive blocks of each write, whether the write is at the hashed frontier
+    (checked while hashing) or ahead of it (checked at once, hashed later), and its error fails it."""
+    from dflash2_trt.checkpoint import writer as wmod
+
+    monkeypatch.setattr(wmod, "CHECK_BLOCK", 100)
+    layout = SafetensorsLayout([TensorSpec("x", "U8", (1000,))])
+    data = os.urandom(1000)
+    seen = []
+    hasher = _HashWorker() if hashed else None
+    w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", layout, hasher)
+    w.write("x", 600, data[600:], None, lambda blk: seen.append(("late", blk.tobytes())))  # ahead of the frontier
+    w.write("x", 0, data[:600], None, lambda blk: seen.append(("first", blk.tobytes())))
+    if hasher is not None:
+        hasher.close()
+    w.finish()
+    assert w.sha256() == sha256_file(tmp_path / "x.safetensors")
+    w.close()
+    late = b"".join(b for k, b in seen if k == "late")
+    first = b"".join(b for k, b in seen if k == "first")
+    assert (first, late) == (data[:600], data[600:]) and all(len(b) <= 100 for _, b in seen)
+
+    def bad(blk):
+        if blk[0] == 0xFF:
+            raise CheckpointError("bad block")
+
+    hasher = _HashWorker() if hashed else None
+    w = StreamingSafetensorsWriter(tmp_path / "y.safetensors", layout, hasher)
+    try:
+        with pytest.raises(CheckpointError, match="bad block"):
+            w.write("x", 0, b"\0" * 500 + b"\xff" * 500, None, bad)
+            if hasher is not None:
+                hasher.close()
+    finally:
+        w.close()

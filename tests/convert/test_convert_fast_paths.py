@@ -104,9 +104,9 @@ def test_tp1_same_dtype_data_is_all_copied_by_the_kernel(wide_pairs, tmp_path, m
     written = {"kernel": 0, "user": 0}
     real_write = writer_mod.StreamingSafetensorsWriter.write
 
-    def write(self, name, offset, data, copy_from=None):
+    def write(self, name, offset, data, copy_from=None, *rest):
         written["kernel" if copy_from is not None else "user"] += memoryview(data).nbytes
-        return real_write(self, name, offset, data, copy_from)
+        return real_write(self, name, offset, data, copy_from, *rest)
 
     monkeypatch.setattr(writer_mod.StreamingSafetensorsWriter, "write", write)
     d, t = wide_pairs["qwen3_5"]  # has row-parallel o_proj / down_proj / out_proj
@@ -166,3 +166,34 @@ def test_write_back_error_is_one_line_and_leaves_nothing(tiny_dense, tmp_path, m
     msg = str(exc.value)
     assert "\n" not in msg and "rank0.safetensors" in msg and "Input/output error" in msg, msg
     assert not out_root.exists()
+
+
+def test_non_finite_found_at_tp1_by_the_check_done_while_hashing(tiny_hybrid, tmp_path, monkeypatch):
+    """At tp 1 a chunk usually goes whole to one file: its NaN/Inf check runs block by block with
+    the hashing. A NaN in a late block of a late chunk is still found, and nothing is left."""
+    d, t = tmp_path / "drafter", tmp_path / "target"
+    shutil.copytree(tiny_hybrid.drafter_dir, d)
+    shutil.copytree(tiny_hybrid.target_dir, t)
+    path = t / "model.safetensors"
+    sd = load_file(str(path))
+    name = "model.language_model.layers.3.mlp.down_proj.weight"
+    sd[name][-1, -1] = float("inf")
+    save_file(sd, str(path), metadata={"format": "pt"})
+    monkeypatch.setattr(writer_mod, "CHECK_BLOCK", 64)
+    monkeypatch.setattr(driver, "CHUNK_BYTES", 2048)
+    raised_on = []
+    real_call = driver._FiniteCheck.__call__
+
+    def call(self, raw, *a, **k):
+        try:
+            return real_call(self, raw, *a, **k)
+        except CheckpointError:
+            raised_on.append(raw.nbytes)
+            raise
+
+    monkeypatch.setattr(driver._FiniteCheck, "__call__", call)
+    with pytest.raises(CheckpointError, match="non-finite") as exc:
+        convert_pair(d, t, tmp_path / "out" / "ckpt", tp_size=1)
+    assert name in str(exc.value)
+    assert raised_on == [64]  # found by the block-wise check fused with the hashing
+    assert not (tmp_path / "out").exists()
