@@ -19,11 +19,13 @@ Order of work (nothing is renamed into place before every check passed):
    from the same memory; write-behind keeps the rank files' dirty/cached pages to ~1 GiB (see
    :mod:`..checkpoint.writer`); then ``config.json`` and ``manifest.json``; then the rename.
 
-Measured (scripts/bench_convert.py, Qwen3.8-27B widths, 9.25 GiB, 2-core VM shared with other
-jobs): before these changes 1.2-2.4x the time of ``shutil.copyfile`` + fsync of the same bytes;
-now the kernel CPU time of the data pass is a quarter of the copy's, and the wall time is that of
-the copy or less when the second core is free, bounded by SHA-256 (~8 s CPU for 9 GB) when it
-is not. Peak RSS ~0.5 GiB (most of it torch and transformers).
+Measured (scripts/bench_convert.py --reps 2, Qwen3.8-27B widths, 9.25 GiB, a 2-core VM shared
+with other jobs at load average 3-7): copy 12-23 s, convert 25-41 s (1.3-2.3x; the code before
+these changes gave 3.4x in the same conditions). The converter needs ~18 s of CPU (SHA-256 ~7 s,
+NaN/Inf check ~2 s, kernel copy ~4 s, the transformers/torch import ~3-4 s) against the copy's
+4-12 s, so on a busy machine its time follows its CPU time. The data pass alone (in-process,
+imports done) took 14.8-22 s against 26-33 s for a copy timed right after it. Peak RSS ~0.5 GiB
+(most of it torch and transformers), the same at 12 GiB.
 """
 
 from __future__ import annotations
