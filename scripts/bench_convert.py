@@ -12,11 +12,19 @@ run and alternating, it times:
   before each timing the sources are read once (page cache warm) and ``os.sync()`` flushes
   pending writes, so both start from the same state;
 * ``convert``: the ``dflash2-trt convert`` command in a subprocess (startup included), whose
-  peak RSS is read from ``wait4``.
+  peak RSS and CPU time are read from ``wait4``.
 
-Reports per-rep times, the ratio of medians (goal <= 1.5; also without the fixed start-up of
-the interpreter, torch and transformers, which the CLI reports apart) and the converter's peak RSS (goal
-< 1.5 GiB, independent of model size: compare ``--target-layers 4`` and ``8``).
+Each rep also prints the CPU seconds of both sides and the load average before it: ``convert``
+does the copy's kernel work plus SHA-256 of every output byte and the NaN/Inf check, on a second
+core, so its wall time matches the copy only while that core is free (a busy shared machine
+shows as a load average above ~1 and a ratio that follows the CPU ratio).
+
+Reports per-rep times, the ratio of medians (goal <= 1.15 including start-up; also the ratio
+without the start-up before ``convert_pair`` runs, i.e. the interpreter and the CLI's imports, from
+the time the CLI reports; the transformers/torch import of the target inventory runs inside it,
+overlapping the data pass) and the converter's peak RSS (goal < 1 GiB, independent of model size:
+compare ``--target-layers 4`` and ``8``). It is a side-by-side ratio on whatever machine runs it,
+not a timed test: on a shared machine both sides are noisy, so run it more than once.
 
     python scripts/bench_convert.py [--workdir DIR] [--tp-size 1] [--reps 2] [--keep]
 """
@@ -27,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -140,7 +149,14 @@ def _settle(sources: list[Path]) -> None:
     time.sleep(1.0)
 
 
-def time_copy(sources: list[Path], dest: Path) -> float:
+def _cpu_self() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def time_copy(sources: list[Path], dest: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process)."""
+    c0 = _cpu_self()
     t0 = time.perf_counter()
     for src in sources:
         d = dest / src.name
@@ -148,11 +164,12 @@ def time_copy(sources: list[Path], dest: Path) -> float:
         for f in sorted(src.iterdir()):
             shutil.copyfile(f, d / f.name)
             _fsync_path(d / f.name)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu_self() - c0
 
 
-def time_convert(drafter: Path, target: Path, out: Path, tp: int) -> tuple[float, float, int]:
-    """(wall seconds of the command, seconds the converter reports after its imports, peak RSS bytes)."""
+def time_convert(drafter: Path, target: Path, out: Path, tp: int) -> tuple[float, float, int, float]:
+    """(wall seconds of the command, seconds the converter reports after its imports, peak RSS bytes,
+    CPU seconds of the command: user + system, all threads)."""
     cmd = [sys.executable, "-m", "dflash2_trt.cli", "convert", "--drafter", str(drafter), "--target-dir",
            str(target), "--output", str(out), "--tp-size", str(tp)]
     t0 = time.perf_counter()
@@ -164,7 +181,8 @@ def time_convert(drafter: Path, target: Path, out: Path, tp: int) -> tuple[float
     if proc.returncode != 0:
         raise SystemExit(f"convert failed ({proc.returncode}):\n{err}")
     m = re.search(r"read in ([0-9.]+) s", proc.stdout.read().decode())
-    return elapsed, float(m.group(1)) if m else float("nan"), usage.ru_maxrss * 1024  # KiB on Linux
+    cpu = usage.ru_utime + usage.ru_stime
+    return elapsed, float(m.group(1)) if m else float("nan"), usage.ru_maxrss * 1024, cpu  # maxrss: KiB
 
 
 def main() -> None:
@@ -185,24 +203,28 @@ def main() -> None:
         build_s = time.perf_counter() - t0
         print(f"synthetic pair: {total / 2**30:.2f} GiB ({args.target_layers} target layers, "
               f"{args.drafter_layers} drafter layers) built in {build_s:.1f} s", file=sys.stderr)
-        copies, converts, inner, rss = [], [], [], []
+        copies, converts, inner, rss, cpus, loads = [], [], [], [], [], []
         for rep in range(args.reps):
             # Same starting state for both: no dirty pages pending (os.sync), sources in the page cache.
             _settle([target, drafter])
-            c = time_copy([target, drafter], root / f"copy{rep}")
+            load = os.getloadavg()[0]
+            c, c_cpu = time_copy([target, drafter], root / f"copy{rep}")
             shutil.rmtree(root / f"copy{rep}")
             _settle([target, drafter])
-            v, vi, r = time_convert(drafter, target, root / f"out{rep}", args.tp_size)
+            v, vi, r, v_cpu = time_convert(drafter, target, root / f"out{rep}", args.tp_size)
             out_bytes = sum(f.stat().st_size for f in (root / f"out{rep}").iterdir())
             shutil.rmtree(root / f"out{rep}")
             copies.append(c)
             converts.append(v)
             inner.append(vi)
             rss.append(r)
+            cpus.append((round(c_cpu, 1), round(v_cpu, 1)))
+            loads.append(round(load, 2))
             print(f"rep {rep}: copy {c:.2f} s ({total / c / 2**20:.0f} MiB/s), convert {v:.2f} s "
-                  f"(after imports {vi:.1f} s) "
+                  f"(after start-up {vi:.1f} s) "
                   f"({total / v / 2**20:.0f} MiB/s, output {out_bytes / 2**30:.2f} GiB), "
-                  f"convert peak RSS {r / 2**20:.0f} MiB", file=sys.stderr)
+                  f"convert peak RSS {r / 2**20:.0f} MiB; CPU s copy {c_cpu:.1f}, convert {v_cpu:.1f}; "
+                  f"load average before {load:.2f}", file=sys.stderr)
         report = {
             "source_gib": round(total / 2**30, 3),
             "tp_size": args.tp_size,
@@ -214,12 +236,14 @@ def main() -> None:
             "ratio_of_medians": round(statistics.median(converts) / statistics.median(copies), 3),
             "ratio_after_imports": round(statistics.median(inner) / statistics.median(copies), 3),
             "convert_peak_rss_mib": round(max(rss) / 2**20, 1),
-            "goal": {"ratio": 1.5, "rss_mib": 1536},
+            "cpu_s_copy_convert": cpus,
+            "load_average_before": loads,
+            "goal": {"ratio": 1.15, "rss_mib": 1024},
         }
         print(json.dumps(report, indent=2) if args.json else
-              f"convert/copy = {report['ratio_of_medians']} (goal <= 1.5; {report['ratio_after_imports']} without "
-              f"the fixed interpreter/torch/transformers start-up); "
-              f"converter peak RSS = {report['convert_peak_rss_mib']} MiB (goal < 1536)")
+              f"convert/copy = {report['ratio_of_medians']} (goal <= 1.15x including start-up, RSS < 1 GiB; "
+              f"{report['ratio_after_imports']} without the interpreter and CLI imports); "
+              f"converter peak RSS = {report['convert_peak_rss_mib']} MiB (goal < 1024)")
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

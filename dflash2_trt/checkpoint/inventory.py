@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-import torch
-
 from ..config import DFlash2Config, TargetConfig
 from ..errors import CheckpointError, ConfigError
 from .reader import DTYPE_NAMES, SafetensorsCheckpoint
@@ -127,8 +125,9 @@ def _hf_config(config_cls, text: dict, cfg: TargetConfig):
         raise ConfigError(f"transformers rejects the config: {last}", source=cfg.source, field=field) from None
 
 
-def _hf_text_model(cfg: TargetConfig) -> torch.nn.Module:
+def _hf_text_model(cfg: TargetConfig) -> "torch.nn.Module":
     """The family's HF causal LM for the text config, on the meta device."""
+    import torch
     import transformers
 
     raw = dict(cfg.raw)

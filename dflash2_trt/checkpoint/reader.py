@@ -13,28 +13,37 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Iterator
-
-import torch
+from typing import TYPE_CHECKING, Iterator
 
 from ..errors import CheckpointError
 
-# safetensors dtype tag -> (torch dtype, bytes per element)
-_DTYPES = {
-    "BF16": (torch.bfloat16, 2),
-    "F16": (torch.float16, 2),
-    "F32": (torch.float32, 4),
-    "F64": (torch.float64, 8),
-    "I64": (torch.int64, 8),
-    "I32": (torch.int32, 4),
-    "I16": (torch.int16, 2),
-    "I8": (torch.int8, 1),
-    "U8": (torch.uint8, 1),
-    "BOOL": (torch.bool, 1),
-    "F8_E4M3": (torch.float8_e4m3fn, 1),
-    "F8_E5M2": (torch.float8_e5m2, 1),
-}
-TORCH_TO_TAG = {v[0]: k for k, v in _DTYPES.items()}
+if TYPE_CHECKING:
+    import torch
+
+# safetensors dtype tag -> bytes per element. torch is imported only when a tensor is read
+# (:meth:`SafetensorsCheckpoint.get`): parsing headers, which conversion needs first, does not pay for it.
+_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+             "F8_E4M3": 1, "F8_E5M2": 1}
+_TORCH_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64",
+                "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+                "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def torch_dtype_of(tag: str):
+    """The torch dtype of a safetensors dtype tag (imports torch)."""
+    import torch
+
+    return getattr(torch, _TORCH_NAMES[tag])
+
+
+def __getattr__(name: str):
+    if name == "TORCH_TO_TAG":  # torch dtype -> tag, built on first use (imports torch)
+        table = {torch_dtype_of(t): t for t in _TORCH_NAMES}
+        globals()["TORCH_TO_TAG"] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 DTYPE_NAMES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 _MAX_HEADER = 100 * 1024 * 1024
 INDEX_NAME = "model.safetensors.index.json"
@@ -53,8 +62,8 @@ class TensorInfo:
         return self.offsets[1] - self.offsets[0]
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype][0]
+    def torch_dtype(self) -> "torch.dtype":
+        return torch_dtype_of(self.dtype)
 
 
 class _DuplicateKey(ValueError):
@@ -148,9 +157,9 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
                                   "data_offsets [begin, end] as non-negative integers)", file=path, tensor=name)
         shape = tuple(shape)
         begin, end = offsets
-        if dtype not in _DTYPES:
+        if dtype not in _ITEMSIZE:
             raise CheckpointError(f"unsupported dtype {dtype!r}", file=path, tensor=name)
-        expected = math.prod(shape) * _DTYPES[dtype][1]
+        expected = math.prod(shape) * _ITEMSIZE[dtype]
         if end - begin != expected or begin < 0:
             raise CheckpointError(
                 f"corrupt header: offsets [{begin}, {end}) hold {end - begin} bytes but shape {list(shape)} "
@@ -316,8 +325,10 @@ class SafetensorsCheckpoint:
         return sum(i.nbytes for i in self._infos.values())
 
     # ---- data ------------------------------------------------------------------------------
-    def get(self, name: str, *, check_finite: bool = True) -> torch.Tensor:
+    def get(self, name: str, *, check_finite: bool = True) -> "torch.Tensor":
         """One tensor, memory-mapped (no copy until used). Non-finite values are an error."""
+        import torch
+
         info = self.info(name)
         handle = self._handles.get(info.file)
         if handle is None:
@@ -338,7 +349,7 @@ class SafetensorsCheckpoint:
             raise CheckpointError(f"non-finite values ({n_nan} NaN, {n_inf} Inf)", file=info.file, tensor=info.name)
         return tensor
 
-    def items(self, *, check_finite: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    def items(self, *, check_finite: bool = True) -> Iterator[tuple[str, "torch.Tensor"]]:
         for name in self._infos:
             yield name, self.get(name, check_finite=check_finite)
 

@@ -18,6 +18,11 @@ straight from the caller's buffer; a write ahead of the frontier is remembered a
 from the page cache once the frontier reaches it. The caller keeps each buffer alive until a
 :meth:`_HashWorker.fence` it queued after the writes has passed.
 
+Write-behind: every 256 MiB the writer waits for the writeback of what it wrote more than 1 GiB
+before (``sync_file_range``) and drops those pages, already hashed, from the page cache; so a
+multi-GB file never fills memory with its own dirty and cached pages (which made every further
+page cost reclaim: 4x the kernel CPU time of a plain copy, measured) and the final fsync is short.
+
 :class:`AtomicOutputDir` writes into a temporary directory beside the final one and renames it
 into place only when complete; an exception or Ctrl-C (KeyboardInterrupt) removes it. A failed
 write (read-only or full file system, no permission) is one :class:`OutputWriteError` line naming
@@ -52,11 +57,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import numpy as np
+
 from ..errors import CheckpointError, DFlash2Error
 
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1}
 _HASH_BLOCK = 8 << 20
+CHECK_BLOCK = 1 << 20  # a write's ``check`` sees blocks this size (fits the L2 cache with the hash)
+# Write-behind (see StreamingSafetensorsWriter._write_behind): every _WB_STEP bytes, wait for the
+# writeback of what was written more than _WB_WINDOW ago and drop those clean, hashed pages.
+_WB_STEP = 256 << 20
+_WB_WINDOW = 1 << 30
+
+
+def _libc_sync_file_range():
+    """``sync_file_range(2)`` through libc (Linux; ``os`` has no wrapper), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):  # pragma: no cover - no such libc symbol
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def call(fd: int, offset: int, nbytes: int, flags: int) -> None:
+        if fn(fd, offset, nbytes, flags) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    return call
+
+
+_SFR_WAIT_BEFORE, _SFR_WRITE, _SFR_WAIT_AFTER = 1, 2, 4
+_sync_file_range = _libc_sync_file_range()
 
 try:
     import fcntl
@@ -119,14 +156,24 @@ class _HashWorker:
         self._thread = threading.Thread(target=self._run, name="dflash2-sha256", daemon=True)
         self._thread.start()
 
-    def submit(self, writer: "StreamingSafetensorsWriter", offset: int, data) -> None:
-        self._q.put((writer, offset, data))
+    def submit(self, writer: "StreamingSafetensorsWriter", offset: int, data, check=None) -> None:
+        self._q.put((writer, offset, (data, check)))
+
+    def call(self, fn, *args) -> None:
+        """Run ``fn(*args)`` in the worker, in queue order (e.g. a check of a buffer that is then
+        hashed); an exception it raises is reported by :meth:`raise_error` / :meth:`close`."""
+        self._q.put((None, fn, args))
 
     def fence(self) -> threading.Event:
         """An event set once everything submitted before it has been hashed (or failed)."""
         ev = threading.Event()
         self._q.put(ev)
         return ev
+
+    def raise_error(self) -> None:
+        """Raise the first error the worker met, if any (it skips all work after it)."""
+        if self._error is not None:
+            raise self._error
 
     def _run(self) -> None:
         while True:
@@ -138,10 +185,13 @@ class _HashWorker:
                 continue
             if self._error is not None:
                 continue
-            writer, offset, data = item
+            writer, a, b = item
             try:
-                writer._hash_piece(offset, data)
-            except BaseException as exc:  # reported by close()
+                if writer is None:
+                    a(*b)
+                else:
+                    writer._hash_piece(a, *b)
+            except BaseException as exc:  # reported by raise_error() / close()
                 self._error = exc
 
     def close(self) -> None:
@@ -165,19 +215,53 @@ class StreamingSafetensorsWriter:
         self._pending: dict[int, int] = {}  # written but not yet hashed: offset -> length
         self._hasher = hasher
         self._copy_ok = hasattr(os, "copy_file_range")
+        self._wb_next = _WB_STEP  # write-behind (see _write_behind): next trigger,
+        self._wb_done = 0  # bytes [0, _wb_done) written back,
+        self._wb_dropped = 0  # bytes [0, _wb_dropped) dropped from the page cache
+        self._wb_ok = True
         try:
             self._put(layout.header, 0)
         except BaseException:
             self.close()  # the caller never gets this writer to close
             raise
 
-    def _put(self, data, offset: int, copy_from: tuple[int, int] | None = None) -> None:
+    def _put(self, data, offset: int, copy_from: tuple[int, int] | None = None, check=None) -> None:
         try:
-            self._put_raw(data, offset, copy_from)
+            self._put_raw(data, offset, copy_from, check)
+            end = offset + memoryview(data).nbytes
+            if end >= self._wb_next:
+                self._write_behind(end)
         except OSError as exc:  # e.g. ENOSPC: say which file
             raise _named(exc, self.path) from exc
 
-    def _put_raw(self, data, offset: int, copy_from: tuple[int, int] | None) -> None:
+    def _write_behind(self, end: int) -> None:
+        """Keep at most ~:data:`_WB_WINDOW` of this file dirty or cached, as a copy that fsyncs
+        each file does: wait for the writeback of what lies a window behind ``end``, drop those
+        pages from the page cache once hashed (they are never read again), and start writeback of
+        the rest. Measured on a 9 GB conversion: without it the file's dirty and cached pages fill
+        memory and every new page costs reclaim (kernel CPU time 4x that of the copy itself).
+        """
+        self._wb_next = end + _WB_STEP
+        if _sync_file_range is None or not self._wb_ok:
+            return
+        try:
+            lag = end - _WB_WINDOW
+            if lag > self._wb_done:
+                _sync_file_range(self._fd, self._wb_done, lag - self._wb_done,
+                                 _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER)
+                hashed = min(lag, self._hashed)  # pages above the hashed frontier may be read back
+                if hashed > self._wb_dropped and hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(self._fd, self._wb_dropped, hashed - self._wb_dropped,
+                                     os.POSIX_FADV_DONTNEED)
+                    self._wb_dropped = hashed
+                self._wb_done = lag
+            _sync_file_range(self._fd, 0, 0, _SFR_WRITE)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):
+                raise  # e.g. EIO / ENOSPC from the writeback: a write error
+            self._wb_ok = False  # not supported here: the kernel writes back on its own
+
+    def _put_raw(self, data, offset: int, copy_from: tuple[int, int] | None, check=None) -> None:
         if copy_from is not None and self._copy_ok:
             try:
                 self._copy(copy_from, offset, memoryview(data).nbytes)
@@ -194,9 +278,9 @@ class StreamingSafetensorsWriter:
                 view = view[n:]
                 pos += n
         if self._hasher is not None:
-            self._hasher.submit(self, offset, data)
+            self._hasher.submit(self, offset, data, check)
         else:
-            self._hash_piece(offset, data)
+            self._hash_piece(offset, data, check)
 
     def _copy(self, copy_from: tuple[int, int], offset: int, n: int) -> None:
         fd, src = copy_from
@@ -207,13 +291,15 @@ class StreamingSafetensorsWriter:
                 raise CheckpointError(f"copy_file_range returned {k} at byte {offset + done}", file=self.path)
             done += k
 
-    def write(self, name: str, offset: int, data, copy_from: tuple[int, int] | None = None) -> None:
+    def write(self, name: str, offset: int, data, copy_from: tuple[int, int] | None = None, check=None) -> None:
         """Write ``data`` (any contiguous buffer) at byte ``offset`` inside tensor ``name``.
 
         With a hash worker, ``data`` must stay unchanged until a later fence has passed.
         ``copy_from=(fd, file_offset)`` says ``data`` is exactly those bytes of another file: they
         are then copied file to file inside the kernel (``copy_file_range``), and ``data`` is only
-        hashed.
+        hashed. ``check``, if given, is called (in the hash worker) on consecutive blocks of
+        ``data`` (numpy uint8 arrays of at most :data:`CHECK_BLOCK` bytes) just before each is
+        hashed, so both read it while it is in the CPU cache; an error it raises fails the write.
         """
         begin, end = self.layout.offsets[name]
         n = memoryview(data).nbytes
@@ -223,18 +309,28 @@ class StreamingSafetensorsWriter:
         if self._written[name] + n > end - begin:
             raise CheckpointError("tensor received more bytes than it holds (overlapping writes)",
                                   file=self.path, tensor=name)
-        self._put(data, self.layout.data_start + begin + offset, copy_from)
+        self._put(data, self.layout.data_start + begin + offset, copy_from, check)
         self._written[name] += n
 
     # -- hashing (runs in the hash worker thread when there is one) --
-    def _hash_piece(self, offset: int, data) -> None:
-        n = memoryview(data).nbytes
+    def _hash_piece(self, offset: int, data, check=None) -> None:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
         if offset != self._hashed:
             if offset < self._hashed or offset in self._pending:
                 raise CheckpointError(f"overlapping write at byte {offset}", file=self.path)
+            if check is not None:
+                for i in range(0, n, CHECK_BLOCK):
+                    check(np.frombuffer(view[i:i + CHECK_BLOCK], dtype=np.uint8))
             self._pending[offset] = n
             return
-        self._sha.update(memoryview(data).cast("B"))
+        if check is None:
+            self._sha.update(view)
+        else:
+            for i in range(0, n, CHECK_BLOCK):
+                block = view[i:i + CHECK_BLOCK]
+                check(np.frombuffer(block, dtype=np.uint8))
+                self._sha.update(block)
         self._hashed += n
         self._drain()
 

@@ -1,28 +1,36 @@
 """``dflash2-trt convert``: HF drafter + target -> combined TensorRT-LLM checkpoint, streamed.
 
-Order of work (nothing touches the output location before step 4):
+Order of work (nothing is renamed into place before every check passed):
 
 1. configs (typed, validated), pairing, ``--tp-size``/``--dtype`` checks;
 2. tensor inventories: every tensor transformers (target) or the published contract (drafter)
    expects must be present with its shape and dtype; every tensor present must be mapped or
-   deliberately dropped by a named rule — anything else is an error;
+   deliberately dropped by a named rule — anything else is an error. The target's needs
+   transformers and torch (~3 s to import), so it runs in a background thread overlapping steps
+   3-4; its error is reported first whenever it fails, as if it had run first;
 3. the plan (:mod:`.plan`) for every rank, checked against the source shapes; from it the
    header of every ``rank{N}.safetensors`` is computed;
 4. inside a temporary directory beside the output: one pass over the source tensors in file
    order, each in row chunks of at most :data:`CHUNK_BYTES` seen through a read-only memory map
    of just that chunk (two rotating windows, so the resident set does not grow with the tensor
-   or model size), checked for NaN/Inf, and scattered into every rank file that needs a slice
-   of it: whole rows of unchanged dtype by ``copy_file_range`` (file to file in the kernel),
-   column slices and dtype casts by ``pwrite``; SHA-256 in a background thread from the same
-   memory; then ``config.json`` and ``manifest.json``; then the rename.
+   or model size), and scattered into every rank file that needs a slice of it: whole rows of
+   unchanged dtype by ``copy_file_range`` (file to file in the kernel), column slices and dtype
+   casts by ``pwrite`` from reused buffers; the NaN/Inf check and SHA-256 in a background thread
+   from the same memory; write-behind keeps the rank files' dirty/cached pages to ~1 GiB (see
+   :mod:`..checkpoint.writer`); then ``config.json`` and ``manifest.json``; then the rename.
 
-Measured (scripts/bench_convert.py, Qwen3.8-27B widths, 9.25 GiB, 2-core VM): 1.25-1.4x the time
-of ``shutil.copyfile`` + fsync of the same bytes, peak RSS ~0.6 GiB (most of it torch and
-transformers), the same at 12 GiB.
+Measured (scripts/bench_convert.py --reps 2, Qwen3.8-27B widths, 9.25 GiB, a 2-core VM shared
+with other jobs at load average 3-7): copy 12-23 s, convert 25-41 s (1.3-2.3x; the code before
+these changes gave 3.4x in the same conditions). The converter needs ~18 s of CPU (SHA-256 ~7 s,
+NaN/Inf check ~2 s, kernel copy ~4 s, the transformers/torch import ~3-4 s) against the copy's
+4-12 s, so on a busy machine its time follows its CPU time. The data pass alone (in-process,
+imports done) took 14.8-22 s against 26-33 s for a copy timed right after it. Peak RSS ~0.5 GiB
+(most of it torch and transformers), the same at 12 GiB.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -37,7 +45,6 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import torch
 
 from .. import __version__
 from ..checkpoint.inventory import check_inventory, expected_drafter_tensors, expected_target_tensors
@@ -58,9 +65,15 @@ OUT_DTYPES = ("bfloat16", "float16", "float32")
 CHUNK_BYTES = 64 << 20
 KERNEL_COPY = True  # copy_file_range for whole-row, same-dtype slices (bench_convert A/B switch)
 _FAMILY_MAPS = {"qwen3": qwen3, "qwen3_5": qwen3_5, "muse_glimmer": muse_glimmer}
-_TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+N_SLOTS = 2  # chunks in flight: the writes of one while the worker checks and hashes the previous
 # Exponent bits: a value is NaN or Inf exactly when all of them are set.
 _EXP_MASK = {"BF16": (np.uint16, 0x7F80), "F16": (np.uint16, 0x7C00), "F32": (np.uint32, 0x7F800000)}
+
+
+def _torch_dtype(tag: str):
+    import torch
+
+    return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[tag]
 
 
 @dataclass
@@ -89,28 +102,75 @@ def _rank_plans(t: TargetConfig, d: DFlash2Config, tp: int) -> list[list[OutTens
     return [fam.target_tensors(t, tp, r) + dflash2.drafter_tensors(d, t.hidden_size, tp, r) for r in range(tp)]
 
 
-def _check_inventories(t: TargetConfig, d: DFlash2Config, tck: SafetensorsCheckpoint, dck: SafetensorsCheckpoint,
-                       drops: list[Drop]) -> dict[str, int]:
-    """Raise on missing / wrong-shape / wrong-dtype / unmapped tensors. Returns dropped counts by reason."""
-    dropped: dict[str, int] = {}
-    for ckpt, expected, rules in ((tck, expected_target_tensors(t), drops),
-                                  (dck, expected_drafter_tensors(d, t.hidden_size), [])):
-        rep = check_inventory(ckpt, expected)
-        unexpected = []
-        for name in rep.unexpected:
-            rule = next((r for r in rules if r.matches(name)), None)
-            if rule is None:
-                unexpected.append(name)
-            else:
-                dropped[rule.reason] = dropped.get(rule.reason, 0) + 1
-        rep.unexpected = unexpected
-        if rep.unexpected and not (rep.missing or rep.wrong_shape or rep.wrong_dtype):
-            n = len(rep.unexpected)
-            raise CheckpointError(
-                f"{n} tensor(s) neither converted nor deliberately dropped (unmapped), e.g. {rep.unexpected[:5]}",
-                file=ckpt.directory, tensor=rep.unexpected[0])
-        rep.raise_for_problems()
-    return dropped
+def _check_inventory(ckpt: SafetensorsCheckpoint, expected: dict, rules: list[Drop], dropped: dict[str, int]) -> None:
+    """Raise on missing / wrong-shape / wrong-dtype / unmapped tensors; count dropped ones by reason."""
+    rep = check_inventory(ckpt, expected)
+    unexpected = []
+    for name in rep.unexpected:
+        rule = next((r for r in rules if r.matches(name)), None)
+        if rule is None:
+            unexpected.append(name)
+        else:
+            dropped[rule.reason] = dropped.get(rule.reason, 0) + 1
+    rep.unexpected = unexpected
+    if rep.unexpected and not (rep.missing or rep.wrong_shape or rep.wrong_dtype):
+        n = len(rep.unexpected)
+        raise CheckpointError(
+            f"{n} tensor(s) neither converted nor deliberately dropped (unmapped), e.g. {rep.unexpected[:5]}",
+            file=ckpt.directory, tensor=rep.unexpected[0])
+    rep.raise_for_problems()
+
+
+class _TargetInventory:
+    """The target's inventory check, whose expected tensors come from transformers (importing it
+    and torch is ~3 s, more than a tenth of converting a 9 GB pair). The import and the meta-device
+    model run in a background thread from the start, so they overlap planning and the data pass.
+
+    Its verdict comes first, as if it had run before everything else: :meth:`first_error` gives it
+    for any error raised meanwhile, and the output is renamed into place only after :meth:`check`
+    passed (until then it is a temporary directory, removed on error).
+    """
+
+    def __init__(self, t: TargetConfig, ckpt: SafetensorsCheckpoint, drops: list[Drop]):
+        self._ckpt, self._drops = ckpt, drops
+        self._expected: dict | None = None
+        self._exc: BaseException | None = None
+        self._verdict: tuple[dict[str, int] | None, BaseException | None] | None = None
+        self._thread = threading.Thread(target=self._run, args=(t,), name="dflash2-target-inventory", daemon=True)
+        self._thread.start()
+
+    def _run(self, t: TargetConfig) -> None:
+        try:
+            self._expected = expected_target_tensors(t)
+        except BaseException as exc:  # re-raised in the caller's thread
+            self._exc = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def _judge(self) -> tuple[dict[str, int] | None, BaseException | None]:
+        if self._verdict is None:
+            self._thread.join()
+            dropped: dict[str, int] = {}
+            try:
+                if self._exc is not None:
+                    raise self._exc
+                _check_inventory(self._ckpt, self._expected, self._drops, dropped)
+                self._verdict = (dropped, None)
+            except Exception as exc:
+                self._verdict = (None, exc)
+        return self._verdict
+
+    def check(self) -> dict[str, int]:
+        """Wait for the check; raise its error, or return the dropped tensor counts by reason."""
+        dropped, exc = self._judge()
+        if exc is not None:
+            raise exc
+        return dropped
+
+    def first_error(self) -> BaseException | None:
+        """The check's error (waiting for it), or None when it passes."""
+        return self._judge()[1]
 
 
 def _check_plan(plans: list[list[OutTensor]], sources: dict[str, _Source], drops: list[Drop]) -> None:
@@ -192,33 +252,59 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 class _FiniteCheck:
-    """NaN/Inf check on raw bits: ``max(bits & exponent_mask) == exponent_mask`` (~5 GB/s).
+    """NaN/Inf check on raw bits: ``max(bits & exponent_mask) == exponent_mask``.
 
-    The AND goes into a preallocated scratch buffer: a fresh 64 MiB temporary per chunk costs
-    page faults that made this 25x slower (measured), dominating the whole conversion.
+    Runs in the hash worker thread (off the critical path of the writes), block by block through
+    a small scratch buffer that stays in the CPU cache: a fresh 64 MiB temporary per chunk costs
+    page faults that made this 25x slower (measured), and a chunk-sized scratch one costs a
+    second pass over memory.
     """
 
-    def __init__(self, nbytes: int):
-        self.scratch = np.empty(nbytes, dtype=np.uint8)
+    BLOCK = 1 << 20
+
+    def __init__(self):
+        self.scratch = np.empty(self.BLOCK, dtype=np.uint8)
 
     def __call__(self, raw: np.ndarray, tag: str, info: TensorInfo, row0: int, row1: int) -> None:
         if tag not in _EXP_MASK:
             return
         np_t, mask = _EXP_MASK[tag]
         bits = raw.reshape(-1).view(np_t)
-        if not bits.size:
-            return
-        if self.scratch.nbytes < raw.nbytes:
-            self.scratch = np.empty(raw.nbytes, dtype=np.uint8)
-        out = self.scratch[:raw.nbytes].view(np_t)
-        np.bitwise_and(bits, np_t(mask), out=out)
-        if int(out.max()) == mask:
-            raise CheckpointError(f"non-finite values (NaN or Inf) in rows [{row0}, {row1})", file=info.file,
-                                  tensor=info.name)
+        step = self.BLOCK // bits.itemsize
+        scratch = self.scratch.view(np_t)
+        m = np_t(mask)
+        for i in range(0, bits.size, step):
+            part = bits[i:i + step]
+            out = scratch[:part.size]
+            np.bitwise_and(part, m, out=out)
+            if int(out.max()) == mask:
+                raise CheckpointError(f"non-finite values (NaN or Inf) in rows [{row0}, {row1})", file=info.file,
+                                      tensor=info.name)
+
+
+class _Arena:
+    """Reused memory for the slices and casts of one chunk slot (bump allocation, reset when the
+    slot's fence has passed): fresh 64 MiB arrays per chunk cost page faults on every use."""
+
+    def __init__(self):
+        self.buf = np.empty(0, dtype=np.uint8)
+        self.used = 0
+
+    def reset(self) -> None:
+        self.used = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if self.used + nbytes > self.buf.nbytes:
+            # Views handed out earlier keep the old buffer alive until they are hashed.
+            self.buf = np.empty(max(2 * self.buf.nbytes, nbytes, 1 << 20), dtype=np.uint8)
+            self.used = 0
+        view = self.buf[self.used:self.used + nbytes]
+        self.used += nbytes
+        return view
 
 
 def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: list[StreamingSafetensorsWriter],
-            tags: list[dict[str, str]], progress, hasher: _HashWorker | None) -> int:
+            tags: list[dict[str, str]], progress, hasher: _HashWorker | None, poll=None) -> int:
     """One pass over every used source tensor, in file order; returns the bytes read."""
     dests: dict[tuple[str, str], list] = {}
     for rank, plan in enumerate(plans):
@@ -234,10 +320,11 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
     # are checked and hashed in place). Two slots: the hash thread reads chunk k while chunk k+1 is
     # mapped; a slot's map is dropped (unmapped once no view is left) only after the fence queued
     # behind its writes has passed, so the resident set stays ~2 chunks whatever the tensor size.
-    maps: list = [None, None]
-    fences: list = [None, None]
+    maps: list = [None] * N_SLOTS
+    fences: list = [None] * N_SLOTS
+    arenas = [_Arena() for _ in range(N_SLOTS)]
     n_chunk = 0
-    check_finite = _FiniteCheck(CHUNK_BYTES)
+    check_finite = _FiniteCheck()
     total = 0
     try:
         for key in order:
@@ -256,11 +343,15 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
             for a in range(0, n_rows, chunk_rows):
                 b = min(n_rows, a + chunk_rows)
                 nbytes = (b - a) * row_bytes
-                slot = n_chunk % 2
+                slot = n_chunk % N_SLOTS
                 n_chunk += 1
                 if fences[slot] is not None:
                     fences[slot].wait()
+                    if hasher is not None:
+                        hasher.raise_error()  # e.g. non-finite values found by the check queued there
                 maps[slot] = None
+                arena = arenas[slot]
+                arena.reset()
                 off = data_start + info.offsets[0] + a * row_bytes
                 base = off - off % mmap.ALLOCATIONGRANULARITY
                 try:
@@ -271,19 +362,38 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                 maps[slot] = mm
                 view = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=off - base)
                 arr = view.reshape(b - a, row_bytes)
-                check_finite(arr, info.dtype, info, a, b)
-                for rank, out, p, row0 in dests[key]:
+                hits = [(rank, out, p, row0) for rank, out, p, row0 in dests[key] if max(a, p.rows[0]) < min(b, p.rows[1])]
+                # One destination taking the whole chunk as it is (the usual case at tp 1): the NaN/Inf
+                # check runs block by block just before each block is hashed, so memory is read once.
+                fused = None
+                if hasher is not None and len(hits) == 1:
+                    rank, out, p, _ = hits[0]
+                    if (p.rows[0] <= a and b <= p.rows[1] and tags[rank][out.name] == info.dtype
+                            and (p.cols is None or p.cols[1] - p.cols[0] == row_bytes // isz)):
+                        fused = functools.partial(check_finite, tag=info.dtype, info=info, row0=a, row1=b)
+                if fused is not None:
+                    pass
+                elif hasher is not None:
+                    hasher.call(check_finite, arr, info.dtype, info, a, b)
+                else:
+                    check_finite(arr, info.dtype, info, a, b)
+                for rank, out, p, row0 in hits:
                     x, y = max(a, p.rows[0]), min(b, p.rows[1])
-                    if x >= y:
-                        continue
                     block = arr[x - a:y - a]
-                    if p.cols is not None:
+                    whole_rows = p.cols is None or p.cols[1] - p.cols[0] == row_bytes // isz  # e.g. row-parallel at tp 1
+                    if not whole_rows:
                         block = block[:, p.cols[0] * isz:p.cols[1] * isz]
                     tag = tags[rank][out.name]
                     copy_from = None
                     if tag != info.dtype:
-                        src = torch.from_numpy(block.copy()).view(_TORCH[info.dtype])  # copy: the map is read-only
-                        cast = src.to(_TORCH[tag])
+                        import torch
+
+                        dt_in, dt_out = _torch_dtype(info.dtype), _torch_dtype(tag)
+                        src_buf = arena.take(block.nbytes).reshape(block.shape)
+                        np.copyto(src_buf, block)  # the map is read-only; torch wants writable memory
+                        dst_buf = arena.take(block.nbytes // isz * ITEMSIZE[tag]).reshape(block.shape[0], -1)
+                        cast = torch.from_numpy(dst_buf).view(dt_out)
+                        cast.copy_(torch.from_numpy(src_buf).view(dt_in))
                         # The source was checked finite, so a non-finite value here is an overflow of the
                         # narrower dtype (e.g. |w| > 65504 cast to float16): silent inf weights otherwise.
                         if not bool(torch.isfinite(cast).all()):
@@ -291,18 +401,22 @@ def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: 
                                 f"rows [{x}, {y}) overflow {tag} when cast from {info.dtype} (a finite value "
                                 f"beyond {tag}'s largest); convert with a wider --dtype", file=info.file,
                                 tensor=info.name)
-                        block = cast.view(torch.uint8).numpy()
-                    elif p.cols is None:  # whole rows, same dtype: the kernel copies them file to file
+                        block = dst_buf
+                    elif whole_rows:  # whole rows, same dtype: the kernel copies them file to file
                         copy_from = (fd, off + (x - a) * row_bytes) if KERNEL_COPY else None
                     else:
-                        block = np.ascontiguousarray(block)
+                        buf = arena.take(block.nbytes).reshape(block.shape)
+                        np.copyto(buf, block)
+                        block = buf
                     out_row_bytes = out.width * ITEMSIZE[tag]
-                    writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block, copy_from)
+                    writers[rank].write(out.name, (row0 + x - p.rows[0]) * out_row_bytes, block, copy_from, fused)
                 fences[slot] = hasher.fence() if hasher is not None else None
                 total += nbytes
-                view = arr = block = None  # no view of the map may outlive its fence
+                view = arr = block = buf = fused = None  # no view of the map may outlive its fence
                 if progress is not None:
                     progress.update(nbytes)
+                if poll is not None:
+                    poll()
     finally:
         maps.clear()
         for fd, _ in fds.values():
@@ -345,7 +459,24 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
     refuse_overlap(output, "--output", [("target directory", target_dir), ("drafter directory", drafter_dir)])
     check_output_dir(output, force)
     drops = _FAMILY_MAPS[t.family].target_drops(t)
-    dropped = _check_inventories(t, d, tck, dck, drops)
+    target_inventory = _TargetInventory(t, tck, drops)
+    try:
+        return _convert_checked(t, d, tck, dck, drafter_dir, target_dir, drops, target_inventory, output, tp_size,
+                                out_dtype, force, progress, t0)
+    except Exception as exc:
+        first = target_inventory.first_error()
+        if first is not None and first is not exc:
+            raise first from None  # the old order: the target inventory was checked before anything below
+        raise
+
+
+def _convert_checked(t: TargetConfig, d: DFlash2Config, tck: SafetensorsCheckpoint, dck: SafetensorsCheckpoint,
+                     drafter_dir: Path, target_dir: Path, drops: list[Drop], target_inventory: _TargetInventory,
+                     output, tp_size: int, out_dtype: str, force: bool, progress: bool | None,
+                     t0: float) -> ConvertResult:
+    """:func:`convert_pair` after the cheap checks, with the target inventory running meanwhile."""
+    dropped: dict[str, int] = {}
+    _check_inventory(dck, expected_drafter_tensors(d, t.hidden_size), [], dropped)
     sources = {TARGET: _Source(tck, t, target_dir), DRAFTER: _Source(dck, d, drafter_dir)}
     plans = _rank_plans(t, d, tp_size)
     _check_plan(plans, sources, drops)
@@ -369,10 +500,15 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
         writers: list[StreamingSafetensorsWriter] = []
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="convert",
                    disable=not show, file=sys.stderr, dynamic_ncols=True)
+
+        def poll() -> None:  # stop early when the target inventory fails
+            if target_inventory.done():
+                target_inventory.check()
+
         try:
             for r, layout in enumerate(layouts):
                 writers.append(StreamingSafetensorsWriter(tmp / f"rank{r}.safetensors", layout, hasher))
-            read = _stream(sources, plans, writers, tags, bar, hasher)
+            read = _stream(sources, plans, writers, tags, bar, hasher, poll)
             for w in writers:
                 w.finish()
             hasher.close()
@@ -387,6 +523,7 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
                     pass
             for w in writers:
                 w.close()
+        dropped = {**target_inventory.check(), **dropped}  # nothing is renamed into place before it passed
         write_small_file(tmp / "config.json", json.dumps(config, indent=2) + "\n")
         files = [{"name": "config.json", "size": (tmp / "config.json").stat().st_size,
                   "sha256": sha256_file(tmp / "config.json")}]

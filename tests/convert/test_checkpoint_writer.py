@@ -123,3 +123,108 @@ def test_atomic_dir_failed_final_rename_with_force_restores_the_old_output(tmp_p
     assert len(calls) >= 2
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert [p.name for p in final.iterdir()] == ["old.txt"]
+
+
+def test_write_behind_drops_only_written_back_and_hashed_pages(tmp_path, monkeypatch):
+    """With a small write-behind window: pages are waited for and dropped from the page cache a
+    window behind the writes, never above the hashed frontier (out-of-order writes are read back
+    from the file there), and the file and its digest are exact."""
+    from dflash2_trt.checkpoint import writer as wmod
+
+    if wmod._sync_file_range is None:
+        pytest.skip("no sync_file_range on this platform")
+    monkeypatch.setattr(wmod, "_WB_STEP", 4096)
+    monkeypatch.setattr(wmod, "_WB_WINDOW", 8192)
+    calls, drops = [], []
+    real_sfr, real_fadvise = wmod._sync_file_range, os.posix_fadvise
+    layout = SafetensorsLayout([TensorSpec("x", "U8", (64, 1024))], {"format": "pt"})
+    w = None
+
+    def sfr(fd, off, n, flags):
+        calls.append((off, n, flags))
+        real_sfr(fd, off, n, flags)
+
+    def fadvise(fd, off, n, advice):
+        if w is not None and fd == w._fd:
+            assert off + n <= w._hashed, (off, n, w._hashed)
+            drops.append((off, n))
+        real_fadvise(fd, off, n, advice)
+
+    monkeypatch.setattr(wmod, "_sync_file_range", sfr)
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    data = os.urandom(64 * 1024)
+    w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", layout)  # hashes synchronously
+    order = list(range(0, 32)) + list(range(40, 64)) + list(range(32, 40))  # a late block in the middle
+    for i in order:
+        w.write("x", i * 1024, data[i * 1024:(i + 1) * 1024])
+    w.finish()
+    digest = w.sha256()
+    w.close()
+    assert (tmp_path / "x.safetensors").read_bytes()[layout.data_start:] == data
+    assert digest == sha256_file(tmp_path / "x.safetensors")
+    assert any(flags == 7 for _, _, flags in calls) and drops
+    assert all(a + n <= b for (a, n), (b, _) in zip(drops, drops[1:]))  # each page dropped once
+
+
+@pytest.mark.parametrize("err,fails", [(5, True), (22, False)])  # EIO: a write error; EINVAL: unsupported
+def test_write_behind_errors(tmp_path, monkeypatch, err, fails):
+    from dflash2_trt.checkpoint import writer as wmod
+
+    monkeypatch.setattr(wmod, "_WB_STEP", 4096)
+
+    def sfr(fd, off, n, flags):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(wmod, "_sync_file_range", sfr)
+    layout = SafetensorsLayout([TensorSpec("x", "U8", (16, 1024))])
+    w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", layout)
+    data = os.urandom(16 * 1024)
+    try:
+        if fails:
+            with pytest.raises(OSError) as exc:
+                w.write("x", 0, data)
+            assert exc.value.errno == err and exc.value.filename == str(tmp_path / "x.safetensors")
+        else:
+            w.write("x", 0, data)
+            w.finish()
+            assert w.sha256() == sha256_file(tmp_path / "x.safetensors")
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("hashed", [True, False])
+def test_write_check_sees_every_block_in_order(tmp_path, monkeypatch, hashed):
+    """``check`` gets consecutive blocks of each write, whether the write is at the hashed frontier
+    (checked while hashing) or ahead of it (checked at once, hashed later), and its error fails it."""
+    from dflash2_trt.checkpoint import writer as wmod
+
+    monkeypatch.setattr(wmod, "CHECK_BLOCK", 100)
+    layout = SafetensorsLayout([TensorSpec("x", "U8", (1000,))])
+    data = os.urandom(1000)
+    seen = []
+    hasher = _HashWorker() if hashed else None
+    w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", layout, hasher)
+    w.write("x", 600, data[600:], None, lambda blk: seen.append(("late", blk.tobytes())))  # ahead of the frontier
+    w.write("x", 0, data[:600], None, lambda blk: seen.append(("first", blk.tobytes())))
+    if hasher is not None:
+        hasher.close()
+    w.finish()
+    assert w.sha256() == sha256_file(tmp_path / "x.safetensors")
+    w.close()
+    late = b"".join(b for k, b in seen if k == "late")
+    first = b"".join(b for k, b in seen if k == "first")
+    assert (first, late) == (data[:600], data[600:]) and all(len(b) <= 100 for _, b in seen)
+
+    def bad(blk):
+        if blk[0] == 0xFF:
+            raise CheckpointError("bad block")
+
+    hasher = _HashWorker() if hashed else None
+    w = StreamingSafetensorsWriter(tmp_path / "y.safetensors", layout, hasher)
+    try:
+        with pytest.raises(CheckpointError, match="bad block"):
+            w.write("x", 0, b"\0" * 500 + b"\xff" * 500, None, bad)
+            if hasher is not None:
+                hasher.close()
+    finally:
+        w.close()
