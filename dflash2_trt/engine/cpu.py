@@ -9,6 +9,7 @@ checking that every rank agrees on the tokens.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -58,6 +59,7 @@ class CpuEngine:
                       for _ in range(self.tp)]
         self.layer_offset = target_kv_layers   # drafter KV layers follow the target's
         self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
+        self._window_sizes = self._windows()      # the runtime fills them once, as TensorRT-LLM's does
         # Recurrent (Gated DeltaNet) layers: one state pool per layer and rank, a slot per request in flight.
         self.gdn_layers = [i for i, t in enumerate(kinds) if t == "linear_attention"]
         self.recurrent = bool(self.gdn_layers)
@@ -100,7 +102,7 @@ class CpuEngine:
 
     def static_inputs(self, rank: int) -> dict:
         return {
-            "host_max_attention_window_sizes": self._windows(),
+            "host_max_attention_window_sizes": self._window_sizes,
             "host_sink_token_length": torch.zeros(1, dtype=torch.int32),
             "host_kv_cache_pool_pointers": torch.tensor([[self.pools[rank].handle, 0]], dtype=torch.int64),
             "host_kv_cache_pool_mapping": self._pool_mapping,
@@ -112,10 +114,9 @@ class CpuEngine:
 
     def _structured(self, flat: dict, rank: int) -> dict:
         from ..trtllm.cpu.tensor import network_input
-        from ..trtllm.engine_io import load_contract
 
         net = self.net
-        memory = {p.name: p.memory or "device" for p in load_contract()["inputs"]}
+        memory = _input_memory()
         # every input as the engine sees it: bound by the runtime, in host or device memory (engine_io.yaml)
         f = {k: network_input(v, k, memory.get(k, "host" if k.startswith(("rnn_state_ptr_", "conv_state_ptr_"))
                                                  else "device"))
@@ -166,6 +167,14 @@ class CpuEngine:
                 if not torch.equal(outs[0][name], outs[r][name]):
                     raise RuntimeError(f"TP rank {r} disagrees with rank 0 on {name}")
         return outs[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _input_memory() -> dict:
+    """Engine input name -> "host" | "device", from the contract (engine_io.yaml), read once."""
+    from ..trtllm.engine_io import load_contract
+
+    return {p.name: p.memory or "device" for p in load_contract()["inputs"]}
 
 
 def limits_from(build: dict, config: dict) -> dict:

@@ -33,53 +33,49 @@ class Tensor(torch.Tensor):
 
     # ---- the real Tensor's operators (functional.py: Tensor.__add__ ... __le__) ----------------------------
     def __add__(self, b):
-        return _F().add(self, b)
+        return add(self, b)
 
     def __radd__(self, b):
-        return _F().add(b, self)
+        return add(b, self)
 
     def __sub__(self, b):
-        return _F().sub(self, b)
+        return sub(self, b)
 
     def __rsub__(self, b):
-        return _F().sub(b, self)
+        return sub(b, self)
 
     def __mul__(self, b):
-        return _F().mul(self, b)
+        return mul(self, b)
 
     def __rmul__(self, b):
-        return _F().mul(b, self)
+        return mul(b, self)
 
     def __truediv__(self, b):
-        return _F().div(self, b)
+        return div(self, b)
 
     def __floordiv__(self, b):
-        return _F().floordiv(self, b)
+        return floordiv(self, b)
 
     def __mod__(self, b):
-        F = _F()
-        return F.sub(self, F.mul(F.floordiv(self, b), b))
+        return sub(self, mul(floordiv(self, b), b))
 
     def __lt__(self, b):
-        return _F().lt(self, b)
+        return lt(self, b)
 
     def __gt__(self, b):
-        return _F().gt(self, b)
+        return gt(self, b)
 
     def __eq__(self, b):
-        return _F().eq(self, b)
+        return eq(self, b)
 
     def __ge__(self, b):
-        F = _F()
-        return F.op_or(F.gt(self, b), F.eq(self, b))
+        return op_or(gt(self, b), eq(self, b))
 
     def __le__(self, b):
-        F = _F()
-        return F.op_or(F.lt(self, b), F.eq(self, b))
+        return op_or(lt(self, b), eq(self, b))
 
     def __xor__(self, b):
-        F = _F()
-        return F.op_or(F.op_and(self, _not(b)), F.op_and(_not(self), b))
+        return op_or(op_and(self, _not(b)), op_and(_not(self), b))
 
     __hash__ = torch.Tensor.__hash__
 
@@ -169,10 +165,6 @@ class Tensor(torch.Tensor):
 
 def _not(x):
     return eq(x, False)
-
-
-def _F():
-    return sys.modules[__name__]
 
 
 def _functional():
