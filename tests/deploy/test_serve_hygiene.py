@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -141,9 +143,22 @@ def test_the_next_serve_cleans_what_a_killed_one_and_its_watchdog_left(engine):
     assert w.left() == {"processes": [], "regions": [], "dirs": []}
 
 
-def test_a_readiness_timeout_leaves_no_shared_memory(engine):
+@pytest.fixture(scope="module")
+def slow_repository(engine, tmp_path_factory):
+    """A repository whose tensorrt_llm model takes a minute to import: the server reaches its python models (stubs
+    and their regions) but cannot be ready within the test's --ready-timeout, however fast the machine (an idle one
+    loads the tiny models in under 3 s)."""
+    repo = tmp_path_factory.mktemp("slow") / "repo"
+    subprocess.run([sys.executable, "-m", "dflash2_trt.cli", "deploy", "triton", "--engine-dir", str(engine),
+                    "--output", str(repo), "--decoupled"], check=True, capture_output=True)
+    model = repo / "tensorrt_llm" / "1" / "model.py"
+    model.write_text(model.read_text() + "\nimport time as _slow_import\n_slow_import.sleep(60)\n")
+    return repo
+
+
+def test_a_readiness_timeout_leaves_no_shared_memory(slow_repository):
     port = _free_base_port()
-    s = Serve("--engine-dir", str(engine), "--port", str(port), "--ready-timeout", "3")
+    s = Serve("--repository", str(slow_repository), "--port", str(port), "--ready-timeout", "3")
     w = Watch(port)
     try:
         w.until(lambda: s.p.poll() is not None, timeout=120)
