@@ -23,7 +23,6 @@ pytestmark = pytest.mark.triton
 pytest.importorskip("pytriton")
 
 SHM = Path("/dev/shm")
-PREFIX = "triton_python_backend_shm_region_"
 
 
 def _stat(pid):
@@ -51,7 +50,8 @@ def _members(pgid):
 
 
 class Watch:
-    """What the server on ``port`` runs and uses: its group, the regions and work directories its processes name."""
+    """What the server on ``port`` runs and uses: its group, the /dev/shm files its processes map or name, and the
+    work directories they name."""
 
     def __init__(self, port):
         self.port, self.pgid, self.regions, self.dirs, self.stubs = port, None, set(), set(), set()
@@ -67,11 +67,11 @@ class Watch:
                 maps = Path(f"/proc/{pid}/maps").read_text()
             except OSError:
                 maps = ""
-            for line in maps.splitlines():
-                if "/dev/shm/" + PREFIX in line:
-                    self.regions.add(line.split("/dev/shm/", 1)[1].split()[0])
-            for a in _cmd(pid):
-                if a.startswith(PREFIX):
+            for line in maps.splitlines():   # whatever the server names them: any /dev/shm file it maps
+                if " /dev/shm/" in line:
+                    self.regions.add(line.split(" /dev/shm/", 1)[1].split()[0])
+            for a in _cmd(pid):              # a stub gets its region's name as an argument
+                if a and "/" not in a and (SHM / a).exists():
                     self.regions.add(a)
                 for part in a.split("/")[:3]:
                     if part.startswith(("dflash2-triton-", "dflash2-serve-")):
@@ -182,3 +182,31 @@ def test_sigterm_during_start_is_143_and_leaves_nothing(engine):
         assert _settled(w, timeout=5) == {"processes": [], "regions": [], "dirs": []}
     finally:
         s.kill()
+
+
+def test_the_sweep_removes_by_the_dead_runs_prefix_only(tmp_path, monkeypatch):
+    """A region the server made in its last moment is found by its name, never mapped or recorded; one with
+    another run's prefix (a live run's, or no prefix of ours) is left alone."""
+    import tempfile
+
+    from dflash2_trt.deploy.triton import hygiene
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / "dflash2-triton-dead1234"
+    dead.mkdir()
+    (dead / "owner").write_text("999999999 1\n")                     # no such process
+    alive = hygiene.make_work_dir("dflash2-triton-")                   # this process owns it
+    ours = SHM / (hygiene.region_prefix(dead) + "0123-abcd")
+    theirs = SHM / (hygiene.region_prefix(alive) + "0123-abcd")
+    other = SHM / "triton_python_backend_shm_region_not-ours-test"
+    try:
+        for f in (ours, theirs, other):
+            f.write_bytes(b"\0" * 4096)
+        notes = []
+        done = hygiene.sweep_leftovers(echo=notes.append)
+        assert done["regions"] == [ours.name] and done["dirs"] == [str(dead)], done
+        assert not ours.exists() and theirs.exists() and other.exists() and alive.exists()
+        assert len(notes) == 1 and ours.name in notes[0] and str(dead) in notes[0], notes
+    finally:
+        for f in (ours, theirs, other):
+            f.unlink(missing_ok=True)

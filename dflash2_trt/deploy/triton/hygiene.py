@@ -1,25 +1,27 @@
 """Nothing left running, nothing left in ``/dev/shm``: what a tritonserver started here leaves, cleaned.
 
 Triton's python backend runs every python model in a stub process (``triton_python_backend_stub``, started
-through ``sh -c``) and talks to it through a shared-memory region ``/dev/shm/triton_python_backend_shm_region_*``
-(1 MiB and up each). The stubs ignore SIGTERM; a tritonserver that dies (or is SIGKILLed) while its models
-load leaves them orphaned (measured 70-240 MiB resident each, running forever) and their regions in place. So:
+through ``sh -c``) and talks to it through a shared-memory region in ``/dev/shm`` (1 MiB and up each). The
+stubs ignore SIGTERM; a tritonserver that dies (or is SIGKILLed) while its models load leaves them orphaned
+(measured 70-240 MiB resident each, running forever) and their regions in place. So:
 
+* every server started here names its regions itself: the python backend's ``shm-region-prefix-name``
+  option is set to :func:`region_prefix` of the server's working directory, so every region it or its
+  stubs make, at any moment (a model still loading while the server shuts down included), is found by
+  name; no region of another server can match;
 * every working directory (``dflash2-triton-*``, ``dflash2-serve-*`` in the temp dir) carries an ``owner``
-  file (pid and start time of the process that made it) and a ``shm_regions`` list of the regions its
-  server's processes mapped;
-* a watchdog (:func:`watchdog_main`, its own session) outlives the starting process: it records the server
-  group's regions while it runs, and when the starting process is gone (its pipe closes: any exit,
-  SIGKILL included) it stops the server's whole process group (SIGTERM, then SIGKILL), unlinks the
-  recorded regions nobody maps any more and removes the working directories;
+  file (pid and start time of the process that made it);
+* a watchdog (:func:`watchdog_main`, its own session) outlives the starting process: when that process is
+  gone (its pipe closes: any exit, SIGKILL included) it stops the server's whole process group (SIGTERM,
+  then SIGKILL), unlinks the regions with the server's prefix that no live process maps and removes the
+  working directories;
 * :func:`sweep_leftovers` (every ``serve`` / :class:`TritonServer` start) finds working directories whose
   owner is dead and does the same for them (their processes are found by the directory path in their
   command line), naming each thing it removes.
 
-Processes are only ever signalled when their command line names one of these directories; regions only
-when this tool recorded them (or an orphan stub of such a directory names it) and no live process maps them.
-Limit: the watchdog records every 0.5 s, so when ``serve`` and its watchdog are SIGKILLed together, a region
-the server made in the last half second before and no stub names yet cannot be attributed (and is left).
+Processes are only ever signalled when their command line names one of these directories (or they are in
+the server's group); regions only when their name carries the prefix of one of these directories and no live
+process maps them.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ import time
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
-SHM_PREFIX = "triton_python_backend_shm_region_"
+SHM_OURS = "dflash2_trt_"          # + the working directory's name: see region_prefix
 WORK_PREFIXES = ("dflash2-triton-", "dflash2-serve-")
-OWNER_FILE, REGIONS_FILE = "owner", "shm_regions"
+OWNER_FILE = "owner"
 
 
 # ---- processes ------------------------------------------------------------------------------------
@@ -111,27 +113,26 @@ def _wait_gone(pids, timeout: float) -> list[int]:
 
 
 # ---- shared memory --------------------------------------------------------------------------------
-def regions_of(pids) -> set[str]:
-    """The python-backend regions ``pids`` map or name on their command line (a stub gets its region's name
-    as an argument)."""
-    names = set()
-    for pid in pids:
-        for a in _cmdline(pid):
-            if a.startswith(SHM_PREFIX):
-                names.add(a)
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        for line in maps.splitlines():
-            i = line.find(str(SHM_DIR / SHM_PREFIX))
-            if i >= 0:
-                names.add(Path(line[i:].split()[0]).name)
-    return names
+def region_prefix(work: Path) -> str:
+    """The ``shm-region-prefix-name`` of the server whose working directory is ``work``: unique per
+    directory (``mkdtemp`` names), a valid POSIX shared-memory name."""
+    return f"{SHM_OURS}{Path(work).name.replace('-', '_')}_"
+
+
+def backend_config(work: Path) -> str:
+    """The tritonserver argument that makes the python backend name its regions with ``work``'s prefix."""
+    return f"--backend-config=python,shm-region-prefix-name={region_prefix(work)}"
+
+
+def regions_with_prefix(prefix: str) -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(prefix)}
+    except OSError:
+        return set()
 
 
 def _mapped_anywhere(names: set[str]) -> set[str]:
-    """Of ``names``, those some live process still maps (another server's are never touched)."""
+    """Of ``names``, those some live process still maps."""
     if not names:
         return set()
     found = set()
@@ -146,10 +147,9 @@ def _mapped_anywhere(names: set[str]) -> set[str]:
     return found
 
 
-def unlink_regions(names) -> list[str]:
-    """Unlink the regions of ``names`` that exist and no live process maps; returns the removed ones."""
-    names = {n for n in names if n.startswith(SHM_PREFIX) and "/" not in n}
-    existing = {n for n in names if (SHM_DIR / n).exists()}
+def unlink_regions(work: Path) -> list[str]:
+    """Unlink the regions named with ``work``'s prefix that no live process maps; returns the removed ones."""
+    existing = regions_with_prefix(region_prefix(work))
     removed = []
     for n in sorted(existing - _mapped_anywhere(existing)):
         try:
@@ -178,28 +178,6 @@ def owner_alive(work: Path) -> bool | None:
     return start_time(pid) == t
 
 
-def record_regions(work: Path, names) -> None:
-    """Add ``names`` to ``work``'s region list (kept for a later run if this one dies)."""
-    if not names:
-        return
-    f = work / REGIONS_FILE
-    try:
-        have = set(f.read_text().split()) if f.exists() else set()
-        new = set(names) - have
-        if new:
-            with open(f, "a") as fh:
-                fh.write("".join(n + "\n" for n in sorted(new)))
-    except OSError:
-        pass
-
-
-def recorded_regions(work: Path) -> set[str]:
-    try:
-        return set((work / REGIONS_FILE).read_text().split())
-    except OSError:
-        return set()
-
-
 def clean_work_dirs(works, *, pgid: int | None = None, grace: float = 5.0) -> dict:
     """Stop what ``works`` (and process group ``pgid``) left running, unlink their regions, remove the dirs.
     Returns ``{"processes": [...], "regions": [...], "dirs": [...]}`` of what was done."""
@@ -208,13 +186,9 @@ def clean_work_dirs(works, *, pgid: int | None = None, grace: float = 5.0) -> di
     for w in works:
         pids |= set(processes_naming(w))
     pids.discard(os.getpid())
-    regions = regions_of(pids)
-    for w in works:
-        regions |= recorded_regions(w)
     if pids:
         _kill_all(pids, signal.SIGTERM)   # tritonserver unloads and exits on it; the stubs ignore it
         left = _wait_gone(pids, grace)
-        regions |= regions_of(left) | (regions_of(group_members(pgid)) if pgid is not None else set())
         _kill_all(left, signal.SIGKILL)
         _wait_gone(left, 5.0)
     if pgid is not None:
@@ -222,7 +196,8 @@ def clean_work_dirs(works, *, pgid: int | None = None, grace: float = 5.0) -> di
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    removed = unlink_regions(regions)
+        _wait_gone(group_members(pgid), 5.0)
+    removed = [n for w in works for n in unlink_regions(w)]   # after the processes: none can make another
     dirs = []
     for w in works:
         if w.exists():
@@ -274,10 +249,7 @@ def watchdog_main(argv) -> int:
         r, _, _ = select.select([fd], [], [], 0.5)
         if r and not os.read(fd, 4096):
             break                       # the starting process is gone, or done: clean up
-        members = group_members(pgid)
-        if works and works[0].exists():
-            record_regions(works[0], regions_of(members))
-        if not members and not any(w.exists() for w in works):
+        if not group_members(pgid) and not any(w.exists() for w in works):
             return 0                    # cleaned up by its owner already
     clean_work_dirs(works, pgid=pgid)
     return 0

@@ -145,7 +145,6 @@ class TritonServer:
         self.log_kept = log_kept   # False: the log goes with a temporary directory, so do not point at it
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
-        self._regions: set[str] = set()
 
     @property
     def http_url(self) -> str:
@@ -160,7 +159,7 @@ class TritonServer:
                 "--http-address", HOST, "--grpc-address", HOST, "--metrics-address", HOST,
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                 "--metrics-port", str(self.metrics_port), "--exit-timeout-secs", "10", "--strict-readiness", "true",
-                *self.extra_args]
+                hygiene.backend_config(self._work), *self.extra_args]
 
     def start(self) -> "TritonServer":
         if not (self.repository / "tensorrt_llm" / "config.pbtxt").is_file():
@@ -215,7 +214,6 @@ class TritonServer:
             if time.monotonic() > deadline:
                 raise ServerError(f"tritonserver was not ready within {self.ready_timeout:.0f} s; its log "
                                   f"({self._log_ref()}) ends:\n{self.log_tail()}")
-            self._regions |= hygiene.regions_of(hygiene.group_members(self.proc.pid))
             time.sleep(0.2)
 
     def _log_ref(self) -> str:
@@ -243,16 +241,12 @@ class TritonServer:
         p = self.proc
         if p is not None:
             pgid = p.pid   # start_new_session: the server leads its own group
-            # the regions its processes map: a SIGKILLed stub (or server) does not unlink its own
-            self._regions |= hygiene.regions_of(hygiene.group_members(pgid)) | hygiene.recorded_regions(self._work)
             if p.poll() is None:
                 try:
                     p.send_signal(signal.SIGTERM)
                     p.wait(grace)
                 except subprocess.TimeoutExpired:
                     pass
-            # again before SIGKILL: a model still loading during the grace period may have made another region
-            self._regions |= hygiene.regions_of(hygiene.group_members(pgid))
             try:
                 os.killpg(pgid, signal.SIGKILL)   # whatever is left: the server or a stub
             except (ProcessLookupError, PermissionError):
@@ -264,7 +258,8 @@ class TritonServer:
             deadline = time.monotonic() + 5
             while (group_alive(pgid) or hygiene.group_members(pgid)) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            hygiene.unlink_regions(self._regions)
+            # a SIGKILLed stub (or server) does not unlink its own regions; they all carry this server's prefix
+            hygiene.unlink_regions(self._work)
         shutil.rmtree(self._work / "backends", ignore_errors=True)
 
     def close(self) -> None:
