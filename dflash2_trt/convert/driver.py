@@ -19,13 +19,14 @@ Order of work (nothing is renamed into place before every check passed):
    from the same memory; write-behind keeps the rank files' dirty/cached pages to ~1 GiB (see
    :mod:`..checkpoint.writer`); then ``config.json`` and ``manifest.json``; then the rename.
 
-Measured (scripts/bench_convert.py --reps 2, Qwen3.8-27B widths, 9.25 GiB, a 2-core VM shared
-with other jobs at load average 3-7): copy 12-23 s, convert 25-41 s (1.3-2.3x; the code before
-these changes gave 3.4x in the same conditions). The converter needs ~18 s of CPU (SHA-256 ~7 s,
-NaN/Inf check ~2 s, kernel copy ~4 s, the transformers/torch import ~3-4 s) against the copy's
-4-12 s, so on a busy machine its time follows its CPU time. The data pass alone (in-process,
-imports done) took 14.8-22 s against 26-33 s for a copy timed right after it. Peak RSS ~0.5 GiB
-(most of it torch and transformers), the same at 12 GiB.
+Measured (scripts/bench_convert.py --reps 3, Qwen3.8-27B widths, 9.25 GiB, a quiet 2-core VM, load
+average 0.8-1.1): plain copy 20.5-21.5 s, convert 15.0-15.7 s with start-up: 0.73x the copy (0.69x
+after start-up), peak RSS 513 MiB. A copy that streams as the converter does (copy_file_range with
+write-behind) takes 4.7-5.2 s: what remains is the hash thread's work, SHA-256 of every output byte
+(one stream per file, 1.1 GB/s on this CPU: ~9 s) with the NaN/Inf check fused into it (~2 s).
+Moving the check to the main thread instead was tried and measured slower (17.3-18.1 s: the memory is
+then read twice). On a machine shared with other jobs the converter's ~18 s of CPU shows: 1.3-2.3x at
+load average 3-7 (the code before the write-behind gave 3.4x there).
 """
 
 from __future__ import annotations
