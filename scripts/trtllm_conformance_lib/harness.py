@@ -345,6 +345,9 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         rep["inputs"] = real_net.num_inputs
         rep["outputs"] = real_net.num_outputs
         rep["output_names"] = [real_net.get_output(i).name for i in range(real_net.num_outputs)]
+        rep["input_signature"] = [_signature(real_net.get_input(i)) for i in range(real_net.num_inputs)]
+        rep["output_signature"] = [_signature(real_net.get_output(i)) for i in range(real_net.num_outputs)]
+        rep["layer_digest"] = _layer_digest(real_net)
         rep["plugin_layers"] = len(pnet.placeholders)
         counts = {}
         for t, _, _ in pnet.placeholders:
@@ -388,6 +391,25 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
 
 class _NoBuild(Exception):
     pass
+
+
+def _signature(t) -> list:
+    """[name, dtype, shape] of a network input or output (-1 for a dynamic dimension)."""
+    return [t.name, str(t.dtype).rsplit(".", 1)[-1], [int(x) for x in t.shape]]
+
+
+def _layer_digest(real_net) -> str:
+    """SHA-256 over every layer in order: its type, name, and each output's dtype and shape. Two definitions with
+    the same digest built the same graph, layer for layer."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for i in range(real_net.num_layers):
+        layer = real_net.get_layer(i)
+        outs = [[str(layer.get_output(j).dtype), [int(x) for x in layer.get_output(j).shape]]
+                for j in range(layer.num_outputs)]
+        h.update(json.dumps([str(layer.type), layer.name, outs]).encode())
+    return h.hexdigest()
 
 
 def _make_logger_class():
