@@ -399,16 +399,42 @@ def _signature(t) -> list:
 
 
 def _layer_digest(real_net) -> str:
-    """SHA-256 over every layer in order: its type, name, and each output's dtype and shape. Two definitions with
-    the same digest built the same graph, layer for layer."""
+    """SHA-256 over every layer in order: its type, the module path of its name, where each of its inputs comes from
+    (a network input by name, or producer layer and output index), each output's dtype and shape, and a constant's
+    values. Two definitions with the same digest built the same graph, layer for layer. TensorRT-LLM names a layer
+    ``<module path>/<function>_L<line>/.../<TYPE_OP>_<n>`` (Network._set_layer_name): the Python frames and the
+    counter depend on where the network's code sits in its files, so they are left out; the TYPE_OP stays."""
     import hashlib
+    import re
 
+    import numpy as np
+    import tensorrt_rtx as rtx
+
+    def module_path(name):
+        parts = [p for p in name.split("/") if not re.search(r"_L\d+$", p)]
+        if parts:
+            parts[-1] = re.sub(r"_\d+$", "", parts[-1])
+        return "/".join(parts)
+
+    producer = {real_net.get_input(i).name: f"input:{real_net.get_input(i).name}" for i in range(real_net.num_inputs)}
     h = hashlib.sha256()
     for i in range(real_net.num_layers):
         layer = real_net.get_layer(i)
-        outs = [[str(layer.get_output(j).dtype), [int(x) for x in layer.get_output(j).shape]]
-                for j in range(layer.num_outputs)]
-        h.update(json.dumps([str(layer.type), layer.name, outs]).encode())
+        ins = []
+        for k in range(layer.num_inputs):
+            t = layer.get_input(k)
+            ins.append(None if t is None else producer.get(t.name, "?"))
+        outs = []
+        for j in range(layer.num_outputs):
+            o = layer.get_output(j)
+            producer[o.name] = f"{i}:{j}"
+            outs.append([str(o.dtype), [int(x) for x in o.shape]])
+        values = None
+        if layer.type == rtx.LayerType.CONSTANT:
+            layer.__class__ = rtx.IConstantLayer
+            w = np.asarray(layer.weights)
+            values = [str(w.dtype), list(w.shape), hashlib.sha256(w.tobytes()).hexdigest()]
+        h.update(json.dumps([str(layer.type), module_path(layer.name), ins, outs, values]).encode())
     return h.hexdigest()
 
 
