@@ -82,6 +82,7 @@ def run(src, targets, tps, model_file=None, register=True, workdir=None, build=T
 
 def ok(reports) -> bool:
     return all(not r.get("error") and r["ranks"] and all(x["defined"] and x.get("built", True) and not x.get("error")
+                                                          and x.get("register_default_is_model_cls", True)
                                                           for x in r["ranks"]) for r in reports)
 
 
@@ -106,6 +107,8 @@ def format_report(reports) -> str:
                              f"{_build_word(x)}"
                              + (f" - {x['error']}" if x.get("error") else ""))
                 lines += [f"    warning: {w}" for w in x.get("warnings", [])]
+                if x.get("register_default_is_model_cls") is False:
+                    lines.append("    FAILED: register() maps the architectures to another class than the model file's")
             else:
                 lines.append(f"{head} FAILED at {x['stage']}: {x['error']}")
                 lines += [f"    {t}" for t in x.get("traceback", [])]
@@ -117,7 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--trtllm-src", required=True, help="directory holding tensorrt_llm/... (TensorRT-LLM sources)")
     p.add_argument("--target", default="all", choices=(*TARGETS, "all"))
     p.add_argument("--tp", default="all", choices=("1", "2", "all"))
-    p.add_argument("--model-file", default=None, help="network file (default: dflash2_trt/trtllm/model.py)")
+    p.add_argument("--model-file", default=None, help="model class file (default: dflash2_trt/trtllm/model.py)")
     p.add_argument("--no-register", action="store_true", help="do not register the DFlash2 architectures")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-build", action="store_true", help="define the networks only (no TensorRT-RTX build)")

@@ -1,8 +1,9 @@
 """The autoregressive baseline on the CPU backend: the target alone, same stand-in, same runtime.
 
-:class:`TargetOnlyCpuEngine` is :class:`~dflash2_trt.engine.cpu.CpuEngine` with the network
-``trtllm/target_only.py`` instead of the combined engine's: it loads the target's tensors of the
-same engine directory's checkpoint (the drafter's are dropped) and reports ``K = 0``. The stock
+:class:`TargetOnlyCpuEngine` is :class:`~dflash2_trt.engine.cpu.CpuEngine` with the network's
+``TargetOnlyForCausalLM`` (``trtllm/network/target_only.py``, from ``load_network("cpu")``) instead of the
+combined engine's: it loads the target's tensors of the same engine directory's checkpoint (the drafter's are
+dropped) and reports ``K = 0``. The stock
 :class:`~dflash2_trt.runtime.Runtime` then drives it unchanged: with no draft slots every generation
 step feeds one token per request and emits one — plain autoregressive decoding, batched the same way
 (in-flight batching, paged KV cache).
@@ -10,35 +11,10 @@ step feeds one token per request and emits one — plain autoregressive decoding
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from ..engine.cpu import CpuEngine, limits_from
 from ..engine.format import load_engine_dir
-
-TARGET_ONLY_FILE = Path(__file__).resolve().parents[1] / "trtllm" / "target_only.py"
-
-
-def load_target_only_network(backend: str = "cpu") -> ModuleType:
-    """A fresh instance of ``trtllm/target_only.py`` bound to ``backend`` (as ``backend.load_network``
-    does for ``model.py``)."""
-    from ..trtllm import backend as _backend
-
-    name = f"dflash2_trt_target_only_{_backend.resolve(backend)}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, TARGET_ONLY_FILE)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    try:
-        with _backend.using(backend):
-            spec.loader.exec_module(mod)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return mod
 
 
 class TargetOnlyCpuEngine(CpuEngine):
@@ -53,7 +29,9 @@ class TargetOnlyCpuEngine(CpuEngine):
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path, limits: dict, *,
                  num_blocks: int | None = None):
         super().__init__(pretrained_config, checkpoint_dir, limits, num_blocks=num_blocks)
-        net = load_target_only_network("cpu")
+        from ..trtllm.backend import load_network
+
+        net = load_network("cpu")
         api = net.api
 
         def load(rank):

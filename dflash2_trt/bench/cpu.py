@@ -4,9 +4,9 @@ At concurrency C the load generator submits the first C requests, then a new one
 finishes (closed loop, as ``gptManagerBenchmark --concurrency C``), until the dataset's requests
 are done; the runtime's batch is capped at C. Each concurrency runs twice over the same requests:
 
-- ``speculative``: the engine directory's combined engine (``trtllm/model.py``: draft, verify and
+- ``speculative``: the engine directory's combined engine (``trtllm/network/``: draft, verify and
   accept in one step);
-- ``autoregressive``: the target alone (``trtllm/target_only.py`` via
+- ``autoregressive``: the target alone (``trtllm/network/target_only.py`` via
   :class:`~.autoregressive.TargetOnlyCpuEngine`): the same CPU stand-in, the same runtime, the
   same batching and KV cache, one token per request per step.
 
@@ -159,7 +159,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                          "max_new_tokens": max_new_tokens, "warmup": bool(warmup),
                          "torch_threads": torch.get_num_threads()},
             "baseline": ({"kind": "target-only",
-                          "description": "the target alone (dflash2_trt/trtllm/target_only.py) on the same CPU stand-in "
+                          "description": "the target alone (dflash2_trt/trtllm/network/target_only.py) on the same CPU stand-in "
                                          "and CPU runtime, one token per request per step, in-flight batched at the "
                                          "same concurrency"} if baseline else None),
             "mean_input_len": sum(in_lens) / len(in_lens),

@@ -1,4 +1,4 @@
-"""A CPU engine: the network file (``trtllm/model.py``) executed by the CPU stand-in, one model per
+"""A CPU engine: the network (``trtllm/network/``) executed by the CPU stand-in, one model per
 simulated TP rank, each with its own paged KV pool, stepping all ranks together.
 
 ``step(inputs)`` takes the engine inputs by their contract names (``trtllm/engine_io.yaml``) and

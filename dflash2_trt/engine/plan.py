@@ -181,7 +181,7 @@ def _collect_blockers(p: Prepared) -> None:
                           f"{', '.join(_FAMILY_MAPS)})")
     if t.family not in p.engine_families:
         extra = f" ({HYBRID_ISSUE})" if t.family == "qwen3_5" else ""
-        p.blockers.append(f"target family {t.family!r} has no engine network yet: trtllm/model.py covers "
+        p.blockers.append(f"target family {t.family!r} has no engine network yet: trtllm/network/families covers "
                           f"{', '.join(p.engine_families)} targets{extra}")
     if p.checkpoint_config:
         try:
@@ -195,13 +195,13 @@ def _collect_blockers(p: Prepared) -> None:
             p.trtllm_blockers.append(
                 f"drafter_window 'model': the drafter's sliding window ({window}) below the pool's capacity would "
                 f"select gpt_attention's cyclic-cache addressing on TensorRT-LLM [read, not run] and misplace the "
-                f"drafter's K/V (trtllm/model.py docstring); use --set drafter_window=full (lossless, costs "
+                f"drafter's K/V (trtllm/network/kv_layout.py docstring); use --set drafter_window=full (lossless, costs "
                 f"acceptance past the window only)")
     if any(lt == "sliding_attention" for lt in (t.layer_types or ())):
         p.trtllm_blockers.append(
             "the target's sliding-window layers take their window from the runtime's per-layer "
-            "host_max_attention_window_sizes (the attention plugin reads it on the host; trtllm/model.py "
-            "kv_layer_windows): a variable-window model, which TensorRT-LLM 1.2's EAGLE KV rewind refuses "
+            "host_max_attention_window_sizes (the attention plugin reads it on the host; trtllm/network/"
+            "kv_layout.py kv_layer_windows): a variable-window model, which TensorRT-LLM 1.2's EAGLE KV rewind refuses "
             "(\"Rewinding KV cache blocks for variable SWA models isn't supported\", docs/TRTLLM-ENGINE.md §3) "
             "[read, not run]; the CPU backend applies the windows")
     if t.family == "qwen3_5":
@@ -233,7 +233,8 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     pre["max_draft_len"] = K
     pre["num_eagle_layers"] = K                        # tree depth; a chain of K
     pre["max_non_leaves_per_layer"] = 1
-    # added to the KV pool's layer count: the drafter's pool layers (x its KV split, trtllm/model.py drafter_kv_split)
+    # added to the KV pool's layer count: the drafter's pool layers (x its KV split, drafter_kv_split in
+    # trtllm/network/kv_layout.py)
     pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers * drafter_pool_layers_per_layer(
         p_t(ck), d, cfg.tp_size)}
     pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
@@ -265,7 +266,7 @@ def rnn_fields(ck: dict) -> dict:
 
 
 def check_kv_compatible(pre: dict) -> None:
-    """The network's own pool-layout check (``trtllm/model.py``), as a ConfigError."""
+    """The network's own pool-layout check (``trtllm/network/kv_layout.py``), as a ConfigError."""
     from ..trtllm.backend import load_network
 
     net = load_network("cpu")
@@ -293,8 +294,8 @@ def weight_bytes_per_rank(t, d, tp: int, dtype: str) -> list[dict] | None:
 
 
 def drafter_pool_layers_per_layer(t, d, tp: int) -> int:
-    """Pool layers one drafter layer occupies (``trtllm/model.py drafter_kv_split``, from plain configs): its K/V
-    per token and rank over the target's, 1 when equal (Qwen3.8-27B), 4 for Muse Glimmer 30B."""
+    """Pool layers one drafter layer occupies (``drafter_kv_split`` in ``trtllm/network/kv_layout.py``, from plain
+    configs): its K/V per token and rank over the target's, 1 when equal (Qwen3.8-27B), 4 for Muse Glimmer 30B."""
     def local(n):
         return n // tp if n >= tp else 1
     t_tok = local(t.num_key_value_heads) * t.head_dim
@@ -425,7 +426,8 @@ def runtime_reading(pre: dict | None, cfg) -> dict | None:
 
 def trtllm_build_env(plugin_lib) -> dict[str, str]:
     """What the model class file needs in trtllm-build's process: the plugin library (trtllm-build has no
-    plugin flag; model.py loads it) and the TensorRT-LLM backend of the network."""
+    plugin flag; the network's DFlash2ForCausalLM loads it, trtllm/network/combined.py) and the TensorRT-LLM
+    backend of the network."""
     return {"DFLASH2_PLUGIN_LIB": str(plugin_lib), "DFLASH2_TRT_BACKEND": "trtllm"}
 
 

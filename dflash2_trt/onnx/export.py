@@ -27,7 +27,7 @@ position ``past_length + c``, anchor at ``start = past_length + context_length``
 with the residual add in fp32 as the engine network does) -> norm -> the target's LM head on
 positions 1..L -> output transform -> TopK -> DFlash2PairwiseScan. The selector ``greedy`` is the
 scan's ``sample`` mode (greedy where T <= 0, sampling where T > 0: the published behaviour, as in
-``trtllm/model.py``), ``viterbi`` its ``viterbi`` mode.
+``trtllm/network/selector.py``), ``viterbi`` its ``viterbi`` mode.
 
 Output directory (written atomically: complete with its manifest, or absent)::
 
@@ -68,7 +68,7 @@ DATA_FILE = "drafter.onnx.data"
 DEFAULT_OPSET = 18
 DTYPES = ("float32", "float16", "bfloat16")
 SELECTORS = {"greedy": "sample", "viterbi": "viterbi"}
-"""Export selector -> DFlash2PairwiseScan mode (the same mapping as ``trtllm/model.py``'s
+"""Export selector -> DFlash2PairwiseScan mode (the same mapping as ``trtllm/network/selector.py``'s
 SELECTOR_PLUGIN_MODE; tests/onnx checks that they agree)."""
 SUPPORTED_FAMILIES = ("qwen3", "qwen3_5", "muse_glimmer")
 """Target families whose embedding table and LM head the export reads (tests/onnx checks each

@@ -1,7 +1,7 @@
 """The two DFlash2 operators in an ONNX graph: as TensorRT plugin nodes, or decomposed.
 
 Both forms have the I/O contract of the plugins (``plugins/*/…Plugin.yaml``) and of the engine
-network's calls (``dflash2_trt/trtllm/model.py``):
+network's calls (``dflash2_trt/trtllm/network/``):
 
 - ``DFlash2DynamicConv(x [N, H], delta [N, K, H/G], base [K, H][, residual fp32 [N, H]])`` ->
   ``y [N, H]`` (x's dtype; fp32 ``residual + y`` when ``fuse_residual = 1``);

@@ -1,7 +1,7 @@
-"""Which ``tensorrt_llm`` the network file is written against: the real one, or the CPU stand-in.
+"""Which ``tensorrt_llm`` the network is written against: the real one, or the CPU stand-in.
 
-``model.py`` is ONE file for both backends. It takes every TensorRT-LLM name it uses from the
-namespace :func:`current` returns:
+The network (the package ``network/``) is ONE code base for both backends. Each of its modules takes every
+TensorRT-LLM name it uses from the namespace :func:`current` returns:
 
 - ``trtllm``: TensorRT-LLM 1.2 itself (``tensorrt_llm.functional``, ``.layers``, ``.module``,
   ``.models.modeling_utils``, ``Mapping``) — what ``trtllm-build --model_cls_file`` sees.
@@ -103,20 +103,27 @@ def using(name: str):
 
 
 MODEL_FILE = Path(__file__).resolve().parent / "model.py"
+"""The model class file ``trtllm-build --model_cls_file`` takes (it loads the network package for its backend)."""
+NETWORK_PACKAGE = Path(__file__).resolve().parent / "network"
+"""The network package (:mod:`dflash2_trt.trtllm.network`'s folder), loaded once per backend by :func:`load_network`."""
 
 
 def load_network(backend: str) -> ModuleType:
-    """A fresh instance of the network module (``model.py``) bound to ``backend``."""
+    """The network package bound to ``backend``: ``network/`` imported as ``dflash2_trt_network_<backend>`` (its
+    modules as ``dflash2_trt_network_<backend>.<module>``), every module while ``using(backend)`` is active; one
+    instance per backend and process."""
     name = f"dflash2_trt_network_{resolve(backend)}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, MODEL_FILE)
+    spec = importlib.util.spec_from_file_location(name, NETWORK_PACKAGE / "__init__.py",
+                                                  submodule_search_locations=[str(NETWORK_PACKAGE)])
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod   # before exec: dataclasses look their module up there
+    sys.modules[name] = mod   # before exec: the package's relative imports and dataclasses look it up there
     try:
         with using(backend):
             spec.loader.exec_module(mod)
     except BaseException:
-        del sys.modules[name]
+        for k in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[k]
         raise
     return mod

@@ -5,7 +5,7 @@ keyed by ``architecture`` (``PretrainedConfig.from_dict``: trtllm-build's config
 ``EngineConfig.from_json_file`` under ``ModelRunnerCpp.from_dir``); ``--model_cls_file`` does not register
 the class there, so the checkpoint's ``DFlash2Qwen3ForCausalLM`` (and the other two, ``convert/schema.py``
 ARCHITECTURES) is a KeyError before any network is built. :func:`register` adds them, all mapping to the
-network file's ``DFlash2ForCausalLM``; :func:`main` registers and then hands the command line, unchanged, to
+network's ``DFlash2ForCausalLM``; :func:`main` registers and then hands the command line, unchanged, to
 ``tensorrt_llm.commands.build.main`` (what the ``trtllm-build`` console script runs)::
 
     python -m dflash2_trt.trtllm.register --checkpoint_dir ... --model_cls_file .../model.py ...
@@ -27,8 +27,9 @@ def architectures() -> tuple[str, ...]:
 
 def register(model_map=None, model_cls=None) -> dict:
     """Put every DFlash2 architecture into ``model_map`` (default: ``tensorrt_llm.models.MODEL_MAP``) as
-    ``model_cls`` (default: the network file's ``DFlash2ForCausalLM`` on the TensorRT-LLM backend). An existing
-    entry for one of these names that is another class is an error (someone else's model under our name)."""
+    ``model_cls`` (default: the network's ``DFlash2ForCausalLM`` on the TensorRT-LLM backend: the very class object
+    ``trtllm/model.py`` exposes, both take ``load_network("trtllm")``). An existing entry for one of these names
+    that is another class is an error (someone else's model under our name)."""
     if model_map is None:
         from tensorrt_llm.models import MODEL_MAP as model_map   # noqa: N811 - TensorRT-LLM's name
     if model_cls is None:

@@ -287,6 +287,11 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         from dflash2_trt.trtllm import backend
 
         backend._cache.pop("trtllm", None)
+        # a fresh network per rank, as a fresh trtllm-build process would load it: the model class file loads the
+        # network package for its backend (backend.load_network), which keeps one instance per process
+        for k in [k for k in sys.modules if k == "dflash2_trt_network_trtllm" or
+                  k.startswith("dflash2_trt_network_trtllm.")]:
+            del sys.modules[k]
         spec = importlib.util.spec_from_file_location(f"dflash2_conformance_net_{os.getpid()}_{rank}", model_file)
         net_mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = net_mod
@@ -301,6 +306,9 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
             from dflash2_trt.trtllm.register import register as reg
 
             reg(tm.MODEL_MAP, model_cls)
+            # register()'s own default (what `python -m dflash2_trt.trtllm.register` does) is the same class
+            # object the model class file exposes, or TensorRT-LLM would build one class and load another
+            rep["register_default_is_model_cls"] = all(v is model_cls for v in reg({}).values())
         rep["stage"] = "PretrainedConfig.from_json_file (MODEL_MAP)"
         cfg = PretrainedConfig.from_json_file(str(ckpt / "config.json"))
         rank_cfg = copy.deepcopy(cfg)

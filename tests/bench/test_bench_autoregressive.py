@@ -1,4 +1,4 @@
-"""The autoregressive baseline: the target alone (trtllm/target_only.py) on the CPU stand-in, driven by the
+"""The autoregressive baseline: the target alone (trtllm/network/target_only.py) on the CPU stand-in, driven by the
 stock runtime with K = 0, is exactly the target's own decoding; it loads only the target's tensors."""
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def test_target_only_greedy_equals_the_target(engine_dir):
 def test_target_only_loads_the_target_tensors_strictly(engine_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from dflash2_trt.bench.autoregressive import load_target_only_network
+    from dflash2_trt.trtllm.backend import load_network
     from dflash2_trt.errors import CheckpointError
 
-    net = load_target_only_network("cpu")
+    net = load_network("cpu")
     cfg = json.loads((engine_dir / "config.json").read_text())["pretrained_config"]
     weights = load_file(str(engine_dir / "checkpoint" / "rank0.safetensors"))
     assert any(k.startswith("dflash2.") for k in weights)          # the drafter's are there, and dropped

@@ -75,9 +75,9 @@ def test_plugin_free_graph_uses_standard_ops_only(exported):
 
 
 def test_selector_modes_agree_with_the_engine_network():
-    from dflash2_trt.trtllm.model import SELECTOR_PLUGIN_MODE
+    from dflash2_trt.trtllm.backend import load_network
 
-    assert SELECTORS == SELECTOR_PLUGIN_MODE
+    assert SELECTORS == load_network("cpu").SELECTOR_PLUGIN_MODE
 
 
 def _listing(parent):

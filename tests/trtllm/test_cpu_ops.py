@@ -1365,7 +1365,7 @@ def test_pretrained_model_load_ok_and_errors():
 
 
 # =================================================================================================
-# model.py helpers: counter_uniforms, inverse_cdf, _leading_true
+# network helpers (trtllm/network/accept.py): counter_uniforms, inverse_cdf, leading_true
 # =================================================================================================
 @pytest.fixture(scope="module")
 def net():
@@ -1502,11 +1502,11 @@ def test_leading_true(net):
     ok[1] = False
     ok[2, :] = True
     ok[2, 6] = False
-    got = raw(net._leading_true(ok)).tolist()
+    got = raw(net.leading_true(ok)).tolist()
     for i in range(50):
         n = 0
         while n < 7 and bool(ok[i, n]):
             n += 1
         assert got[i] == n
     assert got[0] == 7 and got[1] == 0 and got[2] == 6
-    assert raw(net._leading_true(torch.tensor([[True], [False]]))).tolist() == [1, 0]
+    assert raw(net.leading_true(torch.tensor([[True], [False]]))).tolist() == [1, 0]

@@ -33,7 +33,7 @@ Semantics (remove_input_padding, paged KV cache):
   ``q_pos - k_pos >= W`` (transformers' sliding-window convention). DEVIATION: the stand-in's
   pool is never cyclic — every token stays at its own position whatever W is; the real plugin
   treats a window smaller than the cache as a cyclic (rolling) cache [I, see
-  dflash2_trt/trtllm/model.py on how the drafter window is passed].
+  dflash2_trt/trtllm/network/kv_layout.py on how the drafter window is passed].
 - Scale ``1 / (sqrt(D) * q_scaling)``; GQA: query head h reads KV head ``h // (H / Hkv)``.
 - Pool addressing: ``host_kv_cache_pool_pointers[p, 0]`` is a handle of a :class:`KVCachePool`
   (the real tensor holds device pointers), ``host_kv_cache_pool_mapping[layer] = (pool, layer in

@@ -3,13 +3,13 @@
 ``dflash2-trt bench`` compares speculative decoding with plain autoregressive decoding of the SAME
 target on the SAME executor. On the CPU backend that is this network, run by the same CPU stand-in
 of TensorRT-LLM and driven by the same CPU runtime (``runtime/runtime.py``) as the combined engine
-(``model.py``): the only difference between the two runs is speculation.
+(:mod:`.combined`): the only difference between the two runs is speculation.
 
-What it reuses from ``model.py`` (the network module loaded for the same backend): the target
-transformer class (``TARGET_FAMILIES[qwen_type]``, e.g. ``Qwen3Transformer``), its engine-parameter
-dataclasses, ``inverse_cdf`` (sampling), and the ``lm_head`` layout (``ColumnLinear`` gathered over
-the TP ranks). It reads the same combined checkpoint ``dflash2-trt convert`` writes and drops the
-drafter's tensors (``dflash2.*``, :data:`DROPPED_PREFIXES`) deliberately; any other missing or
+What it shares with the combined engine (this package, loaded once per backend): the target
+transformer class (``TARGET_FAMILIES[qwen_type]``, e.g. ``Qwen3Transformer``, :mod:`.families`), the
+engine-parameter dataclasses (:mod:`.common`), ``inverse_cdf`` (sampling, :mod:`.accept`), and the
+``lm_head`` layout (``ColumnLinear`` gathered over the TP ranks). It reads the same combined
+checkpoint ``dflash2-trt convert`` writes and drops the drafter's tensors (``dflash2.*``, :data:`DROPPED_PREFIXES`) deliberately; any other missing or
 unknown tensor is an error, as in ``PretrainedModel.load``.
 
 One step, for a batch packed as [context requests..., generation requests...]::
@@ -36,16 +36,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash2_trt.trtllm import backend as _backend
-
-api = _backend.current()
-F = api.functional
-_net = _backend.load_network(api.name)
-
-KeyValueCacheParams = _net.KeyValueCacheParams
-AttentionParams = _net.AttentionParams
-SpecDecodingParams = _net.SpecDecodingParams
-dims = _net.dims
+from .accept import inverse_cdf
+from .common import F, RecurrentStateParams, SpecDecodingParams, api, dims
+from .families import TARGET_FAMILIES
 
 DROPPED_PREFIXES = ("dflash2.",)
 """Checkpoint tensors the target-only network does not read: the drafter (convert's ``dflash2.`` prefix)."""
@@ -56,12 +49,12 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
-        if config.qwen_type not in _net.TARGET_FAMILIES:
+        if config.qwen_type not in TARGET_FAMILIES:
             raise ValueError(f"qwen_type {config.qwen_type!r}: no target network yet (have "
-                             f"{', '.join(_net.TARGET_FAMILIES)})")
+                             f"{', '.join(TARGET_FAMILIES)})")
         m = config.mapping
         self.K = 0
-        self.transformer = _net.TARGET_FAMILIES[config.qwen_type](config)
+        self.transformer = TARGET_FAMILIES[config.qwen_type](config)
         self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, bias=False, dtype=config.dtype,
                                                tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
 
@@ -80,7 +73,7 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         if recurrent:                 # hybrid target: its Gated DeltaNet layers read and advance the state slots
             if recurrent_params is None:
                 raise ValueError("a recurrent target needs the runtime's recurrent-state inputs")
-            rs = _net.RecurrentStateParams(slot_mapping=recurrent_params.slot_mapping,
+            rs = RecurrentStateParams(slot_mapping=recurrent_params.slot_mapping,
                                            rnn_state_ptr=recurrent_params.rnn_state_ptr,
                                            conv_state_ptr=recurrent_params.conv_state_ptr,
                                            host_request_types=attention_params.host_request_types,
@@ -97,7 +90,7 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         sampled = F.gt(temperature, 0.0)
         t_safe = F.where(sampled, temperature, 1.0)
         probs = F.softmax(logits * F.unsqueeze(F.div(1.0, t_safe), 1), 1)      # no reverse division on a Tensor
-        drawn = F.cast(_net.inverse_cdf(probs, F.cast(rand_data_sample, "float32")), "int32")
+        drawn = F.cast(inverse_cdf(probs, F.cast(rand_data_sample, "float32")), "int32")
         nxt = F.where(sampled, drawn, greedy)
 
         zero = F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
