@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from ..engine.cpu import CpuEngine, limits_from
+from ..engine.cpu.engine import CpuEngine, limits_from
 from ..engine.format import load_engine_dir
 
 TARGET_ONLY_FILE = Path(__file__).resolve().parents[1] / "trtllm" / "target_only.py"

@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..targets import fixtures_dir, get_target, resolve_dirs
 
 
 @dataclass(frozen=True)
@@ -419,9 +420,6 @@ def published_pair_shapes(target_key: str) -> tuple[TargetShapes, DrafterShapes]
     """Shapes of a registered target's published pair, from their config.json: the published-config
     fixtures of this checkout (``tests/fixtures``, or ``$DFLASH2_TRT_FIXTURES``), else the local
     checkpoints (``$DFLASH2_TRT_MODELS``, the HF cache); nothing is downloaded."""
-    from ..targets import get_target, resolve_dirs
-    from ..testing.fixtures import fixtures_dir
-
     entry = get_target(target_key)
     if entry.target_id is None or entry.drafter_id is None:
         d, tdir = resolve_dirs(entry)

@@ -216,7 +216,7 @@ def expected_requests(engine_dir, n: int, max_tokens: int) -> tuple[list[LoadReq
     import json as _json
     from pathlib import Path
 
-    from ...engine.build import load_engine_dir
+    from ...engine.format import load_engine_dir
     from ...reference.loop import load_target, target_generate
 
     _, man = load_engine_dir(engine_dir)

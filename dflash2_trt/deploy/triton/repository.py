@@ -241,7 +241,7 @@ def check_repository(repo: str | Path) -> dict:
 def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
     """(engine config, manifest). CPU engines are fully checked (load_engine_dir); a TensorRT-LLM
     engine directory's engine.json and config.json are read as ``build --backend trtllm`` writes them."""
-    from ...engine.build import ENGINE_FORMAT, load_engine_dir
+    from ...engine.format import ENGINE_FORMAT, load_engine_dir
 
     engine_dir = Path(engine_dir)
     man_path = engine_dir / "engine.json"
