@@ -1,6 +1,6 @@
 """The autoregressive baseline on the CPU backend: the target alone, same stand-in, same runtime.
 
-:class:`TargetOnlyCpuEngine` is :class:`~dflash2_trt.engine.cpu.CpuEngine` with the network
+:class:`TargetOnlyCpuEngine` is :class:`~dflash2_trt.engine.cpu.engine.CpuEngine` with the network
 ``trtllm/target_only.py`` instead of the combined engine's: it loads the target's tensors of the
 same engine directory's checkpoint (the drafter's are dropped) and reports ``K = 0``. The stock
 :class:`~dflash2_trt.runtime.Runtime` then drives it unchanged: with no draft slots every generation

@@ -201,7 +201,7 @@ def prompt_tokenizer_dir(engine_dir, manifest: dict):
 def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, num_requests: int | None,
                         tokenizer_dir=None) -> list[dict]:
     """``[{"task_id", "input_ids", "output_tokens", "where"}]`` from a trtllm-bench dataset: parsed by
-    ``run``'s reader (``engine/run.py: read_prompts_file``, the one parser of these lines), text
+    ``run``'s reader (``engine/common.py: read_prompts_file``, the one parser of these lines), text
     prompts tokenized with the target's tokenizer, ``num_requests`` the first N lines (as
     trtllm-bench's ``--num_requests``; more than the file holds is an error)."""
 

@@ -30,7 +30,7 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     Settings: ``build_configs/<target_key>.yaml`` (or defaults from the checkpoint configs), then
     ``overrides`` (named options, ``None`` = not given), ``tp_size``/``dtype`` and ``sets`` (``--set``),
     all validated together. ``verify``: True, False or ``"auto"`` (on when the target is small:
-    :data:`dflash2_trt.engine.common.AUTO_MAX_TARGET_BYTES`, and on the TensorRT-LLM backend at tp 1).
+    :data:`dflash2_trt.engine.verify.AUTO_MAX_TARGET_BYTES`, and on the TensorRT-LLM backend at tp 1).
     ``checkpoint_dir``: keep (and reuse, when its manifest matches) the converted checkpoint there; the CPU
     engine then links its files. ``toolchain``/``runner``/``verifier``: injectable machine access for the
     TensorRT-LLM branch (:mod:`.trtllm.build`; ``verifier`` also for the CPU one)."""

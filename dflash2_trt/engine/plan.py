@@ -53,11 +53,12 @@ from ..convert.schema import build_config
 from ..errors import ConfigError, PairingError
 from ..plugins import plugin_dir
 from ..targets import get_target
-from .common import AUTO_MAX_TARGET_BYTES, eagle_choices, shell_line
+from .common import eagle_choices, shell_line
 from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
 from .trtllm.runtime_rules import runtime_reading
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain
+from .verify import AUTO_MAX_TARGET_BYTES
 
 GIB = 1 << 30
 H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default

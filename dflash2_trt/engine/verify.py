@@ -24,6 +24,8 @@ from ..assets import ASSET_ROOT
 from ..errors import ConfigError, DFlash2Error
 from ..targets import get_target
 
+AUTO_MAX_TARGET_BYTES = 2 << 30   # verify by default when the target's weights are at most this (the reference
+                                  # decodes on this machine's CPU through transformers)
 N_PROMPTS = 4
 NEW_TOKENS = 24
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import __version__
+from ...engine.format import ENGINE_FORMAT, load_engine_dir
 from ...errors import ConfigError, MissingDependencyError
 
 HERE = Path(__file__).resolve().parent
@@ -241,8 +242,6 @@ def check_repository(repo: str | Path) -> dict:
 def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
     """(engine config, manifest). CPU engines are fully checked (load_engine_dir); a TensorRT-LLM
     engine directory's engine.json and config.json are read as ``build --backend trtllm`` writes them."""
-    from ...engine.format import ENGINE_FORMAT, load_engine_dir
-
     engine_dir = Path(engine_dir)
     man_path = engine_dir / "engine.json"
     if not engine_dir.is_dir():
