@@ -41,6 +41,7 @@ from ..assets import ASSET_ROOT
 from ..config import TargetConfig
 from ..engine.common import read_prompts_file
 from ..errors import ConfigError
+from ..targets import get_target, resolve_dirs
 from ..tokenizer import encode_text, find_tokenizer
 from .common import engine_backend
 from .io import atomic_write_text, check_output_file
@@ -253,8 +254,6 @@ def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict
         return {"vocab_size": vocab, "stop_ids": tuple(int(e) for e in man.get("eos_token_ids") or ()),
                 "tokenizer_dir": prompt_tokenizer_dir(engine_dir, man)}
     if target_key is not None:
-        from ..targets import get_target, resolve_dirs
-
         _, target_dir = resolve_dirs(get_target(target_key))
     t = TargetConfig.from_hugging_face(Path(target_dir))
     return {"vocab_size": t.vocab_size, "stop_ids": tuple(int(e) for e in t.eos_token_ids),
