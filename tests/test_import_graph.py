@@ -6,6 +6,10 @@ resolved against the importing module, and ``from pkg import name`` counts as an
 ``pkg.name`` when that is a module of the package (and to ``pkg`` itself, whose
 ``__init__`` runs first). A cycle is a strongly connected component of more than one module
 (or a module that imports itself); the test lists each one.
+
+The same graph checks two more rules: no module outside ``dflash2_trt/testing/`` imports it (and
+``assets/`` does not reach it through another module), and no ``from M import _name`` takes a private
+name from another module of the package.
 """
 
 from __future__ import annotations
