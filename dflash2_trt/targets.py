@@ -32,6 +32,16 @@ def build_config_dir() -> Path:
 
 
 BUILD_CONFIG_DIR = build_config_dir()
+REPO_FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+
+
+def fixtures_dir() -> Path:
+    """Where the published configs of the registered targets' pairs are kept (configs and tensor inventories of
+    the real checkpoints, never weights): ``$DFLASH2_TRT_FIXTURES`` when set, else this checkout's
+    ``tests/fixtures/`` (an installed, non-editable package has none: set the variable, or the callers fall back
+    to the local checkpoints)."""
+    env = os.environ.get("DFLASH2_TRT_FIXTURES")
+    return Path(env) if env else REPO_FIXTURES
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ DIR holds TensorRT-LLM's public Python sources at their repository paths (``DIR/
 never part of this repository). For each target and tp size, for every rank, the harness runs what
 ``trtllm-build`` does to define the network (commands/build.py -> builder.build, reproduced here because
 build.py / builder.py are not in DIR): the checkpoint ``dflash2-trt build --backend trtllm`` would hand to
-trtllm-build (converted checkpoint + ``plan.engine_pretrained_config``: EAGLE fields, ``dflash2_engine``), its
-recorded command line (``plan.trtllm_build_argv``: plugin flags, max sizes, ``--max_draft_len``), the real
+trtllm-build (converted checkpoint + ``engine.pretrained.engine_pretrained_config``: EAGLE fields,
+``dflash2_engine``), its recorded command line (``engine.trtllm.command.trtllm_build_argv``: plugin flags, max
+sizes, ``--max_draft_len``), the real
 ``PretrainedConfig.from_json_file`` (MODEL_MAP lookup; the architectures are registered through
 ``dflash2_trt.trtllm.register`` unless ``--no-register``), ``model_cls.from_checkpoint`` (real
 ``PretrainedModel.__init__``/``load``), a real ``Network`` over TensorRT-RTX, ``prepare_inputs`` and ``forward``

@@ -32,10 +32,10 @@ def test_targets_lists_registry():
 
 def test_registry_support_claims_match_the_converter():
     """`convert` is claimed exactly for the families the converter has a weight map for."""
-    from dflash2_trt.convert.driver import _FAMILY_MAPS
+    from dflash2_trt.convert.driver import FAMILY_MAPS
 
     for e in TARGETS.values():
-        assert ("convert" in e.supported) == (e.family in _FAMILY_MAPS), e.key
+        assert ("convert" in e.supported) == (e.family in FAMILY_MAPS), e.key
 
 
 def test_registry_engine_claims_match_the_network():

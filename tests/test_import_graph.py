@@ -6,6 +6,10 @@ resolved against the importing module, and ``from pkg import name`` counts as an
 ``pkg.name`` when that is a module of the package (and to ``pkg`` itself, whose
 ``__init__`` runs first). A cycle is a strongly connected component of more than one module
 (or a module that imports itself); the test lists each one.
+
+The same graph checks two more rules: no module outside ``dflash2_trt/testing/`` imports it (and
+``assets/`` does not reach it through another module), and no ``from M import _name`` takes a private
+name from another module of the package.
 """
 
 from __future__ import annotations
@@ -221,14 +225,33 @@ def test_the_shipped_assets_do_not_import_the_test_helpers():
     assert f"{PACKAGE}.assets.registry" in graph[f"{PACKAGE}.testing.tiny"]
 
 
-# Private names still taken across files, each waiting on other work; the test fails when one of
-# them is gone too, so the list only shrinks. convert/driver.py and checkpoint/writer.py are being
-# edited on the issue 23 branch: their names are renamed after that lands.
-PENDING_PRIVATE = {
-    ("dflash2_trt.convert.driver", "dflash2_trt.checkpoint.writer", "_HashWorker"),
-    ("dflash2_trt.engine.plan", "dflash2_trt.convert.driver", "_FAMILY_MAPS"),
-    ("dflash2_trt.engine.plan", "dflash2_trt.convert.driver", "_rank_plans"),
-}
+def imports_of_the_test_helpers(graph: dict[str, set[str]], package: str = PACKAGE) -> list[tuple[str, str]]:
+    """(importer, test-helper module) for every module outside ``PACKAGE/testing/`` that imports one inside it."""
+    def in_testing(m: str) -> bool:
+        return m == f"{package}.testing" or m.startswith(f"{package}.testing.")
+
+    return sorted((m, t) for m, targets in graph.items() if not in_testing(m) for t in targets if in_testing(t))
+
+
+def test_shipped_code_does_not_import_the_test_helpers(tmp_path):
+    # dflash2_trt/testing is for the tests (and scripts); no other module of the package imports it, at module
+    # level or inside a function: an installed package must work without it.
+    pkg = tmp_path / "pkgz"
+    (pkg / "testing").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "testing" / "__init__.py").write_text("")
+    (pkg / "testing" / "fixtures.py").write_text("from .. import shipped\n")
+    (pkg / "shipped.py").write_text("def f():\n    from .testing.fixtures import X\n    return X\n")
+    graph = import_graph(pkg, "pkgz")
+    assert imports_of_the_test_helpers(graph, "pkgz") == [("pkgz.shipped", "pkgz.testing"),
+                                                ("pkgz.shipped", "pkgz.testing.fixtures")]
+    (pkg / "shipped.py").write_text("import os\n")
+    assert imports_of_the_test_helpers(import_graph(pkg, "pkgz"), "pkgz") == []
+
+    graph = import_graph()
+    assert f"{PACKAGE}.testing.fixtures" in graph, "the walker found no dflash2_trt/testing; is ROOT right?"
+    found = imports_of_the_test_helpers(graph)
+    assert not found, "shipped modules import dflash2_trt/testing:\n" + "\n".join(f"  {m} -> {t}" for m, t in found)
 
 
 def private_imports(root: Path = ROOT, package: str = PACKAGE) -> set[tuple[str, str, str]]:
@@ -258,9 +281,6 @@ def test_no_private_name_is_imported_across_files(tmp_path):
     (pkg / "b.py").write_text("_hidden = 1\nshown = 2\n")
     assert private_imports(pkg, "pkgy") == {("pkgy.a", "pkgy.b", "_hidden")}
 
-    found = private_imports()
-    new = sorted(found - PENDING_PRIVATE)
-    assert not new, "private names imported across files (make them public or move them):\n" + "\n".join(
-        f"  {imp}: from {m} import {n}" for imp, m, n in new)
-    gone = sorted(PENDING_PRIVATE - found)
-    assert not gone, f"no longer imported, drop from PENDING_PRIVATE: {gone}"
+    found = sorted(private_imports())
+    assert not found, "private names imported across files (make them public or move them):\n" + "\n".join(
+        f"  {imp}: from {m} import {n}" for imp, m, n in found)

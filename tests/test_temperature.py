@@ -114,7 +114,7 @@ def test_triton_model_request_and_serving_loop(engine):
     import threading
 
     from dflash2_trt.deploy.triton.serving import ServingLoop, parse_request
-    from dflash2_trt.engine.build import open_cpu_engine
+    from dflash2_trt.engine.cpu.engine import open_cpu_engine
 
     def req(t):
         ids = [int(x) for x in PROMPT.split(",")]

@@ -1,6 +1,6 @@
 """The autoregressive baseline on the CPU backend: the target alone, same stand-in, same runtime.
 
-:class:`TargetOnlyCpuEngine` is :class:`~dflash2_trt.engine.cpu.CpuEngine` with the network's
+:class:`TargetOnlyCpuEngine` is :class:`~dflash2_trt.engine.cpu.engine.CpuEngine` with the network's
 ``TargetOnlyForCausalLM`` (``trtllm/network/target_only.py``, from ``load_network("cpu")``) instead of the
 combined engine's: it loads the target's tensors of the same engine directory's checkpoint (the drafter's are
 dropped) and reports ``K = 0``. The stock
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.cpu import CpuEngine, limits_from
+from ..engine.cpu.engine import CpuEngine, limits_from
 from ..engine.format import load_engine_dir
 
 

@@ -25,7 +25,7 @@ import time
 from collections import deque
 
 from ..engine.common import stop_ids
-from ..engine.cpu import open_cpu_engine
+from ..engine.cpu.engine import open_cpu_engine
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
 from ..runtime import Request, Runtime

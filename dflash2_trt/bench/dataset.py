@@ -41,6 +41,7 @@ from ..assets import ASSET_ROOT
 from ..config import TargetConfig
 from ..engine.common import read_prompts_file
 from ..errors import ConfigError
+from ..targets import get_target, resolve_dirs
 from ..tokenizer import encode_text, find_tokenizer
 from .common import engine_backend
 from .io import atomic_write_text, check_output_file
@@ -201,7 +202,7 @@ def prompt_tokenizer_dir(engine_dir, manifest: dict):
 def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, num_requests: int | None,
                         tokenizer_dir=None) -> list[dict]:
     """``[{"task_id", "input_ids", "output_tokens", "where"}]`` from a trtllm-bench dataset: parsed by
-    ``run``'s reader (``engine/run.py: read_prompts_file``, the one parser of these lines), text
+    ``run``'s reader (``engine/common.py: read_prompts_file``, the one parser of these lines), text
     prompts tokenized with the target's tokenizer, ``num_requests`` the first N lines (as
     trtllm-bench's ``--num_requests``; more than the file holds is an error)."""
 
@@ -253,8 +254,6 @@ def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict
         return {"vocab_size": vocab, "stop_ids": tuple(int(e) for e in man.get("eos_token_ids") or ()),
                 "tokenizer_dir": prompt_tokenizer_dir(engine_dir, man)}
     if target_key is not None:
-        from ..targets import get_target, resolve_dirs
-
         _, target_dir = resolve_dirs(get_target(target_key))
     t = TargetConfig.from_hugging_face(Path(target_dir))
     return {"vocab_size": t.vocab_size, "stop_ids": tuple(int(e) for e in t.eos_token_ids),

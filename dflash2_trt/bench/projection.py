@@ -63,7 +63,10 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..checkpoint.inventory import expected_drafter_tensors, expected_target_tensors
+from ..config import DFlash2Config, TargetConfig
 from ..errors import ConfigError
+from ..targets import fixtures_dir, get_target, resolve_dirs
 
 
 @dataclass(frozen=True)
@@ -139,9 +142,6 @@ def _numel(shape) -> int:
 def target_shapes(target_dir_or_config, name: str | None = None) -> TargetShapes:
     """Shapes of a target from its ``config.json`` (a directory or a dict); params from transformers'
     model class on the meta device (the project's inventory of the target)."""
-    from ..checkpoint.inventory import expected_target_tensors
-    from ..config import TargetConfig
-
     cfg = TargetConfig.from_hugging_face(target_dir_or_config)
     tensors = expected_target_tensors(cfg)
     layer = other = embed = lm_head = 0
@@ -171,9 +171,6 @@ def target_shapes(target_dir_or_config, name: str | None = None) -> TargetShapes
 
 
 def drafter_shapes(drafter_dir_or_config, target: TargetShapes, name: str | None = None) -> DrafterShapes:
-    from ..checkpoint.inventory import expected_drafter_tensors
-    from ..config import DFlash2Config
-
     cfg = DFlash2Config.from_hugging_face(drafter_dir_or_config)
     tensors = expected_drafter_tensors(cfg, target.hidden_size)
     layer = fc = other = 0
@@ -419,9 +416,6 @@ def published_pair_shapes(target_key: str) -> tuple[TargetShapes, DrafterShapes]
     """Shapes of a registered target's published pair, from their config.json: the published-config
     fixtures of this checkout (``tests/fixtures``, or ``$DFLASH2_TRT_FIXTURES``), else the local
     checkpoints (``$DFLASH2_TRT_MODELS``, the HF cache); nothing is downloaded."""
-    from ..targets import get_target, resolve_dirs
-    from ..testing.fixtures import fixtures_dir
-
     entry = get_target(target_key)
     if entry.target_id is None or entry.drafter_id is None:
         d, tdir = resolve_dirs(entry)

@@ -16,7 +16,7 @@ SHA-256 of each file is computed while converting, in a background thread (hashl
 GIL, so it runs on another core): a write that lands at the file's hashed frontier is hashed
 straight from the caller's buffer; a write ahead of the frontier is remembered and read back
 from the page cache once the frontier reaches it. The caller keeps each buffer alive until a
-:meth:`_HashWorker.fence` it queued after the writes has passed.
+:meth:`HashWorker.fence` it queued after the writes has passed.
 
 Write-behind: every 256 MiB the writer waits for the writeback of what it wrote more than 1 GiB
 before (``sync_file_range``) and drops those pages, already hashed, from the page cache; so a
@@ -147,7 +147,7 @@ class SafetensorsLayout:
         self.total_bytes = self.data_start + pos
 
 
-class _HashWorker:
+class HashWorker:
     """Hashes written data in a background thread, in file order per writer (see the module doc)."""
 
     def __init__(self):
@@ -204,7 +204,7 @@ class _HashWorker:
 class StreamingSafetensorsWriter:
     """One safetensors file filled by positioned writes from a precomputed :class:`SafetensorsLayout`."""
 
-    def __init__(self, path: str | Path, layout: SafetensorsLayout, hasher: _HashWorker | None = None):
+    def __init__(self, path: str | Path, layout: SafetensorsLayout, hasher: HashWorker | None = None):
         self.path = Path(path)
         self.layout = layout
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)  # OSError names the path

@@ -51,7 +51,7 @@ from .. import __version__
 from ..checkpoint.inventory import check_inventory, expected_drafter_tensors, expected_target_tensors
 from ..checkpoint.reader import DTYPE_NAMES, SafetensorsCheckpoint, TensorInfo
 from ..checkpoint.writer import (
-    ITEMSIZE, AtomicOutputDir, SafetensorsLayout, StreamingSafetensorsWriter, TensorSpec, _HashWorker,
+    ITEMSIZE, AtomicOutputDir, SafetensorsLayout, StreamingSafetensorsWriter, TensorSpec, HashWorker,
     check_output_dir, sha256_file, write_small_file,
 )
 from ..config import DFlash2Config, TargetConfig, pairing_problems
@@ -65,7 +65,7 @@ TP_SIZES = (1, 2, 4, 8)
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 CHUNK_BYTES = 64 << 20
 KERNEL_COPY = True  # copy_file_range for whole-row, same-dtype slices (bench_convert A/B switch)
-_FAMILY_MAPS = {"qwen3": qwen3, "qwen3_5": qwen3_5, "muse_glimmer": muse_glimmer}
+FAMILY_MAPS = {"qwen3": qwen3, "qwen3_5": qwen3_5, "muse_glimmer": muse_glimmer}
 N_SLOTS = 2  # chunks in flight: the writes of one while the worker checks and hashes the previous
 # Exponent bits: a value is NaN or Inf exactly when all of them are set.
 _EXP_MASK = {"BF16": (np.uint16, 0x7F80), "F16": (np.uint16, 0x7C00), "F32": (np.uint32, 0x7F800000)}
@@ -98,8 +98,8 @@ class _Source:
 
 # ---- planning -------------------------------------------------------------------------------
 
-def _rank_plans(t: TargetConfig, d: DFlash2Config, tp: int) -> list[list[OutTensor]]:
-    fam = _FAMILY_MAPS[t.family]
+def rank_plans(t: TargetConfig, d: DFlash2Config, tp: int) -> list[list[OutTensor]]:
+    fam = FAMILY_MAPS[t.family]
     return [fam.target_tensors(t, tp, r) + dflash2.drafter_tensors(d, t.hidden_size, tp, r) for r in range(tp)]
 
 
@@ -305,7 +305,7 @@ class _Arena:
 
 
 def _stream(sources: dict[str, _Source], plans: list[list[OutTensor]], writers: list[StreamingSafetensorsWriter],
-            tags: list[dict[str, str]], progress, hasher: _HashWorker | None, poll=None) -> int:
+            tags: list[dict[str, str]], progress, hasher: HashWorker | None, poll=None) -> int:
     """One pass over every used source tensor, in file order; returns the bytes read."""
     dests: dict[tuple[str, str], list] = {}
     for rank, plan in enumerate(plans):
@@ -444,9 +444,9 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
     t = TargetConfig.from_hugging_face(target_dir)
     d = DFlash2Config.from_hugging_face(drafter_dir)
-    if t.family not in _FAMILY_MAPS:
+    if t.family not in FAMILY_MAPS:
         raise ConfigError(f"target family {t.family!r} cannot be converted yet; supported: "
-                          f"{', '.join(_FAMILY_MAPS)}", source=t.source, field="architectures")
+                          f"{', '.join(FAMILY_MAPS)}", source=t.source, field="architectures")
     out_dtype = dtype or t.dtype
     tck, dck = SafetensorsCheckpoint(target_dir), SafetensorsCheckpoint(drafter_dir)
     fc_shape = dck.info("fc.weight").shape if "fc.weight" in dck else None
@@ -459,7 +459,7 @@ def convert_pair(drafter_dir: str | Path, target_dir: str | Path, output: str | 
         raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
     refuse_overlap(output, "--output", [("target directory", target_dir), ("drafter directory", drafter_dir)])
     check_output_dir(output, force)
-    drops = _FAMILY_MAPS[t.family].target_drops(t)
+    drops = FAMILY_MAPS[t.family].target_drops(t)
     target_inventory = _TargetInventory(t, tck, drops)
     try:
         return _convert_checked(t, d, tck, dck, drafter_dir, target_dir, drops, target_inventory, output, tp_size,
@@ -479,7 +479,7 @@ def _convert_checked(t: TargetConfig, d: DFlash2Config, tck: SafetensorsCheckpoi
     dropped: dict[str, int] = {}
     _check_inventory(dck, expected_drafter_tensors(d, t.hidden_size), [], dropped)
     sources = {TARGET: _Source(tck, t, target_dir), DRAFTER: _Source(dck, d, drafter_dir)}
-    plans = _rank_plans(t, d, tp_size)
+    plans = rank_plans(t, d, tp_size)
     _check_plan(plans, sources, drops)
 
     infos = {(p.ckpt, p.src): sources[p.ckpt].ckpt.info(p.src) for plan in plans for o in plan for p in o.pieces}
@@ -497,7 +497,7 @@ def _convert_checked(t: TargetConfig, d: DFlash2Config, tck: SafetensorsCheckpoi
 
     atomic = AtomicOutputDir(output, force=force)
     with _sigterm_as_interrupt(), atomic as tmp:
-        hasher: _HashWorker | None = _HashWorker()
+        hasher: HashWorker | None = HashWorker()
         writers: list[StreamingSafetensorsWriter] = []
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="convert",
                    disable=not show, file=sys.stderr, dynamic_ncols=True)

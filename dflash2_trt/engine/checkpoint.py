@@ -22,6 +22,11 @@ import shutil
 import time
 from pathlib import Path
 
+from .. import __version__, convert
+from ..checkpoint.reader import SafetensorsCheckpoint
+from ..checkpoint.writer import check_output_dir, sha256_file
+from ..convert.driver import source_identity
+from ..convert.schema import FORMAT, SCHEMA_VERSION
 from ..errors import ConfigError
 
 
@@ -32,11 +37,6 @@ def _ident_key(ident: dict) -> dict:
 def checkpoint_problems(ckpt_dir, prep, *, progress=None) -> list[str]:
     """Why ``ckpt_dir`` cannot be reused for ``prep`` (empty: it matches). The content hashes are checked
     last (the cheap differences first); ``progress`` gets one line before the files are re-hashed."""
-    from .. import __version__
-    from ..checkpoint.reader import SafetensorsCheckpoint
-    from ..convert.driver import source_identity
-    from ..convert.schema import FORMAT, SCHEMA_VERSION
-
     ckpt_dir = Path(ckpt_dir)
     man_path = ckpt_dir / "manifest.json"
     try:
@@ -83,8 +83,6 @@ def checkpoint_problems(ckpt_dir, prep, *, progress=None) -> list[str]:
         diff = sorted(k for k in set(written) | set(prep.checkpoint_config)
                       if written.get(k) != prep.checkpoint_config.get(k))
         return [f"config.json: differs from what the converter writes now (fields {', '.join(diff[:5])})"]
-    from ..checkpoint.writer import sha256_file
-
     if progress:
         total = sum(int(f.get("size") or 0) for f in files)
         progress(f"checkpoint: re-hashing {len(files)} files ({total / 2**30:.2f} GiB) against {man_path}")
@@ -101,10 +99,8 @@ def checkpoint_problems(ckpt_dir, prep, *, progress=None) -> list[str]:
 def ensure_checkpoint(prep, ckpt_dir, *, reconvert: bool = False, progress=None) -> dict:
     """Reuse ``ckpt_dir`` when it matches ``prep``, else convert into it (atomically). Returns
     ``{"path", "reused", "seconds"}``. A non-matching existing checkpoint is an error naming the first
-    difference, unless ``reconvert``."""
-    from ..checkpoint.writer import check_output_dir
-    from ..convert import convert_pair
-
+    difference, unless ``reconvert``. The converter is looked up per call (``convert.convert_pair``): tests
+    replace it to prove a checkpoint is reused."""
     ckpt_dir = Path(ckpt_dir)
     t0 = time.perf_counter()
     check_output_dir(ckpt_dir, force=True)      # symlinks / files refused
@@ -120,8 +116,8 @@ def ensure_checkpoint(prep, ckpt_dir, *, reconvert: bool = False, progress=None)
                               f"or another --checkpoint-dir", source=ckpt_dir / "manifest.json")
     if progress:
         progress(f"checkpoint: converting into {ckpt_dir}")
-    convert_pair(prep.drafter_dir, prep.target_dir, ckpt_dir, tp_size=prep.cfg.tp_size, dtype=prep.cfg.dtype,
-                 force=exists, progress=None)
+    convert.convert_pair(prep.drafter_dir, prep.target_dir, ckpt_dir, tp_size=prep.cfg.tp_size, dtype=prep.cfg.dtype,
+                         force=exists, progress=None)
     return {"path": str(ckpt_dir), "reused": False, "seconds": round(time.perf_counter() - t0, 3)}
 
 

@@ -1,7 +1,6 @@
 """Small helpers the engine modules and the benchmarks share, with no engine-package imports: the
 prompts-file reader (``run --prompts``, ``bench``), the stop ids and tokenizer an engine directory
-names, the EAGLE chain every TensorRT-LLM request passes, a shell line for a printed command, and
-the verify gate's size threshold (the dry run and both builders read it)."""
+names, the EAGLE chain every TensorRT-LLM request passes, and a shell line for a printed command."""
 
 from __future__ import annotations
 
@@ -11,9 +10,6 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..tokenizer import engine_tokenizer_dir, find_tokenizer
-
-AUTO_MAX_TARGET_BYTES = 2 << 30   # verify by default when the target's weights are at most this (the reference
-                                  # decodes on this machine's CPU through transformers)
 
 
 def read_prompts_file(path: str | Path) -> list[dict]:

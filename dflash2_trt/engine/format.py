@@ -4,7 +4,7 @@ hash checks, and the small pieces every builder writes the same way (the tokeniz
 hashes, the manifest write).
 
 The layout itself (what each backend puts beside ``engine.json``) is described in
-:mod:`dflash2_trt.engine.build` (CPU backend) and :mod:`dflash2_trt.engine.trtllm_build`
+:mod:`dflash2_trt.engine.cpu.build` (CPU backend) and :mod:`dflash2_trt.engine.trtllm.build`
 (TensorRT-LLM backend); ``docs/architecture.md`` shows both. This module imports nothing of the
 engine package: every other engine module may use it.
 """

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,22 +48,23 @@ from ..checkpoint.reader import SafetensorsCheckpoint
 from ..config import DFlash2Config, TargetConfig, pairing_problems
 from ..config.build import BuildConfig
 from ..config.pairing import warn_pairing
+from ..convert.driver import FAMILY_MAPS, rank_plans
 from ..convert.schema import build_config
 from ..errors import ConfigError, PairingError
 from ..plugins import plugin_dir
 from ..targets import get_target
-from .common import AUTO_MAX_TARGET_BYTES, eagle_choices, shell_line
-from .runtime_rules import parse_engine_config
-from .toolchain import plugin_toolchain_missing, probe_toolchain
+from .common import eagle_choices, shell_line
+from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
+from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
+from .trtllm.runtime_rules import runtime_reading
+from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain
+from .verify import AUTO_MAX_TARGET_BYTES
 
 GIB = 1 << 30
 H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default
 RESERVE_BYTES = 1 * GIB
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
-MODEL_CLS_NAME = "DFlash2ForCausalLM"
 HYBRID_ISSUE = "issue 15"
-# The architectures scripts/patch_trtllm_recurrent_spec.py maps to the runtime's hybrid variant by default (R1).
-PATCHED_ARCHITECTURES = ("DFlash2Qwen3_5ForCausalLM",)
 # The one-line origin of a setting given on the command line (error messages name it).
 OPTION_OF = {"block_size": "--block-size", "max_batch_size": "--max-batch-size", "max_input_len": "--max-input-len",
              "max_seq_len": "--max-seq-len", "max_num_tokens": "--max-num-tokens",
@@ -154,9 +154,7 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
     warn_pairing(d)
     if problems:
         raise PairingError("drafter and target do not pair:\n  - " + "\n  - ".join(problems))
-    from ..convert.driver import _FAMILY_MAPS
-
-    if t.family in _FAMILY_MAPS:
+    if t.family in FAMILY_MAPS:
         ck = build_config(t, d, tp_size=cfg.tp_size, dtype=cfg.dtype, converter_version=__version__)
     else:
         ck = {}
@@ -173,12 +171,10 @@ def _engine_families() -> tuple[str, ...]:
 
 
 def _collect_blockers(p: Prepared) -> None:
-    from ..convert.driver import _FAMILY_MAPS
-
     t, d, cfg = p.t, p.d, p.cfg
-    if t.family not in _FAMILY_MAPS:
+    if t.family not in FAMILY_MAPS:
         p.blockers.append(f"target family {t.family!r} cannot be converted yet (no weight map; supported: "
-                          f"{', '.join(_FAMILY_MAPS)})")
+                          f"{', '.join(FAMILY_MAPS)})")
     if t.family not in p.engine_families:
         extra = f" ({HYBRID_ISSUE})" if t.family == "qwen3_5" else ""
         p.blockers.append(f"target family {t.family!r} has no engine network yet: trtllm/network/families covers "
@@ -222,49 +218,6 @@ def _collect_blockers(p: Prepared) -> None:
                           "float16/bfloat16 [inferred]; build a GPU engine with --dtype float16 or bfloat16")
 
 
-def engine_pretrained_config(ck: dict, cfg, d) -> dict:
-    """The checkpoint's config.json with the engine's settings: what the network reads (``dflash2_engine``,
-    the block size) and the EAGLE fields TensorRT-LLM's runtime reads (``num_eagle_layers``,
-    ``max_non_leaves_per_layer``, ``eagle_net_config.num_hidden_layers``: docs/TRTLLM-ENGINE.md §1). A copy:
-    the reusable checkpoint's own config.json is never edited."""
-    pre = json.loads(json.dumps(ck))
-    K = cfg.block_size - 1
-    pre["dflash2"]["block_size"] = cfg.block_size
-    pre["max_draft_len"] = K
-    pre["num_eagle_layers"] = K                        # tree depth; a chain of K
-    pre["max_non_leaves_per_layer"] = 1
-    # added to the KV pool's layer count: the drafter's pool layers (x its KV split, drafter_kv_split in
-    # trtllm/network/kv_layout.py)
-    pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers * drafter_pool_layers_per_layer(
-        p_t(ck), d, cfg.tp_size)}
-    pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
-                             "max_seq_len": cfg.max_seq_len, "tokens_per_block": cfg.tokens_per_block}
-    if "linear_attention" in pre["layer_types"]:
-        # TensorRT-LLM's runtime (gptJsonConfig.cpp, engine/runtime_rules.py) reads layer_types in its own names,
-        # one per layer of num_hidden_layers + eagle_net_config.num_hidden_layers (a shorter list repeats
-        # cyclically): the drafter's pool layers are attention. The network reads the HF kinds from hf_layer_types
-        # (model.hf_layer_types).
-        pre["hf_layer_types"] = list(pre["layer_types"])
-        pre["layer_types"] = (["recurrent" if t == "linear_attention" else "attention" for t in pre["layer_types"]]
-                              + ["attention"] * pre["eagle_net_config"]["num_hidden_layers"])
-        pre.update(rnn_fields(pre))
-    return pre
-
-
-def rnn_fields(ck: dict) -> dict:
-    """The RNN fields the runtime requires of a recurrent variant (gptJsonConfig.cpp; after the patch's R1 the
-    hybrid is one), per rank, from the Gated DeltaNet shapes: the runtime's state slot ``[rnn_hidden_size /
-    rnn_head_size, state_size, rnn_head_size]`` float32 is then the plugin's ``[Hv/tp, Dk, Dv]`` and its conv slot
-    ``[conv_kernel - 1, rnn_conv_dim_size]`` the plugin's ``[K-1, (2 Hk Dk + Hv Dv)/tp]`` (docs/hybrid-runtime.md
-    §4). The runtime divides none of them by tp."""
-    la, tp = ck["linear_attention"], ck["mapping"]["tp_size"]
-    nk, nv = la["num_key_heads"], la["num_value_heads"]
-    nk_l, nv_l = (nk // tp if nk >= tp else 1), nv // tp
-    dk, dv = la["key_head_dim"], la["value_head_dim"]
-    return {"state_size": dk, "rnn_head_size": dv, "rnn_hidden_size": nv_l * dv, "conv_kernel": la["conv_kernel_size"],
-            "rnn_conv_dim_size": 2 * nk_l * dk + nv_l * dv, "state_dtype": "float32"}
-
-
 def check_kv_compatible(pre: dict) -> None:
     """The network's own pool-layout check (``trtllm/network/kv_layout.py``), as a ConfigError."""
     from ..trtllm.backend import load_network
@@ -280,34 +233,15 @@ def check_kv_compatible(pre: dict) -> None:
 def weight_bytes_per_rank(t, d, tp: int, dtype: str) -> list[dict] | None:
     """Per rank: bytes of the target's and the drafter's tensors in the converted checkpoint (from the
     converter's plan, so config-only directories work); None for a family without a weight map."""
-    from ..convert.driver import _FAMILY_MAPS, _rank_plans
-
-    if t.family not in _FAMILY_MAPS:
+    if t.family not in FAMILY_MAPS:
         return None
     item = ITEMSIZE[dtype]
     out = []
-    for plan in _rank_plans(t, d, tp):
+    for plan in rank_plans(t, d, tp):
         tb = sum(math.prod(o.shape) for o in plan if not o.name.startswith("dflash2.")) * item
         db = sum(math.prod(o.shape) for o in plan if o.name.startswith("dflash2.")) * item
         out.append({"target": tb, "drafter": db, "total": tb + db})
     return out
-
-
-def drafter_pool_layers_per_layer(t, d, tp: int) -> int:
-    """Pool layers one drafter layer occupies (``drafter_kv_split`` in ``trtllm/network/kv_layout.py``, from plain
-    configs): its K/V per token and rank over the target's, 1 when equal (Qwen3.8-27B), 4 for Muse Glimmer 30B."""
-    def local(n):
-        return n // tp if n >= tp else 1
-    t_tok = local(t.num_key_value_heads) * t.head_dim
-    d_tok = local(d.num_key_value_heads) * d.head_dim
-    return max(1, d_tok // t_tok) if t_tok else 1
-
-
-def p_t(ck: dict):
-    """The few target fields drafter_pool_layers_per_layer reads, from a checkpoint config.json."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(num_key_value_heads=ck["num_key_value_heads"], head_dim=ck["head_size"])
 
 
 def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
@@ -359,81 +293,6 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
                tokens_in_kv_budget=budget // kv_token,
                fits=fit >= cfg.max_batch_size)
     return out
-
-
-# --------------------------------------------------------------------------------- trtllm-build
-def model_cls_file() -> Path:
-    from ..trtllm.backend import MODEL_FILE
-
-    return MODEL_FILE
-
-
-BUILD_ENTRY = "dflash2_trt.trtllm.register"
-"""The module run as trtllm-build: registers the DFlash2 architectures in TensorRT-LLM's MODEL_MAP (the bare
-``trtllm-build`` stops at config parsing with a KeyError), then runs ``tensorrt_llm.commands.build.main()``."""
-
-
-def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = None) -> list[str]:
-    """The trtllm-build command line (TensorRT-LLM 1.2 flags, ``tensorrt_llm/commands/build.py``), run through
-    :data:`BUILD_ENTRY` with ``python`` (default: this interpreter, where tensorrt_llm must import)."""
-    K = cfg.block_size - 1
-    return [
-        python or sys.executable, "-m", BUILD_ENTRY, "--checkpoint_dir", str(checkpoint_dir),
-        "--output_dir", str(output_dir),
-        "--model_cls_file", str(model_cls_file()), "--model_cls_name", MODEL_CLS_NAME,
-        "--speculative_decoding_mode", "eagle", "--max_draft_len", str(K),
-        "--max_batch_size", str(cfg.max_batch_size), "--max_input_len", str(cfg.max_input_len),
-        "--max_seq_len", str(cfg.max_seq_len), "--max_num_tokens", str(cfg.max_num_tokens), "--max_beam_width", "1",
-        "--kv_cache_type", "paged", "--tokens_per_block", str(cfg.tokens_per_block),
-        "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto", "--context_fmha", "enable",
-        "--use_paged_context_fmha", "enable", "--remove_input_padding", "enable",
-        "--logits_dtype", "float32", "--workers", "1",
-    ]
-
-
-def trtllm_engine_config(pre: dict, cfg) -> dict:
-    """The engine ``config.json`` trtllm-build writes from the build checkpoint's config (``pre``, kept whole as
-    ``pretrained_config``) and :func:`trtllm_build_argv`'s flags, as far as the runtime reads it [inferred from
-    ``tensorrt_llm/commands/build.py`` and ``plugin.py`` defaults; the real file is trtllm-build's]. What the
-    runtime-rule emulation (engine/runtime_rules.py) parses."""
-    K = cfg.block_size - 1
-    auto = pre.get("dtype", cfg.dtype)      # "auto" plugins resolve to the model dtype
-    return {"version": "1.2", "pretrained_config": pre, "build_config": {
-        "max_batch_size": cfg.max_batch_size, "max_input_len": cfg.max_input_len, "max_seq_len": cfg.max_seq_len + 2 * K,
-        "max_num_tokens": cfg.max_num_tokens, "max_beam_width": 1, "max_draft_len": K,
-        "speculative_decoding_mode": 32, "kv_cache_type": "PAGED", "lora_config": {},
-        "plugin_config": {"gpt_attention_plugin": auto, "gemm_plugin": auto, "remove_input_padding": True,
-                          "paged_kv_cache": True, "tokens_per_block": cfg.tokens_per_block, "context_fmha": True,
-                          "use_paged_context_fmha": True, "lora_plugin": None, "mamba_conv1d_plugin": auto,
-                          "paged_state": True}}}
-
-
-def runtime_reading(pre: dict | None, cfg) -> dict | None:
-    """What the (patched, for the hybrid) C++ runtime counts in this engine: layers, KV-pool (attention) and state
-    (recurrent) layers, the variant and the RNN fields (engine/runtime_rules.py); ``{"error": ...}`` when it would
-    refuse the config."""
-    if pre is None:
-        return None
-    try:
-        r = parse_engine_config(trtllm_engine_config(pre, cfg), source="engine config.json",
-                                patched_architectures=PATCHED_ARCHITECTURES)
-    except ConfigError as exc:
-        return {"error": str(exc)}
-    return {"layers": r["layers"], "target_layers": pre["num_hidden_layers"],
-            "eagle_net_layers": (r["eagle"] or {}).get("eagle_net_layers", 0), "attention_layers": r["attention_layers"],
-            "recurrent_layers": r["recurrent_layers"], "variant": r["variant"], "rnn": r["rnn"]}
-
-
-def trtllm_build_env(plugin_lib) -> dict[str, str]:
-    """What the model class file needs in trtllm-build's process: the plugin library (trtllm-build has no
-    plugin flag; the network's DFlash2ForCausalLM loads it, trtllm/network/combined.py) and the TensorRT-LLM
-    backend of the network."""
-    return {"DFLASH2_PLUGIN_LIB": str(plugin_lib), "DFLASH2_TRT_BACKEND": "trtllm"}
-
-
-def cuda_archs(gpus) -> str:
-    """CMAKE_CUDA_ARCHITECTURES for the build config's ``gpus`` (``sm_90a`` -> ``90a``)."""
-    return ";".join(g.removeprefix("sm_") for g in gpus)
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -502,12 +361,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         # runtime will count in it
         "engine_config": engine_config, "runtime": runtime_reading(engine_config, cfg),
     }
-
-
-def default_checkpoint_dir(output) -> Path:
-    """Where the TensorRT-LLM backend keeps the converted checkpoint: beside the engine dir."""
-    output = Path(output)
-    return output.with_name(output.name + ".checkpoint")
 
 
 def _gib(n) -> str:

@@ -11,24 +11,21 @@ acceptance is exercised too), else :data:`N_PROMPTS` deterministic id sequences 
 (special ids avoided). Each prompt is cut to the engine's ``max_input_len`` and the new tokens to
 what ``max_seq_len`` leaves.
 
-On the CPU backend the engine runs here (:class:`dflash2_trt.runtime.Runtime`); on the TensorRT-LLM
-backend through TensorRT-LLM's C++ runner (:mod:`.trtllm_runner`, GPU machines).
+This module is the gate's shared half (prompts, the reference decoding, the comparison); each backend runs
+its engine on them: the CPU backend with the CPU runtime (:mod:`.cpu.verify`), the
+TensorRT-LLM backend through TensorRT-LLM's C++ runner (:mod:`.trtllm.verify`, GPU machines).
 """
 
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
 from ..assets import ASSET_ROOT
 from ..errors import ConfigError, DFlash2Error
-from ..runtime import Request, Runtime
 from ..targets import get_target
-from .common import AUTO_MAX_TARGET_BYTES  # noqa: F401  (re-exported: the verify gate's policy)
-from .cpu import open_cpu_engine
-from .trtllm_runner import generate
 
+AUTO_MAX_TARGET_BYTES = 2 << 30   # verify by default when the target's weights are at most this (the reference
+                                  # decodes on this machine's CPU through transformers)
 N_PROMPTS = 4
 NEW_TOKENS = 24
 
@@ -59,7 +56,8 @@ def fixed_prompts(target_key: str | None, vocab_size: int, avoid=(), n: int = N_
     return out
 
 
-def _shape(prompts, max_input_len: int, max_seq_len: int, new: int) -> tuple[list[list[int]], int]:
+def shape_prompts(prompts, max_input_len: int, max_seq_len: int, new: int) -> tuple[list[list[int]], int]:
+    """The prompts cut to ``max_input_len`` and the new tokens to what ``max_seq_len`` leaves (at least one)."""
     prompts = [p[:max_input_len] for p in prompts]
     new = max(1, min(new, max_seq_len - max(len(p) for p in prompts)))
     return prompts, new
@@ -81,7 +79,7 @@ def planned_check_pool(target_key, vocab_size: int, cfg, K: int, new: int = None
     if not cfg.num_kv_blocks:
         return
     prompts = fixed_prompts(target_key, vocab_size)
-    prompts, new = _shape(prompts, cfg.max_input_len, cfg.max_seq_len, NEW_TOKENS if new is None else new)
+    prompts, new = shape_prompts(prompts, cfg.max_input_len, cfg.max_seq_len, NEW_TOKENS if new is None else new)
     check_pool(prompts, new, K, cfg.tokens_per_block, cfg.num_kv_blocks)
 
 
@@ -117,45 +115,3 @@ def compare(engine_outs, ref_outs, prompts) -> None:
             raise VerifyError(f"verify failed: prompt {i} ({head}): output token {pos} is {g} from the engine, {w} "
                               f"from the target's own greedy decoding (transformers); the engine is not lossless, "
                               f"nothing was written")
-
-
-def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW_TOKENS) -> dict:
-    """Open the engine directory as ``run`` does, decode the fixed prompts, compare with the target."""
-    t0 = time.perf_counter()
-    engine, man = open_cpu_engine(engine_dir)
-    try:
-        eos = tuple(int(e) for e in man.get("eos_token_ids") or ())
-        lim = engine.limits
-        prompts = fixed_prompts(target_key, engine.vocab_size, avoid=(*eos, engine.mask_token_id))
-        prompts, new = _shape(prompts, lim["max_input_len"], lim["max_seq_len"], new)
-        reqs = [Request(list(p), new, stop_token_ids=eos) for p in prompts]
-        rt = Runtime(engine)
-        check_pool(prompts, new, engine.K, rt.blocks.tokens_per_block, rt.blocks.num_blocks)
-        rt.generate(reqs)
-        outs = [r.output_ids for r in reqs]
-        acc = [a for r in reqs for a in r.acceptance_lengths]
-    finally:
-        engine.close()
-    refs = reference_outputs(target_dir, prompts, new, eos, dtype=engine.config["dtype"])
-    compare(outs, refs, prompts)
-    return {"passed": True, "backend": "cpu", "prompts": len(prompts), "new_tokens": new,
-            "tokens": sum(map(len, outs)), "mean_acceptance": round(sum(acc) / len(acc), 3) if acc else 0.0,
-            "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def verify_trtllm_engine(engine_dir, *, target_dir, target_key=None, plugin_lib=None,
-                         new: int = NEW_TOKENS) -> dict:   # pragma: no cover - TensorRT-LLM on a GPU
-    """The same check with TensorRT-LLM's C++ runner (ModelRunnerCpp) on the built rank engine."""
-    t0 = time.perf_counter()
-    cfg = json.loads((Path(engine_dir) / "config.json").read_text())
-    man = json.loads((Path(engine_dir) / "engine.json").read_text())
-    pre, build = cfg["pretrained_config"], cfg["build_config"]
-    eos = tuple(int(e) for e in man.get("eos_token_ids") or ())
-    prompts = fixed_prompts(target_key, int(pre["vocab_size"]), avoid=(*eos, int(pre["dflash2"]["mask_token_id"])))
-    K = int(pre["dflash2"]["block_size"]) - 1
-    prompts, new = _shape(prompts, int(build["max_input_len"]), int(build["max_seq_len"]) - 2 * K, new)
-    outs = generate(engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib)
-    refs = reference_outputs(target_dir, prompts, new, eos, dtype=pre["dtype"])
-    compare(outs, refs, prompts)
-    return {"passed": True, "backend": "trtllm", "prompts": len(prompts), "new_tokens": new,
-            "tokens": sum(map(len, outs)), "seconds": round(time.perf_counter() - t0, 3)}

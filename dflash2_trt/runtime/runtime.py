@@ -83,7 +83,7 @@ class Request:
 
 
 class Runtime:
-    """Runs requests through a :class:`~dflash2_trt.engine.cpu.CpuEngine` with in-flight batching."""
+    """Runs requests through a :class:`~dflash2_trt.engine.cpu.engine.CpuEngine` with in-flight batching."""
 
     def __init__(self, engine, *, max_batch_size: int | None = None, max_num_tokens: int | None = None):
         self.engine = engine

@@ -35,7 +35,7 @@ def run_prompts(engine_dir, prompts, *, new: int, max_batch: int = 4, temperatur
                 patch=None):
     """Every prompt through a fresh CPU engine + runtime; returns (requests, runtime). ``patch(runtime, engine)``
     may alter them before the run (negative controls)."""
-    from ..engine.build import open_cpu_engine
+    from ..engine.cpu.engine import open_cpu_engine
     from ..runtime import Request, Runtime
 
     eng, man = open_cpu_engine(engine_dir)

@@ -3,21 +3,15 @@
 The fixtures hold configs and tensor inventories of the real checkpoints, never weights; they
 are part of the repository, so a fresh clone tests itself without anything beside it.
 ``$DFLASH2_TRT_FIXTURES`` overrides the location explicitly (e.g. for an installed, non-editable
-package, which has no ``tests/``).
+package, which has no ``tests/``). The rule is :func:`dflash2_trt.targets.fixtures_dir` (shipped code
+uses it too, and never imports this package).
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from ..targets import REPO_FIXTURES, fixtures_dir
 
-REPO_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
-
-
-def fixtures_dir() -> Path:
-    env = os.environ.get("DFLASH2_TRT_FIXTURES")
-    return Path(env) if env else REPO_FIXTURES
-
+__all__ = ["REPO_FIXTURES", "fixtures_dir", "FIXTURES", "QWEN_DRAFTER", "MUSE_DRAFTER", "QWEN_TARGET", "MUSE_TARGET"]
 
 FIXTURES = fixtures_dir()
 QWEN_DRAFTER = FIXTURES / "z-lab__Qwen3.8-27B-DFlash2"

@@ -231,27 +231,29 @@ def install(src: Path):
 
 # -------------------------------------------------------------------------------------------- the build path
 def prepare_checkpoint(target: str, tp: int, workdir: Path) -> tuple[Path, list[str], object]:
-    """The derived checkpoint dflash2-trt's trtllm build gives trtllm-build (engine/trtllm_build.py): the converted
-    checkpoint (engine/checkpoint.ensure_checkpoint) + config.json from plan.engine_pretrained_config, and the
-    trtllm-build argv plan.trtllm_build_argv records."""
-    from dflash2_trt.engine import plan as planmod
+    """The derived checkpoint dflash2-trt's trtllm build gives trtllm-build (engine/trtllm/build.py): the converted
+    checkpoint (engine/checkpoint.ensure_checkpoint) + config.json from pretrained.engine_pretrained_config, and the
+    trtllm-build argv trtllm/command.trtllm_build_argv records."""
     from dflash2_trt.engine.checkpoint import ensure_checkpoint
+    from dflash2_trt.engine.plan import prepare
+    from dflash2_trt.engine.pretrained import engine_pretrained_config
+    from dflash2_trt.engine.trtllm.command import trtllm_build_argv
     from dflash2_trt.targets import get_target, resolve_dirs
 
     entry = get_target(target)
     ddir, tdir = resolve_dirs(entry)
-    prep = planmod.prepare(ddir, tdir, target_key=target, overrides={"tp_size": tp})
+    prep = prepare(ddir, tdir, target_key=target, overrides={"tp_size": tp})
     ck = workdir / f"{target}-tp{tp}.checkpoint"
     ensure_checkpoint(prep, ck)
     bck = workdir / f"{target}-tp{tp}.build-checkpoint"
     bck.mkdir(parents=True, exist_ok=True)
-    pre = planmod.engine_pretrained_config(json.loads((ck / "config.json").read_text()), prep.cfg, prep.d)
+    pre = engine_pretrained_config(json.loads((ck / "config.json").read_text()), prep.cfg, prep.d)
     (bck / "config.json").write_text(json.dumps(pre, indent=2) + "\n")
     for r in range(tp):
         link = bck / f"rank{r}.safetensors"
         if not link.exists():
             link.symlink_to((ck / f"rank{r}.safetensors").resolve())
-    argv = planmod.trtllm_build_argv(prep.cfg, checkpoint_dir=bck, output_dir=workdir / "engine")
+    argv = trtllm_build_argv(prep.cfg, checkpoint_dir=bck, output_dir=workdir / "engine")
     return bck, argv, prep
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from dflash2_trt.bench.dataset import load_bench_requests, prepare_dataset
 from dflash2_trt.cli import main
-from dflash2_trt.engine.run import read_prompts_file
+from dflash2_trt.engine.common import read_prompts_file
 from dflash2_trt.errors import ConfigError
 from trtllm_bench_schema import validate_file, validate_line
 

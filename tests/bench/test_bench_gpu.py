@@ -92,7 +92,7 @@ def test_nan_values_are_parsed_not_dropped():
 @pytest.fixture()
 def gpu_engine(tmp_path):
     """A stand-in TensorRT-LLM engine directory: engine.json + config.json only (enough for the benchmark path)."""
-    from dflash2_trt.engine.build import ENGINE_FORMAT
+    from dflash2_trt.engine.format import ENGINE_FORMAT
 
     e = tmp_path / "gpu-engine"
     e.mkdir()

@@ -314,7 +314,7 @@ def _engine(tmp_path, *, with_folder=True, config=None):
     """A stand-in TensorRT-LLM engine dir: engine.json, a config.json with the keys trtllm-bench reads, the
     plugin library file, and (with_folder) trtllm-bench/ written by the build's own function."""
     from dflash2_trt.assets import trained_pair
-    from dflash2_trt.engine.build import ENGINE_FORMAT
+    from dflash2_trt.engine.format import ENGINE_FORMAT
     from dflash2_trt.engine.plan import prepare
 
     e = tmp_path / "eng"
@@ -436,7 +436,7 @@ def test_bench_run_dry_run_prints_the_launcher_commands(tmp_path):
 
 def test_tool_applies_to_tensorrt_llm_engines_only(tmp_path):
     from dflash2_trt.bench.run import bench_run
-    from dflash2_trt.engine.build import ENGINE_FORMAT
+    from dflash2_trt.engine.format import ENGINE_FORMAT
 
     e = tmp_path / "cpu-engine"
     e.mkdir()

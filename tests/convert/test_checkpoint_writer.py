@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from dflash2_trt.checkpoint.reader import read_header
 from dflash2_trt.checkpoint.writer import (
-    AtomicOutputDir, OutputWriteError, SafetensorsLayout, StreamingSafetensorsWriter, TensorSpec, _HashWorker,
+    AtomicOutputDir, OutputWriteError, SafetensorsLayout, StreamingSafetensorsWriter, TensorSpec, HashWorker,
     sha256_file,
 )
 from dflash2_trt.errors import CheckpointError
@@ -25,7 +25,7 @@ def test_out_of_order_writes_give_a_valid_file_and_the_right_digest(tmp_path):
     tensors = {"b": torch.randn(3, 5), "a": torch.randn(7).bfloat16(), "c": torch.randn(2, 2, 2).half()}
     layout = SafetensorsLayout(_specs(), {"format": "pt"})
     assert layout.data_start % 8 == 0
-    hasher = _HashWorker()
+    hasher = HashWorker()
     w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", layout, hasher)
     raw = {k: v.contiguous().view(torch.uint8).numpy().tobytes() for k, v in tensors.items()}
     # c first, then b's second half, a, b's first half: completion order differs from file order.
@@ -202,7 +202,7 @@ def test_write_check_sees_every_block_in_order(tmp_path, monkeypatch, hashed):
     layout = SafetensorsLayout([TensorSpec("x", "U8", (1000,))])
     data = os.urandom(1000)
     seen = []
-    hasher = _HashWorker() if hashed else None
+    hasher = HashWorker() if hashed else None
     w = StreamingSafetensorsWriter(tmp_path / "x.safetensors", layout, hasher)
     w.write("x", 600, data[600:], None, lambda blk: seen.append(("late", blk.tobytes())))  # ahead of the frontier
     w.write("x", 0, data[:600], None, lambda blk: seen.append(("first", blk.tobytes())))
@@ -219,7 +219,7 @@ def test_write_check_sees_every_block_in_order(tmp_path, monkeypatch, hashed):
         if blk[0] == 0xFF:
             raise CheckpointError("bad block")
 
-    hasher = _HashWorker() if hashed else None
+    hasher = HashWorker() if hashed else None
     w = StreamingSafetensorsWriter(tmp_path / "y.safetensors", layout, hasher)
     try:
         with pytest.raises(CheckpointError, match="bad block"):

@@ -277,7 +277,7 @@ def test_unsupported_family_is_a_clear_error(tiny_dense, tmp_path, monkeypatch):
     config.target.FAMILIES converts today, so the guard is exercised with one map removed.)"""
     from dflash2_trt.convert import driver
 
-    monkeypatch.setattr(driver, "_FAMILY_MAPS", {k: v for k, v in driver._FAMILY_MAPS.items() if k != "qwen3"})
+    monkeypatch.setattr(driver, "FAMILY_MAPS", {k: v for k, v in driver.FAMILY_MAPS.items() if k != "qwen3"})
     with pytest.raises(ConfigError, match="qwen3.*cannot be converted"):
         convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()

@@ -299,8 +299,8 @@ def test_wheel_carries_templates_models_and_tokenizers(tmp_path):
                 "deploy/triton/templates/launch.sh", "deploy/triton/models/tensorrt_llm_cpu.py",
                 "deploy/triton/models/preprocessing.py", "deploy/triton/models/postprocessing.py",
                 "assets/tiny/qwen3/target/tokenizer.json", "assets/tiny/qwen3_5/target/tokenizer_config.json",
-                "deploy/triton/tensorrtllm_backend.yaml", "engine/trtllm_facts/gptJsonConfig.yaml",
-                "engine/runtime_rules.py"):
+                "deploy/triton/tensorrtllm_backend.yaml", "engine/trtllm/facts/gptJsonConfig.yaml",
+                "engine/trtllm/runtime_rules.py"):
         assert (pkg / rel).is_file(), rel
 
 

@@ -105,7 +105,7 @@ class Sink:
 
 @pytest.fixture(scope="module")
 def cpu_engine(engine):
-    from dflash2_trt.engine.build import open_cpu_engine
+    from dflash2_trt.engine.cpu.engine import open_cpu_engine
 
     eng, man = open_cpu_engine(engine)
     yield eng

@@ -39,7 +39,7 @@ _CHILD = textwrap.dedent("""
             return real(self, *a, **kw)
         writer.StreamingSafetensorsWriter.write = slow
     elif moment == "verify":         # the verify gate starts after a pause: the signal lands there
-        from dflash2_trt.engine import verify
+        from dflash2_trt.engine.cpu import verify
         real_verify = verify.verify_cpu_engine
         def slow_verify(*a, **kw):
             open(os.environ["MARK"], "w").close()

@@ -1,6 +1,6 @@
 """The engine config as TensorRT-LLM's C++ runtime reads it (``gptJsonConfig.cpp``, recorded in
-``dflash2_trt/engine/trtllm_facts/gptJsonConfig.yaml``, applied by ``dflash2_trt/engine/runtime_rules.py``): the
-layer count in EAGLE mode, the cyclic ``layer_types`` rule, and the RNN fields a recurrent variant must carry.
+``dflash2_trt/engine/trtllm/facts/gptJsonConfig.yaml``, applied by ``dflash2_trt/engine/trtllm/runtime_rules.py``):
+the layer count in EAGLE mode, the cyclic ``layer_types`` rule, and the RNN fields a recurrent variant must carry.
 
 The expected numbers are computed here from the published Qwen3.8-27B configs (plain JSON), not from the code
 under test."""
@@ -12,7 +12,10 @@ import json
 import pytest
 
 from dflash2_trt.engine import plan as planmod
-from dflash2_trt.engine.runtime_rules import build_layer_types, facts, parse_engine_config, state_pool_bytes_per_slot
+from dflash2_trt.engine.pretrained import engine_pretrained_config
+from dflash2_trt.engine.trtllm.command import trtllm_engine_config
+from dflash2_trt.engine.trtllm.runtime_rules import (PATCHED_ARCHITECTURES, build_layer_types, facts,
+                                                     parse_engine_config, state_pool_bytes_per_slot)
 from dflash2_trt.errors import ConfigError
 from dflash2_trt.testing.fixtures import QWEN_DRAFTER, QWEN_TARGET
 
@@ -25,8 +28,8 @@ def _hf():
 
 def _engine(tp=1):
     p = planmod.prepare(QWEN_DRAFTER, QWEN_TARGET, target_key="qwen3.8-27b", overrides={"tp_size": tp})
-    pre = planmod.engine_pretrained_config(p.checkpoint_config, p.cfg, p.d)
-    return p, pre, planmod.trtllm_engine_config(pre, p.cfg)
+    pre = engine_pretrained_config(p.checkpoint_config, p.cfg, p.d)
+    return p, pre, trtllm_engine_config(pre, p.cfg)
 
 
 def test_facts_name_their_source():
@@ -55,7 +58,7 @@ def test_hybrid_engine_config_parses_to_21_attention_48_recurrent_with_per_rank_
     n_rec = t["layer_types"].count("linear_attention")
     assert (n_att, n_rec) == (21, 48)
     assert len(pre["layer_types"]) == t["num_hidden_layers"] + d["num_hidden_layers"] == 69
-    r = parse_engine_config(eng, patched_architectures=planmod.PATCHED_ARCHITECTURES)
+    r = parse_engine_config(eng, patched_architectures=PATCHED_ARCHITECTURES)
     assert (r["layers"], r["attention_layers"], r["recurrent_layers"]) == (69, 21, 48)
     # KV-pool layers are numbered in order: 0-15 target attention layers, 16-20 the drafter's
     att = [i for i, x in enumerate(r["layer_types"]) if x == "attention"]
@@ -78,7 +81,7 @@ def test_stock_runtime_sees_no_recurrent_variant_and_a_missing_rnn_field_is_name
     bad = json.loads(json.dumps(eng))
     del bad["pretrained_config"]["rnn_conv_dim_size"]
     with pytest.raises(ConfigError, match="rnn_conv_dim_size"):
-        parse_engine_config(bad, patched_architectures=planmod.PATCHED_ARCHITECTURES)
+        parse_engine_config(bad, patched_architectures=PATCHED_ARCHITECTURES)
     bad = json.loads(json.dumps(eng))
     del bad["pretrained_config"]["eagle_net_config"]
     with pytest.raises(ConfigError, match="eagle_net_config"):
@@ -101,7 +104,7 @@ def test_patch_script_default_architecture_is_the_one_the_engine_writes():
     spec.loader.exec_module(sys.modules[spec.name])
     mod = sys.modules[spec.name]
     _, pre, _ = _engine()
-    assert mod.DEFAULT_ARCHITECTURES == planmod.PATCHED_ARCHITECTURES == (pre["architecture"],)
+    assert mod.DEFAULT_ARCHITECTURES == PATCHED_ARCHITECTURES == (pre["architecture"],)
 
 
 def test_dry_run_carries_the_engine_config_and_prints_the_runtime_counts():

@@ -1,6 +1,6 @@
 """The whole ``build --backend trtllm`` branch up to the subprocess calls, with a recorded command line.
 
-The machine is faked at its two seams (dflash2_trt/engine/trtllm_build.py): a :class:`Toolchain` saying what is
+The machine is faked at its two seams (dflash2_trt/engine/trtllm/build.py): a :class:`Toolchain` saying what is
 installed, and a runner that records each command and plays CMake / trtllm-build by writing what they would
 (a library file; rank engines and a TensorRT-LLM config.json). What is asserted: the exact commands (spelt out
 here, not rebuilt from the code under test), the derived build checkpoint trtllm-build reads, every file placed,
@@ -19,9 +19,11 @@ import pytest
 from click.testing import CliRunner
 
 from dflash2_trt.assets import trained_pair
-from dflash2_trt.engine.build import build_engine, load_engine_dir
+from dflash2_trt.engine.build import build_engine
+from dflash2_trt.engine.format import load_engine_dir
 from dflash2_trt.engine.checkpoint import checkpoint_problems
-from dflash2_trt.engine.trtllm_build import EngineBuildError, Toolchain
+from dflash2_trt.engine.trtllm.process import EngineBuildError
+from dflash2_trt.engine.trtllm.toolchain import Toolchain
 from dflash2_trt.errors import ConfigError, MissingDependencyError
 from dflash2_trt.trtllm.backend import MODEL_FILE
 
@@ -283,7 +285,7 @@ def main_cli():
 
 @pytest.mark.parametrize("tool", ["cmake", "trtllm-build"])
 def test_interrupt_leaves_nothing_half_written(pair, tmp_path, toolchain, tool):
-    from dflash2_trt.engine.trtllm_build import plugin_cache_dir
+    from dflash2_trt.engine.trtllm.plugin_library import plugin_cache_dir
 
     out = tmp_path / "eng"
     cached = set(plugin_cache_dir().glob("*")) if plugin_cache_dir().is_dir() else set()

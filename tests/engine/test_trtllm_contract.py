@@ -27,7 +27,8 @@ TRTLLM_BUILD_PREPARE_INPUTS = {
 
 
 def _derived_config(**sets):
-    from dflash2_trt.engine.plan import engine_pretrained_config, prepare
+    from dflash2_trt.engine.plan import prepare
+    from dflash2_trt.engine.pretrained import engine_pretrained_config
 
     p = trained_pair("qwen3")
     prep = prepare(p.drafter_dir, p.target_dir, target_key="tiny", sets={"drafter_window": "full", **sets})

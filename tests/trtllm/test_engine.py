@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from dflash2_trt.assets import trained_pair
-from dflash2_trt.engine.build import build_engine, open_cpu_engine
+from dflash2_trt.engine.build import build_engine
+from dflash2_trt.engine.cpu.engine import open_cpu_engine
 from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
 from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompts
 from dflash2_trt.testing.law import chi2_pvalue, exact_triples

@@ -29,7 +29,8 @@ def _flatten(inputs: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from dflash2_trt.engine.build import build_engine, open_cpu_engine
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.cpu.engine import open_cpu_engine
 
     p = trained_pair("qwen3")
     out = tmp_path_factory.mktemp("io") / "eng"

@@ -40,7 +40,8 @@ def test_inverse_cdf_at_qwen_vocab_matches_float64(law):
 
 def test_small_kv_pool_waits_instead_of_crashing(tmp_path):
     from dflash2_trt.assets import trained_pair
-    from dflash2_trt.engine.build import build_engine, open_cpu_engine
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.cpu.engine import open_cpu_engine
     from dflash2_trt.reference.loop import load_pair, target_generate
     from dflash2_trt.runtime import Request, Runtime
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...engine.format import load_engine_dir
 from ...errors import DFlash2Error
 
 
@@ -216,7 +217,6 @@ def expected_requests(engine_dir, n: int, max_tokens: int) -> tuple[list[LoadReq
     import json as _json
     from pathlib import Path
 
-    from ...engine.build import load_engine_dir
     from ...reference.loop import load_target, target_generate
 
     _, man = load_engine_dir(engine_dir)

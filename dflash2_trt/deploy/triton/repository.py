@@ -31,7 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import __version__
+from ...checkpoint.writer import AtomicOutputDir
+from ...engine.format import ENGINE_FORMAT, load_engine_dir
 from ...errors import ConfigError, MissingDependencyError
+from ...overlap import refuse_overlap
+from ...tokenizer import engine_tokenizer_dir, find_tokenizer
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
@@ -241,8 +245,6 @@ def check_repository(repo: str | Path) -> dict:
 def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
     """(engine config, manifest). CPU engines are fully checked (load_engine_dir); a TensorRT-LLM
     engine directory's engine.json and config.json are read as ``build --backend trtllm`` writes them."""
-    from ...engine.build import ENGINE_FORMAT, load_engine_dir
-
     engine_dir = Path(engine_dir)
     man_path = engine_dir / "engine.json"
     if not engine_dir.is_dir():
@@ -275,8 +277,6 @@ def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
 
 def _tokenizer_for(engine_dir: Path, man: dict, tokenizer: str | Path | None, vocab: int):
     """(tokenizer directory, loaded tokenizer) or (None, None) when the engine has none."""
-    from ...tokenizer import engine_tokenizer_dir, find_tokenizer
-
     if tokenizer is not None:
         d = Path(tokenizer)
         if not d.is_dir():
@@ -302,9 +302,6 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                   backend: str = "auto", ids_only: bool = False, force: bool = False,
                   kv_cache_free_gpu_mem_fraction: float = 0.9, plugin_lib: str | Path | None = None,
                   command=None) -> RepositoryResult:
-    from ...checkpoint.writer import AtomicOutputDir
-    from ...overlap import refuse_overlap
-
     engine_dir = Path(engine_dir)
     refuse_overlap(output, "--output", [("engine directory", engine_dir), ("tokenizer directory", tokenizer),
                                         ("plugin library", plugin_lib)])

@@ -68,7 +68,7 @@ class _CollectSink:
 
 class TritonPythonModel:
     def initialize(self, args):
-        from dflash2_trt.engine.build import open_cpu_engine
+        from dflash2_trt.engine.cpu.engine import open_cpu_engine
 
         cfg = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)

@@ -14,8 +14,13 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
-from .format import load_engine_dir
+from ...errors import ConfigError
+from ...trtllm.cpu import comm, modeling_utils
+from ...trtllm.cpu.attention import KVCachePool
+from ...trtllm.cpu.state import StatePool
+from ...trtllm.cpu.tensor import network_input
+from ...trtllm.engine_io import load_contract
+from ..format import load_engine_dir
 
 # The runtime's per-layer tensors that are the same every step (TensorRT-LLM's runtime also fills them once).
 _STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",
@@ -24,9 +29,7 @@ _STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv
 
 class CpuEngine:
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path, limits: dict, *, num_blocks: int | None = None):
-        from ..trtllm.backend import load_network
-        from ..trtllm.cpu import comm
-        from ..trtllm.cpu.attention import KVCachePool
+        from ...trtllm.backend import load_network
 
         net = load_network("cpu")
         cpu = net.api
@@ -39,7 +42,7 @@ class CpuEngine:
         self.K = int(d["block_size"]) - 1
         self.vocab_size = int(self.config["vocab_size"])
         self.mask_token_id = int(d["mask_token_id"])
-        kinds = self.config.get("hf_layer_types") or self.config["layer_types"]   # HF names (model.hf_layer_types)
+        kinds = self.config.get("hf_layer_types") or self.config["layer_types"]   # HF names (trtllm/network/kv_layout.py hf_layer_types)
         target_kv_layers = sum(1 for t in kinds if t != "linear_attention")
         # KV layers: the target's attention layers, then the drafter's (model.total_kv_layers)
         self.num_layers = net.total_kv_layers(cpu.PretrainedConfig.from_dict(self.config))
@@ -66,8 +69,6 @@ class CpuEngine:
         self.num_slots = int(limits["max_batch_size"])
         self.states: list[dict] = [{} for _ in range(self.tp)]
         if self.recurrent:
-            from ..trtllm.cpu.state import StatePool
-
             la = self.config["linear_attention"]
             nk = la["num_key_heads"] // self.tp if la["num_key_heads"] >= self.tp else 1
             nv = la["num_value_heads"] // self.tp
@@ -113,8 +114,6 @@ class CpuEngine:
         }
 
     def _structured(self, flat: dict, rank: int) -> dict:
-        from ..trtllm.cpu.tensor import network_input
-
         net = self.net
         memory = _input_memory()
         # every input as the engine sees it: bound by the runtime, in host or device memory (engine_io.yaml)
@@ -154,8 +153,6 @@ class CpuEngine:
 
     @torch.no_grad()
     def step(self, inputs: dict) -> dict:
-        from ..trtllm.cpu import modeling_utils
-
         def run(rank):
             modeling_utils.begin_outputs()
             self.models[rank](**self._structured(inputs, rank))
@@ -172,8 +169,6 @@ class CpuEngine:
 @functools.lru_cache(maxsize=1)
 def _input_memory() -> dict:
     """Engine input name -> "host" | "device", from the contract (engine_io.yaml), read once."""
-    from ..trtllm.engine_io import load_contract
-
     return {p.name: p.memory or "device" for p in load_contract()["inputs"]}
 
 

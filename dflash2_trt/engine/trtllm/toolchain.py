@@ -1,6 +1,7 @@
 """What this machine has for the TensorRT-LLM backend: :class:`Toolchain` and :func:`probe_toolchain`
 (TensorRT-LLM, TensorRT, trtllm-build, CMake, nvcc, the TensorRT headers, the GPU), looked at without
-importing tensorrt_llm. The builder (:mod:`.trtllm_build`) and the dry run (:mod:`.plan`) both read it."""
+importing tensorrt_llm. The builder (:mod:`.build`, :mod:`.plugin_library`) and the dry run
+(:mod:`dflash2_trt.engine.plan`) read it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How TensorRT-LLM's C++ runtime reads an engine's ``config.json``, emulated from recorded facts.
 
-The facts (``trtllm_facts/gptJsonConfig.yaml``: source path and revision inside) are paraphrased from
+The facts (``facts/gptJsonConfig.yaml``: source path and revision inside) are paraphrased from
 ``cpp/tensorrt_llm/runtime/gptJsonConfig.cpp``; this module applies them the way that code does, so a test (and
 ``build --dry-run``) can see what the runtime will count before anyone rents a GPU:
 
@@ -23,14 +23,17 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from .command import trtllm_engine_config
 
-FACTS_DIR = Path(__file__).with_name("trtllm_facts")
+FACTS_DIR = Path(__file__).with_name("facts")
+# The architectures scripts/patch_trtllm_recurrent_spec.py maps to the runtime's hybrid variant by default (R1).
+PATCHED_ARCHITECTURES = ("DFlash2Qwen3_5ForCausalLM",)
 
 
 @functools.lru_cache(maxsize=None)
 def facts(name: str = "gptJsonConfig") -> dict:
-    """A recorded-facts file of ``trtllm_facts/`` (YAML)."""
+    """A recorded-facts file of ``facts/`` (YAML)."""
     return yaml.safe_load((FACTS_DIR / f"{name}.yaml").read_text())
 
 
@@ -118,3 +121,19 @@ def state_pool_bytes_per_slot(rnn: dict, engine_dtype_itemsize: int) -> dict:
         state = rnn["state_size"] * rnn["rnn_hidden_size"] * 4
     conv = (rnn["conv_kernel"] - 1) * rnn["rnn_conv_dim_size"] * engine_dtype_itemsize
     return {"state": state, "conv": conv}
+
+
+def runtime_reading(pre: dict | None, cfg) -> dict | None:
+    """What the (patched, for the hybrid) C++ runtime counts in the engine built from ``pre``: layers, KV-pool
+    (attention) and state (recurrent) layers, the variant and the RNN fields (:func:`parse_engine_config` on
+    :func:`~.command.trtllm_engine_config`); ``{"error": ...}`` when it would refuse the config."""
+    if pre is None:
+        return None
+    try:
+        r = parse_engine_config(trtllm_engine_config(pre, cfg), source="engine config.json",
+                                patched_architectures=PATCHED_ARCHITECTURES)
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    return {"layers": r["layers"], "target_layers": pre["num_hidden_layers"],
+            "eagle_net_layers": (r["eagle"] or {}).get("eagle_net_layers", 0), "attention_layers": r["attention_layers"],
+            "recurrent_layers": r["recurrent_layers"], "variant": r["variant"], "rnn": r["rnn"]}

@@ -1,0 +1,60 @@
+"""``dflash2-trt run`` on a CPU engine: the prompts through the CPU runtime (in-flight batching), the report
+``run`` prints."""
+
+from __future__ import annotations
+
+import time
+
+from ...reference.generate import parse_prompt_ids
+from ...runtime import Request, Runtime
+from ...tokenizer import encode_text
+from ..common import prompt_tokenizer, read_prompts_file, stop_ids
+from .engine import open_cpu_engine
+
+
+def run_cpu_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
+                   temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
+                   progress=None) -> dict:
+    """Exactly one of ``prompt_ids`` / ``prompt`` / ``prompts_file``, the other options already checked by
+    :func:`dflash2_trt.engine.run.run_engine`."""
+    engine, man = open_cpu_engine(engine_dir, verify=verify)
+    try:
+        pre = engine.config
+        tok = None
+        items = []
+        if prompts_file is not None:
+            items = read_prompts_file(prompts_file)
+        elif prompt_ids is not None:
+            items = [{"task_id": 0, "input_ids": parse_prompt_ids(prompt_ids, engine.vocab_size), "prompt": None,
+                      "output_tokens": None, "where": "--prompt-ids"}]
+        else:
+            items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
+        if any(it["prompt"] is not None for it in items):
+            tok = prompt_tokenizer(man, engine_dir)
+        reqs = []
+        stops = stop_ids(man, engine.vocab_size)
+        for i, it in enumerate(items):
+            ids = it["input_ids"]
+            if ids is None:
+                ids = encode_text(tok, it["prompt"])
+            reqs.append(Request(list(ids), it["output_tokens"] or max_new_tokens, temperature=temperature,
+                                seed=seed + i, stop_token_ids=stops, task_id=it["task_id"]))
+        rt = Runtime(engine, max_batch_size=max_batch_size)
+        t0 = time.perf_counter()
+        rt.generate(reqs, progress=progress)
+        wall = time.perf_counter() - t0
+        out = []
+        for r in reqs:
+            d = r.to_dict()
+            if tok is not None:
+                d["text"] = tok.decode(r.output_ids)
+            out.append(d)
+        n_tok = sum(len(r.output_ids) for r in reqs)
+        acc = [a for r in reqs for a in r.acceptance_lengths]
+        return {"engine_dir": str(engine_dir), "backend": "cpu", "block_size": engine.K + 1, "tp_size": engine.tp,
+                "temperature": temperature, "max_batch_size": rt.max_batch_size, "requests": out,
+                "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
+                           "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else 0.0,
+                           "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
+    finally:
+        engine.close()

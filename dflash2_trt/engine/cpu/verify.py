@@ -1,0 +1,34 @@
+"""The verify gate on a CPU engine: the fixed prompts through the engine directory as ``run`` opens it (the CPU
+runtime, here) and through the target's own greedy decoding (:mod:`dflash2_trt.engine.verify`)."""
+
+from __future__ import annotations
+
+import time
+
+from ...runtime import Request, Runtime
+from ..verify import NEW_TOKENS, check_pool, compare, fixed_prompts, reference_outputs, shape_prompts
+from .engine import open_cpu_engine
+
+
+def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW_TOKENS) -> dict:
+    """Open the engine directory as ``run`` does, decode the fixed prompts, compare with the target."""
+    t0 = time.perf_counter()
+    engine, man = open_cpu_engine(engine_dir)
+    try:
+        eos = tuple(int(e) for e in man.get("eos_token_ids") or ())
+        lim = engine.limits
+        prompts = fixed_prompts(target_key, engine.vocab_size, avoid=(*eos, engine.mask_token_id))
+        prompts, new = shape_prompts(prompts, lim["max_input_len"], lim["max_seq_len"], new)
+        reqs = [Request(list(p), new, stop_token_ids=eos) for p in prompts]
+        rt = Runtime(engine)
+        check_pool(prompts, new, engine.K, rt.blocks.tokens_per_block, rt.blocks.num_blocks)
+        rt.generate(reqs)
+        outs = [r.output_ids for r in reqs]
+        acc = [a for r in reqs for a in r.acceptance_lengths]
+    finally:
+        engine.close()
+    refs = reference_outputs(target_dir, prompts, new, eos, dtype=engine.config["dtype"])
+    compare(outs, refs, prompts)
+    return {"passed": True, "backend": "cpu", "prompts": len(prompts), "new_tokens": new,
+            "tokens": sum(map(len, outs)), "mean_acceptance": round(sum(acc) / len(acc), 3) if acc else 0.0,
+            "seconds": round(time.perf_counter() - t0, 3)}

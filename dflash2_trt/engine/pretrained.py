@@ -1,0 +1,70 @@
+"""The engine's ``pretrained_config``, written the same way by both backends: the converted checkpoint's
+``config.json`` with the build's settings (the block size and ``dflash2_engine``, which the network reads) and
+the EAGLE fields TensorRT-LLM's runtime reads; for a hybrid target also the runtime's layer types and RNN fields.
+
+The CPU backend puts it in the engine's ``config.json``; the TensorRT-LLM backend gives it to trtllm-build as
+the build checkpoint's ``config.json``; the dry run (:mod:`.plan`) shows it and sizes the KV pool with
+:func:`drafter_pool_layers_per_layer`.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+
+def engine_pretrained_config(ck: dict, cfg, d) -> dict:
+    """The checkpoint's config.json with the engine's settings: what the network reads (``dflash2_engine``,
+    the block size) and the EAGLE fields TensorRT-LLM's runtime reads (``num_eagle_layers``,
+    ``max_non_leaves_per_layer``, ``eagle_net_config.num_hidden_layers``: docs/TRTLLM-ENGINE.md §1). A copy:
+    the reusable checkpoint's own config.json is never edited."""
+    pre = json.loads(json.dumps(ck))
+    K = cfg.block_size - 1
+    pre["dflash2"]["block_size"] = cfg.block_size
+    pre["max_draft_len"] = K
+    pre["num_eagle_layers"] = K                        # tree depth; a chain of K
+    pre["max_non_leaves_per_layer"] = 1
+    # added to the KV pool's layer count: the drafter's pool layers (x its KV split, drafter_kv_split in trtllm/network/kv_layout.py)
+    pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers * drafter_pool_layers_per_layer(
+        p_t(ck), d, cfg.tp_size)}
+    pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
+                             "max_seq_len": cfg.max_seq_len, "tokens_per_block": cfg.tokens_per_block}
+    if "linear_attention" in pre["layer_types"]:
+        # TensorRT-LLM's runtime (gptJsonConfig.cpp, engine/trtllm/runtime_rules.py) reads layer_types in its own names,
+        # one per layer of num_hidden_layers + eagle_net_config.num_hidden_layers (a shorter list repeats
+        # cyclically): the drafter's pool layers are attention. The network reads the HF kinds from hf_layer_types
+        # (trtllm/network/kv_layout.py hf_layer_types).
+        pre["hf_layer_types"] = list(pre["layer_types"])
+        pre["layer_types"] = (["recurrent" if t == "linear_attention" else "attention" for t in pre["layer_types"]]
+                              + ["attention"] * pre["eagle_net_config"]["num_hidden_layers"])
+        pre.update(rnn_fields(pre))
+    return pre
+
+
+def rnn_fields(ck: dict) -> dict:
+    """The RNN fields the runtime requires of a recurrent variant (gptJsonConfig.cpp; after the patch's R1 the
+    hybrid is one), per rank, from the Gated DeltaNet shapes: the runtime's state slot ``[rnn_hidden_size /
+    rnn_head_size, state_size, rnn_head_size]`` float32 is then the plugin's ``[Hv/tp, Dk, Dv]`` and its conv slot
+    ``[conv_kernel - 1, rnn_conv_dim_size]`` the plugin's ``[K-1, (2 Hk Dk + Hv Dv)/tp]`` (docs/hybrid-runtime.md
+    §4). The runtime divides none of them by tp."""
+    la, tp = ck["linear_attention"], ck["mapping"]["tp_size"]
+    nk, nv = la["num_key_heads"], la["num_value_heads"]
+    nk_l, nv_l = (nk // tp if nk >= tp else 1), nv // tp
+    dk, dv = la["key_head_dim"], la["value_head_dim"]
+    return {"state_size": dk, "rnn_head_size": dv, "rnn_hidden_size": nv_l * dv, "conv_kernel": la["conv_kernel_size"],
+            "rnn_conv_dim_size": 2 * nk_l * dk + nv_l * dv, "state_dtype": "float32"}
+
+
+def drafter_pool_layers_per_layer(t, d, tp: int) -> int:
+    """Pool layers one drafter layer occupies (``drafter_kv_split`` in ``trtllm/network/kv_layout.py``, from plain configs): its K/V
+    per token and rank over the target's, 1 when equal (Qwen3.8-27B), 4 for Muse Glimmer 30B."""
+    def local(n):
+        return n // tp if n >= tp else 1
+    t_tok = local(t.num_key_value_heads) * t.head_dim
+    d_tok = local(d.num_key_value_heads) * d.head_dim
+    return max(1, d_tok // t_tok) if t_tok else 1
+
+
+def p_t(ck: dict):
+    """The few target fields drafter_pool_layers_per_layer reads, from a checkpoint config.json."""
+    return SimpleNamespace(num_key_value_heads=ck["num_key_value_heads"], head_dim=ck["head_size"])

@@ -1,0 +1,76 @@
+"""The trtllm-build command line and what it is given: the argv (TensorRT-LLM 1.2 flags) run through
+:data:`BUILD_ENTRY`, the environment the model class file needs, the CUDA architectures of the plugin build, the
+engine ``config.json`` trtllm-build writes (as far as the runtime reads it), and where the converted checkpoint
+is kept beside the engine directory. The builder (:mod:`.build`) runs them; the dry run
+(:mod:`dflash2_trt.engine.plan`) prints them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+MODEL_CLS_NAME = "DFlash2ForCausalLM"
+
+
+def model_cls_file() -> Path:
+    from ...trtllm.backend import MODEL_FILE
+
+    return MODEL_FILE
+
+
+BUILD_ENTRY = "dflash2_trt.trtllm.register"
+"""The module run as trtllm-build: registers the DFlash2 architectures in TensorRT-LLM's MODEL_MAP (the bare
+``trtllm-build`` stops at config parsing with a KeyError), then runs ``tensorrt_llm.commands.build.main()``."""
+
+
+def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = None) -> list[str]:
+    """The trtllm-build command line (TensorRT-LLM 1.2 flags, ``tensorrt_llm/commands/build.py``), run through
+    :data:`BUILD_ENTRY` with ``python`` (default: this interpreter, where tensorrt_llm must import)."""
+    K = cfg.block_size - 1
+    return [
+        python or sys.executable, "-m", BUILD_ENTRY, "--checkpoint_dir", str(checkpoint_dir),
+        "--output_dir", str(output_dir),
+        "--model_cls_file", str(model_cls_file()), "--model_cls_name", MODEL_CLS_NAME,
+        "--speculative_decoding_mode", "eagle", "--max_draft_len", str(K),
+        "--max_batch_size", str(cfg.max_batch_size), "--max_input_len", str(cfg.max_input_len),
+        "--max_seq_len", str(cfg.max_seq_len), "--max_num_tokens", str(cfg.max_num_tokens), "--max_beam_width", "1",
+        "--kv_cache_type", "paged", "--tokens_per_block", str(cfg.tokens_per_block),
+        "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto", "--context_fmha", "enable",
+        "--use_paged_context_fmha", "enable", "--remove_input_padding", "enable",
+        "--logits_dtype", "float32", "--workers", "1",
+    ]
+
+
+def trtllm_engine_config(pre: dict, cfg) -> dict:
+    """The engine ``config.json`` trtllm-build writes from the build checkpoint's config (``pre``, kept whole as
+    ``pretrained_config``) and :func:`trtllm_build_argv`'s flags, as far as the runtime reads it [inferred from
+    ``tensorrt_llm/commands/build.py`` and ``plugin.py`` defaults; the real file is trtllm-build's]. What the
+    runtime-rule emulation (:mod:`.runtime_rules`) parses."""
+    K = cfg.block_size - 1
+    auto = pre.get("dtype", cfg.dtype)      # "auto" plugins resolve to the model dtype
+    return {"version": "1.2", "pretrained_config": pre, "build_config": {
+        "max_batch_size": cfg.max_batch_size, "max_input_len": cfg.max_input_len, "max_seq_len": cfg.max_seq_len + 2 * K,
+        "max_num_tokens": cfg.max_num_tokens, "max_beam_width": 1, "max_draft_len": K,
+        "speculative_decoding_mode": 32, "kv_cache_type": "PAGED", "lora_config": {},
+        "plugin_config": {"gpt_attention_plugin": auto, "gemm_plugin": auto, "remove_input_padding": True,
+                          "paged_kv_cache": True, "tokens_per_block": cfg.tokens_per_block, "context_fmha": True,
+                          "use_paged_context_fmha": True, "lora_plugin": None, "mamba_conv1d_plugin": auto,
+                          "paged_state": True}}}
+
+
+def trtllm_build_env(plugin_lib) -> dict[str, str]:
+    """What the model class file needs in trtllm-build's process: the plugin library (trtllm-build has no
+    plugin flag; the network's DFlash2ForCausalLM loads it, trtllm/network/combined.py) and the TensorRT-LLM backend of the network."""
+    return {"DFLASH2_PLUGIN_LIB": str(plugin_lib), "DFLASH2_TRT_BACKEND": "trtllm"}
+
+
+def cuda_archs(gpus) -> str:
+    """CMAKE_CUDA_ARCHITECTURES for the build config's ``gpus`` (``sm_90a`` -> ``90a``)."""
+    return ";".join(g.removeprefix("sm_") for g in gpus)
+
+
+def default_checkpoint_dir(output) -> Path:
+    """Where the TensorRT-LLM backend keeps the converted checkpoint: beside the engine dir."""
+    output = Path(output)
+    return output.with_name(output.name + ".checkpoint")

@@ -1,0 +1,70 @@
+"""Running CMake and trtllm-build: :class:`SubprocessRunner` (the machine seam the tests replace: ``runner(argv,
+env=..., log=..., cwd=..., echo=...) -> exit status``), :class:`EngineBuildError` for a failed or odd step, and
+:func:`log_tail` for the end of a step's log in an error message."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from ...errors import DFlash2Error
+
+LOG_TAIL = 3000
+
+
+class EngineBuildError(DFlash2Error):
+    """trtllm-build (or CMake) failed, or wrote something unexpected."""
+
+
+class SubprocessRunner:
+    """Run a command, its output (stdout and stderr) appended line by line to ``log`` and, when given, to
+    ``echo`` (progress). Ctrl-C / SIGTERM: the child is interrupted, waited for (then killed), and the
+    interrupt re-raised, so the caller's cleanup runs with no child still writing."""
+
+    def __call__(self, argv, *, env=None, log=None, cwd=None, echo=None) -> int:
+        full_env = {**os.environ, **(env or {})}
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+                                    text=True, bufsize=1, start_new_session=True)
+        except OSError as exc:
+            raise EngineBuildError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+        fh = open(log, "a", encoding="utf-8") if log is not None else None
+        try:
+            for line in proc.stdout:
+                if fh is not None:
+                    fh.write(line)
+                    fh.flush()
+                if echo is not None:
+                    echo(line.rstrip("\n"))
+            return proc.wait()
+        except BaseException:
+            _stop(proc)
+            raise
+        finally:
+            if fh is not None:
+                fh.close()
+
+
+def _stop(proc) -> None:
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def log_tail(path) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return text if len(text) <= LOG_TAIL else "..." + text[-LOG_TAIL:]
