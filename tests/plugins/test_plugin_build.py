@@ -121,6 +121,27 @@ def test_glue_harness_without_tensorrt_library(tmp_path):
     assert res.stdout.count("PASS") >= 50
 
 
+@pytest.mark.parametrize("call, ok", [('fail(msg, sizeof(msg), "H=%lld", static_cast<long long>(h))', True),
+                                      ('fail(msg, sizeof(msg), "H=%d", static_cast<long long>(h))', False),
+                                      ('fail(msg, sizeof(msg), "H=%lld and %d", static_cast<long long>(h))', False)],
+                         ids=["matching", "wrong_type", "missing_argument"])
+def test_validation_messages_are_format_checked(tmp_path, call, ok):
+    """common/df2Validation.h: every plugin's rejections go through ParamFail, whose printf format
+    attribute makes g++ (-Wall -Werror, the CPU builds' flags) reject a message whose arguments do
+    not match it, instead of printing garbage (or reading past the arguments) on the day it fires."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found")
+    src = tmp_path / "fmt.cpp"
+    src.write_text('#include "common/df2Validation.h"\n'
+                   'dflash2::Status f(long h) { constexpr dflash2::ParamFail fail{"P"}; char msg[64]; '
+                   f"return {call}; }}\n")
+    res = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-I", str(PLUGINS),
+                          str(src)], capture_output=True, text=True)
+    assert (res.returncode == 0) == ok, res.stderr
+    if not ok:
+        assert "-Werror=format" in res.stderr
+
+
 def test_gpu_check_script_parses_and_exits_cleanly_without_gpu():
     py_compile.compile(str(REPO / "scripts" / "gpu_check" / "gpu_check.py"), doraise=True)
     assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_check.sh")]).returncode == 0
