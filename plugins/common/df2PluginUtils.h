@@ -64,6 +64,15 @@ inline void reportError(char const* what, char const* msg)
     std::fprintf(stderr, "[dflash2 plugin] %s: %s\n", what, msg);
 }
 
+//! enqueue's return value for a launcher's status: 0, or -1 with the launcher's message reported.
+inline int32_t enqueueResult(Status s, char const* msg)
+{
+    if (s == Status::kOK)
+        return 0;
+    reportError("enqueue", msg);
+    return -1;
+}
+
 //! Build-time trace: with DFLASH2_PLUGIN_TRACE=1 in the environment (read once), each build-time
 //! method of the glue prints one line on stderr, "[dflash2 plugin] trace <plugin>::<method> <detail>".
 //! Off by default. A builder that runs no kernels (TensorRT-RTX on a CPU machine) shows with it that

@@ -68,19 +68,7 @@ int32_t DynamicConvPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plugin
     char msg[512];
     float const* residual = mAttrs.fuseResidual ? static_cast<float const*>(inputs[3]) : nullptr;
     Status s = launchDynamicConv(mParams, inputs[0], inputs[1], inputs[2], residual, outputs[0], stream, msg, sizeof(msg));
-    if (s != Status::kOK)
-    {
-        reportError("enqueue", msg);
-        return -1;
-    }
-    return 0;
+    return enqueueResult(s, msg);
 }
-
-// Static registration: loading the library (LD_PRELOAD / ctypes / dlopen) registers the creator;
-// Triton's TensorRT-LLM backend calls no init function. DFLASH2_NO_STATIC_REGISTRATION exists only
-// for the glue test harness, which runs without libnvinfer.
-#ifndef DFLASH2_NO_STATIC_REGISTRATION
-REGISTER_TENSORRT_PLUGIN(DynamicConvPluginCreator);
-#endif
 
 } // namespace dflash2

@@ -215,19 +215,7 @@ int32_t GatedDeltaNetPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plug
         g.verifyGates = static_cast<float*>(outputs[2]);
         s = launchGatedDeltaNetForward(p, g, stream, msg, sizeof(msg));
     }
-    if (s != Status::kOK)
-    {
-        reportError("enqueue", msg);
-        return -1;
-    }
-    return 0;
+    return enqueueResult(s, msg);
 }
-
-// Static registration: loading the library (LD_PRELOAD / ctypes / dlopen) registers the creator;
-// Triton's TensorRT-LLM backend calls no init function. DFLASH2_NO_STATIC_REGISTRATION exists only
-// for the glue test harness, which runs without libnvinfer.
-#ifndef DFLASH2_NO_STATIC_REGISTRATION
-REGISTER_TENSORRT_PLUGIN(GatedDeltaNetPluginCreator);
-#endif
 
 } // namespace dflash2

@@ -94,19 +94,7 @@ int32_t PairwiseScanPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plugi
         inputs[2], static_cast<int32_t const*>(inputs[3]), inputs[4], inputs[5], static_cast<float const*>(inputs[6]),
         static_cast<float const*>(inputs[7]), workspace, static_cast<int32_t*>(outputs[0]),
         static_cast<float*>(outputs[1]), stream, msg, sizeof(msg));
-    if (s != Status::kOK)
-    {
-        reportError("enqueue", msg);
-        return -1;
-    }
-    return 0;
+    return enqueueResult(s, msg);
 }
-
-// Static registration: loading the library (LD_PRELOAD / ctypes / dlopen) registers the creator;
-// Triton's TensorRT-LLM backend calls no init function. DFLASH2_NO_STATIC_REGISTRATION exists only
-// for the glue test harness, which runs without libnvinfer.
-#ifndef DFLASH2_NO_STATIC_REGISTRATION
-REGISTER_TENSORRT_PLUGIN(PairwiseScanPluginCreator);
-#endif
 
 } // namespace dflash2

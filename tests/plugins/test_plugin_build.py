@@ -64,7 +64,9 @@ def test_cmake_builds_kernels_library(tmp_path, capsys):
     if trt is not None:
         assert "DynamicConvPluginCreator" in syms and "PairwiseScanPluginCreator" in syms
         assert "GatedDeltaNetPluginCreator" in syms
-        assert "PluginRegistrar" in syms  # LD_PRELOAD/ctypes variant self-registers
+        # the LD_PRELOAD/ctypes variant self-registers every creator (common/df2StaticRegistration.cpp)
+        for creator in ("DynamicConvPluginCreator", "PairwiseScanPluginCreator", "GatedDeltaNetPluginCreator"):
+            assert f"nvinfer1::PluginRegistrar<dflash2::{creator}>::PluginRegistrar()" in syms, creator
         dyn = tmp_path / "libdflash2_plugins_dynamic.so"
         dsyms = subprocess.run(["nm", "-DC", "--defined-only", str(dyn)], capture_output=True, text=True).stdout
         exported = {line.split()[-1] for line in dsyms.splitlines() if " T " in line}
@@ -106,7 +108,7 @@ def test_glue_harness_without_tensorrt_library(tmp_path):
         assert res.returncode == 0, res.stderr
         objs.append(str(o))
     exe = tmp_path / "glue_harness"
-    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-DDFLASH2_NO_STATIC_REGISTRATION",
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror",
            "-isystem", str(trt), "-isystem", str(cuda), "-I", str(PLUGINS),
            str(Path(__file__).with_name("glue_harness.cpp")), *map(str, GLUE),
            str(PLUGINS / "common" / "df2LibraryEntry.cpp"),
