@@ -34,6 +34,12 @@ inline DType toDType(nvinfer1::DataType t)
     }
 }
 
+//! The activation dtypes every plugin accepts (as TensorRT names them): float32, float16, bfloat16.
+inline bool isFloatType(nvinfer1::DataType t)
+{
+    return t == nvinfer1::DataType::kFLOAT || t == nvinfer1::DataType::kHALF || t == nvinfer1::DataType::kBF16;
+}
+
 inline nvinfer1::DataType toTrt(DType t)
 {
     switch (t)

@@ -54,6 +54,12 @@ inline bool known(int64_t d)
     return d >= 0;
 }
 
+//! The activation dtypes every plugin accepts: float32, float16, bfloat16.
+inline bool isFloatType(DType t)
+{
+    return t == DType::kFLOAT32 || t == DType::kFLOAT16 || t == DType::kBFLOAT16;
+}
+
 //! Every input's dtype and rank against the plugin's tables, in input order; the first mismatch
 //! is "input <i> (<name>) has dtype <got>, expected <want>" or "... must have <n> dims, got <m>".
 inline Status checkTypesAndRanks(ParamFail const& fail, TensorDesc const* in, int32_t nbInputs,

@@ -39,7 +39,7 @@ Status validateDynamicConv(DynamicConvAttrs const& a, TensorDesc const* in, int3
     TensorDesc const& x = in[0];
     TensorDesc const& delta = in[1];
     TensorDesc const& base = in[2];
-    if (x.type != DType::kFLOAT16 && x.type != DType::kBFLOAT16 && x.type != DType::kFLOAT32)
+    if (!isFloatType(x.type))
         return fail(msg, msgLen, "input 0 (x) has dtype %s; supported: float16, bfloat16, float32",
             dtypeName(x.type));
     if (delta.type != x.type)

@@ -15,11 +15,6 @@ char const* const kFwdNames[kGdnMaxNbInputs] = {"qkv", "conv_weight", "a", "b", 
 char const* const kCommitNames[kGdnCommitNbInputs] = {"verify_qkv", "verify_gates", "conv_weight", "num_accepted",
     "cu_seqlens", "slot_mapping", "host_request_types", "rnn_state_ptr", "conv_state_ptr"};
 
-bool isFloatType(DType t)
-{
-    return t == DType::kFLOAT32 || t == DType::kFLOAT16 || t == DType::kBFLOAT16;
-}
-
 size_t align256(size_t v)
 {
     return (v + 255u) & ~static_cast<size_t>(255u);

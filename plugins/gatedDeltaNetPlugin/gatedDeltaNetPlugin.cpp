@@ -8,11 +8,6 @@ namespace dflash2
 namespace
 {
 
-bool isFloatType(DataType t)
-{
-    return t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
-}
-
 bool isCommit(GatedDeltaNetAttrs const& a)
 {
     return a.mode == static_cast<int32_t>(GdnMode::kCOMMIT);

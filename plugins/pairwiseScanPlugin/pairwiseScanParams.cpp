@@ -32,7 +32,7 @@ Status validatePairwiseScan(PairwiseScanAttrs const& a, TensorDesc const* in, in
 
     // dtypes
     DType const dataType = in[2].type;
-    if (dataType != DType::kFLOAT32 && dataType != DType::kFLOAT16 && dataType != DType::kBFLOAT16)
+    if (!isFloatType(dataType))
         return fail(msg, msgLen, "input 2 (proj_hidden) has dtype %s; supported: float32, float16, bfloat16",
             dtypeName(dataType));
     DType const want[kScanNbInputs] = {DType::kFLOAT32, DType::kINT32, dataType, DType::kINT32, dataType, dataType,

@@ -5,14 +5,6 @@ using namespace nvinfer1;
 
 namespace dflash2
 {
-namespace
-{
-
-bool isFloatType(DataType t)
-{
-    return t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
-}
-} // namespace
 
 PairwiseScanPlugin::PairwiseScanPlugin(PairwiseScanAttrs const& attrs)
     : PluginV3Base(attrs)
