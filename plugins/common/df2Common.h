@@ -298,6 +298,21 @@ struct BF16
     static DF2_HD Storage store(float v) { return floatToBf16Bits(v); }
 };
 
+//! One int32 attribute: its name in the plugin's YAML spec, its member in the plugin's Attrs
+//! struct, and whether createPlugin requires it (otherwise the struct's default stands). Each
+//! plugin lists its attributes once, in the spec's order, in its Params.h; the creator's field
+//! list, createPlugin's parsing, the serialised fields and the CPU build's attribute array all
+//! read that table.
+template <typename Attrs>
+struct Int32AttrField
+{
+    using Member = int32_t Attrs::*;
+
+    char const* name;
+    Member member;
+    bool required;
+};
+
 //! Status returned by validation functions and launchers: 0 = ok, otherwise a message.
 enum class Status : int32_t
 {

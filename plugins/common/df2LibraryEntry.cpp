@@ -3,7 +3,7 @@
  * IPluginRegistry::loadLibrary: `trtexec --dynamicPlugins=...`, and engines that embed the library
  * (IBuilderConfig::setPluginsToSerialize) so that they deserialize without any preload.
  *
- * That variant is compiled with DFLASH2_NO_STATIC_REGISTRATION: loadLibrary fails when one of the
+ * That variant does not contain common/df2StaticRegistration.cpp: loadLibrary fails when one of the
  * creators it gets from getCreators() is already registered, which a static registrar would have
  * done at dlopen. libdflash2_plugins.so (static registration, for LD_PRELOAD / ctypes / Triton)
  * does not contain this file.

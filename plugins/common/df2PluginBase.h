@@ -1,13 +1,18 @@
 /*
  * The IPluginV3 boilerplate the three DFlash2 plugins share, in one place (TensorRT-LLM's plugins
- * share a base class for the same reason). Each plugin keeps only what is its own: its attributes
- * and params, output types and shapes, formats, configure/workspace, enqueue, and which attributes
- * it serialises; the creator keeps its field list and createPlugin.
+ * share a base class for the same reason). Each plugin keeps only what is its own: its attribute
+ * table and validation (its Params.h/.cpp), its constructor (params from attributes), output
+ * count, types and shapes, formats, workspace and enqueue.
  *
  * A plugin derives as  class P : public PluginV3Base<P, PAttrs, PParams>  and declares
- * static constexpr kName / kVersion and  void appendSerialFields(std::vector<PluginField>&) noexcept;
- * its constructor fills mParams from the attributes. Its creator derives from PluginCreatorBase<P>
- * and lists its fields with addField().
+ *   static constexpr char const* kName, kVersion;
+ *   static constexpr auto& kFields = kPFields;         // Int32AttrField<PAttrs>[], the spec's order
+ *   static constexpr auto kValidateAttrs = validatePAttrs;
+ *   static constexpr auto kValidate = validateP;       // (attrs, descs, nbInputs, params*, msg, len)
+ *   static constexpr int32_t kMaxInputs = ...;         // the most inputs any attribute set takes
+ * From these the base serialises the attributes, validates the shapes in configurePlugin (params
+ * not kept) and onShapeChange (params kept for enqueue), and the creator lists, parses and checks
+ * the fields:  class PCreator : public PluginCreatorBase<P> {};
  */
 #pragma once
 
@@ -15,6 +20,7 @@
 
 #include <NvInferRuntime.h>
 
+#include <cstdio>
 #include <new>
 #include <vector>
 
@@ -28,6 +34,8 @@ class PluginV3Base : public nvinfer1::IPluginV3,
                      public nvinfer1::IPluginV3OneRuntime
 {
 public:
+    using AttrsType = Attrs;
+
     //! The derived constructor fills mParams from the attributes (each plugin's params differ).
     explicit PluginV3Base(Attrs const& attrs)
         : mAttrs(attrs)
@@ -80,14 +88,31 @@ public:
         return clone();
     }
 
+    //! Every attribute of the table, as createPlugin reads it back when the engine deserialises.
     nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override
     {
         trace(Derived::kName, "getFieldsToSerialize");
         mSerialFields.clear();
-        static_cast<Derived*>(this)->appendSerialFields(mSerialFields);
+        for (auto const& f : Derived::kFields)
+            mSerialFields.emplace_back(f.name, &(mAttrs.*f.member), nvinfer1::PluginFieldType::kINT32, 1);
         mSerialCollection.nbFields = static_cast<int32_t>(mSerialFields.size());
         mSerialCollection.fields = mSerialFields.data();
         return &mSerialCollection;
+    }
+
+    // IPluginV3OneBuild: build-time check of the (possibly -1) dims; the params are not kept.
+    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
+        nvinfer1::DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept override
+    {
+        trace(Derived::kName, "configurePlugin");
+        return validateShapes("configurePlugin", in, nbInputs, nullptr);
+    }
+
+    // IPluginV3OneRuntime: the concrete shapes of the coming enqueue calls; enqueue uses mParams.
+    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
+        nvinfer1::PluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept override
+    {
+        return validateShapes("onShapeChange", in, nbInputs, &mParams);
     }
 
 protected:
@@ -95,6 +120,40 @@ protected:
     Params mParams;
 
 private:
+    static nvinfer1::PluginTensorDesc const& descOf(nvinfer1::DynamicPluginTensorDesc const& d)
+    {
+        return d.desc;
+    }
+
+    static nvinfer1::PluginTensorDesc const& descOf(nvinfer1::PluginTensorDesc const& d)
+    {
+        return d;
+    }
+
+    //! TensorRT's descriptors -> TensorDesc, then the plugin's validation; a rejection is reported
+    //! with the method's name and fails the call.
+    template <typename Desc>
+    int32_t validateShapes(char const* method, Desc const* in, int32_t nbInputs, Params* params) noexcept
+    {
+        char msg[512];
+        if (nbInputs < 0 || nbInputs > Derived::kMaxInputs)
+        {
+            std::snprintf(msg, sizeof(msg), "%s: %d inputs; it takes at most %d", Derived::kName, nbInputs,
+                Derived::kMaxInputs);
+            reportError(method, msg);
+            return -1;
+        }
+        TensorDesc descs[Derived::kMaxInputs];
+        for (int32_t i = 0; i < nbInputs; ++i)
+            descs[i] = toDesc(descOf(in[i]).type, descOf(in[i]).dims); // -1 dims are skipped by the validation
+        if (Derived::kValidate(mAttrs, descs, nbInputs, params, msg, sizeof(msg)) != Status::kOK)
+        {
+            reportError(method, msg);
+            return -1;
+        }
+        return 0;
+    }
+
     std::vector<nvinfer1::PluginField> mSerialFields;
     nvinfer1::PluginFieldCollection mSerialCollection{};
 };
@@ -103,6 +162,15 @@ template <typename Plugin>
 class PluginCreatorBase : public nvinfer1::IPluginCreatorV3One
 {
 public:
+    //! The plugin's attribute table, announced as int32 fields of one value, in the spec's order.
+    PluginCreatorBase()
+    {
+        for (auto const& f : Plugin::kFields)
+            mFields.emplace_back(f.name, nullptr, nvinfer1::PluginFieldType::kINT32, 1);
+        mCollection.nbFields = static_cast<int32_t>(mFields.size());
+        mCollection.fields = mFields.data();
+    }
+
     ~PluginCreatorBase() override = default;
 
     char const* getPluginName() const noexcept override
@@ -125,13 +193,21 @@ public:
         return &mCollection;
     }
 
-protected:
-    //! One attribute the creator accepts (name, type, element count), in the order of the spec YAML.
-    void addField(char const* name, nvinfer1::PluginFieldType type, int32_t length = 1)
+    //! The same path for a network's attributes and an engine's serialised ones: the fields
+    //! through the table (parseInt32Fields), the attribute rules, then the plugin.
+    nvinfer1::IPluginV3* createPlugin(char const* /*name*/, nvinfer1::PluginFieldCollection const* fc,
+        nvinfer1::TensorRTPhase /*phase*/) noexcept override
     {
-        mFields.emplace_back(name, nullptr, type, length);
-        mCollection.nbFields = static_cast<int32_t>(mFields.size());
-        mCollection.fields = mFields.data();
+        typename Plugin::AttrsType a; // attributes not given keep the struct's defaults
+        if (!parseInt32Fields(Plugin::kName, fc, Plugin::kFields, &a))
+            return nullptr;
+        char msg[512];
+        if (Plugin::kValidateAttrs(a, msg, sizeof(msg)) != Status::kOK)
+        {
+            reportError("createPlugin", msg);
+            return nullptr;
+        }
+        return new (std::nothrow) Plugin(a);
     }
 
 private:

@@ -8,11 +8,11 @@
 
 #include <NvInferRuntime.h>
 
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <vector>
 
 namespace dflash2
 {
@@ -32,6 +32,12 @@ inline DType toDType(nvinfer1::DataType t)
     case nvinfer1::DataType::kINT64: return DType::kINT64;
     default: return static_cast<DType>(99);
     }
+}
+
+//! The activation dtypes every plugin accepts (as TensorRT names them): float32, float16, bfloat16.
+inline bool isFloatType(nvinfer1::DataType t)
+{
+    return t == nvinfer1::DataType::kFLOAT || t == nvinfer1::DataType::kHALF || t == nvinfer1::DataType::kBF16;
 }
 
 inline nvinfer1::DataType toTrt(DType t)
@@ -64,6 +70,15 @@ inline void reportError(char const* what, char const* msg)
     std::fprintf(stderr, "[dflash2 plugin] %s: %s\n", what, msg);
 }
 
+//! enqueue's return value for a launcher's status: 0, or -1 with the launcher's message reported.
+inline int32_t enqueueResult(Status s, char const* msg)
+{
+    if (s == Status::kOK)
+        return 0;
+    reportError("enqueue", msg);
+    return -1;
+}
+
 //! Build-time trace: with DFLASH2_PLUGIN_TRACE=1 in the environment (read once), each build-time
 //! method of the glue prints one line on stderr, "[dflash2 plugin] trace <plugin>::<method> <detail>".
 //! Off by default. A builder that runs no kernels (TensorRT-RTX on a CPU machine) shows with it that
@@ -84,6 +99,20 @@ inline void trace(char const* plugin, char const* method, char const* detail = "
         std::fprintf(stderr, "[dflash2 plugin] trace %s::%s%s%s\n", plugin, method, detail[0] ? " " : "", detail);
 }
 
+//! trace() with a printf-formatted detail ("pos=%d", "bytes=%zu"), formatted only when tracing is on.
+__attribute__((format(printf, 3, 4))) inline void traceDetail(
+    char const* plugin, char const* method, char const* fmt, ...)
+{
+    if (!traceEnabled())
+        return;
+    char detail[64];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(detail, sizeof(detail), fmt, args);
+    va_end(args);
+    trace(plugin, method, detail);
+}
+
 //! Reads one int32 attribute value; false when the field has another type or length.
 inline bool readInt32Field(nvinfer1::PluginField const& f, int32_t* value)
 {
@@ -97,48 +126,39 @@ inline bool readInt32Field(nvinfer1::PluginField const& f, int32_t* value)
     return false;
 }
 
-//! Attribute table entry for a creator: field name and where to store the value.
-struct Int32Attr
+//! Fills *attrs from fc through the plugin's attribute table. Unknown names, wrong types and
+//! missing required fields are errors (a misspelled attribute silently falling back to a default
+//! would build a wrong engine); fields not given keep *attrs' values.
+template <typename Attrs, size_t N>
+bool parseInt32Fields(char const* plugin, nvinfer1::PluginFieldCollection const* fc,
+    Int32AttrField<Attrs> const (&table)[N], Attrs* attrs)
 {
-    char const* name;
-    int32_t* value;
-    bool required;
-};
-
-//! Fills attrs from fc. Unknown names, wrong types and missing required fields are errors (a
-//! misspelled attribute silently falling back to a default would build a wrong engine).
-inline bool parseInt32Attrs(char const* plugin, nvinfer1::PluginFieldCollection const* fc, Int32Attr* attrs,
-    int32_t nbAttrs)
-{
-    std::vector<bool> seen(static_cast<size_t>(nbAttrs), false);
-    if (fc != nullptr)
+    bool seen[N] = {};
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
     {
-        for (int32_t i = 0; i < fc->nbFields; ++i)
+        nvinfer1::PluginField const& f = fc->fields[i];
+        size_t k = 0;
+        while (k < N && std::strcmp(f.name, table[k].name) != 0)
+            ++k;
+        if (k == N)
         {
-            nvinfer1::PluginField const& f = fc->fields[i];
-            int32_t k = 0;
-            while (k < nbAttrs && std::strcmp(f.name, attrs[k].name) != 0)
-                ++k;
-            if (k == nbAttrs)
-            {
-                std::string msg = std::string("unknown attribute '") + f.name + "'";
-                reportError(plugin, msg.c_str());
-                return false;
-            }
-            if (!readInt32Field(f, attrs[k].value))
-            {
-                std::string msg = std::string("attribute '") + f.name + "' must be one int32 value";
-                reportError(plugin, msg.c_str());
-                return false;
-            }
-            seen[k] = true;
+            std::string msg = std::string("unknown attribute '") + f.name + "'";
+            reportError(plugin, msg.c_str());
+            return false;
         }
-    }
-    for (int32_t k = 0; k < nbAttrs; ++k)
-    {
-        if (attrs[k].required && !seen[k])
+        if (!readInt32Field(f, &(attrs->*table[k].member)))
         {
-            std::string msg = std::string("missing required attribute '") + attrs[k].name + "'";
+            std::string msg = std::string("attribute '") + f.name + "' must be one int32 value";
+            reportError(plugin, msg.c_str());
+            return false;
+        }
+        seen[k] = true;
+    }
+    for (size_t k = 0; k < N; ++k)
+    {
+        if (table[k].required && !seen[k])
+        {
+            std::string msg = std::string("missing required attribute '") + table[k].name + "'";
             reportError(plugin, msg.c_str());
             return false;
         }

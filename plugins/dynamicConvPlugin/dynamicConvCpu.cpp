@@ -6,24 +6,15 @@
  */
 #include "dynamicConvMath.h"
 #include "dynamicConvParams.h"
+#include "../common/df2Validation.h"
 
-#include <cstdio>
 
 using namespace dflash2;
 
 namespace
 {
 
-void fillDescs(int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims, int64_t const* dims, TensorDesc* out)
-{
-    for (int32_t i = 0; i < nbInputs; ++i)
-    {
-        out[i].type = static_cast<DType>(dtypes[i]);
-        out[i].nbDims = nbDims[i];
-        for (int32_t d = 0; d < 8; ++d)
-            out[i].dims[d] = dims[i * 8 + d];
-    }
-}
+constexpr ParamFail fail{kDynamicConvName};
 
 template <class T>
 void runTyped(DynamicConvParams const& p, void const* x, void const* delta, void const* base, float const* residual,
@@ -53,18 +44,15 @@ void runTyped(DynamicConvParams const& p, void const* x, void const* delta, void
 extern "C"
 {
 
-//! attrs = {block_size, kernel_size, group_size, fuse_residual}; dims holds 8 slots per input.
+//! attrs: the values in kDynamicConvFields' order (block_size, kernel_size, group_size,
+//! fuse_residual); dims holds 8 slots per input.
 int32_t df2_conv_validate(int32_t const* attrs, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims,
     int64_t const* dims, char* msg, int32_t msgLen)
 {
-    DynamicConvAttrs a{attrs[0], attrs[1], attrs[2], attrs[3]};
+    DynamicConvAttrs const a = attrsFromValues(kDynamicConvFields, attrs);
     TensorDesc descs[8];
-    if (nbInputs < 0 || nbInputs > 8)
-    {
-        std::snprintf(msg, msgLen, "DFlash2DynamicConv: nbInputs=%d", nbInputs);
+    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
         return static_cast<int32_t>(Status::kINVALID);
-    }
-    fillDescs(nbInputs, dtypes, nbDims, dims, descs);
     return static_cast<int32_t>(validateDynamicConv(a, descs, nbInputs, nullptr, msg, msgLen));
 }
 
@@ -73,14 +61,10 @@ int32_t df2_conv_run(int32_t const* attrs, int32_t nbInputs, int32_t const* dtyp
     int64_t const* dims, void const* x, void const* delta, void const* base, float const* residual, void* out,
     char* msg, int32_t msgLen)
 {
-    DynamicConvAttrs a{attrs[0], attrs[1], attrs[2], attrs[3]};
+    DynamicConvAttrs const a = attrsFromValues(kDynamicConvFields, attrs);
     TensorDesc descs[8];
-    if (nbInputs < 0 || nbInputs > 8)
-    {
-        std::snprintf(msg, msgLen, "DFlash2DynamicConv: nbInputs=%d", nbInputs);
+    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
         return static_cast<int32_t>(Status::kINVALID);
-    }
-    fillDescs(nbInputs, dtypes, nbDims, dims, descs);
     DynamicConvParams p;
     Status s = validateDynamicConv(a, descs, nbInputs, &p, msg, msgLen);
     if (s != Status::kOK)

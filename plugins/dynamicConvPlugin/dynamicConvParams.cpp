@@ -1,39 +1,18 @@
 #include "dynamicConvParams.h"
-
-#include <cstdarg>
-#include <cstdio>
+#include "../common/df2Validation.h"
 
 namespace dflash2
 {
 namespace
 {
 
-Status fail(char* msg, size_t msgLen, char const* fmt, ...)
-{
-    if (msg != nullptr && msgLen > 0)
-    {
-        int n = std::snprintf(msg, msgLen, "DFlash2DynamicConv: ");
-        if (n < 0 || static_cast<size_t>(n) >= msgLen)
-            n = 0;
-        va_list args;
-        va_start(args, fmt);
-        std::vsnprintf(msg + n, msgLen - n, fmt, args);
-        va_end(args);
-    }
-    return Status::kINVALID;
-}
-
-bool known(int64_t d)
-{
-    return d >= 0;
-}
+constexpr ParamFail fail{kDynamicConvName};
 
 } // namespace
 
 Status validateDynamicConvAttrs(DynamicConvAttrs const& a, char* msg, size_t msgLen)
 {
-    if (msg != nullptr && msgLen > 0)
-        msg[0] = '\0';
+    clearMessage(msg, msgLen);
     if (a.kernelSize < 1 || a.kernelSize > kDynamicConvMaxKernelSize)
         return fail(msg, msgLen, "kernel_size=%d outside [1, %d]", a.kernelSize, kDynamicConvMaxKernelSize);
     if (a.blockSize < 1 || a.blockSize > kDynamicConvMaxBlockSize)
@@ -60,7 +39,7 @@ Status validateDynamicConv(DynamicConvAttrs const& a, TensorDesc const* in, int3
     TensorDesc const& x = in[0];
     TensorDesc const& delta = in[1];
     TensorDesc const& base = in[2];
-    if (x.type != DType::kFLOAT16 && x.type != DType::kBFLOAT16 && x.type != DType::kFLOAT32)
+    if (!isFloatType(x.type))
         return fail(msg, msgLen, "input 0 (x) has dtype %s; supported: float16, bfloat16, float32",
             dtypeName(x.type));
     if (delta.type != x.type)

@@ -9,6 +9,9 @@
 namespace dflash2
 {
 
+//! The plugin's name: its creator's, and the prefix of its messages.
+constexpr char const* kDynamicConvName = "DFlash2DynamicConv";
+
 //! Plugin attributes (see dynamicConvPlugin.yaml; the names there are the field names).
 struct DynamicConvAttrs
 {
@@ -16,6 +19,15 @@ struct DynamicConvAttrs
     int32_t kernelSize{0};   //!< taps K, 1..kMaxKernelSize, <= blockSize
     int32_t groupSize{0};    //!< channels sharing one correction value G; divides H
     int32_t fuseResidual{0}; //!< 1: input 3 is an fp32 residual, output = residual + y (fp32)
+};
+
+//! The attributes in the spec's order: the creator's fields, createPlugin, the serialised fields
+//! and the CPU build's attribute array all read this table (common/df2Common.h).
+inline constexpr Int32AttrField<DynamicConvAttrs> kDynamicConvFields[] = {
+    {"block_size", &DynamicConvAttrs::blockSize, true},
+    {"kernel_size", &DynamicConvAttrs::kernelSize, true},
+    {"group_size", &DynamicConvAttrs::groupSize, true},
+    {"fuse_residual", &DynamicConvAttrs::fuseResidual, false},
 };
 
 //! Everything a launcher needs, derived and checked by validateDynamicConv.

@@ -10,9 +10,9 @@
  */
 #include "gatedDeltaNetMath.h"
 #include "gatedDeltaNetParams.h"
+#include "../common/df2Validation.h"
 
 #include <cmath>
-#include <cstdio>
 #include <vector>
 
 using namespace dflash2;
@@ -20,21 +20,7 @@ using namespace dflash2;
 namespace
 {
 
-void fillDescs(int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims, int64_t const* dims, TensorDesc* out)
-{
-    for (int32_t i = 0; i < nbInputs; ++i)
-    {
-        out[i].type = static_cast<DType>(dtypes[i]);
-        out[i].nbDims = nbDims[i];
-        for (int32_t d = 0; d < 8; ++d)
-            out[i].dims[d] = dims[i * 8 + d];
-    }
-}
-
-GatedDeltaNetAttrs toAttrs(int32_t const* v)
-{
-    return GatedDeltaNetAttrs{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
-}
+constexpr ParamFail fail{kGatedDeltaNetName};
 
 //! What one call works on: the row space (packed tokens in forward, B x Kv verify rows in commit)
 //! and, per request, its first row, its token count and the rows a stage must cover.
@@ -412,20 +398,13 @@ void dispatchDk(GatedDeltaNetParams const& p, void const* const* in, void* const
 int32_t run(int32_t const* attrs, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims, int64_t const* dims,
     void const* const* in, void* const* out, int64_t numSlots, int32_t wantMode, char* msg, int32_t msgLen)
 {
-    GatedDeltaNetAttrs const a = toAttrs(attrs);
-    if (nbInputs < 0 || nbInputs > 16)
-    {
-        std::snprintf(msg, msgLen, "DFlash2GatedDeltaNet: nbInputs=%d", nbInputs);
-        return static_cast<int32_t>(Status::kINVALID);
-    }
-    if (a.mode != wantMode)
-    {
-        std::snprintf(msg, msgLen, "DFlash2GatedDeltaNet: mode=%d called through the %s entry point", a.mode,
-            gdnModeName(static_cast<GdnMode>(wantMode)));
-        return static_cast<int32_t>(Status::kINVALID);
-    }
+    GatedDeltaNetAttrs const a = attrsFromValues(kGatedDeltaNetFields, attrs);
     TensorDesc descs[16];
-    fillDescs(nbInputs, dtypes, nbDims, dims, descs);
+    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
+        return static_cast<int32_t>(Status::kINVALID);
+    if (a.mode != wantMode)
+        return static_cast<int32_t>(fail(msg, msgLen, "mode=%d called through the %s entry point", a.mode,
+            gdnModeName(static_cast<GdnMode>(wantMode))));
     GatedDeltaNetParams p;
     Status s = validateGatedDeltaNet(a, descs, nbInputs, &p, msg, msgLen);
     if (s != Status::kOK)
@@ -452,19 +431,17 @@ int32_t run(int32_t const* attrs, int32_t nbInputs, int32_t const* dtypes, int32
 extern "C"
 {
 
-//! attrs = {mode, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel,
-//! max_verify_tokens, chunk_size, zero_state_input}; dims holds 8 slots per input.
+//! attrs: the values in kGatedDeltaNetFields' order (mode, num_k_heads, num_v_heads, head_k_dim,
+//! head_v_dim, conv_kernel, max_verify_tokens, chunk_size, zero_state_input); dims holds 8 slots
+//! per input.
 int32_t df2_gdn_validate(int32_t const* attrs, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims,
     int64_t const* dims, char* msg, int32_t msgLen)
 {
-    if (nbInputs < 0 || nbInputs > 16)
-    {
-        std::snprintf(msg, msgLen, "DFlash2GatedDeltaNet: nbInputs=%d", nbInputs);
-        return static_cast<int32_t>(Status::kINVALID);
-    }
     TensorDesc descs[16];
-    fillDescs(nbInputs, dtypes, nbDims, dims, descs);
-    return static_cast<int32_t>(validateGatedDeltaNet(toAttrs(attrs), descs, nbInputs, nullptr, msg, msgLen));
+    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
+        return static_cast<int32_t>(Status::kINVALID);
+    return static_cast<int32_t>(
+        validateGatedDeltaNet(attrsFromValues(kGatedDeltaNetFields, attrs), descs, nbInputs, nullptr, msg, msgLen));
 }
 
 //! The forward on the CPU: validates (shapes, then the request data against numSlots pool

@@ -1,7 +1,6 @@
 #include "gatedDeltaNetParams.h"
+#include "../common/df2Validation.h"
 
-#include <cstdarg>
-#include <cstdio>
 #include <vector>
 
 namespace dflash2
@@ -9,62 +8,16 @@ namespace dflash2
 namespace
 {
 
-Status fail(char* msg, size_t msgLen, char const* fmt, ...)
-{
-    if (msg != nullptr && msgLen > 0)
-    {
-        int n = std::snprintf(msg, msgLen, "DFlash2GatedDeltaNet: ");
-        if (n < 0 || static_cast<size_t>(n) >= msgLen)
-            n = 0;
-        va_list args;
-        va_start(args, fmt);
-        std::vsnprintf(msg + n, msgLen - n, fmt, args);
-        va_end(args);
-    }
-    return Status::kINVALID;
-}
-
-bool known(int64_t d)
-{
-    return d >= 0;
-}
+constexpr ParamFail fail{kGatedDeltaNetName};
 
 char const* const kFwdNames[kGdnMaxNbInputs] = {"qkv", "conv_weight", "a", "b", "dt_bias", "A_log", "cu_seqlens",
     "slot_mapping", "host_request_types", "rnn_state_ptr", "conv_state_ptr", "zero_state"};
 char const* const kCommitNames[kGdnCommitNbInputs] = {"verify_qkv", "verify_gates", "conv_weight", "num_accepted",
     "cu_seqlens", "slot_mapping", "host_request_types", "rnn_state_ptr", "conv_state_ptr"};
 
-bool isFloatType(DType t)
-{
-    return t == DType::kFLOAT32 || t == DType::kFLOAT16 || t == DType::kBFLOAT16;
-}
-
 size_t align256(size_t v)
 {
     return (v + 255u) & ~static_cast<size_t>(255u);
-}
-
-//! One expected dim: input, dim index, value (-1 = unknown, skipped), what it stands for.
-struct Want
-{
-    int32_t input;
-    int32_t dim;
-    int64_t value;
-    char const* what;
-};
-
-Status checkDims(TensorDesc const* in, char const* const* names, Want const* wants, int32_t nbWants, char* msg,
-    size_t msgLen)
-{
-    for (int32_t k = 0; k < nbWants; ++k)
-    {
-        Want const& w = wants[k];
-        int64_t const got = in[w.input].dims[w.dim];
-        if (known(got) && known(w.value) && got != w.value)
-            return fail(msg, msgLen, "input %d (%s) dim %d is %lld but %s=%lld", w.input, names[w.input], w.dim,
-                static_cast<long long>(got), w.what, static_cast<long long>(w.value));
-    }
-    return Status::kOK;
 }
 
 } // namespace
@@ -78,8 +31,7 @@ char const* gatedDeltaNetInputName(GatedDeltaNetAttrs const& a, int32_t index)
 
 Status validateGatedDeltaNetAttrs(GatedDeltaNetAttrs const& a, char* msg, size_t msgLen)
 {
-    if (msg != nullptr && msgLen > 0)
-        msg[0] = '\0';
+    clearMessage(msg, msgLen);
     if (a.mode != 0 && a.mode != 1)
         return fail(msg, msgLen, "mode=%d; expected 0 (forward) or 1 (commit)", a.mode);
     if (a.numKHeads < 1 || a.numKHeads > kGdnMaxHeads)
@@ -136,14 +88,9 @@ Status validateGatedDeltaNet(GatedDeltaNetAttrs const& a, TensorDesc const* in, 
     int32_t const commitDims[kGdnCommitNbInputs] = {3, 4, 2, 1, 1, 1, 1, 1, 1};
     DType const* types = commit ? commitTypes : fwdTypes;
     int32_t const* ranks = commit ? commitDims : fwdDims;
-    for (int32_t i = 0; i < nbInputs; ++i)
-    {
-        if (in[i].type != types[i])
-            return fail(msg, msgLen, "input %d (%s) has dtype %s, expected %s", i, names[i], dtypeName(in[i].type),
-                dtypeName(types[i]));
-        if (in[i].nbDims != ranks[i])
-            return fail(msg, msgLen, "input %d (%s) must have %d dims, got %d", i, names[i], ranks[i], in[i].nbDims);
-    }
+    Status const typeStatus = checkTypesAndRanks(fail, in, nbInputs, names, types, ranks, msg, msgLen);
+    if (typeStatus != Status::kOK)
+        return typeStatus;
 
     int64_t const C = gatedDeltaNetConvDim(a);
     int64_t const hv = a.numVHeads;
@@ -157,12 +104,13 @@ Status validateGatedDeltaNet(GatedDeltaNetAttrs const& a, TensorDesc const* in, 
         int64_t const cu = in[6].dims[0];
         if (!known(batch) && known(cu))
             batch = cu - 1;
-        Want const wants[] = {{0, 1, C, "2 Hk Dk + Hv Dv"}, {1, 0, C, "2 Hk Dk + Hv Dv"}, {1, 1, kc, "conv_kernel"},
+        DimRule const rules[] = {{0, 1, C, "2 Hk Dk + Hv Dv"}, {1, 0, C, "2 Hk Dk + Hv Dv"}, {1, 1, kc, "conv_kernel"},
             {2, 0, tokens, "T"}, {2, 1, hv, "num_v_heads"}, {3, 0, tokens, "T"}, {3, 1, hv, "num_v_heads"},
             {4, 0, hv, "num_v_heads"}, {5, 0, hv, "num_v_heads"}, {6, 0, known(batch) ? batch + 1 : -1, "B+1"},
             {8, 0, batch, "B"}, {9, 0, 1, "one pointer"}, {10, 0, 1, "one pointer"}, {11, 0, batch, "B"}};
-        int32_t const nbWants = static_cast<int32_t>(sizeof(wants) / sizeof(wants[0])) - (a.zeroStateInput ? 0 : 1);
-        Status const s = checkDims(in, names, wants, nbWants, msg, msgLen);
+        // the last rule is zero_state's, an input only with zero_state_input = 1
+        int32_t const nbRules = static_cast<int32_t>(sizeof(rules) / sizeof(rules[0])) - (a.zeroStateInput ? 0 : 1);
+        Status const s = checkDims(fail, in, names, rules, nbRules, msg, msgLen);
         if (s != Status::kOK)
             return s;
     }
@@ -170,12 +118,12 @@ Status validateGatedDeltaNet(GatedDeltaNetAttrs const& a, TensorDesc const* in, 
     {
         batch = in[0].dims[0];
         int64_t const kv = a.maxVerifyTokens;
-        Want const wants[] = {{0, 1, kv, "max_verify_tokens"}, {0, 2, C, "2 Hk Dk + Hv Dv"}, {1, 0, batch, "B"},
+        DimRule const rules[] = {{0, 1, kv, "max_verify_tokens"}, {0, 2, C, "2 Hk Dk + Hv Dv"}, {1, 0, batch, "B"},
             {1, 1, kv, "max_verify_tokens"}, {1, 2, 2, "2 (g, beta)"}, {1, 3, hv, "num_v_heads"},
             {2, 0, C, "2 Hk Dk + Hv Dv"}, {2, 1, kc, "conv_kernel"}, {3, 0, batch, "B"},
             {4, 0, known(batch) ? batch + 1 : -1, "B+1"}, {5, 0, batch, "B"}, {6, 0, batch, "B"},
             {7, 0, 1, "one pointer"}, {8, 0, 1, "one pointer"}};
-        Status const s = checkDims(in, names, wants, static_cast<int32_t>(sizeof(wants) / sizeof(wants[0])), msg, msgLen);
+        Status const s = checkDims(fail, in, names, rules, msg, msgLen);
         if (s != Status::kOK)
             return s;
         if (known(batch))
@@ -196,8 +144,7 @@ Status validateGatedDeltaNet(GatedDeltaNetAttrs const& a, TensorDesc const* in, 
 Status validateGatedDeltaNetBatch(GatedDeltaNetParams* p, int32_t const* types, int32_t const* cu, int32_t const* slots,
     int64_t numSlots, int32_t const* numAccepted, char* msg, size_t msgLen)
 {
-    if (msg != nullptr && msgLen > 0)
-        msg[0] = '\0';
+    clearMessage(msg, msgLen);
     int64_t const B = p->batch;
     bool const commit = p->attrs.mode == static_cast<int32_t>(GdnMode::kCOMMIT);
     if (B < 0 || p->tokens < 0)

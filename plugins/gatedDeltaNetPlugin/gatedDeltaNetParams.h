@@ -9,6 +9,9 @@
 namespace dflash2
 {
 
+//! The plugin's name: its creator's, and the prefix of its messages.
+constexpr char const* kGatedDeltaNetName = "DFlash2GatedDeltaNet";
+
 enum class GdnMode : int32_t
 {
     kFORWARD = 0, //!< conv + gated delta rule over the packed tokens of a mixed batch
@@ -39,7 +42,21 @@ struct GatedDeltaNetAttrs
     int32_t zeroStateInput{0};  //!< forward: 1 adds input 11 zero_state [B] (first chunks start from zeros)
 };
 
-constexpr int32_t kGdnNbAttrs = 9;
+//! The attributes in the spec's order: the creator's fields, createPlugin, the serialised fields
+//! and the CPU build's attribute array all read this table (common/df2Common.h).
+inline constexpr Int32AttrField<GatedDeltaNetAttrs> kGatedDeltaNetFields[] = {
+    {"mode", &GatedDeltaNetAttrs::mode, false},
+    {"num_k_heads", &GatedDeltaNetAttrs::numKHeads, true},
+    {"num_v_heads", &GatedDeltaNetAttrs::numVHeads, true},
+    {"head_k_dim", &GatedDeltaNetAttrs::headKDim, true},
+    {"head_v_dim", &GatedDeltaNetAttrs::headVDim, true},
+    {"conv_kernel", &GatedDeltaNetAttrs::convKernel, true},
+    {"max_verify_tokens", &GatedDeltaNetAttrs::maxVerifyTokens, true},
+    {"chunk_size", &GatedDeltaNetAttrs::chunkSize, false},
+    {"zero_state_input", &GatedDeltaNetAttrs::zeroStateInput, false},
+};
+
+constexpr int32_t kGdnNbAttrs = static_cast<int32_t>(sizeof(kGatedDeltaNetFields) / sizeof(kGatedDeltaNetFields[0]));
 
 //! Everything a launcher needs, derived and checked by validateGatedDeltaNet (shapes) and
 //! validateGatedDeltaNetBatch (the host-visible request data).

@@ -1,31 +1,12 @@
 #include "gatedDeltaNetPlugin.h"
 #include "gatedDeltaNetKernel.h"
 
-#include <cstdio>
-#include <new>
-
 using namespace nvinfer1;
 
 namespace dflash2
 {
-
-// Attribute names: keep in sync with gatedDeltaNetPlugin.yaml (tests/plugins checks both ways).
 namespace
 {
-constexpr char const* kMode = "mode";
-constexpr char const* kNumKHeads = "num_k_heads";
-constexpr char const* kNumVHeads = "num_v_heads";
-constexpr char const* kHeadKDim = "head_k_dim";
-constexpr char const* kHeadVDim = "head_v_dim";
-constexpr char const* kConvKernel = "conv_kernel";
-constexpr char const* kMaxVerifyTokens = "max_verify_tokens";
-constexpr char const* kChunkSize = "chunk_size";
-constexpr char const* kZeroStateInput = "zero_state_input";
-
-bool isFloatType(DataType t)
-{
-    return t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
-}
 
 bool isCommit(GatedDeltaNetAttrs const& a)
 {
@@ -110,12 +91,7 @@ int32_t GatedDeltaNetPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nb
 bool GatedDeltaNetPlugin::supportsFormatCombination(
     int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t /*nbOutputs*/) noexcept
 {
-    if (traceEnabled())
-    {
-        char detail[32];
-        std::snprintf(detail, sizeof(detail), "pos=%d", pos);
-        trace(kGatedDeltaNetName, "supportsFormatCombination", detail);
-    }
+    traceDetail(kGatedDeltaNetName, "supportsFormatCombination", "pos=%d", pos);
     PluginTensorDesc const& d = inOut[pos].desc;
     if (d.format != TensorFormat::kLINEAR)
         return false;
@@ -156,24 +132,6 @@ bool GatedDeltaNetPlugin::supportsFormatCombination(
     }
 }
 
-int32_t GatedDeltaNetPlugin::configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs,
-    DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
-{
-    trace(kGatedDeltaNetName, "configurePlugin");
-    TensorDesc descs[kGdnMaxNbInputs];
-    if (nbInputs != gatedDeltaNetNbInputs(mAttrs))
-        return -1;
-    for (int32_t i = 0; i < nbInputs; ++i)
-        descs[i] = toDesc(in[i].desc.type, in[i].desc.dims); // -1 dims are skipped by the validation
-    char msg[512];
-    if (validateGatedDeltaNet(mAttrs, descs, nbInputs, nullptr, msg, sizeof(msg)) != Status::kOK)
-    {
-        reportError("configurePlugin", msg);
-        return -1;
-    }
-    return 0;
-}
-
 size_t GatedDeltaNetPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
     DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
 {
@@ -194,30 +152,8 @@ size_t GatedDeltaNetPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inpu
         p.batch = inputs[7].max.d[0];
     }
     size_t const bytes = gatedDeltaNetWorkspaceSize(p);
-    if (traceEnabled())
-    {
-        char detail[48];
-        std::snprintf(detail, sizeof(detail), "bytes=%zu", bytes);
-        trace(kGatedDeltaNetName, "getWorkspaceSize", detail);
-    }
+    traceDetail(kGatedDeltaNetName, "getWorkspaceSize", "bytes=%zu", bytes);
     return bytes;
-}
-
-int32_t GatedDeltaNetPlugin::onShapeChange(
-    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
-{
-    TensorDesc descs[kGdnMaxNbInputs];
-    if (nbInputs != gatedDeltaNetNbInputs(mAttrs))
-        return -1;
-    for (int32_t i = 0; i < nbInputs; ++i)
-        descs[i] = toDesc(in[i].type, in[i].dims);
-    char msg[512];
-    if (validateGatedDeltaNet(mAttrs, descs, nbInputs, &mParams, msg, sizeof(msg)) != Status::kOK)
-    {
-        reportError("onShapeChange", msg);
-        return -1;
-    }
-    return 0;
 }
 
 int32_t GatedDeltaNetPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, PluginTensorDesc const* /*outputDesc*/,
@@ -274,64 +210,7 @@ int32_t GatedDeltaNetPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plug
         g.verifyGates = static_cast<float*>(outputs[2]);
         s = launchGatedDeltaNetForward(p, g, stream, msg, sizeof(msg));
     }
-    if (s != Status::kOK)
-    {
-        reportError("enqueue", msg);
-        return -1;
-    }
-    return 0;
+    return enqueueResult(s, msg);
 }
-
-void GatedDeltaNetPlugin::appendSerialFields(std::vector<PluginField>& fields) noexcept
-{
-    fields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
-    fields.emplace_back(kNumKHeads, &mAttrs.numKHeads, PluginFieldType::kINT32, 1);
-    fields.emplace_back(kNumVHeads, &mAttrs.numVHeads, PluginFieldType::kINT32, 1);
-    fields.emplace_back(kHeadKDim, &mAttrs.headKDim, PluginFieldType::kINT32, 1);
-    fields.emplace_back(kHeadVDim, &mAttrs.headVDim, PluginFieldType::kINT32, 1);
-    fields.emplace_back(kConvKernel, &mAttrs.convKernel, PluginFieldType::kINT32, 1);
-    fields.emplace_back(kMaxVerifyTokens, &mAttrs.maxVerifyTokens, PluginFieldType::kINT32, 1);
-    fields.emplace_back(kChunkSize, &mAttrs.chunkSize, PluginFieldType::kINT32, 1);
-    fields.emplace_back(kZeroStateInput, &mAttrs.zeroStateInput, PluginFieldType::kINT32, 1);
-}
-
-GatedDeltaNetPluginCreator::GatedDeltaNetPluginCreator()
-{
-    addField(kMode, PluginFieldType::kINT32);
-    addField(kNumKHeads, PluginFieldType::kINT32);
-    addField(kNumVHeads, PluginFieldType::kINT32);
-    addField(kHeadKDim, PluginFieldType::kINT32);
-    addField(kHeadVDim, PluginFieldType::kINT32);
-    addField(kConvKernel, PluginFieldType::kINT32);
-    addField(kMaxVerifyTokens, PluginFieldType::kINT32);
-    addField(kChunkSize, PluginFieldType::kINT32);
-    addField(kZeroStateInput, PluginFieldType::kINT32);
-}
-
-IPluginV3* GatedDeltaNetPluginCreator::createPlugin(
-    char const* /*name*/, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
-{
-    GatedDeltaNetAttrs a; // mode forward, chunk_size 64, zero_state_input 0 by default
-    Int32Attr attrs[] = {{kMode, &a.mode, false}, {kNumKHeads, &a.numKHeads, true}, {kNumVHeads, &a.numVHeads, true},
-        {kHeadKDim, &a.headKDim, true}, {kHeadVDim, &a.headVDim, true}, {kConvKernel, &a.convKernel, true},
-        {kMaxVerifyTokens, &a.maxVerifyTokens, true}, {kChunkSize, &a.chunkSize, false},
-        {kZeroStateInput, &a.zeroStateInput, false}};
-    if (!parseInt32Attrs(kGatedDeltaNetName, fc, attrs, kGdnNbAttrs))
-        return nullptr;
-    char msg[512];
-    if (validateGatedDeltaNetAttrs(a, msg, sizeof(msg)) != Status::kOK)
-    {
-        reportError("createPlugin", msg);
-        return nullptr;
-    }
-    return new (std::nothrow) GatedDeltaNetPlugin(a);
-}
-
-// Static registration: loading the library (LD_PRELOAD / ctypes / dlopen) registers the creator;
-// Triton's TensorRT-LLM backend calls no init function. DFLASH2_NO_STATIC_REGISTRATION exists only
-// for the glue test harness, which runs without libnvinfer.
-#ifndef DFLASH2_NO_STATIC_REGISTRATION
-REGISTER_TENSORRT_PLUGIN(GatedDeltaNetPluginCreator);
-#endif
 
 } // namespace dflash2

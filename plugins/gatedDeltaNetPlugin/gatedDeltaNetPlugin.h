@@ -8,32 +8,29 @@
 #pragma once
 
 #include "../common/df2PluginBase.h"
-#include "../common/df2PluginUtils.h"
 #include "gatedDeltaNetParams.h"
 
 #include <NvInferRuntime.h>
 
-#include <string>
-#include <vector>
-
 namespace dflash2
 {
 
-constexpr char const* kGatedDeltaNetName = "DFlash2GatedDeltaNet";
 constexpr char const* kGatedDeltaNetVersion = "1";
 
-//! Capabilities, clone, names, attachToContext and the serialisation collection: PluginV3Base.
+//! Capabilities, clone, names, attachToContext, serialisation, configurePlugin and onShapeChange:
+//! PluginV3Base, from the attribute table and the validation of gatedDeltaNetParams.h.
 class GatedDeltaNetPlugin : public PluginV3Base<GatedDeltaNetPlugin, GatedDeltaNetAttrs, GatedDeltaNetParams>
 {
 public:
     static constexpr char const* kName = kGatedDeltaNetName;
     static constexpr char const* kVersion = kGatedDeltaNetVersion;
+    static constexpr auto& kFields = kGatedDeltaNetFields;
+    static constexpr auto kValidateAttrs = validateGatedDeltaNetAttrs;
+    static constexpr auto kValidate = validateGatedDeltaNet;
+    static constexpr int32_t kMaxInputs = kGdnMaxNbInputs;
 
     explicit GatedDeltaNetPlugin(GatedDeltaNetAttrs const& attrs);
     ~GatedDeltaNetPlugin() override = default;
-
-    //! The attributes an engine stores (getFieldsToSerialize), in the order of the spec YAML.
-    void appendSerialFields(std::vector<nvinfer1::PluginField>& fields) noexcept;
 
     // IPluginV3OneBuild
     int32_t getNbOutputs() const noexcept override;
@@ -44,27 +41,17 @@ public:
         nvinfer1::IExprBuilder& exprBuilder) noexcept override;
     bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
         int32_t nbOutputs) noexcept override;
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
     size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
         nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
 
     // IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-        int32_t nbOutputs) noexcept override;
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
         void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
 };
 
-//! Names and the field list: PluginCreatorBase.
+//! Names, the field list and createPlugin: PluginCreatorBase.
 class GatedDeltaNetPluginCreator : public PluginCreatorBase<GatedDeltaNetPlugin>
 {
-public:
-    GatedDeltaNetPluginCreator();
-    ~GatedDeltaNetPluginCreator() override = default;
-
-    nvinfer1::IPluginV3* createPlugin(
-        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
 };
 
 } // namespace dflash2

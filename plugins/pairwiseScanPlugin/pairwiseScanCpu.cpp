@@ -6,8 +6,8 @@
  */
 #include "pairwiseScanMath.h"
 #include "pairwiseScanParams.h"
+#include "../common/df2Validation.h"
 
-#include <cstdio>
 #include <vector>
 
 using namespace dflash2;
@@ -15,16 +15,7 @@ using namespace dflash2;
 namespace
 {
 
-void fillDescs(int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims, int64_t const* dims, TensorDesc* out)
-{
-    for (int32_t i = 0; i < nbInputs; ++i)
-    {
-        out[i].type = static_cast<DType>(dtypes[i]);
-        out[i].nbDims = nbDims[i];
-        for (int32_t d = 0; d < 8; ++d)
-            out[i].dims[d] = dims[i * 8 + d];
-    }
-}
+constexpr ParamFail fail{kPairwiseScanName};
 
 template <class T>
 void latticeTyped(PairwiseScanParams const& p, float const* unary, int32_t const* cand, void const* hidden,
@@ -141,13 +132,9 @@ extern "C"
 int32_t df2_scan_validate(int32_t mode, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims,
     int64_t const* dims, char* msg, int32_t msgLen)
 {
-    if (nbInputs < 0 || nbInputs > 8)
-    {
-        std::snprintf(msg, msgLen, "DFlash2PairwiseScan: nbInputs=%d", nbInputs);
-        return static_cast<int32_t>(Status::kINVALID);
-    }
     TensorDesc descs[8];
-    fillDescs(nbInputs, dtypes, nbDims, dims, descs);
+    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
+        return static_cast<int32_t>(Status::kINVALID);
     return static_cast<int32_t>(validatePairwiseScan(PairwiseScanAttrs{mode}, descs, nbInputs, nullptr, msg, msgLen));
 }
 
@@ -158,13 +145,11 @@ int32_t df2_scan_run(int32_t mode, int32_t nbInputs, int32_t const* dtypes, int3
     void const* predCb, void const* succCb, float const* temperature, float const* uniforms, float* lattice,
     int32_t* idx, int32_t* ids, float* q, char* msg, int32_t msgLen)
 {
-    if (nbInputs != kScanNbInputs)
-    {
-        std::snprintf(msg, msgLen, "DFlash2PairwiseScan: nbInputs=%d", nbInputs);
+    if (nbInputs != kScanNbInputs) // the outputs are sized for exactly these inputs
+        return static_cast<int32_t>(fail(msg, msgLen, "nbInputs=%d", nbInputs));
+    TensorDesc descs[kScanNbInputs];
+    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
         return static_cast<int32_t>(Status::kINVALID);
-    }
-    TensorDesc descs[8];
-    fillDescs(nbInputs, dtypes, nbDims, dims, descs);
     PairwiseScanParams p;
     Status s = validatePairwiseScan(PairwiseScanAttrs{mode}, descs, nbInputs, &p, msg, msgLen);
     if (s != Status::kOK)

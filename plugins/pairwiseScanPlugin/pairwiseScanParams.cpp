@@ -1,32 +1,12 @@
 #include "pairwiseScanParams.h"
-
-#include <cstdarg>
-#include <cstdio>
+#include "../common/df2Validation.h"
 
 namespace dflash2
 {
 namespace
 {
 
-Status fail(char* msg, size_t msgLen, char const* fmt, ...)
-{
-    if (msg != nullptr && msgLen > 0)
-    {
-        int n = std::snprintf(msg, msgLen, "DFlash2PairwiseScan: ");
-        if (n < 0 || static_cast<size_t>(n) >= msgLen)
-            n = 0;
-        va_list args;
-        va_start(args, fmt);
-        std::vsnprintf(msg + n, msgLen - n, fmt, args);
-        va_end(args);
-    }
-    return Status::kINVALID;
-}
-
-bool known(int64_t d)
-{
-    return d >= 0;
-}
+constexpr ParamFail fail{kPairwiseScanName};
 
 char const* const kNames[kScanNbInputs] = {"unary", "cand_ids", "proj_hidden", "anchor", "pred_codebook",
     "succ_codebook", "temperature", "uniforms"};
@@ -35,8 +15,7 @@ char const* const kNames[kScanNbInputs] = {"unary", "cand_ids", "proj_hidden", "
 
 Status validatePairwiseScanAttrs(PairwiseScanAttrs const& a, char* msg, size_t msgLen)
 {
-    if (msg != nullptr && msgLen > 0)
-        msg[0] = '\0';
+    clearMessage(msg, msgLen);
     if (a.mode < 0 || a.mode > 2)
         return fail(msg, msgLen, "mode=%d; expected 0 (greedy), 1 (sample) or 2 (viterbi)", a.mode);
     return Status::kOK;
@@ -53,21 +32,15 @@ Status validatePairwiseScan(PairwiseScanAttrs const& a, TensorDesc const* in, in
 
     // dtypes
     DType const dataType = in[2].type;
-    if (dataType != DType::kFLOAT32 && dataType != DType::kFLOAT16 && dataType != DType::kBFLOAT16)
+    if (!isFloatType(dataType))
         return fail(msg, msgLen, "input 2 (proj_hidden) has dtype %s; supported: float32, float16, bfloat16",
             dtypeName(dataType));
     DType const want[kScanNbInputs] = {DType::kFLOAT32, DType::kINT32, dataType, DType::kINT32, dataType, dataType,
         DType::kFLOAT32, DType::kFLOAT32};
     int32_t const wantDims[kScanNbInputs] = {3, 3, 3, 1, 2, 2, 1, 2};
-    for (int32_t i = 0; i < kScanNbInputs; ++i)
-    {
-        if (in[i].type != want[i])
-            return fail(msg, msgLen, "input %d (%s) has dtype %s, expected %s", i, kNames[i], dtypeName(in[i].type),
-                dtypeName(want[i]));
-        if (in[i].nbDims != wantDims[i])
-            return fail(msg, msgLen, "input %d (%s) must have %d dims, got %d", i, kNames[i], wantDims[i],
-                in[i].nbDims);
-    }
+    Status const typeStatus = checkTypesAndRanks(fail, in, kScanNbInputs, kNames, want, wantDims, msg, msgLen);
+    if (typeStatus != Status::kOK)
+        return typeStatus;
 
     int64_t const B = in[0].dims[0];
     int64_t const L = in[0].dims[1];
@@ -86,23 +59,12 @@ Status validatePairwiseScan(PairwiseScanAttrs const& a, TensorDesc const* in, in
         return fail(msg, msgLen, "codebook has V=%lld rows", static_cast<long long>(V));
 
     // shapes: every dim that names B, L, K, R or V must agree with the first tensor naming it.
-    struct Want
-    {
-        int32_t input;
-        int32_t dim;
-        int64_t value;
-        char const* what;
-    };
-    Want const checks[] = {{1, 0, B, "B"}, {1, 1, L, "L"}, {1, 2, K, "K"}, {2, 0, B, "B"}, {2, 1, L, "L"},
+    DimRule const rules[] = {{1, 0, B, "B"}, {1, 1, L, "L"}, {1, 2, K, "K"}, {2, 0, B, "B"}, {2, 1, L, "L"},
         {3, 0, B, "B"}, {4, 1, R, "R"}, {5, 0, V, "V"}, {5, 1, R, "R"}, {6, 0, B, "B"}, {7, 0, B, "B"},
         {7, 1, L, "L"}};
-    for (Want const& w : checks)
-    {
-        int64_t const got = in[w.input].dims[w.dim];
-        if (known(got) && known(w.value) && got != w.value)
-            return fail(msg, msgLen, "input %d (%s) dim %d is %lld but %s=%lld", w.input, kNames[w.input], w.dim,
-                static_cast<long long>(got), w.what, static_cast<long long>(w.value));
-    }
+    Status const dimStatus = checkDims(fail, in, kNames, rules, msg, msgLen);
+    if (dimStatus != Status::kOK)
+        return dimStatus;
     if (params != nullptr)
     {
         params->mode = static_cast<ScanMode>(a.mode);

@@ -8,6 +8,9 @@
 namespace dflash2
 {
 
+//! The plugin's name: its creator's, and the prefix of its messages.
+constexpr char const* kPairwiseScanName = "DFlash2PairwiseScan";
+
 enum class ScanMode : int32_t
 {
     kGREEDY = 0,  //!< published behaviour: left-to-right argmax, ties to the lower index
@@ -28,7 +31,12 @@ inline char const* scanModeName(ScanMode m)
 
 struct PairwiseScanAttrs
 {
-    int32_t mode{0}; //!< ScanMode value (see pairwiseScanPlugin.yaml)
+    int32_t mode{0}; //!< ScanMode value (see pairwiseScanPlugin.yaml); greedy (the published behaviour) by default
+};
+
+//! The attributes in the spec's order (one table for the creator, createPlugin and serialisation).
+inline constexpr Int32AttrField<PairwiseScanAttrs> kPairwiseScanFields[] = {
+    {"mode", &PairwiseScanAttrs::mode, false},
 };
 
 struct PairwiseScanParams

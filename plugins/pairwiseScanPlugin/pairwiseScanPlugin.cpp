@@ -1,24 +1,10 @@
 #include "pairwiseScanPlugin.h"
 #include "pairwiseScanKernel.h"
 
-#include <cstdio>
-#include <new>
-
 using namespace nvinfer1;
 
 namespace dflash2
 {
-
-// Attribute names: keep in sync with pairwiseScanPlugin.yaml (tests/plugins checks both ways).
-namespace
-{
-constexpr char const* kMode = "mode";
-
-bool isFloatType(DataType t)
-{
-    return t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
-}
-} // namespace
 
 PairwiseScanPlugin::PairwiseScanPlugin(PairwiseScanAttrs const& attrs)
     : PluginV3Base(attrs)
@@ -58,12 +44,7 @@ int32_t PairwiseScanPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbI
 bool PairwiseScanPlugin::supportsFormatCombination(
     int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/, int32_t /*nbOutputs*/) noexcept
 {
-    if (traceEnabled())
-    {
-        char detail[32];
-        std::snprintf(detail, sizeof(detail), "pos=%d", pos);
-        trace(kPairwiseScanName, "supportsFormatCombination", detail);
-    }
+    traceDetail(kPairwiseScanName, "supportsFormatCombination", "pos=%d", pos);
     PluginTensorDesc const& d = inOut[pos].desc;
     if (d.format != TensorFormat::kLINEAR)
         return false;
@@ -83,24 +64,6 @@ bool PairwiseScanPlugin::supportsFormatCombination(
     }
 }
 
-int32_t PairwiseScanPlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
-{
-    trace(kPairwiseScanName, "configurePlugin");
-    if (nbInputs != kScanNbInputs)
-        return -1;
-    TensorDesc descs[kScanNbInputs];
-    for (int32_t i = 0; i < nbInputs; ++i)
-        descs[i] = toDesc(in[i].desc.type, in[i].desc.dims);
-    char msg[512];
-    if (validatePairwiseScan(mAttrs, descs, nbInputs, nullptr, msg, sizeof(msg)) != Status::kOK)
-    {
-        reportError("configurePlugin", msg);
-        return -1;
-    }
-    return 0;
-}
-
 size_t PairwiseScanPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
     DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
 {
@@ -111,30 +74,8 @@ size_t PairwiseScanPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* input
     p.length = static_cast<int32_t>(inputs[0].max.d[1]);
     p.topK = static_cast<int32_t>(inputs[0].max.d[2]);
     size_t const bytes = pairwiseScanWorkspaceSize(p);
-    if (traceEnabled())
-    {
-        char detail[48];
-        std::snprintf(detail, sizeof(detail), "bytes=%zu", bytes);
-        trace(kPairwiseScanName, "getWorkspaceSize", detail);
-    }
+    traceDetail(kPairwiseScanName, "getWorkspaceSize", "bytes=%zu", bytes);
     return bytes;
-}
-
-int32_t PairwiseScanPlugin::onShapeChange(
-    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t /*nbOutputs*/) noexcept
-{
-    if (nbInputs != kScanNbInputs)
-        return -1;
-    TensorDesc descs[kScanNbInputs];
-    for (int32_t i = 0; i < nbInputs; ++i)
-        descs[i] = toDesc(in[i].type, in[i].dims);
-    char msg[512];
-    if (validatePairwiseScan(mAttrs, descs, nbInputs, &mParams, msg, sizeof(msg)) != Status::kOK)
-    {
-        reportError("onShapeChange", msg);
-        return -1;
-    }
-    return 0;
 }
 
 int32_t PairwiseScanPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, PluginTensorDesc const* /*outputDesc*/,
@@ -145,45 +86,7 @@ int32_t PairwiseScanPlugin::enqueue(PluginTensorDesc const* /*inputDesc*/, Plugi
         inputs[2], static_cast<int32_t const*>(inputs[3]), inputs[4], inputs[5], static_cast<float const*>(inputs[6]),
         static_cast<float const*>(inputs[7]), workspace, static_cast<int32_t*>(outputs[0]),
         static_cast<float*>(outputs[1]), stream, msg, sizeof(msg));
-    if (s != Status::kOK)
-    {
-        reportError("enqueue", msg);
-        return -1;
-    }
-    return 0;
+    return enqueueResult(s, msg);
 }
-
-void PairwiseScanPlugin::appendSerialFields(std::vector<PluginField>& fields) noexcept
-{
-    fields.emplace_back(kMode, &mAttrs.mode, PluginFieldType::kINT32, 1);
-}
-
-PairwiseScanPluginCreator::PairwiseScanPluginCreator()
-{
-    addField(kMode, PluginFieldType::kINT32);
-}
-
-IPluginV3* PairwiseScanPluginCreator::createPlugin(
-    char const* /*name*/, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
-{
-    PairwiseScanAttrs a; // mode defaults to greedy (the published behaviour)
-    Int32Attr attrs[] = {{kMode, &a.mode, false}};
-    if (!parseInt32Attrs(kPairwiseScanName, fc, attrs, 1))
-        return nullptr;
-    char msg[512];
-    if (validatePairwiseScanAttrs(a, msg, sizeof(msg)) != Status::kOK)
-    {
-        reportError("createPlugin", msg);
-        return nullptr;
-    }
-    return new (std::nothrow) PairwiseScanPlugin(a);
-}
-
-// Static registration: loading the library (LD_PRELOAD / ctypes / dlopen) registers the creator;
-// Triton's TensorRT-LLM backend calls no init function. DFLASH2_NO_STATIC_REGISTRATION exists only
-// for the glue test harness, which runs without libnvinfer.
-#ifndef DFLASH2_NO_STATIC_REGISTRATION
-REGISTER_TENSORRT_PLUGIN(PairwiseScanPluginCreator);
-#endif
 
 } // namespace dflash2

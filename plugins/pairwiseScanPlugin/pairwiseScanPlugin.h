@@ -6,32 +6,29 @@
 #pragma once
 
 #include "../common/df2PluginBase.h"
-#include "../common/df2PluginUtils.h"
 #include "pairwiseScanParams.h"
 
 #include <NvInferRuntime.h>
 
-#include <string>
-#include <vector>
-
 namespace dflash2
 {
 
-constexpr char const* kPairwiseScanName = "DFlash2PairwiseScan";
 constexpr char const* kPairwiseScanVersion = "1";
 
-//! Capabilities, clone, names, attachToContext and the serialisation collection: PluginV3Base.
+//! Capabilities, clone, names, attachToContext, serialisation, configurePlugin and onShapeChange:
+//! PluginV3Base, from the attribute table and the validation of pairwiseScanParams.h.
 class PairwiseScanPlugin : public PluginV3Base<PairwiseScanPlugin, PairwiseScanAttrs, PairwiseScanParams>
 {
 public:
     static constexpr char const* kName = kPairwiseScanName;
     static constexpr char const* kVersion = kPairwiseScanVersion;
+    static constexpr auto& kFields = kPairwiseScanFields;
+    static constexpr auto kValidateAttrs = validatePairwiseScanAttrs;
+    static constexpr auto kValidate = validatePairwiseScan;
+    static constexpr int32_t kMaxInputs = kScanNbInputs;
 
     explicit PairwiseScanPlugin(PairwiseScanAttrs const& attrs);
     ~PairwiseScanPlugin() override = default;
-
-    //! The attributes an engine stores (getFieldsToSerialize), in the order of the spec YAML.
-    void appendSerialFields(std::vector<nvinfer1::PluginField>& fields) noexcept;
 
     // IPluginV3OneBuild
     int32_t getNbOutputs() const noexcept override;
@@ -42,27 +39,17 @@ public:
         nvinfer1::IExprBuilder& exprBuilder) noexcept override;
     bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
         int32_t nbOutputs) noexcept override;
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
     size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
         nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
 
     // IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-        int32_t nbOutputs) noexcept override;
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
         void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
 };
 
-//! Names and the field list: PluginCreatorBase.
+//! Names, the field list and createPlugin: PluginCreatorBase.
 class PairwiseScanPluginCreator : public PluginCreatorBase<PairwiseScanPlugin>
 {
-public:
-    PairwiseScanPluginCreator();
-    ~PairwiseScanPluginCreator() override = default;
-
-    nvinfer1::IPluginV3* createPlugin(
-        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
 };
 
 } // namespace dflash2

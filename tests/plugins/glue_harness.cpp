@@ -1,5 +1,5 @@
-// Exercises the IPluginV3 glue without TensorRT's library: compiled against TensorRT headers with
-// DFLASH2_NO_STATIC_REGISTRATION (there is no libnvinfer to register with), linked with the real
+// Exercises the IPluginV3 glue without TensorRT's library: compiled against TensorRT headers without
+// common/df2StaticRegistration.cpp (there is no libnvinfer to register with), linked with the real
 // kernels and libcudart. Run by tests/plugins/test_plugin_build.py when DFLASH2_TRT_INCLUDE is set.
 // Prints one line per check; exit status = number of failed checks.
 #include "dynamicConvPlugin/dynamicConvPlugin.h"

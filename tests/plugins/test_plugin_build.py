@@ -64,7 +64,9 @@ def test_cmake_builds_kernels_library(tmp_path, capsys):
     if trt is not None:
         assert "DynamicConvPluginCreator" in syms and "PairwiseScanPluginCreator" in syms
         assert "GatedDeltaNetPluginCreator" in syms
-        assert "PluginRegistrar" in syms  # LD_PRELOAD/ctypes variant self-registers
+        # the LD_PRELOAD/ctypes variant self-registers every creator (common/df2StaticRegistration.cpp)
+        for creator in ("DynamicConvPluginCreator", "PairwiseScanPluginCreator", "GatedDeltaNetPluginCreator"):
+            assert f"nvinfer1::PluginRegistrar<dflash2::{creator}>::PluginRegistrar()" in syms, creator
         dyn = tmp_path / "libdflash2_plugins_dynamic.so"
         dsyms = subprocess.run(["nm", "-DC", "--defined-only", str(dyn)], capture_output=True, text=True).stdout
         exported = {line.split()[-1] for line in dsyms.splitlines() if " T " in line}
@@ -106,7 +108,7 @@ def test_glue_harness_without_tensorrt_library(tmp_path):
         assert res.returncode == 0, res.stderr
         objs.append(str(o))
     exe = tmp_path / "glue_harness"
-    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-DDFLASH2_NO_STATIC_REGISTRATION",
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror",
            "-isystem", str(trt), "-isystem", str(cuda), "-I", str(PLUGINS),
            str(Path(__file__).with_name("glue_harness.cpp")), *map(str, GLUE),
            str(PLUGINS / "common" / "df2LibraryEntry.cpp"),
@@ -119,6 +121,27 @@ def test_glue_harness_without_tensorrt_library(tmp_path):
     res = subprocess.run([str(exe)], capture_output=True, text=True)
     assert res.returncode == 0 and "0 failure(s)" in res.stdout, res.stdout + res.stderr
     assert res.stdout.count("PASS") >= 50
+
+
+@pytest.mark.parametrize("call, ok", [('fail(msg, sizeof(msg), "H=%lld", static_cast<long long>(h))', True),
+                                      ('fail(msg, sizeof(msg), "H=%d", static_cast<long long>(h))', False),
+                                      ('fail(msg, sizeof(msg), "H=%lld and %d", static_cast<long long>(h))', False)],
+                         ids=["matching", "wrong_type", "missing_argument"])
+def test_validation_messages_are_format_checked(tmp_path, call, ok):
+    """common/df2Validation.h: every plugin's rejections go through ParamFail, whose printf format
+    attribute makes g++ (-Wall -Werror, the CPU builds' flags) reject a message whose arguments do
+    not match it, instead of printing garbage (or reading past the arguments) on the day it fires."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found")
+    src = tmp_path / "fmt.cpp"
+    src.write_text('#include "common/df2Validation.h"\n'
+                   'dflash2::Status f(long h) { constexpr dflash2::ParamFail fail{"P"}; char msg[64]; '
+                   f"return {call}; }}\n")
+    res = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-I", str(PLUGINS),
+                          str(src)], capture_output=True, text=True)
+    assert (res.returncode == 0) == ok, res.stderr
+    if not ok:
+        assert "-Werror=format" in res.stderr
 
 
 def test_gpu_check_script_parses_and_exits_cleanly_without_gpu():

@@ -157,24 +157,47 @@ def test_tensorrt_absent_is_missing_dependency(monkeypatch):
 
 
 # ------------------------------------------------------------- YAML <-> C++ glue / validation
+PARAMS_H = {name: path.with_name(path.name.replace("Plugin.h", "Params.h")) for name, path in GLUE_H.items()}
+_FIELD = re.compile(r'\{"([a-z_]+)", &(\w+)::\w+, (true|false)\}')
+
+
+def _field_table(name):
+    """The plugin's Int32AttrField table in its Params.h: [(attribute, required)], in order."""
+    text = PARAMS_H[name].read_text()
+    m = re.search(r"Int32AttrField<(\w+)> (k\w+Fields)\[\] = \{(.*?)\n\};", text, re.S)
+    assert m, f"no attribute table in {PARAMS_H[name].name}"
+    rows = _FIELD.findall(m.group(3))
+    assert rows and all(attrs == m.group(1) for _, attrs, _ in rows), "every row names a member of the Attrs struct"
+    return m.group(2), [(attr, req == "true") for attr, _, req in rows]
+
+
 @pytest.mark.parametrize("name", plugins.PLUGIN_NAMES)
 def test_glue_matches_spec(name):
     spec = plugins.load_spec(name)
-    cpp, hdr = GLUE[name].read_text(), GLUE_H[name].read_text()
-    assert re.search(rf'Name = "{spec.name}";', hdr), "plugin name constant"
+    hdr, params = GLUE_H[name].read_text(), PARAMS_H[name].read_text()
+    assert re.search(rf'Name = "{spec.name}";', params), "plugin name constant"
     assert re.search(rf'Version = "{spec.version}";', hdr), "plugin version constant"
     utils = (PLUGINS / "common" / "df2PluginUtils.h").read_text()
     assert f'kPluginNamespace = "{spec.namespace}";' in utils
-    # attribute name constants in the glue == the spec's attribute names
-    consts = dict(re.findall(r'constexpr char const\* (k\w+) = "([a-z_]+)";', cpp))
-    assert sorted(consts.values()) == sorted(a.name for a in spec.attributes)
-    # required flags in createPlugin's table == the spec's
-    table = dict(re.findall(r"\{(k\w+), &a\.\w+, (true|false)\}", cpp))
-    assert {consts[k]: v == "true" for k, v in table.items()} == {a.name: a.required for a in spec.attributes}
-    # every attribute serialised and announced as kINT32 (what plugin_fields produces)
-    for const in consts:
-        assert re.search(rf"{const}, &mAttrs\.\w+, PluginFieldType::kINT32, 1", cpp), const
-        assert re.search(rf"addField\({const}, PluginFieldType::kINT32\);", cpp), const   # length 1 (the default)
+    # one attribute table: the spec's names in the spec's order (the CPU builds' C ABI passes the
+    # values in that order), the spec's required flags; the glue's creator fields, createPlugin and
+    # serialisation all read it (PluginV3Base / PluginCreatorBase iterate kFields, kINT32, length 1)
+    table, rows = _field_table(name)
+    assert rows == [(a.name, a.required) for a in spec.attributes]
+    assert re.search(rf"static constexpr auto& kFields = {table};", hdr), "the plugin uses its table"
+    base = (PLUGINS / "common" / "df2PluginBase.h").read_text()
+    assert base.count("for (auto const& f : Derived::kFields)") == 1 and "for (auto const& f : Plugin::kFields)" in base
+    assert "parseInt32Fields(Plugin::kName, fc, Plugin::kFields, &a)" in base
+    # nothing in the glue names an attribute by its string any more (one source: the table)
+    cpp = GLUE[name].read_text()
+    assert not [a.name for a in spec.attributes if f'"{a.name}"' in cpp + hdr]
+
+
+def test_gdn_cpu_attribute_order_is_the_table():
+    """GdnLib hands the CPU build its attribute values in ATTRS' order; attrsFromValues reads them
+    in the table's order: the two must be the spec's order (a swap would build wrong heads silently)."""
+    from dflash2_trt.trtllm.cpu.plugin_libs import GdnLib
+    assert list(GdnLib.ATTRS) == [a for a, _ in _field_table("DFlash2GatedDeltaNet")[1]]
 
 
 def _good_conv_inputs():
