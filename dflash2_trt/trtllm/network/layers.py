@@ -9,6 +9,14 @@ from .common import F, api, dims, local_heads
 from .kv_layout import rope_tables
 
 
+def vocab_embedding(config):
+    """The target's token embedding, vocabulary-parallel over the TP ranks (``sharding_dim=0``): the same in every
+    family."""
+    m = config.mapping
+    return api.layers.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype, tp_size=m.tp_size,
+                                tp_group=m.tp_group, sharding_dim=0, tp_rank=m.tp_rank)
+
+
 class QKNormAttention(api.Module):
     """Fused-qkv attention with per-head q/k RMSNorm before RoPE (TensorRT-LLM's Qwen3 attention)."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..common import F, api
 from ..kv_layout import rope_positions
-from ..layers import GatedMLP, OffsetRmsNorm, QKNormAttention
+from ..layers import GatedMLP, OffsetRmsNorm, QKNormAttention, vocab_embedding
 
 
 class MuseGlimmerDecoderLayer(api.Module):
@@ -47,11 +47,8 @@ class MuseGlimmerTransformer(api.Module):
 
     def __init__(self, config):
         super().__init__()
-        m = config.mapping
         self.eps, self.embedding_norm = config.norm_epsilon, bool(config.embedding_norm)
-        self.vocab_embedding = api.layers.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype,
-                                                    tp_size=m.tp_size, tp_group=m.tp_group, sharding_dim=0,
-                                                    tp_rank=m.tp_rank)
+        self.vocab_embedding = vocab_embedding(config)
         self.layers = api.ModuleList(MuseGlimmerDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.ln_f = OffsetRmsNorm(config.hidden_size, config.norm_epsilon, config.dtype, config.ln_f_weight_offset)
         self.hidden = config.hidden_size

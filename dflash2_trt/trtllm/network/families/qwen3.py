@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..common import api
 from ..kv_layout import rope_positions
-from ..layers import GatedMLP, QKNormAttention
+from ..layers import GatedMLP, QKNormAttention, vocab_embedding
 
 
 class Qwen3DecoderLayer(api.Module):
@@ -32,10 +32,7 @@ class Qwen3Transformer(api.Module):
 
     def __init__(self, config):
         super().__init__()
-        m = config.mapping
-        self.vocab_embedding = api.layers.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype,
-                                                    tp_size=m.tp_size, tp_group=m.tp_group, sharding_dim=0,
-                                                    tp_rank=m.tp_rank)
+        self.vocab_embedding = vocab_embedding(config)
         self.layers = api.ModuleList(Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.ln_f = api.layers.RmsNorm(config.hidden_size, eps=config.norm_epsilon, dtype=config.dtype)
 

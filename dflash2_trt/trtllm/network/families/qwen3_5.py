@@ -8,7 +8,7 @@ import numpy as np
 
 from ..common import F, RecurrentStateParams, api, dims, local_heads
 from ..kv_layout import hf_layer_types, rope_positions
-from ..layers import GatedMLP, OffsetRmsNorm, QKNormAttention
+from ..layers import GatedMLP, OffsetRmsNorm, QKNormAttention, vocab_embedding
 
 
 class GatedDeltaNet(api.Module):
@@ -109,10 +109,7 @@ class Qwen3_5Transformer(api.Module):
 
     def __init__(self, config):
         super().__init__()
-        m = config.mapping
-        self.vocab_embedding = api.layers.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype,
-                                                    tp_size=m.tp_size, tp_group=m.tp_group, sharding_dim=0,
-                                                    tp_rank=m.tp_rank)
+        self.vocab_embedding = vocab_embedding(config)
         kv_idx, layers = 0, []
         for i, kind in enumerate(hf_layer_types(config)):
             layers.append(Qwen3_5DecoderLayer(config, i, kv_idx))
