@@ -9,14 +9,29 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import DFlash2Error, Terminated
+from .errors import DFlash2Error, Terminated, clear_stop_requests, raise_if_stop_requested, stop_requested
 
 
 def _raise_terminated(signum, frame):
     import signal
 
     signal.signal(signal.SIGTERM, lambda *a: None)   # a second SIGTERM must not cut the clean-up short
-    raise Terminated(f"signal {signum}")
+    raise stop_requested(signum)
+
+
+def _raise_interrupt(signum, frame):
+    raise stop_requested(signum)
+
+
+def _unraisable(previous):
+    """``sys.unraisablehook`` while a command runs: a stop raised inside a destructor or weakref callback is
+    lost there (and printed as "Exception ignored"); it is recorded (errors.stop_requested) and raised again
+    where it counts, so it is not printed. Anything else goes to the previous hook."""
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        previous(unraisable)
+    return hook
 
 
 class _Group(click.Group):
@@ -27,11 +42,17 @@ class _Group(click.Group):
         import signal
         import threading
 
-        previous = None
+        previous = previous_int = None
+        clear_stop_requests()
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _raise_terminated)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # Ctrl-C, recorded the same way
+                previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
+        hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            raise_if_stop_requested()   # a stop that was raised where Python swallows exceptions
+            return result
         except DFlash2Error as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
@@ -42,8 +63,11 @@ class _Group(click.Group):
             click.echo("interrupted", err=True)
             sys.exit(130)
         finally:
+            sys.unraisablehook = hook
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+            if previous_int is not None:
+                signal.signal(signal.SIGINT, previous_int)
 
 
 @click.group(cls=_Group)

@@ -17,6 +17,32 @@ class Terminated(KeyboardInterrupt):
     CLI then exits 143 (128 + SIGTERM) with one line."""
 
 
+_stop_pending: list[int] = []
+
+
+def stop_requested(signum: int) -> KeyboardInterrupt:
+    """Record that SIGTERM / SIGINT arrived and return the exception a handler raises for it.
+
+    An exception raised by a signal handler is lost when the signal lands while Python runs a destructor or a
+    weakref callback ("Exception ignored in ..."): the run would go on and succeed. The record survives that:
+    :func:`raise_if_stop_requested` (before an output is renamed into place, and when a command returns)
+    raises it again."""
+    import signal
+
+    if signum not in _stop_pending:
+        _stop_pending.append(signum)
+    return Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def raise_if_stop_requested() -> None:
+    if _stop_pending:
+        raise stop_requested(_stop_pending[0])
+
+
+def clear_stop_requests() -> None:
+    _stop_pending.clear()
+
+
 def _where(source: str | Path | None, field: str | None) -> str:
     parts = []
     if source is not None:

@@ -59,7 +59,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from ..errors import CheckpointError, DFlash2Error
+from ..errors import CheckpointError, DFlash2Error, raise_if_stop_requested
 
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1}
@@ -673,6 +673,7 @@ class AtomicOutputDir:
 
     def _commit(self) -> None:
         assert self.tmp is not None
+        raise_if_stop_requested()   # a SIGTERM / Ctrl-C whose exception was swallowed on the way: not into place
         with _signals_held() as held:
             old = None
             if self.final.exists() or self.final.is_symlink():

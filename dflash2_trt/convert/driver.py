@@ -55,7 +55,7 @@ from ..checkpoint.writer import (
     check_output_dir, sha256_file, write_small_file,
 )
 from ..config import DFlash2Config, TargetConfig, pairing_problems
-from ..errors import CheckpointError, ConfigError, PairingError, Terminated
+from ..errors import CheckpointError, ConfigError, PairingError, stop_requested
 from ..overlap import refuse_overlap
 from . import dflash2, muse_glimmer, qwen3, qwen3_5
 from .plan import DRAFTER, TARGET, Drop, OutTensor, width_of
@@ -243,7 +243,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def handler(signum, frame):
-        raise Terminated(f"signal {signum}")
+        raise stop_requested(signum)
 
     old = signal.signal(signal.SIGTERM, handler)
     try:

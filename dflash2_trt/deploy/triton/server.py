@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import DFlash2Error, MissingDependencyError
+from ...errors import ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, stop_requested
 from . import hygiene
 from .repository import TRITON_EXTRA
 
@@ -305,8 +305,6 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
 
     if (engine_dir is None) == (repository is None):
         raise ServerError("give exactly one of --engine-dir or --repository")
-    from ...errors import ConfigError
-
     if repository is not None:   # a repository is served as written: these would silently do nothing
         given = [o for o, v in (("--max-batch-size", max_batch_size is not None), ("--no-decoupled", not decoupled),
                                 ("--tokenizer", tokenizer is not None), ("--ids-only", ids_only)) if v]
@@ -335,9 +333,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
     old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _stop(signum, frame):
-        from ...errors import Terminated
-
-        raise Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt
+        raise stop_requested(signum)
 
     srv = None
     try:
@@ -360,6 +356,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             while srv.alive():
                 time.sleep(0.25)
         except KeyboardInterrupt:
+            clear_stop_requests()   # handled: the ordinary way to stop a ready server
             echo("stopping tritonserver")
             srv.stop()
             echo("stopped")
