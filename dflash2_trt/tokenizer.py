@@ -8,6 +8,7 @@ silently change the prompt and so the acceptance numbers).
 from __future__ import annotations
 
 from pathlib import Path
+from .errors import ConfigError
 
 # transformers can build an EMPTY tokenizer from config.json alone (every text encodes to no
 # tokens), so real tokenizer files are required first.
@@ -62,8 +63,6 @@ def find_tokenizer(target_dir: str | Path, *, strict: bool = False):
         try:
             return _load_tokenizer(target_dir)
         except Exception as exc:  # noqa: BLE001 - transformers/tokenizers raise many kinds
-            from .errors import ConfigError
-
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise ConfigError(f"has tokenizer files that cannot be loaded ({type(exc).__name__}: {reason})",
                               source=target_dir) from None
@@ -109,14 +108,10 @@ def encode_text(tokenizer, text: str) -> list[int]:
     try:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     except Exception as exc:  # noqa: BLE001 - e.g. a word-level vocabulary without an unknown token
-        from .errors import ConfigError
-
         bad = next((w for w in text.split() if not _encodes(tokenizer, w)), None)
         what = f"the word {bad!r} is not in its vocabulary" if bad is not None else str(exc)
         raise ConfigError(f"the tokenizer cannot encode the prompt text: {what}", field="prompt") from None
     if not ids and text.strip():
-        from .errors import ConfigError
-
         # a tokenizer whose pipeline does not match its vocabulary maps every word to nothing
         raise ConfigError(f"the tokenizer encodes the prompt text to no tokens ({type(tokenizer).__name__}: its "
                           f"pre-tokenizer does not match its vocabulary?)", field="prompt")

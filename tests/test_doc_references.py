@@ -13,8 +13,10 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SCANNED = ["dflash2_trt", "scripts", "tests", "docs", "README.md"]
-TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".txt", ".sh", ".toml", ".cfg", ".json", ".h", ".cpp", ".cu", ""}
+SCANNED = ["dflash2_trt", "scripts", "tests", "docs", "plugins", "build_configs", "README.md", "setup.py",
+           "pyproject.toml"]
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".txt", ".sh", ".toml", ".cfg", ".json", ".h", ".cpp", ".cu", ".cuh",
+                 ""}
 
 # The document name, optionally in backticks, then whitespace (line breaks, comment or docstring
 # indentation included), then the sign and its number.

@@ -254,22 +254,40 @@ def test_shipped_code_does_not_import_the_test_helpers(tmp_path):
     assert not found, "shipped modules import dflash2_trt/testing:\n" + "\n".join(f"  {m} -> {t}" for m, t in found)
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
 def private_imports(root: Path = ROOT, package: str = PACKAGE) -> set[tuple[str, str, str]]:
     """(importer, module, name) for every ``from M import _name`` where M is another module of the
-    package (``import M as _alias`` and dunders such as ``__version__`` are not private names)."""
+    package, and every ``m._name`` where ``m`` is another module of the package bound by an import
+    (``import M as m``, ``from pkg import m``). ``import M as _alias`` and dunders such as
+    ``__version__`` are not private names."""
     mods = _modules(root, package)
     out = set()
     for mod, path in mods.items():
         is_pkg = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            base = _resolve_relative(mod, is_pkg, node.level, node.module) if node.level else node.module
-            if base not in mods or base == mod:
-                continue
-            for a in node.names:
-                if a.name.startswith("_") and not a.name.startswith("__") and f"{base}.{a.name}" not in mods:
-                    out.add((mod, base, a.name))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases: dict[str, str] = {}   # local name -> package module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname and a.name in mods:
+                        aliases[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve_relative(mod, is_pkg, node.level, node.module) if node.level else node.module
+                for a in node.names:
+                    if f"{base}.{a.name}" in mods:
+                        aliases[a.asname or a.name] = f"{base}.{a.name}"
+                if base not in mods or base == mod:
+                    continue
+                for a in node.names:
+                    if _private(a.name) and f"{base}.{a.name}" not in mods:
+                        out.add((mod, base, a.name))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr)
+                    and aliases.get(node.value.id, mod) != mod):
+                out.add((mod, aliases[node.value.id], node.attr))
     return out
 
 
@@ -280,7 +298,95 @@ def test_no_private_name_is_imported_across_files(tmp_path):
     (pkg / "a.py").write_text("from . import __version__\nfrom .b import _hidden, shown\nfrom . import b as _b\n")
     (pkg / "b.py").write_text("_hidden = 1\nshown = 2\n")
     assert private_imports(pkg, "pkgy") == {("pkgy.a", "pkgy.b", "_hidden")}
+    (pkg / "a.py").write_text("from . import b as bb\nimport pkgy.b as b2\n\ndef f():\n    return bb._hidden, b2._other, "
+                              "bb.shown, bb.__doc__\n")
+    assert private_imports(pkg, "pkgy") == {("pkgy.a", "pkgy.b", "_hidden"), ("pkgy.a", "pkgy.b", "_other")}
 
     found = sorted(private_imports())
     assert not found, "private names imported across files (make them public or move them):\n" + "\n".join(
         f"  {imp}: from {m} import {n}" for imp, m, n in found)
+
+
+ENGINE = f"{PACKAGE}.engine"
+BACKENDS = (f"{ENGINE}.cpu", f"{ENGINE}.trtllm")
+ABOVE = (f"{ENGINE}.plan", f"{ENGINE}.build", f"{ENGINE}.run")
+
+
+def _under(m: str, pkg: str) -> bool:
+    return m == pkg or m.startswith(pkg + ".")
+
+
+def layering_violations(graph: dict[str, set[str]], engine: str = ENGINE) -> list[tuple[str, str, str]]:
+    """(importer, imported, rule) for every edge that points up or sideways in the engine package: a backend
+    (``engine/cpu``, ``engine/trtllm``) importing the commands above it (``plan``, ``build``, ``run``) or the
+    other backend; a shared engine module (any other module of ``engine/``) importing a backend or a command."""
+    backends = (f"{engine}.cpu", f"{engine}.trtllm")
+    above = (f"{engine}.plan", f"{engine}.build", f"{engine}.run")
+    out = []
+    for m, targets in graph.items():
+        if not _under(m, engine) or m == engine:
+            continue
+        mine = next((b for b in backends if _under(m, b)), None)
+        for t in sorted(targets):
+            if any(_under(t, a) for a in above) and not any(_under(m, a) for a in above):
+                out.append((m, t, "imports a command above it"))
+            elif mine is not None and any(_under(t, b) for b in backends if b != mine):
+                out.append((m, t, "imports the other backend"))
+            elif mine is None and not any(_under(m, a) for a in above) and any(_under(t, b) for b in backends):
+                out.append((m, t, "a shared engine module imports a backend"))
+    return out
+
+
+def test_the_engine_layers_point_down_only():
+    # The rule itself, on a made-up graph: every kind of wrong edge is named, the allowed ones are not.
+    e = "p.engine"
+    g = {f"{e}.cpu.build": {f"{e}.format", f"{e}.plan"}, f"{e}.cpu.verify": {f"{e}.trtllm.toolchain"},
+         f"{e}.format": {f"{e}.cpu.engine"}, f"{e}.build": {f"{e}.cpu.build", f"{e}.trtllm.build", f"{e}.plan"},
+         f"{e}.trtllm.build": {f"{e}.trtllm.command", f"{e}.verify"}}
+    assert layering_violations(g, e) == [(f"{e}.cpu.build", f"{e}.plan", "imports a command above it"),
+                                         (f"{e}.cpu.verify", f"{e}.trtllm.toolchain", "imports the other backend"),
+                                         (f"{e}.format", f"{e}.cpu.engine", "a shared engine module imports a backend")]
+
+    graph = import_graph()
+    assert all(b in graph for b in BACKENDS) and all(a in graph for a in ABOVE), "engine layout not found"
+    found = layering_violations(graph)
+    assert not found, "engine imports that point up or sideways:\n" + "\n".join(f"  {m} -> {t}: {r}" for m, t, r in found)
+
+
+NETWORK = ROOT / "trtllm" / "network"
+
+
+def network_binding_problems(root: Path = NETWORK) -> list[str]:
+    """The per-backend network package takes its TensorRT-LLM names once, at import time inside
+    ``backend.using``: only ``common.py`` may touch ``backend``, and no module may import inside a function (that
+    import would run later, outside the window, and bind whatever backend ``auto`` picks), except the plugin
+    library loader ``dflash2_trt.plugins``."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if rel != "common.py":
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                    if any(n == "backend" or n.endswith(".backend") for n in names):
+                        out.append(f"{rel}:{node.lineno}: imports the backend module (only common.py may)")
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and
+                                                        (node.level or node.module != f"{PACKAGE}.plugins")):
+                        out.append(f"{rel}:{node.lineno}: imports inside {fn.name}()")
+    return out
+
+
+def test_the_network_package_binds_its_backend_at_import_only(tmp_path):
+    (tmp_path / "common.py").write_text("from dflash2_trt.trtllm import backend\napi = backend.current()\n")
+    (tmp_path / "drafter.py").write_text("from .common import api\n\ndef f():\n    from .common import api\n")
+    (tmp_path / "io.py").write_text("from dflash2_trt.trtllm import backend as b\n\ndef g():\n"
+                                    "    from dflash2_trt.plugins import load_library\n")
+    assert network_binding_problems(tmp_path) == ["drafter.py:4: imports inside f()",
+                                                  "io.py:1: imports the backend module (only common.py may)"]
+    assert (NETWORK / "common.py").is_file()
+    found = network_binding_problems()
+    assert not found, "\n".join(found)

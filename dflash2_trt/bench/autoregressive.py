@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..engine.cpu.engine import CpuEngine, limits_from
 from ..engine.format import load_engine_dir
+from ..trtllm.backend import load_network
 
 
 class TargetOnlyCpuEngine(CpuEngine):
@@ -29,8 +30,6 @@ class TargetOnlyCpuEngine(CpuEngine):
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path, limits: dict, *,
                  num_blocks: int | None = None):
         super().__init__(pretrained_config, checkpoint_dir, limits, num_blocks=num_blocks)
-        from ..trtllm.backend import load_network
-
         net = load_network("cpu")
         api = net.api
 

@@ -13,12 +13,11 @@ import tempfile
 from pathlib import Path
 
 from ..checkpoint.writer import OutputWriteError
+from ..errors import ConfigError
 
 
 def check_output_file(path: str | Path, *, field: str) -> Path:
     """Refuse an output path that is a directory or whose parent directory does not exist; never writes."""
-    from ..errors import ConfigError
-
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory; give a file name", field=field)

@@ -59,6 +59,7 @@ from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_arg
 from .trtllm.runtime_rules import runtime_reading
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain
 from .verify import AUTO_MAX_TARGET_BYTES
+from ..trtllm.backend import load_network
 
 GIB = 1 << 30
 H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default
@@ -165,8 +166,6 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
 
 
 def _engine_families() -> tuple[str, ...]:
-    from ..trtllm.backend import load_network
-
     return tuple(load_network("cpu").TARGET_FAMILIES)
 
 
@@ -220,8 +219,6 @@ def _collect_blockers(p: Prepared) -> None:
 
 def check_kv_compatible(pre: dict) -> None:
     """The network's own pool-layout check (``trtllm/network/kv_layout.py``), as a ConfigError."""
-    from ..trtllm.backend import load_network
-
     net = load_network("cpu")
     try:
         net.check_kv_compatible(net.api.PretrainedConfig.from_dict(pre))

@@ -32,6 +32,7 @@ import torch
 from .drafter import DFlash2Drafter, extract_taps
 from .selector import MODES
 from .verify import accept_greedy, accept_sampling, sample_from_probs, scatter_proposal, target_probs
+from ..errors import CheckpointError, NumericsError
 
 __all__ = ["GenerationResult", "speculative_generate", "target_generate", "load_target",
            "is_hybrid", "load_pair", "check_finite"]
@@ -90,8 +91,6 @@ def load_target(directory: str | Path, *, dtype: torch.dtype | None = None, devi
     """
     import transformers
 
-    from ..errors import CheckpointError
-
     if not validated:
         from ..loading import validate_target
 
@@ -135,8 +134,6 @@ def check_finite(t: torch.Tensor, what: str) -> None:
     """NaN/Inf in logits or hidden states is an error, never a silently wrong token (argmax of
     NaN logits is token 0; sampling from them is garbage)."""
     if not bool(torch.isfinite(t).all()):
-        from ..errors import NumericsError
-
         n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         raise NumericsError(
             f"{what} are not finite ({n_nan} NaN, {n_inf} Inf of {t.numel()}): the weights passed the "

@@ -102,6 +102,16 @@ def using(name: str):
         _forced.reset(tok)
 
 
+def forget(backend: str) -> None:
+    """Drop this process's cached namespace and network instance of ``backend``: the next :func:`current` /
+    :func:`load_network` builds them afresh, as a new process would (the conformance harness does this per rank)."""
+    name = resolve(backend)
+    _cache.pop(name, None)
+    net = f"dflash2_trt_network_{name}"
+    for k in [k for k in sys.modules if k == net or k.startswith(net + ".")]:
+        del sys.modules[k]
+
+
 MODEL_FILE = Path(__file__).resolve().parent / "model.py"
 """The model class file ``trtllm-build --model_cls_file`` takes (it loads the network package for its backend)."""
 NETWORK_PACKAGE = Path(__file__).resolve().parent / "network"

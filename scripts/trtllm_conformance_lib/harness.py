@@ -288,12 +288,9 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         rep["stage"] = "load network file"
         from dflash2_trt.trtllm import backend
 
-        backend._cache.pop("trtllm", None)
         # a fresh network per rank, as a fresh trtllm-build process would load it: the model class file loads the
         # network package for its backend (backend.load_network), which keeps one instance per process
-        for k in [k for k in sys.modules if k == "dflash2_trt_network_trtllm" or
-                  k.startswith("dflash2_trt_network_trtllm.")]:
-            del sys.modules[k]
+        backend.forget("trtllm")
         spec = importlib.util.spec_from_file_location(f"dflash2_conformance_net_{os.getpid()}_{rank}", model_file)
         net_mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = net_mod

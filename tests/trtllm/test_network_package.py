@@ -108,3 +108,35 @@ def test_no_module_takes_a_private_name_from_another(path):
             bad += [f"line {node.lineno}: {a.name}" for a in node.names if a.name.startswith("_")
                     and a.name != "__version__"]
     assert not bad, f"{_project_module(path)} imports private names: {bad}"
+
+
+def test_a_plain_import_of_the_network_package_is_refused():
+    # It would bind whatever backend `auto` picks, a third copy of every class beside load_network's two.
+    import importlib
+
+    import pytest as _pytest
+
+    with _pytest.raises(ImportError, match="load_network"):
+        importlib.import_module("dflash2_trt.trtllm.network")
+
+
+def test_forget_gives_a_fresh_instance_as_a_new_process_would():
+    import sys
+
+    from dflash2_trt.trtllm import backend
+
+    first = backend.load_network("cpu")
+    saved = {k: v for k, v in sys.modules.items() if k.startswith("dflash2_trt_network_cpu")}
+    saved_api = backend._cache.get("cpu")
+    try:
+        assert backend.load_network("cpu") is first
+        backend.forget("cpu")
+        assert not any(k.startswith("dflash2_trt_network_cpu") for k in sys.modules)
+        again = backend.load_network("cpu")
+        assert again is not first and again.DFlash2ForCausalLM is not first.DFlash2ForCausalLM
+        assert backend.current("cpu").name == "cpu"
+    finally:   # the rest of the session keeps the instance its fixtures already hold
+        backend.forget("cpu")
+        sys.modules.update(saved)
+        if saved_api is not None:
+            backend._cache["cpu"] = saved_api

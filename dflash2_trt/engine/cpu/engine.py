@@ -21,6 +21,7 @@ from ...trtllm.cpu.state import StatePool
 from ...trtllm.cpu.tensor import network_input
 from ...trtllm.engine_io import load_contract
 from ..format import load_engine_dir
+from ...trtllm.backend import load_network
 
 # The runtime's per-layer tensors that are the same every step (TensorRT-LLM's runtime also fills them once).
 _STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",
@@ -29,8 +30,6 @@ _STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv
 
 class CpuEngine:
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path, limits: dict, *, num_blocks: int | None = None):
-        from ...trtllm.backend import load_network
-
         net = load_network("cpu")
         cpu = net.api
         self.net = net

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from ...trtllm.backend import MODEL_FILE
 
 MODEL_CLS_NAME = "DFlash2ForCausalLM"
 
 
 def model_cls_file() -> Path:
-    from ...trtllm.backend import MODEL_FILE
-
     return MODEL_FILE
 
 

@@ -25,6 +25,7 @@ from ...reference.generate import parse_prompt_ids
 from ...tokenizer import encode_text
 from ..common import eagle_choices, prompt_tokenizer, read_prompts_file
 from ..format import load_engine_dir
+from ...trtllm.register import register
 
 
 def _require_trtllm():
@@ -38,8 +39,6 @@ def _runner(engine_dir, *, plugin_lib=None, max_batch_size=None):   # pragma: no
     engine_dir = Path(engine_dir)
     lib = plugin_lib or (engine_dir / plugins.LIBRARY_NAME)
     plugins.load_library(lib)
-    from ...trtllm.register import register
-
     register()   # EngineConfig.from_json_file looks the architecture up in MODEL_MAP
     from tensorrt_llm.runtime import ModelRunnerCpp
     cfg = json.loads((engine_dir / "config.json").read_text())

@@ -63,6 +63,10 @@ probabilities at a 248k vocabulary (~1.9 GB at bs 64, K 15: to be gathered over 
 
 from __future__ import annotations
 
+if __name__ == "dflash2_trt.trtllm.network":   # a plain import would bind whatever backend `auto` picks
+    raise ImportError("dflash2_trt.trtllm.network is loaded once per backend: use "
+                      "dflash2_trt.trtllm.backend.load_network('cpu' | 'trtllm')")
+
 from . import accept, combined, common, drafter, families, io, kv_layout, layers, selector, target_only, verify
 from .accept import (PRIME, acceptance_uniforms, accepted_tokens, counter_uniforms, greedy_accept,
                      inverse_cdf, leading_true, rejection_sample)
