@@ -151,6 +151,8 @@ class PlaceholderNetwork:
         object.__setattr__(self, "placeholders", [])
         object.__setattr__(self, "warnings", [])
         object.__setattr__(self, "placeholder_layers", 0)   # ordinary layers the placeholders are made of
+        object.__setattr__(self, "_harness_gpt_attention_qkv", [])
+        object.__setattr__(self, "allreduce_strategies", [])
 
     def __getattr__(self, name):
         return getattr(object.__getattribute__(self, "_net"), name)
@@ -306,6 +308,8 @@ def gpt_attention_expected(plugin) -> list:
 
 def gpt_attention_placeholder(net, inputs, plugin):
     name = "GPTAttention"
+    # graph rewriting (build_steps.fuse_attention_with_bias_matches) needs each call's qkv and whether it has a bias
+    net._harness_gpt_attention_qkv.append((inputs[0], bool(plugin.field("qkv_bias_enabled", 0))))
     expected = gpt_attention_expected(plugin)
     _need(len(inputs) == len(expected), name,
           f"the plugin numbers {len(expected)} inputs for its fields ({', '.join(e['name'] for e in expected)}), "
@@ -355,8 +359,19 @@ def allreduce_placeholder(net, inputs, plugin):
     name = "AllReduce"
     _need(int(plugin.field("fusion_op")) == 0, name, "fused all-reduce is not modelled")
     strategy = int(plugin.field("strategy"))
-    want = 1 if strategy in (0, 2, 8) else 2      # NCCL, UB, NCCL_SYMMETRIC take no workspace (functional.py)
-    _need(len(inputs) == want, name, f"strategy {strategy} expects {want} input(s), got {len(inputs)}")
+    net.allreduce_strategies.append(strategy)
+    # functional.create_allreduce_plugin gives the workspace input to every strategy but NCCL (0), UB (2) and
+    # NCCL_SYMMETRIC (8); the C++ plugin (allreducePlugin.cpp supportsFormatCombination, every stored revision)
+    # counts one base input for NCCL and UB only and TLLM_CHECKs the count: NCCL_SYMMETRIC without the workspace is
+    # refused there (trtllm_build_steps.yaml, allreduce_workspace)
+    want = 1 if strategy in (0, 2) else 2
+    _need(len(inputs) == want, name, f"strategy {strategy} takes {want} input(s) in allreducePlugin.cpp "
+          f"(the workspace for every strategy but NCCL/UB), got {len(inputs)}")
+    if want == 2:
+        ws = inputs[1]
+        _need(net.is_network_input(ws) and ws.name == "all_reduce_workspace", name,
+              f"input 1 must be the network input all_reduce_workspace, got {ws.name!r}")
+        _need(str(ws.dtype).endswith("INT64"), name, f"all_reduce_workspace must be int64, got {ws.dtype}")
     x = inputs[0]
     _check_dtype(name, "input", x, _type_id(plugin))
     group = plugin.field("group")

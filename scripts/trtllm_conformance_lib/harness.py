@@ -317,6 +317,17 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         dp.load_library = lambda *a, **k: None   # the plugin library is not built here; placeholders stand in
         rep["stage"] = "from_checkpoint (model __init__ + load)"
         model = model_cls.from_checkpoint(str(ckpt), config=rank_cfg)
+        # builder.build(model, build_config) before the network (build_steps.py / trtllm_build_steps.yaml)
+        from . import build_steps
+
+        steps = []
+        rep["build_steps"] = steps
+        rep["stage"] = "builder.build: build_config adjustments"
+        pc = plugin_config_from_argv(argv, model.config.dtype)
+        bc = build_steps.build_config_from_argv(argv, model.config, pc, steps)
+        rep["build_config"] = {k: bc[k] for k in ("max_seq_len", "max_num_tokens", "opt_num_tokens", "max_input_len")}
+        rep["stage"] = "builder.optimize_model_with_config"
+        model = build_steps.optimize_model_with_config(model, pc, steps)
         rep["stage"] = "network"
         import tensorrt as trt
         import tensorrt_rtx as rtx
@@ -328,24 +339,23 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         real_net = builder.create_network(1 << int(rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         pnet = trt.INetworkDefinition(real_net)
         network = Network()._init(pnet)
-        network.plugin_config = plugin_config_from_argv(argv, cfg.dtype)
-        if rank_cfg.mapping.tp_size > 1:
-            network.plugin_config.set_nccl_plugin(cfg.dtype)
-        K = _argv_value(argv, "--max_draft_len", int)
+        network.plugin_config = pc
+        # builder.build: nccl_plugin = dtype if world_size > 1 else None
+        network.plugin_config.set_nccl_plugin(model.config.dtype if rank_cfg.mapping.world_size > 1 else None)
+        steps.append({"step": "set_nccl_plugin", "nccl_plugin": network.plugin_config.nccl_plugin})
         with net_guard(network):
             network.set_named_parameters(model.named_parameters())
             rep["stage"] = "prepare_inputs"
-            inputs = model.prepare_inputs(
-                max_batch_size=_argv_value(argv, "--max_batch_size", int),
-                max_input_len=_argv_value(argv, "--max_input_len", int),
-                max_seq_len=_argv_value(argv, "--max_seq_len", int),
-                max_num_tokens=_argv_value(argv, "--max_num_tokens", int),
-                use_cache=True, max_beam_width=1, opt_num_tokens=None, prompt_embedding_table_size=0,
-                max_draft_len=K, speculative_decoding_draft_tokens_external=False,
-                spec_decoding_is_generation_length_variable=True, gather_context_logits=False,
-                lora_target_modules=None, opt_batch_size=0)
+            inputs = model.prepare_inputs(**build_steps.prepare_input_args(bc))
+            steps.append({"step": "prepare_inputs", "inputs": real_net.num_inputs})
             rep["stage"] = "forward"
             model(**inputs)
+            steps.append({"step": "forward", "layers": real_net.num_layers})
+        rep["stage"] = "graph_rewriting.optimize"
+        rep["graph_rewrites"] = build_steps.fuse_attention_with_bias_matches(real_net, pnet, steps)
+        rep["stage"] = "Builder._add_optimization_profile"
+        rep["profiles"] = build_steps.optimization_profiles(network, steps)
+        rep["allreduce_strategies"] = sorted(set(pnet.allreduce_strategies))
         rep["defined"] = True
         rep["layers"] = real_net.num_layers
         rep["network_layers"] = real_net.num_layers - pnet.placeholder_layers   # without the placeholders' insides
