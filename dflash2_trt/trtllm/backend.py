@@ -45,7 +45,8 @@ def _cpu() -> SimpleNamespace:
         Parameter=module.Parameter, Mapping=Mapping, PretrainedConfig=modeling_utils.PretrainedConfig,
         PretrainedModel=modeling_utils.PretrainedModel, AttentionMaskType=AttentionMaskType,
         PositionEmbeddingType=PositionEmbeddingType, input_tensor=modeling_utils.input_tensor,
-        mark_output=modeling_utils.mark_output, plugins=plugin_layers.CpuPlugins())
+        mark_output=modeling_utils.mark_output, all_reduce_workspace=modeling_utils.all_reduce_workspace,
+        plugins=plugin_layers.CpuPlugins())
 
 
 def _trtllm() -> SimpleNamespace:  # pragma: no cover - needs TensorRT-LLM (GPU machines)
@@ -69,11 +70,18 @@ def _trtllm() -> SimpleNamespace:  # pragma: no cover - needs TensorRT-LLM (GPU 
     def mark_output(tensor, name, dtype=None):
         tensor.mark_output(name, dtype)
 
+    def all_reduce_workspace(mapping, num_profiles):
+        # what TensorRT-LLM's own prepare_inputs do for tp > 1: the all-reduce plugins then take this input
+        from tensorrt_llm.plugin import current_all_reduce_helper
+
+        current_all_reduce_helper().set_workspace_tensor(mapping, num_profiles)
+        return current_all_reduce_helper().workspace
+
     return SimpleNamespace(
         name="trtllm", functional=functional, layers=layers, Module=Module, ModuleList=ModuleList,
         Parameter=Parameter, Mapping=Mapping, PretrainedConfig=PretrainedConfig, PretrainedModel=PretrainedModel,
         AttentionMaskType=AttentionMaskType, PositionEmbeddingType=PositionEmbeddingType, input_tensor=input_tensor,
-        mark_output=mark_output, plugins=plugin_layers.TrtPlugins())
+        mark_output=mark_output, all_reduce_workspace=all_reduce_workspace, plugins=plugin_layers.TrtPlugins())
 
 
 def resolve(name: str | None = None) -> str:

@@ -18,19 +18,30 @@ class Port:
     shape: tuple
     memory: str | None
     filled_by: str
+    when: str | None = None    # None: every engine; "tp_size > 1": tensor-parallel engines only
+
+    def applies(self, tp_size: int = 1) -> bool:
+        if self.when is None:
+            return True
+        if self.when == "tp_size > 1":
+            return tp_size > 1
+        raise ValueError(f"engine_io.yaml: {self.name}: unknown when {self.when!r}")
 
 
 @lru_cache(maxsize=1)
 def load_contract() -> dict:
     data = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))
     def ports(key):
-        return [Port(p["name"], p["dtype"], tuple(p["shape"]), p.get("memory"), p["filled_by"]) for p in data[key]]
+        return [Port(p["name"], p["dtype"], tuple(p["shape"]), p.get("memory"), p["filled_by"], p.get("when"))
+                for p in data[key]]
     return {"engine_config": data["engine_config"], "inputs": ports("inputs"), "outputs": ports("outputs")}
 
 
-def concrete_shape(shape: tuple, *, K: int, NL: int, V: int | None = None) -> tuple:
+def concrete_shape(shape: tuple, *, K: int, NL: int, V: int | None = None, tp_size: int | None = None) -> tuple:
     """Symbolic shape -> declared shape: batch/token/block dims become -1 (dynamic), K-sized dims numbers."""
     table = {"K": K, "K+1": K + 1, "NL": NL, "W": (K + 32) // 32}   # bs, T, G, GT, NLOG, MB: dynamic
+    if tp_size is not None:
+        table["AR"] = 7 * tp_size + 3
     out = []
     for s in shape:
         if isinstance(s, int):

@@ -359,7 +359,6 @@ def allreduce_placeholder(net, inputs, plugin):
     name = "AllReduce"
     _need(int(plugin.field("fusion_op")) == 0, name, "fused all-reduce is not modelled")
     strategy = int(plugin.field("strategy"))
-    net.allreduce_strategies.append(strategy)
     # functional.create_allreduce_plugin gives the workspace input to every strategy but NCCL (0), UB (2) and
     # NCCL_SYMMETRIC (8); the C++ plugin (allreducePlugin.cpp supportsFormatCombination, every stored revision)
     # counts one base input for NCCL and UB only and TLLM_CHECKs the count: NCCL_SYMMETRIC without the workspace is
@@ -372,6 +371,7 @@ def allreduce_placeholder(net, inputs, plugin):
         _need(net.is_network_input(ws) and ws.name == "all_reduce_workspace", name,
               f"input 1 must be the network input all_reduce_workspace, got {ws.name!r}")
         _need(str(ws.dtype).endswith("INT64"), name, f"all_reduce_workspace must be int64, got {ws.dtype}")
+    net.allreduce_strategies.append(strategy)
     x = inputs[0]
     _check_dtype(name, "input", x, _type_id(plugin))
     group = plugin.field("group")

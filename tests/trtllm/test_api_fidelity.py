@@ -303,3 +303,18 @@ def test_bf16_engine_steps_under_the_strongly_typed_rules(family, tmp_path):
     for temperature in (0.0, 1.0):
         reqs, _ = run_prompts(out, shipped_prompts(pair, 3), new=6, temperature=temperature, seeds=[1, 2, 3])
         assert all(len(r.output_ids) == 6 for r in reqs)
+
+
+def test_all_reduce_workspace_is_the_recorded_input():
+    """The CPU stand-in's all_reduce_workspace declares what plugin.py's set_workspace_tensor declares."""
+    from dflash2_trt.trtllm.cpu.mapping import Mapping
+    from dflash2_trt.trtllm.cpu.modeling_utils import all_reduce_workspace
+
+    facts = FACTS["all_reduce_workspace"]
+    assert [n for n, _ in facts["set_workspace_tensor"]] == ["mapping", "num_profiles"]
+    inp = facts["input"]
+    for tp, profiles in ((2, 1), (4, 3)):
+        d = all_reduce_workspace(Mapping(world_size=tp, rank=0, tp_size=tp), profiles)
+        n = inp["pointers_per_rank"] * tp + inp["pointers_of_counter"]
+        assert (d.name, d.dtype, d.shape) == (inp["name"], inp["dtype"], (n,))
+        assert list(d.dim_range.items()) == [(inp["dim_name"], [n] * profiles)]

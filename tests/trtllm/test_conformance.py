@@ -189,3 +189,78 @@ def test_networks_define_and_build_over_real_trtllm(target, tp):
         if tp > 1:
             assert "AllReduce" in x["plugins"]
     assert r.returncode == 0
+
+
+def test_allreduce_placeholder_applies_the_cpp_plugin_input_rule():
+    """allreducePlugin.cpp (trtllm_build_steps.yaml allreduce_workspace): one input for NCCL (0) / UB (2) only; every
+    other strategy, NCCL_SYMMETRIC (8) included, takes the int64 network input all_reduce_workspace as input 1."""
+    def fields(strategy):
+        return {"group": np.array([0, 1], np.int32), "type_id": np.array([int(rtx.float32)], np.int32),
+                "strategy": np.array([strategy], np.int8), "fusion_op": np.array([0], np.int8)}
+
+    _, _, net = _net()
+    x = net.add_input("x", rtx.float32, (-1, 8))
+    net.add_plugin_v2([x], _plugin("AllReduce", fields(0)))
+    with pytest.raises(ContractError, match="strategy 8 takes 2 input"):
+        net.add_plugin_v2([x], _plugin("AllReduce", fields(8)))
+    ws = net.add_input("all_reduce_workspace", rtx.int64, (17,))
+    net.add_plugin_v2([x, ws], _plugin("AllReduce", fields(3)))
+    assert net.allreduce_strategies == [0, 3]
+    other = net.add_input("other", rtx.int64, (17,))
+    with pytest.raises(ContractError, match="must be the network input all_reduce_workspace"):
+        net.add_plugin_v2([x, other], _plugin("AllReduce", fields(3)))
+
+
+def test_fuse_attention_with_bias_match_rule():
+    """graph_rewriting's FuseAttentionWithBiasPass match, reproduced: qkv = (one user) SUM(mutable, constant) and no
+    qkv_bias matches; a bias already in the plugin, a second user, or a non-constant addend does not."""
+    from trtllm_conformance_lib import build_steps
+
+    _, real, net = _net()
+    x = net.add_input("x", rtx.float32, (4, 8))
+    y = net.add_input("y", rtx.float32, (4, 8))
+    c = net.const(np.ones((4, 8), np.float32))
+    s1 = real.add_elementwise(x, c, rtx.ElementWiseOperation.SUM).get_output(0)      # matches
+    s2 = real.add_elementwise(x, y, rtx.ElementWiseOperation.SUM).get_output(0)      # no constant addend
+    s3 = real.add_elementwise(x, c, rtx.ElementWiseOperation.PROD).get_output(0)     # not a SUM
+    s4 = real.add_elementwise(y, c, rtx.ElementWiseOperation.SUM).get_output(0)      # two users
+    for t in (s1, s2, s3, s4, s4):    # one user each, s4 two
+        real.add_identity(t)
+    net._harness_gpt_attention_qkv[:] = [(s1, False), (s1, True), (s2, False), (s3, False), (s4, False)]
+    log = []
+    assert build_steps.fuse_attention_with_bias_matches(real, net, log) == 1
+    assert log[-1]["fuse_attention_with_bias_matches"] == [0]
+
+
+@needs_src
+def test_define_only_runs_trtllm_builds_steps_and_declares_the_workspace(tmp_path):
+    """Define-only over the real sources, every target and tp: the report lists exactly trtllm_build_steps.yaml's
+    steps in order; the network is defined with builder.build's max_seq_len (S + K + num_eagle_layers); no graph
+    rewrite matches; tp 2 declares all_reduce_workspace (int64 [7 tp + 3]) and its all-reduces keep strategy AUTO
+    (3, with the workspace), tp 1 declares none and has no all-reduce."""
+    import yaml
+
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "trtllm_conformance.py"), "--trtllm-src", SRC,
+                        "--target", "all", "--tp", "all", "--json", "--quiet", "--no-build"],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    reports = json.loads(r.stdout)
+    steps = [s["id"] for s in yaml.safe_load((REPO / "scripts" / "trtllm_conformance_lib" /
+                                              "trtllm_build_steps.yaml").read_text())["steps"]]
+    assert len(reports) == 6
+    for rep in reports:
+        argv = rep["trtllm_build_argv"]
+        S, K = int(argv[argv.index("--max_seq_len") + 1]), int(argv[argv.index("--max_draft_len") + 1])
+        for x in rep["ranks"]:
+            assert x["defined"] and not x["error"], (rep["target"], rep["tp"], x["stage"], x["error"])
+            assert [s["step"] for s in x["build_steps"]] == steps
+            assert x["build_config"]["max_seq_len"] == S + 2 * K   # num_eagle_layers = K in our config
+            assert x["graph_rewrites"] == 0
+            prof = next(s for s in x["build_steps"] if s["step"] == "add_optimization_profile")
+            assert not prof["named_dimension_errors"] and not prof["inputs_with_other_profile_counts"]
+            ws = [s for s in x["input_signature"] if s[0] == "all_reduce_workspace"]
+            if rep["tp"] > 1:
+                assert ws == [["all_reduce_workspace", "INT64", [7 * rep["tp"] + 3]]]
+                assert x["allreduce_strategies"] == [3]
+            else:
+                assert ws == [] and x["allreduce_strategies"] == []
+    assert r.returncode == 0

@@ -44,7 +44,7 @@ def test_prepare_inputs_declares_exactly_the_contract(built):
     model = built.models[0]
     K = built.K
     decl = _flatten(model.prepare_inputs(max_batch_size=4, max_num_tokens=256, max_seq_len=512, max_blocks_per_seq=16))
-    contract = {p.name: p for p in load_contract()["inputs"]}
+    contract = {p.name: p for p in load_contract()["inputs"] if p.applies(tp_size=1)}
     assert sorted(decl) == sorted(contract)
     for name, d in decl.items():
         c = contract[name]
@@ -101,7 +101,33 @@ def test_one_step_marks_exactly_the_contract_outputs(built):
     # the runtime's inputs carry every contract input that the runtime fills each step
     static = set(built.static_inputs(0))
     filled = set(seen["inputs"]) | static
-    assert {p.name for p in load_contract()["inputs"]} == filled
+    assert {p.name for p in load_contract()["inputs"] if p.applies(tp_size=1)} == filled
+
+
+def test_tensor_parallel_declares_the_all_reduce_workspace(built):
+    """tp > 1: prepare_inputs declares all_reduce_workspace as TensorRT-LLM's own models do (set_workspace_tensor),
+    with the contract's dtype and shape; tp 1 does not. (The harness holds the TensorRT-LLM side:
+    tests/trtllm/test_conformance.py.)"""
+    import copy
+
+    from dflash2_trt.trtllm.cpu.mapping import Mapping
+
+    declare_inputs = load_network("cpu").io.declare_inputs
+    model = built.models[0]
+    contract = {p.name: p for p in load_contract()["inputs"]}
+    tp_only = sorted(n for n, p in contract.items() if not p.applies(tp_size=1))
+    assert tp_only == ["all_reduce_workspace"]
+    one = _flatten(declare_inputs(model.config, built.K, False, 4, 256, 512, 16))
+    cfg = copy.copy(model.config)
+    cfg.mapping = Mapping(world_size=2, rank=1, tp_size=2)
+    two = _flatten(declare_inputs(cfg, built.K, False, 4, 256, 512, 16))
+    assert sorted(set(two) - set(one)) == tp_only and set(one) <= set(two)
+    ws, c = two["all_reduce_workspace"], contract["all_reduce_workspace"]
+    assert ws.dtype == c.dtype == "int64"
+    assert ws.shape == concrete_shape(c.shape, K=built.K, NL=built.num_layers, tp_size=2) == (17,)
+    # one range per optimization profile, as many as the other inputs have
+    assert list(ws.dim_range) == ["all_reduce_size"]
+    assert len(ws.dim_range["all_reduce_size"]) == len(two["input_ids"].dim_range["num_tokens"])
 
 
 def test_engine_config_fields_documented():

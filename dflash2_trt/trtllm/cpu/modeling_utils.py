@@ -108,6 +108,17 @@ def input_tensor(name: str, dtype: str, shape, dim_range=None) -> InputDecl:
     return InputDecl(name, dtype, tuple(shape), OrderedDict(dim_range or {}))
 
 
+ALL_REDUCE_POINTERS_PER_RANK, ALL_REDUCE_POINTERS_OF_COUNTER = 7, 3   # plugin.CustomAllReduceHelper (api_1_2.yaml)
+
+
+def all_reduce_workspace(mapping: Mapping, num_profiles: int) -> InputDecl:
+    """``plugin.current_all_reduce_helper().set_workspace_tensor(mapping, num_profiles)``: the int64 input
+    ``all_reduce_workspace`` [7 * tp_size + 3] (dim ``all_reduce_size``, one range per profile) the all-reduce
+    plugins take as their workspace. The simulated collectives (:mod:`.comm`) do not read it."""
+    n = ALL_REDUCE_POINTERS_PER_RANK * mapping.tp_size + ALL_REDUCE_POINTERS_OF_COUNTER
+    return InputDecl("all_reduce_workspace", "int64", (n,), OrderedDict(all_reduce_size=[n] * num_profiles))
+
+
 _out = threading.local()
 
 

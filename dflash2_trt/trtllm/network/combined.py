@@ -62,7 +62,9 @@ class DFlash2ForCausalLM(api.PretrainedModel):
 
     def forward(self, input_ids, last_token_ids, kv_cache_params, attention_params, spec_decoding_params,
                 draft_lens, eagle_temperature, rand_data_validation, rand_data_sample,
-                host_gen_eagle_net_request_types, recurrent_params=None):
+                host_gen_eagle_net_request_types, recurrent_params=None, all_reduce_workspace=None):
+        # all_reduce_workspace (tp > 1): the all-reduce plugins take it through TensorRT-LLM's all-reduce helper
+        # (set when prepare_inputs declared it), not from here
         K, d, cfg = self.K, self.config.dflash2, self.config
         att, kvp, spec = attention_params, kv_cache_params, spec_decoding_params
         step = step_layout(att, draft_lens, K)

@@ -71,7 +71,7 @@ def declare_inputs(config, K: int, recurrent: bool, max_batch_size: int, max_num
         spec_decoding_packed_mask=T("spec_decoding_packed_mask", "int32", [-1, (K + 1 + 31) // 32],
                                     R(gen_num_tokens=gen_tok, spec_decoding_packed_mask_size=[(K + 32) // 32] * 3)),
         spec_decoding_use=T("spec_decoding_use", "int32", [1], R(spec_decoding_use_size=[1] * 3)))
-    return {
+    decl = {
         "input_ids": T("input_ids", "int32", [-1], R(num_tokens=nt)),
         "last_token_ids": T("last_token_ids", "int32", [-1], R(num_logits=logits)),
         "kv_cache_params": kvp,
@@ -87,6 +87,12 @@ def declare_inputs(config, K: int, recurrent: bool, max_batch_size: int, max_num
         "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1], R(batch_size=bs)),
         **(recurrent_inputs(config, bs) if recurrent else {}),
     }
+    if config.mapping.tp_size > 1:
+        # the custom all-reduce workspace, declared as TensorRT-LLM's own models declare it for tp > 1
+        # (set_workspace_tensor): without it functional.allreduce falls back to NCCL_SYMMETRIC with no workspace
+        # input, which allreducePlugin.cpp refuses (scripts/trtllm_conformance_lib/trtllm_build_steps.yaml)
+        decl["all_reduce_workspace"] = api.all_reduce_workspace(config.mapping, len(nt))
+    return decl
 
 
 def recurrent_inputs(config, bs) -> dict:
