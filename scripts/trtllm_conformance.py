@@ -14,7 +14,12 @@ sizes, ``--max_draft_len``), the real
 ``PretrainedConfig.from_json_file`` (MODEL_MAP lookup; the architectures are registered through
 ``dflash2_trt.trtllm.register`` unless ``--no-register``), ``model_cls.from_checkpoint`` (real
 ``PretrainedModel.__init__``/``load``), a real ``Network`` over TensorRT-RTX, ``prepare_inputs`` and ``forward``
-inside ``net_guard``, then a TensorRT-RTX engine build. It prints per target/tp/rank: defined or the first error
+inside ``net_guard``, then a TensorRT-RTX engine build. Around them it runs what ``builder.build`` does for our
+command line between the model and ``build_engine`` (scripts/trtllm_conformance_lib/build_steps.py, facts and
+sources in trtllm_build_steps.yaml): the build_config adjustments (max_seq_len + K + num_eagle_layers, the real
+``check_max_num_tokens``), the real ``optimize_model`` with builder's arguments, the nccl-plugin rule, builder's
+``prepare_inputs`` keywords, the graph-rewriting pass's match rule and the optimization-profile checks; the report's
+``build_steps`` lists what each did. It prints per target/tp/rank: defined or the first error
 with a traceback summary; layers, inputs, outputs, plugin layers; build OK/fail. Exit status 1 when any fails.
 
 Real (run from DIR, unmodified): tensorrt_llm/{_utils, _common, logger, module, parameter, network, functional,
@@ -27,14 +32,18 @@ raises if called where a value matters):
   network API has no add_plugin_v2/v3, so each plugin call checks the plugin's input contract (GPTAttention:
   gpt_attention_contract.yaml, from functional.py and gptAttentionPlugin.cpp's isEntryUsed; DFlash2 plugins: their
   YAML specs) and makes shape/dtype-correct outputs from ordinary layers. The NCCL collectives (AllReduce,
-  AllGather) are placeholders too, so tp 2 defines and builds each rank's network separately.
+  AllGather) are placeholders too, so tp 2 defines and builds each rank's network separately; the AllReduce
+  placeholder applies allreducePlugin.cpp's input rule (the all_reduce_workspace input for every strategy but
+  NCCL/UB).
 - the package ``__init__`` files of tensorrt_llm, tensorrt_llm.layers, tensorrt_llm.plugin, tensorrt_llm.models
   (the real ones import every model family, the executor and the C++ bindings); ``MODEL_MAP`` starts empty.
 - tensorrt_llm.bindings (C++ runtime), _ipc_utils, envs, llmapi.kv_cache_type, top_model_mixin,
   models.generation_mixin (prepare_basic_inputs: the network defines its own prepare_inputs), models.convert_utils,
   layers.{lora, attention, moe, conv} (type names only), graph_rewriting (metadata only), quantization (only the
   unquantized mode: QuantMode(0)), and the third-party mpi4py (one rank per process), nvtx, onnx_graphsurgeon.
-- not reproduced: builder.build's graph-rewriting optimize() pass and the refit/weight-streaming options.
+- graph_rewriting.optimize(): its one pass (FuseAttentionWithBiasPass) matches PLUGIN_V2 GPTAttention layers, which
+  the placeholders are not; the harness applies the pass's match rule to the real graph instead (build_steps.py).
+- not reproduced: the refit/weight-streaming/strip-plan builder options (off on our command line).
 - the DFlash2 plugin library is not loaded (dflash2_trt.plugins.load_library is replaced by a no-op); the
   DFlash2 plugin calls reach the placeholders.
 """
