@@ -117,6 +117,10 @@ def format_report(reports) -> str:
                              f"{_build_word(x)}"
                              + (f" - {x['error']}" if x.get("error") else ""))
                 lines += [f"    warning: {w}" for w in x.get("warnings", [])]
+                prof = next((s for s in x.get("build_steps", []) if s["step"] == "add_optimization_profile"), None)
+                if prof and prof["num_profiles"] > 1 and not prof["inputs_with_a_dynamic_range"]:
+                    lines.append(f"    warning: {prof['num_profiles']} optimization profiles and every input is static "
+                                 f"in each (TensorRT-LLM reads a dim_range entry as one range per profile)")
                 if x.get("register_default_is_model_cls") is False:
                     lines.append("    FAILED: register() maps the architectures to another class than the model file's")
             else:
