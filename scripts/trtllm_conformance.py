@@ -90,9 +90,25 @@ def run(src, targets, tps, model_file=None, register=True, workdir=None, build=T
     return reports
 
 
+def profile_problems(x) -> list[str]:
+    """What trtllm-build's profile step (build_steps add_optimization_profile) would refuse or make useless: inputs
+    with other profile counts, a dimension name with two ranges, or no input with a dynamic range at all (a
+    dim_range written as flat [min, opt, max] is three fixed-size profiles)."""
+    prof = next((s for s in x.get("build_steps", []) if s["step"] == "add_optimization_profile"), None)
+    if prof is None:
+        return []
+    out = [f"input with another profile count: {n}" for n in prof["inputs_with_other_profile_counts"]]
+    out += list(prof["named_dimension_errors"])
+    if not prof["inputs_with_a_dynamic_range"]:
+        out.append(f"{prof['num_profiles']} optimization profile(s) and every input is static in each "
+                   f"(TensorRT-LLM reads a dim_range entry as one range per profile)")
+    return out
+
+
 def ok(reports) -> bool:
     return all(not r.get("error") and r["ranks"] and all(x["defined"] and x.get("built", True) and not x.get("error")
                                                           and x.get("register_default_is_model_cls", True)
+                                                          and not profile_problems(x)
                                                           for x in r["ranks"]) for r in reports)
 
 
@@ -117,10 +133,7 @@ def format_report(reports) -> str:
                              f"{_build_word(x)}"
                              + (f" - {x['error']}" if x.get("error") else ""))
                 lines += [f"    warning: {w}" for w in x.get("warnings", [])]
-                prof = next((s for s in x.get("build_steps", []) if s["step"] == "add_optimization_profile"), None)
-                if prof and prof["num_profiles"] > 1 and not prof["inputs_with_a_dynamic_range"]:
-                    lines.append(f"    warning: {prof['num_profiles']} optimization profiles and every input is static "
-                                 f"in each (TensorRT-LLM reads a dim_range entry as one range per profile)")
+                lines += [f"    FAILED: {m}" for m in profile_problems(x)]
                 if x.get("register_default_is_model_cls") is False:
                     lines.append("    FAILED: register() maps the architectures to another class than the model file's")
             else:

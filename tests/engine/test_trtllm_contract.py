@@ -54,7 +54,8 @@ def test_block_table_width_comes_from_the_derived_config(tpb):
     model = net.DFlash2ForCausalLM(net.api.PretrainedConfig.from_dict(pre))
     decl = model.prepare_inputs(**TRTLLM_BUILD_PREPARE_INPUTS)
     rng = decl["kv_cache_params"].kv_cache_block_offsets.dim_range["max_blocks_per_seq"]
-    assert rng[-1] == math.ceil(TRTLLM_BUILD_PREPARE_INPUTS["max_seq_len"] / tpb)
+    assert len(rng) == 1, rng                          # one optimization profile: [[min, opt, max]]
+    assert rng[0][-1] == math.ceil(TRTLLM_BUILD_PREPARE_INPUTS["max_seq_len"] / tpb)
     assert pre["num_eagle_layers"] == model.K == 7
 
 

@@ -318,3 +318,37 @@ def test_all_reduce_workspace_is_the_recorded_input():
         n = inp["pointers_per_rank"] * tp + inp["pointers_of_counter"]
         assert (d.name, d.dtype, d.shape) == (inp["name"], inp["dtype"], (n,))
         assert list(d.dim_range.items()) == [(inp["dim_name"], [n] * profiles)]
+
+
+def test_input_tensor_follows_the_recorded_dim_range_rules():
+    """The stand-in's input_tensor refuses what functional.Tensor / DimRange assert (api_1_2.yaml input_tensor)
+    and reads an entry as the record says: an int is a static size, [min, opt, max] a dynamic range."""
+    from collections import OrderedDict
+
+    from dflash2_trt.trtllm.cpu.modeling_utils import check_profiles, input_tensor
+
+    facts = FACTS["input_tensor"]["dim_range"]
+    assert facts["type"] == "OrderedDict" and facts["min_dimensions"] == facts["min_profiles"] == 1
+    two = input_tensor("a", "int32", [-1, 4], OrderedDict(n=[[1, 2, 8], [8, 16, 32]], w=[4, 4]))
+    assert two.profiles == [[(1, 2, 8), (4, 4, 4)], [(8, 16, 32), (4, 4, 4)]]
+    for bad in ({"n": [[1, 2, 8]], "w": [4]}, OrderedDict(), OrderedDict(n=[[1, 2, 8]], w=[4, 4]),
+                OrderedDict(n=[[2, 1, 8]], w=[4])):
+        try:
+            input_tensor("a", "int32", [-1, 4], bad)
+        except (TypeError, ValueError):
+            continue
+        raise AssertionError(f"accepted {bad}")
+    one = input_tensor("b", "int32", [-1], OrderedDict(n=[[1, 2, 8]]))
+    try:
+        check_profiles([two, one])          # 2 profiles beside 1: the network indexes every input by profile
+    except ValueError as exc:
+        assert "numbers of optimization profiles" in str(exc)
+    else:
+        raise AssertionError("inputs with 2 and 1 profiles were accepted")
+    try:                                    # the same dimension name with two ranges in one profile
+        check_profiles([input_tensor("c", "int32", [-1], OrderedDict(n=[[1, 2, 8]])),
+                        input_tensor("d", "int32", [-1], OrderedDict(n=[[1, 4, 8]]))])
+    except ValueError as exc:
+        assert "dimension 'n'" in str(exc)
+    else:
+        raise AssertionError("one dimension name with two ranges was accepted")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -155,3 +156,53 @@ def test_every_host_input_of_the_attention_plugin_is_a_runtime_filled_host_input
         assert contract[name].memory == "host" and contract[name].filled_by == "runtime", name
         assert data["host_inputs_filled_by"][name].startswith(("[V]", "[I]")), name
     assert set(data["host_inputs_filled_by"]) <= set(contract)
+
+
+def test_the_inputs_make_one_optimization_profile_with_dynamic_batch_and_tokens(built):
+    """functional.Tensor reads a dim_range value as one entry per optimization profile ([min, opt, max] for a
+    dynamic dimension, the size for a static one): every input declares ONE profile (TensorRT-LLM's own models,
+    without multiple_profiles), the batch / token / block dimensions range from their minimum to the build's
+    maximum, and the inputs agree on every dimension name (Network._generate_optimization_profiles and the
+    builder's named-dimension check). A flat [1, mid, max] made three profiles of fixed sizes: a step of any other
+    size fell outside every profile."""
+    import copy
+
+    from dflash2_trt.trtllm.cpu.mapping import Mapping
+    from dflash2_trt.trtllm.cpu.modeling_utils import check_profiles
+
+    declare_inputs = load_network("cpu").io.declare_inputs
+    model = built.models[0]
+    for tp, recurrent in ((1, False), (2, False), (1, True)):
+        cfg = copy.copy(model.config)
+        cfg.mapping = Mapping(world_size=tp, rank=0, tp_size=tp)
+        if recurrent:
+            cfg.layer_types = ["linear_attention"] + list(cfg.layer_types)[1:]
+        decl = _flatten(declare_inputs(cfg, built.K, recurrent, 4, 256, 512, 16))
+        assert check_profiles(decl.values()) == 1
+        ranges = {n: dict(zip(d.dim_range, d.profiles[0])) for n, d in decl.items()}
+        assert ranges["input_ids"]["num_tokens"] == (1, 128, 256)
+        assert ranges["sequence_length"]["batch_size"] == (1, 2, 4)
+        assert ranges["kv_cache_block_offsets"]["max_blocks_per_seq"] == (1, 8, 16)
+        assert ranges["spec_decoding_generation_lengths"]["gen_batch_size"] == (0, 2, 4)
+        for n, d in decl.items():   # every -1 axis is a dimension the runtime sizes: some range, or a fixed 1 (beam)
+            for axis, (dim, (lo, opt, hi)) in enumerate(zip(d.dim_range, d.profiles[0])):
+                if d.shape[axis] != -1:
+                    assert lo == opt == hi == d.shape[axis], (n, dim)
+
+
+@pytest.mark.parametrize("dim_range,why", [
+    ({"batch_size": [[1, 2, 4]]}, "OrderedDict"),
+    (OrderedDict(batch_size=[1, 2, 4], kv=[2]), "same number"),
+    (OrderedDict(batch_size=[[4, 2, 1]], kv=[2]), "min, opt, max"),
+    (OrderedDict(batch_size=[[1, 2]], kv=[2]), "min, opt, max"),
+    (OrderedDict(batch_size=[[1, 2, 4]], kv=[3]), "fixed at 2"),
+    (OrderedDict(batch_size=[[1, 2, 4]]), "named dimensions"),
+    (OrderedDict(batch_size=[[1, 2, 4]], kv=2), "per-profile entries"),
+])
+def test_the_stand_in_reads_dim_range_as_tensorrt_llm_does(dim_range, why):
+    from dflash2_trt.trtllm.cpu.modeling_utils import input_tensor
+
+    ok = input_tensor("x", "int32", [-1, 2], OrderedDict(batch_size=[[1, 2, 4]], kv=[2]))
+    assert ok.profiles == [[(1, 2, 4), (2, 2, 2)]]
+    with pytest.raises((TypeError, ValueError), match=why):
+        input_tensor("x", "int32", [-1, 2], dim_range)

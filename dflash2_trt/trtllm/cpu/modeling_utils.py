@@ -104,8 +104,71 @@ class InputDecl:
         return str_dtype_to_torch(self.dtype)
 
 
+    @property
+    def profiles(self) -> list[list[tuple[int, int, int]]]:
+        """Per optimization profile, per dimension: (min, opt, max), read as ``functional.DimRange`` reads it."""
+        out = []
+        for i in range(len(next(iter(self.dim_range.values())))):
+            out.append([tuple(r[i]) if isinstance(r[i], (list, tuple)) else (r[i],) * 3 for r in self.dim_range.values()])
+        return out
+
+
 def input_tensor(name: str, dtype: str, shape, dim_range=None) -> InputDecl:
-    return InputDecl(name, dtype, tuple(shape), OrderedDict(dim_range or {}))
+    """``functional.Tensor(name, dtype, shape, dim_range)`` as a declaration, held to the rules the real class and
+    ``DimRange`` apply (api_1_2.yaml ``input_tensor``): ``dim_range`` an OrderedDict {dimension: [one entry per
+    optimization profile]}, every dimension with the same number of profiles (>= 1), an entry either the size of
+    a static dimension or [min, opt, max] with 0 <= min <= opt <= max; one named dimension per axis of ``shape``
+    (the network names each axis), and a fixed axis (not -1) only ever its own size."""
+    shape = tuple(shape)
+    if dim_range is not None:
+        if not isinstance(dim_range, OrderedDict):
+            raise TypeError(f"input {name!r}: dim_range must be an OrderedDict (functional.Tensor asserts it)")
+        if len(dim_range) < 1:
+            raise ValueError(f"input {name!r}: dim_range needs at least one dimension")
+        counts = {dim: len(r) for dim, r in dim_range.items() if isinstance(r, (list, tuple))}
+        if len(counts) != len(dim_range):
+            raise TypeError(f"input {name!r}: every dim_range value is a list of per-profile entries: {dim_range}")
+        if len(set(counts.values())) != 1 or min(counts.values()) < 1:
+            raise ValueError(f"input {name!r}: every dimension needs the same number (>= 1) of profile entries, "
+                             f"got {counts}")
+        if len(dim_range) != len(shape):
+            raise ValueError(f"input {name!r}: {len(dim_range)} named dimensions for a rank-{len(shape)} shape")
+        for axis, (dim, ranges) in enumerate(dim_range.items()):
+            for prof, r in enumerate(ranges):
+                if isinstance(r, (list, tuple)):
+                    if len(r) != 3 or not all(isinstance(v, int) for v in r) or not 0 <= r[0] <= r[1] <= r[2]:
+                        raise ValueError(f"input {name!r}: dimension {dim!r}, profile {prof}: a dynamic entry is "
+                                         f"[min, opt, max] with 0 <= min <= opt <= max, got {r}")
+                    lo, hi = r[0], r[2]
+                elif isinstance(r, int) and not isinstance(r, bool):
+                    lo = hi = r
+                else:
+                    raise TypeError(f"input {name!r}: dimension {dim!r}, profile {prof}: entry {r!r} is neither a "
+                                    f"size nor [min, opt, max]")
+                if shape[axis] != -1 and not lo == hi == shape[axis]:
+                    raise ValueError(f"input {name!r}: dimension {dim!r} is fixed at {shape[axis]} in the shape but "
+                                     f"ranges {r} in profile {prof}")
+    return InputDecl(name, dtype, shape, OrderedDict(dim_range or {}))
+
+
+def check_profiles(decls) -> int:
+    """What ``Network._generate_optimization_profiles`` and the builder's named-dimension check need of all the
+    inputs together: the same number of profiles for every input (the profile count is the first input's, and
+    every input is indexed by it), and a dimension name with one range per profile across inputs. Returns the
+    profile count."""
+    decls = [d for d in decls if d.dim_range]
+    counts = {d.name: len(d.profiles) for d in decls}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"inputs with different numbers of optimization profiles: {counts}")
+    n = next(iter(counts.values()), 0)
+    for p in range(n):
+        seen: dict[str, tuple] = {}
+        for d in decls:
+            for dim, rng in zip(d.dim_range, d.profiles[p]):
+                if seen.setdefault(dim, rng) != rng:
+                    raise ValueError(f"profile {p}: dimension {dim!r} has ranges {seen[dim]} and {rng} "
+                                     f"(input {d.name!r})")
+    return n
 
 
 ALL_REDUCE_POINTERS_PER_RANK, ALL_REDUCE_POINTERS_OF_COUNTER = 7, 3   # plugin.CustomAllReduceHelper (api_1_2.yaml)

@@ -28,49 +28,52 @@ def declare_inputs(config, K: int, recurrent: bool, max_batch_size: int, max_num
     if max_blocks_per_seq is None:
         tpb = tokens_per_block or int((getattr(config, "dflash2_engine", None) or {}).get("tokens_per_block", 32))
         max_blocks_per_seq = -(-max_seq_len // tpb)
-    bs = [1, (max_batch_size + 1) // 2, max_batch_size]
-    nt = [1, (max_num_tokens + 1) // 2, max_num_tokens]
+    bs = [[1, (max_batch_size + 1) // 2, max_batch_size]]
+    nt = [[1, (max_num_tokens + 1) // 2, max_num_tokens]]
     nl = num_kv_layers or total_kv_layers(config)
+    # dim_range as functional.Tensor reads it: {dimension: [one entry per optimization profile]}, an entry being
+    # [min, opt, max] for a dynamic dimension and the size for a static one. ONE profile, as TensorRT-LLM's own
+    # models build without multiple_profiles (a list [1, mid, max] would be three profiles of fixed sizes).
     T = api.input_tensor
     R = OrderedDict
     kvp = KeyValueCacheParams(
         host_past_key_value_lengths=T("host_past_key_value_lengths", "int32", [-1], R(batch_size=bs)),
-        host_max_attention_window_sizes=T("host_max_attention_window_sizes", "int32", [nl], R(num_layers=[nl] * 3)),
-        host_sink_token_length=T("host_sink_token_length", "int32", [1], R(scalar=[1, 1, 1])),
+        host_max_attention_window_sizes=T("host_max_attention_window_sizes", "int32", [nl], R(num_layers=[nl])),
+        host_sink_token_length=T("host_sink_token_length", "int32", [1], R(scalar=[1])),
         kv_cache_block_offsets=T("kv_cache_block_offsets", "int32", [1, -1, 2, -1],
-                                 R(num_pools=[1, 1, 1], batch_size=bs, kv=[2, 2, 2],
-                                   max_blocks_per_seq=[1, max_blocks_per_seq // 2 or 1, max_blocks_per_seq])),
+                                 R(num_pools=[1], batch_size=bs, kv=[2],
+                                   max_blocks_per_seq=[[1, max_blocks_per_seq // 2 or 1, max_blocks_per_seq]])),
         host_kv_cache_block_offsets=T("host_kv_cache_block_offsets", "int32", [1, -1, 2, -1],
-                                      R(num_pools=[1, 1, 1], batch_size=bs, kv=[2, 2, 2],
-                                        max_blocks_per_seq=[1, max_blocks_per_seq // 2 or 1, max_blocks_per_seq])),
-        host_kv_cache_pool_pointers=T("host_kv_cache_pool_pointers", "int64", [1, 2], R(num_pools=[1, 1, 1],
-                                                                                         kv=[2, 2, 2])),
-        host_kv_cache_pool_mapping=T("host_kv_cache_pool_mapping", "int32", [nl, 2], R(num_layers=[nl] * 3,
-                                                                                        pool_and_layer=[2, 2, 2])),
+                                      R(num_pools=[1], batch_size=bs, kv=[2],
+                                        max_blocks_per_seq=[[1, max_blocks_per_seq // 2 or 1, max_blocks_per_seq]])),
+        host_kv_cache_pool_pointers=T("host_kv_cache_pool_pointers", "int64", [1, 2], R(num_pools=[1],
+                                                                                         kv=[2])),
+        host_kv_cache_pool_mapping=T("host_kv_cache_pool_mapping", "int32", [nl, 2], R(num_layers=[nl],
+                                                                                        pool_and_layer=[2])),
         # beam search only; the plugin still takes it (use_cache): TensorRT-LLM's runtime binds it
         cache_indirection=T("cache_indirection", "int32", [-1, -1, -1],
-                            R(batch_size_cache=bs, beam_width=[1, 1, 1],
-                              max_seq_len=[1, (max_seq_len + 1) // 2, max_seq_len])))
+                            R(batch_size_cache=bs, beam_width=[1],
+                              max_seq_len=[[1, (max_seq_len + 1) // 2, max_seq_len]])))
     att = AttentionParams(
         sequence_length=T("sequence_length", "int32", [-1], R(batch_size=bs)),
         context_lengths=T("context_lengths", "int32", [-1], R(batch_size=bs)),
         host_context_lengths=T("host_context_lengths", "int32", [-1], R(batch_size=bs)),
         max_context_length=max_seq_len,
         host_request_types=T("host_request_types", "int32", [-1], R(batch_size=bs)),
-        host_runtime_perf_knobs=T("host_runtime_perf_knobs", "int64", [16], R(perf_knob_size=[16] * 3)),
-        host_context_progress=T("host_context_progress", "int64", [1], R(context_progress_size=[1] * 3)))
-    gen = [0, (max_batch_size + 1) // 2, max_batch_size]            # generation requests: 0 in a context-only step
-    gen_tok = [0, (max_batch_size * (K + 1) + 1) // 2, max_batch_size * (K + 1)]
-    logits = [1, (max_batch_size * (K + 1) + 1) // 2, max_batch_size * (K + 1)]
+        host_runtime_perf_knobs=T("host_runtime_perf_knobs", "int64", [16], R(perf_knob_size=[16])),
+        host_context_progress=T("host_context_progress", "int64", [1], R(context_progress_size=[1])))
+    gen = [[0, (max_batch_size + 1) // 2, max_batch_size]]            # generation requests: 0 in a context-only step
+    gen_tok = [[0, (max_batch_size * (K + 1) + 1) // 2, max_batch_size * (K + 1)]]
+    logits = [[1, (max_batch_size * (K + 1) + 1) // 2, max_batch_size * (K + 1)]]
     spec = SpecDecodingParams(
         spec_decoding_is_generation_length_variable=True, spec_decoding_max_generation_length=K + 1,
         spec_decoding_generation_lengths=T("spec_decoding_generation_lengths", "int32", [-1],
                                            R(gen_batch_size=gen)),
         spec_decoding_position_offsets=T("spec_decoding_position_offsets", "int32", [-1, K + 1],
-                                         R(gen_batch_size=gen, spec_decoding_max_generation_length=[K + 1] * 3)),
+                                         R(gen_batch_size=gen, spec_decoding_max_generation_length=[K + 1])),
         spec_decoding_packed_mask=T("spec_decoding_packed_mask", "int32", [-1, (K + 1 + 31) // 32],
-                                    R(gen_num_tokens=gen_tok, spec_decoding_packed_mask_size=[(K + 32) // 32] * 3)),
-        spec_decoding_use=T("spec_decoding_use", "int32", [1], R(spec_decoding_use_size=[1] * 3)))
+                                    R(gen_num_tokens=gen_tok, spec_decoding_packed_mask_size=[(K + 32) // 32])),
+        spec_decoding_use=T("spec_decoding_use", "int32", [1], R(spec_decoding_use_size=[1])))
     decl = {
         "input_ids": T("input_ids", "int32", [-1], R(num_tokens=nt)),
         "last_token_ids": T("last_token_ids", "int32", [-1], R(num_logits=logits)),
@@ -81,7 +84,7 @@ def declare_inputs(config, K: int, recurrent: bool, max_batch_size: int, max_num
         "eagle_temperature": T("eagle_temperature", "float32", [-1], R(batch_size=bs)),
         # eagleBuffers.cpp reshape(): [numSequences, maxDecodingTokens]
         "rand_data_validation": T("rand_data_validation", "float32", [-1, K + 1],
-                                  R(batch_size=bs, max_decoding_tokens=[K + 1] * 3)),
+                                  R(batch_size=bs, max_decoding_tokens=[K + 1])),
         "rand_data_sample": T("rand_data_sample", "float32", [-1], R(batch_size=bs)),
         # eagleBuffers.cpp reshape(): [numSequences], one entry per request (setupEagleNetHostBuffers)
         "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1], R(batch_size=bs)),
@@ -104,8 +107,8 @@ def recurrent_inputs(config, bs) -> dict:
     gdn = [i for i, t in enumerate(hf_layer_types(config)) if t == "linear_attention"]
     return {"recurrent_params": RecurrentStateParams(
         slot_mapping=T("slot_mapping", "int32", [-1], R(batch_size=bs)),
-        rnn_state_ptr={i: T(f"rnn_state_ptr_{i}", "int64", [1], R(ptr=[1, 1, 1])) for i in gdn},
-        conv_state_ptr={i: T(f"conv_state_ptr_{i}", "int64", [1], R(ptr=[1, 1, 1])) for i in gdn})}
+        rnn_state_ptr={i: T(f"rnn_state_ptr_{i}", "int64", [1], R(ptr=[1])) for i in gdn},
+        conv_state_ptr={i: T(f"conv_state_ptr_{i}", "int64", [1], R(ptr=[1])) for i in gdn})}
 
 
 @dataclass
