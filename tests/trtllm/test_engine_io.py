@@ -29,14 +29,20 @@ def _flatten(inputs: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def engine_dir(tmp_path_factory):
     from dflash2_trt.engine.build import build_engine
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
 
     p = trained_pair("qwen3")
     out = tmp_path_factory.mktemp("io") / "eng"
     build_engine(p.drafter_dir, p.target_dir, out, target_key="tiny", overrides={"block_size": 4})
-    eng, _ = open_cpu_engine(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(engine_dir):
+    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+
+    eng, _ = open_cpu_engine(engine_dir)
     yield eng
     eng.close()
 
@@ -177,7 +183,12 @@ def test_the_inputs_make_one_optimization_profile_with_dynamic_batch_and_tokens(
         cfg.mapping = Mapping(world_size=tp, rank=0, tp_size=tp)
         if recurrent:
             cfg.layer_types = ["linear_attention"] + list(cfg.layer_types)[1:]
-        decl = _flatten(declare_inputs(cfg, built.K, recurrent, 4, 256, 512, 16))
+        raw = declare_inputs(cfg, built.K, recurrent, 4, 256, 512, 16)
+        from dflash2_trt.trtllm.cpu.modeling_utils import declared_inputs
+
+        decl = {d.name: d for d in declared_inputs(raw)}      # the per-layer recurrent pointers included
+        assert set(_flatten(raw)) <= set(decl) and len(decl) >= 25
+        assert recurrent == any(n.startswith("rnn_state_ptr_") for n in decl)
         assert check_profiles(decl.values()) == 1
         ranges = {n: dict(zip(d.dim_range, d.profiles[0])) for n, d in decl.items()}
         assert ranges["input_ids"]["num_tokens"] == (1, 128, 256)
@@ -206,3 +217,26 @@ def test_the_stand_in_reads_dim_range_as_tensorrt_llm_does(dim_range, why):
     assert ok.profiles == [[(1, 2, 4), (2, 2, 2)]]
     with pytest.raises((TypeError, ValueError), match=why):
         input_tensor("x", "int32", [-1, 2], dim_range)
+
+
+def test_a_cpu_engine_does_not_open_with_a_declaration_tensorrt_llm_would_refuse(engine_dir, monkeypatch):
+    """Opening a CPU engine runs the network's input declaration through TensorRT-LLM's dim_range and profile
+    rules, as trtllm-build's first step does: the old flat [1, mid, max] ranges (three profiles beside inputs
+    with one) stop it; the real declaration opens."""
+    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+
+    net = load_network("cpu")
+    real = net.combined.declare_inputs
+
+    def old_style(*a, **k):
+        decl = real(*a, **k)
+        ids = decl["input_ids"]
+        decl["input_ids"] = net.api.input_tensor(ids.name, ids.dtype, ids.shape, OrderedDict(num_tokens=[1, 8, 16]))
+        return decl
+
+    monkeypatch.setattr(net.combined, "declare_inputs", old_style)
+    with pytest.raises(ValueError, match="numbers of optimization profiles"):
+        open_cpu_engine(engine_dir)
+    monkeypatch.setattr(net.combined, "declare_inputs", real)
+    eng, _ = open_cpu_engine(engine_dir)
+    eng.close()

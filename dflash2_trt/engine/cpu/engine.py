@@ -55,6 +55,14 @@ class CpuEngine:
             return net.DFlash2ForCausalLM.from_checkpoint(checkpoint_dir, rank, cfg)
 
         self.models = self.world.run(load)
+        # trtllm-build's first use of the network is its input declaration; the CPU backend opens an engine only
+        # if that declaration follows TensorRT-LLM's dim_range and optimization-profile rules (the stand-in's
+        # input_tensor / check_profiles), so a declaration TensorRT-LLM would refuse fails here too
+        prepare = getattr(self.models[0], "prepare_inputs", None)
+        if prepare is not None:
+            decl = prepare(max_batch_size=int(limits["max_batch_size"]), max_num_tokens=int(limits["max_num_tokens"]),
+                           max_seq_len=int(limits["max_seq_len"]), tokens_per_block=tpb)
+            modeling_utils.check_profiles(modeling_utils.declared_inputs(decl))
         kv_heads = self.config["num_key_value_heads"]
         local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
         self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype)

@@ -151,6 +151,27 @@ def input_tensor(name: str, dtype: str, shape, dim_range=None) -> InputDecl:
     return InputDecl(name, dtype, shape, OrderedDict(dim_range or {}))
 
 
+def declared_inputs(decl: dict) -> list[InputDecl]:
+    """Every InputDecl of a ``prepare_inputs`` result (top-level ones and those inside its parameter dataclasses,
+    one level deep as the network builds them; dicts of per-layer inputs included)."""
+    out = []
+
+    def take(v):
+        if isinstance(v, InputDecl):
+            out.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                take(x)
+
+    for v in decl.values():
+        if hasattr(v, "__dataclass_fields__") and not isinstance(v, InputDecl):   # a parameter dataclass
+            for f in v.__dataclass_fields__:
+                take(getattr(v, f))
+        else:
+            take(v)
+    return out
+
+
 def check_profiles(decls) -> int:
     """What ``Network._generate_optimization_profiles`` and the builder's named-dimension check need of all the
     inputs together: the same number of profiles for every input (the profile count is the first input's, and
