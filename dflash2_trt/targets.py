@@ -32,16 +32,15 @@ def build_config_dir() -> Path:
 
 
 BUILD_CONFIG_DIR = build_config_dir()
-REPO_FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+PUBLISHED_DIR = Path(__file__).resolve().parent / "assets" / "published"
+"""The published configs of the registered targets' pairs (configs and tensor inventories of the real
+checkpoints, never weights), shipped with the package: ``assets/published/<org>__<name>/``."""
 
 
 def fixtures_dir() -> Path:
-    """Where the published configs of the registered targets' pairs are kept (configs and tensor inventories of
-    the real checkpoints, never weights): ``$DFLASH2_TRT_FIXTURES`` when set, else this checkout's
-    ``tests/fixtures/`` (an installed, non-editable package has none: set the variable, or the callers fall back
-    to the local checkpoints)."""
-    env = os.environ.get("DFLASH2_TRT_FIXTURES")
-    return Path(env) if env else REPO_FIXTURES
+    """Where the published configs live (:data:`PUBLISHED_DIR`, inside the package: an installed package has them
+    too, and nothing outside it is read)."""
+    return PUBLISHED_DIR
 
 
 @dataclass(frozen=True)

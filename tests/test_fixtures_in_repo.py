@@ -1,5 +1,5 @@
-"""A fresh clone tests itself: the published-config fixtures are read from the repository's own
-``tests/fixtures/``, never from a directory beside the checkout."""
+"""A fresh clone (or an installed package) tests itself: the published configs and tensor inventories are
+package data (``dflash2_trt/assets/published/``), read from there and from nowhere beside the checkout."""
 
 from __future__ import annotations
 
@@ -8,38 +8,43 @@ from pathlib import Path
 
 import pytest
 
+import dflash2_trt
 from dflash2_trt.testing import fixtures
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGE = Path(dflash2_trt.__file__).resolve().parent
 
 
-def test_fixtures_default_to_the_repository_copy(monkeypatch):
-    monkeypatch.delenv("DFLASH2_TRT_FIXTURES", raising=False)
-    assert fixtures.fixtures_dir() == REPO / "tests" / "fixtures"
-
-
-def test_fixtures_override_is_explicit(monkeypatch, tmp_path):
-    monkeypatch.setenv("DFLASH2_TRT_FIXTURES", str(tmp_path))
-    assert fixtures.fixtures_dir() == tmp_path
+def test_fixtures_are_the_package_copy(monkeypatch, tmp_path):
+    assert fixtures.fixtures_dir() == PACKAGE / "assets" / "published"
+    monkeypatch.setenv("DFLASH2_TRT_FIXTURES", str(tmp_path))    # the old override: gone, nothing outside is read
+    assert fixtures.fixtures_dir() == PACKAGE / "assets" / "published"
 
 
 @pytest.mark.parametrize("name", ["QWEN_DRAFTER", "MUSE_DRAFTER", "QWEN_TARGET", "MUSE_TARGET"])
-def test_each_fixture_folder_is_in_the_clone(name):
+def test_each_fixture_folder_is_in_the_package(name):
     d = getattr(fixtures, name)
     assert (d / "config.json").is_file(), d
     json.loads((d / "config.json").read_text())
-    assert d.resolve().is_relative_to(REPO.resolve()), d  # nothing outside the checkout
+    assert d.resolve().is_relative_to(PACKAGE), d  # shipped with the package, nothing outside the checkout
     if "DRAFTER" in name:
         assert isinstance(json.loads((d / "tensors.json").read_text()), (list, dict))
 
 
+def test_the_package_data_globs_ship_them():
+    text = (REPO / "pyproject.toml").read_text()
+    assert '"**/*.json"' in text and '"**/*.md"' in text
+
+
 def test_no_source_points_outside_the_clone():
-    """No code or test reaches for the old ``../shared`` location."""
+    """No code or test reaches for a directory beside the checkout (the brief's old location)."""
+    beside = "/".join(["..", "sha" + "red"])               # spelled so this file does not match itself
+    patterns = (beside, '"sha' + 'red" / "fixtures"', "sha" + "red/fixtures")
     hits = []
     for top in ("dflash2_trt", "tests", "scripts"):
         for p in (REPO / top).rglob("*"):
-            if p.suffix in (".py", ".sh", ".cpp", ".cu", ".yaml", ".toml") and p.is_file() and p != Path(__file__).resolve():
+            if p.suffix in (".py", ".sh", ".cpp", ".cu", ".yaml", ".toml") and p.is_file():
                 text = p.read_text(errors="replace")
-                if '"shared" / "fixtures"' in text or "../shared" in text or "shared/fixtures" in text:
+                if any(pat in text for pat in patterns):
                     hits.append(str(p.relative_to(REPO)))
     assert hits == []

@@ -414,7 +414,7 @@ def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: in
 @functools.lru_cache(maxsize=8)
 def published_pair_shapes(target_key: str) -> tuple[TargetShapes, DrafterShapes]:
     """Shapes of a registered target's published pair, from their config.json: the published-config
-    fixtures of this checkout (``tests/fixtures``, or ``$DFLASH2_TRT_FIXTURES``), else the local
+    configs shipped in the package (``assets/published/``), else the local
     checkpoints (``$DFLASH2_TRT_MODELS``, the HF cache); nothing is downloaded."""
     entry = get_target(target_key)
     if entry.target_id is None or entry.drafter_id is None:

@@ -2,8 +2,8 @@
 command line and the numbers a GPU is sized with (``build --dry-run``; the real build runs the same
 :func:`prepare` first).
 
-Config-only directories (a ``config.json`` and no weights, e.g. the published fixtures in
-``tests/fixtures/``) are enough: weight bytes come from the converter's own plan
+Config-only directories (a ``config.json`` and no weights, e.g. the published configs in
+``dflash2_trt/assets/published/``) are enough: weight bytes come from the converter's own plan
 (:mod:`dflash2_trt.convert.plan`: every output tensor's shape per rank), not from files.
 
 Memory figures (per rank, bytes; ``K = block_size - 1``, ``itemsize`` of the engine dtype):

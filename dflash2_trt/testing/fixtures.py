@@ -1,17 +1,15 @@
-"""Where the published-config fixtures live: ``tests/fixtures/`` of this checkout.
+"""The published-config fixtures the tests read: the package's own ``assets/published/``.
 
-The fixtures hold configs and tensor inventories of the real checkpoints, never weights; they
-are part of the repository, so a fresh clone tests itself without anything beside it.
-``$DFLASH2_TRT_FIXTURES`` overrides the location explicitly (e.g. for an installed, non-editable
-package, which has no ``tests/``). The rule is :func:`dflash2_trt.targets.fixtures_dir` (shipped code
-uses it too, and never imports this package).
+They hold configs and tensor inventories of the real checkpoints, never weights; they ship with the
+package (``bench project`` and the dry-run plan read them too), so a fresh clone or an installed
+package tests itself without anything beside it. The rule is :func:`dflash2_trt.targets.fixtures_dir`.
 """
 
 from __future__ import annotations
 
-from ..targets import REPO_FIXTURES, fixtures_dir
+from ..targets import PUBLISHED_DIR, fixtures_dir
 
-__all__ = ["REPO_FIXTURES", "fixtures_dir", "FIXTURES", "QWEN_DRAFTER", "MUSE_DRAFTER", "QWEN_TARGET", "MUSE_TARGET"]
+__all__ = ["PUBLISHED_DIR", "fixtures_dir", "FIXTURES", "QWEN_DRAFTER", "MUSE_DRAFTER", "QWEN_TARGET", "MUSE_TARGET"]
 
 FIXTURES = fixtures_dir()
 QWEN_DRAFTER = FIXTURES / "z-lab__Qwen3.8-27B-DFlash2"
