@@ -4,6 +4,7 @@ file and the field or tensor at fault; the CLI prints it and exits non-zero with
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 
@@ -27,8 +28,6 @@ def stop_requested(signum: int) -> KeyboardInterrupt:
     weakref callback ("Exception ignored in ..."): the run would go on and succeed. The record survives that:
     :func:`raise_if_stop_requested` (before an output is renamed into place, and when a command returns)
     raises it again."""
-    import signal
-
     if signum not in _stop_pending:
         _stop_pending.append(signum)
     return Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt()

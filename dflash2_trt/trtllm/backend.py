@@ -115,8 +115,12 @@ def forget(backend: str) -> None:
     :func:`load_network` builds them afresh, as a new process would (the conformance harness does this per rank)."""
     name = resolve(backend)
     _cache.pop(name, None)
-    net = f"dflash2_trt_network_{name}"
-    for k in [k for k in sys.modules if k == net or k.startswith(net + ".")]:
+    _drop_network(f"dflash2_trt_network_{name}")
+
+
+def _drop_network(name: str) -> None:
+    """Remove the network package instance ``name`` and every module of it from ``sys.modules``."""
+    for k in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
         del sys.modules[k]
 
 
@@ -141,7 +145,6 @@ def load_network(backend: str) -> ModuleType:
         with using(backend):
             spec.loader.exec_module(mod)
     except BaseException:
-        for k in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-            del sys.modules[k]
+        _drop_network(name)
         raise
     return mod

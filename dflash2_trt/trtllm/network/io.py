@@ -94,9 +94,8 @@ def declare_inputs(config, K: int, recurrent: bool, max_batch_size: int, max_num
         # the custom all-reduce workspace, declared as TensorRT-LLM's own models declare it for tp > 1
         # (set_workspace_tensor): without it functional.allreduce falls back to NCCL_SYMMETRIC with no workspace
         # input, which allreducePlugin.cpp refuses (scripts/trtllm_conformance_lib/trtllm_build_steps.yaml)
-        # one range per optimization profile: as many as a dim_range entry of the other inputs holds
-        num_profiles = len(next(iter(R(num_tokens=nt).values())))
-        decl["all_reduce_workspace"] = api.all_reduce_workspace(config.mapping, num_profiles)
+        # one range per optimization profile, as many as the other inputs have
+        decl["all_reduce_workspace"] = api.all_reduce_workspace(config.mapping, len(nt))
     return decl
 
 
