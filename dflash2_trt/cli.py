@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import DFlash2Error, Terminated, clear_stop_requests, raise_if_stop_requested, stop_requested
+from .errors import (DFlash2Error, Terminated, clear_stop_requests, pending_stop, raise_if_stop_requested,
+                     stop_requested)
 
 
 def _raise_terminated(signum, frame):
@@ -34,6 +35,21 @@ def _unraisable(previous):
     return hook
 
 
+def _stopped(signum: int):
+    """One line and exit 143 (SIGTERM) or 130 (Ctrl-C). Also when the stop's exception did not reach here as
+    itself: an extension module that catches an exception raised in a callback replaces it with its own (torch,
+    reading a safetensors file while SIGTERM arrived: "could not determine the shape of object type
+    'torch.storage.UntypedStorage'"), and the reader then reports a bad file. The recorded stop is what
+    happened; the clean-up already ran on the way up."""
+    import signal
+
+    if signum == signal.SIGTERM:
+        click.echo("terminated (SIGTERM): stopped; any output in progress was removed", err=True)
+        sys.exit(143)
+    click.echo("interrupted", err=True)
+    sys.exit(130)
+
+
 class _Group(click.Group):
     """Report DFlash2Error as one clear line and exit 1, never as a traceback. Ctrl-C (exit 130) and
     SIGTERM (exit 143) unwind like an error: what a command was writing is removed, one line says so."""
@@ -54,14 +70,18 @@ class _Group(click.Group):
             raise_if_stop_requested()   # a stop that was raised where Python swallows exceptions
             return result
         except DFlash2Error as exc:
+            if pending_stop() is not None:   # the stop's exception was turned into this one on its way up
+                _stopped(pending_stop())
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
         except Terminated:
-            click.echo("terminated (SIGTERM): stopped; any output in progress was removed", err=True)
-            sys.exit(143)
+            _stopped(signal.SIGTERM)
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+            _stopped(signal.SIGINT)
+        except Exception:
+            if pending_stop() is not None:
+                _stopped(pending_stop())
+            raise
         finally:
             sys.unraisablehook = hook
             if previous is not None:

@@ -38,6 +38,11 @@ def raise_if_stop_requested() -> None:
         raise stop_requested(_stop_pending[0])
 
 
+def pending_stop() -> int | None:
+    """The first recorded stop signal of this command, or None."""
+    return _stop_pending[0] if _stop_pending else None
+
+
 def clear_stop_requests() -> None:
     _stop_pending.clear()
 

@@ -68,3 +68,62 @@ def test_the_output_is_not_renamed_into_place_after_a_recorded_stop(tmp_path):
     with AtomicOutputDir(final) as tmp:     # without a record, the same write lands
         (tmp / "data").write_text("complete")
     assert (final / "data").read_text() == "complete"
+
+
+REPLACED = textwrap.dedent("""
+    import os, signal, sys, time
+    import click
+    from dflash2_trt import cli
+    from dflash2_trt.checkpoint.writer import AtomicOutputDir
+    from dflash2_trt.errors import CheckpointError
+
+    def extension_call():
+        # what torch does when the handler's exception is raised inside its callback: it catches it and
+        # raises its own error instead
+        try:
+            os.kill(os.getpid(), signal.{sig})
+            for _ in range(1000):
+                time.sleep(0.001)
+        except KeyboardInterrupt:
+            raise TypeError("could not determine the shape of object type 'torch.storage.UntypedStorage'") from None
+
+    @cli.main.command("read-one")
+    @click.argument("out")
+    @click.option("--plain", is_flag=True)
+    def read_one(out, plain):
+        with AtomicOutputDir(out) as tmp:
+            (tmp / "data").write_text("partial")
+            if plain:
+                extension_call()
+            try:
+                extension_call()
+            except Exception as exc:
+                raise CheckpointError(f"cannot read rank weights: {exc}", file=out) from None
+        print("finished")
+
+    cli.main(sys.argv[1:])
+""")
+
+
+@pytest.mark.parametrize("sig,code,line", [("SIGTERM", 143, "terminated (SIGTERM): stopped; any output in progress was removed"),
+                                           ("SIGINT", 130, "interrupted")])
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_stop_turned_into_another_error_is_reported_as_the_stop(tmp_path, sig, code, line, plain):
+    """Seen in CI: SIGTERM while the CPU engine read its rank weights came out of torch as a TypeError, was
+    reported as a bad checkpoint file and the build exited 1. The recorded stop is what is reported, whether the
+    replacement error is a DFlash2Error or any other exception (no traceback either way)."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-c", REPLACED.replace("{sig}", sig), "read-one", str(out),
+                        *(["--plain"] if plain else [])], capture_output=True, text=True, timeout=120)
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert [ln for ln in p.stderr.splitlines() if ln.strip()] == [line], p.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_error_without_a_stop_is_still_an_error(tmp_path):
+    child = REPLACED.replace("os.kill(os.getpid(), signal.{sig})", "raise KeyboardInterrupt")
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-c", child, "read-one", str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert p.stderr.strip().startswith("error: ") and "cannot read rank weights" in p.stderr, p.stderr
