@@ -230,3 +230,32 @@ def test_a_cpu_engine_does_not_open_with_a_declaration_tensorrt_llm_would_refuse
     monkeypatch.setattr(net.combined, "declare_inputs", real)
     eng, _ = open_cpu_engine(engine_dir)
     eng.close()
+
+
+def test_the_runtime_feeds_the_host_values_tensorrt_llm_writes(built):
+    """Host inputs whose values TensorRT-LLM's runtime sets itself (engine_io.yaml host_input_values, read in its
+    batch manager and EAGLE kernels): the CPU runtime feeds the same value in every entry at every step, context
+    and generation steps alike."""
+    import yaml
+
+    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.trtllm.engine_io import CONTRACT
+
+    values = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))["host_input_values"]
+    assert set(values) == {"host_gen_eagle_net_request_types", "spec_decoding_use"}
+    steps = []
+    orig = built.step
+
+    def spy(inputs):
+        steps.append({k: inputs[k].clone() for k in values})
+        return orig(inputs)
+
+    built.step = spy
+    try:
+        Runtime(built).generate([Request([5, 6, 7, 8, 9], 6), Request([3, 4], 6)])
+    finally:
+        built.step = orig
+    assert len(steps) >= 3
+    for name, fact in values.items():
+        for s in steps:
+            assert s[name].numel() > 0 and (s[name] == fact["every_entry"]).all(), (name, s[name])

@@ -264,7 +264,7 @@ def _batch_plan(T, sequence_length, host_request_types, host_context_lengths, sp
     layer that takes the same parameters in one step): each token's request, index and position, and the mask."""
     seq = sequence_length.long()
     bs = seq.shape[0]
-    # the plugin reads the first bs entries of the host array (host_gen_eagle_net_request_types is [bs, K])
+    # the plugin reads the first bs entries of the host array (an older runtime revision made host_gen_eagle_net_request_types [bs, K])
     types = torch.as_tensor(host_request_types).reshape(-1)[:bs].long()
     if types.shape[0] < bs:
         raise ValueError(f"gpt_attention: host_request_types has {types.shape[0]} entries for {bs} requests")
