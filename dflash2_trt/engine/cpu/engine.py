@@ -21,6 +21,7 @@ from ...trtllm.cpu.state import StatePool
 from ...trtllm.cpu.tensor import network_input
 from ...trtllm.engine_io import load_contract
 from ..format import load_engine_dir
+from .binding import bind
 from ...trtllm.backend import load_network
 
 # The runtime's per-layer tensors that are the same every step (TensorRT-LLM's runtime also fills them once).
@@ -59,10 +60,13 @@ class CpuEngine:
         # if that declaration follows TensorRT-LLM's dim_range and optimization-profile rules (the stand-in's
         # input_tensor / check_profiles), so a declaration TensorRT-LLM would refuse fails here too
         prepare = getattr(self.models[0], "prepare_inputs", None)
+        self._declared = None   # engine input name -> InputDecl: what a step's feed is bound against (binding.py)
         if prepare is not None:
             decl = prepare(max_batch_size=int(limits["max_batch_size"]), max_num_tokens=int(limits["max_num_tokens"]),
                            max_seq_len=int(limits["max_seq_len"]), tokens_per_block=tpb)
-            modeling_utils.check_profiles(modeling_utils.declared_inputs(decl))
+            inputs = modeling_utils.declared_inputs(decl)
+            modeling_utils.check_profiles(inputs)
+            self._declared = {d.name: d for d in inputs}
         kv_heads = self.config["num_key_value_heads"]
         local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
         self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype)
@@ -118,15 +122,23 @@ class CpuEngine:
             "host_context_progress": torch.zeros(1, dtype=torch.int64),
             **{f"rnn_state_ptr_{layer}": sp.handle_tensor() for layer, sp in self.states[rank].items()},
             **{f"conv_state_ptr_{layer}": sp.handle_tensor() for layer, sp in self.states[rank].items()},
+            # tp > 1: the custom all-reduce's pointer table (engine_io.yaml), bound once; the simulated collectives
+            # do not read it
+            **({"all_reduce_workspace": torch.zeros(modeling_utils.ALL_REDUCE_POINTERS_PER_RANK * self.tp
+                                                    + modeling_utils.ALL_REDUCE_POINTERS_OF_COUNTER,
+                                                    dtype=torch.int64)} if self.tp > 1 else {}),
         }
 
     def _structured(self, flat: dict, rank: int) -> dict:
         net = self.net
         memory = _input_memory()
         # every input as the engine sees it: bound by the runtime, in host or device memory (engine_io.yaml)
+        feed = {**self.static_inputs(rank), **flat}
+        if self._declared is not None:   # TensorRT-LLM's runtime binds exactly the engine's inputs, or refuses
+            feed = bind(self._declared, feed)
         f = {k: network_input(v, k, memory.get(k, "host" if k.startswith(("rnn_state_ptr_", "conv_state_ptr_"))
                                                  else "device"))
-             for k, v in {**self.static_inputs(rank), **flat}.items()}
+             for k, v in feed.items()}
         K = self.K
         return dict(
             input_ids=f["input_ids"], last_token_ids=f["last_token_ids"],
