@@ -21,6 +21,47 @@ from .errors import ConfigError
 GREEDY_BELOW = struct.unpack("<f", struct.pack("<f", 1e-5))[0]
 
 
+# What this project's GPU entry points put in a TensorRT-LLM request for greedy decoding (user temperature below
+# GREEDY_BELOW, 0 included). TensorRT-LLM's EAGLE decoding layer refuses 0 (engine_io.yaml request_temperature:
+# a temperature must lie in (0, FLT_MAX]) and a request without one gets 1.0, so greedy must be asked for with a
+# positive temperature that the engine reads as greedy (trtllm/network/accept.py decoding_temperature).
+GREEDY_REQUEST_TEMPERATURE = 1e-6   # float32 9.99999997e-07: positive, and below GREEDY_BELOW in fp32 too
+
+
+# What TensorRT-LLM decodes a request without a temperature with (engine_io.yaml request_temperature
+# default_when_unset): sampling, not greedy.
+TRTLLM_DEFAULT_TEMPERATURE = 1.0
+
+
+def request_temperature(value, field: str = "--temperature") -> float:
+    """The temperature a TensorRT-LLM request (and the CPU runtime's feed) carries for a user's temperature:
+    the value itself from :data:`GREEDY_BELOW` up, :data:`GREEDY_REQUEST_TEMPERATURE` below it (greedy); bad
+    values are refused as by :func:`effective_temperature`."""
+    t = effective_temperature(value, field)
+    return t if t > 0 else GREEDY_REQUEST_TEMPERATURE
+
+
+def check_request_temperature(value, field: str = "temperature") -> float:
+    """A temperature as a TensorRT-LLM request carries it to the EAGLE engine, held to what TensorRT-LLM accepts
+    (engine_io.yaml ``request_temperature``): finite and >= 0 (the executor's check), and not 0 (the EAGLE decoding
+    layer's (0, FLT_MAX] check fails the request). Returned unchanged: the engine reads anything below
+    :data:`GREEDY_BELOW` as greedy. Used where this project stands in for TensorRT-LLM's own request handling (the
+    CPU backend's ``tensorrt_llm`` Triton model)."""
+    effective_temperature(value, field)            # not a number, negative, NaN, infinite: refused
+    t = float(value)
+    if t == 0:
+        import yaml
+
+        from .trtllm.engine_io import CONTRACT
+
+        rule = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))["request_temperature"]
+        raise ConfigError(f"0 is refused by TensorRT-LLM's EAGLE decoding layer ("
+                          f"{rule['eagle_layer_message'].format(value=t)}); greedy is any temperature below "
+                          f"{GREEDY_BELOW:.0e}, e.g. {GREEDY_REQUEST_TEMPERATURE:g} (the ensemble model maps 0 to it)",
+                          field=field)
+    return t
+
+
 def effective_temperature(value, field: str = "--temperature") -> float:
     """The temperature sampling runs with: ``value`` when >= :data:`GREEDY_BELOW`, ``0.0`` (greedy) for
     ``0 <= value < GREEDY_BELOW``; a negative, NaN, infinite or non-numeric value is one ConfigError line
@@ -34,4 +75,5 @@ def effective_temperature(value, field: str = "--temperature") -> float:
     return t if t >= GREEDY_BELOW else 0.0
 
 
-__all__ = ["GREEDY_BELOW", "effective_temperature"]
+__all__ = ["GREEDY_BELOW", "GREEDY_REQUEST_TEMPERATURE", "TRTLLM_DEFAULT_TEMPERATURE", "check_request_temperature", "effective_temperature",
+           "request_temperature"]

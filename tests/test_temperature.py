@@ -122,8 +122,10 @@ def test_triton_model_request_and_serving_loop(engine):
                 "request_output_len": np.array([[16]], dtype=np.int32),
                 "temperature": np.array([[t]], dtype=np.float32)}
 
+    # taken as TensorRT-LLM's backend takes it (engine_io.yaml request_temperature): a tiny positive temperature
+    # passes unchanged, and the engine decodes it greedily
     spec = parse_request(req(1e-45), vocab_size=256, eos_token_ids=(2,))
-    assert spec.temperature == 0.0
+    assert 0 < spec.temperature < 1e-44
     assert parse_request(req(1e-5), vocab_size=256, eos_token_ids=(2,)).temperature == pytest.approx(1e-5)
 
     class Sink:
@@ -150,8 +152,8 @@ def test_triton_model_request_and_serving_loop(engine):
         sinks = {}
         for name, t in (("greedy", 0.0), ("tiny", 1e-45)):
             s = Sink()
-            # the Spec as parsed before this fix (temperature kept as given): the runtime itself must be greedy
-            loop.submit(replace(parse_request(req(0.0), vocab_size=256, eos_token_ids=(2,)), temperature=t), s)
+            # the Spec with the temperature as given: the runtime and the engine must decode it greedily
+            loop.submit(replace(parse_request(req(1.0), vocab_size=256, eos_token_ids=(2,)), temperature=t), s)
             sinks[name] = s
         for s in sinks.values():
             assert s.done.wait(120) and s.err is None
@@ -159,3 +161,37 @@ def test_triton_model_request_and_serving_loop(engine):
     finally:
         loop.close()
         eng.close()
+
+
+def test_the_request_temperature_rules_follow_the_recorded_tensorrt_llm_facts():
+    """sampling.py's constants and check_request_temperature against engine_io.yaml request_temperature (read in
+    TensorRT-LLM's sources): unset is decoded at the recorded default, greedy is sent inside the EAGLE layer's
+    (0, FLT_MAX] range and below the engine's greedy threshold, and what that range excludes is refused."""
+    import yaml
+
+    from dflash2_trt.sampling import (GREEDY_REQUEST_TEMPERATURE, TRTLLM_DEFAULT_TEMPERATURE,
+                                      check_request_temperature, request_temperature)
+    from dflash2_trt.trtllm.engine_io import CONTRACT
+
+    rule = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))["request_temperature"]
+    rng = rule["eagle_layer_range"]
+    assert TRTLLM_DEFAULT_TEMPERATURE == rule["default_when_unset"]
+    assert not rng["low_inclusive"] and rng["high_inclusive"] and rng["low"] == 0.0
+
+    def inside(t):
+        return rng["low"] < t <= rng["high"]
+
+    g32 = float(np.float32(GREEDY_REQUEST_TEMPERATURE))
+    assert inside(g32) and g32 < GREEDY_BELOW
+    for t in (0, "0", 1e-45, 1e-6, 9.9e-6):                  # every greedy request temperature is a valid one
+        r = request_temperature(t)
+        assert inside(r) and r < GREEDY_BELOW
+    assert request_temperature(0.7) == 0.7 and request_temperature(GREEDY_BELOW) == GREEDY_BELOW
+    for t in (1e-45, 1e-6, 0.7, 3.0e38):
+        assert check_request_temperature(t) == t and inside(t)
+    with pytest.raises(ConfigError, match=r"temperature: 0 is refused .*\(temperature penalty param \(0\.000000\)"):
+        check_request_temperature(0.0)
+    for bad in (float("inf"), -1.0, float("nan"), "x"):
+        assert not inside(bad if isinstance(bad, float) else 0)
+        with pytest.raises(ConfigError, match="temperature"):
+            check_request_temperature(bad)

@@ -39,6 +39,7 @@ class TargetOnlyCpuEngine(CpuEngine):
 
         self.models = self.world.run(load)
         self.K = 0
+        self._declared = self.declare_inputs()   # the target-only network's own inputs (K = 0), bound every step
 
 
 def open_target_only_engine(engine_dir) -> TargetOnlyCpuEngine:

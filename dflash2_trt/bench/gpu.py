@@ -61,6 +61,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, MissingDependencyError
 from ..plugins import LIBRARY_NAME
+from ..sampling import request_temperature
 from .common import parse_concurrency
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 
@@ -104,7 +105,9 @@ def benchmark_command(*, binary: str, engine_dir, dataset_json, concurrency: int
         cmd.append("--streaming")
     if draft_len is not None:
         cmd += ["--eagle_choices", eagle_choices(draft_len)]
-    if temperature > 0:
+    if draft_len is not None:   # EAGLE mode: always named (unset = 1.0, sampling; 0 fails the EAGLE layer's setup)
+        cmd += ["--temperature", repr(float(request_temperature(temperature)))]
+    elif temperature > 0:       # the baseline target engine: greedy by default
         cmd += ["--temperature", repr(float(temperature))]
     cmd += ["--eos_id", str(-1 if eos_id is None else int(eos_id))]
     if output_csv is not None:

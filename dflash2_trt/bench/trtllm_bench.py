@@ -57,6 +57,7 @@ import yaml
 from ..engine.common import eagle_choices, shell_line
 from ..errors import ConfigError, MissingDependencyError
 from ..plugins import LIBRARY_NAME
+from ..sampling import request_temperature
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
 from .common import parse_concurrency
 from .dataset import load_bench_requests, prompt_tokenizer_dir
@@ -521,15 +522,18 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
         f"{model_dir} does not exist: rebuild the engine with this version (`build --backend trtllm` writes it)"]
     if own is None:
         writes.append(f"{opts} (speculative_config: Eagle, {K} drafts)")
-    if temperature > 0:
-        writes.append(f"{samp} (temperature: {temperature})")
+    # The speculative run always names its temperature: a request without one gets TensorRT-LLM's 1.0 (sampling)
+    # and 0 fails the EAGLE layer's setup, so greedy is GREEDY_REQUEST_TEMPERATURE (engine_io.yaml
+    # request_temperature). The baseline is TensorRT-LLM's own target engine: greedy by default, the file only
+    # when sampling.
+    spec_t = request_temperature(temperature)
+    writes.append(f"{samp} (temperature: {spec_t:g}{' = greedy' if temperature == 0 else ''})")
     if not dry_run:
         work.mkdir(parents=True, exist_ok=True)
         ds.write_text(dataset_lines(specs))
         if own is None:
             opts.write_text(options_text(K, model_dir.absolute()))
-        if temperature > 0:
-            samp.write_text(yaml.safe_dump({"temperature": float(temperature)}))
+        samp.write_text(yaml.safe_dump({"temperature": float(spec_t)}))
     env = bench_env(plugin_lib)
     runs, commands, lines = [], [], []
     for c in levels:
@@ -544,7 +548,8 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
                              engine_dir=Path(edir).absolute(), dataset=ds, options=opts if spec else None,
                              concurrency=c, num_requests=len(specs), eos_id=eos[0] if eos else None,
                              kv_cache_fraction=(manifest.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"),
-                             sampler_options=samp if temperature > 0 else None, report_json=rep, output_json=out_json,
+                             sampler_options=samp if spec or temperature > 0 else None, report_json=rep,
+                             output_json=out_json,
                              workspace=work / "workspace", python=python)
             commands.append(cmd)
             lines.append(command_line(cmd, env))

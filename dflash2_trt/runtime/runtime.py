@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..errors import ConfigError
-from ..sampling import effective_temperature
+from ..sampling import effective_temperature, request_temperature
 from .kv_cache import BlockManager
 
 CONTEXT, GENERATION = 0, 1
@@ -326,8 +326,11 @@ class Runtime:
             # eagleBuffers.cpp: EagleBuffers::engineInputs.useSpecDecoding, a host [1] set to 1 once, every step
             "spec_decoding_use": i32([1]),
             "draft_lens": i32(draft_lens),
-            "eagle_temperature": torch.tensor([effective_temperature(r.temperature) for r in batch],
-                                              dtype=torch.float32),   # below 1e-5: greedy (dflash2_trt/sampling.py)
+            # what this project's GPU entry points put in the TensorRT-LLM request, which its runtime copies into
+            # the engine unchanged: the temperature, or GREEDY_REQUEST_TEMPERATURE for greedy (TensorRT-LLM refuses
+            # 0); the engine itself reads anything below 1e-5 as greedy (network/accept.py decoding_temperature)
+            "eagle_temperature": torch.tensor([request_temperature(r.temperature) for r in batch],
+                                              dtype=torch.float32),
             "rand_data_validation": rv, "rand_data_sample": rs,
             # eagleBuffers.cpp: [numSequences]
             "host_gen_eagle_net_request_types": i32([GENERATION] * bs),

@@ -14,6 +14,7 @@ import pytest
 from dflash2_trt.bench.gpu import (benchmark_command, bench_gpu, eagle_choices, metrics_from_benchmark,
                                    parse_benchmark_output, workload_json)
 from dflash2_trt.errors import ConfigError, MissingDependencyError
+from dflash2_trt.sampling import GREEDY_BELOW
 
 DATA = Path(__file__).parent / "data"
 
@@ -48,7 +49,11 @@ def test_command_has_the_eagle_and_concurrency_flags():
     i = cmd.index("--eagle_choices")
     assert _parse_vector_of_vectors(cmd[i + 1]) == [[0] * d for d in range(1, 8)]
     assert cmd[cmd.index("--eos_id") + 1] == "2"
-    assert "--streaming" in cmd and "--enable_kv_cache_reuse=false" in cmd and "--temperature" not in cmd
+    assert "--streaming" in cmd and "--enable_kv_cache_reuse=false" in cmd
+    # greedy on the EAGLE engine: a positive temperature below the engine's greedy threshold, never unset (1.0:
+    # sampling) nor 0 (the EAGLE layer's (0, FLT_MAX] check), engine_io.yaml request_temperature
+    t = float(cmd[cmd.index("--temperature") + 1])
+    assert 0 < t < GREEDY_BELOW
     # both default to true in gptManagerBenchmark (cxxopts default_value "true"); the hybrid runtime and the
     # Triton repository run with them off
     assert "--enable_chunked_context=false" in cmd
@@ -57,6 +62,12 @@ def test_command_has_the_eagle_and_concurrency_flags():
     base = benchmark_command(binary="b", engine_dir="/t", dataset_json="/w.json", concurrency=1, num_samples=1,
                              draft_len=None, temperature=0.7, eos_id=None)
     assert "--eagle_choices" not in base and base[base.index("--temperature") + 1] == "0.7"
+    greedy_base = benchmark_command(binary="b", engine_dir="/t", dataset_json="/w.json", concurrency=1,
+                                    num_samples=1, draft_len=None, temperature=0.0)
+    assert "--temperature" not in greedy_base        # TensorRT-LLM's own target engine: greedy by default
+    spec = benchmark_command(binary="b", engine_dir="/e", dataset_json="/w.json", concurrency=1, num_samples=1,
+                             draft_len=7, temperature=0.7)
+    assert spec[spec.index("--temperature") + 1] == "0.7"
     assert base[base.index("--eos_id") + 1] == "-1"
 
 

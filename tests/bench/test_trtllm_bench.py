@@ -375,6 +375,17 @@ def test_bench_with_a_fake_launcher_builds_the_report(tmp_path, monkeypatch):
     spec_cmd = calls[0][0]
     assert spec_cmd[spec_cmd.index("--extra_llm_api_options") + 1] == str(
         (e / "trtllm-bench" / "extra_llm_api_options.yaml").absolute())
+    # greedy (the default temperature 0): the speculative runs name a positive temperature the engine reads as
+    # greedy (unset would be TensorRT-LLM's 1.0, 0 fails its EAGLE layer: engine_io.yaml request_temperature);
+    # the baseline target engine runs with TensorRT-LLM's greedy defaults
+    from dflash2_trt.sampling import GREEDY_BELOW
+
+    for cmd, _ in calls:
+        if "--extra_llm_api_options" in cmd:
+            opts = yaml.safe_load(Path(cmd[cmd.index("--sampler_options") + 1]).read_text())
+            assert set(opts) == {"temperature"} and 0 < opts["temperature"] < GREEDY_BELOW
+        else:
+            assert "--sampler_options" not in cmd
     lines = (tmp_path / "work" / "dataset.jsonl").read_text().splitlines()
     assert [json.loads(ln) for ln in lines] == [{"task_id": i, "input_ids": [5 + i, 6], "output_tokens": 16}
                                                 for i in range(3)]

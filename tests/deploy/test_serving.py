@@ -13,11 +13,15 @@ import pytest
 
 from dflash2_trt.deploy.triton.serving import ServingLoop, draft_stats, parse_request, parse_stop_words
 from dflash2_trt.errors import ConfigError
+from dflash2_trt.sampling import GREEDY_REQUEST_TEMPERATURE
 
 from deploy_helpers import MAX_NEW
 
 
 def _req(ids=(5, 6, 7), out=4, **extra):
+    # greedy as a TensorRT-LLM client asks for it: a positive temperature below 1e-5 (unset is sampling at 1.0, 0 is
+    # refused: engine_io.yaml request_temperature)
+    extra.setdefault("temperature", np.float32(GREEDY_REQUEST_TEMPERATURE))
     d = {"input_ids": np.array([list(ids)], dtype=np.int32), "input_lengths": np.array([[len(ids)]], dtype=np.int32),
          "request_output_len": np.array([[out]], dtype=np.int32)}
     d.update({k: np.array([[v]]) for k, v in extra.items()})
@@ -26,6 +30,24 @@ def _req(ids=(5, 6, 7), out=4, **extra):
 
 def _parse(d, **kw):
     return parse_request(d, vocab_size=256, eos_token_ids=(2,), **kw)
+
+
+def test_the_temperature_is_taken_as_tensorrt_llm_takes_it():
+    """The CPU backend's tensorrt_llm model stands in for TensorRT-LLM's backend: no temperature is TensorRT-LLM's
+    default 1.0 (sampling), 0 is refused as its EAGLE decoding layer refuses it (with its message), a tiny positive
+    one passes as it is (the engine decodes it greedily), and what the executor refuses is refused."""
+    from dflash2_trt.sampling import TRTLLM_DEFAULT_TEMPERATURE
+
+    unset = _req()
+    del unset["temperature"]
+    assert _parse(unset).temperature == TRTLLM_DEFAULT_TEMPERATURE == 1.0
+    with pytest.raises(ConfigError, match=r"temperature: 0 is refused by TensorRT-LLM's EAGLE decoding layer "
+                                          r"\(temperature penalty param \(0\.000000\) is out of limits"):
+        _parse(_req(temperature=np.float32(0.0)))
+    assert _parse(_req(temperature=np.float32(1e-7))).temperature == pytest.approx(1e-7)
+    for bad in (-1.0, np.inf, np.nan):
+        with pytest.raises(ConfigError, match="temperature"):
+            _parse(_req(temperature=np.float32(bad)))
 
 
 def test_parse_a_request():

@@ -15,6 +15,8 @@ import urllib.request
 import numpy as np
 import pytest
 
+from dflash2_trt.sampling import GREEDY_REQUEST_TEMPERATURE
+
 from deploy_helpers import MAX_NEW
 
 pytestmark = pytest.mark.triton
@@ -31,6 +33,9 @@ def _in(mod, name, arr, dt):
 
 
 def ids_inputs(mod, prompt, max_new=MAX_NEW, **extra):
+    # the tensorrt_llm model directly, as a TensorRT-LLM client: greedy is a positive temperature below 1e-5
+    # (unset is TensorRT-LLM's 1.0, 0 is refused: engine_io.yaml request_temperature)
+    extra.setdefault("temperature", GREEDY_REQUEST_TEMPERATURE)
     ins = [_in(mod, "input_ids", np.array([prompt], dtype=np.int32), "INT32"),
            _in(mod, "input_lengths", np.array([[len(prompt)]], dtype=np.int32), "INT32"),
            _in(mod, "request_output_len", np.array([[max_new]], dtype=np.int32), "INT32")]
@@ -166,6 +171,16 @@ def test_http_generate_stream_endpoint(server_stream, prompts, greedy, tokenizer
     assert len(events) > 1 and "".join(e["text_output"] for e in events) == tokenizer.decode(greedy[0])
 
 
+def test_the_ensemble_decodes_greedily_at_0_and_without_a_temperature(http, prompts, greedy, tokenizer):
+    """The ensemble's preprocessing hands the engine a greedy request temperature for a client's 0, a tiny one or
+    none (TensorRT-LLM alone would sample at 1.0 or refuse 0), and refuses a negative one."""
+    text = tokenizer.decode(prompts[0])
+    for extra in ({}, {"temperature": 0.0}, {"temperature": 1e-7}):
+        assert _text(http.infer("ensemble", text_inputs(httpclient, text, **extra))) == tokenizer.decode(greedy[0])
+    with pytest.raises(InferenceServerException, match="TEMPERATURE must be a finite number >= 0"):
+        http.infer("ensemble", text_inputs(httpclient, text, temperature=-1.0))
+
+
 def test_seeded_sampling_is_reproducible(http, stream, prompts):
     def sample(seed, client=http, mod=httpclient):
         return _ids(client.infer("tensorrt_llm", ids_inputs(mod, prompts[3], 24, temperature=1.0, seed=seed)))
@@ -182,6 +197,7 @@ def test_seeded_sampling_is_reproducible(http, stream, prompts):
     ({"beam_width": 2}, "beam_width: 2 is not supported"),
     ({"streaming": True}, "streaming needs a decoupled model"),
     ({"temperature": -1.0}, "temperature"),
+    ({"temperature": 0.0}, "0 is refused by TensorRT-LLM's EAGLE decoding layer"),   # as its backend would fail it
 ])
 def test_bad_requests_are_errors_and_the_server_keeps_serving(http, prompts, greedy, extra, needle):
     with pytest.raises(InferenceServerException, match=needle):

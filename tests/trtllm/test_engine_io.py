@@ -259,3 +259,43 @@ def test_the_runtime_feeds_the_host_values_tensorrt_llm_writes(built):
     for name, fact in values.items():
         for s in steps:
             assert s[name].numel() > 0 and (s[name] == fact["every_entry"]).all(), (name, s[name])
+
+
+def test_the_engine_decodes_a_temperature_below_1e_5_greedily(built):
+    """TensorRT-LLM's runtime copies the request's temperature into eagle_temperature unchanged, and greedy reaches
+    the engine as a small positive temperature (0 is refused by its EAGLE layer: engine_io.yaml
+    request_temperature). So the engine itself reads anything below GREEDY_BELOW as greedy; sampled as is, 1e-45
+    divided the logits into inf (a NaN softmax, token 0 forever). Fed straight into the engine here, bypassing the
+    CPU runtime's own mapping."""
+    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.sampling import GREEDY_BELOW
+
+    orig = built.step
+
+    def run(t):
+        def spy(inputs):
+            inputs = dict(inputs, eagle_temperature=torch.full_like(inputs["eagle_temperature"], t))
+            return orig(inputs)
+
+        built.step = spy
+        try:
+            return [r.output_ids for r in Runtime(built).generate([Request([5, 6, 7, 8, 9], 12, seed=3),
+                                                                    Request([3, 4], 12, seed=4)])]
+        finally:
+            built.step = orig
+
+    greedy = run(0.0)
+    assert all(len(set(o)) > 3 for o in greedy)
+    for t in (1e-45, 1e-38, 1e-6, 9.9e-6):
+        assert run(t) == greedy, t
+    assert GREEDY_BELOW == pytest.approx(1e-5)
+
+
+def test_decoding_temperature_is_zero_below_the_greedy_threshold():
+    from dflash2_trt.sampling import GREEDY_BELOW
+    from dflash2_trt.trtllm.cpu.tensor import network_input
+
+    net = load_network("cpu")
+    t = torch.tensor([0.0, 1e-45, 1e-6, 9.9e-6, GREEDY_BELOW, 0.7, 2.0], dtype=torch.float32)
+    out = net.accept.decoding_temperature(network_input(t, "eagle_temperature", "device"))
+    assert torch.equal(torch.as_tensor(out), torch.tensor([0, 0, 0, 0, GREEDY_BELOW, 0.7, 2.0], dtype=torch.float32))

@@ -29,6 +29,7 @@ import numpy as np
 
 from ...engine.format import load_engine_dir
 from ...errors import DFlash2Error
+from ...sampling import request_temperature
 
 
 class LoadError(DFlash2Error):
@@ -65,7 +66,9 @@ def _inputs(grpc, r: LoadRequest):
     return [t("input_ids", np.array([r.input_ids], dtype=np.int32), "INT32"),
             t("input_lengths", np.array([[len(r.input_ids)]], dtype=np.int32), "INT32"),
             t("request_output_len", np.array([[r.max_tokens]], dtype=np.int32), "INT32"),
-            t("temperature", np.array([[r.temperature]], dtype=np.float32), "FP32"),
+            # what a TensorRT-LLM request carries (greedy: a small positive temperature; engine_io.yaml
+            # request_temperature): this talks to the tensorrt_llm model directly, not through the ensemble
+            t("temperature", np.array([[request_temperature(r.temperature)]], dtype=np.float32), "FP32"),
             t("seed", np.array([[r.seed]], dtype=np.uint64), "UINT64"),
             t("streaming", np.array([[True]]), "BOOL"),
             t("return_perf_metrics", np.array([[True]]), "BOOL")]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ... import __version__
 from ...checkpoint.writer import AtomicOutputDir
+from ...sampling import GREEDY_BELOW, GREEDY_REQUEST_TEMPERATURE
 from ...engine.format import ENGINE_FORMAT, load_engine_dir
 from ...errors import ConfigError, MissingDependencyError
 from ...overlap import refuse_overlap
@@ -355,7 +356,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
             pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
             common = {"max_batch_size": mbs, "tokenizer_dir": _pbtxt_str(tok_dir), "tokenizer_instances": 1}
             _write_model(tmp, "preprocessing", fill(read_template("preprocessing.pbtxt"), {
-                **common, "end_id": end_id, "pad_id": pad_id, "extra_stop_ids": ",".join(map(str, eos[1:]))},
+                **common, "end_id": end_id, "pad_id": pad_id, "extra_stop_ids": ",".join(map(str, eos[1:])),
+                "greedy_below": repr(GREEDY_BELOW), "greedy_request_temperature": repr(GREEDY_REQUEST_TEMPERATURE)},
                 source="templates/preprocessing.pbtxt"), MODELS / "preprocessing.py")
             _write_model(tmp, "postprocessing", fill(read_template("postprocessing.pbtxt"), common,
                                                      source="templates/postprocessing.pbtxt"),

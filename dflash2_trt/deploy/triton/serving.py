@@ -154,10 +154,13 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
     out_len = int(_scalar(inputs["request_output_len"], "request_output_len"))
     if out_len < 1:
         raise ConfigError(f"must be >= 1, got {out_len}", field="request_output_len")
-    from ...sampling import effective_temperature
+    from ...sampling import TRTLLM_DEFAULT_TEMPERATURE, check_request_temperature
 
-    temperature = effective_temperature(_scalar(inputs["temperature"], "temperature") if "temperature" in inputs
-                                        else 0.0, field="temperature")   # below 1e-5: greedy
+    # as TensorRT-LLM's backend takes it (engine_io.yaml request_temperature): unset is TensorRT-LLM's default 1.0
+    # (sampling), 0 is refused by its EAGLE decoding layer; the engine decodes anything below 1e-5 greedily. The
+    # ensemble's preprocessing turns a client's 0 (or no temperature) into a greedy one.
+    temperature = (check_request_temperature(_scalar(inputs["temperature"], "temperature"), field="temperature")
+                   if "temperature" in inputs else TRTLLM_DEFAULT_TEMPERATURE)
     seed = int(_scalar(inputs["seed"], "seed")) if "seed" in inputs else 0
     if not 0 <= seed < 2**64:
         raise ConfigError(f"must be in [0, 2**64), got {seed}", field="seed")

@@ -59,14 +59,7 @@ class CpuEngine:
         # trtllm-build's first use of the network is its input declaration; the CPU backend opens an engine only
         # if that declaration follows TensorRT-LLM's dim_range and optimization-profile rules (the stand-in's
         # input_tensor / check_profiles), so a declaration TensorRT-LLM would refuse fails here too
-        prepare = getattr(self.models[0], "prepare_inputs", None)
-        self._declared = None   # engine input name -> InputDecl: what a step's feed is bound against (binding.py)
-        if prepare is not None:
-            decl = prepare(max_batch_size=int(limits["max_batch_size"]), max_num_tokens=int(limits["max_num_tokens"]),
-                           max_seq_len=int(limits["max_seq_len"]), tokens_per_block=tpb)
-            inputs = modeling_utils.declared_inputs(decl)
-            modeling_utils.check_profiles(inputs)
-            self._declared = {d.name: d for d in inputs}
+        self._declared = self.declare_inputs()
         kv_heads = self.config["num_key_value_heads"]
         local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
         self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype)
@@ -88,6 +81,18 @@ class CpuEngine:
                 for layer in self.gdn_layers:
                     self.states[r][layer] = StatePool(self.num_slots, nv, la["key_head_dim"], la["value_head_dim"],
                                                       la["conv_kernel_size"], conv_dim, dtype)
+
+    def declare_inputs(self) -> dict:
+        """Engine input name -> InputDecl of the models' ``prepare_inputs`` (what a step's feed is bound against,
+        binding.py), after checking the declaration by TensorRT-LLM's dim_range and profile rules."""
+        lim = self.limits
+        decl = self.models[0].prepare_inputs(max_batch_size=int(lim["max_batch_size"]),
+                                             max_num_tokens=int(lim["max_num_tokens"]),
+                                             max_seq_len=int(lim["max_seq_len"]),
+                                             tokens_per_block=int(lim["tokens_per_block"]))
+        inputs = modeling_utils.declared_inputs(decl)
+        modeling_utils.check_profiles(inputs)
+        return {d.name: d for d in inputs}
 
     def close(self) -> None:
         for p in self.pools:

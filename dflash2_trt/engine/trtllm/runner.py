@@ -22,6 +22,7 @@ from pathlib import Path
 from ... import plugins
 from ...errors import ConfigError, MissingDependencyError
 from ...reference.generate import parse_prompt_ids
+from ...sampling import request_temperature
 from ...tokenizer import encode_text
 from ..common import eagle_choices, prompt_tokenizer, read_prompts_file
 from ..format import load_engine_dir
@@ -61,7 +62,8 @@ def _decode(runner, prompts, new: int, eos, temperature: float, seed: int) -> li
     end_id = eos[0] if eos else -1
     stop = [[[e] for e in eos[1:]]] * len(prompts) if len(eos) > 1 else None
     res = runner.generate([torch.tensor(p, dtype=torch.int32) for p in prompts], max_new_tokens=new, end_id=end_id,
-                          pad_id=end_id if end_id >= 0 else 0, stop_words_list=stop, temperature=temperature,
+                          pad_id=end_id if end_id >= 0 else 0, stop_words_list=stop,
+                          temperature=request_temperature(temperature),   # never 0 (engine_io.yaml request_temperature)
                           random_seed=seed, return_dict=True, output_sequence_lengths=True)
     out = []
     for i, p in enumerate(prompts):

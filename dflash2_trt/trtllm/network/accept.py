@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dflash2_trt.sampling import GREEDY_BELOW
+
 from .common import F, dims, op_le
 
 PRIME = 2**31 - 1
@@ -83,6 +85,17 @@ def acceptance_uniforms(rand_data_validation, anchor_pos, j, bs):
     runtime's first of its K+1), counted by the positions ``anchor_pos + 1..K+1``."""
     key_v = F.cast(F.view(F.slice(rand_data_validation, [0, 0], dims(bs, 1)), dims(bs)) * float(2**31), "int64")
     return counter_uniforms(key_v, F.cast(F.unsqueeze(anchor_pos, 1) + j + 1, "int64"))
+
+
+def decoding_temperature(eagle_temperature):
+    """``[bs]`` fp32: the temperature the step decodes with, 0 (greedy) where the runtime's is below
+    ``GREEDY_BELOW`` (1e-5, the rule of :mod:`dflash2_trt.sampling`). The engine applies it itself because
+    TensorRT-LLM's runtime hands ``eagle_temperature`` over as the request set it: its EAGLE decoding layer
+    refuses 0 (a temperature must lie in (0, FLT_MAX], engine_io.yaml ``request_temperature``), so greedy
+    arrives as a small positive temperature (:data:`dflash2_trt.sampling.GREEDY_REQUEST_TEMPERATURE`), and a
+    tiny one sampled as is would divide logits into inf."""
+    t = F.cast(eagle_temperature, "float32")
+    return F.where(F.lt(t, GREEDY_BELOW), 0.0, t)
 
 
 def accept(logits3, drafts, q, cand, temperature, u, is_gen, bs, vocab, K):

@@ -9,7 +9,7 @@ rejection sampling at T > 0.
 
 from __future__ import annotations
 
-from .accept import counter_uniforms
+from .accept import counter_uniforms, decoding_temperature
 from .common import F, api
 
 SELECTOR_PLUGIN_MODE = {"greedy": "sample", "viterbi": "viterbi"}
@@ -34,7 +34,7 @@ class DFlash2Selector(api.Module):
         the positions' absolute indices (``anchor_pos + 1..K``; ``j`` is ``[[0..K]]``)."""
         scores, cand = F.topk(unary, top_k, dim=2)
         proj = self.hidden_projection(hid)
-        temperature = F.cast(eagle_temperature, "float32")
+        temperature = decoding_temperature(eagle_temperature)                          # 0 below 1e-5: greedy
         key = F.cast(rand_data_sample * float(2**31), "int64")
         counter = F.cast(F.unsqueeze(anchor_pos, 1) + F.slice(j, [0, 1], [1, K]), "int64")
         uniforms = counter_uniforms(key, counter)                                     # [bs, K]

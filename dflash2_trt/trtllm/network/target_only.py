@@ -16,7 +16,7 @@ One step, for a batch packed as [context requests..., generation requests...]::
 
     target    the request's new tokens (a whole prompt, or the last emitted token) -> logits of
               the request's last token
-    sample    greedy argmax where eagle_temperature <= 0, else inverse-CDF sampling of
+    sample    greedy argmax where eagle_temperature < 1e-5 (accept.decoding_temperature), else inverse-CDF sampling of
               softmax(logits / T) with the runtime's ``rand_data_sample`` uniform
     outputs   the EAGLE output contract with K = 0: accepted_tokens [bs, 1], num_accepted_tokens
               = 1, accepted_paths = 0, next_draft_tokens [bs, 0], next_draft_lens = 0,
@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .accept import inverse_cdf
+from .accept import decoding_temperature, inverse_cdf
+from .io import declare_inputs
 from .common import F, RecurrentStateParams, SpecDecodingParams, api, dims
 from .families import TARGET_FAMILIES
 
@@ -57,6 +58,13 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         self.transformer = TARGET_FAMILIES[config.qwen_type](config)
         self.lm_head = api.layers.ColumnLinear(config.hidden_size, config.vocab_size, bias=False, dtype=config.dtype,
                                                tp_group=m.tp_group, tp_size=m.tp_size, gather_output=True)
+
+    def prepare_inputs(self, max_batch_size: int, max_num_tokens: int, max_seq_len: int,
+                       max_blocks_per_seq: int | None = None, num_kv_layers: int | None = None,
+                       tokens_per_block: int | None = None, **unused):
+        """The combined engine's inputs with K = 0 (the KV pool keeps the combined engine's layer count)."""
+        return declare_inputs(self.config, 0, getattr(self.transformer, "recurrent", False), max_batch_size,
+                              max_num_tokens, max_seq_len, max_blocks_per_seq, num_kv_layers, tokens_per_block)
 
     ignored_weight_prefixes = DROPPED_PREFIXES   # the combined checkpoint's drafter tensors; the rest strict
 
@@ -86,7 +94,7 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         logits = F.cast(self.lm_head(F.index_select(final, 0, last)), "float32")  # [bs, V]
 
         greedy = F.cast(F.argmax(logits, 1), "int32")
-        temperature = F.cast(eagle_temperature, "float32")
+        temperature = decoding_temperature(eagle_temperature)                  # 0 below 1e-5: greedy
         sampled = F.gt(temperature, 0.0)
         t_safe = F.where(sampled, temperature, 1.0)
         probs = F.softmax(logits * F.unsqueeze(F.div(1.0, t_safe), 1), 1)      # no reverse division on a Tensor

@@ -5,7 +5,11 @@ the ``add_special_tokens`` parameter is "true"); STOP_WORDS_DICT -> STOP_WORDS_I
 TensorRT-LLM's [2, L] word-list form; END_ID / PAD_ID default to the ``end_id`` / ``pad_id``
 parameters (the engine's EOS and the tokenizer's pad). The engine's other EOS ids
 (``extra_stop_ids``) are appended as one-token stop words when the request gives no END_ID, so the
-ensemble stops where ``dflash2-trt run`` does.
+ensemble stops where ``dflash2-trt run`` does. TEMPERATURE -> OUT_TEMPERATURE, the temperature the
+engine's request carries: the client's from ``greedy_below`` up, ``greedy_request_temperature`` below it (0 and
+no temperature included), so the ensemble decodes greedily by default and at 0 on every backend (TensorRT-LLM
+decodes a request without a temperature at 1.0 and its EAGLE layer refuses 0). A negative, NaN or infinite
+temperature is an error.
 """
 
 import json
@@ -63,6 +67,16 @@ class TritonPythonModel:
         self.pad_id = int(_param(cfg, "pad_id", "0"))
         extra = _param(cfg, "extra_stop_ids", "")
         self.extra_stop = [[int(t)] for t in extra.split(",") if t.strip()]
+        self.greedy_below = float(_param(cfg, "greedy_below"))
+        self.greedy_temperature = float(_param(cfg, "greedy_request_temperature"))
+
+    def _temperature(self, value):
+        if value is None:
+            return self.greedy_temperature
+        t = float(value.reshape(-1)[0])
+        if not (t >= 0 and np.isfinite(t)):
+            raise ValueError(f"preprocessing: TEMPERATURE must be a finite number >= 0, got {t}")
+        return t if t >= self.greedy_below else self.greedy_temperature
 
     def _encode(self, text):
         try:
@@ -114,4 +128,5 @@ class TritonPythonModel:
             pb_utils.Tensor("STOP_WORDS_IDS", word_list(words)[None]),
             pb_utils.Tensor("OUT_END_ID", end_id.reshape(1, 1)),
             pb_utils.Tensor("OUT_PAD_ID", pad_id.reshape(1, 1)),
+            pb_utils.Tensor("OUT_TEMPERATURE", np.array([[self._temperature(get("TEMPERATURE"))]], dtype=np.float32)),
         ]
