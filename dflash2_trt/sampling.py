@@ -23,13 +23,15 @@ GREEDY_BELOW = struct.unpack("<f", struct.pack("<f", 1e-5))[0]
 
 # What this project's GPU entry points put in a TensorRT-LLM request for greedy decoding (user temperature below
 # GREEDY_BELOW, 0 included). TensorRT-LLM's EAGLE decoding layer refuses 0 (engine_io.yaml request_temperature:
-# a temperature must lie in (0, FLT_MAX]) and a request without one gets 1.0, so greedy must be asked for with a
-# positive temperature that the engine reads as greedy (trtllm/network/accept.py decoding_temperature).
+# a temperature must lie in (0, FLT_MAX]) and fills eagle_temperature with 1.0 for a request without one, so greedy
+# must be asked for with a positive temperature that the engine reads as greedy (trtllm/network/accept.py
+# decoding_temperature).
 GREEDY_REQUEST_TEMPERATURE = 1e-6   # float32 9.99999997e-07: positive, and below GREEDY_BELOW in fp32 too
 
 
-# What TensorRT-LLM decodes a request without a temperature with (engine_io.yaml request_temperature
-# default_when_unset): sampling, not greedy.
+# What TensorRT-LLM puts in eagle_temperature for a request without a temperature (engine_io.yaml
+# request_temperature default_when_unset). This engine samples at it: the stock EAGLE engine's greedy_sampling
+# switch, which keeps a default request greedy there, is not an input of this engine.
 TRTLLM_DEFAULT_TEMPERATURE = 1.0
 
 
@@ -72,7 +74,8 @@ def effective_temperature(value, field: str = "--temperature") -> float:
         raise ConfigError(f"must be a finite number >= 0, got {value!r}", field=field) from None
     if not (t >= 0 and math.isfinite(t)):
         raise ConfigError(f"must be a finite number >= 0, got {value}", field=field)
-    return t if t >= GREEDY_BELOW else 0.0
+    t32 = struct.unpack("<f", struct.pack("<f", t))[0] if t < 3.4e38 else t   # the engine compares in float32
+    return t if t32 >= GREEDY_BELOW else 0.0
 
 
 __all__ = ["GREEDY_BELOW", "GREEDY_REQUEST_TEMPERATURE", "TRTLLM_DEFAULT_TEMPERATURE", "check_request_temperature", "effective_temperature",

@@ -191,7 +191,18 @@ def test_the_request_temperature_rules_follow_the_recorded_tensorrt_llm_facts():
         assert check_request_temperature(t) == t and inside(t)
     with pytest.raises(ConfigError, match=r"temperature: 0 is refused .*\(temperature penalty param \(0\.000000\)"):
         check_request_temperature(0.0)
+    assert not inside(float("inf")) and not inside(0.0)
     for bad in (float("inf"), -1.0, float("nan"), "x"):
-        assert not inside(bad if isinstance(bad, float) else 0)
         with pytest.raises(ConfigError, match="temperature"):
             check_request_temperature(bad)
+
+
+def test_the_greedy_boundary_is_compared_in_float32():
+    """The engine compares its fp32 eagle_temperature with 1e-5 as float32: a float64 temperature just below 1e-5
+    that rounds to 1e-5 in float32 samples there, so the host must not call it greedy."""
+    import struct
+
+    just_below = 9.999999520005076e-06
+    assert just_below < GREEDY_BELOW and struct.unpack("<f", struct.pack("<f", just_below))[0] == GREEDY_BELOW
+    assert effective_temperature(just_below) == just_below
+    assert effective_temperature(9.99e-06) == 0.0

@@ -105,7 +105,7 @@ def benchmark_command(*, binary: str, engine_dir, dataset_json, concurrency: int
         cmd.append("--streaming")
     if draft_len is not None:
         cmd += ["--eagle_choices", eagle_choices(draft_len)]
-    if draft_len is not None:   # EAGLE mode: always named (unset = 1.0, sampling; 0 fails the EAGLE layer's setup)
+    if draft_len is not None:   # EAGLE mode: always named (unset: 1.0, this engine samples; 0 fails the EAGLE layer)
         cmd += ["--temperature", repr(float(request_temperature(temperature)))]
     elif temperature > 0:       # the baseline target engine: greedy by default
         cmd += ["--temperature", repr(float(temperature))]
@@ -198,8 +198,13 @@ def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests:
     the report's measured part. ``dry_run`` returns the commands without running anything."""
     import tempfile
 
-
     levels = parse_concurrency(concurrency)
+    if temperature > 0 and baseline_engine_dir is not None:
+        raise ConfigError(f"{temperature:g} with a baseline engine: gptManagerBenchmark has no top-k / top-p option, "
+                          f"and TensorRT-LLM decodes a request with top_k 0 / top_p 0 (its defaults) greedily "
+                          f"whatever the temperature, so the baseline would decode greedily against a sampling "
+                          f"speculative run; use --tool trtllm-bench (it samples the baseline with top_p 1.0) or "
+                          f"leave out --baseline-engine-dir", field="--temperature")
     K = int(manifest["block_size"]) - 1
     vocab = int(manifest.get("vocab_size") or 2**31 - 1)   # the caller puts config.json's vocab_size here
     specs = load_bench_requests(dataset, vocab_size=vocab, default_output_tokens=max_new_tokens,

@@ -67,6 +67,19 @@ LAUNCHER_MODULE = "dflash2_trt.bench.trtllm_bench"
 BENCH_DIR = "trtllm-bench"                      # inside an engine directory
 MODEL_DIR = "model"                             # BENCH_DIR/MODEL_DIR: --model_path
 OPTIONS_FILE = "extra_llm_api_options.yaml"     # BENCH_DIR/OPTIONS_FILE: --extra_llm_api_options
+SAMPLER_FILE = "sampler_options.yaml"           # BENCH_DIR/SAMPLER_FILE: --sampler_options, greedy (1e-6)
+
+
+def sampler_options(temperature: float, *, speculative: bool) -> dict | None:
+    """trtllm-bench's ``--sampler_options`` (SamplingParams fields) for a run at a user temperature, or None (no
+    file). The speculative engine is always told its temperature: TensorRT-LLM fills eagle_temperature with 1.0
+    when a request has none and its EAGLE layer refuses 0, so greedy is GREEDY_REQUEST_TEMPERATURE
+    (engine_io.yaml request_temperature). The baseline is TensorRT-LLM's own target engine, greedy by default; to
+    sample it needs top_p 1.0 too, because TensorRT-LLM decodes top_k 0 / top_p 0 (the defaults) greedily whatever
+    the temperature."""
+    if speculative:
+        return {"temperature": float(request_temperature(temperature))}
+    return {"temperature": float(temperature), "top_p": 1.0} if temperature > 0 else None
 PLACEHOLDER_TENSOR = "dflash2_trt.trtllm_bench_placeholder"
 # model types transformers has known since Qwen3 (4.51); other targets get a llama descriptor of their sizes
 BENCH_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -262,8 +275,9 @@ def write_bench_files(engine_tmp, *, target_dir, t, draft_len: int, final_dir) -
         shutil.rmtree(root, ignore_errors=True)
         return {"available": False, "why": str(exc)}
     (root / OPTIONS_FILE).write_text(options_text(draft_len, final_model))
+    (root / SAMPLER_FILE).write_text(yaml.safe_dump(sampler_options(0.0, speculative=True)))   # greedy
     return {"available": True, "model_dir": f"{BENCH_DIR}/{MODEL_DIR}", "options": f"{BENCH_DIR}/{OPTIONS_FILE}",
-            **info}
+            "sampler_options": f"{BENCH_DIR}/{SAMPLER_FILE}", **info}
 
 
 # -------------------------------------------------------------------------------------------- commands
@@ -319,7 +333,7 @@ def planned_command(*, engine_dir, target_key: str | None, draft_len: int, max_b
     argv = bench_argv(model_name=model_name(target_key), model_dir=e / BENCH_DIR / MODEL_DIR, engine_dir=e,
                       dataset=dataset, options=e / BENCH_DIR / OPTIONS_FILE, concurrency=max_batch_size,
                       eos_id=eos_id, kv_cache_fraction=kv_cache_fraction, report_json="report.json",
-                      python="python")
+                      sampler_options=e / BENCH_DIR / SAMPLER_FILE, python="python")
     env = bench_env(e / LIBRARY_NAME)
     return {"argv": argv, "env": env, "line": command_line(argv, env), "draft_len": draft_len}
 
@@ -522,18 +536,20 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
         f"{model_dir} does not exist: rebuild the engine with this version (`build --backend trtllm` writes it)"]
     if own is None:
         writes.append(f"{opts} (speculative_config: Eagle, {K} drafts)")
-    # The speculative run always names its temperature: a request without one gets TensorRT-LLM's 1.0 (sampling)
-    # and 0 fails the EAGLE layer's setup, so greedy is GREEDY_REQUEST_TEMPERATURE (engine_io.yaml
-    # request_temperature). The baseline is TensorRT-LLM's own target engine: greedy by default, the file only
-    # when sampling.
-    spec_t = request_temperature(temperature)
-    writes.append(f"{samp} (temperature: {spec_t:g}{' = greedy' if temperature == 0 else ''})")
+    # sampler_options: the speculative run always names its temperature, the baseline only to sample
+    spec_s, base_s = sampler_options(temperature, speculative=True), sampler_options(temperature, speculative=False)
+    samp_base = work / "sampler_options_baseline.yaml"
+    writes.append(f"{samp} (temperature: {spec_s['temperature']:g}{' = greedy' if temperature == 0 else ''})")
+    if base_s is not None and baseline_engine_dir is not None:
+        writes.append(f"{samp_base} (temperature: {base_s['temperature']:g}, top_p: 1.0)")
     if not dry_run:
         work.mkdir(parents=True, exist_ok=True)
         ds.write_text(dataset_lines(specs))
         if own is None:
             opts.write_text(options_text(K, model_dir.absolute()))
-        samp.write_text(yaml.safe_dump({"temperature": float(spec_t)}))
+        samp.write_text(yaml.safe_dump(spec_s))
+        if base_s is not None and baseline_engine_dir is not None:
+            samp_base.write_text(yaml.safe_dump(base_s))
     env = bench_env(plugin_lib)
     runs, commands, lines = [], [], []
     for c in levels:
@@ -548,8 +564,8 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
                              engine_dir=Path(edir).absolute(), dataset=ds, options=opts if spec else None,
                              concurrency=c, num_requests=len(specs), eos_id=eos[0] if eos else None,
                              kv_cache_fraction=(manifest.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"),
-                             sampler_options=samp if spec or temperature > 0 else None, report_json=rep,
-                             output_json=out_json,
+                             sampler_options=samp if spec else (samp_base if base_s is not None else None),
+                             report_json=rep, output_json=out_json,
                              workspace=work / "workspace", python=python)
             commands.append(cmd)
             lines.append(command_line(cmd, env))

@@ -223,3 +223,17 @@ def test_requests_with_fewer_than_two_output_tokens_are_refused(gpu_engine, tmp_
     with pytest.raises(ConfigError, match="request 0 asks for 1 output token.*>= 2"):
         bench_gpu(e, ds, manifest={"block_size": 8, "vocab_size": 256}, concurrency="1", binary=str(binary),
                   workdir=tmp_path / "w", runner=lambda *a, **k: pytest.fail("ran"))
+
+
+def test_gptmanager_refuses_a_sampling_temperature_with_a_baseline(tmp_path):
+    """gptManagerBenchmark has only --temperature: TensorRT-LLM decodes the baseline's top_k 0 / top_p 0 requests
+    greedily whatever the temperature, so a sampled speculative run would be compared with a greedy baseline."""
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"task_id": 0, "input_ids": [5, 6], "output_tokens": 8}) + "\n")
+    man = {"block_size": 8, "vocab_size": 256, "eos_token_ids": [2]}
+    with pytest.raises(ConfigError, match="--temperature: 0.7 with a baseline engine: gptManagerBenchmark has no "
+                                          "top-k / top-p option"):
+        bench_gpu(tmp_path, ds, manifest=man, concurrency="1", temperature=0.7, baseline_engine_dir=tmp_path,
+                  dry_run=True)
+    out = bench_gpu(tmp_path, ds, manifest=man, concurrency="1", temperature=0.7, dry_run=True)   # no baseline: fine
+    assert out is not None

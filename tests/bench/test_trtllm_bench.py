@@ -270,7 +270,7 @@ def test_build_dry_run_prints_the_trtllm_bench_command_next_to_trtllm_build():
                    "--model_path ENGINE_DIR/trtllm-bench/model", "throughput --backend tensorrt",
                    "--engine_dir ENGINE_DIR", "--dataset DATASET.jsonl",
                    "--extra_llm_api_options ENGINE_DIR/trtllm-bench/extra_llm_api_options.yaml", "--concurrency 4",
-                   "--eos_id 2"):
+                   "--eos_id 2", "--sampler_options ENGINE_DIR/trtllm-bench/sampler_options.yaml"):
         assert needle in line, needle
     assert "--max_seq_len" not in line
     plan = json.loads(CliRunner().invoke(main, ["build", "--target", "tiny", "--backend", "trtllm", "--dry-run",
@@ -395,6 +395,16 @@ def test_bench_with_a_fake_launcher_builds_the_report(tmp_path, monkeypatch):
         assert row["outputs_match"] is True
     assert m["tool"] == "trtllm-bench" and "acceptance.histogram" in m["unavailable"]
 
+    # at a sampling temperature: the speculative run gets it, the baseline gets it with top_p 1.0 (TensorRT-LLM
+    # decodes top_k 0 / top_p 0, its defaults, greedily whatever the temperature: engine_io.yaml request_temperature)
+    calls.clear()
+    tb.bench_trtllm_bench(e, ds, manifest=json.loads((e / "engine.json").read_text()) | {"vocab_size": 256},
+                          concurrency="1", baseline_engine_dir=tmp_path / "eng", workdir=tmp_path / "work_t",
+                          temperature=0.7, runner=runner)
+    got = {("--extra_llm_api_options" in c): yaml.safe_load(Path(c[c.index("--sampler_options") + 1]).read_text())
+           for c, _ in calls}
+    assert got == {True: {"temperature": 0.7}, False: {"temperature": 0.7, "top_p": 1.0}}
+
     def failing(cmd, **kw):
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="KeyError: <SpeculativeDecodingMode.EAGLE: 32>\n")
 
@@ -456,3 +466,13 @@ def test_tool_applies_to_tensorrt_llm_engines_only(tmp_path):
         bench_run(e, tmp_path / "ds.jsonl", tool="trtllm-bench")
     with pytest.raises(ConfigError, match="must be trtllm-bench or gptmanager"):
         bench_run(e, tmp_path / "ds.jsonl", tool="genai-perf")
+
+
+def test_the_build_writes_a_greedy_sampler_file_for_the_hand_run_command(tmp_path):
+    e, _ = _engine(tmp_path)
+    from dflash2_trt.sampling import GREEDY_BELOW
+
+    opts = yaml.safe_load((e / "trtllm-bench" / "sampler_options.yaml").read_text())
+    assert set(opts) == {"temperature"} and 0 < opts["temperature"] < GREEDY_BELOW
+    assert tb.sampler_options(0.0, speculative=False) is None          # the baseline: TensorRT-LLM's greedy defaults
+    assert tb.sampler_options(1e-45, speculative=True) == opts

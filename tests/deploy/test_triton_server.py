@@ -53,7 +53,7 @@ def text_inputs(mod, text, max_new=MAX_NEW, **extra):
     ins = [_in(mod, "text_input", np.array([[text.encode()]], dtype=np.object_), "BYTES"),
            _in(mod, "max_tokens", np.array([[max_new]], dtype=np.int32), "INT32")]
     for k, v in extra.items():
-        dt, np_dt = {bool: ("BOOL", bool), float: ("FP32", np.float32)}[type(v)]
+        dt, np_dt = {bool: ("BOOL", bool), float: ("FP32", np.float32), int: ("UINT64", np.uint64)}[type(v)]
         ins.append(_in(mod, k, np.array([[v]], dtype=np_dt), dt))
     return ins
 
@@ -179,6 +179,11 @@ def test_the_ensemble_decodes_greedily_at_0_and_without_a_temperature(http, prom
         assert _text(http.infer("ensemble", text_inputs(httpclient, text, **extra))) == tokenizer.decode(greedy[0])
     with pytest.raises(InferenceServerException, match="TEMPERATURE must be a finite number >= 0"):
         http.infer("ensemble", text_inputs(httpclient, text, temperature=-1.0))
+    # a sampling temperature goes through unchanged: the ensemble's draw is the tensorrt_llm model's at the same
+    # temperature and seed (and not the greedy output)
+    drawn = _ids(http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0], temperature=1.0, seed=11)))
+    via = _text(http.infer("ensemble", text_inputs(httpclient, text, temperature=1.0, seed=11)))
+    assert via == tokenizer.decode(drawn) and drawn != greedy[0]
 
 
 def test_seeded_sampling_is_reproducible(http, stream, prompts):

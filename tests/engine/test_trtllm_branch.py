@@ -180,7 +180,8 @@ def test_trtllm_branch_commands_and_files(pair, tmp_path, toolchain):
     # what trtllm-bench needs beside the engine (tests/bench/test_trtllm_bench.py checks their contents)
     bench = man["trtllm_bench"]
     assert bench["available"] is True and bench["model_type"] == "qwen3"
-    assert sorted(p.name for p in (out / "trtllm-bench").iterdir()) == ["extra_llm_api_options.yaml", "model"]
+    assert sorted(p.name for p in (out / "trtllm-bench").iterdir()) == ["extra_llm_api_options.yaml", "model",
+                                                                         "sampler_options.yaml"]
     assert sorted(p.name for p in (out / "trtllm-bench" / "model").iterdir()) == [
         "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     import yaml
@@ -198,6 +199,9 @@ def test_trtllm_branch_commands_and_files(pair, tmp_path, toolchain):
                    f"{out.absolute()}/trtllm-bench/extra_llm_api_options.yaml"):
         assert needle in run, needle
     assert "mpirun" not in run
+    # the runner example asks for greedy as TensorRT-LLM's EAGLE layer takes it (engine_io.yaml request_temperature)
+    assert "temperature=1e-06," in run and "temperature=0.0" not in run
+    assert "--temperature 1e-06" in run and "trtllm-bench/sampler_options.yaml" in run   # the bench commands too
     assert res.manifest["sources"]["checkpoint_reused"] is False
     assert _left_beside(out) == []
     assert checkpoint_problems(ckpt, _prep(pair)) == []

@@ -156,9 +156,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
         raise ConfigError(f"must be >= 1, got {out_len}", field="request_output_len")
     from ...sampling import TRTLLM_DEFAULT_TEMPERATURE, check_request_temperature
 
-    # as TensorRT-LLM's backend takes it (engine_io.yaml request_temperature): unset is TensorRT-LLM's default 1.0
-    # (sampling), 0 is refused by its EAGLE decoding layer; the engine decodes anything below 1e-5 greedily. The
-    # ensemble's preprocessing turns a client's 0 (or no temperature) into a greedy one.
+    # as TensorRT-LLM's backend takes it (engine_io.yaml request_temperature): unset, TensorRT-LLM fills the
+    # engine's temperature with 1.0 (this engine samples at it); 0 is refused by its EAGLE decoding layer; the engine
+    # decodes anything below 1e-5 greedily. The ensemble's preprocessing turns a client's 0 (or no temperature) into
+    # a greedy one.
     temperature = (check_request_temperature(_scalar(inputs["temperature"], "temperature"), field="temperature")
                    if "temperature" in inputs else TRTLLM_DEFAULT_TEMPERATURE)
     seed = int(_scalar(inputs["seed"], "seed")) if "seed" in inputs else 0

@@ -5,7 +5,7 @@ inputs: each one must be in the map the runtime hands over, with the engine's da
 input's optimization profile; names that are not engine inputs are never looked at. The CPU engine applies the same
 walk to its feed and passes the network only the engine's inputs, so a runtime feed that TensorRT-LLM's runtime
 would refuse (a missing input, an int64 where the engine takes int32, a batch beyond the profile) fails here too,
-with TensorRT-LLM's message.
+with TensorRT-LLM's message (a dtype named as torch names it, where TensorRT-LLM prints TensorRT's type code).
 """
 
 from __future__ import annotations

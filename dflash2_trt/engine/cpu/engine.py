@@ -138,9 +138,8 @@ class CpuEngine:
         net = self.net
         memory = _input_memory()
         # every input as the engine sees it: bound by the runtime, in host or device memory (engine_io.yaml)
-        feed = {**self.static_inputs(rank), **flat}
-        if self._declared is not None:   # TensorRT-LLM's runtime binds exactly the engine's inputs, or refuses
-            feed = bind(self._declared, feed)
+        # TensorRT-LLM's runtime binds exactly the engine's inputs, or refuses the step
+        feed = bind(self._declared, {**self.static_inputs(rank), **flat})
         f = {k: network_input(v, k, memory.get(k, "host" if k.startswith(("rnn_state_ptr_", "conv_state_ptr_"))
                                                  else "device"))
              for k, v in feed.items()}

@@ -43,6 +43,7 @@ from ...bench.trtllm_bench import planned_command, write_bench_files
 from ...checkpoint.writer import AtomicOutputDir, check_output_dir, sha256_file
 from ...errors import ConfigError, MissingDependencyError
 from ...plugins import LIBRARY_NAME
+from ...sampling import GREEDY_REQUEST_TEMPERATURE
 from ..checkpoint import ensure_checkpoint, link_files
 from ..common import eagle_choices, shell_line
 from ..format import ENGINE_FORMAT, ENGINE_SCHEMA, BuildResult, copy_tokenizer, torch_version, write_manifest
@@ -66,6 +67,7 @@ def run_md(man: dict, engine_dir: Path) -> str:
     gpu = man.get("gpu") or {}
     lib = man["plugin_library"]["file"]
     mpi = f"mpirun -n {tp} --allow-run-as-root " if tp > 1 else ""
+    greedy_t = GREEDY_REQUEST_TEMPERATURE
     return f"""# Running this engine
 
 Built by dflash2-trt {v['dflash2_trt']} with TensorRT-LLM {v.get('tensorrt_llm')} (TensorRT {v.get('tensorrt')},
@@ -112,8 +114,12 @@ register()   # the DFlash2 architectures into tensorrt_llm.models.MODEL_MAP, or 
 from tensorrt_llm.runtime import ModelRunnerCpp
 runner = ModelRunnerCpp.from_dir(engine_dir="{engine_dir}", eagle_choices={choices})
 out = runner.generate([torch.tensor([1, 2, 3], dtype=torch.int32)], max_new_tokens=64, end_id={eos},
-                      pad_id={eos}, temperature=0.0, return_dict=True, output_sequence_lengths=True)
+                      pad_id={eos}, temperature={greedy_t}, return_dict=True, output_sequence_lengths=True)
 ```
+
+Greedy is `temperature={greedy_t}`: for a request without a temperature TensorRT-LLM fills the engine's with
+1.0 (this engine then samples), and its EAGLE decoding layer refuses 0; the engine decodes any temperature below
+1e-5 greedily.
 
 (the executor API: `tensorrt_llm.bindings.executor.DecodingConfig(eagle_config=EagleConfig(eagle_choices))`
 in the `ExecutorConfig`).
@@ -144,8 +150,10 @@ def bench_md(man: dict, engine_dir: Path) -> str:
     """RUN.md's benchmark paragraph: trtllm-bench through the launcher (it maps EAGLE mode), else gptManagerBenchmark."""
     K = man["block_size"] - 1
     choices = json.dumps(eagle_choices(K)).replace(" ", "")
-    gpt = (f"`benchmarks/cpp/gptManagerBenchmark --engine_dir {engine_dir} --eagle_choices '{choices}' ...` with "
-           f"`LD_PRELOAD` set (`dflash2-trt bench run --tool gptmanager`)")
+    gpt = (f"`benchmarks/cpp/gptManagerBenchmark --engine_dir {engine_dir} --eagle_choices '{choices}' "
+           f"--temperature {GREEDY_REQUEST_TEMPERATURE:g} ...` with `LD_PRELOAD` set (`dflash2-trt bench run --tool "
+           f"gptmanager`; greedy is a temperature below 1e-5: without one TensorRT-LLM fills 1.0 and this engine "
+           f"samples, and 0 fails its EAGLE layer)")
     tb = man.get("trtllm_bench") or {}
     if not tb.get("available"):
         return (f"trtllm-bench needs a tokenizer and none was written ({tb.get('why', 'no trtllm-bench/ folder')}); "
@@ -164,7 +172,9 @@ and writes the bench report (`bench prepare-dataset --engine-dir {engine_dir} ..
 arguments passed through unchanged;
 `{tb["options"]}` gives the LLM API the chain (`speculative_config`: Eagle, {K} drafts, `eagle_choices`), and
 `{tb["model_dir"]}` is the `--model_path` folder it needs (tokenizer, a `{tb["model_type"]}` config with the target's
-sizes, a placeholder safetensors: the weights are in the engine). No `--max_seq_len` with `--backend tensorrt`;
+sizes, a placeholder safetensors: the weights are in the engine), and `{tb.get("sampler_options", "trtllm-bench/sampler_options.yaml")}`
+asks for greedy decoding (`temperature: {GREEDY_REQUEST_TEMPERATURE:g}`: without one TensorRT-LLM fills 1.0 and this
+engine samples; 0 fails TensorRT-LLM's EAGLE layer). No `--max_seq_len` with `--backend tensorrt`;
 every dataset line must fit the engine's max_seq_len. Alternative: {gpt}. Not yet run on a GPU (nor at tp > 1).
 """
 

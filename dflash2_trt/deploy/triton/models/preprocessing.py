@@ -7,8 +7,9 @@ parameters (the engine's EOS and the tokenizer's pad). The engine's other EOS id
 (``extra_stop_ids``) are appended as one-token stop words when the request gives no END_ID, so the
 ensemble stops where ``dflash2-trt run`` does. TEMPERATURE -> OUT_TEMPERATURE, the temperature the
 engine's request carries: the client's from ``greedy_below`` up, ``greedy_request_temperature`` below it (0 and
-no temperature included), so the ensemble decodes greedily by default and at 0 on every backend (TensorRT-LLM
-decodes a request without a temperature at 1.0 and its EAGLE layer refuses 0). A negative, NaN or infinite
+no temperature included), so the ensemble decodes greedily by default and at 0 on every backend (for a request
+without a temperature TensorRT-LLM fills the engine's with 1.0, at which this engine samples, and its EAGLE layer
+refuses 0). A negative, NaN or infinite
 temperature is an error.
 """
 

@@ -1,0 +1,61 @@
+"""The ensemble's preprocessing model maps a client's temperature to the one the engine's request carries
+(models/preprocessing.py): from greedy_below up unchanged, below it (0 and no temperature included) the greedy
+request temperature; a negative, NaN or infinite one is an error. Loaded here with a stand-in for the python
+backend's utility module (it only provides the Tensor / response types the model returns); the parameters come
+from the preprocessing template as `deploy triton` fills them."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from dflash2_trt.deploy.triton.repository import MODELS
+from dflash2_trt.sampling import GREEDY_BELOW, GREEDY_REQUEST_TEMPERATURE, request_temperature
+
+
+@pytest.fixture
+def model(monkeypatch):
+    pb = types.ModuleType("triton_python_backend_utils")
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    spec = importlib.util.spec_from_file_location("df2_preprocessing_under_test", MODELS / "preprocessing.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m = mod.TritonPythonModel.__new__(mod.TritonPythonModel)
+    cfg = {"parameters": {"greedy_below": {"string_value": repr(GREEDY_BELOW)},
+                          "greedy_request_temperature": {"string_value": repr(GREEDY_REQUEST_TEMPERATURE)}}}
+    m.greedy_below = float(mod._param(cfg, "greedy_below"))
+    m.greedy_temperature = float(mod._param(cfg, "greedy_request_temperature"))
+    return m
+
+
+def _t(v):
+    return np.array([[v]], dtype=np.float32)
+
+
+def test_sampling_temperatures_pass_and_greedy_ones_become_the_request_greedy_temperature(model):
+    assert model._temperature(None) == GREEDY_REQUEST_TEMPERATURE
+    for v in (0.0, 1e-45, 1e-7, 9.9e-6):
+        assert model._temperature(_t(v)) == GREEDY_REQUEST_TEMPERATURE, v
+    for v in (np.float32(1e-5), 0.7, 1.0, 2.5):
+        assert model._temperature(_t(v)) == float(np.float32(v)), v
+    # the same mapping as the CLI / bench paths (sampling.request_temperature) on every fp32 value tried
+    for v in (0.0, 1e-45, 9.9e-6, np.float32(1e-5), 0.7):
+        assert model._temperature(_t(v)) == pytest.approx(request_temperature(float(np.float32(v))), rel=1e-7)
+
+
+@pytest.mark.parametrize("bad", [-1.0, np.inf, np.nan])
+def test_a_temperature_tensorrt_llm_would_refuse_is_an_error(model, bad):
+    with pytest.raises(ValueError, match="TEMPERATURE must be a finite number >= 0"):
+        model._temperature(_t(bad))
+
+
+def test_the_template_passes_both_parameters():
+    from dflash2_trt.deploy.triton.repository import read_template
+
+    text = read_template("preprocessing.pbtxt")
+    assert '"greedy_below"' in text and '"greedy_request_temperature"' in text
+    assert 'name: "TEMPERATURE"' in text and 'name: "OUT_TEMPERATURE"' in text
