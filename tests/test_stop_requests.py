@@ -15,6 +15,10 @@ import pytest
 from dflash2_trt.checkpoint.writer import AtomicOutputDir
 from dflash2_trt.errors import Terminated, clear_stop_requests, stop_requested
 
+# the signal, the CLI's exit status for it, its one line on stderr
+STOPS = [("SIGTERM", 143, "terminated (SIGTERM): stopped; any output in progress was removed"),
+         ("SIGINT", 130, "interrupted")]
+
 CHILD = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
@@ -43,8 +47,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig,code,line", [("SIGTERM", 143, "terminated (SIGTERM): stopped; any output in progress was removed"),
-                                           ("SIGINT", 130, "interrupted")])
+@pytest.mark.parametrize("sig,code,line", STOPS)
 @pytest.mark.parametrize("output", [True, False])
 def test_a_swallowed_stop_still_stops_the_command(tmp_path, sig, code, line, output):
     out = tmp_path / "out"
@@ -105,8 +108,7 @@ REPLACED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig,code,line", [("SIGTERM", 143, "terminated (SIGTERM): stopped; any output in progress was removed"),
-                                           ("SIGINT", 130, "interrupted")])
+@pytest.mark.parametrize("sig,code,line", STOPS)
 @pytest.mark.parametrize("plain", [False, True])
 def test_a_stop_turned_into_another_error_is_reported_as_the_stop(tmp_path, sig, code, line, plain):
     """Seen in CI: SIGTERM while the CPU engine read its rank weights came out of torch as a TypeError, was

@@ -49,3 +49,22 @@ def run_prompts(engine_dir, prompts, *, new: int, max_batch: int = 4, temperatur
         return reqs, rt
     finally:
         eng.close()
+
+
+def run_with_step_spy(engine, requests, on_step):
+    """Run ``requests`` through the CPU runtime on an open CPU ``engine`` with ``on_step(inputs)`` called on every
+    step's flat feed before the engine sees it; ``on_step`` may return a replacement feed (or None to keep it).
+    Returns the finished requests; the engine's own ``step`` is restored afterwards."""
+    from ..runtime import Runtime
+
+    orig = engine.step
+
+    def spy(inputs):
+        new = on_step(inputs)
+        return orig(inputs if new is None else new)
+
+    engine.step = spy
+    try:
+        return Runtime(engine).generate(requests)
+    finally:
+        engine.step = orig

@@ -29,20 +29,11 @@ def engine(tmp_path_factory):
 @pytest.fixture(scope="module")
 def feeds(engine):
     """The flat feed of every step of a short run (context and generation steps)."""
-    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.runtime import Request
+    from dflash2_trt.testing.engines import run_with_step_spy
 
     seen = []
-    orig = engine.step
-
-    def spy(inputs):
-        seen.append(dict(inputs))
-        return orig(inputs)
-
-    engine.step = spy
-    try:
-        Runtime(engine).generate([Request([5, 6, 7, 8, 9], 5), Request([3, 4], 5)])
-    finally:
-        engine.step = orig
+    run_with_step_spy(engine, [Request([5, 6, 7, 8, 9], 5), Request([3, 4], 5)], lambda f: seen.append(dict(f)))
     assert len(seen) >= 3
     return [{**engine.static_inputs(0), **f} for f in seen]
 

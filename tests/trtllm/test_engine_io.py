@@ -238,23 +238,15 @@ def test_the_runtime_feeds_the_host_values_tensorrt_llm_writes(built):
     and generation steps alike."""
     import yaml
 
-    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.runtime import Request
+    from dflash2_trt.testing.engines import run_with_step_spy
     from dflash2_trt.trtllm.engine_io import CONTRACT
 
     values = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))["host_input_values"]
     assert set(values) == {"host_gen_eagle_net_request_types", "spec_decoding_use"}
     steps = []
-    orig = built.step
-
-    def spy(inputs):
-        steps.append({k: inputs[k].clone() for k in values})
-        return orig(inputs)
-
-    built.step = spy
-    try:
-        Runtime(built).generate([Request([5, 6, 7, 8, 9], 6), Request([3, 4], 6)])
-    finally:
-        built.step = orig
+    run_with_step_spy(built, [Request([5, 6, 7, 8, 9], 6), Request([3, 4], 6)],
+                      lambda f: steps.append({k: f[k].clone() for k in values}))
     assert len(steps) >= 3
     for name, fact in values.items():
         for s in steps:
@@ -267,22 +259,14 @@ def test_the_engine_decodes_a_temperature_below_1e_5_greedily(built):
     request_temperature). So the engine itself reads anything below GREEDY_BELOW as greedy; sampled as is, 1e-45
     divided the logits into inf (a NaN softmax, token 0 forever). Fed straight into the engine here, bypassing the
     CPU runtime's own mapping."""
-    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.runtime import Request
     from dflash2_trt.sampling import GREEDY_BELOW
-
-    orig = built.step
+    from dflash2_trt.testing.engines import run_with_step_spy
 
     def run(t):
-        def spy(inputs):
-            inputs = dict(inputs, eagle_temperature=torch.full_like(inputs["eagle_temperature"], t))
-            return orig(inputs)
-
-        built.step = spy
-        try:
-            return [r.output_ids for r in Runtime(built).generate([Request([5, 6, 7, 8, 9], 12, seed=3),
-                                                                    Request([3, 4], 12, seed=4)])]
-        finally:
-            built.step = orig
+        done = run_with_step_spy(built, [Request([5, 6, 7, 8, 9], 12, seed=3), Request([3, 4], 12, seed=4)],
+                                 lambda f: dict(f, eagle_temperature=torch.full_like(f["eagle_temperature"], t)))
+        return [r.output_ids for r in done]
 
     greedy = run(0.0)
     assert all(len(set(o)) > 3 for o in greedy)
