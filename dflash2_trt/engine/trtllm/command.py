@@ -25,7 +25,10 @@ BUILD_ENTRY = "dflash2_trt.trtllm.register"
 
 def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = None) -> list[str]:
     """The trtllm-build command line (TensorRT-LLM 1.2 flags, ``tensorrt_llm/commands/build.py``), run through
-    :data:`BUILD_ENTRY` with ``python`` (default: this interpreter, where tensorrt_llm must import)."""
+    :data:`BUILD_ENTRY` with ``python`` (default: this interpreter, where tensorrt_llm must import). Every flag is
+    spelt in full and every value is one trtllm-build's parser takes (``facts/trtllm_build_cli.yaml``, the options
+    of ``parse_arguments`` / ``add_plugin_argument``; tests/engine/test_trtllm_build_cli.py parses this argv with
+    a parser built from that record)."""
     K = cfg.block_size - 1
     return [
         python or sys.executable, "-m", BUILD_ENTRY, "--checkpoint_dir", str(checkpoint_dir),
