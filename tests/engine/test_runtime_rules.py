@@ -13,7 +13,7 @@ import pytest
 
 from dflash2_trt.engine import plan as planmod
 from dflash2_trt.engine.pretrained import engine_pretrained_config
-from dflash2_trt.engine.trtllm.command import trtllm_engine_config
+from dflash2_trt.engine.trtllm.command import built_engine_config, engine_config_fixes, trtllm_engine_config
 from dflash2_trt.engine.trtllm.runtime_rules import (PATCHED_ARCHITECTURES, build_layer_types, facts,
                                                      parse_engine_config, state_pool_bytes_per_slot)
 from dflash2_trt.errors import ConfigError
@@ -27,9 +27,38 @@ def _hf():
 
 
 def _engine(tp=1):
+    """The engine config as `dflash2-trt build` leaves it (trtllm-build's, with the build's fixes)."""
     p = planmod.prepare(QWEN_DRAFTER, QWEN_TARGET, target_key="qwen3.8-27b", overrides={"tp_size": tp})
     pre = engine_pretrained_config(p.checkpoint_config, p.cfg, p.d)
-    return p, pre, trtllm_engine_config(pre, p.cfg)
+    return p, pre, built_engine_config(pre, p.cfg)
+
+
+def test_trtllm_builds_config_would_stop_the_hybrid_runtime_and_the_build_fixes_it():
+    """trtllm-build overrides paged_state to False for every architecture but Mamba / RecurrentGemma
+    (BuildConfig.update_kv_cache_type), and the runtime's RnnStateManager refuses a model without paged state
+    (facts state_manager_requires): as trtllm-build writes it, the hybrid engine would not start. The build sets
+    it true (and says so); a dense engine is left as trtllm-build wrote it."""
+    p, pre, _ = _engine(1)
+    raw = trtllm_engine_config(pre, p.cfg)
+    assert raw["build_config"]["plugin_config"]["paged_state"] is False
+    with pytest.raises(ConfigError, match=r"build_config.plugin_config.paged_state: False: the runtime refuses the "
+                                          r"engine at start-up \(RnnStateManager should be used with Paged State"):
+        parse_engine_config(raw, patched_architectures=PATCHED_ARCHITECTURES)
+    fixes = engine_config_fixes(raw)
+    assert [(f["field"], f["from"], f["to"]) for f in fixes] == [("build_config.plugin_config.paged_state", False, True)]
+    assert parse_engine_config(raw, patched_architectures=PATCHED_ARCHITECTURES)["variant"] == "kRecurrentGemma"
+    assert engine_config_fixes(raw) == []                         # idempotent
+    raw["build_config"]["plugin_config"]["mamba_conv1d_plugin"] = None
+    with pytest.raises(ConfigError, match="MambaConv1dPlugin"):
+        parse_engine_config(raw, patched_architectures=PATCHED_ARCHITECTURES)
+    from dflash2_trt.assets import trained_pair
+
+    tiny = trained_pair("qwen3")
+    dense = planmod.prepare(tiny.drafter_dir, tiny.target_dir, target_key="tiny")
+    dpre = engine_pretrained_config(dense.checkpoint_config, dense.cfg, dense.d)
+    draw = trtllm_engine_config(dpre, dense.cfg)
+    assert engine_config_fixes(draw) == [] and draw["build_config"]["plugin_config"]["paged_state"] is False
+    parse_engine_config(draw, patched_architectures=PATCHED_ARCHITECTURES)   # not RNN-based: nothing to check
 
 
 def test_facts_name_their_source():

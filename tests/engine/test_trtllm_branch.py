@@ -102,7 +102,9 @@ class FakeRunner:
                 "version": "1.2.0", "pretrained_config": built,
                 "build_config": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 526, "max_num_tokens": 1024,
                                  "max_draft_len": 7, "speculative_decoding_mode": 32,
-                                 "plugin_config": {"tokens_per_block": 32}}}))
+                                 # as BuildConfig.update_kv_cache_type leaves it for a non-Mamba architecture
+                                 "plugin_config": {"tokens_per_block": 32, "paged_state": False,
+                                                   "mamba_conv1d_plugin": "auto"}}}))
         return 0
 
     def tools(self):
@@ -433,3 +435,13 @@ def test_dry_run_engine_config_is_exactly_what_trtllm_build_receives(family, tmp
         assert len(pre["layer_types"]) == pre["num_hidden_layers"] + pre["eagle_net_config"]["num_hidden_layers"]
         assert {"state_size", "conv_kernel", "rnn_hidden_size", "rnn_conv_dim_size"} <= set(pre)
         assert plan["runtime"]["recurrent_layers"] == pre["hf_layer_types"].count("linear_attention")
+    # the config.json the engine directory keeps: trtllm-build's (the fake writes paged_state False, as
+    # BuildConfig.update_kv_cache_type does), with the build's fix for a recurrent engine, named in the manifest
+    eng = json.loads((tmp_path / "eng" / "config.json").read_text())
+    man = json.loads((tmp_path / "eng" / "engine.json").read_text())
+    fixed = [(f["field"], f["from"], f["to"]) for f in man["engine_config_fixes"]]
+    if family == "qwen3_5":
+        assert fixed == [("build_config.plugin_config.paged_state", False, True)]
+        assert eng["build_config"]["plugin_config"]["paged_state"] is True
+    else:
+        assert fixed == [] and eng["build_config"]["plugin_config"]["paged_state"] is False

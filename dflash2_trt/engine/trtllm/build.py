@@ -48,7 +48,7 @@ from ..checkpoint import ensure_checkpoint, link_files
 from ..common import eagle_choices, shell_line
 from ..format import ENGINE_FORMAT, ENGINE_SCHEMA, BuildResult, copy_tokenizer, torch_version, write_manifest
 from ..pretrained import engine_pretrained_config
-from .command import default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
+from .command import default_checkpoint_dir, engine_config_fixes, trtllm_build_argv, trtllm_build_env
 from .plugin_library import ensure_plugin_library, plugin_archs
 from .process import EngineBuildError, SubprocessRunner, log_tail
 from .toolchain import Toolchain, probe_toolchain
@@ -262,6 +262,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                                        + f". Last lines:\n{log_tail(log)}")
             shutil.rmtree(bck)
             _check_engine_output(tmp, cfg, K, log)
+            fixes = _fix_engine_config(tmp, say)
             shutil.copy2(plugin["path"], tmp / LIBRARY_NAME)
             tokenizer = copy_tokenizer(prep.target_dir, tmp)
             bench = write_bench_files(tmp, target_dir=prep.target_dir, t=prep.t, draft_len=K,
@@ -290,7 +291,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                                  "ran_in": str(tmp), "renamed_to": str(output.absolute()),
                                  "build_checkpoint_files": how, "seconds": round(build_s, 3)},
                 "eos_token_ids": [int(e) for e in prep.t.eos_token_ids], "tokenizer": tokenizer,
-                "trtllm_bench": bench,
+                "trtllm_bench": bench, "engine_config_fixes": fixes,
                 "command": command or [], "files": files, "verify": None,
             }
             (tmp / "RUN.md").write_text(run_md(man, output.absolute()))
@@ -313,6 +314,19 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
 def _hash_files(root: Path, sha) -> dict:
     return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": sha(p)}
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != "engine.json"}
+
+
+def _fix_engine_config(tmp: Path, say) -> list[dict]:
+    """:func:`~.command.engine_config_fixes` on the config.json trtllm-build wrote (before anything is hashed);
+    each change is printed and returned for the manifest."""
+    path = tmp / "config.json"
+    engine = json.loads(path.read_text())
+    fixes = engine_config_fixes(engine)
+    if fixes:
+        path.write_text(json.dumps(engine, indent=4) + "\n")
+        for f in fixes:
+            say(f"[engine] config.json: {f['field']} {f['from']!r} -> {f['to']!r} ({f['why']})")
+    return fixes
 
 
 def _check_engine_output(tmp: Path, cfg, K: int, log: Path) -> None:

@@ -58,7 +58,43 @@ def trtllm_engine_config(pre: dict, cfg) -> dict:
         "plugin_config": {"gpt_attention_plugin": auto, "gemm_plugin": auto, "remove_input_padding": True,
                           "paged_kv_cache": True, "tokens_per_block": cfg.tokens_per_block, "context_fmha": True,
                           "use_paged_context_fmha": True, "lora_plugin": None, "mamba_conv1d_plugin": auto,
-                          "paged_state": True}}}
+                          # BuildConfig.update_kv_cache_type: False for every architecture but Mamba/RecurrentGemma
+                          "paged_state": pre.get("architecture") in STATE_ARCHITECTURES}}}
+
+
+# builder.py (store id 205252225) BuildConfig.update_kv_cache_type: these architectures take paged_state from
+# kv_cache_type; every other one has paged_state overridden to False ("Overriding paged_state to False")
+STATE_ARCHITECTURES = ("MambaForCausalLM", "RecurrentGemmaForCausalLM")
+
+
+def engine_config_fixes(engine: dict) -> list[dict]:
+    """What ``dflash2-trt build`` changes in the config.json trtllm-build wrote, in place; returns the changes
+    (``{"field", "from", "to", "why"}``), recorded in the engine's manifest.
+
+    An engine with recurrent layers (the hybrid target: ``layer_types`` holds "recurrent") gets
+    ``build_config.plugin_config.paged_state`` true. trtllm-build writes False for any architecture but
+    Mamba / RecurrentGemma (:data:`STATE_ARCHITECTURES`), while the runtime's RnnStateManager refuses a model
+    without paged state at start-up (facts/gptJsonConfig.yaml ``state_manager_requires``). The flag describes the
+    engine truly: its network takes each layer's state as the state manager's per-slot pointers (paged state)
+    whatever trtllm-build's plugin config says (trtllm/network/io.py ``rnn_state_ptr_*``)."""
+    pre = engine.get("pretrained_config") or {}
+    plugin = (engine.get("build_config") or {}).get("plugin_config")
+    fixes = []
+    if "recurrent" in (pre.get("layer_types") or []) and isinstance(plugin, dict) and plugin.get("paged_state") is not True:
+        fixes.append({"field": "build_config.plugin_config.paged_state", "from": plugin.get("paged_state"), "to": True,
+                      "why": "trtllm-build sets it False for every architecture but Mamba/RecurrentGemma "
+                             "(BuildConfig.update_kv_cache_type); the runtime's RnnStateManager refuses a model "
+                             "without paged state; the network reads the state through per-slot pointers"})
+        plugin["paged_state"] = True
+    return fixes
+
+
+def built_engine_config(pre: dict, cfg) -> dict:
+    """The engine config.json as ``dflash2-trt build`` leaves it: trtllm-build's (:func:`trtllm_engine_config`)
+    with :func:`engine_config_fixes` applied."""
+    engine = trtllm_engine_config(pre, cfg)
+    engine_config_fixes(engine)
+    return engine
 
 
 def trtllm_build_env(plugin_lib) -> dict[str, str]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from ...errors import ConfigError
-from .command import trtllm_engine_config
+from .command import built_engine_config
 
 FACTS_DIR = Path(__file__).with_name("facts")
 # The architectures scripts/patch_trtllm_recurrent_spec.py maps to the runtime's hybrid variant by default (R1).
@@ -106,6 +106,14 @@ def parse_engine_config(engine: dict, *, source: str = "config.json",
         for k in f["rnn"]["optional_when_rnn"]:
             if k in pre:
                 rnn[k] = int(pre[k])
+        plugin = build["plugin_config"]
+        for need in f["rnn"]["state_manager_requires"]:      # the state manager, made at start-up, checks these
+            name = need["field"].rsplit(".", 1)[1]
+            value = plugin.get(name, f["plugin_config_defaults"].get(name))
+            ok = value is True if need["must_be"] is True else value is not None
+            if not ok:
+                raise ConfigError(f"{value!r}: the runtime refuses the engine at start-up ({need['message']}, "
+                                  f"rnnStateManager.cpp)", source=source, field=need["field"])
     return {"layers": layers, "layer_types": types, "attention_layers": types.count("attention"),
             "recurrent_layers": types.count("recurrent"), "variant": variant or "kGpt", "eagle": eagle_info,
             "rnn": rnn}
@@ -126,11 +134,12 @@ def state_pool_bytes_per_slot(rnn: dict, engine_dtype_itemsize: int) -> dict:
 def runtime_reading(pre: dict | None, cfg) -> dict | None:
     """What the (patched, for the hybrid) C++ runtime counts in the engine built from ``pre``: layers, KV-pool
     (attention) and state (recurrent) layers, the variant and the RNN fields (:func:`parse_engine_config` on
-    :func:`~.command.trtllm_engine_config`); ``{"error": ...}`` when it would refuse the config."""
+    :func:`~.command.built_engine_config`: trtllm-build's config with the build's fixes); ``{"error": ...}`` when it
+    would refuse the config."""
     if pre is None:
         return None
     try:
-        r = parse_engine_config(trtllm_engine_config(pre, cfg), source="engine config.json",
+        r = parse_engine_config(built_engine_config(pre, cfg), source="engine config.json",
                                 patched_architectures=PATCHED_ARCHITECTURES)
     except ConfigError as exc:
         return {"error": str(exc)}
