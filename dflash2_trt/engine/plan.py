@@ -401,6 +401,9 @@ def render_plan(plan: dict) -> str:
             line += (f"; variant {rt['variant']} (with the runtime patch's R1); RNN fields per rank: "
                      + ", ".join(f"{k} {v}" for k, v in rt["rnn"].items()))
         lines.append(line)
+    for f in (rt or {}).get("config_fixes") or []:
+        lines.append(f"the build will set {f['field']} {f['from']!r} -> {f['to']!r} in trtllm-build's config.json "
+                     f"({f['why']})")
     lines.append(f"sizing per rank (tp {z['tp_size']}, {z['dtype']}, GPU {z['gpu_memory_gib']:g} GiB):")
     w = z["weights_per_rank"]
     if w is None:

@@ -152,3 +152,18 @@ def test_dry_run_carries_the_engine_config_and_prints_the_runtime_counts():
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert "69 layers (64 target + 5 EAGLE-net): 21 attention (KV pool) / 48 recurrent (state)" in r.output
+
+
+def test_the_dry_run_names_the_config_fix_before_anyone_rents_a_gpu():
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+    from dflash2_trt.engine.trtllm.runtime_rules import runtime_reading
+
+    p, pre, _ = _engine(1)
+    rt = runtime_reading(pre, p.cfg)
+    assert "error" not in rt and [f["field"] for f in rt["config_fixes"]] == ["build_config.plugin_config.paged_state"]
+    for target, fixed in (("tiny-hybrid", True), ("tiny", False)):
+        r = CliRunner().invoke(main, ["build", "--target", target, "--backend", "trtllm", "--dry-run"])
+        assert r.exit_code == 0, r.output
+        assert ("the build will set build_config.plugin_config.paged_state False -> True" in r.output) is fixed, target

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from ...errors import ConfigError
-from .command import built_engine_config
+from .command import engine_config_fixes, trtllm_engine_config
 
 FACTS_DIR = Path(__file__).with_name("facts")
 # The architectures scripts/patch_trtllm_recurrent_spec.py maps to the runtime's hybrid variant by default (R1).
@@ -134,15 +134,16 @@ def state_pool_bytes_per_slot(rnn: dict, engine_dtype_itemsize: int) -> dict:
 def runtime_reading(pre: dict | None, cfg) -> dict | None:
     """What the (patched, for the hybrid) C++ runtime counts in the engine built from ``pre``: layers, KV-pool
     (attention) and state (recurrent) layers, the variant and the RNN fields (:func:`parse_engine_config` on
-    :func:`~.command.built_engine_config`: trtllm-build's config with the build's fixes); ``{"error": ...}`` when it
+    trtllm-build's config with the build's fixes, :func:`~.command.engine_config_fixes`, listed as ``config_fixes``); ``{"error": ...}`` when it
     would refuse the config."""
     if pre is None:
         return None
+    raw = trtllm_engine_config(pre, cfg)
+    fixes = engine_config_fixes(raw)      # what the build changes in trtllm-build's config.json
     try:
-        r = parse_engine_config(built_engine_config(pre, cfg), source="engine config.json",
-                                patched_architectures=PATCHED_ARCHITECTURES)
+        r = parse_engine_config(raw, source="engine config.json", patched_architectures=PATCHED_ARCHITECTURES)
     except ConfigError as exc:
-        return {"error": str(exc)}
-    return {"layers": r["layers"], "target_layers": pre["num_hidden_layers"],
+        return {"error": str(exc), "config_fixes": fixes}
+    return {"config_fixes": fixes, "layers": r["layers"], "target_layers": pre["num_hidden_layers"],
             "eagle_net_layers": (r["eagle"] or {}).get("eagle_net_layers", 0), "attention_layers": r["attention_layers"],
             "recurrent_layers": r["recurrent_layers"], "variant": r["variant"], "rnn": r["rnn"]}
