@@ -69,19 +69,17 @@ class _Group(click.Group):
             result = super().invoke(ctx)
             raise_if_stop_requested()   # a stop that was raised where Python swallows exceptions
             return result
-        except DFlash2Error as exc:
-            if pending_stop() is not None:   # the stop's exception was turned into this one on its way up
-                _stopped(pending_stop())
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
         except Terminated:
             _stopped(signal.SIGTERM)
         except KeyboardInterrupt:
             _stopped(signal.SIGINT)
-        except Exception:
-            if pending_stop() is not None:
+        except Exception as exc:
+            if pending_stop() is not None:   # the stop's exception was turned into this one on its way up
                 _stopped(pending_stop())
-            raise
+            if not isinstance(exc, DFlash2Error):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
         finally:
             sys.unraisablehook = hook
             if previous is not None:

@@ -103,10 +103,9 @@ def benchmark_command(*, binary: str, engine_dir, dataset_json, concurrency: int
            "--log_level", "warning"]
     if streaming:
         cmd.append("--streaming")
-    if draft_len is not None:
-        cmd += ["--eagle_choices", eagle_choices(draft_len)]
-    if draft_len is not None:   # EAGLE mode: always named (unset: 1.0, this engine samples; 0 fails the EAGLE layer)
-        cmd += ["--temperature", repr(float(request_temperature(temperature)))]
+    if draft_len is not None:   # EAGLE mode; the temperature always named (unset: 1.0, this engine samples; 0 fails
+        cmd += ["--eagle_choices", eagle_choices(draft_len),   # the EAGLE layer)
+                "--temperature", repr(float(request_temperature(temperature)))]
     elif temperature > 0:       # the baseline target engine: greedy by default
         cmd += ["--temperature", repr(float(temperature))]
     cmd += ["--eos_id", str(-1 if eos_id is None else int(eos_id))]

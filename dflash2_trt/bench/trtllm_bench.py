@@ -538,9 +538,9 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
         writes.append(f"{opts} (speculative_config: Eagle, {K} drafts)")
     # sampler_options: the speculative run always names its temperature, the baseline only to sample
     spec_s, base_s = sampler_options(temperature, speculative=True), sampler_options(temperature, speculative=False)
-    samp_base = work / "sampler_options_baseline.yaml"
+    samp_base = work / "sampler_options_baseline.yaml" if base_s and baseline_engine_dir is not None else None
     writes.append(f"{samp} (temperature: {spec_s['temperature']:g}{' = greedy' if temperature == 0 else ''})")
-    if base_s is not None and baseline_engine_dir is not None:
+    if samp_base is not None:
         writes.append(f"{samp_base} (temperature: {base_s['temperature']:g}, top_p: 1.0)")
     if not dry_run:
         work.mkdir(parents=True, exist_ok=True)
@@ -548,7 +548,7 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
         if own is None:
             opts.write_text(options_text(K, model_dir.absolute()))
         samp.write_text(yaml.safe_dump(spec_s))
-        if base_s is not None and baseline_engine_dir is not None:
+        if samp_base is not None:
             samp_base.write_text(yaml.safe_dump(base_s))
     env = bench_env(plugin_lib)
     runs, commands, lines = [], [], []
@@ -564,7 +564,7 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
                              engine_dir=Path(edir).absolute(), dataset=ds, options=opts if spec else None,
                              concurrency=c, num_requests=len(specs), eos_id=eos[0] if eos else None,
                              kv_cache_fraction=(manifest.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"),
-                             sampler_options=samp if spec else (samp_base if base_s is not None else None),
+                             sampler_options=samp if spec else samp_base,
                              report_json=rep, output_json=out_json,
                              workspace=work / "workspace", python=python)
             commands.append(cmd)

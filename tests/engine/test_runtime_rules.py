@@ -13,7 +13,7 @@ import pytest
 
 from dflash2_trt.engine import plan as planmod
 from dflash2_trt.engine.pretrained import engine_pretrained_config
-from dflash2_trt.engine.trtllm.command import built_engine_config, engine_config_fixes, trtllm_engine_config
+from dflash2_trt.engine.trtllm.command import engine_config_fixes, trtllm_engine_config
 from dflash2_trt.engine.trtllm.runtime_rules import (PATCHED_ARCHITECTURES, build_layer_types, facts,
                                                      parse_engine_config, state_pool_bytes_per_slot)
 from dflash2_trt.errors import ConfigError
@@ -30,7 +30,9 @@ def _engine(tp=1):
     """The engine config as `dflash2-trt build` leaves it (trtllm-build's, with the build's fixes)."""
     p = planmod.prepare(QWEN_DRAFTER, QWEN_TARGET, target_key="qwen3.8-27b", overrides={"tp_size": tp})
     pre = engine_pretrained_config(p.checkpoint_config, p.cfg, p.d)
-    return p, pre, built_engine_config(pre, p.cfg)
+    eng = trtllm_engine_config(pre, p.cfg)
+    engine_config_fixes(eng)
+    return p, pre, eng
 
 
 def test_trtllm_builds_config_would_stop_the_hybrid_runtime_and_the_build_fixes_it():

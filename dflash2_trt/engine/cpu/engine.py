@@ -60,6 +60,10 @@ class CpuEngine:
         # if that declaration follows TensorRT-LLM's dim_range and optimization-profile rules (the stand-in's
         # input_tensor / check_profiles), so a declaration TensorRT-LLM would refuse fails here too
         self._declared = self.declare_inputs()
+        # tp > 1: the custom all-reduce's pointer table (engine_io.yaml), bound once like the runtime's; the simulated
+        # collectives do not read it
+        self._all_reduce_workspace = torch.zeros(modeling_utils.ALL_REDUCE_POINTERS_PER_RANK * self.tp
+                                                 + modeling_utils.ALL_REDUCE_POINTERS_OF_COUNTER, dtype=torch.int64)
         kv_heads = self.config["num_key_value_heads"]
         local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
         self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype)
@@ -127,11 +131,7 @@ class CpuEngine:
             "host_context_progress": torch.zeros(1, dtype=torch.int64),
             **{f"rnn_state_ptr_{layer}": sp.handle_tensor() for layer, sp in self.states[rank].items()},
             **{f"conv_state_ptr_{layer}": sp.handle_tensor() for layer, sp in self.states[rank].items()},
-            # tp > 1: the custom all-reduce's pointer table (engine_io.yaml), bound once; the simulated collectives
-            # do not read it
-            **({"all_reduce_workspace": torch.zeros(modeling_utils.ALL_REDUCE_POINTERS_PER_RANK * self.tp
-                                                    + modeling_utils.ALL_REDUCE_POINTERS_OF_COUNTER,
-                                                    dtype=torch.int64)} if self.tp > 1 else {}),
+            **({"all_reduce_workspace": self._all_reduce_workspace} if self.tp > 1 else {}),
         }
 
     def _structured(self, flat: dict, rank: int) -> dict:

@@ -89,14 +89,6 @@ def engine_config_fixes(engine: dict) -> list[dict]:
     return fixes
 
 
-def built_engine_config(pre: dict, cfg) -> dict:
-    """The engine config.json as ``dflash2-trt build`` leaves it: trtllm-build's (:func:`trtllm_engine_config`)
-    with :func:`engine_config_fixes` applied."""
-    engine = trtllm_engine_config(pre, cfg)
-    engine_config_fixes(engine)
-    return engine
-
-
 def trtllm_build_env(plugin_lib) -> dict[str, str]:
     """What the model class file needs in trtllm-build's process: the plugin library (trtllm-build has no
     plugin flag; the network's DFlash2ForCausalLM loads it, trtllm/network/combined.py) and the TensorRT-LLM backend of the network."""

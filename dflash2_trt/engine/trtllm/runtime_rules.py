@@ -134,8 +134,8 @@ def state_pool_bytes_per_slot(rnn: dict, engine_dtype_itemsize: int) -> dict:
 def runtime_reading(pre: dict | None, cfg) -> dict | None:
     """What the (patched, for the hybrid) C++ runtime counts in the engine built from ``pre``: layers, KV-pool
     (attention) and state (recurrent) layers, the variant and the RNN fields (:func:`parse_engine_config` on
-    trtllm-build's config with the build's fixes, :func:`~.command.engine_config_fixes`, listed as ``config_fixes``); ``{"error": ...}`` when it
-    would refuse the config."""
+    trtllm-build's config with the build's fixes, :func:`~.command.engine_config_fixes`, listed as
+    ``config_fixes``); ``{"error": ...}`` when it would refuse the config."""
     if pre is None:
         return None
     raw = trtllm_engine_config(pre, cfg)

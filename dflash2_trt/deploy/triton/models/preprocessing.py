@@ -9,8 +9,7 @@ ensemble stops where ``dflash2-trt run`` does. TEMPERATURE -> OUT_TEMPERATURE, t
 engine's request carries: the client's from ``greedy_below`` up, ``greedy_request_temperature`` below it (0 and
 no temperature included), so the ensemble decodes greedily by default and at 0 on every backend (for a request
 without a temperature TensorRT-LLM fills the engine's with 1.0, at which this engine samples, and its EAGLE layer
-refuses 0). A negative, NaN or infinite
-temperature is an error.
+refuses 0). A negative, NaN or infinite temperature is an error.
 """
 
 import json
