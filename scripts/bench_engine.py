@@ -45,7 +45,7 @@ def main() -> None:
 
     from dflash2_trt.assets import trained_pair
     from dflash2_trt.engine.build import build_engine
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
     from dflash2_trt.reference.loop import load_pair, speculative_generate
     from dflash2_trt.runtime import Request, Runtime
 
@@ -68,7 +68,7 @@ def main() -> None:
             engines[win] = out
 
         def eng(batch, win="model"):
-            e, man = open_cpu_engine(engines[win])
+            e, man = open_standin_engine(engines[win])
             try:
                 rt = Runtime(e, max_batch_size=batch)
                 reqs = [Request(p, N, stop_token_ids=(2,), task_id=i) for i, p in enumerate(prompts)]

@@ -308,7 +308,7 @@ def test_no_private_name_is_imported_across_files(tmp_path):
 
 
 ENGINE = f"{PACKAGE}.engine"
-BACKENDS = (f"{ENGINE}.cpu", f"{ENGINE}.trtllm")
+BACKENDS = (f"{ENGINE}.standin", f"{ENGINE}.trtllm")
 ABOVE = (f"{ENGINE}.plan", f"{ENGINE}.build", f"{ENGINE}.run")
 
 
@@ -318,9 +318,9 @@ def _under(m: str, pkg: str) -> bool:
 
 def layering_violations(graph: dict[str, set[str]], engine: str = ENGINE) -> list[tuple[str, str, str]]:
     """(importer, imported, rule) for every edge that points up or sideways in the engine package: a backend
-    (``engine/cpu``, ``engine/trtllm``) importing the commands above it (``plan``, ``build``, ``run``) or the
+    (``engine/standin``, ``engine/trtllm``) importing the commands above it (``plan``, ``build``, ``run``) or the
     other backend; a shared engine module (any other module of ``engine/``) importing a backend or a command."""
-    backends = (f"{engine}.cpu", f"{engine}.trtllm")
+    backends = (f"{engine}.standin", f"{engine}.trtllm")
     above = (f"{engine}.plan", f"{engine}.build", f"{engine}.run")
     out = []
     for m, targets in graph.items():
@@ -340,12 +340,12 @@ def layering_violations(graph: dict[str, set[str]], engine: str = ENGINE) -> lis
 def test_the_engine_layers_point_down_only():
     # The rule itself, on a made-up graph: every kind of wrong edge is named, the allowed ones are not.
     e = "p.engine"
-    g = {f"{e}.cpu.build": {f"{e}.format", f"{e}.plan"}, f"{e}.cpu.verify": {f"{e}.trtllm.toolchain"},
-         f"{e}.format": {f"{e}.cpu.engine"}, f"{e}.build": {f"{e}.cpu.build", f"{e}.trtllm.build", f"{e}.plan"},
+    g = {f"{e}.standin.build": {f"{e}.format", f"{e}.plan"}, f"{e}.standin.verify": {f"{e}.trtllm.toolchain"},
+         f"{e}.format": {f"{e}.standin.engine"}, f"{e}.build": {f"{e}.standin.build", f"{e}.trtllm.build", f"{e}.plan"},
          f"{e}.trtllm.build": {f"{e}.trtllm.command", f"{e}.verify"}}
-    assert layering_violations(g, e) == [(f"{e}.cpu.build", f"{e}.plan", "imports a command above it"),
-                                         (f"{e}.cpu.verify", f"{e}.trtllm.toolchain", "imports the other backend"),
-                                         (f"{e}.format", f"{e}.cpu.engine", "a shared engine module imports a backend")]
+    assert layering_violations(g, e) == [(f"{e}.standin.build", f"{e}.plan", "imports a command above it"),
+                                         (f"{e}.standin.verify", f"{e}.trtllm.toolchain", "imports the other backend"),
+                                         (f"{e}.format", f"{e}.standin.engine", "a shared engine module imports a backend")]
 
     graph = import_graph()
     assert all(b in graph for b in BACKENDS) and all(a in graph for a in ABOVE), "engine layout not found"

@@ -114,7 +114,7 @@ def test_triton_model_request_and_serving_loop(engine):
     import threading
 
     from dflash2_trt.deploy.triton.serving import ServingLoop, parse_request
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
 
     def req(t):
         ids = [int(x) for x in PROMPT.split(",")]
@@ -144,7 +144,7 @@ def test_triton_model_request_and_serving_loop(engine):
         def cancelled(self):
             return False
 
-    eng, _ = open_cpu_engine(engine)
+    eng, _ = open_standin_engine(engine)
     loop = ServingLoop(eng, max_batch_size=4)
     try:
         from dataclasses import replace

@@ -1,7 +1,7 @@
-"""The autoregressive baseline on the CPU backend: the target alone, same stand-in, same runtime.
+"""The autoregressive baseline on the stand-in backends (cpu, cuda): the target alone, same stand-in, same runtime.
 
-:class:`TargetOnlyCpuEngine` is :class:`~dflash2_trt.engine.cpu.engine.CpuEngine` with the network's
-``TargetOnlyForCausalLM`` (``trtllm/network/target_only.py``, from ``load_network("cpu")``) instead of the
+:class:`TargetOnlyEngine` is :class:`~dflash2_trt.engine.standin.engine.StandinEngine` with the network's
+``TargetOnlyForCausalLM`` (``trtllm/network/target_only.py``, from the engine's network package) instead of the
 combined engine's: it loads the target's tensors of the same engine directory's checkpoint (the drafter's are
 dropped) and reports ``K = 0``. The stock
 :class:`~dflash2_trt.runtime.Runtime` then drives it unchanged: with no draft slots every generation
@@ -13,37 +13,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.cpu.engine import CpuEngine, limits_from
-from ..engine.format import load_engine_dir
-from ..trtllm.backend import load_network
+from ..engine.standin.engine import StandinEngine, open_standin_engine
 
 
-class TargetOnlyCpuEngine(CpuEngine):
-    """The target of a CPU engine directory, alone (see the module docstring).
+class TargetOnlyEngine(StandinEngine):
+    """The target of a stand-in engine directory, alone (see the module docstring).
 
-    Built as the combined :class:`CpuEngine` is (same KV pool layout, state slots, static inputs and input
-    structuring: whatever the runtime relies on stays the combined engine's), then its per-rank models are
-    the target-only network's and ``K`` is 0. The target's layers are the pool's first KV layers in both
-    networks (``layer_idx``), so the target-only network addresses the pool exactly as the combined one
-    does; the drafter's layer slots stay unused."""
+    Built as the combined :class:`StandinEngine` is (same KV pool layout, state slots, static inputs and input
+    structuring: whatever the runtime relies on stays the combined engine's), with the target-only network's
+    class on every rank and ``K`` 0. The target's layers are the pool's first KV layers in both networks
+    (``layer_idx``), so the target-only network addresses the pool exactly as the combined one does; the
+    drafter's layer slots stay unused."""
 
-    def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path, limits: dict, *,
-                 num_blocks: int | None = None):
-        super().__init__(pretrained_config, checkpoint_dir, limits, num_blocks=num_blocks)
-        net = load_network("cpu")
-        api = net.api
-
-        def load(rank):
-            cfg = api.PretrainedConfig.from_dict(self.config)
-            return net.TargetOnlyForCausalLM.from_checkpoint(checkpoint_dir, rank, cfg)
-
-        self.models = self.world.run(load)
+    def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path | None, limits: dict, **kw):
+        super().__init__(pretrained_config, checkpoint_dir, limits, **kw)   # inputs declared by the target-only class
         self.K = 0
-        self._declared = self.declare_inputs()   # the target-only network's own inputs (K = 0), bound every step
+
+    def model_class(self):
+        return self.net.TargetOnlyForCausalLM
 
 
-def open_target_only_engine(engine_dir) -> TargetOnlyCpuEngine:
-    """The target alone of a CPU engine directory (checked as ``open_cpu_engine`` checks it)."""
-    cfg, _ = load_engine_dir(engine_dir)
-    pre = cfg["pretrained_config"]
-    return TargetOnlyCpuEngine(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre))
+def open_target_only_engine(engine_dir) -> TargetOnlyEngine:
+    """The target alone of a cpu or cuda engine directory (checked as ``open_standin_engine`` checks it)."""
+    return open_standin_engine(engine_dir, engine_cls=TargetOnlyEngine)[0]

@@ -26,7 +26,7 @@ def engine_backend(engine_dir) -> tuple[str, dict, dict | None]:
         raise ConfigError(f"format {man.get('format') if isinstance(man, dict) else None!r}, expected "
                           f"{ENGINE_FORMAT!r}", source=man_path, field="format")
     backend = man.get("backend")
-    if backend not in ("cpu", "trtllm"):
+    if backend not in ("cpu", "cuda", "trtllm"):
         raise ConfigError(f"unknown backend {backend!r}", source=man_path, field="backend")
     cfg = None
     try:

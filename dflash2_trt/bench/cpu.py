@@ -1,4 +1,4 @@
-"""The CPU-engine benchmark: requests kept in flight at each concurrency, with and without speculation.
+"""The stand-in engines' benchmark (cpu and cuda engine directories): requests kept in flight at each concurrency, with and without speculation.
 
 At concurrency C the load generator submits the first C requests, then a new one whenever one
 finishes (closed loop, as ``gptManagerBenchmark --concurrency C``), until the dataset's requests
@@ -7,7 +7,7 @@ are done; the runtime's batch is capped at C. Each concurrency runs twice over t
 - ``speculative``: the engine directory's combined engine (``trtllm/network/``: draft, verify and
   accept in one step);
 - ``autoregressive``: the target alone (``trtllm/network/target_only.py`` via
-  :class:`~.autoregressive.TargetOnlyCpuEngine`): the same CPU stand-in, the same runtime, the
+  :class:`~.autoregressive.TargetOnlyEngine`): the same CPU stand-in, the same runtime, the
   same batching and KV cache, one token per request per step.
 
 Request i of the dataset uses seed ``seed + i`` (as ``run``); it stops at the target's EOS (as
@@ -25,7 +25,7 @@ import time
 from collections import deque
 
 from ..engine.common import stop_ids
-from ..engine.cpu.engine import open_cpu_engine
+from ..engine.standin.engine import open_standin_engine
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
 from ..runtime import Request, Runtime
@@ -101,7 +101,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
     t_start = time.perf_counter()
-    engine, man = open_cpu_engine(engine_dir)
+    engine, man = open_standin_engine(engine_dir)
     ar_engine = None
     try:
         K = engine.K
@@ -151,7 +151,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
             runs.append(row)
         in_lens = [len(s["input_ids"]) for s in specs]
         return {
-            "backend": "cpu", "engine_dir": str(engine_dir), "target": man.get("target"),
+            "backend": engine.backend, "engine_dir": str(engine_dir), "target": man.get("target"),
             "block_size": K + 1, "draft_len": K, "tp_size": engine.tp,
             "dataset_requests": specs,
             "settings": {"concurrency": levels, "num_requests": len(specs), "temperature": temperature, "seed": seed,
@@ -159,9 +159,9 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                          "max_new_tokens": max_new_tokens, "warmup": bool(warmup),
                          "torch_threads": torch.get_num_threads()},
             "baseline": ({"kind": "target-only",
-                          "description": "the target alone (dflash2_trt/trtllm/network/target_only.py) on the same CPU stand-in "
-                                         "and CPU runtime, one token per request per step, in-flight batched at the "
-                                         "same concurrency"} if baseline else None),
+                          "description": f"the target alone (dflash2_trt/trtllm/network/target_only.py) on the same "
+                                         f"{engine.backend} stand-in and runtime, one token per request per step, "
+                                         f"in-flight batched at the same concurrency"} if baseline else None),
             "mean_input_len": sum(in_lens) / len(in_lens),
             "runs": runs, "unavailable": [], "measure_wall_s": time.perf_counter() - t_start,
         }

@@ -1,7 +1,8 @@
-"""``dflash2-trt build``: an engine directory from one of the two backends, the CPU backend
-(:mod:`.cpu.build`: weights the CPU runtime runs) or the TensorRT-LLM backend (:mod:`.trtllm.build`: rank
-engines from ``trtllm-build``); each module describes its layout, and both write the directory format of
-:mod:`.format`. Both start from :func:`dflash2_trt.engine.plan.prepare` (configs, pairing, settings:
+"""``dflash2-trt build``: an engine directory from one of the backends: the stand-in backends ``cpu`` and
+``cuda`` (:mod:`.standin.build`: weights the project's runtime runs with the torch stand-in, on the CPU or on a GPU
+with the plugins' CUDA kernels) or the TensorRT-LLM backend (:mod:`.trtllm.build`: rank engines from
+``trtllm-build``); each module describes its layout, and all write the directory format of
+:mod:`.format`. All start from :func:`dflash2_trt.engine.plan.prepare` (configs, pairing, settings:
 ``build_configs/NAME.yaml`` + overrides) and end with the verify gate (:mod:`.verify`) when it is on; this
 module checks the outputs, decides ``verify="auto"`` (:func:`dflash2_trt.engine.plan.verify_default`) and
 hands the prepared build to the backend.
@@ -14,7 +15,8 @@ from pathlib import Path
 from ..checkpoint.writer import recover_swapped
 from ..errors import ConfigError
 from ..overlap import refuse_overlap
-from .cpu.build import build_cpu
+from .standin.build import build_standin
+from .standin.engine import engine_device
 from .format import BuildResult
 from .plan import prepare, verify_default
 from .trtllm.build import build_trtllm
@@ -25,7 +27,7 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
                  force: bool = False, command: list[str] | None = None, verify: bool | str = False,
                  checkpoint_dir=None, reconvert: bool = False, keep_checkpoint: bool = True, progress=None,
                  toolchain=None, runner=None, verifier=None) -> BuildResult:
-    """Build an engine directory with ``backend`` (``cpu`` or ``trtllm``).
+    """Build an engine directory with ``backend`` (``cpu``, ``cuda`` or ``trtllm``).
 
     Settings: ``build_configs/<target_key>.yaml`` (or defaults from the checkpoint configs), then
     ``overrides`` (named options, ``None`` = not given), ``tp_size``/``dtype`` and ``sets`` (``--set``),
@@ -44,16 +46,18 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     if dtype is not None:
         over["dtype"] = dtype
     prep = prepare(drafter_dir, target_dir, target_key=target_key, overrides=over, sets=sets)
-    if backend not in ("cpu", "trtllm"):
-        raise ConfigError(f"unknown backend {backend!r}; expected cpu or trtllm", field="--backend")
+    if backend not in ("cpu", "cuda", "trtllm"):
+        raise ConfigError(f"unknown backend {backend!r}; expected cpu, cuda or trtllm", field="--backend")
+    if backend == "cuda":
+        engine_device("cuda")   # no GPU: one line now, before anything is converted
     if verify == "auto":
         verify = verify_default(prep, backend)
     if backend == "trtllm":
         return build_trtllm(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
                             reconvert=reconvert, keep_checkpoint=keep_checkpoint, progress=progress,
                             toolchain=toolchain, runner=runner, verifier=verifier)
-    return build_cpu(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
-                     reconvert=reconvert, progress=progress, verifier=verifier)
+    return build_standin(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
+                         reconvert=reconvert, progress=progress, verifier=verifier, backend=backend)
 
 
 def check_build_outputs(drafter_dir, target_dir, output, *, checkpoint_dir=None, default_checkpoint=False) -> None:

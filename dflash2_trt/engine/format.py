@@ -4,7 +4,7 @@ hash checks, and the small pieces every builder writes the same way (the tokeniz
 hashes, the manifest write).
 
 The layout itself (what each backend puts beside ``engine.json``) is described in
-:mod:`dflash2_trt.engine.cpu.build` (CPU backend) and :mod:`dflash2_trt.engine.trtllm.build`
+:mod:`dflash2_trt.engine.standin.build` (CPU backend) and :mod:`dflash2_trt.engine.trtllm.build`
 (TensorRT-LLM backend); ``docs/architecture.md`` shows both. This module imports nothing of the
 engine package: every other engine module may use it.
 """
@@ -77,15 +77,15 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     man, cfg = docs
     backend = man.get("backend")
     # A TensorRT-LLM engine's config.json is TensorRT-LLM's own (the runtime reads it); engine.json is ours.
-    ours = ((man, man_path), (cfg, cfg_path)) if backend == "cpu" else ((man, man_path),)
+    ours = ((man, man_path), (cfg, cfg_path)) if backend in ("cpu", "cuda") else ((man, man_path),)
     for doc, p in ours:
         if doc.get("format") != ENGINE_FORMAT:
             raise ConfigError(f"format {doc.get('format')!r}, expected {ENGINE_FORMAT!r}", source=p, field="format")
         if doc.get("schema_version") != ENGINE_SCHEMA:
             raise ConfigError(f"schema version {doc.get('schema_version')!r}; this dflash2-trt reads {ENGINE_SCHEMA} "
                               f"(rebuild the engine)", source=p, field="schema_version")
-    if backend not in ("cpu", "trtllm"):
-        raise ConfigError(f"backend {backend!r}: expected cpu or trtllm", source=man_path, field="backend")
+    if backend not in ("cpu", "cuda", "trtllm"):
+        raise ConfigError(f"backend {backend!r}: expected cpu, cuda or trtllm", source=man_path, field="backend")
     files = man.get("files")
     if not isinstance(files, dict) or "config.json" not in files:
         raise ConfigError("no file list", source=man_path, field="files")
@@ -102,7 +102,7 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     try:
         pre, build = cfg["pretrained_config"], cfg["build_config"]
         limit_keys = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
-        for k in limit_keys + (("tokens_per_block",) if backend == "cpu" else ()):
+        for k in limit_keys + (("tokens_per_block",) if backend in ("cpu", "cuda") else ()):
             if not isinstance(build[k], int) or build[k] < 1:
                 raise ConfigError(f"must be a positive integer, got {build[k]!r}", source=cfg_path,
                                   field=f"build_config.{k}")

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,7 +61,7 @@ from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_arg
 from .trtllm.runtime_rules import runtime_reading
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain
 from .verify import AUTO_MAX_TARGET_BYTES
-from ..trtllm.backend import load_network
+from ..trtllm.backend import cuda_available, load_network
 
 GIB = 1 << 30
 H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default
@@ -335,8 +337,14 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         steps.append({"step": "convert", "what": f"checkpoint into {out}/checkpoint"
                                                   + (f" (linked from {checkpoint_dir}, reused when it matches)"
                                                      if checkpoint_dir else "")})
+        if backend == "cuda":
+            steps.append({"step": "plugins", "what": "the plugins' CUDA kernels with nvcc for the visible GPU "
+                                                     "(libdf2_cuda_sm<arch>.so in $DFLASH2_TRT_CACHE/plugins-cuda/"
+                                                     "<sha256>/, built on first use and cached by source hash)"})
+        where = "on the GPU (torch stand-in + the plugins' CUDA kernels; not a TensorRT engine)" \
+            if backend == "cuda" else "on the CPU stand-in"
         steps.append({"step": "engine", "what": f"{out}/config.json (engine config) and engine.json (manifest); the "
-                                                 f"network runs on the CPU stand-in at load time"})
+                                                 f"network runs {where} at load time"})
     steps.append({"step": "verify", "what": "fixed prompts through the engine vs the target's own greedy decoding "
                                             "(transformers); any token difference fails the build"
                                             + ("" if verify is None else (" [on]" if verify else " [off]"))})
@@ -447,13 +455,21 @@ def render_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
+def cuda_backend_missing() -> list[str]:
+    """What this machine lacks for ``build --backend cuda`` (a GPU torch sees, nvcc)."""
+    missing = [] if cuda_available() else ["a CUDA GPU visible to torch (and a CUDA build of torch)"]
+    if shutil.which("nvcc") is None and not (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc").is_file():
+        missing.append("nvcc (the CUDA toolkit: the plugins' kernels are compiled on first use)")
+    return missing
+
+
 def verify_default(p: Prepared, backend: str) -> bool:
     """The verify gate's default: on for small targets (the reference decodes on this machine through
     transformers), and on the TensorRT-LLM backend only at tp 1 (its runner needs one MPI rank per GPU)."""
 
     w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
     small = w is not None and sum(r["target"] for r in w) <= AUTO_MAX_TARGET_BYTES
-    return small and (backend == "cpu" or p.cfg.tp_size == 1)
+    return small and (backend in ("cpu", "cuda") or p.cfg.tp_size == 1)
 
 
 def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto", target_key=None, overrides=None,
@@ -463,7 +479,7 @@ def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto",
     what a dry run is for) plus what this machine has and lacks for it."""
 
     p = prepare(drafter_dir, target_dir, target_key=target_key, overrides=overrides, sets=sets)
-    be = "cpu" if backend == "cpu" else "trtllm"
+    be = backend if backend in ("cpu", "cuda") else "trtllm"
     tc = toolchain if toolchain is not None else probe_toolchain()
     v = verify_default(p, be) if verify is None else bool(verify)
     plan = make_plan(p, backend=be, output=output, checkpoint_dir=checkpoint_dir, gpu_memory_gib=gpu_memory_gib,
@@ -477,6 +493,8 @@ def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto",
         missing += plugin_toolchain_missing(tc)
         if tc.gpu_sm is None:
             missing.append("a CUDA GPU")
+    elif be == "cuda":
+        missing += cuda_backend_missing()
     plan["machine"] = {**tc.to_dict(), "missing": missing}
     plan["verify"] = v
     return plan

@@ -1,5 +1,5 @@
-"""``dflash2-trt run``: prompts through an engine directory. The options are checked here; a CPU engine runs
-with the CPU runtime (:mod:`.cpu.run`, in-flight batching), a TensorRT-LLM engine through TensorRT-LLM's C++
+"""``dflash2-trt run``: prompts through an engine directory. The options are checked here; a cpu or cuda engine runs
+with the project's runtime (:mod:`.standin.run`, in-flight batching), a TensorRT-LLM engine through TensorRT-LLM's C++
 runner (:mod:`.trtllm.runner`, GPU machines)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
 from ..sampling import effective_temperature
-from .cpu.run import run_cpu_engine
+from .standin.run import run_standin_engine
 from .format import engine_backend
 from .trtllm.runner import run_engine_trtllm
 
@@ -29,7 +29,7 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                  max_batch_size=max_batch_size, verify=verify)
-    return run_cpu_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
+    return run_standin_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                           max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                           max_batch_size=max_batch_size, verify=verify, progress=progress)
 

@@ -12,7 +12,7 @@ acceptance is exercised too), else :data:`N_PROMPTS` deterministic id sequences 
 what ``max_seq_len`` leaves.
 
 This module is the gate's shared half (prompts, the reference decoding, the comparison); each backend runs
-its engine on them: the CPU backend with the CPU runtime (:mod:`.cpu.verify`), the
+its engine on them: the stand-in backends (cpu, cuda) with the project's runtime (:mod:`.standin.verify`), the
 TensorRT-LLM backend through TensorRT-LLM's C++ runner (:mod:`.trtllm.verify`, GPU machines).
 """
 
@@ -83,10 +83,10 @@ def planned_check_pool(target_key, vocab_size: int, cfg, K: int, new: int = None
     check_pool(prompts, new, K, cfg.tokens_per_block, cfg.num_kv_blocks)
 
 
-def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = None) -> list[list[int]]:
-    """The target's own greedy decoding of ``prompts`` (transformers, on this machine's CPU), in the engine's dtype:
-    lossless means equal to the target under the same weights; an engine cast to float16 is compared with the
-    target cast to float16."""
+def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = None, device="cpu") -> list[list[int]]:
+    """The target's own greedy decoding of ``prompts`` (transformers, on ``device``: the engine's own, so a cuda
+    engine is held to the target on the same GPU), in the engine's dtype: lossless means equal to the target under
+    the same weights; an engine cast to float16 is compared with the target cast to float16."""
     import torch
 
     from ..reference.loop import load_target, target_generate
@@ -97,7 +97,8 @@ def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = No
     hf_logging.disable_progress_bar()      # the build prints its own progress; no "Loading weights" bar and no
     hf_logging.set_verbosity_error()       # "falling back to the reference kernel" notes in the build's output
     try:
-        target = load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None)
+        target = load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None,
+                             device=device)
         return [target_generate(target, p, new, stop_token_ids=eos) for p in prompts]
     finally:
         hf_logging.set_verbosity(level)

@@ -83,7 +83,7 @@ class Request:
 
 
 class Runtime:
-    """Runs requests through a :class:`~dflash2_trt.engine.cpu.engine.CpuEngine` with in-flight batching."""
+    """Runs requests through a :class:`~dflash2_trt.engine.standin.engine.StandinEngine` with in-flight batching."""
 
     def __init__(self, engine, *, max_batch_size: int | None = None, max_num_tokens: int | None = None):
         self.engine = engine
@@ -251,6 +251,38 @@ class Runtime:
             if progress is not None:
                 progress(sum(r.done for r in requests), len(requests))
         return list(requests)
+
+    def adopt(self, r: Request, last_token: int) -> Request:
+        """Place ``r`` straight into the generation phase, as if its prompt had been processed and ``last_token``
+        emitted: its KV blocks and state slot reserved, the engine's placeholder drafts as its next inputs. Nothing
+        is computed, so the cache and the slot hold whatever they held: for timing generation steps at a given
+        context length (``bench steps``), never for output that matters. Returns ``r``."""
+        self.check(r)
+        if self._free_slots is not None:
+            if not self._free_slots:
+                raise RuntimeError("adopt: no free state slot")
+            r.slot = self._free_slots.pop()
+        r.req_id = self._next_id
+        self._next_id += 1
+        r._gen = torch.Generator().manual_seed(int(r.seed))
+        r.output_ids = [int(last_token)]
+        r.next_draft_tokens = [int(self.engine.mask_token_id)] * self.K
+        paths = torch.full((self.K + 1, self.K + 1), -1, dtype=torch.int32)
+        paths[0] = torch.arange(self.K + 1, dtype=torch.int32)
+        r.next_draft_paths = paths
+        self.blocks.ensure(r.req_id, self._lifetime_tokens(r))
+        self._active.append(r)
+        return r
+
+    def step_inputs(self, ctx: list[Request], gen: list[Request]) -> dict:
+        """The engine inputs of a step with context requests ``ctx`` and generation requests ``gen`` (what
+        :meth:`step` feeds the engine; see :meth:`_inputs`)."""
+        return self._inputs(ctx, gen)
+
+    @property
+    def generating(self) -> list[Request]:
+        """The requests in the generation phase, in batch order."""
+        return list(self._active)
 
     def _emit(self, r: Request, tokens: Iterable[int]) -> None:
         stops = set(r.stop_token_ids)

@@ -35,10 +35,10 @@ def run_prompts(engine_dir, prompts, *, new: int, max_batch: int = 4, temperatur
                 patch=None):
     """Every prompt through a fresh CPU engine + runtime; returns (requests, runtime). ``patch(runtime, engine)``
     may alter them before the run (negative controls)."""
-    from ..engine.cpu.engine import open_cpu_engine
+    from ..engine.standin.engine import open_standin_engine
     from ..runtime import Request, Runtime
 
-    eng, man = open_cpu_engine(engine_dir)
+    eng, man = open_standin_engine(engine_dir)
     try:
         rt = Runtime(eng, max_batch_size=max_batch)
         if patch is not None:

@@ -7,14 +7,17 @@ TensorRT-LLM name it uses from the namespace :func:`current` returns:
   ``.models.modeling_utils``, ``Mapping``) — what ``trtllm-build --model_cls_file`` sees.
 - ``cpu``: :mod:`dflash2_trt.trtllm.cpu`, a torch stand-in with the same names and argument
   lists, executed eagerly (see that package's docstrings for what it implements).
+- ``cuda``: the same stand-in on CUDA tensors (the engine's device is set per step, ``cpu.tensor.on_device``), with
+  the plugins' CUDA kernels in place of their CPU builds (``plugin_layers.CudaPlugins``). Not a TensorRT engine.
 
 Two things the backends cannot share by name are wrapped here: declaring an engine input
 (``input_tensor``: ``functional.Tensor(name=..., dim_range=...)`` vs a recorded declaration) and
 marking an output (``mark_output``: ``Tensor.mark_output`` vs a recorded tensor). The DFlash2
 plugin layers are :mod:`.plugin_layers` (TensorRT plugin vs the plugins' CPU builds).
 
-Selection: ``DFLASH2_TRT_BACKEND=cpu|trtllm|auto`` (default ``auto``: ``trtllm`` where
-``tensorrt_llm`` imports, else ``cpu``), or :func:`load_network` for an explicit backend.
+Selection: ``DFLASH2_TRT_BACKEND=cpu|cuda|trtllm|auto`` (default ``auto``: ``trtllm`` where
+``tensorrt_llm`` imports, else ``cuda`` where torch sees a CUDA GPU, else ``cpu``), or :func:`load_network` for an
+explicit backend.
 """
 
 from __future__ import annotations
@@ -29,24 +32,27 @@ from types import ModuleType, SimpleNamespace
 
 from ..errors import ConfigError, MissingDependencyError
 
-BACKENDS = ("cpu", "trtllm")
+BACKENDS = ("cpu", "cuda", "trtllm")
+STANDIN_BACKENDS = ("cpu", "cuda")
+"""The backends that execute the network with the torch stand-in (engine directories of weights, run by the
+project's runtime)."""
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("dflash2_backend", default=None)
 _cache: dict[str, SimpleNamespace] = {}
 
 
-def _cpu() -> SimpleNamespace:
+def _cpu(name: str = "cpu") -> SimpleNamespace:
     from . import plugin_layers
     from .cpu import functional, layers, modeling_utils, module
     from .cpu.attention import AttentionMaskType, PositionEmbeddingType
     from .cpu.mapping import Mapping
 
     return SimpleNamespace(
-        name="cpu", functional=functional, layers=layers, Module=module.Module, ModuleList=module.ModuleList,
+        name=name, functional=functional, layers=layers, Module=module.Module, ModuleList=module.ModuleList,
         Parameter=module.Parameter, Mapping=Mapping, PretrainedConfig=modeling_utils.PretrainedConfig,
         PretrainedModel=modeling_utils.PretrainedModel, AttentionMaskType=AttentionMaskType,
         PositionEmbeddingType=PositionEmbeddingType, input_tensor=modeling_utils.input_tensor,
         mark_output=modeling_utils.mark_output, all_reduce_workspace=modeling_utils.all_reduce_workspace,
-        plugins=plugin_layers.CpuPlugins())
+        plugins=plugin_layers.CudaPlugins() if name == "cuda" else plugin_layers.CpuPlugins())
 
 
 def _trtllm() -> SimpleNamespace:  # pragma: no cover - needs TensorRT-LLM (GPU machines)
@@ -87,17 +93,26 @@ def _trtllm() -> SimpleNamespace:  # pragma: no cover - needs TensorRT-LLM (GPU 
 def resolve(name: str | None = None) -> str:
     name = name or _forced.get() or os.environ.get("DFLASH2_TRT_BACKEND", "auto")
     if name == "auto":
-        return "trtllm" if importlib.util.find_spec("tensorrt_llm") is not None else "cpu"
+        if importlib.util.find_spec("tensorrt_llm") is not None:
+            return "trtllm"
+        return "cuda" if cuda_available() else "cpu"
     if name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r}; expected auto, {', '.join(BACKENDS)}",
                           field="DFLASH2_TRT_BACKEND")
     return name
 
 
+def cuda_available() -> bool:
+    """torch sees a CUDA GPU (what ``auto`` and the cuda backend ask)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def current(name: str | None = None) -> SimpleNamespace:
     name = resolve(name)
     if name not in _cache:
-        _cache[name] = _cpu() if name == "cpu" else _trtllm()
+        _cache[name] = _trtllm() if name == "trtllm" else _cpu(name)
     return _cache[name]
 
 

@@ -8,6 +8,8 @@
   file does it with :func:`dflash2_trt.plugins.load_library`).
 - :class:`CpuPlugins` runs the plugins' CPU builds (``plugins/*/…Cpu.cpp``, the same math headers
   as the CUDA kernels, bit-exact against the torch reference in tests/plugins).
+- :class:`CudaPlugins` runs the plugins' CUDA kernels (the sources of ``libdflash2_plugins.so``, built by
+  :mod:`dflash2_trt.trtllm.cuda.plugin_lib` with a C ABI that does each plugin's enqueue) on the cuda backend.
 """
 
 from __future__ import annotations
@@ -73,6 +75,63 @@ class CpuPlugins:
         return gdn_lib().commit(verify_qkv, verify_gates, conv_weight, num_accepted.to(torch.int32),
                                 cu_seqlens.to(torch.int32), slot_mapping.to(torch.int32),
                                 host_request_types.to(torch.int32), pool.rnn, pool.conv, **attrs)
+
+
+def _on(t, device):
+    """A plugin input where the plugin reads it: a host input in host memory, a device input on ``device`` (what
+    TensorRT arranges for a plugin's declared inputs)."""
+    return t if t.device == device else t.to(device)
+
+
+class CudaPlugins:
+    """The plugins' CUDA kernels on the cuda backend; inputs and outputs are CUDA tensors, except the inputs the
+    plugins' specs put in host memory (the Gated DeltaNet's host_request_types and its two pool addresses, the
+    device addresses of the runtime's state pools)."""
+
+    name = "cuda"
+
+    @staticmethod
+    def _lib():
+        from .cuda.plugin_lib import cuda_plugin_lib
+
+        return cuda_plugin_lib()
+
+    @_io
+    def dynamic_conv(self, x, delta, base_kernel, *, block_size: int, kernel_size: int, group_size: int,
+                     residual=None):
+        dev = x.device
+        return self._lib().conv(x, _on(delta, dev), _on(base_kernel, dev),
+                                None if residual is None else _on(residual, dev), block_size=block_size,
+                                group_size=group_size, kernel_size=kernel_size)
+
+    @_io
+    def pairwise_scan(self, unary, cand_ids, proj_hidden, anchor, pred_codebook, succ_codebook, temperature,
+                      uniforms, *, mode: str):
+        dev = unary.device
+        ids, q = self._lib().scan(mode, *(_on(t, dev) for t in (
+            unary, cand_ids.to(torch.int32), proj_hidden, anchor.to(torch.int32), pred_codebook, succ_codebook,
+            temperature, uniforms)))
+        return ids.to(cand_ids.dtype), q
+
+    @_io
+    def gated_delta_net(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, host_request_types,
+                        rnn_state_ptr, conv_state_ptr, zero_state=None, **attrs):
+        dev, cpu = qkv.device, torch.device("cpu")
+        ins = [qkv, *(_on(t, dev) for t in (conv_weight, a, b, dt_bias, A_log, cu_seqlens.to(torch.int32),
+                                            slot_mapping.to(torch.int32))),
+               _on(host_request_types.to(torch.int32), cpu), _on(rnn_state_ptr, cpu), _on(conv_state_ptr, cpu)]
+        if zero_state is not None:
+            ins.append(_on(zero_state.to(torch.int32), dev))
+        return self._lib().gdn("forward", ins, **attrs)
+
+    @_io
+    def gated_delta_net_commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping,
+                               host_request_types, rnn_state_ptr, conv_state_ptr, **attrs):
+        dev, cpu = verify_qkv.device, torch.device("cpu")
+        ins = [verify_qkv, *(_on(t, dev) for t in (verify_gates, conv_weight, num_accepted.to(torch.int32),
+                                                   cu_seqlens.to(torch.int32), slot_mapping.to(torch.int32))),
+               _on(host_request_types.to(torch.int32), cpu), _on(rnn_state_ptr, cpu), _on(conv_state_ptr, cpu)]
+        return self._lib().gdn("commit", ins, **attrs)[0]
 
 
 class TrtPlugins:  # pragma: no cover - needs TensorRT-LLM (GPU machines)

@@ -324,7 +324,7 @@ def test_a_tensorrt_llm_engine_gets_the_tensorrtllm_backend(engine, tmp_path):
     assert models["tensorrt_llm"].backend == "tensorrtllm"
     assert models["tensorrt_llm"].parameters["gpt_model_path"].string_value == str(eng.resolve())
     assert str(eng.resolve() / "libdflash2_plugins.so") in (tmp_path / "repo" / "launch.sh").read_text()
-    assert "python backend serves CPU engines" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
+    assert "python backend serves cpu and cuda engines" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
                                                              str(tmp_path / "r2"), "--backend", "python"))
     (eng / "config.json").write_text("{}")
     assert "pretrained_config.vocab_size" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",

@@ -127,9 +127,9 @@ class Sink:
 
 @pytest.fixture(scope="module")
 def cpu_engine(engine):
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
 
-    eng, man = open_cpu_engine(engine)
+    eng, man = open_standin_engine(engine)
     yield eng
     eng.close()
 

@@ -39,13 +39,13 @@ _CHILD = textwrap.dedent("""
             return real(self, *a, **kw)
         writer.StreamingSafetensorsWriter.write = slow
     elif moment == "verify":         # the verify gate starts after a pause: the signal lands there
-        from dflash2_trt.engine.cpu import verify
-        real_verify = verify.verify_cpu_engine
+        from dflash2_trt.engine.standin import verify
+        real_verify = verify.verify_standin_engine
         def slow_verify(*a, **kw):
             open(os.environ["MARK"], "w").close()
             time.sleep(60)
             return real_verify(*a, **kw)
-        verify.verify_cpu_engine = slow_verify
+        verify.verify_standin_engine = slow_verify
     elif moment == "swap":           # SIGKILL between the two renames of the --force swap
         real_replace = os.replace
         def replace(src, dst, *a, **kw):

@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from dflash2_trt.assets import trained_pair
-from dflash2_trt.engine.cpu.binding import _rules, bind
+from dflash2_trt.engine.standin.binding import _rules, bind
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from dflash2_trt.engine.build import build_engine
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
 
     p = trained_pair("qwen3")
     out = tmp_path_factory.mktemp("bind") / "eng"
     build_engine(p.drafter_dir, p.target_dir, out, target_key="tiny", tp_size=2, overrides={"block_size": 4})
-    eng, _ = open_cpu_engine(out)
+    eng, _ = open_standin_engine(out)
     yield eng
     eng.close()
 

@@ -43,7 +43,7 @@ def test_no_verify(tmp_path):
 def test_an_engine_that_is_not_the_target_fails_the_build(tmp_path, monkeypatch):
     """The reference decoded by ANOTHER target (the seeded random tiny Qwen3, same shapes): the engine's output
     (of the trained pair) differs, the build fails with one line, nothing is left."""
-    import dflash2_trt.engine.cpu.verify as v
+    import dflash2_trt.engine.standin.verify as v
     from dflash2_trt.testing.tiny import tiny_pair
 
     other = tiny_pair("qwen3").target_dir

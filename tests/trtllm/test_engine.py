@@ -20,7 +20,7 @@ import torch
 
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.build import build_engine
-from dflash2_trt.engine.cpu.engine import open_cpu_engine
+from dflash2_trt.engine.standin.engine import open_standin_engine
 from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
 from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompts
 from dflash2_trt.testing.law import chi2_pvalue, exact_triples
@@ -179,7 +179,7 @@ def test_sampling_is_reproducible(sampling_case):
 
 def test_late_arrivals_streaming_and_cancel(prompts, engines, oracle):
     """Requests submitted while others generate (serving), streamed tokens, and a cancelled request."""
-    eng, man = open_cpu_engine(engines(8, 1))
+    eng, man = open_standin_engine(engines(8, 1))
     try:
         rt = Runtime(eng, max_batch_size=3)
         streamed = {}
@@ -220,7 +220,7 @@ def test_sampling_law_in_a_mixed_batch_over_several_steps(pair, prompts, oracle,
     eng = engines(2, 1, max_batch_size=64, max_seq_len=128, max_input_len=32, max_num_tokens=1024)
     runs = 900
     greedy = [list(p[:12]) for p in prompts[:6]]
-    e, man = open_cpu_engine(eng)
+    e, man = open_standin_engine(eng)
     try:
         rt = Runtime(e, max_batch_size=64)
         reqs = []

@@ -14,7 +14,7 @@ import torch
 
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.build import build_engine
-from dflash2_trt.engine.cpu.engine import open_cpu_engine
+from dflash2_trt.engine.standin.engine import open_standin_engine
 from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
 from dflash2_trt.runtime import Request, Runtime
 from dflash2_trt.testing.engines import EngineCache, run_prompts
@@ -129,7 +129,7 @@ def test_state_slots_are_reused_and_reset(prompts, oracle, engines):
 
 def _context_logits_on_reused_slot(engine_dir, first, second):
     """Logits of ``second``'s context step when it reuses the slot ``first`` just left (max batch 1)."""
-    eng, _ = open_cpu_engine(engine_dir)
+    eng, _ = open_standin_engine(engine_dir)
     try:
         rt = Runtime(eng, max_batch_size=1)
         seen = []

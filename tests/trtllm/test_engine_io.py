@@ -33,9 +33,9 @@ def engine_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(engine_dir):
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
 
-    eng, _ = open_cpu_engine(engine_dir)
+    eng, _ = open_standin_engine(engine_dir)
     yield eng
     eng.close()
 
@@ -213,7 +213,7 @@ def test_a_cpu_engine_does_not_open_with_a_declaration_tensorrt_llm_would_refuse
     """Opening a CPU engine runs the network's input declaration through TensorRT-LLM's dim_range and profile
     rules, as trtllm-build's first step does: the old flat [1, mid, max] ranges (three profiles beside inputs
     with one) stop it; the real declaration opens."""
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
 
     net = load_network("cpu")
     real = net.combined.declare_inputs
@@ -226,9 +226,9 @@ def test_a_cpu_engine_does_not_open_with_a_declaration_tensorrt_llm_would_refuse
 
     monkeypatch.setattr(net.combined, "declare_inputs", old_style)
     with pytest.raises(ValueError, match="numbers of optimization profiles"):
-        open_cpu_engine(engine_dir)
+        open_standin_engine(engine_dir)
     monkeypatch.setattr(net.combined, "declare_inputs", real)
-    eng, _ = open_cpu_engine(engine_dir)
+    eng, _ = open_standin_engine(engine_dir)
     eng.close()
 
 

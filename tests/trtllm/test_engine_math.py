@@ -41,7 +41,7 @@ def test_inverse_cdf_at_qwen_vocab_matches_float64(law):
 def test_small_kv_pool_waits_instead_of_crashing(tmp_path):
     from dflash2_trt.assets import trained_pair
     from dflash2_trt.engine.build import build_engine
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
     from dflash2_trt.reference.loop import load_pair, target_generate
     from dflash2_trt.runtime import Request, Runtime
 
@@ -49,7 +49,7 @@ def test_small_kv_pool_waits_instead_of_crashing(tmp_path):
     out = tmp_path / "eng"
     build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny",
                  overrides={"num_kv_blocks": 6, "tokens_per_block": 16})
-    eng, _ = open_cpu_engine(out)
+    eng, _ = open_standin_engine(out)
     try:
         rt = Runtime(eng)
         prompts = [[5 + i + j % 7 for j in range(20)] for i in range(3)]

@@ -13,7 +13,7 @@ import torch
 
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.build import build_engine
-from dflash2_trt.engine.cpu.engine import open_cpu_engine
+from dflash2_trt.engine.standin.engine import open_standin_engine
 from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
 from dflash2_trt.runtime import Request, Runtime
 from dflash2_trt.testing.engines import EngineCache, run_prompts

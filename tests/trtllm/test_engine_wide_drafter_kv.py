@@ -53,9 +53,9 @@ def test_wide_drafter_kv_spreads_over_pool_layers(wide_drafter, tmp_path, tp):
     target_dir = trained_pair("qwen3").target_dir
     out = tmp_path / "eng"
     build_engine(wide_drafter, target_dir, out, tp_size=tp, overrides={"tokens_per_block": 16}, verify=False)
-    from dflash2_trt.engine.cpu.engine import open_cpu_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
 
-    eng, _ = open_cpu_engine(out)
+    eng, _ = open_standin_engine(out)
     assert eng.num_layers == 4 + 2 * 2          # 4 target attention layers + 2 drafter layers x split 2
     eng.close()
     prompts = shipped_prompts(trained_pair("qwen3"), 6)

@@ -260,7 +260,7 @@ def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
     if not isinstance(man, dict) or man.get("format") != ENGINE_FORMAT:
         raise ConfigError(f"format {man.get('format') if isinstance(man, dict) else None!r}, expected "
                           f"{ENGINE_FORMAT!r}", source=man_path, field="format")
-    if man.get("backend") == "cpu":
+    if man.get("backend") in ("cpu", "cuda"):
         return load_engine_dir(engine_dir)
     if man.get("backend") == "trtllm":
         for k in ("block_size", "limits"):
@@ -273,7 +273,8 @@ def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
             raise ConfigError(f"no TensorRT-LLM engine config with pretrained_config.vocab_size ({exc})",
                               source=engine_dir / "config.json") from None
         return cfg, man
-    raise ConfigError(f"backend {man.get('backend')!r}: expected 'cpu' or 'trtllm'", source=man_path, field="backend")
+    raise ConfigError(f"backend {man.get('backend')!r}: expected 'cpu', 'cuda' or 'trtllm'", source=man_path,
+                      field="backend")
 
 
 def _tokenizer_for(engine_dir: Path, man: dict, tokenizer: str | Path | None, vocab: int):
@@ -309,14 +310,14 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     cfg, man = read_engine(engine_dir)
     notes = []
     if backend == "auto":
-        backend = "python" if man["backend"] == "cpu" else "tensorrtllm"
+        backend = "python" if man["backend"] in ("cpu", "cuda") else "tensorrtllm"
     if backend not in BACKENDS:
         raise ConfigError(f"must be one of auto, {', '.join(BACKENDS)}, got {backend!r}", field="--backend")
-    if backend == "python" and man["backend"] != "cpu":
-        raise ConfigError("the python backend serves CPU engines; this is a TensorRT-LLM engine (use --backend "
-                          "tensorrtllm)", source=engine_dir, field="--backend")
-    if backend == "tensorrtllm" and man["backend"] == "cpu":
-        notes.append(f"{engine_dir} is a CPU engine: the tensorrtllm backend needs TensorRT-LLM engine files at "
+    if backend == "python" and man["backend"] not in ("cpu", "cuda"):
+        raise ConfigError("the python backend serves cpu and cuda engines; this is a TensorRT-LLM engine (use "
+                          "--backend tensorrtllm)", source=engine_dir, field="--backend")
+    if backend == "tensorrtllm" and man["backend"] in ("cpu", "cuda"):
+        notes.append(f"{engine_dir} is {'a CPU' if man['backend'] == 'cpu' else 'a cuda'} engine: the tensorrtllm backend needs TensorRT-LLM engine files at "
                      f"gpt_model_path (`dflash2-trt build --backend trtllm` on a GPU machine)")
     if not _NAME_RE.match(model_name) or model_name in MODEL_NAMES:
         raise ConfigError(f"{model_name!r} must be a plain model name other than {', '.join(MODEL_NAMES)}",

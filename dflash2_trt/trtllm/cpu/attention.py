@@ -109,12 +109,15 @@ class KVCachePool:
     _lock = threading.Lock()
 
     def __init__(self, num_blocks: int, num_layers: int, num_kv_heads: int, tokens_per_block: int,
-                 head_dim: int, dtype: torch.dtype):
+                 head_dim: int, dtype: torch.dtype, device="cpu"):
         self.num_blocks, self.num_layers = num_blocks, num_layers
         self.num_kv_heads, self.tokens_per_block, self.head_dim = num_kv_heads, tokens_per_block, head_dim
-        self.data = torch.zeros(2 * num_blocks, num_layers, num_kv_heads, tokens_per_block, head_dim, dtype=dtype)
+        self.data = torch.zeros(2 * num_blocks, num_layers, num_kv_heads, tokens_per_block, head_dim, dtype=dtype,
+                                device=device)
         with KVCachePool._lock:
-            self.handle = next(KVCachePool._ids)
+            # what host_kv_cache_pool_pointers[p, 0] holds: on a GPU the pool's device address (as TensorRT-LLM's
+            # runtime passes it), on the CPU a handle
+            self.handle = self.data.data_ptr() if self.data.is_cuda else next(KVCachePool._ids)
             KVCachePool._registry[self.handle] = self
 
     @classmethod
@@ -122,29 +125,13 @@ class KVCachePool:
         try:
             return cls._registry[int(handle)]
         except KeyError:
-            raise ValueError(f"gpt_attention: no KV pool with handle {int(handle)}") from None
+            raise ValueError(f"gpt_attention: no KV pool at {int(handle):#x}") from None
 
     def release(self) -> None:
         with KVCachePool._lock:
             KVCachePool._registry.pop(self.handle, None)
 
     # token-level access used by gpt_attention -----------------------------------------------
-    def _rows(self, offsets: torch.Tensor, positions: torch.Tensor, kv: int) -> tuple[torch.Tensor, torch.Tensor]:
-        tpb = self.tokens_per_block
-        blk = positions // tpb
-        if blk.numel() and int(blk.max()) >= offsets.shape[-1]:
-            raise IndexError(f"gpt_attention: position {int(positions.max())} needs block {int(blk.max())}, "
-                             f"the request has {offsets.shape[-1]} block offsets")
-        rows = offsets[kv][blk].long()
-        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.data.shape[0]):
-            raise IndexError(f"gpt_attention: block offset outside the pool (0..{self.data.shape[0] - 1})")
-        return rows, positions % tpb
-
-    def write(self, layer: int, offsets: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """k, v ``[n, Hkv, D]`` at ``positions [n]``; offsets ``[2, max_blocks]``."""
-        for kv, val in ((0, k), (1, v)):
-            rows, slot = self._rows(offsets, positions, kv)
-            self.data[rows, layer, :, slot] = val.to(self.data.dtype)
 
     def view(self, num_kv_heads: int, head_dim: int) -> torch.Tensor:
         """The pool as ``[2 * num_blocks, layers, num_kv_heads, tokens_per_block, head_dim]`` (same storage)."""
@@ -164,7 +151,8 @@ class KVCachePool:
         blk, slot = positions // tpb, positions % tpb
         for kv, val in ((0, k), (1, v)):
             rows = offsets[req, kv, blk].long()
-            self._check_rows(rows)
+            if not self.data.is_cuda:   # on a GPU the host copy of the offsets was checked (check_host_offsets)
+                self._check_rows(rows)
             data[rows, layer, :, slot] = val.to(data.dtype)
 
     def read_batch(self, layer: int, offsets: torch.Tensor, length: int, lengths: torch.Tensor,
@@ -172,31 +160,31 @@ class KVCachePool:
         """K, V of positions ``0..length-1`` of every request: ``[bs, length, Hkv, D]`` each (positions past a
         request's own length read block 0 / whatever its offsets say and must be masked by the caller)."""
         tpb = self.tokens_per_block
-        pos = torch.arange(length)
+        pos = torch.arange(length, device=offsets.device)
         blk = (pos // tpb).clamp(max=offsets.shape[-1] - 1)
         slot = pos % tpb
         valid = pos[None, :] < lengths[:, None]
         out = []
         for kv in (0, 1):
             rows = offsets[:, kv, blk].long()                                # [bs, length]
-            self._check_rows(rows[valid])
+            if not self.data.is_cuda:
+                self._check_rows(rows[valid])
             rows = torch.where(valid, rows, 0)
             data = self.view(num_kv_heads or self.num_kv_heads, head_dim or self.head_dim)
             out.append(data[rows, layer, :, slot[None, :].expand_as(rows)])
         return out[0], out[1]
 
+    def check_host_offsets(self, host_offsets: torch.Tensor, totals: torch.Tensor) -> None:
+        """On a GPU, the block rows a step will touch, checked once on the host copy of the offsets the runtime
+        binds beside the device one (``host_kv_cache_block_offsets`` ``[bs, 2, max_blocks]``, the same values): the
+        first ceil(total / tokens_per_block) entries of each request inside the pool. No device synchronisation."""
+        need = -(-totals.long() // self.tokens_per_block)
+        for b, n in enumerate(need.tolist()):
+            self._check_rows(host_offsets[b, :, :n].long())
+
     def _check_rows(self, rows: torch.Tensor) -> None:
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.data.shape[0]):
             raise IndexError(f"gpt_attention: block offset outside the pool (0..{self.data.shape[0] - 1})")
-
-    def read(self, layer: int, offsets: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of positions ``0..length-1``: ``[Hkv, length, D]`` each."""
-        pos = torch.arange(length)
-        out = []
-        for kv in (0, 1):
-            rows, slot = self._rows(offsets, pos, kv)
-            out.append(self.data[rows, layer, :, slot].transpose(0, 1))
-        return out[0], out[1]
 
 
 def _rope(x: torch.Tensor, pos: torch.Tensor, dim: int, base: float) -> torch.Tensor:
@@ -361,14 +349,15 @@ def _rope_from_table(plan: dict, pos, table, dim: int, max_positions: int, dtype
     (cos, sin) per position and frequency), as the plugin reads it: a position past the table is refused."""
     key = ("table", dim, max_positions, dtype)
     hit = plan["rope"].get(key)
-    if hit is None or not torch.equal(hit[0], table):      # a layer with other tables (another base) recomputes
+    same = hit is not None and hit[0].data_ptr() == table.data_ptr() and hit[0].shape == table.shape
+    if not (same or (hit is not None and torch.equal(hit[0], table))):   # other tables (another base): recompute
         if table.numel() != max_positions * dim:
             raise ValueError(f"gpt_attention: rotary_cos_sin has {table.numel()} values, expected "
                              f"rotary_embedding_max_positions {max_positions} x rotary_embedding_dim {dim}")
         if int(pos.max()) >= max_positions:
             raise IndexError(f"gpt_attention: position {int(pos.max())} is past rotary_embedding_max_positions "
                              f"{max_positions} (the plugin would read outside rotary_cos_sin)")
-        t = table.reshape(max_positions, dim // 2, 2)[pos.long()]
+        t = table.reshape(max_positions, dim // 2, 2)[pos.long().to(table.device)]
         cos, sin = t[..., 0], t[..., 1]
         plan["rope"][key] = (table, torch.cat([cos, cos], -1)[:, None, :].to(dtype),
                              torch.cat([sin, sin], -1)[:, None, :].to(dtype))
@@ -518,17 +507,23 @@ def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_
         raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
     key = (key_ids, bool(spec), int(mask_type), window, qkv.shape[0])
     hit = _PLAN_CACHE.get(key)
+    dev = qkv.device
     if hit is None:
-        plan = _batch_plan(qkv.shape[0], sequence_length, host_request_types, host_context_lengths, spec,
-                           spec_decoding_generation_lengths, spec_decoding_position_offsets, spec_decoding_packed_mask,
-                           mask_type, window)
+        # The plan is made on the host (the device inputs it reads copied once per step); the tensors that index
+        # the step's data are then kept on the data's device.
+        host = lambda t: None if t is None else t.cpu()   # noqa: E731
+        plan = _batch_plan(qkv.shape[0], host(sequence_length), host_request_types, host_context_lengths, spec,
+                           host(spec_decoding_generation_lengths), host(spec_decoding_position_offsets),
+                           host(spec_decoding_packed_mask), mask_type, window)
+        plan["on"] = {k: plan[k].to(dev) for k in ("req", "local", "pos", "past", "total", "allowed")}
+        plan["checked_pools"] = set()
         _PLAN_CACHE[key] = (key_tensors, plan)      # the tensors stay referenced: their ids cannot be reused
         while len(_PLAN_CACHE) > 8:
             _PLAN_CACHE.popitem(last=False)
     else:
         plan = hit[1]
-    T, bs, req, local, pos, past, n, total, L, N, allowed = (plan[k] for k in (
-        "T", "bs", "req", "local", "pos", "past", "n", "total", "L", "N", "allowed"))
+    T, bs, pos, total, L, N = (plan[k] for k in ("T", "bs", "pos", "total", "L", "N"))
+    req, local, past, total_on, allowed = (plan["on"][k] for k in ("req", "local", "past", "total", "allowed"))
     if plan["T_in"] != T:
         qkv = qkv[:T]
     q = qkv[:, :H * D].reshape(T, H, D)
@@ -546,9 +541,12 @@ def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_
         b = int(short[0])
         raise IndexError(f"gpt_attention: request {b} needs {int(need[b])} blocks for {int(total[b])} tokens, it has "
                          f"{offsets.shape[-1]} block offsets")
+    if dev.type == "cuda" and (pool_idx, pool.handle) not in plan["checked_pools"]:
+        pool.check_host_offsets(raw(host_kv_cache_block_offsets)[pool_idx], total)
+        plan["checked_pools"].add((pool_idx, pool.handle))
     pool.write_tokens(layer_in_pool, offsets, req, past[req] + local, k, v)  # KV slot = past + i (not + offset)
-    kk, vv = pool.read_batch(layer_in_pool, offsets, L, total, Hkv, D)       # [bs, L, Hkv, D]
-    qp = torch.zeros(bs, N, H, D, dtype=torch.float32)
+    kk, vv = pool.read_batch(layer_in_pool, offsets, L, total_on, Hkv, D)    # [bs, L, Hkv, D]
+    qp = torch.zeros(bs, N, H, D, dtype=torch.float32, device=dev)
     qp[req, local] = q.float()
     # scores [bs, Hkv, rep*N, L] = q [bs, Hkv, rep*N, D] @ k^T [bs, Hkv, D, L]
     qg = qp.reshape(bs, N, Hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(bs, Hkv, rep * N, D)
@@ -560,5 +558,5 @@ def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_
     o = o.reshape(bs, Hkv, rep, N, D).permute(0, 3, 1, 2, 4).reshape(bs, N, H * D)
     out = o[req, local].to(qkv.dtype)
     if plan["T_in"] != T:
-        out = torch.cat([out, torch.zeros(plan["T_in"] - T, out.shape[1], dtype=out.dtype)])
+        out = torch.cat([out, torch.zeros(plan["T_in"] - T, out.shape[1], dtype=out.dtype, device=dev)])
     return wrap(out), None

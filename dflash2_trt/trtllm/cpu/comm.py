@@ -9,6 +9,7 @@ With one rank the collectives are the identity.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import Callable, Sequence
 
@@ -77,7 +78,9 @@ class World:
                 errors[r] = exc
                 self._barrier.abort()
 
-        threads = [threading.Thread(target=work, args=(r,), name=f"tp-rank-{r}") for r in range(self.size)]
+        # each rank's thread runs in a copy of the caller's context (the stand-in's device, tensor.on_device)
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, r), name=f"tp-rank-{r}")
+                   for r in range(self.size)]
         for t in threads:
             t.start()
         for t in threads:

@@ -46,7 +46,7 @@ from . import comm
 from .tensor import (  # noqa: F401 - TensorRT-LLM's functional names
     Tensor, add, div, eq, floordiv, gt, lt, maximum, minimum, mul, op_and, op_or, raw, sub, wrap,
 )
-from .tensor import check_same_dtype, const_tensor, const_tensors   # the stand-in's own helpers
+from .tensor import align, check_same_dtype, const_tensor, const_tensors, current_device   # the stand-in's own helpers
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "int32": torch.int32, "int64": torch.int64, "bool": torch.bool, "int8": torch.int8}
@@ -73,12 +73,35 @@ def _ints(v, what: str = "shape") -> list[int]:
 
 
 # ---- construction -------------------------------------------------------------------------------
+_BIG_CONSTANTS: "OrderedDict" = None
+_BIG = 1 << 16   # bytes from which a constant's device copy is kept (the rotary tables, made once per shape)
+
+
 def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
+    """The array's values as a constant on the engine's device. TensorRT copies a constant into the engine once;
+    the stand-in makes it per call, except that a large array (>= 64 KiB, e.g. the rotary tables the network
+    takes from a cache) keeps its device copy: such an array is made read-only when cached, so a later write to
+    it fails loudly instead of leaving a stale copy."""
+    global _BIG_CONSTANTS
     if as_dtype is not None or as_shape is not None:
         raise NotImplementedError("constant stand-in: as_dtype / as_shape are not used by the network")
     if not isinstance(ndarray, np.ndarray):
         raise TypeError(f"constant: TensorRT-LLM takes a numpy array, got {type(ndarray).__name__}")
-    return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).clone())
+    dev = current_device()
+    if ndarray.nbytes < _BIG:
+        return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).to(dev, copy=True))
+    if _BIG_CONSTANTS is None:
+        from collections import OrderedDict
+
+        _BIG_CONSTANTS = OrderedDict()
+    key = (id(ndarray), str(dev))
+    hit = _BIG_CONSTANTS.get(key)
+    if hit is None or hit[0] is not ndarray:
+        hit = _BIG_CONSTANTS[key] = (ndarray, torch.from_numpy(np.ascontiguousarray(ndarray)).to(dev, copy=True))
+        ndarray.flags.writeable = False          # the cached copy stays right: the array can no longer change
+        while len(_BIG_CONSTANTS) > 64:
+            _BIG_CONSTANTS.popitem(last=False)
+    return wrap(hit[1])
 
 
 def arange(start, end, dtype: str) -> Tensor:
@@ -90,12 +113,12 @@ def arange(start, end, dtype: str) -> Tensor:
             if t.dtype not in (torch.int32, torch.int64):
                 raise TypeError(f"arange: Tensor bounds must be int32 or int64, got {t.dtype}")
         start, end = int(raw(start).reshape(-1)[0]), int(raw(end).reshape(-1)[0])
-    return wrap(torch.arange(int(start), int(end), dtype=str_dtype_to_torch(dtype)))
+    return wrap(torch.arange(int(start), int(end), dtype=str_dtype_to_torch(dtype), device=current_device()))
 
 
 def shape(input: Tensor, dim: int | None = None, cast_to_dtype=None, clip_before_cast=None) -> Tensor:
     """int64 as TensorRT 10's IShapeLayer makes it (1-D for the whole shape, 0-D for one dim), unless
-    ``cast_to_dtype``."""
+    ``cast_to_dtype``; on the host, where TensorRT computes shape tensors."""
     if clip_before_cast is not None:
         raise NotImplementedError("shape stand-in: clip_before_cast is not used by the network")
     res = torch.tensor(list(input.shape), dtype=torch.int64)
@@ -165,16 +188,18 @@ def _index(t, what):
 
 def gather(input: Tensor, dim: int, indices) -> Tensor:
     if isinstance(indices, int):
-        indices = torch.tensor([indices], dtype=torch.int32)
+        indices = torch.tensor([indices], dtype=torch.int32, device=input.device)
     if input.dim() != indices.dim():
         raise ValueError(f"gather: input and indices must have the same rank ({input.dim()} vs {indices.dim()})")
-    return wrap(torch.gather(raw(input), dim, _index(indices, "gather")))
+    x, idx = align(raw(input), _index(indices, "gather"))
+    return wrap(torch.gather(x, dim, idx))
 
 
 def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
     if index.dim() != 1:
         raise ValueError(f"index should have rank 1, got {index.dim()}")
-    return wrap(torch.index_select(raw(input), dim, _index(index, "index_select")))
+    x, idx = align(raw(input), _index(index, "index_select"))
+    return wrap(torch.index_select(x, dim, idx))
 
 
 def select(input: Tensor, dim: int, index) -> Tensor:
@@ -187,7 +212,8 @@ def select(input: Tensor, dim: int, index) -> Tensor:
 
 def scatter(input: Tensor, dim: int, indices: Tensor, updates: Tensor) -> Tensor:
     check_same_dtype("scatter", [raw(input), raw(updates)])
-    return wrap(raw(input).scatter(dim, _index(indices, "scatter"), raw(updates)))
+    x, idx, upd = align(raw(input), _index(indices, "scatter"), raw(updates))
+    return wrap(x.scatter(dim, idx, upd))
 
 
 def repeat_interleave(tensor: Tensor, repeats: int, dim: int) -> Tensor:
@@ -214,6 +240,7 @@ def where(condition, left, right) -> Tensor:
         raise TypeError(f"where: the condition must be bool, got {c.dtype}")
     a, b = const_tensors(left, right)
     check_same_dtype("where", [a, b])
+    c, a, b = align(c, a, b)
     return wrap(torch.where(c, a, b))
 
 
@@ -276,7 +303,7 @@ def softmax(input: Tensor, dim: int | None = None) -> Tensor:
 # ---- linear algebra / layers' math --------------------------------------------------------------
 def matmul(input: Tensor, mat2: Tensor, transa: bool = False, transb: bool = False,
            use_fp32_acc: bool = True) -> Tensor:
-    a, b = raw(input), raw(mat2)
+    a, b = align(raw(input), raw(mat2))
     check_same_dtype("matmul", [a, b])
     a = a.transpose(-1, -2) if transa else a
     b = b.transpose(-1, -2) if transb else b
@@ -308,7 +335,7 @@ def embedding(input: Tensor, weight: Tensor, tp_size=1, tp_group=None, sharding_
               per_token_scale=None, padding=None) -> Tensor:
     if per_token_scale is not None:
         raise NotImplementedError("embedding stand-in: per_token_scale is not used by the network")
-    ids, w = _index(input, "embedding"), raw(weight)
+    ids, w = align(_index(input, "embedding"), raw(weight))
     if padding is not None:
         w = torch.cat([w, raw(padding)], dim=0)
     if not (tp_size > 1 and tp_group is not None):
@@ -320,7 +347,7 @@ def embedding(input: Tensor, weight: Tensor, tp_size=1, tp_group=None, sharding_
     rows = raw(weight).shape[0]
     local = ids - int(tp_rank) * rows
     mine = (local >= 0) & (local < rows)
-    out = torch.where(mine.unsqueeze(-1), tF.embedding(local.clamp(0, rows - 1), w), torch.zeros((), dtype=w.dtype))
+    out = torch.where(mine.unsqueeze(-1), tF.embedding(local.clamp(0, rows - 1), w), torch.zeros((), dtype=w.dtype, device=w.device))
     return allreduce(wrap(out), tp_group)
 
 

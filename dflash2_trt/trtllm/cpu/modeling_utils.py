@@ -27,6 +27,7 @@ from ...errors import CheckpointError
 from .functional import str_dtype_to_torch
 from .mapping import Mapping
 from .module import Module
+from .tensor import current_device
 
 
 class PretrainedConfig:
@@ -82,7 +83,7 @@ class PretrainedModel(Module):
         config.set_rank(rank)
         model = cls(config)
         try:
-            weights = load_file(str(path))
+            weights = load_file(str(path), device=str(current_device()))   # the engine's device (tensor.on_device)
         except Exception as exc:  # safetensors raises several types
             raise CheckpointError(f"cannot read rank weights: {exc}", file=path) from None
         skip = tuple(getattr(cls, "ignored_weight_prefixes", ()))   # e.g. the target-only baseline: no drafter

@@ -56,6 +56,7 @@ __all__ = [
     "compile_shared",
     "build_cpu_plugin",
     "descs",
+    "local_headers",
     "ConvLib",
     "ScanLib",
     "GdnLib",
@@ -146,7 +147,7 @@ def _missing_sources(name: str, root: Path, missing: Sequence[Path]) -> MissingD
         f"(pip install -e <checkout>) or set DFLASH2_PLUGIN_DIR to <checkout>/plugins.")
 
 
-def _local_headers(sources: Sequence[Path]) -> tuple[Path, ...]:
+def local_headers(sources: Sequence[Path]) -> tuple[Path, ...]:
     """Headers reached through ``#include "..."`` (resolved next to the including file), transitively.
     One that does not exist is left to g++ to report."""
     seen: set[Path] = set()
@@ -175,7 +176,7 @@ def cpu_plugin_sources(name: str) -> CpuPluginSources:
     missing = [s for s in sources if not s.is_file()]
     if missing:
         raise _missing_sources(name, root, missing)
-    return CpuPluginSources(name=name, root=root, sources=sources, headers=_local_headers(sources), library=library)
+    return CpuPluginSources(name=name, root=root, sources=sources, headers=local_headers(sources), library=library)
 
 
 def _tail(text: str) -> str:

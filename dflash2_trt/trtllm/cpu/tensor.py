@@ -12,15 +12,50 @@ same dtype rules apply; the ones the real Tensor lacks (``1.0 / t``, ``-t``, ``t
 host), ``"device"`` for everything else, as in TensorRT: a layer's output always lives on the device. The
 attention stand-in refuses a host parameter that is not a host network input (the real plugin would
 dereference a device pointer on the host).
+
+Where the tensors live: the stand-in runs on the CPU (the ``cpu`` backend) or on a CUDA GPU (the ``cuda``
+backend). :func:`on_device` sets the engine's device for the duration of a step or a load; constants and
+``arange`` are made there. Host inputs stay in host memory and shape tensors (``shape()``) on the host, as
+TensorRT keeps shape tensors; where an op meets operands on both, the host ones are copied to the device
+(:func:`align`), which is what TensorRT does when a layer reads a host tensor. On the CPU backend every tensor is
+on the CPU and nothing moves.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import contextvars
 import sys
 from typing import Sequence
 
 import torch
+
+_DEVICE: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar("dflash2_standin_device", default=None)
+
+
+def current_device() -> torch.device:
+    """The device the running engine step (or load) makes its constants on: ``cpu`` unless :func:`on_device`."""
+    return _DEVICE.get() or torch.device("cpu")
+
+
+@contextlib.contextmanager
+def on_device(device):
+    """Run the enclosed network code with its constants made on ``device`` (``"cpu"`` or ``"cuda[:n]"``)."""
+    tok = _DEVICE.set(torch.device(device))
+    try:
+        yield
+    finally:
+        _DEVICE.reset(tok)
+
+
+def align(*xs):
+    """The operands of one op on one device: when any tensor among ``xs`` is on a GPU, the CPU tensors among them
+    (shape tensors, host inputs, small constants) are copied there; anything else is returned as it is."""
+    dev = next((x.device for x in xs if isinstance(x, torch.Tensor) and x.device.type != "cpu"), None)
+    if dev is None:
+        return xs
+    return tuple(raw(x).to(dev) if isinstance(x, torch.Tensor) and x.device != dev else x for x in xs)
 
 INT32_RANGE = (-2**31, 2**31 - 1)
 
@@ -194,9 +229,9 @@ def network_input(x: torch.Tensor, name: str, location: str) -> Tensor:
 
 # ---- TensorRT-LLM's conversion rules for Python scalars and the elementwise ops (functional.py:
 # constant_to_tensor_, constants_to_tensors_, broadcast_helper, elementwise_binary); functional re-exports them
-def const_tensor(x, dtype: torch.dtype | None = None) -> torch.Tensor:
+def const_tensor(x, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
     """constant_to_tensor_: a Python scalar as a [1] constant (bool -> bool, int -> int32, float -> float32 when
-    dtype is None); a Tensor as it is."""
+    dtype is None) on ``device`` (default: :func:`current_device`); a Tensor as it is."""
     if isinstance(x, torch.Tensor):
         return raw(x)
     if dtype is None:
@@ -204,16 +239,18 @@ def const_tensor(x, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dtype == torch.int32 and isinstance(x, int) and not INT32_RANGE[0] <= x <= INT32_RANGE[1]:
         raise OverflowError(f"Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
                             f"(int32_array); make an int64 constant explicitly")
-    return torch.tensor([x], dtype=dtype)
+    return torch.tensor([x], dtype=dtype, device=current_device() if device is None else device)
 
 
 def const_tensors(*xs) -> list[torch.Tensor]:
     """constants_to_tensors_: when an input is an int64 Tensor (or an int beyond int32), Python ints become int64
-    constants; Tensors are never cast."""
+    constants; Tensors are never cast. Scalars are made where the Tensor operands are (a shape computation stays
+    on the host), and the results share one device (:func:`align`)."""
+    dev = next((x.device for x in xs if isinstance(x, torch.Tensor)), None)
     has64 = builtins.any((isinstance(x, int) and not isinstance(x, bool) and not INT32_RANGE[0] <= x <= INT32_RANGE[1])
                          or (isinstance(x, torch.Tensor) and x.dtype == torch.int64) for x in xs)
-    return [const_tensor(x, torch.int64 if has64 and isinstance(x, int) and not isinstance(x, bool) else None)
-            for x in xs]
+    return list(align(*(const_tensor(x, torch.int64 if has64 and isinstance(x, int) and not isinstance(x, bool)
+                                     else None, dev) for x in xs)))
 
 
 def check_same_dtype(op: str, tensors: Sequence[torch.Tensor]) -> None:
@@ -223,7 +260,7 @@ def check_same_dtype(op: str, tensors: Sequence[torch.Tensor]) -> None:
                         f"them; TensorRT-LLM does not cast Tensor operands here)")
 
 
-def _scalar_as(x, dtype: torch.dtype, op: str) -> torch.Tensor:
+def _scalar_as(x, dtype: torch.dtype, op: str, device) -> torch.Tensor:
     """broadcast_helper in a strongly typed network (BuildConfig.strongly_typed defaults to True): a Python scalar
     becomes a constant of the other operand's dtype. A float meeting an integer Tensor would be truncated there
     (int32_array([0.5]) == 0) and an int beyond the integer dtype overflows: both refused here."""
@@ -233,7 +270,7 @@ def _scalar_as(x, dtype: torch.dtype, op: str) -> torch.Tensor:
     if dtype == torch.int32 and isinstance(x, int) and not INT32_RANGE[0] <= x <= INT32_RANGE[1]:
         raise OverflowError(f"{op}: Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
                             f"next to an int32 Tensor (int32_array)")
-    return torch.tensor([x], dtype=dtype)
+    return torch.tensor([x], dtype=dtype, device=device)
 
 
 def _binary(left, right, fn, op: str):
@@ -244,8 +281,9 @@ def _binary(left, right, fn, op: str):
     lt_, rt_ = isinstance(left, torch.Tensor), isinstance(right, torch.Tensor)
     if not (lt_ or rt_):
         raise TypeError(f"{op}: at least one operand must be a Tensor")
-    a = raw(left) if lt_ else _scalar_as(left, right.dtype, op)
-    b = raw(right) if rt_ else _scalar_as(right, a.dtype, op)
+    a = raw(left) if lt_ else _scalar_as(left, right.dtype, op, right.device)
+    b = raw(right) if rt_ else _scalar_as(right, a.dtype, op, a.device)
+    a, b = align(a, b)
     if {a.dtype, b.dtype} == {torch.int32, torch.int64}:
         a, b = a.long(), b.long()
     if a.dtype != b.dtype:
@@ -289,7 +327,8 @@ def gt(left, right) -> Tensor:
 
 
 def _bool_op(left, right, fn, op):
-    a, b = const_tensor(left), const_tensor(right)
+    dev = next((x.device for x in (left, right) if isinstance(x, torch.Tensor)), None)
+    a, b = align(const_tensor(left, device=dev), const_tensor(right, device=dev))
     if a.dtype != torch.bool or b.dtype != torch.bool:
         raise TypeError(f"{op}: TensorRT's logical ops take bool operands, got {a.dtype} and {b.dtype}")
     return wrap(fn(a, b))

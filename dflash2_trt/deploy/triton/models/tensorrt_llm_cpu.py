@@ -68,7 +68,7 @@ class _CollectSink:
 
 class TritonPythonModel:
     def initialize(self, args):
-        from dflash2_trt.engine.cpu.engine import open_cpu_engine
+        from dflash2_trt.engine.standin.engine import open_standin_engine
 
         cfg = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
@@ -76,7 +76,7 @@ class TritonPythonModel:
         if engine_dir is None:
             raise pb_utils.TritonModelException("parameter gpt_model_path (the engine directory) is not set")
         try:
-            self.engine, self.manifest = open_cpu_engine(engine_dir)
+            self.engine, self.manifest = open_standin_engine(engine_dir)
         except DFlash2Error as exc:
             raise pb_utils.TritonModelException(f"cannot open the engine: {exc}") from None
         K = self.engine.K

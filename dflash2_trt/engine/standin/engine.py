@@ -1,10 +1,15 @@
-"""A CPU engine: the network (``trtllm/network/``) executed by the CPU stand-in, one model per
-simulated TP rank, each with its own paged KV pool, stepping all ranks together.
+"""A stand-in engine: the network (``trtllm/network/``) executed by the torch stand-in of TensorRT-LLM's API, one
+model per simulated TP rank, each with its own paged KV pool, stepping all ranks together. On the ``cpu`` backend
+everything is on the CPU and the plugins are their CPU builds; on the ``cuda`` backend the weights, the KV pool, the
+recurrent-state slots and every device input are on the GPU, host inputs stay in host memory (as TensorRT binds
+them, ``engine_io.yaml`` memory), the pool pointers are real device addresses, and the plugins are their CUDA
+kernels. It is not a TensorRT engine: the network's ops run eagerly in torch.
 
 ``step(inputs)`` takes the engine inputs by their contract names (``trtllm/engine_io.yaml``) and
 returns the marked outputs of rank 0 (every rank computes the same outputs: the logits and the
 drafter's ``fc`` are gathered, partial sums all-reduced, and the random inputs are shared), after
-checking that every rank agrees on the tokens.
+checking that every rank agrees on the tokens. The outputs the runtime reads are returned in host memory; the
+logits stay where the engine computed them.
 """
 
 from __future__ import annotations
@@ -14,24 +19,51 @@ from pathlib import Path
 
 import torch
 
-from ...errors import ConfigError
+from ...errors import ConfigError, MissingDependencyError
+from ...trtllm.backend import STANDIN_BACKENDS, cuda_available, load_network
 from ...trtllm.cpu import comm, modeling_utils
 from ...trtllm.cpu.attention import KVCachePool
 from ...trtllm.cpu.state import StatePool
-from ...trtllm.cpu.tensor import network_input
+from ...trtllm.cpu.tensor import network_input, on_device
 from ...trtllm.engine_io import load_contract
 from ..format import load_engine_dir
 from .binding import bind
-from ...trtllm.backend import load_network
 
 # The runtime's per-layer tensors that are the same every step (TensorRT-LLM's runtime also fills them once).
 _STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",
            "host_kv_cache_pool_mapping", "host_runtime_perf_knobs", "host_context_progress")
 
 
-class CpuEngine:
-    def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path, limits: dict, *, num_blocks: int | None = None):
-        net = load_network("cpu")
+def engine_device(backend: str) -> torch.device:
+    """Where a stand-in engine of ``backend`` runs: the CPU, or the current CUDA device (one line when none)."""
+    if backend not in STANDIN_BACKENDS:
+        raise ConfigError(f"backend {backend!r} is not one the project's stand-in runs ({', '.join(STANDIN_BACKENDS)})",
+                          field="backend")
+    if backend == "cpu":
+        return torch.device("cpu")
+    if not cuda_available():
+        from ...trtllm.cuda.plugin_lib import no_gpu_message
+
+        raise MissingDependencyError(no_gpu_message() + " (a cuda engine runs only on a GPU; rebuild with --backend "
+                                     "cpu to run here)")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class StandinEngine:
+    """``weights``: ``"checkpoint"`` (the engine directory's converted checkpoint), ``"random"`` (every parameter
+    drawn on the engine's device, no checkpoint read: for timing real widths; its outputs are meaningless), or one
+    ``{name: tensor}`` per rank to take the parameters from (shared, not copied: the target-only baseline on the
+    combined engine's weights)."""
+
+    def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path | None, limits: dict, *,
+                 num_blocks: int | None = None, backend: str = "cpu", weights: str = "checkpoint", seed: int = 0):
+        self.backend = backend
+        self.device = engine_device(backend)
+        if self.device.type == "cuda":
+            from ...trtllm.cuda.plugin_lib import cuda_plugin_lib
+
+            cuda_plugin_lib()   # built (or found) and loaded now, not inside the first step
+        net = load_network(backend)
         cpu = net.api
         self.net = net
         self.config = dict(pretrained_config)
@@ -51,11 +83,25 @@ class CpuEngine:
         self.num_blocks = num_blocks or int(limits.get("num_kv_blocks") or per_seq * int(limits["max_batch_size"]))
         dtype = cpu.functional.str_dtype_to_torch(self.config["dtype"])
 
+        model_cls = self.model_class()
+
         def load(rank):
             cfg = cpu.PretrainedConfig.from_dict(self.config)
-            return net.DFlash2ForCausalLM.from_checkpoint(checkpoint_dir, rank, cfg)
+            if weights == "checkpoint":
+                return model_cls.from_checkpoint(checkpoint_dir, rank, cfg)
+            cfg.set_rank(rank)
+            model = model_cls(cfg)
+            if weights == "random":
+                random_weights(model, seed + rank, self.device)
+            else:
+                names = {n for n, _ in model.named_parameters()}
+                model.load({k: v for k, v in weights[rank].items() if k in names})
+            return model
 
-        self.models = self.world.run(load)
+        if not (weights in ("checkpoint", "random") or isinstance(weights, (list, tuple))):
+            raise ValueError(f"weights {weights!r}: checkpoint, random or one dict per rank")
+        with on_device(self.device):
+            self.models = self.world.run(load)
         # trtllm-build's first use of the network is its input declaration; the CPU backend opens an engine only
         # if that declaration follows TensorRT-LLM's dim_range and optimization-profile rules (the stand-in's
         # input_tensor / check_profiles), so a declaration TensorRT-LLM would refuse fails here too
@@ -66,8 +112,8 @@ class CpuEngine:
                                                  + modeling_utils.ALL_REDUCE_POINTERS_OF_COUNTER, dtype=torch.int64)
         kv_heads = self.config["num_key_value_heads"]
         local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
-        self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype)
-                      for _ in range(self.tp)]
+        self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype,
+                                  device=self.device) for _ in range(self.tp)]
         self.layer_offset = target_kv_layers   # drafter KV layers follow the target's
         self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
         self._window_sizes = self._windows()      # the runtime fills them once, as TensorRT-LLM's does
@@ -84,7 +130,15 @@ class CpuEngine:
             for r in range(self.tp):
                 for layer in self.gdn_layers:
                     self.states[r][layer] = StatePool(self.num_slots, nv, la["key_head_dim"], la["value_head_dim"],
-                                                      la["conv_kernel_size"], conv_dim, dtype)
+                                                      la["conv_kernel_size"], conv_dim, dtype, device=self.device)
+
+    def parameters(self) -> list[dict]:
+        """Per rank, ``{name: tensor}`` of the loaded parameters (the tensors themselves, not copies)."""
+        return [{n: p.value.as_subclass(torch.Tensor) for n, p in m.named_parameters()} for m in self.models]
+
+    def model_class(self):
+        """The network class each rank runs (the combined engine; the target-only baseline overrides it)."""
+        return self.net.DFlash2ForCausalLM
 
     def declare_inputs(self) -> dict:
         """Engine input name -> InputDecl of the models' ``prepare_inputs`` (what a step's feed is bound against,
@@ -129,20 +183,16 @@ class CpuEngine:
             "host_kv_cache_pool_mapping": self._pool_mapping,
             "host_runtime_perf_knobs": torch.zeros(16, dtype=torch.int64),
             "host_context_progress": torch.zeros(1, dtype=torch.int64),
-            **{f"rnn_state_ptr_{layer}": sp.handle_tensor() for layer, sp in self.states[rank].items()},
-            **{f"conv_state_ptr_{layer}": sp.handle_tensor() for layer, sp in self.states[rank].items()},
+            **{f"rnn_state_ptr_{layer}": sp.pointer_inputs()[0] for layer, sp in self.states[rank].items()},
+            **{f"conv_state_ptr_{layer}": sp.pointer_inputs()[1] for layer, sp in self.states[rank].items()},
             **({"all_reduce_workspace": self._all_reduce_workspace} if self.tp > 1 else {}),
         }
 
     def _structured(self, flat: dict, rank: int) -> dict:
         net = self.net
-        memory = _input_memory()
         # every input as the engine sees it: bound by the runtime, in host or device memory (engine_io.yaml)
         # TensorRT-LLM's runtime binds exactly the engine's inputs, or refuses the step
-        feed = bind(self._declared, {**self.static_inputs(rank), **flat})
-        f = {k: network_input(v, k, memory.get(k, "host" if k.startswith(("rnn_state_ptr_", "conv_state_ptr_"))
-                                                 else "device"))
-             for k, v in feed.items()}
+        f = placed_inputs(bind(self._declared, {**self.static_inputs(rank), **flat}), self.device)
         K = self.K
         return dict(
             input_ids=f["input_ids"], last_token_ids=f["last_token_ids"],
@@ -176,23 +226,67 @@ class CpuEngine:
 
     @torch.no_grad()
     def step(self, inputs: dict) -> dict:
+        outs = self.run_step(inputs)
+        for r in range(1, self.tp):
+            for name in ("accepted_tokens", "num_accepted_tokens"):
+                if not torch.equal(outs[0][name], outs[r][name]):
+                    raise RuntimeError(f"TP rank {r} disagrees with rank 0 on {name}")
+        # what the runtime reads, in host memory (one copy per output); the logits stay on the device
+        return {k: v if k == "logits" else v.cpu() for k, v in outs[0].items()}
+
+    @torch.no_grad()
+    def run_step(self, inputs: dict) -> list[dict]:
+        """Every rank's marked outputs of one step, where the network computed them (no host copy)."""
         def run(rank):
             modeling_utils.begin_outputs()
             self.models[rank](**self._structured(inputs, rank))
             return modeling_utils.outputs()
 
-        outs = self.world.run(run)
-        for r in range(1, self.tp):
-            for name in ("accepted_tokens", "num_accepted_tokens"):
-                if not torch.equal(outs[0][name], outs[r][name]):
-                    raise RuntimeError(f"TP rank {r} disagrees with rank 0 on {name}")
-        return outs[0]
+        with on_device(self.device):
+            return self.world.run(run)
+
+
+def placed_inputs(feed: dict, device) -> dict:
+    """The bound feed as the network receives it: each input a network input in the memory the contract gives it
+    (``engine_io.yaml`` memory): host inputs stay in host memory (the per-layer state pointers too), every other
+    input goes to the engine's ``device``, as TensorRT places an engine's bindings."""
+    memory = _input_memory()
+    out = {}
+    for k, v in feed.items():
+        where = memory.get(k, "host" if k.startswith(("rnn_state_ptr_", "conv_state_ptr_")) else "device")
+        out[k] = network_input(v if where == "host" else v.to(device, non_blocking=True), k, where)
+    return out
 
 
 @functools.lru_cache(maxsize=1)
 def _input_memory() -> dict:
     """Engine input name -> "host" | "device", from the contract (engine_io.yaml), read once."""
     return {p.name: p.memory or "device" for p in load_contract()["inputs"]}
+
+
+def random_weights(model, seed: int, device) -> None:
+    """Every parameter of ``model`` drawn on ``device`` (nothing is read or written): matrices ~ N(0, 1/fan_in),
+    norm scales 1 (a zero-centred norm's stored weight 0), the Gated DeltaNet's dt_bias / A_log in their usual
+    ranges, conv kernels small. The outputs are meaningless; the widths, dtypes and the work per step are real."""
+    g = torch.Generator(device=device).manual_seed(int(seed))
+    offset_norms = {id(m.weight) for _, m in model.named_modules() if getattr(m, "offset", 0.0)}
+    for name, p in model.named_parameters():
+        shape, dtype = p.shape, p.dtype
+        if len(shape) == 1 and id(p) in offset_norms:
+            v = torch.zeros(shape, device=device)
+        elif len(shape) == 1 and "norm" in name:
+            v = torch.ones(shape, device=device)
+        elif name.endswith("A_log"):
+            v = torch.rand(shape, generator=g, device=device) * 2.0
+        elif name.endswith("dt_bias"):
+            v = torch.rand(shape, generator=g, device=device) - 4.0
+        elif len(shape) == 1:
+            v = torch.randn(shape, generator=g, device=device) * 0.02
+        elif name.endswith("conv1d.weight") or name.endswith("base_kernel"):
+            v = torch.randn(shape, generator=g, device=device) * 0.1
+        else:
+            v = torch.randn(shape, generator=g, device=device) * shape[-1] ** -0.5
+        p.value = v.to(dtype)
 
 
 def limits_from(build: dict, config: dict) -> dict:
@@ -206,11 +300,13 @@ def limits_from(build: dict, config: dict) -> dict:
     return lim
 
 
-def open_cpu_engine(engine_dir, *, verify: bool = False):
+def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None):
+    """Open a cpu or cuda engine directory (a cuda one needs a CUDA GPU: one-line error without)."""
     cfg, man = load_engine_dir(engine_dir, verify=verify)
-    if man["backend"] != "cpu":
+    if man["backend"] not in STANDIN_BACKENDS:
         raise ConfigError(f"backend {man['backend']!r}: a TensorRT-LLM engine runs through TensorRT-LLM's runner on a GPU "
                           f"machine (`dflash2-trt run` there, or RUN.md in the engine directory)",
                           source=Path(engine_dir) / "engine.json", field="backend")
     pre = cfg["pretrained_config"]
-    return CpuEngine(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre)), man
+    return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre),
+                                         backend=man["backend"]), man

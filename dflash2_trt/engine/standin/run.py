@@ -1,5 +1,5 @@
-"""``dflash2-trt run`` on a CPU engine: the prompts through the CPU runtime (in-flight batching), the report
-``run`` prints."""
+"""``dflash2-trt run`` on a cpu or cuda engine: the prompts through the project's runtime (in-flight batching),
+the report ``run`` prints."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from ...reference.generate import parse_prompt_ids
 from ...runtime import Request, Runtime
 from ...tokenizer import encode_text
 from ..common import prompt_tokenizer, read_prompts_file, stop_ids
-from .engine import open_cpu_engine
+from .engine import open_standin_engine
 
 
-def run_cpu_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
+def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                    temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
                    progress=None) -> dict:
     """Exactly one of ``prompt_ids`` / ``prompt`` / ``prompts_file``, the other options already checked by
     :func:`dflash2_trt.engine.run.run_engine`."""
-    engine, man = open_cpu_engine(engine_dir, verify=verify)
+    engine, man = open_standin_engine(engine_dir, verify=verify)
     try:
         pre = engine.config
         tok = None
@@ -51,7 +51,7 @@ def run_cpu_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=Non
             out.append(d)
         n_tok = sum(len(r.output_ids) for r in reqs)
         acc = [a for r in reqs for a in r.acceptance_lengths]
-        return {"engine_dir": str(engine_dir), "backend": "cpu", "block_size": engine.K + 1, "tp_size": engine.tp,
+        return {"engine_dir": str(engine_dir), "backend": engine.backend, "block_size": engine.K + 1, "tp_size": engine.tp,
                 "temperature": temperature, "max_batch_size": rt.max_batch_size, "requests": out,
                 "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
                            "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else 0.0,

@@ -1,5 +1,6 @@
-"""The verify gate on a CPU engine: the fixed prompts through the engine directory as ``run`` opens it (the CPU
-runtime, here) and through the target's own greedy decoding (:mod:`dflash2_trt.engine.verify`)."""
+"""The verify gate on a cpu or cuda engine: the fixed prompts through the engine directory as ``run`` opens it (the
+project's runtime) and through the target's own greedy decoding on the engine's device
+(:mod:`dflash2_trt.engine.verify`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import time
 
 from ...runtime import Request, Runtime
 from ..verify import NEW_TOKENS, check_pool, compare, fixed_prompts, reference_outputs, shape_prompts
-from .engine import open_cpu_engine
+from .engine import open_standin_engine
 
 
-def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW_TOKENS) -> dict:
+def verify_standin_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW_TOKENS) -> dict:
     """Open the engine directory as ``run`` does, decode the fixed prompts, compare with the target."""
     t0 = time.perf_counter()
-    engine, man = open_cpu_engine(engine_dir)
+    engine, man = open_standin_engine(engine_dir)
     try:
         eos = tuple(int(e) for e in man.get("eos_token_ids") or ())
         lim = engine.limits
@@ -27,8 +28,8 @@ def verify_cpu_engine(engine_dir, *, target_dir, target_key=None, new: int = NEW
         acc = [a for r in reqs for a in r.acceptance_lengths]
     finally:
         engine.close()
-    refs = reference_outputs(target_dir, prompts, new, eos, dtype=engine.config["dtype"])
+    refs = reference_outputs(target_dir, prompts, new, eos, dtype=engine.config["dtype"], device=engine.device)
     compare(outs, refs, prompts)
-    return {"passed": True, "backend": "cpu", "prompts": len(prompts), "new_tokens": new,
+    return {"passed": True, "backend": engine.backend, "prompts": len(prompts), "new_tokens": new,
             "tokens": sum(map(len, outs)), "mean_acceptance": round(sum(acc) / len(acc), 3) if acc else 0.0,
             "seconds": round(time.perf_counter() - t0, 3)}

@@ -1,4 +1,7 @@
-"""``dflash2-trt build --backend cpu``: an engine directory the CPU runtime runs.
+"""``dflash2-trt build --backend cpu|cuda``: an engine directory the project's runtime runs with the torch stand-in
+(``cpu``: on the CPU, the plugins' CPU builds; ``cuda``: on a GPU, the plugins' CUDA kernels). The two differ only in
+``engine.json``'s ``backend``, which decides where ``run``/``bench``/``serve`` open it, and in where the verify gate
+ran.
 
 Layout (everything written into a temporary directory beside the output, renamed at the end; an error
 or Ctrl-C leaves nothing behind)::
@@ -32,11 +35,12 @@ from ..format import (ENGINE_FORMAT, ENGINE_SCHEMA, BuildResult, copy_tokenizer,
                       write_manifest)
 from ..pretrained import engine_pretrained_config
 from ..verify import planned_check_pool
-from .verify import verify_cpu_engine
+from .verify import verify_standin_engine
 
 
-def build_cpu(prep, output, *, force: bool = False, command: list[str] | None = None, verify: bool = False,
-              checkpoint_dir=None, reconvert: bool = False, progress=None, verifier=None) -> BuildResult:
+def build_standin(prep, output, *, force: bool = False, command: list[str] | None = None, verify: bool = False,
+                  checkpoint_dir=None, reconvert: bool = False, progress=None, verifier=None,
+                  backend: str = "cpu") -> BuildResult:
     """The CPU engine directory for ``prep`` (:func:`dflash2_trt.engine.plan.prepare`) at ``output``; the options
     are :func:`dflash2_trt.engine.build.build_engine`'s (``verify`` already decided there). The converter is looked
     up per call (``convert.convert_pair``): tests replace it to prove a checkpoint is reused."""
@@ -65,7 +69,7 @@ def build_cpu(prep, output, *, force: bool = False, command: list[str] | None = 
         pre = engine_pretrained_config(ck, cfg, prep.d)
         build = {k: s[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
                                    "tokens_per_block", "num_kv_blocks")}
-        engine_cfg = {"format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": "cpu",
+        engine_cfg = {"format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": backend,
                       "pretrained_config": pre, "build_config": build}
         (tmp / "config.json").write_text(json.dumps(engine_cfg, indent=2) + "\n")
         tokenizer = copy_tokenizer(target_dir, tmp)
@@ -74,7 +78,7 @@ def build_cpu(prep, output, *, force: bool = False, command: list[str] | None = 
             if p.is_file():
                 files[str(p.relative_to(tmp))] = {"size": p.stat().st_size, "sha256": file_sha256(p)}
         manifest = {
-            "format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": "cpu",
+            "format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": backend,
             "target": prep.target_key, "family": ck["qwen_type"], "block_size": s["block_size"], "dtype": ck["dtype"],
             "tp_size": cfg.tp_size, "limits": build, "selector": s["selector"], "drafter_window": s["drafter_window"],
             "versions": {"dflash2_trt": __version__, "python": sys.version.split()[0], "torch": torch_version()},
@@ -91,7 +95,7 @@ def build_cpu(prep, output, *, force: bool = False, command: list[str] | None = 
             # Through the same loading path as `run` (engine.json written first); a difference raises, and the
             # temporary directory is removed: nothing half-written.
             say("[verify] fixed prompts through the engine vs the target's greedy decoding")
-            manifest["verify"] = (verifier or verify_cpu_engine)(tmp, target_dir=target_dir,
+            manifest["verify"] = (verifier or verify_standin_engine)(tmp, target_dir=target_dir,
                                                                  target_key=prep.target_key)
             write_manifest(tmp, manifest)
     return BuildResult(Path(output), manifest)

@@ -1,0 +1,185 @@
+"""The cuda backend on a machine without a GPU: how a backend is picked, where the stand-in puts each tensor when the
+engine runs on a device (checked on torch's ``meta`` device, which holds no data: a tensor left on the host where the
+device was meant, or moved where the host was meant, shows), the random weights of ``bench steps``, and the
+refusals (``build --backend cuda`` and a cuda engine directory without a GPU: one line, nothing written). On a GPU
+the same backend runs end to end in tests/gpu/test_cuda_engine.py and scripts/gpu_e2e.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dflash2_trt.cli import main
+from dflash2_trt.trtllm import backend
+from dflash2_trt.trtllm.cpu import functional as F
+from dflash2_trt.trtllm.cpu.tensor import align, network_input, on_device
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the no-GPU refusal is not exercised")
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def _one_error_line(code, text):
+    assert code != 0
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in text, text
+    return lines[0]
+
+
+def test_auto_picks_trtllm_then_cuda_then_cpu(monkeypatch):
+    monkeypatch.delenv("DFLASH2_TRT_BACKEND", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "tensorrt_llm" else real(n, *a))
+    assert backend.resolve("auto") == "trtllm"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "tensorrt_llm" else real(n, *a))
+    monkeypatch.setattr(backend, "cuda_available", lambda: True)
+    assert backend.resolve("auto") == "cuda"
+    monkeypatch.setattr(backend, "cuda_available", lambda: False)
+    assert backend.resolve("auto") == "cpu"
+    assert backend.resolve("cuda") == "cuda"
+    with pytest.raises(Exception, match="expected auto, cpu, cuda, trtllm"):
+        backend.resolve("gpu")
+
+
+def test_the_cuda_network_is_the_same_package_with_the_cuda_plugins():
+    cpu, cuda = backend.load_network("cpu"), backend.load_network("cuda")
+    assert cpu is not cuda and cuda.api.name == "cuda" and type(cuda.api.plugins).__name__ == "CudaPlugins"
+    assert cuda.api.functional is cpu.api.functional           # one stand-in, two devices
+    assert {n for n in dir(cpu) if not n.startswith("_")} == {n for n in dir(cuda) if not n.startswith("_")}
+
+
+def test_constants_are_made_on_the_engine_device_and_shapes_stay_on_the_host():
+    dev = torch.device("meta")
+    with on_device(dev):
+        x = F.constant(np.zeros((3, 4), np.float32))
+        assert x.device == dev and F.arange(0, 5, "int32").device == dev
+        n = F.shape(x, 0)
+        assert n.device.type == "cpu"                                    # a shape tensor: host
+        assert F.concat([n, 4]).device.type == "cpu"                     # shape math stays on the host
+        assert (x + 1.0).device == dev and (x * 2.0).dtype == torch.float32
+        host = network_input(torch.tensor([1, 0], dtype=torch.int32), "host_request_types", "host")
+        dev_in = torch.zeros(2, dtype=torch.int32, device=dev)
+        assert F.where(F.eq(host, 0), 7, dev_in).device == dev           # a host input meeting device data moves
+        assert (dev_in + host).device == dev
+        big = np.ones((1, 1 << 15), np.float32)                          # >= 64 KiB: its device copy is kept
+        assert F.constant(big).device == dev and F.constant(big) is not None and not big.flags.writeable
+    assert F.constant(np.zeros(2, np.float32)).device.type == "cpu"      # outside a step: the CPU
+    assert align(torch.zeros(1), torch.zeros(1, device=dev))[0].device == dev
+
+
+def test_feed_placement_follows_the_contract():
+    """Host inputs stay in host memory, every other input goes to the engine's device (engine_io.yaml memory)."""
+    from dflash2_trt.engine.standin.engine import placed_inputs
+
+    feed = {"input_ids": torch.zeros(3, dtype=torch.int32), "host_request_types": torch.zeros(1, dtype=torch.int32),
+            "sequence_length": torch.zeros(1, dtype=torch.int32), "rnn_state_ptr_0": torch.zeros(1, dtype=torch.int64),
+            "host_kv_cache_pool_pointers": torch.zeros(1, 2, dtype=torch.int64),
+            "spec_decoding_use": torch.ones(1, dtype=torch.int32)}
+    out = placed_inputs(feed, torch.device("meta"))
+    where = {k: v.device.type for k, v in out.items()}
+    assert where == {"input_ids": "meta", "host_request_types": "cpu", "sequence_length": "meta",
+                     "rnn_state_ptr_0": "cpu", "host_kv_cache_pool_pointers": "cpu", "spec_decoding_use": "cpu"}
+    assert all(v.is_network_input and v.input_name == k for k, v in out.items())
+
+
+@NO_GPU
+def test_build_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "eng"
+    line = _one_error_line(*_cli("build", "--target", "tiny", "--backend", "cuda", "--output", str(out)))
+    assert "the cuda backend needs a CUDA GPU" in line
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@NO_GPU
+def test_a_cuda_engine_directory_without_a_gpu_is_one_line(tmp_path):
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.plan import prepare
+    from dflash2_trt.engine.standin.build import build_standin
+
+    pair = trained_pair("qwen3")
+    out = tmp_path / "eng"
+    prep = prepare(pair.drafter_dir, pair.target_dir, target_key="tiny", overrides={"block_size": 4})
+    build_standin(prep, out, backend="cuda")          # what a GPU machine writes (the build itself needs no GPU)
+    man = json.loads((out / "engine.json").read_text())
+    assert man["backend"] == "cuda" and json.loads((out / "config.json").read_text())["backend"] == "cuda"
+    line = _one_error_line(*_cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7"))
+    assert "needs a CUDA GPU" in line and "--backend cpu" in line
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(out), "--dataset", str(tmp_path / "none.jsonl"),
+                                 "--backend", "cpu"))
+    assert "is a cuda engine" in line or "none.jsonl" in line
+
+
+def test_dry_run_plans_the_cuda_build(tmp_path):
+    code, text = _cli("build", "--target", "tiny", "--backend", "cuda", "--dry-run", "--json")
+    assert code == 0, text
+    plan = json.loads(text)
+    assert plan["backend"] == "cuda" and plan["trtllm_build"] is None
+    assert [s["step"] for s in plan["steps"]] == ["validate", "convert", "plugins", "engine", "verify"]
+    assert "nvcc" in plan["steps"][2]["what"] and "not a TensorRT engine" in plan["steps"][3]["what"]
+    if not torch.cuda.is_available():
+        assert any("CUDA GPU" in m for m in plan["machine"]["missing"])
+
+
+def test_random_weights_have_the_norms_and_gates_in_range():
+    from dflash2_trt.bench.steps import config_dirs
+    from dflash2_trt.engine.plan import prepare
+    from dflash2_trt.engine.pretrained import engine_pretrained_config
+    from dflash2_trt.engine.standin.engine import random_weights
+
+    net = backend.load_network("cpu")
+    d, t = config_dirs("tiny-hybrid")
+    prep = prepare(d, t, target_key="tiny-hybrid")
+    cfg = net.api.PretrainedConfig.from_dict(engine_pretrained_config(prep.checkpoint_config, prep.cfg, prep.d))
+    model = net.DFlash2ForCausalLM(cfg)
+    random_weights(model, 0, torch.device("cpu"))
+    params = {n: p.value.as_subclass(torch.Tensor) for n, p in model.named_parameters()}
+    offsets = [n for n, m in model.named_modules() if getattr(m, "offset", 0.0)]
+    assert offsets and all(torch.equal(params[f"{n}.weight"], torch.zeros_like(params[f"{n}.weight"])) for n in offsets)
+    a_log = [v for n, v in params.items() if n.endswith("A_log")]
+    assert a_log and all(0 <= float(v.min()) and float(v.max()) <= 2 for v in a_log)
+    assert params["lm_head.weight"].float().std() < 1.0
+
+
+def test_bench_steps_on_the_cpu_backend():
+    """The real-width step timing's code path on a tiny target: every component is attributed and the speedup is the
+    acceptance length times the ratio of the steps."""
+    from dflash2_trt.bench.steps import COMPONENTS, measure_steps, render
+
+    doc = measure_steps("tiny", backend="cpu", concurrency="1,2", context_len=12, steps=1, warmup=0,
+                        profile_steps=1, acceptance=3.0)
+    assert doc["backend"] == "cpu" and doc["weights"].startswith("random") and doc["draft_len"] == 7
+    for p in doc["points"]:
+        sp, ar = p["speculative"], p["target_only"]
+        assert sp["tokens_per_step"] == p["concurrency"] * 8 and ar["tokens_per_step"] == p["concurrency"]
+        assert set(sp["spans_ms"]) == set(COMPONENTS) and sp["spans_ms"]["drafter"] > 0
+        assert ar["spans_ms"]["drafter"] == 0 and ar["spans_ms"]["selector"] == 0
+        assert p["speedup_wall"] == pytest.approx(3.0 * ar["wall_ms"] / sp["wall_ms"])
+    assert "BENCH STEPS tiny" in render(doc)
+
+
+def test_adopt_places_a_request_in_the_generation_phase():
+    from dflash2_trt.bench.steps import step_engines
+    from dflash2_trt.runtime import Request, Runtime
+
+    eng, _ = step_engines("tiny-hybrid", backend="cpu", max_batch=2, context_len=10)
+    try:
+        rt = Runtime(eng)
+        r = rt.adopt(Request([3] * 10, 5, seed=1), 4)
+        assert r.output_ids == [4] and r.committed == 10 and r.slot is not None
+        feed = rt.step_inputs([], rt.generating)
+        assert feed["input_ids"].tolist() == [4] + [eng.mask_token_id] * eng.K
+        assert feed["sequence_length"].tolist() == [10 + eng.K + 1] and feed["host_past_key_value_lengths"].tolist() == [10]
+        out = eng.step(feed)
+        assert out["accepted_tokens"].device.type == "cpu" and 1 <= int(out["num_accepted_tokens"][0]) <= eng.K + 1
+        rt.cancel(r)
+        assert rt.blocks.free_blocks == rt.blocks.num_blocks
+    finally:
+        eng.close()

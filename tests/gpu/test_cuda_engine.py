@@ -1,0 +1,115 @@
+"""The cuda backend end to end on a GPU (skipped without one; CI has none): for each shipped tiny pair, ``build
+--backend cuda`` (the verify gate on) and the project's runtime with in-flight batching give exactly the HF target's
+own greedy decoding on the same GPU in float32; the sampled tokens follow the target's exact law (chi-square); a
+wrong proposal q is caught by the same test; and the real-width step timing runs on a tiny target. The wider GPU run
+(bfloat16, concurrency 16, the real widths) is scripts/gpu_e2e.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the cuda backend)")]
+
+FAMILIES = [("tiny", "qwen3"), ("tiny-hybrid", "qwen3_5"), ("tiny-muse", "muse_glimmer")]
+NEW = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _quiet():
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+
+
+def _build(pair, key, out, **over):
+    from dflash2_trt.engine.build import build_engine
+
+    return build_engine(pair.drafter_dir, pair.target_dir, out, backend="cuda", target_key=key, verify=True,
+                        overrides={"tokens_per_block": 16, **over})
+
+
+@pytest.mark.parametrize("key,family", FAMILIES)
+def test_greedy_is_the_targets_own_decoding_on_the_gpu(key, family, tmp_path):
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.reference.loop import load_target, target_generate
+    from dflash2_trt.testing.engines import run_prompts, shipped_prompts
+
+    pair = trained_pair(family)
+    res = _build(pair, key, tmp_path / "e", max_batch_size=4)
+    assert res.manifest["backend"] == "cuda" and res.manifest["verify"]["passed"]
+    prompts = shipped_prompts(pair, 12)
+    target = load_target(pair.target_dir, check_values=False, device="cuda")
+    eos = tuple(res.manifest["eos_token_ids"])
+    refs = [target_generate(target, p, NEW, stop_token_ids=eos) for p in prompts]
+    reqs, rt = run_prompts(tmp_path / "e", prompts, new=NEW, max_batch=4)
+    assert any(s["context"] and s["generation"] for s in rt.step_log), "no step mixed joining and generating requests"
+    for r, ref in zip(reqs, refs):
+        assert r.output_ids == ref, f"prompt {r.task_id}: the cuda engine differs from the target on the GPU"
+    assert sum(map(sum, (r.acceptance_lengths for r in reqs))) / sum(len(r.acceptance_lengths) for r in reqs) > 1.5
+
+
+@pytest.fixture(scope="module")
+def sampling_case(tmp_path_factory):
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.reference.loop import load_target
+    from dflash2_trt.testing.engines import shipped_prompts
+    from dflash2_trt.testing.law import exact_triples
+
+    pair = trained_pair("qwen3")
+    out = tmp_path_factory.mktemp("cuda-sampling") / "e"
+    _build(pair, "tiny", out, max_batch_size=64, max_seq_len=64, max_input_len=32, max_num_tokens=1024)
+    target = load_target(pair.target_dir, check_values=False)      # the exact law: on the CPU, independent
+    cands = [p[:10] for p in shipped_prompts(pair, 8)]
+    prompt = max(cands, key=lambda pr: sum(1 for v in exact_triples(target, pr, 1.0).values() if v * 1200 >= 5))
+    return prompt, exact_triples(target, prompt, 1.0), out
+
+
+def _sample(out, prompt, runs, patch=None):
+    from dflash2_trt.testing.engines import run_prompts
+
+    reqs, _ = run_prompts(out, [prompt] * runs, new=3, max_batch=64, temperature=1.0, seeds=list(range(runs)),
+                          patch=patch)
+    return [tuple(r.output_ids) for r in reqs], sum(r.acceptance_lengths[0] >= 2 for r in reqs if r.acceptance_lengths)
+
+
+def test_sampling_law_on_the_gpu(sampling_case):
+    from dflash2_trt.testing.law import chi2_pvalue
+
+    prompt, exact, out = sampling_case
+    samples, accepted = _sample(out, prompt, 1200)
+    assert accepted >= 300, "multi-token acceptance hardly happened"
+    assert chi2_pvalue(samples, exact) > 1e-3
+
+
+def test_a_wrong_proposal_is_caught_on_the_gpu(sampling_case, monkeypatch):
+    from dflash2_trt.testing.law import chi2_pvalue
+    from dflash2_trt.trtllm.cpu.tensor import raw, wrap
+    from dflash2_trt.trtllm.plugin_layers import CudaPlugins
+
+    prompt, exact, out = sampling_case
+    orig = CudaPlugins.pairwise_scan
+
+    def wrong_q(self, unary, cand_ids, *a, **kw):
+        ids, q = orig(self, unary, cand_ids, *a, **kw)
+        return ids, wrap(torch.full_like(raw(q), 1.0 / q.shape[-1]))
+
+    monkeypatch.setattr(CudaPlugins, "pairwise_scan", wrong_q)
+    samples, _ = _sample(out, prompt, 600)
+    assert chi2_pvalue(samples, exact) < 1e-6
+
+
+def test_bench_steps_runs_on_the_gpu():
+    from dflash2_trt.bench.steps import COMPONENTS, measure_steps
+
+    doc = measure_steps("tiny-hybrid", backend="cuda", concurrency="1,4", context_len=64, steps=2, warmup=1,
+                        profile_steps=1, acceptance=3.0)
+    assert doc["device"] == torch.cuda.get_device_name()
+    for p in doc["points"]:
+        sp = p["speculative"]
+        assert sp["gpu_busy_ms"] > 0 and set(sp["components_ms"]) == set(COMPONENTS)
+        assert sp["components_ms"]["gdn"] > 0 and sp["components_ms"]["selector"] > 0
