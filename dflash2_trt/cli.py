@@ -303,9 +303,10 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 @main.command("build")
 @_pair_options
 @click.option("--output", type=click.Path(), default=None, help="Engine directory to create (optional with --dry-run).")
-@click.option("--backend", type=click.Choice(["auto", "cpu", "trtllm"]), default="auto", show_default=True,
-              help="cpu: the network run by the CPU stand-in; trtllm: TensorRT-LLM engines (auto: trtllm where it "
-                   "imports, else cpu; a dry run plans trtllm).")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda", "trtllm"]), default="auto", show_default=True,
+              help="cpu: the network run by the torch stand-in on the CPU; cuda: the same on a GPU with the plugins' "
+                   "CUDA kernels (not a TensorRT engine); trtllm: TensorRT-LLM engines (auto: trtllm where it "
+                   "imports, else cuda where torch sees a GPU, else cpu; a dry run plans trtllm).")
 @click.option("--tp-size", default=None, type=click.Choice(["1", "2", "4", "8"]),
               help="Tensor-parallel ranks (the CPU backend simulates them) [default: build config].")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,
@@ -362,7 +363,8 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
         from .engine.plan import dry_run_plan, render_plan
 
         check_build_outputs(d, t, output, checkpoint_dir=checkpoint_dir,   # what the real build would refuse
-                            default_checkpoint=backend != "cpu" and checkpoint_dir is None and not no_keep_checkpoint)
+                            default_checkpoint=backend not in ("cpu", "cuda") and checkpoint_dir is None
+                            and not no_keep_checkpoint)
 
         plan = dry_run_plan(d, t, output=output, backend=backend, target_key=target_key, overrides=overrides,
                             sets=sets, gpu_memory_gib=gpu_memory_gib, checkpoint_dir=checkpoint_dir,
@@ -475,7 +477,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
 @click.option("--max-new-tokens", type=int, default=64, show_default=True, help="For lines without output_tokens.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the target's EOS (every request runs its length).")
 @click.option("--no-baseline", is_flag=True, help="Skip the autoregressive runs.")
-@click.option("--backend", type=click.Choice(["auto", "cpu", "trtllm"]), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda", "trtllm"]), default="auto", show_default=True,
               help="Refuse an engine of another backend than this one.")
 @click.option("--json", "json_out", help="Write the report (JSON) here.")
 @click.option("--plot", "plot_out", help="Write a PNG: acceptance by position, "
@@ -527,6 +529,37 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
             click.echo(f"wrote {what} {p}")
 
 
+@bench_group.command("steps")
+@click.option("--target", "target_key", default="qwen3.8-27b", show_default=True,
+              help="Registered target: its published configs give the widths (random weights, nothing downloaded).")
+@click.option("--backend", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cuda: on the GPU with the plugins' CUDA kernels; cpu: on the CPU (tiny targets).")
+@click.option("--concurrency", default="1,4,16,32,64", show_default=True, help="Requests per step, comma-separated.")
+@click.option("--context-len", type=int, default=1024, show_default=True, help="Committed tokens per request.")
+@click.option("--steps", type=int, default=10, show_default=True, help="Timed steps per point.")
+@click.option("--acceptance", type=float, default=None,
+              help="Mean tokens per speculative step for the speedup column [default: the article's for the target].")
+@click.option("--json", "json_out", help="Write the report (JSON) here.")
+def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, acceptance, json_out) -> None:
+    """Time one engine step at a target's real widths with random weights: speculative vs target-only, per
+    component (not a TensorRT engine: the torch stand-in, see the report's notes)."""
+    from .bench.io import atomic_write_json, check_output_file
+    from .bench.steps import measure_steps, render
+    from .errors import ConfigError
+
+    if json_out is not None:
+        check_output_file(json_out, field="--json")
+    if steps < 1:
+        raise ConfigError(f"must be >= 1, got {steps}", field="--steps")
+    progress = (lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None
+    doc = measure_steps(target_key, backend=backend, concurrency=concurrency, context_len=context_len, steps=steps,
+                        acceptance=acceptance, progress=progress)
+    click.echo(render(doc))
+    if json_out is not None:
+        atomic_write_json(json_out, doc)
+        click.echo(f"wrote {json_out}")
+
+
 @bench_group.command("project")
 @click.option("--target", "target_key", default="qwen3.8-27b", show_default=True,
               help="Registered target whose published shapes (target + drafter config.json) are used.")
@@ -545,16 +578,21 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
               help="Hybrid targets: how a verify pass keeps the recurrent state (replay the accepted tokens, or store "
                    "the state after every draft position).")
 @click.option("--json", "json_out", help="Write the projection (JSON) here.")
+@click.option("--costs-from", help="A `bench steps --json` report: take the step times measured there instead of the "
+                                   "roofline model's (the output says which it used).")
+@click.option("--cost-basis", type=click.Choice(["busy", "wall"]), default="busy", show_default=True,
+              help="With --costs-from: the steps' kernel time (busy) or their whole wall time.")
 def bench_project_cmd(target_key, gpus, concurrency, context_len, acceptance, acceptance_from, bandwidth_efficiency,
-                      compute_efficiency, step_overhead_ms, recurrent_verify, json_out) -> None:
-    """Roofline model of the speedup over autoregressive decoding on a GPU (a model, not a measurement)."""
+                      compute_efficiency, step_overhead_ms, recurrent_verify, json_out, costs_from, cost_basis) -> None:
+    """The speedup over autoregressive decoding on a GPU: a roofline model, or measured step costs (--costs-from)."""
     from .bench.projection import render
     from .bench.run import bench_project
 
     doc = bench_project(target=target_key, gpus=gpus, concurrency=concurrency, context_len=context_len,
                         acceptance=acceptance, acceptance_from=acceptance_from,
                         bandwidth_efficiency=bandwidth_efficiency, compute_efficiency=compute_efficiency,
-                        step_overhead_ms=step_overhead_ms, recurrent_verify=recurrent_verify, json_out=json_out)
+                        step_overhead_ms=step_overhead_ms, recurrent_verify=recurrent_verify, json_out=json_out,
+                        costs_from=costs_from, cost_basis=cost_basis)
     click.echo(render(doc))
     if json_out is not None:
         click.echo(f"wrote {json_out}")

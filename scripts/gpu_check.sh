@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# GPU check of the DFlash2 plugin kernels (dynamic conv, pairwise scan, Gated DeltaNet): builds them as a torch
+# GPU check of the DFlash2 plugin kernels (dynamic conv, pairwise scan, Gated DeltaNet): builds their CUDA library
 # extension, checks them against the torch reference and the CPU build (bit for bit), and times them against
 # torch eager or the DRAM bound (see scripts/gpu_check/gpu_check.py).
 # Needs a CUDA GPU, a CUDA build of torch and nvcc. Exits 2 with a message when there is no GPU.
-# Usage: scripts/gpu_check.sh [--json out.json] [--skip-bench]
+# Usage: scripts/gpu_check.sh [--json out.json] [--skip-bench] [--lib libdf2_cuda.so]
+#        scripts/gpu_check.sh --e2e OUT_DIR [gpu_e2e.py options]   the cuda engine backend end to end and the
+#        real-width step timings (scripts/gpu_e2e.py): JSON, tables and logs in OUT_DIR
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
@@ -14,5 +16,10 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 nvidia-smi -L
 cd "$repo"
+if [ "${1:-}" = "--e2e" ]; then
+    [ $# -ge 2 ] || { echo "gpu_check: --e2e needs an output directory" >&2; exit 2; }
+    out="$2"; shift 2
+    exec timeout --kill-after=10 900 "$python" "$here/gpu_e2e.py" --out "$out" "$@"
+fi
 # the whole check is budgeted to 9 minutes (extension build of the three plugins' kernels included)
 exec timeout --kill-after=10 540 "$python" "$here/gpu_check/gpu_check.py" "$@"

@@ -402,12 +402,66 @@ def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: in
         per_gpu.append(entry)
     return {
         "kind": "roofline model (not a measurement)",
+        "costs": {"kind": "assumed", "model": "roofline", "bandwidth_efficiency": bw_eff,
+                  "compute_efficiency": fl_eff, "step_overhead_s": step_overhead_s},
         "target": asdict(t) | {"layer_kinds": {k: t.layer_kinds.count(k) for k in sorted(set(t.layer_kinds))}},
         "drafter": asdict(d), "draft_len": d.block_size - 1, "acceptance": acceptance_info, "tau": tau,
         "context_len": context, "bandwidth_efficiency": bw_eff, "compute_efficiency": fl_eff,
         "step_overhead_s": step_overhead_s, "recurrent_verify": recurrent, "gpus": per_gpu,
         "model": "t(component) = max(bytes / (BW * bw_eff), FLOPs / (peak * compute_eff)); step = sum + overhead; "
                  "speedup = tau * t_AR / t_spec (dflash2_trt/bench/projection.py)",
+    }
+
+
+COST_BASES = {"busy": "gpu_busy_ms", "wall": "wall_ms"}
+"""Which time of a ``bench steps`` point a measured projection uses: the step's kernel time (what an engine replayed
+without launch gaps approaches) or its whole wall time (the eager stand-in's, host overhead included)."""
+
+
+def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, source, concurrency=None,
+                        basis: str = "busy") -> dict:
+    """The projection from MEASURED step costs: a ``bench steps`` report (``dflash2_trt/bench/steps.py``) gives
+    t_AR(B) and t_spec(B) on its GPU; speedup(B) = tau * t_AR / t_spec. Nothing is modelled."""
+    if basis not in COST_BASES:
+        raise ConfigError(f"one of {', '.join(COST_BASES)}, got {basis!r}", field="--cost-basis")
+    try:
+        if steps.get("format") != "dflash2-trt bench steps":
+            raise TypeError
+        by_c = {int(p["concurrency"]): p for p in steps["points"]}
+        K, device = int(steps["draft_len"]), str(steps["device"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise ConfigError("not a `bench steps` report (format 'dflash2-trt bench steps', points[])",
+                          source=source) from None
+    levels = sorted(by_c) if concurrency is None else list(concurrency)
+    missing = [c for c in levels if c not in by_c]
+    if missing:
+        raise ConfigError(f"concurrency {missing[0]} was not measured (the report has {sorted(by_c)})",
+                          field="--concurrency")
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and 1 <= tau <= K + 1):
+        raise ConfigError(f"must be in [1, {K + 1}], got {tau}", field="--acceptance")
+    key = COST_BASES[basis]
+    pts = []
+    for c in levels:
+        sp, ar = by_c[c]["speculative"], by_c[c]["target_only"]
+        if key not in sp or key not in ar:
+            raise ConfigError(f"concurrency {c}: no {key} in the report (measure on a GPU, or --cost-basis wall)",
+                              source=source, field="--cost-basis")
+        t_spec, t_ar = sp[key] / 1e3, ar[key] / 1e3
+        comps = sp.get("components_ms") if basis == "busy" else sp.get("spans_ms")
+        pts.append({"concurrency": c, "ar_step_s": t_ar, "spec_step_s": t_spec, "ar_tokens_per_s": c / t_ar,
+                    "spec_tokens_per_s": c * tau / t_spec, "speedup": tau * t_ar / t_spec,
+                    "components": {"speculative": [{"name": k, "time_s": v / 1e3} for k, v in (comps or {}).items()]}})
+    entry = {"gpu": {"key": "measured", "name": device}, "points": pts}
+    if steps.get("target") == "qwen3.8-27b" and K == 7 and "H200" in device:
+        entry["article"] = compare_with_article(pts, tau)
+    return {
+        "kind": "measured step costs (not a roofline model)",
+        "costs": {"kind": "measured", "source": str(source), "basis": basis, "device": device,
+                  "backend": steps.get("backend"), "context_len": steps.get("context_len"),
+                  "weights": steps.get("weights"), "notes": list(steps.get("notes") or [])},
+        "target": {"name": steps.get("target")}, "draft_len": K, "acceptance": acceptance_info, "tau": tau,
+        "context_len": steps.get("context_len"), "gpus": [entry],
+        "model": "speedup = tau * t_AR / t_spec with both step times measured (dflash2_trt/bench/steps.py)",
     }
 
 
@@ -429,7 +483,11 @@ def published_pair_shapes(target_key: str) -> tuple[TargetShapes, DrafterShapes]
 
 
 def render(doc: dict) -> str:
-    lines = [f"PROJECTION ({doc['kind']}): {doc['target']['name']} + drafter, {doc['draft_len']} drafts/step, "
+    if doc.get("costs", {}).get("kind") == "measured":
+        return render_measured(doc)
+    lines = ["costs: assumed (roofline model: data-sheet bandwidth and bf16 rate times the given efficiencies; "
+             "`--costs-from` a `bench steps` report uses measured ones)"]
+    lines += [f"PROJECTION ({doc['kind']}): {doc['target']['name']} + drafter, {doc['draft_len']} drafts/step, "
              f"tau = {doc['tau']:.2f} tokens/step ({doc['acceptance']['kind']}), context {doc['context_len']} tokens, "
              f"efficiency bw {doc['bandwidth_efficiency']:g} / compute {doc['compute_efficiency']:g}, "
              f"overhead {doc['step_overhead_s'] * 1e3:g} ms/step"
@@ -459,4 +517,28 @@ def render(doc: dict) -> str:
                 lines.append(f"  vs the article's headline {c1['article_headline_range'][0]}-"
                              f"{c1['article_headline_range'][1]}x: projected {c1['projected_speedup']:.2f}x at "
                              f"concurrency 1")
+    return "\n".join(lines)
+
+
+def render_measured(doc: dict) -> str:
+    c = doc["costs"]
+    lines = [f"costs: measured ({c['basis']} time per step) from {c['source']}: {c['device']}, {c['backend']} backend, "
+             f"context {c['context_len']}, {c['weights']}",
+             f"PROJECTION (measured): {doc['target']['name']}, {doc['draft_len']} drafts/step, tau = {doc['tau']:.2f} "
+             f"tokens/step ({doc['acceptance']['kind']})",
+             f"  {'conc':>6} {'AR ms/step':>10} {'spec ms/step':>12} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>7}"]
+    for g in doc["gpus"]:
+        for p in g["points"]:
+            lines.append(f"  {p['concurrency']:>6} {p['ar_step_s'] * 1e3:>10.2f} {p['spec_step_s'] * 1e3:>12.2f} "
+                         f"{p['ar_tokens_per_s']:>9.0f} {p['spec_tokens_per_s']:>10.0f} {p['speedup']:>7.2f}")
+        art = g.get("article")
+        if art and "concurrency_32" in art:
+            a = art["concurrency_32"]
+            lines.append(f"  article, concurrency 32: {a['article_speedup_range'][0]:.2f}-{a['article_speedup_range'][1]:.2f}x "
+                         f"(mean {a['article_speedup_mean']:.2f}); measured here {a['projected_speedup']:.2f}x")
+        if art and "concurrency_1" in art:
+            a = art["concurrency_1"]
+            lines.append(f"  article headline: {a['article_headline_range'][0]}-{a['article_headline_range'][1]}x; "
+                         f"measured here at concurrency 1: {a['projected_speedup']:.2f}x")
+    lines += ["notes:"] + [f"  - {n}" for n in c["notes"]]
     return "\n".join(lines)

@@ -44,8 +44,8 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     """The bench report of ``engine_dir``. TensorRT-LLM engines: ``tool`` ``trtllm-bench`` (the default: through
     :mod:`.trtllm_bench`'s launcher) or ``gptmanager`` (gptManagerBenchmark, :mod:`.gpu`)."""
     t0 = time.perf_counter()
-    if backend not in ("auto", "cpu", "trtllm"):
-        raise ConfigError(f"must be auto, cpu or trtllm, got {backend!r}", field="--backend")
+    if backend not in ("auto", "cpu", "cuda", "trtllm"):
+        raise ConfigError(f"must be auto, cpu, cuda or trtllm, got {backend!r}", field="--backend")
     if tool not in (None, "trtllm-bench", "gptmanager"):
         raise ConfigError(f"must be trtllm-bench or gptmanager, got {tool!r}", field="--tool")
     temperature = effective_temperature(temperature, "--temperature")   # below 1e-5: greedy, on both backends
@@ -72,18 +72,18 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
             raise ConfigError(f"must be an integer in [1, {limit}] (the target's max_position_embeddings), got "
                               f"{context_len}", field="--context-len")
     kind, man, cfg = engine_backend(engine_dir)
-    if gpus is not None and kind != "cpu":
-        raise ConfigError("the projection is made from a CPU engine's measured acceptance; for a TensorRT-LLM "
+    if gpus is not None and kind not in ("cpu", "cuda"):
+        raise ConfigError("the projection is made from a stand-in engine's measured acceptance; for a TensorRT-LLM "
                           "engine run `dflash2-trt bench project --acceptance-from REPORT.json`", field="--project")
     if backend != "auto" and backend != kind:
         raise ConfigError(f"is a {kind} engine (engine.json backend {kind!r}); --backend {backend} was asked",
                           source=engine_dir, field="backend")
-    if kind == "cpu":
+    if kind in ("cpu", "cuda"):
         from .cpu import bench_cpu
 
         if baseline_engine_dir is not None or benchmark_bin is not None or plugin_lib is not None or dry_run \
                 or tool is not None:
-            raise ConfigError("applies to TensorRT-LLM engines only (this is a CPU engine)",
+            raise ConfigError(f"applies to TensorRT-LLM engines only (this is a {kind} engine)",
                               field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run/--tool")
         measured = bench_cpu(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                              temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
@@ -130,8 +130,11 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
 def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,16,32", context_len: int = 1024,
                   acceptance: float | None = None, acceptance_from=None, bandwidth_efficiency: float = 1.0,
                   compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str = "replay",
-                  json_out=None) -> dict:
-    refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from)])
+                  json_out=None, costs_from=None, cost_basis: str = "busy") -> dict:
+    """The speedup over autoregressive decoding per concurrency: the roofline model (costs assumed), or, with
+    ``costs_from`` (a ``bench steps`` report), the step times measured there (costs measured)."""
+    refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from), ("--costs-from report",
+                                                                                        costs_from)])
     if json_out is not None:
         check_output_file(json_out, field="--json")
     levels = parse_concurrency(concurrency)
@@ -145,11 +148,45 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,
             raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
         except ValueError as exc:
             raise ConfigError(f"invalid JSON ({exc})", source=p) from None
+    if costs_from is not None:
+        return _measured_projection(target, costs_from, cost_basis, report, acceptance, acceptance_from, json_out,
+                                    concurrency=None if concurrency is None else levels,
+                                    roofline_options=(bandwidth_efficiency, compute_efficiency, step_overhead_ms))
     t, d = published_pair_shapes(target)
     tau, info = tau_from(acceptance=acceptance, report=report, draft_len=d.block_size - 1, report_source=acceptance_from)
     doc = project(t, d, [GPUS[k] for k in g], concurrency=levels, context=context_len, tau=tau, acceptance_info=info,
                   bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3,
                   recurrent=recurrent_verify)
+    if json_out is not None:
+        atomic_write_json(json_out, doc)
+    return doc
+
+
+def _measured_projection(target, costs_from, basis, report, acceptance, acceptance_from, json_out, *, concurrency,
+                         roofline_options) -> dict:
+    """bench project --costs-from: speedups from a `bench steps` report's measured step times."""
+    from .projection import measured_projection
+
+    if roofline_options != (1.0, 1.0, 0.0):
+        raise ConfigError("apply to the roofline model; measured costs (--costs-from) take the report's times",
+                          field="--bandwidth-efficiency/--compute-efficiency/--step-overhead-ms")
+    p = Path(costs_from)
+    try:
+        steps = json.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
+    except ValueError as exc:
+        raise ConfigError(f"invalid JSON ({exc})", source=p) from None
+    if not isinstance(steps, dict) or steps.get("target") != target:
+        raise ConfigError(f"measured {steps.get('target') if isinstance(steps, dict) else None!r}, not {target!r}",
+                          source=p, field="target")
+    draft_len = steps.get("draft_len")
+    if acceptance is None and report is None and steps.get("acceptance"):
+        tau, info = float(steps["acceptance"]), {"kind": "given", "mean": float(steps["acceptance"]),
+                                                  "source": "the article's, recorded in the steps report"}
+    else:
+        tau, info = tau_from(acceptance=acceptance, report=report, draft_len=draft_len, report_source=acceptance_from)
+    doc = measured_projection(steps, tau=tau, acceptance_info=info, source=p, concurrency=concurrency, basis=basis)
     if json_out is not None:
         atomic_write_json(json_out, doc)
     return doc

@@ -1,7 +1,7 @@
 """scripts/gpu_check/gpu_check.py's Gated DeltaNet check, run here with the CPU build standing in for the GPU
 (the check itself needs a CUDA GPU): the comparison is bit for bit per stage, and it names the stage and tensor
-that differ. The GPU side (ext.cpp's gdn_forward / gdn_commit) is compiled, not run, on this machine
-(tests/plugins/test_plugin_build.py::test_gpu_check_extension_source_compiles)."""
+that differ. The GPU side (the plugins' CUDA build, dflash2_trt/trtllm/cuda/plugin_lib.py) is compiled and its C ABI's
+host side checked, not run, on this machine (tests/plugins/test_plugin_cuda_lib.py)."""
 
 from __future__ import annotations
 

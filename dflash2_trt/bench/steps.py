@@ -1,0 +1,334 @@
+"""``dflash2-trt bench steps``: one engine step at a target's real widths, measured, with random weights.
+
+The combined engine (draft, verify, accept, commit) and the target-only baseline of a registered target are built
+from its published configs (``dflash2_trt/assets/published/``; nothing is downloaded, no checkpoint is written or
+read) with every parameter drawn at random on the backend's device: the widths, dtypes and work per step are the
+real ones, the tokens are meaningless. ``concurrency`` requests are placed in the generation phase at
+``context_len`` committed tokens (``Runtime.adopt``: their KV blocks and state slots reserved, nothing prefilled),
+and the same step is timed repeatedly:
+
+- ``wall_ms``: per step, from the feed to the outputs in host memory (what the runtime waits for), synchronised;
+- ``gpu_busy_ms`` and ``components_ms`` (CUDA, with the torch profiler): the kernels' own time per step, split into
+  ``target_linear`` (the target's matrix multiplies, Gated DeltaNet projections included), ``attention`` (the
+  stand-in's paged attention: torch ops, NOT TensorRT-LLM's kernels), ``gdn`` (the DFlash2GatedDeltaNet plugin's
+  kernels, forward and commit), ``lm_head`` (the target's LM head: verify logits and the drafter's unary scores),
+  ``drafter`` (the drafter's layers and its context commit), ``selector`` (top-k, projection, the scan plugin),
+  ``accept`` (the in-engine acceptance) and ``rest`` (embedding, norms, residuals, packing);
+- ``spans_ms``: the same components' elapsed time between CUDA events (kernels plus the launch and host gaps
+  inside them).
+
+The speculative speedup at a mean acceptance length tau is ``tau * t_target_only / t_speculative`` (one
+speculative step emits tau tokens per request on average, one target-only step one), from the wall times and
+from the busy times. This is the stand-in executed eagerly by torch, not a TensorRT engine: its launch overhead and
+its attention are not TensorRT-LLM's, which the report says in ``notes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from ..engine.pretrained import engine_pretrained_config
+from ..engine.plan import prepare
+from ..engine.standin.engine import StandinEngine, limits_from
+from ..errors import ConfigError
+from ..runtime import Request, Runtime
+from ..targets import fixtures_dir, get_target, resolve_dirs
+from .autoregressive import TargetOnlyEngine
+from .common import parse_concurrency
+
+COMPONENTS = ("target_linear", "attention", "gdn", "lm_head", "drafter", "selector", "accept", "rest")
+ARTICLE_ACCEPTANCE = {"qwen3.8-27b": 4.80, "muse-glimmer-30b": 5.70}
+"""Mean acceptance lengths the article reports for the published pairs (H200, seven draft tokens)."""
+NOTES = [
+    "random weights: the widths, dtypes and work per step are the target's, the tokens are meaningless",
+    "the network is executed eagerly by the torch stand-in of TensorRT-LLM's API (one kernel launch per op, host "
+    "synchronisations in the stand-in's paged attention), not by a TensorRT engine",
+    "attention is the stand-in's (dense torch ops over the paged pool), not TensorRT-LLM's attention kernels: its "
+    "share is reported apart",
+]
+PLUGIN_NOTE = {"cuda": "the plugins (dynamic conv, pairwise scan, Gated DeltaNet) run their CUDA kernels (the sources of "
+                       "libdflash2_plugins.so)",
+               "cpu": "the plugins run their CPU builds (the CPU backend: times are a CPU's, not a GPU's)"}
+
+
+def config_dirs(target_key: str) -> tuple[Path, Path]:
+    """(drafter dir, target dir) of ``target_key``: the published configs shipped in the package for a published
+    pair, the shipped trained pair for a tiny target (configs are all that is read)."""
+    entry = get_target(target_key)
+    if entry.target_id is not None and entry.drafter_id is not None:
+        fx = fixtures_dir()
+        d, t = fx / entry.drafter_id.replace("/", "__"), fx / entry.target_id.replace("/", "__")
+        if (d / "config.json").is_file() and (t / "config.json").is_file():
+            return d, t
+    return resolve_dirs(entry)
+
+
+def step_engines(target_key: str, *, backend: str, max_batch: int, context_len: int, new_tokens: int = 32,
+                 dtype: str = "bfloat16", seed: int = 0, tokens_per_block: int = 32) -> tuple[StandinEngine, dict]:
+    """The combined engine of ``target_key`` with random weights on ``backend``, sized for ``max_batch`` requests
+    at ``context_len`` (tp 1), and its limits."""
+    d, t = config_dirs(target_key)
+    probe = prepare(d, t, target_key=target_key, overrides={"tp_size": 1})
+    K = probe.K
+    seq = context_len + new_tokens + K + 1
+    seq = -(-seq // tokens_per_block) * tokens_per_block
+    over = {"tp_size": 1, "dtype": dtype, "max_batch_size": max_batch, "max_input_len": context_len,
+            "max_seq_len": seq, "max_num_tokens": max(context_len, max_batch * (K + 1)),
+            "tokens_per_block": tokens_per_block}
+    prep = prepare(d, t, target_key=target_key, overrides=over)
+    pre = engine_pretrained_config(prep.checkpoint_config, prep.cfg, prep.d)
+    s = prep.cfg.to_dict()
+    build = {k: s[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
+                               "tokens_per_block", "num_kv_blocks")}
+    limits = limits_from(build, pre)
+    return StandinEngine(pre, None, limits, backend=backend, weights="random", seed=seed), limits
+
+
+# ---- component scopes ---------------------------------------------------------------------------------------------
+class _Scopes:
+    """Labels the network's components while a step runs: each labelled call is timed between CUDA events (or the
+    host clock on the CPU) and, under the profiler, recorded as a ``record_function`` range. The outermost label
+    wins: the drafter's own linear layers and attention count as ``drafter``."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.active = None
+        self.spans: dict[str, list] = defaultdict(list)
+
+    def wrap(self, label, fn):
+        def f(*args, **kwargs):
+            if self.active is not None:
+                return fn(*args, **kwargs)
+            self.active = label
+            try:
+                with torch.profiler.record_function(f"dflash2::{label}"):
+                    if self.cuda:
+                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        a.record()
+                        out = fn(*args, **kwargs)
+                        b.record()
+                        self.spans[label].append((a, b))
+                    else:
+                        t0 = time.perf_counter()
+                        out = fn(*args, **kwargs)
+                        self.spans[label].append(time.perf_counter() - t0)
+                return out
+            finally:
+                self.active = None
+        f.__wrapped__ = fn
+        return f
+
+    def totals_ms(self) -> dict:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return {k: sum(a.elapsed_time(b) for a, b in v) for k, v in self.spans.items()}
+        return {k: sum(v) * 1e3 for k, v in self.spans.items()}
+
+
+@contextlib.contextmanager
+def component_scopes(engine: StandinEngine):
+    """Patch the engine's network package and stand-in so that every component call goes through a
+    :class:`_Scopes`; everything is restored on exit."""
+    net, api = engine.net, engine.net.api
+    scopes = _Scopes(engine.device.type == "cuda")
+    patches = []
+
+    def patch(obj, name, label):
+        orig = getattr(obj, name)
+        patches.append((obj, name, orig, name in vars(obj)))
+        setattr(obj, name, scopes.wrap(label, orig))
+
+    patch(net.DFlash2Drafter, "draft_hidden", "drafter")
+    patch(net.DFlash2Drafter, "commit", "drafter")
+    patch(net.DFlash2Selector, "propose", "selector")
+    for fn in ("accept", "accepted_tokens", "acceptance_uniforms"):
+        if hasattr(net.combined, fn):
+            patch(net.combined, fn, "accept")
+    patch(type(api.plugins), "gated_delta_net", "gdn")
+    patch(type(api.plugins), "gated_delta_net_commit", "gdn")
+    patch(api.functional, "gpt_attention", "attention")
+    patch(api.layers.ColumnLinear, "forward", "target_linear")
+    patch(api.layers.RowLinear, "forward", "target_linear")
+    for m in engine.models:
+        if hasattr(m, "lm_head"):
+            patch(m.lm_head, "forward", "lm_head")
+    try:
+        yield scopes
+    finally:
+        for obj, name, orig, own in reversed(patches):
+            if own:
+                setattr(obj, name, orig)
+            else:
+                delattr(obj, name)
+
+
+def _sync(engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+PLUGIN_KERNELS = (("gdn", ("gdn", "deltanet")), ("drafter", ("dynamicconv", "conv")), ("selector", ("pairwise", "scan",
+                                                                                                "walk", "lattice")))
+"""The plugins' kernels by name (all in namespace dflash2): the component each belongs to. They are launched from
+the plugins' CUDA library through ctypes, outside any torch op, so the profiler cannot place them by their caller."""
+
+
+def plugin_component(kernel_name: str) -> str | None:
+    n = kernel_name.lower()
+    if "dflash2" not in n:
+        return None
+    return next((label for label, keys in PLUGIN_KERNELS if any(k in n for k in keys)), "rest")
+
+
+def _label_of(event) -> str | None:
+    while event is not None:
+        if event.name.startswith("dflash2::"):
+            return event.name.removeprefix("dflash2::")
+        event = event.cpu_parent
+    return None
+
+
+def _kernel_split_ms(prof, steps: int) -> tuple[float, dict]:
+    """(kernel time per step, per component) from a profile of ``steps`` steps taken under component_scopes: every
+    kernel the GPU ran counts once; one launched by a torch op goes to the component whose scope encloses that op,
+    a plugin kernel (launched from the plugins' library) to its plugin's component (:data:`PLUGIN_KERNELS`)."""
+    cuda = torch.autograd.DeviceType.CUDA
+    events = prof.events()
+    device = [e for e in events if e.device_type == cuda and not e.name.startswith("dflash2::")
+              and not getattr(e, "is_user_annotation", False)]
+    total = sum(e.time_range.elapsed_us() for e in device)
+    per: dict = defaultdict(float)
+    linked_plugin: dict = defaultdict(float)
+    for e in events:
+        if e.device_type == cuda or not getattr(e, "kernels", None):
+            continue
+        label = _label_of(e) or "rest"
+        for k in e.kernels:
+            per[label] += k.duration
+            pl = plugin_component(k.name)
+            if pl:
+                linked_plugin[pl] += k.duration
+    plugin_all: dict = defaultdict(float)
+    for e in device:
+        pl = plugin_component(e.name)
+        if pl:
+            plugin_all[pl] += e.time_range.elapsed_us()
+    for pl, v in plugin_all.items():   # the plugin kernels no torch op launched
+        per[pl] += max(v - linked_plugin.get(pl, 0.0), 0.0)
+    out = {k: per.get(k, 0.0) / steps / 1e3 for k in COMPONENTS if k != "rest"}
+    out["rest"] = max(total / steps / 1e3 - sum(out.values()), 0.0)
+    return total / steps / 1e3, out
+
+
+def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps: int = 10, warmup: int = 3,
+            profile_steps: int = 2, token: int = 1) -> dict:
+    """One point: ``concurrency`` requests generating at ``context_len``; see the module docstring."""
+    rt = Runtime(engine, max_batch_size=concurrency)
+    reqs = [rt.adopt(Request([token] * context_len, 32, seed=i, task_id=i), token) for i in range(concurrency)]
+    try:
+        feed = rt.step_inputs([], rt.generating)
+        for _ in range(warmup):
+            engine.step(feed)
+        _sync(engine)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step(feed)
+        _sync(engine)
+        wall = (time.perf_counter() - t0) / steps * 1e3
+        point = {"wall_ms": wall, "tokens_per_step": concurrency * (engine.K + 1)}
+        with component_scopes(engine) as scopes:
+            if engine.device.type == "cuda" and profile_steps:
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(profile_steps):
+                        engine.step(feed)
+                    _sync(engine)
+                try:
+                    busy, comp = _kernel_split_ms(prof, profile_steps)
+                    point["gpu_busy_ms"], point["components_ms"] = busy, comp
+                except (AttributeError, TypeError) as e:   # a profiler without these fields: the spans remain
+                    point["profiler_error"] = f"{type(e).__name__}: {e}"
+                scopes.spans.clear()
+            n = max(profile_steps, 1)
+            for _ in range(n):
+                engine.step(feed)
+            _sync(engine)
+            spans = {k: v / n for k, v in scopes.totals_ms().items()}
+        spans["rest"] = max(wall - sum(spans.values()), 0.0)
+        point["spans_ms"] = {k: spans.get(k, 0.0) for k in COMPONENTS}
+        return point
+    finally:
+        for r in reqs:
+            rt.cancel(r)
+
+
+def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16,32,64", context_len: int = 1024,
+                  steps: int = 10, warmup: int = 3, profile_steps: int = 2, acceptance: float | None = None,
+                  dtype: str = "bfloat16", progress=None) -> dict:
+    """The ``bench steps`` report (see the module docstring)."""
+    levels = parse_concurrency(concurrency)
+    if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
+        raise ConfigError(f"must be an integer >= 1, got {context_len!r}", field="--context-len")
+    say = progress or (lambda s: None)
+    t0 = time.perf_counter()
+    say(f"[steps] {target_key}: combined engine with random weights on {backend}")
+    spec, limits = step_engines(target_key, backend=backend, max_batch=max(levels), context_len=context_len,
+                                dtype=dtype)
+    ar = None
+    try:
+        build_s = time.perf_counter() - t0
+        say("[steps] target-only engine on the same weights")
+        ar = TargetOnlyEngine(spec.config, None, limits, backend=backend, weights=spec.parameters())
+        tau = acceptance if acceptance is not None else ARTICLE_ACCEPTANCE.get(target_key)
+        points = []
+        for c in levels:
+            say(f"[steps] concurrency {c}: speculative")
+            sp = measure(spec, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
+            say(f"[steps] concurrency {c}: target only")
+            base = measure(ar, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
+            pt = {"concurrency": c, "speculative": sp, "target_only": base}
+            if tau:
+                pt["speedup_wall"] = tau * base["wall_ms"] / sp["wall_ms"]
+                if "gpu_busy_ms" in sp and "gpu_busy_ms" in base:
+                    pt["speedup_busy"] = tau * base["gpu_busy_ms"] / sp["gpu_busy_ms"]
+            points.append(pt)
+        dev = spec.device
+        return {
+            "format": "dflash2-trt bench steps", "schema_version": 1, "target": target_key, "backend": backend,
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+            "torch": torch.__version__, "dtype": spec.config["dtype"], "draft_len": spec.K,
+            "context_len": context_len, "limits": limits, "weights": "random (outputs meaningless)",
+            "acceptance": tau, "steps": steps, "warmup": warmup, "profile_steps": profile_steps,
+            "build_s": build_s, "points": points, "components": list(COMPONENTS),
+            "notes": NOTES + [PLUGIN_NOTE[backend]],
+            "wall_s": time.perf_counter() - t0,
+        }
+    finally:
+        spec.close()
+        if ar is not None:
+            ar.close()
+
+
+def render(doc: dict) -> str:
+    lines = [f"BENCH STEPS {doc['target']} on {doc['device']} ({doc['backend']} backend, {doc['dtype']}, K "
+             f"{doc['draft_len']}, context {doc['context_len']}, {doc['weights']})"]
+    hdr = f"{'conc':>5} {'spec ms':>8} {'AR ms':>7} {'spec busy':>9} {'AR busy':>8}"
+    if doc.get("acceptance"):
+        hdr += f" {'speedup@' + format(doc['acceptance'], 'g'):>11} {'(busy)':>7}"
+    lines.append(hdr + "  spec components (busy ms): " + " ".join(doc["components"]))
+    for p in doc["points"]:
+        sp, ar = p["speculative"], p["target_only"]
+        row = (f"{p['concurrency']:>5} {sp['wall_ms']:>8.2f} {ar['wall_ms']:>7.2f} {sp.get('gpu_busy_ms', float('nan')):>9.2f} "
+               f"{ar.get('gpu_busy_ms', float('nan')):>8.2f}")
+        if doc.get("acceptance"):
+            row += f" {p.get('speedup_wall', float('nan')):>11.2f} {p.get('speedup_busy', float('nan')):>7.2f}"
+        comp = sp.get("components_ms") or sp["spans_ms"]
+        lines.append(row + "  " + " ".join(f"{comp.get(k, 0.0):.2f}" for k in doc["components"]))
+    lines += ["notes:"] + [f"  - {n}" for n in doc["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,262 @@
+"""The engine flow on a GPU: the cuda backend end to end, and the engine step at real widths (issue: the combined
+engine runs on the GPU). Run through ``scripts/gpu_check.sh --e2e OUT_DIR`` or directly::
+
+    python scripts/gpu_e2e.py --out OUT_DIR [--parts lossless,steps] [--context-len 1024]
+
+Parts (each in its own process with its own time limit, so one failure leaves the others' results):
+
+- ``lossless``: for the shipped tiny pairs (``tiny``, ``tiny-hybrid``, ``tiny-muse``) in float32 and bfloat16:
+  ``build --backend cuda`` (the verify gate on in float32), then 32 requests (the 16 shipped prompts, twice, 40 and
+  24 new tokens) at concurrency 1 and 16 through the project's runtime on the cuda engine, every output compared
+  token for token with the HF target's own greedy decoding on the same GPU in the same dtype.
+- ``steps``: ``bench steps`` for qwen3.8-27b and muse-glimmer-30b (random weights, context ``--context-len``,
+  concurrency 1/4/16/32/64): ms per step, speculative and target-only, per component.
+
+Writes ``OUT_DIR/<part>.json``, ``OUT_DIR/<part>.txt`` (the tables) and ``OUT_DIR/<part>.log``; prints the tables.
+Needs a CUDA GPU, a CUDA build of torch, nvcc, and transformers as the project pins it (the script names what is
+missing). Exit status: 0 when every part ran and every output matched, 1 otherwise, 2 without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ("lossless", "steps")
+FAMILIES = (("tiny", "qwen3"), ("tiny-hybrid", "qwen3_5"), ("tiny-muse", "muse_glimmer"))
+STEP_TARGETS = ("qwen3.8-27b", "muse-glimmer-30b")
+# the script's own test on a machine without a GPU runs the same parts on the cpu backend (DFLASH2_E2E_BACKEND=cpu)
+BACKEND = os.environ.get("DFLASH2_E2E_BACKEND", "cuda")
+DEVICE = "cuda" if BACKEND == "cuda" else "cpu"
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def requirements() -> list[str]:
+    """What this machine lacks for the parts (empty: nothing)."""
+    missing = []
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            missing.append("a CUDA GPU visible to torch")
+    except ImportError:
+        missing.append("torch (a CUDA build)")
+    try:
+        from importlib.metadata import version
+
+        import transformers  # noqa: F401
+        v = tuple(int(x) for x in version("transformers").split(".")[:2])
+        if v < (5, 24):
+            missing.append(f"transformers >= 5.24 (found {version('transformers')}; carry a wheel)")
+    except ImportError:
+        missing.append("transformers >= 5.24")
+    from dflash2_trt.trtllm.cuda.plugin_lib import nvcc_path
+    try:
+        nvcc_path()
+    except Exception as e:  # noqa: BLE001
+        missing.append(str(e))
+    return missing
+
+
+# ---- lossless --------------------------------------------------------------------------------------------------
+def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> dict:
+    import tempfile
+
+    import torch
+
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+    from dflash2_trt.engine.verify import reference_outputs
+    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for key, family in FAMILIES:
+            pair = trained_pair(family)
+            prompts = shipped_prompts(pair, 16)
+            jobs = [(p, 40 if i % 2 == 0 else 24) for i, p in enumerate(prompts + prompts)]
+            for dtype in dtypes:
+                t0 = time.perf_counter()
+                eng_dir = Path(tmp) / f"{key}-{dtype}"
+                res = build_engine(pair.drafter_dir, pair.target_dir, eng_dir, backend=BACKEND, target_key=key,
+                                   dtype=dtype, verify=dtype == "float32",
+                                   overrides={"max_batch_size": 16, "tokens_per_block": 16})
+                build_s = time.perf_counter() - t0
+                eos = tuple(res.manifest["eos_token_ids"])
+                refs40 = reference_outputs(pair.target_dir, prompts, 40, eos, dtype=dtype, device=DEVICE)
+                want = [r if n == 40 else r[:24] for (_, n), r in zip(jobs, refs40 + refs40)]
+                for conc in levels:
+                    eng, man = open_standin_engine(eng_dir)
+                    try:
+                        rt = Runtime(eng, max_batch_size=conc)
+                        reqs = [Request(list(p), n, stop_token_ids=eos, task_id=i, seed=i)
+                                for i, (p, n) in enumerate(jobs)]
+                        t1 = time.perf_counter()
+                        rt.generate(reqs)
+                        wall = time.perf_counter() - t1
+                        mixed = sum(1 for s in rt.step_log if s["context"] and s["generation"])
+                        steps = rt.step_count
+                    finally:
+                        eng.close()
+                    same = [r.output_ids == w for r, w in zip(reqs, want)]
+                    bad = [i for i, ok in enumerate(same) if not ok]
+                    acc = [a for r in reqs for a in r.acceptance_lengths]
+                    row = {"target": key, "dtype": dtype, "concurrency": conc, "requests": len(reqs),
+                           "identical": len(reqs) - len(bad), "mismatched": bad[:8],
+                           "first_mismatch": _first_diff(reqs[bad[0]].output_ids, want[bad[0]]) if bad else None,
+                           "mean_acceptance": sum(acc) / len(acc) if acc else 0.0, "steps": steps,
+                           "mixed_steps": mixed, "tokens": sum(len(r.output_ids) for r in reqs),
+                           "wall_s": wall, "build_s": build_s,
+                           "verify_gate": (res.manifest.get("verify") or {}).get("passed") if conc == levels[0]
+                           else None}
+                    if bad and conc == levels[0]:
+                        row["diagnosis"] = [near_tie(pair.target_dir, dtype, jobs[i][0], reqs[i].output_ids, want[i])
+                                            for i in bad[:4]]
+                    rows.append(row)
+                    log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} {row['identical']}/{row['requests']} identical, "
+                        f"mean acceptance {row['mean_acceptance']:.2f}, {steps} steps ({mixed} mixed), "
+                        f"{row['tokens'] / wall:.0f} tok/s")
+    ok = all(r["identical"] == r["requests"] for r in rows)
+    doc = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
+           "backend": BACKEND, "rows": rows, "all_identical": ok}
+    lines = [f"LOSSLESS on {doc['device']} ({BACKEND} backend vs the HF target's greedy decoding on the same device)",
+             f"{'target':12s} {'dtype':9s} {'conc':>4} {'identical':>10} {'mean acc':>8} {'steps':>5} {'mixed':>5}"
+             f" {'tok/s':>7}  verify gate"]
+    for r in rows:
+        lines.append(f"{r['target']:12s} {r['dtype']:9s} {r['concurrency']:>4} {r['identical']:>4}/{r['requests']:<5}"
+                     f" {r['mean_acceptance']:>8.2f} {r['steps']:>5} {r['mixed_steps']:>5}"
+                     f" {r['tokens'] / r['wall_s']:>7.0f}  {r['verify_gate']}")
+    doc["table"] = "\n".join(lines)
+    return doc
+
+
+_TARGETS: dict = {}
+
+
+def near_tie(target_dir, dtype: str, prompt, got, want) -> dict:
+    """At the first token where the engine and the HF target part: the HF target's own two best logits there (in
+    ``dtype`` and in float32, on the GPU), so a difference is shown to be a near-tie of that dtype's rounding (the
+    engine verifies K + 1 tokens per pass, the reference one: other matrix shapes, other bf16 roundings) or not."""
+    import torch
+
+    from dflash2_trt.reference.loop import load_target
+
+    pos = _first_diff(got, want)["position"]
+    ids = torch.tensor([list(prompt) + list(want[:pos])], device=DEVICE)
+    out = {"position": pos, "engine": got[pos] if pos < len(got) else None,
+           "target": want[pos] if pos < len(want) else None}
+    for dt in (dtype, "float32"):
+        key = (str(target_dir), dt)
+        if key not in _TARGETS:
+            _TARGETS[key] = load_target(target_dir, check_values=False, dtype=getattr(torch, dt), device=DEVICE)
+        with torch.no_grad():
+            logits = _TARGETS[key](ids).logits[0, -1].float()
+        top = torch.topk(logits, 2)
+        out[dt] = {"top2": [[int(i), float(v)] for v, i in zip(top.values, top.indices)],
+                   "margin": float(top.values[0] - top.values[1]),
+                   "engine_token_logit": float(logits[out["engine"]]) if out["engine"] is not None else None}
+    return out
+
+
+def _first_diff(got, want):
+    pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return {"position": pos, "engine": got[pos] if pos < len(got) else None,
+            "target": want[pos] if pos < len(want) else None}
+
+
+# ---- steps -----------------------------------------------------------------------------------------------------
+def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: int = 8) -> dict:
+    from dflash2_trt.bench.steps import measure_steps, render
+
+    docs = []
+    for t in targets:
+        doc = measure_steps(t, backend=BACKEND, concurrency=concurrency, context_len=context_len, steps=steps, warmup=2,
+                            profile_steps=1, progress=log)
+        log(render(doc))
+        docs.append(doc)
+        (out / f"steps-{t}.json").write_text(json.dumps(doc, indent=2))
+    return {"reports": docs, "table": "\n\n".join(render(d) for d in docs)}
+
+
+# ---- driver ----------------------------------------------------------------------------------------------------
+def run_part(name: str, args) -> int:
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    try:
+        if name == "lossless":
+            doc = part_lossless(out, tuple(int(x) for x in args.lossless_levels.split(",")),
+                                tuple(args.lossless_dtypes.split(",")))
+            ok = doc["all_identical"]
+        else:
+            doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps)
+            ok = True
+    except Exception:  # noqa: BLE001 - the failure is the result
+        tb = traceback.format_exc()
+        log(tb)
+        (out / f"{name}.json").write_text(json.dumps({"error": tb, "seconds": time.perf_counter() - t0}, indent=2))
+        return 1
+    doc["seconds"] = time.perf_counter() - t0
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2, default=str))
+    (out / f"{name}.txt").write_text(doc["table"] + "\n")
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for the JSON, tables and logs (created)")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    p.add_argument("--context-len", type=int, default=1024)
+    p.add_argument("--concurrency", default="1,4,16,32,64")
+    p.add_argument("--targets", default=",".join(STEP_TARGETS))
+    p.add_argument("--part-timeout", type=int, default=300, help="seconds per part")
+    p.add_argument("--lossless-levels", default="1,16", help="lossless: concurrency levels")
+    p.add_argument("--lossless-dtypes", default="float32,bfloat16", help="lossless: engine dtypes")
+    p.add_argument("--steps", type=int, default=8, help="steps: timed steps per point")
+    p.add_argument("--one", help=argparse.SUPPRESS)   # run one part in this process (the driver's children)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(REPO))
+    if args.one:
+        return run_part(args.one, args)
+    missing = requirements() if BACKEND == "cuda" else []
+    if missing:
+        log("gpu_e2e: this machine lacks: " + "; ".join(missing))
+        return 2
+    parts = [x for x in args.parts.split(",") if x]
+    unknown = [x for x in parts if x not in PARTS]
+    if unknown:
+        log(f"gpu_e2e: unknown part(s) {unknown}; expected {', '.join(PARTS)}")
+        return 2
+    worst = 0
+    for name in parts:
+        cmd = [sys.executable, __file__, "--out", str(out), "--one", name, "--context-len", str(args.context_len),
+               "--concurrency", args.concurrency, "--targets", args.targets, "--lossless-levels", args.lossless_levels,
+               "--lossless-dtypes", args.lossless_dtypes, "--steps", str(args.steps)]
+        t0 = time.perf_counter()
+        with open(out / f"{name}.log", "w") as fh:
+            try:
+                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=args.part_timeout,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        log(f"== {name}: exit {rc} in {time.perf_counter() - t0:.0f} s")
+        txt = out / f"{name}.txt"
+        log(txt.read_text() if txt.is_file() else (out / f"{name}.log").read_text()[-3000:])
+        worst = max(worst, 1 if rc else 0)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())
