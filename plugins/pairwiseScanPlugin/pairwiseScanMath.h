@@ -108,4 +108,37 @@ DF2_HD float viterbiRelax(float const* prev, float const* step, int32_t K, int32
     return best;
 }
 
+//! Greedy choice over one lattice row: the first index of its maximum (scanBetter in index
+//! order; a NaN never wins, and a NaN at index 0 is kept). Also the Viterbi walk's final argmax.
+DF2_HD int32_t greedyRowChoice(float const* row, int32_t K)
+{
+    int32_t choice = 0;
+    for (int32_t c = 1; c < K; ++c)
+        if (scanBetter(row[c], c, row[choice], choice))
+            choice = c;
+    return choice;
+}
+
+//! Sampling step over one lattice row with a usable temperature: q[0..K) = softmax(row / T) (the
+//! logits' max, then the exponentials and their sum in index order), then the inverse CDF at u.
+//! q may alias nothing in row. Returns the chosen index.
+DF2_HD int32_t sampleRowChoice(float const* row, int32_t K, float temperature, float u, float* q)
+{
+    float m = softmaxLogit(row[0], temperature);
+    for (int32_t c = 1; c < K; ++c)
+    {
+        float const z = softmaxLogit(row[c], temperature);
+        m = z > m ? z : m;
+    }
+    float sum = 0.0f;
+    for (int32_t c = 0; c < K; ++c)
+    {
+        q[c] = softmaxExp(softmaxLogit(row[c], temperature), m); // e[c], turned into p[c] below
+        sum = addRn(sum, q[c]);
+    }
+    for (int32_t c = 0; c < K; ++c)
+        q[c] = softmaxProb(q[c], sum);
+    return inverseCdf(q, K, u);
+}
+
 } // namespace dflash2
