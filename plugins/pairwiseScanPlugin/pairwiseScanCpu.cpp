@@ -73,10 +73,11 @@ void walkRow(ScanMode mode, int32_t L, int32_t K, float const* lat, float temper
         for (int32_t l = 1; l < L; ++l)
         {
             for (int32_t c = 0; c < K; ++c)
-                next[c] = viterbiRelax(best.data(), lat + static_cast<int64_t>(l) * K * K, K, c, &bp[l * K + c]);
+                next[c] = viterbiRelax<kScanMaxTopK>(
+                    best.data(), lat + static_cast<int64_t>(l) * K * K, K, c, &bp[l * K + c]);
             best.swap(next);
         }
-        int32_t arg = greedyRowChoice(best.data(), K);
+        int32_t arg = greedyRowChoice<kScanMaxTopK>(best.data(), K);
         for (int32_t l = L - 1; l >= 0; --l)
         {
             idx[l] = arg;
@@ -92,11 +93,11 @@ void walkRow(ScanMode mode, int32_t L, int32_t K, float const* lat, float temper
         int32_t choice = 0;
         if (mode == ScanMode::kSAMPLE && temperatureUsable(temperature))
         {
-            choice = sampleRowChoice(row, K, temperature, u[l], q + l * K);
+            choice = sampleRowChoice<kScanMaxTopK>(row, K, temperature, u[l], q + l * K);
         }
         else
         {
-            choice = greedyRowChoice(row, K);
+            choice = greedyRowChoice<kScanMaxTopK>(row, K);
             q[l * K + choice] = 1.0f;
         }
         idx[l] = choice;
