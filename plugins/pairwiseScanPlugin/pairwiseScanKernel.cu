@@ -175,17 +175,55 @@ int32_t autoRanks(PairwiseScanParams const& p, DeviceLimits const& d)
     return ranks;
 }
 
-template <class T>
-cudaError_t launchFused(ScanArgs<typename T::Storage> const& args, int64_t batch, cudaStream_t stream)
+struct ScanPointers
 {
+    float const* unary;
+    int32_t const* cand;
+    void const* hidden;
+    int32_t const* anchor;
+    void const* predCb;
+    void const* succCb;
+    float const* temperature;
+    float const* uniforms;
+    float* lattice;
+    int32_t* ids;
+    float* q;
+};
+
+//! The kernel's dynamic shared memory may go up to the device's opt-in maximum: set to that cap
+//! (not to this launch's size), so that concurrent enqueues with other shapes cannot lower it
+//! under one another's launch.
+template <class T>
+cudaError_t launchFused(PairwiseScanParams const& p, ScanPointers const& ptr, ScanPlan const& plan, bool walk,
+    size_t smemCap, cudaStream_t stream)
+{
+    using S = typename T::Storage;
+    ScanArgs<S> args;
+    args.unary = ptr.unary;
+    args.cand = ptr.cand;
+    args.hidden = static_cast<S const*>(ptr.hidden);
+    args.anchor = ptr.anchor;
+    args.predCb = static_cast<S const*>(ptr.predCb);
+    args.succCb = static_cast<S const*>(ptr.succCb);
+    args.temperature = ptr.temperature;
+    args.uniforms = ptr.uniforms;
+    args.lattice = ptr.lattice;
+    args.ids = ptr.ids;
+    args.q = ptr.q;
+    args.vocab = p.vocab;
+    args.L = p.length;
+    args.K = p.topK;
+    args.R = p.rank;
+    args.mode = static_cast<int32_t>(p.mode);
+    args.walk = walk ? 1 : 0;
+    args.plan = plan;
     auto kernel = pairwiseScanKernel<T>;
-    ScanPlan const& plan = args.plan;
-    cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smemBytes));
+    cudaError_t err
+        = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smemCap));
     if (err != cudaSuccess)
         return err;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(batch * plan.ranks));
+    cfg.gridDim = dim3(static_cast<unsigned>(p.batch * plan.ranks));
     cfg.blockDim = dim3(static_cast<unsigned>(plan.threads));
     cfg.dynamicSmemBytes = plan.smemBytes;
     cfg.stream = stream;
@@ -241,37 +279,17 @@ Status launchScan(PairwiseScanParams const& p, float const* unary, int32_t const
             p.rank, d.smemOptin);
         return Status::kINVALID;
     }
-#define DF2_SCAN_ARGS(S)                                                                                               \
-    ScanArgs<S> args;                                                                                                  \
-    args.unary = unary;                                                                                                \
-    args.cand = cand;                                                                                                  \
-    args.hidden = static_cast<S const*>(hidden);                                                                       \
-    args.anchor = anchor;                                                                                              \
-    args.predCb = static_cast<S const*>(predCb);                                                                       \
-    args.succCb = static_cast<S const*>(succCb);                                                                       \
-    args.temperature = temperature;                                                                                    \
-    args.uniforms = uniforms;                                                                                          \
-    args.lattice = lattice;                                                                                            \
-    args.ids = ids;                                                                                                    \
-    args.q = q;                                                                                                        \
-    args.vocab = p.vocab;                                                                                              \
-    args.L = p.length;                                                                                                 \
-    args.K = p.topK;                                                                                                   \
-    args.R = p.rank;                                                                                                   \
-    args.mode = static_cast<int32_t>(p.mode);                                                                          \
-    args.walk = walk ? 1 : 0;                                                                                          \
-    args.plan = plan
+    ScanPointers const ptrs{unary, cand, hidden, anchor, predCb, succCb, temperature, uniforms, lattice, ids, q};
     cudaError_t err = cudaSuccess;
     switch (p.dataType)
     {
-    case DType::kFLOAT16: { DF2_SCAN_ARGS(uint16_t); err = launchFused<F16>(args, p.batch, stream); break; }
-    case DType::kBFLOAT16: { DF2_SCAN_ARGS(uint16_t); err = launchFused<BF16>(args, p.batch, stream); break; }
-    case DType::kFLOAT32: { DF2_SCAN_ARGS(float); err = launchFused<F32>(args, p.batch, stream); break; }
+    case DType::kFLOAT16: err = launchFused<F16>(p, ptrs, plan, walk, d.smemOptin, stream); break;
+    case DType::kBFLOAT16: err = launchFused<BF16>(p, ptrs, plan, walk, d.smemOptin, stream); break;
+    case DType::kFLOAT32: err = launchFused<F32>(p, ptrs, plan, walk, d.smemOptin, stream); break;
     default:
         std::snprintf(msg, msgLen, "DFlash2PairwiseScan: unsupported dtype %s", dtypeName(p.dataType));
         return Status::kINVALID;
     }
-#undef DF2_SCAN_ARGS
     return cudaStatus(err, "scan kernel", msg, msgLen);
 }
 

@@ -235,7 +235,8 @@ DF2_HD void scanPrologue(ScanArgs<typename T::Storage> const& a, int64_t b, int3
         sm.tok[1 + i] = a.cand[b * LK + i];
         sm.unary[i] = a.unary[b * LK + i];
     }
-    bool const sample = a.mode == static_cast<int32_t>(ScanMode::kSAMPLE);
+    // temperature and uniforms are read only by the walk (lattice only: they may be null)
+    bool const sample = a.walk && a.mode == static_cast<int32_t>(ScanMode::kSAMPLE);
     if (tid == 0)
     {
         sm.tok[0] = a.anchor[b];
@@ -243,7 +244,7 @@ DF2_HD void scanPrologue(ScanArgs<typename T::Storage> const& a, int64_t b, int3
         sm.temperature = t;
         sm.sampleRows = (sample && temperatureUsable(t)) ? 1 : 0;
     }
-    if (sample && a.walk)
+    if (sample)
         for (int32_t i = tid; i < a.L; i += nt)
             sm.u[i] = a.uniforms[b * a.L + i];
     // Hh rows of this CTA's slots, as fp32

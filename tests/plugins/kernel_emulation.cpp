@@ -356,9 +356,12 @@ void scanCase(ScanProblem const& pr, int32_t ranks, size_t smemLimit)
                 std::vector<float> lat(B * L * K * K, std::nanf("")), q(B * L * K, std::nanf(""));
                 std::vector<int32_t> ids(B * L, -7);
                 a.lattice = lat.data();
-                a.ids = ids.data();
-                a.q = q.data();
                 a.walk = walk;
+                // the lattice-only launch passes no walk inputs or outputs
+                a.temperature = walk ? pr.temp.data() : nullptr;
+                a.uniforms = walk ? pr.u.data() : nullptr;
+                a.ids = walk ? ids.data() : nullptr;
+                a.q = walk ? q.data() : nullptr;
                 std::vector<Buf<unsigned char>> smem;
                 for (int32_t r = 0; r < ranks; ++r)
                 {
