@@ -1,5 +1,5 @@
 #include "dynamicConvKernel.h"
-#include "dynamicConvMath.h"
+#include "dynamicConvKernelBody.h"
 
 #include <cstdio>
 
@@ -8,128 +8,79 @@ namespace dflash2
 namespace
 {
 
-constexpr int kThreads = 128;      // 640 = 5 x 128 vectors per row at H 5120 (bf16): no idle lanes
-constexpr int kMaxGridY = 65535;   // tokens beyond this are covered by the grid-stride loop
+constexpr int kThreads = 128;    // per block: kThreads / colThreads strips x colThreads column vectors
+constexpr int kMaxGridY = 65535; // strips beyond this are covered by the grid-stride loop
+// Published path: 4 blocks of 128 threads per SM (<= 128 registers; ptxas's own choice spilled
+// on sm_90a): 16 warps whose strips keep >= 176 B each in flight (x 9 x 16 B + delta 16 x 2 B),
+// ~90 KB per SM, well above the ~35 KB that 4.8 TB/s x ~1 us of latency / 132 SMs needs.
+constexpr int kMinBlocksFixed = 4;
+constexpr int kMaxHidden = 1 << 24;                 // i * H, j * H, (i * K + j) * H / G stay in int32
+constexpr int64_t kMaxStripBlocks = (1 << 30) / 64; // blocks * strips per block (<= 64) < 2^31
 
-template <class S, int N>
-struct alignas(16) Vec
+//! blockIdx.x * blockDim.x + threadIdx.x = one 16-byte vector of channels; blockIdx.y * blockDim.y
+//! + threadIdx.y = one strip of a draft block's tokens (grid-stride). The body is
+//! dynamicConvStrip (dynamicConvKernelBody.h). A warp never spans two strips (blockDim.x >= 32),
+//! so every block-boundary test in the body is warp-uniform.
+//!
+//! Published workload (8192 tokens x H 5120 bf16, K 2, G 16, block 16), per call:
+//!   bytes  x 83.9 MB + delta [T, 2, 320] 10.5 MB + base 20 KB + out 83.9 MB = 178.3 MB
+//!          (fused: + residual fp32 167.8 MB, out fp32 167.8 MB instead: 430.0 MB)
+//!   FLOPs  5 per element (2 coefficient adds, 2 multiplies, 1 tap add) = 210 MFLOP (fused +1: 252)
+//!   launch grid (5, 1024) x block (128, 1): 640 column vectors x 1024 strips of 8 tokens
+//!          (fused: grid (5, 2048), strips of 4 tokens); 4 blocks per SM.
+//!   bound  178.3 MB / 4.8 TB/s = 37.1 us nominal (41.5 us at the measured 4.3 TB/s copy);
+//!          fused 89.6 us (100 us).
+template <class T, bool kFuse, int kTaps, int kTok>
+__global__ void __launch_bounds__(kThreads, kTaps > 0 ? kMinBlocksFixed : 1) dynamicConvKernel(
+    typename T::Storage const* __restrict__ x, typename T::Storage const* __restrict__ delta,
+    typename T::Storage const* __restrict__ base, float const* __restrict__ residual, void* __restrict__ out,
+    DynamicConvShape const sh)
 {
-    S v[N];
-};
+    int32_t const cv = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+    if (cv >= sh.vecPerRow)
+        return;
+    int32_t const stride = static_cast<int32_t>(gridDim.y * blockDim.y);
+#pragma unroll 1
+    for (int32_t strip = static_cast<int32_t>(blockIdx.y * blockDim.y + threadIdx.y); strip < sh.strips;
+         strip += stride)
+        dynamicConvStrip<T, kFuse, kTaps, kTok>(x, delta, base, residual, out, sh, cv, strip);
+}
 
-//! blockIdx.x * kThreads + threadIdx.x = one 16-byte vector of channels (8 fp16/bf16 or 4 fp32);
-//! blockIdx.y = token (grid-stride). The grid shape avoids any 64-bit division per thread. The
-//! previous K-1 tokens are re-read through L1/L2 (their own threads load them from DRAM), so DRAM
-//! traffic stays x + delta + out (+ residual) once each.
-template <class T, bool kFuse, int kTaps>
-__global__ void __launch_bounds__(kThreads) dynamicConvKernel(typename T::Storage const* __restrict__ x,
-    typename T::Storage const* __restrict__ delta, typename T::Storage const* __restrict__ base,
-    float const* __restrict__ residual, void* __restrict__ out, int64_t tokens, int32_t hidden, int32_t groups,
-    int32_t kernelSize, int32_t groupSize, int32_t blockSize)
+template <class T, bool kFuse, int kTaps, int kTok>
+cudaError_t launchShape(DynamicConvParams const& p, void const* x, void const* delta, void const* base,
+    float const* residual, void* out, cudaStream_t stream)
 {
     using S = typename T::Storage;
-    constexpr int N = 16 / sizeof(S);
-    int32_t const cv = static_cast<int32_t>(blockIdx.x) * kThreads + static_cast<int32_t>(threadIdx.x);
-    if (cv * N >= hidden)
-        return;
-    int32_t const c0 = cv * N;
-    int32_t const g0 = c0 / groupSize;
-    int32_t const r0 = c0 - g0 * groupSize;
-
-#pragma unroll 1
-    for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y)
-    {
-        int32_t const pos = static_cast<int32_t>(t % blockSize);
-        float acc[N];
-        // kTaps == 2 (the published drafters): both taps unrolled so their loads are in flight
-        // together. kTaps == 0: runtime tap count, not unrolled (unrolling four taps lets nvcc
-        // hoist every load and take ~120 registers on sm_100a; occupancy matters more here).
-        int32_t const taps = kTaps > 0 ? kTaps : kernelSize;
-#pragma unroll(kTaps > 0 ? kTaps : 1)
-        for (int j = 0; j < taps; ++j)
-        {
-            if (!convTapInBlock(pos, j))
-                break;
-            Vec<S, N> const xv = *reinterpret_cast<Vec<S, N> const*>(x + (t - j) * hidden + c0);
-            Vec<S, N> const bv = *reinterpret_cast<Vec<S, N> const*>(base + j * hidden + c0);
-            S const* drow = delta + (t * kernelSize + j) * groups;
-            int32_t g = g0;
-            int32_t r = r0;
-            float d = T::load(drow[g]);
-#pragma unroll
-            for (int i = 0; i < N; ++i)
-            {
-                if (i > 0 && r == 0)
-                    d = T::load(drow[g]); // group changed inside this vector (G < N or unaligned)
-                float const coef = convCoefficient(T::load(bv.v[i]), d);
-                float const xf = T::load(xv.v[i]);
-                acc[i] = (j == 0) ? convFirstTap(coef, xf) : convNextTap(acc[i], coef, xf);
-                if (++r == groupSize)
-                {
-                    r = 0;
-                    ++g;
-                }
-            }
-        }
-
-        if constexpr (kFuse)
-        {
-            float* o = static_cast<float*>(out) + t * hidden + c0;
-            float const* res = residual + t * hidden + c0;
-#pragma unroll
-            for (int i = 0; i < N; i += 4)
-            {
-                float4 const rv = *reinterpret_cast<float4 const*>(res + i);
-                float4 ov;
-                ov.x = convResidual(rv.x, acc[i + 0]);
-                ov.y = convResidual(rv.y, acc[i + 1]);
-                ov.z = convResidual(rv.z, acc[i + 2]);
-                ov.w = convResidual(rv.w, acc[i + 3]);
-                *reinterpret_cast<float4*>(o + i) = ov;
-            }
-        }
-        else
-        {
-            Vec<S, N> ov;
-#pragma unroll
-            for (int i = 0; i < N; ++i)
-                ov.v[i] = T::store(acc[i]);
-            *reinterpret_cast<Vec<S, N>*>(static_cast<S*>(out) + t * hidden + c0) = ov;
-        }
-    }
+    constexpr int N = 16 / static_cast<int>(sizeof(S));
+    DynamicConvShape const sh = dynamicConvShape(p, N, kTok);
+    int32_t colThreads = 32;
+    while (colThreads < kThreads && colThreads < sh.vecPerRow)
+        colThreads *= 2;
+    dim3 const block(static_cast<unsigned>(colThreads), static_cast<unsigned>(kThreads / colThreads));
+    int64_t const gridY = (sh.strips + block.y - 1) / block.y;
+    dim3 const grid(static_cast<unsigned>((sh.vecPerRow + colThreads - 1) / colThreads),
+        static_cast<unsigned>(gridY < kMaxGridY ? gridY : kMaxGridY));
+    dynamicConvKernel<T, kFuse, kTaps, kTok><<<grid, block, 0, stream>>>(static_cast<S const*>(x),
+        static_cast<S const*>(delta), static_cast<S const*>(base), residual, out, sh);
+    return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launchTyped(DynamicConvParams const& p, void const* x, void const* delta, void const* base,
     float const* residual, void* out, cudaStream_t stream)
 {
-    using S = typename T::Storage;
-    constexpr int N = 16 / sizeof(S);
-    int64_t const vecPerRow = p.hidden / N;
-    if (p.tokens == 0 || vecPerRow == 0)
+    constexpr int N = 16 / static_cast<int>(sizeof(typename T::Storage));
+    if (p.tokens == 0 || p.hidden == 0)
         return cudaSuccess;
-    dim3 const grid(static_cast<unsigned>((vecPerRow + kThreads - 1) / kThreads),
-        static_cast<unsigned>(p.tokens < kMaxGridY ? p.tokens : kMaxGridY));
-    auto const hidden = static_cast<int32_t>(p.hidden);
-    auto const groups = static_cast<int32_t>(p.groups);
-    auto const* xs = static_cast<S const*>(x);
-    auto const* ds = static_cast<S const*>(delta);
-    auto const* bs = static_cast<S const*>(base);
-    auto const& a = p.attrs;
-    bool const two = a.kernelSize == 2;
-    if (a.fuseResidual && two)
-        dynamicConvKernel<T, true, 2><<<grid, kThreads, 0, stream>>>(
-            xs, ds, bs, residual, out, p.tokens, hidden, groups, a.kernelSize, a.groupSize, a.blockSize);
-    else if (a.fuseResidual)
-        dynamicConvKernel<T, true, 0><<<grid, kThreads, 0, stream>>>(
-            xs, ds, bs, residual, out, p.tokens, hidden, groups, a.kernelSize, a.groupSize, a.blockSize);
-    else if (two)
-        dynamicConvKernel<T, false, 2><<<grid, kThreads, 0, stream>>>(
-            xs, ds, bs, residual, out, p.tokens, hidden, groups, a.kernelSize, a.groupSize, a.blockSize);
-    else
-        dynamicConvKernel<T, false, 0><<<grid, kThreads, 0, stream>>>(
-            xs, ds, bs, residual, out, p.tokens, hidden, groups, a.kernelSize, a.groupSize, a.blockSize);
-    return cudaGetLastError();
+    bool const fixed = dynamicConvFixedPath(p, N);
+    bool const fuse = p.attrs.fuseResidual != 0;
+    if (fixed && fuse)
+        return launchShape<T, true, 2, kConvTokFixedFused>(p, x, delta, base, residual, out, stream);
+    if (fixed)
+        return launchShape<T, false, 2, kConvTokFixed>(p, x, delta, base, residual, out, stream);
+    if (fuse)
+        return launchShape<T, true, 0, kConvTokGeneric>(p, x, delta, base, residual, out, stream);
+    return launchShape<T, false, 0, kConvTokGeneric>(p, x, delta, base, residual, out, stream);
 }
 
 bool aligned16(void const* ptr)
@@ -142,10 +93,20 @@ bool aligned16(void const* ptr)
 Status launchDynamicConv(DynamicConvParams const& p, void const* x, void const* delta, void const* base,
     float const* residual, void* out, cudaStream_t stream, char* msg, size_t msgLen)
 {
-    if (p.tokens < 0 || p.hidden < 0 || p.hidden % kDynamicConvHiddenMultiple != 0)
+    if (p.tokens < 0 || p.hidden < 0 || p.hidden % kDynamicConvHiddenMultiple != 0 || p.attrs.blockSize < 1
+        || p.attrs.kernelSize < 1 || p.attrs.kernelSize > kDynamicConvMaxKernelSize || p.attrs.groupSize < 1)
     {
         std::snprintf(msg, msgLen, "DFlash2DynamicConv: launch with unresolved or invalid dims (T=%lld, H=%lld)",
             static_cast<long long>(p.tokens), static_cast<long long>(p.hidden));
+        return Status::kINVALID;
+    }
+    // 32-bit index math inside a strip (offsets up to ~70 rows of H) and a 32-bit strip count.
+    if (p.hidden > kMaxHidden || p.tokens / p.attrs.blockSize + 1 > kMaxStripBlocks)
+    {
+        std::snprintf(msg, msgLen,
+            "DFlash2DynamicConv: T=%lld x H=%lld too large for one launch (H <= %d, T / block_size < %lld)",
+            static_cast<long long>(p.tokens), static_cast<long long>(p.hidden), kMaxHidden,
+            static_cast<long long>(kMaxStripBlocks));
         return Status::kINVALID;
     }
     if (!aligned16(x) || !aligned16(base) || !aligned16(out) || (p.attrs.fuseResidual && !aligned16(residual)))

@@ -73,13 +73,11 @@ void walkRow(ScanMode mode, int32_t L, int32_t K, float const* lat, float temper
         for (int32_t l = 1; l < L; ++l)
         {
             for (int32_t c = 0; c < K; ++c)
-                next[c] = viterbiRelax(best.data(), lat + static_cast<int64_t>(l) * K * K, K, c, &bp[l * K + c]);
+                next[c] = viterbiRelax<kScanMaxTopK>(
+                    best.data(), lat + static_cast<int64_t>(l) * K * K, K, c, &bp[l * K + c]);
             best.swap(next);
         }
-        int32_t arg = 0;
-        for (int32_t c = 1; c < K; ++c)
-            if (scanBetter(best[c], c, best[arg], arg))
-                arg = c;
+        int32_t arg = greedyRowChoice<kScanMaxTopK>(best.data(), K);
         for (int32_t l = L - 1; l >= 0; --l)
         {
             idx[l] = arg;
@@ -88,7 +86,6 @@ void walkRow(ScanMode mode, int32_t L, int32_t K, float const* lat, float temper
         }
         return;
     }
-    std::vector<float> e(K);
     int32_t prev = 0;
     for (int32_t l = 0; l < L; ++l)
     {
@@ -96,27 +93,11 @@ void walkRow(ScanMode mode, int32_t L, int32_t K, float const* lat, float temper
         int32_t choice = 0;
         if (mode == ScanMode::kSAMPLE && temperatureUsable(temperature))
         {
-            float m = softmaxLogit(row[0], temperature);
-            for (int32_t c = 1; c < K; ++c)
-            {
-                float const z = softmaxLogit(row[c], temperature);
-                m = z > m ? z : m;
-            }
-            float sum = 0.0f;
-            for (int32_t c = 0; c < K; ++c)
-            {
-                e[c] = softmaxExp(softmaxLogit(row[c], temperature), m);
-                sum = addRn(sum, e[c]);
-            }
-            for (int32_t c = 0; c < K; ++c)
-                q[l * K + c] = softmaxProb(e[c], sum);
-            choice = inverseCdf(q + l * K, K, u[l]);
+            choice = sampleRowChoice<kScanMaxTopK>(row, K, temperature, u[l], q + l * K);
         }
         else
         {
-            for (int32_t c = 1; c < K; ++c)
-                if (scanBetter(row[c], c, row[choice], choice))
-                    choice = c;
+            choice = greedyRowChoice<kScanMaxTopK>(row, K);
             q[l * K + choice] = 1.0f;
         }
         idx[l] = choice;

@@ -74,38 +74,118 @@ DF2_HD float softmaxProb(float e, float sum)
     return divRn(e, sum);
 }
 
-//! Inverse CDF over p[0..K) (sequential cumsum). Returns the chosen index.
+// The row functions below take a compile-time bound kMaxK >= K (kScanMaxTopK) and run their
+// loops to it with a `c < K` guard: the GPU unrolls them into registers (no local memory), the
+// CPU build runs the same operations in the same order.
+#if defined(__CUDA_ARCH__)
+#define DF2_SCAN_MATH_UNROLL _Pragma("unroll")
+#else
+#define DF2_SCAN_MATH_UNROLL
+#endif
+
+//! Inverse CDF over p[0..K) (sequential cumsum): the first c with cumsum(p)[c] > u, else the last
+//! index with p > 0, else 0.
+template <int kMaxK>
 DF2_HD int32_t inverseCdf(float const* p, int32_t K, float u)
 {
     float cum = 0.0f;
     int32_t lastPositive = -1;
-    for (int32_t c = 0; c < K; ++c)
+    int32_t chosen = -1;
+    DF2_SCAN_MATH_UNROLL
+    for (int32_t c = 0; c < kMaxK; ++c)
     {
-        cum = addRn(cum, p[c]);
-        if (cum > u)
-            return c;
-        if (p[c] > 0.0f)
-            lastPositive = c;
+        if (c < K && chosen < 0)
+        {
+            cum = addRn(cum, p[c]);
+            if (cum > u)
+                chosen = c;
+            else if (p[c] > 0.0f)
+                lastPositive = c;
+        }
     }
+    if (chosen >= 0)
+        return chosen;
     return lastPositive >= 0 ? lastPositive : 0;
 }
 
-//! Viterbi relaxation for one candidate c: best over predecessors p of prev[p] + step[p*K + c].
+//! Viterbi relaxation for one candidate c: best over predecessors p of prev[p] + step[p*K + c]
+//! (the first p reaching it).
+template <int kMaxK>
 DF2_HD float viterbiRelax(float const* prev, float const* step, int32_t K, int32_t c, int32_t* backpointer)
 {
     float best = addRn(prev[0], step[c]);
     int32_t arg = 0;
-    for (int32_t p = 1; p < K; ++p)
+    DF2_SCAN_MATH_UNROLL
+    for (int32_t p = 1; p < kMaxK; ++p)
     {
-        float const v = addRn(prev[p], step[p * K + c]);
-        if (v > best)
+        if (p < K)
         {
-            best = v;
-            arg = p;
+            float const v = addRn(prev[p], step[p * K + c]);
+            if (v > best)
+            {
+                best = v;
+                arg = p;
+            }
         }
     }
     *backpointer = arg;
     return best;
+}
+
+//! Greedy choice over one lattice row: the first index of its maximum (scanBetter in index
+//! order; a NaN never wins, and a NaN at index 0 is kept). Also the Viterbi walk's final argmax.
+template <int kMaxK>
+DF2_HD int32_t greedyRowChoice(float const* row, int32_t K)
+{
+    int32_t choice = 0;
+    float best = row[0];
+    DF2_SCAN_MATH_UNROLL
+    for (int32_t c = 1; c < kMaxK; ++c)
+    {
+        if (c < K)
+        {
+            float const v = row[c];
+            if (scanBetter(v, c, best, choice))
+            {
+                choice = c;
+                best = v;
+            }
+        }
+    }
+    return choice;
+}
+
+//! Sampling step over one lattice row with a usable temperature: z = row / T, m = max z (z[0],
+//! then z[c] > m in index order), e = exp(z - m), their sum in index order, q[0..K) = p = e / sum,
+//! then the inverse CDF at u over p. Returns the chosen index.
+template <int kMaxK>
+DF2_HD int32_t sampleRowChoice(float const* row, int32_t K, float temperature, float u, float* q)
+{
+    float v[kMaxK]; // z, then e, then p
+    DF2_SCAN_MATH_UNROLL
+    for (int32_t c = 0; c < kMaxK; ++c)
+        v[c] = c < K ? softmaxLogit(row[c], temperature) : 0.0f;
+    float m = v[0];
+    DF2_SCAN_MATH_UNROLL
+    for (int32_t c = 1; c < kMaxK; ++c)
+        if (c < K)
+            m = v[c] > m ? v[c] : m;
+    float sum = 0.0f;
+    DF2_SCAN_MATH_UNROLL
+    for (int32_t c = 0; c < kMaxK; ++c)
+        if (c < K)
+        {
+            v[c] = softmaxExp(v[c], m);
+            sum = addRn(sum, v[c]);
+        }
+    DF2_SCAN_MATH_UNROLL
+    for (int32_t c = 0; c < kMaxK; ++c)
+        if (c < K)
+        {
+            v[c] = softmaxProb(v[c], sum);
+            q[c] = v[c];
+        }
+    return inverseCdf<kMaxK>(v, K, u);
 }
 
 } // namespace dflash2
