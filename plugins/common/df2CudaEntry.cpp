@@ -60,6 +60,10 @@ Status gdnParams(int32_t const* attrValues, int32_t nbInputs, int32_t const* dty
 extern "C"
 {
 
+int32_t df2_cuda_scan_enqueue_ranks(int32_t ranks, int32_t mode, int32_t nbInputs, int32_t const* dtypes,
+    int32_t const* nbDims, int64_t const* dims, void const* const* inputs, void* workspace, int32_t* ids, float* q,
+    int64_t stream, char* msg, int32_t msgLen);
+
 //! The number of CUDA devices this library's runtime sees (0 when none or no driver); *err gets the
 //! CUDA error code (0 = success).
 int32_t df2_cuda_device_count(int32_t* err)
@@ -112,6 +116,16 @@ int32_t df2_cuda_scan_enqueue(int32_t mode, int32_t nbInputs, int32_t const* dty
     int64_t const* dims, void const* const* inputs, void* workspace, int32_t* ids, float* q, int64_t stream,
     char* msg, int32_t msgLen)
 {
+    return df2_cuda_scan_enqueue_ranks(0, mode, nbInputs, dtypes, nbDims, dims, inputs, workspace, ids, q, stream,
+        msg, msgLen);
+}
+
+//! df2_cuda_scan_enqueue with the CTAs per request row forced (ranks 1, 2, 4, 8; 0 = the launcher's choice):
+//! the GPU check's way to tell a cluster-path problem from a kernel one.
+int32_t df2_cuda_scan_enqueue_ranks(int32_t ranks, int32_t mode, int32_t nbInputs, int32_t const* dtypes,
+    int32_t const* nbDims, int64_t const* dims, void const* const* inputs, void* workspace, int32_t* ids, float* q,
+    int64_t stream, char* msg, int32_t msgLen)
+{
     constexpr ParamFail fail{kPairwiseScanName};
     TensorDesc descs[kMaxDescs];
     if (nbInputs != kScanNbInputs)
@@ -122,9 +136,10 @@ int32_t df2_cuda_scan_enqueue(int32_t mode, int32_t nbInputs, int32_t const* dty
     Status s = validatePairwiseScan(PairwiseScanAttrs{mode}, descs, nbInputs, &p, msg, msgLen);
     if (s != Status::kOK)
         return code(s);
-    return code(launchPairwiseScan(p, static_cast<float const*>(inputs[0]), static_cast<int32_t const*>(inputs[1]),
-        inputs[2], static_cast<int32_t const*>(inputs[3]), inputs[4], inputs[5], static_cast<float const*>(inputs[6]),
-        static_cast<float const*>(inputs[7]), workspace, ids, q, asStream(stream), msg, msgLen));
+    return code(launchPairwiseScanRanks(p, static_cast<float const*>(inputs[0]),
+        static_cast<int32_t const*>(inputs[1]), inputs[2], static_cast<int32_t const*>(inputs[3]), inputs[4],
+        inputs[5], static_cast<float const*>(inputs[6]), static_cast<float const*>(inputs[7]), workspace, ids, q,
+        ranks, asStream(stream), msg, msgLen));
 }
 
 //! The walk kernel alone over a given lattice [B, L, K, K] fp32 (checks of the walk on a reference lattice).

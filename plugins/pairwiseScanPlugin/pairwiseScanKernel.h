@@ -28,4 +28,10 @@ Status launchPairwiseScan(PairwiseScanParams const& params, float const* unary, 
     float const* temperature, float const* uniforms, void* workspace, int32_t* ids, float* q, cudaStream_t stream,
     char* msg, size_t msgLen);
 
+//! launchPairwiseScan with the CTAs per request row forced (1, 2, 4 or 8; 0 = the launcher's choice): checks only.
+Status launchPairwiseScanRanks(PairwiseScanParams const& params, float const* unary, int32_t const* cand,
+    void const* hidden, int32_t const* anchor, void const* predCodebook, void const* succCodebook,
+    float const* temperature, float const* uniforms, void* workspace, int32_t* ids, float* q, int32_t ranks,
+    cudaStream_t stream, char* msg, size_t msgLen);
+
 } // namespace dflash2

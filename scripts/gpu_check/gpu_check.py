@@ -55,9 +55,10 @@ class LibExt:
     def conv(self, x, delta, base, residual, block_size, group_size, stream=None):
         return self.lib.conv(x, delta, base, residual, block_size=block_size, group_size=group_size)
 
-    def scan(self, mode, unary, cand, hidden, anchor, pred, succ, temp, uniforms, stream=None):
+    def scan(self, mode, unary, cand, hidden, anchor, pred, succ, temp, uniforms, stream=None, ranks=0):
         import torch
-        ids, q, ws = self.lib.scan(mode, unary, cand, hidden, anchor, pred, succ, temp, uniforms, with_workspace=True)
+        ids, q, ws = self.lib.scan(mode, unary, cand, hidden, anchor, pred, succ, temp, uniforms, with_workspace=True,
+                                   ranks=ranks)
         b, length, k = unary.shape
         lat = ws[: b * length * k * k * 4].view(torch.float32).view(b, length, k, k)
         return ids, q, lat
@@ -325,6 +326,12 @@ def check_scan(ext, results: dict, cpu=None) -> bool:
                     ok = False
                     log(f"  scan MISMATCH dtype={dt} B={b} L={l} K={k} R={r} mode={mode}: lattice={lat_ok} "
                         f"ids={ids_ok} q={q_ok} walk-on-ref-lattice={walk_ok}")
+                    try:   # one CTA per row: tells a cluster-path problem from a kernel one
+                        ids1, q1, _ = ext.scan(m, *ins, s, ranks=1)
+                        log(f"    with one CTA per row: ids {'==' if torch.equal(ids1, ids) else '!='} the default "
+                            f"launch's; vs reference ids={torch.equal(ids1.long(), r_ids)}")
+                    except Exception as e:  # noqa: BLE001
+                        log(f"    one CTA per row failed too: {e}")
                 if e2e:
                     log(f"  note: {mode} dtype={dt} B={b}: {e2e} ids differ from the reference pipeline "
                         f"(fp32 near-ties between einsum and sequential sums)")

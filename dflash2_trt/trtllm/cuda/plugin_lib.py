@@ -209,7 +209,7 @@ class CudaPluginLib:
         except OSError as e:
             raise PluginBuildError(f"{self.path} is not a usable CUDA plugin build ({e}); delete it to rebuild") from None
         for name in ("df2_cuda_device_count", "df2_cuda_conv_enqueue", "df2_cuda_scan_workspace",
-                     "df2_cuda_scan_enqueue", "df2_cuda_scan_walk", "df2_cuda_gdn_workspace", "df2_cuda_gdn_enqueue",
+                     "df2_cuda_scan_enqueue", "df2_cuda_scan_enqueue_ranks", "df2_cuda_scan_walk", "df2_cuda_gdn_workspace", "df2_cuda_gdn_enqueue",
                      "df2_cuda_last_error"):
             getattr(self.lib, name).restype = ctypes.c_int32
         self.lib.df2_cuda_scan_walk.argtypes = [ctypes.c_int32, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32] + [
@@ -258,9 +258,10 @@ class CudaPluginLib:
         return out
 
     def scan(self, mode, unary, cand, hidden, anchor, pred_cb, succ_cb, temperature, uniforms,
-             *, with_workspace: bool = False):
+             *, with_workspace: bool = False, ranks: int = 0):
         """DFlash2PairwiseScan: (ids [B, L] int32, q [B, L, K] fp32) [+ the workspace, whose start is the lattice
-        [B, L, K, K] fp32 the plugin computes, with ``with_workspace``]."""
+        [B, L, K, K] fp32 the plugin computes, with ``with_workspace``]. ``ranks``: the CTAs per request row
+        (0: the launcher's choice; 1, 2, 4, 8 forced, for checks)."""
         plugin = "DFlash2PairwiseScan"
         m = SCAN_MODES[mode] if isinstance(mode, str) else int(mode)
         ins = self._placed(plugin, [unary, cand, hidden, anchor, pred_cb, succ_cb, temperature, uniforms])
@@ -273,7 +274,8 @@ class CudaPluginLib:
         ws = torch.empty(max(int(nbytes.value), 1), dtype=torch.uint8, device=unary.device)
         ids = torch.empty(b, length, dtype=torch.int32, device=unary.device)
         q = torch.empty(b, length, k, dtype=torch.float32, device=unary.device)
-        rc = self.lib.df2_cuda_scan_enqueue(ctypes.c_int32(m), *d, c_ptrs(ins), ctypes.c_void_p(ws.data_ptr()),
+        rc = self.lib.df2_cuda_scan_enqueue_ranks(ctypes.c_int32(ranks), ctypes.c_int32(m), *d, c_ptrs(ins),
+                                                  ctypes.c_void_p(ws.data_ptr()),
                                             ctypes.c_void_p(ids.data_ptr()), ctypes.c_void_p(q.data_ptr()),
                                             ctypes.c_int64(self._stream(unary)), msg, _MSG_LEN)
         self._check(plugin, rc, msg)
