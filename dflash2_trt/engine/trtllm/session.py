@@ -243,8 +243,8 @@ class TrtEngineSession:
         self.tp = int(pre["mapping"]["tp_size"])
         if self.tp != 1:
             raise ConfigError(f"a tp {self.tp} engine needs one process per rank under mpirun and TensorRT-LLM's "
-                              f"all-reduce workspace, which the project runtime does not do yet (docs/trt-session.md "
-                              f"§4); run it through the C++ executor (RUN.md)", field="pretrained_config.mapping.tp_size")
+                              f"all-reduce workspace, which the project runtime does not do yet "
+                              f"(docs/trt-session.md §4); run it through the C++ executor (RUN.md)", field="pretrained_config.mapping.tp_size")
         self.limits = session_limits(config)
         d = pre["dflash2"]
         self.K = int(d["block_size"]) - 1
