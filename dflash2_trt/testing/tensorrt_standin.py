@@ -284,6 +284,8 @@ class IExecutionContext:
                                                             f"memory, the rest device memory): {bad}")
             return False
         self.executions += 1
+        if on_gpu:
+            torch.cuda.synchronize()           # what the session enqueued on its stream lands before the "kernels" read
         ok = self.engine.executor().execute(self, segments)
         if ok and stream_handle and torch.cuda.is_available():
             torch.cuda.synchronize()

@@ -231,12 +231,15 @@ class TrtEngineSession:
     ``engine_bytes``: the serialized rank engine; ``config``: the engine's ``config.json`` (``pretrained_config`` +
     ``build_config``); ``trt``: the ``tensorrt`` module or its stand-in; ``device``: where device memory lives (CUDA;
     with the stand-in, the CPU may play the device); ``num_blocks`` / ``num_slots``: the KV pool's blocks and the
-    recurrent-state slots (default: the build's, every request at max_seq_len; slots = max_batch_size);
+    recurrent-state slots (default: every request at max_seq_len, and on a GPU at most ``kv_cache_fraction`` (the
+    build's ``kv_cache_free_gpu_mem_fraction``, 0.9) of the memory free once the engine is loaded, as TensorRT-LLM
+    sizes its pool; slots = max_batch_size);
     ``greedy_sampling``: the value bound to a ``greedy_sampling`` input when the engine declares one (0: the request's
     temperature decides, which is what the project runtime's per-request temperatures mean; see README)."""
 
     def __init__(self, engine_bytes: bytes, config: dict, *, trt, device=None, num_blocks: int | None = None,
-                 num_slots: int | None = None, greedy_sampling: int = 0, use_trtllm: bool | None = None):
+                 num_slots: int | None = None, greedy_sampling: int = 0, use_trtllm: bool | None = None,
+                 kv_cache_fraction: float | None = None):
         self.trt = trt
         self.config = dict(config["pretrained_config"])
         pre = self.config
@@ -258,17 +261,16 @@ class TrtEngineSession:
         self.num_layers = net.total_kv_layers(cfg)
         kinds = net.hf_layer_types(cfg)
         tpb, lim = int(self.limits["tokens_per_block"]), self.limits
-        per_seq = -(-int(lim["max_seq_len"]) // tpb)
-        self.num_blocks = int(num_blocks or lim.get("num_kv_blocks") or per_seq * int(lim["max_batch_size"]))
         self.kv_dtype = str_dtype_to_torch(pre["dtype"])
         kvh = int(pre["num_key_value_heads"])
         self.kv_heads = kvh // self.tp if kvh >= self.tp else 1
         self.head_size = int(pre["head_size"])
         self.tokens_per_block = tpb
-        self.pools, self.pool_pointers, self.pool_mapping = self._allocate_kv_pool(use_trtllm)
         eng = pre.get("dflash2_engine") or {}
         self._windows = torch.tensor(net.kv_layer_windows(cfg, eng.get("drafter_window", "model"),
                                                           int(lim["max_seq_len"])), dtype=torch.int32)
+        # in TensorRT-LLM's order: the recurrent-state slots, then the engine and its context (TensorRT takes its
+        # activation memory), then the KV pool from what is left
         # recurrent (Gated DeltaNet) layers: one rnn and one conv buffer per layer, a row per slot, zeroed
         self.gdn_layers = [i for i, t in enumerate(kinds) if t == "linear_attention"]
         self.recurrent = bool(self.gdn_layers)
@@ -295,6 +297,8 @@ class TrtEngineSession:
         self.tensors = engine_tensors(trt, self.execution.engine)
         self.inputs = {n: t for n, t in self.tensors.items() if t.is_input}
         self.outputs = {n: t for n, t in self.tensors.items() if not t.is_input}
+        self.num_blocks = self._pool_blocks(num_blocks, kv_cache_fraction)
+        self.pools, self.pool_pointers, self.pool_mapping = self._allocate_kv_pool(use_trtllm)
         self._static = self.static_inputs()
         self._buffers: dict[str, AlignedBuffer] = {}
         self._dummy = AlignedBuffer(16, self.device)
@@ -302,6 +306,25 @@ class TrtEngineSession:
         self.addresses: dict[str, int] = {}
 
     # ---- memory the session owns --------------------------------------------------------------------------
+    def block_bytes(self) -> int:
+        """Bytes of one pool block: every layer's K and V of ``tokens_per_block`` tokens."""
+        return (self.num_layers * 2 * self.kv_heads * self.tokens_per_block * self.head_size
+                * torch.empty((), dtype=self.kv_dtype).element_size())
+
+    def _pool_blocks(self, num_blocks, fraction) -> int:
+        lim = self.limits
+        every = -(-int(lim["max_seq_len"]) // self.tokens_per_block) * int(lim["max_batch_size"])
+        if num_blocks or lim.get("num_kv_blocks"):
+            return int(num_blocks or lim["num_kv_blocks"])
+        if self.device.type != "cuda":
+            return every
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fits = int(free * (0.9 if fraction is None else float(fraction))) // self.block_bytes()
+        if fits < 1:
+            raise ConfigError(f"no room for the KV pool: {free} bytes free after the engine, {self.block_bytes()} "
+                              f"per block", field="kv_cache_free_gpu_mem_fraction")
+        return min(every, fits)
+
     @property
     def stream_handle(self) -> int:
         return self.stream.cuda_stream if self.stream is not None else 0
@@ -473,6 +496,7 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
     path = engine_dir / f"rank{rank}.engine"
     if not path.is_file():
         raise ConfigError(f"no {path.name} in the engine directory", source=engine_dir)
+    kw.setdefault("kv_cache_fraction", (man.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"))
     return TrtEngineSession(path.read_bytes(), cfg, trt=trt, **kw), man
 
 
