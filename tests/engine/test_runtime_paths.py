@@ -130,3 +130,12 @@ def test_bench_run_takes_the_project_runtime(trt_engine_dir, tmp_path):
     assert run["requests"] == 3 and run["acceptance"]["steps"] > 0
     with pytest.raises(ConfigError, match="applies to TensorRT-LLM's executor path"):
         bench_run(d, ds, concurrency="2", trt=trt, tool="gptmanager")
+
+
+def test_deploy_triton_says_the_tensorrtllm_backend_will_not_run_a_project_path_engine(trt_engine_dir, tmp_path):
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+
+    d, _ = trt_engine_dir
+    res = deploy_triton(d, tmp_path / "repo", ids_only=True)
+    assert res.backend == "tensorrtllm"
+    assert any("the tensorrtllm backend (TensorRT-LLM's executor) will not run it" in n for n in res.notes)
