@@ -139,3 +139,18 @@ def test_deploy_triton_says_the_tensorrtllm_backend_will_not_run_a_project_path_
     res = deploy_triton(d, tmp_path / "repo", ids_only=True)
     assert res.backend == "tensorrtllm"
     assert any("the tensorrtllm backend (TensorRT-LLM's executor) will not run it" in n for n in res.notes)
+
+
+def test_the_cli_takes_runtime(trt_engine_dir):
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    d, cpu_dir = trt_engine_dir
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(cpu_dir), "--prompt-ids", "5,6", "--runtime", "project"])
+    assert r.exit_code == 1 and "--runtime: applies to TensorRT-LLM engines" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(d), "--prompt-ids", "5,6", "--runtime", "executor"])
+    assert r.exit_code == 1 and "TensorRT-LLM is not importable" in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", "run", "--engine-dir", str(cpu_dir), "--dataset", "x.jsonl", "--runtime",
+                                  "bogus"])
+    assert r.exit_code == 2 and "bogus" in r.output
