@@ -401,15 +401,19 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
 @click.option("--seed", type=int, default=0, show_default=True, help="Request i uses seed + i.")
 @click.option("--max-batch-size", type=int, default=None, help="Requests in flight [default: the engine's].")
 @click.option("--verify", is_flag=True, help="Re-hash every engine file against engine.json first.")
+@click.option("--runtime", type=click.Choice(["auto", "project", "executor"]), default="auto", show_default=True,
+              help="TensorRT-LLM engines: the project runtime over TensorRT or TensorRT-LLM's C++ executor [auto: the "
+                   "engine's runtime path, as build --dry-run and engine.json say].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
-            as_json) -> None:
-    """Run prompts through an engine (CPU runtime: in-flight batching); prints tokens and acceptance."""
+            runtime, as_json) -> None:
+    """Run prompts through an engine (the project runtime or TensorRT-LLM's executor: in-flight batching); prints
+    tokens and acceptance."""
     from .engine.run import render, run_engine
 
     report = run_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                        max_batch_size=max_batch_size, verify=verify)
+                        max_batch_size=max_batch_size, verify=verify, runtime=runtime)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
@@ -499,9 +503,13 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
               help="TensorRT-LLM engines: trtllm-bench (through python -m dflash2_trt.bench.trtllm_bench) or "
                    "gptManagerBenchmark [default: trtllm-bench].")
 @click.option("--dry-run", is_flag=True, help="TensorRT-LLM engines: print the benchmark commands, run nothing.")
+@click.option("--runtime", type=click.Choice(["auto", "project", "executor"]), default="auto", show_default=True,
+              help="TensorRT-LLM engines: the project runtime over TensorRT, or the executor's tools (--tool) [auto: "
+                   "the engine's runtime path].")
 def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, seed, max_new_tokens, ignore_eos,
                   no_baseline, backend, json_out, plot_out, project_gpus, project_target, context_len, save_outputs,
-                  no_progress, threads, baseline_engine_dir, benchmark_bin, plugin_lib, tool, dry_run) -> None:
+                  no_progress, threads, baseline_engine_dir, benchmark_bin, plugin_lib, tool, dry_run,
+                  runtime) -> None:
     """Throughput, latency, TTFT and acceptance per concurrency, speculative vs autoregressive."""
     from .bench.report import render
     from .bench.run import bench_run
@@ -512,7 +520,7 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
                        project_target=project_target, context_len=context_len, progress=not no_progress,
                        keep_outputs=save_outputs, baseline_engine_dir=baseline_engine_dir,
                        benchmark_bin=benchmark_bin, plugin_lib=plugin_lib, dry_run=dry_run, threads=threads,
-                       tool=tool)
+                       tool=tool, runtime=runtime)
     if dry_run:
         import shlex
 

@@ -68,8 +68,9 @@ TARGETS: dict[str, TargetEntry] = {
             drafter_id="z-lab/Qwen3.8-27B-DFlash2", block_size=8, build_config="qwen3.8-27b.yaml",
             supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
             notes="Qwen3.5 hybrid (48 Gated DeltaNet + 16 full-attention layers), multimodal wrapper; text only; "
-                  "the engine network covers it (CPU backend); the stock TensorRT-LLM 1.2 runtime refuses "
-                  "speculative decoding for recurrent models",
+                  "the engine network covers it (CPU backend); the stock TensorRT-LLM 1.2 executor refuses "
+                  "speculative decoding for recurrent models, so a TensorRT engine runs on the project runtime "
+                  "(docs/trt-session.md)",
         ),
         TargetEntry(
             key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",

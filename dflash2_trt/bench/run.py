@@ -40,9 +40,13 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
               baseline: bool = True, json_out=None, plot_out=None, project_gpus=None,
               project_target: str = "qwen3.8-27b", context_len: int | None = None, progress: bool = False,
               keep_outputs: bool = False, baseline_engine_dir=None, benchmark_bin=None, plugin_lib=None,
-              dry_run: bool = False, threads: int | None = 1, tool: str | None = None) -> dict:
-    """The bench report of ``engine_dir``. TensorRT-LLM engines: ``tool`` ``trtllm-bench`` (the default: through
-    :mod:`.trtllm_bench`'s launcher) or ``gptmanager`` (gptManagerBenchmark, :mod:`.gpu`)."""
+              dry_run: bool = False, threads: int | None = 1, tool: str | None = None, runtime: str | None = None,
+              trt=None) -> dict:
+    """The bench report of ``engine_dir``. TensorRT-LLM engines on the executor path (``engine/trtllm/paths.py``):
+    ``tool`` ``trtllm-bench`` (the default: through :mod:`.trtllm_bench`'s launcher) or ``gptmanager``
+    (gptManagerBenchmark, :mod:`.gpu`); on the project-runtime path (``runtime`` auto gives it to the engines the
+    executor cannot run, or ``project``): the project runtime over TensorRT (:mod:`.session`; ``trt``: the tensorrt
+    module, its CPU stand-in in tests)."""
     t0 = time.perf_counter()
     if backend not in ("auto", "cpu", "cuda", "trtllm"):
         raise ConfigError(f"must be auto, cpu, cuda or trtllm, got {backend!r}", field="--backend")
@@ -78,6 +82,13 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if backend != "auto" and backend != kind:
         raise ConfigError(f"is a {kind} engine (engine.json backend {kind!r}); --backend {backend} was asked",
                           source=engine_dir, field="backend")
+    path = None
+    if kind == "trtllm":
+        from ..engine.trtllm.paths import PROJECT, choose_runtime
+
+        path = choose_runtime(runtime, (cfg or {}).get("pretrained_config"), man)
+    elif runtime not in (None, "auto"):
+        raise ConfigError(f"applies to TensorRT-LLM engines only (this is a {kind} engine)", field="--runtime")
     if kind in ("cpu", "cuda"):
         from .cpu import bench_cpu
 
@@ -89,6 +100,18 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
                              temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                              stop_on_eos=stop_on_eos, baseline=baseline, progress=progress, keep_outputs=keep_outputs,
                              threads=threads)
+    elif path["path"] == PROJECT:
+        from .session import bench_session
+
+        if baseline_engine_dir is not None or benchmark_bin is not None or plugin_lib is not None or dry_run \
+                or tool is not None:
+            raise ConfigError(f"applies to TensorRT-LLM's executor path; this engine runs on the project runtime "
+                              f"({'; '.join(path['why'])})",
+                              field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run/--tool")
+        measured = bench_session(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
+                                 temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+                                 stop_on_eos=stop_on_eos, keep_outputs=keep_outputs, trt=trt)
+        measured["tool"] = "project-runtime"
     else:
         man = dict(man)
         try:
@@ -117,6 +140,8 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     for k in ("tool", "commands", "command_lines", "writes", "notes"):
         if k in measured:
             report[k] = measured[k]
+    if path is not None:
+        report["runtime_path"] = path
     if gpus is not None:
         report["projection"] = _projection_for(report, gpus, project_target, context_len)
     report["wall_s"] = time.perf_counter() - t0

@@ -58,6 +58,7 @@ from ..targets import get_target
 from .common import eagle_choices, shell_line
 from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
+from .trtllm.paths import PROJECT, runtime_path
 from .trtllm.runtime_rules import runtime_reading
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain
 from .verify import AUTO_MAX_TARGET_BYTES
@@ -194,13 +195,6 @@ def _collect_blockers(p: Prepared) -> None:
                 f"select gpt_attention's cyclic-cache addressing on TensorRT-LLM [read, not run] and misplace the "
                 f"drafter's K/V (trtllm/network/kv_layout.py docstring); use --set drafter_window=full (lossless, costs "
                 f"acceptance past the window only)")
-    if any(lt == "sliding_attention" for lt in (t.layer_types or ())):
-        p.trtllm_blockers.append(
-            "the target's sliding-window layers take their window from the runtime's per-layer "
-            "host_max_attention_window_sizes (the attention plugin reads it on the host; trtllm/network/"
-            "kv_layout.py kv_layer_windows): a variable-window model, which TensorRT-LLM 1.2's EAGLE KV rewind refuses "
-            "(\"Rewinding KV cache blocks for variable SWA models isn't supported\", docs/TRTLLM-ENGINE.md §3) "
-            "[read, not run]; the CPU backend applies the windows")
     if t.family == "qwen3_5":
         n_kv = sum(1 for lt in t.layer_types if lt != "linear_attention") + d.num_hidden_layers
         n_all = t.num_hidden_layers + d.num_hidden_layers
@@ -351,16 +345,28 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     supported = {"stages": [], "cpu_engine": False, "trtllm_engine": False}
     if p.target_key is not None:
         supported["stages"] = list(get_target(p.target_key).supported)
-    supported["cpu_engine"] = not p.blockers
-    supported["trtllm_engine"] = not p.blockers and not p.trtllm_blockers
     engine_config = engine_pretrained_config(p.checkpoint_config, cfg, d) if p.checkpoint_config else None
+    trtllm_blockers = list(p.trtllm_blockers)
+    path = None
+    if backend == "trtllm" and engine_config is not None and not p.blockers:
+        path = runtime_path(engine_config)
+        recurrent_only = all(w.startswith("recurrent") for w in path["why"])
+        if path["path"] == PROJECT and cfg.tp_size > 1 and not recurrent_only:
+            # neither runtime runs it: the executor refuses the variable window, the project runtime is tp 1 today
+            trtllm_blockers.append(f"no runtime runs this engine at tp {cfg.tp_size}: TensorRT-LLM's executor refuses "
+                                   f"it ({path['why'][-1].split(':')[0]}) and the project runtime runs tp 1 engines "
+                                   f"today (docs/trt-session.md §4); build with --tp-size 1")
+    supported["cpu_engine"] = not p.blockers
+    supported["trtllm_engine"] = not p.blockers and not trtllm_blockers
     return {
         "target": p.target_key, "family": t.family, "backend": backend, "output": str(out),
         "drafter_dir": str(p.drafter_dir), "target_dir": str(p.target_dir),
         "settings": {**cfg.to_dict(), "max_draft_len": p.K, "source": cfg.source},
         "eagle_choices": eagle_choices(p.K), "steps": steps, "trtllm_build": command, "trtllm_bench": bench,
         "sizing": size,
-        "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": list(p.trtllm_blockers),
+        "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": trtllm_blockers,
+        # which runtime will drive the TensorRT engine, and why (engine/trtllm/paths.py)
+        "runtime_path": path,
         "warnings": list(p.warnings),
         # the build checkpoint's config.json, exactly as trtllm-build receives it (engine step), and what the
         # runtime will count in it
@@ -409,6 +415,10 @@ def render_plan(plan: dict) -> str:
             line += (f"; variant {rt['variant']} (with the runtime patch's R1); RNN fields per rank: "
                      + ", ".join(f"{k} {v}" for k, v in rt["rnn"].items()))
         lines.append(line)
+    path = plan.get("runtime_path")
+    if path:
+        lines.append(f"runtime path: {path['path']}: {path['description']}")
+        lines += [f"  why: {w}" for w in path["why"]] + [f"  limit: {w}" for w in path["limits"]]
     for f in (rt or {}).get("config_fixes") or []:
         lines.append(f"the build will set {f['field']} {f['from']!r} -> {f['to']!r} in trtllm-build's config.json "
                      f"({f['why']})")

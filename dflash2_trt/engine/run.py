@@ -1,6 +1,7 @@
 """``dflash2-trt run``: prompts through an engine directory. The options are checked here; a cpu or cuda engine runs
 with the project's runtime (:mod:`.standin.run`, in-flight batching), a TensorRT-LLM engine through TensorRT-LLM's C++
-runner (:mod:`.trtllm.runner`, GPU machines)."""
+runner or the project runtime over TensorRT, whichever its runtime path is (:mod:`.trtllm.runner`,
+:mod:`.trtllm.paths`; GPU machines)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .trtllm.runner import run_engine_trtllm
 
 def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
-               progress=None) -> dict:
+               progress=None, runtime: str | None = None, trt=None) -> dict:
     given = sum(x is not None for x in (prompt_ids, prompt, prompts_file))
     if given != 1:
         raise ConfigError("give exactly one of --prompt-ids, --prompt, --prompts", field="--prompt-ids")
@@ -25,10 +26,13 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     if max_batch_size is not None and max_batch_size < 1:
         raise ConfigError(f"must be >= 1, got {max_batch_size}", field="--max-batch-size")
-    if engine_backend(engine_dir) == "trtllm":   # TensorRT-LLM's C++ runner on a GPU machine
+    if engine_backend(engine_dir) == "trtllm":   # a GPU machine: the C++ executor or the project runtime over TensorRT
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                                 max_batch_size=max_batch_size, verify=verify)
+                                 max_batch_size=max_batch_size, verify=verify, runtime=runtime, trt=trt)
+    if runtime not in (None, "auto"):
+        raise ConfigError("applies to TensorRT-LLM engines (this is a stand-in engine: the project's runtime runs it)",
+                          field="--runtime")
     return run_standin_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                           max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                           max_batch_size=max_batch_size, verify=verify, progress=progress)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash2_trt.assets import trained_pair
-from dflash2_trt.engine.standin.binding import _rules, bind
+from dflash2_trt.engine.binding import binding_rules as _rules, bind
 
 
 @pytest.fixture(scope="module")

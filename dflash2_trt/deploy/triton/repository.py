@@ -319,6 +319,15 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if backend == "tensorrtllm" and man["backend"] in ("cpu", "cuda"):
         notes.append(f"{engine_dir} is {'a CPU' if man['backend'] == 'cpu' else 'a cuda'} engine: the tensorrtllm backend needs TensorRT-LLM engine files at "
                      f"gpt_model_path (`dflash2-trt build --backend trtllm` on a GPU machine)")
+    if backend == "tensorrtllm" and man["backend"] == "trtllm":
+        from ...engine.trtllm.paths import PROJECT, choose_runtime
+
+        path = choose_runtime(None, (cfg or {}).get("pretrained_config"), man)
+        if path["path"] == PROJECT:
+            notes.append(f"this engine's runtime path is the project runtime over TensorRT ({'; '.join(path['why'])}): "
+                         f"the tensorrtllm backend (TensorRT-LLM's executor) will not run it on stock TensorRT-LLM 1.2; "
+                         f"a python-backend model on the project runtime is not built yet (docs/trt-session.md §7); "
+                         f"`dflash2-trt run` / `bench run` drive it")
     if not _NAME_RE.match(model_name) or model_name in MODEL_NAMES:
         raise ConfigError(f"{model_name!r} must be a plain model name other than {', '.join(MODEL_NAMES)}",
                           field="--model-name")

@@ -27,7 +27,7 @@ from ...trtllm.cpu.state import StatePool
 from ...trtllm.cpu.tensor import network_input, on_device
 from ...trtllm.engine_io import load_contract
 from ..format import load_engine_dir
-from .binding import bind
+from ..binding import bind
 
 # The runtime's per-layer tensors that are the same every step (TensorRT-LLM's runtime also fills them once).
 _STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",

@@ -16,7 +16,8 @@ Steps (each either completes or leaves nothing of its own behind; Ctrl-C include
                --max_draft_len K and --workers 1 (the model class file loads the plugin library:
                DFLASH2_PLUGIN_LIB), its output streamed to trtllm-build.log; build-checkpoint/ removed; the plugin library, the
                target's tokenizer files, RUN.md and engine.json added
-    verify     (when on) the fixed prompts through TensorRT-LLM's runner vs the target's greedy decoding
+    verify     (when on) the fixed prompts through the engine's runtime (TensorRT-LLM's runner, or the project runtime
+               over TensorRT for the engines the executor cannot run: :mod:`.paths`) vs the target's greedy decoding
     commit     the temporary directory renamed to ENGINE_DIR
 
 Without TensorRT-LLM (or without the plugin toolchain) the build stops after the steps it can do with
@@ -49,6 +50,7 @@ from ..common import eagle_choices, shell_line
 from ..format import ENGINE_FORMAT, ENGINE_SCHEMA, BuildResult, copy_tokenizer, torch_version, write_manifest
 from ..pretrained import engine_pretrained_config
 from .command import default_checkpoint_dir, engine_config_fixes, trtllm_build_argv, trtllm_build_env
+from .paths import PROJECT, runtime_path
 from .plugin_library import ensure_plugin_library, plugin_archs
 from .process import EngineBuildError, SubprocessRunner, log_tail
 from .toolchain import Toolchain, probe_toolchain
@@ -68,6 +70,29 @@ def run_md(man: dict, engine_dir: Path) -> str:
     lib = man["plugin_library"]["file"]
     mpi = f"mpirun -n {tp} --allow-run-as-root " if tp > 1 else ""
     greedy_t = GREEDY_REQUEST_TEMPERATURE
+    path = man.get("runtime_path") or {}
+    why = "\n".join(f"- {w}" for w in path.get("why") or [])
+    limits = "".join(f"\n- limit: {w}" for w in path.get("limits") or [])
+    if path.get("path") == PROJECT:
+        runtime = f"""**This engine runs on the project runtime over TensorRT** ({path.get('description')}), because:
+
+{why}{limits}
+
+    dflash2-trt run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
+    dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl --concurrency 1,4,16
+
+Both load TensorRT-LLM's plugin library (`import tensorrt_llm`) and `{lib}` themselves, deserialize
+`rank0.engine` with TensorRT's Python API and bind every step's inputs by TensorRT-LLM's runtime rules
+(docs/trt-session.md). Stock TensorRT-LLM 1.2 is enough: no executor check is involved. Sections 2-4 below (the
+C++ executor, Triton's `tensorrtllm` backend, trtllm-bench) do NOT run this engine on stock TensorRT-LLM; they are
+kept for a TensorRT-LLM rebuilt with `scripts/patch_trtllm_recurrent_spec.py` (recurrent targets; never compiled
+by this project)."""
+    else:
+        runtime = f"""**This engine runs on TensorRT-LLM's C++ executor** ({path.get('description') or 'ModelRunnerCpp'}):
+
+{why or '- (engine.json has no runtime_path: built before it was recorded)'}
+
+The project runtime over TensorRT drives it too: `dflash2-trt run --engine-dir {engine_dir} --runtime project ...`."""
     return f"""# Running this engine
 
 Built by dflash2-trt {v['dflash2_trt']} with TensorRT-LLM {v.get('tensorrt_llm')} (TensorRT {v.get('tensorrt')},
@@ -85,6 +110,10 @@ engine. Its limits: EOS, stop words and max length apply; penalties, bad words a
 not applied in EAGLE mode; guided decoding and logits post-processors do not combine with in-engine
 acceptance. This project has not run a TensorRT-LLM engine on hardware yet: treat the first run as
 the check it is.
+
+## 0. Which runtime
+
+{runtime}
 
 ## 1. Load the plugins in every process that deserialises the engine
 
@@ -292,6 +321,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                                  "build_checkpoint_files": how, "seconds": round(build_s, 3)},
                 "eos_token_ids": [int(e) for e in prep.t.eos_token_ids], "tokenizer": tokenizer,
                 "trtllm_bench": bench, "engine_config_fixes": fixes,
+                # which runtime drives this engine and why (the executor cannot run every DFlash2 engine: .paths)
+                "runtime_path": runtime_path(pre),
                 "command": command or [], "files": files, "verify": None,
             }
             (tmp / "RUN.md").write_text(run_md(man, output.absolute()))

@@ -1,4 +1,5 @@
-"""A TensorRT-LLM engine directory through TensorRT-LLM's C++ runner (``ModelRunnerCpp``, the executor).
+"""A TensorRT-LLM engine directory through TensorRT-LLM's C++ runner (``ModelRunnerCpp``, the executor), or, for the
+engines the executor cannot run (:mod:`.paths`), through the project runtime over TensorRT (:mod:`.session_run`).
 
 GPU machines only: nothing here runs without TensorRT-LLM, and the whole module is a thin layer over
 ``tensorrt_llm.runtime.ModelRunnerCpp`` (``from_dir(engine_dir, eagle_choices=..., ...)`` and
@@ -27,6 +28,8 @@ from ...tokenizer import encode_text
 from ..common import eagle_choices, prompt_tokenizer, read_prompts_file
 from ..format import load_engine_dir
 from ...trtllm.register import register
+from .paths import PROJECT, choose_runtime
+from .session_run import run_items
 
 
 def _require_trtllm():
@@ -109,9 +112,12 @@ def run_trtllm_engine(engine_dir, man: dict, items: list[dict], *, max_new_token
 
 
 def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
-                      temperature: float = 0.0, seed: int = 0, max_batch_size=None, verify: bool = False) -> dict:
+                      temperature: float = 0.0, seed: int = 0, max_batch_size=None, verify: bool = False,
+                      runtime: str | None = None, trt=None) -> dict:
     """``run --engine-dir`` on a TensorRT-LLM engine: the engine directory and the prompts are checked here (any
-    machine), the decoding needs TensorRT-LLM and a GPU."""
+    machine), the decoding needs TensorRT (and TensorRT-LLM's plugins) on a GPU. ``runtime``: ``auto`` (the engine's
+    path, :mod:`.paths`), ``project`` (the project runtime over TensorRT, :mod:`.session_run`) or ``executor``
+    (TensorRT-LLM's C++ runner). ``trt``: the TensorRT module for the project runtime (tests: its CPU stand-in)."""
     cfg, man = load_engine_dir(engine_dir, verify=verify)
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     if prompts_file is not None:
@@ -121,6 +127,8 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
                   "output_tokens": None, "where": "--prompt-ids"}]
     else:
         items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
+    path = choose_runtime(runtime, cfg["pretrained_config"], man)
+    tok = None
     if any(it["prompt"] is not None for it in items):
         tok = prompt_tokenizer(man, engine_dir)
         for it in items:
@@ -140,6 +148,13 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
     if max_batch_size is not None and max_batch_size > lim["max_batch_size"]:
         raise ConfigError(f"must be in [1, {lim['max_batch_size']}] (the engine's max_batch_size), got {max_batch_size}",
                           field="--max-batch-size")
-    _require_trtllm()
-    return run_trtllm_engine(engine_dir, man, items, max_new_tokens=max_new_tokens, temperature=temperature,
-                             seed=seed, max_batch_size=max_batch_size)
+    if path["path"] == PROJECT:
+        report = run_items(engine_dir, items, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                           max_batch_size=max_batch_size, tokenizer=tok, trt=trt)
+    else:
+        _require_trtllm()
+        report = run_trtllm_engine(engine_dir, man, items, max_new_tokens=max_new_tokens, temperature=temperature,
+                                   seed=seed, max_batch_size=max_batch_size)
+        report["runtime"] = "executor"
+    report["runtime_path"] = path
+    return report

@@ -1,5 +1,6 @@
-"""The verify gate on a TensorRT-LLM engine: the fixed prompts through TensorRT-LLM's C++ runner
-(:mod:`.runner`, GPU machines) and through the target's own greedy decoding (:mod:`dflash2_trt.engine.verify`)."""
+"""The verify gate on a TensorRT-LLM engine: the fixed prompts through the engine's runtime (TensorRT-LLM's C++
+runner, :mod:`.runner`, or the project runtime over TensorRT, :mod:`.session_run`, as :mod:`.paths` decides; GPU
+machines) and through the target's own greedy decoding (:mod:`dflash2_trt.engine.verify`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import time
 from pathlib import Path
 
 from ..verify import NEW_TOKENS, compare, fixed_prompts, reference_outputs, shape_prompts
+from .paths import PROJECT, choose_runtime
 from .runner import generate
+from .session_run import generate as generate_project
 
 
 def verify_trtllm_engine(engine_dir, *, target_dir, target_key=None, plugin_lib=None,
@@ -22,8 +25,12 @@ def verify_trtllm_engine(engine_dir, *, target_dir, target_key=None, plugin_lib=
     prompts = fixed_prompts(target_key, int(pre["vocab_size"]), avoid=(*eos, int(pre["dflash2"]["mask_token_id"])))
     K = int(pre["dflash2"]["block_size"]) - 1
     prompts, new = shape_prompts(prompts, int(build["max_input_len"]), int(build["max_seq_len"]) - 2 * K, new)
-    outs = generate(engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib)
+    path = choose_runtime(None, pre, man)["path"]
+    if path == PROJECT:
+        outs = generate_project(engine_dir, prompts, new, eos=eos)
+    else:
+        outs = generate(engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib)
     refs = reference_outputs(target_dir, prompts, new, eos, dtype=pre["dtype"])
     compare(outs, refs, prompts)
-    return {"passed": True, "backend": "trtllm", "prompts": len(prompts), "new_tokens": new,
+    return {"passed": True, "backend": "trtllm", "runtime": path, "prompts": len(prompts), "new_tokens": new,
             "tokens": sum(map(len, outs)), "seconds": round(time.perf_counter() - t0, 3)}

@@ -1,0 +1,93 @@
+"""Which runtime drives a TensorRT engine of this project, and why (``build --dry-run``, engine.json, RUN.md, ``run``,
+``bench run``).
+
+Two runtimes can execute the rank engines trtllm-build writes:
+
+- ``executor``: TensorRT-LLM's C++ executor (``ModelRunnerCpp``, the ``tensorrtllm`` Triton backend, trtllm-bench,
+  gptManagerBenchmark). It runs an EAGLE one-engine model on stock 1.2 when nothing in the engine trips its checks.
+- ``project``: this project's runtime (:class:`~dflash2_trt.runtime.Runtime`: paged KV blocks, in-flight batching,
+  the EAGLE feed) binding the engine through TensorRT's Python API (:mod:`.session`). It needs no executor check to
+  pass: the engine drafts, verifies, accepts and commits in-graph, and the runtime only moves sequence lengths.
+
+A target takes ``project`` when the stock executor refuses it (each reason read in TensorRT-LLM's sources):
+
+- a recurrent (hybrid) target: ``TrtGptModelInflightBatching`` refuses speculative decoding and context/generation
+  fusion for a model it treats as recurrent (docs/hybrid-runtime.md R3/R4; the executor runs it only rebuilt with
+  ``scripts/patch_trtllm_recurrent_spec.py``, which stays an option, never compiled here);
+- per-layer attention windows that differ (Muse Glimmer's sliding layers, or a drafter keeping its own window): a
+  "variable window" model, whose EAGLE KV rewind the executor refuses (docs/TRTLLM-ENGINE.md §3).
+
+Otherwise ``executor`` (the project runtime can drive those engines too: ``run --runtime project``).
+"""
+
+from __future__ import annotations
+
+from ...trtllm.backend import load_network
+
+PROJECT, EXECUTOR = "project", "executor"
+RUNTIMES = ("auto", PROJECT, EXECUTOR)
+
+DESCRIPTION = {
+    PROJECT: "the project runtime over TensorRT (dflash2_trt.runtime.Runtime binding the rank engine through "
+             "TensorRT's Python API: engine/trtllm/session.py)",
+    EXECUTOR: "TensorRT-LLM's C++ executor (ModelRunnerCpp, the tensorrtllm Triton backend, trtllm-bench, "
+              "gptManagerBenchmark)",
+}
+
+
+def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: int | None = None) -> dict:
+    """``{"path": "project" | "executor", "why": [...], "description", "limits": [...]}`` for the engine whose
+    ``pretrained_config`` is ``pre`` (the drafter window and max_seq_len default to ``pre["dflash2_engine"]``'s)."""
+    net = load_network("cpu")
+    cfg = net.api.PretrainedConfig.from_dict(pre)
+    eng = pre.get("dflash2_engine") or {}
+    drafter_window = drafter_window or eng.get("drafter_window", "model")
+    max_seq_len = int(max_seq_len or eng.get("max_seq_len") or pre.get("max_position_embeddings"))
+    why = []
+    kinds = net.hf_layer_types(cfg)
+    if "linear_attention" in kinds:
+        n = sum(1 for k in kinds if k == "linear_attention")
+        why.append(f"recurrent target ({n} Gated DeltaNet layers): the stock executor refuses speculative decoding for "
+                   f"a model it treats as recurrent (TrtGptModelInflightBatching, docs/hybrid-runtime.md R3/R4); it "
+                   f"runs there only rebuilt with scripts/patch_trtllm_recurrent_spec.py [never compiled]")
+    windows = net.kv_layer_windows(cfg, drafter_window, max_seq_len)
+    if len(set(windows)) > 1:
+        why.append(f"variable window: the per-layer attention windows {sorted(set(windows))} make a variable-window "
+                   f"model, whose EAGLE KV rewind the stock executor refuses (\"Rewinding KV cache blocks for "
+                   f"variable SWA models isn't supported\", docs/TRTLLM-ENGINE.md §3)")
+    path = PROJECT if why else EXECUTOR
+    if path == EXECUTOR:
+        why.append("nothing in the engine trips the stock executor's checks (not recurrent, one attention window); "
+                   "the project runtime can drive it too (run --runtime project)")
+    limits = []
+    tp = int(pre["mapping"]["tp_size"])
+    if path == PROJECT and tp > 1:
+        limits.append(f"tp {tp}: the project runtime runs tp 1 engines today (one process per rank under mpirun with "
+                      f"TensorRT-LLM's all-reduce workspace is designed, not built: docs/trt-session.md §4); build with "
+                      f"--tp-size 1")
+    if path == PROJECT and any(w < max_seq_len for w in windows):
+        limits.append("[I] a window below the pool's capacity selects the attention plugin's cyclic addressing for "
+                      "that layer; the CPU stand-in masks instead, so those layers are unverified on TensorRT")
+    return {"path": path, "description": DESCRIPTION[path], "why": why, "limits": limits}
+
+
+def choose_runtime(requested: str | None, pre: dict, manifest: dict | None = None) -> dict:
+    """The runtime ``run`` / ``bench run`` / the verify gate use: the one asked for, else the engine's own
+    (engine.json ``runtime_path``, else computed from its config)."""
+    requested = requested or "auto"
+    if requested not in RUNTIMES:
+        from ...errors import ConfigError
+
+        raise ConfigError(f"must be one of {', '.join(RUNTIMES)}, got {requested!r}", field="--runtime")
+    info = (manifest or {}).get("runtime_path")
+    if not info:
+        try:
+            info = runtime_path(pre)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:   # not a DFlash2 engine config
+            info = {"path": EXECUTOR, "description": DESCRIPTION[EXECUTOR], "limits": [],
+                    "why": [f"the engine config does not say what the decision needs ({type(exc).__name__}: {exc}); "
+                            f"the executor's tools read it themselves"]}
+    if requested != "auto":
+        info = dict(info, path=requested, description=DESCRIPTION[requested],
+                    why=[f"asked for (--runtime {requested})"] + list(info.get("why") or []))
+    return info

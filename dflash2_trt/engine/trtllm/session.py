@@ -1,0 +1,502 @@
+"""The project runtime over a TensorRT engine built by trtllm-build: :class:`TrtEngineSession`.
+
+TensorRT-LLM's C++ executor cannot drive every DFlash2 engine (the hybrid target is "recurrent" to it, Muse
+Glimmer's per-layer windows make it "variable window": :mod:`.paths`). The engine itself does the draft, verify,
+accept and state commit, so what a runtime has left to do is bookkeeping (the project's :class:`~dflash2_trt.runtime.
+Runtime`: paged KV blocks, in-flight batching, the EAGLE feed) and binding. This module is the binding: it opens a
+rank engine through TensorRT's Python API the way TensorRT-LLM's Python runtime does (``tensorrt_llm/runtime/
+session.py``), owns the paged KV pool and the recurrent-state slots on the device, and executes one step per
+``step(inputs)`` with the same interface the project runtime drives a CPU engine through (``K``, ``limits``,
+``vocab_size``, ``num_blocks``, ``recurrent``, ``num_slots``, ``reset_slot``, ``step``, ``close``).
+
+Per step (every fact: ``facts/tensorrt_session.yaml``):
+
+- the feed (the runtime's per-step tensors plus the static ones a runtime fills once: windows, sink length, pool
+  pointers and mapping, perf knobs, context progress, the state pointers) is bound by TensorRT-LLM's runtime rules
+  (:func:`dflash2_trt.engine.binding.bind`, engine_io.yaml ``runtime_binding``: the CPU engine's rules) against the ENGINE's inputs as
+  TensorRT reports them (name, dtype, profile 0);
+- the block offsets are written in TensorRT-LLM's pool indexing (``block * layers * 2 + field``, the attention
+  plugin's addressing of a ``[blocks, layers, 2, heads, tokens, head_size]`` pool): see :func:`trtllm_block_index`;
+- each input is copied into a persistent, 256-byte aligned buffer: host memory (pinned on a GPU) for what the
+  plugins dereference on the host (engine_io.yaml ``memory: host``, the state pointers), device memory for the rest;
+  a zero-volume input gets a one-element dummy (TensorRT takes no null address);
+- ``set_input_shape`` for every input (False is the runtime's invalid-shape error), ``infer_shapes`` (nothing may be
+  missing), outputs allocated from ``get_tensor_shape``, ``set_tensor_address`` for everything, ``execute_async_v3``
+  on the session's one stream, synchronised; the outputs come back as CPU tensors (``logits`` stays on the device).
+
+Where TensorRT-LLM is installed its own pieces do their part: ``import tensorrt_llm`` loads its plugin library, its
+``MemoryPoolsAllocator`` allocates the KV pool and builds the pointer table and layer mapping, and its ``Session``
+opens the engine and runs the address binding + ``execute_async_v3``. Without it (CI; a GPU box without TensorRT) the
+same steps run here, from the same recorded facts, over the ``trt`` namespace handed in: TensorRT itself or the CPU
+stand-in of its execution API (``dflash2_trt/testing/tensorrt_standin.py``).
+
+Not done here (docs/trt-session.md): CUDA-graph capture of bucketed generation steps, tp > 1 (one process per rank
+under mpirun, TensorRT-LLM's all-reduce workspace).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ... import plugins
+from ...errors import ConfigError, MissingDependencyError
+from ...trtllm.backend import load_network
+from ...trtllm.cpu.functional import str_dtype_to_torch
+from ...trtllm.engine_io import load_contract
+from ..binding import bind
+from ..format import load_engine_dir
+from .runtime_rules import facts as _facts_file
+
+# The runtime's per-layer / per-engine tensors a runtime fills once (TensorRT-LLM: setStaticInputTensors); the
+# project runtime's feed carries the rest every step.
+STATIC_INPUTS = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",
+                 "host_kv_cache_pool_mapping", "host_runtime_perf_knobs", "host_context_progress")
+
+
+@functools.lru_cache(maxsize=1)
+def facts() -> dict:
+    """``facts/tensorrt_session.yaml``: TensorRT's execution API and TensorRT-LLM's Python runtime as recorded."""
+    return _facts_file("tensorrt_session")
+
+
+def alignment() -> int:
+    return int(facts()["tensorrt_api"]["rules"]["address_alignment"]["bytes"])
+
+
+@functools.lru_cache(maxsize=1)
+def input_memory() -> dict:
+    """Engine input name -> "host" | "device" (engine_io.yaml ``memory``); the state pointers are host inputs."""
+    return {p.name: p.memory or "device" for p in load_contract()["inputs"]}
+
+
+def memory_of(name: str) -> str:
+    if name.startswith(("rnn_state_ptr_", "conv_state_ptr_")):
+        return "host"
+    if name == "greedy_sampling":
+        return facts()["greedy_sampling"]["engine_input"]["memory"]
+    return input_memory().get(name, "device")
+
+
+def trtllm_block_index(offsets: torch.Tensor, layers_in_pool: int) -> torch.Tensor:
+    """The project runtime's block offsets (``runtime/kv_cache.py``: K of block b at 2b, V at 2b + 1, the CPU
+    stand-in's pool rows) as TensorRT-LLM's KV cache manager writes them for the attention plugin
+    (``b * layers_in_pool * 2 + field``, facts ``kv_pool.block_offset``): the same blocks, addressed in a pool laid out
+    ``[blocks, layers, 2, heads, tokens, head_size]``."""
+    off = offsets.to(torch.int64)
+    return ((off // 2) * (2 * layers_in_pool) + off % 2).to(torch.int32)
+
+
+# ------------------------------------------------------------------------------------------------- memory
+class AlignedBuffer:
+    """A persistent buffer of ``capacity`` bytes whose first byte is ``alignment()``-aligned (TensorRT's
+    setTensorAddress rule), on ``device`` (host memory pinned when ``pin``). :meth:`view` hands out a prefix as a
+    tensor of a given dtype and shape; the address stays the same from step to step."""
+
+    def __init__(self, nbytes: int, device: torch.device, *, pin: bool = False):
+        a = alignment()
+        self.capacity = max(int(nbytes), 1)
+        self._raw = torch.empty(self.capacity + a, dtype=torch.uint8, device=device, pin_memory=pin)
+        self._off = (-self._raw.data_ptr()) % a
+        self.device = device
+
+    @property
+    def address(self) -> int:
+        return self._raw.data_ptr() + self._off
+
+    def view(self, dtype: torch.dtype, shape) -> torch.Tensor:
+        n = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        if n > self.capacity:
+            raise ValueError(f"{n} bytes do not fit a buffer of {self.capacity}")
+        return self._raw[self._off:self._off + n].view(dtype).view(tuple(shape))
+
+
+# ------------------------------------------------------------------------------------------------- engine I/O
+@dataclass(frozen=True)
+class EngineTensor:
+    """One I/O tensor of a deserialized engine, as TensorRT reports it; ``dtype`` / ``shape`` / ``profiles`` are what
+    :func:`~dflash2_trt.engine.binding.bind` reads of a declaration."""
+    name: str
+    is_input: bool
+    dtype: str                 # float32, int32, ... (torch names via str_dtype_to_torch)
+    shape: tuple               # build-time, -1 = dynamic
+    location: str              # "device" | "host" (TensorRT's TensorLocation)
+    profile: tuple | None      # ((min, opt, max), ...) per dimension of profile 0 (inputs)
+
+    @property
+    def profiles(self) -> list:
+        return [list(self.profile)]
+
+
+_TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT32": "int32", "INT64": "int64",
+               "INT8": "int8", "BOOL": "bool", "UINT8": "uint8"}
+
+
+def engine_tensors(trt, engine) -> dict:
+    """name -> :class:`EngineTensor` for every I/O tensor of ``engine`` (``num_io_tensors``, ``get_tensor_name``,
+    ``get_tensor_mode``, ``get_tensor_dtype``, ``get_tensor_shape``, ``get_tensor_location``,
+    ``get_tensor_profile_shape(name, 0)``)."""
+    out = {}
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+        dt = engine.get_tensor_dtype(name)
+        dtype = _TRT_DTYPES.get(getattr(dt, "name", str(dt)).split(".")[-1])
+        if dtype is None:
+            raise ConfigError(f"engine tensor {name!r} has TensorRT dtype {dt}, which this runtime does not bind")
+        location = "host" if engine.get_tensor_location(name) == trt.TensorLocation.HOST else "device"
+        profile = None
+        if is_input:
+            if location == "host":
+                # a shape-tensor input: TensorRT-LLM's engines have none (facts trtllm_engine_inputs_location)
+                raise ConfigError(f"engine input {name!r} is a host-located (shape) tensor; TensorRT-LLM engines have "
+                                  f"none and this runtime binds none")
+            lo, opt, hi = engine.get_tensor_profile_shape(name, 0)
+            profile = tuple((int(a), int(b), int(c)) for a, b, c in zip(lo, opt, hi))
+        out[name] = EngineTensor(name, is_input, dtype, tuple(int(d) for d in engine.get_tensor_shape(name)),
+                                 location, profile)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- execution
+class OwnExecution:
+    """TensorRT-LLM's ``Session`` steps (facts ``session_py``) over a ``trt`` namespace: deserialize, one execution
+    context with profile 0 selected on the session's stream; per step the addresses and ``execute_async_v3``."""
+
+    def __init__(self, trt, engine_bytes: bytes, stream_handle: int):
+        self.trt = trt
+        self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
+        if self.engine is None:
+            raise ConfigError("TensorRT could not deserialize the engine (TensorRT's log above says why: a different "
+                              "TensorRT version, or a plugin library not loaded)")
+        self.context = self.engine.create_execution_context()
+        if not self.context.set_optimization_profile_async(0, stream_handle):
+            raise RuntimeError("TensorRT refused optimization profile 0")
+
+    def run(self, addresses: dict, stream_handle: int) -> bool:
+        for name, address in addresses.items():
+            if not self.context.set_tensor_address(name, address):
+                raise RuntimeError(f"TensorRT refused the address of {name!r} ({address:#x}: not an engine tensor, or "
+                                   f"not {alignment()}-byte aligned)")
+        return bool(self.context.execute_async_v3(stream_handle))
+
+
+class TrtllmExecution:   # pragma: no cover - needs TensorRT-LLM (GPU machines)
+    """The same steps through TensorRT-LLM's own ``tensorrt_llm.runtime.Session`` (``from_serialized_engine``,
+    ``run``); used where TensorRT-LLM imports."""
+
+    def __init__(self, trt, engine_bytes: bytes, stream_handle: int):
+        from tensorrt_llm.runtime import Session
+
+        self.trt = trt
+        self.session = Session.from_serialized_engine(engine_bytes)
+        self.engine, self.context = self.session.engine, self.session.context
+
+    def run(self, addresses: dict, stream_handle: int) -> bool:
+        # Session.run sets every address it is given (ints pass through) and calls execute_async_v3
+        return bool(self.session.run(dict(addresses), {}, stream_handle))
+
+
+# ------------------------------------------------------------------------------------------------- the session
+def session_limits(config: dict) -> dict:
+    """The engine's limits as the project runtime reads them: batch, input and token limits from ``build_config``,
+    ``max_seq_len`` and ``tokens_per_block`` as the build set them (``pretrained_config.dflash2_engine``; trtllm-build's
+    own ``max_seq_len`` adds the draft slots, and its ``tokens_per_block`` sits in ``plugin_config``)."""
+    pre, build = config["pretrained_config"], dict(config["build_config"])
+    eng = pre.get("dflash2_engine") or {}
+    for k in ("max_seq_len", "tokens_per_block"):
+        if eng.get(k) is not None:
+            build[k] = eng[k]
+        elif k == "tokens_per_block" and k not in build:
+            build[k] = (build.get("plugin_config") or {}).get(k)
+    K = int(pre["dflash2"]["block_size"]) - 1
+    lim = {k: int(build[k]) for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
+                                       "tokens_per_block")}
+    if lim["max_num_tokens"] < lim["max_batch_size"] * (K + 1):       # trtllm-build's own rule
+        raise ConfigError(f"max_num_tokens {lim['max_num_tokens']} < max_batch_size x (K+1) = "
+                          f"{lim['max_batch_size'] * (K + 1)}", field="max_num_tokens")
+    lim["num_kv_blocks"] = int(build.get("num_kv_blocks") or 0)
+    return lim
+
+
+class TrtEngineSession:
+    """One rank engine of a TensorRT-LLM engine directory, driven by the project runtime (module docstring).
+
+    ``engine_bytes``: the serialized rank engine; ``config``: the engine's ``config.json`` (``pretrained_config`` +
+    ``build_config``); ``trt``: the ``tensorrt`` module or its stand-in; ``device``: where device memory lives (CUDA;
+    with the stand-in, the CPU may play the device); ``num_blocks`` / ``num_slots``: the KV pool's blocks and the
+    recurrent-state slots (default: every request at max_seq_len, and on a GPU at most ``kv_cache_fraction`` (the
+    build's ``kv_cache_free_gpu_mem_fraction``, 0.9) of the memory free once the engine is loaded, as TensorRT-LLM
+    sizes its pool; slots = max_batch_size);
+    ``greedy_sampling``: the value bound to a ``greedy_sampling`` input when the engine declares one (0: the request's
+    temperature decides, which is what the project runtime's per-request temperatures mean; see README)."""
+
+    def __init__(self, engine_bytes: bytes, config: dict, *, trt, device=None, num_blocks: int | None = None,
+                 num_slots: int | None = None, greedy_sampling: int = 0, use_trtllm: bool | None = None,
+                 kv_cache_fraction: float | None = None):
+        self.trt = trt
+        self.config = dict(config["pretrained_config"])
+        pre = self.config
+        self.tp = int(pre["mapping"]["tp_size"])
+        if self.tp != 1:
+            raise ConfigError(f"a tp {self.tp} engine needs one process per rank under mpirun and TensorRT-LLM's "
+                              f"all-reduce workspace, which the project runtime does not do yet "
+                              f"(docs/trt-session.md §4); run it through the C++ executor (RUN.md)", field="pretrained_config.mapping.tp_size")
+        self.limits = session_limits(config)
+        d = pre["dflash2"]
+        self.K = int(d["block_size"]) - 1
+        self.vocab_size = int(pre["vocab_size"])
+        self.mask_token_id = int(d["mask_token_id"])
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        self._pin = self.device.type == "cuda"
+        net = load_network("cpu")          # config arithmetic only (KV layers, windows, layer kinds)
+        cfg = net.api.PretrainedConfig.from_dict(pre)
+        self.num_layers = net.total_kv_layers(cfg)
+        kinds = net.hf_layer_types(cfg)
+        tpb, lim = int(self.limits["tokens_per_block"]), self.limits
+        self.kv_dtype = str_dtype_to_torch(pre["dtype"])
+        kvh = int(pre["num_key_value_heads"])
+        self.kv_heads = kvh // self.tp if kvh >= self.tp else 1
+        self.head_size = int(pre["head_size"])
+        self.tokens_per_block = tpb
+        eng = pre.get("dflash2_engine") or {}
+        self._windows = torch.tensor(net.kv_layer_windows(cfg, eng.get("drafter_window", "model"),
+                                                          int(lim["max_seq_len"])), dtype=torch.int32)
+        # in TensorRT-LLM's order: the recurrent-state slots, then the engine and its context (TensorRT takes its
+        # activation memory), then the KV pool from what is left
+        # recurrent (Gated DeltaNet) layers: one rnn and one conv buffer per layer, a row per slot, zeroed
+        self.gdn_layers = [i for i, t in enumerate(kinds) if t == "linear_attention"]
+        self.recurrent = bool(self.gdn_layers)
+        self.num_slots = int(num_slots or lim["max_batch_size"])
+        self.rnn_states: dict[int, torch.Tensor] = {}
+        self.conv_states: dict[int, torch.Tensor] = {}
+        if self.recurrent:
+            la = pre["linear_attention"]
+            nk = la["num_key_heads"] // self.tp if la["num_key_heads"] >= self.tp else 1
+            nv = la["num_value_heads"] // self.tp
+            conv_dim = 2 * nk * la["key_head_dim"] + nv * la["value_head_dim"]
+            for layer in self.gdn_layers:
+                self.rnn_states[layer] = self._device_zeros(
+                    (self.num_slots, nv, la["key_head_dim"], la["value_head_dim"]), torch.float32)
+                self.conv_states[layer] = self._device_zeros(
+                    (self.num_slots, la["conv_kernel_size"] - 1, conv_dim), self.kv_dtype)
+        self.greedy_sampling = int(greedy_sampling)
+        # the engine and one execution context, profile 0, on the session's stream
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if use_trtllm is None:
+            use_trtllm = importlib.util.find_spec("tensorrt_llm") is not None and self.device.type == "cuda"
+        cls = TrtllmExecution if use_trtllm else OwnExecution
+        self.execution = cls(trt, engine_bytes, self.stream_handle)
+        self.tensors = engine_tensors(trt, self.execution.engine)
+        self.inputs = {n: t for n, t in self.tensors.items() if t.is_input}
+        self.outputs = {n: t for n, t in self.tensors.items() if not t.is_input}
+        self.num_blocks = self._pool_blocks(num_blocks, kv_cache_fraction)
+        self.pools, self.pool_pointers, self.pool_mapping = self._allocate_kv_pool(use_trtllm)
+        self._static = self.static_inputs()
+        self._buffers: dict[str, AlignedBuffer] = {}
+        self._dummy = AlignedBuffer(16, self.device)
+        self.bound: dict[str, torch.Tensor] = {}          # the last step's bound tensors (tests read them)
+        self.addresses: dict[str, int] = {}
+
+    # ---- memory the session owns --------------------------------------------------------------------------
+    def block_bytes(self) -> int:
+        """Bytes of one pool block: every layer's K and V of ``tokens_per_block`` tokens."""
+        return (self.num_layers * 2 * self.kv_heads * self.tokens_per_block * self.head_size
+                * torch.empty((), dtype=self.kv_dtype).element_size())
+
+    def _pool_blocks(self, num_blocks, fraction) -> int:
+        lim = self.limits
+        every = -(-int(lim["max_seq_len"]) // self.tokens_per_block) * int(lim["max_batch_size"])
+        if num_blocks or lim.get("num_kv_blocks"):
+            return int(num_blocks or lim["num_kv_blocks"])
+        if self.device.type != "cuda":
+            return every
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fits = int(free * (0.9 if fraction is None else float(fraction))) // self.block_bytes()
+        if fits < 1:
+            raise ConfigError(f"no room for the KV pool: {free} bytes free after the engine, {self.block_bytes()} "
+                              f"per block", field="kv_cache_free_gpu_mem_fraction")
+        return min(every, fits)
+
+    @property
+    def stream_handle(self) -> int:
+        return self.stream.cuda_stream if self.stream is not None else 0
+
+    def _device_zeros(self, shape, dtype) -> torch.Tensor:
+        buf = AlignedBuffer(int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size(), self.device)
+        t = buf.view(dtype, shape)
+        t.zero_()
+        t._dflash2_buffer = buf          # keep the allocation alive with the view
+        return t
+
+    def _allocate_kv_pool(self, use_trtllm):
+        """One pool (every layer has the same KV heads), laid out and described as TensorRT-LLM's
+        ``MemoryPoolsAllocator`` does it (facts ``kv_pool``): ``[blocks, layers, 2, heads, tokens, head_size]``, the
+        pointer table ``[[pool address, 0]]`` int64, the mapping ``[[0, layer]]`` int32. TensorRT-LLM's own allocator
+        where it imports (and the device is a GPU), else the same layout here (zeroed)."""
+        heads = [self.kv_heads] * self.num_layers
+        if use_trtllm is None:
+            use_trtllm = importlib.util.find_spec("tensorrt_llm") is not None and self.device.type == "cuda"
+        if use_trtllm:   # pragma: no cover - needs TensorRT-LLM (GPU machines)
+            from tensorrt_llm.runtime.memory_pools.memory_pools_allocator import MemoryPoolsAllocator
+
+            alloc = MemoryPoolsAllocator(num_blocks=self.num_blocks, tokens_per_block=self.tokens_per_block,
+                                         head_size=self.head_size)
+            alloc.allocate(self.kv_dtype, heads, device=self.device)
+            self._trtllm_pools = alloc
+            return None, alloc.get_kv_cache_pool_pointers(), alloc.pool_mapping
+        shape = (self.num_blocks, self.num_layers, 2, self.kv_heads, self.tokens_per_block, self.head_size)
+        pool = self._device_zeros(shape, self.kv_dtype)
+        pointers = torch.tensor([[pool.data_ptr(), 0]], dtype=torch.int64)
+        mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
+        return [pool], pointers, mapping
+
+    def reset_slot(self, slot: int) -> None:
+        """Zero a recurrent-state slot on every layer (a request's context starts from the zero state)."""
+        for t in (*self.rnn_states.values(), *self.conv_states.values()):
+            t[slot].zero_()
+
+    def static_inputs(self) -> dict:
+        """What a runtime fills once (TensorRT-LLM: setStaticInputTensors): windows, sink length, the pool's pointer
+        table and layer mapping, perf knobs and context progress (facts ``static_host_inputs``), the state pointers
+        (int64 [1] CPU tensors holding device addresses, facts ``recurrent_state``) and ``greedy_sampling`` when the
+        engine declares it."""
+        s = facts()["static_host_inputs"]
+        knobs = torch.full((s["host_runtime_perf_knobs"]["size"],), s["host_runtime_perf_knobs"]["fill"],
+                           dtype=torch.int64)
+        knobs[0] = s["host_runtime_perf_knobs"]["index_0"]
+        out = {
+            "host_max_attention_window_sizes": self._windows,
+            "host_sink_token_length": torch.tensor(s["host_sink_token_length"], dtype=torch.int32),
+            "host_kv_cache_pool_pointers": self.pool_pointers.to(torch.int64),
+            "host_kv_cache_pool_mapping": self.pool_mapping.to(torch.int32),
+            "host_runtime_perf_knobs": knobs,
+            "host_context_progress": torch.tensor(s["host_context_progress"], dtype=torch.int64),
+            **{f"rnn_state_ptr_{layer}": torch.tensor([t.data_ptr()], dtype=torch.int64)
+               for layer, t in self.rnn_states.items()},
+            **{f"conv_state_ptr_{layer}": torch.tensor([t.data_ptr()], dtype=torch.int64)
+               for layer, t in self.conv_states.items()},
+        }
+        if "greedy_sampling" in self.inputs:
+            out["greedy_sampling"] = torch.tensor([self.greedy_sampling], dtype=torch.int32)
+        return out
+
+    # ---- one step -------------------------------------------------------------------------------------------
+    def _buffer(self, name: str, nbytes: int, device: torch.device, pin: bool) -> AlignedBuffer:
+        buf = self._buffers.get(name)
+        if buf is None or buf.capacity < nbytes:
+            # inputs: sized once for the profile's maximum; outputs: grown to the largest step seen
+            if name in self.inputs:
+                prof = self.inputs[name].profile
+                most = int(torch.Size([hi for _, _, hi in prof]).numel()) if prof else 0
+                nbytes = max(nbytes, most * torch.empty((), dtype=str_dtype_to_torch(self.inputs[name].dtype))
+                             .element_size())
+            buf = self._buffers[name] = AlignedBuffer(nbytes, device, pin=pin)
+        return buf
+
+    def _place(self, name: str, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``t`` copied into the input's persistent buffer in host or device memory; (the view, its address)."""
+        host = memory_of(name) == "host"
+        device = torch.device("cpu") if host else self.device
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:                 # TensorRT takes no null address: a one-element dummy (tllmRuntime.cpp)
+            return t.to(device), self._dummy.address
+        buf = self._buffer(name, nbytes, device, pin=host and self._pin)
+        view = buf.view(t.dtype, t.shape)
+        view.copy_(t, non_blocking=host is False and self._pin)
+        return view, buf.address
+
+    def step(self, inputs: dict) -> dict:
+        """One engine step on the runtime's feed (engine_io.yaml names); the outputs by name."""
+        feed = bind(self.inputs, {**self._static, **inputs})           # TensorRT-LLM's binding rules
+        for name in ("kv_cache_block_offsets", "host_kv_cache_block_offsets"):
+            if name in feed:
+                feed[name] = trtllm_block_index(feed[name], self.num_layers)
+        ctx = self.execution.context
+        bound, addresses = {}, {}
+        stream = torch.cuda.stream(self.stream) if self.stream is not None else _null()
+        with stream:
+            for name, t in feed.items():
+                bound[name], addresses[name] = self._place(name, t.contiguous())
+            for name, t in bound.items():
+                if not ctx.set_input_shape(name, tuple(t.shape)):
+                    lo, _, hi = zip(*self.inputs[name].profile)
+                    raise RuntimeError(f"Tensor '{name}' has invalid shape {tuple(t.shape)}, expected in range min "
+                                       f"{lo}, max {hi}")
+            missing = list(ctx.infer_shapes())
+            if missing:
+                raise RuntimeError(f"Input shape not specified: {missing[0]}")
+            outs = {}
+            for name, spec in self.outputs.items():
+                shape = tuple(int(s) for s in ctx.get_tensor_shape(name))
+                dtype = str_dtype_to_torch(spec.dtype)
+                nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+                buf = self._buffer(name, nbytes, self.device, pin=False)
+                outs[name] = buf.view(dtype, shape)
+                addresses[name] = buf.address
+            if not self.execution.run(addresses, self.stream_handle):
+                raise RuntimeError("TensorRT's execute_async_v3 failed (TensorRT's log says why)")
+            if self.stream is not None:
+                self.stream.synchronize()
+        self.bound, self.addresses = bound, addresses
+        return {name: (t if name == "logits" else t.to("cpu", copy=True)) for name, t in outs.items()}
+
+    def close(self) -> None:
+        self._buffers.clear()
+        self.rnn_states.clear()
+        self.conv_states.clear()
+        self.pools = None
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ------------------------------------------------------------------------------------------------- opening
+def load_plugin_libraries(engine_dir) -> None:   # pragma: no cover - needs TensorRT-LLM (GPU machines)
+    """TensorRT-LLM's plugin library (``import tensorrt_llm`` loads it, facts ``plugin_loading``) and the engine
+    directory's ``libdflash2_plugins.so``: the engine's layers are both libraries' plugins."""
+    skip = facts()["plugin_loading"]["skip_env"]
+    if os.environ.get(skip, "0") == "1":
+        raise MissingDependencyError(f"{skip}=1 stops `import tensorrt_llm` from loading TensorRT-LLM's plugin library, "
+                                     f"which the engine's attention layers need: unset it")
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        raise MissingDependencyError("the engine's attention layers are TensorRT-LLM's plugins: pip install "
+                                     "tensorrt-llm==1.2.* (NVIDIA's index) on the GPU machine")
+    import tensorrt_llm  # noqa: F401  - loads libnvinfer_plugin_tensorrt_llm.so (_common._init)
+
+    plugins.load_library(Path(engine_dir) / plugins.LIBRARY_NAME)
+
+
+def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = False, load_plugins: bool = True,
+                     **kw) -> tuple[TrtEngineSession, dict]:
+    """(session, manifest) of a TensorRT-LLM engine directory's rank engine: plugin libraries loaded, ``tensorrt``
+    imported (or ``trt`` used: the CPU stand-in in tests), ``rank{rank}.engine`` deserialized."""
+    cfg, man = load_engine_dir(engine_dir, verify=verify)
+    engine_dir = Path(engine_dir)
+    if trt is None:   # pragma: no cover - GPU machines
+        if load_plugins:
+            load_plugin_libraries(engine_dir)
+        try:
+            import tensorrt as trt
+        except ImportError as exc:
+            raise MissingDependencyError(f"TensorRT's Python package is not importable ({exc}): it comes with "
+                                         f"tensorrt-llm 1.2.x") from None
+    path = engine_dir / f"rank{rank}.engine"
+    if not path.is_file():
+        raise ConfigError(f"no {path.name} in the engine directory", source=engine_dir)
+    kw.setdefault("kv_cache_fraction", (man.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"))
+    return TrtEngineSession(path.read_bytes(), cfg, trt=trt, **kw), man
+
+

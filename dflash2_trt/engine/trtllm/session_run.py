@@ -1,0 +1,57 @@
+"""Prompts through a TensorRT engine with the project runtime (:mod:`.session` under
+:class:`~dflash2_trt.runtime.Runtime`): ``run`` (:func:`run_items`) and the verify gate (:func:`generate`) on the
+engines :mod:`.paths` gives the ``project`` path. The report is ``run``'s for a CPU engine, with per-step acceptance
+(the project runtime sees every step, unlike the C++ runner)."""
+
+from __future__ import annotations
+
+import time
+
+from ...runtime import Request, Runtime
+from ..common import stop_ids
+from .session import open_trt_session
+
+
+def _requests(items, *, max_new_tokens: int, temperature: float, seed: int, stops) -> list[Request]:
+    return [Request(list(it["input_ids"]), it["output_tokens"] or max_new_tokens, temperature=temperature,
+                    seed=seed + i, stop_token_ids=tuple(stops), task_id=it["task_id"]) for i, it in enumerate(items)]
+
+
+def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature: float, seed: int,
+              max_batch_size=None, tokenizer=None, trt=None, session_kw=None) -> dict:
+    """``dflash2-trt run`` on a TensorRT engine through the project runtime (``trt``: the tensorrt module, or its CPU
+    stand-in in tests)."""
+    sess, man = open_trt_session(engine_dir, trt=trt, **(session_kw or {}))
+    try:
+        stops = stop_ids(man, sess.vocab_size)
+        reqs = _requests(items, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, stops=stops)
+        rt = Runtime(sess, max_batch_size=max_batch_size)
+        t0 = time.perf_counter()
+        rt.generate(reqs)
+        wall = time.perf_counter() - t0
+        out = []
+        for r in reqs:
+            d = r.to_dict()
+            if tokenizer is not None:
+                d["text"] = tokenizer.decode(r.output_ids)
+            out.append(d)
+        n_tok = sum(len(r.output_ids) for r in reqs)
+        acc = [a for r in reqs for a in r.acceptance_lengths]
+        return {"engine_dir": str(engine_dir), "backend": "trtllm", "runtime": "project", "block_size": sess.K + 1,
+                "tp_size": sess.tp, "temperature": temperature, "max_batch_size": rt.max_batch_size, "requests": out,
+                "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
+                           "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else 0.0,
+                           "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
+    finally:
+        sess.close()
+
+
+def generate(engine_dir, prompts, new: int, *, eos=(), trt=None, session_kw=None) -> list[list[int]]:
+    """Greedy new tokens per prompt through the project runtime (the verify gate's engine side)."""
+    sess, _ = open_trt_session(engine_dir, trt=trt, **(session_kw or {}))
+    try:
+        reqs = [Request(list(p), new, stop_token_ids=tuple(eos), task_id=i) for i, p in enumerate(prompts)]
+        Runtime(sess).generate(reqs)
+        return [r.output_ids for r in reqs]
+    finally:
+        sess.close()

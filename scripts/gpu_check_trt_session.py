@@ -1,0 +1,99 @@
+"""The project runtime's TensorRT binding on a GPU with real device pointers (no TensorRT needed).
+
+For the three tiny pairs (dense, hybrid, Muse): a CPU engine is built, then the same prompts run (a) through the CPU
+engine and (b) through ``TrtEngineSession`` on CUDA memory: the KV pool and the recurrent-state slots allocated on
+the GPU (their device addresses in host_kv_cache_pool_pointers / rnn_state_ptr_<L> / conv_state_ptr_<L>), the
+host-read inputs in pinned host memory, the rest in device buffers, one CUDA stream; execute_async_v3 is the CPU
+stand-in of TensorRT's execution API (dflash2_trt/testing/tensorrt_standin.py), which reads every bound address
+(device ones through __cuda_array_interface__), checks each input lies in the memory the record says (host-read
+inputs not in a CUDA allocation, the rest in one), and runs the CPU network on that memory. The outputs must be
+token-identical. What it shows: the binding code with real device pointers; not TensorRT itself.
+
+    python scripts/gpu_check_trt_session.py --out DIR [--device cuda] [--new 16] [--prompts 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PAIRS = (("qwen3", "tiny"), ("qwen3_5", "tiny-hybrid"), ("muse_glimmer", "tiny-muse"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--new", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=6)
+    args = ap.parse_args(argv)
+    import torch
+
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+    from dflash2_trt.engine.trtllm.session import TrtEngineSession, memory_of
+    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.testing import tensorrt_standin as trt
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": args.device,
+           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    print(json.dumps(env), flush=True)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, key in PAIRS:
+            pair = trained_pair(family)
+            eng_dir = Path(tmp) / key
+            t0 = time.perf_counter()
+            build_engine(pair.drafter_dir, pair.target_dir, eng_dir, target_key=key,
+                         overrides={"block_size": 4, "tokens_per_block": 16}, verify=False)
+            prompts = shipped_prompts(pair, args.prompts)
+
+            def run(engine):
+                reqs = [Request(list(p), args.new, seed=i, stop_token_ids=(2,), task_id=i) for i, p in enumerate(prompts)]
+                rt = Runtime(engine, max_batch_size=4)
+                t = time.perf_counter()
+                rt.generate(reqs)
+                return reqs, rt, time.perf_counter() - t
+
+            cpu, _ = open_standin_engine(eng_dir)
+            want, _, cpu_s = run(cpu)
+            cpu.close()
+            cfg = json.loads((eng_dir / "config.json").read_text())
+            blob = trt.standin_engine(cfg, executor={"kind": "cpu-engine", "engine_dir": str(eng_dir)})
+            sess = TrtEngineSession(blob, cfg, trt=trt, device=args.device)
+            got, rt, sess_s = run(sess)
+            seg = trt._cuda_segments()
+            placement = {n: ("device" if trt.is_device_address(a, seg) else "host") for n, a in sess.addresses.items()
+                         if n in sess.inputs}
+            wrong = [n for n, w in placement.items() if w != (memory_of(n) if args.device == "cuda" else "host")]
+            pool_ptr = int(sess.bound["host_kv_cache_pool_pointers"][0, 0])
+            row = {"target": key, "identical": [r.output_ids for r in got] == [r.output_ids for r in want],
+                   "acceptance_identical": [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in want],
+                   "steps": rt.step_count, "mixed_steps": sum(1 for s in rt.step_log if s["context"] and s["generation"]),
+                   "mean_acceptance": sum(map(sum, (r.acceptance_lengths for r in got)))
+                   / max(1, sum(len(r.acceptance_lengths) for r in got)),
+                   "executions": sess.execution.context.executions, "pool_on_device": trt.is_device_address(pool_ptr, seg),
+                   "state_on_device": all(trt.is_device_address(t.data_ptr(), seg) for t in sess.rnn_states.values()),
+                   "recurrent_layers": len(sess.rnn_states), "placement_mismatches": wrong,
+                   "host_inputs": sorted(n for n, w in placement.items() if w == "host"),
+                   "stream_handle": sess.stream_handle, "cpu_s": round(cpu_s, 2), "session_s": round(sess_s, 2),
+                   "build_and_run_s": round(time.perf_counter() - t0, 2), "messages": trt.Logger.messages[-3:]}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            sess.close()
+    ok = all(r["identical"] and r["acceptance_identical"] and not r["placement_mismatches"] for r in results)
+    (out / "gpu_check_trt_session.json").write_text(json.dumps({"env": env, "results": results, "ok": ok}, indent=2))
+    print("OK" if ok else "FAILED", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

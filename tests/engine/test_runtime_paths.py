@@ -1,0 +1,156 @@
+"""Which runtime drives a TensorRT engine (engine/trtllm/paths.py), what `build --dry-run`, engine.json and RUN.md
+say about it, and `run` / `bench run` taking the project runtime over TensorRT for the engines TensorRT-LLM's
+executor refuses (here on a TensorRT engine directory whose rank engine is the CPU stand-in of TensorRT's execution
+API, running the tiny hybrid pair's CPU network)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.engine.format import file_sha256
+from dflash2_trt.engine.trtllm.paths import EXECUTOR, PROJECT, choose_runtime, runtime_path
+from dflash2_trt.errors import ConfigError, MissingDependencyError
+from dflash2_trt.testing import tensorrt_standin as trt
+from dflash2_trt.testing.engines import EngineCache
+from dflash2_trt.testing.fixtures import MUSE_DRAFTER, MUSE_TARGET, QWEN_DRAFTER, QWEN_TARGET
+
+
+def _plan(*args):
+    from dflash2_trt.engine.plan import dry_run_plan
+    from dflash2_trt.engine.trtllm.toolchain import Toolchain
+
+    return dry_run_plan(*args[:2], target_key=args[2], overrides=args[3] if len(args) > 3 else None,
+                        toolchain=Toolchain())
+
+
+def test_the_dry_run_names_each_targets_runtime_path_and_why():
+    q = _plan(QWEN_DRAFTER, QWEN_TARGET, "qwen3.8-27b")
+    assert q["runtime_path"]["path"] == PROJECT and q["supported"]["trtllm_engine"] is True
+    assert q["runtime_path"]["why"][0].startswith("recurrent target (48 Gated DeltaNet layers)")
+    m = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b")
+    assert m["runtime_path"]["path"] == PROJECT and "variable window" in m["runtime_path"]["why"][0]
+    assert "[2048, 40960]" in m["runtime_path"]["why"][0]
+    # its build config's tp 2: neither runtime runs it (the executor refuses the window, the project runtime is tp 1)
+    assert m["supported"]["trtllm_engine"] is False and "--tp-size 1" in m["trtllm_blockers"][-1]
+    m1 = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b", {"tp_size": 1})
+    assert m1["supported"]["trtllm_engine"] is True and m1["trtllm_blockers"] == []
+    tiny = trained_pair("qwen3")
+    d = _plan(tiny.drafter_dir, tiny.target_dir, "tiny", {"drafter_window": "full", "dtype": "float16"})
+    assert d["runtime_path"]["path"] == EXECUTOR and d["supported"]["trtllm_engine"] is True
+    from dflash2_trt.engine.plan import render_plan
+
+    text = render_plan(q)
+    assert "runtime path: project: the project runtime over TensorRT" in text and "  why: recurrent target" in text
+
+
+def test_a_recurrent_engine_at_tp2_is_not_blocked_the_patched_executor_remains_an_option():
+    q = _plan(QWEN_DRAFTER, QWEN_TARGET, "qwen3.8-27b", {"tp_size": 2})
+    assert q["runtime_path"]["path"] == PROJECT and q["supported"]["trtllm_engine"] is True
+    assert any("tp 2" in w for w in q["runtime_path"]["limits"])
+
+
+def test_choose_runtime():
+    pre = {"bogus": True}
+    assert choose_runtime(None, pre)["path"] == EXECUTOR              # not a DFlash2 config: the executor's tools
+    man = {"runtime_path": {"path": PROJECT, "description": "x", "why": ["w"], "limits": []}}
+    assert choose_runtime("auto", None, man)["path"] == PROJECT
+    forced = choose_runtime("executor", None, man)
+    assert forced["path"] == EXECUTOR and forced["why"][0] == "asked for (--runtime executor)"
+    with pytest.raises(ConfigError, match="--runtime"):
+        choose_runtime("bogus", None, man)
+
+
+# ------------------------------------------------------------------------------------------------ a TensorRT dir
+@pytest.fixture(scope="module")
+def trt_engine_dir(tmp_path_factory):
+    """A TensorRT-LLM engine directory as `build --backend trtllm` leaves it (engine.json backend trtllm with its
+    runtime_path, config.json, rank0.engine, the plugin library, RUN.md), its rank engine being the stand-in's running
+    the tiny hybrid pair's CPU engine."""
+    from dflash2_trt.engine.trtllm.build import run_md
+
+    cpu_dir = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)(4)
+    d = tmp_path_factory.mktemp("trt") / "engine"
+    shutil.copytree(cpu_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "rank0.engine").write_bytes(trt.standin_engine(cfg, executor={"kind": "cpu-engine",
+                                                                        "engine_dir": str(cpu_dir)}))
+    (d / "libdflash2_plugins.so").write_bytes(b"\x7fELF")
+    man = json.loads((d / "engine.json").read_text())
+    man.update(backend="trtllm", runtime_path=runtime_path(cfg["pretrained_config"]), plugin_library={
+        "file": "libdflash2_plugins.so"}, versions={"dflash2_trt": "test"}, limits=dict(man["limits"]))
+    (d / "RUN.md").write_text(run_md(man, d))
+    man["files"] = {str(p.relative_to(d)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                    for p in sorted(d.rglob("*")) if p.is_file() and p.name != "engine.json"}
+    (d / "engine.json").write_text(json.dumps(man))
+    return d, cpu_dir
+
+
+def test_run_md_says_which_runtime(trt_engine_dir):
+    d, _ = trt_engine_dir
+    text = (d / "RUN.md").read_text()
+    assert "## 0. Which runtime" in text and "This engine runs on the project runtime over TensorRT" in text
+    assert "recurrent target" in text and "scripts/patch_trtllm_recurrent_spec.py" in text
+
+
+def test_run_takes_the_project_runtime_and_gives_the_cpu_engines_tokens(trt_engine_dir):
+    from dflash2_trt.engine.run import run_engine
+
+    d, cpu_dir = trt_engine_dir
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
+    path = d.parent / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": 10}) + "\n"
+                            for i, p in enumerate(prompts)))
+    rep = run_engine(d, prompts_file=str(path), max_batch_size=2, trt=trt)
+    assert rep["backend"] == "trtllm" and rep["runtime"] == "project" and rep["runtime_path"]["path"] == PROJECT
+    want = run_engine(cpu_dir, prompts_file=str(path), max_batch_size=2)
+    assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
+    assert [r["acceptance_lengths"] for r in rep["requests"]] == [r["acceptance_lengths"] for r in want["requests"]]
+    # the executor path on this machine: TensorRT-LLM is not installed, said in one line
+    with pytest.raises(MissingDependencyError, match="TensorRT-LLM is not importable"):
+        run_engine(d, prompt_ids="5,6,7", max_new_tokens=2, runtime="executor")
+    with pytest.raises(ConfigError, match="applies to TensorRT-LLM engines"):
+        run_engine(cpu_dir, prompt_ids="5,6,7", max_new_tokens=2, runtime="project")
+
+
+def test_bench_run_takes_the_project_runtime(trt_engine_dir, tmp_path):
+    from dflash2_trt.bench.run import bench_run
+
+    d, _ = trt_engine_dir
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"task_id": i, "input_ids": [5 + i, 6, 7], "output_tokens": 6}) + "\n"
+                          for i in range(3)))
+    rep = bench_run(d, ds, concurrency="2", trt=trt, progress=False)
+    assert rep["backend"] == "trtllm" and rep["tool"] == "project-runtime" and rep["baseline"] is None
+    assert rep["runtime_path"]["path"] == PROJECT
+    run = rep["runs"][0]["speculative"]
+    assert run["requests"] == 3 and run["acceptance"]["steps"] > 0
+    with pytest.raises(ConfigError, match="applies to TensorRT-LLM's executor path"):
+        bench_run(d, ds, concurrency="2", trt=trt, tool="gptmanager")
+
+
+def test_deploy_triton_says_the_tensorrtllm_backend_will_not_run_a_project_path_engine(trt_engine_dir, tmp_path):
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+
+    d, _ = trt_engine_dir
+    res = deploy_triton(d, tmp_path / "repo", ids_only=True)
+    assert res.backend == "tensorrtllm"
+    assert any("the tensorrtllm backend (TensorRT-LLM's executor) will not run it" in n for n in res.notes)
+
+
+def test_the_cli_takes_runtime(trt_engine_dir):
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    d, cpu_dir = trt_engine_dir
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(cpu_dir), "--prompt-ids", "5,6", "--runtime", "project"])
+    assert r.exit_code == 1 and "--runtime: applies to TensorRT-LLM engines" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(d), "--prompt-ids", "5,6", "--runtime", "executor"])
+    assert r.exit_code == 1 and "TensorRT-LLM is not importable" in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", "run", "--engine-dir", str(cpu_dir), "--dataset", "x.jsonl", "--runtime",
+                                  "bogus"])
+    assert r.exit_code == 2 and "bogus" in r.output

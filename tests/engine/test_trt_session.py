@@ -1,0 +1,354 @@
+"""The project runtime over a TensorRT engine (engine/trtllm/session.py), tested up to execute_async_v3 with the CPU
+stand-in of TensorRT's execution API (testing/tensorrt_standin.py), both held to the recorded facts
+(engine/trtllm/facts/tensorrt_session.yaml).
+
+- the record is sourced, and the stand-in enforces every rule it lists (one negative case per rule);
+- the tiny pairs (dense, hybrid, Muse) through the session give the CPU engine's tokens and acceptance, step for
+  step: the stand-in runs the CPU network on what the session bound (the KV pool in TensorRT-LLM's layout and block
+  indexing, the recurrent state through its pointers), so a feed the network would read differently would differ;
+- the published pairs at their real widths (config only, nothing at full size): every step kind (context,
+  generation, mixed, a request on a reused state slot) through the session's full feed, each binding held to the
+  rules (engine input set, dtype, profile, alignment, host/device memory, pool and state pointers and layouts,
+  TensorRT-LLM's block indices, the recorded host input values)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.engine.trtllm import session as sessmod
+from dflash2_trt.engine.trtllm.session import TrtEngineSession, facts, trtllm_block_index
+from dflash2_trt.runtime import Request, Runtime
+from dflash2_trt.testing import tensorrt_standin as trt
+from dflash2_trt.testing.engines import EngineCache, shipped_prompts
+
+
+# ------------------------------------------------------------------------------------------------ the record
+def test_the_record_is_sourced_and_the_standin_has_its_enums():
+    f = facts()
+    for key, src in f["sources"].items():
+        assert src["repo"].startswith("NVIDIA/") and src["path"] and src["revision"], key
+    for key, rule in f["tensorrt_api"]["rules"].items():
+        assert rule["rule"] and rule["source"], key
+    for enum_name in ("DataType", "TensorIOMode", "TensorLocation"):
+        assert {m.name: m.value for m in getattr(trt, enum_name)} == f["tensorrt_api"][enum_name]
+    assert f["tensorrt_api"]["rules"]["address_alignment"]["bytes"] == 256
+    assert f["kv_pool"]["pool_shape"] == ["num_blocks", "num_layers_in_pool", 2, "num_kv_heads", "tokens_per_block",
+                                          "head_size"]
+    assert f["greedy_sampling"]["executor_default"] is True
+
+
+# ------------------------------------------------------------------------------------------------ tiny engines
+@pytest.fixture(scope="module")
+def tiny_engines(tmp_path_factory):
+    caches = {key: EngineCache(trained_pair(fam), key, tmp_path_factory, verify=False)
+              for fam, key in (("qwen3", "tiny"), ("qwen3_5", "tiny-hybrid"), ("muse_glimmer", "tiny-muse"))}
+    return lambda key: caches[key](4)
+
+
+def _session(engine_dir, **kw):
+    cfg = json.loads((engine_dir / "config.json").read_text())
+    blob = trt.standin_engine(cfg, executor={"kind": "cpu-engine", "engine_dir": str(engine_dir)})
+    return TrtEngineSession(blob, cfg, trt=trt, device="cpu", **kw)
+
+
+def _run(engine, prompts, new=12, max_batch=3):
+    reqs = [Request(list(p), new, seed=i, stop_token_ids=(2,), task_id=i) for i, p in enumerate(prompts)]
+    rt = Runtime(engine, max_batch_size=max_batch)
+    rt.generate(reqs)
+    return reqs, rt
+
+
+@pytest.mark.parametrize("key,family", [("tiny", "qwen3"), ("tiny-hybrid", "qwen3_5"), ("tiny-muse", "muse_glimmer")])
+def test_the_session_gives_the_cpu_engines_tokens(tiny_engines, key, family):
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+
+    engine_dir = tiny_engines(key)
+    prompts = shipped_prompts(trained_pair(family), 5)
+    cpu, _ = open_standin_engine(engine_dir)
+    try:
+        want, _ = _run(cpu, prompts)
+    finally:
+        cpu.close()
+    sess = _session(engine_dir)
+    got, rt = _run(sess, prompts)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in want]
+    assert any(s["context"] and s["generation"] for s in rt.step_log)          # mixed steps ran
+    assert sum(map(sum, (r.acceptance_lengths for r in got))) > sum(len(r.acceptance_lengths) for r in got)
+    ctx = sess.execution.context
+    assert ctx.executions == rt.step_count
+    if key == "tiny-hybrid":                     # 5 requests on 3 slots: slots were reused
+        assert sess.recurrent and sess.num_slots == int(sess.limits["max_batch_size"])
+
+
+def test_the_runtimes_own_block_offsets_are_refused_by_trtllms_pool_indexing(tiny_engines, monkeypatch):
+    """Negative control: the project runtime writes K/V of block b at 2b / 2b + 1 (its CPU pool's rows); TensorRT-LLM's
+    attention plugin reads a pool of L layers per block at b * L * 2 + field. Forwarded untranslated, the stand-in
+    refuses the offsets (and the network would read other blocks)."""
+    sess = _session(tiny_engines("tiny"))
+    assert sess.num_layers > 1
+    monkeypatch.setattr(sessmod, "trtllm_block_index", lambda off, layers: off)
+    with pytest.raises(RuntimeError, match="execute_async_v3 failed"):
+        _run(sess, [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]], new=4)
+    assert "[kv_pool] a block offset is not block" in trt.Logger.messages[-1]
+
+
+def test_trtllm_block_index():
+    off = torch.tensor([[[[0, 2, 4], [1, 3, 5]]]], dtype=torch.int32)       # blocks 0, 1, 2 (K row, V row)
+    assert trtllm_block_index(off, 3).tolist() == [[[[0, 6, 12], [1, 7, 13]]]]
+
+
+def scripted(tiny_engines):
+    cfg = json.loads((tiny_engines("tiny") / "config.json").read_text())
+    blob = trt.standin_engine(cfg, executor={"kind": "scripted"})
+    return cfg, blob
+
+
+def _fresh_context(blob):
+    engine = trt.Runtime(trt.Logger()).deserialize_cuda_engine(blob)
+    return engine, engine.create_execution_context()
+
+
+def _last(rule):
+    assert trt.Logger.messages and trt.Logger.messages[-1].startswith(f"[{rule}]"), trt.Logger.messages[-1:]
+
+
+RULE_CASES = {}
+
+
+def _case(rule):
+    def deco(f):
+        RULE_CASES[rule] = f
+        return f
+    return deco
+
+
+@_case("shape_in_profile")
+def _(cfg, blob):
+    engine, ctx = _fresh_context(blob)
+    mbs = int(cfg["build_config"]["max_batch_size"])
+    assert ctx.set_input_shape("sequence_length", (mbs,))
+    assert not ctx.set_input_shape("sequence_length", (mbs + 1,))            # beyond the profile's max
+    _last("shape_in_profile")
+    assert not ctx.set_input_shape("sequence_length", (1, 1))                 # another rank
+    assert not ctx.set_input_shape("host_kv_cache_pool_pointers", (1, 3))    # a static dimension
+
+
+@_case("every_input_shape_set")
+def _(cfg, blob):
+    engine, ctx = _fresh_context(blob)
+    assert "input_ids" in ctx.infer_shapes() and not ctx.all_binding_shapes_specified
+    assert ctx.execute_async_v3(0) is False
+    _last("every_input_shape_set")
+
+
+def _fully_bound(cfg, blob, skip=()):
+    """A context with every shape and address set from a real session step, but the names in ``skip`` left unbound."""
+    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu")
+    rt = Runtime(sess, max_batch_size=1)
+    rt.generate([Request([5, 6, 7], 1)])         # one context-only step
+    ctx = sess.execution.context
+    for name in skip:
+        ctx._addresses.pop(name)
+    return sess, ctx
+
+
+@_case("every_io_address_set")
+def _(cfg, blob):
+    sess, ctx = _fully_bound(cfg, blob, skip=("input_ids",))
+    assert ctx.execute_async_v3(0) is False
+    _last("every_io_address_set")
+    sess, ctx = _fully_bound(cfg, blob, skip=("logits",))                     # outputs too
+    assert ctx.execute_async_v3(0) is False
+    _last("every_io_address_set")
+
+
+@_case("no_null_for_empty")
+def _(cfg, blob):
+    sess, ctx = _fully_bound(cfg, blob)
+    empty = [n for n, s in ctx._shapes.items() if 0 in s]     # a context-only step: no generation rows
+    assert empty and all(ctx._addresses[n] == sess._dummy.address for n in empty)
+    for n in empty:
+        ctx._addresses.pop(n)
+    assert ctx.execute_async_v3(0) is False
+    _last("no_null_for_empty")
+
+
+@_case("address_alignment")
+def _(cfg, blob):
+    engine, ctx = _fresh_context(blob)
+    assert ctx.set_tensor_address("input_ids", 4096)
+    assert not ctx.set_tensor_address("input_ids", 4096 + 64)
+    _last("address_alignment")
+    sess, ctx = _fully_bound(cfg, blob)
+    assert all(a % 256 == 0 for a in sess.addresses.values())
+
+
+@_case("name_is_io_tensor")
+def _(cfg, blob):
+    engine, ctx = _fresh_context(blob)
+    assert not ctx.set_tensor_address("position_ids", 4096)
+    _last("name_is_io_tensor")
+    assert not ctx.set_input_shape("position_ids", (3,))
+
+
+@_case("dtype_is_engine_dtype")
+def _(cfg, blob):
+    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu")
+    orig = sess.step
+
+    def wrong(inputs):
+        return orig(dict(inputs, input_ids=inputs["input_ids"].long()))
+    sess.step = wrong
+    with pytest.raises(RuntimeError, match=r"^input_ids: expected type torch.int32, provided type torch.int64$"):
+        Runtime(sess, max_batch_size=1).generate([Request([5, 6, 7], 2)])
+    engine, _ = _fresh_context(blob)
+    assert engine.get_tensor_dtype("eagle_temperature") == trt.DataType.FLOAT
+
+
+@_case("output_shape_inferred")
+def _(cfg, blob):
+    engine, ctx = _fresh_context(blob)
+    assert ctx.get_tensor_shape("logits")[0] == -1                          # nothing set yet
+    K = int(cfg["pretrained_config"]["dflash2"]["block_size"]) - 1
+    ctx.set_input_shape("last_token_ids", (5,))
+    ctx.set_input_shape("sequence_length", (2,))
+    assert ctx.get_tensor_shape("logits") == (5, int(cfg["pretrained_config"]["vocab_size"]))
+    assert ctx.get_tensor_shape("next_draft_paths") == (2, K + 1, K + 1)
+    sess, ctx = _fully_bound(cfg, blob)
+    assert not ctx.write_outputs({"num_accepted_tokens": torch.ones(7, dtype=torch.int32)}, [])
+    _last("output_shape_inferred")
+
+
+@_case("host_read_inputs_in_host_memory")
+def _(cfg, blob, monkeypatch=None):
+    sess, ctx = _fully_bound(cfg, blob)
+    assert all(sess.bound[n].device.type == "cpu" for n in sess.bound)
+    # as on a GPU (a CUDA stream handed in): a host input whose address lies in device memory is refused, and so is a
+    # device input in host memory
+    host = ctx._addresses["host_request_types"]
+    trt._cuda_segments, orig = (lambda: [(host, host + 256)]), trt._cuda_segments
+    try:
+        assert ctx.execute_async_v3(1) is False
+        _last("host_read_inputs_in_host_memory")
+        assert "host_request_types" in trt.Logger.messages[-1] and "input_ids" in trt.Logger.messages[-1]
+    finally:
+        trt._cuda_segments = orig
+
+
+def test_every_recorded_rule_has_a_case():
+    assert set(RULE_CASES) == set(facts()["tensorrt_api"]["rules"])
+
+
+@pytest.mark.parametrize("rule", sorted(facts()["tensorrt_api"]["rules"]))
+def test_the_standin_enforces_the_recorded_rule(scripted, rule):
+    RULE_CASES[rule](*scripted)
+
+
+def test_a_tp2_engine_is_refused_with_the_reason():
+    from dflash2_trt.engine import plan as planmod
+    from dflash2_trt.engine.pretrained import engine_pretrained_config
+    from dflash2_trt.engine.trtllm.command import trtllm_engine_config
+
+    p = trained_pair("qwen3")
+    prep = planmod.prepare(p.drafter_dir, p.target_dir, target_key="tiny", overrides={"tp_size": 2})
+    cfg = trtllm_engine_config(engine_pretrained_config(prep.checkpoint_config, prep.cfg, prep.d), prep.cfg)
+    with pytest.raises(Exception, match="one process per rank under mpirun"):
+        TrtEngineSession(b"", cfg, trt=trt, device="cpu")
+
+
+# ------------------------------------------------------------------------------------------------ published pairs
+def _published(key):
+    from dflash2_trt.engine import plan as planmod
+    from dflash2_trt.engine.pretrained import engine_pretrained_config
+    from dflash2_trt.engine.trtllm.command import engine_config_fixes, trtllm_engine_config
+    from dflash2_trt.testing.fixtures import MUSE_DRAFTER, MUSE_TARGET, QWEN_DRAFTER, QWEN_TARGET
+
+    d, t = {"qwen3.8-27b": (QWEN_DRAFTER, QWEN_TARGET), "muse-glimmer-30b": (MUSE_DRAFTER, MUSE_TARGET)}[key]
+    p = planmod.prepare(d, t, target_key=key, overrides={"tp_size": 1})
+    cfg = trtllm_engine_config(engine_pretrained_config(p.checkpoint_config, p.cfg, p.d), p.cfg)
+    engine_config_fixes(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize("key", ["qwen3.8-27b", "muse-glimmer-30b"])
+def test_published_pair_full_feed_through_every_step_kind(key):
+    import yaml
+
+    from dflash2_trt.engine.trtllm.runtime_rules import state_pool_bytes_per_slot
+    from dflash2_trt.trtllm.engine_io import CONTRACT
+
+    cfg = _published(key)
+    pre = cfg["pretrained_config"]
+    blob = trt.standin_engine(cfg, executor={"kind": "scripted"})
+    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu", num_blocks=12, num_slots=2)
+    K, L, f = sess.K, sess.num_layers, facts()
+    # the pool and the state as TensorRT-LLM lays them out (facts kv_pool, recurrent_state; RnnStateManager's slot)
+    pool = sess.pools[0]
+    assert pool.shape == (12, L, 2, sess.kv_heads, sess.tokens_per_block, sess.head_size)
+    assert pool.data_ptr() % 256 == 0
+    if key == "qwen3.8-27b":
+        assert sess.recurrent and len(sess.gdn_layers) == 48 and L == 21
+        slot = state_pool_bytes_per_slot({k: pre[k] for k in ("state_size", "conv_kernel", "rnn_hidden_size",
+                                                              "rnn_conv_dim_size", "rnn_head_size")}, 2)
+        for layer in sess.gdn_layers:
+            assert sess.rnn_states[layer][0].numel() * 4 == slot["state"]
+            assert sess.conv_states[layer][0].numel() * 2 == slot["conv"]
+    else:
+        assert not sess.recurrent and len(set(sess._windows.tolist())) > 1      # a variable-window model
+    host_values = {k: v["every_entry"] for k, v in yaml.safe_load(CONTRACT.read_text())["host_input_values"].items()}
+
+    steps, holders = [], {}
+    orig = sess.step
+    rt = Runtime(sess, max_batch_size=2)
+    prompts = [list(range(3, 3 + n)) for n in (21, 9, 40)]
+    reqs = [Request(p, 8, seed=i, task_id=i) for i, p in enumerate(prompts)]
+
+    def spy(inputs):
+        for r in reqs:
+            if r.slot is not None:
+                holders.setdefault(r.slot, set()).add(r.task_id)
+        out = orig(inputs)
+        steps.append((dict(inputs), dict(sess.bound), dict(sess.addresses), {k: v.clone() for k, v in out.items()
+                                                                             if k != "logits"}))
+        return out
+    sess.step = spy
+    rt.generate(reqs)
+    assert all(r.done and len(r.output_ids) == 8 for r in reqs)
+    kinds = {(bool(s["context"]), bool(s["generation"])) for s in rt.step_log}
+    assert kinds == {(True, False), (False, True), (True, True)}          # context, generation, mixed
+    for inputs, bound, addrs, out in steps:
+        assert set(bound) == set(sess.inputs)                                # every engine input, nothing else
+        for name, t in bound.items():
+            spec = sess.inputs[name]
+            assert t.dtype == sessmod.str_dtype_to_torch(spec.dtype), name
+            assert t.dim() == len(spec.profile) and all(lo <= s <= hi for s, (lo, _, hi) in zip(t.shape, spec.profile))
+            assert addrs[name] % 256 == 0, name
+            want = "cpu" if sessmod.memory_of(name) == "host" else sess.device.type
+            assert t.device.type == want, name
+        for name, spec in sess.outputs.items():
+            assert addrs[name] % 256 == 0
+        assert int(bound["host_kv_cache_pool_pointers"][0, 0]) == pool.data_ptr()
+        assert bound["host_kv_cache_pool_mapping"].tolist() == [[0, i] for i in range(L)]
+        offs = bound["kv_cache_block_offsets"].long()
+        assert torch.equal(offs, bound["host_kv_cache_block_offsets"].long())
+        assert bool(((offs % (2 * L)) <= 1).all())                           # TensorRT-LLM's K/V block index
+        assert torch.equal(offs, trtllm_block_index(inputs["kv_cache_block_offsets"], L).long())
+        assert int((offs // (2 * L)).max()) < sess.num_blocks
+        for name, every in host_values.items():
+            assert bool((bound[name] == every).all()), name
+        assert bound["host_runtime_perf_knobs"].tolist() == [0] + [-1] * 15
+        assert bound["host_max_attention_window_sizes"].tolist() == sess._windows.tolist()
+        if sess.recurrent:
+            for layer in sess.gdn_layers:
+                assert int(bound[f"rnn_state_ptr_{layer}"][0]) == sess.rnn_states[layer].data_ptr()
+                assert int(bound[f"conv_state_ptr_{layer}"][0]) == sess.conv_states[layer].data_ptr()
+            assert bound["slot_mapping"].tolist() == inputs["slot_mapping"].tolist()
+        assert out["next_draft_lens"].tolist() == [K] * len(out["next_draft_lens"])
+    if sess.recurrent:          # three requests on two slots: one slot served two of them (a reused slot)
+        assert set(holders) == {0, 1} and max(len(v) for v in holders.values()) == 2
+    assert sess.execution.context.executions == len(steps) == rt.step_count

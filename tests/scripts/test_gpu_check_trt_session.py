@@ -1,0 +1,23 @@
+"""scripts/gpu_check_trt_session.py (the project runtime's TensorRT binding on a GPU with real device pointers, the
+execution API being the CPU stand-in) runs here with the CPU playing the device: every tiny pair's tokens through the
+session equal the CPU engine's, and no input is bound in the wrong memory. On an H200 it is the same script with
+--device cuda (its output in the session's note)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_gpu_check_runs_on_the_cpu(tmp_path):
+    spec = importlib.util.spec_from_file_location("dflash2_gpu_check_trt", ROOT / "scripts" / "gpu_check_trt_session.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--out", str(tmp_path), "--device", "cpu", "--prompts", "2", "--new", "4"]) == 0
+    doc = json.loads((tmp_path / "gpu_check_trt_session.json").read_text())
+    assert doc["ok"] and [r["target"] for r in doc["results"]] == ["tiny", "tiny-hybrid", "tiny-muse"]
+    assert all(r["identical"] and not r["placement_mismatches"] for r in doc["results"])
+    assert doc["results"][1]["recurrent_layers"] > 0
