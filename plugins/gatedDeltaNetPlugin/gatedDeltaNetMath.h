@@ -19,8 +19,10 @@
  * Two formulations of the same recurrence:
  *   - per token (gdnSliceDecayDot / gdnDelta / gdnSliceUpdate / gdnSliceDot): the reference, used
  *     for generation (verify) requests, for the commit replay and for context requests when
- *     chunk_size = 0. Mirrors torch_recurrent_gated_delta_rule step for step (products rounded,
- *     then summed over Dk; torch sums in its own order, which is where the two differ).
+ *     chunk_size = 0. Mirrors torch_recurrent_gated_delta_rule step for step, with the sums over
+ *     Dk and the update as fused multiply-adds (4 operations per state value and token: decay,
+ *     S^T k, S += k delta, S^T q; torch rounds each product and sums in its own order, which is
+ *     where the two differ).
  *   - chunked (gdnChunk*): transformers' torch_chunk_gated_delta_rule (the UT transform: within a
  *     chunk, cumulative decays gam, the strictly lower system A, U = (I+A)^-1 (v beta),
  *     W = (I+A)^-1 (k beta exp(gam)), then v_new = U - W S, y = exp(gam) q S + (QK o decay) v_new,
@@ -243,7 +245,8 @@ DF2_HD void gdnStore(DType t, void* base, int64_t i, float v)
         static_cast<float*>(base)[i] = v;
 }
 
-//! Per-token step, first half, on one slice: S *= exp(g); returns the slice's part of S^T k.
+//! Per-token step, first half, on one slice: S *= exp(g); returns the slice's part of S^T k
+//! (fused multiply-adds in index order, as the chunked formulation's sums).
 template <int32_t kSlice>
 DF2_HD float gdnSliceDecayDot(float* s, float const* k, float decay)
 {
@@ -252,7 +255,7 @@ GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
     {
         s[i] = mulRn(s[i], decay);
-        acc = addRn(acc, mulRn(s[i], k[i]));
+        acc = fmaRn(s[i], k[i], acc);
     }
     return acc;
 }
@@ -263,23 +266,23 @@ DF2_HD float gdnDelta(float v, float kv, float beta)
     return mulRn(subRn(v, kv), beta);
 }
 
-//! Per-token step, second half, on one slice: S += k delta.
+//! Per-token step, second half, on one slice: S += k delta (one fused multiply-add per value).
 template <int32_t kSlice>
 DF2_HD void gdnSliceUpdate(float* s, float const* k, float delta)
 {
 GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
-        s[i] = addRn(s[i], mulRn(k[i], delta));
+        s[i] = fmaRn(k[i], delta, s[i]);
 }
 
-//! The slice's part of S^T q (products rounded, summed in index order).
+//! The slice's part of S^T q (fused multiply-adds in index order).
 template <int32_t kSlice>
 DF2_HD float gdnSliceDot(float const* s, float const* q)
 {
     float acc = 0.0f;
 GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
-        acc = addRn(acc, mulRn(s[i], q[i]));
+        acc = fmaRn(s[i], q[i], acc);
     return acc;
 }
 
