@@ -1,14 +1,23 @@
 #include "gatedDeltaNetKernel.h"
 #include "gatedDeltaNetMath.h"
 
+#include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 
 /*
  * Every kernel is a thin index mapping around one function of gatedDeltaNetMath.h, which the CPU
  * build (gatedDeltaNetCpu.cpp) calls in the same order, so the GPU computes bit for bit what the
  * CPU build computes. Row spaces: forward = the packed tokens (request r owns rows
  * [cu[r], cu[r+1])); commit = the B x Kv verify rows (request r owns rows [r Kv, r Kv + Kv)).
- * A state column (Dk fp32 values) lives in one thread's registers (kDk is a template argument).
+ * A state column (Dk fp32 values) lives in the registers of kGdnSplit lanes (kDk is a template
+ * argument), for all the tokens of a call.
+ *
+ * The sequences: forward = prologue (conv + silu + q/k l2norm + gates, one launch), per-token
+ * recurrence (generation requests; context requests when chunk_size = 0), chunk matrices / solve /
+ * scan (context requests), conv state. Commit = prologue (k/v channels of the rows to commit, k
+ * norm), recurrence (state only), conv state (+ committed counts). launchGdnConv / QkNorm / Gates
+ * remain as separate stages with the same results (the fused prologue's parts, unfused).
  */
 
 namespace dflash2
@@ -20,7 +29,6 @@ constexpr int kColumnThreads = 128; // recurrence / scan: 128 / kSplit state col
 constexpr int kElemThreads = 128;  // conv, norms, gates, conv state
 constexpr int kMatrixThreads = 128;
 constexpr int kSolveThreads = 64;
-constexpr int64_t kMaxGridY = 65535;
 
 //! Request owning packed row `row` (< T): the last r with cu[r] <= row (empty requests skipped).
 __device__ __forceinline__ int32_t requestOfRow(int32_t const* cu, int32_t batch, int64_t row)
@@ -110,29 +118,218 @@ Dims dimsOf(GatedDeltaNetParams const& p)
 }
 
 // ------------------------------------------------------------------------------------ kernels
-template <class T>
-__global__ void __launch_bounds__(kElemThreads) gdnConvKernel(typename T::Storage const* __restrict__ x,
-    typename T::Storage const* __restrict__ w, int32_t const* __restrict__ cu, int32_t const* __restrict__ slots,
-    int32_t const* __restrict__ numAccepted, int32_t const* __restrict__ zeroState,
-    typename T::Storage const* __restrict__ convPool, typename T::Storage* __restrict__ xc,
-    typename T::Storage* __restrict__ verifyQkv, int64_t rows, Dims d, int64_t cLo, bool commit)
+//! kVec consecutive storage elements moved as one access (8 bytes for 4 x 16-bit, 16 for 4 x fp32).
+template <class S, int kVec>
+struct alignas(sizeof(S) * kVec) StorageVec
+{
+    S v[kVec];
+};
+
+template <class S, int kVec>
+__device__ __forceinline__ StorageVec<S, kVec> loadVec(S const* p)
+{
+    return *reinterpret_cast<StorageVec<S, kVec> const*>(p);
+}
+
+template <class S, int kVec>
+__device__ __forceinline__ void storeVec(S* p, StorageVec<S, kVec> const& v)
+{
+    *reinterpret_cast<StorageVec<S, kVec>*>(p) = v;
+}
+
+//! Request owning packed row `row` (< T) for a whole warp at once: the number of k in [1, B) with
+//! cu[k] <= row (== requestOfRow's answer, cu being non-decreasing), 32 entries per load + ballot.
+__device__ __forceinline__ int32_t warpRequestOfRow(int32_t const* cu, int32_t batch, int64_t row)
+{
+    int32_t const lane = static_cast<int32_t>(threadIdx.x) & 31;
+    int32_t r = 0;
+    for (int32_t k0 = 1; k0 < batch; k0 += 32)
+    {
+        int32_t const k = k0 + lane;
+        bool const le = k < batch && cu[k] <= row;
+        r += __popc(__ballot_sync(0xffffffffu, le));
+    }
+    return r;
+}
+
+//! What one prologue launch produces.
+struct PrologueParts
+{
+    bool commit; //!< row space = the B x Kv verify rows, only the rows to commit, k/v channels
+    bool norm;   //!< q/k l2norm into qh/kh (else the q/k channels' xc is written, for gdnQkNormKernel)
+    bool gates;  //!< g and beta (forward only)
+};
+
+constexpr int kProThreads = 256;
+
+//! Fused prologue, grid (rows, channel tiles of kProThreads * kVec channels from cLo): block =
+//! one row of the call's row space (its request found once per warp, not per thread), thread =
+//! kVec consecutive channels. Conv + silu of the tile (gdnConvTap / gdnSiluOfConv: the steps of
+//! gdnConvSilu); the v channels go to xc; the q/k channels are l2-normalised into qh / kh
+//! (gdnL2NormInv's steps: with four channels per thread a thread's channels are one group of
+//! gdnSquaresGroup and the group sums of a key head, held by consecutive lanes of one warp, meet
+//! in a butterfly = gdnL2NormInv's pairwise tree; with one channel per thread the tile goes
+//! through shared memory and one thread per head calls gdnL2NormInv). A tile holds whole key
+//! heads (tiles start at 0 or Hk Dk and are multiples of Dk). Generation rows also copy their raw
+//! qkv into verify_qkv. Tile 0 computes the row's gates (gdnDecayLog, gdnBeta), once per (row,
+//! value head).
+template <class T, int kVec>
+__global__ void __launch_bounds__(kProThreads) gdnPrologueKernel(typename T::Storage const* __restrict__ x,
+    typename T::Storage const* __restrict__ w, typename T::Storage const* __restrict__ a,
+    typename T::Storage const* __restrict__ b, float const* __restrict__ dtBias, float const* __restrict__ aLog,
+    int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ numAccepted,
+    int32_t const* __restrict__ zeroState, typename T::Storage const* __restrict__ convPool,
+    typename T::Storage* __restrict__ xc, float* __restrict__ qh, float* __restrict__ kh, float* __restrict__ gates,
+    typename T::Storage* __restrict__ verifyQkv, float* __restrict__ verifyGates, Dims d, int64_t cLo, float scale,
+    PrologueParts parts)
 {
     using S = typename T::Storage;
-    int64_t const c = cLo + static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x;
-    if (c >= d.convDim)
-        return;
+    constexpr int32_t kTile = kProThreads * kVec;
+    __shared__ S sXc[kVec == 1 ? kTile : 1];             // one channel per thread: the tile's q/k values
+    __shared__ float sInv[kVec == 1 ? kTile / 16 : 1]; // and the inverse norms of its heads (Dk >= 16)
+    int64_t const row = blockIdx.x;
     int64_t const C = d.convDim;
-    int64_t const keep = d.kc - 1;
-    for (int64_t row = blockIdx.y; row < rows; row += gridDim.y)
+    int32_t r, p;
+    int64_t base;
+    if (parts.commit)
     {
-        RowInfo const ri = rowInfo(commit, cu, numAccepted, d.batch, d.numContext, d.kv, row);
-        if (!ri.active)
-            continue;
-        S const* st = zeroInit(zeroState, ri.r, d.numContext) ? nullptr
-                                                              : convPool + static_cast<int64_t>(slots[ri.r]) * keep * C;
-        xc[row * C + c] = gdnConvSilu<T>(x + ri.base * C, C, st, C, w, d.kc, ri.p, c);
-        if (!commit && ri.r >= d.numContext && ri.p < d.kv)
-            verifyQkv[(static_cast<int64_t>(ri.r) * d.kv + ri.p) * C + c] = x[row * C + c];
+        r = static_cast<int32_t>(row / d.kv);
+        p = static_cast<int32_t>(row - static_cast<int64_t>(r) * d.kv);
+        base = static_cast<int64_t>(r) * d.kv;
+        if (r < d.numContext || p >= gdnCommitCount(numAccepted[r], cu[r + 1] - cu[r], d.kv))
+            return; // the whole block: nothing of this row is committed
+    }
+    else
+    {
+        r = warpRequestOfRow(cu, d.batch, row);
+        base = cu[r];
+        p = static_cast<int32_t>(row - base);
+    }
+    bool const gen = r >= d.numContext;
+    int32_t const keep = d.kc - 1;
+    S const* st = (!parts.commit && zeroInit(zeroState, r, d.numContext))
+        ? nullptr
+        : convPool + static_cast<int64_t>(slots[r]) * keep * C;
+    int64_t const qkw = static_cast<int64_t>(d.hk) * d.dk;
+    int64_t const qkEnd = 2 * qkw; // channels [0, qkEnd) are q and k, [qkEnd, C) v
+    int64_t const t0 = cLo + static_cast<int64_t>(blockIdx.y) * kTile;
+    int32_t const local = static_cast<int32_t>(threadIdx.x) * kVec;
+    int64_t const c = t0 + local; // kVec channels c .. c + kVec - 1, all < C or all >= C (C % kVec == 0)
+    StorageVec<S, kVec> out;      // xc of those channels
+    if (c < C)
+    {
+        S taps[kGdnMaxConvKernel][kVec];
+#pragma unroll
+        for (int32_t j = 0; j < kGdnMaxConvKernel; ++j)
+        {
+            if (j < d.kc)
+            {
+                int32_t const pos = p - keep + j;
+                StorageVec<S, kVec> t;
+                if (pos >= 0)
+                    t = loadVec<S, kVec>(x + (base + pos) * C + c);
+                else if (st != nullptr)
+                    t = loadVec<S, kVec>(st + static_cast<int64_t>(pos + keep) * C + c);
+                else
+                {
+#pragma unroll
+                    for (int v = 0; v < kVec; ++v)
+                        t.v[v] = T::store(0.0f);
+                }
+#pragma unroll
+                for (int v = 0; v < kVec; ++v)
+                    taps[j][v] = t.v[v];
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < kVec; ++v)
+        {
+            S const* wc = w + (c + v) * d.kc;
+            float acc = 0.0f;
+#pragma unroll
+            for (int32_t j = 0; j < kGdnMaxConvKernel; ++j)
+                if (j < d.kc)
+                    acc = gdnConvTap(acc, T::load(wc[j]), T::load(taps[j][v]), j);
+            out.v[v] = gdnSiluOfConv<T>(acc);
+        }
+        if (c >= qkEnd || !parts.norm)
+            storeVec<S, kVec>(xc + row * C + c, out);
+        else if constexpr (kVec == 1)
+            sXc[local] = out.v[0];
+        if (!parts.commit && gen && p < d.kv)
+        {
+            StorageVec<S, kVec> raw; // tap kc - 1 is row p itself, read from x
+#pragma unroll
+            for (int v = 0; v < kVec; ++v)
+                raw.v[v] = taps[0][v];
+#pragma unroll
+            for (int32_t j = 1; j < kGdnMaxConvKernel; ++j)
+                if (j == d.kc - 1)
+                {
+#pragma unroll
+                    for (int v = 0; v < kVec; ++v)
+                        raw.v[v] = taps[j][v];
+                }
+            storeVec<S, kVec>(verifyQkv + (static_cast<int64_t>(r) * d.kv + p) * C + c, raw);
+        }
+    }
+    if (parts.norm)
+    {
+        int64_t const hLo = t0 > cLo ? t0 : cLo;
+        int64_t const hHi = (t0 + kTile) < qkEnd ? (t0 + kTile) : qkEnd;
+        bool const mine = c >= hLo && c < hHi; // this thread's channels are q/k channels (c < C)
+        bool const isK = c >= qkw;
+        float* o = isK ? kh + row * qkw + (c - qkw) : qh + row * qkw + c;
+        float const sc = isK ? 0.0f : scale;
+        if (hLo < hHi) // block-uniform: every thread takes part in the shuffles / barriers
+        {
+            if constexpr (kVec == kGdnNormGroup)
+            {
+                float v[kGdnNormGroup];
+#pragma unroll
+                for (int i = 0; i < kGdnNormGroup; ++i)
+                    v[i] = mine ? T::load(out.v[i]) : 0.0f;
+                float sum = gdnSquaresGroup(v);
+                // a head's Dk / 4 threads are consecutive lanes of one warp, aligned to their count
+                for (int32_t off = 1; off < d.dk / kGdnNormGroup; off *= 2)
+                    sum = addRn(sum, __shfl_xor_sync(0xffffffffu, sum, off));
+                if (mine)
+                {
+                    float const inv = gdnL2NormInvOfSum(sum);
+                    *reinterpret_cast<float4*>(o) = make_float4(gdnL2NormApply(v[0], inv, sc),
+                        gdnL2NormApply(v[1], inv, sc), gdnL2NormApply(v[2], inv, sc), gdnL2NormApply(v[3], inv, sc));
+                }
+            }
+            else
+            {
+                static_assert(kVec == 1, "the q/k norm takes four channels per thread or one");
+                __syncthreads();
+                int32_t const heads = static_cast<int32_t>((hHi - hLo) / d.dk);
+                if (static_cast<int32_t>(threadIdx.x) < heads)
+                    sInv[threadIdx.x]
+                        = gdnL2NormInv<T>(sXc + (hLo - t0) + static_cast<int64_t>(threadIdx.x) * d.dk, d.dk);
+                __syncthreads();
+                if (mine)
+                    *o = gdnL2NormApply(T::load(out.v[0]), sInv[(c - hLo) / d.dk], sc);
+            }
+        }
+    }
+    if (parts.gates && blockIdx.y == 0)
+    {
+        for (int32_t h = threadIdx.x; h < d.hv; h += kProThreads)
+        {
+            int64_t const e = row * d.hv + h;
+            float const g = gdnDecayLog(T::load(a[e]), dtBias[h], aLog[h]);
+            float const beta = gdnBeta<T>(b[e]);
+            gates[row * 2 * d.hv + h] = g;
+            gates[row * 2 * d.hv + d.hv + h] = beta;
+            if (gen && p < d.kv)
+            {
+                float* vg = verifyGates + (static_cast<int64_t>(r) * d.kv + p) * 2 * d.hv;
+                vg[h] = g;
+                vg[d.hv + h] = beta;
+            }
+        }
     }
 }
 
@@ -212,23 +409,74 @@ GDN_UNROLL
     }
 };
 
-//! grid (B, Hv, ceil(Dv / columns per block)); kSplit lanes = one state column of value head
-//! blockIdx.y of request blockIdx.x (the steps of gdnRecurrentColumn in gatedDeltaNetCpu.cpp).
+//! The per-token recurrence's tiling: a state column (Dk values) is split over kSplit lanes
+//! (kGdnSplit, as the CPU build's slices); kLanes = 32 / kSplit lanes hold the same slice of
+//! different columns, and every lane holds kRecCols columns. Lane = slice * kLanes + position:
+//! a column's kSplit lanes are kLanes apart (the butterfly of combine), and the kLanes lanes of
+//! one slice read the same k / q values from shared memory (a broadcast).
+constexpr int kRecThreads = 128;
+constexpr int kRecTokens = 16; //!< tokens staged in shared memory at a time
+
 template <int32_t kDk>
-__global__ void __launch_bounds__(kColumnThreads) gdnRecurrentKernel(float const* __restrict__ qh,
-    float const* __restrict__ kh, void const* __restrict__ xc, float const* __restrict__ gates,
+struct RecTile
+{
+    //! state columns per lane: two at Dk = 128 (independent sum chains, k / q loads shared; 64
+    //! state registers), one below (where two leave ptxas no room under 128 registers)
+    static constexpr int32_t kCols = kDk == 128 ? 2 : 1;
+    //! blocks per SM for __launch_bounds__: two columns need ~150 registers (3 blocks: <= 168;
+    //! capped at 128 ptxas spills or sits on the edge), one column fits 128 (4 blocks)
+    static constexpr int32_t kMinBlocks = kCols == 2 ? 3 : 4;
+    static constexpr int32_t kSplit = kGdnSplit<kDk>;
+    static constexpr int32_t kSlice = kDk / kSplit;
+    static constexpr int32_t kLanes = 32 / kSplit;
+    static constexpr int32_t kWarpCols = kCols * kLanes;
+    static constexpr int32_t kBlockCols = (kRecThreads / 32) * kWarpCols;
+    static_assert(kSlice % 4 == 0, "a slice is read from shared memory as float4");
+    static_assert(kRecThreads % (kDk / 4) == 0 && (kBlockCols % kRecThreads == 0 || kRecThreads % kBlockCols == 0),
+        "staging: whole rows per pass");
+
+    //! Butterfly sum over the kSplit lanes of a column: every lane gets gdnCombine<kSplit>'s
+    //! value (level 1 pairs slices l and l^1, level 2 l and l^2, ...; IEEE addition commutes).
+    __device__ __forceinline__ static float combine(float v)
+    {
+GDN_UNROLL
+        for (int32_t off = kLanes; off < 32; off *= 2)
+            v = addRn(v, __shfl_xor_sync(0xffffffffu, v, off));
+        return v;
+    }
+};
+
+//! grid (B, Hv, ceil(Dv / kBlockCols)): value head blockIdx.y of request blockIdx.x, columns
+//! [blockIdx.z kBlockCols, ...). Per column, the steps of recurrentColumn in gatedDeltaNetCpu.cpp
+//! in its order: per token S *= exp(g) and S^T k (gdnSliceDecayDot per slice, combined), delta
+//! (gdnDelta), S += k delta (gdnSliceUpdate), y = S^T q (gdnSliceDot, combined). The state stays
+//! in registers over all tokens; k, q (fp32 from the prologue), v (widened), exp(g) and beta of up
+//! to kRecTokens tokens are staged in shared memory by the block, exp once per (token, head).
+//! Every lane runs every step (columns past Dv compute on zeros and store nothing), so the
+//! shuffles and barriers see full warps and blocks.
+template <int32_t kDk, class T>
+__global__ void __launch_bounds__(kRecThreads, RecTile<kDk>::kMinBlocks) gdnRecurrentKernel(float const* __restrict__ qh,
+    float const* __restrict__ kh, typename T::Storage const* __restrict__ xc, float const* __restrict__ gates,
     int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ numAccepted,
-    int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool, void* __restrict__ y, DType dtype, Dims d,
+    int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool, typename T::Storage* __restrict__ y, Dims d,
     bool commit)
 {
-    constexpr int32_t kSplit = kGdnSplit<kDk>;
-    constexpr int32_t kSlice = kDk / kSplit;
-    ColumnLanes<kSplit> const lanes(static_cast<int32_t>(blockIdx.z));
+    using S = typename T::Storage;
+    using Tile = RecTile<kDk>;
+    constexpr int32_t kRecCols = Tile::kCols;
+    constexpr int32_t kSlice = Tile::kSlice;
+    constexpr int32_t kQuads = kDk / 4;
+    constexpr int32_t kSliceQuads = kSlice / 4;
+    // k and q rows by slice, each slice padded by one float4 so that the kSplit slices a warp
+    // reads at once (one address per slice) fall into different banks
+    __shared__ float4 sK[kRecTokens][Tile::kSplit][kSliceQuads + 1];
+    __shared__ float4 sQ[kRecTokens][Tile::kSplit][kSliceQuads + 1];
+    __shared__ float sV[kRecTokens][Tile::kBlockCols];
+    __shared__ float sDecay[kRecTokens];
+    __shared__ float sBeta[kRecTokens];
+
     int32_t const r = blockIdx.x;
     int32_t const h = blockIdx.y;
-    int32_t const j = lanes.col;
-    if (j >= d.dv)
-        return; // all lanes of the column leave together
     bool const ctx = r < d.numContext;
     int32_t const len = cu[r + 1] - cu[r];
     int32_t n;
@@ -250,42 +498,154 @@ __global__ void __launch_bounds__(kColumnThreads) gdnRecurrentKernel(float const
         base = cu[r];
         write = ctx;
     }
+    bool const withY = !commit;
+    int32_t const tid = static_cast<int32_t>(threadIdx.x);
+    int32_t const lane = tid & 31;
+    int32_t const slice = lane / Tile::kLanes;
+    int32_t const tileCol = static_cast<int32_t>(blockIdx.z) * Tile::kBlockCols;
+    int32_t jl[kRecCols]; // columns within the block
+    bool valid[kRecCols];
+GDN_UNROLL
+    for (int32_t q = 0; q < kRecCols; ++q)
+    {
+        jl[q] = (tid >> 5) * Tile::kWarpCols + q * Tile::kLanes + lane % Tile::kLanes;
+        valid[q] = tileCol + jl[q] < d.dv;
+    }
     int32_t const kHead = h / (d.hv / d.hk);
     int64_t const qkw = static_cast<int64_t>(d.hk) * kDk;
-    int32_t const off = lanes.slice * kSlice;
-    float* st = rnnPool + (static_cast<int64_t>(slots[r]) * d.hv + h) * kDk * d.dv + static_cast<int64_t>(off) * d.dv + j;
-    float const* kRow = kh + base * qkw + kHead * kDk + off;
-    float const* qRow = qh + base * qkw + kHead * kDk + off;
-    float const* gRow = gates + base * 2 * d.hv + h;
-    int64_t const v0 = base * d.convDim + 2 * qkw + static_cast<int64_t>(h) * d.dv + j;
-    int64_t const y0 = base * d.hv * d.dv + static_cast<int64_t>(h) * d.dv + j;
-    int64_t const yStride = static_cast<int64_t>(d.hv) * d.dv;
+    int64_t const dv = d.dv;
+    float* st = rnnPool + (static_cast<int64_t>(slots[r]) * d.hv + h) * kDk * dv
+        + static_cast<int64_t>(slice) * kSlice * dv + tileCol;
     bool const zero = !commit && zeroInit(zeroState, r, d.numContext);
-    float s[kSlice];
+    // staging assignments (fixed per thread)
+    constexpr int32_t kKqStep = kRecThreads / kQuads;
+    int32_t const kqQuad = tid % kQuads;
+    int32_t const kqTok = tid / kQuads;
+    int32_t const kqSlice = kqQuad / kSliceQuads;
+    constexpr int32_t kVCols = Tile::kBlockCols < kRecThreads ? Tile::kBlockCols : kRecThreads;
+    constexpr int32_t kVReps = Tile::kBlockCols / kVCols;
+    constexpr int32_t kVStep = kRecThreads / kVCols;
+    int32_t const vCol = tid % kVCols;
+    int32_t const vTok = tid / kVCols;
+
+    // column q of this lane is column 0 + q kLanes: one row pointer per state row, the columns at
+    // compile-time offsets from it
+    float s[kRecCols][kSlice];
 GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
-        s[i] = zero ? 0.0f : st[i * d.dv];
-GDN_NO_UNROLL
-    for (int32_t p = 0; p < n; ++p)
     {
-        float const* kp = kRow + p * qkw;
-        float const decay = expRn(gRow[p * 2 * d.hv]);
-        float const beta = gRow[p * 2 * d.hv + d.hv];
-        float const kv = lanes.combine(gdnSliceDecayDot<kSlice>(s, kp, decay));
-        float const delta = gdnDelta(gdnLoad(dtype, xc, v0 + p * d.convDim), kv, beta);
-        gdnSliceUpdate<kSlice>(s, kp, delta);
-        if (!commit)
+        float const* row = st + i * dv + jl[0];
+GDN_UNROLL
+        for (int32_t q = 0; q < kRecCols; ++q)
+            s[q][i] = (zero || !valid[q]) ? 0.0f : row[q * Tile::kLanes];
+    }
+
+    float const* kSrc = kh + base * qkw + static_cast<int64_t>(kHead) * kDk;
+    float const* qSrc = qh + base * qkw + static_cast<int64_t>(kHead) * kDk;
+    float const* gSrc = gates + base * 2 * d.hv + h;
+    S const* vSrc = xc + base * d.convDim + 2 * qkw + static_cast<int64_t>(h) * dv + tileCol;
+    int64_t const yStride = static_cast<int64_t>(d.hv) * dv;
+    // this lane's y of its first column at the current token (slice-0 lanes store)
+    S* yAt = withY ? y + base * yStride + static_cast<int64_t>(h) * dv + tileCol + jl[0] : nullptr;
+
+GDN_NO_UNROLL
+    for (int32_t c0 = 0; c0 < n; c0 += kRecTokens)
+    {
+        int32_t const m = min(kRecTokens, n - c0);
+        if (c0 > 0)
+            __syncthreads(); // every lane is done with the previous tokens
+        // k / q: thread = one float4 of a row (fixed), tokens kRecThreads / kQuads apart
         {
-            float const o = lanes.combine(gdnSliceDot<kSlice>(s, qRow + p * qkw));
-            if (lanes.slice == 0)
-                gdnStore(dtype, y, y0 + p * yStride, o);
+            int64_t const at = (c0 + kqTok) * qkw + 4 * kqQuad;
+            float4 const* kp = reinterpret_cast<float4 const*>(kSrc + at);
+            float4 const* qp = reinterpret_cast<float4 const*>(qSrc + at);
+            int64_t const step = kKqStep * qkw / 4; // in float4
+            for (int32_t t = kqTok; t < m; t += kKqStep, kp += step, qp += step)
+            {
+                sK[t][kqSlice][kqQuad - kqSlice * kSliceQuads] = *kp;
+                if (withY)
+                    sQ[t][kqSlice][kqQuad - kqSlice * kSliceQuads] = *qp;
+            }
+        }
+        // v: thread = one column (or kVReps columns kRecThreads apart), tokens kVStep apart
+GDN_UNROLL
+        for (int32_t u = 0; u < kVReps; ++u)
+        {
+            int32_t const jj = vCol + u * kRecThreads;
+            bool const ok = tileCol + jj < d.dv;
+            S const* vp = vSrc + (c0 + vTok) * d.convDim + jj;
+            for (int32_t t = vTok; t < m; t += kVStep, vp += kVStep * d.convDim)
+                sV[t][jj] = ok ? T::load(*vp) : 0.0f;
+        }
+        if (tid < m)
+        {
+            float const* gt = gSrc + static_cast<int64_t>(c0 + tid) * 2 * d.hv;
+            sDecay[tid] = expRn(gt[0]);
+            sBeta[tid] = gt[d.hv];
+        }
+        __syncthreads();
+GDN_NO_UNROLL
+        for (int32_t t = 0; t < m; ++t)
+        {
+            float const decay = sDecay[t];
+            float const beta = sBeta[t];
+            float kv[kSlice];
+GDN_UNROLL
+            for (int32_t i4 = 0; i4 < kSliceQuads; ++i4)
+            {
+                float4 const k4 = sK[t][slice][i4];
+                kv[4 * i4] = k4.x;
+                kv[4 * i4 + 1] = k4.y;
+                kv[4 * i4 + 2] = k4.z;
+                kv[4 * i4 + 3] = k4.w;
+            }
+            float part[kRecCols];
+GDN_UNROLL
+            for (int32_t q = 0; q < kRecCols; ++q)
+                part[q] = gdnSliceDecayDot<kSlice>(s[q], kv, decay);
+GDN_UNROLL
+            for (int32_t q = 0; q < kRecCols; ++q)
+                part[q] = gdnDelta(sV[t][jl[q]], Tile::combine(part[q]), beta);
+GDN_UNROLL
+            for (int32_t q = 0; q < kRecCols; ++q)
+                gdnSliceUpdate<kSlice>(s[q], kv, part[q]);
+            if (withY)
+            {
+                float qv[kSlice];
+GDN_UNROLL
+                for (int32_t i4 = 0; i4 < kSliceQuads; ++i4)
+                {
+                    float4 const q4 = sQ[t][slice][i4];
+                    qv[4 * i4] = q4.x;
+                    qv[4 * i4 + 1] = q4.y;
+                    qv[4 * i4 + 2] = q4.z;
+                    qv[4 * i4 + 3] = q4.w;
+                }
+GDN_UNROLL
+                for (int32_t q = 0; q < kRecCols; ++q)
+                {
+                    float const yv = Tile::combine(gdnSliceDot<kSlice>(s[q], qv));
+                    if (slice == 0 && valid[q])
+                        yAt[q * Tile::kLanes] = T::store(yv);
+                }
+                yAt += yStride;
+            }
         }
     }
     if (write)
     {
+        // a fresh copy of the pointer, opaque to the compiler: the store addresses are recomputed
+        // here rather than kept in registers from the loads through the whole token loop
+        asm volatile("mov.b64 %0, %0;" : "+l"(st));
 GDN_UNROLL
         for (int32_t i = 0; i < kSlice; ++i)
-            st[i * d.dv] = s[i];
+        {
+            float* row = st + i * dv + jl[0];
+GDN_UNROLL
+            for (int32_t q = 0; q < kRecCols; ++q)
+                if (valid[q])
+                    row[q * Tile::kLanes] = s[q][i];
+        }
     }
 }
 
@@ -441,9 +801,10 @@ GDN_UNROLL
         st[i * d.dv] = s[i];
 }
 
-//! grid (B, ceil(C / 128)); thread = channel c of request blockIdx.x: the last K-1 raw inputs of
-//! [old state, advanced tokens], all read before any is written (registers, fully unrolled).
-template <class T>
+//! grid (B, ceil(C / (128 kVec))); thread = channels c .. c + kVec - 1 of request blockIdx.x: the
+//! last K-1 raw inputs of [old state, advanced tokens], all read before any is written (registers,
+//! fully unrolled).
+template <class T, int kVec>
 __global__ void __launch_bounds__(kElemThreads) gdnConvStateKernel(typename T::Storage const* __restrict__ x,
     int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ numAccepted,
     int32_t const* __restrict__ zeroState, typename T::Storage* __restrict__ convPool, int32_t* __restrict__ committed,
@@ -451,7 +812,7 @@ __global__ void __launch_bounds__(kElemThreads) gdnConvStateKernel(typename T::S
 {
     using S = typename T::Storage;
     int32_t const r = blockIdx.x;
-    int64_t const c = static_cast<int64_t>(blockIdx.y) * kElemThreads + threadIdx.x;
+    int64_t const c = (static_cast<int64_t>(blockIdx.y) * kElemThreads + threadIdx.x) * kVec;
     bool const ctx = r < d.numContext;
     int32_t const len = cu[r + 1] - cu[r];
     int32_t n;
@@ -474,18 +835,29 @@ __global__ void __launch_bounds__(kElemThreads) gdnConvStateKernel(typename T::S
     int64_t const C = d.convDim;
     S* st = convPool + static_cast<int64_t>(slots[r]) * keep * C;
     bool const zero = !commit && zeroInit(zeroState, r, d.numContext);
-    S col[kGdnMaxConvKernel - 1];
+    StorageVec<S, kVec> col[kGdnMaxConvKernel - 1];
 #pragma unroll
     for (int32_t m = 0; m < kGdnMaxConvKernel - 1; ++m)
     {
         int32_t const pos = n - keep + m;
         if (m < keep)
-            col[m] = pos >= 0 ? x[(base + pos) * C + c] : (zero ? T::store(0.0f) : st[static_cast<int64_t>(pos + keep) * C + c]);
+        {
+            if (pos >= 0)
+                col[m] = loadVec<S, kVec>(x + (base + pos) * C + c);
+            else if (!zero)
+                col[m] = loadVec<S, kVec>(st + static_cast<int64_t>(pos + keep) * C + c);
+            else
+            {
+#pragma unroll
+                for (int v = 0; v < kVec; ++v)
+                    col[m].v[v] = T::store(0.0f);
+            }
+        }
     }
 #pragma unroll
     for (int32_t m = 0; m < kGdnMaxConvKernel - 1; ++m)
         if (m < keep)
-            st[static_cast<int64_t>(m) * C + c] = col[m];
+            storeVec<S, kVec>(st + static_cast<int64_t>(m) * C + c, col[m]);
 }
 
 // ---------------------------------------------------------------------------------- launching
@@ -524,11 +896,6 @@ Work carve(GatedDeltaNetParams const& p, void* ws)
     return Work{base + l.xc, f(l.qh), f(l.kh), f(l.gates), f(l.gam), f(l.a), f(l.qk), f(l.u), f(l.w)};
 }
 
-unsigned gridY(int64_t rows)
-{
-    return static_cast<unsigned>(rows < kMaxGridY ? rows : kMaxGridY);
-}
-
 unsigned gridStride(int64_t total, int threads)
 {
     int64_t const blocks = (total + threads - 1) / threads;
@@ -540,22 +907,60 @@ bool commitMode(GatedDeltaNetParams const& p)
     return p.attrs.mode == static_cast<int32_t>(GdnMode::kCOMMIT);
 }
 
+//! True when every pointer is aligned for kVec-element accesses of S (null pointers are unused).
+template <class S>
+bool vecAligned(int kVec, std::initializer_list<void const*> ptrs)
+{
+    for (void const* q : ptrs)
+        if (q != nullptr && reinterpret_cast<uintptr_t>(q) % (kVec * sizeof(S)) != 0)
+            return false;
+    return true;
+}
+
+//! The prologue kernel over the call's row space: conv + silu, and (parts.norm) the q/k l2norm,
+//! (parts.gates) the gates. Four channels per thread when C and the pointers allow it.
 template <class T>
-Status convTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
+Status prologueTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, PrologueParts parts,
+    char const* what, char* msg, size_t len)
 {
     using S = typename T::Storage;
     Dims const d = dimsOf(p);
-    bool const commit = commitMode(p);
-    int64_t const cLo = commit ? static_cast<int64_t>(d.hk) * d.dk : 0; // the commit reads no q
+    int64_t const cLo = parts.commit ? static_cast<int64_t>(d.hk) * d.dk : 0; // the commit reads no q
     int64_t const rows = p.tokens;
     if (rows == 0)
         return Status::kOK;
+    if (rows > 0x7fffffff)
+    {
+        std::snprintf(msg, len, "DFlash2GatedDeltaNet: %s: %lld rows exceed the grid", what,
+            static_cast<long long>(rows));
+        return Status::kINVALID;
+    }
     Work const wk = carve(p, g.workspace);
-    dim3 const grid(static_cast<unsigned>((d.convDim - cLo + kElemThreads - 1) / kElemThreads), gridY(rows));
-    S const* x = static_cast<S const*>(commit ? g.verifyQkv : g.qkv);
-    gdnConvKernel<T><<<grid, kElemThreads, 0, s>>>(x, static_cast<S const*>(g.convWeight), g.cuSeqlens, g.slots,
-        g.numAccepted, commit ? nullptr : g.zeroState, static_cast<S const*>(g.convPool), static_cast<S*>(wk.xc), commit ? nullptr : static_cast<S*>(g.verifyQkv), rows, d, cLo, commit);
-    return cudaStatus("conv kernel", msg, len);
+    S const* x = static_cast<S const*>(parts.commit ? g.verifyQkv : g.qkv);
+    S* vq = parts.commit ? nullptr : static_cast<S*>(g.verifyQkv);
+    float const scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.dk)));
+    bool const vec4 = d.convDim % 4 == 0 && vecAligned<S>(4, {x, d.kc > 1 ? g.convPool : nullptr, wk.xc, vq});
+    int const tile = kProThreads * (vec4 ? 4 : 1);
+    dim3 const grid(static_cast<unsigned>(rows), static_cast<unsigned>((d.convDim - cLo + tile - 1) / tile));
+    auto const kernel = vec4 ? gdnPrologueKernel<T, 4> : gdnPrologueKernel<T, 1>;
+    kernel<<<grid, kProThreads, 0, s>>>(x, static_cast<S const*>(g.convWeight), static_cast<S const*>(g.a),
+        static_cast<S const*>(g.b), g.dtBias, g.aLog, g.cuSeqlens, g.slots, g.numAccepted,
+        parts.commit ? nullptr : g.zeroState, static_cast<S const*>(g.convPool), static_cast<S*>(wk.xc), wk.qh, wk.kh,
+        wk.gates, vq, g.verifyGates, d, cLo, scale, parts);
+    return cudaStatus(what, msg, len);
+}
+
+template <class T>
+Status convTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
+{
+    return prologueTyped<T>(p, g, s, PrologueParts{commitMode(p), false, false}, "conv kernel", msg, len);
+}
+
+template <class T>
+Status fusedPrologueTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
+{
+    bool const commit = commitMode(p);
+    return prologueTyped<T>(p, g, s, PrologueParts{commit, true, !commit}, "prologue kernel", msg, len);
 }
 
 template <class T>
@@ -591,11 +996,23 @@ template <int32_t kDk>
 void recurrentDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work const& wk, Dims const& d, cudaStream_t s)
 {
     bool const commit = commitMode(p);
-    constexpr int32_t kColumns = ColumnLanes<kGdnSplit<kDk>>::kColumns;
+    constexpr int32_t kCols = RecTile<kDk>::kBlockCols;
     dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>(d.hv),
-        static_cast<unsigned>((d.dv + kColumns - 1) / kColumns));
-    gdnRecurrentKernel<kDk><<<grid, kColumnThreads, 0, s>>>(wk.qh, wk.kh, wk.xc, commit ? g.verifyGates : wk.gates,
-        g.cuSeqlens, g.slots, g.numAccepted, g.zeroState, g.rnnPool, g.y, p.dataType, d, commit);
+        static_cast<unsigned>((d.dv + kCols - 1) / kCols));
+    auto launch = [&](auto tag)
+    {
+        using T = decltype(tag);
+        using S = typename T::Storage;
+        gdnRecurrentKernel<kDk, T><<<grid, kRecThreads, 0, s>>>(wk.qh, wk.kh, static_cast<S const*>(wk.xc),
+            commit ? g.verifyGates : wk.gates, g.cuSeqlens, g.slots, g.numAccepted, g.zeroState, g.rnnPool,
+            static_cast<S*>(g.y), d, commit);
+    };
+    switch (p.dataType)
+    {
+    case DType::kFLOAT16: launch(F16{}); break;
+    case DType::kBFLOAT16: launch(BF16{}); break;
+    default: launch(F32{}); break; // dtype checked by the stage
+    }
 }
 
 Status recurrentStage(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
@@ -677,9 +1094,12 @@ Status convStateTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cuda
     bool const commit = commitMode(p);
     if (d.batch == 0 || (!commit && d.numContext == 0))
         return Status::kOK;
-    dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>((d.convDim + kElemThreads - 1) / kElemThreads));
     S const* x = static_cast<S const*>(commit ? g.verifyQkv : g.qkv);
-    gdnConvStateKernel<T><<<grid, kElemThreads, 0, s>>>(x, g.cuSeqlens, g.slots, g.numAccepted, g.zeroState,
+    bool const vec4 = d.convDim % 4 == 0 && vecAligned<S>(4, {x, d.kc > 1 ? g.convPool : nullptr});
+    int const per = kElemThreads * (vec4 ? 4 : 1);
+    dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>((d.convDim + per - 1) / per));
+    auto const kernel = vec4 ? gdnConvStateKernel<T, 4> : gdnConvStateKernel<T, 1>;
+    kernel<<<grid, kElemThreads, 0, s>>>(x, g.cuSeqlens, g.slots, g.numAccepted, g.zeroState,
         static_cast<S*>(g.convPool), g.committed, d, commit);
     return cudaStatus("conv state kernel", msg, len);
 }
@@ -726,6 +1146,7 @@ Status checked(Stage st, GatedDeltaNetParams const& p, GdnLaunchArgs const& g, c
         }                                                                                                              \
     };
 DF2_GDN_STAGE(ConvStage, convTyped)
+DF2_GDN_STAGE(PrologueStage, fusedPrologueTyped)
 DF2_GDN_STAGE(QkNormStage, qkNormTyped)
 DF2_GDN_STAGE(GatesStage, gatesTyped)
 DF2_GDN_STAGE(ConvStateStage, convStateTyped)
@@ -736,6 +1157,11 @@ DF2_GDN_STAGE(ConvStateStage, convStateTyped)
 Status launchGdnConv(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
 {
     return dispatch<ConvStage>(p, g, s, msg, len);
+}
+
+Status launchGdnPrologue(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
+{
+    return dispatch<PrologueStage>(p, g, s, msg, len);
 }
 
 Status launchGdnQkNorm(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
@@ -781,8 +1207,8 @@ Status launchGatedDeltaNetForward(GatedDeltaNetParams const& p, GdnLaunchArgs co
         std::snprintf(msg, len, "DFlash2GatedDeltaNet: forward launched with mode=commit");
         return Status::kINVALID;
     }
-    Stage const stages[] = {launchGdnConv, launchGdnQkNorm, launchGdnGates, launchGdnRecurrent, launchGdnChunkMatrices,
-        launchGdnChunkSolve, launchGdnChunkScan, launchGdnConvState};
+    Stage const stages[] = {launchGdnPrologue, launchGdnRecurrent, launchGdnChunkMatrices, launchGdnChunkSolve,
+        launchGdnChunkScan, launchGdnConvState};
     for (Stage st : stages)
     {
         Status const r = st(p, g, s, msg, len);
@@ -800,8 +1226,8 @@ Status launchGatedDeltaNetCommit(GatedDeltaNetParams const& p, GdnLaunchArgs con
         std::snprintf(msg, len, "DFlash2GatedDeltaNet: commit launched with mode=forward");
         return Status::kINVALID;
     }
-    // The conv reads the committed conv state, so the conv state kernel runs last.
-    Stage const stages[] = {launchGdnConv, launchGdnQkNorm, launchGdnRecurrent, launchGdnConvState};
+    // The prologue's conv reads the committed conv state, so the conv state kernel runs last.
+    Stage const stages[] = {launchGdnPrologue, launchGdnRecurrent, launchGdnConvState};
     for (Stage st : stages)
     {
         Status const r = st(p, g, s, msg, len);

@@ -41,6 +41,11 @@ struct GdnLaunchArgs
 //! Causal conv + silu into the workspace's xc (forward: every packed row, and the raw verify rows
 //! of generation requests into verifyQkv; commit: the k/v channels of the rows to commit).
 Status launchGdnConv(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
+//! The fused prologue the two sequences run: conv + silu (xc: the v channels only), l2norm of q
+//! (scaled) and k into qh / kh, and (forward) the gates; the raw verify rows and their gates of
+//! generation requests into verifyQkv / verifyGates (forward). Commit: the rows to commit, k and v
+//! channels. Equivalent to launchGdnConv + launchGdnQkNorm (+ launchGdnGates), in one launch.
+Status launchGdnPrologue(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
 //! l2norm of q (scaled) and k per row and key head (commit: k only).
 Status launchGdnQkNorm(GatedDeltaNetParams const& p, GdnLaunchArgs const& args, cudaStream_t stream, char* msg, size_t msgLen);
 //! g and beta per row and value head (forward only; also into verifyGates for generation rows).

@@ -142,6 +142,13 @@ DF2_HD float gdnBeta(typename T::Storage b)
 //! sum_j w[c, j] * x[p - (K-1) + j]; positions < 0 read the conv state [K-1, C] (row m holds
 //! position m - (K-1)), or zeros when state is null (a sequence's first chunk: transformers'
 //! zero padding). x points at the request's row 0; rows are rowStride elements apart.
+//! Tap j of the conv sum (taps in order, oldest first): tap 0's product starts the sum.
+DF2_HD float gdnConvTap(float acc, float w, float x, int32_t j)
+{
+    float const prod = mulRn(w, x);
+    return (j == 0) ? prod : addRn(acc, prod);
+}
+
 template <class T>
 DF2_HD float gdnConvRaw(typename T::Storage const* x, int64_t rowStride, typename T::Storage const* state,
     int64_t convDim, typename T::Storage const* w, int32_t kc, int32_t p, int64_t c)
@@ -152,19 +159,92 @@ DF2_HD float gdnConvRaw(typename T::Storage const* x, int64_t rowStride, typenam
         int32_t const pos = p - (kc - 1) + j;
         float const xv = pos >= 0 ? T::load(x[static_cast<int64_t>(pos) * rowStride + c])
             : (state != nullptr ? T::load(state[static_cast<int64_t>(pos + kc - 1) * convDim + c]) : 0.0f);
-        float const prod = mulRn(T::load(w[c * kc + j]), xv);
-        acc = (j == 0) ? prod : addRn(acc, prod);
+        acc = gdnConvTap(acc, T::load(w[c * kc + j]), xv, j);
     }
     return acc;
 }
 
-//! xc = round(silu(round(conv))): transformers runs F.conv1d and the silu in the model dtype.
+//! xc = round(silu(round(conv))) from the fp32 conv sum: transformers runs F.conv1d and the silu
+//! in the model dtype.
+template <class T>
+DF2_HD typename T::Storage gdnSiluOfConv(float conv)
+{
+    return T::store(gdnSilu(T::load(T::store(conv))));
+}
+
 template <class T>
 DF2_HD typename T::Storage gdnConvSilu(typename T::Storage const* x, int64_t rowStride,
     typename T::Storage const* state, int64_t convDim, typename T::Storage const* w, int32_t kc, int32_t p, int64_t c)
 {
-    float const conv = T::load(T::store(gdnConvRaw<T>(x, rowStride, state, convDim, w, kc, p, c)));
-    return T::store(gdnSilu(conv));
+    return gdnSiluOfConv<T>(gdnConvRaw<T>(x, rowStride, state, convDim, w, kc, p, c));
+}
+
+//! The l2norm's sum of squares is taken in groups of kGdnNormGroup consecutive values (fused
+//! multiply-adds in index order, from 0), and the Dk / kGdnNormGroup group sums are combined by
+//! the pairwise tree of gdnCombine: ((g0 + g1) + (g2 + g3)) + ... On the GPU a thread holds one
+//! group (four channels) and the tree is a butterfly of shuffles over the head's threads.
+constexpr int32_t kGdnNormGroup = 4;
+
+//! One group's sum of squares (v: kGdnNormGroup values, widened).
+DF2_HD float gdnSquaresGroup(float const* v)
+{
+    float acc = 0.0f;
+GDN_UNROLL
+    for (int32_t i = 0; i < kGdnNormGroup; ++i)
+        acc = fmaRn(v[i], v[i], acc);
+    return acc;
+}
+
+//! 1 / sqrt(sum + eps) from the combined sum of squares.
+DF2_HD float gdnL2NormInvOfSum(float sum)
+{
+    return divRn(1.0f, sqrtRn(addRn(sum, kGdnL2NormEps)));
+}
+
+//! l2norm, first part: 1 / sqrt(sum x^2 + eps) over kDk values (kDk / kGdnNormGroup groups,
+//! combined pairwise; the loops are unrolled so that the group sums stay in registers).
+template <int32_t kDk, class T>
+DF2_HD float gdnL2NormInvDk(typename T::Storage const* in)
+{
+    constexpr int32_t kGroups = kDk / kGdnNormGroup;
+    float part[kGroups];
+GDN_UNROLL
+    for (int32_t l = 0; l < kGroups; ++l)
+    {
+        float v[kGdnNormGroup];
+GDN_UNROLL
+        for (int32_t i = 0; i < kGdnNormGroup; ++i)
+            v[i] = T::load(in[l * kGdnNormGroup + i]);
+        part[l] = gdnSquaresGroup(v);
+    }
+GDN_UNROLL
+    for (int32_t off = 1; off < kGroups; off *= 2)
+    {
+GDN_UNROLL
+        for (int32_t l = 0; l + off < kGroups; l += 2 * off)
+            part[l] = addRn(part[l], part[l + off]);
+    }
+    return gdnL2NormInvOfSum(part[0]);
+}
+
+//! The same for a runtime dk in {16, 32, 64, 128}.
+template <class T>
+DF2_HD float gdnL2NormInv(typename T::Storage const* in, int32_t dk)
+{
+    switch (dk)
+    {
+    case 16: return gdnL2NormInvDk<16, T>(in);
+    case 32: return gdnL2NormInvDk<32, T>(in);
+    case 64: return gdnL2NormInvDk<64, T>(in);
+    default: return gdnL2NormInvDk<128, T>(in);
+    }
+}
+
+//! l2norm, second part, per value: x * inv (* scale when scale != 0).
+DF2_HD float gdnL2NormApply(float x, float inv, float scale)
+{
+    float const v = mulRn(x, inv);
+    return scale != 0.0f ? mulRn(v, scale) : v;
 }
 
 //! out = l2norm(in) (* scale when scale != 0): x * (1 / sqrt(sum x^2 + eps)), the sum in index
@@ -172,18 +252,9 @@ DF2_HD typename T::Storage gdnConvSilu(typename T::Storage const* x, int64_t row
 template <class T>
 DF2_HD void gdnL2Normalize(typename T::Storage const* in, float* out, int32_t dk, float scale)
 {
-    float sum = 0.0f;
+    float const inv = gdnL2NormInv<T>(in, dk);
     for (int32_t i = 0; i < dk; ++i)
-    {
-        float const v = T::load(in[i]);
-        sum = addRn(sum, mulRn(v, v));
-    }
-    float const inv = divRn(1.0f, sqrtRn(addRn(sum, kGdnL2NormEps)));
-    for (int32_t i = 0; i < dk; ++i)
-    {
-        float const v = mulRn(T::load(in[i]), inv);
-        out[i] = scale != 0.0f ? mulRn(v, scale) : v;
-    }
+        out[i] = gdnL2NormApply(T::load(in[i]), inv, scale);
 }
 
 //! Number of tokens a commit advances request r over: num_accepted clamped to [0, min(tokens, Kv)].
