@@ -830,11 +830,12 @@ __global__ void __launch_bounds__(kElemThreads) gdnConvStateKernel(typename T::S
         base = cu[r];
     }
     int32_t const keep = d.kc - 1;
-    if (n == 0 || c >= d.convDim || keep == 0)
+    bool const zero = !commit && zeroInit(zeroState, r, d.numContext);
+    // a zero_state context request overwrites its slot even with no tokens (zeros), as the CPU build
+    if ((n == 0 && !zero) || c >= d.convDim || keep == 0)
         return;
     int64_t const C = d.convDim;
     S* st = convPool + static_cast<int64_t>(slots[r]) * keep * C;
-    bool const zero = !commit && zeroInit(zeroState, r, d.numContext);
     StorageVec<S, kVec> col[kGdnMaxConvKernel - 1];
 #pragma unroll
     for (int32_t m = 0; m < kGdnMaxConvKernel - 1; ++m)
