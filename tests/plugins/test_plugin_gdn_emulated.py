@@ -1,0 +1,121 @@
+"""DFlash2GatedDeltaNet's CUDA kernels executed on the CPU, bit for bit against the CPU build.
+
+CI has no GPU, and the kernels (plugins/gatedDeltaNetPlugin/gatedDeltaNetKernel.cu) index, stage and
+synchronise differently from the CPU build's loops while calling the same gatedDeltaNetMath.h
+functions. Here the kernel source itself is compiled by g++ over a CUDA emulation
+(tests/plugins/cuda_emu/cuda_emu.h: a block's threads are fibers, __syncthreads / warp shuffles are
+barriers over them, __shared__ arrays per block, vector accesses alignment-checked) and run through
+the plugin's launch sequences, behind the CPU build's C ABI (cuda_emu/gdn_emu.cpp), so that
+scripts/gpu_check's own comparison (gdn_compare: forward, verify and commit, every output and both
+pools, bit for bit) drives it exactly as it drives the GPU extension on an H200.
+
+What this does not check: timing, the GPU's memory model beyond barrier order, register spills
+(test_plugin_kernels_nvcc.py), bank conflicts, out-of-range reads that land in allocated memory.
+The full set of gpu_check's 30 batches passes too (about 8 minutes here: too slow for every run).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash2_trt.trtllm.cpu.plugin_libs import GdnLib
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = ROOT / "plugins" / "gatedDeltaNetPlugin"
+EMU = Path(__file__).resolve().parent / "cuda_emu"
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("dflash2_gpu_check", ROOT / "scripts" / "gpu_check" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, mod)
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+G = _gpu_check()
+
+
+def emulation_source(cu: str) -> str:
+    """The kernel source for cuda_emu.h: launches `K<<<grid, block, smem, stream>>>(args)` become
+    `emu::launch(grid, block, smem, stream)(K, args)`, `__shared__ T name[..];` a per-block arena,
+    reinterpret_cast an alignment-checked cast, inline PTX (compiler hints only) is dropped."""
+    src, launches = re.subn(r"(\b[A-Za-z_]\w*(?:<[^<>;()]*>)?)<<<([^>]*)>>>\(", r"emu::launch(\2)(\1, ", cu)
+    src, asm = re.subn(r'asm volatile\("[^"]*"\s*:[^;]*\);', "", src)
+    src = src.replace("reinterpret_cast<", "emu::checkedCast<")
+    ids = iter(range(1, 10_000))
+    src, shared = re.subn(r"__shared__\s+([\w:<>]+)\s+(\w+)((?:\[[^\]]+\])+);",
+                          lambda m: f"auto& {m.group(2)} = emu::shared<{m.group(1)}{m.group(3)}>({next(ids)});", src)
+    assert launches >= 8 and shared >= 6 and asm <= 1, (launches, shared, asm)
+    assert "__shared__" not in src and "<<<" not in src, "a construct the transform does not know"
+    return '#include "cuda_emu.h"\n' + src
+
+
+def build_emulated(cu: str, out_dir: Path) -> GdnLib:
+    """g++ the transformed kernel source + the C ABI glue + the params into a library GdnLib loads."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found: the emulated kernels are compiled with g++")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "kernel_emu.cu").write_text(emulation_source(cu))
+    lib = out_dir / "libdf2_gdn_emu.so"
+    cmd = [gxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
+           "-Wno-maybe-uninitialized", f"-I{out_dir}", f"-I{EMU}", f"-I{PLUGIN}", str(EMU / "gdn_emu.cpp"),
+           str(PLUGIN / "gatedDeltaNetParams.cpp"), "-o", str(lib), "-pthread"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr[-4000:]}"
+    return GdnLib(lib)
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory) -> GdnLib:
+    return build_emulated((PLUGIN / "gatedDeltaNetKernel.cu").read_text(), tmp_path_factory.mktemp("gdn-emu"))
+
+
+# (Hk, Hv, Dk, Dv, conv taps, Kv, chunk, context lengths, generation lengths), as gpu_check's GDN_CASES
+CASES = {
+    "gpu_check_0": G.GDN_CASES[0],                                  # grouped heads, chunked context
+    "gpu_check_3": G.GDN_CASES[3],                                  # Dk 64 / Dv 32, K 3, chunk 7
+    "dk128_two_columns": (1, 2, 128, 128, 4, 8, 0, (20,), (8, 3)),  # the Qwen head: 2 columns per lane
+    "kv32_staged_twice": (1, 2, 128, 128, 4, 32, 0, (40,), (32, 17)),  # > 16 tokens: two staged chunks
+    "per_token_context": (2, 4, 16, 16, 4, 4, 0, (37, 5, 1), (4, 2)),  # a context over three staged chunks
+    "group3_k2": (2, 6, 32, 16, 2, 5, 0, (7, 30), (5, 2)),          # Hv/Hk 3, K 2, Dv below a block's columns
+    "scalar_path": (1, 3, 16, 17, 3, 3, 0, (20,), (3, 1)),          # C = 83: one channel per thread, Dv 17
+    "partial_tile": (2, 4, 64, 100, 4, 6, 0, (33,), (6, 3)),        # Dk 64, Dv 100: a part-filled column tile
+    "no_conv_state": (2, 2, 16, 16, 1, 4, 64, (5,), (4,)),          # K = 1
+    "many_and_empty": (2, 4, 16, 16, 4, 4, 64, (3, 0, 5), (4,) * 20 + (0, 2) * 10),  # 43 requests, empty ones
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulated_kernels_equal_cpu_build(emulated, gdn_lib, name):
+    """Forward (context y and slots), verify (y, verify_qkv, verify_gates, slots untouched) and commit
+    (counts, both pools), every dtype, with and without zero_state: identical bits."""
+    case = CASES[name]
+    bad = {}
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        for zs in (False, True):
+            diff = G.gdn_compare(emulated, gdn_lib, case, dt, zs, seed=7 + zs, device="cpu")
+            if diff:
+                bad[(str(dt), zs)] = diff
+    assert not bad, bad
+
+
+def test_emulation_sees_a_wrong_column(gdn_lib, tmp_path):
+    """Control: the same comparison fails when the kernel reads the wrong column's v for a lane's
+    second state column (only the Dk = 128 tiling has two), so a pass above is not the emulation
+    hiding the kernel."""
+    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
+    good = "gdnDelta(sV[t][jl[q]],"
+    assert cu.count(good) == 1
+    broken = build_emulated(cu.replace(good, "gdnDelta(sV[t][jl[0]],"), tmp_path / "broken")
+    diff = G.gdn_compare(broken, gdn_lib, CASES["dk128_two_columns"], torch.float32, False, seed=7, device="cpu")
+    assert "verify:y" in diff and "commit:rnn_state" in diff, diff
