@@ -37,3 +37,16 @@ def tiny_hybrid(_tiny_cache):
     from dflash2_trt.testing.tiny import tiny_pair
 
     return tiny_pair("qwen3_5")
+
+
+def pytest_report_header(config):
+    """The versions pip resolved, on every run (CI's log included): what the pins allowed today."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("torch", "transformers", "tokenizers", "safetensors", "numpy", "nvidia-pytriton", "onnxruntime"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return "resolved: " + ", ".join(found)
