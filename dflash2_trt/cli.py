@@ -440,8 +440,9 @@ def bench_group() -> None:
 @click.option("--input-max", type=int)
 @click.option("--output-min", type=int)
 @click.option("--output-max", type=int)
+@click.option("--force", is_flag=True, help="Replace an existing --output file.")
 def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, target_key, target_dir, engine_dir,
-                              num_requests, output_tokens, max_input_len, seed, **lengths) -> None:
+                              num_requests, output_tokens, max_input_len, seed, force, **lengths) -> None:
     """Write a dataset in trtllm-bench's format: {"task_id", "input_ids", "output_tokens"} per line."""
     from .bench.dataset import prepare_dataset, resolve_target
     from .errors import ConfigError
@@ -460,7 +461,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     res = prepare_dataset(source=synthetic or chosen[0], output=output, builtin=builtin, prompts_file=prompts_file,
                           corpus=corpus, tokenizer_dir=tgt["tokenizer_dir"], vocab_size=tgt["vocab_size"],
                           stop_ids=tgt["stop_ids"], num_requests=num_requests, output_tokens=output_tokens,
-                          max_input_len=max_input_len, seed=seed, **lengths)
+                          max_input_len=max_input_len, seed=seed, force=force, **lengths)
     click.echo(f"wrote {res['output']}: {res['requests']} requests ({res['source']}), mean input "
                f"{res['mean_input_len']:.1f} tokens, mean output {res['mean_output_tokens']:.1f} tokens")
 
