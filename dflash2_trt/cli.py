@@ -569,18 +569,19 @@ def deploy_group() -> None:
 @deploy_group.command("triton")
 @click.option("--engine-dir", required=True, type=click.Path(), help="Engine directory from `dflash2-trt build`.")
 @click.option("--output", required=True, type=click.Path(), help="Model repository to create.")
-@click.option("--model-name", default="ensemble", show_default=True, help="Name of the text entry point (ensemble).")
+@click.option("--model-name", default=None, help="Name of the text entry point (ensemble) [default: ensemble].")
 @click.option("--max-batch-size", type=int, default=None, help="Triton max_batch_size [default: the engine's].")
 @click.option("--decoupled", is_flag=True, help="Decoupled tensorrt_llm model: streaming, one response per step.")
 @click.option("--tokenizer", type=click.Path(), default=None,
               help="Tokenizer directory [default: the engine's tokenizer/, else its target directory].")
-@click.option("--ids-only", is_flag=True, help="No tokenizer: write the tensorrt_llm model alone (token ids).")
+@click.option("--ids-only", is_flag=True,
+              help="No tokenizer: write the tensorrt_llm model alone (token ids); not with --tokenizer / --model-name.")
 @click.option("--backend", type=click.Choice(["auto", "python", "tensorrtllm"]), default="auto", show_default=True,
               help="Who serves tensorrt_llm (auto: python for a CPU engine, tensorrtllm for a TensorRT-LLM one).")
-@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
-              help="tensorrtllm backend: GPU memory fraction for the KV cache.")
+@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=None,
+              help="tensorrtllm backend only: GPU memory fraction for the KV cache [default: 0.9].")
 @click.option("--plugin-lib", type=click.Path(), default=None,
-              help="tensorrtllm backend: libdflash2_plugins.so for launch.sh's LD_PRELOAD.")
+              help="tensorrtllm backend only: libdflash2_plugins.so for launch.sh's LD_PRELOAD [default: the engine's].")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled, tokenizer, ids_only, backend,
                       kv_cache_free_gpu_mem_fraction, plugin_lib, force) -> None:
