@@ -484,7 +484,8 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
 @click.option("--project", "project_gpus", help="Add a roofline projection for these GPUs (h200,b200).")
 @click.option("--project-target", default="qwen3.8-27b", show_default=True,
               help="Published model shapes the projection uses.")
-@click.option("--context-len", type=int, help="Projection's context length [default: mean prompt + half the output].")
+@click.option("--context-len", type=int, help="Projection's context length [default: mean prompt + half the output, "
+              "at most the target's max_position_embeddings].")
 @click.option("--save-outputs", is_flag=True, help="Keep every request's output ids in the JSON report.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--threads", type=int, default=1, show_default=True, help="CPU engines: torch threads while measuring.")
@@ -533,7 +534,8 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
               help="Registered target whose published shapes (target + drafter config.json) are used.")
 @click.option("--gpu", "gpus", default="h200,b200", show_default=True, help="GPUs: h200, b200 (comma-separated).")
 @click.option("--concurrency", default="1,4,16,32", show_default=True)
-@click.option("--context-len", type=int, default=1024, show_default=True, help="Tokens of context per request.")
+@click.option("--context-len", type=int, default=None,
+              help="Tokens of context per request [default: 1024, or the target's max_position_embeddings if fewer].")
 @click.option("--acceptance", type=float, help="Mean tokens emitted per speculative step (e.g. 4.80).")
 @click.option("--acceptance-from",
               help="A `bench run --json` report: its measured acceptance histogram.")
