@@ -50,15 +50,49 @@ def _stopped(signum: int):
     sys.exit(130)
 
 
+def _late_stop(finished: bool):
+    """The SIGTERM / Ctrl-C handler from the moment a command has ended until the process is gone (tearing down
+    takes a second: torch's finalizers). The default handlers would end it silently with -15, or print a
+    KeyboardInterrupt traceback and still exit 0; this says one line and exits 143 / 130 at once. Whatever the
+    command wrote is already in place (or already removed), so skipping the rest of the teardown loses nothing."""
+    import os
+    import signal
+
+    def handler(signum, frame):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        os.write(2, f"{what} after the command had finished{': its output is complete' if finished else ''}\n"
+                 .encode())
+        os._exit(143 if signum == signal.SIGTERM else 130)
+    return handler
+
+
 class _Group(click.Group):
     """Report DFlash2Error as one clear line and exit 1, never as a traceback. Ctrl-C (exit 130) and
     SIGTERM (exit 143) unwind like an error: what a command was writing is removed, one line says so."""
+
+    _process_entry = False
+
+    def __call__(self, *args, **kwargs):
+        """The process's own entry point (the console script, ``python -m dflash2_trt.cli``): once the command has
+        ended, a stop signal until the process is gone is still one line and exit 143 / 130 (:func:`_late_stop`).
+        In-process callers (click's CliRunner) call ``main``, and get their handlers back as they were."""
+        self._process_entry = True
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            self._process_entry = False
 
     def invoke(self, ctx):
         import signal
         import threading
 
         previous = previous_int = None
+        finished = False
         clear_stop_requests()
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -68,6 +102,7 @@ class _Group(click.Group):
         try:
             result = super().invoke(ctx)
             raise_if_stop_requested()   # a stop that was raised where Python swallows exceptions
+            finished = True
             return result
         except Terminated:
             _stopped(signal.SIGTERM)
@@ -82,10 +117,11 @@ class _Group(click.Group):
             sys.exit(1)
         finally:
             sys.unraisablehook = hook
+            late = _late_stop(finished) if self._process_entry else None
             if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+                signal.signal(signal.SIGTERM, late or previous)
             if previous_int is not None:
-                signal.signal(signal.SIGINT, previous_int)
+                signal.signal(signal.SIGINT, late or previous_int)
 
 
 @click.group(cls=_Group)
