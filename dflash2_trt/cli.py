@@ -649,15 +649,18 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
 @click.option("--ids-only", is_flag=True, help="No tokenizer: serve the tensorrt_llm model alone.")
 @click.option("--log", "log_path", type=click.Path(), default=None, help="Write tritonserver's log here.")
 @click.option("--ready-timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for readiness.")
+@click.option("--drain-timeout", type=float, default=10.0, show_default=True,
+              help="On Ctrl-C / SIGTERM: seconds the requests in flight get to finish (no new ones are taken); "
+                   "any still running then ends with an error response.")
 def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, max_batch_size, no_decoupled,
-              tokenizer, ids_only, log_path, ready_timeout) -> None:
+              tokenizer, ids_only, log_path, ready_timeout, drain_timeout) -> None:
     """Start the bundled tritonserver on 127.0.0.1 for an engine (Ctrl-C stops it)."""
     from .deploy.triton.server import serve
 
     sys.exit(serve(engine_dir=engine_dir, repository=repository, port=port, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, max_batch_size=max_batch_size, decoupled=not no_decoupled,
                    tokenizer=tokenizer, ids_only=ids_only, log_path=log_path, ready_timeout=ready_timeout,
-                   echo=lambda m: click.echo(m, err=False)))
+                   drain_timeout=drain_timeout, echo=lambda m: click.echo(m, err=False)))
 
 if __name__ == "__main__":  # pragma: no cover
     main()
