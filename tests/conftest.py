@@ -39,8 +39,9 @@ def tiny_hybrid(_tiny_cache):
     return tiny_pair("qwen3_5")
 
 
-def pytest_report_header(config):
-    """The versions pip resolved, on every run (CI's log included): what the pins allowed today."""
+def pytest_terminal_summary(terminalreporter):
+    """The versions pip resolved, at the end of every run (`-q` included, so CI's log shows them): what the pins
+    allowed today. tests/test_dependency_pins.py fails on a minor release the suite has not passed on."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
@@ -49,4 +50,4 @@ def pytest_report_header(config):
             found.append(f"{name} {version(name)}")
         except PackageNotFoundError:
             found.append(f"{name} (not installed)")
-    return "resolved: " + ", ".join(found)
+    terminalreporter.write_line("resolved: " + ", ".join(found))

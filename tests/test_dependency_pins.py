@@ -6,7 +6,7 @@ changed the Qwen3.5 cache under a test that passed on 5.24: a fresh clone went r
 changed here). ``TESTED`` is the record: the exact versions the whole suite passed on. A run on any
 other minor fails here, loudly, before the rest of the suite says why in a stranger way; to move the
 range, run the suite on the new version, add it to ``TESTED`` and raise the bound in pyproject.toml.
-The resolved versions are printed in pytest's header (tests/conftest.py).
+The resolved versions are printed at the end of every pytest run (tests/conftest.py).
 """
 
 from __future__ import annotations
