@@ -50,15 +50,49 @@ def _stopped(signum: int):
     sys.exit(130)
 
 
+def _late_stop(finished: bool):
+    """The SIGTERM / Ctrl-C handler from the moment a command has ended until the process is gone (tearing down
+    takes a second: torch's finalizers). The default handlers would end it silently with -15, or print a
+    KeyboardInterrupt traceback and still exit 0; this says one line and exits 143 / 130 at once. Whatever the
+    command wrote is already in place (or already removed), so skipping the rest of the teardown loses nothing."""
+    import os
+    import signal
+
+    def handler(signum, frame):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        os.write(2, f"{what} after the command had finished{': its output is complete' if finished else ''}\n"
+                 .encode())
+        os._exit(143 if signum == signal.SIGTERM else 130)
+    return handler
+
+
 class _Group(click.Group):
     """Report DFlash2Error as one clear line and exit 1, never as a traceback. Ctrl-C (exit 130) and
     SIGTERM (exit 143) unwind like an error: what a command was writing is removed, one line says so."""
+
+    _process_entry = False
+
+    def __call__(self, *args, **kwargs):
+        """The process's own entry point (the console script, ``python -m dflash2_trt.cli``): once the command has
+        ended, a stop signal until the process is gone is still one line and exit 143 / 130 (:func:`_late_stop`).
+        In-process callers (click's CliRunner) call ``main``, and get their handlers back as they were."""
+        self._process_entry = True
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            self._process_entry = False
 
     def invoke(self, ctx):
         import signal
         import threading
 
         previous = previous_int = None
+        finished = False
         clear_stop_requests()
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -68,6 +102,7 @@ class _Group(click.Group):
         try:
             result = super().invoke(ctx)
             raise_if_stop_requested()   # a stop that was raised where Python swallows exceptions
+            finished = True
             return result
         except Terminated:
             _stopped(signal.SIGTERM)
@@ -82,10 +117,11 @@ class _Group(click.Group):
             sys.exit(1)
         finally:
             sys.unraisablehook = hook
+            late = _late_stop(finished) if self._process_entry else None
             if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+                signal.signal(signal.SIGTERM, late or previous)
             if previous_int is not None:
-                signal.signal(signal.SIGINT, previous_int)
+                signal.signal(signal.SIGINT, late or previous_int)
 
 
 @click.group(cls=_Group)
@@ -446,8 +482,9 @@ def bench_group() -> None:
 @click.option("--input-max", type=int)
 @click.option("--output-min", type=int)
 @click.option("--output-max", type=int)
+@click.option("--force", is_flag=True, help="Replace an existing --output file.")
 def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, target_key, target_dir, engine_dir,
-                              num_requests, output_tokens, max_input_len, seed, **lengths) -> None:
+                              num_requests, output_tokens, max_input_len, seed, force, **lengths) -> None:
     """Write a dataset in trtllm-bench's format: {"task_id", "input_ids", "output_tokens"} per line."""
     from .bench.dataset import prepare_dataset, resolve_target
     from .errors import ConfigError
@@ -466,7 +503,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     res = prepare_dataset(source=synthetic or chosen[0], output=output, builtin=builtin, prompts_file=prompts_file,
                           corpus=corpus, tokenizer_dir=tgt["tokenizer_dir"], vocab_size=tgt["vocab_size"],
                           stop_ids=tgt["stop_ids"], num_requests=num_requests, output_tokens=output_tokens,
-                          max_input_len=max_input_len, seed=seed, **lengths)
+                          max_input_len=max_input_len, seed=seed, force=force, **lengths)
     click.echo(f"wrote {res['output']}: {res['requests']} requests ({res['source']}), mean input "
                f"{res['mean_input_len']:.1f} tokens, mean output {res['mean_output_tokens']:.1f} tokens")
 
@@ -489,7 +526,8 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
 @click.option("--project", "project_gpus", help="Add a roofline projection for these GPUs (h200,b200).")
 @click.option("--project-target", default="qwen3.8-27b", show_default=True,
               help="Published model shapes the projection uses.")
-@click.option("--context-len", type=int, help="Projection's context length [default: mean prompt + half the output].")
+@click.option("--context-len", type=int, help="Projection's context length [default: mean prompt + half the output, "
+              "at most the target's max_position_embeddings].")
 @click.option("--save-outputs", is_flag=True, help="Keep every request's output ids in the JSON report.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--threads", type=int, default=1, show_default=True, help="CPU engines: torch threads while measuring.")
@@ -573,7 +611,8 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
               help="Registered target whose published shapes (target + drafter config.json) are used.")
 @click.option("--gpu", "gpus", default="h200,b200", show_default=True, help="GPUs: h200, b200 (comma-separated).")
 @click.option("--concurrency", default="1,4,16,32", show_default=True)
-@click.option("--context-len", type=int, default=1024, show_default=True, help="Tokens of context per request.")
+@click.option("--context-len", type=int, default=None,
+              help="Tokens of context per request [default: 1024, or the target's max_position_embeddings if fewer].")
 @click.option("--acceptance", type=float, help="Mean tokens emitted per speculative step (e.g. 4.80).")
 @click.option("--acceptance-from",
               help="A `bench run --json` report: its measured acceptance histogram.")
@@ -614,18 +653,19 @@ def deploy_group() -> None:
 @deploy_group.command("triton")
 @click.option("--engine-dir", required=True, type=click.Path(), help="Engine directory from `dflash2-trt build`.")
 @click.option("--output", required=True, type=click.Path(), help="Model repository to create.")
-@click.option("--model-name", default="ensemble", show_default=True, help="Name of the text entry point (ensemble).")
+@click.option("--model-name", default=None, help="Name of the text entry point (ensemble) [default: ensemble].")
 @click.option("--max-batch-size", type=int, default=None, help="Triton max_batch_size [default: the engine's].")
 @click.option("--decoupled", is_flag=True, help="Decoupled tensorrt_llm model: streaming, one response per step.")
 @click.option("--tokenizer", type=click.Path(), default=None,
               help="Tokenizer directory [default: the engine's tokenizer/, else its target directory].")
-@click.option("--ids-only", is_flag=True, help="No tokenizer: write the tensorrt_llm model alone (token ids).")
+@click.option("--ids-only", is_flag=True,
+              help="No tokenizer: write the tensorrt_llm model alone (token ids); not with --tokenizer / --model-name.")
 @click.option("--backend", type=click.Choice(["auto", "python", "tensorrtllm"]), default="auto", show_default=True,
               help="Who serves tensorrt_llm (auto: python for a CPU engine, tensorrtllm for a TensorRT-LLM one).")
-@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
-              help="tensorrtllm backend: GPU memory fraction for the KV cache.")
+@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=None,
+              help="tensorrtllm backend only: GPU memory fraction for the KV cache [default: 0.9].")
 @click.option("--plugin-lib", type=click.Path(), default=None,
-              help="tensorrtllm backend: libdflash2_plugins.so for launch.sh's LD_PRELOAD.")
+              help="tensorrtllm backend only: libdflash2_plugins.so for launch.sh's LD_PRELOAD [default: the engine's].")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled, tokenizer, ids_only, backend,
                       kv_cache_free_gpu_mem_fraction, plugin_lib, force) -> None:
@@ -655,15 +695,18 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
 @click.option("--ids-only", is_flag=True, help="No tokenizer: serve the tensorrt_llm model alone.")
 @click.option("--log", "log_path", type=click.Path(), default=None, help="Write tritonserver's log here.")
 @click.option("--ready-timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for readiness.")
+@click.option("--drain-timeout", type=float, default=10.0, show_default=True,
+              help="On Ctrl-C / SIGTERM: seconds the requests in flight get to finish (no new ones are taken); "
+                   "any still running then ends with an error response.")
 def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, max_batch_size, no_decoupled,
-              tokenizer, ids_only, log_path, ready_timeout) -> None:
+              tokenizer, ids_only, log_path, ready_timeout, drain_timeout) -> None:
     """Start the bundled tritonserver on 127.0.0.1 for an engine (Ctrl-C stops it)."""
     from .deploy.triton.server import serve
 
     sys.exit(serve(engine_dir=engine_dir, repository=repository, port=port, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, max_batch_size=max_batch_size, decoupled=not no_decoupled,
                    tokenizer=tokenizer, ids_only=ids_only, log_path=log_path, ready_timeout=ready_timeout,
-                   echo=lambda m: click.echo(m, err=False)))
+                   drain_timeout=drain_timeout, echo=lambda m: click.echo(m, err=False)))
 
 if __name__ == "__main__":  # pragma: no cover
     main()

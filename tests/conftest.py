@@ -37,3 +37,17 @@ def tiny_hybrid(_tiny_cache):
     from dflash2_trt.testing.tiny import tiny_pair
 
     return tiny_pair("qwen3_5")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The versions pip resolved, at the end of every run (`-q` included, so CI's log shows them): what the pins
+    allowed today. tests/test_dependency_pins.py fails on a minor release the suite has not passed on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("torch", "transformers", "tokenizers", "safetensors", "numpy", "nvidia-pytriton", "onnxruntime"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    terminalreporter.write_line("resolved: " + ", ".join(found))

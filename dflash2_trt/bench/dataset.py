@@ -104,12 +104,15 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
                     tokenizer_dir=None, vocab_size: int | None = None, stop_ids=(), num_requests: int | None = None,
                     output_tokens: int | None = 64, max_input_len: int | None = None, seed: int = 0,
                     input_mean=None, input_stdev=None, output_mean=None, output_stdev=None, input_min=None,
-                    input_max=None, output_min=None, output_max=None) -> dict:
-    """Write the dataset (atomically) and return a summary ``{"output", "requests", ...}``."""
+                    input_max=None, output_min=None, output_max=None, force: bool = False) -> dict:
+    """Write the dataset (atomically) and return a summary ``{"output", "requests", ...}``. An existing
+    ``output`` is replaced only with ``force`` (``--force``), as every other writer's output."""
 
     if source not in SOURCES:
         raise ConfigError(f"unknown source {source!r}; one of {', '.join(SOURCES)}", field="source")
     out = check_output_file(output, field="--output")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise ConfigError(f"{out} exists (pass --force to replace it)", field="--output")
     if num_requests is not None:
         _need_int(num_requests, "--num-requests")
     if max_input_len is not None:

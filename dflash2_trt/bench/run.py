@@ -17,14 +17,24 @@ from .projection import GPUS, project, published_pair_shapes, tau_from
 from .report import build_report
 
 
+DEFAULT_PROJECT_CONTEXT = 1024
+
+
+def _default_context(t, wanted: int) -> int:
+    """The context of a projection whose ``--context-len`` was not given: ``wanted``, cut to what the target
+    takes (its max_position_embeddings), so that a default never fails as if the user had given it."""
+    limit = t.max_position_embeddings
+    return min(wanted, limit) if limit else wanted
+
+
 def _projection_for(report_like: dict, gpus, target_key: str, context: int | None, **kw) -> dict:
     t, d = published_pair_shapes(target_key)
     tau, info = tau_from(report=report_like, draft_len=d.block_size - 1, report_source="this run")
+    if context is None:
+        ds = report_like["dataset"]
+        context = _default_context(t, max(1, round(ds["mean_input_len"] + ds["mean_output_tokens"] / 2)))
     return project(t, d, [GPUS[g] for g in gpus], concurrency=report_like["settings"]["concurrency"],
-                   context=context if context is not None else max(1, round(report_like["dataset"]["mean_input_len"]
-                                                                         + report_like["dataset"]["mean_output_tokens"]
-                                                                         / 2)),
-                   tau=tau, acceptance_info=info, **kw)
+                   context=context, tau=tau, acceptance_info=info, **kw)
 
 
 def parse_gpus(text) -> list[str]:
@@ -152,7 +162,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     return report
 
 
-def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,16,32", context_len: int = 1024,
+def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,16,32", context_len: int | None = None,
                   acceptance: float | None = None, acceptance_from=None, bandwidth_efficiency: float = 1.0,
                   compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str = "replay",
                   json_out=None, costs_from=None, cost_basis: str = "busy") -> dict:
@@ -178,6 +188,8 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,
                                     concurrency=None if concurrency is None else levels,
                                     roofline_options=(bandwidth_efficiency, compute_efficiency, step_overhead_ms))
     t, d = published_pair_shapes(target)
+    if context_len is None:
+        context_len = _default_context(t, DEFAULT_PROJECT_CONTEXT)
     tau, info = tau_from(acceptance=acceptance, report=report, draft_len=d.block_size - 1, report_source=acceptance_from)
     doc = project(t, d, [GPUS[k] for k in g], concurrency=levels, context=context_len, tau=tau, acceptance_info=info,
                   bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3,

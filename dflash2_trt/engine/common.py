@@ -13,7 +13,9 @@ from ..tokenizer import engine_tokenizer_dir, find_tokenizer
 
 
 def read_prompts_file(path: str | Path) -> list[dict]:
-    """trtllm-bench dataset lines: ``{"task_id", "input_ids" | "prompt", "output_tokens"}``, one JSON object per line."""
+    """trtllm-bench dataset lines: ``{"task_id", "input_ids" | "prompt", "output_tokens"}``, one JSON object per line.
+    ``task_id`` (an integer or a string; the line's index among the prompts when absent) names the request in
+    every report (``run --json``, ``bench run --save-outputs``), so two lines may not share one."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -22,6 +24,7 @@ def read_prompts_file(path: str | Path) -> list[dict]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
     out = []
+    seen: dict[object, int] = {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -45,7 +48,15 @@ def read_prompts_file(path: str | Path) -> list[dict]:
         ot = d.get("output_tokens")
         if ot is not None and (not isinstance(ot, int) or isinstance(ot, bool) or ot < 1):
             raise ConfigError(f"line {n}: output_tokens must be an integer >= 1", source=path)
-        out.append({"task_id": d.get("task_id", len(out)), "input_ids": ids, "prompt": d.get("prompt"),
+        tid = d.get("task_id", len(out))
+        if not isinstance(tid, (int, str)) or isinstance(tid, bool):
+            raise ConfigError(f"line {n}: task_id must be an integer or a string, got {json.dumps(tid)}", source=path)
+        if tid in seen:
+            given = "" if "task_id" in d else " (the line's index, given no task_id)"
+            raise ConfigError(f"line {n}: task_id {json.dumps(tid)}{given} repeats line {seen[tid]}'s: each request "
+                              f"needs its own", source=path)
+        seen[tid] = n
+        out.append({"task_id": tid, "input_ids": ids, "prompt": d.get("prompt"),
                     "output_tokens": ot, "where": f"{path}:{n}"})
     if not out:
         raise ConfigError("no prompts", source=path)

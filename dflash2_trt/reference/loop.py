@@ -14,7 +14,9 @@ Target cache after verification: attention-only targets are cropped to the commi
 conv state that cannot be cropped: the cache is snapshot before verification and, unless every
 draft was accepted, restored and the committed tokens are replayed (one extra target pass,
 counted in ``replay_passes``). Forgetting this is silent: the recurrent state would then include
-rejected tokens and greedy output would drift from the target's own.
+rejected tokens and greedy output would drift from the target's own. (transformers 5.25 can record a
+hybrid cache's last recurrent states and crop it, ``activate_past_recording(recurrent_states_to_keep=bs)``;
+5.24 cannot, so the snapshot stays the one path while the pins include 5.24.)
 
 All randomness is drawn from one ``torch.Generator(seed)`` as uniforms, so a run is reproducible.
 """
@@ -148,7 +150,10 @@ def _new_cache(target, record: bool = True):
     if record and not is_hybrid(target) and hasattr(cache, "activate_past_recording"):
         # Sliding-window layers otherwise drop keys beyond the window as soon as they are written
         # and then refuse to crop; recording keeps them until the crop after verification.
-        # (Hybrid targets are restored from a snapshot instead, never cropped.)
+        # (Hybrid targets are restored from a snapshot instead, never cropped. Never record on
+        # their cache: transformers 5.25's activate_past_recording() would make the Gated DeltaNet
+        # layers record too, with recurrent_states_to_keep None, which their multi-token forward
+        # cannot take: min(None, seq_len).)
         cache.activate_past_recording()
     return cache
 

@@ -66,7 +66,7 @@ def test_num_requests_repeats_or_cuts_the_prompts(tmp_path):
     rows = validate_file(out)
     assert len(rows) == 20 and [r["task_id"] for r in rows] == list(range(20))
     assert rows[16]["input_ids"] == rows[0]["input_ids"] and rows[19]["input_ids"] == rows[3]["input_ids"]
-    prepare_dataset(source="builtin", builtin="tiny", output=out, num_requests=3)
+    prepare_dataset(source="builtin", builtin="tiny", output=out, num_requests=3, force=True)
     assert len(validate_file(out)) == 3
 
 
@@ -114,7 +114,7 @@ def test_prompts_and_corpus_sources_tokenize_text(tmp_path, target_with_tokenize
     corpus = tmp_path / "c.txt"
     corpus.write_text("w11 w12\n\n  w13  \n")
     code, text = _cli("bench", "prepare-dataset", "--corpus", str(corpus), "--target-dir", str(target_with_tokenizer),
-                      "--output", str(out), "--max-input-len", "1", "--output-tokens", "3")
+                      "--output", str(out), "--max-input-len", "1", "--output-tokens", "3", "--force")
     assert code == 0, text
     assert [(r["input_ids"], r["output_tokens"]) for r in validate_file(out)] == [([11], 3), ([13], 3)]
 
@@ -129,10 +129,23 @@ def test_a_prepared_dataset_replaces_the_old_file_atomically(tmp_path, monkeypat
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(Exception) as exc:
-        prepare_dataset(source="builtin", builtin="tiny", output=out)
+        prepare_dataset(source="builtin", builtin="tiny", output=out, force=True)
     assert "No space left" in str(exc.value) and str(out) in str(exc.value)
     assert out.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.jsonl"]        # no temporary left behind
+
+
+def test_an_existing_output_needs_force(tmp_path):
+    """Like every other writer: an existing --output is refused in one line and left as it was; --force
+    replaces it."""
+    out = tmp_path / "ds.jsonl"
+    out.write_text("old\n")
+    line = _one_error_line(*_cli("bench", "prepare-dataset", "--builtin", "tiny", "--output", str(out)))
+    assert line == f"error: --output: {out} exists (pass --force to replace it)", line
+    assert out.read_text() == "old\n"
+    code, text = _cli("bench", "prepare-dataset", "--builtin", "tiny", "--output", str(out), "--force")
+    assert code == 0, text
+    assert len(validate_file(out)) > 1
 
 
 @pytest.mark.parametrize("args,needle", [

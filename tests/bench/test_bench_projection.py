@@ -209,3 +209,34 @@ def test_project_cli_refuses_non_finite_and_absurd_values(tmp_path):
             (args, r.output)
     r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "4", "--context-len", "32768", "--gpu", "h200"])
     assert r.exit_code == 0, r.output
+
+
+def test_default_context_fits_the_target():
+    """`bench project --target tiny` (a 512-token target): the default context (1024) is cut to what the target
+    takes instead of failing as if --context-len had been given; a --context-len that is given and too long is
+    still refused, naming it."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    r = CliRunner().invoke(main, ["bench", "project", "--target", "tiny", "--acceptance", "3", "--gpu", "h200",
+                                  "--concurrency", "1"])
+    assert r.exit_code == 0 and "context 512 tokens" in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "3", "--gpu", "h200", "--concurrency", "1"])
+    assert r.exit_code == 0 and "context 1024 tokens" in r.output, r.output       # a long target: 1024 as before
+    r = CliRunner().invoke(main, ["bench", "project", "--target", "tiny", "--acceptance", "3", "--context-len", "1024"])
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert r.exit_code == 1 and lines == [
+        "error: --context-len: must be an integer in [1, 512] (the target's max_position_embeddings), got 1024"], r.output
+
+
+def test_bench_run_projection_context_is_cut_to_the_target():
+    """`bench run --project`'s derived context (mean prompt + half the output) is cut the same way."""
+    from dflash2_trt.bench.run import _projection_for
+
+    tiny_k = published_pair_shapes("tiny")[1].block_size - 1
+    report = {"draft_len": tiny_k, "settings": {"concurrency": [1]},
+              "dataset": {"mean_input_len": 900.0, "mean_output_tokens": 64.0},
+              "runs": [{"speculative": {"acceptance": {"histogram": {"3": 5}}}}]}
+    assert _projection_for(report, ["h200"], "tiny", None)["context_len"] == 512
+    assert _projection_for(report, ["h200"], "qwen3.8-27b", None)["context_len"] == 932

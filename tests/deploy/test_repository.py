@@ -240,6 +240,27 @@ def test_bad_input_is_one_line_and_writes_nothing(engine, tmp_path, args, needle
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("args,line", [
+    (["--ids-only", "--tokenizer", "{engine}/tokenizer"],
+     "error: --ids-only and --tokenizer contradict each other: --ids-only writes the tensorrt_llm model alone, with "
+     "no tokenizer and no text ensemble; give one or the other"),
+    (["--ids-only", "--model-name", "dflash2"], "error: --ids-only and --model-name contradict each other"),
+    (["--plugin-lib", "/nonexistent.so"], "error: --plugin-lib applies to the tensorrtllm backend only; the python "
+                                          "backend serves a CPU engine (no plugin library, no GPU KV cache)"),
+    (["--backend", "python", "--kv-cache-free-gpu-mem-fraction", "0.5"],
+     "error: --kv-cache-free-gpu-mem-fraction applies to the tensorrtllm backend only"),
+    (["--backend", "tensorrtllm", "--plugin-lib", "/nonexistent.so"], "error: --plugin-lib: /nonexistent.so: no such file"),
+])
+def test_contradictory_or_ignored_options_are_refused(engine, tmp_path, args, line):
+    """Options that contradict each other, or that the chosen backend would ignore, are one line naming
+    them; nothing is written."""
+    out = tmp_path / "repo"
+    got = _err(*_cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out),
+                     *[a.format(engine=engine) for a in args]))
+    assert got.startswith(line), got
+    assert not out.exists()
+
+
 def test_not_an_engine_dir_and_tokenizer_errors(engine_without_tokenizer, tmp_path):
     (tmp_path / "empty").mkdir()
     assert "not an engine directory" in _err(*_cli("deploy", "triton", "--engine-dir", str(tmp_path / "empty"),

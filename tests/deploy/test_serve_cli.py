@@ -135,6 +135,62 @@ def test_serve_an_engine_and_stop_it_with_ctrl_c(engine, tokenizer, prompts, gre
         s.kill()
 
 
+def _stream(port, text, max_tokens, events, i):
+    """One HTTP generate_stream request on the ensemble; its events (an exception ends the list)."""
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = json.dumps({"text_input": text, "max_tokens": max_tokens, "end_id": -1, "stream": True,
+                       "return_num_output_tokens": True})
+    try:
+        c.request("POST", "/v2/models/ensemble/generate_stream", body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        events[i] = []
+        for line in r:
+            if line.startswith(b"data: "):
+                events[i].append(json.loads(line[len(b"data: "):]))
+    except Exception as exc:  # noqa: BLE001 - what the client saw (IncompleteRead when cut)
+        events.setdefault(i, []).append(exc)
+    finally:
+        c.close()
+
+
+def test_sigterm_drains_the_streams_in_flight(engine, tokenizer, prompts):
+    """SIGTERM with long streams in flight: used to cut every stream mid-way with no final or error event
+    (tritonserver's exit timeout). Now no new request is taken, and each stream ends with an event: its last
+    tokens, or (still running after --drain-timeout) an error saying why."""
+    port = _free_base_port()
+    s = Serve("--engine-dir", str(engine), "--port", str(port), "--drain-timeout", "1")
+    events: dict = {}
+    try:
+        assert s.wait_for("serving", 120), s.lines
+        text = tokenizer.decode(prompts[0][:3])
+        threads = [threading.Thread(target=_stream, args=(port, text, 480, events, i)) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 60
+        while not all(events.get(i) for i in range(4)) and time.time() < deadline:
+            time.sleep(0.02)
+        assert all(events.get(i) for i in range(4)), events
+        s.p.send_signal(signal.SIGTERM)
+        assert s.wait_for("stopping tritonserver", 10), s.lines
+        late: dict = {}
+        _stream(port, text, 4, late, 0)        # no new request: refused with an error, or no connection at all
+        assert not any("text_output" in e for e in late[0] if isinstance(e, dict)), late
+        for t in threads:
+            t.join(30)
+        assert s.finish(60) == 0, s.lines
+        assert "stopped" in s.lines[-1], s.lines
+    finally:
+        s.kill()
+    for i in range(4):
+        last = events[i][-1]
+        assert isinstance(last, dict), events[i][-3:]          # the stream ended, not cut
+        assert last.get("error", "").endswith("the server is shutting down: the request was ended before it "
+                                              "finished (the 1 s drain timeout passed)"), last
+        assert all("text_output" in e for e in events[i][:-1])
+
+
 def test_occupied_port_is_one_clear_error(engine):
     port = _free_base_port()
     with socket.socket() as held:

@@ -17,6 +17,8 @@ from dflash2_trt.cli import main
     (["--ids-only"], "--ids-only: applies to --engine-dir only"),
     (["--ready-timeout", "-5"], "--ready-timeout: must be a number of seconds > 0"),
     (["--ready-timeout", "nan"], "--ready-timeout: must be a number of seconds > 0"),
+    (["--drain-timeout", "-1"], "--drain-timeout: must be a number of seconds in [0, 3600]"),
+    (["--drain-timeout", "nan"], "--drain-timeout: must be a number of seconds in [0, 3600]"),
 ])
 def test_options_that_cannot_apply_are_refused(tmp_path, extra, needle):
     repo = tmp_path / "repo"

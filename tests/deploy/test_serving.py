@@ -265,6 +265,48 @@ def test_an_engine_failure_fails_the_batch_and_serving_goes_on(loop, prompts, gr
     assert b.err is None and b.chunks == [greedy[2]]
 
 
+def test_a_drain_finishes_what_it_can_and_ends_the_rest_with_an_error(cpu_engine, prompts, greedy, tmp_path,
+                                                                     monkeypatch):
+    """`serve` stopping writes the drain file: from then on no request is taken, those in flight run on, and any
+    still running at the deadline ends with an error (final) instead of being cut by tritonserver's exit."""
+    from dflash2_trt.deploy.triton.serving import request_drain
+
+    real = cpu_engine.step
+
+    def slow(inputs):               # >= 60 steps for 500 tokens: the long requests cannot finish within 1 s
+        time.sleep(0.03)
+        return real(inputs)
+
+    monkeypatch.setattr(cpu_engine, "step", slow)
+    drain = tmp_path / "drain"
+    lp = ServingLoop(cpu_engine, max_batch_size=16, drain_file=drain)
+    try:
+        long = [Sink() for _ in range(3)]
+        for s in long:
+            lp.submit(_parse(_req((5, 6, 7), 500, end_id=np.int32(-1), streaming=True), decoupled=True), s)
+        while not all(s.chunks for s in long):
+            time.sleep(0.005)
+        short = Sink()
+        lp.submit(_parse(_req(prompts[0], 8), decoupled=True), short)
+        request_drain(drain, 1.0)
+        with pytest.raises(ConfigError, match="the server is shutting down: it takes no new requests"):
+            lp.submit(_parse(_req()), Sink())
+        t0 = time.monotonic()
+        _wait(long + [short], timeout=30)
+        assert time.monotonic() - t0 < 5
+        assert short.err is None and short.chunks == [greedy[0][:8]]          # finished within the drain
+        for s in long:
+            assert s.final is None and s.err == ("the server is shutting down: the request was ended before it "
+                                                 "finished (the 1 s drain timeout passed)"), s.err
+            assert 0 < len(sum(s.chunks, [])) < 500
+        deadline = time.time() + 10
+        while lp.runtime.has_work and time.time() < deadline:
+            time.sleep(0.01)
+        assert lp.runtime.blocks.free_blocks == lp.runtime.blocks.num_blocks
+    finally:
+        lp.close()
+
+
 def test_submit_checks_the_engine_limits(loop):
     with pytest.raises(ConfigError, match="max_seq_len"):
         loop.submit(_parse(_req((5, 6), 600)), Sink())

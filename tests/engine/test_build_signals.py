@@ -216,3 +216,46 @@ def test_a_signal_during_a_nested_commit_stops_the_enclosing_output(tmp_path, mo
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert (tmp_path / "E2" / "f").read_text() == "x"
+
+
+_LATE_CHILD = textwrap.dedent("""
+    import atexit, os, sys, time
+    def slow_teardown():             # registered first, so it runs last: the signal lands while the process ends
+        open(os.environ["MARK"], "w").close()
+        time.sleep(60)
+    atexit.register(slow_teardown)
+    from dflash2_trt.cli import main
+    main(sys.argv[1:], prog_name="dflash2-trt")
+""")
+
+
+@pytest.mark.parametrize("sig,code,line,command", [
+    (signal.SIGTERM, 143, "terminated (SIGTERM) after the command had finished: its output is complete", "build"),
+    (signal.SIGINT, 130, "interrupted after the command had finished: its output is complete", "build"),
+    (signal.SIGINT, 130, "interrupted after the command had finished: its output is complete", "targets")])
+def test_a_signal_after_the_command_finished_is_one_line(tmp_path, old_engine, sig, code, line, command):
+    """A signal that lands after `build` printed `wrote ...`, while the process tears down: it exited 0 with a
+    KeyboardInterrupt traceback (Ctrl-C) or -15 without a word (SIGTERM). Now one line, 130 / 143, and the
+    engine (already in place) is complete. The build is a --force rebuild of the module's engine; `targets`
+    shows the same holds for any command."""
+    from dflash2_trt.engine.format import load_engine_dir
+
+    out = _copy(old_engine, tmp_path / "E")
+    args = _args(out, "--no-verify", "--force") if command == "build" else ["targets"]
+    proc = subprocess.Popen([sys.executable, "-c", _LATE_CHILD, *args],
+                            env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for((tmp_path / "mark").exists, proc)
+        proc.send_signal(sig)
+        out_text, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, (proc.returncode, err)
+    assert [ln for ln in err.splitlines() if ln.strip()] == [line], err
+    if command == "build":
+        assert out_text.startswith(f"wrote {out} (cpu engine"), out_text
+        load_engine_dir(out, verify=True)         # every file there, every hash right
+        assert _debris(tmp_path) == []
+    else:
+        assert "qwen3.8-27b" in out_text          # the whole table came out before the signal

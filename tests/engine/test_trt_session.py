@@ -102,6 +102,8 @@ def test_trtllm_block_index():
     assert trtllm_block_index(off, 3).tolist() == [[[[0, 6, 12], [1, 7, 13]]]]
 
 
+# ------------------------------------------------------------------------------------------------ the stand-in
+@pytest.fixture()
 def scripted(tiny_engines):
     cfg = json.loads((tiny_engines("tiny") / "config.json").read_text())
     blob = trt.standin_engine(cfg, executor={"kind": "scripted"})

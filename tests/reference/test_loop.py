@@ -94,12 +94,24 @@ def test_hybrid_replay_is_needed(pair, monkeypatch):
 
     import dflash2_trt.reference.loop as loop
 
+    new_cache = loop._new_cache
+
     def crop_attention_only(cache, length):
         for layer in cache.layers:
             if isinstance(layer, DynamicLayer) and layer.get_seq_length() > length:
                 layer.crop(length - layer.get_seq_length())
+            elif hasattr(layer, "cumulative_length_linear"):
+                # transformers >= 5.25 counts tokens in the Gated DeltaNet layers too, and the model
+                # takes its positions from layer 0 (one of them): rewind the count, so that the state
+                # is the only thing this control leaves wrong.
+                layer.cumulative_length_linear.fill_(length)
 
+    # The commit takes the crop branch; the cache stays the one the loop builds for a hybrid target
+    # (nothing recorded: it is restored from a snapshot, never cropped). Letting the patched
+    # is_hybrid reach _new_cache would make the Gated DeltaNet layers record too, which transformers
+    # 5.25 cannot run (activate_past_recording() leaves recurrent_states_to_keep None).
     monkeypatch.setattr(loop, "is_hybrid", lambda t: False)
+    monkeypatch.setattr(loop, "_new_cache", lambda t, record=True: new_cache(t, record=False))
     monkeypatch.setattr(loop, "_crop_to", crop_attention_only)
     pr = PROMPTS[0]
     full = list(pr) + refs[tuple(pr)]

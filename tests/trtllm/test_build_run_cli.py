@@ -175,6 +175,22 @@ def test_engine_config_with_a_mistyped_field_is_one_line(engine, tmp_path, field
     assert f"config.json: pretrained_config.{field}: must be an integer >= 1" in line, line
 
 
+@pytest.mark.parametrize("text,needle", [
+    ('{"task_id": 3, "input_ids": [5]}\n{"task_id": 3, "input_ids": [6]}\n',
+     "p.jsonl: line 2: task_id 3 repeats line 1's: each request needs its own"),
+    ('{"task_id": 1, "input_ids": [5]}\n{"input_ids": [6]}\n',
+     "p.jsonl: line 2: task_id 1 (the line's index, given no task_id) repeats line 1's"),
+    ('{"task_id": [1], "input_ids": [5]}\n', "p.jsonl: line 1: task_id must be an integer or a string, got [1]"),
+])
+def test_prompts_file_task_ids_are_unique(engine, tmp_path, text, needle):
+    """The --json report names each request by its task_id: two lines with one id are refused, naming the file,
+    the line and the field."""
+    f = tmp_path / "p.jsonl"
+    f.write_text(text)
+    line = _err(*_cli("run", "--engine-dir", str(engine), "--prompts", str(f), "--json"))
+    assert needle in line, line
+
+
 def test_non_utf8_prompts_file_is_one_line(engine, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_bytes(b'\xff\xfe{"task_id": 0, "input_ids": [5]}\n')

@@ -299,11 +299,20 @@ def _tokenizer_for(engine_dir: Path, man: dict, tokenizer: str | Path | None, vo
 
 
 # ---- the repository ------------------------------------------------------------------------------
-def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str = "ensemble",
+def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str | None = None,
                   max_batch_size: int | None = None, decoupled: bool = False, tokenizer: str | Path | None = None,
                   backend: str = "auto", ids_only: bool = False, force: bool = False,
-                  kv_cache_free_gpu_mem_fraction: float = 0.9, plugin_lib: str | Path | None = None,
+                  kv_cache_free_gpu_mem_fraction: float | None = None, plugin_lib: str | Path | None = None,
                   command=None) -> RepositoryResult:
+    """The repository for ``engine_dir`` at ``output``. ``None`` is an option not given (``model_name``
+    "ensemble", ``kv_cache_free_gpu_mem_fraction`` 0.9): an option given where it cannot apply (``--tokenizer``
+    or ``--model-name`` with ``--ids-only``, ``--plugin-lib`` or the KV fraction with the python backend) is
+    refused, never ignored."""
+    if ids_only:
+        given = [o for o, v in (("--tokenizer", tokenizer), ("--model-name", model_name)) if v is not None]
+        if given:
+            raise ConfigError(f"--ids-only and {given[0]} contradict each other: --ids-only writes the tensorrt_llm "
+                              f"model alone, with no tokenizer and no text ensemble; give one or the other")
     engine_dir = Path(engine_dir)
     refuse_overlap(output, "--output", [("engine directory", engine_dir), ("tokenizer directory", tokenizer),
                                         ("plugin library", plugin_lib)])
@@ -316,8 +325,21 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if backend == "python" and man["backend"] not in ("cpu", "cuda"):
         raise ConfigError("the python backend serves cpu and cuda engines; this is a TensorRT-LLM engine (use "
                           "--backend tensorrtllm)", source=engine_dir, field="--backend")
+    if backend == "python":
+        given = [o for o, v in (("--plugin-lib", plugin_lib),
+                                ("--kv-cache-free-gpu-mem-fraction", kv_cache_free_gpu_mem_fraction)) if v is not None]
+        if given:
+            raise ConfigError(f"{given[0]} applies to the tensorrtllm backend only; the python backend serves a "
+                              f"{man['backend']} engine (the project's runtime: no plugin library to preload, no "
+                              f"TensorRT-LLM KV cache)")
+    elif plugin_lib is not None and not Path(plugin_lib).is_file():
+        raise ConfigError(f"{plugin_lib}: no such file", field="--plugin-lib")
+    model_name = "ensemble" if model_name is None else model_name
+    if kv_cache_free_gpu_mem_fraction is None:
+        kv_cache_free_gpu_mem_fraction = 0.9
     if backend == "tensorrtllm" and man["backend"] in ("cpu", "cuda"):
-        notes.append(f"{engine_dir} is {'a CPU' if man['backend'] == 'cpu' else 'a cuda'} engine: the tensorrtllm backend needs TensorRT-LLM engine files at "
+        notes.append(f"{engine_dir} is {'a CPU' if man['backend'] == 'cpu' else 'a cuda'} engine: the tensorrtllm "
+                     f"backend needs TensorRT-LLM engine files at "
                      f"gpt_model_path (`dflash2-trt build --backend trtllm` on a GPU machine)")
     if backend == "tensorrtllm" and man["backend"] == "trtllm":
         from ...engine.trtllm.paths import PROJECT, choose_runtime

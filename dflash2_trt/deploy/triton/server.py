@@ -8,8 +8,10 @@ environment, and so numpy/torch/dflash2_trt, through it), binds every endpoint t
 waits for readiness while watching the process: a server that exits or never gets ready is a
 :class:`ServerError` carrying the tail of its log.
 
-Stopping: SIGTERM to the server (it unloads its models, the stubs exit), then SIGKILL to its whole
-process group after a grace period, so no stub is left behind, and the python backend's
+Stopping: a drain file first (the CPU model takes no new request and ends any still running after the drain
+timeout with an error response: ``serving.py``), SIGTERM to the server (it rejects new requests, waits for
+those in flight up to its exit timeout, a few seconds past the drain's, unloads its models, the stubs exit),
+then SIGKILL to its whole process group after a grace period, so no stub is left behind, and the python backend's
 ``/dev/shm`` regions its processes mapped are unlinked. The server runs in its own session with
 ``PR_SET_PDEATHSIG`` (Linux): if the starting process dies, the server gets SIGTERM too; the stubs
 ignore SIGTERM, so a watchdog process (:mod:`.hygiene`) stops the whole group, unlinks the regions and
@@ -20,6 +22,7 @@ together with its watchdog left is cleaned (and named) by the next ``serve``.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import shutil
 import signal
@@ -35,6 +38,7 @@ from pathlib import Path
 from ...errors import ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, stop_requested
 from . import hygiene
 from .repository import TRITON_EXTRA
+from .serving import DRAIN_ENV, request_drain
 
 HOST = "127.0.0.1"
 
@@ -132,7 +136,8 @@ class TritonServer:
 
     def __init__(self, repository: str | Path, *, http_port: int | None = None, grpc_port: int | None = None,
                  metrics_port: int | None = None, log_path: str | Path | None = None, ready_timeout: float = 120.0,
-                 extra_args: list[str] | None = None, log_kept: bool = True, cleanup_dirs=()):
+                 extra_args: list[str] | None = None, log_kept: bool = True, cleanup_dirs=(),
+                 drain_timeout: float = 10.0):
         self.repository = Path(repository).resolve()
         self.http_port = http_port if http_port is not None else free_port()
         self.grpc_port = grpc_port if grpc_port is not None else free_port()
@@ -143,6 +148,11 @@ class TritonServer:
         self.cleanup_dirs = [Path(d) for d in cleanup_dirs]      # also removed by the watchdog if we die
         self.log_path = Path(log_path) if log_path is not None else self._work / "tritonserver.log"
         self.log_kept = log_kept   # False: the log goes with a temporary directory, so do not point at it
+        # stop(): requests in flight get drain_timeout s to finish (then an error response each), inside
+        # tritonserver's exit timeout, inside the grace before SIGKILL
+        self.drain_timeout = float(drain_timeout)
+        self.exit_timeout = math.ceil(self.drain_timeout) + 5
+        self.drain_file = self._work / "drain"
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
 
@@ -158,7 +168,7 @@ class TritonServer:
         return [str(inst.binary), "--model-repository", str(self.repository), "--backend-directory", str(backends),
                 "--http-address", HOST, "--grpc-address", HOST, "--metrics-address", HOST,
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-                "--metrics-port", str(self.metrics_port), "--exit-timeout-secs", "10", "--strict-readiness", "true",
+                "--metrics-port", str(self.metrics_port), "--exit-timeout-secs", str(self.exit_timeout), "--strict-readiness", "true",
                 hygiene.backend_config(self._work), *self.extra_args]
 
     def start(self) -> "TritonServer":
@@ -176,6 +186,7 @@ class TritonServer:
                 shutil.copy2(f, backends / "python" / f.name)
         shutil.copy2(inst.stub, backends / "python" / "triton_python_backend_stub")
         env = server_env(inst)
+        env[DRAIN_ENV] = str(self.drain_file)   # the CPU tensorrt_llm model drains when it appears (stop())
         stub = backends / "python" / "triton_python_backend_stub"
         missing = missing_libraries(stub, env)
         if missing:
@@ -236,12 +247,21 @@ class TritonServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM, wait up to ``grace`` s, then SIGKILL the whole process group; idempotent."""
+    def stop(self, grace: float | None = None) -> None:
+        """Drain, SIGTERM, wait up to ``grace`` s (default: the exit timeout + 5), then SIGKILL the whole process
+        group; idempotent. Draining: the CPU model ends every request still running after ``drain_timeout`` s
+        with an error response, while tritonserver (stopping: no new requests) still delivers it."""
         p = self.proc
+        if grace is None:
+            grace = self.exit_timeout + 5.0
         if p is not None:
             pgid = p.pid   # start_new_session: the server leads its own group
             if p.poll() is None:
+                try:
+                    if not self.drain_file.exists():
+                        request_drain(self.drain_file, self.drain_timeout)
+                except OSError:
+                    pass   # the work directory is gone: tritonserver's own exit timeout still ends it
                 try:
                     p.send_signal(signal.SIGTERM)
                     p.wait(grace)
@@ -297,9 +317,10 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
           http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
           max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
           ids_only: bool = False, log_path: str | Path | None = None, ready_timeout: float = 120.0,
-          echo=print) -> int:
+          drain_timeout: float = 10.0, echo=print) -> int:
     """``dflash2-trt serve``: a repository for ``engine_dir`` in a temporary directory (or an existing
-    ``repository``), tritonserver on 127.0.0.1 until Ctrl-C / SIGTERM, then stopped and cleaned up.
+    ``repository``), tritonserver on 127.0.0.1 until Ctrl-C / SIGTERM, then drained (no new requests; those
+    in flight finish, or get an error response after ``drain_timeout`` s), stopped and cleaned up.
     Returns 0 after a requested stop; a server that dies on its own is a :class:`ServerError`."""
     from .repository import deploy_triton
 
@@ -313,6 +334,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
                               f"(write another with the option there)", field=given[0])
     if not (isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")):
         raise ConfigError(f"must be a number of seconds > 0, got {ready_timeout}", field="--ready-timeout")
+    if not (isinstance(drain_timeout, (int, float)) and 0 <= drain_timeout <= 3600):
+        raise ConfigError(f"must be a number of seconds in [0, 3600], got {drain_timeout}", field="--drain-timeout")
     if log_path is not None:
         from ...overlap import refuse_overlap
 
@@ -348,7 +371,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
         srv = TritonServer(repository, http_port=ports["--http-port"], grpc_port=ports["--grpc-port"],
                            metrics_port=ports["--metrics-port"], log_path=log_path or work / "tritonserver.log",
-                           ready_timeout=ready_timeout, log_kept=log_path is not None, cleanup_dirs=[work])
+                           ready_timeout=ready_timeout, log_kept=log_path is not None, cleanup_dirs=[work],
+                           drain_timeout=drain_timeout)
         srv.start()
         echo(f"serving {engine_dir or repository} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
              f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)} (Ctrl-C stops)")
@@ -357,7 +381,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
                 time.sleep(0.25)
         except KeyboardInterrupt:
             clear_stop_requests()   # handled: the ordinary way to stop a ready server
-            echo("stopping tritonserver")
+            echo(f"stopping tritonserver (no new requests; those in flight get {drain_timeout:g} s to finish)")
             srv.stop()
             echo("stopped")
             return 0

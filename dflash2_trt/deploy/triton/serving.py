@@ -27,10 +27,20 @@ is ``1 + total_accepted_draft_tokens * K / total_draft_tokens``.
 
 Times (``arrival_time_ns``, ``first_scheduled_time_ns``, ``first_token_time_ns``,
 ``last_token_time_ns``) are ``time.monotonic_ns()`` (a steady clock, as TensorRT-LLM's).
+
+Draining (``serve`` stopping on Ctrl-C / SIGTERM): tritonserver, stopped, rejects new requests and waits
+``--exit-timeout-secs`` for those in flight, then unloads the models and closes its endpoints, cutting any
+stream still running without a final or an error response. So ``serve`` first writes a drain file
+(:func:`request_drain`: a deadline, inside that exit timeout) whose path the server's environment gives
+the model (``DFLASH2_DRAIN_FILE``); the loop sees it within a step, refuses new requests, lets those in
+flight run on, and at the deadline ends each one still running with an error response (final), while
+the endpoints are still there to deliver it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import queue
 import threading
 import time
@@ -68,6 +78,7 @@ _NEUTRAL: dict[str, Callable[[float], bool]] = {
     "runtime_top_p_reset_ids": lambda v: True,
 }
 NEUTRAL = tuple(_NEUTRAL)
+DRAIN_ENV = "DFLASH2_DRAIN_FILE"   # the drain file's path, in the server's (and so the model's) environment
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "arrival_time_ns",
                 "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
 
@@ -190,6 +201,27 @@ def draft_stats(acceptance_lengths, K: int) -> dict:
             "acceptance_rate": accepted / drafts if drafts else 0.0}
 
 
+def request_drain(path, timeout: float) -> None:
+    """Ask the model(s) reading ``path`` to drain: no new requests, those in flight ended within ``timeout`` s."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"deadline": time.time() + timeout, "timeout": timeout}, f)
+    os.replace(tmp, path)   # whole or absent, never half-written
+
+
+def read_drain(path) -> tuple[float, float] | None:
+    """``(deadline, timeout)`` of a drain asked through ``path``; None while there is none. A file that cannot
+    be read as one is a drain with no time left (the server is stopping either way)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return float(doc["deadline"]), float(doc["timeout"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return time.time(), 0.0
+
+
 class Sink(Protocol):
     """Where one request's responses go (a Triton response sender, or a collector)."""
 
@@ -214,7 +246,8 @@ class _Live:
 class ServingLoop:
     """One CPU runtime in a background thread, fed by :meth:`submit` from any thread."""
 
-    def __init__(self, engine, *, max_batch_size: int | None = None, poll_cancel: bool = True):
+    def __init__(self, engine, *, max_batch_size: int | None = None, poll_cancel: bool = True,
+                 drain_file: str | os.PathLike | None = None):
         from ...runtime import Runtime
 
         self.engine = engine
@@ -228,6 +261,9 @@ class ServingLoop:
         self._closed = threading.Event()
         self.steps = 0
         self.errors: list[str] = []
+        self.drain_file = drain_file
+        self._drain: tuple[float, float] | None = None
+        self._drain_checked = 0.0
         self._thread = threading.Thread(target=self._run, name="dflash2-serving", daemon=True)
         self._thread.start()
 
@@ -238,10 +274,21 @@ class ServingLoop:
 
         if self._closed.is_set():
             raise ConfigError("the model is shutting down")
+        if self.draining(now=True):
+            raise ConfigError("the server is shutting down: it takes no new requests")
         req = Request(list(spec.prompt_ids), spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
                       stop_token_ids=tuple(spec.stop_token_ids), task_id=task_id)
         self.runtime.check(req)   # reads the engine's limits only: safe beside the loop thread
         self._q.put((req, spec, sink))
+
+    def draining(self, now: bool = False) -> bool:
+        """True once a drain was asked (the loop looks at the drain file at most every 50 ms; ``now``: look)."""
+        if self._drain is None and self.drain_file is not None:
+            t = time.monotonic()
+            if now or t - self._drain_checked >= 0.05:
+                self._drain_checked = t
+                self._drain = read_drain(self.drain_file)
+        return self._drain is not None
 
     def close(self, timeout: float = 30.0) -> None:
         if self._closed.is_set():
@@ -264,6 +311,9 @@ class ServingLoop:
                     item = self._get_nowait()
                 if self.poll_cancel:
                     self._reap_cancelled()
+                if self.draining() and time.time() >= self._drain[0]:
+                    self._end_in_flight(f"the server is shutting down: the request was ended before it finished "
+                                        f"(the {self._drain[1]:g} s drain timeout passed)")
                 if not self.runtime.has_work:
                     continue
                 t_step = time.monotonic_ns()
@@ -295,6 +345,12 @@ class ServingLoop:
                 self.runtime.cancel(live.request)
                 del self._live[key]
                 _safe(live.sink.error, "request cancelled")
+
+    def _end_in_flight(self, message: str) -> None:
+        for live in self._live.values():
+            self.runtime.cancel(live.request)
+            _safe(live.sink.error, message)
+        self._live.clear()
 
     def _on_tokens(self, t_step: int, r, new: list[int]) -> None:
         live = self._live[id(r)]

@@ -7,11 +7,12 @@ Needs the ``dflash2-trt`` package importable by the python-backend stub (the ser
 """
 
 import json
+import os
 import threading
 
 import triton_python_backend_utils as pb_utils
 
-from dflash2_trt.deploy.triton.serving import ServingLoop, parse_request
+from dflash2_trt.deploy.triton.serving import DRAIN_ENV, ServingLoop, parse_request
 from dflash2_trt.errors import DFlash2Error
 
 
@@ -93,7 +94,9 @@ class TritonPythonModel:
         self.eos = tuple(int(e) for e in self.manifest.get("eos_token_ids") or ())
         max_batch = int(cfg.get("max_batch_size") or 0) or None
         try:
-            self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=self.decoupled)
+            # `serve` names a drain file: when it appears, requests in flight get until its deadline to finish
+            self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=self.decoupled,
+                                    drain_file=os.environ.get(DRAIN_ENV) or None)
         except DFlash2Error as exc:
             raise pb_utils.TritonModelException(f"max_batch_size: {exc}") from None
 
