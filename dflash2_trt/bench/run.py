@@ -176,13 +176,7 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,
     g = parse_gpus(gpus)
     report = None
     if acceptance_from is not None:
-        p = Path(acceptance_from)
-        try:
-            report = json.loads(p.read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
-        except ValueError as exc:
-            raise ConfigError(f"invalid JSON ({exc})", source=p) from None
+        report = read_report(acceptance_from)
     if costs_from is not None:
         return _measured_projection(target, costs_from, cost_basis, report, acceptance, acceptance_from, json_out,
                                     concurrency=None if concurrency is None else levels,
@@ -208,12 +202,7 @@ def _measured_projection(target, costs_from, basis, report, acceptance, acceptan
         raise ConfigError("apply to the roofline model; measured costs (--costs-from) take the report's times",
                           field="--bandwidth-efficiency/--compute-efficiency/--step-overhead-ms")
     p = Path(costs_from)
-    try:
-        steps = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
-    except ValueError as exc:
-        raise ConfigError(f"invalid JSON ({exc})", source=p) from None
+    steps = read_report(p)
     if not isinstance(steps, dict) or steps.get("target") != target:
         raise ConfigError(f"measured {steps.get('target') if isinstance(steps, dict) else None!r}, not {target!r}",
                           source=p, field="target")
@@ -227,3 +216,14 @@ def _measured_projection(target, costs_from, basis, report, acceptance, acceptan
     if json_out is not None:
         atomic_write_json(json_out, doc)
     return doc
+
+
+def read_report(path) -> object:
+    """A JSON report file's contents; an unreadable or malformed file is one line naming it."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
+    except ValueError as exc:
+        raise ConfigError(f"invalid JSON ({exc})", source=p) from None

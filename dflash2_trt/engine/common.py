@@ -77,6 +77,23 @@ def prompt_tokenizer(man: dict, engine_dir):
     return tok
 
 
+def run_report(engine_dir, reqs, rt, wall: float, tokenizer=None, **head) -> dict:
+    """The ``run`` report of requests the project's runtime ``rt`` finished in ``wall`` seconds: ``head`` (engine,
+    backend, block size, ...) then every request (with its text when there is a tokenizer) and the totals."""
+    out = []
+    for r in reqs:
+        d = r.to_dict()
+        if tokenizer is not None:
+            d["text"] = tokenizer.decode(r.output_ids)
+        out.append(d)
+    n_tok = sum(len(r.output_ids) for r in reqs)
+    acc = [a for r in reqs for a in r.acceptance_lengths]
+    return {"engine_dir": str(engine_dir), **head, "max_batch_size": rt.max_batch_size, "requests": out,
+            "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
+                       "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else 0.0,
+                       "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
+
+
 def eagle_choices(K: int) -> list[list[int]]:
     """The linear chain every request/executor must pass: ``[[0], [0, 0], ..., [0] * K]``."""
     return [[0] * (i + 1) for i in range(K)]

@@ -35,6 +35,19 @@ int32_t code(Status s)
     return static_cast<int32_t>(s);
 }
 
+//! Scan: descriptors + params, as PairwiseScanPlugin's configurePlugin validates them.
+Status scanParams(int32_t mode, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims, int64_t const* dims,
+    PairwiseScanParams* p, char* msg, size_t msgLen)
+{
+    constexpr ParamFail fail{kPairwiseScanName};
+    TensorDesc descs[kMaxDescs];
+    if (nbInputs != kScanNbInputs)
+        return fail(msg, msgLen, "nbInputs=%d", nbInputs);
+    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
+        return Status::kINVALID;
+    return validatePairwiseScan(PairwiseScanAttrs{mode}, descs, nbInputs, p, msg, msgLen);
+}
+
 //! GDN: descriptors + params (shapes, then the host request types), as GatedDeltaNetPlugin's
 //! configurePlugin + enqueue validate them.
 Status gdnParams(int32_t const* attrValues, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims,
@@ -97,14 +110,8 @@ int32_t df2_cuda_conv_enqueue(int32_t const* attrs, int32_t nbInputs, int32_t co
 int32_t df2_cuda_scan_workspace(int32_t mode, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims,
     int64_t const* dims, int64_t* bytes, char* msg, int32_t msgLen)
 {
-    constexpr ParamFail fail{kPairwiseScanName};
-    TensorDesc descs[kMaxDescs];
-    if (nbInputs != kScanNbInputs)
-        return code(fail(msg, msgLen, "nbInputs=%d", nbInputs));
-    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
-        return code(Status::kINVALID);
     PairwiseScanParams p;
-    Status s = validatePairwiseScan(PairwiseScanAttrs{mode}, descs, nbInputs, &p, msg, msgLen);
+    Status s = scanParams(mode, nbInputs, dtypes, nbDims, dims, &p, msg, msgLen);
     if (s == Status::kOK)
         *bytes = static_cast<int64_t>(pairwiseScanWorkspaceSize(p));
     return code(s);
@@ -126,14 +133,8 @@ int32_t df2_cuda_scan_enqueue_ranks(int32_t ranks, int32_t mode, int32_t nbInput
     int32_t const* nbDims, int64_t const* dims, void const* const* inputs, void* workspace, int32_t* ids, float* q,
     int64_t stream, char* msg, int32_t msgLen)
 {
-    constexpr ParamFail fail{kPairwiseScanName};
-    TensorDesc descs[kMaxDescs];
-    if (nbInputs != kScanNbInputs)
-        return code(fail(msg, msgLen, "nbInputs=%d", nbInputs));
-    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
-        return code(Status::kINVALID);
     PairwiseScanParams p;
-    Status s = validatePairwiseScan(PairwiseScanAttrs{mode}, descs, nbInputs, &p, msg, msgLen);
+    Status s = scanParams(mode, nbInputs, dtypes, nbDims, dims, &p, msg, msgLen);
     if (s != Status::kOK)
         return code(s);
     return code(launchPairwiseScanRanks(p, static_cast<float const*>(inputs[0]),

@@ -422,7 +422,7 @@ def test_tp2_engine_launches_one_mpi_rank_per_gpu(engine, tmp_path):
 def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_repo):
     """Every input of TensorRT-LLM's text ensemble (recorded with its source in tensorrtllm_backend.yaml) is either
     an input of this ensemble, with the upstream name, type and dims, or listed as not offered, with a reason, in the
-    data and in README."""
+    data and in docs/cli.md."""
     import yaml
 
     up = yaml.safe_load((Path(rp.__file__).parent / "tensorrtllm_backend.yaml").read_text())["upstream_ensemble"]
@@ -438,7 +438,7 @@ def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_
                       "return_perf_metrics": ("BOOL", [1]), "return_num_input_tokens": ("BOOL", [1]),
                       "return_num_output_tokens": ("BOOL", [1])}
     assert ours == upstream_types
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     section = readme[readme.index("The ensemble's inputs are a subset"):][:2500]
     for name, why in up["inputs"].items():
         assert f"`{name}`" in section, name

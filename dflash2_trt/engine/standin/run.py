@@ -8,7 +8,7 @@ import time
 from ...reference.generate import parse_prompt_ids
 from ...runtime import Request, Runtime
 from ...tokenizer import encode_text
-from ..common import prompt_tokenizer, read_prompts_file, stop_ids
+from ..common import prompt_tokenizer, read_prompts_file, run_report, stop_ids
 from .engine import open_standin_engine
 
 
@@ -19,7 +19,6 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
     :func:`dflash2_trt.engine.run.run_engine`."""
     engine, man = open_standin_engine(engine_dir, verify=verify)
     try:
-        pre = engine.config
         tok = None
         items = []
         if prompts_file is not None:
@@ -43,18 +42,7 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
         t0 = time.perf_counter()
         rt.generate(reqs, progress=progress)
         wall = time.perf_counter() - t0
-        out = []
-        for r in reqs:
-            d = r.to_dict()
-            if tok is not None:
-                d["text"] = tok.decode(r.output_ids)
-            out.append(d)
-        n_tok = sum(len(r.output_ids) for r in reqs)
-        acc = [a for r in reqs for a in r.acceptance_lengths]
-        return {"engine_dir": str(engine_dir), "backend": engine.backend, "block_size": engine.K + 1, "tp_size": engine.tp,
-                "temperature": temperature, "max_batch_size": rt.max_batch_size, "requests": out,
-                "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
-                           "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else 0.0,
-                           "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
+        return run_report(engine_dir, reqs, rt, wall, tok, backend=engine.backend, block_size=engine.K + 1,
+                          tp_size=engine.tp, temperature=temperature)
     finally:
         engine.close()

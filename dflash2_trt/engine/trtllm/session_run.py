@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from ...runtime import Request, Runtime
-from ..common import stop_ids
+from ..common import run_report, stop_ids
 from .session import open_trt_session
 
 
@@ -29,19 +29,8 @@ def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature
         t0 = time.perf_counter()
         rt.generate(reqs)
         wall = time.perf_counter() - t0
-        out = []
-        for r in reqs:
-            d = r.to_dict()
-            if tokenizer is not None:
-                d["text"] = tokenizer.decode(r.output_ids)
-            out.append(d)
-        n_tok = sum(len(r.output_ids) for r in reqs)
-        acc = [a for r in reqs for a in r.acceptance_lengths]
-        return {"engine_dir": str(engine_dir), "backend": "trtllm", "runtime": "project", "block_size": sess.K + 1,
-                "tp_size": sess.tp, "temperature": temperature, "max_batch_size": rt.max_batch_size, "requests": out,
-                "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
-                           "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else 0.0,
-                           "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
+        return run_report(engine_dir, reqs, rt, wall, tokenizer, backend="trtllm", runtime="project",
+                          block_size=sess.K + 1, tp_size=sess.tp, temperature=temperature)
     finally:
         sess.close()
 

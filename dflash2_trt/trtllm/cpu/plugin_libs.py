@@ -57,6 +57,7 @@ __all__ = [
     "build_cpu_plugin",
     "descs",
     "local_headers",
+    "sources_digest",
     "ConvLib",
     "ScanLib",
     "GdnLib",
@@ -121,20 +122,25 @@ class CpuPluginSources:
 
     def digest(self) -> str:
         """sha256 over the flags and the bytes (and names relative to ``root``) of every file."""
-        h = hashlib.sha256(_HASH_VERSION)
-        for flag in CXXFLAGS:
-            h.update(flag.encode() + b"\0")
-        files = sorted({*self.sources, *self.headers}, key=lambda p: self._rel(p))
-        for f in files:
-            data = f.read_bytes()
-            h.update(self._rel(f).encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
-        return h.hexdigest()
+        return sources_digest(_HASH_VERSION, CXXFLAGS, self.root, (*self.sources, *self.headers))
 
-    def _rel(self, p: Path) -> str:
+
+def sources_digest(version: bytes, parts, root: Path, files) -> str:
+    """sha256 of a build: ``version``, each of ``parts`` (flags, compiler, architecture), then every file's name
+    relative to ``root``, size and bytes, in name order (the CPU and CUDA builds' cache keys)."""
+    def rel(p: Path) -> str:
         try:
-            return p.relative_to(self.root).as_posix()
+            return p.relative_to(root).as_posix()
         except ValueError:
             return p.as_posix()
+
+    h = hashlib.sha256(version)
+    for part in parts:
+        h.update(str(part).encode() + b"\0")
+    for f in sorted(set(files), key=rel):
+        data = f.read_bytes()
+        h.update(rel(f).encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()
 
 
 def _missing_sources(name: str, root: Path, missing: Sequence[Path]) -> MissingDependencyError:

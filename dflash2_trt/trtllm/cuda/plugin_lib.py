@@ -20,7 +20,6 @@ machine without a GPU (its calls then fail with CUDA's error, one line).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import re
 import shlex
@@ -35,7 +34,8 @@ import torch
 
 from ... import plugins
 from ...errors import ConfigError, MissingDependencyError
-from ..cpu.plugin_libs import DTYPE_CODES, PluginBuildError, PluginRunError, cache_dir, local_headers
+from ..cpu.plugin_libs import (DTYPE_CODES, PluginBuildError, PluginRunError, cache_dir, local_headers,
+                                sources_digest)
 
 SOURCES: tuple[str, ...] = (
     "common/df2CudaEntry.cpp",
@@ -109,19 +109,7 @@ class CudaPluginSources:
     headers: tuple[Path, ...]
 
     def digest(self, arch: str, nvcc_ver: str) -> str:
-        h = hashlib.sha256(_HASH_VERSION)
-        for part in (nvcc_ver, arch, *NVCC_FLAGS):
-            h.update(part.encode() + b"\0")
-        for f in sorted({*self.sources, *self.headers}, key=self._rel):
-            data = f.read_bytes()
-            h.update(self._rel(f).encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
-        return h.hexdigest()
-
-    def _rel(self, p: Path) -> str:
-        try:
-            return p.relative_to(self.root).as_posix()
-        except ValueError:
-            return p.as_posix()
+        return sources_digest(_HASH_VERSION, (nvcc_ver, arch, *NVCC_FLAGS), self.root, (*self.sources, *self.headers))
 
 
 def cuda_plugin_sources() -> CudaPluginSources:

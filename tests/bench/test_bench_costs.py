@@ -1,0 +1,61 @@
+"""``bench project --costs-from``: speedups from a ``bench steps`` report's measured step costs instead of the
+roofline model's assumed ones, and the output says which it used."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.bench.run import bench_project
+from dflash2_trt.cli import main
+from dflash2_trt.errors import ConfigError
+
+
+def _steps(tmp_path, **over):
+    doc = {"format": "dflash2-trt bench steps", "schema_version": 1, "target": "qwen3.8-27b", "backend": "cuda",
+           "device": "NVIDIA H200", "draft_len": 7, "context_len": 1024, "weights": "random (outputs meaningless)",
+           "acceptance": 4.8, "notes": ["a note"],
+           "points": [{"concurrency": c, "speculative": {"wall_ms": 100.0 + c, "gpu_busy_ms": 20.0 + c,
+                                                         "components_ms": {"gdn": 1.0}, "spans_ms": {"gdn": 2.0}},
+                       "target_only": {"wall_ms": 80.0 + c, "gpu_busy_ms": 10.0 + c}} for c in (1, 4, 16, 32)]}
+    doc.update(over)
+    p = tmp_path / "steps.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_measured_costs_give_the_speedup_and_say_so(tmp_path):
+    doc = bench_project(target="qwen3.8-27b", costs_from=_steps(tmp_path))
+    assert doc["costs"]["kind"] == "measured" and doc["costs"]["basis"] == "busy" and doc["tau"] == 4.8
+    pts = {p["concurrency"]: p for p in doc["gpus"][0]["points"]}
+    assert pts[1]["speedup"] == pytest.approx(4.8 * 11.0 / 21.0) and pts[32]["speedup"] == pytest.approx(4.8 * 42 / 52)
+    assert doc["gpus"][0]["article"]["concurrency_32"]["projected_speedup"] == pts[32]["speedup"]
+    wall = bench_project(target="qwen3.8-27b", costs_from=_steps(tmp_path), cost_basis="wall", acceptance=3.0)
+    assert wall["gpus"][0]["points"][0]["speedup"] == pytest.approx(3.0 * 81 / 101)
+    code, out = (r := CliRunner().invoke(main, ["bench", "project", "--costs-from", str(_steps(tmp_path))])).exit_code, r.output
+    assert code == 0 and out.startswith("costs: measured (busy time per step)")
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "4.8", "--gpu", "h200"])
+    assert r.exit_code == 0 and r.output.startswith("costs: assumed (roofline model")
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(steps=dict(format="something else")), "not a `bench steps` report"),
+    (dict(steps=dict(target="muse-glimmer-30b")), "not 'qwen3.8-27b'"),
+    (dict(concurrency="1,64"), "concurrency 64 was not measured"),
+    (dict(bandwidth_efficiency=0.6), "apply to the roofline model"),
+])
+def test_what_measured_costs_refuse(tmp_path, kw, needle):
+    steps = _steps(tmp_path, **kw.pop("steps", {}))
+    with pytest.raises(ConfigError, match=needle):
+        bench_project(target="qwen3.8-27b", costs_from=steps, **kw)
+
+
+def test_a_cpu_report_has_no_kernel_time(tmp_path):
+    doc = json.loads(_steps(tmp_path).read_text())
+    for p in doc["points"]:
+        del p["speculative"]["gpu_busy_ms"]
+    (tmp_path / "cpu.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="--cost-basis wall"):
+        bench_project(target="qwen3.8-27b", costs_from=tmp_path / "cpu.json")

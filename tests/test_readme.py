@@ -1,0 +1,48 @@
+"""README is the front page: short (at most 120 lines, none over 160 characters), its status table names every
+registered target once with its family and a column for each backend, its test command is the one CI runs, and every
+document it points to exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dflash2_trt.targets import TARGETS
+from dflash2_trt.trtllm.backend import BACKENDS
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+COLUMNS = ["target", "family", "cpu", "cuda", "TRT-LLM, project runtime", "TRT-LLM, C++ executor"]
+
+
+def _table() -> list[list[str]]:
+    rows = [ln for ln in README.splitlines() if ln.startswith("| ")]
+    return [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in rows]
+
+
+def test_front_page_is_short():
+    lines = README.splitlines()
+    assert len(lines) <= 120, f"README has {len(lines)} lines"
+    long = [(i + 1, len(ln)) for i, ln in enumerate(lines) if len(ln) > 160]
+    assert not long, f"lines over 160 characters: {long}"
+
+
+def test_status_table_rows_are_the_registry():
+    head, sep, *rows = _table()
+    assert head == COLUMNS and set(sep) == {"---"}
+    # one column per backend: cpu, cuda, and TensorRT-LLM's two runtimes
+    assert {"cpu", "cuda"} <= set(head) and "trtllm" in BACKENDS and sum("TRT-LLM" in c for c in head) == 2
+    got = {r[0]: r[1] for r in rows}
+    assert len(got) == len(rows), "a target is listed twice"
+    assert got == {k: t.family for k, t in TARGETS.items()}
+    assert all(len(r) == len(COLUMNS) and all(r) for r in rows)
+
+
+def test_the_test_command_is_cis():
+    cmd = re.search(r"```bash\n(python3 -m venv .venv && .*pytest -q)\n```", README).group(1)
+    assert cmd in (ROOT / ".ci" / "run").read_text()
+
+
+def test_documents_it_points_to_exist():
+    for doc in set(re.findall(r"(?:docs|plugins)/[\w-]+\.md", README)):
+        assert (ROOT / doc).is_file(), doc
