@@ -246,7 +246,8 @@ def test_bad_input_is_one_line_and_writes_nothing(engine, tmp_path, args, needle
      "no tokenizer and no text ensemble; give one or the other"),
     (["--ids-only", "--model-name", "dflash2"], "error: --ids-only and --model-name contradict each other"),
     (["--plugin-lib", "/nonexistent.so"], "error: --plugin-lib applies to the tensorrtllm backend only; the python "
-                                          "backend serves a CPU engine (no plugin library, no GPU KV cache)"),
+                                          "backend serves a cpu engine (the project's runtime: no plugin library to "
+                                          "preload, no TensorRT-LLM KV cache)"),
     (["--backend", "python", "--kv-cache-free-gpu-mem-fraction", "0.5"],
      "error: --kv-cache-free-gpu-mem-fraction applies to the tensorrtllm backend only"),
     (["--backend", "tensorrtllm", "--plugin-lib", "/nonexistent.so"], "error: --plugin-lib: /nonexistent.so: no such file"),
