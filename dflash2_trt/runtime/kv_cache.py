@@ -6,8 +6,10 @@ primary pool does). A request owns an ordered list of blocks; its token ``t`` li
 ``blocks[t // tokens_per_block]`` at slot ``t % tokens_per_block``. Each generation step needs
 room for ``K + 1`` positions past the committed length (the EAGLE draft length TensorRT-LLM reserves
 per request), so :meth:`ensure` is called with ``committed + K + 1`` before every step. Blocks are
-returned when a request finishes. Block offsets are written as TensorRT-LLM's block manager writes
-them: K at ``2 * block``, V at ``2 * block + 1`` (see ``trtllm/cpu/attention.py``).
+returned when a request finishes. Block offsets are written as TensorRT-LLM's KV cache manager writes them for
+the attention plugin: ``block * layers * 2 + field`` (K field 0, V field 1; ``layers`` the pool's layers, every
+layer of a block in one pool row: ``trtllm/cpu/attention.py`` KVCachePool, and the facts of
+``engine/trtllm/facts/tensorrt_session.yaml`` kv_pool).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ class OutOfBlocks(DFlash2Error):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, tokens_per_block: int):
-        if num_blocks < 1 or tokens_per_block < 1:
-            raise ValueError("num_blocks and tokens_per_block must be >= 1")
-        self.num_blocks, self.tokens_per_block = num_blocks, tokens_per_block
+    def __init__(self, num_blocks: int, tokens_per_block: int, layers: int = 1):
+        if num_blocks < 1 or tokens_per_block < 1 or layers < 1:
+            raise ValueError("num_blocks, tokens_per_block and layers must be >= 1")
+        self.num_blocks, self.tokens_per_block, self.layers = num_blocks, tokens_per_block, layers
         self._free = list(range(num_blocks - 1, -1, -1))   # pop() hands out low ids first
         self.owned: dict[int, list[int]] = {}
 
@@ -59,6 +61,6 @@ class BlockManager:
             blocks = torch.tensor(self.owned.get(r, []), dtype=torch.int32)
             if blocks.numel() > max_blocks:
                 raise OutOfBlocks(f"request {r} holds {blocks.numel()} blocks, the engine allows {max_blocks}")
-            out[0, i, 0, :blocks.numel()] = 2 * blocks
-            out[0, i, 1, :blocks.numel()] = 2 * blocks + 1
+            out[0, i, 0, :blocks.numel()] = blocks * (2 * self.layers)
+            out[0, i, 1, :blocks.numel()] = blocks * (2 * self.layers) + 1
         return out

@@ -96,7 +96,8 @@ class Runtime:
         self.max_num_tokens = lim["max_num_tokens"] if max_num_tokens is None else max_num_tokens
         self.max_seq_len = lim["max_seq_len"]
         self._cache_indirection = torch.zeros(lim["max_batch_size"], 1, self.max_seq_len, dtype=torch.int32)
-        self.blocks = BlockManager(engine.num_blocks, lim["tokens_per_block"])
+        # offsets in TensorRT-LLM's index over the engine's pool layers (every KV layer of a block in one row)
+        self.blocks = BlockManager(engine.num_blocks, lim["tokens_per_block"], engine.num_layers)
         self.max_blocks = self.blocks.blocks_for(self.max_seq_len)
         self._next_id = 0
         self._waiting: deque[Request] = deque()

@@ -392,9 +392,7 @@ class CpuEngineExecutor:
         feed = dict(f)
         states = []
         try:
-            pool.data.view(nb, 2, L, heads, tpb, hd).copy_(pool_mem.permute(0, 2, 1, 3, 4, 5).cpu())
-            feed["kv_cache_block_offsets"] = ((offs // (2 * L)) * 2 + offs % (2 * L)).to(torch.int32)
-            feed["host_kv_cache_block_offsets"] = feed["kv_cache_block_offsets"].clone()
+            pool.data.copy_(pool_mem.cpu())          # the CPU network's pool has TensorRT-LLM's layout and index
             feed["host_kv_cache_pool_pointers"] = torch.tensor([[pool.handle, 0]], dtype=torch.int64)
             if self.engine.recurrent:
                 ns = int(f["slot_mapping"].max()) + 1
@@ -411,7 +409,7 @@ class CpuEngineExecutor:
                     states.append((sp, rnn, conv))
                     feed[f"rnn_state_ptr_{layer}"] = feed[f"conv_state_ptr_{layer}"] = sp.handle_tensor()
             outs = self.engine.step(feed)
-            pool_mem.copy_(pool.data.view(nb, 2, L, heads, tpb, hd).permute(0, 2, 1, 3, 4, 5).to(pool_mem.device))
+            pool_mem.copy_(pool.data.to(pool_mem.device))
             for sp, rnn, conv in states:
                 rnn.copy_(sp.rnn.to(rnn.device))
                 conv.copy_(sp.conv.to(conv.device))

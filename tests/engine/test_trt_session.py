@@ -20,7 +20,7 @@ import torch
 
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.trtllm import session as sessmod
-from dflash2_trt.engine.trtllm.session import TrtEngineSession, facts, trtllm_block_index
+from dflash2_trt.engine.trtllm.session import TrtEngineSession, facts
 from dflash2_trt.runtime import Request, Runtime
 from dflash2_trt.testing import tensorrt_standin as trt
 from dflash2_trt.testing.engines import EngineCache, shipped_prompts
@@ -55,9 +55,11 @@ def _session(engine_dir, **kw):
     return TrtEngineSession(blob, cfg, trt=trt, device="cpu", **kw)
 
 
-def _run(engine, prompts, new=12, max_batch=3):
+def _run(engine, prompts, new=12, max_batch=3, patch=None):
     reqs = [Request(list(p), new, seed=i, stop_token_ids=(2,), task_id=i) for i, p in enumerate(prompts)]
     rt = Runtime(engine, max_batch_size=max_batch)
+    if patch is not None:
+        patch(rt, engine)
     rt.generate(reqs)
     return reqs, rt
 
@@ -85,21 +87,19 @@ def test_the_session_gives_the_cpu_engines_tokens(tiny_engines, key, family):
         assert sess.recurrent and sess.num_slots == int(sess.limits["max_batch_size"])
 
 
-def test_the_runtimes_own_block_offsets_are_refused_by_trtllms_pool_indexing(tiny_engines, monkeypatch):
-    """Negative control: the project runtime writes K/V of block b at 2b / 2b + 1 (its CPU pool's rows); TensorRT-LLM's
-    attention plugin reads a pool of L layers per block at b * L * 2 + field. Forwarded untranslated, the stand-in
-    refuses the offsets (and the network would read other blocks)."""
+def test_offsets_not_in_trtllms_pool_index_are_refused(tiny_engines):
+    """Negative control: offsets in the old CPU-pool form (K/V of block b at 2b / 2b + 1, what the runtime wrote before
+    it took TensorRT-LLM's index) address other blocks' memory in a pool of L layers per block; the stand-in refuses
+    them as TensorRT-LLM's attention plugin would read them wrong."""
     sess = _session(tiny_engines("tiny"))
     assert sess.num_layers > 1
-    monkeypatch.setattr(sessmod, "trtllm_block_index", lambda off, layers: off)
+
+    def patch(rt, _):
+        rt.blocks.layers = 1                       # 2b + field: the old form
+
     with pytest.raises(RuntimeError, match="execute_async_v3 failed"):
-        _run(sess, [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]], new=4)
+        _run(sess, [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]], new=4, patch=patch)
     assert "[kv_pool] a block offset is not block" in trt.Logger.messages[-1]
-
-
-def test_trtllm_block_index():
-    off = torch.tensor([[[[0, 2, 4], [1, 3, 5]]]], dtype=torch.int32)       # blocks 0, 1, 2 (K row, V row)
-    assert trtllm_block_index(off, 3).tolist() == [[[[0, 6, 12], [1, 7, 13]]]]
 
 
 # ------------------------------------------------------------------------------------------------ the stand-in
@@ -339,7 +339,7 @@ def test_published_pair_full_feed_through_every_step_kind(key):
         offs = bound["kv_cache_block_offsets"].long()
         assert torch.equal(offs, bound["host_kv_cache_block_offsets"].long())
         assert bool(((offs % (2 * L)) <= 1).all())                           # TensorRT-LLM's K/V block index
-        assert torch.equal(offs, trtllm_block_index(inputs["kv_cache_block_offsets"], L).long())
+        assert torch.equal(offs, inputs["kv_cache_block_offsets"].long())      # the runtime's own, unchanged
         assert int((offs // (2 * L)).max()) < sess.num_blocks
         for name, every in host_values.items():
             assert bool((bound[name] == every).all()), name

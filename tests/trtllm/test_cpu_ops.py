@@ -693,7 +693,8 @@ class PagedSim:
     """One KV pool filled over several gpt_attention calls, next to a dense per-request history.
 
     Blocks come from a shuffled free list in the order requests need them (so every request's blocks
-    are scattered and interleaved with the others'); K offset = 2 * block, V offset = 2 * block + 1."""
+    are scattered and interleaved with the others'); offsets in TensorRT-LLM's index: K at block * layers * 2, V one
+    further (the pool is [blocks, layers, 2, Hkv, tpb, D])."""
 
     def __init__(self, *, H, Hkv, D, rot, tpb, num_blocks=24, num_layers=2, dtype=torch.float32, seed=0,
                  base=10000.0, q_scaling=1.0, windows=(10_000, 10_000), mapping=((0, 0), (0, 1)),
@@ -720,8 +721,8 @@ class PagedSim:
         out = torch.zeros(1, len(reqs), 2, mb, dtype=torch.int32)
         for i, r in enumerate(reqs):
             blk = torch.tensor(self.blocks[r], dtype=torch.int32)
-            out[0, i, 0, :len(blk)] = 2 * blk
-            out[0, i, 1, :len(blk)] = 2 * blk + 1
+            out[0, i, 0, :len(blk)] = blk * (2 * self.pool.num_layers)
+            out[0, i, 1, :len(blk)] = blk * (2 * self.pool.num_layers) + 1
         return out
 
     def build(self, reqs, layer_idx=0, mask_type=AttentionMaskType.causal, spec=False, ctx_past_kv="stock",
@@ -853,13 +854,13 @@ class PagedSim:
         return out, kw
 
     def check_pool_layout(self, req, layer_idx, atol):
-        """K of position t at row 2 * block, V at row 2 * block + 1 (block = blocks[t // tpb], slot t % tpb)."""
+        """K of position t at [block, layer, 0], V at [block, layer, 1] (block = blocks[t // tpb], slot t % tpb)."""
         layer = self.mapping[layer_idx][1]
         ks, vs = self.hist[(req, layer_idx)]
         for t in range(len(ks)):
             blk, slot = self.blocks[req][t // self.tpb], t % self.tpb
-            assert torch.allclose(self.pool.data[2 * blk, layer, :, slot].double(), ks[t], atol=atol)
-            assert torch.allclose(self.pool.data[2 * blk + 1, layer, :, slot].double(), vs[t], atol=atol)
+            assert torch.allclose(self.pool.data[blk, layer, 0, :, slot].double(), ks[t], atol=atol)
+            assert torch.allclose(self.pool.data[blk, layer, 1, :, slot].double(), vs[t], atol=atol)
 
 
 def _tree(n: int, g: torch.Generator):
@@ -904,7 +905,7 @@ def test_gpt_attention_paged_multi_call_fp32(H, Hkv):
     assert any(b != list(range(b[0], b[0] + len(b))) for b in sim.blocks.values() if len(b) > 1)
     for req in "abcde":
         sim.check_pool_layout(req, 0, atol=1e-5)
-    assert (sim.pool.data[:, 1] == 0).all()                   # layer 1 untouched
+    assert (sim.pool.data[:, 1] == 0).all()                   # layer 1 untouched ([blocks, layers, 2, ...])
 
 
 def test_gpt_attention_context_past_kv_length_is_ignored():
@@ -1039,29 +1040,34 @@ def test_gpt_attention_wrong_block_offset_changes_output():
         elif mutate == "swap_v":
             o[1, [0, 1]] = o[1, [1, 0]]
         else:                                     # block 0 points at a block of request b
-            o[0, 0], o[1, 0] = 2 * sim.blocks["b"][0], 2 * sim.blocks["b"][0] + 1
+            two_l = 2 * sim.pool.num_layers
+            o[0, 0], o[1, 0] = two_l * sim.blocks["b"][0], two_l * sim.blocks["b"][0] + 1
         out, _ = gpt_attention(**bad)
         assert (out - good).abs().max() > 1e-3, mutate
 
 
-def test_gpt_attention_pool_rows_k_even_v_odd():
-    pool = KVCachePool(3, 1, 1, 2, 2, torch.float32)
+def test_gpt_attention_pool_has_trtllms_layout_and_block_index():
+    """TensorRT-LLM's primary pool: [blocks, layers, 2, Hkv, tpb, D], a block offset block * layers * 2 + field, and
+    layer l of the pool at sub-block offset + 2 * l (the attention plugin's pointer arithmetic)."""
+    pool = KVCachePool(3, 2, 1, 2, 2, torch.float32)               # 3 blocks, 2 layers
     qkv = torch.tensor([[0.0, 0.0, 1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 5.0, 6.0, 7.0, 8.0],
                         [0.0, 0.0, 9.0, 10.0, 11.0, 12.0]])       # H = Hkv = 1, D = 2: q | k | v
-    offs = torch.tensor([[[[4, 0], [5, 1]]]], dtype=torch.int32)  # block 2 then block 0
+    offs = torch.tensor([[[[8, 0], [9, 1]]]], dtype=torch.int32)  # block 2 (2 * 2 * 2) then block 0
     gpt_attention(qkv=qkv, sequence_length=torch.tensor([3]), host_past_key_value_lengths=torch.tensor([3]),
                   host_context_lengths=torch.tensor([3]),
-                  host_max_attention_window_sizes=torch.tensor([100]), host_request_types=torch.tensor([0]),
-                  layer_idx=0, num_heads=1, num_kv_heads=1, hidden_size_per_head=2,
+                  host_max_attention_window_sizes=torch.tensor([100, 100]), host_request_types=torch.tensor([0]),
+                  layer_idx=1, num_heads=1, num_kv_heads=1, hidden_size_per_head=2,
                   position_embedding_type=PositionEmbeddingType.learned_absolute, kv_cache_block_offsets=offs,
                   host_kv_cache_pool_pointers=torch.tensor([[pool.handle, 0]]),
-                  host_kv_cache_pool_mapping=torch.tensor([[0, 0]]))
-    d = pool.data[:, 0, 0]                                         # [6 rows, tpb 2, D 2]
-    assert d[4].tolist() == [[1.0, 2.0], [5.0, 6.0]]               # K of block 2 at row 4
-    assert d[5].tolist() == [[3.0, 4.0], [7.0, 8.0]]               # V of block 2 at row 5
-    assert d[0].tolist() == [[9.0, 10.0], [0.0, 0.0]]              # K of token 2 in block 0, slot 0
-    assert d[1].tolist() == [[11.0, 12.0], [0.0, 0.0]]
-    assert (d[2:4] == 0).all()
+                  host_kv_cache_pool_mapping=torch.tensor([[0, 0], [0, 1]]))
+    d = pool.data[:, :, :, 0]                                      # [3 blocks, 2 layers, K|V, tpb 2, D 2]
+    assert d[2, 1, 0].tolist() == [[1.0, 2.0], [5.0, 6.0]]         # K of block 2, pool layer 1
+    assert d[2, 1, 1].tolist() == [[3.0, 4.0], [7.0, 8.0]]         # its V
+    assert d[0, 1, 0].tolist() == [[9.0, 10.0], [0.0, 0.0]]        # K of token 2 in block 0, slot 0
+    assert d[0, 1, 1].tolist() == [[11.0, 12.0], [0.0, 0.0]]
+    assert (d[:, 0] == 0).all() and (d[1] == 0).all()             # layer 0 and block 1 untouched
+    flat = pool.data.view(-1, 1, 2, 2)                             # the same bytes as sub-blocks
+    assert torch.equal(flat[8 + 2 * 1], pool.data[2, 1, 0]) and torch.equal(flat[9 + 2 * 1], pool.data[2, 1, 1])
     pool.release()
     with pytest.raises(ValueError, match="no KV pool"):
         KVCachePool.from_handle(pool.handle)
@@ -1086,7 +1092,7 @@ def _small_call(**over):
 def test_gpt_attention_errors():
     _small_call()                                              # the base call is valid
     with pytest.raises(IndexError, match="outside the pool"):
-        _small_call(kv_cache_block_offsets=torch.tensor([[[[8], [9]]]], dtype=torch.int32))
+        _small_call(kv_cache_block_offsets=torch.tensor([[[[8], [9]]]], dtype=torch.int32))   # 4 blocks x 1 layer
     with pytest.raises(IndexError, match="outside the pool"):
         _small_call(kv_cache_block_offsets=torch.tensor([[[[-2], [-1]]]], dtype=torch.int32))
     with pytest.raises(IndexError, match="block offsets"):      # 5 tokens, 4 per block, one offset

@@ -15,8 +15,8 @@ Per step (every fact: ``facts/tensorrt_session.yaml``):
   pointers and mapping, perf knobs, context progress, the state pointers) is bound by TensorRT-LLM's runtime rules
   (:func:`dflash2_trt.engine.binding.bind`, engine_io.yaml ``runtime_binding``: the CPU engine's rules) against the ENGINE's inputs as
   TensorRT reports them (name, dtype, profile 0);
-- the block offsets are written in TensorRT-LLM's pool indexing (``block * layers * 2 + field``, the attention
-  plugin's addressing of a ``[blocks, layers, 2, heads, tokens, head_size]`` pool): see :func:`trtllm_block_index`;
+- the block offsets come from the runtime in TensorRT-LLM's pool index (``block * layers * 2 + field``, the attention
+  plugin's addressing of a ``[blocks, layers, 2, heads, tokens, head_size]`` pool: ``runtime/kv_cache.py``);
 - each input is copied into a persistent, 256-byte aligned buffer: host memory (pinned on a GPU) for what the
   plugins dereference on the host (engine_io.yaml ``memory: host``, the state pointers), device memory for the rest;
   a zero-volume input gets a one-element dummy (TensorRT takes no null address);
@@ -81,15 +81,6 @@ def memory_of(name: str) -> str:
     if name == "greedy_sampling":
         return facts()["greedy_sampling"]["engine_input"]["memory"]
     return input_memory().get(name, "device")
-
-
-def trtllm_block_index(offsets: torch.Tensor, layers_in_pool: int) -> torch.Tensor:
-    """The project runtime's block offsets (``runtime/kv_cache.py``: K of block b at 2b, V at 2b + 1, the CPU
-    stand-in's pool rows) as TensorRT-LLM's KV cache manager writes them for the attention plugin
-    (``b * layers_in_pool * 2 + field``, facts ``kv_pool.block_offset``): the same blocks, addressed in a pool laid out
-    ``[blocks, layers, 2, heads, tokens, head_size]``."""
-    off = offsets.to(torch.int64)
-    return ((off // 2) * (2 * layers_in_pool) + off % 2).to(torch.int32)
 
 
 # ------------------------------------------------------------------------------------------------- memory
@@ -416,9 +407,6 @@ class TrtEngineSession:
     def step(self, inputs: dict) -> dict:
         """One engine step on the runtime's feed (engine_io.yaml names); the outputs by name."""
         feed = bind(self.inputs, {**self._static, **inputs})           # TensorRT-LLM's binding rules
-        for name in ("kv_cache_block_offsets", "host_kv_cache_block_offsets"):
-            if name in feed:
-                feed[name] = trtllm_block_index(feed[name], self.num_layers)
         ctx = self.execution.context
         bound, addresses = {}, {}
         stream = torch.cuda.stream(self.stream) if self.stream is not None else _null()

@@ -35,12 +35,12 @@ Semantics (remove_input_padding, paged KV cache):
   treats a window smaller than the cache as a cyclic (rolling) cache [I, see
   dflash2_trt/trtllm/network/kv_layout.py on how the drafter window is passed].
 - Scale ``1 / (sqrt(D) * q_scaling)``; GQA: query head h reads KV head ``h // (H / Hkv)``.
-- Pool addressing: ``host_kv_cache_pool_pointers[p, 0]`` is a handle of a :class:`KVCachePool`
-  (the real tensor holds device pointers), ``host_kv_cache_pool_mapping[layer] = (pool, layer in
-  pool)``, and ``kv_cache_block_offsets[p, b, 0|1, j]`` the K|V block of the request's j-th
-  ``tokens_per_block`` tokens. A pool stores ``[2 * num_blocks, layers, Hkv, tokens_per_block,
-  D]``; block ``k`` of K lives at row ``2k`` and its V at ``2k + 1`` (the runtime writes K offsets
-  even, V = K + 1, as TensorRT-LLM's block manager does).
+- Pool addressing: ``host_kv_cache_pool_pointers[p, 0]`` is the :class:`KVCachePool`'s device address on
+  a GPU (a handle on the CPU), ``host_kv_cache_pool_mapping[layer] = (pool, layer in pool)``, and
+  ``kv_cache_block_offsets[p, b, 0|1, j]`` the K|V offset of the request's j-th ``tokens_per_block``
+  tokens in TensorRT-LLM's index, ``block * layers * 2 + field``; layer ``l`` of the pool reads
+  sub-block ``offset + 2 * l`` of a pool laid out ``[num_blocks, layers, 2, Hkv, tokens_per_block, D]``,
+  as the plugin addresses TensorRT-LLM's primary pool.
 
 Returns ``(context [num_tokens, H * D], None)`` (the second output is the non-paged
 ``present_key_value``, unused with a paged cache).
@@ -96,9 +96,14 @@ class RotaryScalingType(enum.IntEnum):
 
 
 class KVCachePool:
-    """One paged KV pool of one rank: ``[2 * num_blocks, layers, kv_heads, tokens_per_block, head_dim]``.
+    """One paged KV pool of one rank, laid out as TensorRT-LLM's primary pool: ``[num_blocks, layers, 2,
+    kv_heads, tokens_per_block, head_dim]`` (a block holds every layer's K and V of its tokens). A block offset is
+    TensorRT-LLM's index, ``block * layers * 2 + field`` (field 0: K, 1: V; ``runtime/kv_cache.py``), and layer
+    ``l`` of the pool reads sub-block ``offset + 2 * l``, as the attention plugin adds ``l * 2`` sub-blocks to the
+    pool's address (``engine/trtllm/facts/tensorrt_session.yaml`` kv_pool). So the pool is addressed here as a
+    flat array of ``num_blocks * layers * 2`` sub-blocks of ``[kv_heads, tokens_per_block, head_dim]``.
 
-    Every layer's block holds ``kv_heads * tokens_per_block * head_dim`` values (one size for every layer,
+    Every layer's sub-block holds ``kv_heads * tokens_per_block * head_dim`` values (one size for every layer,
     as TensorRT-LLM's pool); a layer whose attention has another head split of the same per-token width
     (the Qwen3.8-27B drafter: 8 x 128 in a 4 x 256 target's pool) views the same bytes as its own
     ``[Hkv', tokens_per_block, D']`` (:meth:`view`): it alone writes and reads that layer, so any consistent
@@ -112,7 +117,7 @@ class KVCachePool:
                  head_dim: int, dtype: torch.dtype, device="cpu"):
         self.num_blocks, self.num_layers = num_blocks, num_layers
         self.num_kv_heads, self.tokens_per_block, self.head_dim = num_kv_heads, tokens_per_block, head_dim
-        self.data = torch.zeros(2 * num_blocks, num_layers, num_kv_heads, tokens_per_block, head_dim, dtype=dtype,
+        self.data = torch.zeros(num_blocks, num_layers, 2, num_kv_heads, tokens_per_block, head_dim, dtype=dtype,
                                 device=device)
         with KVCachePool._lock:
             # what host_kv_cache_pool_pointers[p, 0] holds: on a GPU the pool's device address (as TensorRT-LLM's
@@ -131,16 +136,19 @@ class KVCachePool:
         with KVCachePool._lock:
             KVCachePool._registry.pop(self.handle, None)
 
+    @property
+    def sub_blocks(self) -> int:
+        return self.num_blocks * self.num_layers * 2
+
     # token-level access used by gpt_attention -----------------------------------------------
 
     def view(self, num_kv_heads: int, head_dim: int) -> torch.Tensor:
-        """The pool as ``[2 * num_blocks, layers, num_kv_heads, tokens_per_block, head_dim]`` (same storage)."""
+        """The pool as ``[num_blocks * layers * 2, num_kv_heads, tokens_per_block, head_dim]`` sub-blocks (same
+        storage), in a layer's own head split."""
         if num_kv_heads * head_dim != self.num_kv_heads * self.head_dim:
             raise ValueError(f"gpt_attention: {num_kv_heads} x {head_dim} KV values per token do not fit a pool of "
                              f"{self.num_kv_heads} x {self.head_dim}")
-        if (num_kv_heads, head_dim) == (self.num_kv_heads, self.head_dim):
-            return self.data
-        return self.data.view(self.data.shape[0], self.num_layers, num_kv_heads, self.tokens_per_block, head_dim)
+        return self.data.view(self.sub_blocks, num_kv_heads, self.tokens_per_block, head_dim)
 
     def write_tokens(self, layer: int, offsets: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,
                      k: torch.Tensor, v: torch.Tensor) -> None:
@@ -150,10 +158,10 @@ class KVCachePool:
         data = self.view(k.shape[1], k.shape[2])
         blk, slot = positions // tpb, positions % tpb
         for kv, val in ((0, k), (1, v)):
-            rows = offsets[req, kv, blk].long()
+            rows = offsets[req, kv, blk].long() + 2 * layer
             if not self.data.is_cuda:   # on a GPU the host copy of the offsets was checked (check_host_offsets)
                 self._check_rows(rows)
-            data[rows, layer, :, slot] = val.to(data.dtype)
+            data[rows, :, slot] = val.to(data.dtype)
 
     def read_batch(self, layer: int, offsets: torch.Tensor, length: int, lengths: torch.Tensor,
                    num_kv_heads: int | None = None, head_dim: int | None = None):
@@ -164,27 +172,34 @@ class KVCachePool:
         blk = (pos // tpb).clamp(max=offsets.shape[-1] - 1)
         slot = pos % tpb
         valid = pos[None, :] < lengths[:, None]
+        data = self.view(num_kv_heads or self.num_kv_heads, head_dim or self.head_dim)
         out = []
         for kv in (0, 1):
-            rows = offsets[:, kv, blk].long()                                # [bs, length]
+            rows = offsets[:, kv, blk].long() + 2 * layer                    # [bs, length]
             if not self.data.is_cuda:
                 self._check_rows(rows[valid])
-            rows = torch.where(valid, rows, 0)
-            data = self.view(num_kv_heads or self.num_kv_heads, head_dim or self.head_dim)
-            out.append(data[rows, layer, :, slot[None, :].expand_as(rows)])
+            rows = torch.where(valid, rows, 2 * layer)
+            out.append(data[rows, :, slot[None, :].expand_as(rows)])
         return out[0], out[1]
 
     def check_host_offsets(self, host_offsets: torch.Tensor, totals: torch.Tensor) -> None:
-        """On a GPU, the block rows a step will touch, checked once on the host copy of the offsets the runtime
-        binds beside the device one (``host_kv_cache_block_offsets`` ``[bs, 2, max_blocks]``, the same values): the
-        first ceil(total / tokens_per_block) entries of each request inside the pool. No device synchronisation."""
+        """On a GPU, the block offsets a step will use, checked once on the host copy the runtime binds beside the
+        device one (``host_kv_cache_block_offsets`` ``[bs, 2, max_blocks]``, the same values): the first
+        ceil(total / tokens_per_block) entries of each request are blocks of this pool in TensorRT-LLM's index
+        (K at ``block * layers * 2``, V one further). No device synchronisation."""
         need = -(-totals.long() // self.tokens_per_block)
+        two_l = 2 * self.num_layers
         for b, n in enumerate(need.tolist()):
-            self._check_rows(host_offsets[b, :, :n].long())
+            off = host_offsets[b, :, :n].long()
+            self._check_rows(off)
+            if off.numel() and not (torch.equal(off[0] % two_l, torch.zeros_like(off[0]))
+                                    and torch.equal(off[1] - off[0], torch.ones_like(off[0]))):
+                raise IndexError(f"gpt_attention: request {b}'s block offsets are not TensorRT-LLM's index (K at "
+                                 f"block * {two_l}, V at K + 1)")
 
     def _check_rows(self, rows: torch.Tensor) -> None:
-        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.data.shape[0]):
-            raise IndexError(f"gpt_attention: block offset outside the pool (0..{self.data.shape[0] - 1})")
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.sub_blocks):
+            raise IndexError(f"gpt_attention: block offset outside the pool (0..{self.sub_blocks - 1})")
 
 
 def _rope(x: torch.Tensor, pos: torch.Tensor, dim: int, base: float) -> torch.Tensor:
