@@ -609,8 +609,9 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
 @bench_group.command("project")
 @click.option("--target", "target_key", default="qwen3.8-27b", show_default=True,
               help="Registered target whose published shapes (target + drafter config.json) are used.")
-@click.option("--gpu", "gpus", default="h200,b200", show_default=True, help="GPUs: h200, b200 (comma-separated).")
-@click.option("--concurrency", default="1,4,16,32", show_default=True)
+@click.option("--gpu", "gpus", default=None, help="GPUs: h200, b200 (comma-separated) [default: h200,b200].")
+@click.option("--concurrency", default=None,
+              help="Comma-separated [default: 1,4,16,32; with --costs-from: every concurrency the report measured].")
 @click.option("--context-len", type=int, default=None,
               help="Tokens of context per request [default: 1024, or the target's max_position_embeddings if fewer].")
 @click.option("--acceptance", type=float, help="Mean tokens emitted per speculative step (e.g. 4.80).")
@@ -621,9 +622,9 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
 @click.option("--compute-efficiency", type=float, default=1.0, show_default=True,
               help="Achieved share of the data-sheet bf16 tensor throughput.")
 @click.option("--step-overhead-ms", type=float, default=0.0, show_default=True, help="Fixed cost per decode step.")
-@click.option("--recurrent-verify", type=click.Choice(["replay", "intermediate"]), default="replay", show_default=True,
+@click.option("--recurrent-verify", type=click.Choice(["replay", "intermediate"]), default=None,
               help="Hybrid targets: how a verify pass keeps the recurrent state (replay the accepted tokens, or store "
-                   "the state after every draft position).")
+                   "the state after every draft position) [default: replay].")
 @click.option("--json", "json_out", help="Write the projection (JSON) here.")
 @click.option("--costs-from", help="A `bench steps --json` report: take the step times measured there instead of the "
                                    "roofline model's (the output says which it used).")

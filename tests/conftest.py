@@ -7,6 +7,17 @@ import os
 import pytest
 
 @pytest.fixture(scope="session", autouse=True)
+def _cpu_backend_by_default():
+    """`--backend auto` picks cuda where torch sees a GPU: the suite is the CPU suite (the GPU tests in tests/gpu ask
+    for cuda by name), so auto means cpu here unless DFLASH2_TRT_BACKEND says otherwise."""
+    old = os.environ.get("DFLASH2_TRT_BACKEND")
+    os.environ.setdefault("DFLASH2_TRT_BACKEND", "cpu")
+    yield
+    if old is None:
+        os.environ.pop("DFLASH2_TRT_BACKEND", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _tiny_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("dflash2-cache")
     old = os.environ.get("DFLASH2_TRT_CACHE")

@@ -532,13 +532,15 @@ def render_measured(doc: dict) -> str:
             lines.append(f"  {p['concurrency']:>6} {p['ar_step_s'] * 1e3:>10.2f} {p['spec_step_s'] * 1e3:>12.2f} "
                          f"{p['ar_tokens_per_s']:>9.0f} {p['spec_tokens_per_s']:>10.0f} {p['speedup']:>7.2f}")
         art = g.get("article")
+        what = "a TensorRT engine" if c["backend"] == "trtllm" else f"the {c['backend']} backend's eager stand-in"
         if art and "concurrency_32" in art:
             a = art["concurrency_32"]
-            lines.append(f"  article, concurrency 32: {a['article_speedup_range'][0]:.2f}-{a['article_speedup_range'][1]:.2f}x "
-                         f"(mean {a['article_speedup_mean']:.2f}); measured here {a['projected_speedup']:.2f}x")
+            lines.append(f"  article (SGLang), concurrency 32: {a['article_speedup_range'][0]:.2f}-"
+                         f"{a['article_speedup_range'][1]:.2f}x (mean {a['article_speedup_mean']:.2f}); measured here "
+                         f"on {what}: {a['projected_speedup']:.2f}x")
         if art and "concurrency_1" in art:
             a = art["concurrency_1"]
             lines.append(f"  article headline: {a['article_headline_range'][0]}-{a['article_headline_range'][1]}x; "
-                         f"measured here at concurrency 1: {a['projected_speedup']:.2f}x")
+                         f"measured here at concurrency 1 on {what}: {a['projected_speedup']:.2f}x")
     lines += ["notes:"] + [f"  - {n}" for n in c["notes"]]
     return "\n".join(lines)

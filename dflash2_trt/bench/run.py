@@ -162,18 +162,27 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     return report
 
 
-def bench_project(*, target: str = "qwen3.8-27b", gpus="h200", concurrency="1,4,16,32", context_len: int | None = None,
+def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, context_len: int | None = None,
                   acceptance: float | None = None, acceptance_from=None, bandwidth_efficiency: float = 1.0,
-                  compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str = "replay",
+                  compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str | None = None,
                   json_out=None, costs_from=None, cost_basis: str = "busy") -> dict:
-    """The speedup over autoregressive decoding per concurrency: the roofline model (costs assumed), or, with
-    ``costs_from`` (a ``bench steps`` report), the step times measured there (costs measured)."""
+    """The speedup over autoregressive decoding per concurrency: the roofline model (costs assumed; ``gpus``
+    default h200, ``concurrency`` 1,4,16,32, ``recurrent_verify`` replay), or, with ``costs_from`` (a ``bench
+    steps`` report), the step times measured there (costs measured; every measured concurrency by default). An
+    option only the roofline model reads is refused with measured costs, not ignored."""
     refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from), ("--costs-from report",
                                                                                         costs_from)])
     if json_out is not None:
         check_output_file(json_out, field="--json")
-    levels = parse_concurrency(concurrency)
-    g = parse_gpus(gpus)
+    if costs_from is not None:
+        given = [o for o, v in (("--gpu", gpus), ("--context-len", context_len), ("--recurrent-verify", recurrent_verify))
+                 if v is not None]
+        if given:
+            raise ConfigError(f"{given[0]} applies to the roofline model; measured costs (--costs-from) are the "
+                              f"report's GPU, context and recurrent state handling")
+    levels = parse_concurrency("1,4,16,32" if concurrency is None else concurrency)
+    g = parse_gpus("h200" if gpus is None else gpus)
+    recurrent_verify = recurrent_verify or "replay"
     report = None
     if acceptance_from is not None:
         report = read_report(acceptance_from)

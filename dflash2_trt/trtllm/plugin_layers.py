@@ -90,17 +90,24 @@ class CudaPlugins:
 
     name = "cuda"
 
-    @staticmethod
-    def _lib():
-        from .cuda.plugin_lib import cuda_plugin_lib
+    def __init__(self):
+        self._libs: dict = {}
 
-        return cuda_plugin_lib()
+    def _lib(self, device=None):
+        """The CUDA build for ``device``'s architecture, looked up once per device."""
+        key = None if device is None else device.index
+        lib = self._libs.get(key)
+        if lib is None:
+            from .cuda.plugin_lib import cuda_plugin_lib, device_arch
+
+            lib = self._libs[key] = cuda_plugin_lib(device_arch(device))
+        return lib
 
     @_io
     def dynamic_conv(self, x, delta, base_kernel, *, block_size: int, kernel_size: int, group_size: int,
                      residual=None):
         dev = x.device
-        return self._lib().conv(x, _on(delta, dev), _on(base_kernel, dev),
+        return self._lib(dev).conv(x, _on(delta, dev), _on(base_kernel, dev),
                                 None if residual is None else _on(residual, dev), block_size=block_size,
                                 group_size=group_size, kernel_size=kernel_size)
 
@@ -108,7 +115,7 @@ class CudaPlugins:
     def pairwise_scan(self, unary, cand_ids, proj_hidden, anchor, pred_codebook, succ_codebook, temperature,
                       uniforms, *, mode: str):
         dev = unary.device
-        ids, q = self._lib().scan(mode, *(_on(t, dev) for t in (
+        ids, q = self._lib(dev).scan(mode, *(_on(t, dev) for t in (
             unary, cand_ids.to(torch.int32), proj_hidden, anchor.to(torch.int32), pred_codebook, succ_codebook,
             temperature, uniforms)))
         return ids.to(cand_ids.dtype), q
@@ -122,7 +129,7 @@ class CudaPlugins:
                _on(host_request_types.to(torch.int32), cpu), _on(rnn_state_ptr, cpu), _on(conv_state_ptr, cpu)]
         if zero_state is not None:
             ins.append(_on(zero_state.to(torch.int32), dev))
-        return self._lib().gdn("forward", ins, **attrs)
+        return self._lib(dev).gdn("forward", ins, **attrs)
 
     @_io
     def gated_delta_net_commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping,
@@ -131,7 +138,7 @@ class CudaPlugins:
         ins = [verify_qkv, *(_on(t, dev) for t in (verify_gates, conv_weight, num_accepted.to(torch.int32),
                                                    cu_seqlens.to(torch.int32), slot_mapping.to(torch.int32))),
                _on(host_request_types.to(torch.int32), cpu), _on(rnn_state_ptr, cpu), _on(conv_state_ptr, cpu)]
-        return self._lib().gdn("commit", ins, **attrs)[0]
+        return self._lib(dev).gdn("commit", ins, **attrs)[0]
 
 
 class TrtPlugins:  # pragma: no cover - needs TensorRT-LLM (GPU machines)

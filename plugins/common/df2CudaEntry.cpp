@@ -35,6 +35,12 @@ int32_t code(Status s)
     return static_cast<int32_t>(s);
 }
 
+//! The C ABI's message length as the validation functions take it (a negative one writes nothing).
+size_t mlen(int32_t n)
+{
+    return n > 0 ? static_cast<size_t>(n) : 0;
+}
+
 //! Scan: descriptors + params, as PairwiseScanPlugin's configurePlugin validates them.
 Status scanParams(int32_t mode, int32_t nbInputs, int32_t const* dtypes, int32_t const* nbDims, int64_t const* dims,
     PairwiseScanParams* p, char* msg, size_t msgLen)
@@ -96,14 +102,14 @@ int32_t df2_cuda_conv_enqueue(int32_t const* attrs, int32_t nbInputs, int32_t co
     constexpr ParamFail fail{kDynamicConvName};
     DynamicConvAttrs const a = attrsFromValues(kDynamicConvFields, attrs);
     TensorDesc descs[kMaxDescs];
-    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, msgLen) != Status::kOK)
+    if (descsFromArrays(fail, nbInputs, dtypes, nbDims, dims, descs, msg, mlen(msgLen)) != Status::kOK)
         return code(Status::kINVALID);
     DynamicConvParams p;
-    Status s = validateDynamicConv(a, descs, nbInputs, &p, msg, msgLen);
+    Status s = validateDynamicConv(a, descs, nbInputs, &p, msg, mlen(msgLen));
     if (s != Status::kOK)
         return code(s);
     float const* residual = a.fuseResidual ? static_cast<float const*>(inputs[3]) : nullptr;
-    return code(launchDynamicConv(p, inputs[0], inputs[1], inputs[2], residual, out, asStream(stream), msg, msgLen));
+    return code(launchDynamicConv(p, inputs[0], inputs[1], inputs[2], residual, out, asStream(stream), msg, mlen(msgLen)));
 }
 
 //! DFlash2PairwiseScan: the workspace bytes the plugin asks for (the lattice).
@@ -111,7 +117,7 @@ int32_t df2_cuda_scan_workspace(int32_t mode, int32_t nbInputs, int32_t const* d
     int64_t const* dims, int64_t* bytes, char* msg, int32_t msgLen)
 {
     PairwiseScanParams p;
-    Status s = scanParams(mode, nbInputs, dtypes, nbDims, dims, &p, msg, msgLen);
+    Status s = scanParams(mode, nbInputs, dtypes, nbDims, dims, &p, msg, mlen(msgLen));
     if (s == Status::kOK)
         *bytes = static_cast<int64_t>(pairwiseScanWorkspaceSize(p));
     return code(s);
@@ -124,7 +130,7 @@ int32_t df2_cuda_scan_enqueue(int32_t mode, int32_t nbInputs, int32_t const* dty
     char* msg, int32_t msgLen)
 {
     return df2_cuda_scan_enqueue_ranks(0, mode, nbInputs, dtypes, nbDims, dims, inputs, workspace, ids, q, stream,
-        msg, msgLen);
+        msg, mlen(msgLen));
 }
 
 //! df2_cuda_scan_enqueue with the CTAs per request row forced (ranks 1, 2, 4, 8; 0 = the launcher's choice):
@@ -134,13 +140,13 @@ int32_t df2_cuda_scan_enqueue_ranks(int32_t ranks, int32_t mode, int32_t nbInput
     int64_t stream, char* msg, int32_t msgLen)
 {
     PairwiseScanParams p;
-    Status s = scanParams(mode, nbInputs, dtypes, nbDims, dims, &p, msg, msgLen);
+    Status s = scanParams(mode, nbInputs, dtypes, nbDims, dims, &p, msg, mlen(msgLen));
     if (s != Status::kOK)
         return code(s);
     return code(launchPairwiseScanRanks(p, static_cast<float const*>(inputs[0]),
         static_cast<int32_t const*>(inputs[1]), inputs[2], static_cast<int32_t const*>(inputs[3]), inputs[4],
         inputs[5], static_cast<float const*>(inputs[6]), static_cast<float const*>(inputs[7]), workspace, ids, q,
-        ranks, asStream(stream), msg, msgLen));
+        ranks, asStream(stream), msg, mlen(msgLen)));
 }
 
 //! The walk kernel alone over a given lattice [B, L, K, K] fp32 (checks of the walk on a reference lattice).
@@ -148,6 +154,10 @@ int32_t df2_cuda_scan_walk(int32_t mode, int64_t batch, int32_t length, int32_t 
     int32_t const* cand, float const* temperature, float const* uniforms, int32_t* ids, float* q, int64_t stream,
     char* msg, int32_t msgLen)
 {
+    constexpr ParamFail fail{kPairwiseScanName};
+    if (mode < 0 || mode > 2 || batch < 1 || length < 1 || topK < 1)
+        return code(fail(msg, mlen(msgLen), "walk: mode=%d, B=%lld, L=%d, K=%d (mode 0-2, sizes >= 1)", mode,
+            static_cast<long long>(batch), length, topK));
     PairwiseScanParams p;
     p.mode = static_cast<ScanMode>(mode);
     p.batch = batch;
@@ -155,7 +165,7 @@ int32_t df2_cuda_scan_walk(int32_t mode, int64_t batch, int32_t length, int32_t 
     p.topK = topK;
     p.rank = 8;
     p.vocab = 1;
-    return code(launchPairwiseWalk(p, lattice, cand, temperature, uniforms, ids, q, asStream(stream), msg, msgLen));
+    return code(launchPairwiseWalk(p, lattice, cand, temperature, uniforms, ids, q, asStream(stream), msg, mlen(msgLen)));
 }
 
 //! DFlash2GatedDeltaNet: the workspace bytes (gatedDeltaNetWorkspaceSize) for these inputs; inputs as for
@@ -164,7 +174,7 @@ int32_t df2_cuda_gdn_workspace(int32_t const* attrs, int32_t nbInputs, int32_t c
     int64_t const* dims, void const* const* inputs, int64_t* bytes, char* msg, int32_t msgLen)
 {
     GatedDeltaNetParams p;
-    Status s = gdnParams(attrs, nbInputs, dtypes, nbDims, dims, inputs, &p, msg, msgLen);
+    Status s = gdnParams(attrs, nbInputs, dtypes, nbDims, dims, inputs, &p, msg, mlen(msgLen));
     if (s == Status::kOK)
         *bytes = static_cast<int64_t>(gatedDeltaNetWorkspaceSize(p));
     return code(s);
@@ -179,7 +189,7 @@ int32_t df2_cuda_gdn_enqueue(int32_t const* attrs, int32_t nbInputs, int32_t con
 {
     constexpr ParamFail fail{kGatedDeltaNetName};
     GatedDeltaNetParams p;
-    Status s = gdnParams(attrs, nbInputs, dtypes, nbDims, dims, inputs, &p, msg, msgLen);
+    Status s = gdnParams(attrs, nbInputs, dtypes, nbDims, dims, inputs, &p, msg, mlen(msgLen));
     if (s != Status::kOK)
         return code(s);
     bool const commit = p.attrs.mode == static_cast<int32_t>(GdnMode::kCOMMIT);
@@ -187,9 +197,9 @@ int32_t df2_cuda_gdn_enqueue(int32_t const* attrs, int32_t nbInputs, int32_t con
     int64_t const rnnPtr = *static_cast<int64_t const*>(inputs[ptrAt]);
     int64_t const convPtr = *static_cast<int64_t const*>(inputs[ptrAt + 1]);
     if (rnnPtr == 0 || (convPtr == 0 && p.attrs.convKernel > 1))
-        return code(fail(msg, msgLen, "rnn_state_ptr or conv_state_ptr is null"));
+        return code(fail(msg, mlen(msgLen), "rnn_state_ptr or conv_state_ptr is null"));
     if ((reinterpret_cast<uintptr_t>(workspace) & 255u) != 0)
-        return code(fail(msg, msgLen, "workspace is not 256-byte aligned"));
+        return code(fail(msg, mlen(msgLen), "workspace is not 256-byte aligned"));
     GdnLaunchArgs g;
     g.rnnPool = reinterpret_cast<float*>(rnnPtr);
     g.convPool = reinterpret_cast<void*>(convPtr);
@@ -203,7 +213,7 @@ int32_t df2_cuda_gdn_enqueue(int32_t const* attrs, int32_t nbInputs, int32_t con
         g.cuSeqlens = static_cast<int32_t const*>(inputs[4]);
         g.slots = static_cast<int32_t const*>(inputs[5]);
         g.committed = static_cast<int32_t*>(outputs[0]);
-        return code(launchGatedDeltaNetCommit(p, g, asStream(stream), msg, msgLen));
+        return code(launchGatedDeltaNetCommit(p, g, asStream(stream), msg, mlen(msgLen)));
     }
     g.qkv = inputs[0];
     g.convWeight = inputs[1];
@@ -217,7 +227,7 @@ int32_t df2_cuda_gdn_enqueue(int32_t const* attrs, int32_t nbInputs, int32_t con
     g.y = outputs[0];
     g.verifyQkv = outputs[1];
     g.verifyGates = static_cast<float*>(outputs[2]);
-    return code(launchGatedDeltaNetForward(p, g, asStream(stream), msg, msgLen));
+    return code(launchGatedDeltaNetForward(p, g, asStream(stream), msg, mlen(msgLen)));
 }
 
 //! The last CUDA error of this library's runtime (cudaGetLastError: clears it), as text; 0 when none.

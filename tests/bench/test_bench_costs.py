@@ -27,7 +27,8 @@ def _steps(tmp_path, **over):
 
 
 def test_measured_costs_give_the_speedup_and_say_so(tmp_path):
-    doc = bench_project(target="qwen3.8-27b", costs_from=_steps(tmp_path))
+    doc = bench_project(target="qwen3.8-27b", costs_from=_steps(tmp_path))   # every measured concurrency
+    assert [p["concurrency"] for p in doc["gpus"][0]["points"]] == [1, 4, 16, 32]
     assert doc["costs"]["kind"] == "measured" and doc["costs"]["basis"] == "busy" and doc["tau"] == 4.8
     pts = {p["concurrency"]: p for p in doc["gpus"][0]["points"]}
     assert pts[1]["speedup"] == pytest.approx(4.8 * 11.0 / 21.0) and pts[32]["speedup"] == pytest.approx(4.8 * 42 / 52)
@@ -45,6 +46,9 @@ def test_measured_costs_give_the_speedup_and_say_so(tmp_path):
     (dict(steps=dict(target="muse-glimmer-30b")), "not 'qwen3.8-27b'"),
     (dict(concurrency="1,64"), "concurrency 64 was not measured"),
     (dict(bandwidth_efficiency=0.6), "apply to the roofline model"),
+    (dict(context_len=4096), "--context-len applies to the roofline model"),
+    (dict(gpus="b200"), "--gpu applies to the roofline model"),
+    (dict(recurrent_verify="intermediate"), "--recurrent-verify applies to the roofline model"),
 ])
 def test_what_measured_costs_refuse(tmp_path, kw, needle):
     steps = _steps(tmp_path, **kw.pop("steps", {}))

@@ -70,7 +70,10 @@ def test_constants_are_made_on_the_engine_device_and_shapes_stay_on_the_host():
         assert F.where(F.eq(host, 0), 7, dev_in).device == dev           # a host input meeting device data moves
         assert (dev_in + host).device == dev
         big = np.ones((1, 1 << 15), np.float32)                          # >= 64 KiB: its device copy is kept
-        assert F.constant(big).device == dev and F.constant(big) is not None and not big.flags.writeable
+        first = F.constant(big)
+        assert first.device == dev and not big.flags.writeable
+        assert F.constant(big).data_ptr() == first.data_ptr()            # the same device copy, not a new one
+        assert F.constant(np.array(3, np.int32)).device.type == "cpu"    # a 0-D constant (a bound) stays on the host
     assert F.constant(np.zeros(2, np.float32)).device.type == "cpu"      # outside a step: the CPU
     assert align(torch.zeros(1), torch.zeros(1, device=dev))[0].device == dev
 
@@ -112,9 +115,12 @@ def test_a_cuda_engine_directory_without_a_gpu_is_one_line(tmp_path):
     assert man["backend"] == "cuda" and json.loads((out / "config.json").read_text())["backend"] == "cuda"
     line = _one_error_line(*_cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7"))
     assert "needs a CUDA GPU" in line and "--backend cpu" in line
-    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(out), "--dataset", str(tmp_path / "none.jsonl"),
-                                 "--backend", "cpu"))
-    assert "is a cuda engine" in line or "none.jsonl" in line
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"task_id": 0, "input_ids": [5, 6, 7], "output_tokens": 4}\n')
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(out), "--dataset", str(data), "--backend", "cpu"))
+    assert "is a cuda engine" in line
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(out), "--dataset", str(data)))
+    assert "needs a CUDA GPU" in line
 
 
 def test_dry_run_plans_the_cuda_build(tmp_path):
@@ -183,3 +189,52 @@ def test_adopt_places_a_request_in_the_generation_phase():
         assert rt.blocks.free_blocks == rt.blocks.num_blocks
     finally:
         eng.close()
+
+
+def test_offsets_not_in_trtllms_index_are_refused_on_the_cpu_too(tmp_path):
+    """The runtime writes TensorRT-LLM's block index (block * layers * 2 + field); the old form (2 * block + field,
+    what it wrote before the pool took TensorRT-LLM's layout) would alias other blocks' layers: refused on the CPU
+    backend as on the GPU, from the host copy of the offsets."""
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+    from dflash2_trt.runtime import Request, Runtime
+
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"),
+                      "--block-size", "4", "--no-verify")
+    assert code == 0, text
+    eng, _ = open_standin_engine(tmp_path / "e")
+    try:
+        rt = Runtime(eng)
+        assert rt.blocks.layers == eng.num_layers > 1
+        rt.blocks.layers = 1
+        with pytest.raises(IndexError, match="not TensorRT-LLM's index"):
+            rt.generate([Request(list(range(5, 40)), 3)])
+    finally:
+        eng.close()
+
+
+def test_kernel_time_is_split_once_per_kernel():
+    """bench steps' attribution on made-up profiler events: a kernel launched by a torch op goes to the component
+    whose scope encloses the op, a plugin kernel no op launched goes to its plugin's component by name, each kernel
+    is counted once, and the rest is the total minus the components."""
+    from types import SimpleNamespace as NS
+
+    from dflash2_trt.bench.steps import _kernel_split_ms, plugin_component
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def ev(name, device, parent=None, kernels=(), us=0.0):
+        return NS(name=name, device_type=device, cpu_parent=parent, kernels=list(kernels),
+                  time_range=NS(elapsed_us=lambda: us))
+
+    scope = ev("dflash2::attention", cpu)
+    mm = ev("aten::bmm", cpu, parent=scope, kernels=[NS(name="sm90_gemm", duration=30.0)])
+    add = ev("aten::add", cpu, kernels=[NS(name="elementwise", duration=5.0)])          # outside every scope: rest
+    events = [scope, mm, add, ev("dflash2::attention", cuda, us=40.0),                   # a GPU annotation: not a kernel
+              ev("sm90_gemm", cuda, us=30.0), ev("elementwise", cuda, us=5.0),
+              ev("void dflash2::(anonymous namespace)::gdnRecurrentKernel<128>", cuda, us=100.0),
+              ev("void dflash2::(anonymous namespace)::pairwiseScanKernel<float>", cuda, us=7.0)]
+    total, comp = _kernel_split_ms(NS(events=lambda: events), steps=1)
+    assert total == pytest.approx(0.142)                        # 30 + 5 + 100 + 7 us, in ms
+    assert comp["attention"] == pytest.approx(0.030) and comp["gdn"] == pytest.approx(0.100)
+    assert comp["selector"] == pytest.approx(0.007) and comp["rest"] == pytest.approx(0.005)
+    assert plugin_component("ampere_sgemm") is None and plugin_component("dflash2::dynamicConvKernel") == "drafter"

@@ -1035,13 +1035,14 @@ def test_gpt_attention_wrong_block_offset_changes_output():
         bad = {**kw, "kv_cache_block_offsets": kw["kv_cache_block_offsets"].clone()}
         o = bad["kv_cache_block_offsets"][0, 0]
         # (exchanging whole blocks, K and V together, only permutes the keys: attention cannot see that)
-        if mutate == "swap_k":                    # K blocks 0 and 1 exchanged, V kept: pairs broken
-            o[0, [0, 1]] = o[0, [1, 0]]
-        elif mutate == "swap_v":
-            o[1, [0, 1]] = o[1, [1, 0]]
-        else:                                     # block 0 points at a block of request b
-            two_l = 2 * sim.pool.num_layers
-            o[0, 0], o[1, 0] = two_l * sim.blocks["b"][0], two_l * sim.blocks["b"][0] + 1
+        if mutate in ("swap_k", "swap_v"):        # K (or V) blocks 0 and 1 exchanged: not TensorRT-LLM's index, where
+            kv = 0 if mutate == "swap_k" else 1   # a block's V offset is its K offset + 1; refused, not misread
+            o[kv, [0, 1]] = o[kv, [1, 0]]
+            with pytest.raises(IndexError, match="not TensorRT-LLM's index"):
+                gpt_attention(**bad)
+            continue
+        two_l = 2 * sim.pool.num_layers           # block 0 points at a block of request b: a valid index, wrong data
+        o[0, 0], o[1, 0] = two_l * sim.blocks["b"][0], two_l * sim.blocks["b"][0] + 1
         out, _ = gpt_attention(**bad)
         assert (out - good).abs().max() > 1e-3, mutate
 

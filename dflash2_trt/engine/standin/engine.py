@@ -14,6 +14,7 @@ logits stay where the engine computed them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 
@@ -122,6 +123,7 @@ class StandinEngine:
         self.recurrent = bool(self.gdn_layers)
         self.num_slots = int(limits["max_batch_size"])
         self.states: list[dict] = [{} for _ in range(self.tp)]
+        self._device_copies: list[dict] = [{} for _ in range(self.tp)]   # placed_inputs' reuse of unchanged inputs
         if self.recurrent:
             la = self.config["linear_attention"]
             nk = la["num_key_heads"] // self.tp if la["num_key_heads"] >= self.tp else 1
@@ -192,7 +194,8 @@ class StandinEngine:
         net = self.net
         # every input as the engine sees it: bound by the runtime, in host or device memory (engine_io.yaml)
         # TensorRT-LLM's runtime binds exactly the engine's inputs, or refuses the step
-        f = placed_inputs(bind(self._declared, {**self.static_inputs(rank), **flat}), self.device)
+        f = placed_inputs(bind(self._declared, {**self.static_inputs(rank), **flat}), self.device,
+                          self._device_copies[rank])
         K = self.K
         return dict(
             input_ids=f["input_ids"], last_token_ids=f["last_token_ids"],
@@ -237,24 +240,40 @@ class StandinEngine:
     @torch.no_grad()
     def run_step(self, inputs: dict) -> list[dict]:
         """Every rank's marked outputs of one step, where the network computed them (no host copy)."""
+        gpu = self.device.type == "cuda"
+
         def run(rank):
-            modeling_utils.begin_outputs()
-            self.models[rank](**self._structured(inputs, rank))
-            return modeling_utils.outputs()
+            # every rank's thread on the engine's GPU: the plugins' kernels launch on the thread's current device
+            with torch.cuda.device(self.device) if gpu else contextlib.nullcontext():
+                modeling_utils.begin_outputs()
+                self.models[rank](**self._structured(inputs, rank))
+                return modeling_utils.outputs()
 
         with on_device(self.device):
             return self.world.run(run)
 
 
-def placed_inputs(feed: dict, device) -> dict:
+def placed_inputs(feed: dict, device, copies: dict | None = None) -> dict:
     """The bound feed as the network receives it: each input a network input in the memory the contract gives it
     (``engine_io.yaml`` memory): host inputs stay in host memory (the per-layer state pointers too), every other
-    input goes to the engine's ``device``, as TensorRT places an engine's bindings."""
+    input goes to the engine's ``device``, as TensorRT places an engine's bindings, keeping its host values beside
+    it. ``copies``: name -> (host tensor, its version, device copy) of earlier steps; a runtime tensor handed again
+    unchanged (the same object, not written since: e.g. ``cache_indirection``) reuses its device copy."""
     memory = _input_memory()
     out = {}
     for k, v in feed.items():
         where = memory.get(k, "host" if k.startswith(("rnn_state_ptr_", "conv_state_ptr_")) else "device")
-        out[k] = network_input(v if where == "host" else v.to(device, non_blocking=True), k, where)
+        if where == "host":
+            out[k] = network_input(v, k, where)
+            continue
+        hit = None if copies is None else copies.get(k)
+        if hit is not None and hit[0] is v and hit[1] == v._version and hit[2].device == torch.device(device):
+            on = hit[2]
+        else:
+            on = v.to(device, non_blocking=True)
+            if copies is not None and torch.device(device).type != "cpu":
+                copies[k] = (v, v._version, on)
+        out[k] = network_input(on, k, where, host_value=v)
     return out
 
 

@@ -55,7 +55,7 @@ import threading
 
 import torch
 
-from .tensor import raw, wrap
+from .tensor import host_copy, raw, wrap
 
 
 class AttentionMaskType(enum.IntEnum):
@@ -526,11 +526,17 @@ def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_
     if hit is None:
         # The plan is made on the host (the device inputs it reads copied once per step); the tensors that index
         # the step's data are then kept on the data's device.
-        host = lambda t: None if t is None else t.cpu()   # noqa: E731
-        plan = _batch_plan(qkv.shape[0], host(sequence_length), host_request_types, host_context_lengths, spec,
-                           host(spec_decoding_generation_lengths), host(spec_decoding_position_offsets),
-                           host(spec_decoding_packed_mask), mask_type, window)
-        plan["on"] = {k: plan[k].to(dev) for k in ("req", "local", "pos", "past", "total", "allowed")}
+        if dev.type == "cpu":
+            hosts = {"sequence_length": sequence_length, "gen_lengths": spec_decoding_generation_lengths,
+                     "position_offsets": spec_decoding_position_offsets, "packed_mask": spec_decoding_packed_mask}
+        else:   # the runtime's host copies of the device inputs (key_tensors keeps the network inputs themselves)
+            sl, _, _, gl, po, pm = key_tensors
+            hosts = {"sequence_length": host_copy(sl), "gen_lengths": host_copy(gl), "position_offsets": host_copy(po),
+                     "packed_mask": host_copy(pm)}
+        plan = _batch_plan(qkv.shape[0], hosts["sequence_length"], host_request_types, host_context_lengths, spec,
+                           hosts["gen_lengths"], hosts["position_offsets"], hosts["packed_mask"], mask_type, window)
+        plan["on"] = {k: plan[k].to(dev, non_blocking=True) for k in ("req", "local", "pos", "past", "total",
+                                                                      "allowed")}
         plan["checked_pools"] = set()
         _PLAN_CACHE[key] = (key_tensors, plan)      # the tensors stay referenced: their ids cannot be reused
         while len(_PLAN_CACHE) > 8:
@@ -556,7 +562,8 @@ def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_
         b = int(short[0])
         raise IndexError(f"gpt_attention: request {b} needs {int(need[b])} blocks for {int(total[b])} tokens, it has "
                          f"{offsets.shape[-1]} block offsets")
-    if dev.type == "cuda" and (pool_idx, pool.handle) not in plan["checked_pools"]:
+    if host_kv_cache_block_offsets is not None and (pool_idx, pool.handle) not in plan["checked_pools"]:
+        # once per step and pool, on the host copy (the only check on a GPU, where the device one is not read back)
         pool.check_host_offsets(raw(host_kv_cache_block_offsets)[pool_idx], total)
         plan["checked_pools"].add((pool_idx, pool.handle))
     pool.write_tokens(layer_in_pool, offsets, req, past[req] + local, k, v)  # KV slot = past + i (not + offset)

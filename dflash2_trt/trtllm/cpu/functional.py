@@ -88,8 +88,10 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
     if not isinstance(ndarray, np.ndarray):
         raise TypeError(f"constant: TensorRT-LLM takes a numpy array, got {type(ndarray).__name__}")
     dev = current_device()
-    if ndarray.nbytes < _BIG:
-        return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).to(dev, copy=True))
+    if ndarray.ndim == 0:      # a 0-D constant is a bound or a scalar: kept on the host, moved where an op needs it
+        return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).clone())
+    if ndarray.nbytes < _BIG:   # staged at once from pageable memory: no wait for the stream
+        return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).to(dev, copy=True, non_blocking=True))
     if _BIG_CONSTANTS is None:
         from collections import OrderedDict
 
@@ -289,7 +291,7 @@ def argmax(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:
 def topk(input: Tensor, k, dim: int, largest: bool = True, prefer_plugin: bool = True) -> tuple[Tensor, Tensor]:
     """(values, int32 indices); stable order: equal values keep ascending index order."""
     x = raw(input)
-    if torch.isnan(x).any():
+    if x.device.type == "cpu" and torch.isnan(x).any():   # on a GPU the check would wait for the stream: CPU only
         raise ValueError("topk: NaN in the input (their order is undefined)")
     values, idx = torch.sort(x, dim=dim, descending=largest, stable=True)
     return wrap(values.narrow(dim, 0, k).contiguous()), wrap(idx.narrow(dim, 0, k).to(torch.int32).contiguous())

@@ -55,7 +55,18 @@ def align(*xs):
     dev = next((x.device for x in xs if isinstance(x, torch.Tensor) and x.device.type != "cpu"), None)
     if dev is None:
         return xs
-    return tuple(raw(x).to(dev) if isinstance(x, torch.Tensor) and x.device != dev else x for x in xs)
+    # non_blocking: a host-to-device copy from pageable memory is staged at once, without waiting for the stream
+    return tuple(raw(x).to(dev, non_blocking=True) if isinstance(x, torch.Tensor) and x.device != dev else x
+                 for x in xs)
+
+
+def scalar(x, dtype: torch.dtype, device) -> torch.Tensor:
+    """A [1] constant ``x`` on ``device``: on a GPU a fill kernel (``torch.tensor([x], device=...)`` would copy from
+    the host and wait for the stream), on the CPU a plain tensor."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return torch.tensor([x], dtype=dtype)
+    return torch.full((1,), x, dtype=dtype, device=device)
 
 INT32_RANGE = (-2**31, 2**31 - 1)
 
@@ -220,11 +231,23 @@ def wrap(x):
     return x
 
 
-def network_input(x: torch.Tensor, name: str, location: str) -> Tensor:
-    """A tensor bound to engine input ``name`` in ``location`` memory (what the runtime hands the engine)."""
+def network_input(x: torch.Tensor, name: str, location: str, host_value: torch.Tensor | None = None) -> Tensor:
+    """A tensor bound to engine input ``name`` in ``location`` memory (what the runtime hands the engine).
+    ``host_value``: the runtime's host copy of a device input (the stand-in's paged attention plans a step on the
+    host from it instead of reading the device back)."""
     t = torch.Tensor.as_subclass(torch.as_tensor(x), Tensor)
     t.location, t.is_network_input, t.input_name = location, True, name
+    t.host_value = host_value
     return t
+
+
+def host_copy(t):
+    """A tensor's values in host memory: its runtime host copy when it is a device network input that has one,
+    else a copy (which waits for the device); None stays None."""
+    if t is None:
+        return None
+    hv = getattr(t, "host_value", None)
+    return hv if hv is not None else raw(t).cpu()
 
 
 # ---- TensorRT-LLM's conversion rules for Python scalars and the elementwise ops (functional.py:
@@ -239,7 +262,7 @@ def const_tensor(x, dtype: torch.dtype | None = None, device=None) -> torch.Tens
     if dtype == torch.int32 and isinstance(x, int) and not INT32_RANGE[0] <= x <= INT32_RANGE[1]:
         raise OverflowError(f"Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
                             f"(int32_array); make an int64 constant explicitly")
-    return torch.tensor([x], dtype=dtype, device=current_device() if device is None else device)
+    return scalar(x, dtype, current_device() if device is None else device)
 
 
 def const_tensors(*xs) -> list[torch.Tensor]:
@@ -270,7 +293,7 @@ def _scalar_as(x, dtype: torch.dtype, op: str, device) -> torch.Tensor:
     if dtype == torch.int32 and isinstance(x, int) and not INT32_RANGE[0] <= x <= INT32_RANGE[1]:
         raise OverflowError(f"{op}: Python int {x} does not fit the int32 constant TensorRT-LLM makes of it "
                             f"next to an int32 Tensor (int32_array)")
-    return torch.tensor([x], dtype=dtype, device=device)
+    return scalar(x, dtype, device)
 
 
 def _binary(left, right, fn, op: str):

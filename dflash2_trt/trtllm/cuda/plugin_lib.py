@@ -19,6 +19,7 @@ machine without a GPU (its calls then fail with CUDA's error, one line).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -231,6 +232,12 @@ class CudaPluginLib:
     def _stream(t: torch.Tensor) -> int:
         return torch.cuda.current_stream(t.device).cuda_stream
 
+    @staticmethod
+    def _device(t: torch.Tensor):
+        """The inputs' GPU as the calling thread's current device for the launch (the library launches on the
+        thread's current device; the stream must belong to it)."""
+        return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
     def conv(self, x, delta, base, residual=None, *, block_size: int, group_size: int,
              kernel_size: int | None = None) -> torch.Tensor:
         """DFlash2DynamicConv: y in x's dtype, or residual + y in fp32 when ``residual``."""
@@ -240,8 +247,9 @@ class CudaPluginLib:
         attrs = (ctypes.c_int32 * 4)(int(block_size), int(k), int(group_size), int(residual is not None))
         out = torch.empty(x.shape, dtype=torch.float32 if residual is not None else x.dtype, device=x.device)
         msg = ctypes.create_string_buffer(_MSG_LEN)
-        rc = self.lib.df2_cuda_conv_enqueue(attrs, *c_descs(ins), c_ptrs(ins), ctypes.c_void_p(out.data_ptr()),
-                                            ctypes.c_int64(self._stream(x)), msg, _MSG_LEN)
+        with self._device(x):
+            rc = self.lib.df2_cuda_conv_enqueue(attrs, *c_descs(ins), c_ptrs(ins), ctypes.c_void_p(out.data_ptr()),
+                                                ctypes.c_int64(self._stream(x)), msg, _MSG_LEN)
         self._check(plugin, rc, msg)
         return out
 
@@ -262,10 +270,11 @@ class CudaPluginLib:
         ws = torch.empty(max(int(nbytes.value), 1), dtype=torch.uint8, device=unary.device)
         ids = torch.empty(b, length, dtype=torch.int32, device=unary.device)
         q = torch.empty(b, length, k, dtype=torch.float32, device=unary.device)
-        rc = self.lib.df2_cuda_scan_enqueue_ranks(ctypes.c_int32(ranks), ctypes.c_int32(m), *d, c_ptrs(ins),
-                                                  ctypes.c_void_p(ws.data_ptr()),
-                                            ctypes.c_void_p(ids.data_ptr()), ctypes.c_void_p(q.data_ptr()),
-                                            ctypes.c_int64(self._stream(unary)), msg, _MSG_LEN)
+        with self._device(unary):
+            rc = self.lib.df2_cuda_scan_enqueue_ranks(ctypes.c_int32(ranks), ctypes.c_int32(m), *d, c_ptrs(ins),
+                                                      ctypes.c_void_p(ws.data_ptr()), ctypes.c_void_p(ids.data_ptr()),
+                                                      ctypes.c_void_p(q.data_ptr()),
+                                                      ctypes.c_int64(self._stream(unary)), msg, _MSG_LEN)
         self._check(plugin, rc, msg)
         return (ids, q, ws) if with_workspace else (ids, q)
 
@@ -278,9 +287,10 @@ class CudaPluginLib:
         ids = torch.empty(b, length, dtype=torch.int32, device=lattice.device)
         q = torch.empty(b, length, k, dtype=torch.float32, device=lattice.device)
         msg = ctypes.create_string_buffer(_MSG_LEN)
-        rc = self.lib.df2_cuda_scan_walk(m, b, length, k, lattice.data_ptr(), cand.data_ptr(), temperature.data_ptr(),
-                                         uniforms.data_ptr(), ids.data_ptr(), q.data_ptr(), self._stream(lattice),
-                                         msg, _MSG_LEN)
+        with self._device(lattice):
+            rc = self.lib.df2_cuda_scan_walk(m, b, length, k, lattice.data_ptr(), cand.data_ptr(),
+                                             temperature.data_ptr(), uniforms.data_ptr(), ids.data_ptr(), q.data_ptr(),
+                                             self._stream(lattice), msg, _MSG_LEN)
         self._check(plugin, rc, msg)
         return ids, q
 
@@ -315,8 +325,9 @@ class CudaPluginLib:
             outs = [torch.empty(qkv.shape[0], hv * int(values["head_v_dim"]), dtype=qkv.dtype, device=dev),
                     torch.zeros(bsz, kv, qkv.shape[1], dtype=qkv.dtype, device=dev),
                     torch.zeros(bsz, kv, 2, hv, dtype=torch.float32, device=dev)]
-        rc = self.lib.df2_cuda_gdn_enqueue(c_attrs, *d, p, c_ptrs(outs), ctypes.c_void_p(ws_ptr),
-                                           ctypes.c_int64(self._stream(ins[0])), msg, _MSG_LEN)
+        with self._device(ins[0]):
+            rc = self.lib.df2_cuda_gdn_enqueue(c_attrs, *d, p, c_ptrs(outs), ctypes.c_void_p(ws_ptr),
+                                               ctypes.c_int64(self._stream(ins[0])), msg, _MSG_LEN)
         self._check(plugin, rc, msg)
         return tuple(outs)
 
