@@ -13,6 +13,7 @@
 #include "../common/df2Validation.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 using namespace dflash2;
@@ -457,6 +458,20 @@ int32_t df2_gdn_commit(int32_t const* attrs, int32_t nbInputs, int32_t const* dt
     int64_t const* dims, void const* const* inputs, void* const* outputs, int64_t numSlots, char* msg, int32_t msgLen)
 {
     return run(attrs, nbInputs, dtypes, nbDims, dims, inputs, outputs, numSlots, 1, msg, msgLen);
+}
+
+//! The slot layout (GdnSlotLayout) for these attributes: out[0..6] = state, pending, delta, keys, decay
+//! offsets (floats), record rows, slot floats. Returns 0, or the attribute validation's status.
+int32_t df2_gdn_slot_layout(int32_t const* attrs, int64_t* out, char* msg, int32_t msgLen)
+{
+    GatedDeltaNetAttrs const a = attrsFromValues(kGatedDeltaNetFields, attrs);
+    Status const s = validateGatedDeltaNetAttrs(a, msg, msgLen);
+    if (s != Status::kOK)
+        return static_cast<int32_t>(s);
+    GdnSlotLayout const l = gatedDeltaNetSlotLayout(a);
+    int64_t const v[7] = {l.state, l.pending, l.delta, l.keys, l.decay, l.recordRows, l.floats};
+    std::memcpy(out, v, sizeof(v));
+    return 0;
 }
 
 //! Scalar functions exposed for the tests (against torch's own).

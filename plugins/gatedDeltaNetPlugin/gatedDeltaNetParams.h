@@ -138,6 +138,54 @@ Status validateGatedDeltaNetBatch(GatedDeltaNetParams* params, int32_t const* ho
     int32_t const* cuSeqlens, int32_t const* slots, int64_t numSlots, int32_t const* numAccepted, char* msg,
     size_t msgLen);
 
+//! One slot (row) of the recurrent-state pool, in floats from the slot's start. The runtime allocates
+//! Hv x (Dk + recordRows) x Dv fp32 per slot (TensorRT-LLM's RnnStateManager row [rnn_hidden_size /
+//! rnn_head_size, state_size, rnn_head_size] with state_size = Dk + recordRows) and never reads it; the
+//! layout inside is the plugin's:
+//!   state   [Hv, Dk, Dv]  the state as of the last fold
+//!   pending int32 (+ 3 floats of padding): how many of the records below are accepted but not yet
+//!           folded into state (0..Kv; read clamped to that range)
+//!   delta   [Hv, Kv, Dv]  per verify token t: delta_t = (v_t - S_t^T k_t) beta_t of every state column
+//!   keys    [Hk, Kv, Dk]  per verify token t: the l2-normalised k_t of every key head
+//!   decay   [Hv, Kv]      per verify token t: exp(g_t) of every value head
+//! The committed state is state folded over records 0 .. pending-1: per token, every state value
+//! s = fma(k_t[i], delta_t[j], s * decay_t) (gdnSliceFold): bit for bit the per-token step the verify ran.
+//! Each segment starts at a multiple of 4 floats from the slot's start.
+struct GdnSlotLayout
+{
+    int64_t state{0};
+    int64_t pending{0};
+    int64_t delta{0};
+    int64_t keys{0};
+    int64_t decay{0};
+    int64_t recordRows{0}; //!< rows of Hv x Dv floats the records take beyond the state (ceil)
+    int64_t floats{0};     //!< the slot's size (the pool's slot stride): Hv (Dk + recordRows) Dv
+};
+
+inline GdnSlotLayout gatedDeltaNetSlotLayout(GatedDeltaNetAttrs const& a)
+{
+    auto pad4 = [](int64_t v) { return (v + 3) / 4 * 4; };
+    int64_t const hk = a.numKHeads, hv = a.numVHeads, dk = a.headKDim, dv = a.headVDim, kv = a.maxVerifyTokens;
+    GdnSlotLayout l;
+    l.state = 0;
+    l.pending = pad4(hv * dk * dv);
+    l.delta = l.pending + 4;
+    l.keys = l.delta + pad4(hv * kv * dv);
+    l.decay = l.keys + pad4(hk * kv * dk);
+    int64_t const end = l.decay + pad4(hv * kv);
+    int64_t const row = hv * dv;
+    l.recordRows = row > 0 ? (end - hv * dk * dv + row - 1) / row : 0;
+    l.floats = hv * (dk + l.recordRows) * dv;
+    return l;
+}
+
+//! The pending count as the kernels read it: clamped to [0, Kv] (a slot never written holds garbage, and
+//! only a zero_state context request, which reads no records, may meet one).
+DF2_HD int32_t gdnPendingCount(int32_t raw, int32_t maxVerify)
+{
+    return raw < 0 ? 0 : (raw > maxVerify ? maxVerify : raw);
+}
+
 //! Bytes of device workspace the launchers need for these dims (tokens/batch at their maxima).
 size_t gatedDeltaNetWorkspaceSize(GatedDeltaNetParams const& params);
 

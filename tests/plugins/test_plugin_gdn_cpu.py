@@ -334,6 +334,17 @@ def test_speculative_steps_track_the_committed_sequence(gdn_lib):
     assert len(verify_checks) == 7
 
 
+def test_slot_layout_is_the_plugins(gdn_lib):
+    """dflash2_trt.trtllm.gdn_slot (what the engine config, the dry run and the runtimes size a slot with) ==
+    gatedDeltaNetSlotLayout of the plugin; Qwen3.8-27B at block 8: state_size 128 + 11 record rows."""
+    for hk, hv, dk, dv, kv in ((2, 4, 16, 16, 4), (1, 3, 16, 17, 3), (2, 6, 32, 16, 5), (16, 48, 128, 128, 8),
+                               (2, 6, 128, 128, 8), (16, 48, 128, 128, 32)):
+        attrs = Heads(hk, hv, dk, dv, kv=kv).attrs()
+        assert gdn_lib.slot_layout_of_build(**attrs) == gdn_lib.layout(**attrs).as_tuple(), (hk, hv, dk, dv, kv)
+    qwen = gdn_lib.layout(**Heads(16, 48, 128, 128, kv=8).attrs())
+    assert (qwen.record_rows, qwen.state_size, qwen.floats * 4) == (11, 139, 3_416_064)
+
+
 # ------------------------------------------------------------------------ scalar functions
 def test_scalar_functions_match_torch(gdn_lib):
     """softplus / sigmoid / silu / log built from the rounding-exact primitives (so that the GPU

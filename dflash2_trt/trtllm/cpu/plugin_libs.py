@@ -434,6 +434,8 @@ class GdnLib:
                                      "df2_gdn_sigmoid", "df2_gdn_silu", "df2_gdn_log"])
         for f in ("df2_gdn_validate", "df2_gdn_forward", "df2_gdn_commit"):
             getattr(self.lib, f).restype = ctypes.c_int32
+        if hasattr(self.lib, "df2_gdn_slot_layout"):  # the CPU build's (a library of the kernels alone may lack it)
+            self.lib.df2_gdn_slot_layout.restype = ctypes.c_int32
         for f in ("df2_gdn_softplus", "df2_gdn_sigmoid", "df2_gdn_silu", "df2_gdn_log"):
             getattr(self.lib, f).restype = ctypes.c_float
             getattr(self.lib, f).argtypes = [ctypes.c_float]
@@ -460,6 +462,24 @@ class GdnLib:
         n, dt, nd, dims = self._descs(inputs)
         rc = self.lib.df2_gdn_validate(self._attrs(mode, **attrs), n, dt, nd, dims, msg, _MSG_LEN)
         return rc, msg.value.decode()
+
+    @staticmethod
+    def layout(**attrs):
+        """The slot layout (:class:`dflash2_trt.trtllm.gdn_slot.GdnSlotLayout`) for these attributes."""
+        from ..gdn_slot import gdn_slot_layout
+
+        return gdn_slot_layout(attrs["num_k_heads"], attrs["num_v_heads"], attrs["head_k_dim"], attrs["head_v_dim"],
+                               attrs["max_verify_tokens"])
+
+    def slot_layout_of_build(self, **attrs) -> tuple[int, ...]:
+        """The CPU build's own layout (gatedDeltaNetSlotLayout): (state, pending, delta, keys, decay,
+        record_rows, floats)."""
+        out = (ctypes.c_int64 * 7)()
+        msg = ctypes.create_string_buffer(_MSG_LEN)
+        rc = self.lib.df2_gdn_slot_layout(self._attrs("forward", **attrs), out, msg, _MSG_LEN)
+        if rc != 0:
+            raise PluginRunError(msg.value.decode() or f"{self.PLUGIN}: rejected (status {rc})")
+        return tuple(out)
 
     def _pools(self, rnn_state, conv_state, act_dtype, attrs) -> tuple[int, torch.Tensor, torch.Tensor]:
         """Checks the pools against the attributes; returns (slots, rnn_state_ptr, conv_state_ptr)."""
