@@ -19,9 +19,10 @@ extra slots per request                 2K: trtllm-build adds ``max_draft_len`` 
                                         to ``max_seq_len`` in EAGLE mode (tensorrt_llm/builder.py)
 KV bytes per request                    ceil((max_seq_len + 2K) / tokens_per_block) blocks x tokens_per_block x
                                         KV bytes per token (a request's blocks are reserved for its whole life)
-recurrent state per request             Qwen3.5 hybrid only: linear layers x (value heads per rank x key_dim x
-                                        value_dim x 4 (fp32 state) + (conv_kernel - 1) x conv channels per rank x
-                                        itemsize)
+recurrent state per request             Qwen3.5 hybrid only: linear layers x (value heads per rank x (key_dim +
+                                        E) x value_dim x 4 (fp32 state + the deferred commit's records, E rows
+                                        for K+1 verify tokens: trtllm/gdn_slot.py) + (conv_kernel - 1) x conv
+                                        channels per rank x itemsize)
 activations (estimate)                  logits max_batch_size x (K+1) x vocab x 4 (fp32 output) + max_num_tokens x
                                         3 x intermediate per rank x itemsize (the MLP's widest live tensors) +
                                         max_num_tokens x taps x hidden x itemsize (the drafter's fc input); the
@@ -56,6 +57,7 @@ from ..errors import ConfigError, PairingError
 from ..plugins import plugin_dir
 from ..targets import get_target
 from .common import eagle_choices, shell_line
+from ..trtllm.gdn_slot import gdn_slot_layout
 from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
 from .trtllm.paths import PROJECT, runtime_path
@@ -256,8 +258,9 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
         nk_l, nv_l = (nk // tp if nk >= tp else 1), nv // tp
         conv = 2 * nk_l * t.linear_key_head_dim + nv_l * t.linear_value_head_dim
         n_lin = sum(1 for lt in t.layer_types if lt == "linear_attention")
-        recurrent = n_lin * (nv_l * t.linear_key_head_dim * t.linear_value_head_dim * 4
-                             + (t.linear_conv_kernel_dim - 1) * conv * item)
+        # the runtime's slot: the state and the deferred commit's records of the K+1 verify tokens (gdn_slot.py)
+        slot = gdn_slot_layout(nk_l, nv_l, t.linear_key_head_dim, t.linear_value_head_dim, K + 1)
+        recurrent = n_lin * (slot.floats * 4 + (t.linear_conv_kernel_dim - 1) * conv * item)
     inter = max(t.intermediate_size, d.intermediate_size) // tp
     act = {"logits": cfg.max_batch_size * (K + 1) * t.vocab_size * 4,
            "mlp": cfg.max_num_tokens * 3 * inter * item,

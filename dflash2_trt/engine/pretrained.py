@@ -43,16 +43,20 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
 
 def rnn_fields(ck: dict) -> dict:
     """The RNN fields the runtime requires of a recurrent variant (gptJsonConfig.cpp; after the patch's R1 the
-    hybrid is one), per rank, from the Gated DeltaNet shapes: the runtime's state slot ``[rnn_hidden_size /
-    rnn_head_size, state_size, rnn_head_size]`` float32 is then the plugin's ``[Hv/tp, Dk, Dv]`` and its conv slot
-    ``[conv_kernel - 1, rnn_conv_dim_size]`` the plugin's ``[K-1, (2 Hk Dk + Hv Dv)/tp]`` (docs/hybrid-runtime.md
-    §4). The runtime divides none of them by tp."""
+    hybrid is one), per rank, from the Gated DeltaNet shapes and the block size (``dflash2.block_size`` = the
+    plugin's max_verify_tokens Kv): the runtime's state slot ``[rnn_hidden_size / rnn_head_size, state_size,
+    rnn_head_size]`` float32 is then the plugin's slot ``[Hv/tp, Dk + E, Dv]`` (the state and the deferred commit's
+    records, E rows: trtllm/gdn_slot.py) and its conv slot ``[conv_kernel - 1, rnn_conv_dim_size]`` the plugin's
+    ``[K-1, (2 Hk Dk + Hv Dv)/tp]`` (docs/hybrid-runtime.md §4 and docs/hybrid-runtime.md §5). The runtime divides
+    none of them by tp."""
+    from ..trtllm.gdn_slot import layout_of_linear_attention
+
     la, tp = ck["linear_attention"], ck["mapping"]["tp_size"]
-    nk, nv = la["num_key_heads"], la["num_value_heads"]
-    nk_l, nv_l = (nk // tp if nk >= tp else 1), nv // tp
-    dk, dv = la["key_head_dim"], la["value_head_dim"]
-    return {"state_size": dk, "rnn_head_size": dv, "rnn_hidden_size": nv_l * dv, "conv_kernel": la["conv_kernel_size"],
-            "rnn_conv_dim_size": 2 * nk_l * dk + nv_l * dv, "state_dtype": "float32"}
+    lay = layout_of_linear_attention(la, tp, ck["dflash2"]["block_size"])
+    nk_l, nv_l, dk, dv = lay.num_k_heads, lay.num_v_heads, lay.head_k_dim, lay.head_v_dim
+    return {"state_size": lay.state_size, "rnn_head_size": dv, "rnn_hidden_size": nv_l * dv,
+            "conv_kernel": la["conv_kernel_size"], "rnn_conv_dim_size": 2 * nk_l * dk + nv_l * dv,
+            "state_dtype": "float32"}
 
 
 def drafter_pool_layers_per_layer(t, d, tp: int) -> int:

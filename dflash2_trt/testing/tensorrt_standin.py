@@ -402,8 +402,7 @@ class CpuEngineExecutor:
                     conv_shape = (ns, *proto.conv.shape[1:])
                     rnn = memory_at(int(f[f"rnn_state_ptr_{layer}"][0]), torch.float32, rnn_shape, segments)
                     conv = memory_at(int(f[f"conv_state_ptr_{layer}"][0]), proto.conv.dtype, conv_shape, segments)
-                    sp = StatePool(ns, rnn_shape[1], rnn_shape[2], rnn_shape[3], conv_shape[1] + 1, conv_shape[2],
-                                   proto.conv.dtype)
+                    sp = StatePool.like(proto, ns)
                     sp.rnn.copy_(rnn.cpu())
                     sp.conv.copy_(conv.cpu())
                     states.append((sp, rnn, conv))

@@ -32,20 +32,83 @@ struct Batch
     std::vector<int32_t> count; //!< commit: tokens to commit (gdnCommitCount); forward: len
 };
 
-//! The per-token recurrence of one state column over n tokens, slice by slice exactly as the
-//! lanes of gdnRecurrentKernel (gatedDeltaNetMath.h). v / y are addressed by element index in
-//! the activation dtype; y may be null (commit).
+//! Where one slot's parts live (gatedDeltaNetParams.h GdnSlotLayout) for one value head h reading key
+//! head kHead: its state, and the records of the deferred commit.
+struct SlotView
+{
+    float* base;
+    GdnSlotLayout const* l;
+    int64_t kv, dk, dv;
+
+    float* state(int64_t h) const { return base + l->state + h * dk * dv; }
+    float* delta(int64_t h) const { return base + l->delta + h * kv * dv; } //!< [Kv][Dv]
+    float* keys(int64_t g) const { return base + l->keys + g * kv * dk; }   //!< [Kv][Dk]
+    float* decay(int64_t h) const { return base + l->decay + h * kv; }     //!< [Kv]
+    int32_t pendingRaw() const
+    {
+        int32_t v;
+        std::memcpy(&v, base + l->pending, sizeof(v));
+        return v;
+    }
+    void setPending(int32_t v) const { std::memcpy(base + l->pending, &v, sizeof(v)); }
+};
+
+SlotView slotView(GatedDeltaNetParams const& p, GdnSlotLayout const& l, float* pool, int32_t slot)
+{
+    auto const& a = p.attrs;
+    return SlotView{pool + static_cast<int64_t>(slot) * l.floats, &l, a.maxVerifyTokens, a.headKDim, a.headVDim};
+}
+
+//! The fold of one state column over `pend` records (the deferred commit of the previous step), slice by
+//! slice: k of record t at keys[t * dk], its decay at decay[t], the column's delta at delta[t * dv].
 template <int32_t kDk>
-void recurrentColumn(float* st, int64_t dv, float const* qh, float const* kh, int64_t qkw, DType vt, void const* xc,
-    int64_t v0, int64_t vStride, float const* gates, int64_t gateStride, int64_t betaOffset, int32_t n, void* y,
-    int64_t y0, int64_t yStride, bool write, bool zeroInit)
+void foldColumn(float* s, int32_t pend, float const* keys, float const* decay, float const* delta, int64_t dv)
+{
+    constexpr int32_t kSplit = kGdnSplit<kDk>;
+    constexpr int32_t kSlice = kDk / kSplit;
+    for (int32_t t = 0; t < pend; ++t)
+        for (int32_t l = 0; l < kSplit; ++l)
+            gdnSliceFold<kSlice>(s + l * kSlice, keys + t * kDk + l * kSlice, decay[t], delta[t * dv]);
+}
+
+//! What a state column starts from: zeros, or the slot's state folded over its pending records.
+struct ColumnStart
+{
+    bool zero;
+    int32_t pend;          //!< records to fold (0 with zero)
+    float const* keys;     //!< the column's key head's records [Kv][Dk]
+    float const* decay;    //!< the column's value head's [Kv]
+    float const* delta;    //!< the column's [Kv][Dv] (this column at offset 0)
+};
+
+//! Which state a call stores in the slot: none, the folded one (a generation request whose slot had
+//! records: the committed state, before its verify tokens), or the advanced one (a context request).
+enum class StateWrite
+{
+    kNone,
+    kFolded,
+    kAdvanced,
+};
+
+//! The per-token recurrence of one state column over n tokens, slice by slice exactly as the
+//! lanes of gdnRecurrentKernel (gatedDeltaNetMath.h), after the fold of its pending records. v / y
+//! are addressed by element index in the activation dtype. deltaOut (generation requests): the
+//! column's delta of the first nRec tokens, at deltaOut[t * dv] (the next step's fold reads them).
+template <int32_t kDk>
+void recurrentColumn(float* st, int64_t dv, ColumnStart const& from, float const* qh, float const* kh, int64_t qkw,
+    DType vt, void const* xc, int64_t v0, int64_t vStride, float const* gates, int64_t gateStride, int64_t betaOffset,
+    int32_t n, void* y, int64_t y0, int64_t yStride, StateWrite write, float* deltaOut, int32_t nRec)
 {
     constexpr int32_t kSplit = kGdnSplit<kDk>;
     constexpr int32_t kSlice = kDk / kSplit;
     float s[kDk];
     float part[kSplit];
     for (int32_t i = 0; i < kDk; ++i)
-        s[i] = zeroInit ? 0.0f : st[i * dv];
+        s[i] = from.zero ? 0.0f : st[i * dv];
+    foldColumn<kDk>(s, from.pend, from.keys, from.decay, from.delta, dv);
+    if (write == StateWrite::kFolded)
+        for (int32_t i = 0; i < kDk; ++i)
+            st[i * dv] = s[i];
     for (int32_t p = 0; p < n; ++p)
     {
         float const* kp = kh + p * qkw;
@@ -54,37 +117,56 @@ void recurrentColumn(float* st, int64_t dv, float const* qh, float const* kh, in
         for (int32_t l = 0; l < kSplit; ++l)
             part[l] = gdnSliceDecayDot<kSlice>(s + l * kSlice, kp + l * kSlice, decay);
         float const delta = gdnDelta(gdnLoad(vt, xc, v0 + p * vStride), gdnCombine<kSplit>(part), beta);
+        if (p < nRec)
+            deltaOut[p * dv] = delta;
         for (int32_t l = 0; l < kSplit; ++l)
             gdnSliceUpdate<kSlice>(s + l * kSlice, kp + l * kSlice, delta);
-        if (y != nullptr)
-        {
-            float const* qp = qh + p * qkw;
-            for (int32_t l = 0; l < kSplit; ++l)
-                part[l] = gdnSliceDot<kSlice>(s + l * kSlice, qp + l * kSlice);
-            gdnStore(vt, y, y0 + p * yStride, gdnCombine<kSplit>(part));
-        }
+        float const* qp = qh + p * qkw;
+        for (int32_t l = 0; l < kSplit; ++l)
+            part[l] = gdnSliceDot<kSlice>(s + l * kSlice, qp + l * kSlice);
+        gdnStore(vt, y, y0 + p * yStride, gdnCombine<kSplit>(part));
     }
-    if (write)
+    if (write == StateWrite::kAdvanced)
         for (int32_t i = 0; i < kDk; ++i)
             st[i * dv] = s[i];
 }
 
+//! The records a forward folds for request r's slot (none for a zero_state context request).
+int32_t pendingOf(SlotView const& sv, bool zeroInit)
+{
+    return zeroInit ? 0 : gdnPendingCount(sv.pendingRaw(), static_cast<int32_t>(sv.kv));
+}
+
+ColumnStart columnStart(SlotView const& sv, bool zeroInit, int32_t pend, int64_t h, int64_t kHead, int64_t j)
+{
+    return ColumnStart{zeroInit, pend, sv.keys(kHead), sv.decay(h), sv.delta(h) + j};
+}
+
+//! One request's per-token recurrence: generation requests (verify: y and the delta records; the
+//! folded state, the committed one, is written back when records were folded into it) and, with
+//! chunk_size = 0, context requests (the state advances).
 template <int32_t kDk>
-void recurrentColumns(GatedDeltaNetParams const& p, int32_t n, int32_t slot, float* pool, float const* qh,
-    float const* kh, void const* xc, float const* gates, void* y, bool write, int64_t base, bool zeroInit)
+void recurrentColumns(GatedDeltaNetParams const& p, GdnSlotLayout const& L, int32_t n, int32_t slot, float* pool,
+    float const* qh, float const* kh, void const* xc, float const* gates, void* y, bool ctx, int64_t base,
+    bool zeroInit)
 {
     auto const& a = p.attrs;
     int64_t const hk = a.numKHeads, hv = a.numVHeads, dv = a.headVDim, C = p.convDim;
     int64_t const group = hv / hk;
     int64_t const qkw = hk * kDk;
+    SlotView const sv = slotView(p, L, pool, slot);
+    int32_t const pend = pendingOf(sv, zeroInit);
+    StateWrite const write = ctx ? StateWrite::kAdvanced : (pend > 0 ? StateWrite::kFolded : StateWrite::kNone);
+    int32_t const nRec = ctx ? 0 : (n < a.maxVerifyTokens ? n : a.maxVerifyTokens);
     for (int64_t h = 0; h < hv; ++h)
     {
         int64_t const kHead = h / group;
-        float* st = pool + ((static_cast<int64_t>(slot) * hv + h) * kDk) * dv;
+        float* st = sv.state(h);
         for (int64_t j = 0; j < dv; ++j)
-            recurrentColumn<kDk>(st + j, dv, qh == nullptr ? nullptr : qh + base * qkw + kHead * kDk,
-                kh + base * qkw + kHead * kDk, qkw, p.dataType, xc, base * C + 2 * qkw + h * dv + j, C,
-                gates + base * 2 * hv + h, 2 * hv, hv, n, y, base * hv * dv + h * dv + j, hv * dv, write, zeroInit);
+            recurrentColumn<kDk>(st + j, dv, columnStart(sv, zeroInit, pend, h, kHead, j),
+                qh + base * qkw + kHead * kDk, kh + base * qkw + kHead * kDk, qkw, p.dataType, xc,
+                base * C + 2 * qkw + h * dv + j, C, gates + base * 2 * hv + h, 2 * hv, hv, n, y,
+                base * hv * dv + h * dv + j, hv * dv, write, sv.delta(h) + j, nRec);
     }
 }
 
@@ -93,14 +175,15 @@ void recurrentColumns(GatedDeltaNetParams const& p, int32_t n, int32_t slot, flo
 template <int32_t kDk>
 void chunkScanColumn(float* st, int64_t dv, float const* qh, float const* kh, int64_t qkw, float const* gam,
     int64_t gamStride, float const* qk, int64_t qkmStride, float* u, int64_t uStride, float const* w, int64_t wStride,
-    int32_t n, int32_t chunk, DType yt, void* y, int64_t y0, int64_t yStride, bool zeroInit)
+    int32_t n, int32_t chunk, DType yt, void* y, int64_t y0, int64_t yStride, ColumnStart const& from)
 {
     constexpr int32_t kSplit = kGdnSplit<kDk>;
     constexpr int32_t kSlice = kDk / kSplit;
     float s[kDk];
     float part[kSplit];
     for (int32_t i = 0; i < kDk; ++i)
-        s[i] = zeroInit ? 0.0f : st[i * dv];
+        s[i] = from.zero ? 0.0f : st[i * dv];
+    foldColumn<kDk>(s, from.pend, from.keys, from.decay, from.delta, dv);
     for (int32_t c0 = 0; c0 < n; c0 += chunk)
     {
         int32_t const m = (n - c0) < chunk ? (n - c0) : chunk;
@@ -139,7 +222,8 @@ void chunkScanColumn(float* st, int64_t dv, float const* qh, float const* kh, in
 }
 
 template <int32_t kDk>
-void chunkedRequest(GatedDeltaNetParams const& p, int32_t n, int32_t slot, float* pool, float const* qh,
+void chunkedRequest(GatedDeltaNetParams const& p, GdnSlotLayout const& L, int32_t n, int32_t slot, float* pool,
+    float const* qh,
     float const* kh, void const* xc, float const* gates, float* gam, float* amat, float* qk, float* u, float* w,
     void* y, int64_t base, bool zeroInit)
 {
@@ -198,16 +282,19 @@ void chunkedRequest(GatedDeltaNetParams const& p, int32_t n, int32_t slot, float
             }
         }
     }
-    // scan (gdnChunkScanKernel): sequential over the chunks, one column at a time
+    // scan (gdnChunkScanKernel): sequential over the chunks, one column at a time, from the slot's
+    // state folded over its pending records
+    SlotView const sv = slotView(p, L, pool, slot);
+    int32_t const pend = pendingOf(sv, zeroInit);
     for (int64_t h = 0; h < hv; ++h)
     {
         int64_t const kHead = h / group;
-        float* st = pool + ((static_cast<int64_t>(slot) * hv + h) * kDk) * dv;
+        float* st = sv.state(h);
         for (int64_t j = 0; j < dv; ++j)
             chunkScanColumn<kDk>(st + j, dv, qh + base * qkw + kHead * kDk, kh + base * qkw + kHead * kDk, qkw,
                 gam + base * hv + h, hv, qk + (base * hv + h) * ch, hv * ch, u + (base * hv + h) * dv + j, hv * dv,
                 w + (base * hv + h) * kDk, hv * kDk, n, a.chunkSize, p.dataType, y, base * hv * dv + h * dv + j,
-                hv * dv, zeroInit);
+                hv * dv, columnStart(sv, zeroInit, pend, h, kHead, j));
     }
 }
 
@@ -309,13 +396,16 @@ void forwardTyped(GatedDeltaNetParams const& p, void const* const* in, void* con
             }
         }
     }
-    // 4. recurrence: generation requests read-only; context requests when chunk_size = 0
+    GdnSlotLayout const L = gatedDeltaNetSlotLayout(a);
+    // 4. recurrence, from each slot's state folded over its pending records: generation requests (verify:
+    // y, delta records; the folded state is written back), context requests when chunk_size = 0
     for (int64_t r = 0; r < B; ++r)
     {
         bool const ctx = r < p.numContext;
         if (ctx && a.chunkSize > 0)
             continue;
-        recurrentColumns<kDk>(p, cu[r + 1] - cu[r], slots[r], rnnPool, qh, kh, xc, gates, y, ctx, cu[r], zeroInit(r));
+        recurrentColumns<kDk>(p, L, cu[r + 1] - cu[r], slots[r], rnnPool, qh, kh, xc, gates, y, ctx, cu[r],
+            zeroInit(r));
     }
     // 5. chunked context requests
     if (a.chunkSize > 0)
@@ -326,73 +416,105 @@ void forwardTyped(GatedDeltaNetParams const& p, void const* const* in, void* con
         auto* u = reinterpret_cast<float*>(base + ws.u);
         auto* w = reinterpret_cast<float*>(base + ws.w);
         for (int64_t r = 0; r < p.numContext; ++r)
-            chunkedRequest<kDk>(p, cu[r + 1] - cu[r], slots[r], rnnPool, qh, kh, xc, gates, gam, amat, qk, u, w, y,
-                cu[r], zeroInit(r));
+            chunkedRequest<kDk>(p, L, cu[r + 1] - cu[r], slots[r], rnnPool, qh, kh, xc, gates, gam, amat, qk, u, w,
+                y, cu[r], zeroInit(r));
     }
-    // 6. conv state of context requests (gdnConvStateKernel)
-    for (int64_t r = 0; r < p.numContext; ++r)
-        updateConvState<T>(p, convPool + static_cast<int64_t>(slots[r]) * keep * C, x, cu[r], cu[r + 1] - cu[r],
-            zeroInit(r));
+    // 6. (gdnConvStateKernel, after every reader of the old records) the conv state of context requests;
+    // the keys and decay records of generation requests' verify tokens; every slot's pending count to 0
+    // (the records are folded; the commit sets the count of the new ones)
+    for (int64_t r = 0; r < B; ++r)
+    {
+        SlotView const sv = slotView(p, L, rnnPool, slots[r]);
+        int32_t const n = cu[r + 1] - cu[r];
+        if (r < p.numContext)
+            updateConvState<T>(p, convPool + static_cast<int64_t>(slots[r]) * keep * C, x, cu[r], n, zeroInit(r));
+        else
+        {
+            int32_t const nRec = n < a.maxVerifyTokens ? n : a.maxVerifyTokens;
+            for (int32_t t = 0; t < nRec; ++t)
+            {
+                int64_t const row = cu[r] + t;
+                for (int64_t g = 0; g < hk; ++g)
+                    for (int64_t i = 0; i < kDk; ++i)
+                        sv.keys(g)[t * kDk + i] = kh[(row * hk + g) * kDk + i];
+                for (int64_t h = 0; h < hv; ++h)
+                    sv.decay(h)[t] = expRn(gates[row * 2 * hv + h]);
+            }
+        }
+        sv.setPending(0);
+    }
 }
 
-template <int32_t kDk, class T>
+//! The commit: each generation request's slot records its accepted count (the next forward folds
+//! that many records into the state) and its conv state advances over the accepted tokens.
+template <class T>
 void commitTyped(GatedDeltaNetParams const& p, void const* const* in, void* const* out)
 {
     using S = typename T::Storage;
     auto const& a = p.attrs;
     int64_t const B = p.batch, C = p.convDim;
-    int64_t const hk = a.numKHeads, kv = a.maxVerifyTokens;
+    int64_t const kv = a.maxVerifyTokens;
     auto const* vqkv = static_cast<S const*>(in[0]);
-    auto const* vgates = static_cast<float const*>(in[1]);
-    auto const* wconv = static_cast<S const*>(in[2]);
     auto const* numAccepted = static_cast<int32_t const*>(in[3]);
     auto const* cu = static_cast<int32_t const*>(in[4]);
     auto const* slots = static_cast<int32_t const*>(in[5]);
     auto* rnnPool = reinterpret_cast<float*>(*static_cast<int64_t const*>(in[7]));
     auto* convPool = reinterpret_cast<S*>(*static_cast<int64_t const*>(in[8]));
     auto* committed = static_cast<int32_t*>(out[0]);
-
-    GatedDeltaNetWorkspace const ws = gatedDeltaNetWorkspaceLayout(p);
-    std::vector<unsigned char> buf(ws.total + 256);
-    auto* xc = reinterpret_cast<S*>(buf.data() + ws.xc);
-    auto* kh = reinterpret_cast<float*>(buf.data() + ws.kh);
+    GdnSlotLayout const L = gatedDeltaNetSlotLayout(a);
     int64_t const keep = a.convKernel - 1;
-    int64_t const kOff = hk * kDk; // k and v channels only: the commit reads no q
 
     for (int64_t r = 0; r < B; ++r)
     {
         bool const gen = r >= p.numContext;
         int32_t const n = gen ? gdnCommitCount(numAccepted[r], cu[r + 1] - cu[r], a.maxVerifyTokens) : 0;
         committed[r] = n;
-        if (n == 0)
+        if (!gen)
             continue;
-        int64_t const r0 = r * kv;
-        S* st = convPool + static_cast<int64_t>(slots[r]) * keep * C;
-        // 1. conv + silu of the accepted rows (gdnConvKernel)
-        for (int32_t pp = 0; pp < n; ++pp)
-            for (int64_t c = kOff; c < C; ++c)
-                xc[(r0 + pp) * C + c] = gdnConvSilu<T>(vqkv + r0 * C, C, st, C, wconv, a.convKernel, pp, c);
-        // 2. l2norm of k (gdnQkNormKernel)
-        for (int32_t pp = 0; pp < n; ++pp)
-            for (int64_t g = 0; g < hk; ++g)
-                gdnL2Normalize<T>(xc + (r0 + pp) * C + hk * kDk + g * kDk, kh + ((r0 + pp) * hk + g) * kDk, kDk, 0.0f);
-        // 3. replay (gdnRecurrentKernel, state only)
-        recurrentColumns<kDk>(p, n, slots[r], rnnPool, nullptr, kh, xc, vgates, nullptr, true, r0, false);
-        // 4. conv state (gdnConvStateKernel), after the conv read the old one
-        updateConvState<T>(p, st, vqkv, r0, n, false);
+        slotView(p, L, rnnPool, slots[r]).setPending(n);
+        if (n > 0) // conv state (gdnConvStateKernel)
+            updateConvState<T>(p, convPool + static_cast<int64_t>(slots[r]) * keep * C, vqkv, r * kv, n, false);
+    }
+}
+
+//! Every listed slot's state folded over its pending records, the count set to 0: the committed state
+//! (what a forward starts from), materialised in place.
+template <int32_t kDk>
+void foldSlots(GatedDeltaNetParams const& p, float* pool, int32_t const* slots, int64_t count)
+{
+    auto const& a = p.attrs;
+    GdnSlotLayout const L = gatedDeltaNetSlotLayout(a);
+    int64_t const hv = a.numVHeads, dv = a.headVDim, group = hv / a.numKHeads;
+    float s[kDk];
+    for (int64_t q = 0; q < count; ++q)
+    {
+        SlotView const sv = slotView(p, L, pool, slots[q]);
+        int32_t const pend = pendingOf(sv, false);
+        for (int64_t h = 0; h < hv; ++h)
+            for (int64_t j = 0; j < dv; ++j)
+            {
+                float* st = sv.state(h) + j;
+                for (int32_t i = 0; i < kDk; ++i)
+                    s[i] = st[i * dv];
+                foldColumn<kDk>(s, pend, sv.keys(h / group), sv.decay(h), sv.delta(h) + j, dv);
+                for (int32_t i = 0; i < kDk; ++i)
+                    st[i * dv] = s[i];
+            }
+        sv.setPending(0);
     }
 }
 
 template <class T>
 void dispatchDk(GatedDeltaNetParams const& p, void const* const* in, void* const* out)
 {
-    bool const commit = p.attrs.mode == static_cast<int32_t>(GdnMode::kCOMMIT);
+    if (p.attrs.mode == static_cast<int32_t>(GdnMode::kCOMMIT))
+        return commitTyped<T>(p, in, out);
     switch (p.attrs.headKDim)
     {
-    case 16: commit ? commitTyped<16, T>(p, in, out) : forwardTyped<16, T>(p, in, out); break;
-    case 32: commit ? commitTyped<32, T>(p, in, out) : forwardTyped<32, T>(p, in, out); break;
-    case 64: commit ? commitTyped<64, T>(p, in, out) : forwardTyped<64, T>(p, in, out); break;
-    default: commit ? commitTyped<128, T>(p, in, out) : forwardTyped<128, T>(p, in, out); break;
+    case 16: forwardTyped<16, T>(p, in, out); break;
+    case 32: forwardTyped<32, T>(p, in, out); break;
+    case 64: forwardTyped<64, T>(p, in, out); break;
+    default: forwardTyped<128, T>(p, in, out); break;
     }
 }
 
@@ -471,6 +593,32 @@ int32_t df2_gdn_slot_layout(int32_t const* attrs, int64_t* out, char* msg, int32
     GdnSlotLayout const l = gatedDeltaNetSlotLayout(a);
     int64_t const v[7] = {l.state, l.pending, l.delta, l.keys, l.decay, l.recordRows, l.floats};
     std::memcpy(out, v, sizeof(v));
+    return 0;
+}
+
+//! Folds the pending records of `count` slots of the rnn pool at `pool` ([numSlots, slot floats]) into
+//! their state and sets their counts to 0, in place: the committed state, as the next forward would
+//! start from it (the tests' and the runtime's view of a slot).
+int32_t df2_gdn_fold(int32_t const* attrs, float* pool, int64_t numSlots, int32_t const* slots, int64_t count,
+    char* msg, int32_t msgLen)
+{
+    GatedDeltaNetAttrs const a = attrsFromValues(kGatedDeltaNetFields, attrs);
+    Status const s = validateGatedDeltaNetAttrs(a, msg, msgLen);
+    if (s != Status::kOK)
+        return static_cast<int32_t>(s);
+    for (int64_t q = 0; q < count; ++q)
+        if (slots[q] < 0 || slots[q] >= numSlots)
+            return static_cast<int32_t>(fail(msg, msgLen, "fold: slot %d outside the state pool's %lld slots",
+                slots[q], static_cast<long long>(numSlots)));
+    GatedDeltaNetParams p;
+    p.attrs = a;
+    switch (a.headKDim)
+    {
+    case 16: foldSlots<16>(p, pool, slots, count); break;
+    case 32: foldSlots<32>(p, pool, slots, count); break;
+    case 64: foldSlots<64>(p, pool, slots, count); break;
+    default: foldSlots<128>(p, pool, slots, count); break;
+    }
     return 0;
 }
 

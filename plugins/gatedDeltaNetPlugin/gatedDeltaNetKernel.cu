@@ -8,16 +8,23 @@
 /*
  * Every kernel is a thin index mapping around one function of gatedDeltaNetMath.h, which the CPU
  * build (gatedDeltaNetCpu.cpp) calls in the same order, so the GPU computes bit for bit what the
- * CPU build computes. Row spaces: forward = the packed tokens (request r owns rows
- * [cu[r], cu[r+1])); commit = the B x Kv verify rows (request r owns rows [r Kv, r Kv + Kv)).
+ * CPU build computes. Row space: the packed tokens (request r owns rows [cu[r], cu[r+1])); the
+ * commit's verify rows are the B x Kv rows of verify_qkv (request r owns rows [r Kv, r Kv + Kv)).
  * A state column (Dk fp32 values) lives in the registers of kGdnSplit lanes (kDk is a template
  * argument), for all the tokens of a call.
  *
+ * Deferred commit (GdnSlotLayout, gatedDeltaNetParams.h): a slot holds the state as of the last fold
+ * and the records of the last verify (delta, keys, decay) with a pending count. Every kernel that
+ * reads a state (the per-token recurrence, the chunk scan) loads it once, folds the pending records
+ * in (gdnSliceFold), proceeds, and writes it once. The verify writes its delta records; the conv
+ * state kernel, which runs after every reader of the old records, writes the keys / decay records
+ * and sets the pending counts to 0; the commit sets them to the accepted counts.
+ *
  * The sequences: forward = prologue (conv + silu + q/k l2norm + gates, one launch), per-token
  * recurrence (generation requests; context requests when chunk_size = 0), chunk matrices / solve /
- * scan (context requests), conv state. Commit = prologue (k/v channels of the rows to commit, k
- * norm), recurrence (state only), conv state (+ committed counts). launchGdnConv / QkNorm / Gates
- * remain as separate stages with the same results (the fused prologue's parts, unfused).
+ * scan (context requests), conv state and records. Commit = the conv state kernel alone (conv state
+ * of the accepted tokens, pending and committed counts). launchGdnConv / QkNorm / Gates remain as
+ * separate stages with the same results (the fused prologue's parts, unfused).
  */
 
 namespace dflash2
@@ -46,35 +53,20 @@ __device__ __forceinline__ int32_t requestOfRow(int32_t const* cu, int32_t batch
     return lo;
 }
 
-//! Where row `row` of the call's row space belongs: request r, position p, the request's first
-//! row, and whether a stage must process it (commit: only the rows to commit).
+//! Where packed row `row` belongs: request r, position p, the request's first row.
 struct RowInfo
 {
     int32_t r;
     int32_t p;
     int64_t base;
-    bool active;
 };
 
-__device__ __forceinline__ RowInfo rowInfo(bool commit, int32_t const* cu, int32_t const* numAccepted, int32_t batch,
-    int32_t numContext, int32_t kv, int64_t row)
+__device__ __forceinline__ RowInfo rowInfo(int32_t const* cu, int32_t batch, int64_t row)
 {
     RowInfo info;
-    if (commit)
-    {
-        info.r = static_cast<int32_t>(row / kv);
-        info.p = static_cast<int32_t>(row - static_cast<int64_t>(info.r) * kv);
-        info.base = static_cast<int64_t>(info.r) * kv;
-        info.active = info.r >= numContext
-            && info.p < gdnCommitCount(numAccepted[info.r], cu[info.r + 1] - cu[info.r], kv);
-    }
-    else
-    {
-        info.r = requestOfRow(cu, batch, row);
-        info.base = cu[info.r];
-        info.p = static_cast<int32_t>(row - info.base);
-        info.active = true;
-    }
+    info.r = requestOfRow(cu, batch, row);
+    info.base = cu[info.r];
+    info.p = static_cast<int32_t>(row - info.base);
     return info;
 }
 
@@ -108,13 +100,22 @@ struct Dims
 {
     int32_t batch, numContext, hk, hv, dk, dv, kc, kv, chunk;
     int64_t convDim;
+    // the rnn pool's slot (GdnSlotLayout): stride and offsets in floats
+    int64_t slotFloats, offPending, offDelta, offKeys, offDecay;
 };
 
 Dims dimsOf(GatedDeltaNetParams const& p)
 {
     auto const& a = p.attrs;
+    GdnSlotLayout const l = gatedDeltaNetSlotLayout(a);
     return Dims{static_cast<int32_t>(p.batch), p.numContext, a.numKHeads, a.numVHeads, a.headKDim, a.headVDim,
-        a.convKernel, a.maxVerifyTokens, a.chunkSize, p.convDim};
+        a.convKernel, a.maxVerifyTokens, a.chunkSize, p.convDim, l.floats, l.pending, l.delta, l.keys, l.decay};
+}
+
+//! The pending count of a slot (raw, gdnPendingCount clamps it).
+__device__ __forceinline__ int32_t slotPendingRaw(float const* slot, Dims const& d)
+{
+    return *reinterpret_cast<int32_t const*>(slot + d.offPending);
 }
 
 // ------------------------------------------------------------------------------------ kernels
@@ -155,33 +156,31 @@ __device__ __forceinline__ int32_t warpRequestOfRow(int32_t const* cu, int32_t b
 //! What one prologue launch produces.
 struct PrologueParts
 {
-    bool commit; //!< row space = the B x Kv verify rows, only the rows to commit, k/v channels
-    bool norm;   //!< q/k l2norm into qh/kh (else the q/k channels' xc is written, for gdnQkNormKernel)
-    bool gates;  //!< g and beta (forward only)
+    bool norm;  //!< q/k l2norm into qh/kh (else the q/k channels' xc is written, for gdnQkNormKernel)
+    bool gates; //!< g and beta
 };
 
 constexpr int kProThreads = 256;
 
-//! Fused prologue, grid (rows, channel tiles of kProThreads * kVec channels from cLo): block =
-//! one row of the call's row space (its request found once per warp, not per thread), thread =
+//! Fused prologue, grid (rows, channel tiles of kProThreads * kVec channels): block =
+//! one packed row (its request found once per warp, not per thread), thread =
 //! kVec consecutive channels. Conv + silu of the tile (gdnConvTap / gdnSiluOfConv: the steps of
 //! gdnConvSilu); the v channels go to xc; the q/k channels are l2-normalised into qh / kh
 //! (gdnL2NormInv's steps: with four channels per thread a thread's channels are one group of
 //! gdnSquaresGroup and the group sums of a key head, held by consecutive lanes of one warp, meet
 //! in a butterfly = gdnL2NormInv's pairwise tree; with one channel per thread the tile goes
 //! through shared memory and one thread per head calls gdnL2NormInv). A tile holds whole key
-//! heads (tiles start at 0 or Hk Dk and are multiples of Dk). Generation rows also copy their raw
+//! heads (tiles start at multiples of Dk). Generation rows also copy their raw
 //! qkv into verify_qkv. Tile 0 computes the row's gates (gdnDecayLog, gdnBeta), once per (row,
 //! value head).
 template <class T, int kVec>
 __global__ void __launch_bounds__(kProThreads) gdnPrologueKernel(typename T::Storage const* __restrict__ x,
     typename T::Storage const* __restrict__ w, typename T::Storage const* __restrict__ a,
     typename T::Storage const* __restrict__ b, float const* __restrict__ dtBias, float const* __restrict__ aLog,
-    int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ numAccepted,
-    int32_t const* __restrict__ zeroState, typename T::Storage const* __restrict__ convPool,
-    typename T::Storage* __restrict__ xc, float* __restrict__ qh, float* __restrict__ kh, float* __restrict__ gates,
-    typename T::Storage* __restrict__ verifyQkv, float* __restrict__ verifyGates, Dims d, int64_t cLo, float scale,
-    PrologueParts parts)
+    int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ zeroState,
+    typename T::Storage const* __restrict__ convPool, typename T::Storage* __restrict__ xc, float* __restrict__ qh,
+    float* __restrict__ kh, float* __restrict__ gates, typename T::Storage* __restrict__ verifyQkv,
+    float* __restrict__ verifyGates, Dims d, float scale, PrologueParts parts)
 {
     using S = typename T::Storage;
     constexpr int32_t kTile = kProThreads * kVec;
@@ -189,30 +188,15 @@ __global__ void __launch_bounds__(kProThreads) gdnPrologueKernel(typename T::Sto
     __shared__ float sInv[kVec == 1 ? kTile / 16 : 1]; // and the inverse norms of its heads (Dk >= 16)
     int64_t const row = blockIdx.x;
     int64_t const C = d.convDim;
-    int32_t r, p;
-    int64_t base;
-    if (parts.commit)
-    {
-        r = static_cast<int32_t>(row / d.kv);
-        p = static_cast<int32_t>(row - static_cast<int64_t>(r) * d.kv);
-        base = static_cast<int64_t>(r) * d.kv;
-        if (r < d.numContext || p >= gdnCommitCount(numAccepted[r], cu[r + 1] - cu[r], d.kv))
-            return; // the whole block: nothing of this row is committed
-    }
-    else
-    {
-        r = warpRequestOfRow(cu, d.batch, row);
-        base = cu[r];
-        p = static_cast<int32_t>(row - base);
-    }
+    int32_t const r = warpRequestOfRow(cu, d.batch, row);
+    int64_t const base = cu[r];
+    int32_t const p = static_cast<int32_t>(row - base);
     bool const gen = r >= d.numContext;
     int32_t const keep = d.kc - 1;
-    S const* st = (!parts.commit && zeroInit(zeroState, r, d.numContext))
-        ? nullptr
-        : convPool + static_cast<int64_t>(slots[r]) * keep * C;
+    S const* st = zeroInit(zeroState, r, d.numContext) ? nullptr : convPool + static_cast<int64_t>(slots[r]) * keep * C;
     int64_t const qkw = static_cast<int64_t>(d.hk) * d.dk;
     int64_t const qkEnd = 2 * qkw; // channels [0, qkEnd) are q and k, [qkEnd, C) v
-    int64_t const t0 = cLo + static_cast<int64_t>(blockIdx.y) * kTile;
+    int64_t const t0 = static_cast<int64_t>(blockIdx.y) * kTile;
     int32_t const local = static_cast<int32_t>(threadIdx.x) * kVec;
     int64_t const c = t0 + local; // kVec channels c .. c + kVec - 1, all < C or all >= C (C % kVec == 0)
     StorageVec<S, kVec> out;      // xc of those channels
@@ -256,7 +240,7 @@ __global__ void __launch_bounds__(kProThreads) gdnPrologueKernel(typename T::Sto
             storeVec<S, kVec>(xc + row * C + c, out);
         else if constexpr (kVec == 1)
             sXc[local] = out.v[0];
-        if (!parts.commit && gen && p < d.kv)
+        if (gen && p < d.kv)
         {
             StorageVec<S, kVec> raw; // tap kc - 1 is row p itself, read from x
 #pragma unroll
@@ -275,7 +259,7 @@ __global__ void __launch_bounds__(kProThreads) gdnPrologueKernel(typename T::Sto
     }
     if (parts.norm)
     {
-        int64_t const hLo = t0 > cLo ? t0 : cLo;
+        int64_t const hLo = t0;
         int64_t const hHi = (t0 + kTile) < qkEnd ? (t0 + kTile) : qkEnd;
         bool const mine = c >= hLo && c < hHi; // this thread's channels are q/k channels (c < C)
         bool const isK = c >= qkw;
@@ -335,21 +319,16 @@ __global__ void __launch_bounds__(kProThreads) gdnPrologueKernel(typename T::Sto
 
 template <class T>
 __global__ void __launch_bounds__(kElemThreads) gdnQkNormKernel(typename T::Storage const* __restrict__ xc,
-    int32_t const* __restrict__ cu, int32_t const* __restrict__ numAccepted, float* __restrict__ qh,
-    float* __restrict__ kh, int64_t rows, Dims d, float scale, bool commit)
+    float* __restrict__ qh, float* __restrict__ kh, int64_t rows, Dims d, float scale)
 {
-    int32_t const parts = commit ? 1 : 2; // commit: k only
-    int64_t const total = rows * d.hk * parts;
+    int64_t const total = rows * d.hk * 2;
     for (int64_t e = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x; e < total;
          e += static_cast<int64_t>(gridDim.x) * kElemThreads)
     {
-        int64_t const row = e / (d.hk * parts);
-        int32_t const rem = static_cast<int32_t>(e - row * d.hk * parts);
-        int32_t const g = rem / parts;
-        bool const isK = commit || (rem % parts) == 1;
-        RowInfo const ri = rowInfo(commit, cu, numAccepted, d.batch, d.numContext, d.kv, row);
-        if (!ri.active)
-            continue;
+        int64_t const row = e / (d.hk * 2);
+        int32_t const rem = static_cast<int32_t>(e - row * d.hk * 2);
+        int32_t const g = rem / 2;
+        bool const isK = (rem % 2) == 1;
         int64_t const col = (isK ? static_cast<int64_t>(d.hk) * d.dk : 0) + static_cast<int64_t>(g) * d.dk;
         float* out = (isK ? kh : qh) + (row * d.hk + g) * d.dk;
         gdnL2Normalize<T>(xc + row * d.convDim + col, out, d.dk, isK ? 0.0f : scale);
@@ -371,7 +350,7 @@ __global__ void __launch_bounds__(kElemThreads) gdnGatesKernel(typename T::Stora
         float const beta = gdnBeta<T>(b[e]);
         gates[row * 2 * d.hv + h] = g;
         gates[row * 2 * d.hv + d.hv + h] = beta;
-        RowInfo const ri = rowInfo(false, cu, nullptr, d.batch, d.numContext, d.kv, row);
+        RowInfo const ri = rowInfo(cu, d.batch, row);
         if (ri.r >= d.numContext && ri.p < d.kv)
         {
             float* vg = verifyGates + (static_cast<int64_t>(ri.r) * d.kv + ri.p) * 2 * d.hv;
@@ -448,18 +427,21 @@ GDN_UNROLL
 
 //! grid (B, Hv, ceil(Dv / kBlockCols)): value head blockIdx.y of request blockIdx.x, columns
 //! [blockIdx.z kBlockCols, ...). Per column, the steps of recurrentColumn in gatedDeltaNetCpu.cpp
-//! in its order: per token S *= exp(g) and S^T k (gdnSliceDecayDot per slice, combined), delta
-//! (gdnDelta), S += k delta (gdnSliceUpdate), y = S^T q (gdnSliceDot, combined). The state stays
-//! in registers over all tokens; k, q (fp32 from the prologue), v (widened), exp(g) and beta of up
-//! to kRecTokens tokens are staged in shared memory by the block, exp once per (token, head).
-//! Every lane runs every step (columns past Dv compute on zeros and store nothing), so the
-//! shuffles and barriers see full warps and blocks.
+//! in its order: the fold of the slot's pending records (gdnSliceFold: keys, delta and decay of up to
+//! kRecTokens records staged in shared memory at a time), then per token S *= exp(g) and S^T k
+//! (gdnSliceDecayDot per slice, combined), delta (gdnDelta; a generation request's slice-0 lanes
+//! store it as the token's record), S += k delta (gdnSliceUpdate), y = S^T q (gdnSliceDot,
+//! combined). The state stays in registers from the one load to the one store (context requests: after
+//! their tokens; generation requests whose slot had records to fold: the folded, committed state, before
+//! the verify tokens, which leave the slot's state as it is); k, q (fp32 from the prologue), v (widened),
+//! exp(g) and beta of up to kRecTokens tokens are staged in shared memory by the block, exp once per
+//! (token, head). Every lane runs every step (columns past Dv compute on zeros and store nothing), so
+//! the shuffles and barriers see full warps and blocks.
 template <int32_t kDk, class T>
 __global__ void __launch_bounds__(kRecThreads, RecTile<kDk>::kMinBlocks) gdnRecurrentKernel(float const* __restrict__ qh,
     float const* __restrict__ kh, typename T::Storage const* __restrict__ xc, float const* __restrict__ gates,
-    int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ numAccepted,
-    int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool, typename T::Storage* __restrict__ y, Dims d,
-    bool commit)
+    int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ zeroState,
+    float* __restrict__ rnnPool, typename T::Storage* __restrict__ y, Dims d)
 {
     using S = typename T::Storage;
     using Tile = RecTile<kDk>;
@@ -472,33 +454,21 @@ __global__ void __launch_bounds__(kRecThreads, RecTile<kDk>::kMinBlocks) gdnRecu
     __shared__ float4 sK[kRecTokens][Tile::kSplit][kSliceQuads + 1];
     __shared__ float4 sQ[kRecTokens][Tile::kSplit][kSliceQuads + 1];
     __shared__ float sV[kRecTokens][Tile::kBlockCols];
+    __shared__ float sD[kRecTokens][Tile::kBlockCols]; // the staged tokens' delta records
     __shared__ float sDecay[kRecTokens];
     __shared__ float sBeta[kRecTokens];
 
     int32_t const r = blockIdx.x;
     int32_t const h = blockIdx.y;
     bool const ctx = r < d.numContext;
-    int32_t const len = cu[r + 1] - cu[r];
-    int32_t n;
-    int64_t base;
-    bool write;
-    if (commit)
-    {
-        if (ctx)
-            return;
-        n = gdnCommitCount(numAccepted[r], len, d.kv);
-        base = static_cast<int64_t>(r) * d.kv;
-        write = n > 0;
-    }
-    else
-    {
-        if (ctx && d.chunk > 0)
-            return; // the chunked kernels handle it
-        n = len;
-        base = cu[r];
-        write = ctx;
-    }
-    bool const withY = !commit;
+    if (ctx && d.chunk > 0)
+        return; // the chunked kernels handle it
+    int32_t const n = cu[r + 1] - cu[r];
+    int64_t const base = cu[r];
+    bool const zero = zeroInit(zeroState, r, d.numContext);
+    float* const slot = rnnPool + static_cast<int64_t>(slots[r]) * d.slotFloats;
+    int32_t const pend = zero ? 0 : gdnPendingCount(slotPendingRaw(slot, d), d.kv);
+    int32_t const nRec = ctx ? 0 : min(n, d.kv); // verify tokens that get records
     int32_t const tid = static_cast<int32_t>(threadIdx.x);
     int32_t const lane = tid & 31;
     int32_t const slice = lane / Tile::kLanes;
@@ -514,9 +484,13 @@ GDN_UNROLL
     int32_t const kHead = h / (d.hv / d.hk);
     int64_t const qkw = static_cast<int64_t>(d.hk) * kDk;
     int64_t const dv = d.dv;
-    float* st = rnnPool + (static_cast<int64_t>(slots[r]) * d.hv + h) * kDk * dv
-        + static_cast<int64_t>(slice) * kSlice * dv + tileCol;
-    bool const zero = !commit && zeroInit(zeroState, r, d.numContext);
+    float* st = slot + static_cast<int64_t>(h) * kDk * dv + static_cast<int64_t>(slice) * kSlice * dv + tileCol;
+    // the records of this head: the column tile's delta rows [Kv][Dv] (at a fixed offset from st), the key
+    // head's keys [Kv][Dk], the decay [Kv]
+    auto deltaFromState = [&]()
+    {
+        return d.offDelta + static_cast<int64_t>(h) * (d.kv - kDk) * dv - static_cast<int64_t>(slice) * kSlice * dv;
+    };
     // staging assignments (fixed per thread)
     constexpr int32_t kKqStep = kRecThreads / kQuads;
     int32_t const kqQuad = tid % kQuads;
@@ -540,13 +514,78 @@ GDN_UNROLL
             s[q][i] = (zero || !valid[q]) ? 0.0f : row[q * Tile::kLanes];
     }
 
+    // the fold of the pending records (the previous step's accepted tokens), staged as the tokens below
+    if (pend > 0) // block-uniform
+    {
+        float const* recKeys = slot + d.offKeys + static_cast<int64_t>(kHead) * d.kv * kDk;
+        float const* recDecay = slot + d.offDecay + static_cast<int64_t>(h) * d.kv;
+        float const* recDelta = st + deltaFromState();
+GDN_NO_UNROLL
+        for (int32_t c0 = 0; c0 < pend; c0 += kRecTokens)
+        {
+            int32_t const m = min(kRecTokens, pend - c0);
+            if (c0 > 0)
+                __syncthreads();
+            // keys: a slot is 4-byte aligned only, so scalar loads into the float4 staging
+            for (int32_t t = kqTok; t < m; t += kKqStep)
+            {
+                float const* kp = recKeys + (c0 + t) * kDk + 4 * kqQuad;
+                sK[t][kqSlice][kqQuad - kqSlice * kSliceQuads] = make_float4(kp[0], kp[1], kp[2], kp[3]);
+            }
+GDN_UNROLL
+            for (int32_t u = 0; u < kVReps; ++u)
+            {
+                int32_t const jj = vCol + u * kRecThreads;
+                bool const ok = tileCol + jj < d.dv;
+                for (int32_t t = vTok; t < m; t += kVStep)
+                    sV[t][jj] = ok ? recDelta[(c0 + t) * dv + jj] : 0.0f;
+            }
+            if (tid < m)
+                sDecay[tid] = recDecay[c0 + tid];
+            __syncthreads();
+GDN_NO_UNROLL
+            for (int32_t t = 0; t < m; ++t)
+            {
+                float const decay = sDecay[t];
+                float kv[kSlice];
+GDN_UNROLL
+                for (int32_t i4 = 0; i4 < kSliceQuads; ++i4)
+                {
+                    float4 const k4 = sK[t][slice][i4];
+                    kv[4 * i4] = k4.x;
+                    kv[4 * i4 + 1] = k4.y;
+                    kv[4 * i4 + 2] = k4.z;
+                    kv[4 * i4 + 3] = k4.w;
+                }
+GDN_UNROLL
+                for (int32_t q = 0; q < kRecCols; ++q)
+                    gdnSliceFold<kSlice>(s[q], kv, decay, sV[t][jl[q]]);
+            }
+        }
+        __syncthreads(); // every lane is done with the records before the tokens' staging
+        if (!ctx) // a generation request's committed state: stored now, before its verify tokens advance it
+        {
+            float* sf = st; // opaque, as the final store's (no addresses kept from the loads)
+            asm volatile("mov.b64 %0, %0;" : "+l"(sf));
+GDN_UNROLL
+            for (int32_t i = 0; i < kSlice; ++i)
+            {
+                float* row = sf + i * dv + jl[0];
+GDN_UNROLL
+                for (int32_t q = 0; q < kRecCols; ++q)
+                    if (valid[q])
+                        row[q * Tile::kLanes] = s[q][i];
+            }
+        }
+    }
+
     float const* kSrc = kh + base * qkw + static_cast<int64_t>(kHead) * kDk;
     float const* qSrc = qh + base * qkw + static_cast<int64_t>(kHead) * kDk;
     float const* gSrc = gates + base * 2 * d.hv + h;
     S const* vSrc = xc + base * d.convDim + 2 * qkw + static_cast<int64_t>(h) * dv + tileCol;
     int64_t const yStride = static_cast<int64_t>(d.hv) * dv;
     // this lane's y of its first column at the current token (slice-0 lanes store)
-    S* yAt = withY ? y + base * yStride + static_cast<int64_t>(h) * dv + tileCol + jl[0] : nullptr;
+    S* yAt = y + base * yStride + static_cast<int64_t>(h) * dv + tileCol + jl[0];
 
 GDN_NO_UNROLL
     for (int32_t c0 = 0; c0 < n; c0 += kRecTokens)
@@ -563,8 +602,7 @@ GDN_NO_UNROLL
             for (int32_t t = kqTok; t < m; t += kKqStep, kp += step, qp += step)
             {
                 sK[t][kqSlice][kqQuad - kqSlice * kSliceQuads] = *kp;
-                if (withY)
-                    sQ[t][kqSlice][kqQuad - kqSlice * kSliceQuads] = *qp;
+                sQ[t][kqSlice][kqQuad - kqSlice * kSliceQuads] = *qp;
             }
         }
         // v: thread = one column (or kVReps columns kRecThreads apart), tokens kVStep apart
@@ -605,34 +643,53 @@ GDN_UNROLL
                 part[q] = gdnSliceDecayDot<kSlice>(s[q], kv, decay);
 GDN_UNROLL
             for (int32_t q = 0; q < kRecCols; ++q)
+            {
                 part[q] = gdnDelta(sV[t][jl[q]], Tile::combine(part[q]), beta);
+                if (slice == 0)
+                    sD[t][jl[q]] = part[q];
+            }
 GDN_UNROLL
             for (int32_t q = 0; q < kRecCols; ++q)
                 gdnSliceUpdate<kSlice>(s[q], kv, part[q]);
-            if (withY)
+            float qv[kSlice];
+GDN_UNROLL
+            for (int32_t i4 = 0; i4 < kSliceQuads; ++i4)
             {
-                float qv[kSlice];
+                float4 const q4 = sQ[t][slice][i4];
+                qv[4 * i4] = q4.x;
+                qv[4 * i4 + 1] = q4.y;
+                qv[4 * i4 + 2] = q4.z;
+                qv[4 * i4 + 3] = q4.w;
+            }
 GDN_UNROLL
-                for (int32_t i4 = 0; i4 < kSliceQuads; ++i4)
-                {
-                    float4 const q4 = sQ[t][slice][i4];
-                    qv[4 * i4] = q4.x;
-                    qv[4 * i4 + 1] = q4.y;
-                    qv[4 * i4 + 2] = q4.z;
-                    qv[4 * i4 + 3] = q4.w;
-                }
+            for (int32_t q = 0; q < kRecCols; ++q)
+            {
+                float const yv = Tile::combine(gdnSliceDot<kSlice>(s[q], qv));
+                if (slice == 0 && valid[q])
+                    yAt[q * Tile::kLanes] = T::store(yv);
+            }
+            yAt += yStride;
+        }
+        int32_t const mRec = min(m, nRec - c0); // block-uniform
+        if (mRec > 0)
+        {
+            // the staged tokens' delta records to the slot, thread = a column (as the v staging); the
+            // address recomputed (opaque, as the state's below) rather than kept through the token loop
+            __syncthreads();
+            float* rec = st;
+            asm volatile("mov.b64 %0, %0;" : "+l"(rec));
+            rec += deltaFromState();
 GDN_UNROLL
-                for (int32_t q = 0; q < kRecCols; ++q)
-                {
-                    float const yv = Tile::combine(gdnSliceDot<kSlice>(s[q], qv));
-                    if (slice == 0 && valid[q])
-                        yAt[q * Tile::kLanes] = T::store(yv);
-                }
-                yAt += yStride;
+            for (int32_t u = 0; u < kVReps; ++u)
+            {
+                int32_t const jj = vCol + u * kRecThreads;
+                if (tileCol + jj < d.dv)
+                    for (int32_t t = vTok; t < mRec; t += kVStep)
+                        rec[(c0 + t) * dv + jj] = sD[t][jj];
             }
         }
     }
-    if (write)
+    if (ctx) // the advanced state of a context request
     {
         // a fresh copy of the pointer, opaque to the compiler: the store addresses are recomputed
         // here rather than kept in registers from the loads through the whole token loop
@@ -722,7 +779,8 @@ __global__ void __launch_bounds__(kSolveThreads) gdnChunkSolveKernel(void const*
 }
 
 //! grid (numContext, Hv, ceil(Dv / columns per block)); kSplit lanes = one state column,
-//! sequential over the request's chunks (the steps of chunkScanColumn in gatedDeltaNetCpu.cpp).
+//! sequential over the request's chunks (the steps of chunkScanColumn in gatedDeltaNetCpu.cpp),
+//! from the slot's state folded over its pending records (read from the slot, gdnSliceFold).
 //! v_new of the current chunk lives in shared memory, written by the column's slice-0 lane.
 //! Four blocks per SM: caps ptxas at 128 registers (its own choice on sm_100a, 80, spills at Dk 32).
 template <int32_t kDk>
@@ -749,7 +807,8 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
     int64_t const qkw = static_cast<int64_t>(d.hk) * kDk;
     int32_t const off = lanes.slice * kSlice;
     int64_t const hvdv = static_cast<int64_t>(d.hv) * d.dv;
-    float* st = rnnPool + (static_cast<int64_t>(slots[r]) * d.hv + h) * kDk * d.dv + static_cast<int64_t>(off) * d.dv + j;
+    float* const slot = rnnPool + static_cast<int64_t>(slots[r]) * d.slotFloats;
+    float* st = slot + static_cast<int64_t>(h) * kDk * d.dv + static_cast<int64_t>(off) * d.dv + j;
     float const* qRow = qh + base * qkw + kHead * kDk + off;
     float const* kRow = kh + base * qkw + kHead * kDk + off;
     float const* gRow = gam + base * d.hv + h;
@@ -762,6 +821,15 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
 GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
         s[i] = zero ? 0.0f : st[i * d.dv];
+    int32_t const pend = zero ? 0 : gdnPendingCount(slotPendingRaw(slot, d), d.kv);
+    {
+        float const* recKeys = slot + d.offKeys + static_cast<int64_t>(kHead) * d.kv * kDk + off;
+        float const* recDecay = slot + d.offDecay + static_cast<int64_t>(h) * d.kv;
+        float const* recDelta = slot + d.offDelta + static_cast<int64_t>(h) * d.kv * d.dv + j;
+GDN_NO_UNROLL
+        for (int32_t t = 0; t < pend; ++t)
+            gdnSliceFold<kSlice>(s, recKeys + t * kDk, recDecay[t], recDelta[t * d.dv]);
+    }
 GDN_NO_UNROLL
     for (int32_t c0 = 0; c0 < n; c0 += d.chunk)
     {
@@ -801,20 +869,26 @@ GDN_UNROLL
         st[i * d.dv] = s[i];
 }
 
-//! grid (B, ceil(C / (128 kVec))); thread = channels c .. c + kVec - 1 of request blockIdx.x: the
-//! last K-1 raw inputs of [old state, advanced tokens], all read before any is written (registers,
-//! fully unrolled).
+//! grid (B, ceil(C / (128 kVec))), after every reader of the slots' old records. Thread = channels
+//! c .. c + kVec - 1 of request blockIdx.x: the conv state, the last K-1 raw inputs of [old state,
+//! advanced tokens] (forward: context requests over their tokens; commit: generation requests over
+//! their accepted tokens), all read before any is written (registers, fully unrolled). Forward:
+//! generation requests' keys (kh) and decay (exp g) records of their verify tokens, spread over the
+//! request's blocks, and every request's pending count 0 (its records are folded). Commit: pending =
+//! the accepted count (gdnCommitCount) and the committed output.
 template <class T, int kVec>
 __global__ void __launch_bounds__(kElemThreads) gdnConvStateKernel(typename T::Storage const* __restrict__ x,
     int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ numAccepted,
-    int32_t const* __restrict__ zeroState, typename T::Storage* __restrict__ convPool, int32_t* __restrict__ committed,
-    Dims d, bool commit)
+    int32_t const* __restrict__ zeroState, float const* __restrict__ kh, float const* __restrict__ gates,
+    float* __restrict__ rnnPool, typename T::Storage* __restrict__ convPool, int32_t* __restrict__ committed, Dims d,
+    bool commit)
 {
     using S = typename T::Storage;
     int32_t const r = blockIdx.x;
     int64_t const c = (static_cast<int64_t>(blockIdx.y) * kElemThreads + threadIdx.x) * kVec;
     bool const ctx = r < d.numContext;
     int32_t const len = cu[r + 1] - cu[r];
+    float* const slot = rnnPool + static_cast<int64_t>(slots[r]) * d.slotFloats;
     int32_t n;
     int64_t base;
     if (commit)
@@ -822,12 +896,38 @@ __global__ void __launch_bounds__(kElemThreads) gdnConvStateKernel(typename T::S
         n = ctx ? 0 : gdnCommitCount(numAccepted[r], len, d.kv);
         base = static_cast<int64_t>(r) * d.kv;
         if (blockIdx.y == 0 && threadIdx.x == 0)
+        {
             committed[r] = n;
+            if (!ctx)
+                *reinterpret_cast<int32_t*>(slot + d.offPending) = n;
+        }
     }
     else
     {
         n = ctx ? len : 0;
         base = cu[r];
+        if (blockIdx.y == 0 && threadIdx.x == 0)
+            *reinterpret_cast<int32_t*>(slot + d.offPending) = 0;
+        if (!ctx)
+        {
+            int32_t const nRec = min(len, d.kv);
+            int64_t const qkw = static_cast<int64_t>(d.hk) * d.dk;
+            int64_t const stride = static_cast<int64_t>(gridDim.y) * kElemThreads;
+            int64_t const first = static_cast<int64_t>(blockIdx.y) * kElemThreads + threadIdx.x;
+            for (int64_t e = first; e < nRec * qkw; e += stride) // keys [Hk][Kv][Dk] from kh rows [Hk Dk]
+            {
+                int64_t const t = e / qkw;
+                int64_t const gi = e - t * qkw;
+                int64_t const g = gi / d.dk;
+                slot[d.offKeys + (g * d.kv + t) * d.dk + (gi - g * d.dk)] = kh[(base + t) * qkw + gi];
+            }
+            for (int64_t e = first; e < static_cast<int64_t>(nRec) * d.hv; e += stride) // decay [Hv][Kv]
+            {
+                int64_t const t = e / d.hv;
+                int64_t const hh = e - t * d.hv;
+                slot[d.offDecay + hh * d.kv + t] = expRn(gates[(base + t) * 2 * d.hv + hh]);
+            }
+        }
     }
     int32_t const keep = d.kc - 1;
     bool const zero = !commit && zeroInit(zeroState, r, d.numContext);
@@ -918,15 +1018,26 @@ bool vecAligned(int kVec, std::initializer_list<void const*> ptrs)
     return true;
 }
 
-//! The prologue kernel over the call's row space: conv + silu, and (parts.norm) the q/k l2norm,
+//! The stages below the fused sequences are forward stages: the commit runs the conv state kernel alone.
+Status forwardOnly(GatedDeltaNetParams const& p, char const* what, char* msg, size_t len)
+{
+    if (!commitMode(p))
+        return Status::kOK;
+    std::snprintf(msg, len, "DFlash2GatedDeltaNet: %s: a forward stage, launched with mode=commit", what);
+    return Status::kINVALID;
+}
+
+//! The prologue kernel over the packed rows: conv + silu, and (parts.norm) the q/k l2norm,
 //! (parts.gates) the gates. Four channels per thread when C and the pointers allow it.
 template <class T>
 Status prologueTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, PrologueParts parts,
     char const* what, char* msg, size_t len)
 {
     using S = typename T::Storage;
+    Status const mode = forwardOnly(p, what, msg, len);
+    if (mode != Status::kOK)
+        return mode;
     Dims const d = dimsOf(p);
-    int64_t const cLo = parts.commit ? static_cast<int64_t>(d.hk) * d.dk : 0; // the commit reads no q
     int64_t const rows = p.tokens;
     if (rows == 0)
         return Status::kOK;
@@ -937,46 +1048,46 @@ Status prologueTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaS
         return Status::kINVALID;
     }
     Work const wk = carve(p, g.workspace);
-    S const* x = static_cast<S const*>(parts.commit ? g.verifyQkv : g.qkv);
-    S* vq = parts.commit ? nullptr : static_cast<S*>(g.verifyQkv);
+    S const* x = static_cast<S const*>(g.qkv);
+    S* vq = static_cast<S*>(g.verifyQkv);
     float const scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.dk)));
     bool const vec4 = d.convDim % 4 == 0 && vecAligned<S>(4, {x, d.kc > 1 ? g.convPool : nullptr, wk.xc, vq});
     int const tile = kProThreads * (vec4 ? 4 : 1);
-    dim3 const grid(static_cast<unsigned>(rows), static_cast<unsigned>((d.convDim - cLo + tile - 1) / tile));
+    dim3 const grid(static_cast<unsigned>(rows), static_cast<unsigned>((d.convDim + tile - 1) / tile));
     auto const kernel = vec4 ? gdnPrologueKernel<T, 4> : gdnPrologueKernel<T, 1>;
     kernel<<<grid, kProThreads, 0, s>>>(x, static_cast<S const*>(g.convWeight), static_cast<S const*>(g.a),
-        static_cast<S const*>(g.b), g.dtBias, g.aLog, g.cuSeqlens, g.slots, g.numAccepted,
-        parts.commit ? nullptr : g.zeroState, static_cast<S const*>(g.convPool), static_cast<S*>(wk.xc), wk.qh, wk.kh,
-        wk.gates, vq, g.verifyGates, d, cLo, scale, parts);
+        static_cast<S const*>(g.b), g.dtBias, g.aLog, g.cuSeqlens, g.slots, g.zeroState,
+        static_cast<S const*>(g.convPool), static_cast<S*>(wk.xc), wk.qh, wk.kh, wk.gates, vq, g.verifyGates, d, scale,
+        parts);
     return cudaStatus(what, msg, len);
 }
 
 template <class T>
 Status convTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
 {
-    return prologueTyped<T>(p, g, s, PrologueParts{commitMode(p), false, false}, "conv kernel", msg, len);
+    return prologueTyped<T>(p, g, s, PrologueParts{false, false}, "conv kernel", msg, len);
 }
 
 template <class T>
 Status fusedPrologueTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
 {
-    bool const commit = commitMode(p);
-    return prologueTyped<T>(p, g, s, PrologueParts{commit, true, !commit}, "prologue kernel", msg, len);
+    return prologueTyped<T>(p, g, s, PrologueParts{true, true}, "prologue kernel", msg, len);
 }
 
 template <class T>
 Status qkNormTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
 {
+    Status const mode = forwardOnly(p, "q/k norm kernel", msg, len);
+    if (mode != Status::kOK)
+        return mode;
     Dims const d = dimsOf(p);
-    bool const commit = commitMode(p);
     if (p.tokens == 0)
         return Status::kOK;
     Work const wk = carve(p, g.workspace);
     float const scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.dk)));
-    int64_t const total = p.tokens * d.hk * (commit ? 1 : 2);
+    int64_t const total = p.tokens * d.hk * 2;
     gdnQkNormKernel<T><<<gridStride(total, kElemThreads), kElemThreads, 0, s>>>(
-        static_cast<typename T::Storage const*>(wk.xc), g.cuSeqlens, g.numAccepted, wk.qh, wk.kh, p.tokens, d, scale,
-        commit);
+        static_cast<typename T::Storage const*>(wk.xc), wk.qh, wk.kh, p.tokens, d, scale);
     return cudaStatus("q/k norm kernel", msg, len);
 }
 
@@ -984,6 +1095,9 @@ template <class T>
 Status gatesTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
 {
     using S = typename T::Storage;
+    Status const mode = forwardOnly(p, "gates kernel", msg, len);
+    if (mode != Status::kOK)
+        return mode;
     Dims const d = dimsOf(p);
     if (p.tokens == 0)
         return Status::kOK;
@@ -996,7 +1110,6 @@ Status gatesTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStre
 template <int32_t kDk>
 void recurrentDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work const& wk, Dims const& d, cudaStream_t s)
 {
-    bool const commit = commitMode(p);
     constexpr int32_t kCols = RecTile<kDk>::kBlockCols;
     dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>(d.hv),
         static_cast<unsigned>((d.dv + kCols - 1) / kCols));
@@ -1004,9 +1117,8 @@ void recurrentDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work cons
     {
         using T = decltype(tag);
         using S = typename T::Storage;
-        gdnRecurrentKernel<kDk, T><<<grid, kRecThreads, 0, s>>>(wk.qh, wk.kh, static_cast<S const*>(wk.xc),
-            commit ? g.verifyGates : wk.gates, g.cuSeqlens, g.slots, g.numAccepted, g.zeroState, g.rnnPool,
-            static_cast<S*>(g.y), d, commit);
+        gdnRecurrentKernel<kDk, T><<<grid, kRecThreads, 0, s>>>(wk.qh, wk.kh, static_cast<S const*>(wk.xc), wk.gates,
+            g.cuSeqlens, g.slots, g.zeroState, g.rnnPool, static_cast<S*>(g.y), d);
     };
     switch (p.dataType)
     {
@@ -1018,6 +1130,9 @@ void recurrentDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work cons
 
 Status recurrentStage(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)
 {
+    Status const mode = forwardOnly(p, "recurrent kernel", msg, len);
+    if (mode != Status::kOK)
+        return mode;
     Dims const d = dimsOf(p);
     if (d.batch == 0)
         return Status::kOK;
@@ -1093,15 +1208,16 @@ Status convStateTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cuda
     using S = typename T::Storage;
     Dims const d = dimsOf(p);
     bool const commit = commitMode(p);
-    if (d.batch == 0 || (!commit && d.numContext == 0))
+    if (d.batch == 0)
         return Status::kOK;
     S const* x = static_cast<S const*>(commit ? g.verifyQkv : g.qkv);
+    Work const wk = commit ? Work{} : carve(p, g.workspace);
     bool const vec4 = d.convDim % 4 == 0 && vecAligned<S>(4, {x, d.kc > 1 ? g.convPool : nullptr});
     int const per = kElemThreads * (vec4 ? 4 : 1);
     dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>((d.convDim + per - 1) / per));
     auto const kernel = vec4 ? gdnConvStateKernel<T, 4> : gdnConvStateKernel<T, 1>;
-    kernel<<<grid, kElemThreads, 0, s>>>(x, g.cuSeqlens, g.slots, g.numAccepted, g.zeroState,
-        static_cast<S*>(g.convPool), g.committed, d, commit);
+    kernel<<<grid, kElemThreads, 0, s>>>(x, g.cuSeqlens, g.slots, g.numAccepted, g.zeroState, wk.kh, wk.gates,
+        g.rnnPool, static_cast<S*>(g.convPool), g.committed, d, commit);
     return cudaStatus("conv state kernel", msg, len);
 }
 
@@ -1227,15 +1343,8 @@ Status launchGatedDeltaNetCommit(GatedDeltaNetParams const& p, GdnLaunchArgs con
         std::snprintf(msg, len, "DFlash2GatedDeltaNet: commit launched with mode=forward");
         return Status::kINVALID;
     }
-    // The prologue's conv reads the committed conv state, so the conv state kernel runs last.
-    Stage const stages[] = {launchGdnPrologue, launchGdnRecurrent, launchGdnConvState};
-    for (Stage st : stages)
-    {
-        Status const r = st(p, g, s, msg, len);
-        if (r != Status::kOK)
-            return r;
-    }
-    return Status::kOK;
+    // Deferred: the pending counts (the next forward folds that many records) and the conv state.
+    return launchGdnConvState(p, g, s, msg, len);
 }
 
 } // namespace dflash2

@@ -18,8 +18,9 @@
  *
  * Two formulations of the same recurrence:
  *   - per token (gdnSliceDecayDot / gdnDelta / gdnSliceUpdate / gdnSliceDot): the reference, used
- *     for generation (verify) requests, for the commit replay and for context requests when
- *     chunk_size = 0. Mirrors torch_recurrent_gated_delta_rule step for step, with the sums over
+ *     for generation (verify) requests and for context requests when chunk_size = 0; the deferred
+ *     commit folds a verify token's record into the state with gdnSliceFold (the same step's state
+ *     update, from the delta the verify computed). Mirrors torch_recurrent_gated_delta_rule step for step, with the sums over
  *     Dk and the update as fused multiply-adds (4 operations per state value and token: decay,
  *     S^T k, S += k delta, S^T q; torch rounds each product and sums in its own order, which is
  *     where the two differ).
@@ -344,6 +345,17 @@ DF2_HD void gdnSliceUpdate(float* s, float const* k, float delta)
 GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
         s[i] = fmaRn(k[i], delta, s[i]);
+}
+
+//! The deferred commit's fold of one verify record into one slice: S = S * exp(g); S += k delta, i.e.
+//! gdnSliceDecayDot's state update followed by gdnSliceUpdate, the operations (and the roundings) of the
+//! per-token step that produced delta, without the S^T k the record already holds.
+template <int32_t kSlice>
+DF2_HD void gdnSliceFold(float* s, float const* k, float decay, float delta)
+{
+GDN_UNROLL
+    for (int32_t i = 0; i < kSlice; ++i)
+        s[i] = fmaRn(k[i], delta, mulRn(s[i], decay));
 }
 
 //! The slice's part of S^T q (fused multiply-adds in index order).

@@ -210,6 +210,8 @@ GatedDeltaNetWorkspace gatedDeltaNetWorkspaceLayout(GatedDeltaNetParams const& p
 {
     GatedDeltaNetWorkspace w;
     auto const& a = p.attrs;
+    if (a.mode == static_cast<int32_t>(GdnMode::kCOMMIT))
+        return w; // the commit computes nothing but the pending count and the conv state
     size_t const rows = static_cast<size_t>(p.tokens > 0 ? p.tokens : 0);
     size_t const hk = static_cast<size_t>(a.numKHeads), hv = static_cast<size_t>(a.numVHeads);
     size_t const dk = static_cast<size_t>(a.headKDim), dv = static_cast<size_t>(a.headVDim);
@@ -222,19 +224,16 @@ GatedDeltaNetWorkspace gatedDeltaNetWorkspaceLayout(GatedDeltaNetParams const& p
     };
     w.xc = take(rows * static_cast<size_t>(p.convDim) * dtypeSize(p.dataType));
     w.kh = take(rows * hk * dk * sizeof(float));
-    if (a.mode == static_cast<int32_t>(GdnMode::kFORWARD))
+    w.qh = take(rows * hk * dk * sizeof(float));
+    w.gates = take(rows * 2 * hv * sizeof(float));
+    if (a.chunkSize > 0)
     {
-        w.qh = take(rows * hk * dk * sizeof(float));
-        w.gates = take(rows * 2 * hv * sizeof(float));
-        if (a.chunkSize > 0)
-        {
-            size_t const ch = static_cast<size_t>(a.chunkSize);
-            w.gam = take(rows * hv * sizeof(float));
-            w.a = take(rows * hv * ch * sizeof(float));
-            w.qk = take(rows * hv * ch * sizeof(float));
-            w.u = take(rows * hv * dv * sizeof(float));
-            w.w = take(rows * hv * dk * sizeof(float));
-        }
+        size_t const ch = static_cast<size_t>(a.chunkSize);
+        w.gam = take(rows * hv * sizeof(float));
+        w.a = take(rows * hv * ch * sizeof(float));
+        w.qk = take(rows * hv * ch * sizeof(float));
+        w.u = take(rows * hv * dv * sizeof(float));
+        w.w = take(rows * hv * dk * sizeof(float));
     }
     w.total = off;
     return w;

@@ -191,8 +191,8 @@ size_t gatedDeltaNetWorkspaceSize(GatedDeltaNetParams const& params);
 
 //! Workspace carve-up (byte offsets, each segment 256-byte aligned). Forward: xc [T, C]
 //! (activation dtype), qh/kh [T, Hk Dk], gates [T, 2, Hv], and for chunk_size > 0 gam [T, Hv],
-//! A/QK [T, Hv, chunk], U [T, Hv, Dv], W [T, Hv, Dk] (fp32). Commit: xc and kh over the B Kv
-//! verify rows.
+//! A/QK [T, Hv, chunk], U [T, Hv, Dv], W [T, Hv, Dk] (fp32). Commit: none (it sets the pending
+//! counts and shifts the conv state; the next forward folds the records).
 struct GatedDeltaNetWorkspace
 {
     size_t xc{0}, qh{0}, kh{0}, gates{0}, gam{0}, a{0}, qk{0}, u{0}, w{0};

@@ -390,8 +390,27 @@ def gdn_attrs(case) -> dict:
                 chunk_size=chunk)
 
 
+def gdn_pool(hk, hv, dk, dv, kv, pools: int, g) -> "torch.Tensor":
+    """A dirty rnn pool [pools, Hv, Dk + E, Dv] (gdn_slot layout): random states, random records of the deferred
+    commit and random pending counts in [-2, Kv + 2] (the kernels clamp them to [0, Kv]), so that every forward
+    folds records and the pools compare raw, records included."""
+    import torch
+    from dflash2_trt.trtllm.gdn_slot import gdn_slot_layout
+    lay = gdn_slot_layout(hk, hv, dk, dv, kv)
+    flat = torch.zeros(pools, lay.floats)
+    flat[:, :hv * dk * dv] = 0.1 * torch.randn(pools, hv * dk * dv, generator=g)
+    flat[:, lay.delta:lay.delta + hv * kv * dv] = 0.1 * torch.randn(pools, hv * kv * dv, generator=g)
+    keys = torch.randn(pools, hk * kv, dk, generator=g)
+    flat[:, lay.keys:lay.keys + hk * kv * dk] = (keys / keys.norm(dim=-1, keepdim=True)).reshape(pools, -1)
+    flat[:, lay.decay:lay.decay + hv * kv] = 0.5 + 0.5 * torch.rand(pools, hv * kv, generator=g)
+    pend = torch.randint(-2, kv + 3, (pools,), generator=g, dtype=torch.int32)
+    flat[:, lay.pending] = pend.view(torch.float32)
+    return flat.view(pools, *lay.row_shape)
+
+
 def gdn_batch(case, dtype, seed: int, extra_slots: int = 2) -> dict:
-    """Random packed inputs of a mixed batch (context requests first) and dirty state pools, on the CPU."""
+    """Random packed inputs of a mixed batch (context requests first) and dirty state pools (records pending), on
+    the CPU."""
     import torch
     hk, hv, dk, dv, kc, kv, chunk, ctx, gen = case
     c = 2 * hk * dk + hv * dv
@@ -409,7 +428,7 @@ def gdn_batch(case, dtype, seed: int, extra_slots: int = 2) -> dict:
         zero=torch.tensor([i % 2 for i in range(len(ctx))] + [1] * len(gen), dtype=torch.int32),
         accepted=torch.tensor([0] * len(ctx) + [int(torch.randint(0, n + 1, (1,), generator=g)) for n in gen],
                               dtype=torch.int32),
-        rnn=0.1 * rn(pools, hv, dk, dv), conv=rn(pools, kc - 1, c).to(dtype), lens=lens, n_ctx=len(ctx))
+        rnn=gdn_pool(hk, hv, dk, dv, kv, pools, g), conv=rn(pools, kc - 1, c).to(dtype), lens=lens, n_ctx=len(ctx))
 
 
 class ExtGdn:
@@ -446,8 +465,9 @@ def _bits(t):
 
 
 def gdn_compare(dev, cpu, case, dtype, zero_state: bool, seed: int, device: str = "cuda") -> list[str]:
-    """Runs one mixed batch through `dev` (on `device`) and the CPU build `cpu`: forward, then commit on the
-    forward's verify rows. Returns the stage:tensor names that differ in any bit (empty = identical)."""
+    """Runs one mixed batch through `dev` (on `device`) and the CPU build `cpu`: forward (every slot folds its
+    pending records first), then commit on the forward's verify rows. Returns the stage:tensor names that differ in
+    any bit (empty = identical); the pools are compared raw, the deferred commit's records and counts included."""
     bt = gdn_batch(case, dtype, seed)
     attrs = gdn_attrs(case)
     n_ctx, lens = bt["n_ctx"], bt["lens"]
@@ -511,17 +531,22 @@ def check_gdn(dev, cpu, results: dict, device: str = "cuda") -> bool:
     return ok
 
 
-def gdn_decode_bytes(hk, hv, dk, dv, kc, kv, batch, el=2) -> dict:
-    """DRAM bytes a decode step must move at least: forward (verify) reads each request's fp32 state and conv state
-    and the Kv rows, writes y and the verify rows; commit reads and writes the state, reads the verify rows, writes
-    the conv state."""
+def gdn_decode_bytes(hk, hv, dk, dv, kc, kv, batch, el=2, pending=None) -> dict:
+    """DRAM bytes a decode step must move at least, deferred commit (one layer): the forward reads each request's
+    fp32 state and its `pending` records (default Kv), folds them, verifies the Kv rows and writes the state and the
+    Kv rows' records (delta [Hv, Dv], keys [Hk, Dk], decay [Hv] per token), reads the conv state, qkv, a, b, writes
+    y and the verify rows; the commit reads the last K-1 verify rows and writes the conv state. The workspace's
+    round trips (xc, qh/kh, gates) are not counted."""
     c = 2 * hk * dk + hv * dv
     state = batch * hv * dk * dv * 4
     conv = batch * (kc - 1) * c * el
     rows = batch * kv
-    fwd = state + conv + rows * (c + 2 * hv) * el + rows * hv * dv * el + rows * c * el + rows * 2 * hv * 4
-    com = 2 * state + conv + rows * c * el + rows * 2 * hv * 4
-    return {"forward": fwd, "commit": com}
+    record = (hv * dv + hk * dk + hv) * 4
+    pend = kv if pending is None else pending
+    fwd = (2 * state + batch * (pend + kv) * record + conv + rows * (c + 2 * hv) * el + rows * hv * dv * el
+           + rows * c * el + rows * 2 * hv * 4)
+    com = batch * min(kc - 1, kv) * c * el + conv
+    return {"forward": fwd, "commit": com, "step": fwd + com}
 
 
 def bench_gdn(ext, results: dict) -> None:
@@ -531,6 +556,9 @@ def bench_gdn(ext, results: dict) -> None:
 
 
 def bench_gdn_point(ext, results: dict, batch: int, kv: int) -> None:
+    """One layer's decode step, deferred commit: `step` = forward (fold of kv // 2 pending records, verify, state
+    written once) + commit (pending counts, conv state), run back to back so that every forward has records to
+    fold; `commit` alone; the forward is their difference."""
     import torch
     hk, hv, dk, dv, kc = 16, 48, 128, 128, 4
     case = (hk, hv, dk, dv, kc, kv, 64, (), (kv,) * batch)
@@ -542,19 +570,29 @@ def bench_gdn_point(ext, results: dict, batch: int, kv: int) -> None:
     rnn, conv = cu(bt["rnn"]), cu(bt["conv"])
     out = dev.forward(*ins, bt["types"], rnn, conv, **attrs)
     acc = torch.full((batch,), kv // 2, dtype=torch.int32, device="cuda")
+
+    def commit():
+        return dev.commit(out[1], out[2], ins[1], acc, ins[6], ins[7], bt["types"], rnn, conv, **attrs)
+
+    def step():
+        dev.forward(*ins, bt["types"], rnn, conv, **attrs)
+        commit()
+
     nominal = results.get("nominal_bw")
-    need = gdn_decode_bytes(hk, hv, dk, dv, kc, kv, batch)
-    for name, fn in (("forward", lambda: dev.forward(*ins, bt["types"], rnn, conv, **attrs)),
-                     ("commit", lambda: dev.commit(out[1], out[2], ins[1], acc, ins[6], ins[7], bt["types"], rnn,
-                                                    conv, **attrs))):
-        us = cuda_time_us(fn, 50)
+    need = gdn_decode_bytes(hk, hv, dk, dv, kc, kv, batch, pending=kv // 2)
+    times = {}
+    for name, fn in (("step", step), ("commit", commit)):
+        times[name] = cuda_time_us(fn, 50)
+    times["forward"] = times["step"] - times["commit"]
+    for name in ("step", "forward", "commit"):
+        us = times[name]
         bound_us = need[name] / nominal * 1e6 if nominal else float("nan")
-        log(f"gdn {name} (Qwen3.8-27B tp1 decode step: B {batch} x Kv {kv}, Hv {hv} Hk {hk} x 128, bf16): "
-            f"{us:.1f} us; DRAM bound {bound_us:.1f} us for {need[name] / 1e6:.1f} MB "
+        log(f"gdn {name} (Qwen3.8-27B tp1 decode step, deferred commit: B {batch} x Kv {kv}, {kv // 2} pending, "
+            f"Hv {hv} Hk {hk} x 128, bf16): {us:.1f} us; DRAM bound {bound_us:.1f} us for {need[name] / 1e6:.1f} MB "
             f"({bound_us / us * 100 if us else float('nan'):.0f}% of the bound); per layer, x 48 layers")
         key = f"gdn_{name}" if (batch, kv) == (64, 8) else f"gdn_{name}_b{batch}_kv{kv}"
         results[key] = dict(us=us, bytes=need[name], bound_us=bound_us, frac_bound=bound_us / us if us else None,
-                            batch=batch, kv=kv)
+                            batch=batch, kv=kv, pending=kv // 2)
 
 
 def main(argv: list[str] | None = None) -> int:

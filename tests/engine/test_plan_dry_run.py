@@ -69,8 +69,12 @@ def _hand_sizing(tp: int, gpu_gib: float, *, mbs=64, mnt=8192, seq=40960, block=
     K = block - 1
     kv_token = (t["layer_types"].count("full_attention") + d["num_hidden_layers"]) * 2 * max(1, 4 // tp) * 256 * 2
     kv_request = math.ceil((seq + 2 * K) / tpb) * tpb * kv_token
-    nv = 48 // tp
-    recurrent = 48 * (nv * 128 * 128 * 4 + 3 * (2 * (16 // tp) * 128 + nv * 128) * 2)
+    nv, nk = 48 // tp, 16 // tp
+    # a slot: the fp32 state and the deferred commit's records (pending count + delta, keys, decay of the K+1 verify
+    # tokens), rounded up to whole rows of nv x 128 floats
+    rows = -(-(4 + block * (nv * 128 + nk * 128 + nv)) // (nv * 128))
+    assert rows == 11
+    recurrent = 48 * (nv * (128 + rows) * 128 * 4 + 3 * (2 * nk * 128 + nv * 128) * 2)
     act = mbs * (K + 1) * 248320 * 4 + mnt * 3 * (17408 // tp) * 2 + mnt * 5 * 5120 * 2
     w = _hand_weights(tp)["total"]
     budget = math.floor((int(gpu_gib * GIB) - w - act - GIB) * frac)

@@ -97,8 +97,10 @@ def test_hybrid_engine_config_parses_to_21_attention_48_recurrent_with_per_rank_
     assert r["variant"] == "kRecurrentGemma"
     nk, nv, dk, dv = (t["linear_num_key_heads"], t["linear_num_value_heads"], t["linear_key_head_dim"],
                       t["linear_value_head_dim"])
-    assert r["rnn"] == {"state_size": dk, "conv_kernel": t["linear_conv_kernel_dim"], "rnn_hidden_size": nv // tp * dv,
-                        "rnn_conv_dim_size": 2 * (nk // tp) * dk + (nv // tp) * dv, "rnn_head_size": dv}
+    # state_size: the key dim + the 11 rows of the deferred commit's records at block 8 (trtllm/gdn_slot.py)
+    assert r["rnn"] == {"state_size": dk + 11, "conv_kernel": t["linear_conv_kernel_dim"],
+                        "rnn_hidden_size": nv // tp * dv, "rnn_conv_dim_size": 2 * (nk // tp) * dk + (nv // tp) * dv,
+                        "rnn_head_size": dv}
     # the runtime's slot = what the dry run sizes (recurrent state per request)
     slot = state_pool_bytes_per_slot(r["rnn"], 2)
     size = planmod.sizing(p, planmod.H200_GIB)

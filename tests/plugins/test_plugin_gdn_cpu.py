@@ -4,12 +4,17 @@ own Qwen3.5 Gated DeltaNet torch functions (``causal_conv1d_update`` for the con
 ``use_qk_l2norm_in_kernel=True``, beta = ``b.sigmoid()``, g = ``-A_log.exp() * softplus(a + dt_bias)``)
 run per request on random inputs.
 
-Bit for bit (where the formulation is the same operations on the same values):
+The state pool's slots hold the state and the deferred commit's records (gdn_slot; the committed
+state is the state folded over the pending records: GdnLib.committed_states); the tests compare
+committed states. Bit for bit (where the formulation is the same operations on the same values):
   - the conv state after a context chunk or a commit == transformers' updated conv state;
-  - generation requests' slots (both pools) and unused slots are left untouched by the forward;
+  - generation requests' committed states and conv states, and unused slots, are left as they were
+    by the forward;
   - verify_qkv rows == the generation requests' qkv rows;
   - a generation request's y == the per-token path's y of a context request over the same tokens;
-  - the commit's state == the per-token forward over the accepted tokens only.
+  - the committed state after a commit == the per-token forward over the accepted tokens only;
+  - the deferred commit's contract cases (test_deferred_commit_contract_cases) == one per-token
+    forward over each request's committed sequence.
 Within stated fp32 tolerances (torch reduces over Dk / uses BLAS and its own exp, log1p,
 sigmoid in a different order; the chunked and per-token formulations round differently):
   - y: fp32 atol 2e-6 rtol 1e-5 (measured <= 4.1e-7 abs); fp16 / bf16: one ulp of the output
@@ -73,12 +78,23 @@ def _batch(h: Heads, dtype, ctx_lens, gen_lens, seed, extra_slots=2):
         rnn=0.1 * rn(pools, h.hv, h.dk, h.dv), conv=rn(pools, h.kc - 1, h.c).to(dtype))
 
 
+def _pool(lib, h: Heads, states):
+    """An rnn pool whose slots' committed states are ``states`` [slots, Hv, Dk, Dv] (no records pending)."""
+    return lib.new_pool(states, **h.attrs())
+
+
+def _committed(lib, h: Heads, pool):
+    """Every slot's committed state [slots, Hv, Dk, Dv] (its pending records folded; the pool unchanged)."""
+    return lib.committed_states(pool, **h.attrs())
+
+
 def _forward(lib, h: Heads, bt: dict, chunk: int):
-    """Runs the plugin's forward on copies of the pools: (y, verify_qkv, verify_gates, rnn, conv)."""
-    rnn, conv = bt["rnn"].clone(), bt["conv"].clone()
+    """Runs the plugin's forward on a pool made from bt's states and a copy of its conv pool: (y, verify_qkv,
+    verify_gates, committed states, conv, pool)."""
+    pool, conv = _pool(lib, h, bt["rnn"]), bt["conv"].clone()
     y, vq, vg = lib.forward(bt["qkv"], bt["w"], bt["a"], bt["b"], bt["dt_bias"], bt["A_log"], bt["cu"], bt["slots"],
-                            bt["types"], rnn, conv, **h.attrs(chunk))
-    return y, vq, vg, rnn, conv
+                            bt["types"], pool, conv, **h.attrs(chunk))
+    return y, vq, vg, _committed(lib, h, pool), conv, pool
 
 
 def _gates(bt, rows):
@@ -123,7 +139,7 @@ def test_forward_mixed_batch_matches_transformers(gdn_lib, dtype, chunk):
     """Context chunks of 1, 7, 64 and 200 tokens and three verify blocks in ONE call."""
     h = GROUPED
     bt = _batch(h, dtype, [1, 7, 64, 200], [4, 4, 3], seed=11)
-    y, vq, vg, rnn, conv = _forward(gdn_lib, h, bt, chunk)
+    y, vq, vg, rnn, conv, _ = _forward(gdn_lib, h, bt, chunk)
     assert y.dtype == dtype and y.shape == (bt["qkv"].shape[0], h.hv * h.dv)
     used = set()
     for r, kind in enumerate(bt["types"].tolist()):
@@ -134,7 +150,7 @@ def test_forward_mixed_batch_matches_transformers(gdn_lib, dtype, chunk):
         if kind == CONTEXT:
             _close(rnn[sl], sr, f"state of context request {r}", **TOL_STATE)
             assert torch.equal(conv[sl], cr), f"conv state of context request {r}"
-        else:  # verify reads the committed state and leaves it as it was, bit for bit
+        else:  # verify reads the committed state and leaves it as it was (until the commit), bit for bit
             assert torch.equal(rnn[sl], bt["rnn"][sl]) and torch.equal(conv[sl], bt["conv"][sl]), r
             n = rows.stop - rows.start
             assert torch.equal(vq[r, :n], bt["qkv"][rows]), f"verify_qkv of request {r}"
@@ -151,7 +167,7 @@ def test_forward_head_layouts(gdn_lib, h):
     """Head grouping Hv/Hk = 1 and 3, Dk != Dv, conv kernel 2, and Qwen3.8-27B's head dims (128)."""
     bt = _batch(h, torch.float32, [7, 130], [5, 2], seed=12)
     for chunk in (64, 0):
-        y, _, _, rnn, conv = _forward(gdn_lib, h, bt, chunk)
+        y, _, _, rnn, conv, _ = _forward(gdn_lib, h, bt, chunk)
         for r, kind in enumerate(bt["types"].tolist()):
             rows, sl = _rows(bt, r), int(bt["slots"][r])
             yr, sr, cr = _reference(h, bt, rows, bt["rnn"][sl], bt["conv"][sl], chunk or None)
@@ -166,9 +182,9 @@ def test_chunk_sizes_agree_with_per_token_path(gdn_lib):
     per-token reference path within fp32 tolerance, and the chunked path is not the per-token one."""
     h = GROUPED
     bt = _batch(h, torch.float32, [200, 13], [], seed=13)
-    y0, _, _, rnn0, conv0 = _forward(gdn_lib, h, bt, 0)
+    y0, _, _, rnn0, conv0, _ = _forward(gdn_lib, h, bt, 0)
     for chunk in (1, 7, 64):
-        y, _, _, rnn, conv = _forward(gdn_lib, h, bt, chunk)
+        y, _, _, rnn, conv, _ = _forward(gdn_lib, h, bt, chunk)
         _close(y, y0, f"chunk {chunk} y", **TOL_Y[torch.float32])
         _close(rnn, rnn0, f"chunk {chunk} state", **TOL_STATE)
         assert torch.equal(conv, conv0)
@@ -184,10 +200,11 @@ def test_zero_state_starts_first_chunks_from_zeros(gdn_lib, chunk):
     h = GROUPED
     bt = _batch(h, torch.bfloat16, [1, 9, 70, 5], [4, 3], seed=22)  # slots hold garbage
     flags = [1, 1, 0, 1, 1, 0]
-    rnn, conv = bt["rnn"].clone(), bt["conv"].clone()
+    pool, conv = _pool(gdn_lib, h, bt["rnn"]), bt["conv"].clone()
     y, _, _ = gdn_lib.forward(bt["qkv"], bt["w"], bt["a"], bt["b"], bt["dt_bias"], bt["A_log"], bt["cu"], bt["slots"],
-                              bt["types"], rnn, conv, zero_state=torch.tensor(flags, dtype=torch.int32),
+                              bt["types"], pool, conv, zero_state=torch.tensor(flags, dtype=torch.int32),
                               **h.attrs(chunk))
+    rnn = _committed(gdn_lib, h, pool)
     for r, kind in enumerate(bt["types"].tolist()):
         rows, sl = _rows(bt, r), int(bt["slots"][r])
         zero = flags[r] and kind == CONTEXT
@@ -212,15 +229,15 @@ def test_generation_read_equals_per_token_context_bit_for_bit(gdn_lib):
     bt["qkv"][4:], bt["a"][4:], bt["b"][4:] = bt["qkv"][:4], bt["a"][:4], bt["b"][:4]
     s_ctx, s_gen = bt["slots"].tolist()
     bt["rnn"][s_gen], bt["conv"][s_gen] = bt["rnn"][s_ctx], bt["conv"][s_ctx]
-    y, _, _, rnn, _ = _forward(gdn_lib, h, bt, 0)
+    y, _, _, rnn, _, _ = _forward(gdn_lib, h, bt, 0)
     assert torch.equal(y[:4], y[4:])
     assert torch.equal(rnn[s_gen], bt["rnn"][s_gen]) and not torch.equal(rnn[s_ctx], bt["rnn"][s_ctx])
 
 
 # -------------------------------------------------------------------------------- commit
-def _commit(lib, h, bt, vq, vg, accepted, rnn, conv):
+def _commit(lib, h, bt, vq, vg, accepted, pool, conv):
     return lib.commit(vq, vg, bt["w"], torch.tensor(accepted, dtype=torch.int32), bt["cu"], bt["slots"], bt["types"],
-                      rnn, conv, **h.attrs())
+                      pool, conv, **h.attrs())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
@@ -229,10 +246,11 @@ def test_commit_equals_reference_over_accepted_tokens(gdn_lib, dtype):
     ctx = [9, 70]
     bt = _batch(h, dtype, ctx, [4, 4, 4, 4, 3], seed=15)
     accepted = [0] * len(ctx) + [1, 2, 4, 0, 3]  # context entries are ignored
-    _, vq, vg, rnn, conv = _forward(gdn_lib, h, bt, 64)
+    _, vq, vg, rnn, conv, pool = _forward(gdn_lib, h, bt, 64)
     after_fwd_rnn, after_fwd_conv = rnn.clone(), conv.clone()
-    committed = _commit(gdn_lib, h, bt, vq, vg, accepted, rnn, conv)
+    committed = _commit(gdn_lib, h, bt, vq, vg, accepted, pool, conv)
     assert committed.tolist() == accepted
+    rnn = _committed(gdn_lib, h, pool)
     for r, kind in enumerate(bt["types"].tolist()):
         sl = int(bt["slots"][r])
         if kind == CONTEXT or accepted[r] == 0:  # the commit leaves these slots alone
@@ -252,14 +270,15 @@ def test_commit_is_the_per_token_forward_over_the_accepted_tokens(gdn_lib):
     h = GROUPED
     bt = _batch(h, torch.bfloat16, [], [4, 4, 4], seed=16)
     accepted = [1, 3, 4]
-    _, vq, vg, rnn, conv = _forward(gdn_lib, h, bt, 64)
-    _commit(gdn_lib, h, bt, vq, vg, accepted, rnn, conv)
+    _, vq, vg, _, conv, pool = _forward(gdn_lib, h, bt, 64)
+    _commit(gdn_lib, h, bt, vq, vg, accepted, pool, conv)
+    rnn = _committed(gdn_lib, h, pool)
     for r, n in enumerate(accepted):
         sl, start = int(bt["slots"][r]), int(bt["cu"][r])
         sub = dict(bt, qkv=bt["qkv"][start:start + n], a=bt["a"][start:start + n], b=bt["b"][start:start + n],
                    cu=torch.tensor([0, n], dtype=torch.int32), slots=bt["slots"][r:r + 1],
                    types=torch.tensor([CONTEXT], dtype=torch.int32))
-        _, _, _, rnn_ctx, conv_ctx = _forward(gdn_lib, h, sub, 0)
+        _, _, _, rnn_ctx, conv_ctx, _ = _forward(gdn_lib, h, sub, 0)
         assert torch.equal(rnn[sl], rnn_ctx[sl]) and torch.equal(conv[sl], conv_ctx[sl]), r
 
 
@@ -269,8 +288,9 @@ def test_committing_the_whole_verify_block_is_wrong(gdn_lib):
     h = GROUPED
     bt = _batch(h, torch.float32, [], [4, 4], seed=17)
     accepted = [1, 2]
-    _, vq, vg, rnn, conv = _forward(gdn_lib, h, bt, 64)
-    _commit(gdn_lib, h, bt, vq, vg, [4, 4], rnn, conv)  # the whole block
+    _, vq, vg, _, conv, pool = _forward(gdn_lib, h, bt, 64)
+    _commit(gdn_lib, h, bt, vq, vg, [4, 4], pool, conv)  # the whole block
+    rnn = _committed(gdn_lib, h, pool)
     for r, n in enumerate(accepted):
         sl, start = int(bt["slots"][r]), int(bt["cu"][r])
         _, sr, cr = _reference(h, bt, slice(start, start + n), bt["rnn"][sl], bt["conv"][sl], None)
@@ -287,7 +307,7 @@ def test_speculative_steps_track_the_committed_sequence(gdn_lib):
     dtype = torch.float32
     g = torch.Generator().manual_seed(18)
     pools = 3
-    rnn = torch.zeros(pools, h.hv, h.dk, h.dv)
+    rnn = _pool(gdn_lib, h, torch.zeros(pools, h.hv, h.dk, h.dv))
     conv = torch.zeros(pools, h.kc - 1, h.c, dtype=dtype)
     w = (0.5 * torch.randn(h.c, h.kc, generator=g)).to(dtype)
     dt_bias, A_log = torch.randn(h.hv, generator=g), torch.rand(h.hv, generator=g).clamp_min(0.01).log()
@@ -326,12 +346,92 @@ def test_speculative_steps_track_the_committed_sequence(gdn_lib):
         n = len(seq["qkv"])
         yr, sr, cr = _reference(h, bt, slice(0, n), torch.zeros(h.hv, h.dk, h.dv),
                                 torch.zeros(h.kc - 1, h.c, dtype=dtype), 64)
-        _close(rnn[slots[r]], sr, f"final state of request {r} ({n} committed tokens)", **TOL_STATE)
+        _close(_committed(gdn_lib, h, rnn)[slots[r]], sr, f"final state of request {r} ({n} committed tokens)",
+               **TOL_STATE)
         assert torch.equal(conv[slots[r]], cr)
         for rr, at, yv in verify_checks:
             if rr == r:
                 _close(yv, yr[at:at + len(yv)], f"verify y of request {r} at {at}", **TOL_Y[dtype])
     assert len(verify_checks) == 7
+
+
+def test_deferred_commit_contract_cases(gdn_lib):
+    """The deferred commit's contract (docs/hybrid-runtime.md §5, engine_io.yaml recurrent_state) on the per-token
+    path, bit for bit against ONE per-token forward over each request's committed sequence from zeros:
+      - pending counts: 0 after every forward, the accepted count after the commit;
+      - a step with 0 accepted: the next forward folds nothing;
+      - a context request after a generation on the same slot (no zero_state) folds the pending records first;
+      - a forward whose commit does not run: its verify records stay unfolded (pending 0), i.e. 0 accepted;
+      - a request that ends with records pending: its committed state is their fold (committed_states), and a
+        zero_state context request reusing the slot starts from zeros, count cleared, whatever the slot holds."""
+    h = GROUPED
+    dtype = torch.bfloat16
+    lay = gdn_lib.layout(**h.attrs())
+    g = torch.Generator().manual_seed(31)
+    pool = _pool(gdn_lib, h, torch.randn(3, h.hv, h.dk, h.dv, generator=g))           # garbage slots, and
+    flat = pool.view(3, -1)
+    flat[:, lay.pending + 1:] = torch.randn(3, flat.shape[1] - lay.pending - 1, generator=g)  # garbage records
+    flat[:, lay.pending] = torch.tensor([3, 4, 2], dtype=torch.int32).view(torch.float32)     # pending
+    conv = torch.randn(3, h.kc - 1, h.c, generator=g).to(dtype)
+    w = (0.5 * torch.randn(h.c, h.kc, generator=g)).to(dtype)
+    dt_bias, A_log = torch.randn(h.hv, generator=g), torch.rand(h.hv, generator=g).clamp_min(0.01).log()
+    slot = {"A": 2, "B": 0, "C": 2}                          # C reuses A's slot after A ends
+    seq = {k: [] for k in slot}                               # per request: its committed (qkv, a, b) rows
+    ys = []                                                   # (request, position, y rows of accepted tokens)
+    pending = lambda: gdn_lib.pending(pool, **h.attrs()).tolist()  # noqa: E731
+
+    def step(reqs, commit=True):
+        """reqs: (request, kind, tokens, zero_state, accepted)."""
+        data = [(torch.randn(n, h.c, generator=g).to(dtype), torch.randn(n, h.hv, generator=g).to(dtype),
+                 torch.randn(n, h.hv, generator=g).to(dtype)) for _, _, n, _, _ in reqs]
+        cu = torch.tensor([0, *torch.tensor([n for _, _, n, _, _ in reqs]).cumsum(0).tolist()], dtype=torch.int32)
+        sl = torch.tensor([slot[r] for r, *_ in reqs], dtype=torch.int32)
+        types = torch.tensor([k for _, k, *_ in reqs], dtype=torch.int32)
+        y, vq, vg = gdn_lib.forward(torch.cat([d[0] for d in data]), w, torch.cat([d[1] for d in data]),
+                                    torch.cat([d[2] for d in data]), dt_bias, A_log, cu, sl, types, pool, conv,
+                                    zero_state=torch.tensor([z for *_, z, _ in reqs], dtype=torch.int32),
+                                    **h.attrs(0))
+        assert all(pending()[s] == 0 for s in sl.tolist())
+        if commit:
+            acc = [a for *_, a in reqs]
+            gdn_lib.commit(vq, vg, w, torch.tensor(acc, dtype=torch.int32), cu, sl, types, pool, conv, **h.attrs(0))
+            assert [pending()[s] for s, k in zip(sl.tolist(), types.tolist()) if k == GENERATION] == \
+                [a for a, k in zip(acc, types.tolist()) if k == GENERATION]
+        for i, (r, kind, n, _, acc) in enumerate(reqs):
+            keep = n if kind == CONTEXT else (acc if commit else 0)
+            if kind == GENERATION:
+                ys.append((r, sum(len(x[0]) for x in seq[r]), y[cu[i]:cu[i] + keep]))
+            seq[r].append(tuple(x[:keep] for x in data[i]))
+
+    def reference(r):
+        rows = {k: torch.cat([c[j] for c in seq[r]]) for j, k in enumerate(("qkv", "a", "b"))}
+        n = len(rows["qkv"])
+        p0 = _pool(gdn_lib, h, torch.zeros(1, h.hv, h.dk, h.dv))
+        c0 = torch.zeros(1, h.kc - 1, h.c, dtype=dtype)
+        y, _, _ = gdn_lib.forward(rows["qkv"], w, rows["a"], rows["b"], dt_bias, A_log,
+                                  torch.tensor([0, n], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+                                  torch.tensor([CONTEXT], dtype=torch.int32), p0, c0, **h.attrs(0))
+        return y, _committed(gdn_lib, h, p0)[0], c0[0]
+
+    def check(r):
+        yr, sr, cr = reference(r)
+        assert torch.equal(_committed(gdn_lib, h, pool)[slot[r]], sr) and torch.equal(conv[slot[r]], cr), r
+        for rr, at, yv in ys:
+            if rr == r:
+                assert torch.equal(yv, yr[at:at + len(yv)]), (r, at)
+
+    step([("A", CONTEXT, 9, 1, 0), ("B", CONTEXT, 6, 1, 0)])   # zero_state: garbage records never folded
+    step([("A", GENERATION, 4, 0, 0), ("B", GENERATION, 4, 0, 3)])   # A: 0 accepted
+    assert [pending()[slot["A"]], pending()[slot["B"]]] == [0, 3]
+    step([("B", CONTEXT, 5, 0, 0), ("A", GENERATION, 4, 0, 2)])      # B: a context request after a generation
+    step([("A", GENERATION, 4, 0, 4), ("B", GENERATION, 3, 0, 3)], commit=False)  # no commit: nothing accepted
+    step([("A", GENERATION, 4, 0, 4), ("B", GENERATION, 3, 0, 1)])
+    check("A")                                                  # A ends here, 4 records pending
+    assert pending()[slot["A"]] == 4
+    step([("C", CONTEXT, 7, 1, 0), ("B", GENERATION, 4, 0, 2)])      # C reuses A's slot from zeros
+    check("B")
+    check("C")
+    assert len(ys) == 8
 
 
 def test_slot_layout_is_the_plugins(gdn_lib):
@@ -467,32 +567,36 @@ def _mutated(bt, **kw):
 def test_forward_rejects_bad_request_data(gdn_lib, case, change, needle):
     h = GROUPED
     bt = change(_batch(h, torch.float32, [5], [3, 3], seed=19))
-    rnn, conv = bt["rnn"].clone(), bt["conv"].clone()
+    rnn, conv = _pool(gdn_lib, h, bt["rnn"]), bt["conv"].clone()
+    before = rnn.clone()
     with pytest.raises(PluginRunError) as e:
         gdn_lib.forward(bt["qkv"], bt["w"], bt["a"], bt["b"], bt["dt_bias"], bt["A_log"], bt["cu"], bt["slots"],
                         bt["types"], rnn, conv, **h.attrs())
     assert needle in str(e.value), str(e.value)
-    assert torch.equal(rnn, bt["rnn"]) and torch.equal(conv, bt["conv"])  # nothing written on a rejection
+    assert torch.equal(rnn, before) and torch.equal(conv, bt["conv"])  # nothing written on a rejection
 
 
 def test_commit_rejects_bad_accepted_counts(gdn_lib):
     h = GROUPED
     bt = _batch(h, torch.float32, [5], [3, 4], seed=20)
-    _, vq, vg, rnn, conv = _forward(gdn_lib, h, bt, 64)
+    _, vq, vg, _, conv, pool = _forward(gdn_lib, h, bt, 64)
     for accepted, needle in (([0, 4, 1], "num_accepted[1]=4 outside [0, 3]"),
                              ([0, 1, -1], "num_accepted[2]=-1 outside [0, 4]")):
         with pytest.raises(PluginRunError, match=__import__("re").escape(needle)):
-            _commit(gdn_lib, h, bt, vq, vg, accepted, rnn, conv)
+            _commit(gdn_lib, h, bt, vq, vg, accepted, pool, conv)
 
 
 def test_pools_are_checked(gdn_lib):
     h = GROUPED
     bt = _batch(h, torch.bfloat16, [5], [3], seed=21)
     args = [bt[k] for k in ("qkv", "w", "a", "b", "dt_bias", "A_log", "cu", "slots", "types")]
+    pool = _pool(gdn_lib, h, bt["rnn"])
+    assert pool.shape[1:] == (4, 16 + 7, 16)  # a slot: the state and 7 rows of records (gdn_slot)
     for rnn, conv, needle in (
-            (bt["rnn"].double(), bt["conv"], "rnn_state must be torch.float32 [slots, 4, 16, 16]"),
-            (bt["rnn"], bt["conv"].float(), "conv_state must be torch.bfloat16 [slots, 3, 128]"),
-            (bt["rnn"][:2], bt["conv"], "rnn_state has 2 slots but conv_state 4"),
-            (bt["rnn"].transpose(2, 3), bt["conv"], "must be a contiguous CPU tensor")):
+            (pool.double(), bt["conv"], "rnn_state must be torch.float32 [slots, 4, 23, 16]"),
+            (bt["rnn"], bt["conv"], "rnn_state must be torch.float32 [slots, 4, 23, 16]"),  # a bare state pool
+            (pool, bt["conv"].float(), "conv_state must be torch.bfloat16 [slots, 3, 128]"),
+            (pool[:2], bt["conv"], "rnn_state has 2 slots but conv_state 4"),
+            (pool.transpose(1, 3), bt["conv"], "must be a contiguous CPU tensor")):
         with pytest.raises(PluginRunError, match=__import__("re").escape(needle)):
             gdn_lib.forward(*args, rnn, conv, **h.attrs())

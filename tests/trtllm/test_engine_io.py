@@ -283,3 +283,24 @@ def test_decoding_temperature_is_zero_below_the_greedy_threshold():
     t = torch.tensor([0.0, 1e-45, 1e-6, 9.9e-6, GREEDY_BELOW, 0.7, 2.0], dtype=torch.float32)
     out = net.accept.decoding_temperature(network_input(t, "eagle_temperature", "device"))
     assert torch.equal(torch.as_tensor(out), torch.tensor([0, 0, 0, 0, GREEDY_BELOW, 0.7, 2.0], dtype=torch.float32))
+
+
+def test_recurrent_state_contract_is_the_plugins_slot():
+    """engine_io.yaml recurrent_state: its layout is gdn_slot's (the plugin's, checked in tests/plugins), in offset
+    order, E is the config's state_size - Dk, and the test it names exists."""
+    from pathlib import Path
+
+    import yaml
+
+    from dflash2_trt.trtllm.engine_io import CONTRACT
+    from dflash2_trt.trtllm.gdn_slot import gdn_slot_layout
+
+    rs = yaml.safe_load(CONTRACT.read_text())["recurrent_state"]
+    lay = gdn_slot_layout(16, 48, 128, 128, 8)
+    parts = [p["part"] for p in rs["layout"]]
+    assert parts == sorted(parts, key=lambda p: getattr(lay, p)) == ["state", "pending", "delta", "keys", "decay"]
+    assert rs["rnn_pool_row"]["config"]["state_size"] == "Dk + E" and lay.state_size == 128 + 11
+    assert set(rs["cases"]) == {"zero_state", "context_after_generation", "zero_accepted",
+                                "request_ends_with_records_pending", "commit_must_run_after_every_forward"}
+    path, name = rs["tested_by"].split("::")
+    assert f"def {name}(" in (Path(__file__).resolve().parents[2] / path).read_text()

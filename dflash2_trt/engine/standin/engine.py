@@ -25,6 +25,7 @@ from ...trtllm.backend import STANDIN_BACKENDS, cuda_available, load_network
 from ...trtllm.cpu import comm, modeling_utils
 from ...trtllm.cpu.attention import KVCachePool
 from ...trtllm.cpu.state import StatePool
+from ...trtllm.gdn_slot import engine_slot_layout
 from ...trtllm.cpu.tensor import network_input, on_device
 from ...trtllm.engine_io import load_contract
 from ..format import load_engine_dir
@@ -125,14 +126,12 @@ class StandinEngine:
         self.states: list[dict] = [{} for _ in range(self.tp)]
         self._device_copies: list[dict] = [{} for _ in range(self.tp)]   # placed_inputs' reuse of unchanged inputs
         if self.recurrent:
-            la = self.config["linear_attention"]
-            nk = la["num_key_heads"] // self.tp if la["num_key_heads"] >= self.tp else 1
-            nv = la["num_value_heads"] // self.tp
-            conv_dim = 2 * nk * la["key_head_dim"] + nv * la["value_head_dim"]
+            # a slot = the state and the deferred commit's records (trtllm/gdn_slot.py: the plugin's layout)
+            lay = engine_slot_layout(self.config)
+            conv_kernel = self.config["linear_attention"]["conv_kernel_size"]
             for r in range(self.tp):
                 for layer in self.gdn_layers:
-                    self.states[r][layer] = StatePool(self.num_slots, nv, la["key_head_dim"], la["value_head_dim"],
-                                                      la["conv_kernel_size"], conv_dim, dtype, device=self.device)
+                    self.states[r][layer] = StatePool(self.num_slots, lay, conv_kernel, dtype, device=self.device)
 
     def parameters(self) -> list[dict]:
         """Per rank, ``{name: tensor}`` of the loaded parameters (the tensors themselves, not copies)."""

@@ -49,6 +49,7 @@ from ...errors import ConfigError, MissingDependencyError
 from ...trtllm.backend import load_network
 from ...trtllm.cpu.functional import str_dtype_to_torch
 from ...trtllm.engine_io import load_contract
+from ...trtllm.gdn_slot import engine_slot_layout
 from ..binding import bind
 from ..format import load_engine_dir
 from .runtime_rules import facts as _facts_file
@@ -269,13 +270,13 @@ class TrtEngineSession:
         self.rnn_states: dict[int, torch.Tensor] = {}
         self.conv_states: dict[int, torch.Tensor] = {}
         if self.recurrent:
-            la = pre["linear_attention"]
-            nk = la["num_key_heads"] // self.tp if la["num_key_heads"] >= self.tp else 1
-            nv = la["num_value_heads"] // self.tp
-            conv_dim = 2 * nk * la["key_head_dim"] + nv * la["value_head_dim"]
+            # TensorRT-LLM's RnnStateManager row [rnn_hidden_size / rnn_head_size, state_size, rnn_head_size] fp32:
+            # the plugin's slot, the state and the deferred commit's records (trtllm/gdn_slot.py; a config whose
+            # state_size is not the plugin's is refused there)
+            la, lay = pre["linear_attention"], engine_slot_layout(pre)
+            conv_dim = 2 * lay.num_k_heads * lay.head_k_dim + lay.num_v_heads * lay.head_v_dim
             for layer in self.gdn_layers:
-                self.rnn_states[layer] = self._device_zeros(
-                    (self.num_slots, nv, la["key_head_dim"], la["value_head_dim"]), torch.float32)
+                self.rnn_states[layer] = self._device_zeros((self.num_slots, *lay.row_shape), torch.float32)
                 self.conv_states[layer] = self._device_zeros(
                     (self.num_slots, la["conv_kernel_size"] - 1, conv_dim), self.kv_dtype)
         self.greedy_sampling = int(greedy_sampling)

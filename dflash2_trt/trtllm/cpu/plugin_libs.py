@@ -417,9 +417,11 @@ class GdnLib:
     """ctypes wrapper of plugins/gatedDeltaNetPlugin/gatedDeltaNetCpu.cpp (DFlash2GatedDeltaNet).
 
     The state pools are torch tensors the caller owns (the runtime's slots): ``rnn_state`` float32
-    ``[slots, Hv, Dk, Dv]`` and ``conv_state`` ``[slots, K-1, C]`` in the activation dtype; the
-    plugin receives their addresses as the int64 ``rnn_state_ptr`` / ``conv_state_ptr`` inputs, as
-    TensorRT-LLM's recurrent layers do, and updates them in place.
+    ``[slots, Hv, Dk + E, Dv]`` (a slot = the state and the deferred commit's records,
+    :mod:`dflash2_trt.trtllm.gdn_slot`) and ``conv_state`` ``[slots, K-1, C]`` in the activation dtype;
+    the plugin receives their addresses as the int64 ``rnn_state_ptr`` / ``conv_state_ptr`` inputs, as
+    TensorRT-LLM's recurrent layers do, and updates them in place. :meth:`new_pool` makes a pool from
+    states, :meth:`committed_states` reads the committed state of every slot (its records folded).
     """
 
     PLUGIN = "DFlash2GatedDeltaNet"
@@ -434,7 +436,10 @@ class GdnLib:
                                      "df2_gdn_sigmoid", "df2_gdn_silu", "df2_gdn_log"])
         for f in ("df2_gdn_validate", "df2_gdn_forward", "df2_gdn_commit"):
             getattr(self.lib, f).restype = ctypes.c_int32
-        if hasattr(self.lib, "df2_gdn_slot_layout"):  # the CPU build's (a library of the kernels alone may lack it)
+        # the CPU build's fold and layout (a library of the kernels alone, the emulation's, may lack them)
+        self.has_fold = all(hasattr(self.lib, f) for f in ("df2_gdn_fold", "df2_gdn_slot_layout"))
+        if self.has_fold:
+            self.lib.df2_gdn_fold.restype = ctypes.c_int32
             self.lib.df2_gdn_slot_layout.restype = ctypes.c_int32
         for f in ("df2_gdn_softplus", "df2_gdn_sigmoid", "df2_gdn_silu", "df2_gdn_log"):
             getattr(self.lib, f).restype = ctypes.c_float
@@ -481,12 +486,60 @@ class GdnLib:
             raise PluginRunError(msg.value.decode() or f"{self.PLUGIN}: rejected (status {rc})")
         return tuple(out)
 
+    @classmethod
+    def new_pool(cls, states: torch.Tensor, **attrs) -> torch.Tensor:
+        """An rnn pool ``[slots, Hv, Dk + E, Dv]`` whose slots hold ``states [slots, Hv, Dk, Dv]`` as their
+        committed state (no pending records; the record area zero)."""
+        lay = cls.layout(**attrs)
+        pool = torch.zeros(states.shape[0], *lay.row_shape, dtype=torch.float32, device=states.device)
+        cls.state_part(pool, **attrs).copy_(states)
+        return pool
+
+    @classmethod
+    def state_part(cls, pool: torch.Tensor, **attrs) -> torch.Tensor:
+        """The state part of every slot (as of the last fold, records not applied): a view ``[slots, Hv, Dk, Dv]``."""
+        lay = cls.layout(**attrs)
+        hv, dk, dv = attrs["num_v_heads"], attrs["head_k_dim"], attrs["head_v_dim"]
+        return pool.view(pool.shape[0], lay.floats)[:, :hv * dk * dv].view(pool.shape[0], hv, dk, dv)
+
+    @classmethod
+    def pending(cls, pool: torch.Tensor, **attrs) -> torch.Tensor:
+        """Every slot's raw pending count (int32 ``[slots]``, a copy)."""
+        lay = cls.layout(**attrs)
+        return pool.view(pool.shape[0], lay.floats)[:, lay.pending].clone().view(torch.int32)
+
+    def fold(self, pool: torch.Tensor, slots=None, **attrs) -> None:
+        """Folds the pending records of ``slots`` (default: all) into their state, in place, and sets their counts
+        to 0 (what the next forward does first): the same arithmetic as the plugin's."""
+        if not self.has_fold:
+            raise PluginRunError(f"{self.PLUGIN}: {self.path} has no df2_gdn_fold (not a CPU build)")
+        _on_cpu(self.PLUGIN, [pool])
+        lay = self.layout(**attrs)
+        if pool.dtype != torch.float32 or not pool.is_contiguous() or pool[0].numel() != lay.floats:
+            raise PluginRunError(f"{self.PLUGIN}: rnn_state must be a contiguous torch.float32 pool "
+                                 f"[slots, {', '.join(map(str, lay.row_shape))}]")
+        idx = torch.arange(pool.shape[0], dtype=torch.int32) if slots is None else \
+            torch.as_tensor(slots, dtype=torch.int32).reshape(-1).contiguous()
+        msg = ctypes.create_string_buffer(_MSG_LEN)
+        rc = self.lib.df2_gdn_fold(self._attrs("forward", **attrs), ctypes.c_void_p(pool.data_ptr()),
+                                   ctypes.c_int64(pool.shape[0]), ctypes.c_void_p(idx.data_ptr()),
+                                   ctypes.c_int64(idx.numel()), msg, _MSG_LEN)
+        if rc != 0:
+            raise PluginRunError(msg.value.decode() or f"{self.PLUGIN}: rejected (status {rc})")
+
+    def committed_states(self, pool: torch.Tensor, **attrs) -> torch.Tensor:
+        """The committed state of every slot, ``[slots, Hv, Dk, Dv]`` (a CPU copy; the pool is not changed): the
+        state part with the pending records folded in."""
+        work = pool.detach().to("cpu", copy=True).contiguous()
+        self.fold(work, **attrs)
+        return self.state_part(work, **attrs).clone()
+
     def _pools(self, rnn_state, conv_state, act_dtype, attrs) -> tuple[int, torch.Tensor, torch.Tensor]:
         """Checks the pools against the attributes; returns (slots, rnn_state_ptr, conv_state_ptr)."""
         hv, dk, dv = attrs["num_v_heads"], attrs["head_k_dim"], attrs["head_v_dim"]
         c = 2 * attrs["num_k_heads"] * dk + hv * dv
         keep = attrs["conv_kernel"] - 1
-        for name, t, dtype, tail in (("rnn_state", rnn_state, torch.float32, (hv, dk, dv)),
+        for name, t, dtype, tail in (("rnn_state", rnn_state, torch.float32, self.layout(**attrs).row_shape),
                                      ("conv_state", conv_state, act_dtype, (keep, c))):
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.is_contiguous():
                 raise PluginRunError(f"{self.PLUGIN}: {name} must be a contiguous CPU tensor (the pool is updated "
@@ -513,9 +566,11 @@ class GdnLib:
     def forward(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, request_types, rnn_state,
                 conv_state, zero_state=None, **attrs):
         """The forward over a packed mixed batch: ``(y [T, Hv*Dv], verify_qkv [B, Kv, C],
-        verify_gates [B, Kv, 2, Hv])``. Context requests' slots of the pools advance (from zeros
-        where ``zero_state`` [B] int32 is nonzero: the plugin's zero_state_input = 1); generation
-        requests' slots are only read. Rows of verify_* that the plugin does not write are zero."""
+        verify_gates [B, Kv, 2, Hv])``. Every slot first folds its pending records (none where
+        ``zero_state`` [B] int32 flags a context request: the plugin's zero_state_input = 1, from zeros);
+        context requests' slots then advance (state and conv state); generation requests' slots keep their
+        committed state and get this step's verify records (pending 0 until the commit). Rows of verify_*
+        that the plugin does not write are zero."""
         if zero_state is not None:
             attrs = {**attrs, "zero_state_input": 1}
         slots, rnn_ptr, conv_ptr = self._pools(rnn_state, conv_state, qkv.dtype, attrs)
@@ -534,8 +589,9 @@ class GdnLib:
 
     def commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping, request_types,
                rnn_state, conv_state, **attrs) -> torch.Tensor:
-        """Advances each generation request's slot over its first ``num_accepted`` verify tokens;
-        returns ``committed [B]`` (int32, 0 for context requests)."""
+        """Commits each generation request's first ``num_accepted`` verify tokens: its slot's pending count
+        (the next forward folds that many records) and its conv state; returns ``committed [B]`` (int32, 0
+        for context requests)."""
         slots, rnn_ptr, conv_ptr = self._pools(rnn_state, conv_state, verify_qkv.dtype, attrs)
         ins = [t.contiguous() for t in (verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens,
                                         slot_mapping, request_types)] + [rnn_ptr, conv_ptr]

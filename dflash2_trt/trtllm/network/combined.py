@@ -8,7 +8,8 @@ the step (the package docstring has the whole picture)::
     draft     drafter.draft_hidden -> target lm_head -> output transform -> selector.propose
     verify    verify.substitute_drafts -> target transformer -> lm_head -> verify.logits_by_position
     accept    accept.acceptance_uniforms -> accept.accept -> accept.accepted_tokens
-    commit    the Gated DeltaNet layers' state over the accepted tokens; drafter.commit (context K/V)
+    commit    the Gated DeltaNet layers' accepted counts (the next step folds them into the state); drafter.commit
+              (context K/V)
     outputs   io.mark_outputs
 """
 
@@ -101,7 +102,9 @@ class DFlash2ForCausalLM(api.PretrainedModel):
 
         # ---- 4. commit: recurrent state over the accepted tokens, drafter context for every token --------
         side_effects = []   # layers run for what they write (state, KV), not for their outputs
-        if recurrent:   # generation requests: anchor + n accepted drafts; context requests: done
+        # generation requests: anchor + n accepted drafts (deferred: the next step's forward folds them into the state;
+        # every step whose forward ran must run the commit); context requests: done
+        if recurrent:
             side_effects += [gdn.commit(keep, F.cast(n + 1, "int32"), rs) for gdn, keep in saved]
         side_effects += self.dflash2.commit(layer_outs, att, kvp, spec)
         # TensorRT removes layers whose outputs reach no network output; the commits exist for their writes, so

@@ -13,10 +13,13 @@ from ..layers import GatedMLP, OffsetRmsNorm, QKNormAttention, vocab_embedding
 
 class GatedDeltaNet(api.Module):
     """Qwen3.5's linear-attention mixer (names: convert/qwen3_5.py). The recurrence, its causal conv and the
-    per-request state live in the DFlash2GatedDeltaNet plugin: ``forward`` advances context requests' state
-    slots and only reads generation requests' (their K+1 verify tokens); :meth:`commit` then advances a
-    generation request's slot over exactly its accepted tokens, replaying the verify pass's projected qkv and
-    gates. State slots are the runtime's (``slot_mapping``, ``rnn_state_ptr_<L>``, ``conv_state_ptr_<L>``)."""
+    per-request state live in the DFlash2GatedDeltaNet plugin: ``forward`` first folds each slot's pending records
+    (the previous step's accepted tokens) into its state, then advances context requests' slots and verifies
+    generation requests' K+1 tokens from their committed state, recording per token what a later fold needs;
+    :meth:`commit` then commits exactly the accepted tokens: the slot's pending count (the next forward folds them)
+    and the conv state. It must run in every step whose forward ran (without it the verify's records are never
+    folded: nothing accepted). State slots are the runtime's (``slot_mapping``, ``rnn_state_ptr_<L>``,
+    ``conv_state_ptr_<L>``; a slot row is the state and the records: docs/hybrid-runtime.md §5)."""
 
     def __init__(self, config, layer_idx, dtype, mapping):
         super().__init__()
