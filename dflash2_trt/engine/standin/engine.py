@@ -25,9 +25,9 @@ from ...trtllm.backend import STANDIN_BACKENDS, cuda_available, load_network
 from ...trtllm.cpu import comm, modeling_utils
 from ...trtllm.cpu.attention import KVCachePool
 from ...trtllm.cpu.state import StatePool
-from ...trtllm.gdn_slot import engine_slot_layout
 from ...trtllm.cpu.tensor import network_input, on_device
 from ...trtllm.engine_io import load_contract
+from ...trtllm.gdn_slot import engine_slot_layout
 from ..format import load_engine_dir
 from ..binding import bind
 
