@@ -43,7 +43,10 @@ def test_build_is_cached_by_content(built, monkeypatch, tmp_path):
             return subprocess.CompletedProcess(cmd, 0, cl.nvcc_version(cl.nvcc_path()), "")
         raise AssertionError(f"recompiled: {cmd}")
 
+    from dflash2_trt.trtllm.cpu import plugin_libs
+
     monkeypatch.setattr(cl.subprocess, "run", no_compile)
+    monkeypatch.setattr(plugin_libs.subprocess, "run", no_compile)      # where the compiler would run
     assert cl.build_cuda_plugins(ARCH) == path                     # unchanged sources: no nvcc run
     # another architecture and an edited header each get their own build
     src = cl.cuda_plugin_sources()

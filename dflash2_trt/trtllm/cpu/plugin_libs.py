@@ -54,6 +54,7 @@ __all__ = [
     "cache_dir",
     "cpu_plugin_sources",
     "compile_shared",
+    "compile_atomic",
     "build_cpu_plugin",
     "descs",
     "local_headers",
@@ -200,6 +201,14 @@ def compile_shared(sources: Sequence[str | os.PathLike], out: str | os.PathLike)
         raise MissingDependencyError(
             "g++ not found on PATH: the CPU builds of the DFlash2 plugins are compiled with g++ (C++17) on "
             "first use; install it (e.g. the g++ / build-essential package) or put it on PATH")
+    return compile_atomic([gxx, *CXXFLAGS, *(str(s) for s in sources)], out, "g++")
+
+
+def compile_atomic(argv: Sequence[str], out: str | os.PathLike, tool: str) -> Path:
+    """``argv -o TMP`` then TMP renamed onto ``out``: the compiler writes a temporary file next to ``out``, so
+    processes building at once never see (or leave) a half-written library. PluginBuildError (with the command and
+    the end of the compiler's stderr) when it fails; the CPU and CUDA builds both compile this way."""
+    out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
@@ -208,15 +217,15 @@ def compile_shared(sources: Sequence[str | os.PathLike], out: str | os.PathLike)
                                f"directory") from None
     os.close(fd)
     tmp = Path(tmp_name)
-    cmd = [gxx, *CXXFLAGS, *(str(s) for s in sources), "-o", str(tmp)]
+    cmd = [*argv, "-o", str(tmp)]
     try:
         try:
             res = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as e:
-            raise PluginBuildError(f"could not run g++ ({e}): {shlex.join(cmd)}") from None
+            raise PluginBuildError(f"could not run {tool} ({e}): {shlex.join(cmd)}") from None
         if res.returncode != 0:
             raise PluginBuildError(
-                f"g++ failed (exit {res.returncode}) building {out.name}\ncommand: {shlex.join(cmd)}\n"
+                f"{tool} failed (exit {res.returncode}) building {out.name}\ncommand: {shlex.join(cmd)}\n"
                 f"stderr:\n{_tail(res.stderr) or '(empty)'}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, out)

@@ -23,10 +23,8 @@ import contextlib
 import ctypes
 import os
 import re
-import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +33,8 @@ import torch
 
 from ... import plugins
 from ...errors import ConfigError, MissingDependencyError
-from ..cpu.plugin_libs import (DTYPE_CODES, PluginBuildError, PluginRunError, cache_dir, local_headers,
-                                sources_digest)
+from ..cpu.plugin_libs import (DTYPE_CODES, PluginBuildError, PluginRunError, cache_dir, compile_atomic,
+                                local_headers, sources_digest)
 
 SOURCES: tuple[str, ...] = (
     "common/df2CudaEntry.cpp",
@@ -51,7 +49,6 @@ NVCC_FLAGS: tuple[str, ...] = ("-std=c++17", "-O3", "-shared", "-cudart", "stati
 _HASH_VERSION = b"dflash2-trt plugins-cuda 1\0"
 _ARCH = re.compile(r"^[0-9]{2,3}[af]?$")
 _MSG_LEN = 512
-_STDERR_TAIL = 4000
 INT64_CODE = 4   # dflash2::DType::kINT64 (pointer-valued host inputs)
 GDN_MODES = {"forward": 0, "commit": 1}
 GDN_ATTRS = ("mode", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel", "max_verify_tokens",
@@ -142,30 +139,8 @@ def build_cuda_plugins(arch: str | None = None, *, progress=None) -> Path:
         return out
     if progress:
         progress(f"[plugins] nvcc sm_{arch}: {out}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    except OSError as e:
-        raise PluginBuildError(f"cannot write {out.parent} ({e}); point DFLASH2_TRT_CACHE at a writable "
-                               f"directory") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    cmd = [nvcc, *NVCC_FLAGS, f"-gencode={gencode(arch)}", f"-I{src.root}", *(str(s) for s in src.sources),
-           "-o", str(tmp)]
-    try:
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as e:
-            raise PluginBuildError(f"could not run nvcc ({e}): {shlex.join(cmd)}") from None
-        if res.returncode != 0:
-            err = res.stderr.strip()
-            raise PluginBuildError(f"nvcc failed (exit {res.returncode}) building {out.name}\ncommand: "
-                                   f"{shlex.join(cmd)}\nstderr:\n{err[-_STDERR_TAIL:] or '(empty)'}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return compile_atomic([nvcc, *NVCC_FLAGS, f"-gencode={gencode(arch)}", f"-I{src.root}",
+                           *(str(s) for s in src.sources)], out, "nvcc")
 
 
 # ------------------------------------------------------------------------------------------- the ctypes wrapper
