@@ -1,6 +1,6 @@
 """A fresh clone (or an installed package) tests itself: the published configs and tensor inventories are
-package data (``dflash2_trt/assets/published/``), read from there and from nowhere beside the checkout. That nothing
-else reaches beside the checkout is what CI checks: it runs the suite in a clean clone inside an empty directory."""
+package data (``dflash2_trt/assets/published/``) and are read only from there. This file reads the package and the
+repository's own pyproject.toml, nothing else; CI runs the suite in a clean clone inside an empty directory."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ PACKAGE = Path(dflash2_trt.__file__).resolve().parent
 
 def test_fixtures_are_the_package_copy(monkeypatch, tmp_path):
     assert fixtures.fixtures_dir() == PACKAGE / "assets" / "published"
-    monkeypatch.setenv("DFLASH2_TRT_FIXTURES", str(tmp_path))    # the old override: gone, nothing outside is read
+    monkeypatch.setenv("DFLASH2_TRT_FIXTURES", str(tmp_path))    # the old override has no effect any more
     assert fixtures.fixtures_dir() == PACKAGE / "assets" / "published"
 
 
@@ -27,7 +27,7 @@ def test_each_fixture_folder_is_in_the_package(name):
     d = getattr(fixtures, name)
     assert (d / "config.json").is_file(), d
     json.loads((d / "config.json").read_text())
-    assert d.resolve().is_relative_to(PACKAGE), d  # shipped with the package, nothing outside the checkout
+    assert d.resolve().is_relative_to(PACKAGE), d  # shipped with the package
     if "DRAFTER" in name:
         assert isinstance(json.loads((d / "tensors.json").read_text()), (list, dict))
 

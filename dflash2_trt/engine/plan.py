@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,7 +51,7 @@ from ..config.build import BuildConfig
 from ..config.pairing import warn_pairing
 from ..convert.driver import FAMILY_MAPS, rank_plans
 from ..convert.schema import build_config
-from ..errors import ConfigError, PairingError
+from ..errors import ConfigError, MissingDependencyError, PairingError
 from ..plugins import plugin_dir
 from ..targets import get_target
 from .common import eagle_choices, shell_line
@@ -65,6 +63,7 @@ from .trtllm.runtime_rules import runtime_reading
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain
 from .verify import AUTO_MAX_TARGET_BYTES
 from ..trtllm.backend import cuda_available, load_network
+from ..trtllm.cuda.plugin_lib import nvcc_path
 
 GIB = 1 << 30
 H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default
@@ -471,7 +470,9 @@ def render_plan(plan: dict) -> str:
 def cuda_backend_missing() -> list[str]:
     """What this machine lacks for ``build --backend cuda`` (a GPU torch sees, nvcc)."""
     missing = [] if cuda_available() else ["a CUDA GPU visible to torch (and a CUDA build of torch)"]
-    if shutil.which("nvcc") is None and not (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc").is_file():
+    try:
+        nvcc_path()
+    except MissingDependencyError:
         missing.append("nvcc (the CUDA toolkit: the plugins' kernels are compiled on first use)")
     return missing
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -46,8 +45,8 @@ def log(msg: str) -> None:
 class LibExt:
     """The plugins' CUDA build (dflash2_trt.trtllm.cuda.plugin_lib: the kernels and validation of
     libdflash2_plugins.so behind a C ABI that does each plugin's enqueue) with the call signatures the checks
-    below use: conv, scan (ids, q and the lattice the plugin leaves in its workspace), walk, gdn_forward,
-    gdn_commit (the pools passed as their device addresses, host int64 inputs, as TensorRT-LLM passes them)."""
+    below use: conv, scan (ids, q and the lattice the plugin leaves in its workspace) and walk; the Gated DeltaNet
+    goes through :class:`ExtGdn`."""
 
     def __init__(self, lib):
         self.lib = lib
@@ -65,27 +64,6 @@ class LibExt:
 
     def walk(self, mode, lattice, cand, temp, uniforms, stream=None):
         return self.lib.walk(mode, lattice, cand, temp, uniforms)
-
-    @staticmethod
-    def _ptr(t):
-        import torch
-        return torch.tensor([t.data_ptr()], dtype=torch.int64)
-
-    @staticmethod
-    def _attrs(v):
-        keys = ("mode", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel", "max_verify_tokens",
-                "chunk_size", "zero_state_input")
-        return {k: int(x) for k, x in zip(keys, v) if k not in ("mode", "zero_state_input")}
-
-    def gdn_forward(self, attrs, qkv, w, a, b, dt_bias, a_log, cu, slots, types, rnn, conv, zero, stream=None):
-        ins = [qkv, w, a, b, dt_bias, a_log, cu, slots, types.cpu(), self._ptr(rnn), self._ptr(conv)]
-        if zero is not None:
-            ins.append(zero)
-        return self.lib.gdn("forward", ins, **self._attrs(attrs))
-
-    def gdn_commit(self, attrs, vq, vg, w, acc, cu, slots, types, rnn, conv, stream=None):
-        ins = [vq, vg, w, acc, cu, slots, types.cpu(), self._ptr(rnn), self._ptr(conv)]
-        return self.lib.gdn("commit", ins, **self._attrs(attrs))[0]
 
 
 def build_extension(verbose: bool, lib_path: str | None = None):
@@ -432,30 +410,33 @@ def gdn_batch(case, dtype, seed: int, extra_slots: int = 2) -> dict:
 
 
 class ExtGdn:
-    """The extension's gdn_forward / gdn_commit behind the CPU build's interface (GdnLib.forward / .commit), so one
-    comparison serves both; host_request_types stays on the host, as TensorRT-LLM passes it."""
+    """The plugins' CUDA build of DFlash2GatedDeltaNet behind the CPU build's interface (GdnLib.forward / .commit), so
+    one comparison serves both: host_request_types stays on the host and the pools are passed as their device
+    addresses (host int64 inputs), as TensorRT-LLM passes them."""
 
     def __init__(self, ext):
-        self.ext = ext
+        self.lib = ext.lib
 
     @staticmethod
-    def _v(mode, a):
-        return [mode, a["num_k_heads"], a["num_v_heads"], a["head_k_dim"], a["head_v_dim"], a["conv_kernel"],
-                a["max_verify_tokens"], a.get("chunk_size", 64), a.get("zero_state_input", 0)]
+    def _ptr(t):
+        import torch
+        return torch.tensor([t.data_ptr()], dtype=torch.int64)
+
+    @staticmethod
+    def _plain(attrs):
+        return {k: v for k, v in attrs.items() if k not in ("mode", "zero_state_input")}   # the call decides both
 
     def forward(self, qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, request_types, rnn_state,
                 conv_state, zero_state=None, **attrs):
-        import torch
-        return tuple(self.ext.gdn_forward(self._v(0, attrs), qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens,
-                                          slot_mapping, request_types.cpu(), rnn_state, conv_state, zero_state,
-                                          torch.cuda.current_stream().cuda_stream))
+        ins = [qkv, conv_weight, a, b, dt_bias, A_log, cu_seqlens, slot_mapping, request_types.cpu(),
+               self._ptr(rnn_state), self._ptr(conv_state)] + ([] if zero_state is None else [zero_state])
+        return self.lib.gdn("forward", ins, **self._plain(attrs))
 
     def commit(self, verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping, request_types,
                rnn_state, conv_state, **attrs):
-        import torch
-        return self.ext.gdn_commit(self._v(1, attrs), verify_qkv, verify_gates, conv_weight, num_accepted,
-                                   cu_seqlens, slot_mapping, request_types.cpu(), rnn_state, conv_state,
-                                   torch.cuda.current_stream().cuda_stream)
+        ins = [verify_qkv, verify_gates, conv_weight, num_accepted, cu_seqlens, slot_mapping, request_types.cpu(),
+               self._ptr(rnn_state), self._ptr(conv_state)]
+        return self.lib.gdn("commit", ins, **self._plain(attrs))[0]
 
 
 def _bits(t):

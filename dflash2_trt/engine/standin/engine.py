@@ -46,8 +46,8 @@ def engine_device(backend: str) -> torch.device:
     if not cuda_available():
         from ...trtllm.cuda.plugin_lib import no_gpu_message
 
-        raise MissingDependencyError(no_gpu_message() + " (a cuda engine runs only on a GPU; rebuild with --backend "
-                                     "cpu to run here)")
+        raise MissingDependencyError(no_gpu_message() + " (a cuda engine builds and runs only on a GPU; here use "
+                                     "--backend cpu)")
     return torch.device("cuda", torch.cuda.current_device())
 
 

@@ -36,6 +36,7 @@ Semantics pinned here (each op is tested against plain torch in ``tests/trtllm/t
 from __future__ import annotations
 
 import builtins
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -73,7 +74,7 @@ def _ints(v, what: str = "shape") -> list[int]:
 
 
 # ---- construction -------------------------------------------------------------------------------
-_BIG_CONSTANTS: "OrderedDict" = None
+_BIG_CONSTANTS: OrderedDict = OrderedDict()   # (id, device) -> (array, its device copy)
 _BIG = 1 << 16   # bytes from which a constant's device copy is kept (the rotary tables, made once per shape)
 
 
@@ -82,7 +83,6 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
     the stand-in makes it per call, except that a large array (>= 64 KiB, e.g. the rotary tables the network
     takes from a cache) keeps its device copy: such an array is made read-only when cached, so a later write to
     it fails loudly instead of leaving a stale copy."""
-    global _BIG_CONSTANTS
     if as_dtype is not None or as_shape is not None:
         raise NotImplementedError("constant stand-in: as_dtype / as_shape are not used by the network")
     if not isinstance(ndarray, np.ndarray):
@@ -92,10 +92,6 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
         return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).clone())
     if ndarray.nbytes < _BIG:   # staged at once from pageable memory: no wait for the stream
         return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).to(dev, copy=True, non_blocking=True))
-    if _BIG_CONSTANTS is None:
-        from collections import OrderedDict
-
-        _BIG_CONSTANTS = OrderedDict()
     key = (id(ndarray), str(dev))
     hit = _BIG_CONSTANTS.get(key)
     if hit is None or hit[0] is not ndarray:
@@ -369,4 +365,4 @@ from .attention import (  # noqa: E402
 )
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "builtins", "torch", "tF",
-                                                                      "Sequence", "comm")]
+                                                                      "Sequence", "comm", "OrderedDict")]
