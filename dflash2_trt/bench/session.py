@@ -11,7 +11,7 @@ import sys
 import time
 
 from ..engine.common import stop_ids
-from ..engine.trtllm.session import open_trt_session
+from ..engine.trtllm.ranks import open_project_session
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
 from ..runtime import Runtime
@@ -30,7 +30,7 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
     if not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     t_start = time.perf_counter()
-    sess, man = open_trt_session(engine_dir, trt=trt)
+    sess, man = open_project_session(engine_dir, trt=trt)
     try:
         limit = sess.limits["max_batch_size"]
         too_big = [c for c in levels if c > limit]

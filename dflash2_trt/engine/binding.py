@@ -51,3 +51,45 @@ def bind(declared: dict, feed: dict) -> dict:
             raise RuntimeError(rules["shape"].format(name=name, shape=dims(t.shape), min=dims(lo), max=dims(hi)))
         bound[name] = t
     return bound
+
+
+@functools.lru_cache(maxsize=1)
+def _static_values() -> dict:
+    import yaml
+
+    return yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))["static_input_values"]
+
+
+def layer_windows(net, pre: dict, max_seq_len: int) -> torch.Tensor:
+    """The runtime's per-KV-layer attention window (``host_max_attention_window_sizes``: TensorRT-LLM's executor
+    ``max_attention_window`` list, model.kv_layer_windows): max_seq_len, or a sliding layer's own window (the drafter's
+    with ``drafter_window: model``, Muse Glimmer's sliding layers). The plugin reads it on the host."""
+    cfg = net.api.PretrainedConfig.from_dict(pre)
+    eng = pre.get("dflash2_engine") or {}
+    return torch.tensor(net.kv_layer_windows(cfg, eng.get("drafter_window", "model"), int(max_seq_len)),
+                        dtype=torch.int32)
+
+
+def static_inputs(*, windows: torch.Tensor, pool_pointers: torch.Tensor, pool_mapping: torch.Tensor,
+                  state_pointers: dict, all_reduce_workspace: torch.Tensor | None = None) -> dict:
+    """What a runtime fills once (TensorRT-LLM: ``setStaticInputTensors``), for every execution path (the stand-in
+    engines and the TensorRT session): the windows, the pool's pointer table and layer mapping, the sink length,
+    perf knobs and context progress with TensorRT-LLM's values (engine_io.yaml ``static_input_values``: multi-block mode off,
+    as ModelRunnerCpp sets it for EAGLE), the per-layer state pointers (``{name: int64 [1] CPU tensor}``) and, for a
+    tp engine, the all-reduce workspace table."""
+    s = _static_values()
+    knobs = torch.full((s["host_runtime_perf_knobs"]["size"],), s["host_runtime_perf_knobs"]["fill"],
+                       dtype=torch.int64)
+    knobs[0] = s["host_runtime_perf_knobs"]["index_0"]
+    out = {
+        "host_max_attention_window_sizes": windows,
+        "host_sink_token_length": torch.tensor(s["host_sink_token_length"], dtype=torch.int32),
+        "host_kv_cache_pool_pointers": pool_pointers.to(torch.int64),
+        "host_kv_cache_pool_mapping": pool_mapping.to(torch.int32),
+        "host_runtime_perf_knobs": knobs,
+        "host_context_progress": torch.tensor(s["host_context_progress"], dtype=torch.int64),
+        **state_pointers,
+    }
+    if all_reduce_workspace is not None:
+        out["all_reduce_workspace"] = all_reduce_workspace
+    return out

@@ -58,7 +58,7 @@ from .common import eagle_choices, shell_line
 from ..trtllm.gdn_slot import gdn_slot_layout
 from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
-from .trtllm.paths import PROJECT, runtime_path
+from .trtllm.paths import runtime_path
 from .trtllm.runtime_rules import runtime_reading
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain
 from .verify import AUTO_MAX_TARGET_BYTES
@@ -352,12 +352,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     path = None
     if backend == "trtllm" and engine_config is not None and not p.blockers:
         path = runtime_path(engine_config)
-        recurrent_only = all(w.startswith("recurrent") for w in path["why"])
-        if path["path"] == PROJECT and cfg.tp_size > 1 and not recurrent_only:
-            # neither runtime runs it: the executor refuses the variable window, the project runtime is tp 1 today
-            trtllm_blockers.append(f"no runtime runs this engine at tp {cfg.tp_size}: TensorRT-LLM's executor refuses "
-                                   f"it ({path['why'][-1].split(':')[0]}) and the project runtime runs tp 1 engines "
-                                   f"today (docs/trt-session.md §4); build with --tp-size 1")
     supported["cpu_engine"] = not p.blockers
     supported["trtllm_engine"] = not p.blockers and not trtllm_blockers
     return {

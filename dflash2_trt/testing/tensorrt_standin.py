@@ -356,12 +356,25 @@ class CpuEngineExecutor:
     def __init__(self, doc: dict):
         from ..engine.standin.engine import open_standin_engine
 
-        self.engine, _ = open_standin_engine(Path(doc["executor"]["engine_dir"]))
-        if self.engine.tp != 1:
-            raise ValueError("the cpu-engine stand-in runs tp 1 engines")
+        ex = doc["executor"]
+        tp = int(doc["pretrained_config"]["mapping"]["tp_size"])
+        world = None
+        if tp > 1:
+            # one rank engine per process under mpirun: this process steps its rank of the CPU network, the
+            # collectives (TensorRT-LLM's AllReduce plugins in a real engine) carried between the processes by MPI
+            from mpi4py import MPI
+
+            from ..trtllm.cpu.comm import ProcessWorld
+
+            # a communicator of their own, as the engine's NCCL / IPC collectives are apart from the runtime's MPI
+            world = ProcessWorld(MPI.COMM_WORLD.Dup(), tp)
+            if world.local_rank != int(ex.get("rank", 0)):
+                raise ValueError(f"rank{ex.get('rank', 0)}.engine deserialized by MPI rank {world.local_rank}")
+        self.engine, _ = open_standin_engine(Path(ex["engine_dir"]), world=world)
         pre = self.engine.config
         self.layers = self.engine.num_layers
         kvh = int(pre["num_key_value_heads"])
+        kvh = kvh // tp if kvh >= tp else 1
         self.kv = (kvh, int(self.engine.limits["tokens_per_block"]), int(pre["head_size"]))
         self.dtype = str_dtype_to_torch(pre["dtype"])
 
@@ -397,7 +410,7 @@ class CpuEngineExecutor:
             if self.engine.recurrent:
                 ns = int(f["slot_mapping"].max()) + 1
                 for layer in self.engine.gdn_layers:
-                    proto = self.engine.states[0][layer]
+                    proto = self.engine.states[self.engine.local_ranks[0]][layer]
                     rnn_shape = (ns, *proto.rnn.shape[1:])
                     conv_shape = (ns, *proto.conv.shape[1:])
                     rnn = memory_at(int(f[f"rnn_state_ptr_{layer}"][0]), torch.float32, rnn_shape, segments)

@@ -34,8 +34,9 @@ def test_the_dry_run_names_each_targets_runtime_path_and_why():
     m = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b")
     assert m["runtime_path"]["path"] == PROJECT and "variable window" in m["runtime_path"]["why"][0]
     assert "[2048, 40960]" in m["runtime_path"]["why"][0]
-    # its build config's tp 2: neither runtime runs it (the executor refuses the window, the project runtime is tp 1)
-    assert m["supported"]["trtllm_engine"] is False and "--tp-size 1" in m["trtllm_blockers"][-1]
+    # its build config's tp 2: the project runtime runs it as one process per rank under mpirun
+    assert m["supported"]["trtllm_engine"] is True and m["trtllm_blockers"] == []
+    assert any("mpirun -n 2 dflash2-trt run" in w for w in m["runtime_path"]["limits"])
     m1 = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b", {"tp_size": 1})
     assert m1["supported"]["trtllm_engine"] is True and m1["trtllm_blockers"] == []
     tiny = trained_pair("qwen3")

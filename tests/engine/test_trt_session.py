@@ -251,43 +251,61 @@ def test_the_standin_enforces_the_recorded_rule(scripted, rule):
     RULE_CASES[rule](*scripted)
 
 
-def test_a_tp2_engine_is_refused_with_the_reason():
+def test_a_tp2_rank_session_binds_tensorrt_llms_workspace_in_host_memory():
+    """Rank r of a tp engine: its own heads, TensorRT-LLM's all-reduce table (7 tp + 3 entries, host memory: the
+    AllReduce plugins read it on the host, facts multi_rank) bound with every step."""
     from dflash2_trt.engine import plan as planmod
     from dflash2_trt.engine.pretrained import engine_pretrained_config
     from dflash2_trt.engine.trtllm.command import trtllm_engine_config
+    from dflash2_trt.errors import ConfigError
 
     p = trained_pair("qwen3")
     prep = planmod.prepare(p.drafter_dir, p.target_dir, target_key="tiny", overrides={"tp_size": 2})
     cfg = trtllm_engine_config(engine_pretrained_config(prep.checkpoint_config, prep.cfg, prep.d), prep.cfg)
-    with pytest.raises(Exception, match="one process per rank under mpirun"):
-        TrtEngineSession(b"", cfg, trt=trt, device="cpu")
+    blob = trt.standin_engine(cfg, executor={"kind": "scripted"})
+    mr = facts()["multi_rank"]
+    assert mr["memory"] == "host" and mr["table_entries"] == "7 * tp + 3"
+    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu", rank=1, num_blocks=8)
+    assert sess.rank == 1 and sess.kv_heads == cfg["pretrained_config"]["num_key_value_heads"] // 2
+    ws = sess.static_inputs()["all_reduce_workspace"]
+    assert ws.dtype == torch.int64 and ws.shape == (17,) and sessmod.memory_of("all_reduce_workspace") == "host"
+    rt = Runtime(sess, max_batch_size=2)
+    reqs = [Request([5, 6, 7], 3, task_id=0), Request([8, 9], 3, task_id=1)]
+    rt.generate(reqs)
+    assert all(r.done for r in reqs)
+    assert sess.bound["all_reduce_workspace"].device.type == "cpu" and sess.bound["all_reduce_workspace"].numel() == 17
+    with pytest.raises(ConfigError, match="rank 2 of a tp 2 engine"):
+        TrtEngineSession(blob, cfg, trt=trt, device="cpu", rank=2)
 
 
 # ------------------------------------------------------------------------------------------------ published pairs
-def _published(key):
+def _published(key, tp=1):
     from dflash2_trt.engine import plan as planmod
     from dflash2_trt.engine.pretrained import engine_pretrained_config
     from dflash2_trt.engine.trtllm.command import engine_config_fixes, trtllm_engine_config
     from dflash2_trt.testing.fixtures import MUSE_DRAFTER, MUSE_TARGET, QWEN_DRAFTER, QWEN_TARGET
 
     d, t = {"qwen3.8-27b": (QWEN_DRAFTER, QWEN_TARGET), "muse-glimmer-30b": (MUSE_DRAFTER, MUSE_TARGET)}[key]
-    p = planmod.prepare(d, t, target_key=key, overrides={"tp_size": 1})
+    p = planmod.prepare(d, t, target_key=key, overrides={"tp_size": tp})
     cfg = trtllm_engine_config(engine_pretrained_config(p.checkpoint_config, p.cfg, p.d), p.cfg)
     engine_config_fixes(cfg)
     return cfg
 
 
-@pytest.mark.parametrize("key", ["qwen3.8-27b", "muse-glimmer-30b"])
-def test_published_pair_full_feed_through_every_step_kind(key):
+@pytest.mark.parametrize("key,tp,rank", [("qwen3.8-27b", 1, 0), ("muse-glimmer-30b", 1, 0),
+                                         ("muse-glimmer-30b", 2, 1)])   # its build config's tp 2: rank 1's engine
+def test_published_pair_full_feed_through_every_step_kind(key, tp, rank):
     import yaml
 
     from dflash2_trt.engine.trtllm.runtime_rules import state_pool_bytes_per_slot
     from dflash2_trt.trtllm.engine_io import CONTRACT
 
-    cfg = _published(key)
+    cfg = _published(key, tp)
     pre = cfg["pretrained_config"]
     blob = trt.standin_engine(cfg, executor={"kind": "scripted"})
-    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu", num_blocks=12, num_slots=2)
+    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu", num_blocks=12, num_slots=2, rank=rank)
+    assert sess.kv_heads == max(pre["num_key_value_heads"] // tp, 1)
+    assert ("all_reduce_workspace" in sess.inputs) == (tp > 1)
     K, L, f = sess.K, sess.num_layers, facts()
     # the pool and the state as TensorRT-LLM lays them out (facts kv_pool, recurrent_state; RnnStateManager's slot)
     pool = sess.pools[0]
@@ -345,6 +363,9 @@ def test_published_pair_full_feed_through_every_step_kind(key):
             assert bool((bound[name] == every).all()), name
         assert bound["host_runtime_perf_knobs"].tolist() == [0] + [-1] * 15
         assert bound["host_max_attention_window_sizes"].tolist() == sess._windows.tolist()
+        if tp > 1:                 # TensorRT-LLM's table, in host memory, the same address every step
+            assert bound["all_reduce_workspace"].shape == (7 * tp + 3,) and bound["all_reduce_workspace"].is_cpu
+            assert addrs["all_reduce_workspace"] == steps[0][2]["all_reduce_workspace"]
         if sess.recurrent:
             for layer in sess.gdn_layers:
                 assert int(bound[f"rnn_state_ptr_{layer}"][0]) == sess.rnn_states[layer].data_ptr()

@@ -163,3 +163,29 @@ def test_gpu_check_runs_on_gpu(tmp_path):
                          text=True, env={**os.environ, "PYTHON": sys.executable})
     print(res.stdout)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_gpu_check_all_runs_every_part_under_its_limit_and_records_each(tmp_path):
+    """``gpu_check.sh --all``'s plumbing, with a stand-in ``nvidia-smi`` and Python (nothing of the GPU is checked
+    here): every part runs in order even after one fails, each exit status and time lands in summary.json."""
+    import json
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in (not a GPU)'\n")
+    calls = tmp_path / "calls.txt"
+    (bin_dir / "py").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\ncase \"$1\" in *gpu_check.py) exit 3;; esac\n"
+                                f"exit 0\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    out = tmp_path / "out"
+    res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--all", str(out)], capture_output=True,
+                         text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(bin_dir / "py")})
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary) == ["kernels", "e2e", "trt_session", "pytest_gpu"]
+    assert summary["kernels"]["exit"] == 3 and all(summary[k]["exit"] == 0 for k in list(summary)[1:])
+    assert sum(v["limit"] for v in summary.values()) <= 570
+    lines = calls.read_text().splitlines()
+    assert lines[0].endswith(f"--json {out}/kernels.json") and "gpu_e2e.py --out" in lines[1]
+    assert "gpu_check_trt_session.py" in lines[2] and lines[3] == "-m pytest -q -m gpu tests/gpu"

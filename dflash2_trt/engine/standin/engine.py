@@ -29,12 +29,7 @@ from ...trtllm.cpu.tensor import network_input, on_device
 from ...trtllm.engine_io import load_contract
 from ...trtllm.gdn_slot import engine_slot_layout
 from ..format import load_engine_dir
-from ..binding import bind
-
-# The runtime's per-layer tensors that are the same every step (TensorRT-LLM's runtime also fills them once).
-_STATIC = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",
-           "host_kv_cache_pool_mapping", "host_runtime_perf_knobs", "host_context_progress")
-
+from ..binding import bind, layer_windows, static_inputs
 
 def engine_device(backend: str) -> torch.device:
     """Where a stand-in engine of ``backend`` runs: the CPU, or the current CUDA device (one line when none)."""
@@ -55,10 +50,13 @@ class StandinEngine:
     """``weights``: ``"checkpoint"`` (the engine directory's converted checkpoint), ``"random"`` (every parameter
     drawn on the engine's device, no checkpoint read: for timing real widths; its outputs are meaningless), or one
     ``{name: tensor}`` per rank to take the parameters from (shared, not copied: the target-only baseline on the
-    combined engine's weights)."""
+    combined engine's weights). ``world``: the ranks' collectives (default: every rank a thread of this process,
+    :class:`~dflash2_trt.trtllm.cpu.comm.World`); a :class:`~dflash2_trt.trtllm.cpu.comm.ProcessWorld` makes this
+    process hold and step only its own rank (the stand-in of one rank engine under ``mpirun``)."""
 
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path | None, limits: dict, *,
-                 num_blocks: int | None = None, backend: str = "cpu", weights: str = "checkpoint", seed: int = 0):
+                 num_blocks: int | None = None, backend: str = "cpu", weights: str = "checkpoint", seed: int = 0,
+                 world: comm.World | None = None):
         self.backend = backend
         self.device = engine_device(backend)
         if self.device.type == "cuda":
@@ -71,7 +69,11 @@ class StandinEngine:
         self.config = dict(pretrained_config)
         self.limits = dict(limits)
         self.tp = int(self.config["mapping"]["tp_size"])
-        self.world = comm.World(self.tp)
+        self.world = world or comm.World(self.tp)
+        if self.world.size != self.tp:
+            raise ValueError(f"a world of {self.world.size} ranks for a tp {self.tp} engine")
+        own = getattr(self.world, "local_rank", None)
+        self.local_ranks = list(range(self.tp)) if own is None else [own]
         d = self.config["dflash2"]
         self.K = int(d["block_size"]) - 1
         self.vocab_size = int(self.config["vocab_size"])
@@ -115,10 +117,11 @@ class StandinEngine:
         kv_heads = self.config["num_key_value_heads"]
         local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
         self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype,
-                                  device=self.device) for _ in range(self.tp)]
+                                  device=self.device) if r in self.local_ranks else None for r in range(self.tp)]
         self.layer_offset = target_kv_layers   # drafter KV layers follow the target's
         self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
-        self._window_sizes = self._windows()      # the runtime fills them once, as TensorRT-LLM's does
+        # the runtime fills them once, as TensorRT-LLM's does
+        self._window_sizes = layer_windows(net, self.config, int(limits["max_seq_len"]))
         # Recurrent (Gated DeltaNet) layers: one state pool per layer and rank, a slot per request in flight.
         self.gdn_layers = [i for i, t in enumerate(kinds) if t == "linear_attention"]
         self.recurrent = bool(self.gdn_layers)
@@ -129,13 +132,14 @@ class StandinEngine:
             # a slot = the state and the deferred commit's records (trtllm/gdn_slot.py: the plugin's layout)
             lay = engine_slot_layout(self.config)
             conv_kernel = self.config["linear_attention"]["conv_kernel_size"]
-            for r in range(self.tp):
+            for r in self.local_ranks:
                 for layer in self.gdn_layers:
                     self.states[r][layer] = StatePool(self.num_slots, lay, conv_kernel, dtype, device=self.device)
 
     def parameters(self) -> list[dict]:
         """Per rank, ``{name: tensor}`` of the loaded parameters (the tensors themselves, not copies)."""
-        return [{n: p.value.as_subclass(torch.Tensor) for n, p in m.named_parameters()} for m in self.models]
+        return [None if m is None else {n: p.value.as_subclass(torch.Tensor) for n, p in m.named_parameters()}
+                for m in self.models]
 
     def model_class(self):
         """The network class each rank runs (the combined engine; the target-only baseline overrides it)."""
@@ -145,7 +149,7 @@ class StandinEngine:
         """Engine input name -> InputDecl of the models' ``prepare_inputs`` (what a step's feed is bound against,
         binding.py), after checking the declaration by TensorRT-LLM's dim_range and profile rules."""
         lim = self.limits
-        decl = self.models[0].prepare_inputs(max_batch_size=int(lim["max_batch_size"]),
+        decl = self.models[self.local_ranks[0]].prepare_inputs(max_batch_size=int(lim["max_batch_size"]),
                                              max_num_tokens=int(lim["max_num_tokens"]),
                                              max_seq_len=int(lim["max_seq_len"]),
                                              tokens_per_block=int(lim["tokens_per_block"]))
@@ -155,7 +159,8 @@ class StandinEngine:
 
     def close(self) -> None:
         for p in self.pools:
-            p.release()
+            if p is not None:
+                p.release()
         for per_rank in self.states:
             for sp in per_rank.values():
                 sp.release()
@@ -166,28 +171,17 @@ class StandinEngine:
             for sp in per_rank.values():
                 sp.reset(slot)
 
-    def _windows(self) -> torch.Tensor:
-        """The runtime's per-KV-layer attention window (model.kv_layer_windows: TensorRT-LLM's executor
-        max_attention_window list): max_seq_len, or a sliding layer's own window (the drafter's with
-        drafter_window model, Muse Glimmer's sliding layers). The plugin reads it on the host, so the graph cannot
-        make it."""
-        cfg = self.net.api.PretrainedConfig.from_dict(self.config)
-        eng = self.config.get("dflash2_engine") or {}
-        w = self.net.kv_layer_windows(cfg, eng.get("drafter_window", "model"), int(self.limits["max_seq_len"]))
-        return torch.tensor(w, dtype=torch.int32)
-
     def static_inputs(self, rank: int) -> dict:
-        return {
-            "host_max_attention_window_sizes": self._window_sizes,
-            "host_sink_token_length": torch.zeros(1, dtype=torch.int32),
-            "host_kv_cache_pool_pointers": torch.tensor([[self.pools[rank].handle, 0]], dtype=torch.int64),
-            "host_kv_cache_pool_mapping": self._pool_mapping,
-            "host_runtime_perf_knobs": torch.zeros(16, dtype=torch.int64),
-            "host_context_progress": torch.zeros(1, dtype=torch.int64),
-            **{f"rnn_state_ptr_{layer}": sp.pointer_inputs()[0] for layer, sp in self.states[rank].items()},
-            **{f"conv_state_ptr_{layer}": sp.pointer_inputs()[1] for layer, sp in self.states[rank].items()},
-            **({"all_reduce_workspace": self._all_reduce_workspace} if self.tp > 1 else {}),
-        }
+        """What the runtime fills once, as every execution path builds it (``binding.static_inputs``)."""
+        return static_inputs(
+            windows=self._window_sizes,
+            pool_pointers=torch.tensor([[self.pools[rank].handle, 0]], dtype=torch.int64),
+            pool_mapping=self._pool_mapping,
+            state_pointers={**{f"rnn_state_ptr_{layer}": sp.pointer_inputs()[0]
+                               for layer, sp in self.states[rank].items()},
+                            **{f"conv_state_ptr_{layer}": sp.pointer_inputs()[1]
+                               for layer, sp in self.states[rank].items()}},
+            all_reduce_workspace=self._all_reduce_workspace if self.tp > 1 else None)
 
     def _structured(self, flat: dict, rank: int) -> dict:
         net = self.net
@@ -229,12 +223,13 @@ class StandinEngine:
     @torch.no_grad()
     def step(self, inputs: dict) -> dict:
         outs = self.run_step(inputs)
-        for r in range(1, self.tp):
+        first, *rest = self.local_ranks
+        for r in rest:
             for name in ("accepted_tokens", "num_accepted_tokens"):
-                if not torch.equal(outs[0][name], outs[r][name]):
-                    raise RuntimeError(f"TP rank {r} disagrees with rank 0 on {name}")
+                if not torch.equal(outs[first][name], outs[r][name]):
+                    raise RuntimeError(f"TP rank {r} disagrees with rank {first} on {name}")
         # what the runtime reads, in host memory (one copy per output); the logits stay on the device
-        return {k: v if k == "logits" else v.cpu() for k, v in outs[0].items()}
+        return {k: v if k == "logits" else v.cpu() for k, v in outs[first].items()}
 
     @torch.no_grad()
     def run_step(self, inputs: dict) -> list[dict]:
@@ -318,8 +313,9 @@ def limits_from(build: dict, config: dict) -> dict:
     return lim
 
 
-def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None):
-    """Open a cpu or cuda engine directory (a cuda one needs a CUDA GPU: one-line error without)."""
+def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, world=None):
+    """Open a cpu or cuda engine directory (a cuda one needs a CUDA GPU: one-line error without); ``world``: see
+    :class:`StandinEngine`."""
     cfg, man = load_engine_dir(engine_dir, verify=verify)
     if man["backend"] not in STANDIN_BACKENDS:
         raise ConfigError(f"backend {man['backend']!r}: a TensorRT-LLM engine runs through TensorRT-LLM's runner on a GPU "
@@ -327,4 +323,4 @@ def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None):
                           source=Path(engine_dir) / "engine.json", field="backend")
     pre = cfg["pretrained_config"]
     return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre),
-                                         backend=man["backend"]), man
+                                         backend=man["backend"], world=world), man

@@ -78,11 +78,11 @@ def run_md(man: dict, engine_dir: Path) -> str:
 
 {why}{limits}
 
-    dflash2-trt run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
-    dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl --concurrency 1,4,16
+    {mpi}dflash2-trt run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
+    {mpi}dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl --concurrency 1,4,16
 
 Both load TensorRT-LLM's plugin library (`import tensorrt_llm`) and `{lib}` themselves, deserialize
-`rank0.engine` with TensorRT's Python API and bind every step's inputs by TensorRT-LLM's runtime rules
+`{'rank{r}.engine in rank r of ' + str(tp) + ' processes (mpirun; rank 0 reports)' if tp > 1 else 'rank0.engine'}` with TensorRT's Python API and bind every step's inputs by TensorRT-LLM's runtime rules
 (docs/trt-session.md). Stock TensorRT-LLM 1.2 is enough: no executor check is involved. Sections 2-4 below (the
 C++ executor, Triton's `tensorrtllm` backend, trtllm-bench) do NOT run this engine on stock TensorRT-LLM; they are
 kept for a TensorRT-LLM rebuilt with `scripts/patch_trtllm_recurrent_spec.py` (recurrent targets; never compiled

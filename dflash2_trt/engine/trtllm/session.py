@@ -30,8 +30,12 @@ opens the engine and runs the address binding + ``execute_async_v3``. Without it
 same steps run here, from the same recorded facts, over the ``trt`` namespace handed in: TensorRT itself or the CPU
 stand-in of its execution API (``dflash2_trt/testing/tensorrt_standin.py``).
 
-Not done here (docs/trt-session.md): CUDA-graph capture of bucketed generation steps, tp > 1 (one process per rank
-under mpirun, TensorRT-LLM's all-reduce workspace).
+A tp engine: one session per rank, each in its own process under ``mpirun`` (:mod:`.ranks` drives them in lockstep),
+on ``cuda:(rank % GPUs)``, binding ``rank{r}.engine`` with its own KV pool and state slots (its heads) and TensorRT-LLM's
+custom all-reduce workspace (``CustomAllReduceHelper.allocate_workspace``, facts ``multi_rank``: the pointer table in
+host memory, the IPC buffers kept alive by the session).
+
+Not done here (docs/trt-session.md): CUDA-graph capture of bucketed generation steps.
 """
 
 from __future__ import annotations
@@ -50,15 +54,9 @@ from ...trtllm.backend import load_network
 from ...trtllm.cpu.functional import str_dtype_to_torch
 from ...trtllm.engine_io import load_contract
 from ...trtllm.gdn_slot import engine_slot_layout
-from ..binding import bind
+from ..binding import bind, layer_windows, static_inputs
 from ..format import load_engine_dir
 from .runtime_rules import facts as _facts_file
-
-# The runtime's per-layer / per-engine tensors a runtime fills once (TensorRT-LLM: setStaticInputTensors); the
-# project runtime's feed carries the rest every step.
-STATIC_INPUTS = ("host_max_attention_window_sizes", "host_sink_token_length", "host_kv_cache_pool_pointers",
-                 "host_kv_cache_pool_mapping", "host_runtime_perf_knobs", "host_context_progress")
-
 
 @functools.lru_cache(maxsize=1)
 def facts() -> dict:
@@ -227,26 +225,28 @@ class TrtEngineSession:
     build's ``kv_cache_free_gpu_mem_fraction``, 0.9) of the memory free once the engine is loaded, as TensorRT-LLM
     sizes its pool; slots = max_batch_size);
     ``greedy_sampling``: the value bound to a ``greedy_sampling`` input when the engine declares one (0: the request's
-    temperature decides, which is what the project runtime's per-request temperatures mean; see README)."""
+    temperature decides, which is what the project runtime's per-request temperatures mean; see README); ``rank``:
+    which rank engine of a tp engine this is (its process's MPI rank, :mod:`.ranks`)."""
 
     def __init__(self, engine_bytes: bytes, config: dict, *, trt, device=None, num_blocks: int | None = None,
                  num_slots: int | None = None, greedy_sampling: int = 0, use_trtllm: bool | None = None,
-                 kv_cache_fraction: float | None = None):
+                 kv_cache_fraction: float | None = None, rank: int = 0):
         self.trt = trt
         self.config = dict(config["pretrained_config"])
         pre = self.config
         self.tp = int(pre["mapping"]["tp_size"])
-        if self.tp != 1:
-            raise ConfigError(f"a tp {self.tp} engine needs one process per rank under mpirun and TensorRT-LLM's "
-                              f"all-reduce workspace, which the project runtime does not do yet "
-                              f"(docs/trt-session.md §4); run it through the C++ executor (RUN.md)", field="pretrained_config.mapping.tp_size")
+        self.rank = int(rank)
+        if not 0 <= self.rank < self.tp:
+            raise ConfigError(f"rank {self.rank} of a tp {self.tp} engine", field="pretrained_config.mapping.tp_size")
         self.limits = session_limits(config)
         d = pre["dflash2"]
         self.K = int(d["block_size"]) - 1
         self.vocab_size = int(pre["vocab_size"])
         self.mask_token_id = int(d["mask_token_id"])
-        self.device = torch.device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
+        # rank r on cuda:(r % GPUs), as TensorRT-LLM's runtime places its ranks (facts multi_rank.device)
+        self.device = torch.device(device) if device is not None else (
+            torch.device("cuda", self.rank % torch.cuda.device_count()) if torch.cuda.is_available()
+            else torch.device("cpu"))
         self._pin = self.device.type == "cuda"
         net = load_network("cpu")          # config arithmetic only (KV layers, windows, layer kinds)
         cfg = net.api.PretrainedConfig.from_dict(pre)
@@ -258,9 +258,7 @@ class TrtEngineSession:
         self.kv_heads = kvh // self.tp if kvh >= self.tp else 1
         self.head_size = int(pre["head_size"])
         self.tokens_per_block = tpb
-        eng = pre.get("dflash2_engine") or {}
-        self._windows = torch.tensor(net.kv_layer_windows(cfg, eng.get("drafter_window", "model"),
-                                                          int(lim["max_seq_len"])), dtype=torch.int32)
+        self._windows = layer_windows(net, pre, int(lim["max_seq_len"]))
         # in TensorRT-LLM's order: the recurrent-state slots, then the engine and its context (TensorRT takes its
         # activation memory), then the KV pool from what is left
         # recurrent (Gated DeltaNet) layers: one rnn and one conv buffer per layer, a row per slot, zeroed
@@ -289,6 +287,7 @@ class TrtEngineSession:
         self.tensors = engine_tensors(trt, self.execution.engine)
         self.inputs = {n: t for n, t in self.tensors.items() if t.is_input}
         self.outputs = {n: t for n, t in self.tensors.items() if not t.is_input}
+        self._workspace_buffers, self.all_reduce_workspace = self._allocate_all_reduce_workspace(use_trtllm)
         self.num_blocks = self._pool_blocks(num_blocks, kv_cache_fraction)
         self.pools, self.pool_pointers, self.pool_mapping = self._allocate_kv_pool(use_trtllm)
         self._static = self.static_inputs()
@@ -350,6 +349,34 @@ class TrtEngineSession:
         mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
         return [pool], pointers, mapping
 
+    def _allocate_all_reduce_workspace(self, use_trtllm):
+        """A tp engine's ``all_reduce_workspace`` (facts ``multi_rank``): TensorRT-LLM's own
+        ``CustomAllReduceHelper.allocate_workspace`` where it imports (IPC buffers between the ranks' GPUs, every rank
+        calling it together; the pointer table a CPU tensor the AllReduce plugins read on the host), else a zeroed
+        table of the same size (the stand-in's collectives do not read it). ``(buffers to keep alive, table)``;
+        ``(None, None)`` for an engine without the input (tp 1)."""
+        spec = self.inputs.get("all_reduce_workspace")
+        if spec is None:
+            if self.tp > 1:
+                raise ConfigError(f"a tp {self.tp} engine without an all_reduce_workspace input: its all-reduces would "
+                                  f"have no workspace (rebuild it with this version)", field="all_reduce_workspace")
+            return None, None
+        entries = 7 * self.tp + 3          # facts multi_rank.table_entries
+        lo, _, hi = spec.profile[0]
+        if not lo <= entries <= hi:
+            raise ConfigError(f"the engine's all_reduce_workspace takes {lo}..{hi} entries, TensorRT-LLM's table for tp "
+                              f"{self.tp} has {entries}", field="all_reduce_workspace")
+        if use_trtllm:   # pragma: no cover - needs TensorRT-LLM and several GPUs
+            from tensorrt_llm.mapping import Mapping
+            from tensorrt_llm.plugin.plugin import CustomAllReduceHelper
+
+            mapping = Mapping(world_size=self.tp, rank=self.rank, gpus_per_node=torch.cuda.device_count(),
+                              tp_size=self.tp)
+            buffers, table = CustomAllReduceHelper.allocate_workspace(
+                mapping, CustomAllReduceHelper.max_workspace_size_auto(self.tp))
+            return buffers, table.to("cpu", torch.int64)
+        return None, torch.zeros(entries, dtype=torch.int64)
+
     def reset_slot(self, slot: int) -> None:
         """Zero a recurrent-state slot on every layer (a request's context starts from the zero state)."""
         for t in (*self.rnn_states.values(), *self.conv_states.values()):
@@ -357,25 +384,16 @@ class TrtEngineSession:
 
     def static_inputs(self) -> dict:
         """What a runtime fills once (TensorRT-LLM: setStaticInputTensors): windows, sink length, the pool's pointer
-        table and layer mapping, perf knobs and context progress (facts ``static_host_inputs``), the state pointers
+        table and layer mapping, perf knobs and context progress (engine_io.yaml ``static_input_values``), the state pointers
         (int64 [1] CPU tensors holding device addresses, facts ``recurrent_state``) and ``greedy_sampling`` when the
         engine declares it."""
-        s = facts()["static_host_inputs"]
-        knobs = torch.full((s["host_runtime_perf_knobs"]["size"],), s["host_runtime_perf_knobs"]["fill"],
-                           dtype=torch.int64)
-        knobs[0] = s["host_runtime_perf_knobs"]["index_0"]
-        out = {
-            "host_max_attention_window_sizes": self._windows,
-            "host_sink_token_length": torch.tensor(s["host_sink_token_length"], dtype=torch.int32),
-            "host_kv_cache_pool_pointers": self.pool_pointers.to(torch.int64),
-            "host_kv_cache_pool_mapping": self.pool_mapping.to(torch.int32),
-            "host_runtime_perf_knobs": knobs,
-            "host_context_progress": torch.tensor(s["host_context_progress"], dtype=torch.int64),
-            **{f"rnn_state_ptr_{layer}": torch.tensor([t.data_ptr()], dtype=torch.int64)
-               for layer, t in self.rnn_states.items()},
-            **{f"conv_state_ptr_{layer}": torch.tensor([t.data_ptr()], dtype=torch.int64)
-               for layer, t in self.conv_states.items()},
-        }
+        out = static_inputs(
+            windows=self._windows, pool_pointers=self.pool_pointers, pool_mapping=self.pool_mapping,
+            state_pointers={**{f"rnn_state_ptr_{layer}": torch.tensor([t.data_ptr()], dtype=torch.int64)
+                               for layer, t in self.rnn_states.items()},
+                            **{f"conv_state_ptr_{layer}": torch.tensor([t.data_ptr()], dtype=torch.int64)
+                               for layer, t in self.conv_states.items()}},
+            all_reduce_workspace=self.all_reduce_workspace)
         if "greedy_sampling" in self.inputs:
             out["greedy_sampling"] = torch.tensor([self.greedy_sampling], dtype=torch.int32)
         return out
@@ -439,6 +457,7 @@ class TrtEngineSession:
 
     def close(self) -> None:
         self._buffers.clear()
+        self._workspace_buffers = None
         self.rnn_states.clear()
         self.conv_states.clear()
         self.pools = None
@@ -486,6 +505,6 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
     if not path.is_file():
         raise ConfigError(f"no {path.name} in the engine directory", source=engine_dir)
     kw.setdefault("kv_cache_fraction", (man.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"))
-    return TrtEngineSession(path.read_bytes(), cfg, trt=trt, **kw), man
+    return TrtEngineSession(path.read_bytes(), cfg, trt=trt, rank=rank, **kw), man
 
 

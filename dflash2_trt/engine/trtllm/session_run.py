@@ -9,7 +9,7 @@ import time
 
 from ...runtime import Request, Runtime
 from ..common import run_report, stop_ids
-from .session import open_trt_session
+from .ranks import open_project_session
 
 
 def _requests(items, *, max_new_tokens: int, temperature: float, seed: int, stops) -> list[Request]:
@@ -21,7 +21,7 @@ def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature
               max_batch_size=None, tokenizer=None, trt=None, session_kw=None) -> dict:
     """``dflash2-trt run`` on a TensorRT engine through the project runtime (``trt``: the tensorrt module, or its CPU
     stand-in in tests)."""
-    sess, man = open_trt_session(engine_dir, trt=trt, **(session_kw or {}))
+    sess, man = open_project_session(engine_dir, trt=trt, **(session_kw or {}))
     try:
         stops = stop_ids(man, sess.vocab_size)
         reqs = _requests(items, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, stops=stops)
@@ -37,7 +37,7 @@ def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature
 
 def generate(engine_dir, prompts, new: int, *, eos=(), trt=None, session_kw=None) -> list[list[int]]:
     """Greedy new tokens per prompt through the project runtime (the verify gate's engine side)."""
-    sess, _ = open_trt_session(engine_dir, trt=trt, **(session_kw or {}))
+    sess, _ = open_project_session(engine_dir, trt=trt, **(session_kw or {}))
     try:
         reqs = [Request(list(p), new, stop_token_ids=tuple(eos), task_id=i) for i, p in enumerate(prompts)]
         Runtime(sess).generate(reqs)

@@ -101,6 +101,33 @@ class World:
             _local.world, _local.rank = prev_world, prev_rank
 
 
+class ProcessWorld(World):
+    """The same collectives with each rank in its own process (one rank per process, launched by ``mpirun``), for
+    the CPU stand-in of a TensorRT engine's rank under the project runtime's multi-process path
+    (``engine/trtllm/ranks.py``). It stands in for TensorRT-LLM's AllReduce / AllGather plugins (which exchange
+    over CUDA IPC or NCCL): each collective is an MPI ``allgather`` of the ranks' tensors, combined in rank order
+    exactly as :class:`World` combines them, so a tp engine gives bit for bit the tokens of its threaded run. Only
+    test stand-ins use it; the real path's activations never leave TensorRT-LLM's plugins."""
+
+    def __init__(self, comm, size: int):
+        if comm.Get_size() != size:
+            raise ValueError(f"{comm.Get_size()} processes for a world of {size} ranks")
+        super().__init__(1)
+        self.size = size
+        self.comm = comm
+        self.local_rank = comm.Get_rank()
+
+    def _exchange(self, value, combine: Callable[[list], object]):
+        parts = self.comm.allgather(value.cpu() if value.device.type != "cpu" else value)
+        return combine([p.to(value.device) for p in parts]).clone()
+
+    def run(self, fn: Callable[[int], object]) -> list:
+        """``fn(rank)`` for this process's rank; the results by rank (``None`` for the other processes' ranks)."""
+        out: list = [None] * self.size
+        out[self.local_rank] = self._scoped(self.local_rank, fn)
+        return out
+
+
 _SINGLE = World(1)
 
 

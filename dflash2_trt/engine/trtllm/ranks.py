@@ -1,0 +1,175 @@
+"""A tensor-parallel TensorRT engine on the project runtime: one process per rank under ``mpirun``, in lockstep.
+
+TensorRT-LLM's Python runtime runs a tp engine as one process per rank (``mpirun -n TP``, mpi4py's ``COMM_WORLD``),
+rank r binding ``rank{r}.engine`` on ``cuda:(r % GPUs)`` with TensorRT-LLM's custom all-reduce workspace; the
+AllReduce plugins inside the engine carry the activations between the GPUs (facts ``multi_rank``). This module does
+the same for the project runtime (docs/trt-session.md §4):
+
+- every process opens its own :class:`~.session.TrtEngineSession` (its rank engine, its KV pool and state slots
+  holding its heads, the workspace), and the ranks agree that all of them opened before any step;
+- the bookkeeping (the project :class:`~dflash2_trt.runtime.Runtime`) runs on rank 0 only, over a
+  :class:`RankedSession`: each ``step`` / ``reset_slot`` is broadcast to the other ranks (``comm.bcast`` of the
+  step's CPU tensors: a few KB), every rank executes it, and an ``allgather`` of the accepted tokens ends the step on
+  every rank together: ranks that disagree are an error on rank 0 (the CPU engine checks the same between its
+  simulated ranks);
+- a rank that fails (opening its engine, or in a step) cannot tell whether the others are already waiting inside
+  the engine's collectives for it, so it writes one line naming itself and aborts the whole job (``MPI_Abort``, as
+  TensorRT-LLM's MPI workers do): no process is left waiting;
+- the other ranks run :func:`follow` until rank 0 closes the session, then leave quietly
+  (:class:`FollowerExit`, exit status 0): rank 0 alone reports, prints and writes files.
+
+MPI carries only the runtime's feed and this status; nothing of the engine's own data. Outside an MPI launch a
+tp 1 engine opens as before; a tp engine says how to start it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ...errors import ConfigError, MissingDependencyError
+from ..format import load_engine_dir
+from .session import open_trt_session
+
+# what MPI launchers put in each process's environment (Open MPI, MPICH / Intel MPI's hydra, PMIx)
+LAUNCHER_SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+
+
+class FollowerExit(SystemExit):
+    """Raised on ranks > 0 once rank 0 has closed the session: the process's work is done and rank 0 reported it
+    (exit status 0, nothing printed)."""
+
+    def __init__(self):
+        super().__init__(0)
+
+
+def launched_size() -> int | None:
+    """The number of processes an MPI launcher started (from its environment), or None outside one."""
+    for key in LAUNCHER_SIZE_ENV:
+        value = os.environ.get(key)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"not an integer: {value!r}", field=key) from None
+    return None
+
+
+def world_comm():
+    """mpi4py's ``COMM_WORLD`` when this process was started by an MPI launcher (TensorRT-LLM's ``mpi_comm``), else
+    None. A launcher without mpi4py is one line."""
+    if launched_size() is None:
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise MissingDependencyError(f"started by an MPI launcher, but mpi4py is not importable ({exc}): pip install "
+                                     f"mpi4py (with the MPI library mpirun belongs to)") from None
+    return MPI.COMM_WORLD
+
+
+def _abort(comm, what: str, exc: BaseException):
+    """One line naming the rank and what failed, then ``MPI_Abort``: every process of the job ends (non-zero)."""
+    print(f"error: tp rank {comm.Get_rank()} {what}: {type(exc).__name__}: {exc} (aborting every rank)",
+          file=sys.stderr, flush=True)
+    comm.Abort(1)
+
+
+def _guard(comm, what: str, fn, *args, **kw):
+    """``fn(*args, **kw)``, or the job aborted naming this rank (module docstring)."""
+    try:
+        return fn(*args, **kw)
+    except Exception as exc:
+        _abort(comm, what, exc)
+        raise   # not reached: Abort does not return
+
+
+def _digest(out) -> bytes | None:
+    """The accepted tokens of a step's outputs, as bytes (what every rank must agree on)."""
+    if not out:
+        return None
+    parts = [out[k].cpu().contiguous().numpy().tobytes() for k in ("num_accepted_tokens", "accepted_tokens")
+             if k in out]
+    return b"".join(parts)
+
+
+def _settle(digests: list) -> None:
+    """Raise on rank 0 if the ranks disagree on the accepted tokens of a step."""
+    for r, digest in enumerate(digests[1:], start=1):
+        if digest != digests[0]:
+            raise RuntimeError(f"tp rank {r} disagrees with rank 0 on the accepted tokens of a step")
+
+
+class RankedSession:
+    """Rank 0's view of a tp engine: the interface the project runtime drives (every attribute of rank 0's
+    :class:`~.session.TrtEngineSession`), each call executed by every rank (module docstring)."""
+
+    def __init__(self, session, comm):
+        self.session = session
+        self.comm = comm
+        self._closed = False
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def step(self, inputs: dict) -> dict:
+        self.comm.bcast(("step", inputs), root=0)
+        out = _guard(self.comm, "failed in a step", self.session.step, inputs)
+        _settle(self.comm.allgather(_digest(out)))
+        return out
+
+    def reset_slot(self, slot: int) -> None:
+        self.comm.bcast(("reset_slot", int(slot)), root=0)
+        _guard(self.comm, f"failed in reset_slot({slot})", self.session.reset_slot, slot)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.comm.bcast(("close", None), root=0)
+            self.session.close()
+
+
+def follow(session, comm) -> None:
+    """Ranks > 0: execute what rank 0 broadcasts, in the same order, until it closes the session."""
+    try:
+        while True:
+            op, arg = comm.bcast(None, root=0)
+            if op == "close":
+                return
+            if op == "step":
+                comm.allgather(_digest(_guard(comm, "failed in a step", session.step, arg)))
+            elif op == "reset_slot":
+                _guard(comm, f"failed in reset_slot({arg})", session.reset_slot, arg)
+            else:
+                raise RuntimeError(f"rank {comm.Get_rank()}: unknown operation {op!r} from rank 0")
+    finally:
+        session.close()
+
+
+def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
+    """(session, manifest) for the project runtime on any TensorRT engine directory. A tp 1 engine in one process:
+    its :class:`~.session.TrtEngineSession`. A tp engine under ``mpirun -n TP``: on rank 0 a :class:`RankedSession`,
+    on the other ranks the follower loop, then :class:`FollowerExit`. Every other combination is one line."""
+    cfg, _ = load_engine_dir(engine_dir, verify=False)
+    tp = int(cfg["pretrained_config"]["mapping"]["tp_size"])
+    comm = world_comm()
+    size = 1 if comm is None else comm.Get_size()
+    if tp == 1 and size == 1:
+        return open_trt_session(engine_dir, trt=trt, verify=verify, **kw)
+    if size != tp:
+        how = (f"mpirun -n {tp} dflash2-trt ... (one process per rank, as TensorRT-LLM runs a tp engine)" if tp > 1
+               else "without mpirun (one process)")
+        raise ConfigError(f"a tp {tp} engine runs as {tp} process{'es' if tp > 1 else ''}, started as {size}: run it "
+                          f"{how}", source=engine_dir, field="pretrained_config.mapping.tp_size")
+    rank = comm.Get_rank()
+    # opening may itself be collective (TensorRT-LLM's workspace exchanges IPC handles over MPI)
+    sess, man = _guard(comm, f"could not open rank{rank}.engine", open_trt_session, engine_dir, trt=trt,
+                       verify=verify, rank=rank, **kw)
+    comm.Barrier()
+    if rank == 0:
+        return RankedSession(sess, comm), man
+    follow(sess, comm)
+    raise FollowerExit()
+
+
+__all__ = ["FollowerExit", "RankedSession", "follow", "launched_size", "open_project_session", "world_comm"]

@@ -1,0 +1,133 @@
+"""A tp 2 TensorRT engine on the project runtime under a real ``mpiexec``: one process per rank, in lockstep.
+
+The engine directory is what ``build --backend trtllm --tp-size 2`` leaves, its rank engines the CPU stand-in of
+TensorRT (each steps its own rank of the tiny pair's tp 2 CPU network; the collectives, TensorRT-LLM's AllReduce
+plugins in a real engine, carried between the processes by MPI: ``trtllm/cpu/comm.ProcessWorld``). Real MPI
+(MPICH from PyPI), real processes: what is checked is the project's multi-process path (engine/trtllm/ranks.py):
+every rank opens its rank engine and binds it with its own pool, slots and all-reduce workspace, rank 0 drives the
+runtime and broadcasts each step, the others follow, a fault on one rank ends every process with rank 0 naming it.
+The reference is the same tp 2 CPU engine stepping both ranks as threads of one process (bit-identical collectives)
+and the tp 1 engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash2_trt.engine.format import file_sha256
+from dflash2_trt.testing import tensorrt_standin as trt
+from dflash2_trt.testing.engines import EngineCache
+from dflash2_trt.assets import trained_pair
+
+pytest.importorskip("mpi4py", reason="mpi4py (pip install -e '.[mpi]') runs the ranks as processes")
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+if not MPIEXEC.exists():
+    MPIEXEC = Path(shutil.which("mpiexec") or "mpiexec")
+DRIVER = Path(__file__).with_name("mpi_driver.py")
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24]]
+
+
+def trt_dir_of(cpu_dir: Path, out: Path) -> Path:
+    """A TensorRT-LLM engine directory around a CPU engine: rank{r}.engine for every rank (the stand-in running rank
+    r of the CPU network), engine.json backend trtllm on the project runtime path, every file hashed."""
+    from dflash2_trt.engine.trtllm.paths import runtime_path
+
+    shutil.copytree(cpu_dir, out)
+    cfg = json.loads((out / "config.json").read_text())
+    tp = int(cfg["pretrained_config"]["mapping"]["tp_size"])
+    for r in range(tp):
+        (out / f"rank{r}.engine").write_bytes(trt.standin_engine(cfg, executor={
+            "kind": "cpu-engine", "engine_dir": str(cpu_dir), "rank": r}))
+    man = json.loads((out / "engine.json").read_text())
+    man.update(backend="trtllm", runtime_path=dict(runtime_path(cfg["pretrained_config"]), path="project"),
+               versions={"dflash2_trt": "test"})
+    man["files"] = {str(p.relative_to(out)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                    for p in sorted(out.rglob("*")) if p.is_file() and p.name != "engine.json"}
+    (out / "engine.json").write_text(json.dumps(man))
+    return out
+
+
+def mpirun(n: int, *args, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{MPIEXEC.parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/tmp",
+           "DFLASH2_TRT_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([str(MPIEXEC), "-n", str(n), sys.executable, str(DRIVER), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """(tp 2 TensorRT dir, its tp 2 CPU engine, the tp 1 CPU engine) of the tiny hybrid pair."""
+    cache = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)
+    cpu2 = cache(4, tp=2)
+    return trt_dir_of(cpu2, tmp_path_factory.mktemp("trt") / "engine"), cpu2, cache(4)
+
+
+def _prompts(path: Path) -> Path:
+    path.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": 12}) + "\n"
+                            for i, p in enumerate(PROMPTS)))
+    return path
+
+
+def test_two_processes_give_the_tokens_of_the_threaded_tp2_engine(hybrid, tmp_path):
+    from dflash2_trt.engine.run import run_engine
+
+    d, cpu2, cpu1 = hybrid
+    prompts, report = _prompts(tmp_path / "p.jsonl"), tmp_path / "report.json"
+    done = mpirun(2, d, prompts, report)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rep = json.loads(report.read_text())
+    assert rep["runtime"] == "project" and rep["tp_size"] == 2
+    want = run_engine(cpu2, prompts_file=str(prompts), max_batch_size=2)        # both ranks threads of one process
+    assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
+    assert [r["acceptance_lengths"] for r in rep["requests"]] == [r["acceptance_lengths"] for r in want["requests"]]
+    tp1 = run_engine(cpu1, prompts_file=str(prompts), max_batch_size=2)
+    assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in tp1["requests"]]
+    assert all(len(r["output_ids"]) == 12 for r in rep["requests"])
+    assert done.stdout == ""                      # rank 1 printed nothing of its own
+
+
+def test_a_fault_on_one_rank_ends_every_process_and_rank0_names_it(hybrid, tmp_path):
+    d, _, _ = hybrid
+    prompts, report = _prompts(tmp_path / "p.jsonl"), tmp_path / "report.json"
+    done = mpirun(2, d, prompts, report, "--fail-step-on-rank", 1, timeout=120)    # no process left waiting
+    assert done.returncode != 0
+    assert "error: tp rank 1 failed in a step: RuntimeError: injected fault in step 3 (aborting every rank)" in \
+        done.stderr
+    assert not report.exists()
+
+
+def test_the_process_count_must_match_the_engines_ranks(hybrid, tmp_path):
+    from dflash2_trt.engine.trtllm.ranks import launched_size, open_project_session
+    from dflash2_trt.errors import ConfigError
+
+    d, _, cpu1 = hybrid
+    assert launched_size() is None                 # pytest itself is not an MPI launch
+    with pytest.raises(ConfigError, match=r"a tp 2 engine runs as 2 processes, started as 1: run it mpirun -n 2"):
+        open_project_session(d, trt=trt)
+    prompts, report = _prompts(tmp_path / "p.jsonl"), tmp_path / "report.json"
+    one = mpirun(1, d, prompts, report, timeout=120)
+    assert one.returncode != 0 and "a tp 2 engine runs as 2 processes, started as 1" in one.stderr
+    assert "mpirun -n 2" in one.stderr and not report.exists()
+    t1 = trt_dir_of(cpu1, tmp_path / "tp1")
+    three = mpirun(2, t1, prompts, report, timeout=120)
+    assert three.returncode != 0 and "a tp 1 engine runs as 1 process, started as 2" in three.stderr
+
+
+def test_a_rank_engine_that_does_not_open_stops_every_rank(hybrid, tmp_path):
+    d0, _, _ = hybrid
+    d = tmp_path / "engine"
+    shutil.copytree(d0, d)
+    (d / "rank1.engine").write_bytes(b"not an engine")
+    man = json.loads((d / "engine.json").read_text())
+    man["files"]["rank1.engine"] = {"size": 13, "sha256": file_sha256(d / "rank1.engine")}
+    (d / "engine.json").write_text(json.dumps(man))
+    prompts, report = _prompts(tmp_path / "p.jsonl"), tmp_path / "report.json"
+    done = mpirun(2, d, prompts, report, timeout=120)
+    assert done.returncode != 0 and "error: tp rank 1 could not open rank1.engine: " in done.stderr
+    assert not report.exists()
