@@ -662,9 +662,10 @@ def deploy_group() -> None:
 @click.option("--ids-only", is_flag=True,
               help="No tokenizer: write the tensorrt_llm model alone (token ids); not with --tokenizer / --model-name.")
 @click.option("--backend", type=click.Choice(["auto", "python", "tensorrtllm"]), default="auto", show_default=True,
-              help="Who serves tensorrt_llm (auto: python for a CPU engine, tensorrtllm for a TensorRT-LLM one).")
+              help="Who serves tensorrt_llm (auto: the python model on the project runtime for a CPU or cuda engine "
+                   "and for a TensorRT-LLM engine on the project runtime path, tensorrtllm for the rest).")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=None,
-              help="tensorrtllm backend only: GPU memory fraction for the KV cache [default: 0.9].")
+              help="TensorRT-LLM engines only: GPU memory fraction for the KV cache [default: the build's, else 0.9].")
 @click.option("--plugin-lib", type=click.Path(), default=None,
               help="tensorrtllm backend only: libdflash2_plugins.so for launch.sh's LD_PRELOAD [default: the engine's].")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
@@ -680,7 +681,7 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
     for note in res.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {res.output} ({res.backend} backend, {'decoupled' if res.decoupled else 'not decoupled'}, "
-               f"max batch {res.max_batch_size}; models: {', '.join(res.models)})")
+               f"max batch {res.max_batch_size}; models: {', '.join(res.models)}; runtime: {res.runtime})")
 
 
 @main.command("serve")

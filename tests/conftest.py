@@ -50,6 +50,18 @@ def tiny_hybrid(_tiny_cache):
     return tiny_pair("qwen3_5")
 
 
+
+@pytest.fixture(scope="session")
+def standin_trt_engine(tmp_path_factory):
+    """(TensorRT-LLM engine directory, CPU engine directory): the trained tiny hybrid pair's CPU engine (block 4) and
+    a TensorRT-LLM engine directory whose rank engine is the CPU stand-in of TensorRT running it (its runtime path:
+    the project runtime). Built once for the engine tests and the Triton ones."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.testing.engines import EngineCache, standin_trt_engine_dir
+
+    cpu_dir = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)(4)
+    return standin_trt_engine_dir(cpu_dir, tmp_path_factory.mktemp("trt") / "engine"), cpu_dir
+
 def pytest_terminal_summary(terminalreporter):
     """The versions pip resolved, at the end of every run (`-q` included, so CI's log shows them): what the pins
     allowed today. tests/test_dependency_pins.py fails on a minor release the suite has not passed on."""

@@ -1,5 +1,6 @@
 """Shared helpers of the engine tests: build CPU engines of a pair once per settings, run prompts through the CPU
-runtime, and load a pair's shipped prompts."""
+runtime, load a pair's shipped prompts, and dress a CPU engine as a TensorRT-LLM engine directory whose rank engine is
+the CPU stand-in of TensorRT (:func:`standin_trt_engine_dir`)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,34 @@ def run_with_step_spy(engine, requests, on_step):
         return Runtime(engine).generate(requests)
     finally:
         engine.step = orig
+
+
+def standin_trt_engine_dir(cpu_dir, out):
+    """A TensorRT-LLM engine directory at ``out`` as `build --backend trtllm` leaves it (engine.json backend trtllm with
+    its runtime_path, config.json, rank{r}.engine for every rank, the plugin library, RUN.md), rank r's engine being
+    the CPU stand-in of TensorRT (:mod:`.tensorrt_standin`) running rank r of the CPU engine at ``cpu_dir`` (so its
+    tokens are that engine's; a tp engine's ranks step together only as ``mpirun`` processes, engine/trtllm/ranks.py).
+    The plugin library is a placeholder: only the stand-in, which loads none, can run this directory."""
+    import shutil
+    from pathlib import Path
+
+    from ..engine.format import file_sha256
+    from ..engine.trtllm.build import run_md
+    from ..engine.trtllm.paths import runtime_path
+    from . import tensorrt_standin
+
+    d = Path(out)
+    shutil.copytree(cpu_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    for r in range(int(cfg["pretrained_config"]["mapping"]["tp_size"])):
+        (d / f"rank{r}.engine").write_bytes(tensorrt_standin.standin_engine(
+            cfg, executor={"kind": "cpu-engine", "engine_dir": str(Path(cpu_dir).resolve()), "rank": r}))
+    (d / "libdflash2_plugins.so").write_bytes(b"\x7fELF")
+    man = json.loads((d / "engine.json").read_text())
+    man.update(backend="trtllm", runtime_path=runtime_path(cfg["pretrained_config"]), plugin_library={
+        "file": "libdflash2_plugins.so"}, versions={"dflash2_trt": "test"}, limits=dict(man["limits"]))
+    (d / "RUN.md").write_text(run_md(man, d))
+    man["files"] = {str(p.relative_to(d)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                    for p in sorted(d.rglob("*")) if p.is_file() and p.name != "engine.json"}
+    (d / "engine.json").write_text(json.dumps(man))
+    return d

@@ -245,11 +245,12 @@ def test_bad_input_is_one_line_and_writes_nothing(engine, tmp_path, args, needle
      "error: --ids-only and --tokenizer contradict each other: --ids-only writes the tensorrt_llm model alone, with "
      "no tokenizer and no text ensemble; give one or the other"),
     (["--ids-only", "--model-name", "dflash2"], "error: --ids-only and --model-name contradict each other"),
-    (["--plugin-lib", "/nonexistent.so"], "error: --plugin-lib applies to the tensorrtllm backend only; the python "
-                                          "backend serves a cpu engine (the project's runtime: no plugin library to "
-                                          "preload, no TensorRT-LLM KV cache)"),
+    (["--plugin-lib", "/nonexistent.so"], "error: --plugin-lib applies to the tensorrtllm backend only (launch.sh's "
+                                          "LD_PRELOAD); the python backend serves a cpu engine (no plugin library to "
+                                          "preload)"),
     (["--backend", "python", "--kv-cache-free-gpu-mem-fraction", "0.5"],
-     "error: --kv-cache-free-gpu-mem-fraction applies to the tensorrtllm backend only"),
+     "error: --kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python backend serves a cpu "
+     "engine"),
     (["--backend", "tensorrtllm", "--plugin-lib", "/nonexistent.so"], "error: --plugin-lib: /nonexistent.so: no such file"),
 ])
 def test_contradictory_or_ignored_options_are_refused(engine, tmp_path, args, line):
@@ -318,7 +319,7 @@ def test_wheel_carries_templates_models_and_tokenizers(tmp_path):
     pkg = lib / "dflash2_trt"
     for rel in ("deploy/triton/templates/tensorrt_llm.pbtxt", "deploy/triton/templates/ensemble.pbtxt",
                 "deploy/triton/templates/preprocessing.pbtxt", "deploy/triton/templates/postprocessing.pbtxt",
-                "deploy/triton/templates/launch.sh", "deploy/triton/models/tensorrt_llm_cpu.py",
+                "deploy/triton/templates/launch.sh", "deploy/triton/models/tensorrt_llm_python.py",
                 "deploy/triton/models/preprocessing.py", "deploy/triton/models/postprocessing.py",
                 "assets/tiny/qwen3/target/tokenizer.json", "assets/tiny/qwen3_5/target/tokenizer_config.json",
                 "deploy/triton/tensorrtllm_backend.yaml", "engine/trtllm/facts/gptJsonConfig.yaml",
@@ -346,8 +347,9 @@ def test_a_tensorrt_llm_engine_gets_the_tensorrtllm_backend(engine, tmp_path):
     assert models["tensorrt_llm"].backend == "tensorrtllm"
     assert models["tensorrt_llm"].parameters["gpt_model_path"].string_value == str(eng.resolve())
     assert str(eng.resolve() / "libdflash2_plugins.so") in (tmp_path / "repo" / "launch.sh").read_text()
-    assert "python backend serves cpu and cuda engines" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
-                                                             str(tmp_path / "r2"), "--backend", "python"))
+    # the python model on the project runtime opens the rank engine: refused, naming it, where there is none
+    assert "no rank0.engine" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
+                                          str(tmp_path / "r2"), "--backend", "python"))
     (eng / "config.json").write_text("{}")
     assert "pretrained_config.vocab_size" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
                                                         str(tmp_path / "r3")))

@@ -9,94 +9,18 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from deploy_helpers import MAX_NEW
+from deploy_helpers import MAX_NEW, Serve
+from deploy_helpers import free_base_port as _free_base_port
+from deploy_helpers import procs_with as _procs_with
 
 pytestmark = pytest.mark.triton
 pytest.importorskip("pytriton")
-
-
-def _free_base_port() -> int:
-    """A port P with P, P+1 and P+2 free on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p + 2 > 65535:
-            continue
-        try:
-            socks = []
-            for q in (p, p + 1, p + 2):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", q))
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no three consecutive free ports")
-
-
-def _procs_with(needle: str) -> list[int]:
-    """Live processes whose command line contains ``needle`` (the test's unique port)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if needle in cmd and state != "Z" and int(d.name) != os.getpid():
-                out.append(int(d.name))
-    return out
-
-
-class Serve:
-    """`python -m dflash2_trt.cli serve ...` in its own process group, killed whatever happens."""
-
-    def __init__(self, *args):
-        self.p = subprocess.Popen([sys.executable, "-m", "dflash2_trt.cli", "serve", *args], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self):
-        for line in self.p.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, needle: str, timeout: float) -> bool:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if any(needle in ln for ln in self.lines):
-                return True
-            if self.p.poll() is not None:
-                self._t.join(5)
-                return any(needle in ln for ln in self.lines)
-            time.sleep(0.1)
-        return False
-
-    def finish(self, timeout: float = 60) -> int:
-        code = self.p.wait(timeout)
-        self._t.join(5)
-        return code
-
-    def kill(self):
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _error_of(s: Serve) -> str:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.format import file_sha256
 from dflash2_trt.testing import tensorrt_standin as trt
-from dflash2_trt.testing.engines import EngineCache
-from dflash2_trt.assets import trained_pair
+from dflash2_trt.testing.engines import EngineCache, standin_trt_engine_dir
 
 pytest.importorskip("mpi4py", reason="mpi4py (pip install -e '.[mpi]') runs the ranks as processes")
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -31,26 +31,6 @@ if not MPIEXEC.exists():
 DRIVER = Path(__file__).with_name("mpi_driver.py")
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24]]
-
-
-def trt_dir_of(cpu_dir: Path, out: Path) -> Path:
-    """A TensorRT-LLM engine directory around a CPU engine: rank{r}.engine for every rank (the stand-in running rank
-    r of the CPU network), engine.json backend trtllm on the project runtime path, every file hashed."""
-    from dflash2_trt.engine.trtllm.paths import runtime_path
-
-    shutil.copytree(cpu_dir, out)
-    cfg = json.loads((out / "config.json").read_text())
-    tp = int(cfg["pretrained_config"]["mapping"]["tp_size"])
-    for r in range(tp):
-        (out / f"rank{r}.engine").write_bytes(trt.standin_engine(cfg, executor={
-            "kind": "cpu-engine", "engine_dir": str(cpu_dir), "rank": r}))
-    man = json.loads((out / "engine.json").read_text())
-    man.update(backend="trtllm", runtime_path=dict(runtime_path(cfg["pretrained_config"]), path="project"),
-               versions={"dflash2_trt": "test"})
-    man["files"] = {str(p.relative_to(out)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
-                    for p in sorted(out.rglob("*")) if p.is_file() and p.name != "engine.json"}
-    (out / "engine.json").write_text(json.dumps(man))
-    return out
 
 
 def mpirun(n: int, *args, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -65,7 +45,7 @@ def hybrid(tmp_path_factory):
     """(tp 2 TensorRT dir, its tp 2 CPU engine, the tp 1 CPU engine) of the tiny hybrid pair."""
     cache = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)
     cpu2 = cache(4, tp=2)
-    return trt_dir_of(cpu2, tmp_path_factory.mktemp("trt") / "engine"), cpu2, cache(4)
+    return standin_trt_engine_dir(cpu2, tmp_path_factory.mktemp("trt") / "engine"), cpu2, cache(4)
 
 
 def _prompts(path: Path) -> Path:
@@ -114,7 +94,7 @@ def test_the_process_count_must_match_the_engines_ranks(hybrid, tmp_path):
     one = mpirun(1, d, prompts, report, timeout=120)
     assert one.returncode != 0 and "a tp 2 engine runs as 2 processes, started as 1" in one.stderr
     assert "mpirun -n 2" in one.stderr and not report.exists()
-    t1 = trt_dir_of(cpu1, tmp_path / "tp1")
+    t1 = standin_trt_engine_dir(cpu1, tmp_path / "tp1")
     three = mpirun(2, t1, prompts, report, timeout=120)
     assert three.returncode != 0 and "a tp 1 engine runs as 1 process, started as 2" in three.stderr
 

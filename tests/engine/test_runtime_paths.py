@@ -6,16 +6,13 @@ API, running the tiny hybrid pair's CPU network)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from dflash2_trt.assets import trained_pair
-from dflash2_trt.engine.format import file_sha256
-from dflash2_trt.engine.trtllm.paths import EXECUTOR, PROJECT, choose_runtime, runtime_path
+from dflash2_trt.engine.trtllm.paths import EXECUTOR, PROJECT, choose_runtime
 from dflash2_trt.errors import ConfigError, MissingDependencyError
 from dflash2_trt.testing import tensorrt_standin as trt
-from dflash2_trt.testing.engines import EngineCache
 from dflash2_trt.testing.fixtures import MUSE_DRAFTER, MUSE_TARGET, QWEN_DRAFTER, QWEN_TARGET
 
 
@@ -67,27 +64,10 @@ def test_choose_runtime():
 
 # ------------------------------------------------------------------------------------------------ a TensorRT dir
 @pytest.fixture(scope="module")
-def trt_engine_dir(tmp_path_factory):
-    """A TensorRT-LLM engine directory as `build --backend trtllm` leaves it (engine.json backend trtllm with its
-    runtime_path, config.json, rank0.engine, the plugin library, RUN.md), its rank engine being the stand-in's running
-    the tiny hybrid pair's CPU engine."""
-    from dflash2_trt.engine.trtllm.build import run_md
-
-    cpu_dir = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)(4)
-    d = tmp_path_factory.mktemp("trt") / "engine"
-    shutil.copytree(cpu_dir, d)
-    cfg = json.loads((d / "config.json").read_text())
-    (d / "rank0.engine").write_bytes(trt.standin_engine(cfg, executor={"kind": "cpu-engine",
-                                                                        "engine_dir": str(cpu_dir)}))
-    (d / "libdflash2_plugins.so").write_bytes(b"\x7fELF")
-    man = json.loads((d / "engine.json").read_text())
-    man.update(backend="trtllm", runtime_path=runtime_path(cfg["pretrained_config"]), plugin_library={
-        "file": "libdflash2_plugins.so"}, versions={"dflash2_trt": "test"}, limits=dict(man["limits"]))
-    (d / "RUN.md").write_text(run_md(man, d))
-    man["files"] = {str(p.relative_to(d)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
-                    for p in sorted(d.rglob("*")) if p.is_file() and p.name != "engine.json"}
-    (d / "engine.json").write_text(json.dumps(man))
-    return d, cpu_dir
+def trt_engine_dir(standin_trt_engine):
+    """A TensorRT-LLM engine directory as `build --backend trtllm` leaves it, its rank engine being the stand-in's
+    running the tiny hybrid pair's CPU engine (tests/conftest.py: standin_trt_engine)."""
+    return standin_trt_engine
 
 
 def test_run_md_says_which_runtime(trt_engine_dir):
@@ -95,6 +75,7 @@ def test_run_md_says_which_runtime(trt_engine_dir):
     text = (d / "RUN.md").read_text()
     assert "## 0. Which runtime" in text and "This engine runs on the project runtime over TensorRT" in text
     assert "recurrent target" in text and "scripts/patch_trtllm_recurrent_spec.py" in text
+    assert f"dflash2-trt serve --engine-dir {d}" in text and "docs/trt-session.md §8" in text
 
 
 def test_run_takes_the_project_runtime_and_gives_the_cpu_engines_tokens(trt_engine_dir):
@@ -133,13 +114,19 @@ def test_bench_run_takes_the_project_runtime(trt_engine_dir, tmp_path):
         bench_run(d, ds, concurrency="2", trt=trt, tool="gptmanager")
 
 
-def test_deploy_triton_says_the_tensorrtllm_backend_will_not_run_a_project_path_engine(trt_engine_dir, tmp_path):
+def test_deploy_triton_takes_a_project_path_engine_to_the_python_model(trt_engine_dir, tmp_path):
+    """`deploy triton` serves an engine on the project path with the python model on the project runtime (auto); the
+    tensorrtllm backend, asked for, is written with a note that its executor will not run it (details:
+    tests/deploy/test_triton_project_runtime.py)."""
     from dflash2_trt.deploy.triton.repository import deploy_triton
 
     d, _ = trt_engine_dir
     res = deploy_triton(d, tmp_path / "repo", ids_only=True)
-    assert res.backend == "tensorrtllm"
-    assert any("the tensorrtllm backend (TensorRT-LLM's executor) will not run it" in n for n in res.notes)
+    assert res.backend == "python" and res.runtime == PROJECT and res.notes == []
+    res = deploy_triton(d, tmp_path / "repo2", ids_only=True, backend="tensorrtllm")
+    assert res.backend == "tensorrtllm" and res.runtime == EXECUTOR
+    assert any("the tensorrtllm backend (TensorRT-LLM's executor) will not run it" in n and "--backend python" in n
+               for n in res.notes)
 
 
 def test_the_cli_takes_runtime(trt_engine_dir):

@@ -11,9 +11,11 @@ templates (``templates/``)::
       launch.sh                                    (tensorrtllm backend) tritonserver + LD_PRELOAD;
                                                    tp > 1: mpirun, one tritonserver rank per GPU
 
-``tensorrt_llm`` is served by ``backend: "tensorrtllm"`` for a TensorRT-LLM engine, or by a
-python-backend model running the CPU runtime for a CPU engine (``models/tensorrt_llm_cpu.py``);
-the two configs come from one template and differ only in ``backend`` and ``parameters``. Every
+``tensorrt_llm`` is served by ``backend: "tensorrtllm"`` (TensorRT-LLM's executor) for a TensorRT-LLM engine on
+the executor path, or by a python-backend model on the project runtime (``models/tensorrt_llm_python.py``) for a CPU
+or cuda engine and for a TensorRT-LLM engine on the project path (the engines the executor refuses: the model binds
+the rank engine through TensorRT, docs/trt-session.md §8); the two configs come from one template and differ only
+in ``backend`` and ``parameters``. ``dflash2_repository.json`` records which runtime the model uses. Every
 ``config.pbtxt`` is parsed strictly with Triton's own model-config protobuf (tritonclient's
 ``model_config_pb2``) and the ensemble's wiring is checked against the composing models before the
 repository is renamed into place (:class:`~dflash2_trt.checkpoint.writer.AtomicOutputDir`: an
@@ -51,6 +53,7 @@ TRITON_EXTRA = "pip install 'dflash2-trt[triton]' (nvidia-pytriton: tritonserver
 class RepositoryResult:
     output: Path
     backend: str
+    runtime: str             # "project" (the python model) or "executor" (TensorRT-LLM's, the tensorrtllm backend)
     decoupled: bool
     max_batch_size: int
     ensemble: str | None
@@ -98,9 +101,10 @@ def eagle_chain(K: int) -> str:
 
 def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
                             kv_cache_free_gpu_mem_fraction: float = 0.9,
-                            tokenizer_dir: Path | None = None) -> dict[str, str]:
-    """The ``parameters`` of the tensorrt_llm model. The CPU model's are a subset of the GPU ones,
-    with equal values (those it reads). The GPU ones include every parameter the tensorrtllm backend reads
+                            tokenizer_dir: Path | None = None, engine_backend: str = "cpu") -> dict[str, str]:
+    """The ``parameters`` of the tensorrt_llm model. The python model's are a subset of the GPU ones,
+    with equal values (those it reads; the KV fraction only for a TensorRT-LLM engine, whose session has a KV pool
+    on the GPU). The GPU ones include every parameter the tensorrtllm backend reads
     without a default (``tensorrtllm_backend.yaml``); guided decoding stays off (empty backend and tokenizer
     info: it does not combine with in-engine acceptance)."""
     common = {
@@ -112,6 +116,8 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
         "eagle_choices": eagle_chain(K),
     }
     if backend == "python":
+        if engine_backend == "trtllm":
+            return {**common, "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}"}
         return common
     return {**common,
             "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
@@ -318,38 +324,54 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                                         ("plugin library", plugin_lib)])
     cfg, man = read_engine(engine_dir)
     notes = []
+    tp = man.get("tp_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"must be a positive integer, got {tp!r}", source=engine_dir / "engine.json", field="tp_size")
+    path = None   # a TensorRT-LLM engine's runtime path (engine/trtllm/paths.py)
+    if man["backend"] == "trtllm":
+        from ...engine.trtllm.paths import choose_runtime
+
+        path = choose_runtime(None, (cfg or {}).get("pretrained_config"), man)
     if backend == "auto":
-        backend = "python" if man["backend"] in ("cpu", "cuda") else "tensorrtllm"
+        # the python model on the project runtime where the executor will not run the engine (tp 1: the project
+        # runtime's limit today); TensorRT-LLM's executor for the rest
+        backend = "python" if man["backend"] in ("cpu", "cuda") or (path["path"] == "project" and tp == 1) \
+            else "tensorrtllm"
     if backend not in BACKENDS:
         raise ConfigError(f"must be one of auto, {', '.join(BACKENDS)}, got {backend!r}", field="--backend")
-    if backend == "python" and man["backend"] not in ("cpu", "cuda"):
-        raise ConfigError("the python backend serves cpu and cuda engines; this is a TensorRT-LLM engine (use "
-                          "--backend tensorrtllm)", source=engine_dir, field="--backend")
-    if backend == "python":
-        given = [o for o, v in (("--plugin-lib", plugin_lib),
-                                ("--kv-cache-free-gpu-mem-fraction", kv_cache_free_gpu_mem_fraction)) if v is not None]
-        if given:
-            raise ConfigError(f"{given[0]} applies to the tensorrtllm backend only; the python backend serves a "
-                              f"{man['backend']} engine (the project's runtime: no plugin library to preload, no "
-                              f"TensorRT-LLM KV cache)")
-    elif plugin_lib is not None and not Path(plugin_lib).is_file():
+    if backend == "python" and man["backend"] == "trtllm":
+        _check_project_runtime_engine(engine_dir, cfg, tp)
+    if backend == "python" and plugin_lib is not None:
+        what = ("loads TensorRT-LLM's plugin library and the engine directory's own libdflash2_plugins.so itself (the "
+                "one the engine was built with)" if man["backend"] == "trtllm"
+                else f"serves a {man['backend']} engine (no plugin library to preload)")
+        raise ConfigError(f"--plugin-lib applies to the tensorrtllm backend only (launch.sh's LD_PRELOAD); the python "
+                          f"backend {what}")
+    if backend == "python" and man["backend"] != "trtllm" and kv_cache_free_gpu_mem_fraction is not None:
+        raise ConfigError(f"--kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python backend "
+                          f"serves a {man['backend']} engine (the project's runtime: no TensorRT-LLM KV cache)")
+    if backend == "tensorrtllm" and plugin_lib is not None and not Path(plugin_lib).is_file():
         raise ConfigError(f"{plugin_lib}: no such file", field="--plugin-lib")
     model_name = "ensemble" if model_name is None else model_name
     if kv_cache_free_gpu_mem_fraction is None:
-        kv_cache_free_gpu_mem_fraction = 0.9
+        # the build's (engine.json limits, as `run` and RUN.md take it), else TensorRT-LLM's default
+        kv_cache_free_gpu_mem_fraction = (man.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction") or 0.9
+        if not isinstance(kv_cache_free_gpu_mem_fraction, (int, float)) or isinstance(kv_cache_free_gpu_mem_fraction,
+                                                                                       bool):
+            raise ConfigError(f"must be a number, got {kv_cache_free_gpu_mem_fraction!r}",
+                              source=engine_dir / "engine.json", field="limits.kv_cache_free_gpu_mem_fraction")
     if backend == "tensorrtllm" and man["backend"] in ("cpu", "cuda"):
         notes.append(f"{engine_dir} is {'a CPU' if man['backend'] == 'cpu' else 'a cuda'} engine: the tensorrtllm "
                      f"backend needs TensorRT-LLM engine files at "
                      f"gpt_model_path (`dflash2-trt build --backend trtllm` on a GPU machine)")
-    if backend == "tensorrtllm" and man["backend"] == "trtllm":
-        from ...engine.trtllm.paths import PROJECT, choose_runtime
-
-        path = choose_runtime(None, (cfg or {}).get("pretrained_config"), man)
-        if path["path"] == PROJECT:
-            notes.append(f"this engine's runtime path is the project runtime over TensorRT ({'; '.join(path['why'])}): "
-                         f"the tensorrtllm backend (TensorRT-LLM's executor) will not run it on stock TensorRT-LLM 1.2; "
-                         f"a python-backend model on the project runtime is not built yet (docs/trt-session.md §7); "
-                         f"`dflash2-trt run` / `bench run` drive it")
+    if backend == "tensorrtllm" and path is not None and path["path"] == "project":
+        fix = ("`--backend python` (the default for it) serves it on the project runtime (docs/trt-session.md §8)"
+               if tp == 1 else f"the python-backend model serves tp 1 engines only (this one is tp {tp}: its ranks "
+                               f"run as `mpirun -n {tp}` processes, docs/trt-session.md §4; rebuild with --tp-size 1 "
+                               f"to serve it)")
+        notes.append(f"this engine's runtime path is the project runtime over TensorRT ({'; '.join(path['why'])}): "
+                     f"the tensorrtllm backend (TensorRT-LLM's executor) will not run it on stock TensorRT-LLM 1.2; "
+                     f"{fix}; `dflash2-trt run` / `bench run` drive it too")
     if not _NAME_RE.match(model_name) or model_name in MODEL_NAMES:
         raise ConfigError(f"{model_name!r} must be a plain model name other than {', '.join(MODEL_NAMES)}",
                           field="--model-name")
@@ -360,9 +382,6 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if not 0 < kv_cache_free_gpu_mem_fraction <= 1:
         raise ConfigError(f"must be in (0, 1], got {kv_cache_free_gpu_mem_fraction}",
                           field="--kv-cache-free-gpu-mem-fraction")
-    tp = man.get("tp_size", 1)
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ConfigError(f"must be a positive integer, got {tp!r}", source=engine_dir / "engine.json", field="tp_size")
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     K = int(man["block_size"]) - 1
     tok_dir, tok = (None, None) if ids_only else _tokenizer_for(engine_dir, man, tokenizer, vocab)
@@ -376,12 +395,12 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     with AtomicOutputDir(output, force=force) as tmp:
         params = tensorrt_llm_parameters(backend, engine_dir=engine_abs, K=K,
                                          kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
-                                         tokenizer_dir=tok_dir)
+                                         tokenizer_dir=tok_dir, engine_backend=man["backend"])
         _write_model(tmp, "tensorrt_llm", fill(read_template("tensorrt_llm.pbtxt"), {
             "backend": backend, "max_batch_size": mbs, "decoupled": "true" if decoupled else "false",
             "max_queue_delay_microseconds": 0, "parameters": parameters_block(params)},
             source="templates/tensorrt_llm.pbtxt"),
-            MODELS / "tensorrt_llm_cpu.py" if backend == "python" else None)
+            MODELS / "tensorrt_llm_python.py" if backend == "python" else None)
         models = ["tensorrt_llm"]
         if tok is not None:
             end_id = eos[0] if eos else (tok.eos_token_id if tok.eos_token_id is not None else -1)
@@ -405,14 +424,52 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                                    source="templates/launch.sh"))
             launch.chmod(0o755)
         check_repository(tmp)
+        runtime, runtime_description = _model_runtime(backend, man["backend"])
         (tmp / "dflash2_repository.json").write_text(json.dumps({
-            "format": "dflash2-trt triton repository", "backend": backend, "decoupled": decoupled,
+            "format": "dflash2-trt triton repository", "backend": backend, "runtime": runtime,
+            "runtime_description": runtime_description, "engine_backend": man["backend"],
+            "engine_runtime_path": None if path is None else path["path"], "decoupled": decoupled,
             "max_batch_size": mbs, "ensemble": model_name if tok is not None else None,
             "engine_dir": str(engine_abs), "tokenizer_dir": None if tok_dir is None else str(tok_dir),
             "models": models, "dflash2_trt": __version__, "python": sys.version.split()[0],
             "command": command or []}, indent=2) + "\n")
-    return RepositoryResult(Path(output), backend, decoupled, mbs, model_name if tok is not None else None, tok_dir,
-                            models, notes)
+    return RepositoryResult(Path(output), backend, runtime, decoupled, mbs, model_name if tok is not None else None,
+                            tok_dir, models, notes)
+
+
+def _model_runtime(backend: str, engine_backend: str) -> tuple[str, str]:
+    """``(runtime, description)`` of the tensorrt_llm model: the python model's own (serving.model_runtime), or
+    TensorRT-LLM's executor behind the tensorrtllm backend."""
+    if backend == "python":
+        from .serving import model_runtime
+
+        return model_runtime(engine_backend)
+    from ...engine.trtllm.paths import DESCRIPTION, EXECUTOR
+
+    return EXECUTOR, DESCRIPTION[EXECUTOR]
+
+
+def _check_project_runtime_engine(engine_dir: Path, cfg: dict, tp: int) -> None:
+    """What the python model will need to open a TensorRT-LLM engine on the project runtime, checked before anything
+    is written (engine/trtllm/session.py: tp 1, ``rank0.engine``, the limits it reads from config.json)."""
+    from ...engine.trtllm.session import session_limits
+
+    if tp != 1:
+        raise ConfigError(f"--backend python: the python-backend model serves tp 1 TensorRT engines (this one is tp "
+                          f"{tp}: the project runtime runs it as `mpirun -n {tp}` processes for `run` / `bench run`, "
+                          f"docs/trt-session.md §4); rebuild with --tp-size 1 to serve it",
+                          source=engine_dir / "engine.json", field="tp_size")
+    if not (engine_dir / "rank0.engine").is_file():
+        raise ConfigError("--backend python: no rank0.engine (the TensorRT engine the project runtime opens)",
+                          source=engine_dir)
+    try:
+        session_limits(cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"--backend python: {exc}", source=engine_dir / "config.json") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"--backend python: the project runtime cannot read the engine's limits "
+                          f"(pretrained_config.dflash2, build_config: {type(exc).__name__}: {exc})",
+                          source=engine_dir / "config.json") from None
 
 
 def _write_model(repo: Path, name: str, config: str, model_file: Path | None) -> None:

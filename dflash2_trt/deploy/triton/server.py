@@ -8,7 +8,7 @@ environment, and so numpy/torch/dflash2_trt, through it), binds every endpoint t
 waits for readiness while watching the process: a server that exits or never gets ready is a
 :class:`ServerError` carrying the tail of its log.
 
-Stopping: a drain file first (the CPU model takes no new request and ends any still running after the drain
+Stopping: a drain file first (the python model takes no new request and ends any still running after the drain
 timeout with an error response: ``serving.py``), SIGTERM to the server (it rejects new requests, waits for
 those in flight up to its exit timeout, a few seconds past the drain's, unloads its models, the stubs exit),
 then SIGKILL to its whole process group after a grace period, so no stub is left behind, and the python backend's
@@ -249,7 +249,7 @@ class TritonServer:
 
     def stop(self, grace: float | None = None) -> None:
         """Drain, SIGTERM, wait up to ``grace`` s (default: the exit timeout + 5), then SIGKILL the whole process
-        group; idempotent. Draining: the CPU model ends every request still running after ``drain_timeout`` s
+        group; idempotent. Draining: the python model ends every request still running after ``drain_timeout`` s
         with an error response, while tritonserver (stopping: no new requests) still delivers it."""
         p = self.proc
         if grace is None:
@@ -330,8 +330,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         given = [o for o, v in (("--max-batch-size", max_batch_size is not None), ("--no-decoupled", not decoupled),
                                 ("--tokenizer", tokenizer is not None), ("--ids-only", ids_only)) if v]
         if given:
-            raise ConfigError(f"applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
-                              f"(write another with the option there)", field=given[0])
+            raise ConfigError("applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
+                              "(write another with the option there)", field=given[0])
     if not (isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")):
         raise ConfigError(f"must be a number of seconds > 0, got {ready_timeout}", field="--ready-timeout")
     if not (isinstance(drain_timeout, (int, float)) and 0 <= drain_timeout <= 3600):

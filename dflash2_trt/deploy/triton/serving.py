@@ -1,11 +1,15 @@
-"""The CPU engine behind Triton's ``tensorrt_llm`` tensors: what the python-backend model does.
+"""The project runtime behind Triton's ``tensorrt_llm`` tensors: what the python-backend model does.
 
-``models/tensorrt_llm_cpu.py`` (the repository's ``tensorrt_llm/1/model.py``) is a thin Triton
+``models/tensorrt_llm_python.py`` (the repository's ``tensorrt_llm/1/model.py``) is a thin Triton
 wrapper around this module, which imports no Triton code so that it is tested directly:
+
+- :func:`open_engine` opens the engine directory by engine.json's ``backend``: a CPU or cuda engine,
+  or a TensorRT-LLM engine through TensorRT (:mod:`~dflash2_trt.engine.trtllm.session`); the rest is
+  the same for both.
 
 - :func:`parse_request` turns one request's input tensors (TensorRT-LLM backend names, see
   ``templates/tensorrt_llm.pbtxt``) into a :class:`Spec`, or raises a :class:`ConfigError` naming
-  the input. Inputs the CPU engine cannot honour (beams, logits, LoRA, top-k/top-p, ...) are
+  the input. Inputs the project runtime cannot honour (beams, logits, LoRA, top-k/top-p, ...) are
   refused when set to anything but their neutral value, never silently ignored.
 - :class:`ServingLoop` owns ONE :class:`~dflash2_trt.runtime.Runtime` in a background thread: every
   Triton request joins the in-flight batch at the next engine step it fits in (requests from
@@ -45,6 +49,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Mapping, Protocol
 
 import numpy as np
@@ -79,6 +84,8 @@ _NEUTRAL: dict[str, Callable[[float], bool]] = {
 }
 NEUTRAL = tuple(_NEUTRAL)
 DRAIN_ENV = "DFLASH2_DRAIN_FILE"   # the drain file's path, in the server's (and so the model's) environment
+# Test hook (read in tensorrt_standin_hook only): a TensorRT-LLM engine on the CPU stand-in of TensorRT
+STANDIN_ENV = "DFLASH2_TRT_TENSORRT_STANDIN"
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "arrival_time_ns",
                 "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
 
@@ -136,11 +143,11 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
         if name in _NEUTRAL:
             v = _scalar(arr, name)
             if not _NEUTRAL[name](v):
-                raise ConfigError(f"{v!r} is not supported by the CPU engine (one beam, no logits, no top-k/top-p; "
-                                  f"the tensorrtllm backend serves it on a GPU)", field=name)
+                raise ConfigError(f"{v!r} is not supported by the python-backend model (one beam, no logits, no "
+                                  f"top-k/top-p; the tensorrtllm backend serves it on a GPU)", field=name)
             continue
-        raise ConfigError("not supported by the CPU tensorrt_llm model (the tensorrtllm backend serves it on a GPU)",
-                          field=name)
+        raise ConfigError("not supported by the python-backend tensorrt_llm model (the tensorrtllm backend serves it "
+                          "on a GPU)", field=name)
     if "input_ids" not in inputs:
         raise ConfigError("required (the prompt's token ids)", field="input_ids")
     ids = np.asarray(inputs["input_ids"])
@@ -222,6 +229,88 @@ def read_drain(path) -> tuple[float, float] | None:
         return time.time(), 0.0
 
 
+def model_runtime(engine_backend: str) -> tuple[str, str]:
+    """``(runtime, description)`` of the python-backend model on an engine of ``engine_backend``: always the
+    project's :class:`~dflash2_trt.runtime.Runtime`, over the CPU / cuda engine or over TensorRT
+    (``engine/trtllm/session.py``); ``dflash2_repository.json`` records both."""
+    if engine_backend == "trtllm":
+        from ...engine.trtllm.paths import DESCRIPTION, PROJECT
+
+        return PROJECT, DESCRIPTION[PROJECT]
+    return "project", f"the project runtime over the {engine_backend} engine (engine/standin/engine.py)"
+
+
+def _engine_backend(engine_dir: Path) -> str:
+    man_path = engine_dir / "engine.json"
+    try:
+        backend = json.loads(man_path.read_text(encoding="utf-8")).get("backend")   # the stub may run in a C locale
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"not a readable engine.json ({type(exc).__name__}: {exc})", source=man_path) from None
+    if backend not in ("cpu", "cuda", "trtllm"):
+        raise ConfigError(f"{backend!r}: expected 'cpu', 'cuda' or 'trtllm'", source=man_path, field="backend")
+    return backend
+
+
+def tensorrt_standin_hook(engine_dir: Path):
+    """The CPU stand-in of TensorRT's execution API (``dflash2_trt/testing/tensorrt_standin.py``) when the test hook
+    ``DFLASH2_TRT_TENSORRT_STANDIN=1`` is in the environment, else None (TensorRT itself).
+
+    Why a hook: tritonserver runs the model in its python-backend stub, another process, so a test cannot hand the
+    stand-in module in as the ``run`` tests do. It cannot take effect by accident: only the value ``1`` is taken
+    (any other value is an error), and only for a rank engine the stand-in wrote (its magic bytes); set on a real
+    TensorRT engine it is an error, never a silent CPU run. With it no plugin library is loaded."""
+    value = os.environ.get(STANDIN_ENV)
+    if value is None:
+        return None
+    if value != "1":
+        raise ConfigError(f"{value!r}: a test hook that takes 1 only (run a TensorRT-LLM engine on the CPU stand-in of "
+                          f"TensorRT); unset it to use TensorRT", field=STANDIN_ENV)
+    try:
+        from ...testing import tensorrt_standin
+    except ImportError as exc:
+        raise ConfigError(f"1 (a test hook) needs dflash2_trt/testing, which this install lacks ({exc}); unset it",
+                          field=STANDIN_ENV) from None
+
+    rank = engine_dir / "rank0.engine"
+    if rank.is_file():
+        with open(rank, "rb") as f:
+            head = f.read(len(tensorrt_standin.MAGIC))
+        if head != tensorrt_standin.MAGIC:
+            raise ConfigError(f"{STANDIN_ENV}=1 (a test hook) is set, but this is a real TensorRT engine, not one of "
+                              f"the CPU stand-in's: unset it", source=rank)
+    return tensorrt_standin
+
+
+def open_engine(engine_dir, *, kv_cache_fraction: float | None = None):
+    """``(engine, manifest, description)`` for the python-backend model, chosen by engine.json's ``backend``: a cpu or
+    cuda engine through the project's stand-in engine, a TensorRT-LLM engine through
+    :func:`~dflash2_trt.engine.trtllm.session.open_trt_session` (TensorRT, TensorRT-LLM's plugin library and the
+    engine's libdflash2_plugins.so: a GPU machine), its KV pool at most ``kv_cache_fraction`` of the free GPU memory
+    (None: the build's). Both give the Runtime the same interface, so everything after this is one code path. The
+    description says what runs the engine (the model logs it)."""
+    engine_dir = Path(engine_dir)
+    backend = _engine_backend(engine_dir)
+    _, description = model_runtime(backend)
+    if backend != "trtllm":
+        if kv_cache_fraction is not None:
+            raise ConfigError(f"applies to TensorRT-LLM engines (the TensorRT session's KV pool); this is a {backend} "
+                              f"engine", field="kv_cache_free_gpu_mem_fraction")
+        from ...engine.standin.engine import open_standin_engine
+
+        engine, man = open_standin_engine(engine_dir)
+        return engine, man, description
+    from ...engine.trtllm.session import open_trt_session
+
+    trt = tensorrt_standin_hook(engine_dir)
+    kw = {} if kv_cache_fraction is None else {"kv_cache_fraction": float(kv_cache_fraction)}
+    engine, man = open_trt_session(engine_dir, trt=trt, **kw)   # trt given: no plugin library is loaded
+    if trt is not None:
+        description = (f"the project runtime over the CPU STAND-IN of TensorRT's execution API "
+                       f"(dflash2_trt/testing/tensorrt_standin.py), NOT TensorRT: test hook {STANDIN_ENV}=1, no "
+                       f"plugin library loaded")
+    return engine, man, description
+
+
 class Sink(Protocol):
     """Where one request's responses go (a Triton response sender, or a collector)."""
 
@@ -244,7 +333,7 @@ class _Live:
 
 
 class ServingLoop:
-    """One CPU runtime in a background thread, fed by :meth:`submit` from any thread."""
+    """One project runtime in a background thread, fed by :meth:`submit` from any thread."""
 
     def __init__(self, engine, *, max_batch_size: int | None = None, poll_cancel: bool = True,
                  drain_file: str | os.PathLike | None = None):

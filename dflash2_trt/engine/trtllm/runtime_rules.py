@@ -34,7 +34,8 @@ PATCHED_ARCHITECTURES = ("DFlash2Qwen3_5ForCausalLM",)
 @functools.lru_cache(maxsize=None)
 def facts(name: str = "gptJsonConfig") -> dict:
     """A recorded-facts file of ``facts/`` (YAML)."""
-    return yaml.safe_load((FACTS_DIR / f"{name}.yaml").read_text())
+    # utf-8 whatever the locale: the python-backend stub embeds Python without its UTF-8 mode (ascii in a C locale)
+    return yaml.safe_load((FACTS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
 
 
 def build_layer_types(num_layers: int, names: list[str]) -> list[str]:

@@ -1,18 +1,22 @@
-"""Triton python-backend model ``tensorrt_llm`` for a CPU engine (written by ``dflash2-trt deploy triton``).
+"""Triton python-backend model ``tensorrt_llm`` on the project runtime (written by ``dflash2-trt deploy triton``).
 
 Same name and tensors as TensorRT-LLM's ``tensorrtllm`` backend model; the work is done by
-``dflash2_trt.deploy.triton.serving`` (one CPU runtime in a background thread: in-flight batching
-across Triton requests; decoupled: one response per engine step with the tokens it accepted).
+``dflash2_trt.deploy.triton.serving`` (one project runtime in a background thread: in-flight batching
+across Triton requests; decoupled: one response per engine step with the tokens it accepted). The engine
+is opened by ``serving.open_engine`` from engine.json's ``backend``: a CPU or cuda engine directly, a
+TensorRT-LLM engine through TensorRT (``engine/trtllm/session.py``, for the engines TensorRT-LLM's executor
+refuses: docs/trt-session.md §8); everything after that is the same code.
 Needs the ``dflash2-trt`` package importable by the python-backend stub (the server's Python).
 """
 
 import json
 import os
+import sys
 import threading
 
 import triton_python_backend_utils as pb_utils
 
-from dflash2_trt.deploy.triton.serving import DRAIN_ENV, ServingLoop, parse_request
+from dflash2_trt.deploy.triton.serving import DRAIN_ENV, ServingLoop, open_engine, parse_request
 from dflash2_trt.errors import DFlash2Error
 
 
@@ -23,6 +27,16 @@ def _param(cfg, key, default=None):
 
 def _response(tensors):
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+
+
+def _log(message):
+    """Into tritonserver's log: the python backend's logger where the stub has it, else the stub's stderr (which
+    the server's log collects)."""
+    logger = getattr(pb_utils, "Logger", None)
+    if logger is not None:
+        logger.log_warn(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
 
 
 def _error(message):
@@ -69,17 +83,22 @@ class _CollectSink:
 
 class TritonPythonModel:
     def initialize(self, args):
-        from dflash2_trt.engine.standin.engine import open_standin_engine
-
         cfg = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         engine_dir = _param(cfg, "gpt_model_path")
         if engine_dir is None:
             raise pb_utils.TritonModelException("parameter gpt_model_path (the engine directory) is not set")
+        fraction = _param(cfg, "kv_cache_free_gpu_mem_fraction")
         try:
-            self.engine, self.manifest = open_standin_engine(engine_dir)
+            fraction = None if fraction is None else float(fraction)
+        except ValueError:
+            raise pb_utils.TritonModelException(f"parameter kv_cache_free_gpu_mem_fraction {fraction!r} is not a "
+                                                f"number") from None
+        try:
+            self.engine, self.manifest, runtime = open_engine(engine_dir, kv_cache_fraction=fraction)
         except DFlash2Error as exc:
             raise pb_utils.TritonModelException(f"cannot open the engine: {exc}") from None
+        _log(f"tensorrt_llm: {engine_dir} runs on {runtime}")
         K = self.engine.K
         mode = _param(cfg, "decoding_mode", "eagle")
         if mode != "eagle":

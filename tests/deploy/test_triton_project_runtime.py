@@ -1,0 +1,255 @@
+"""Triton on the project runtime for TensorRT engines (docs/trt-session.md §8).
+
+`deploy triton` writes the python-backend tensorrt_llm model for a TensorRT-LLM engine whose runtime path is the
+project runtime (the engines TensorRT-LLM's executor refuses), and `serve` serves it: the model opens the engine with
+open_trt_session instead of the CPU engine and runs the same ServingLoop. Here the engine directory's rank engine is
+the CPU stand-in of TensorRT running the tiny hybrid pair's CPU engine (tests/conftest.py: standin_trt_engine), so
+every served token must be that CPU engine's. The python-backend stub is another process: the stand-in is selected
+by the test hook DFLASH2_TRT_TENSORRT_STANDIN=1 (serving.tensorrt_standin_hook), whose refusals are tested too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.cli import main
+from dflash2_trt.deploy.triton import repository as rp
+from dflash2_trt.deploy.triton import serving
+from dflash2_trt.errors import ConfigError, MissingDependencyError
+
+from deploy_helpers import Serve, free_base_port, procs_with
+
+NEW = 12
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def _err(code, text):
+    assert code != 0
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trt_dir(standin_trt_engine):
+    return standin_trt_engine[0]
+
+
+def _with_manifest(src, dst, **changes):
+    """A copy of engine directory ``src`` whose engine.json has ``changes``."""
+    shutil.copytree(src, dst)
+    man = json.loads((dst / "engine.json").read_text())
+    man.update(changes)
+    (dst / "engine.json").write_text(json.dumps(man))
+    return dst
+
+
+# ------------------------------------------------------------------------------------------------ deploy decisions
+def test_auto_writes_the_python_model_on_the_project_runtime(trt_dir, tmp_path):
+    out = tmp_path / "repo"
+    code, text = _cli("deploy", "triton", "--engine-dir", str(trt_dir), "--output", str(out), "--ids-only",
+                      "--decoupled")
+    assert code == 0 and "note:" not in text, text
+    assert "python backend, decoupled" in text and "runtime: project" in text, text
+    cfg = rp.check_repository(out)["tensorrt_llm"]
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    assert cfg.backend == "python" and params["gpt_model_path"] == str(trt_dir.resolve())
+    assert params["kv_cache_free_gpu_mem_fraction"] == "0.9"     # the build's (engine.json limits), else 0.9
+    assert (out / "tensorrt_llm" / "1" / "model.py").read_text() == (rp.MODELS / "tensorrt_llm_python.py").read_text()
+    assert not (out / "launch.sh").exists()
+    rec = json.loads((out / "dflash2_repository.json").read_text())
+    assert (rec["backend"], rec["runtime"], rec["engine_backend"], rec["engine_runtime_path"]) == \
+        ("python", "project", "trtllm", "project")
+    assert "TensorRT" in rec["runtime_description"]
+    # the KV fraction applies to this model (the session's KV pool on the GPU)
+    rp.deploy_triton(trt_dir, tmp_path / "r2", ids_only=True, kv_cache_free_gpu_mem_fraction=0.5)
+    cfg = rp.check_repository(tmp_path / "r2")["tensorrt_llm"]
+    assert cfg.parameters["kv_cache_free_gpu_mem_fraction"].string_value == "0.5"
+
+
+def test_the_tensorrtllm_backend_stays_with_a_note_for_a_project_path_engine(trt_dir, tmp_path):
+    code, text = _cli("deploy", "triton", "--engine-dir", str(trt_dir), "--output", str(tmp_path / "repo"),
+                      "--ids-only", "--backend", "tensorrtllm")
+    assert code == 0 and "tensorrtllm backend" in text, text
+    note = next(ln for ln in text.splitlines() if ln.startswith("note:"))
+    assert "the tensorrtllm backend (TensorRT-LLM's executor) will not run it on stock TensorRT-LLM 1.2" in note
+    assert "`--backend python` (the default for it) serves it on the project runtime" in note
+    assert "not built yet" not in note
+    rec = json.loads((tmp_path / "repo" / "dflash2_repository.json").read_text())
+    assert rec["runtime"] == "executor" and rec["engine_runtime_path"] == "project"
+
+
+def test_an_executor_path_engine_takes_the_python_model_when_asked(trt_dir, tmp_path):
+    d = _with_manifest(trt_dir, tmp_path / "engine", runtime_path={"path": "executor", "why": ["w"], "limits": [],
+                                                                   "description": "x"})
+    assert rp.deploy_triton(d, tmp_path / "auto", ids_only=True).backend == "tensorrtllm"
+    res = rp.deploy_triton(d, tmp_path / "py", ids_only=True, backend="python")
+    assert res.backend == "python" and res.runtime == "project" and res.notes == []
+
+
+def test_a_tp2_project_engine(trt_dir, tmp_path):
+    """The python-backend model serves tp 1 engines (a tp engine's ranks are mpirun processes): auto keeps the
+    tensorrtllm backend with a note saying so, --backend python is refused naming tp_size."""
+    d = _with_manifest(trt_dir, tmp_path / "engine", tp_size=2)
+    res = rp.deploy_triton(d, tmp_path / "auto", ids_only=True)
+    assert res.backend == "tensorrtllm" and any("serves tp 1 engines only (this one is tp 2" in n for n in res.notes)
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "py"), "--ids-only",
+                      "--backend", "python"))
+    assert "engine.json: tp_size: --backend python: the python-backend model serves tp 1 TensorRT engines" in line, line
+    assert not (tmp_path / "py").exists()
+
+
+@pytest.mark.parametrize("args,edit,line", [
+    (["--plugin-lib", "{lib}"], None,
+     "error: --plugin-lib applies to the tensorrtllm backend only (launch.sh's LD_PRELOAD); the python backend loads "
+     "TensorRT-LLM's plugin library and the engine directory's own libdflash2_plugins.so itself"),
+    (["--kv-cache-free-gpu-mem-fraction", "0"], None, "error: --kv-cache-free-gpu-mem-fraction: must be in (0, 1]"),
+    ([], "no-rank0", "rank0.engine (the TensorRT engine the project runtime opens)"),
+    ([], "bad-limits", "config.json: --backend python: the project runtime cannot read the engine's limits"),
+])
+def test_options_and_engines_the_python_model_refuses(trt_dir, tmp_path, args, edit, line):
+    """One line naming the option or the file, nothing written."""
+    d = trt_dir
+    if edit is not None:
+        d = tmp_path / "engine"
+        shutil.copytree(trt_dir, d)
+        if edit == "no-rank0":
+            (d / "rank0.engine").unlink()
+        else:
+            cfg = json.loads((d / "config.json").read_text())
+            del cfg["build_config"]["max_num_tokens"]
+            (d / "config.json").write_text(json.dumps(cfg))
+    lib = tmp_path / "libdflash2_plugins.so"
+    lib.write_bytes(b"")
+    out = tmp_path / "repo"
+    got = _err(*_cli("deploy", "triton", "--engine-dir", str(d), "--output", str(out), "--ids-only",
+                     *[a.format(lib=lib) for a in args]))
+    assert got.startswith(line) if line.startswith("error:") else line in got, got
+    assert not out.exists()
+
+
+def test_cpu_engines_keep_refusing_the_gpu_options(standin_trt_engine, tmp_path):
+    cpu_dir = standin_trt_engine[1]
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(cpu_dir), "--output", str(tmp_path / "r"),
+                      "--ids-only", "--kv-cache-free-gpu-mem-fraction", "0.5"))
+    assert line.startswith("error: --kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python "
+                           "backend serves a cpu engine"), line
+    rec = json.loads((rp.deploy_triton(cpu_dir, tmp_path / "ok", ids_only=True).output
+                      / "dflash2_repository.json").read_text())
+    assert (rec["backend"], rec["runtime"], rec["engine_backend"], rec["engine_runtime_path"]) == \
+        ("python", "project", "cpu", None)
+
+
+# ------------------------------------------------------------------------------------------------ the test hook
+def test_open_engine_and_the_standin_hook(trt_dir, standin_trt_engine, tmp_path, monkeypatch):
+    monkeypatch.delenv(serving.STANDIN_ENV, raising=False)
+    # without the hook the model wants TensorRT + TensorRT-LLM's plugins (absent here): never the stand-in quietly
+    with pytest.raises(MissingDependencyError, match="tensorrt"):
+        serving.open_engine(trt_dir)
+    monkeypatch.setenv(serving.STANDIN_ENV, "yes")
+    with pytest.raises(ConfigError, match=f"{serving.STANDIN_ENV}: 'yes': a test hook that takes 1 only"):
+        serving.open_engine(trt_dir)
+    monkeypatch.setenv(serving.STANDIN_ENV, "1")
+    real = tmp_path / "real"
+    shutil.copytree(trt_dir, real)
+    (real / "rank0.engine").write_bytes(b"serialized TensorRT plan")
+    with pytest.raises(ConfigError, match="rank0.engine: DFLASH2_TRT_TENSORRT_STANDIN=1 .* is a real TensorRT engine"):
+        serving.open_engine(real)
+    eng, man, what = serving.open_engine(trt_dir, kv_cache_fraction=0.5)
+    try:
+        assert type(eng).__name__ == "TrtEngineSession" and man["backend"] == "trtllm" and eng.K == 3
+        assert "CPU STAND-IN of TensorRT's execution API" in what and "NOT TensorRT" in what
+    finally:
+        eng.close()
+    # a CPU engine ignores the hook, and has no KV fraction to take
+    eng, man, what = serving.open_engine(standin_trt_engine[1])
+    eng.close()
+    assert man["backend"] == "cpu" and "over the cpu engine" in what
+    with pytest.raises(ConfigError, match="kv_cache_free_gpu_mem_fraction: applies to TensorRT-LLM engines"):
+        serving.open_engine(standin_trt_engine[1], kv_cache_fraction=0.5)
+
+
+# ------------------------------------------------------------------------------------------------ a real tritonserver
+@pytest.mark.triton
+def test_serve_a_project_path_engine_on_the_standin(standin_trt_engine, tmp_path):
+    """`serve --engine-dir` on the TensorRT engine directory (python model on the project runtime, decoupled), a real
+    tritonserver: concurrent streaming requests and a non-streaming one give exactly the CPU engine's tokens (and
+    its acceptance); the log says the stand-in ran, not TensorRT; Ctrl-C leaves nothing running."""
+    pytest.importorskip("pytriton")
+    grpc = pytest.importorskip("tritonclient.grpc")
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.deploy.triton.load import LoadRequest, run_load
+    from dflash2_trt.engine.run import run_engine
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    trt_dir, cpu_dir = standin_trt_engine
+    prompts = shipped_prompts(trained_pair("qwen3_5"), 8)
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
+                          for i, p in enumerate(prompts)))
+    want = run_engine(cpu_dir, prompts_file=str(pf), max_batch_size=4)["requests"]
+    port, log = free_base_port(), tmp_path / "tritonserver.log"
+    s = Serve("--engine-dir", str(trt_dir), "--ids-only", "--port", str(port), "--log", str(log),
+              env={serving.STANDIN_ENV: "1"})
+    try:
+        assert s.wait_for("serving", 180), s.lines
+        url = f"127.0.0.1:{port + 1}"
+        reqs = [LoadRequest(p, NEW, w["output_ids"]) for p, w in zip(prompts, want)]
+        rep = run_load(url, reqs, 4, K=3, timeout=120)   # raises unless every token is the CPU engine's
+        assert rep["requests"] == len(prompts) and rep["responses_per_request"] > 1
+        assert rep["total_accepted_draft_tokens"] == sum(a - 1 for w in want for a in w["acceptance_lengths"])
+        one = _one_response(grpc, url, prompts[0])      # decoupled, not streaming: one final response
+        assert one == want[0]["output_ids"]
+        text = log.read_text(errors="replace")
+        assert "runs on the project runtime over the CPU STAND-IN of TensorRT's execution API" in text
+        assert "NOT TensorRT: test hook DFLASH2_TRT_TENSORRT_STANDIN=1" in text
+        s.p.send_signal(signal.SIGINT)
+        assert s.finish() == 0, s.lines
+        assert "stopped" in s.lines[-1], s.lines
+        deadline = time.time() + 10
+        while procs_with(f"--http-port {port}") and time.time() < deadline:
+            time.sleep(0.1)
+        assert not procs_with(f"--http-port {port}"), "tritonserver (or a stub) left running"
+    finally:
+        s.kill()
+
+
+def _one_response(grpc, url, prompt):
+    import queue
+
+    import numpy as np
+
+    from dflash2_trt.sampling import GREEDY_REQUEST_TEMPERATURE
+
+    def t(name, arr, dt):
+        x = grpc.InferInput(name, list(arr.shape), dt)
+        x.set_data_from_numpy(arr)
+        return x
+
+    c = grpc.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        c.async_stream_infer("tensorrt_llm", [
+            t("input_ids", np.array([prompt], dtype=np.int32), "INT32"),
+            t("input_lengths", np.array([[len(prompt)]], dtype=np.int32), "INT32"),
+            t("request_output_len", np.array([[NEW]], dtype=np.int32), "INT32"),
+            t("temperature", np.array([[GREEDY_REQUEST_TEMPERATURE]], dtype=np.float32), "FP32")],
+            request_id="one", enable_empty_final_response=True)
+        result, error = q.get(timeout=120)
+        assert error is None, error
+        assert result.get_response().parameters["triton_final_response"].bool_param
+        n = int(result.as_numpy("sequence_length").reshape(-1)[0])
+        return result.as_numpy("output_ids").reshape(-1)[:n].tolist()
+    finally:
+        c.stop_stream()
+        c.close()
