@@ -15,7 +15,11 @@ and the same step is timed repeatedly:
   ``drafter`` (the drafter's layers and its context commit), ``selector`` (top-k, projection, the scan plugin),
   ``accept`` (the in-engine acceptance) and ``rest`` (embedding, norms, residuals, packing);
 - ``spans_ms``: the same components' elapsed time between CUDA events (kernels plus the launch and host gaps
-  inside them).
+  inside them);
+- ``ops_per_step``: the torch operators one step dispatches (views included), and on CUDA ``kernels_per_step``
+  (the profiler's kernels): an eager step pays a launch and the Python around it for each, which is what a TensorRT
+  engine (one enqueue) or a CUDA graph removes; the difference between ``wall_ms`` and ``gpu_busy_ms`` is mostly
+  this.
 
 The speculative speedup at a mean acceptance length tau is ``tau * t_target_only / t_speculative`` (one
 speculative step emits tau tokens per request on average, one target-only step one), from the wall times and
@@ -225,6 +229,23 @@ def _kernel_split_ms(prof, steps: int) -> tuple[float, dict]:
     return total / steps / 1e3, out
 
 
+def ops_per_step(engine: StandinEngine, feed: dict) -> int:
+    """The torch operators one ``engine.step(feed)`` dispatches (counted below autograd, views included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count() as count:
+        engine.step(feed)
+    _sync(engine)
+    return count.n
+
+
 def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps: int = 10, warmup: int = 3,
             profile_steps: int = 2, token: int = 1) -> dict:
     """One point: ``concurrency`` requests generating at ``context_len``; see the module docstring."""
@@ -240,7 +261,8 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
             engine.step(feed)
         _sync(engine)
         wall = (time.perf_counter() - t0) / steps * 1e3
-        point = {"wall_ms": wall, "tokens_per_step": concurrency * (engine.K + 1)}
+        point = {"wall_ms": wall, "tokens_per_step": concurrency * (engine.K + 1),
+                 "ops_per_step": ops_per_step(engine, feed)}
         with component_scopes(engine) as scopes:
             if engine.device.type == "cuda" and profile_steps:
                 from torch.profiler import ProfilerActivity, profile
@@ -250,6 +272,10 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
                         engine.step(feed)
                     _sync(engine)
                 try:
+                    cuda = torch.autograd.DeviceType.CUDA
+                    point["kernels_per_step"] = sum(
+                        1 for e in prof.events() if e.device_type == cuda and not e.name.startswith("dflash2::")
+                        and not getattr(e, "is_user_annotation", False)) / profile_steps
                     busy, comp = _kernel_split_ms(prof, profile_steps)
                     point["gpu_busy_ms"], point["components_ms"] = busy, comp
                 except (AttributeError, TypeError) as e:   # a profiler without these fields: the spans remain
@@ -330,5 +356,9 @@ def render(doc: dict) -> str:
             row += f" {p.get('speedup_wall', float('nan')):>11.2f} {p.get('speedup_busy', float('nan')):>7.2f}"
         comp = sp.get("components_ms") or sp["spans_ms"]
         lines.append(row + "  " + " ".join(f"{comp.get(k, 0.0):.2f}" for k in doc["components"]))
+    launches = [(p["concurrency"], p["speculative"].get("ops_per_step"), p["speculative"].get("kernels_per_step"),
+                 p["target_only"].get("ops_per_step")) for p in doc["points"]]
+    lines.append("ops per step (spec / target only; kernels, CUDA): " + ", ".join(
+        f"c{c} {o} / {a}" + (f" ({k:g} kernels)" if k is not None else "") for c, o, k, a in launches))
     lines += ["notes:"] + [f"  - {n}" for n in doc["notes"]]
     return "\n".join(lines)

@@ -168,6 +168,8 @@ def test_bench_steps_on_the_cpu_backend():
         assert set(sp["spans_ms"]) == set(COMPONENTS) and sp["spans_ms"]["drafter"] > 0
         assert ar["spans_ms"]["drafter"] == 0 and ar["spans_ms"]["selector"] == 0
         assert p["speedup_wall"] == pytest.approx(3.0 * ar["wall_ms"] / sp["wall_ms"])
+        # the dispatched operators: the speculative step (drafter, selector, accept) has more than the target's own
+        assert sp["ops_per_step"] > ar["ops_per_step"] > 100
     assert "BENCH STEPS tiny" in render(doc)
 
 

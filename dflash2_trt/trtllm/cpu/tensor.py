@@ -60,13 +60,35 @@ def align(*xs):
                  for x in xs)
 
 
+_SCALARS: dict = {}
+_SCALARS_MAX = 4096
+
+
 def scalar(x, dtype: torch.dtype, device) -> torch.Tensor:
-    """A [1] constant ``x`` on ``device``: on a GPU a fill kernel (``torch.tensor([x], device=...)`` would copy from
-    the host and wait for the stream), on the CPU a plain tensor."""
+    """A [1] constant ``x`` on ``device``, made once and reused (a TensorRT constant is built into the engine once; an
+    eager step at 64 layers asks for about 900 of them, each a fill kernel on a GPU). Constants are never written in
+    place (``tests/trtllm/test_cpu_ops.py`` holds every cached one to its value after engine steps); at most
+    ``_SCALARS_MAX`` are kept."""
     device = torch.device(device)
-    if device.type == "cpu":
-        return torch.tensor([x], dtype=dtype)
-    return torch.full((1,), x, dtype=dtype, device=device)
+    key = (type(x), x, dtype, device)
+    try:
+        hit = _SCALARS.get(key)
+    except TypeError:            # an unhashable value: made every time
+        hit, key = None, None
+    if hit is not None:
+        return hit
+    # on a GPU a fill kernel (torch.tensor([x], device=...) would copy from the host and wait for the stream)
+    t = torch.tensor([x], dtype=dtype) if device.type == "cpu" else torch.full((1,), x, dtype=dtype, device=device)
+    if key is not None:
+        if len(_SCALARS) >= _SCALARS_MAX:
+            _SCALARS.clear()
+        _SCALARS[key] = t
+    return t
+
+
+def cached_scalars() -> dict:
+    """The reused constants, ``(type, value, dtype, device) -> tensor`` (tests check none was written)."""
+    return dict(_SCALARS)
 
 INT32_RANGE = (-2**31, 2**31 - 1)
 

@@ -1,0 +1,42 @@
+"""The stand-in makes each Python scalar constant once and reuses it (trtllm/cpu/tensor.py ``scalar``), as a TensorRT
+engine holds its constants: that is only sound if no op ever writes into one. Every family's engine runs steps of
+every kind (context, generation, mixed, sampled), then every cached constant must still hold its value."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompts
+from dflash2_trt.trtllm.cpu import tensor
+
+
+@pytest.mark.parametrize("family,key", [("qwen3", "tiny"), ("qwen3_5", "tiny-hybrid"), ("muse_glimmer", "tiny-muse")])
+def test_no_step_writes_into_a_cached_constant(family, key, tmp_path_factory):
+    pair = trained_pair(family)
+    d = EngineCache(pair, key, tmp_path_factory, verify=False)(4)
+    prompts = shipped_prompts(pair, 5)
+    run_prompts(d, prompts, new=10, max_batch=3)                        # greedy: context, generation and mixed steps
+    run_prompts(d, prompts[:2], new=6, max_batch=2, temperature=0.8)    # sampled
+    cached = tensor.cached_scalars()
+    assert len(cached) > 20
+    for (kind, value, dtype, device), t in cached.items():
+        assert t.shape == (1,) and t.dtype == dtype and t.device == device
+        got = t.item()
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(got)
+        else:
+            assert got == (torch.tensor([value], dtype=dtype).item()), (kind, value, dtype, got)
+
+
+def test_the_cache_tells_one_from_one_point_zero_and_stays_bounded():
+    a = tensor.scalar(1, torch.float32, "cpu")
+    b = tensor.scalar(1.0, torch.float32, "cpu")
+    assert a is not b and a is tensor.scalar(1, torch.float32, "cpu")
+    assert tensor.scalar(True, torch.bool, "cpu") is not tensor.scalar(1, torch.bool, "cpu")
+    for i in range(tensor._SCALARS_MAX + 10):
+        tensor.scalar(i + 0.5, torch.float32, "cpu")
+    assert len(tensor.cached_scalars()) <= tensor._SCALARS_MAX
