@@ -20,6 +20,16 @@ import sys
 from ..convert.schema import ARCHITECTURES
 
 
+def import_tensorrt_llm():   # pragma: no cover - needs TensorRT-LLM (GPU machines)
+    """``import tensorrt_llm`` with its version banner (printed to stdout on import) sent to stderr: a command's
+    stdout stays its own (``run --json``; the ranks > 0 of a tp engine print nothing)."""
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):
+        import tensorrt_llm
+    return tensorrt_llm
+
+
 def architectures() -> tuple[str, ...]:
     """The ``architecture`` values a DFlash2 checkpoint / engine config can carry."""
     return tuple(ARCHITECTURES.values())

@@ -97,10 +97,14 @@ def test_an_executor_path_engine_takes_the_python_model_when_asked(trt_dir, tmp_
 
 
 def test_a_tp2_project_engine(trt_dir, tmp_path):
-    """The python-backend model serves tp 1 engines (a tp engine's ranks are mpirun processes): auto keeps the
-    tensorrtllm backend with a note saying so, --backend python is refused naming tp_size."""
+    """The python-backend model serves tp 1 engines (a tp engine's ranks are mpirun processes): auto refuses (no
+    model serves it on stock TensorRT-LLM), --backend tensorrtllm writes the executor's repository with a note,
+    --backend python is refused naming tp_size."""
     d = _with_manifest(trt_dir, tmp_path / "engine", tp_size=2)
-    res = rp.deploy_triton(d, tmp_path / "auto", ids_only=True)
+    line = _err(*_cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "auto"), "--ids-only"))
+    assert "engine.json: tp_size: no Triton model serves this tp 2 engine on stock TensorRT-LLM 1.2" in line, line
+    assert "mpirun -n 2 dflash2-trt run" in line and not (tmp_path / "auto").exists()
+    res = rp.deploy_triton(d, tmp_path / "trtllm", ids_only=True, backend="tensorrtllm")
     assert res.backend == "tensorrtllm" and any("serves tp 1 engines only (this one is tp 2" in n for n in res.notes)
     line = _err(*_cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "py"), "--ids-only",
                       "--backend", "python"))

@@ -5,7 +5,7 @@ stand-in (``dflash2_trt/testing/tensorrt_standin.py``: rank r's engine steps ran
 collectives carried between the processes by MPI). Rank 0 writes the report; the other ranks leave through
 ``FollowerExit`` once rank 0 closes the session.
 
-    python mpi_driver.py ENGINE_DIR PROMPTS.jsonl REPORT.json [--fail-step-on-rank R]
+    python mpi_driver.py ENGINE_DIR PROMPTS.jsonl REPORT.json [--fail-step-on-rank R] [--interrupt-step-on-rank R] [--cli]
 """
 
 import json
@@ -32,8 +32,36 @@ def main(argv):
                 return real(self, inputs)
 
             TrtEngineSession.step = step
-    from dflash2_trt.engine.run import run_engine
+    if "--interrupt-step-on-rank" in argv:
+        # Ctrl-C arriving on one rank in its third step (KeyboardInterrupt, as the CLI's handler raises it)
+        from mpi4py import MPI
+
+        from dflash2_trt.engine.trtllm.session import TrtEngineSession
+
+        bad = int(argv[argv.index("--interrupt-step-on-rank") + 1])
+        if MPI.COMM_WORLD.Get_rank() == bad:
+            real, calls = TrtEngineSession.step, []
+
+            def step(self, inputs):
+                calls.append(1)
+                if len(calls) == 3:
+                    raise KeyboardInterrupt
+                return real(self, inputs)
+
+            TrtEngineSession.step = step
     from dflash2_trt.testing import tensorrt_standin as trt
+
+    if "--cli" in argv:
+        # the command line itself, as `mpirun -n 2 dflash2-trt run --engine-dir DIR --prompts P --json` runs it, with
+        # TensorRT's module being the stand-in (this process has no TensorRT) and no plugin library to load
+        import dflash2_trt.engine.trtllm.session as session
+        from dflash2_trt.cli import main as cli
+
+        sys.modules["tensorrt"] = trt
+        session.load_plugin_libraries = lambda engine_dir: None
+        cli(["run", "--engine-dir", engine_dir, "--prompts", prompts, "--max-batch-size", "2", "--json"])
+        return
+    from dflash2_trt.engine.run import run_engine
 
     rep = run_engine(engine_dir, prompts_file=prompts, max_batch_size=2, trt=trt)
     Path(report).write_text(json.dumps(rep))

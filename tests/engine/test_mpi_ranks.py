@@ -5,7 +5,8 @@ TensorRT (each steps its own rank of the tiny pair's tp 2 CPU network; the colle
 plugins in a real engine, carried between the processes by MPI: ``trtllm/cpu/comm.ProcessWorld``). Real MPI
 (MPICH from PyPI), real processes: what is checked is the project's multi-process path (engine/trtllm/ranks.py):
 every rank opens its rank engine and binds it with its own pool, slots and all-reduce workspace, rank 0 drives the
-runtime and broadcasts each step, the others follow, a fault on one rank ends every process with rank 0 naming it.
+runtime and broadcasts each step, the others follow, a fault or a Ctrl-C on one rank ends every process, the rank
+naming itself.
 The reference is the same tp 2 CPU engine stepping both ranks as threads of one process (bit-identical collectives)
 and the tp 1 engine."""
 
@@ -72,13 +73,38 @@ def test_two_processes_give_the_tokens_of_the_threaded_tp2_engine(hybrid, tmp_pa
     assert done.stdout == ""                      # rank 1 printed nothing of its own
 
 
-def test_a_fault_on_one_rank_ends_every_process_and_rank0_names_it(hybrid, tmp_path):
+def test_a_fault_on_one_rank_ends_every_process_and_the_rank_names_itself(hybrid, tmp_path):
     d, _, _ = hybrid
     prompts, report = _prompts(tmp_path / "p.jsonl"), tmp_path / "report.json"
     done = mpirun(2, d, prompts, report, "--fail-step-on-rank", 1, timeout=120)    # no process left waiting
     assert done.returncode != 0
     assert "error: tp rank 1 failed in a step: RuntimeError: injected fault in step 3 (aborting every rank)" in \
         done.stderr
+    assert "Traceback" not in done.stderr and not report.exists()
+
+
+def test_the_command_line_under_mpirun_prints_one_report_from_rank0(hybrid, tmp_path):
+    """`mpirun -n 2 dflash2-trt run --json`: stdout is rank 0's one JSON report (rank 1 leaves through FollowerExit,
+    exit 0, printing nothing), with the threaded tp 2 engine's tokens."""
+    from dflash2_trt.engine.run import run_engine
+
+    d, cpu2, _ = hybrid
+    prompts = _prompts(tmp_path / "p.jsonl")
+    done = mpirun(2, d, prompts, tmp_path / "unused.json", "--cli")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rep = json.loads(done.stdout)                          # exactly one JSON document: nothing else on stdout
+    want = run_engine(cpu2, prompts_file=str(prompts), max_batch_size=2)
+    assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
+    assert rep["tp_size"] == 2 and rep["runtime"] == "project"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ctrl_c_on_one_rank_ends_every_process(hybrid, tmp_path, rank):
+    d, _, _ = hybrid
+    prompts, report = _prompts(tmp_path / "p.jsonl"), tmp_path / "report.json"
+    done = mpirun(2, d, prompts, report, "--interrupt-step-on-rank", rank, timeout=120)   # no process left waiting
+    assert done.returncode == 130                      # the CLI's code for Ctrl-C, through MPI_Abort
+    assert f"error: tp rank {rank} failed in a step: stopped (aborting every rank)" in done.stderr, done.stderr[-2000:]
     assert not report.exists()
 
 

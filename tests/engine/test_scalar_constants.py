@@ -25,6 +25,8 @@ def test_no_step_writes_into_a_cached_constant(family, key, tmp_path_factory):
     assert len(cached) > 20
     for (kind, value, dtype, device), t in cached.items():
         assert t.shape == (1,) and t.dtype == dtype and t.device == device
+        if device.type == "meta":          # made while a network was declared at real widths: no value to hold
+            continue
         got = t.item()
         if isinstance(value, float) and math.isnan(value):
             assert math.isnan(got)

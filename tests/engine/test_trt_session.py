@@ -265,7 +265,9 @@ def test_a_tp2_rank_session_binds_tensorrt_llms_workspace_in_host_memory():
     blob = trt.standin_engine(cfg, executor={"kind": "scripted"})
     mr = facts()["multi_rank"]
     assert mr["memory"] == "host" and mr["table_entries"] == "7 * tp + 3"
-    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu", rank=1, num_blocks=8)
+    with pytest.raises(ConfigError, match="a tp 2 engine runs as 2 processes, one per rank: mpirun -n 2"):
+        TrtEngineSession(blob, cfg, trt=trt, device="cpu", rank=1, num_blocks=8)      # a rank alone would hang
+    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu", rank=1, num_blocks=8, launched=True)
     assert sess.rank == 1 and sess.kv_heads == cfg["pretrained_config"]["num_key_value_heads"] // 2
     ws = sess.static_inputs()["all_reduce_workspace"]
     assert ws.dtype == torch.int64 and ws.shape == (17,) and sessmod.memory_of("all_reduce_workspace") == "host"
@@ -275,7 +277,7 @@ def test_a_tp2_rank_session_binds_tensorrt_llms_workspace_in_host_memory():
     assert all(r.done for r in reqs)
     assert sess.bound["all_reduce_workspace"].device.type == "cpu" and sess.bound["all_reduce_workspace"].numel() == 17
     with pytest.raises(ConfigError, match="rank 2 of a tp 2 engine"):
-        TrtEngineSession(blob, cfg, trt=trt, device="cpu", rank=2)
+        TrtEngineSession(blob, cfg, trt=trt, device="cpu", rank=2, launched=True)
 
 
 # ------------------------------------------------------------------------------------------------ published pairs
@@ -303,7 +305,8 @@ def test_published_pair_full_feed_through_every_step_kind(key, tp, rank):
     cfg = _published(key, tp)
     pre = cfg["pretrained_config"]
     blob = trt.standin_engine(cfg, executor={"kind": "scripted"})
-    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu", num_blocks=12, num_slots=2, rank=rank)
+    sess = TrtEngineSession(blob, cfg, trt=trt, device="cpu", num_blocks=12, num_slots=2, rank=rank,
+                            launched=tp > 1)
     assert sess.kv_heads == max(pre["num_key_value_heads"] // tp, 1)
     assert ("all_reduce_workspace" in sess.inputs) == (tp > 1)
     K, L, f = sess.K, sess.num_layers, facts()

@@ -333,10 +333,18 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
 
         path = choose_runtime(None, (cfg or {}).get("pretrained_config"), man)
     if backend == "auto":
-        # the python model on the project runtime where the executor will not run the engine (tp 1: the project
-        # runtime's limit today); TensorRT-LLM's executor for the rest
-        backend = "python" if man["backend"] in ("cpu", "cuda") or (path["path"] == "project" and tp == 1) \
-            else "tensorrtllm"
+        if path is not None and path["path"] == "project" and tp > 1:
+            # neither model serves it: stock TensorRT-LLM's executor refuses the engine, and the python model runs
+            # one process (a tp engine's ranks are mpirun processes)
+            raise ConfigError(f"no Triton model serves this tp {tp} engine on stock TensorRT-LLM 1.2: its runtime path "
+                              f"is the project runtime ({'; '.join(path['why'])}), whose python-backend model serves "
+                              f"tp 1 engines (rebuild with --tp-size 1), and TensorRT-LLM's executor refuses it "
+                              f"(--backend tensorrtllm writes that repository anyway, for an executor rebuilt with "
+                              f"scripts/patch_trtllm_recurrent_spec.py); `mpirun -n {tp} dflash2-trt run` drives it",
+                              source=engine_dir / "engine.json", field="tp_size")
+        # the python model on the project runtime where the executor will not run the engine; TensorRT-LLM's
+        # executor for the rest
+        backend = "python" if man["backend"] in ("cpu", "cuda") or path["path"] == "project" else "tensorrtllm"
     if backend not in BACKENDS:
         raise ConfigError(f"must be one of auto, {', '.join(BACKENDS)}, got {backend!r}", field="--backend")
     if backend == "python" and man["backend"] == "trtllm":

@@ -73,19 +73,23 @@ def run_md(man: dict, engine_dir: Path) -> str:
     path = man.get("runtime_path") or {}
     why = "\n".join(f"- {w}" for w in path.get("why") or [])
     limits = "".join(f"\n- limit: {w}" for w in path.get("limits") or [])
+    serve = "" if tp > 1 else f"\n    dflash2-trt serve --engine-dir {engine_dir}"
+    engines = (f"`rank{{r}}.engine` in rank r of {tp} processes (mpirun; rank 0 reports)" if tp > 1
+               else "`rank0.engine`")
+    served = ("a tp engine is not served by Triton on this runtime yet" if tp > 1 else
+              "`serve` (and `deploy triton`, which writes its repository) runs the same runtime in a python-backend "
+              "Triton model (docs/trt-session.md §8)")
     if path.get("path") == PROJECT:
         runtime = f"""**This engine runs on the project runtime over TensorRT** ({path.get('description')}), because:
 
 {why}{limits}
 
     {mpi}dflash2-trt run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
-    {mpi}dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl --concurrency 1,4,16
-    {'' if tp > 1 else 'dflash2-trt serve --engine-dir ' + str(engine_dir)}
+    {mpi}dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl --concurrency 1,4,16{serve}
 
 They load TensorRT-LLM's plugin library (`import tensorrt_llm`) and `{lib}` themselves, deserialize
-{'`rank{r}.engine` in rank r of ' + str(tp) + ' processes (mpirun; rank 0 reports)' if tp > 1 else '`rank0.engine`'} with TensorRT's Python API and bind every step's inputs by TensorRT-LLM's runtime rules
-(docs/trt-session.md); {'a tp engine is not served by Triton on this runtime yet' if tp > 1 else '`serve` (and `deploy triton`, which writes its repository) runs the same runtime in a python-backend Triton model (docs/trt-session.md §8)'}. Stock TensorRT-LLM 1.2 is enough: no executor check is
-involved. Sections 2-4 below (the
+{engines} with TensorRT's Python API and bind every step's inputs by TensorRT-LLM's runtime rules
+(docs/trt-session.md); {served}. Stock TensorRT-LLM 1.2 is enough: no executor check is involved. Sections 2-4 below (the
 C++ executor, Triton's `tensorrtllm` backend, trtllm-bench) do NOT run this engine on stock TensorRT-LLM; they are
 kept for a TensorRT-LLM rebuilt with `scripts/patch_trtllm_recurrent_spec.py` (recurrent targets; never compiled
 by this project)."""

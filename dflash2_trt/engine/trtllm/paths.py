@@ -64,7 +64,7 @@ def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: i
     if path == PROJECT and tp > 1:
         limits.append(f"tp {tp}: one process per rank, `mpirun -n {tp} dflash2-trt run ...` (each rank its "
                       f"rank engine on its GPU, TensorRT-LLM's all-reduce workspace; rank 0 reports: "
-                      f"docs/trt-session.md §4) [I] run here with the CPU stand-in of TensorRT only, never on GPUs")
+                      f"docs/trt-session.md §4); verified only with the CPU stand-in of TensorRT under real MPI, never yet run on GPUs")
     if path == PROJECT and any(w < max_seq_len for w in windows):
         limits.append("[I] a window below the pool's capacity selects the attention plugin's cyclic addressing for "
                       "that layer; the CPU stand-in masks instead, so those layers are unverified on TensorRT")

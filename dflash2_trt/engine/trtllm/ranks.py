@@ -12,9 +12,9 @@ the same for the project runtime (docs/trt-session.md §4):
   step's CPU tensors: a few KB), every rank executes it, and an ``allgather`` of the accepted tokens ends the step on
   every rank together: ranks that disagree are an error on rank 0 (the CPU engine checks the same between its
   simulated ranks);
-- a rank that fails (opening its engine, or in a step) cannot tell whether the others are already waiting inside
-  the engine's collectives for it, so it writes one line naming itself and aborts the whole job (``MPI_Abort``, as
-  TensorRT-LLM's MPI workers do): no process is left waiting;
+- a rank that fails or is stopped (opening its engine, in a step, Ctrl-C / SIGTERM) cannot tell whether the others
+  are already waiting inside the engine's collectives for it, so it writes one line naming itself and aborts the
+  whole job (``MPI_Abort``, as TensorRT-LLM's MPI workers do; 130 / 143 for a stop): no process is left waiting;
 - the other ranks run :func:`follow` until rank 0 closes the session, then leave quietly
   (:class:`FollowerExit`, exit status 0): rank 0 alone reports, prints and writes files.
 
@@ -27,12 +27,14 @@ from __future__ import annotations
 import os
 import sys
 
+from ...errors import Terminated
+
 from ...errors import ConfigError, MissingDependencyError
 from ..format import load_engine_dir
 from .session import open_trt_session
 
-# what MPI launchers put in each process's environment (Open MPI, MPICH / Intel MPI's hydra, PMIx)
-LAUNCHER_SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+# the world size MPI launchers put in each process's environment (Open MPI, MPICH / Intel MPI's hydra, PMIx)
+LAUNCHER_SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
 
 
 class FollowerExit(SystemExit):
@@ -69,17 +71,23 @@ def world_comm():
 
 
 def _abort(comm, what: str, exc: BaseException):
-    """One line naming the rank and what failed, then ``MPI_Abort``: every process of the job ends (non-zero)."""
-    print(f"error: tp rank {comm.Get_rank()} {what}: {type(exc).__name__}: {exc} (aborting every rank)",
-          file=sys.stderr, flush=True)
-    comm.Abort(1)
+    """One line naming the rank and what failed, then ``MPI_Abort``: every process of the job ends, with 143 / 130
+    for SIGTERM / Ctrl-C (the CLI's own codes), else 1."""
+    code = 143 if isinstance(exc, Terminated) else 130 if isinstance(exc, KeyboardInterrupt) else 1
+    text = "stopped" if code != 1 else f"{type(exc).__name__}: {exc}"
+    print(f"error: tp rank {comm.Get_rank()} {what}: {text} (aborting every rank)", file=sys.stderr, flush=True)
+    comm.Abort(code)
+    os._exit(code)   # MPICH's MPI_Abort can return before the launcher's kill arrives: never run on
 
 
 def _guard(comm, what: str, fn, *args, **kw):
-    """``fn(*args, **kw)``, or the job aborted naming this rank (module docstring)."""
+    """``fn(*args, **kw)``, or the job aborted naming this rank (module docstring): an exception or a stop signal
+    inside a collective operation can leave the other ranks waiting in it."""
     try:
         return fn(*args, **kw)
-    except Exception as exc:
+    except FollowerExit:
+        raise
+    except BaseException as exc:
         _abort(comm, what, exc)
         raise   # not reached: Abort does not return
 
@@ -113,14 +121,21 @@ class RankedSession:
         return getattr(self.session, name)
 
     def step(self, inputs: dict) -> dict:
-        self.comm.bcast(("step", inputs), root=0)
-        out = _guard(self.comm, "failed in a step", self.session.step, inputs)
-        _settle(self.comm.allgather(_digest(out)))
+        def one():
+            self.comm.bcast(("step", inputs), root=0)
+            out = self.session.step(inputs)
+            return out, self.comm.allgather(_digest(out))
+
+        out, digests = _guard(self.comm, "failed in a step", one)
+        _settle(digests)        # every rank finished the step: a disagreement is an ordinary error on rank 0
         return out
 
     def reset_slot(self, slot: int) -> None:
-        self.comm.bcast(("reset_slot", int(slot)), root=0)
-        _guard(self.comm, f"failed in reset_slot({slot})", self.session.reset_slot, slot)
+        def one():
+            self.comm.bcast(("reset_slot", int(slot)), root=0)
+            self.session.reset_slot(slot)
+
+        _guard(self.comm, f"failed in reset_slot({slot})", one)
 
     def close(self) -> None:
         if not self._closed:
@@ -130,8 +145,9 @@ class RankedSession:
 
 
 def follow(session, comm) -> None:
-    """Ranks > 0: execute what rank 0 broadcasts, in the same order, until it closes the session."""
-    try:
+    """Ranks > 0: execute what rank 0 broadcasts, in the same order, until it closes the session. Anything that
+    escapes (an error, a stop signal while waiting) aborts the job."""
+    def loop():
         while True:
             op, arg = comm.bcast(None, root=0)
             if op == "close":
@@ -141,9 +157,18 @@ def follow(session, comm) -> None:
             elif op == "reset_slot":
                 _guard(comm, f"failed in reset_slot({arg})", session.reset_slot, arg)
             else:
-                raise RuntimeError(f"rank {comm.Get_rank()}: unknown operation {op!r} from rank 0")
+                raise RuntimeError(f"unknown operation {op!r} from rank 0")
+
+    try:
+        _guard(comm, "failed following rank 0", loop)
     finally:
         session.close()
+
+
+def _shared_type():
+    from mpi4py import MPI
+
+    return MPI.COMM_TYPE_SHARED
 
 
 def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
@@ -162,10 +187,15 @@ def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
         raise ConfigError(f"a tp {tp} engine runs as {tp} process{'es' if tp > 1 else ''}, started as {size}: run it "
                           f"{how}", source=engine_dir, field="pretrained_config.mapping.tp_size")
     rank = comm.Get_rank()
+    # the ranks on this node: each takes a GPU of its own, as TensorRT-LLM's runtime does (rank % gpus_per_node)
+    local = comm.Split_type(_shared_type(), key=rank)
+    local_rank, local_size = local.Get_rank(), local.Get_size()
+    local.Free()
     # opening may itself be collective (TensorRT-LLM's workspace exchanges IPC handles over MPI)
     sess, man = _guard(comm, f"could not open rank{rank}.engine", open_trt_session, engine_dir, trt=trt,
-                       verify=verify, rank=rank, **kw)
-    comm.Barrier()
+                       verify=verify, rank=rank, launched=True, local_rank=local_rank, gpus_per_node=local_size,
+                       **kw)
+    _guard(comm, "failed waiting for the other ranks to open theirs", comm.Barrier)
     if rank == 0:
         return RankedSession(sess, comm), man
     follow(sess, comm)

@@ -27,7 +27,7 @@ from ...sampling import request_temperature
 from ...tokenizer import encode_text
 from ..common import eagle_choices, prompt_tokenizer, read_prompts_file
 from ..format import load_engine_dir
-from ...trtllm.register import register
+from ...trtllm.register import import_tensorrt_llm, register
 from .paths import PROJECT, choose_runtime
 from .session_run import run_items
 
@@ -43,6 +43,7 @@ def _runner(engine_dir, *, plugin_lib=None, max_batch_size=None):   # pragma: no
     engine_dir = Path(engine_dir)
     lib = plugin_lib or (engine_dir / plugins.LIBRARY_NAME)
     plugins.load_library(lib)
+    import_tensorrt_llm()   # first import here: its banner to stderr
     register()   # EngineConfig.from_json_file looks the architecture up in MODEL_MAP
     from tensorrt_llm.runtime import ModelRunnerCpp
     cfg = json.loads((engine_dir / "config.json").read_text())

@@ -53,6 +53,7 @@ from ...errors import ConfigError, MissingDependencyError
 from ...trtllm.backend import load_network
 from ...trtllm.cpu.functional import str_dtype_to_torch
 from ...trtllm.engine_io import load_contract
+from ...trtllm.register import import_tensorrt_llm
 from ...trtllm.gdn_slot import engine_slot_layout
 from ..binding import bind, layer_windows, static_inputs
 from ..format import load_engine_dir
@@ -226,11 +227,15 @@ class TrtEngineSession:
     sizes its pool; slots = max_batch_size);
     ``greedy_sampling``: the value bound to a ``greedy_sampling`` input when the engine declares one (0: the request's
     temperature decides, which is what the project runtime's per-request temperatures mean; see README); ``rank``:
-    which rank engine of a tp engine this is (its process's MPI rank, :mod:`.ranks`)."""
+    which rank engine of a tp engine this is (its process's MPI rank); ``launched``: this process is one of the tp
+    processes an MPI launcher started (:mod:`.ranks` says so; a rank alone would wait forever in its first
+    all-reduce, so a tp engine is refused without it); ``local_rank`` / ``gpus_per_node``: the rank among this node's
+    processes and their number (the GPU it takes, the workspace's mapping)."""
 
     def __init__(self, engine_bytes: bytes, config: dict, *, trt, device=None, num_blocks: int | None = None,
                  num_slots: int | None = None, greedy_sampling: int = 0, use_trtllm: bool | None = None,
-                 kv_cache_fraction: float | None = None, rank: int = 0):
+                 kv_cache_fraction: float | None = None, rank: int = 0, launched: bool = False,
+                 local_rank: int | None = None, gpus_per_node: int | None = None):
         self.trt = trt
         self.config = dict(config["pretrained_config"])
         pre = self.config
@@ -238,15 +243,24 @@ class TrtEngineSession:
         self.rank = int(rank)
         if not 0 <= self.rank < self.tp:
             raise ConfigError(f"rank {self.rank} of a tp {self.tp} engine", field="pretrained_config.mapping.tp_size")
+        if self.tp > 1 and not launched:
+            raise ConfigError(f"a tp {self.tp} engine runs as {self.tp} processes, one per rank: mpirun -n {self.tp} "
+                              f"dflash2-trt run ... (docs/trt-session.md §4); one rank alone would wait forever in its "
+                              f"first all-reduce", field="pretrained_config.mapping.tp_size")
         self.limits = session_limits(config)
         d = pre["dflash2"]
         self.K = int(d["block_size"]) - 1
         self.vocab_size = int(pre["vocab_size"])
         self.mask_token_id = int(d["mask_token_id"])
-        # rank r on cuda:(r % GPUs), as TensorRT-LLM's runtime places its ranks (facts multi_rank.device)
+        # rank r on its node's GPU (local rank % GPUs), made the current device before the engine, the workspace or
+        # any buffer is made, as TensorRT-LLM's runtime does (facts multi_rank.device)
+        local = self.rank if local_rank is None else int(local_rank)
+        self.gpus_per_node = gpus_per_node
         self.device = torch.device(device) if device is not None else (
-            torch.device("cuda", self.rank % torch.cuda.device_count()) if torch.cuda.is_available()
+            torch.device("cuda", local % torch.cuda.device_count()) if torch.cuda.is_available()
             else torch.device("cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self._pin = self.device.type == "cuda"
         net = load_network("cpu")          # config arithmetic only (KV layers, windows, layer kinds)
         cfg = net.api.PretrainedConfig.from_dict(pre)
@@ -354,7 +368,8 @@ class TrtEngineSession:
         ``CustomAllReduceHelper.allocate_workspace`` where it imports (IPC buffers between the ranks' GPUs, every rank
         calling it together; the pointer table a CPU tensor the AllReduce plugins read on the host), else a zeroed
         table of the same size (the stand-in's collectives do not read it). ``(buffers to keep alive, table)``;
-        ``(None, None)`` for an engine without the input (tp 1)."""
+        ``(None, None)`` for an engine without the input (tp 1). On a GPU without TensorRT-LLM there is no workspace
+        to give (zeros would be null pointers to the plugins): refused."""
         spec = self.inputs.get("all_reduce_workspace")
         if spec is None:
             if self.tp > 1:
@@ -370,12 +385,15 @@ class TrtEngineSession:
             from tensorrt_llm.mapping import Mapping
             from tensorrt_llm.plugin.plugin import CustomAllReduceHelper
 
-            mapping = Mapping(world_size=self.tp, rank=self.rank, gpus_per_node=torch.cuda.device_count(),
-                              tp_size=self.tp)
+            mapping = Mapping(world_size=self.tp, rank=self.rank,
+                              gpus_per_node=self.gpus_per_node or torch.cuda.device_count(), tp_size=self.tp)
             buffers, table = CustomAllReduceHelper.allocate_workspace(
                 mapping, CustomAllReduceHelper.max_workspace_size_auto(self.tp))
             return buffers, table.to("cpu", torch.int64)
-        return None, torch.zeros(entries, dtype=torch.int64)
+        if self.device.type == "cuda":
+            raise MissingDependencyError(f"a tp {self.tp} engine's all-reduces need TensorRT-LLM's workspace "
+                                         f"(CustomAllReduceHelper): tensorrt_llm is not importable here")
+        return None, torch.zeros(entries, dtype=torch.int64)     # the CPU stand-in: its collectives read none
 
     def reset_slot(self, slot: int) -> None:
         """Zero a recurrent-state slot on every layer (a request's context starts from the zero state)."""
@@ -482,7 +500,7 @@ def load_plugin_libraries(engine_dir) -> None:   # pragma: no cover - needs Tens
     if importlib.util.find_spec("tensorrt_llm") is None:
         raise MissingDependencyError("the engine's attention layers are TensorRT-LLM's plugins: pip install "
                                      "tensorrt-llm==1.2.* (NVIDIA's index) on the GPU machine")
-    import tensorrt_llm  # noqa: F401  - loads libnvinfer_plugin_tensorrt_llm.so (_common._init)
+    import_tensorrt_llm()   # loads libnvinfer_plugin_tensorrt_llm.so (_common._init); its banner to stderr
 
     plugins.load_library(Path(engine_dir) / plugins.LIBRARY_NAME)
 
