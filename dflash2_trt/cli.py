@@ -585,8 +585,10 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
 @click.option("--steps", type=int, default=10, show_default=True, help="Timed steps per point.")
 @click.option("--acceptance", type=float, default=None,
               help="Mean tokens per speculative step for the speedup column [default: the article's for the target].")
+@click.option("--no-cuda-graph", "no_graph", is_flag=True,
+              help="Do not also time each step as a CUDA-graph replay (cuda backend).")
 @click.option("--json", "json_out", help="Write the report (JSON) here.")
-def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, acceptance, json_out) -> None:
+def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, acceptance, no_graph, json_out) -> None:
     """Time one engine step at a target's real widths with random weights: speculative vs target-only, per
     component (not a TensorRT engine: the torch stand-in, see the report's notes)."""
     from .bench.io import atomic_write_json, check_output_file
@@ -599,7 +601,7 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
         raise ConfigError(f"must be >= 1, got {steps}", field="--steps")
     progress = (lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None
     doc = measure_steps(target_key, backend=backend, concurrency=concurrency, context_len=context_len, steps=steps,
-                        acceptance=acceptance, progress=progress)
+                        acceptance=acceptance, progress=progress, graph=not no_graph)
     click.echo(render(doc))
     if json_out is not None:
         atomic_write_json(json_out, doc)
@@ -628,8 +630,9 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
 @click.option("--json", "json_out", help="Write the projection (JSON) here.")
 @click.option("--costs-from", help="A `bench steps --json` report: take the step times measured there instead of the "
                                    "roofline model's (the output says which it used).")
-@click.option("--cost-basis", type=click.Choice(["busy", "wall"]), default="busy", show_default=True,
-              help="With --costs-from: the steps' kernel time (busy) or their whole wall time.")
+@click.option("--cost-basis", type=click.Choice(["busy", "wall", "graph"]), default="busy", show_default=True,
+              help="With --costs-from: the steps' kernel time (busy), their whole wall time, or their CUDA-graph "
+                   "replay time.")
 def bench_project_cmd(target_key, gpus, concurrency, context_len, acceptance, acceptance_from, bandwidth_efficiency,
                       compute_efficiency, step_overhead_ms, recurrent_verify, json_out, costs_from, cost_basis) -> None:
     """The speedup over autoregressive decoding on a GPU: a roofline model, or measured step costs (--costs-from)."""

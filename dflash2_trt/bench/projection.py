@@ -413,9 +413,10 @@ def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: in
     }
 
 
-COST_BASES = {"busy": "gpu_busy_ms", "wall": "wall_ms"}
+COST_BASES = {"busy": "gpu_busy_ms", "wall": "wall_ms", "graph": "graph_ms"}
 """Which time of a ``bench steps`` point a measured projection uses: the step's kernel time (what an engine replayed
-without launch gaps approaches) or its whole wall time (the eager stand-in's, host overhead included)."""
+without launch gaps approaches), its whole wall time (the eager stand-in's, host overhead included), or the step
+replayed as a CUDA graph (kernels and the gaps between them, no launches)."""
 
 
 def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, source, concurrency=None,
@@ -444,8 +445,9 @@ def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, sourc
     for c in levels:
         sp, ar = by_c[c]["speculative"], by_c[c]["target_only"]
         if key not in sp or key not in ar:
-            raise ConfigError(f"concurrency {c}: no {key} in the report (measure on a GPU, or --cost-basis wall)",
-                              source=source, field="--cost-basis")
+            why = sp.get("graph_error") or ar.get("graph_error") if basis == "graph" else None
+            raise ConfigError(f"concurrency {c}: no {key} in the report (measure on a GPU, or --cost-basis wall)"
+                              + (f"; its capture failed: {why}" if why else ""), source=source, field="--cost-basis")
         t_spec, t_ar = sp[key] / 1e3, ar[key] / 1e3
         comps = sp.get("components_ms") if basis == "busy" else sp.get("spans_ms")
         pts.append({"concurrency": c, "ar_step_s": t_ar, "spec_step_s": t_spec, "ar_tokens_per_s": c / t_ar,

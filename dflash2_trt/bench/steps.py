@@ -19,7 +19,12 @@ and the same step is timed repeatedly:
 - ``ops_per_step``: the torch operators one step dispatches (views included), and on CUDA ``kernels_per_step``
   (the profiler's kernels): an eager step pays a launch and the Python around it for each, which is what a TensorRT
   engine (one enqueue) or a CUDA graph removes; the difference between ``wall_ms`` and ``gpu_busy_ms`` is mostly
-  this.
+  this;
+- ``graph_ms`` (CUDA): the same step captured once in a CUDA graph and replayed (:func:`graph_replay_ms`): the
+  step without the launches and the Python between them. The timed step repeats one feed, so its device work is
+  the same every time and a replay is that step; it is a measurement, not how the runtime serves (the runtime's
+  steps change shape and host values). A step that cannot be captured (a host synchronisation or a pageable copy
+  inside it) gives ``graph_error`` with CUDA's reason instead.
 
 The speculative speedup at a mean acceptance length tau is ``tau * t_target_only / t_speculative`` (one
 speculative step emits tau tokens per request on average, one target-only step one), from the wall times and
@@ -246,9 +251,34 @@ def ops_per_step(engine: StandinEngine, feed: dict) -> int:
     return count.n
 
 
+def graph_replay_ms(engine: StandinEngine, feed: dict, steps: int) -> float:   # pragma: no cover - CUDA only
+    """ms per replay of one step of ``feed`` captured in a CUDA graph (torch's recipe: warm on a side stream, capture,
+    replay). ``run_step``: the outputs stay where the network computed them."""
+    dev = engine.device
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            engine.run_step(feed)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        engine.run_step(feed)
+    graph.replay()
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        graph.replay()
+    torch.cuda.synchronize(dev)
+    ms = (time.perf_counter() - t0) / steps * 1e3
+    del graph
+    return ms
+
+
 def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps: int = 10, warmup: int = 3,
-            profile_steps: int = 2, token: int = 1) -> dict:
-    """One point: ``concurrency`` requests generating at ``context_len``; see the module docstring."""
+            profile_steps: int = 2, token: int = 1, graph: bool = False) -> dict:
+    """One point: ``concurrency`` requests generating at ``context_len``; see the module docstring (``graph``: also
+    the CUDA-graph replay, on CUDA)."""
     rt = Runtime(engine, max_batch_size=concurrency)
     reqs = [rt.adopt(Request([token] * context_len, 32, seed=i, task_id=i), token) for i in range(concurrency)]
     try:
@@ -288,6 +318,12 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
             spans = {k: v / n for k, v in scopes.totals_ms().items()}
         spans["rest"] = max(wall - sum(spans.values()), 0.0)
         point["spans_ms"] = {k: spans.get(k, 0.0) for k in COMPONENTS}
+        if graph and engine.device.type == "cuda":   # last: a failed capture leaves nothing the point needs
+            try:
+                point["graph_ms"] = graph_replay_ms(engine, feed, steps)
+            except Exception as e:  # noqa: BLE001 - why the step cannot be captured is the result
+                point["graph_error"] = f"{type(e).__name__}: {e}"[:600]
+                torch.cuda.synchronize(engine.device)
         return point
     finally:
         for r in reqs:
@@ -296,8 +332,9 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
 
 def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16,32,64", context_len: int = 1024,
                   steps: int = 10, warmup: int = 3, profile_steps: int = 2, acceptance: float | None = None,
-                  dtype: str = "bfloat16", progress=None) -> dict:
-    """The ``bench steps`` report (see the module docstring)."""
+                  dtype: str = "bfloat16", progress=None, graph: bool = True) -> dict:
+    """The ``bench steps`` report (see the module docstring). ``graph``: also time each step as a CUDA-graph replay
+    (CUDA only; after the first capture that fails, not tried again)."""
     levels = parse_concurrency(concurrency)
     if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
         raise ConfigError(f"must be an integer >= 1, got {context_len!r}", field="--context-len")
@@ -315,14 +352,18 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
         points = []
         for c in levels:
             say(f"[steps] concurrency {c}: speculative")
-            sp = measure(spec, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
+            sp = measure(spec, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps, graph=graph)
+            if "graph_error" in sp:
+                graph = False         # the same capture would fail again: said once
             say(f"[steps] concurrency {c}: target only")
-            base = measure(ar, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
+            base = measure(ar, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps, graph=graph)
             pt = {"concurrency": c, "speculative": sp, "target_only": base}
             if tau:
                 pt["speedup_wall"] = tau * base["wall_ms"] / sp["wall_ms"]
                 if "gpu_busy_ms" in sp and "gpu_busy_ms" in base:
                     pt["speedup_busy"] = tau * base["gpu_busy_ms"] / sp["gpu_busy_ms"]
+                if "graph_ms" in sp and "graph_ms" in base:
+                    pt["speedup_graph"] = tau * base["graph_ms"] / sp["graph_ms"]
             points.append(pt)
         dev = spec.device
         return {
@@ -360,5 +401,14 @@ def render(doc: dict) -> str:
                  p["target_only"].get("ops_per_step")) for p in doc["points"]]
     lines.append("ops per step (spec / target only; kernels, CUDA): " + ", ".join(
         f"c{c} {o} / {a}" + (f" ({k:g} kernels)" if k is not None else "") for c, o, k, a in launches))
+    graphs = [(p["concurrency"], p["speculative"].get("graph_ms"), p["target_only"].get("graph_ms"))
+              for p in doc["points"] if "graph_ms" in p["speculative"]]
+    if graphs:
+        lines.append("CUDA-graph replay ms (spec / target only): " + ", ".join(
+            f"c{c} {g:.2f} / {'n/a' if a is None else format(a, '.2f')}" for c, g, a in graphs))
+    errors = [p[k]["graph_error"] for p in doc["points"] for k in ("speculative", "target_only")
+              if "graph_error" in p[k]]
+    if errors:
+        lines.append(f"CUDA-graph capture failed: {errors[0]}")
     lines += ["notes:"] + [f"  - {n}" for n in doc["notes"]]
     return "\n".join(lines)

@@ -63,3 +63,20 @@ def test_a_cpu_report_has_no_kernel_time(tmp_path):
     (tmp_path / "cpu.json").write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="--cost-basis wall"):
         bench_project(target="qwen3.8-27b", costs_from=tmp_path / "cpu.json")
+
+
+def test_the_graph_basis_takes_the_replay_time_or_says_why_there_is_none(tmp_path):
+    doc = json.loads(_steps(tmp_path).read_text())
+    for p in doc["points"]:
+        c = p["concurrency"]
+        p["speculative"]["graph_ms"], p["target_only"]["graph_ms"] = 30.0 + c, 15.0 + c
+    (tmp_path / "g.json").write_text(json.dumps(doc))
+    out = bench_project(target="qwen3.8-27b", costs_from=tmp_path / "g.json", cost_basis="graph", acceptance=4.0)
+    assert out["costs"]["basis"] == "graph"
+    assert out["gpus"][0]["points"][0]["speedup"] == pytest.approx(4.0 * 16 / 31)
+    for p in doc["points"]:                     # a step that could not be captured: CUDA's reason is passed on
+        del p["speculative"]["graph_ms"]
+        p["speculative"]["graph_error"] = "RuntimeError: operation not permitted when stream is capturing"
+    (tmp_path / "e.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="its capture failed: RuntimeError: operation not permitted"):
+        bench_project(target="qwen3.8-27b", costs_from=tmp_path / "e.json", cost_basis="graph")
