@@ -275,10 +275,26 @@ def graph_replay_ms(engine: StandinEngine, feed: dict, steps: int) -> float:   #
     return ms
 
 
+def graph_point(engine: StandinEngine, concurrency: int, context_len: int, *, steps: int = 10,
+                token: int = 1) -> dict:   # pragma: no cover - CUDA only
+    """``{"graph_ms": ...}`` for the step :func:`measure` times, or ``{"graph_error": CUDA's reason}``."""
+    rt = Runtime(engine, max_batch_size=concurrency)
+    reqs = [rt.adopt(Request([token] * context_len, 32, seed=i, task_id=i), token) for i in range(concurrency)]
+    try:
+        feed = rt.step_inputs([], rt.generating)
+        engine.step(feed)
+        return {"graph_ms": graph_replay_ms(engine, feed, steps)}
+    except Exception as e:  # noqa: BLE001 - why the step cannot be captured is the result
+        torch.cuda.synchronize(engine.device)
+        return {"graph_error": f"{type(e).__name__}: {e}"[:600]}
+    finally:
+        for r in reqs:
+            rt.cancel(r)
+
+
 def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps: int = 10, warmup: int = 3,
-            profile_steps: int = 2, token: int = 1, graph: bool = False) -> dict:
-    """One point: ``concurrency`` requests generating at ``context_len``; see the module docstring (``graph``: also
-    the CUDA-graph replay, on CUDA)."""
+            profile_steps: int = 2, token: int = 1) -> dict:
+    """One point: ``concurrency`` requests generating at ``context_len``; see the module docstring."""
     rt = Runtime(engine, max_batch_size=concurrency)
     reqs = [rt.adopt(Request([token] * context_len, 32, seed=i, task_id=i), token) for i in range(concurrency)]
     try:
@@ -318,12 +334,6 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
             spans = {k: v / n for k, v in scopes.totals_ms().items()}
         spans["rest"] = max(wall - sum(spans.values()), 0.0)
         point["spans_ms"] = {k: spans.get(k, 0.0) for k in COMPONENTS}
-        if graph and engine.device.type == "cuda":   # last: a failed capture leaves nothing the point needs
-            try:
-                point["graph_ms"] = graph_replay_ms(engine, feed, steps)
-            except Exception as e:  # noqa: BLE001 - why the step cannot be captured is the result
-                point["graph_error"] = f"{type(e).__name__}: {e}"[:600]
-                torch.cuda.synchronize(engine.device)
         return point
     finally:
         for r in reqs:
@@ -352,19 +362,28 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
         points = []
         for c in levels:
             say(f"[steps] concurrency {c}: speculative")
-            sp = measure(spec, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps, graph=graph)
-            if "graph_error" in sp:
-                graph = False         # the same capture would fail again: said once
+            sp = measure(spec, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
             say(f"[steps] concurrency {c}: target only")
-            base = measure(ar, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps, graph=graph)
+            base = measure(ar, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
             pt = {"concurrency": c, "speculative": sp, "target_only": base}
             if tau:
                 pt["speedup_wall"] = tau * base["wall_ms"] / sp["wall_ms"]
                 if "gpu_busy_ms" in sp and "gpu_busy_ms" in base:
                     pt["speedup_busy"] = tau * base["gpu_busy_ms"] / sp["gpu_busy_ms"]
-                if "graph_ms" in sp and "graph_ms" in base:
-                    pt["speedup_graph"] = tau * base["graph_ms"] / sp["graph_ms"]
             points.append(pt)
+        # the CUDA-graph replays after every eager point is measured (a capture that fails cannot cost those), and
+        # after the first failure no more (the same capture would fail again: said once)
+        for pt in points if graph and spec.device.type == "cuda" else ():
+            for key, eng in (("speculative", spec), ("target_only", ar)):
+                say(f"[steps] concurrency {pt['concurrency']}: {key}, CUDA-graph replay")
+                got = graph_point(eng, pt["concurrency"], context_len, steps=steps)
+                pt[key].update(got)
+                if "graph_error" in got:
+                    break
+            if tau and "graph_ms" in pt["speculative"] and "graph_ms" in pt["target_only"]:
+                pt["speedup_graph"] = tau * pt["target_only"]["graph_ms"] / pt["speculative"]["graph_ms"]
+            if any("graph_error" in pt[k] for k in ("speculative", "target_only")):
+                break
         dev = spec.device
         return {
             "format": "dflash2-trt bench steps", "schema_version": 1, "target": target_key, "backend": backend,
