@@ -1,17 +1,19 @@
-"""The stand-in makes each Python scalar constant once and reuses it (trtllm/cpu/tensor.py ``scalar``), as a TensorRT
-engine holds its constants: that is only sound if no op ever writes into one. Every family's engine runs steps of
+"""The stand-in makes each Python scalar constant and each small array constant once and reuses it
+(trtllm/cpu/tensor.py ``scalar``, trtllm/cpu/functional.py ``constant``), as a TensorRT engine holds its
+constants: that is only sound if no op ever writes into one. Every family's engine runs steps of
 every kind (context, generation, mixed, sampled), then every cached constant must still hold its value."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompts
-from dflash2_trt.trtllm.cpu import tensor
+from dflash2_trt.trtllm.cpu import functional, tensor
 
 
 @pytest.mark.parametrize("family,key", [("qwen3", "tiny"), ("qwen3_5", "tiny-hybrid"), ("muse_glimmer", "tiny-muse")])
@@ -23,6 +25,13 @@ def test_no_step_writes_into_a_cached_constant(family, key, tmp_path_factory):
     run_prompts(d, prompts[:2], new=6, max_batch=2, temperature=0.8)    # sampled
     cached = tensor.cached_scalars()
     assert len(cached) > 20
+    arrays = functional.cached_constants()
+    assert len(arrays) > 3
+    for (dtype, shape, data, device), t in arrays.items():
+        if torch.device(device).type == "meta":
+            continue
+        want = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+        assert np.array_equal(t.cpu().numpy(), want), (dtype, shape)
     for (kind, value, dtype, device), t in cached.items():
         assert t.shape == (1,) and t.dtype == dtype and t.device == device
         if device.type == "meta":          # made while a network was declared at real widths: no value to hold

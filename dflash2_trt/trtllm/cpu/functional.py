@@ -76,13 +76,17 @@ def _ints(v, what: str = "shape") -> list[int]:
 # ---- construction -------------------------------------------------------------------------------
 _BIG_CONSTANTS: OrderedDict = OrderedDict()   # (id, device) -> (array, its device copy)
 _BIG = 1 << 16   # bytes from which a constant's device copy is kept (the rotary tables, made once per shape)
+_SMALL_CONSTANTS: dict = {}   # (dtype, shape, bytes, device) -> the device copy of a small constant
+_SMALL_MAX = 4096
 
 
 def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
-    """The array's values as a constant on the engine's device. TensorRT copies a constant into the engine once;
-    the stand-in makes it per call, except that a large array (>= 64 KiB, e.g. the rotary tables the network
-    takes from a cache) keeps its device copy: such an array is made read-only when cached, so a later write to
-    it fails loudly instead of leaving a stale copy."""
+    """The array's values as a constant on the engine's device. TensorRT copies a constant into the engine once; so
+    does the stand-in: a small array's device copy is kept by its values (an eager step at 64 layers makes about
+    70 of them, each a host-to-device copy on a GPU, and a copy from pageable memory cannot be captured in a CUDA
+    graph), a large one's (>= 64 KiB, e.g. the rotary tables the network takes from a cache) by the array itself,
+    which is made read-only when cached, so a later write to it fails loudly instead of leaving a stale copy. The
+    copies are never written in place (tests/engine/test_scalar_constants.py)."""
     if as_dtype is not None or as_shape is not None:
         raise NotImplementedError("constant stand-in: as_dtype / as_shape are not used by the network")
     if not isinstance(ndarray, np.ndarray):
@@ -90,8 +94,16 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
     dev = current_device()
     if ndarray.ndim == 0:      # a 0-D constant is a bound or a scalar: kept on the host, moved where an op needs it
         return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).clone())
-    if ndarray.nbytes < _BIG:   # staged at once from pageable memory: no wait for the stream
-        return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).to(dev, copy=True, non_blocking=True))
+    if ndarray.nbytes < _BIG:
+        key = (ndarray.dtype.str, ndarray.shape, ndarray.tobytes(), str(dev))
+        hit = _SMALL_CONSTANTS.get(key)
+        if hit is None:
+            if len(_SMALL_CONSTANTS) >= _SMALL_MAX:
+                _SMALL_CONSTANTS.clear()
+            # staged at once from pageable memory: no wait for the stream
+            hit = _SMALL_CONSTANTS[key] = torch.from_numpy(np.ascontiguousarray(ndarray)).to(dev, copy=True,
+                                                                                              non_blocking=True)
+        return wrap(hit)
     key = (id(ndarray), str(dev))
     hit = _BIG_CONSTANTS.get(key)
     if hit is None or hit[0] is not ndarray:
@@ -100,6 +112,12 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
         while len(_BIG_CONSTANTS) > 64:
             _BIG_CONSTANTS.popitem(last=False)
     return wrap(hit[1])
+
+
+def cached_constants() -> dict:
+    """The kept device copies of small constants, ``(dtype, shape, bytes, device) -> tensor`` (tests check that none
+    was written)."""
+    return dict(_SMALL_CONSTANTS)
 
 
 def arange(start, end, dtype: str) -> Tensor:
