@@ -446,8 +446,10 @@ def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, sourc
         sp, ar = by_c[c]["speculative"], by_c[c]["target_only"]
         if key not in sp or key not in ar:
             why = sp.get("graph_error") or ar.get("graph_error") if basis == "graph" else None
-            raise ConfigError(f"concurrency {c}: no {key} in the report (measure on a GPU, or --cost-basis wall)"
-                              + (f"; its capture failed: {why}" if why else ""), source=source, field="--cost-basis")
+            hint = (f"; its capture failed: {why}" if why else "; not probed (a capture at an earlier concurrency "
+                    "failed, or the report is not a GPU's)" if basis == "graph" else "")
+            raise ConfigError(f"concurrency {c}: no {key} in the report (measure on a GPU, or --cost-basis wall){hint}",
+                              source=source, field="--cost-basis")
         t_spec, t_ar = sp[key] / 1e3, ar[key] / 1e3
         comps = sp.get("components_ms") if basis == "busy" else sp.get("spans_ms")
         pts.append({"concurrency": c, "ar_step_s": t_ar, "spec_step_s": t_spec, "ar_tokens_per_s": c / t_ar,

@@ -16,8 +16,9 @@ and the same step is timed repeatedly:
   ``accept`` (the in-engine acceptance) and ``rest`` (embedding, norms, residuals, packing);
 - ``spans_ms``: the same components' elapsed time between CUDA events (kernels plus the launch and host gaps
   inside them);
-- ``ops_per_step``: the torch operators one step dispatches (views included), and on CUDA ``kernels_per_step``
-  (the profiler's kernels): an eager step pays a launch and the Python around it for each, which is what a TensorRT
+- ``ops_per_step``: the torch operators one step dispatches (views included; counted on the calling thread, which is
+  every rank at tp 1, the only tp ``bench steps`` builds), and on CUDA ``kernels_per_step`` (the profiler's GPU
+  activities: kernels, copies and sets): an eager step pays a launch and the Python around it for each, which is what a TensorRT
   engine (one enqueue) or a CUDA graph removes; the difference between ``wall_ms`` and ``gpu_busy_ms`` is mostly
   this;
 - ``graph_ms`` (CUDA): the same step captured once in a CUDA graph and replayed (:func:`graph_replay_ms`): the
@@ -262,8 +263,9 @@ def graph_replay_ms(engine: StandinEngine, feed: dict, steps: int) -> float:   #
             engine.run_step(feed)
     torch.cuda.current_stream(dev).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        engine.run_step(feed)
+    with torch.cuda.stream(torch.cuda.current_stream(dev)):      # restored even when the capture fails
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(dev)):
+            engine.run_step(feed)
     graph.replay()
     torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
@@ -285,8 +287,12 @@ def graph_point(engine: StandinEngine, concurrency: int, context_len: int, *, st
         engine.step(feed)
         return {"graph_ms": graph_replay_ms(engine, feed, steps)}
     except Exception as e:  # noqa: BLE001 - why the step cannot be captured is the result
-        torch.cuda.synchronize(engine.device)
-        return {"graph_error": f"{type(e).__name__}: {e}"[:600]}
+        # torch's graph context ends the capture on the way out, and that error replaces the first: name the chain
+        chain, x = [], e
+        while x is not None and len(chain) < 4:
+            chain.append(f"{type(x).__name__}: {x}"[:400])
+            x = x.__context__
+        return {"graph_error": " <- ".join(reversed(chain))[:1200]}
     finally:
         for r in reqs:
             rt.cancel(r)
@@ -373,17 +379,19 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
             points.append(pt)
         # the CUDA-graph replays after every eager point is measured (a capture that fails cannot cost those), and
         # after the first failure no more (the same capture would fail again: said once)
-        for pt in points if graph and spec.device.type == "cuda" else ():
-            for key, eng in (("speculative", spec), ("target_only", ar)):
-                say(f"[steps] concurrency {pt['concurrency']}: {key}, CUDA-graph replay")
-                got = graph_point(eng, pt["concurrency"], context_len, steps=steps)
-                pt[key].update(got)
-                if "graph_error" in got:
+        try:
+            for pt in points if graph and spec.device.type == "cuda" else ():
+                for key, eng in (("speculative", spec), ("target_only", ar)):      # both, even if one fails
+                    say(f"[steps] concurrency {pt['concurrency']}: {key}, CUDA-graph replay")
+                    pt[key].update(graph_point(eng, pt["concurrency"], context_len, steps=steps))
+                if tau and "graph_ms" in pt["speculative"] and "graph_ms" in pt["target_only"]:
+                    pt["speedup_graph"] = tau * pt["target_only"]["graph_ms"] / pt["speculative"]["graph_ms"]
+                if all("graph_error" in pt[k] for k in ("speculative", "target_only")):
                     break
-            if tau and "graph_ms" in pt["speculative"] and "graph_ms" in pt["target_only"]:
-                pt["speedup_graph"] = tau * pt["target_only"]["graph_ms"] / pt["speculative"]["graph_ms"]
-            if any("graph_error" in pt[k] for k in ("speculative", "target_only")):
-                break
+        except BaseException as e:  # noqa: BLE001 - the eager table is kept whatever the probe does
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            points[-1]["graph_probe_error"] = f"{type(e).__name__}: {e}"[:600]
         dev = spec.device
         return {
             "format": "dflash2-trt bench steps", "schema_version": 1, "target": target_key, "backend": backend,

@@ -228,8 +228,9 @@ class StandinEngine:
             for name in ("accepted_tokens", "num_accepted_tokens"):
                 if not torch.equal(outs[first][name], outs[r][name]):
                     raise RuntimeError(f"TP rank {r} disagrees with rank {first} on {name}")
-        # what the runtime reads, in host memory (one copy per output); the logits stay on the device
-        return {k: v if k == "logits" else v.cpu() for k, v in outs[first].items()}
+        # what the runtime reads, in host memory (one copy per output, a copy on the CPU too: an output may be a view
+        # of a constant the stand-in keeps between steps); the logits stay on the device
+        return {k: v if k == "logits" else v.to("cpu", copy=True) for k, v in outs[first].items()}
 
     @torch.no_grad()
     def run_step(self, inputs: dict) -> list[dict]:

@@ -67,10 +67,13 @@ _SCALARS_MAX = 4096
 def scalar(x, dtype: torch.dtype, device) -> torch.Tensor:
     """A [1] constant ``x`` on ``device``, made once and reused (a TensorRT constant is built into the engine once; an
     eager step at 64 layers asks for about 900 of them, each a fill kernel on a GPU). Constants are never written in
-    place (``tests/trtllm/test_cpu_ops.py`` holds every cached one to its value after engine steps); at most
-    ``_SCALARS_MAX`` are kept."""
+    place (the stand-in Tensor has no in-place operators; ``tests/engine/test_scalar_constants.py`` holds every cached
+    one to its value after engine steps); at most ``_SCALARS_MAX`` are kept. Nothing is cached while a CUDA graph is
+    being captured (a constant made then exists only in the graph)."""
     device = torch.device(device)
-    key = (type(x), x, dtype, device)
+    # a float by its bits (float.hex): -0.0 == 0.0 and NaN != NaN as values, and either would mix the cache up
+    key = (type(x), float(x).hex() if isinstance(x, float) or type(x).__name__.startswith("float") else x, dtype,
+           device)
     try:
         hit = _SCALARS.get(key)
     except TypeError:            # an unhashable value: made every time
@@ -79,7 +82,7 @@ def scalar(x, dtype: torch.dtype, device) -> torch.Tensor:
         return hit
     # on a GPU a fill kernel (torch.tensor([x], device=...) would copy from the host and wait for the stream)
     t = torch.tensor([x], dtype=dtype) if device.type == "cpu" else torch.full((1,), x, dtype=dtype, device=device)
-    if key is not None:
+    if key is not None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         if len(_SCALARS) >= _SCALARS_MAX:
             _SCALARS.clear()
         _SCALARS[key] = t
@@ -87,7 +90,8 @@ def scalar(x, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def cached_scalars() -> dict:
-    """The reused constants, ``(type, value, dtype, device) -> tensor`` (tests check none was written)."""
+    """The reused constants, ``(type, value or a float's bits, dtype, device) -> tensor`` (tests check none was
+    written)."""
     return dict(_SCALARS)
 
 INT32_RANGE = (-2**31, 2**31 - 1)
@@ -225,10 +229,31 @@ class Tensor(torch.Tensor):
     __ne__ = _absent("__ne__")
     for _name in ("reshape", "expand", "to", "float", "long", "int", "half", "double", "tolist", "item", "numpy",
                   "contiguous", "clone", "detach", "sum", "softmax", "exp", "sigmoid", "__len__", "__iter__",
-                  "__bool__", "__index__", "__int__", "__float__"):
+                  "__bool__", "__index__", "__int__", "__float__",
+                  # no writes in place: a TensorRT tensor is an edge of the graph (and the stand-in's constants are
+                  # shared between steps, tensor.scalar / functional.constant)
+                  "__setitem__", "add_", "sub_", "mul_", "div_", "copy_", "fill_", "zero_", "clamp_", "masked_fill_",
+                  "index_put_", "scatter_", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
+                  "__irshift__"):
         locals()[_name] = _absent(_name)
     del _name
     del _absent
+
+    # TensorRT-LLM's Tensor has no in-place operators, so Python's `x += y` makes x + y: the same here (torch's would
+    # write into x)
+    def _out_of_place(op):
+        def f(self, other):
+            return getattr(type(self), op)(self, other)
+        f.__name__ = op.replace("__", "__i", 1)
+        return f
+
+    __iadd__ = _out_of_place("__add__")
+    __isub__ = _out_of_place("__sub__")
+    __imul__ = _out_of_place("__mul__")
+    __itruediv__ = _out_of_place("__truediv__")
+    __ifloordiv__ = _out_of_place("__floordiv__")
+    __imod__ = _out_of_place("__mod__")
+    del _out_of_place
 
 
 def _not(x):
