@@ -16,10 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(dflash2_trt.__file__).resolve().parent
 
 
-def test_fixtures_are_the_package_copy(monkeypatch, tmp_path):
+def test_fixtures_are_the_package_copy():
+    import inspect
+
     assert fixtures.fixtures_dir() == PACKAGE / "assets" / "published"
-    monkeypatch.setenv("DFLASH2_TRT_FIXTURES", str(tmp_path))    # the old override has no effect any more
-    assert fixtures.fixtures_dir() == PACKAGE / "assets" / "published"
+    # no environment override: nothing outside the package can be made the fixtures
+    assert "environ" not in inspect.getsource(fixtures.fixtures_dir)
 
 
 @pytest.mark.parametrize("name", ["QWEN_DRAFTER", "MUSE_DRAFTER", "QWEN_TARGET", "MUSE_TARGET"])
