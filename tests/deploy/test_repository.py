@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from dflash2_trt.cli import main
 from dflash2_trt.deploy.triton import repository as rp
 from dflash2_trt.errors import ConfigError
+
+from deploy_helpers import cli, one_error_line
 
 MODELS = ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
 # Every tensor TensorRT-LLM's Triton backend exposes on its tensorrt_llm model (triton_backend/
@@ -53,22 +53,10 @@ TRTLLM_OUTPUTS = {
 }
 
 
-def _cli(*args):
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.output
-
-
-def _err(code, text):
-    assert code != 0
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), text
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def cpu_repo(engine, tmp_path_factory):
     out = tmp_path_factory.mktemp("r") / "cpu"
-    code, text = _cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out), "--decoupled")
+    code, text = cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out), "--decoupled")
     assert code == 0, text
     assert "python backend, decoupled, max batch 16" in text
     return out
@@ -77,7 +65,7 @@ def cpu_repo(engine, tmp_path_factory):
 @pytest.fixture(scope="module")
 def gpu_repo(engine, tmp_path_factory):
     out = tmp_path_factory.mktemp("r") / "gpu"
-    code, text = _cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out), "--decoupled",
+    code, text = cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out), "--decoupled",
                       "--backend", "tensorrtllm")
     assert code == 0, text
     assert "note: " in text and "is a CPU engine" in text   # said, not silently accepted
@@ -166,11 +154,11 @@ def test_launch_script_preloads_the_plugin_library(gpu_repo, engine, tmp_path):
 
 
 def test_ids_only_and_model_name(engine, tmp_path):
-    code, text = _cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(tmp_path / "a"), "--ids-only")
+    code, text = cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(tmp_path / "a"), "--ids-only")
     assert code == 0, text
     assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_dir()) == ["tensorrt_llm"]
     rp.check_repository(tmp_path / "a")
-    code, text = _cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(tmp_path / "b"),
+    code, text = cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(tmp_path / "b"),
                       "--model-name", "dflash2", "--max-batch-size", "4")
     assert code == 0, text
     models = rp.check_repository(tmp_path / "b")
@@ -235,7 +223,7 @@ def test_bad_input_is_one_line_and_writes_nothing(engine, tmp_path, args, needle
     full = ["deploy", "triton", "--engine-dir", str(engine), "--output", str(out), *args]
     if args[0] == "--engine-dir":
         full = ["deploy", "triton", *args, "--output", str(out)]
-    line = _err(*_cli(*full))
+    line = one_error_line(*cli(*full))
     assert needle in line, line
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
@@ -257,7 +245,7 @@ def test_contradictory_or_ignored_options_are_refused(engine, tmp_path, args, li
     """Options that contradict each other, or that the chosen backend would ignore, are one line naming
     them; nothing is written."""
     out = tmp_path / "repo"
-    got = _err(*_cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out),
+    got = one_error_line(*cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out),
                      *[a.format(engine=engine) for a in args]))
     assert got.startswith(line), got
     assert not out.exists()
@@ -265,14 +253,14 @@ def test_contradictory_or_ignored_options_are_refused(engine, tmp_path, args, li
 
 def test_not_an_engine_dir_and_tokenizer_errors(engine_without_tokenizer, tmp_path):
     (tmp_path / "empty").mkdir()
-    assert "not an engine directory" in _err(*_cli("deploy", "triton", "--engine-dir", str(tmp_path / "empty"),
+    assert "not an engine directory" in one_error_line(*cli("deploy", "triton", "--engine-dir", str(tmp_path / "empty"),
                                                    "--output", str(tmp_path / "o")))
     # an engine without a tokenizer asked for the text ensemble
     eng = engine_without_tokenizer
-    line = _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o")))
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o")))
     assert "has no tokenizer" in line and "--ids-only" in line
     # a directory that is no tokenizer
-    line = _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--tokenizer",
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--tokenizer",
                       str(tmp_path / "empty")))
     assert "no usable tokenizer" in line
     # a tokenizer larger than the engine's vocabulary
@@ -283,16 +271,16 @@ def test_not_an_engine_dir_and_tokenizer_errors(engine_without_tokenizer, tmp_pa
     tk = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(300)}, unk_token="w0"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="w0").save_pretrained(big)
-    line = _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--tokenizer",
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--tokenizer",
                       str(big)))
     assert "300 tokens, the engine's vocabulary 256" in line
     assert not (tmp_path / "o").exists()
-    code, text = _cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--ids-only")
+    code, text = cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "o"), "--ids-only")
     assert code == 0 and (tmp_path / "o" / "tensorrt_llm").is_dir(), text
 
 
 def test_existing_output_needs_force(cpu_repo, engine):
-    line = _err(*_cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(cpu_repo)))
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(cpu_repo)))
     assert "--force" in line
     assert (cpu_repo / "tensorrt_llm" / "config.pbtxt").is_file()
 
@@ -341,17 +329,17 @@ def _trtllm_engine_dir(engine, d):
 
 def test_a_tensorrt_llm_engine_gets_the_tensorrtllm_backend(engine, tmp_path):
     eng = _trtllm_engine_dir(engine, tmp_path / "trt-engine")
-    code, text = _cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "repo"), "--decoupled")
+    code, text = cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "repo"), "--decoupled")
     assert code == 0 and "tensorrtllm backend" in text and "note:" not in text, text
     models = rp.check_repository(tmp_path / "repo")
     assert models["tensorrt_llm"].backend == "tensorrtllm"
     assert models["tensorrt_llm"].parameters["gpt_model_path"].string_value == str(eng.resolve())
     assert str(eng.resolve() / "libdflash2_plugins.so") in (tmp_path / "repo" / "launch.sh").read_text()
     # the python model on the project runtime opens the rank engine: refused, naming it, where there is none
-    assert "no rank0.engine" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
+    assert "no rank0.engine" in one_error_line(*cli("deploy", "triton", "--engine-dir", str(eng), "--output",
                                           str(tmp_path / "r2"), "--backend", "python"))
     (eng / "config.json").write_text("{}")
-    assert "pretrained_config.vocab_size" in _err(*_cli("deploy", "triton", "--engine-dir", str(eng), "--output",
+    assert "pretrained_config.vocab_size" in one_error_line(*cli("deploy", "triton", "--engine-dir", str(eng), "--output",
                                                         str(tmp_path / "r3")))
 
 
@@ -393,7 +381,7 @@ def test_tp2_engine_launches_one_mpi_rank_per_gpu(engine, tmp_path):
     man = json.loads((eng / "engine.json").read_text())
     (eng / "engine.json").write_text(json.dumps({**man, "tp_size": 2}))
     repo = tmp_path / "repo"
-    code, text = _cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(repo))
+    code, text = cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(repo))
     assert code == 0, text
     script = repo / "launch.sh"
     r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)

@@ -15,28 +15,14 @@ import signal
 import time
 
 import pytest
-from click.testing import CliRunner
 
-from dflash2_trt.cli import main
 from dflash2_trt.deploy.triton import repository as rp
 from dflash2_trt.deploy.triton import serving
 from dflash2_trt.errors import ConfigError, MissingDependencyError
 
-from deploy_helpers import Serve, free_base_port, procs_with
+from deploy_helpers import Serve, cli, free_base_port, one_error_line, procs_with
 
 NEW = 12
-
-
-def _cli(*args):
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.output
-
-
-def _err(code, text):
-    assert code != 0
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), text
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +42,7 @@ def _with_manifest(src, dst, **changes):
 # ------------------------------------------------------------------------------------------------ deploy decisions
 def test_auto_writes_the_python_model_on_the_project_runtime(trt_dir, tmp_path):
     out = tmp_path / "repo"
-    code, text = _cli("deploy", "triton", "--engine-dir", str(trt_dir), "--output", str(out), "--ids-only",
+    code, text = cli("deploy", "triton", "--engine-dir", str(trt_dir), "--output", str(out), "--ids-only",
                       "--decoupled")
     assert code == 0 and "note:" not in text, text
     assert "python backend, decoupled" in text and "runtime: project" in text, text
@@ -77,7 +63,7 @@ def test_auto_writes_the_python_model_on_the_project_runtime(trt_dir, tmp_path):
 
 
 def test_the_tensorrtllm_backend_stays_with_a_note_for_a_project_path_engine(trt_dir, tmp_path):
-    code, text = _cli("deploy", "triton", "--engine-dir", str(trt_dir), "--output", str(tmp_path / "repo"),
+    code, text = cli("deploy", "triton", "--engine-dir", str(trt_dir), "--output", str(tmp_path / "repo"),
                       "--ids-only", "--backend", "tensorrtllm")
     assert code == 0 and "tensorrtllm backend" in text, text
     note = next(ln for ln in text.splitlines() if ln.startswith("note:"))
@@ -101,12 +87,12 @@ def test_a_tp2_project_engine(trt_dir, tmp_path):
     model serves it on stock TensorRT-LLM), --backend tensorrtllm writes the executor's repository with a note,
     --backend python is refused naming tp_size."""
     d = _with_manifest(trt_dir, tmp_path / "engine", tp_size=2)
-    line = _err(*_cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "auto"), "--ids-only"))
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "auto"), "--ids-only"))
     assert "engine.json: tp_size: no Triton model serves this tp 2 engine on stock TensorRT-LLM 1.2" in line, line
     assert "mpirun -n 2 dflash2-trt run" in line and not (tmp_path / "auto").exists()
     res = rp.deploy_triton(d, tmp_path / "trtllm", ids_only=True, backend="tensorrtllm")
     assert res.backend == "tensorrtllm" and any("serves tp 1 engines only (this one is tp 2" in n for n in res.notes)
-    line = _err(*_cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "py"), "--ids-only",
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "py"), "--ids-only",
                       "--backend", "python"))
     assert "engine.json: tp_size: --backend python: the python-backend model serves tp 1 TensorRT engines" in line, line
     assert not (tmp_path / "py").exists()
@@ -135,7 +121,7 @@ def test_options_and_engines_the_python_model_refuses(trt_dir, tmp_path, args, e
     lib = tmp_path / "libdflash2_plugins.so"
     lib.write_bytes(b"")
     out = tmp_path / "repo"
-    got = _err(*_cli("deploy", "triton", "--engine-dir", str(d), "--output", str(out), "--ids-only",
+    got = one_error_line(*cli("deploy", "triton", "--engine-dir", str(d), "--output", str(out), "--ids-only",
                      *[a.format(lib=lib) for a in args]))
     assert got.startswith(line) if line.startswith("error:") else line in got, got
     assert not out.exists()
@@ -143,7 +129,7 @@ def test_options_and_engines_the_python_model_refuses(trt_dir, tmp_path, args, e
 
 def test_cpu_engines_keep_refusing_the_gpu_options(standin_trt_engine, tmp_path):
     cpu_dir = standin_trt_engine[1]
-    line = _err(*_cli("deploy", "triton", "--engine-dir", str(cpu_dir), "--output", str(tmp_path / "r"),
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(cpu_dir), "--output", str(tmp_path / "r"),
                       "--ids-only", "--kv-cache-free-gpu-mem-fraction", "0.5"))
     assert line.startswith("error: --kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python "
                            "backend serves a cpu engine"), line

@@ -13,42 +13,33 @@ import sys
 from pathlib import Path
 
 
+def _fault_in_third_step(rank: int, exc: BaseException) -> None:
+    """Make this process's session raise ``exc`` in its third step if it is MPI rank ``rank`` (the other ranks then
+    wait inside the engine's collectives for it)."""
+    from mpi4py import MPI
+
+    from dflash2_trt.engine.trtllm.session import TrtEngineSession
+
+    if MPI.COMM_WORLD.Get_rank() != rank:
+        return
+    real, calls = TrtEngineSession.step, []
+
+    def step(self, inputs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise exc
+        return real(self, inputs)
+
+    TrtEngineSession.step = step
+
+
 def main(argv):
     engine_dir, prompts, report = argv[:3]
-    if "--fail-step-on-rank" in argv:
-        # a fault on one rank only, in its third step (the other ranks then wait inside the engine's collectives)
-        from mpi4py import MPI
-
-        from dflash2_trt.engine.trtllm.session import TrtEngineSession
-
-        bad = int(argv[argv.index("--fail-step-on-rank") + 1])
-        if MPI.COMM_WORLD.Get_rank() == bad:
-            real, calls = TrtEngineSession.step, []
-
-            def step(self, inputs):
-                calls.append(1)
-                if len(calls) == 3:
-                    raise RuntimeError("injected fault in step 3")
-                return real(self, inputs)
-
-            TrtEngineSession.step = step
-    if "--interrupt-step-on-rank" in argv:
-        # Ctrl-C arriving on one rank in its third step (KeyboardInterrupt, as the CLI's handler raises it)
-        from mpi4py import MPI
-
-        from dflash2_trt.engine.trtllm.session import TrtEngineSession
-
-        bad = int(argv[argv.index("--interrupt-step-on-rank") + 1])
-        if MPI.COMM_WORLD.Get_rank() == bad:
-            real, calls = TrtEngineSession.step, []
-
-            def step(self, inputs):
-                calls.append(1)
-                if len(calls) == 3:
-                    raise KeyboardInterrupt
-                return real(self, inputs)
-
-            TrtEngineSession.step = step
+    if "--fail-step-on-rank" in argv:          # an error on one rank only
+        _fault_in_third_step(int(argv[argv.index("--fail-step-on-rank") + 1]),
+                             RuntimeError("injected fault in step 3"))
+    if "--interrupt-step-on-rank" in argv:     # Ctrl-C on one rank (KeyboardInterrupt, as the CLI's handler raises)
+        _fault_in_third_step(int(argv[argv.index("--interrupt-step-on-rank") + 1]), KeyboardInterrupt())
     from dflash2_trt.testing import tensorrt_standin as trt
 
     if "--cli" in argv:
