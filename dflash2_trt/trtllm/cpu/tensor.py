@@ -241,19 +241,8 @@ class Tensor(torch.Tensor):
 
     # TensorRT-LLM's Tensor has no in-place operators, so Python's `x += y` makes x + y: the same here (torch's would
     # write into x)
-    def _out_of_place(op):
-        def f(self, other):
-            return getattr(type(self), op)(self, other)
-        f.__name__ = op.replace("__", "__i", 1)
-        return f
-
-    __iadd__ = _out_of_place("__add__")
-    __isub__ = _out_of_place("__sub__")
-    __imul__ = _out_of_place("__mul__")
-    __itruediv__ = _out_of_place("__truediv__")
-    __ifloordiv__ = _out_of_place("__floordiv__")
-    __imod__ = _out_of_place("__mod__")
-    del _out_of_place
+    __iadd__, __isub__, __imul__ = __add__, __sub__, __mul__
+    __itruediv__, __ifloordiv__, __imod__ = __truediv__, __floordiv__, __mod__
 
 
 def _not(x):
