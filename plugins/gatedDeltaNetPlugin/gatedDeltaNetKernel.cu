@@ -38,6 +38,21 @@ constexpr int kMatrixThreads = 128;
 constexpr int kSolveThreads = 64;
 
 //! Request owning packed row `row` (< T): the last r with cu[r] <= row (empty requests skipped).
+//! One lane's slice of a staged key / query vector (kSlice floats as float4s in shared memory) into registers.
+template <int32_t kSlice>
+__device__ __forceinline__ void gdnLoadSlice(float (&dst)[kSlice], float4 const* src)
+{
+GDN_UNROLL
+    for (int32_t i4 = 0; i4 < kSlice / 4; ++i4)
+    {
+        float4 const v = src[i4];
+        dst[4 * i4] = v.x;
+        dst[4 * i4 + 1] = v.y;
+        dst[4 * i4 + 2] = v.z;
+        dst[4 * i4 + 3] = v.w;
+    }
+}
+
 __device__ __forceinline__ int32_t requestOfRow(int32_t const* cu, int32_t batch, int64_t row)
 {
     int32_t lo = 0;
@@ -548,15 +563,7 @@ GDN_NO_UNROLL
             {
                 float const decay = sDecay[t];
                 float kv[kSlice];
-GDN_UNROLL
-                for (int32_t i4 = 0; i4 < kSliceQuads; ++i4)
-                {
-                    float4 const k4 = sK[t][slice][i4];
-                    kv[4 * i4] = k4.x;
-                    kv[4 * i4 + 1] = k4.y;
-                    kv[4 * i4 + 2] = k4.z;
-                    kv[4 * i4 + 3] = k4.w;
-                }
+                gdnLoadSlice<kSlice>(kv, sK[t][slice]);
 GDN_UNROLL
                 for (int32_t q = 0; q < kRecCols; ++q)
                     gdnSliceFold<kSlice>(s[q], kv, decay, sV[t][jl[q]]);
@@ -628,15 +635,7 @@ GDN_NO_UNROLL
             float const decay = sDecay[t];
             float const beta = sBeta[t];
             float kv[kSlice];
-GDN_UNROLL
-            for (int32_t i4 = 0; i4 < kSliceQuads; ++i4)
-            {
-                float4 const k4 = sK[t][slice][i4];
-                kv[4 * i4] = k4.x;
-                kv[4 * i4 + 1] = k4.y;
-                kv[4 * i4 + 2] = k4.z;
-                kv[4 * i4 + 3] = k4.w;
-            }
+            gdnLoadSlice<kSlice>(kv, sK[t][slice]);
             float part[kRecCols];
 GDN_UNROLL
             for (int32_t q = 0; q < kRecCols; ++q)
@@ -652,15 +651,7 @@ GDN_UNROLL
             for (int32_t q = 0; q < kRecCols; ++q)
                 gdnSliceUpdate<kSlice>(s[q], kv, part[q]);
             float qv[kSlice];
-GDN_UNROLL
-            for (int32_t i4 = 0; i4 < kSliceQuads; ++i4)
-            {
-                float4 const q4 = sQ[t][slice][i4];
-                qv[4 * i4] = q4.x;
-                qv[4 * i4 + 1] = q4.y;
-                qv[4 * i4 + 2] = q4.z;
-                qv[4 * i4 + 3] = q4.w;
-            }
+            gdnLoadSlice<kSlice>(qv, sQ[t][slice]);
 GDN_UNROLL
             for (int32_t q = 0; q < kRecCols; ++q)
             {
