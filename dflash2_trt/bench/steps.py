@@ -203,14 +203,20 @@ def _label_of(event) -> str | None:
     return None
 
 
+def device_events(events) -> list:
+    """The GPU activities of a profile (kernels, copies, sets), not the component labels' own ranges."""
+    cuda = torch.autograd.DeviceType.CUDA
+    return [e for e in events if e.device_type == cuda and not e.name.startswith("dflash2::")
+            and not getattr(e, "is_user_annotation", False)]
+
+
 def _kernel_split_ms(prof, steps: int) -> tuple[float, dict]:
     """(kernel time per step, per component) from a profile of ``steps`` steps taken under component_scopes: every
     kernel the GPU ran counts once; one launched by a torch op goes to the component whose scope encloses that op,
     a plugin kernel (launched from the plugins' library) to its plugin's component (:data:`PLUGIN_KERNELS`)."""
     cuda = torch.autograd.DeviceType.CUDA
     events = prof.events()
-    device = [e for e in events if e.device_type == cuda and not e.name.startswith("dflash2::")
-              and not getattr(e, "is_user_annotation", False)]
+    device = device_events(events)
     total = sum(e.time_range.elapsed_us() for e in device)
     per: dict = defaultdict(float)
     linked_plugin: dict = defaultdict(float)
@@ -277,34 +283,39 @@ def graph_replay_ms(engine: StandinEngine, feed: dict, steps: int) -> float:   #
     return ms
 
 
-def graph_point(engine: StandinEngine, concurrency: int, context_len: int, *, steps: int = 10,
-                token: int = 1) -> dict:   # pragma: no cover - CUDA only
-    """``{"graph_ms": ...}`` for the step :func:`measure` times, or ``{"graph_error": CUDA's reason}``."""
+@contextlib.contextmanager
+def generation_feed(engine: StandinEngine, concurrency: int, context_len: int, token: int = 1):
+    """The feed of one generation step of ``concurrency`` requests at ``context_len`` committed tokens (placed with
+    ``Runtime.adopt``, released on exit): the step :func:`measure` and :func:`graph_point` time."""
     rt = Runtime(engine, max_batch_size=concurrency)
     reqs = [rt.adopt(Request([token] * context_len, 32, seed=i, task_id=i), token) for i in range(concurrency)]
     try:
-        feed = rt.step_inputs([], rt.generating)
-        engine.step(feed)
-        return {"graph_ms": graph_replay_ms(engine, feed, steps)}
-    except Exception as e:  # noqa: BLE001 - why the step cannot be captured is the result
-        # torch's graph context ends the capture on the way out, and that error replaces the first: name the chain
-        chain, x = [], e
-        while x is not None and len(chain) < 4:
-            chain.append(f"{type(x).__name__}: {x}"[:400])
-            x = x.__context__
-        return {"graph_error": " <- ".join(reversed(chain))[:1200]}
+        yield rt.step_inputs([], rt.generating)
     finally:
         for r in reqs:
             rt.cancel(r)
 
 
+def graph_point(engine: StandinEngine, concurrency: int, context_len: int, *, steps: int = 10,
+                token: int = 1) -> dict:   # pragma: no cover - CUDA only
+    """``{"graph_ms": ...}`` for the step :func:`measure` times, or ``{"graph_error": CUDA's reason}``."""
+    with generation_feed(engine, concurrency, context_len, token) as feed:
+        try:
+            engine.step(feed)
+            return {"graph_ms": graph_replay_ms(engine, feed, steps)}
+        except Exception as e:  # noqa: BLE001 - why the step cannot be captured is the result
+            # torch's graph context ends the capture on the way out, and that error replaces the first: the chain
+            chain, x = [], e
+            while x is not None and len(chain) < 4:
+                chain.append(f"{type(x).__name__}: {x}"[:400])
+                x = x.__context__
+            return {"graph_error": " <- ".join(reversed(chain))[:1200]}
+
+
 def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps: int = 10, warmup: int = 3,
             profile_steps: int = 2, token: int = 1) -> dict:
     """One point: ``concurrency`` requests generating at ``context_len``; see the module docstring."""
-    rt = Runtime(engine, max_batch_size=concurrency)
-    reqs = [rt.adopt(Request([token] * context_len, 32, seed=i, task_id=i), token) for i in range(concurrency)]
-    try:
-        feed = rt.step_inputs([], rt.generating)
+    with generation_feed(engine, concurrency, context_len, token) as feed:
         for _ in range(warmup):
             engine.step(feed)
         _sync(engine)
@@ -324,10 +335,7 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
                         engine.step(feed)
                     _sync(engine)
                 try:
-                    cuda = torch.autograd.DeviceType.CUDA
-                    point["kernels_per_step"] = sum(
-                        1 for e in prof.events() if e.device_type == cuda and not e.name.startswith("dflash2::")
-                        and not getattr(e, "is_user_annotation", False)) / profile_steps
+                    point["kernels_per_step"] = len(device_events(prof.events())) / profile_steps
                     busy, comp = _kernel_split_ms(prof, profile_steps)
                     point["gpu_busy_ms"], point["components_ms"] = busy, comp
                 except (AttributeError, TypeError) as e:   # a profiler without these fields: the spans remain
@@ -341,9 +349,6 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
         spans["rest"] = max(wall - sum(spans.values()), 0.0)
         point["spans_ms"] = {k: spans.get(k, 0.0) for k in COMPONENTS}
         return point
-    finally:
-        for r in reqs:
-            rt.cancel(r)
 
 
 def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16,32,64", context_len: int = 1024,

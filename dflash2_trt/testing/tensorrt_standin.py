@@ -373,8 +373,7 @@ class CpuEngineExecutor:
         self.engine, _ = open_standin_engine(Path(ex["engine_dir"]), world=world)
         pre = self.engine.config
         self.layers = self.engine.num_layers
-        kvh = int(pre["num_key_value_heads"])
-        kvh = kvh // tp if kvh >= tp else 1
+        kvh = self.engine.net.local_heads(int(pre["num_key_value_heads"]), tp)
         self.kv = (kvh, int(self.engine.limits["tokens_per_block"]), int(pre["head_size"]))
         self.dtype = str_dtype_to_torch(pre["dtype"])
 

@@ -115,7 +115,7 @@ class StandinEngine:
         self._all_reduce_workspace = torch.zeros(modeling_utils.ALL_REDUCE_POINTERS_PER_RANK * self.tp
                                                  + modeling_utils.ALL_REDUCE_POINTERS_OF_COUNTER, dtype=torch.int64)
         kv_heads = self.config["num_key_value_heads"]
-        local_kv = kv_heads // self.tp if kv_heads >= self.tp else 1
+        local_kv = net.local_heads(kv_heads, self.tp)
         self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype,
                                   device=self.device) if r in self.local_ranks else None for r in range(self.tp)]
         self.layer_offset = target_kv_layers   # drafter KV layers follow the target's

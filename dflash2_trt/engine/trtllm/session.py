@@ -269,7 +269,7 @@ class TrtEngineSession:
         tpb, lim = int(self.limits["tokens_per_block"]), self.limits
         self.kv_dtype = str_dtype_to_torch(pre["dtype"])
         kvh = int(pre["num_key_value_heads"])
-        self.kv_heads = kvh // self.tp if kvh >= self.tp else 1
+        self.kv_heads = net.local_heads(kvh, self.tp)
         self.head_size = int(pre["head_size"])
         self.tokens_per_block = tpb
         self._windows = layer_windows(net, pre, int(lim["max_seq_len"]))
