@@ -56,9 +56,10 @@ class StandinEngine:
 
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path | None, limits: dict, *,
                  num_blocks: int | None = None, backend: str = "cpu", weights: str = "checkpoint", seed: int = 0,
-                 world: comm.World | None = None):
+                 world: comm.World | None = None, device=None):
         self.backend = backend
-        self.device = engine_device(backend)
+        # device: only the capture check's "meta" engine of the cuda backend (engine/standin/capture.py)
+        self.device = engine_device(backend) if device is None else torch.device(device)
         if self.device.type == "cuda":
             from ...trtllm.cuda.plugin_lib import cuda_plugin_lib
 
@@ -251,9 +252,9 @@ class StandinEngine:
 def placed_inputs(feed: dict, device, copies: dict | None = None) -> dict:
     """The bound feed as the network receives it: each input a network input in the memory the contract gives it
     (``engine_io.yaml`` memory): host inputs stay in host memory (the per-layer state pointers too), every other
-    input goes to the engine's ``device``, as TensorRT places an engine's bindings, keeping its host values beside
-    it. ``copies``: name -> (host tensor, its version, device copy) of earlier steps; a runtime tensor handed again
-    unchanged (the same object, not written since: e.g. ``cache_indirection``) reuses its device copy."""
+    input goes to the engine's ``device``, as TensorRT places an engine's bindings. ``copies``: name -> (host tensor,
+    its version, device copy) of earlier steps; a runtime tensor handed again unchanged (the same object, not written
+    since: e.g. ``cache_indirection``) reuses its device copy."""
     memory = _input_memory()
     out = {}
     for k, v in feed.items():
@@ -268,7 +269,7 @@ def placed_inputs(feed: dict, device, copies: dict | None = None) -> dict:
             on = v.to(device, non_blocking=True)
             if copies is not None and torch.device(device).type != "cpu":
                 copies[k] = (v, v._version, on)
-        out[k] = network_input(on, k, where, host_value=v)
+        out[k] = network_input(on, k, where)
     return out
 
 

@@ -47,7 +47,9 @@ from . import comm
 from .tensor import (  # noqa: F401 - TensorRT-LLM's functional names
     Tensor, add, div, eq, floordiv, gt, lt, maximum, minimum, mul, op_and, op_or, raw, sub, wrap,
 )
-from .tensor import align, check_same_dtype, const_tensor, const_tensors, current_device   # the stand-in's own helpers
+from .tensor import (  # the stand-in's own helpers
+    align, check_same_dtype, const_tensor, const_tensors, current_device, scalar,
+)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "int32": torch.int32, "int64": torch.int64, "bool": torch.bool, "int8": torch.int8}
@@ -204,7 +206,7 @@ def _index(t, what):
 
 def gather(input: Tensor, dim: int, indices) -> Tensor:
     if isinstance(indices, int):
-        indices = torch.tensor([indices], dtype=torch.int32, device=input.device)
+        indices = scalar(indices, torch.int32, input.device)
     if input.dim() != indices.dim():
         raise ValueError(f"gather: input and indices must have the same rank ({input.dim()} vs {indices.dim()})")
     x, idx = align(raw(input), _index(indices, "gather"))

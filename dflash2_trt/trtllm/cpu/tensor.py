@@ -50,14 +50,24 @@ def on_device(device):
 
 
 def align(*xs):
-    """The operands of one op on one device: when any tensor among ``xs`` is on a GPU, the CPU tensors among them
-    (shape tensors, host inputs, small constants) are copied there; anything else is returned as it is."""
+    """The operands of one op on one device: when any tensor among ``xs`` is on a device (a GPU, or ``meta`` in the
+    capture check), the CPU tensors among them are brought there. A one-value CPU tensor that is not a host input of
+    the engine (a shape value, a bound, a 0-D constant) becomes the device constant of that value, made once
+    (:func:`scalar`: a fill kernel, no copy), as TensorRT turns a shape computation into the values its layers
+    read; anything else (a host input read by a device op) is copied. Nothing else is returned changed."""
     dev = next((x.device for x in xs if isinstance(x, torch.Tensor) and x.device.type != "cpu"), None)
     if dev is None:
         return xs
+    return tuple(_to_device(x, dev) if isinstance(x, torch.Tensor) and x.device != dev else x for x in xs)
+
+
+def _to_device(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    host_input = getattr(x, "is_network_input", False)
+    x = raw(x)
+    if x.device.type == "cpu" and x.numel() == 1 and not host_input:
+        return scalar(x.reshape(-1)[0].item(), x.dtype, dev).reshape(x.shape)
     # non_blocking: a host-to-device copy from pageable memory is staged at once, without waiting for the stream
-    return tuple(raw(x).to(dev, non_blocking=True) if isinstance(x, torch.Tensor) and x.device != dev else x
-                 for x in xs)
+    return x.to(dev, non_blocking=True)
 
 
 _SCALARS: dict = {}
@@ -267,23 +277,11 @@ def wrap(x):
     return x
 
 
-def network_input(x: torch.Tensor, name: str, location: str, host_value: torch.Tensor | None = None) -> Tensor:
-    """A tensor bound to engine input ``name`` in ``location`` memory (what the runtime hands the engine).
-    ``host_value``: the runtime's host copy of a device input (the stand-in's paged attention plans a step on the
-    host from it instead of reading the device back)."""
+def network_input(x: torch.Tensor, name: str, location: str) -> Tensor:
+    """A tensor bound to engine input ``name`` in ``location`` memory (what the runtime hands the engine)."""
     t = torch.Tensor.as_subclass(torch.as_tensor(x), Tensor)
     t.location, t.is_network_input, t.input_name = location, True, name
-    t.host_value = host_value
     return t
-
-
-def host_copy(t):
-    """A tensor's values in host memory: its runtime host copy when it is a device network input that has one,
-    else a copy (which waits for the device); None stays None."""
-    if t is None:
-        return None
-    hv = getattr(t, "host_value", None)
-    return hv if hv is not None else raw(t).cpu()
 
 
 # ---- TensorRT-LLM's conversion rules for Python scalars and the elementwise ops (functional.py:
