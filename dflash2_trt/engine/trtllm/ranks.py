@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from ...errors import Terminated
 
@@ -76,6 +77,9 @@ def _abort(comm, what: str, exc: BaseException):
     code = 143 if isinstance(exc, Terminated) else 130 if isinstance(exc, KeyboardInterrupt) else 1
     text = "stopped" if code != 1 else f"{type(exc).__name__}: {exc}"
     print(f"error: tp rank {comm.Get_rank()} {what}: {text} (aborting every rank)", file=sys.stderr, flush=True)
+    # the launcher relays a rank's stderr through its proxy, which MPI_Abort ends: give it a moment to pass the line
+    # on (under load it was lost: the job ended with the right status and no message)
+    time.sleep(0.3)
     comm.Abort(code)
     os._exit(code)   # MPICH's MPI_Abort can return before the launcher's kill arrives: never run on
 
