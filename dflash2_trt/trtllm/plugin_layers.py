@@ -94,13 +94,15 @@ class CudaPlugins:
         self._libs: dict = {}
 
     def _lib(self, device=None):
-        """The CUDA build for ``device``'s architecture, looked up once per device."""
-        key = None if device is None else device.index
+        """The CUDA build for ``device``'s architecture, looked up once per device (on the ``meta`` device of the
+        capture check, the library's Python side without kernels: ``ShapeOnlyPluginLib``)."""
+        key = None if device is None else (device.type, device.index)
         lib = self._libs.get(key)
         if lib is None:
-            from .cuda.plugin_lib import cuda_plugin_lib, device_arch
+            from .cuda.plugin_lib import ShapeOnlyPluginLib, cuda_plugin_lib, device_arch
 
-            lib = self._libs[key] = cuda_plugin_lib(device_arch(device))
+            lib = self._libs[key] = ShapeOnlyPluginLib() if device is not None and device.type == "meta" else \
+                cuda_plugin_lib(device_arch(device))
         return lib
 
     @_io

@@ -113,3 +113,37 @@ def test_bench_steps_runs_on_the_gpu():
         sp = p["speculative"]
         assert sp["gpu_busy_ms"] > 0 and set(sp["components_ms"]) == set(COMPONENTS)
         assert sp["components_ms"]["gdn"] > 0 and sp["components_ms"]["selector"] > 0
+
+
+def test_a_captured_generation_step_replays_the_eager_step(tmp_path):
+    """What the capture check (engine/standin/capture.py, on the meta device) claims, on the GPU: a warm generation
+    step of the tiny pair is captured in a CUDA graph and its replay gives the eager step's outputs bit for bit (the
+    qwen3 pair has no recurrent state: repeating a step rewrites the same K/V and changes nothing)."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.bench.steps import generation_feed
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+
+    pair = trained_pair("qwen3")
+    build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "e", backend="cuda", target_key="tiny", verify=False,
+                 overrides={"tokens_per_block": 16, "max_batch_size": 4})
+    eng, _ = open_standin_engine(tmp_path / "e")
+    try:
+        with generation_feed(eng, 3, 20) as feed:
+            eager = [{k: v.clone() for k, v in eng.run_step(feed)[0].items()} for _ in range(2)]
+            assert all(torch.equal(eager[0][k], eager[1][k]) for k in eager[0]), "the step is not repeatable"
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                eng.run_step(feed)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = eng.run_step(feed)[0]
+            for _ in range(2):
+                graph.replay()
+            torch.cuda.synchronize()
+            for k, v in eager[0].items():
+                assert torch.equal(outs[k], v), k
+    finally:
+        eng.close()

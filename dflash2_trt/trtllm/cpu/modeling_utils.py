@@ -82,10 +82,13 @@ class PretrainedModel(Module):
         path = Path(ckpt_dir) / f"rank{rank}.safetensors"
         config.set_rank(rank)
         model = cls(config)
+        dev = current_device()   # the engine's device (tensor.on_device)
         try:
-            weights = load_file(str(path), device=str(current_device()))   # the engine's device (tensor.on_device)
+            weights = load_file(str(path), device="cpu" if dev.type == "meta" else str(dev))
         except Exception as exc:  # safetensors raises several types
             raise CheckpointError(f"cannot read rank weights: {exc}", file=path) from None
+        if dev.type == "meta":   # the capture check's engine: shapes and dtypes, no values
+            weights = {k: v.to(dev) for k, v in weights.items()}
         skip = tuple(getattr(cls, "ignored_weight_prefixes", ()))   # e.g. the target-only baseline: no drafter
         model.load({k: v for k, v in weights.items() if not (skip and k.startswith(skip))}, source=path)
         return model

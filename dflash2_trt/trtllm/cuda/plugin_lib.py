@@ -196,10 +196,10 @@ class CudaPluginLib:
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
                 raise PluginRunError(f"{plugin}: input {i} is {type(t).__name__}, not a tensor")
-            want_cuda = i not in host
-            if t.is_cuda != want_cuda:
+            want_device = i not in host
+            if (t.device.type != "cpu") != want_device:
                 raise PluginRunError(f"{plugin}: input {i} is on {t.device}; the plugin reads it in "
-                                     f"{'device' if want_cuda else 'host'} memory")
+                                     f"{'device' if want_device else 'host'} memory")
             out.append(t.contiguous())
         return out
 
@@ -305,6 +305,30 @@ class CudaPluginLib:
                                                ctypes.c_int64(self._stream(ins[0])), msg, _MSG_LEN)
         self._check(plugin, rc, msg)
         return tuple(outs)
+
+
+class _NoKernels:
+    """What :class:`ShapeOnlyPluginLib` has for a loaded library: every ``df2_cuda_*`` entry point accepts its
+    arguments and does nothing (status 0, no workspace)."""
+
+    def __getattr__(self, name):
+        if not name.startswith("df2_cuda_"):
+            raise AttributeError(name)
+        return lambda *args: 0
+
+
+class ShapeOnlyPluginLib(CudaPluginLib):
+    """:class:`CudaPluginLib` with no kernels behind it, for tensors on the ``meta`` device (the capture check,
+    ``engine/standin/capture.py``): the same Python side (where each input must be, the outputs and workspace it
+    allocates, their shapes and dtypes) without the library's validation and launches. Its outputs hold no
+    values."""
+
+    def __init__(self):
+        self.path, self.lib = None, _NoKernels()
+
+    @staticmethod
+    def _stream(t: torch.Tensor) -> int:
+        return 0
 
 
 _LIB: dict[str, CudaPluginLib] = {}
