@@ -138,3 +138,16 @@ def test_host_bounds_cover_the_exact_sizes():
     for k in ("req", "local", "pos", "past", "n", "total", "allowed"):
         assert torch.equal(exact[k], bound[k]), k
     assert bound["host_total"].tolist() == [9, 11, 7]     # the second generation request: 3 + width 4 (it owns 2)
+
+
+def test_an_engine_stepping_ranks_as_threads_is_refused(recorded, tmp_path_factory):
+    """The dispatch hook sees only the thread it runs on, and a tp engine of the stand-in steps its ranks as threads:
+    the check refuses it rather than calling its copies absent."""
+    pair = trained_pair("qwen3")
+    d = EngineCache(pair, "tiny", tmp_path_factory, verify=False)(4, tp=2)
+    meta = open_meta_engine(d)
+    try:
+        with pytest.raises(ValueError, match="one rank per engine"):
+            check_step(meta, recorded["qwen3"][1][0][0])
+    finally:
+        meta.close()

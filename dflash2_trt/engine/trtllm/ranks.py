@@ -79,7 +79,10 @@ def _abort(comm, what: str, exc: BaseException):
     print(f"error: tp rank {comm.Get_rank()} {what}: {text} (aborting every rank)", file=sys.stderr, flush=True)
     # the launcher relays a rank's stderr through its proxy, which MPI_Abort ends: give it a moment to pass the line
     # on (under load it was lost: the job ended with the right status and no message)
-    time.sleep(0.3)
+    try:
+        time.sleep(0.3)
+    except BaseException:   # a second stop signal in the pause: abort all the same
+        pass
     comm.Abort(code)
     os._exit(code)   # MPICH's MPI_Abort can return before the launcher's kill arrives: never run on
 

@@ -157,6 +157,8 @@ class KVCachePool:
         tpb = self.tokens_per_block
         data = self.view(k.shape[1], k.shape[2])
         blk, slot = positions // tpb, positions % tpb
+        if self.data.device.type != "cpu":   # a position past the table (a discarded draft) must not read past it
+            blk = blk.clamp(max=offsets.shape[-1] - 1)
         for kv, val in ((0, k), (1, v)):
             rows = offsets[req, kv, blk].long() + 2 * layer
             if self.data.device.type == "cpu":   # on a device the host copy of the offsets was checked (check_host_offsets)
