@@ -908,9 +908,12 @@ def test_gpt_attention_paged_multi_call_fp32(H, Hkv):
     assert (sim.pool.data[:, 1] == 0).all()                   # layer 1 untouched ([blocks, layers, 2, ...])
 
 
-def test_gpt_attention_context_past_kv_length_is_ignored():
+def test_gpt_attention_context_past_kv_length_sizes_but_does_not_place():
     """A context chunk's host_past_key_value_lengths holds chunk start + chunk length in TensorRT-LLM (== its
-    sequence_length): the chunk's start comes from sequence_length - host_context_lengths, whatever it holds."""
+    sequence_length). The chunk's start comes from sequence_length - host_context_lengths; the plugin only sizes
+    its key range from host_past_key_value_lengths (max over the part, api_1_2.yaml
+    gpt_attention_plugin_launch_sizes). So a larger value changes nothing, and one below the part's longest
+    sequence is refused on the CPU (a device plan, sized from it, would drop keys)."""
     sim = PagedSim(H=4, Hkv=2, D=8, rot=8, tpb=3, seed=11)
     sim.step([{"id": "a", "n": 5, "gen": False}, {"id": "b", "n": 4, "gen": False}])
     reqs = [{"id": "a", "n": 4, "gen": False}, {"id": "c", "n": 3, "gen": False},
@@ -922,10 +925,13 @@ def test_gpt_attention_context_past_kv_length_is_ignored():
     assert kw["host_context_lengths"].tolist() == [4, 3, 4]                # b: prompt + K (K = 0), not 1
     saved = sim.pool.data.clone()
     outs, pools = [], []
-    for hpkv in ([9, 3, 4], [5, 0, 4], [0, 0, 4], [10**6, 7, 4]):          # stock, chunk start, garbage
+    for hpkv in ([9, 3, 4], [9, 0, 4], [10**6, 7, 4]):        # stock, a short chunk's below its length, larger
         sim.pool.data.copy_(saved)
         outs.append(gpt_attention(**{**kw, "host_past_key_value_lengths": torch.tensor(hpkv, dtype=torch.int32)})[0])
         pools.append(sim.pool.data.clone())
+    for hpkv in ([5, 0, 4], [0, 0, 4], [9, 3, 0]):              # the chunk starts; a generation request's too short
+        with pytest.raises(ValueError, match="host_past_key_value_lengths gives them"):
+            gpt_attention(**{**kw, "host_past_key_value_lengths": torch.tensor(hpkv, dtype=torch.int32)})
     for o, d in zip(outs[1:], pools[1:]):
         assert torch.equal(o, outs[0]) and torch.equal(d, pools[0])
     refs = sim.reference(kw, reqs, past, 0, AttentionMaskType.causal, False)
@@ -991,7 +997,8 @@ def test_gpt_attention_bidirectional_rotary_dim_window_and_layer_mapping():
     sim = PagedSim(H=4, Hkv=2, D=8, rot=4, tpb=4, seed=5, windows=(10_000, 3), mapping=((0, 1), (0, 0)),
                    base=500.0)
     sim.step([{"id": "a", "n": 9, "gen": False}, {"id": "b", "n": 2, "gen": False}], layer_idx=1)
-    sim.step([{"id": "a", "n": 3, "gen": False}], layer_idx=1, ctx_past_kv=12345)   # chunk under the window
+    sim.step([{"id": "a", "n": 3, "gen": False}], layer_idx=1, ctx_past_kv=12345)   # chunk under the window (a
+    # larger host_past_key_value_lengths only sizes the key range: nothing changes)
     sim.step([{"id": "b", "n": 5, "gen": False}], layer_idx=1, mask_type=AttentionMaskType.bidirectional)
     cm, co = _chain(3)
     sim.step([{"id": "a", "n": 3, "gen": True, "mask": cm, "offsets": co}], layer_idx=1, spec=True)
@@ -1010,7 +1017,9 @@ def test_gpt_attention_bidirectional_rotary_dim_window_and_layer_mapping():
 def test_gpt_attention_no_rope_and_rotary_dim_zero():
     sim = PagedSim(H=2, Hkv=1, D=4, rot=4, tpb=2, seed=6, pos_type=PositionEmbeddingType.learned_absolute)
     sim.step([{"id": "a", "n": 5, "gen": False}])
-    sim.step([{"id": "a", "n": 2, "gen": False}], ctx_past_kv="start")    # the chunk start there: also ignored
+    sim.step([{"id": "a", "n": 2, "gen": False}])
+    with pytest.raises(ValueError, match="host_past_key_value_lengths"):   # the chunk start there: refused
+        sim.step([{"id": "c", "n": 2, "gen": False}, {"id": "a", "n": 2, "gen": False}], ctx_past_kv="start")
 
 
 def test_gpt_attention_bf16():
@@ -1097,9 +1106,11 @@ def test_gpt_attention_errors():
     with pytest.raises(IndexError, match="outside the pool"):
         _small_call(kv_cache_block_offsets=torch.tensor([[[[-2], [-1]]]], dtype=torch.int32))
     with pytest.raises(IndexError, match="block offsets"):      # 5 tokens, 4 per block, one offset
-        _small_call(qkv=torch.randn(5, 16), sequence_length=torch.tensor([5]), host_context_lengths=torch.tensor([5]))
+        _small_call(qkv=torch.randn(5, 16), sequence_length=torch.tensor([5]), host_context_lengths=torch.tensor([5]),
+                    host_past_key_value_lengths=torch.tensor([5]))
     with pytest.raises(IndexError, match="block offsets"):      # a 1-token chunk at 4: block 1, no offset
-        _small_call(qkv=torch.randn(1, 16), sequence_length=torch.tensor([5]), host_context_lengths=torch.tensor([1]))
+        _small_call(qkv=torch.randn(1, 16), sequence_length=torch.tensor([5]), host_context_lengths=torch.tensor([1]),
+                    host_past_key_value_lengths=torch.tensor([5]))
     with pytest.raises(ValueError, match="qkv must be"):
         _small_call(qkv=torch.randn(3, 15))
     with pytest.raises(ValueError, match="qkv must be"):

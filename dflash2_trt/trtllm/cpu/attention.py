@@ -353,17 +353,30 @@ def _batch_plan(T, sequence_length, context_lengths, host_request_types, host_co
         if spec_gen and spec_decoding_packed_mask.shape[0] < int(n[n_ctx:].sum()):
             raise ValueError(f"gpt_attention: spec_decoding_packed_mask has {spec_decoding_packed_mask.shape[0]} rows, "
                              f"the generation requests have {int(n[n_ctx:].sum())} tokens")
+    # the plugin's launch sizes: max_past_kv_length = max(host_past_key_value_lengths) of each part (a context chunk's
+    # is chunk start + chunk length, a generation request's its committed length, to which its up to `width` new
+    # tokens come), the longest context chunk or the generation width
+    hp = torch.as_tensor(host_past_key_value_lengths).reshape(-1).long()[:bs]
+    if hp.shape[0] < bs:
+        raise ValueError(f"gpt_attention: host_past_key_value_lengths has {hp.shape[0]} entries for {bs} requests")
+    L_host = max(_host_max(hp, 0, n_ctx), _host_max(hp, n_ctx, bs) + width if n_g else 0, 1)
+    N_host = max(_host_max(host_ctx, 0, n_ctx) if n_ctx else 0, width if n_g else 0, 1)
+    if exact:
         L, N = int(total.max()), int(n.max())
         host_total = total
+        # what a device (and the real plugin) sizes from must cover what the values say, or it would drop keys there
+        for part, lo, hi, extra in (("context", 0, n_ctx, 0), ("generation", n_ctx, bs, width)):
+            if hi > lo and _host_max(hp, lo, hi) + extra < int(total[lo:hi].max()):
+                raise ValueError(f"gpt_attention: the {part} requests reach {int(total[lo:hi].max())} tokens, but "
+                                 f"host_past_key_value_lengths gives them {_host_max(hp, lo, hi) + extra} (the plugin "
+                                 f"sizes its key range from it: max over the part"
+                                 f"{' plus the spec-decoding width' if extra else ''})")
+        if n_ctx and context_lengths is not None and not torch.equal(
+                torch.as_tensor(context_lengths).reshape(-1)[:n_ctx].long(), host_ctx[:n_ctx]):
+            raise ValueError("gpt_attention: context_lengths (device) and host_context_lengths differ for a context "
+                             "request (the plugin reads the device copy in its kernels, the host one for its sizes)")
     else:
-        # the plugin's launch sizes: max_past_kv_length = max(host_past_key_value_lengths) of each part (a context
-        # chunk's is chunk start + chunk length, a generation request's its committed length, to which its up to
-        # `width` new tokens come), the longest context chunk or the generation width
-        hp = torch.as_tensor(host_past_key_value_lengths).reshape(-1).long()[:bs]
-        if hp.shape[0] < bs:
-            raise ValueError(f"gpt_attention: host_past_key_value_lengths has {hp.shape[0]} entries for {bs} requests")
-        L = max(_host_max(hp, 0, n_ctx), _host_max(hp, n_ctx, bs) + width if n_g else 0, 1)
-        N = max(_host_max(host_ctx, 0, n_ctx) if n_ctx else 0, width if n_g else 0, 1)
+        L, N = L_host, N_host
         host_total = torch.cat([hp[:n_ctx], hp[n_ctx:] + width])
     # Vectorised over the batch: every token knows its request and its index among the request's new tokens.
     cum = torch.cumsum(n, 0)
