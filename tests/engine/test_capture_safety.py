@@ -151,3 +151,41 @@ def test_an_engine_stepping_ranks_as_threads_is_refused(recorded, tmp_path_facto
             check_step(meta, recorded["qwen3"][1][0][0])
     finally:
         meta.close()
+
+
+@pytest.mark.parametrize("family,key", FAMILIES)
+def test_a_graph_captured_at_one_generation_step_replays_the_later_ones(family, key, tmp_path_factory):
+    """A bucketed CUDA graph holds the host values its capture read. On the CPU engine, every later generation step of
+    the same shapes computed with the first one's host inputs (its own device inputs) gives exactly its own outputs,
+    from the same pool and slots, once the attention's key range is fixed for the bucket
+    (capture.replay_with_host_inputs_of). Without the fixed range the first step's host_past_key_value_lengths size
+    the later steps' attention too short, and the check sees it."""
+    from dflash2_trt.engine.standin.capture import replay_with_host_inputs_of
+
+    pair = trained_pair(family)
+    d = EngineCache(pair, key, tmp_path_factory, verify=False)(4)
+    eng, _ = open_standin_engine(d)
+    bucket = int(eng.limits["max_seq_len"])
+    first, checked, short = None, [], []
+    orig = eng.step
+
+    def spy(feed):
+        nonlocal first
+        if set(feed["host_request_types"].tolist()) == {1} and feed["host_request_types"].numel() == 3:
+            if first is None:
+                first = dict(feed)
+            elif all(tuple(first[k].shape) == tuple(v.shape) for k, v in feed.items()):
+                checked.append(replay_with_host_inputs_of(eng, first, feed, key_range=bucket)["differs"])
+                short.append(replay_with_host_inputs_of(eng, first, feed, key_range=0)["differs"])
+        return orig(feed)
+
+    eng.step = spy
+    try:
+        reqs = [Request(list(p), 24, task_id=i) for i, p in enumerate(shipped_prompts(pair, 3))]
+        Runtime(eng, max_batch_size=3).generate(reqs)
+    finally:
+        eng.step = orig
+        eng.close()
+    assert len(checked) >= 3, len(checked)
+    assert all(diff == [] for diff in checked), checked
+    assert any("logits" in diff or (diff and diff[0].startswith("error:")) for diff in short), short

@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..format import load_engine_dir
-from .engine import StandinEngine, limits_from
+from .engine import StandinEngine, input_memory, limits_from
 
 _HERE = Path(__file__).resolve().parents[2]          # the dflash2_trt package
 
@@ -121,3 +121,61 @@ def check_step(engine: StandinEngine, feed: dict, *, warm: bool = True) -> StepC
             raise
         res.read = f"{type(e).__name__}: {msg[:200]} at {_site(traceback.extract_tb(e.__traceback__))}"
     return res
+
+
+def replay_with_host_inputs_of(engine: StandinEngine, captured: dict, later: dict, *, key_range: int) -> dict:
+    """What a CUDA graph captured for step ``captured`` computes when it is replayed for step ``later``: ``later``'s
+    device inputs (a replay reads the buffers they are copied into) with ``captured``'s host inputs (a graph keeps
+    what its capture read on the host: the attention's sizes, the plugins' host inputs). Both ways on a CPU
+    ``engine``, from the same KV pool and state slots, sized as a device sizes (the attention's host bounds, its key
+    range fixed at ``key_range``, :func:`~dflash2_trt.trtllm.cpu.attention.key_range`). Returns ``{"eager": outputs,
+    "replayed": outputs, "differs": [output names]}`` (or one ``"error: ..."`` entry when the replayed step fails):
+    a bucketed graph is sound only where ``differs`` is empty.
+    The two steps must have the same device-input shapes (one bucket), else ValueError."""
+    from ...trtllm.cpu import attention
+
+    if engine.device.type != "cpu":
+        raise ValueError("replay_with_host_inputs_of runs on a CPU engine")
+    if set(captured) != set(later):
+        raise ValueError("the two steps bind different inputs")
+    for k in later:
+        a, b = captured[k], later[k]
+        if input_memory(k) == "device" and (tuple(a.shape), a.dtype) != (tuple(b.shape), b.dtype):
+            raise ValueError(f"{k}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}: not one bucket")
+    mixed = {k: captured[k] if input_memory(k) == "host" else later[k] for k in later}
+    saved = _state(engine)
+    runs = {}
+    old = attention.DEVICE_BOUNDS_ON_CPU
+    attention.DEVICE_BOUNDS_ON_CPU = True
+    try:
+        for name, feed in (("eager", later), ("replayed", mixed)):
+            _restore(engine, saved)
+            with attention.key_range(key_range):
+                try:
+                    runs[name] = {k: v.clone() for k, v in engine.run_step(feed)[0].items()}
+                except (ValueError, RuntimeError) as e:   # e.g. a NaN from a row whose keys were all cut off
+                    if name == "eager":
+                        raise
+                    runs["differs"] = [f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"]
+                    return runs
+    finally:
+        attention.DEVICE_BOUNDS_ON_CPU = old
+        _restore(engine, saved)
+    runs["differs"] = [k for k in runs["eager"] if not torch.equal(runs["eager"][k], runs["replayed"][k])]
+    return runs
+
+
+def _state(engine: StandinEngine) -> list:
+    """Copies of everything a step writes in the engine: its ranks' KV pools and recurrent-state slots."""
+    return [(pool.data.clone() if pool is not None else None,
+             {layer: (sp.rnn.clone(), sp.conv.clone()) for layer, sp in engine.states[r].items()})
+            for r, pool in enumerate(engine.pools)]
+
+
+def _restore(engine: StandinEngine, saved: list) -> None:
+    for (kv, slots), pool, states in zip(saved, engine.pools, engine.states):
+        if pool is not None:
+            pool.data.copy_(kv)
+        for layer, (rnn, conv) in slots.items():
+            states[layer].rnn.copy_(rnn)
+            states[layer].conv.copy_(conv)

@@ -255,10 +255,9 @@ def placed_inputs(feed: dict, device, copies: dict | None = None) -> dict:
     input goes to the engine's ``device``, as TensorRT places an engine's bindings. ``copies``: name -> (host tensor,
     its version, device copy) of earlier steps; a runtime tensor handed again unchanged (the same object, not written
     since: e.g. ``cache_indirection``) reuses its device copy."""
-    memory = _input_memory()
     out = {}
     for k, v in feed.items():
-        where = memory.get(k, "host" if k.startswith(("rnn_state_ptr_", "conv_state_ptr_")) else "device")
+        where = input_memory(k)
         if where == "host":
             out[k] = network_input(v, k, where)
             continue
@@ -271,6 +270,12 @@ def placed_inputs(feed: dict, device, copies: dict | None = None) -> dict:
                 copies[k] = (v, v._version, on)
         out[k] = network_input(on, k, where)
     return out
+
+
+def input_memory(name: str) -> str:
+    """Where the engine reads input ``name``: "host" or "device" (engine_io.yaml memory; the per-layer state pointers
+    are host inputs)."""
+    return _input_memory().get(name, "host" if name.startswith(("rnn_state_ptr_", "conv_state_ptr_")) else "device")
 
 
 @functools.lru_cache(maxsize=1)

@@ -48,10 +48,12 @@ Returns ``(context [num_tokens, H * D], None)`` (the second output is the non-pa
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
-from collections import OrderedDict
 import itertools
 import threading
+from collections import OrderedDict
 
 import torch
 
@@ -264,6 +266,19 @@ _PLAN_CACHE: "OrderedDict" = OrderedDict()
 DEVICE_BOUNDS_ON_CPU = False
 """Tests only: plan CPU calls with the host-input bounds a device uses (:func:`_batch_plan`) instead of the exact
 sizes the CPU reads from the values."""
+_KEY_RANGE: contextvars.ContextVar[int] = contextvars.ContextVar("dflash2_attention_key_range", default=0)
+
+
+@contextlib.contextmanager
+def key_range(length: int):
+    """Size the key range of every device plan in the enclosed steps to at least ``length`` keys (the bucket a CUDA
+    graph is captured for: its shapes then stay fixed while the requests grow inside it; keys past a request's length
+    are masked). The CPU's exact plans are not affected."""
+    tok = _KEY_RANGE.set(int(length))
+    try:
+        yield
+    finally:
+        _KEY_RANGE.reset(tok)
 
 
 def _host_max(t, lo: int, hi: int) -> int:
@@ -376,7 +391,7 @@ def _batch_plan(T, sequence_length, context_lengths, host_request_types, host_co
             raise ValueError("gpt_attention: context_lengths (device) and host_context_lengths differ for a context "
                              "request (the plugin reads the device copy in its kernels, the host one for its sizes)")
     else:
-        L, N = L_host, N_host
+        L, N = max(L_host, _KEY_RANGE.get()), N_host
         host_total = torch.cat([hp[:n_ctx], hp[n_ctx:] + width])
     # Vectorised over the batch: every token knows its request and its index among the request's new tokens.
     cum = torch.cumsum(n, 0)
@@ -588,7 +603,7 @@ def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_
     rep = H // Hkv
     if mask_type not in (AttentionMaskType.causal, AttentionMaskType.bidirectional):
         raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
-    key = (key_ids, bool(spec), int(mask_type), window, qkv.shape[0], DEVICE_BOUNDS_ON_CPU)
+    key = (key_ids, bool(spec), int(mask_type), window, qkv.shape[0], DEVICE_BOUNDS_ON_CPU, _KEY_RANGE.get())
     hit = _PLAN_CACHE.get(key)
     dev = qkv.device
     if hit is None:
