@@ -440,16 +440,19 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
 @click.option("--runtime", type=click.Choice(["auto", "project", "executor"]), default="auto", show_default=True,
               help="TensorRT-LLM engines: the project runtime over TensorRT or TensorRT-LLM's C++ executor [auto: the "
                    "engine's runtime path, as build --dry-run and engine.json say].")
+@click.option("--cuda-graphs", is_flag=True,
+              help="cuda engines: replay generation steps from CUDA graphs, one per batch shape and 256-token key "
+                   "range (experimental: not yet run on a GPU; docs/gpu.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
-            runtime, as_json) -> None:
+            runtime, cuda_graphs, as_json) -> None:
     """Run prompts through an engine (the project runtime or TensorRT-LLM's executor: in-flight batching); prints
     tokens and acceptance."""
     from .engine.run import render, run_engine
 
     report = run_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                        max_batch_size=max_batch_size, verify=verify, runtime=runtime)
+                        max_batch_size=max_batch_size, verify=verify, runtime=runtime, cuda_graphs=cuda_graphs)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 

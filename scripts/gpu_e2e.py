@@ -8,7 +8,9 @@ Parts (each in its own process with its own time limit, so one failure leaves th
 - ``lossless``: for the shipped tiny pairs (``tiny``, ``tiny-hybrid``, ``tiny-muse``) in float32 and bfloat16:
   ``build --backend cuda`` (the verify gate on in float32), then 32 requests (the 16 shipped prompts, twice, 40 and
   24 new tokens) at concurrency 1 and 16 through the project's runtime on the cuda engine, every output compared
-  token for token with the HF target's own greedy decoding on the same GPU in the same dtype.
+  token for token with the HF target's own greedy decoding on the same GPU in the same dtype; in float32 at the
+  highest level also with generation steps replayed from CUDA graphs (``run --cuda-graphs``), with how many steps
+  were replayed, captured and run eagerly, and why a capture failed.
 - ``steps``: ``bench steps`` for qwen3.8-27b and muse-glimmer-30b (random weights, context ``--context-len``,
   concurrency 1/4/16/32/64): ms per step, speculative and target-only, per component.
 
@@ -120,6 +122,12 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> 
                            "wall_s": wall, "build_s": build_s,
                            "verify_gate": (res.manifest.get("verify") or {}).get("passed") if conc == levels[0]
                            else None}
+                    if dtype == dtypes[0] and conc == levels[-1]:
+                        row["cuda_graphs"] = graphed_run(eng_dir, jobs, eos, conc, want)
+                        g = row["cuda_graphs"]
+                        log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} CUDA graphs: {g['identical']}/{len(jobs)} "
+                            f"identical, {g['replayed']} replayed, {g['captured']} captured, {g['eager']} eager, "
+                            f"{g['tokens'] / g['wall_s']:.0f} tok/s{' failed: ' + '; '.join(g['failed']) if g['failed'] else ''}")
                     if bad and conc == levels[0]:
                         row["diagnosis"] = [near_tie(pair.target_dir, dtype, jobs[i][0], reqs[i].output_ids, want[i])
                                             for i in bad[:4]]
@@ -127,7 +135,8 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> 
                     log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} {row['identical']}/{row['requests']} identical, "
                         f"mean acceptance {row['mean_acceptance']:.2f}, {steps} steps ({mixed} mixed), "
                         f"{row['tokens'] / wall:.0f} tok/s")
-    ok = all(r["identical"] == r["requests"] for r in rows)
+    ok = all(r["identical"] == r["requests"] and r.get("cuda_graphs", {}).get("identical", r["requests"]) == r["requests"]
+             for r in rows)
     doc = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
            "backend": BACKEND, "rows": rows, "all_identical": ok}
     lines = [f"LOSSLESS on {doc['device']} ({BACKEND} backend vs the HF target's greedy decoding on the same device)",
@@ -137,8 +146,37 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> 
         lines.append(f"{r['target']:12s} {r['dtype']:9s} {r['concurrency']:>4} {r['identical']:>4}/{r['requests']:<5}"
                      f" {r['mean_acceptance']:>8.2f} {r['steps']:>5} {r['mixed_steps']:>5}"
                      f" {r['tokens'] / r['wall_s']:>7.0f}  {r['verify_gate']}")
+    for r in rows:
+        g = r.get("cuda_graphs")
+        if g:
+            lines.append(f"CUDA graphs {r['target']:12s} {r['dtype']:9s} c{r['concurrency']:<3d} {g['identical']}/"
+                         f"{r['requests']} identical, {g['replayed']} replayed / {g['captured']} captured / {g['eager']} "
+                         f"eager, {g['tokens'] / g['wall_s']:.0f} tok/s (eager {r['tokens'] / r['wall_s']:.0f})"
+                         + (f", capture failed: {'; '.join(g['failed'])}" if g["failed"] else ""))
     doc["table"] = "\n".join(lines)
     return doc
+
+
+def graphed_run(eng_dir, jobs, eos, conc: int, want) -> dict:
+    """The same requests with generation steps replayed from CUDA graphs (``run --cuda-graphs``; on the cpu backend of
+    the script's own test, the runner's simulated replays)."""
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+    from dflash2_trt.engine.standin.graphs import GraphedSteps
+    from dflash2_trt.runtime import Request, Runtime
+
+    eng, _ = open_standin_engine(eng_dir)
+    try:
+        g = GraphedSteps(eng, simulate=DEVICE != "cuda")
+        reqs = [Request(list(p), n, stop_token_ids=eos, task_id=i, seed=i) for i, (p, n) in enumerate(jobs)]
+        t0 = time.perf_counter()
+        Runtime(g, max_batch_size=conc).generate(reqs)
+        wall = time.perf_counter() - t0
+    finally:
+        eng.close()
+    bad = [i for i, (r, w) in enumerate(zip(reqs, want)) if r.output_ids != w]
+    return {"identical": len(reqs) - len(bad), "mismatched": bad[:8], "replayed": g.stats["replayed"],
+            "captured": g.stats["captured"], "eager": g.stats["eager"], "failed": g.failures(), "wall_s": wall,
+            "tokens": sum(len(r.output_ids) for r in reqs)}
 
 
 _TARGETS: dict = {}

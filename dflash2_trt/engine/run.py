@@ -15,7 +15,7 @@ from .trtllm.runner import run_engine_trtllm
 
 def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
-               progress=None, runtime: str | None = None, trt=None) -> dict:
+               progress=None, runtime: str | None = None, trt=None, cuda_graphs: bool = False) -> dict:
     given = sum(x is not None for x in (prompt_ids, prompt, prompts_file))
     if given != 1:
         raise ConfigError("give exactly one of --prompt-ids, --prompt, --prompts", field="--prompt-ids")
@@ -26,7 +26,11 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     if max_batch_size is not None and max_batch_size < 1:
         raise ConfigError(f"must be >= 1, got {max_batch_size}", field="--max-batch-size")
-    if engine_backend(engine_dir) == "trtllm":   # a GPU machine: the C++ executor or the project runtime over TensorRT
+    backend = engine_backend(engine_dir)
+    if cuda_graphs and backend != "cuda":
+        raise ConfigError(f"CUDA graphs replay the steps of a cuda engine; this is a {backend} engine",
+                          field="--cuda-graphs")
+    if backend == "trtllm":   # a GPU machine: the C++ executor or the project runtime over TensorRT
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                  max_batch_size=max_batch_size, verify=verify, runtime=runtime, trt=trt)
@@ -35,7 +39,7 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
                           field="--runtime")
     return run_standin_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                           max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                          max_batch_size=max_batch_size, verify=verify, progress=progress)
+                          max_batch_size=max_batch_size, verify=verify, progress=progress, cuda_graphs=cuda_graphs)
 
 
 def render(report: dict) -> str:
@@ -50,4 +54,8 @@ def render(report: dict) -> str:
     lines.append(f"{t['requests']} request(s), {t['output_tokens']} tokens in {t['steps']} engine steps "
                  f"(max batch {report['max_batch_size']}), mean acceptance {t['mean_acceptance']:.2f}, "
                  f"{t['output_tokens_per_s'] or 0:.1f} tokens/s")
+    g = report.get("cuda_graphs")
+    if g:
+        lines.append(f"CUDA graphs: {g['replayed']} step(s) replayed, {g['captured']} captured, {g['eager']} eager"
+                     + "".join(f"\n  capture failed (its steps ran eagerly): {why}" for why in g["failed"]))
     return "\n".join(lines)

@@ -147,3 +147,26 @@ def test_a_captured_generation_step_replays_the_eager_step(tmp_path):
                 assert torch.equal(outs[k], v), k
     finally:
         eng.close()
+
+
+def test_run_with_cuda_graphs_gives_the_eager_engines_tokens(tmp_path):
+    """``run --cuda-graphs`` on the hybrid pair (Gated DeltaNet slots, in-flight batching): generation steps replayed
+    from captured graphs give the eager engine's tokens, and steps were replayed."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.standin.run import run_standin_engine
+
+    pair = trained_pair("qwen3_5")
+    build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "e", backend="cuda", target_key="tiny-hybrid",
+                 verify=False, overrides={"tokens_per_block": 16, "max_batch_size": 4})
+    prompts = tmp_path / "p.jsonl"
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    prompts.write_text("".join(f'{{"task_id": {i}, "input_ids": {p}, "output_tokens": 32}}\n'
+                               for i, p in enumerate(shipped_prompts(pair, 6))))
+    eager = run_standin_engine(tmp_path / "e", prompts_file=str(prompts), max_batch_size=4)
+    graphed = run_standin_engine(tmp_path / "e", prompts_file=str(prompts), max_batch_size=4, cuda_graphs=True)
+    g = graphed["cuda_graphs"]
+    assert not g["failed"], g["failed"]
+    assert g["replayed"] >= 5, g
+    assert [r["output_ids"] for r in graphed["requests"]] == [r["output_ids"] for r in eager["requests"]]

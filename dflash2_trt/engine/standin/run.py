@@ -10,13 +10,15 @@ from ...runtime import Request, Runtime
 from ...tokenizer import encode_text
 from ..common import prompt_tokenizer, read_prompts_file, run_report, stop_ids
 from .engine import open_standin_engine
+from .graphs import GraphedSteps
 
 
 def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                    temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
-                   progress=None) -> dict:
+                   progress=None, cuda_graphs: bool = False, simulate_graphs: bool = False) -> dict:
     """Exactly one of ``prompt_ids`` / ``prompt`` / ``prompts_file``, the other options already checked by
-    :func:`dflash2_trt.engine.run.run_engine`."""
+    :func:`dflash2_trt.engine.run.run_engine`. ``cuda_graphs``: generation steps replayed from CUDA graphs
+    (:mod:`.graphs`; ``simulate_graphs``: the same bookkeeping with eager replays, on the CPU, for tests)."""
     engine, man = open_standin_engine(engine_dir, verify=verify)
     try:
         tok = None
@@ -38,11 +40,17 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
                 ids = encode_text(tok, it["prompt"])
             reqs.append(Request(list(ids), it["output_tokens"] or max_new_tokens, temperature=temperature,
                                 seed=seed + i, stop_token_ids=stops, task_id=it["task_id"]))
-        rt = Runtime(engine, max_batch_size=max_batch_size)
+        stepper = GraphedSteps(engine, simulate=simulate_graphs) if cuda_graphs or simulate_graphs else engine
+        rt = Runtime(stepper, max_batch_size=max_batch_size)
         t0 = time.perf_counter()
         rt.generate(reqs, progress=progress)
         wall = time.perf_counter() - t0
-        return run_report(engine_dir, reqs, rt, wall, tok, backend=engine.backend, block_size=engine.K + 1,
-                          tp_size=engine.tp, temperature=temperature)
+        report = run_report(engine_dir, reqs, rt, wall, tok, backend=engine.backend, block_size=engine.K + 1,
+                            tp_size=engine.tp, temperature=temperature)
+        if stepper is not engine:
+            st = stepper.stats
+            report["cuda_graphs"] = {"replayed": st["replayed"], "captured": st["captured"], "eager": st["eager"],
+                                     "failed": stepper.failures(), "simulated": simulate_graphs}
+        return report
     finally:
         engine.close()

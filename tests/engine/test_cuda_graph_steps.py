@@ -1,0 +1,119 @@
+"""``run --cuda-graphs`` (engine/standin/graphs.py): generation steps replayed from graphs captured per bucket.
+
+A CUDA graph cannot run here, so the runner's bookkeeping runs with ``simulate``: each replay computes, eagerly, what
+a replay computes (the host inputs frozen at the capture, the device inputs copied into the captured buffers, the
+attention sized as a device sizes it with the bucket's key range). Through it, every family's requests (greedy and
+sampled, in-flight batching with context, mixed and generation steps) give the plain CPU engine's tokens; a runner
+that froze a device input is caught; and the flag is refused where it cannot apply."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.cli import main
+from dflash2_trt.engine.standin import graphs
+from dflash2_trt.engine.standin.engine import open_standin_engine
+from dflash2_trt.engine.standin.graphs import GraphedSteps
+from dflash2_trt.errors import ConfigError
+from dflash2_trt.runtime import Request, Runtime
+from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompts
+
+FAMILIES = [("qwen3", "tiny"), ("qwen3_5", "tiny-hybrid"), ("muse_glimmer", "tiny-muse")]
+
+
+def _graphed(d, prompts, temperature, **kw):
+    eng, man = open_standin_engine(d)
+    try:
+        g = GraphedSteps(eng, simulate=True, granule=64, **kw)
+        reqs = [Request(list(p), 24, temperature=temperature, seed=i, task_id=i,
+                        stop_token_ids=tuple(man["eos_token_ids"])) for i, p in enumerate(prompts)]
+        Runtime(g, max_batch_size=3).generate(reqs)
+        return reqs, g
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("family,key", FAMILIES)
+def test_replayed_generation_steps_give_the_engines_tokens(family, key, tmp_path_factory):
+    pair = trained_pair(family)
+    d = EngineCache(pair, key, tmp_path_factory, verify=False)(4)
+    prompts = shipped_prompts(pair, 6)
+    for temperature in (0.0, 0.8):
+        want, _ = run_prompts(d, prompts, new=24, max_batch=3, temperature=temperature)
+        got, g = _graphed(d, prompts, temperature)
+        assert [r.output_ids for r in got] == [r.output_ids for r in want], temperature
+        assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in want]
+        st = g.stats
+        assert st["captured"] >= 1 and st["replayed"] >= 5 and st["eager"] >= 3 and not st["failed"], st
+
+
+def test_a_runner_that_froze_a_device_input_is_caught(tmp_path_factory, monkeypatch):
+    """The negative control: were the drafted tokens (a device input) frozen at the capture like a host input, the
+    replays would verify stale drafts and the tokens would change."""
+    pair = trained_pair("qwen3")
+    d = EngineCache(pair, "tiny", tmp_path_factory, verify=False)(4)
+    prompts = shipped_prompts(pair, 6)
+    want, _ = run_prompts(d, prompts, new=24, max_batch=3)
+    real = graphs.input_memory
+    monkeypatch.setattr(graphs, "input_memory", lambda k: "host" if k == "input_ids" else real(k))
+    monkeypatch.setattr(graphs, "GROWING_HOST_INPUTS", graphs.GROWING_HOST_INPUTS + ("input_ids",))   # not bucketed
+    got, g = _graphed(d, prompts, 0.0)
+    assert g.stats["replayed"] >= 5
+    assert [r.output_ids for r in got] != [r.output_ids for r in want]
+
+
+def test_buckets_and_key_ranges(tmp_path_factory):
+    pair = trained_pair("qwen3_5")
+    d = EngineCache(pair, "tiny-hybrid", tmp_path_factory, verify=False)(4)
+    eng, _ = open_standin_engine(d)
+    feeds = []
+    orig = eng.step
+    eng.step = lambda feed: (feeds.append(dict(feed)), orig(feed))[1]
+    try:
+        Runtime(eng, max_batch_size=3).generate([Request(list(p), 12, task_id=i)
+                                                 for i, p in enumerate(shipped_prompts(pair, 4))])
+        g = GraphedSteps(eng, simulate=True, granule=64)
+        kinds = [set(f["host_request_types"].tolist()) for f in feeds]
+        assert all((g.bucket(f) is None) == (k != {1}) for f, k in zip(feeds, kinds))   # only generation steps
+        gen = [f for f, k in zip(feeds, kinds) if k == {1}]
+        for f in gen:
+            keys = g.key_range(f)
+            need = int(f["host_past_key_value_lengths"].max()) + int(f["spec_decoding_position_offsets"].shape[1])
+            assert keys >= need and keys % 64 == 0 and keys <= max(g.max_keys, need)
+        # two steps of one batch shape and key range share a bucket although their lengths differ
+        same = [(a, b) for a, b in zip(gen, gen[1:]) if g.bucket(a) == g.bucket(b)]
+        assert same and any(not (a["host_past_key_value_lengths"] == b["host_past_key_value_lengths"]).all()
+                            for a, b in same)
+    finally:
+        eng.step = orig
+        eng.close()
+
+
+def test_cuda_graphs_are_refused_where_they_cannot_apply(tmp_path_factory):
+    pair = trained_pair("qwen3")
+    d = EngineCache(pair, "tiny", tmp_path_factory, verify=False)(4)
+    eng, _ = open_standin_engine(d)
+    try:
+        with pytest.raises(ConfigError, match="cuda engine on a GPU; this one runs on cpu"):
+            GraphedSteps(eng)
+    finally:
+        eng.close()
+    res = CliRunner().invoke(main, ["run", "--engine-dir", str(d), "--prompt-ids", "5,6,7", "--cuda-graphs"])
+    assert res.exit_code != 0
+    assert "--cuda-graphs" in res.output and "this is a cpu engine" in res.output, res.output
+
+
+def test_the_report_says_what_the_graphs_did(tmp_path_factory):
+    from dflash2_trt.engine.run import render
+    from dflash2_trt.engine.standin.run import run_standin_engine
+
+    pair = trained_pair("qwen3")
+    d = EngineCache(pair, "tiny", tmp_path_factory, verify=False)(4)
+    rep = run_standin_engine(d, prompt_ids="5,6,7,8", max_new_tokens=24, simulate_graphs=True)
+    g = rep["cuda_graphs"]
+    assert g["simulated"] is True and g["replayed"] >= 1 and g["captured"] == 1 and g["failed"] == []
+    assert "CUDA graphs:" in render(rep) and json.loads(json.dumps(rep))["cuda_graphs"] == g
