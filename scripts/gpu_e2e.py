@@ -123,11 +123,15 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> 
                            "verify_gate": (res.manifest.get("verify") or {}).get("passed") if conc == levels[0]
                            else None}
                     if dtype == dtypes[0] and conc == levels[-1]:
-                        row["cuda_graphs"] = graphed_run(eng_dir, jobs, eos, conc, want)
-                        g = row["cuda_graphs"]
-                        log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} CUDA graphs: {g['identical']}/{len(jobs)} "
-                            f"identical, {g['replayed']} replayed, {g['captured']} captured, {g['eager']} eager, "
-                            f"{g['tokens'] / g['wall_s']:.0f} tok/s{' failed: ' + '; '.join(g['failed']) if g['failed'] else ''}")
+                        try:
+                            row["cuda_graphs"] = g = graphed_run(eng_dir, jobs, eos, conc, want)
+                            log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} CUDA graphs: {g['identical']}/{len(jobs)} "
+                                f"identical, {g['replayed']} replayed, {g['captured']} captured, {g['eager']} eager, "
+                                f"{g['tokens'] / g['wall_s']:.0f} tok/s"
+                                f"{' failed: ' + '; '.join(g['failed']) if g['failed'] else ''}")
+                        except Exception:  # noqa: BLE001 - the rows of the other pairs still count
+                            row["cuda_graphs"] = {"error": traceback.format_exc()[-2000:], "identical": 0}
+                            log(f"lossless {key:12s} CUDA graphs run failed:\n{row['cuda_graphs']['error']}")
                     if bad and conc == levels[0]:
                         row["diagnosis"] = [near_tie(pair.target_dir, dtype, jobs[i][0], reqs[i].output_ids, want[i])
                                             for i in bad[:4]]
@@ -148,7 +152,10 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> 
                      f" {r['tokens'] / r['wall_s']:>7.0f}  {r['verify_gate']}")
     for r in rows:
         g = r.get("cuda_graphs")
-        if g:
+        if g and "error" in g:
+            lines.append(f"CUDA graphs {r['target']:12s} {r['dtype']:9s} c{r['concurrency']:<3d} the run failed: "
+                         f"{g['error'].strip().splitlines()[-1]}")
+        elif g:
             lines.append(f"CUDA graphs {r['target']:12s} {r['dtype']:9s} c{r['concurrency']:<3d} {g['identical']}/"
                          f"{r['requests']} identical, {g['replayed']} replayed / {g['captured']} captured / {g['eager']} "
                          f"eager, {g['tokens'] / g['wall_s']:.0f} tok/s (eager {r['tokens'] / r['wall_s']:.0f})"

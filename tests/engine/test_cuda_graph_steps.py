@@ -60,7 +60,7 @@ def test_a_runner_that_froze_a_device_input_is_caught(tmp_path_factory, monkeypa
     want, _ = run_prompts(d, prompts, new=24, max_batch=3)
     real = graphs.input_memory
     monkeypatch.setattr(graphs, "input_memory", lambda k: "host" if k == "input_ids" else real(k))
-    monkeypatch.setattr(graphs, "GROWING_HOST_INPUTS", graphs.GROWING_HOST_INPUTS + ("input_ids",))   # not bucketed
+    monkeypatch.setattr(graphs, "UNBUCKETED_HOST_INPUTS", graphs.UNBUCKETED_HOST_INPUTS + ("input_ids",))   # not bucketed
     got, g = _graphed(d, prompts, 0.0)
     assert g.stats["replayed"] >= 5
     assert [r.output_ids for r in got] != [r.output_ids for r in want]
@@ -117,3 +117,27 @@ def test_the_report_says_what_the_graphs_did(tmp_path_factory):
     g = rep["cuda_graphs"]
     assert g["simulated"] is True and g["replayed"] >= 1 and g["captured"] == 1 and g["failed"] == []
     assert "CUDA graphs:" in render(rep) and json.loads(json.dumps(rep))["cuda_graphs"] == g
+
+
+def test_a_failed_capture_turns_graphs_off_and_keeps_the_tokens(tmp_path_factory, monkeypatch):
+    """A capture CUDA refuses (here: made to fail as torch reports it, the first error chained beneath capture_end's)
+    runs its step eagerly, reports the first error, and no further capture is tried: the tokens are the engine's."""
+    pair = trained_pair("qwen3_5")
+    d = EngineCache(pair, "tiny-hybrid", tmp_path_factory, verify=False)(4)
+    prompts = shipped_prompts(pair, 6)
+    want, _ = run_prompts(d, prompts, new=24, max_batch=3)
+    tries = []
+
+    def refused(self, feed, keys):
+        tries.append(keys)
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")   # noqa: B904
+
+    monkeypatch.setattr(GraphedSteps, "_capture", refused)
+    got, g = _graphed(d, prompts, 0.0)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert len(tries) == 1 and g.stats["replayed"] == 0 and g.stats["captured"] == 0
+    assert g.failures() == ["RuntimeError: operation not permitted when stream is capturing"]
+    assert g.disabled == g.failures()[0]

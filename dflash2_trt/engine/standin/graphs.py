@@ -7,8 +7,8 @@ graph is replayed. Everything else (context and mixed steps, a first step of a n
 failed) runs eagerly, as before. A bucket is
 
 - the batch's device-input shapes and dtypes (the batch size, the token count, the block table's width),
-- the host inputs other than the three that grow as requests do (``host_past_key_value_lengths``,
-  ``host_kv_cache_block_offsets``, ``host_context_lengths``: a graph keeps the values its capture read, so every
+- the host inputs other than three (``host_past_key_value_lengths``, ``host_kv_cache_block_offsets``,
+  ``host_context_lengths``: :data:`UNBUCKETED_HOST_INPUTS`; a graph keeps the values its capture read, so every
   other host value must be the captured one),
 - the attention's key range, rounded up to ``granule`` tokens and fixed for the graph
   (:func:`~dflash2_trt.trtllm.cpu.attention.key_range`: the growing ``host_past_key_value_lengths`` are read only
@@ -20,14 +20,18 @@ range is fixed, and a warm step reads no device value on the host and copies not
 this module runs the same bookkeeping with the replay done eagerly from the frozen buffers (``simulate``: what a
 replay computes), which is how the tests hold the token streams to the target's.
 
-A bucket's first step runs eagerly (with the bucket's key range: the warm-up), its second is captured and
-replayed, the later ones replayed. The step's outputs are the graph's own tensors, copied out after each replay
-(the logits cloned on the device). A capture that fails leaves its bucket eager, with CUDA's reason in ``stats``.
+A bucket's first step runs eagerly (with the bucket's key range, on a side stream: the warm-up), its second is
+captured and replayed, the later ones replayed. All graphs share one memory pool (replays never overlap, and a
+step's outputs are copied out after its replay: the logits cloned on the device); the least recently used graph
+goes first past ``max_graphs``. A graph keeps references to the stand-in's cached constants it reads. A capture
+that fails turns graphs off for the rest of the run (CUDA may be left in a bad state), with CUDA's first error in
+``stats``. What the CPU simulation cannot model: the memory pools, the streams, CUDA's own refusals.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
 
@@ -35,7 +39,9 @@ from ...errors import ConfigError
 from ...trtllm.cpu import attention
 from .engine import StandinEngine, input_memory
 
-GROWING_HOST_INPUTS = ("host_past_key_value_lengths", "host_kv_cache_block_offsets", "host_context_lengths")
+UNBUCKETED_HOST_INPUTS = ("host_past_key_value_lengths", "host_kv_cache_block_offsets", "host_context_lengths")
+"""Host inputs a bucket does not fix: the growing lengths (read only for the key range, which the bucket fixes), the
+block table's host copy (read only for checks), the context lengths (read only for context requests)."""
 
 
 class GraphedSteps:
@@ -48,13 +54,15 @@ class GraphedSteps:
         if engine.device.type != "cuda" and not simulate:
             raise ConfigError(f"CUDA graphs need a cuda engine on a GPU; this one runs on {engine.device}",
                               field="--cuda-graphs")
-        if len(engine.local_ranks) != 1:
-            raise ConfigError(f"CUDA graphs step one rank per process; this engine steps {len(engine.local_ranks)} "
-                              f"ranks as threads", field="--cuda-graphs")
+        if engine.tp != 1:
+            raise ConfigError(f"CUDA graphs serve tp 1 engines; this one is tp {engine.tp} (its collectives pass "
+                              f"through the host)", field="--cuda-graphs")
         self.engine, self.granule, self.max_graphs, self.simulate = engine, int(granule), int(max_graphs), simulate
         self.max_keys = int(engine.limits["max_seq_len"])
-        self._graphs: dict = {}
+        self._graphs: OrderedDict = OrderedDict()       # least recently used first
+        self._pool = None                               # one memory pool for every graph (replays never overlap)
         self.stats = {"replayed": 0, "captured": 0, "eager": 0, "failed": {}}
+        self.disabled: str | None = None                # after a failed capture: every step eager
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -73,39 +81,62 @@ class GraphedSteps:
             return None
         shapes = tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in feed.items()))
         fixed = tuple(sorted((k, v.numpy().tobytes()) for k, v in feed.items()
-                             if input_memory(k) == "host" and k not in GROWING_HOST_INPUTS))
+                             if input_memory(k) == "host" and k not in UNBUCKETED_HOST_INPUTS))
         return shapes, fixed, self.key_range(feed)
 
     # ---- the step the runtime calls -------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, feed: dict) -> dict:
-        key = self.bucket(feed)
-        if key is None or key in self.stats["failed"]:
+        key = None if self.disabled else self.bucket(feed)
+        if key is None:
             self.stats["eager"] += 1
             return self.engine.step(feed)
         entry = self._graphs.get(key)
         if entry is None:
-            # the bucket's first step runs eagerly with its key range: the warm-up (the constants a step makes once).
-            # A separate warm-up run would execute the step twice, and a Gated DeltaNet step is not idempotent (it
-            # folds its slot's pending records into the state).
-            if len(self._graphs) >= self.max_graphs:
-                self._graphs.pop(next(iter(self._graphs)))
+            # the bucket's first step runs eagerly with its key range: the warm-up (the constants a step makes once,
+            # on a side stream as PyTorch's recipe warms before a capture). A separate warm-up run would execute the
+            # step twice, and a Gated DeltaNet step is not idempotent (it folds its slot's pending records).
+            while len(self._graphs) >= self.max_graphs:
+                self._graphs.popitem(last=False)
             self._graphs[key] = "warm"
             self.stats["eager"] += 1
-            with attention.key_range(key[2]):
+            with attention.key_range(key[2]), self._side_stream():
                 return self.engine.step(feed)
+        self._graphs.move_to_end(key)
         if entry == "warm":
             try:
                 entry = self._graphs[key] = self._capture(feed, key[2])
             except Exception as e:  # noqa: BLE001 - a step that cannot be captured runs eagerly, its reason kept
-                self._graphs.pop(key, None)
-                self.stats["failed"][key] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                self._graphs.clear()
+                cause = e.__context__ or e     # torch's capture_end error hides the first one
+                why = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"
+                self.stats["failed"][key] = why
+                self.disabled = why            # CUDA may be left in a bad state: no further capture
                 self.stats["eager"] += 1
                 return self.engine.step(feed)
             self.stats["captured"] += 1
         else:
             self.stats["replayed"] += 1
         return self._replay(entry, feed)
+
+    def _side_stream(self):
+        """A side stream for the warm-up on a GPU (waited for on both sides); nothing on the CPU."""
+        import contextlib
+
+        if self.simulate:
+            return contextlib.nullcontext()
+        dev = self.engine.device
+
+        @contextlib.contextmanager
+        def ctx():
+            main, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
+            side.wait_stream(main)
+            try:
+                with torch.cuda.stream(side):
+                    yield
+            finally:
+                main.wait_stream(side)
+        return ctx()
 
     def failures(self) -> list[str]:
         """Why captures failed, one line each (their buckets then run eagerly)."""
@@ -120,18 +151,35 @@ class GraphedSteps:
     def _capture(self, feed: dict, keys: int) -> dict:
         buf = self._buffers(feed)
         if self.simulate:
-            return {"buffers": buf, "keys": keys, "graph": None, "outputs": None}
+            return {"buffers": buf, "keys": keys, "graph": None, "outputs": None, "src": {}}
+        from ...trtllm.cpu import functional, tensor
+
+        dev = self.engine.device
+        main = torch.cuda.current_stream(dev)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with attention.key_range(keys), torch.cuda.graph(graph):
-            outputs = self.engine.run_step(buf)[0]
+        try:
+            with attention.key_range(keys), torch.cuda.graph(graph, pool=self._pool):
+                outputs = self.engine.run_step(buf)[0]
+        finally:
+            torch.cuda.set_stream(main)    # a failed capture can leave its own stream current
+        # the graph reads the constants the stand-in keeps (made before the capture); its own references keep them
+        # alive should a cache drop them
+        kept = (list(tensor.cached_scalars().values()), list(functional.cached_constants().values()),
+                [t for _, t in functional.cached_big_constants()])
         # a capture records the step without running it: the replay that follows is its one execution
-        return {"buffers": buf, "keys": keys, "graph": graph, "outputs": outputs}
+        return {"buffers": buf, "keys": keys, "graph": graph, "outputs": outputs, "kept": kept, "src": {}}
 
     def _replay(self, entry: dict, feed: dict) -> dict:
-        buf = entry["buffers"]
+        buf, src = entry["buffers"], entry["src"]
         for k, v in feed.items():
-            if input_memory(k) == "device":
+            if input_memory(k) != "device":
+                continue
+            seen = src.get(k)
+            if seen is None or seen[0] is not v or seen[1] != v._version:   # else unchanged: already there
                 buf[k].copy_(v, non_blocking=True)
+                src[k] = (v, v._version)
         if self.simulate:   # what the replay computes: the frozen host values, the buffers' device values
             old = attention.DEVICE_BOUNDS_ON_CPU
             attention.DEVICE_BOUNDS_ON_CPU = True

@@ -96,9 +96,12 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
     dev = current_device()
     if ndarray.ndim == 0:      # a 0-D constant is a bound or a scalar: kept on the host, moved where an op needs it
         return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).clone())
+    capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if ndarray.nbytes < _BIG:
         key = (ndarray.dtype.str, ndarray.shape, ndarray.tobytes(), str(dev))
         hit = _SMALL_CONSTANTS.get(key)
+        if hit is None and capturing:
+            raise RuntimeError(_CAPTURE_MISS)
         if hit is None:
             if len(_SMALL_CONSTANTS) >= _SMALL_MAX:
                 _SMALL_CONSTANTS.clear()
@@ -108,6 +111,8 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
         return wrap(hit)
     key = (id(ndarray), str(dev))
     hit = _BIG_CONSTANTS.get(key)
+    if (hit is None or hit[0] is not ndarray) and capturing:
+        raise RuntimeError(_CAPTURE_MISS)
     if hit is None or hit[0] is not ndarray:
         hit = _BIG_CONSTANTS[key] = (ndarray, torch.from_numpy(np.ascontiguousarray(ndarray)).to(dev, copy=True))
         ndarray.flags.writeable = False          # the cached copy stays right: the array can no longer change
@@ -116,10 +121,19 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
     return wrap(hit[1])
 
 
+_CAPTURE_MISS = ("constant: a new constant inside a CUDA-graph capture (its copy from host memory cannot be "
+                 "captured); the step must run once eagerly first")
+
+
 def cached_constants() -> dict:
     """The kept device copies of small constants, ``(dtype, shape, bytes, device) -> tensor`` (tests check that none
     was written)."""
     return dict(_SMALL_CONSTANTS)
+
+
+def cached_big_constants() -> list:
+    """The kept device copies of large constants, ``[(array, tensor)]``."""
+    return list(_BIG_CONSTANTS.values())
 
 
 def arange(start, end, dtype: str) -> Tensor:
