@@ -64,6 +64,10 @@ def test_every_step_kind_runs_on_meta_without_host_reads_or_copies(family, recor
             res = check_step(meta, feed)
             assert res.capturable, (_kind(feed), res.summary())
             assert res.outputs == cpu_outputs, _kind(feed)     # shapes and dtypes follow from host inputs alone
+            if _kind(feed) == "generation":                    # as run --cuda-graphs captures it: a fixed key range
+                with attention.key_range(int(meta.limits["max_seq_len"])):
+                    res = check_step(meta, feed)
+                assert res.capturable and res.outputs == cpu_outputs, res.summary()
     finally:
         meta.close()
 
