@@ -57,5 +57,5 @@ def render(report: dict) -> str:
     g = report.get("cuda_graphs")
     if g:
         lines.append(f"CUDA graphs: {g['replayed']} step(s) replayed, {g['captured']} captured, {g['eager']} eager"
-                     + "".join(f"\n  capture failed (its steps ran eagerly): {why}" for why in g["failed"]))
+                     + "".join(f"\n  a capture failed, every later step ran eagerly: {why}" for why in g["failed"]))
     return "\n".join(lines)

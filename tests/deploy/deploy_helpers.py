@@ -12,27 +12,11 @@ import threading
 import time
 from pathlib import Path
 
+from dflash2_trt.testing.cli import cli, one_error_line  # noqa: F401 - the deploy tests import them from here
+
 MAX_NEW = 16
 EOS = (2,)
 SERVERS: list = []   # every server started by these tests (stopped at session end whatever happens)
-
-
-def cli(*args):
-    """``dflash2-trt ARGS`` in-process: (exit code, output)."""
-    from click.testing import CliRunner
-
-    from dflash2_trt.cli import main
-
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.output
-
-
-def one_error_line(code, text):
-    """The single ``error:`` line of a failed command (asserting there is exactly one)."""
-    assert code != 0
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), text
-    return lines[0]
 
 
 def start_server(repo, **kw):

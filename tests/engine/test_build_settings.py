@@ -5,24 +5,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from dflash2_trt.cli import main
+from dflash2_trt.testing.cli import cli as _cli
+from dflash2_trt.testing.cli import one_error_line as _err
 from dflash2_trt.config.build import SETTABLE, BuildConfig, parse_set
 from dflash2_trt.errors import ConfigError
 from dflash2_trt.targets import TARGETS
-
-
-def _cli(*args):
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.output
-
-
-def _err(code, text):
-    assert code != 0
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), text
-    return lines[0]
 
 
 def test_every_shipped_config_has_every_trtllm_knob():

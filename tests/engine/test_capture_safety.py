@@ -5,6 +5,8 @@ and the paged attention's plan from the host bounds a device uses gives the CPU 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -102,8 +104,7 @@ def test_the_check_sees_a_host_read_and_a_copy(recorded, monkeypatch):
 
 
 @pytest.mark.parametrize("family,key", FAMILIES)
-def test_the_attention_plan_from_host_bounds_gives_the_cpu_engines_tokens(family, key, tmp_path_factory,
-                                                                          monkeypatch):
+def test_the_attention_plan_from_host_bounds_gives_the_cpu_engines_tokens(family, key, tmp_path_factory):
     """On the CPU the plan takes its sizes from the values; on a device from host inputs (the plugin's
     max(host_past_key_value_lengths), the spec-decoding width) and the context lengths' device input. The same
     requests through both: the same tokens and acceptance, greedy and sampled."""
@@ -112,9 +113,9 @@ def test_the_attention_plan_from_host_bounds_gives_the_cpu_engines_tokens(family
     prompts = shipped_prompts(pair, 5)
     runs = {}
     for bounds in (False, True):
-        monkeypatch.setattr(attention, "DEVICE_BOUNDS_ON_CPU", bounds)
-        greedy, _ = run_prompts(d, prompts, new=10, max_batch=3)
-        sampled, _ = run_prompts(d, prompts[:3], new=8, max_batch=2, temperature=0.8)
+        with attention.sized_as_on_a_device() if bounds else contextlib.nullcontext():
+            greedy, _ = run_prompts(d, prompts, new=10, max_batch=3)
+            sampled, _ = run_prompts(d, prompts[:3], new=8, max_batch=2, temperature=0.8)
         runs[bounds] = [(r.output_ids, r.acceptance_lengths) for r in greedy + sampled]
     assert runs[True] == runs[False]
     assert all(len(ids) >= 8 for ids, _ in runs[False])
@@ -132,11 +133,8 @@ def test_host_bounds_cover_the_exact_sizes():
                 spec_decoding_packed_mask=attention.pack_mask(torch.ones(6, 4, dtype=torch.bool).tril())[:, :1],
                 mask_type=attention.AttentionMaskType.causal, window=100)
     exact = attention._batch_plan(10, **args)
-    try:
-        attention.DEVICE_BOUNDS_ON_CPU = True
+    with attention.sized_as_on_a_device():
         bound = attention._batch_plan(10, **args)
-    finally:
-        attention.DEVICE_BOUNDS_ON_CPU = False
     assert (exact["L"], exact["N"]) == (11, 4) and (bound["L"], bound["N"]) == (11, 4)
     assert exact["exact"] is True and bound["exact"] is False
     for k in ("req", "local", "pos", "past", "n", "total", "allowed"):

@@ -12,26 +12,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-from dflash2_trt.cli import main
+from dflash2_trt.testing.cli import cli as _cli
+from dflash2_trt.testing.cli import one_error_line as _one_error_line
 from dflash2_trt.trtllm import backend
 from dflash2_trt.trtllm.cpu import functional as F
 from dflash2_trt.trtllm.cpu.tensor import align, network_input, on_device
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the no-GPU refusal is not exercised")
-
-
-def _cli(*args):
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.output
-
-
-def _one_error_line(code, text):
-    assert code != 0
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in text, text
-    return lines[0]
 
 
 def test_auto_picks_trtllm_then_cuda_then_cpu(monkeypatch):

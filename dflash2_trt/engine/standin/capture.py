@@ -145,12 +145,10 @@ def replay_with_host_inputs_of(engine: StandinEngine, captured: dict, later: dic
     mixed = {k: captured[k] if input_memory(k) == "host" else later[k] for k in later}
     saved = _state(engine)
     runs = {}
-    old = attention.DEVICE_BOUNDS_ON_CPU
-    attention.DEVICE_BOUNDS_ON_CPU = True
     try:
         for name, feed in (("eager", later), ("replayed", mixed)):
             _restore(engine, saved)
-            with attention.key_range(key_range):
+            with attention.sized_as_on_a_device(), attention.key_range(key_range):
                 try:
                     runs[name] = {k: v.clone() for k, v in engine.run_step(feed)[0].items()}
                 except (ValueError, RuntimeError) as e:   # e.g. a NaN from a row whose keys were all cut off
@@ -159,7 +157,6 @@ def replay_with_host_inputs_of(engine: StandinEngine, captured: dict, later: dic
                     runs["differs"] = [f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"]
                     return runs
     finally:
-        attention.DEVICE_BOUNDS_ON_CPU = old
         _restore(engine, saved)
     runs["differs"] = [k for k in runs["eager"] if not torch.equal(runs["eager"][k], runs["replayed"][k])]
     return runs

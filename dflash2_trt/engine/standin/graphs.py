@@ -30,6 +30,7 @@ that fails turns graphs off for the rest of the run (CUDA may be left in a bad s
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 
@@ -38,6 +39,22 @@ import torch
 from ...errors import ConfigError
 from ...trtllm.cpu import attention
 from .engine import StandinEngine, input_memory
+
+@contextlib.contextmanager
+def _side_stream(dev):
+    """Run the enclosed work on a side stream of GPU ``dev`` (waited for on both sides), as PyTorch's recipe warms a
+    step before a capture; nothing when ``dev`` is None (the CPU simulation)."""
+    if dev is None:
+        yield
+        return
+    main, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
+    side.wait_stream(main)
+    try:
+        with torch.cuda.stream(side):
+            yield
+    finally:
+        main.wait_stream(side)
+
 
 UNBUCKETED_HOST_INPUTS = ("host_past_key_value_lengths", "host_kv_cache_block_offsets", "host_context_lengths")
 """Host inputs a bucket does not fix: the growing lengths (read only for the key range, which the bucket fixes), the
@@ -48,7 +65,7 @@ class GraphedSteps:
     """``engine`` (a cuda :class:`StandinEngine`, one rank) with :meth:`step` replaying captured generation steps.
     Every other attribute is the engine's, so the project's :class:`~dflash2_trt.runtime.Runtime` drives it as it
     drives the engine. ``simulate``: on the CPU, replay eagerly from the frozen buffers (tests). ``stats``: steps
-    replayed, captured, run eagerly, and the captures that failed (their reasons)."""
+    replayed, captured and run eagerly; :meth:`failures`: why a capture failed."""
 
     def __init__(self, engine: StandinEngine, *, granule: int = 256, max_graphs: int = 16, simulate: bool = False):
         if engine.device.type != "cuda" and not simulate:
@@ -61,8 +78,8 @@ class GraphedSteps:
         self.max_keys = int(engine.limits["max_seq_len"])
         self._graphs: OrderedDict = OrderedDict()       # least recently used first
         self._pool = None                               # one memory pool for every graph (replays never overlap)
-        self.stats = {"replayed": 0, "captured": 0, "eager": 0, "failed": {}}
-        self.disabled: str | None = None                # after a failed capture: every step eager
+        self.stats = {"replayed": 0, "captured": 0, "eager": 0}
+        self.disabled: str | None = None                # why a capture failed: every later step eager
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -100,7 +117,7 @@ class GraphedSteps:
                 self._graphs.popitem(last=False)
             self._graphs[key] = "warm"
             self.stats["eager"] += 1
-            with attention.key_range(key[2]), self._side_stream():
+            with attention.key_range(key[2]), _side_stream(None if self.simulate else self.engine.device):
                 return self.engine.step(feed)
         self._graphs.move_to_end(key)
         if entry == "warm":
@@ -110,7 +127,6 @@ class GraphedSteps:
                 self._graphs.clear()
                 cause = e.__context__ or e     # torch's capture_end error hides the first one
                 why = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"
-                self.stats["failed"][key] = why
                 self.disabled = why            # CUDA may be left in a bad state: no further capture
                 self.stats["eager"] += 1
                 return self.engine.step(feed)
@@ -119,28 +135,9 @@ class GraphedSteps:
             self.stats["replayed"] += 1
         return self._replay(entry, feed)
 
-    def _side_stream(self):
-        """A side stream for the warm-up on a GPU (waited for on both sides); nothing on the CPU."""
-        import contextlib
-
-        if self.simulate:
-            return contextlib.nullcontext()
-        dev = self.engine.device
-
-        @contextlib.contextmanager
-        def ctx():
-            main, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
-            side.wait_stream(main)
-            try:
-                with torch.cuda.stream(side):
-                    yield
-            finally:
-                main.wait_stream(side)
-        return ctx()
-
     def failures(self) -> list[str]:
-        """Why captures failed, one line each (their buckets then run eagerly)."""
-        return sorted(set(self.stats["failed"].values()))
+        """Why the capture failed (one line; graphs were then off for the rest of the run), or nothing."""
+        return [self.disabled] if self.disabled else []
 
     def _buffers(self, feed: dict) -> dict:
         """What the graph reads: the device inputs in buffers of their own on the engine's device (updated in place
@@ -181,13 +178,8 @@ class GraphedSteps:
                 buf[k].copy_(v, non_blocking=True)
                 src[k] = (v, v._version)
         if self.simulate:   # what the replay computes: the frozen host values, the buffers' device values
-            old = attention.DEVICE_BOUNDS_ON_CPU
-            attention.DEVICE_BOUNDS_ON_CPU = True
-            try:
-                with attention.key_range(entry["keys"]):
-                    outs = self.engine.run_step(buf)[0]
-            finally:
-                attention.DEVICE_BOUNDS_ON_CPU = old
+            with attention.sized_as_on_a_device(), attention.key_range(entry["keys"]):
+                outs = self.engine.run_step(buf)[0]
         else:
             entry["graph"].replay()
             outs = entry["outputs"]

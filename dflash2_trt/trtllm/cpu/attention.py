@@ -263,10 +263,21 @@ def _neutral(name: str, val) -> bool:
 
 
 _PLAN_CACHE: "OrderedDict" = OrderedDict()
-DEVICE_BOUNDS_ON_CPU = False
-"""Tests only: plan CPU calls with the host-input bounds a device uses (:func:`_batch_plan`) instead of the exact
-sizes the CPU reads from the values."""
 _KEY_RANGE: contextvars.ContextVar[int] = contextvars.ContextVar("dflash2_attention_key_range", default=0)
+_BOUNDS_ON_CPU: contextvars.ContextVar[bool] = contextvars.ContextVar("dflash2_attention_bounds_on_cpu",
+                                                                       default=False)
+
+
+@contextlib.contextmanager
+def sized_as_on_a_device():
+    """Plan the enclosed CPU steps as a device plans them (:func:`_batch_plan`: the sizes from host inputs, and the
+    key range of :func:`key_range`) instead of from the values: what the CPU checks and simulations of device steps
+    use."""
+    tok = _BOUNDS_ON_CPU.set(True)
+    try:
+        yield
+    finally:
+        _BOUNDS_ON_CPU.reset(tok)
 
 
 @contextlib.contextmanager
@@ -303,7 +314,7 @@ def _batch_plan(T, sequence_length, context_lengths, host_request_types, host_co
     plan checks them and takes the exact sizes (the longest query and key range the values give), so the CPU
     engine's arithmetic does not depend on the bounds."""
     dev = sequence_length.device
-    exact = dev.type == "cpu" and not DEVICE_BOUNDS_ON_CPU
+    exact = dev.type == "cpu" and not _BOUNDS_ON_CPU.get()
     bs = sequence_length.shape[0]
     # the plugin reads the first bs entries of the host array (an older runtime revision made host_gen_eagle_net_request_types [bs, K])
     types = torch.as_tensor(host_request_types).reshape(-1)[:bs].long()
@@ -603,7 +614,7 @@ def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_
     rep = H // Hkv
     if mask_type not in (AttentionMaskType.causal, AttentionMaskType.bidirectional):
         raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
-    key = (key_ids, bool(spec), int(mask_type), window, qkv.shape[0], DEVICE_BOUNDS_ON_CPU, _KEY_RANGE.get())
+    key = (key_ids, bool(spec), int(mask_type), window, qkv.shape[0], _BOUNDS_ON_CPU.get(), _KEY_RANGE.get())
     hit = _PLAN_CACHE.get(key)
     dev = qkv.device
     if hit is None:
