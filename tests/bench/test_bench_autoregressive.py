@@ -96,3 +96,44 @@ def test_target_only_hybrid_target_equals_its_decoding(tmp_path):
     target, _ = load_pair(pair.target_dir, pair.drafter_dir)
     for r in reqs:
         assert r.output_ids == target_generate(target, r.prompt_ids, 12, stop_token_ids=(2,)), r.task_id
+
+
+def test_target_only_hybrid_reused_slot_starts_from_zero_state(tmp_path_factory, monkeypatch):
+    """The runtime never zeroes a state slot (as TensorRT-LLM's), so the target-only network, like the combined one,
+    starts a prompt's first chunk from zeros itself (``zero_state``): the context logits of a prompt on the slot an
+    earlier request left are bit-identical to its logits on a fresh slot. Without it the earlier state leaked into the
+    baseline (found by ``bench run``: the hybrid's autoregressive tokens at concurrency 1, after the warm-up request,
+    differed from the target's). Control: with zero_state dropped, the logits differ."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.bench.autoregressive import open_target_only_engine
+    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.testing.engines import EngineCache, shipped_prompts
+    from dflash2_trt.trtllm.plugin_layers import CpuPlugins
+
+    pair = trained_pair("qwen3_5")
+    d = EngineCache(pair, "tiny-hybrid", tmp_path_factory, verify=False)(4)
+    prompts = shipped_prompts(pair, 2)
+
+    def context_logits(first, second):
+        e = open_target_only_engine(d)
+        seen, orig = [], e.step
+
+        def spy(feed):
+            out = orig(feed)
+            if set(feed["host_request_types"].tolist()) == {0}:
+                seen.append(out["logits"].clone())
+            return out
+
+        e.step = spy
+        try:
+            Runtime(e, max_batch_size=1).generate([Request(list(first), 5), Request(list(second), 2)])
+        finally:
+            e.close()
+        return seen[-1]
+
+    fresh = context_logits(prompts[1], prompts[1])
+    assert torch.equal(context_logits(prompts[0], prompts[1]), fresh)
+    orig = CpuPlugins.gated_delta_net
+    monkeypatch.setattr(CpuPlugins, "gated_delta_net",
+                        lambda self, *a, zero_state=None, **kw: orig(self, *a, zero_state=None, **kw))
+    assert not torch.equal(context_logits(prompts[0], prompts[1]), fresh)

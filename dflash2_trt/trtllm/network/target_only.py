@@ -38,8 +38,9 @@ import numpy as np
 
 from .accept import decoding_temperature, inverse_cdf
 from .io import declare_inputs
-from .common import F, RecurrentStateParams, SpecDecodingParams, api, dims
+from .common import F, SpecDecodingParams, api, dims
 from .families import TARGET_FAMILIES
+from .families.qwen3_5 import step_state_params
 
 DROPPED_PREFIXES = ("dflash2.",)
 """Checkpoint tensors the target-only network does not read: the drafter (convert's ``dflash2.`` prefix)."""
@@ -81,11 +82,11 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         if recurrent:                 # hybrid target: its Gated DeltaNet layers read and advance the state slots
             if recurrent_params is None:
                 raise ValueError("a recurrent target needs the runtime's recurrent-state inputs")
-            rs = RecurrentStateParams(slot_mapping=recurrent_params.slot_mapping,
-                                           rnn_state_ptr=recurrent_params.rnn_state_ptr,
-                                           conv_state_ptr=recurrent_params.conv_state_ptr,
-                                           host_request_types=attention_params.host_request_types,
-                                           cu_seqlens=F.concat([F.constant(np.zeros(1, np.int32)), ends]))
+            # the combined engine's state parameters, zero_state included: a prompt's first chunk starts from zeros
+            # whatever the reused slot holds (TensorRT-LLM never zeroes a slot). With K = 0 no request is marked as
+            # generating (draft_lens is 0 for all), and none needs to be: a generation request feeds one token
+            # after at least its prompt, so its sequence_length exceeds its context_lengths.
+            rs = step_state_params(recurrent_params, attention_params, ends, F.gt(ends, ends))
             saved = []
             final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain, rs, saved)
         else:
