@@ -547,10 +547,13 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
 @click.option("--runtime", type=click.Choice(["auto", "project", "executor"]), default="auto", show_default=True,
               help="TensorRT-LLM engines: the project runtime over TensorRT, or the executor's tools (--tool) [auto: "
                    "the engine's runtime path].")
+@click.option("--cuda-graphs", is_flag=True,
+              help="cuda engines: both modes replay their generation steps from CUDA graphs, as run --cuda-graphs "
+                   "(experimental: not yet run on a GPU; docs/gpu.md).")
 def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, seed, max_new_tokens, ignore_eos,
                   no_baseline, backend, json_out, plot_out, project_gpus, project_target, context_len, save_outputs,
                   no_progress, threads, baseline_engine_dir, benchmark_bin, plugin_lib, tool, dry_run,
-                  runtime) -> None:
+                  runtime, cuda_graphs) -> None:
     """Throughput, latency, TTFT and acceptance per concurrency, speculative vs autoregressive."""
     from .bench.report import render
     from .bench.run import bench_run
@@ -561,7 +564,7 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
                        project_target=project_target, context_len=context_len, progress=not no_progress,
                        keep_outputs=save_outputs, baseline_engine_dir=baseline_engine_dir,
                        benchmark_bin=benchmark_bin, plugin_lib=plugin_lib, dry_run=dry_run, threads=threads,
-                       tool=tool, runtime=runtime)
+                       tool=tool, runtime=runtime, cuda_graphs=cuda_graphs)
     if dry_run:
         import shlex
 

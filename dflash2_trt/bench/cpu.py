@@ -16,6 +16,11 @@ request per engine warms up first (the plugins' CPU builds, first-call allocatio
 
 At temperature 0 both modes must emit the same tokens (the speculation is lossless and the baseline
 IS the target); the report says so per concurrency (``outputs_match``).
+
+``cuda_graphs`` (cuda engines, ``bench run --cuda-graphs``): both modes replay their generation steps from CUDA
+graphs (:class:`~dflash2_trt.engine.standin.graphs.GraphedSteps`, one runner per engine, its graphs kept across the
+concurrencies as a server keeps them), so the speedup compares graphed with graphed; each RUN says how many steps
+were replayed, captured and run eagerly (``cuda_graphs``). The warm-up request does not use the graphs.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
 from ..runtime import Request, Runtime
 from ..sampling import effective_temperature
+from ..engine.standin.graphs import GraphedSteps
 from .autoregressive import open_target_only_engine
 from .common import parse_concurrency
 from .dataset import load_bench_requests, prompt_tokenizer_dir
@@ -70,7 +76,8 @@ def _progress(enabled: bool, total: int, desc: str):
 
 def bench_cpu(engine_dir, dataset, *, concurrency, num_requests: int | None = None, temperature: float = 0.0,
               seed: int = 0, max_new_tokens: int = 64, stop_on_eos: bool = True, baseline: bool = True,
-              warmup: bool = True, progress: bool = False, keep_outputs: bool = False, threads: int | None = 1) -> dict:
+              warmup: bool = True, progress: bool = False, keep_outputs: bool = False, threads: int | None = 1,
+              cuda_graphs: bool = False, simulate_graphs: bool = False) -> dict:
     """The report's measured part for a CPU engine directory (see :mod:`.report` for the document).
 
     ``threads``: torch intra-op threads while measuring (default 1: the stand-in runs many small ops, and on
@@ -85,13 +92,14 @@ def bench_cpu(engine_dir, dataset, *, concurrency, num_requests: int | None = No
     try:
         return _bench_cpu(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                           temperature=temperature, seed=seed, max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos,
-                          baseline=baseline, warmup=warmup, progress=progress, keep_outputs=keep_outputs)
+                          baseline=baseline, warmup=warmup, progress=progress, keep_outputs=keep_outputs,
+                          cuda_graphs=cuda_graphs, simulate_graphs=simulate_graphs)
     finally:
         torch.set_num_threads(old_threads)
 
 
 def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, seed, max_new_tokens, stop_on_eos,
-               baseline, warmup, progress, keep_outputs) -> dict:
+               baseline, warmup, progress, keep_outputs, cuda_graphs, simulate_graphs) -> dict:
     import torch
 
     levels = parse_concurrency(concurrency)
@@ -119,6 +127,9 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
         if baseline:
             ar_engine = open_target_only_engine(engine_dir)
         engines = [("speculative", engine)] + ([("autoregressive", ar_engine)] if baseline else [])
+        graphed = {}
+        if cuda_graphs or simulate_graphs:      # refused here (one line) for a cpu engine, before anything runs
+            graphed = {mode: GraphedSteps(e, simulate=simulate_graphs) for mode, e in engines}
         if warmup:
             for _, e in engines:
                 w = make_requests(specs[:1], temperature=temperature, seed=seed, stops=stops)[0]
@@ -129,11 +140,16 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
             row = {"concurrency": c}
             outputs = {}
             for mode, e in engines:
-                rt = Runtime(e, max_batch_size=c)
+                g = graphed.get(mode)
+                before = dict(g.stats) if g is not None else None
+                rt = Runtime(g if g is not None else e, max_batch_size=c)
                 reqs = make_requests(specs, temperature=temperature, seed=seed, stops=stops)
                 with _progress(progress, len(reqs), f"concurrency {c} {mode}") as bar:
                     wall = drive(rt, reqs, c, on_finish=bar.update)
                 row[mode] = run_metrics(reqs, wall_s=wall, step_log=rt.step_log, draft_len=e.K)
+                if g is not None:
+                    row[mode]["cuda_graphs"] = {**{k: g.stats[k] - before[k] for k in before},
+                                                "failed": g.failures(), "simulated": bool(simulate_graphs)}
                 outputs[mode] = reqs
                 if keep_outputs:
                     row[mode]["outputs"] = [{"task_id": r.task_id, "output_ids": list(r.output_ids),
@@ -157,7 +173,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
             "settings": {"concurrency": levels, "num_requests": len(specs), "temperature": temperature, "seed": seed,
                          "stop_on_eos": bool(stop_on_eos), "stop_token_ids": list(stops),
                          "max_new_tokens": max_new_tokens, "warmup": bool(warmup),
-                         "torch_threads": torch.get_num_threads()},
+                         "torch_threads": torch.get_num_threads(), "cuda_graphs": bool(graphed)},
             "baseline": ({"kind": "target-only",
                           "description": f"the target alone (dflash2_trt/trtllm/network/target_only.py) on the same "
                                          f"{engine.backend} stand-in and runtime, one token per request per step, "

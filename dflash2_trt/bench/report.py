@@ -7,7 +7,8 @@ Top level (``schema_version`` 1; the README's "Bench report" section is the refe
     engine_dir, target, block_size, draft_len, tp_size
     dataset                      {path, sha256, requests, mean_input_len, mean_output_tokens}
     settings                     {concurrency, num_requests, temperature, seed, stop_on_eos,
-                                  stop_token_ids, max_new_tokens, warmup, torch_threads (CPU)}
+                                  stop_token_ids, max_new_tokens, warmup, torch_threads and
+                                  cuda_graphs (cpu / cuda engines)}
     baseline                     {kind, description} | null (no autoregressive run)
     runs[]                       {concurrency, speculative: RUN, autoregressive: RUN | null,
                                   speedup (spec ÷ AR output tokens/s) | null,
@@ -24,7 +25,9 @@ RUN (:func:`.metrics.run_metrics` defines every figure): requests, input_tokens,
 wall_s, requests_per_s, output_tokens_per_s, latency_s / ttft_s / itl_s ({mean, p50, p90, p99,
 min, max} in seconds), engine_steps, target_tokens, target_tokens_per_emitted_token,
 decode_target_tokens_per_emitted_token, acceptance {mean, steps, histogram, per_position,
-per_position_conditional}.
+per_position_conditional}; with ``bench run --cuda-graphs`` (settings.cuda_graphs true) also cuda_graphs
+{replayed, captured, eager (steps of this run), failed (why a capture failed: every later step eager),
+simulated}.
 """
 
 from __future__ import annotations
@@ -108,6 +111,13 @@ def render(report: dict) -> str:
                          f"{_f(m['target_tokens_per_emitted_token'], '.2f'):>7} {_f(sp, '.2f'):>7}")
         if run.get("outputs_match") is not None:
             lines.append(f"     outputs identical to autoregressive (T = 0): {run['outputs_match']}")
+        graphs = [(mode, (run.get(mode) or {}).get("cuda_graphs")) for mode in ("speculative", "autoregressive")]
+        if any(g for _, g in graphs):
+            lines.append("     CUDA graphs: " + "; ".join(
+                f"{mode} {g['replayed']} steps replayed, {g['captured']} captured, {g['eager']} eager"
+                + (" (simulated on the CPU)" if g.get("simulated") else "")
+                + "".join(f" (a capture failed, later steps eager: {why})" for why in g["failed"])
+                for mode, g in graphs if g))
     lines.append("latencies in seconds; accept = mean tokens emitted per generation step; tgt/tok = target tokens "
                  "computed per emitted token (prompts included); speedup = speculative / autoregressive tokens/s")
     if report.get("unavailable"):

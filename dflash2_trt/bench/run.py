@@ -51,12 +51,13 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
               project_target: str = "qwen3.8-27b", context_len: int | None = None, progress: bool = False,
               keep_outputs: bool = False, baseline_engine_dir=None, benchmark_bin=None, plugin_lib=None,
               dry_run: bool = False, threads: int | None = 1, tool: str | None = None, runtime: str | None = None,
-              trt=None) -> dict:
+              trt=None, cuda_graphs: bool = False, simulate_graphs: bool = False) -> dict:
     """The bench report of ``engine_dir``. TensorRT-LLM engines on the executor path (``engine/trtllm/paths.py``):
     ``tool`` ``trtllm-bench`` (the default: through :mod:`.trtllm_bench`'s launcher) or ``gptmanager``
     (gptManagerBenchmark, :mod:`.gpu`); on the project-runtime path (``runtime`` auto gives it to the engines the
     executor cannot run, or ``project``): the project runtime over TensorRT (:mod:`.session`; ``trt``: the tensorrt
-    module, its CPU stand-in in tests)."""
+    module, its CPU stand-in in tests). ``cuda_graphs``: a cuda engine's generation steps, speculative and
+    autoregressive alike, replayed from CUDA graphs (:mod:`.cpu`; ``simulate_graphs``: on the CPU, for tests)."""
     t0 = time.perf_counter()
     if backend not in ("auto", "cpu", "cuda", "trtllm"):
         raise ConfigError(f"must be auto, cpu, cuda or trtllm, got {backend!r}", field="--backend")
@@ -92,6 +93,9 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if backend != "auto" and backend != kind:
         raise ConfigError(f"is a {kind} engine (engine.json backend {kind!r}); --backend {backend} was asked",
                           source=engine_dir, field="backend")
+    if cuda_graphs and kind != "cuda":
+        raise ConfigError(f"CUDA graphs replay the steps of a cuda engine; this is a {kind} engine",
+                          field="--cuda-graphs")
     path = None
     if kind == "trtllm":
         from ..engine.trtllm.paths import PROJECT, choose_runtime
@@ -109,7 +113,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         measured = bench_cpu(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                              temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                              stop_on_eos=stop_on_eos, baseline=baseline, progress=progress, keep_outputs=keep_outputs,
-                             threads=threads)
+                             threads=threads, cuda_graphs=cuda_graphs, simulate_graphs=simulate_graphs)
     elif path["path"] == PROJECT:
         from .session import bench_session
 

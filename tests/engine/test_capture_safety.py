@@ -191,3 +191,50 @@ def test_a_graph_captured_at_one_generation_step_replays_the_later_ones(family, 
     assert len(checked) >= 3, len(checked)
     assert all(diff == [] for diff in checked), checked
     assert any("logits" in diff or (diff and diff[0].startswith("error:")) for diff in short), short
+
+
+@pytest.mark.parametrize("family,key", FAMILIES)
+def test_the_target_only_baselines_steps_can_be_held_by_a_graph(family, key, tmp_path_factory):
+    """``bench run --cuda-graphs`` graphs the autoregressive baseline too (the target alone, one token per request
+    per step). Its steps of every kind pass the meta check, and a later generation step computed with an earlier one's
+    host inputs gives its own outputs once the key range is fixed, as for the combined engine."""
+    from dflash2_trt.bench.autoregressive import TargetOnlyEngine, open_target_only_engine
+    from dflash2_trt.engine.standin.capture import replay_with_host_inputs_of
+
+    pair = trained_pair(family)
+    d = EngineCache(pair, key, tmp_path_factory, verify=False)(4)
+    eng = open_target_only_engine(d)
+    steps, first, checked = [], None, []
+    orig = eng.step
+
+    def spy(feed):
+        nonlocal first
+        if _kind(feed) == "generation" and feed["host_request_types"].numel() == 3:
+            if first is None:
+                first = dict(feed)
+            elif all(tuple(first[k].shape) == tuple(v.shape) for k, v in feed.items()):
+                checked.append(replay_with_host_inputs_of(eng, first, feed,
+                                                          key_range=int(eng.limits["max_seq_len"]))["differs"])
+        outputs = orig(feed)
+        steps.append((dict(feed), {k: (tuple(v.shape), v.dtype) for k, v in outputs.items()}))
+        return outputs
+
+    eng.step = spy
+    try:
+        prompts = shipped_prompts(pair, 5)
+        # lengths that differ, so that a request starts beside generating ones (a mixed step)
+        Runtime(eng, max_batch_size=3).generate([Request(list(p), 8 + 3 * i, task_id=i)
+                                                 for i, p in enumerate(prompts)])
+    finally:
+        eng.step = orig
+        eng.close()
+    assert {_kind(f) for f, _ in steps} == {"context", "generation", "mixed"}
+    assert len(checked) >= 3 and all(diff == [] for diff in checked), checked
+    meta = open_meta_engine(d, engine_cls=TargetOnlyEngine)
+    try:
+        assert meta.K == 0
+        for feed, cpu_outputs in steps:
+            res = check_step(meta, feed)
+            assert res.capturable and res.outputs == cpu_outputs, (_kind(feed), res.summary())
+    finally:
+        meta.close()

@@ -65,6 +65,8 @@ def test_a_runner_that_froze_a_device_input_is_caught(tmp_path_factory, monkeypa
 
 
 def test_buckets_and_key_ranges(tmp_path_factory):
+    """Only generation steps are bucketed, and a graph's key range is what TensorRT-LLM's executor sizes its graphs
+    with (``api_1_2.yaml`` executor_cuda_graphs; here with a 64-token granule, the executor's 256 being the default)."""
     pair = trained_pair("qwen3_5")
     d = EngineCache(pair, "tiny-hybrid", tmp_path_factory, verify=False)(4)
     eng, _ = open_standin_engine(d)
@@ -80,8 +82,11 @@ def test_buckets_and_key_ranges(tmp_path_factory):
         gen = [f for f, k in zip(feeds, kinds) if k == {1}]
         for f in gen:
             keys = g.key_range(f)
-            need = int(f["host_past_key_value_lengths"].max()) + int(f["spec_decoding_position_offsets"].shape[1])
-            assert keys >= need and keys % 64 == 0 and keys <= max(g.max_keys, need)
+            past, width = int(f["host_past_key_value_lengths"].max()), int(f["spec_decoding_position_offsets"].shape[1])
+            # the executor's capture-time length (the longest committed length rounded up) plus the new tokens
+            rounded = -(-past // 64) * 64
+            assert keys == min(min(g.max_keys - 1, rounded) + width, max(g.max_keys, past + width))
+            assert keys >= past + width
         # two steps of one batch shape and key range share a bucket although their lengths differ
         same = [(a, b) for a, b in zip(gen, gen[1:]) if g.bucket(a) == g.bucket(b)]
         assert same and any(not (a["host_past_key_value_lengths"] == b["host_past_key_value_lengths"]).all()
@@ -101,6 +106,10 @@ def test_cuda_graphs_are_refused_where_they_cannot_apply(tmp_path_factory):
     finally:
         eng.close()
     line = one_error_line(*cli("run", "--engine-dir", str(d), "--prompt-ids", "5,6,7", "--cuda-graphs"))
+    assert "--cuda-graphs" in line and "this is a cpu engine" in line, line
+    ds = tmp_path_factory.mktemp("ds") / "ds.jsonl"
+    ds.write_text('{"task_id": 0, "input_ids": [5, 6, 7], "output_tokens": 4}\n')
+    line = one_error_line(*cli("bench", "run", "--engine-dir", str(d), "--dataset", str(ds), "--cuda-graphs"))
     assert "--cuda-graphs" in line and "this is a cpu engine" in line, line
 
 
@@ -138,3 +147,47 @@ def test_a_failed_capture_turns_graphs_off_and_keeps_the_tokens(tmp_path_factory
     assert len(tries) == 1 and g.stats["replayed"] == 0 and g.stats["captured"] == 0
     assert g.failures() == ["RuntimeError: operation not permitted when stream is capturing"]
     assert g.disabled == g.failures()[0]
+
+
+def test_bench_run_graphs_both_modes(tmp_path_factory):
+    """``bench run --cuda-graphs``: the speculative engine and the target-only baseline both replay their generation
+    steps (simulated here), keep their tokens (greedy: equal to each other and to the eager bench's), and each run
+    reports its own counts."""
+    from dflash2_trt.bench.dataset import prepare_dataset, resolve_target
+    from dflash2_trt.bench.report import render
+    from dflash2_trt.bench.run import bench_run
+
+    pair = trained_pair("qwen3_5")
+    d = EngineCache(pair, "tiny-hybrid", tmp_path_factory, verify=False)(4)
+    ds = tmp_path_factory.mktemp("ds") / "ds.jsonl"
+    tgt = resolve_target(engine_dir=d)
+    prepare_dataset(source="builtin", builtin="tiny-hybrid", output=ds, num_requests=5, output_tokens=20,
+                    vocab_size=tgt["vocab_size"], tokenizer_dir=tgt["tokenizer_dir"], stop_ids=tgt["stop_ids"])
+    kw = dict(concurrency="1,3", keep_outputs=True, progress=False)
+    eager = bench_run(d, ds, **kw)
+    rep = bench_run(d, ds, simulate_graphs=True, **kw)
+    assert eager["settings"]["cuda_graphs"] is False and rep["settings"]["cuda_graphs"] is True
+    for run, plain in zip(rep["runs"], eager["runs"]):
+        assert run["outputs_match"] is True
+        for mode in ("speculative", "autoregressive"):
+            g = run[mode]["cuda_graphs"]
+            assert g["simulated"] is True and g["failed"] == [] and g["replayed"] >= 3, (run["concurrency"], mode, g)
+            assert g["replayed"] + g["captured"] + g["eager"] == run[mode]["engine_steps"]
+            assert "cuda_graphs" not in plain[mode]
+            assert run[mode]["outputs"] == plain[mode]["outputs"]
+    text = render(rep)
+    assert "CUDA graphs: speculative" in text and "; autoregressive" in text and "simulated" in text
+
+
+def test_the_graph_rules_are_the_executors():
+    """GraphedSteps' defaults are TensorRT-LLM's executor's recorded rules."""
+    import yaml
+    from importlib import resources
+
+    facts = yaml.safe_load(resources.files("dflash2_trt.trtllm.cpu").joinpath("api_1_2.yaml").read_text("utf-8"))
+    rules = facts["executor_cuda_graphs"]
+    assert graphs.KV_LENGTH_ROUND_SIZE == rules["kv_length_round_size"] == 256
+    assert rules["only_steps_without_context_requests"] is True
+    assert {s: facts["sources"][s]["path"] for s in rules["source"]} == {
+        "inflight_batching": "cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp",
+        "runtime_buffers": "cpp/tensorrt_llm/batch_manager/runtimeBuffers.cpp"}

@@ -89,13 +89,14 @@ class StepCheck:
         return "; ".join(([f"host read: {self.read}"] if self.read else []) + self.copies[:5])
 
 
-def open_meta_engine(engine_dir) -> StandinEngine:
+def open_meta_engine(engine_dir, *, engine_cls=None) -> StandinEngine:
     """The engine directory's network as the cuda backend runs it, on the ``meta`` device (its checkpoint's shapes
-    and dtypes; no GPU needed)."""
+    and dtypes; no GPU needed). ``engine_cls``: another :class:`StandinEngine` of the directory (the target-only
+    baseline's :class:`~dflash2_trt.bench.autoregressive.TargetOnlyEngine`)."""
     cfg, man = load_engine_dir(engine_dir)
     pre = cfg["pretrained_config"]
-    return StandinEngine(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre), backend="cuda",
-                         device="meta")
+    return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre),
+                                         backend="cuda", device="meta")
 
 
 def check_step(engine: StandinEngine, feed: dict, *, warm: bool = True) -> StepCheck:

@@ -10,9 +10,13 @@ failed) runs eagerly, as before. A bucket is
 - the host inputs other than three (``host_past_key_value_lengths``, ``host_kv_cache_block_offsets``,
   ``host_context_lengths``: :data:`UNBUCKETED_HOST_INPUTS`; a graph keeps the values its capture read, so every
   other host value must be the captured one),
-- the attention's key range, rounded up to ``granule`` tokens and fixed for the graph
-  (:func:`~dflash2_trt.trtllm.cpu.attention.key_range`: the growing ``host_past_key_value_lengths`` are read only
-  for it).
+- the attention's key range, fixed for the graph (:func:`~dflash2_trt.trtllm.cpu.attention.key_range`: the growing
+  ``host_past_key_value_lengths`` are read only for it): the longest committed length rounded up to 256 tokens plus
+  the step's new tokens, the executor's graph key and capture-time lengths (:meth:`GraphedSteps.key_range`).
+
+TensorRT-LLM's C++ executor does the same with a TensorRT engine (``api_1_2.yaml`` executor_cuda_graphs, recorded
+from trtGptModelInflightBatching.cpp and runtimeBuffers.cpp): graphs only for steps without context requests, keyed
+by the batch's composition, token count and rounded longest length, each captured after an eager step of its key.
 
 Why that is sound, shown on the CPU (``capture.replay_with_host_inputs_of``, tests/engine/test_capture_safety.py):
 a later generation step computed with an earlier step's host inputs gives exactly its own outputs once the key
@@ -56,6 +60,10 @@ def _side_stream(dev):
         main.wait_stream(side)
 
 
+KV_LENGTH_ROUND_SIZE = 256
+"""TensorRT-LLM's executor captures a new graph when the batch's longest committed length crosses a multiple of this
+(``api_1_2.yaml`` executor_cuda_graphs kv_length_round_size, runtimeBuffers.h)."""
+
 UNBUCKETED_HOST_INPUTS = ("host_past_key_value_lengths", "host_kv_cache_block_offsets", "host_context_lengths")
 """Host inputs a bucket does not fix: the growing lengths (read only for the key range, which the bucket fixes), the
 block table's host copy (read only for checks), the context lengths (read only for context requests)."""
@@ -67,7 +75,8 @@ class GraphedSteps:
     drives the engine. ``simulate``: on the CPU, replay eagerly from the frozen buffers (tests). ``stats``: steps
     replayed, captured and run eagerly; :meth:`failures`: why a capture failed."""
 
-    def __init__(self, engine: StandinEngine, *, granule: int = 256, max_graphs: int = 16, simulate: bool = False):
+    def __init__(self, engine: StandinEngine, *, granule: int = KV_LENGTH_ROUND_SIZE, max_graphs: int = 16,
+                 simulate: bool = False):
         if engine.device.type != "cuda" and not simulate:
             raise ConfigError(f"CUDA graphs need a cuda engine on a GPU; this one runs on {engine.device}",
                               field="--cuda-graphs")
@@ -86,11 +95,15 @@ class GraphedSteps:
 
     # ---- which bucket --------------------------------------------------------------------------------------
     def key_range(self, feed: dict) -> int:
-        """The attention key range a graph for ``feed`` is captured with: the longest request's committed length plus
-        the step's new tokens, rounded up to ``granule`` (at most the engine's max_seq_len)."""
+        """The attention key range a graph for ``feed`` is captured with, as TensorRT-LLM's executor sizes its graphs
+        (``api_1_2.yaml`` executor_cuda_graphs): the longest committed length rounded up to ``granule`` (256 there),
+        at most max_seq_len - 1, is every request's host_past_key_value_lengths at the capture, and the plugin adds
+        the step's new tokens. Capped at max_seq_len, the stand-in's block-table and rotary bound, which no request's
+        keys pass."""
         width = int(feed["spec_decoding_position_offsets"].shape[1])
-        need = int(feed["host_past_key_value_lengths"].max()) + width
-        return min(math.ceil(need / self.granule) * self.granule, max(self.max_keys, need))
+        past = int(feed["host_past_key_value_lengths"].max())
+        at_capture = min(self.max_keys - 1, math.ceil(past / self.granule) * self.granule)
+        return min(at_capture + width, max(self.max_keys, past + width))
 
     def bucket(self, feed: dict):
         """The bucket of ``feed``, or None when it runs eagerly (a context request in it, spec decoding off)."""
