@@ -441,8 +441,9 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
               help="TensorRT-LLM engines: the project runtime over TensorRT or TensorRT-LLM's C++ executor [auto: the "
                    "engine's runtime path, as build --dry-run and engine.json say].")
 @click.option("--cuda-graphs", is_flag=True,
-              help="cuda engines: replay generation steps from CUDA graphs, one per batch shape and 256-token key "
-                   "range (experimental: not yet run on a GPU; docs/gpu.md).")
+              help="cuda engines, and TensorRT engines on the project runtime (tp 1): replay generation steps from "
+                   "CUDA graphs, one per batch shape and 256-token key range (experimental: not yet run on a GPU; "
+                   "docs/gpu.md, docs/trt-session.md §9).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
             runtime, cuda_graphs, as_json) -> None:
@@ -548,8 +549,8 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
               help="TensorRT-LLM engines: the project runtime over TensorRT, or the executor's tools (--tool) [auto: "
                    "the engine's runtime path].")
 @click.option("--cuda-graphs", is_flag=True,
-              help="cuda engines: both modes replay their generation steps from CUDA graphs, as run --cuda-graphs "
-                   "(experimental: not yet run on a GPU; docs/gpu.md).")
+              help="cuda engines (both modes), and TensorRT engines on the project runtime: replay generation steps "
+                   "from CUDA graphs, as run --cuda-graphs (experimental: not yet run on a GPU; docs/benchmarks.md).")
 def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, seed, max_new_tokens, ignore_eos,
                   no_baseline, backend, json_out, plot_out, project_gpus, project_target, context_len, save_outputs,
                   no_progress, threads, baseline_engine_dir, benchmark_bin, plugin_lib, tool, dry_run,

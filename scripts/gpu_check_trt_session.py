@@ -9,6 +9,11 @@ stand-in of TensorRT's execution API (dflash2_trt/testing/tensorrt_standin.py), 
 inputs not in a CUDA allocation, the rest in one), and runs the CPU network on that memory. The outputs must be
 token-identical. What it shows: the binding code with real device pointers; not TensorRT itself.
 
+Also per pair: (c) the session with ``simulate_graphs`` (engine/trtllm/session_graphs.py: the CUDA-graph bookkeeping,
+replays executed on the captured addresses with the captured host values), token-identical too; and once, last, (d)
+a real CUDA-graph capture attempted on the tiny pair: the stand-in's execution synchronises, so CUDA must refuse it,
+and the session must then carry on eagerly with the same tokens (``real_capture``: the reason it reports).
+
     python scripts/gpu_check_trt_session.py --out DIR [--device cuda] [--new 16] [--prompts 6]
 """
 
@@ -86,11 +91,33 @@ def main(argv=None) -> int:
                    "host_inputs": sorted(n for n, w in placement.items() if w == "host"),
                    "stream_handle": sess.stream_handle, "cpu_s": round(cpu_s, 2), "session_s": round(sess_s, 2),
                    "build_and_run_s": round(time.perf_counter() - t0, 2), "messages": trt.Logger.messages[-3:]}
+            sess.close()
+            graphed = TrtEngineSession(blob, cfg, trt=trt, device=args.device, simulate_graphs=True)
+            gotg, _, graphed_s = run(graphed)
+            row["graphs_identical"] = [r.output_ids for r in gotg] == [r.output_ids for r in want]
+            row["graphs"] = graphed.graphs.report()
+            row["graphed_session_s"] = round(graphed_s, 2)
+            graphed.close()
             results.append(row)
             print(json.dumps(row), flush=True)
+            if key == "tiny":
+                first = (blob, cfg, want)
+        real = None
+        if args.device == "cuda":     # last: a refused capture must not spoil the other results
+            blob, cfg, want = first
+            sess = TrtEngineSession(blob, cfg, trt=trt, device=args.device, cuda_graphs=True)
+            try:
+                got, _, _ = run(sess)
+                real = {"identical": [r.output_ids for r in got] == [r.output_ids for r in want],
+                        **sess.graphs.report()}
+            except Exception as e:  # noqa: BLE001 - recorded: the check is what the session does after a refusal
+                real = {"identical": False, "error": f"{type(e).__name__}: {e}"[:400]}
             sess.close()
-    ok = all(r["identical"] and r["acceptance_identical"] and not r["placement_mismatches"] for r in results)
-    (out / "gpu_check_trt_session.json").write_text(json.dumps({"env": env, "results": results, "ok": ok}, indent=2))
+            print(json.dumps({"real_capture": real}), flush=True)
+    ok = all(r["identical"] and r["acceptance_identical"] and not r["placement_mismatches"] and r["graphs_identical"]
+             for r in results) and (real is None or real["identical"])
+    (out / "gpu_check_trt_session.json").write_text(json.dumps({"env": env, "results": results, "real_capture": real,
+                                                                "ok": ok}, indent=2))
     print("OK" if ok else "FAILED", flush=True)
     return 0 if ok else 1
 

@@ -57,7 +57,8 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     (gptManagerBenchmark, :mod:`.gpu`); on the project-runtime path (``runtime`` auto gives it to the engines the
     executor cannot run, or ``project``): the project runtime over TensorRT (:mod:`.session`; ``trt``: the tensorrt
     module, its CPU stand-in in tests). ``cuda_graphs``: a cuda engine's generation steps, speculative and
-    autoregressive alike, replayed from CUDA graphs (:mod:`.cpu`; ``simulate_graphs``: on the CPU, for tests)."""
+    autoregressive alike, replayed from CUDA graphs (:mod:`.cpu`), or a TensorRT engine's on the project runtime
+    (:mod:`.session`; ``simulate_graphs``: on the CPU, for tests)."""
     t0 = time.perf_counter()
     if backend not in ("auto", "cpu", "cuda", "trtllm"):
         raise ConfigError(f"must be auto, cpu, cuda or trtllm, got {backend!r}", field="--backend")
@@ -93,14 +94,16 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if backend != "auto" and backend != kind:
         raise ConfigError(f"is a {kind} engine (engine.json backend {kind!r}); --backend {backend} was asked",
                           source=engine_dir, field="backend")
-    if cuda_graphs and kind != "cuda":
-        raise ConfigError(f"CUDA graphs replay the steps of a cuda engine; this is a {kind} engine",
-                          field="--cuda-graphs")
+    if cuda_graphs and kind == "cpu":
+        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project "
+                          "runtime; this is a cpu engine", field="--cuda-graphs")
     path = None
     if kind == "trtllm":
         from ..engine.trtllm.paths import PROJECT, choose_runtime
+        from ..engine.trtllm.runner import refuse_graphs_off_the_project_path
 
         path = choose_runtime(runtime, (cfg or {}).get("pretrained_config"), man)
+        refuse_graphs_off_the_project_path(cuda_graphs or simulate_graphs, path, cfg["pretrained_config"])
     elif runtime not in (None, "auto"):
         raise ConfigError(f"applies to TensorRT-LLM engines only (this is a {kind} engine)", field="--runtime")
     if kind in ("cpu", "cuda"):
@@ -124,7 +127,8 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
                               field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run/--tool")
         measured = bench_session(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                                  temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
-                                 stop_on_eos=stop_on_eos, keep_outputs=keep_outputs, trt=trt)
+                                 stop_on_eos=stop_on_eos, keep_outputs=keep_outputs, trt=trt, cuda_graphs=cuda_graphs,
+                                 simulate_graphs=simulate_graphs)
         measured["tool"] = "project-runtime"
     else:
         man = dict(man)

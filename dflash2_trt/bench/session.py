@@ -23,14 +23,19 @@ from .metrics import run_metrics
 
 def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None = None, temperature: float = 0.0,
                   seed: int = 0, max_new_tokens: int = 64, stop_on_eos: bool = True, warmup: bool = True,
-                  keep_outputs: bool = False, trt=None) -> dict:
+                  keep_outputs: bool = False, trt=None, cuda_graphs: bool = False,
+                  simulate_graphs: bool = False) -> dict:
     """The report's measured part for a TensorRT engine on the project runtime (``trt``: the tensorrt module, or its
-    CPU stand-in in tests)."""
+    CPU stand-in in tests). ``cuda_graphs``: generation steps replayed from CUDA graphs (``engine/trtllm/
+    session_graphs.py``, the session's graphs kept from one concurrency to the next; each RUN's ``cuda_graphs`` counts
+    its own steps; ``simulate_graphs``: on the stand-in, for tests)."""
     levels = parse_concurrency(concurrency)
     if not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
     t_start = time.perf_counter()
-    sess, man = open_project_session(engine_dir, trt=trt)
+    graphed = bool(cuda_graphs or simulate_graphs)
+    sess, man = open_project_session(engine_dir, trt=trt, **({"cuda_graphs": cuda_graphs,
+                                                               "simulate_graphs": simulate_graphs} if graphed else {}))
     try:
         limit = sess.limits["max_batch_size"]
         too_big = [c for c in levels if c > limit]
@@ -51,8 +56,13 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
         for c in levels:
             rt = Runtime(sess, max_batch_size=c)
             reqs = make_requests(specs, temperature=temperature, seed=seed, stops=stops)
+            before = sess.graphs.report() if graphed else None
             wall = drive(rt, reqs, c)
             m = run_metrics(reqs, wall_s=wall, step_log=rt.step_log, draft_len=sess.K)
+            if graphed:
+                after = sess.graphs.report()
+                m["cuda_graphs"] = {**{k: after[k] - before[k] for k in ("replayed", "captured", "eager")},
+                                    "failed": after["failed"], "simulated": after["simulated"]}
             if keep_outputs:
                 m["outputs"] = [{"task_id": r.task_id, "output_ids": list(r.output_ids), "stop_reason": r.stop_reason,
                                  "acceptance_lengths": list(r.acceptance_lengths)} for r in reqs]
@@ -65,7 +75,8 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
             "block_size": sess.K + 1, "draft_len": sess.K, "tp_size": sess.tp, "dataset_requests": specs,
             "settings": {"concurrency": levels, "num_requests": len(specs), "temperature": temperature, "seed": seed,
                          "stop_on_eos": bool(stop_on_eos), "stop_token_ids": list(stops),
-                         "max_new_tokens": max_new_tokens, "warmup": bool(warmup), "torch_threads": None},
+                         "max_new_tokens": max_new_tokens, "warmup": bool(warmup), "torch_threads": None,
+                         "cuda_graphs": graphed},
             "baseline": None, "mean_input_len": sum(in_lens) / len(in_lens), "runs": runs, "unavailable": [],
             "notes": ["the project runtime over TensorRT (engine/trtllm/paths.py: the executor cannot run this "
                       "engine); no autoregressive baseline on this path"],

@@ -27,13 +27,14 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
     if max_batch_size is not None and max_batch_size < 1:
         raise ConfigError(f"must be >= 1, got {max_batch_size}", field="--max-batch-size")
     backend = engine_backend(engine_dir)
-    if cuda_graphs and backend != "cuda":
-        raise ConfigError(f"CUDA graphs replay the steps of a cuda engine; this is a {backend} engine",
-                          field="--cuda-graphs")
+    if cuda_graphs and backend == "cpu":
+        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project "
+                          "runtime; this is a cpu engine", field="--cuda-graphs")
     if backend == "trtllm":   # a GPU machine: the C++ executor or the project runtime over TensorRT
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                                 max_batch_size=max_batch_size, verify=verify, runtime=runtime, trt=trt)
+                                 max_batch_size=max_batch_size, verify=verify, runtime=runtime, trt=trt,
+                                 cuda_graphs=cuda_graphs)
     if runtime not in (None, "auto"):
         raise ConfigError("applies to TensorRT-LLM engines (this is a stand-in engine: the project's runtime runs it)",
                           field="--runtime")

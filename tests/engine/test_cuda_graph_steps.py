@@ -168,7 +168,9 @@ def test_bench_run_graphs_both_modes(tmp_path_factory):
     rep = bench_run(d, ds, simulate_graphs=True, **kw)
     assert eager["settings"]["cuda_graphs"] is False and rep["settings"]["cuda_graphs"] is True
     for run, plain in zip(rep["runs"], eager["runs"]):
-        assert run["outputs_match"] is True
+        # lossless against the target-only baseline at T = 0, with and without graphs (the hybrid baseline once
+        # leaked a reused slot's state: tests/bench/test_bench_autoregressive.py)
+        assert run["outputs_match"] is True and plain["outputs_match"] is True
         for mode in ("speculative", "autoregressive"):
             g = run[mode]["cuda_graphs"]
             assert g["simulated"] is True and g["failed"] == [] and g["replayed"] >= 3, (run["concurrency"], mode, g)

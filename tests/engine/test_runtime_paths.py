@@ -114,6 +114,48 @@ def test_bench_run_takes_the_project_runtime(trt_engine_dir, tmp_path):
         bench_run(d, ds, concurrency="2", trt=trt, tool="gptmanager")
 
 
+def test_cuda_graphs_on_the_project_runtime(trt_engine_dir, tmp_path):
+    """``run`` / ``bench run --cuda-graphs`` on a TensorRT engine of the project path: the session's graphs
+    (simulated on the stand-in) keep the tokens and report their counts; the executor path and a cpu engine refuse
+    the flag in one line."""
+    from dflash2_trt.bench.report import render
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.engine.run import render as render_run, run_engine
+    from dflash2_trt.engine.trtllm.runner import run_engine_trtllm
+
+    d, cpu_dir = trt_engine_dir
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23]]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": 16}) + "\n"
+                            for i, p in enumerate(prompts)))
+    want = run_engine(d, prompts_file=str(path), max_batch_size=3, trt=trt)
+    rep = run_engine_trtllm(d, prompts_file=str(path), max_batch_size=3, trt=trt, simulate_graphs=True)
+    assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
+    g = rep["cuda_graphs"]
+    assert g["simulated"] and g["replayed"] >= 3 and g["captured"] >= 1 and g["failed"] == [], g
+    assert g["replayed"] + g["eager"] == rep["totals"]["steps"] and "CUDA graphs:" in render_run(rep)
+    with pytest.raises(ConfigError, match="applies to the project runtime"):
+        run_engine_trtllm(d, prompt_ids="5,6,7", max_new_tokens=2, runtime="executor", trt=trt, cuda_graphs=True)
+    with pytest.raises(ConfigError, match="need the session on a GPU"):        # no GPU here
+        run_engine(d, prompt_ids="5,6,7", max_new_tokens=2, trt=trt, cuda_graphs=True)
+    with pytest.raises(ConfigError, match="this is a cpu engine"):
+        run_engine(cpu_dir, prompt_ids="5,6,7", max_new_tokens=2, cuda_graphs=True)
+
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": 12}) + "\n"
+                          for i, p in enumerate(prompts)))
+    eager = bench_run(d, ds, concurrency="1,3", trt=trt, progress=False, keep_outputs=True)
+    graphed = bench_run(d, ds, concurrency="1,3", trt=trt, progress=False, keep_outputs=True, simulate_graphs=True)
+    assert graphed["settings"]["cuda_graphs"] is True and eager["settings"]["cuda_graphs"] is False
+    for a, b in zip(graphed["runs"], eager["runs"]):
+        assert a["speculative"]["outputs"] == b["speculative"]["outputs"]
+        g = a["speculative"]["cuda_graphs"]
+        assert g["replayed"] + g["eager"] == a["speculative"]["engine_steps"] and g["replayed"] >= 1, g
+    assert "CUDA graphs: speculative" in render(graphed)
+    with pytest.raises(ConfigError, match="applies to the project runtime"):
+        bench_run(d, ds, concurrency="1", trt=trt, runtime="executor", cuda_graphs=True, progress=False)
+
+
 def test_deploy_triton_takes_a_project_path_engine_to_the_python_model(trt_engine_dir, tmp_path):
     """`deploy triton` serves an engine on the project path with the python model on the project runtime (auto); the
     tensorrtllm backend, asked for, is written with a note that its executor will not run it (details:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from dflash2_trt.assets import trained_pair
+from dflash2_trt.errors import ConfigError
 from dflash2_trt.engine.trtllm import session as sessmod
 from dflash2_trt.engine.trtllm.session import TrtEngineSession, facts
 from dflash2_trt.runtime import Request, Runtime
@@ -378,3 +379,54 @@ def test_published_pair_full_feed_through_every_step_kind(key, tp, rank):
     if sess.recurrent:          # three requests on two slots: one slot served two of them (a reused slot)
         assert set(holders) == {0, 1} and max(len(v) for v in holders.values()) == 2
     assert sess.execution.context.executions == len(steps) == rt.step_count
+
+
+# ------------------------------------------------------------------------------------------------ CUDA graphs
+@pytest.mark.parametrize("key,family", [("tiny", "qwen3"), ("tiny-hybrid", "qwen3_5"), ("tiny-muse", "muse_glimmer")])
+def test_graphed_generation_steps_give_the_eager_sessions_tokens(tiny_engines, key, family):
+    """``cuda_graphs`` on the project runtime, simulated on the stand-in: a capture keeps the bound addresses and the
+    host values its enqueue read (host_past_key_value_lengths set to the rounded length, as TensorRT-LLM's executor
+    sets it), a replay executes on those addresses with those host values. Greedy and sampled, in-flight batched:
+    the eager session's tokens, with most generation steps replayed."""
+    engine_dir = tiny_engines(key)
+    prompts = shipped_prompts(trained_pair(family), 6)
+    for temperature in (0.0, 0.8):
+        runs = []
+        for graphed in (False, True):
+            sess = _session(engine_dir, simulate_graphs=graphed)
+            reqs = [Request(list(p), 16, seed=i, temperature=temperature, stop_token_ids=(2,), task_id=i)
+                    for i, p in enumerate(prompts)]
+            rt = Runtime(sess, max_batch_size=3)
+            rt.generate(reqs)
+            runs.append(([r.output_ids for r in reqs], [r.acceptance_lengths for r in reqs]))
+            if graphed:
+                st = sess.graphs.report()
+                assert st["replayed"] + st["eager"] == rt.step_count and st["failed"] == [], st
+                assert st["captured"] >= 1 and st["replayed"] >= 5, st
+                assert sess.execution.context.executions == rt.step_count   # a capture records, it does not run
+            sess.close()
+        assert runs[1] == runs[0], temperature
+
+
+def test_a_graph_replays_the_host_values_of_its_capture(tiny_engines, monkeypatch):
+    """Negative control: a graph keeps the host values its capture read. Captured WITHOUT the executor's rounded
+    host_past_key_value_lengths, a graph replayed for a later step of its key sizes the attention from the capture's
+    shorter lengths, which the stand-in refuses (the real plugin would drop keys)."""
+    from dflash2_trt.engine.trtllm import session_graphs
+
+    engine_dir = tiny_engines("tiny")
+    prompts = shipped_prompts(trained_pair("qwen3"), 3)
+    monkeypatch.setattr(session_graphs, "size_for_capture", lambda bound, past: None)
+    sess = _session(engine_dir, simulate_graphs=True)
+    try:
+        with pytest.raises(ValueError, match="host_past_key_value_lengths gives them"):
+            Runtime(sess, max_batch_size=3).generate([Request(list(p), 16, task_id=i) for i, p in enumerate(prompts)])
+        assert sess.graphs.stats["replayed"] == 1
+    finally:
+        sess.close()
+
+
+def test_cuda_graphs_on_the_session_are_refused_where_they_cannot_apply(tiny_engines):
+    engine_dir = tiny_engines("tiny")
+    with pytest.raises(ConfigError, match="need the session on a GPU; it runs on cpu"):
+        _session(engine_dir, cuda_graphs=True)

@@ -69,6 +69,26 @@ UNBUCKETED_HOST_INPUTS = ("host_past_key_value_lengths", "host_kv_cache_block_of
 block table's host copy (read only for checks), the context lengths (read only for context requests)."""
 
 
+def past_at_capture(past: int, max_seq_len: int, granule: int = KV_LENGTH_ROUND_SIZE) -> int:
+    """What TensorRT-LLM's executor writes into every request's host_past_key_value_lengths before it captures a
+    graph (``api_1_2.yaml`` executor_cuda_graphs): the longest committed length ``past`` rounded up to ``granule``, at
+    most ``max_seq_len - 1``. The graph's key (with the batch's shapes) and its launches' size."""
+    return min(max_seq_len - 1, math.ceil(past / granule) * granule)
+
+
+def graph_bucket(feed: dict, is_host, past_key: int):
+    """The bucket of a step's ``feed`` (flat, by engine input name), or None when the step runs eagerly: only a step
+    without context requests and with spec decoding on is graphed (the executor's rule). The bucket is every input's
+    shape and dtype, the values of the host inputs other than :data:`UNBUCKETED_HOST_INPUTS` (``is_host(name)``: a
+    graph keeps the values its capture read), and ``past_key``."""
+    if not bool((feed["host_request_types"] == 1).all()) or int(feed["spec_decoding_use"].reshape(-1)[0]) != 1:
+        return None
+    shapes = tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in feed.items()))
+    fixed = tuple(sorted((k, v.numpy().tobytes()) for k, v in feed.items()
+                         if is_host(k) and k not in UNBUCKETED_HOST_INPUTS))
+    return shapes, fixed, past_key
+
+
 class GraphedSteps:
     """``engine`` (a cuda :class:`StandinEngine`, one rank) with :meth:`step` replaying captured generation steps.
     Every other attribute is the engine's, so the project's :class:`~dflash2_trt.runtime.Runtime` drives it as it
@@ -102,17 +122,12 @@ class GraphedSteps:
         keys pass."""
         width = int(feed["spec_decoding_position_offsets"].shape[1])
         past = int(feed["host_past_key_value_lengths"].max())
-        at_capture = min(self.max_keys - 1, math.ceil(past / self.granule) * self.granule)
+        at_capture = past_at_capture(past, self.max_keys, self.granule)
         return min(at_capture + width, max(self.max_keys, past + width))
 
     def bucket(self, feed: dict):
-        """The bucket of ``feed``, or None when it runs eagerly (a context request in it, spec decoding off)."""
-        if not bool((feed["host_request_types"] == 1).all()) or int(feed["spec_decoding_use"].reshape(-1)[0]) != 1:
-            return None
-        shapes = tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in feed.items()))
-        fixed = tuple(sorted((k, v.numpy().tobytes()) for k, v in feed.items()
-                             if input_memory(k) == "host" and k not in UNBUCKETED_HOST_INPUTS))
-        return shapes, fixed, self.key_range(feed)
+        """The bucket of ``feed`` (:func:`graph_bucket`, with the key range), or None when it runs eagerly."""
+        return graph_bucket(feed, lambda k: input_memory(k) == "host", self.key_range(feed))
 
     # ---- the step the runtime calls -------------------------------------------------------------------------
     @torch.no_grad()

@@ -112,13 +112,31 @@ def run_trtllm_engine(engine_dir, man: dict, items: list[dict], *, max_new_token
                                          "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
 
 
+def refuse_graphs_off_the_project_path(asked: bool, path: dict, pretrained: dict) -> bool:
+    """``--cuda-graphs`` on a TensorRT engine: the project runtime's graphs (tp 1), or one line saying why not."""
+    if not asked:
+        return False
+    if path["path"] != PROJECT:
+        raise ConfigError("applies to the project runtime (--runtime project): TensorRT-LLM's executor keys its graphs "
+                          "without the EAGLE host inputs (trtllm/cpu/api_1_2.yaml executor_cuda_graphs), so this "
+                          "project does not turn its cuda_graph_mode on", field="--cuda-graphs")
+    tp = int(pretrained["mapping"]["tp_size"])
+    if tp != 1:
+        raise ConfigError(f"CUDA graphs serve tp 1 engines on the project runtime for now; this one is tp {tp}",
+                          field="--cuda-graphs")
+    return True
+
+
 def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                       temperature: float = 0.0, seed: int = 0, max_batch_size=None, verify: bool = False,
-                      runtime: str | None = None, trt=None) -> dict:
+                      runtime: str | None = None, trt=None, cuda_graphs: bool = False,
+                      simulate_graphs: bool = False) -> dict:
     """``run --engine-dir`` on a TensorRT-LLM engine: the engine directory and the prompts are checked here (any
     machine), the decoding needs TensorRT (and TensorRT-LLM's plugins) on a GPU. ``runtime``: ``auto`` (the engine's
     path, :mod:`.paths`), ``project`` (the project runtime over TensorRT, :mod:`.session_run`) or ``executor``
-    (TensorRT-LLM's C++ runner). ``trt``: the TensorRT module for the project runtime (tests: its CPU stand-in)."""
+    (TensorRT-LLM's C++ runner). ``trt``: the TensorRT module for the project runtime (tests: its CPU stand-in).
+    ``cuda_graphs``: the project runtime replays generation steps from CUDA graphs (:mod:`.session_graphs`;
+    ``simulate_graphs``: on the stand-in, for tests)."""
     cfg, man = load_engine_dir(engine_dir, verify=verify)
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     if prompts_file is not None:
@@ -149,9 +167,12 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
     if max_batch_size is not None and max_batch_size > lim["max_batch_size"]:
         raise ConfigError(f"must be in [1, {lim['max_batch_size']}] (the engine's max_batch_size), got {max_batch_size}",
                           field="--max-batch-size")
+    graphs = refuse_graphs_off_the_project_path(cuda_graphs or simulate_graphs, path, cfg["pretrained_config"])
     if path["path"] == PROJECT:
         report = run_items(engine_dir, items, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                           max_batch_size=max_batch_size, tokenizer=tok, trt=trt)
+                           max_batch_size=max_batch_size, tokenizer=tok, trt=trt,
+                           session_kw={"cuda_graphs": cuda_graphs, "simulate_graphs": simulate_graphs} if graphs
+                           else None)
     else:
         _require_trtllm()
         report = run_trtllm_engine(engine_dir, man, items, max_new_tokens=max_new_tokens, temperature=temperature,

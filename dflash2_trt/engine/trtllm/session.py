@@ -35,7 +35,8 @@ on ``cuda:(rank % GPUs)``, binding ``rank{r}.engine`` with its own KV pool and s
 custom all-reduce workspace (``CustomAllReduceHelper.allocate_workspace``, facts ``multi_rank``: the pointer table in
 host memory, the IPC buffers kept alive by the session).
 
-Not done here (docs/trt-session.md): CUDA-graph capture of bucketed generation steps.
+CUDA graphs (``cuda_graphs``; experimental, not yet run on a GPU): generation steps captured and replayed per key as
+TensorRT-LLM's executor does with a TensorRT engine (:mod:`.session_graphs`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def alignment() -> int:
 def input_memory() -> dict:
     """Engine input name -> "host" | "device" (engine_io.yaml ``memory``); the state pointers are host inputs."""
     return {p.name: p.memory or "device" for p in load_contract()["inputs"]}
+
+
+def _is_host(name: str) -> bool:
+    return memory_of(name) == "host"
 
 
 def memory_of(name: str) -> str:
@@ -230,12 +235,15 @@ class TrtEngineSession:
     which rank engine of a tp engine this is (its process's MPI rank); ``launched``: this process is one of the tp
     processes an MPI launcher started (:mod:`.ranks` says so; a rank alone would wait forever in its first
     all-reduce, so a tp engine is refused without it); ``local_rank`` / ``gpus_per_node``: the rank among this node's
-    processes and their number (the GPU it takes, the workspace's mapping)."""
+    processes and their number (the GPU it takes, the workspace's mapping); ``cuda_graphs``: generation steps
+    replayed from CUDA graphs (:mod:`.session_graphs`; ``simulate_graphs``: its bookkeeping with replays executed, for
+    the stand-in)."""
 
     def __init__(self, engine_bytes: bytes, config: dict, *, trt, device=None, num_blocks: int | None = None,
                  num_slots: int | None = None, greedy_sampling: int = 0, use_trtllm: bool | None = None,
                  kv_cache_fraction: float | None = None, rank: int = 0, launched: bool = False,
-                 local_rank: int | None = None, gpus_per_node: int | None = None):
+                 local_rank: int | None = None, gpus_per_node: int | None = None, cuda_graphs: bool = False,
+                 simulate_graphs: bool = False):
         self.trt = trt
         self.config = dict(config["pretrained_config"])
         pre = self.config
@@ -309,6 +317,11 @@ class TrtEngineSession:
         self._dummy = AlignedBuffer(16, self.device)
         self.bound: dict[str, torch.Tensor] = {}          # the last step's bound tensors (tests read them)
         self.addresses: dict[str, int] = {}
+        self.graphs = None
+        if cuda_graphs or simulate_graphs:
+            from .session_graphs import SessionGraphs
+
+            self.graphs = SessionGraphs(self, simulate=simulate_graphs)
 
     # ---- memory the session owns --------------------------------------------------------------------------
     def block_bytes(self) -> int:
@@ -444,6 +457,7 @@ class TrtEngineSession:
     def step(self, inputs: dict) -> dict:
         """One engine step on the runtime's feed (engine_io.yaml names); the outputs by name."""
         feed = bind(self.inputs, {**self._static, **inputs})           # TensorRT-LLM's binding rules
+        key = self.graphs.key(feed, _is_host) if self.graphs is not None else None
         ctx = self.execution.context
         bound, addresses = {}, {}
         stream = torch.cuda.stream(self.stream) if self.stream is not None else _null()
@@ -466,14 +480,24 @@ class TrtEngineSession:
                 buf = self._buffer(name, nbytes, self.device, pin=False)
                 outs[name] = buf.view(dtype, shape)
                 addresses[name] = buf.address
-            if not self.execution.run(addresses, self.stream_handle):
-                raise RuntimeError("TensorRT's execute_async_v3 failed (TensorRT's log says why)")
+            entry = self.graphs.lookup(key, addresses) if self.graphs is not None else None
+            if entry is not None:
+                self.graphs.replay(entry, bound, self._run)
+            else:
+                if not self._run(addresses):
+                    raise RuntimeError("TensorRT's execute_async_v3 failed (TensorRT's log says why)")
+                if self.graphs is not None:
+                    self.graphs.capture(key, bound, addresses, _is_host, self._run)
             if self.stream is not None:
                 self.stream.synchronize()
         self.bound, self.addresses = bound, addresses
         return {name: (t if name == "logits" else t.to("cpu", copy=True)) for name, t in outs.items()}
 
+    def _run(self, addresses: dict) -> bool:
+        return self.execution.run(addresses, self.stream_handle)
+
     def close(self) -> None:
+        self.graphs = None
         self._buffers.clear()
         self._workspace_buffers = None
         self.rnn_states.clear()

@@ -29,8 +29,11 @@ def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature
         t0 = time.perf_counter()
         rt.generate(reqs)
         wall = time.perf_counter() - t0
-        return run_report(engine_dir, reqs, rt, wall, tokenizer, backend="trtllm", runtime="project",
-                          block_size=sess.K + 1, tp_size=sess.tp, temperature=temperature)
+        report = run_report(engine_dir, reqs, rt, wall, tokenizer, backend="trtllm", runtime="project",
+                            block_size=sess.K + 1, tp_size=sess.tp, temperature=temperature)
+        if getattr(sess, "graphs", None) is not None:
+            report["cuda_graphs"] = sess.graphs.report()
+        return report
     finally:
         sess.close()
 
