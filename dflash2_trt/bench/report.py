@@ -7,8 +7,8 @@ Top level (``schema_version`` 1; the README's "Bench report" section is the refe
     engine_dir, target, block_size, draft_len, tp_size
     dataset                      {path, sha256, requests, mean_input_len, mean_output_tokens}
     settings                     {concurrency, num_requests, temperature, seed, stop_on_eos,
-                                  stop_token_ids, max_new_tokens, warmup, torch_threads and
-                                  cuda_graphs (cpu / cuda engines)}
+                                  stop_token_ids, max_new_tokens, warmup, torch_threads (CPU),
+                                  cuda_graphs (cpu, cuda and project-runtime engines)}
     baseline                     {kind, description} | null (no autoregressive run)
     runs[]                       {concurrency, speculative: RUN, autoregressive: RUN | null,
                                   speedup (spec ÷ AR output tokens/s) | null,
@@ -26,8 +26,8 @@ wall_s, requests_per_s, output_tokens_per_s, latency_s / ttft_s / itl_s ({mean, 
 min, max} in seconds), engine_steps, target_tokens, target_tokens_per_emitted_token,
 decode_target_tokens_per_emitted_token, acceptance {mean, steps, histogram, per_position,
 per_position_conditional}; with ``bench run --cuda-graphs`` (settings.cuda_graphs true) also cuda_graphs
-{replayed, captured, eager (steps of this run), failed (why a capture failed: every later step eager),
-simulated}.
+{replayed, captured, eager (this run's steps, summing to engine_steps), failed (why a capture failed, in this run or
+an earlier one: graphs stay off after one), simulated}.
 """
 
 from __future__ import annotations

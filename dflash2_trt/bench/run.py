@@ -103,7 +103,8 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         from ..engine.trtllm.runner import refuse_graphs_off_the_project_path
 
         path = choose_runtime(runtime, (cfg or {}).get("pretrained_config"), man)
-        refuse_graphs_off_the_project_path(cuda_graphs or simulate_graphs, path, cfg["pretrained_config"])
+        if cuda_graphs or simulate_graphs:
+            refuse_graphs_off_the_project_path(True, path, (cfg or {}).get("pretrained_config") or {})
     elif runtime not in (None, "auto"):
         raise ConfigError(f"applies to TensorRT-LLM engines only (this is a {kind} engine)", field="--runtime")
     if kind in ("cpu", "cuda"):

@@ -23,10 +23,10 @@ from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompt
 FAMILIES = [("qwen3", "tiny"), ("qwen3_5", "tiny-hybrid"), ("muse_glimmer", "tiny-muse")]
 
 
-def _graphed(d, prompts, temperature, **kw):
+def _graphed(d, prompts, temperature, granule=64, **kw):
     eng, man = open_standin_engine(d)
     try:
-        g = GraphedSteps(eng, simulate=True, granule=64, **kw)
+        g = GraphedSteps(eng, simulate=True, granule=granule, **kw)
         reqs = [Request(list(p), 24, temperature=temperature, seed=i, task_id=i,
                         stop_token_ids=tuple(man["eos_token_ids"])) for i, p in enumerate(prompts)]
         Runtime(g, max_batch_size=3).generate(reqs)
@@ -47,6 +47,44 @@ def test_replayed_generation_steps_give_the_engines_tokens(family, key, tmp_path
         assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in want]
         st = g.stats
         assert st["captured"] >= 1 and st["replayed"] >= 5 and st["eager"] >= 3 and not g.failures(), st
+
+
+def test_replays_across_rounding_boundaries(tmp_path_factory):
+    """A granule of 8 tokens (the executor's is 256) against a spec-decoding width of 8: a bucket's later steps come
+    within the width of its rounding boundary, where only the step's new tokens in the key range (rounded committed
+    length + width) keep every key in view. Each later step of a bucket, computed with the bucket's first step's host
+    inputs and the bucket's key range, gives exactly its own outputs, logits included (the tokens alone would not
+    show a few keys lost at the last draft positions); and the graphed run keeps the engine's tokens."""
+    from dflash2_trt.engine.standin.capture import replay_with_host_inputs_of
+
+    pair = trained_pair("qwen3")
+    d = EngineCache(pair, "tiny", tmp_path_factory, verify=False)(8)
+    prompts = shipped_prompts(pair, 6)
+    eng, _ = open_standin_engine(d)
+    g = GraphedSteps(eng, simulate=True, granule=8)
+    first, checked = {}, []
+    orig = eng.step
+
+    def spy(feed):
+        b = g.bucket(feed)
+        if b is not None:
+            if b in first:
+                checked.append(replay_with_host_inputs_of(eng, first[b], feed, key_range=b[2])["differs"])
+            else:
+                first[b] = dict(feed)
+        return orig(feed)
+
+    eng.step = spy
+    try:
+        Runtime(eng, max_batch_size=3).generate([Request(list(p), 24, task_id=i) for i, p in enumerate(prompts)])
+    finally:
+        eng.step = orig
+        eng.close()
+    assert len(checked) >= 3 and all(diff == [] for diff in checked), checked
+    want, _ = run_prompts(d, prompts, new=24, max_batch=3)
+    got, g = _graphed(d, prompts, 0.0, granule=8)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert g.stats["captured"] >= 3 and g.stats["replayed"] >= 3, g.stats
 
 
 def test_a_runner_that_froze_a_device_input_is_caught(tmp_path_factory, monkeypatch):

@@ -133,7 +133,7 @@ def test_cuda_graphs_on_the_project_runtime(trt_engine_dir, tmp_path):
     assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
     g = rep["cuda_graphs"]
     assert g["simulated"] and g["replayed"] >= 3 and g["captured"] >= 1 and g["failed"] == [], g
-    assert g["replayed"] + g["eager"] == rep["totals"]["steps"] and "CUDA graphs:" in render_run(rep)
+    assert g["replayed"] + g["captured"] + g["eager"] == rep["totals"]["steps"] and "CUDA graphs:" in render_run(rep)
     with pytest.raises(ConfigError, match="applies to the project runtime"):
         run_engine_trtllm(d, prompt_ids="5,6,7", max_new_tokens=2, runtime="executor", trt=trt, cuda_graphs=True)
     with pytest.raises(ConfigError, match="need the session on a GPU"):        # no GPU here
@@ -150,10 +150,18 @@ def test_cuda_graphs_on_the_project_runtime(trt_engine_dir, tmp_path):
     for a, b in zip(graphed["runs"], eager["runs"]):
         assert a["speculative"]["outputs"] == b["speculative"]["outputs"]
         g = a["speculative"]["cuda_graphs"]
-        assert g["replayed"] + g["eager"] == a["speculative"]["engine_steps"] and g["replayed"] >= 1, g
+        assert g["replayed"] + g["captured"] + g["eager"] == a["speculative"]["engine_steps"], g
+        assert g["replayed"] >= 1, g
     assert "CUDA graphs: speculative" in render(graphed)
     with pytest.raises(ConfigError, match="applies to the project runtime"):
         bench_run(d, ds, concurrency="1", trt=trt, runtime="executor", cuda_graphs=True, progress=False)
+    # without --cuda-graphs nothing of it is read: an executor-path directory without config.json still dry-runs
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "engine.json").write_text((d / "engine.json").read_text())
+    rep = bench_run(bare, ds, concurrency="1", tool="gptmanager", dry_run=True, benchmark_bin="/bin/true",
+                    runtime="executor", progress=False)
+    assert rep["tool"] == "gptmanager"
 
 
 def test_deploy_triton_takes_a_project_path_engine_to_the_python_model(trt_engine_dir, tmp_path):

@@ -116,10 +116,11 @@ class GraphedSteps:
     # ---- which bucket --------------------------------------------------------------------------------------
     def key_range(self, feed: dict) -> int:
         """The attention key range a graph for ``feed`` is captured with, as TensorRT-LLM's executor sizes its graphs
-        (``api_1_2.yaml`` executor_cuda_graphs): the longest committed length rounded up to ``granule`` (256 there),
-        at most max_seq_len - 1, is every request's host_past_key_value_lengths at the capture, and the plugin adds
-        the step's new tokens. Capped at max_seq_len, the stand-in's block-table and rotary bound, which no request's
-        keys pass."""
+        (``api_1_2.yaml`` executor_cuda_graphs): the executor sets every request's host_past_key_value_lengths to the
+        longest committed length rounded up to ``granule`` (256 there), at most max_seq_len - 1, before the capture,
+        and the plugin adds the step's new tokens. Here that range is fixed through ``attention.key_range`` instead
+        (the frozen host lengths stay the capture step's own). Capped at max_seq_len, the stand-in's block-table and
+        rotary bound, which no request's keys pass."""
         width = int(feed["spec_decoding_position_offsets"].shape[1])
         past = int(feed["host_past_key_value_lengths"].max())
         at_capture = past_at_capture(past, self.max_keys, self.granule)

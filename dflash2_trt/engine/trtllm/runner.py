@@ -117,10 +117,10 @@ def refuse_graphs_off_the_project_path(asked: bool, path: dict, pretrained: dict
     if not asked:
         return False
     if path["path"] != PROJECT:
-        raise ConfigError("applies to the project runtime (--runtime project): TensorRT-LLM's executor keys its graphs "
-                          "without the EAGLE host inputs (trtllm/cpu/api_1_2.yaml executor_cuda_graphs), so this "
-                          "project does not turn its cuda_graph_mode on", field="--cuda-graphs")
-    tp = int(pretrained["mapping"]["tp_size"])
+        raise ConfigError("applies to the project runtime (--runtime project): the executor's own CUDA-graph mode "
+                          "(ModelRunnerCpp.from_dir cuda_graph_mode) is not turned on by this project, since it has "
+                          "never run with a DFlash2 engine", field="--cuda-graphs")
+    tp = int((pretrained.get("mapping") or {}).get("tp_size", 1))
     if tp != 1:
         raise ConfigError(f"CUDA graphs serve tp 1 engines on the project runtime for now; this one is tp {tp}",
                           field="--cuda-graphs")

@@ -20,8 +20,14 @@ runtimeBuffers.cpp), done by :class:`~.session.TrtEngineSession`:
   ``cuda_graph_cache_size``, at least 1) per buffer set); a capture that fails turns graphs off for the session, with
   the first error kept.
 
-The executor's own mode is not offered for this engine on the executor path: its graphs are keyed without the EAGLE
-host inputs (``api_1_2.yaml``), so a replay could feed a step stale ones.
+The executor's own mode (``ModelRunnerCpp.from_dir(cuda_graph_mode=...)``) is not turned on by this project on the
+executor path: it has never run with a DFlash2 engine.
+
+``stats``, as the cuda backend's runner counts them (``replayed + captured + eager`` = steps): a step launched from
+a graph is ``replayed``; the eager step a capture follows is ``captured``; every other step is ``eager``.
+
+One difference from the executor: the rounded length is capped at the project runtime's max_seq_len - 1, the
+executor's at trtllm-build's (which adds the draft slots); no committed length reaches either.
 
 ``simulate`` (tests, any machine): a capture records the bound addresses and the host inputs' values (what
 ``enqueueV3`` reads on the host while capturing), and a replay executes the engine once more on those addresses with
@@ -39,7 +45,7 @@ from collections import OrderedDict
 import torch
 
 from ...errors import ConfigError
-from ..standin.graphs import graph_bucket, past_at_capture
+from ..standin.graphs import KV_LENGTH_ROUND_SIZE, graph_bucket, past_at_capture
 
 
 CURRENT_IN_SIMULATION = ("host_kv_cache_block_offsets",)
@@ -58,7 +64,7 @@ def size_for_capture(bound: dict, past: int) -> None:
 
 class SessionGraphs:
     """The graphs of one :class:`~.session.TrtEngineSession` (module docstring). ``stats``: steps replayed, captured
-    (each after its eager step) and run eagerly; ``disabled``: why a capture failed."""
+    (the eager step a capture follows) and eager; ``disabled``: why a capture failed."""
 
     def __init__(self, session, *, simulate: bool = False, cache_size: int = 16):
         if session.device.type != "cuda" and not simulate:
@@ -71,6 +77,8 @@ class SessionGraphs:
             raise ConfigError(f"must be an integer >= 1, got {cache_size!r}", field="cuda_graph_cache_size")
         self.session, self.simulate, self.cache_size = session, simulate, cache_size
         self.max_seq_len = int(session.limits["max_seq_len"])
+        self.granule = KV_LENGTH_ROUND_SIZE        # the executor's; tests set a small one to cross its boundaries
+        self.dropped = 0                           # graphs dropped because a buffer they use moved
         self._graphs: OrderedDict = OrderedDict()
         self._pool = None
         self.stats = {"replayed": 0, "captured": 0, "eager": 0}
@@ -81,27 +89,26 @@ class SessionGraphs:
         if self.disabled:
             return None
         past = int(feed["host_past_key_value_lengths"].max()) if feed["host_past_key_value_lengths"].numel() else 0
-        return graph_bucket(feed, is_host, past_at_capture(past, self.max_seq_len))
+        return graph_bucket(feed, is_host, past_at_capture(past, self.max_seq_len, self.granule))
 
     def lookup(self, key, addresses: dict):
         """The graph of ``key`` captured with these ``addresses``, or None (a graph of other addresses is dropped)."""
-        if key is None:
-            self.stats["eager"] += 1
-            return None
-        entry = self._graphs.get(key)
+        entry = None if key is None else self._graphs.get(key)
         if entry is not None and entry["addresses"] != addresses:
             del self._graphs[key]
+            self.dropped += 1
             entry = None
         if entry is None:
-            self.stats["eager"] += 1
             return None
         self._graphs.move_to_end(key)
         self.stats["replayed"] += 1
         return entry
 
     def capture(self, key, bound: dict, addresses: dict, is_host, run) -> None:
-        """After ``key``'s eager step: capture the same step for the later ones (``run(addresses)`` enqueues it)."""
+        """After a step that ran eagerly: capture the same step for ``key``'s later ones (``run(addresses)`` enqueues
+        it), or count the step as eager (no key, graphs off, the capture failed)."""
         if key is None or self.disabled:
+            self.stats["eager"] += 1
             return
         size_for_capture(bound, key[2])
         while len(self._graphs) >= self.cache_size:
@@ -116,6 +123,7 @@ class SessionGraphs:
                 cause = e.__context__ or e
                 self.disabled = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"
                 self._graphs.clear()
+                self.stats["eager"] += 1
                 return
         self._graphs[key] = entry
         self.stats["captured"] += 1
