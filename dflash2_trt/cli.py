@@ -678,16 +678,19 @@ def deploy_group() -> None:
               help="TensorRT-LLM engines only: GPU memory fraction for the KV cache [default: the build's, else 0.9].")
 @click.option("--plugin-lib", type=click.Path(), default=None,
               help="tensorrtllm backend only: libdflash2_plugins.so for launch.sh's LD_PRELOAD [default: the engine's].")
+@click.option("--cuda-graphs", is_flag=True,
+              help="python backend, cuda engines and TensorRT engines on the project runtime: the model replays "
+                   "generation steps from CUDA graphs (parameter cuda_graph_mode; experimental, not yet run on a GPU).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled, tokenizer, ids_only, backend,
-                      kv_cache_free_gpu_mem_fraction, plugin_lib, force) -> None:
+                      kv_cache_free_gpu_mem_fraction, plugin_lib, cuda_graphs, force) -> None:
     """Write a Triton model repository (preprocessing, tensorrt_llm, postprocessing, ensemble)."""
     from .deploy.triton.repository import deploy_triton
 
     res = deploy_triton(engine_dir, output, model_name=model_name, max_batch_size=max_batch_size, decoupled=decoupled,
                         tokenizer=tokenizer, ids_only=ids_only, backend=backend, force=force,
                         kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction, plugin_lib=plugin_lib,
-                        command=sys.argv)
+                        cuda_graphs=cuda_graphs, command=sys.argv)
     for note in res.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {res.output} ({res.backend} backend, {'decoupled' if res.decoupled else 'not decoupled'}, "
@@ -710,15 +713,18 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
 @click.option("--drain-timeout", type=float, default=10.0, show_default=True,
               help="On Ctrl-C / SIGTERM: seconds the requests in flight get to finish (no new ones are taken); "
                    "any still running then ends with an error response.")
+@click.option("--cuda-graphs", is_flag=True,
+              help="--engine-dir, cuda engines and TensorRT engines on the project runtime: replay generation steps "
+                   "from CUDA graphs (as deploy triton --cuda-graphs; experimental, not yet run on a GPU).")
 def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, max_batch_size, no_decoupled,
-              tokenizer, ids_only, log_path, ready_timeout, drain_timeout) -> None:
+              tokenizer, ids_only, log_path, ready_timeout, drain_timeout, cuda_graphs) -> None:
     """Start the bundled tritonserver on 127.0.0.1 for an engine (Ctrl-C stops it)."""
     from .deploy.triton.server import serve
 
     sys.exit(serve(engine_dir=engine_dir, repository=repository, port=port, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, max_batch_size=max_batch_size, decoupled=not no_decoupled,
                    tokenizer=tokenizer, ids_only=ids_only, log_path=log_path, ready_timeout=ready_timeout,
-                   drain_timeout=drain_timeout, echo=lambda m: click.echo(m, err=False)))
+                   drain_timeout=drain_timeout, cuda_graphs=cuda_graphs, echo=lambda m: click.echo(m, err=False)))
 
 if __name__ == "__main__":  # pragma: no cover
     main()

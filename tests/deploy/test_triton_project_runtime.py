@@ -243,3 +243,90 @@ def _one_response(grpc, url, prompt):
     finally:
         c.stop_stream()
         c.close()
+
+
+# ------------------------------------------------------------------------------------------------ CUDA graphs
+def test_cuda_graphs_in_the_python_model(trt_dir, standin_trt_engine, tmp_path, monkeypatch):
+    """`deploy triton --cuda-graphs` writes the model's cuda_graph_mode (the tensorrtllm backend's name for it); the
+    model passes it to open_engine, which gives the TensorRT session its graphs (engine/trtllm/session_graphs.py).
+    Served through the ServingLoop with the graphs simulated on the stand-in, the tokens are the eager session's.
+    Refused in one line where it cannot apply: a cpu engine, the tensorrtllm backend, a CPU machine without the
+    simulation, `serve --repository`."""
+    from dflash2_trt.deploy.triton.serving import ServingLoop, parse_request
+    from dflash2_trt.sampling import GREEDY_REQUEST_TEMPERATURE
+
+    import numpy as np
+
+    out = tmp_path / "repo"
+    code, text = cli("deploy", "triton", "--engine-dir", str(trt_dir), "--output", str(out), "--ids-only",
+                      "--cuda-graphs")
+    assert code == 0, text
+    params = {k: v.string_value for k, v in rp.check_repository(out)["tensorrt_llm"].parameters.items()}
+    assert params["cuda_graph_mode"] == "true"
+    rp.deploy_triton(trt_dir, tmp_path / "plain", ids_only=True)
+    assert "cuda_graph_mode" not in rp.check_repository(tmp_path / "plain")["tensorrt_llm"].parameters
+    cpu_dir = standin_trt_engine[1]
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(cpu_dir), "--output", str(tmp_path / "c"),
+                               "--ids-only", "--cuda-graphs"))
+    assert "--cuda-graphs" in line and "this is a cpu engine" in line, line
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(trt_dir), "--output", str(tmp_path / "t"),
+                               "--ids-only", "--backend", "tensorrtllm", "--cuda-graphs"))
+    assert "applies to the python-backend model" in line, line
+    line = one_error_line(*cli("serve", "--repository", str(out), "--cuda-graphs"))
+    assert "--cuda-graphs" in line and "applies to --engine-dir only" in line, line
+
+    with pytest.raises(ConfigError, match="this is a cpu engine"):
+        serving.open_engine(cpu_dir, cuda_graphs=True)
+    from dflash2_trt.engine.standin.graphs import GraphedSteps
+
+    engine, _, desc = serving.open_engine(cpu_dir, simulate_graphs=True)   # a stand-in engine: the graphed runner
+    assert isinstance(engine, GraphedSteps) and "CUDA graphs" in desc
+    engine.close()
+    monkeypatch.setenv(serving.STANDIN_ENV, "1")
+    with pytest.raises(ConfigError, match="need the session on a GPU"):
+        serving.open_engine(trt_dir, cuda_graphs=True)
+    prompts = [[5, 6, 7, 8, 9], [12, 13, 14], [20, 21, 22, 23], [30, 31]]
+    results = {}
+    for graphs in (False, True):
+        engine, man, desc = serving.open_engine(trt_dir, simulate_graphs=graphs)
+        assert ("CUDA graphs" in desc) == graphs
+        loop = ServingLoop(engine, max_batch_size=4)
+        sinks = []
+        try:
+            for p in prompts:
+                spec = parse_request({"input_ids": np.array([p], dtype=np.int32),
+                                      "input_lengths": np.array([[len(p)]], dtype=np.int32),
+                                      "request_output_len": np.array([[NEW]], dtype=np.int32),
+                                      "temperature": np.array([[GREEDY_REQUEST_TEMPERATURE]], dtype=np.float32)},
+                                     vocab_size=engine.vocab_size, eos_token_ids=())
+                sinks.append(_Collect())
+                loop.submit(spec, sinks[-1])
+            for s in sinks:
+                assert s.done.wait(120)
+        finally:
+            loop.close()
+        results[graphs] = [s.tokens for s in sinks]
+        if graphs:
+            st = engine.graphs.report()
+            assert st["replayed"] >= 3 and st["failed"] == [], st
+        engine.close()
+    assert results[True] == results[False] and all(len(t) == NEW for t in results[False])
+
+
+class _Collect:
+    def __init__(self):
+        import threading
+
+        self.tokens, self.done, self.err = [], threading.Event(), None
+
+    def send(self, tensors, final):
+        self.tokens += [int(t) for t in tensors["output_ids"].reshape(-1)]
+        if final:
+            self.done.set()
+
+    def error(self, message):
+        self.err = message
+        self.done.set()
+
+    def cancelled(self):
+        return False

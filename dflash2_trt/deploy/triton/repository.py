@@ -101,7 +101,8 @@ def eagle_chain(K: int) -> str:
 
 def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
                             kv_cache_free_gpu_mem_fraction: float = 0.9,
-                            tokenizer_dir: Path | None = None, engine_backend: str = "cpu") -> dict[str, str]:
+                            tokenizer_dir: Path | None = None, engine_backend: str = "cpu",
+                            cuda_graphs: bool = False) -> dict[str, str]:
     """The ``parameters`` of the tensorrt_llm model. The python model's are a subset of the GPU ones,
     with equal values (those it reads; the KV fraction only for a TensorRT-LLM engine, whose session has a KV pool
     on the GPU). The GPU ones include every parameter the tensorrtllm backend reads
@@ -116,9 +117,11 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
         "eagle_choices": eagle_chain(K),
     }
     if backend == "python":
+        # cuda_graph_mode: the tensorrtllm backend's name for it (ExtendedRuntimePerfKnobConfig), written when on
+        graphs = {"cuda_graph_mode": "true"} if cuda_graphs else {}
         if engine_backend == "trtllm":
-            return {**common, "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}"}
-        return common
+            return {**common, "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}", **graphs}
+        return {**common, **graphs}
     return {**common,
             "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
             "batch_scheduler_policy": "guaranteed_no_evict",
@@ -309,11 +312,12 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                   max_batch_size: int | None = None, decoupled: bool = False, tokenizer: str | Path | None = None,
                   backend: str = "auto", ids_only: bool = False, force: bool = False,
                   kv_cache_free_gpu_mem_fraction: float | None = None, plugin_lib: str | Path | None = None,
-                  command=None) -> RepositoryResult:
+                  cuda_graphs: bool = False, command=None) -> RepositoryResult:
     """The repository for ``engine_dir`` at ``output``. ``None`` is an option not given (``model_name``
     "ensemble", ``kv_cache_free_gpu_mem_fraction`` 0.9): an option given where it cannot apply (``--tokenizer``
     or ``--model-name`` with ``--ids-only``, ``--plugin-lib`` or the KV fraction with the python backend) is
-    refused, never ignored."""
+    refused, never ignored. ``cuda_graphs``: the python-backend model replays generation steps from CUDA graphs
+    (its ``cuda_graph_mode`` parameter; a cuda engine, or a TensorRT engine on the project runtime)."""
     if ids_only:
         given = [o for o, v in (("--tokenizer", tokenizer), ("--model-name", model_name)) if v is not None]
         if given:
@@ -358,6 +362,13 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if backend == "python" and man["backend"] != "trtllm" and kv_cache_free_gpu_mem_fraction is not None:
         raise ConfigError(f"--kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python backend "
                           f"serves a {man['backend']} engine (the project's runtime: no TensorRT-LLM KV cache)")
+    if cuda_graphs and backend != "python":
+        raise ConfigError("applies to the python-backend model (the project's runtime): the tensorrtllm backend's own "
+                          "cuda_graph_mode is not turned on by this project, since it has never run with a DFlash2 "
+                          "engine", field="--cuda-graphs")
+    if cuda_graphs and man["backend"] == "cpu":
+        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project "
+                          "runtime; this is a cpu engine", field="--cuda-graphs")
     if backend == "tensorrtllm" and plugin_lib is not None and not Path(plugin_lib).is_file():
         raise ConfigError(f"{plugin_lib}: no such file", field="--plugin-lib")
     model_name = "ensemble" if model_name is None else model_name
@@ -403,7 +414,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     with AtomicOutputDir(output, force=force) as tmp:
         params = tensorrt_llm_parameters(backend, engine_dir=engine_abs, K=K,
                                          kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
-                                         tokenizer_dir=tok_dir, engine_backend=man["backend"])
+                                         tokenizer_dir=tok_dir, engine_backend=man["backend"],
+                                         cuda_graphs=cuda_graphs)
         _write_model(tmp, "tensorrt_llm", fill(read_template("tensorrt_llm.pbtxt"), {
             "backend": backend, "max_batch_size": mbs, "decoupled": "true" if decoupled else "false",
             "max_queue_delay_microseconds": 0, "parameters": parameters_block(params)},

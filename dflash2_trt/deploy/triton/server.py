@@ -317,7 +317,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
           http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
           max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
           ids_only: bool = False, log_path: str | Path | None = None, ready_timeout: float = 120.0,
-          drain_timeout: float = 10.0, echo=print) -> int:
+          drain_timeout: float = 10.0, cuda_graphs: bool = False, echo=print) -> int:
     """``dflash2-trt serve``: a repository for ``engine_dir`` in a temporary directory (or an existing
     ``repository``), tritonserver on 127.0.0.1 until Ctrl-C / SIGTERM, then drained (no new requests; those
     in flight finish, or get an error response after ``drain_timeout`` s), stopped and cleaned up.
@@ -328,7 +328,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         raise ServerError("give exactly one of --engine-dir or --repository")
     if repository is not None:   # a repository is served as written: these would silently do nothing
         given = [o for o, v in (("--max-batch-size", max_batch_size is not None), ("--no-decoupled", not decoupled),
-                                ("--tokenizer", tokenizer is not None), ("--ids-only", ids_only)) if v]
+                                ("--tokenizer", tokenizer is not None), ("--ids-only", ids_only),
+                                ("--cuda-graphs", cuda_graphs)) if v]
         if given:
             raise ConfigError("applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
                               "(write another with the option there)", field=given[0])
@@ -365,7 +366,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             signal.signal(sig, _stop)
         if engine_dir is not None:
             res = deploy_triton(engine_dir, work / "repository", max_batch_size=max_batch_size, decoupled=decoupled,
-                                tokenizer=tokenizer, ids_only=ids_only)
+                                tokenizer=tokenizer, ids_only=ids_only, cuda_graphs=cuda_graphs)
             repository, models = res.output, res.models
         else:
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))

@@ -281,16 +281,25 @@ def tensorrt_standin_hook(engine_dir: Path):
     return tensorrt_standin
 
 
-def open_engine(engine_dir, *, kv_cache_fraction: float | None = None):
+def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_graphs: bool = False,
+                simulate_graphs: bool = False):
     """``(engine, manifest, description)`` for the python-backend model, chosen by engine.json's ``backend``: a cpu or
     cuda engine through the project's stand-in engine, a TensorRT-LLM engine through
     :func:`~dflash2_trt.engine.trtllm.session.open_trt_session` (TensorRT, TensorRT-LLM's plugin library and the
     engine's libdflash2_plugins.so: a GPU machine), its KV pool at most ``kv_cache_fraction`` of the free GPU memory
     (None: the build's). Both give the Runtime the same interface, so everything after this is one code path. The
-    description says what runs the engine (the model logs it)."""
+    description says what runs the engine (the model logs it). ``cuda_graphs`` (the model's ``cuda_graph_mode``
+    parameter): generation steps replayed from CUDA graphs, a cuda engine's by
+    :class:`~dflash2_trt.engine.standin.graphs.GraphedSteps`, a TensorRT session's by its own
+    (``engine/trtllm/session_graphs.py``); ``simulate_graphs``: their bookkeeping on the CPU, for tests."""
     engine_dir = Path(engine_dir)
     backend = _engine_backend(engine_dir)
     _, description = model_runtime(backend)
+    graphs = bool(cuda_graphs or simulate_graphs)
+    if graphs and backend == "cpu" and not simulate_graphs:
+        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project runtime; "
+                          "this is a cpu engine", field="cuda_graph_mode")
+    with_graphs = " (generation steps replayed from CUDA graphs)" if graphs else ""
     if backend != "trtllm":
         if kv_cache_fraction is not None:
             raise ConfigError(f"applies to TensorRT-LLM engines (the TensorRT session's KV pool); this is a {backend} "
@@ -298,17 +307,27 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None):
         from ...engine.standin.engine import open_standin_engine
 
         engine, man = open_standin_engine(engine_dir)
-        return engine, man, description
+        if graphs:
+            from ...engine.standin.graphs import GraphedSteps
+
+            try:
+                engine = GraphedSteps(engine, simulate=simulate_graphs)
+            except ConfigError:
+                engine.close()
+                raise
+        return engine, man, description + with_graphs
     from ...engine.trtllm.session import open_trt_session
 
     trt = tensorrt_standin_hook(engine_dir)
     kw = {} if kv_cache_fraction is None else {"kv_cache_fraction": float(kv_cache_fraction)}
+    if graphs:
+        kw.update(cuda_graphs=cuda_graphs, simulate_graphs=simulate_graphs)
     engine, man = open_trt_session(engine_dir, trt=trt, **kw)   # trt given: no plugin library is loaded
     if trt is not None:
         description = (f"the project runtime over the CPU STAND-IN of TensorRT's execution API "
                        f"(dflash2_trt/testing/tensorrt_standin.py), NOT TensorRT: test hook {STANDIN_ENV}=1, no "
                        f"plugin library loaded")
-    return engine, man, description
+    return engine, man, description + with_graphs
 
 
 class Sink(Protocol):

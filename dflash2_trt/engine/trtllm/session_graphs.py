@@ -7,7 +7,7 @@ runtimeBuffers.cpp), done by :class:`~.session.TrtEngineSession`:
 
 - only a step without context requests is graphed;
 - its key: every input's shape and dtype, the host inputs' values but the growing three
-  (:data:`~dflash2_trt.engine.standin.graphs.UNBUCKETED_HOST_INPUTS`), and the longest committed length rounded up
+  (:data:`~dflash2_trt.engine.graph_rules.UNBUCKETED_HOST_INPUTS`), and the longest committed length rounded up
   to 256 (the executor's key is the batch's composition, token count and that length; the host values are added here
   because the EAGLE inputs of this engine live on the host and a graph keeps what its capture read);
 - a step whose key has no graph runs eagerly (``execute_async_v3``), then the same step is captured for the later
@@ -45,7 +45,7 @@ from collections import OrderedDict
 import torch
 
 from ...errors import ConfigError
-from ..standin.graphs import KV_LENGTH_ROUND_SIZE, graph_bucket, past_at_capture
+from ..graph_rules import KV_LENGTH_ROUND_SIZE, graph_bucket, past_at_capture
 
 
 CURRENT_IN_SIMULATION = ("host_kv_cache_block_offsets",)

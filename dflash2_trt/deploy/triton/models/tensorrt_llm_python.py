@@ -94,8 +94,12 @@ class TritonPythonModel:
         except ValueError:
             raise pb_utils.TritonModelException(f"parameter kv_cache_free_gpu_mem_fraction {fraction!r} is not a "
                                                 f"number") from None
+        graphs = _param(cfg, "cuda_graph_mode", "false")
+        if graphs not in ("true", "false"):
+            raise pb_utils.TritonModelException(f"parameter cuda_graph_mode {graphs!r} is not true or false")
         try:
-            self.engine, self.manifest, runtime = open_engine(engine_dir, kv_cache_fraction=fraction)
+            self.engine, self.manifest, runtime = open_engine(engine_dir, kv_cache_fraction=fraction,
+                                                              cuda_graphs=graphs == "true")
         except DFlash2Error as exc:
             raise pb_utils.TritonModelException(f"cannot open the engine: {exc}") from None
         _log(f"tensorrt_llm: {engine_dir} runs on {runtime}")
