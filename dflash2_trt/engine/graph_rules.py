@@ -23,11 +23,13 @@ def past_at_capture(past: int, max_seq_len: int, granule: int = KV_LENGTH_ROUND_
     return min(max_seq_len - 1, math.ceil(past / granule) * granule)
 
 
-def graph_bucket(feed: dict, is_host, past_key: int, unbucketed=UNBUCKETED_HOST_INPUTS):
+def graph_bucket(feed: dict, is_host, past_key: int, unbucketed=None):
     """The bucket of a step's ``feed`` (flat, by engine input name), or None when the step runs eagerly: only a step
     without context requests and with spec decoding on is graphed (the executor's rule). The bucket is every input's
-    shape and dtype, the values of the host inputs other than ``unbucketed`` (``is_host(name)``: a graph keeps the
-    values its capture read), and ``past_key``."""
+    shape and dtype, the values of the host inputs other than ``unbucketed`` (default :data:`UNBUCKETED_HOST_INPUTS`;
+    ``is_host(name)``: a graph keeps the values its capture read), and ``past_key``."""
+    if unbucketed is None:
+        unbucketed = UNBUCKETED_HOST_INPUTS
     if not bool((feed["host_request_types"] == 1).all()) or int(feed["spec_decoding_use"].reshape(-1)[0]) != 1:
         return None
     shapes = tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in feed.items()))

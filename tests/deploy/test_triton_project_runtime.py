@@ -274,6 +274,18 @@ def test_cuda_graphs_in_the_python_model(trt_dir, standin_trt_engine, tmp_path, 
     assert "applies to the python-backend model" in line, line
     line = one_error_line(*cli("serve", "--repository", str(out), "--cuda-graphs"))
     assert "--cuda-graphs" in line and "applies to --engine-dir only" in line, line
+    port = free_base_port()
+    line = one_error_line(*cli("serve", "--engine-dir", str(cpu_dir), "--ids-only", "--cuda-graphs", "--port",
+                               str(port)))
+    assert "--cuda-graphs" in line and "this is a cpu engine" in line, line
+    # a cuda engine's repository (its manifest: the model's parameters do not depend on the engine files) at tp 1,
+    # and its refusal at tp 2
+    cuda_dir = _with_manifest(cpu_dir, tmp_path / "cuda1", backend="cuda")
+    rp.deploy_triton(cuda_dir, tmp_path / "cr", ids_only=True, cuda_graphs=True)
+    assert rp.check_repository(tmp_path / "cr")["tensorrt_llm"].parameters["cuda_graph_mode"].string_value == "true"
+    cuda2 = _with_manifest(cpu_dir, tmp_path / "cuda2", backend="cuda", tp_size=2)
+    with pytest.raises(ConfigError, match="serve tp 1 engines; this one is tp 2"):
+        rp.deploy_triton(cuda2, tmp_path / "cr2", ids_only=True, cuda_graphs=True)
 
     with pytest.raises(ConfigError, match="this is a cpu engine"):
         serving.open_engine(cpu_dir, cuda_graphs=True)
@@ -311,6 +323,49 @@ def test_cuda_graphs_in_the_python_model(trt_dir, standin_trt_engine, tmp_path, 
             assert st["replayed"] >= 3 and st["failed"] == [], st
         engine.close()
     assert results[True] == results[False] and all(len(t) == NEW for t in results[False])
+
+
+def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
+    """The python-backend model passes its cuda_graph_mode parameter to open_engine: "true" on a cpu engine is the
+    engine's refusal, "false" opens it plainly, anything else is the parameter's own error; and at unload it logs
+    what the graphs did (here: a cpu engine's runner simulated through open_engine)."""
+    import importlib.util
+    import sys
+    import types
+
+    cpu_dir = standin_trt_engine[1]
+    pb = types.ModuleType("triton_python_backend_utils")
+    pb.TritonModelException = type("TritonModelException", (Exception,), {})
+    pb.using_decoupled_model_transaction_policy = lambda cfg: False
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    spec = importlib.util.spec_from_file_location("df2_tensorrt_llm_under_test", rp.MODELS / "tensorrt_llm_python.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def init(mode):
+        params = {"gpt_model_path": {"string_value": str(cpu_dir)}}
+        if mode is not None:
+            params["cuda_graph_mode"] = {"string_value": mode}
+        m = mod.TritonPythonModel()
+        m.initialize({"model_config": json.dumps({"parameters": params, "max_batch_size": 4})})
+        return m
+
+    with pytest.raises(pb.TritonModelException, match="cannot open the engine: .*this is a cpu engine"):
+        init("true")
+    with pytest.raises(pb.TritonModelException, match="cuda_graph_mode 'maybe' is not true or false"):
+        init("maybe")
+    logged = []
+    monkeypatch.setattr(mod, "_log", logged.append)
+    for mode in ("false", None):
+        m = init(mode)
+        assert not hasattr(m.engine, "report") and serving.graph_report(m.engine) is None
+        m.finalize()
+    real = serving.open_engine
+    monkeypatch.setattr(mod, "open_engine", lambda d, **kw: real(d, kv_cache_fraction=kw.get("kv_cache_fraction"),
+                                                                  simulate_graphs=kw["cuda_graphs"]))
+    m = init("true")
+    m.finalize()
+    assert any("CUDA graphs: 0 steps replayed, 0 captured, 0 eager" in ln for ln in logged), logged
 
 
 class _Collect:

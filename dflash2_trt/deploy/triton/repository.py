@@ -105,7 +105,8 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
                             cuda_graphs: bool = False) -> dict[str, str]:
     """The ``parameters`` of the tensorrt_llm model. The python model's are a subset of the GPU ones,
     with equal values (those it reads; the KV fraction only for a TensorRT-LLM engine, whose session has a KV pool
-    on the GPU). The GPU ones include every parameter the tensorrtllm backend reads
+    on the GPU), but for ``cuda_graph_mode`` (``cuda_graphs``: the python model's graphs; the GPU model's parameter
+    of that name is the executor's own mode, which this project does not turn on). The GPU ones include every parameter the tensorrtllm backend reads
     without a default (``tensorrtllm_backend.yaml``); guided decoding stays off (empty backend and tokenizer
     info: it does not combine with in-engine acceptance)."""
     common = {
@@ -363,12 +364,14 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
         raise ConfigError(f"--kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python backend "
                           f"serves a {man['backend']} engine (the project's runtime: no TensorRT-LLM KV cache)")
     if cuda_graphs and backend != "python":
-        raise ConfigError("applies to the python-backend model (the project's runtime): the tensorrtllm backend's own "
-                          "cuda_graph_mode is not turned on by this project, since it has never run with a DFlash2 "
-                          "engine", field="--cuda-graphs")
+        raise ConfigError("applies to the python-backend model (--backend python, the project's runtime): the "
+                          "tensorrtllm backend's own cuda_graph_mode is not turned on by this project, since it has "
+                          "never run with a DFlash2 engine", field="--cuda-graphs")
     if cuda_graphs and man["backend"] == "cpu":
         raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project "
                           "runtime; this is a cpu engine", field="--cuda-graphs")
+    if cuda_graphs and tp != 1:
+        raise ConfigError(f"CUDA graphs serve tp 1 engines; this one is tp {tp}", field="--cuda-graphs")
     if backend == "tensorrtllm" and plugin_lib is not None and not Path(plugin_lib).is_file():
         raise ConfigError(f"{plugin_lib}: no such file", field="--plugin-lib")
     model_name = "ensemble" if model_name is None else model_name

@@ -330,6 +330,16 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
     return engine, man, description + with_graphs
 
 
+def graph_report(engine) -> dict | None:
+    """The CUDA-graph counts and failure of an engine :func:`open_engine` opened with graphs, else None."""
+    graphs = getattr(engine, "graphs", None)          # a TensorRT session's
+    if graphs is not None:
+        return graphs.report()
+    from ...engine.standin.graphs import GraphedSteps
+
+    return engine.report() if isinstance(engine, GraphedSteps) else None
+
+
 class Sink(Protocol):
     """Where one request's responses go (a Triton response sender, or a collector)."""
 

@@ -82,6 +82,7 @@ class GraphedSteps:
         self.max_keys = int(engine.limits["max_seq_len"])
         self._graphs: OrderedDict = OrderedDict()       # least recently used first
         self._pool = None                               # one memory pool for every graph (replays never overlap)
+        self._stream = None                             # the capture stream, on the engine's device
         self.stats = {"replayed": 0, "captured": 0, "eager": 0}
         self.disabled: str | None = None                # why a capture failed: every later step eager
 
@@ -143,6 +144,16 @@ class GraphedSteps:
         """Why the capture failed (one line; graphs were then off for the rest of the run), or nothing."""
         return [self.disabled] if self.disabled else []
 
+    def report(self) -> dict:
+        """The counts and the failure, as the TensorRT session's graphs report them (``run`` / ``bench`` / the model)."""
+        return {**self.stats, "failed": self.failures(), "simulated": self.simulate}
+
+    def close(self) -> None:
+        """The graphs (and the memory they hold) go before the engine's pools."""
+        self._graphs.clear()
+        self._pool = self._stream = None
+        self.engine.close()
+
     def _buffers(self, feed: dict) -> dict:
         """What the graph reads: the device inputs in buffers of their own on the engine's device (updated in place
         before each replay), the host inputs frozen at their captured values."""
@@ -159,9 +170,14 @@ class GraphedSteps:
         main = torch.cuda.current_stream(dev)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(dev)
         graph = torch.cuda.CUDAGraph()
         try:
-            with attention.key_range(keys), torch.cuda.graph(graph, pool=self._pool):
+            # on the engine's device whichever thread steps (a server's worker), in thread-local mode as TensorRT-LLM's
+            # executor captures: another thread's CUDA calls do not break it
+            with torch.cuda.device(dev), attention.key_range(keys), \
+                    torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
                 outputs = self.engine.run_step(buf)[0]
         finally:
             torch.cuda.set_stream(main)    # a failed capture can leave its own stream current
@@ -185,6 +201,7 @@ class GraphedSteps:
             with attention.sized_as_on_a_device(), attention.key_range(entry["keys"]):
                 outs = self.engine.run_step(buf)[0]
         else:
-            entry["graph"].replay()
+            with torch.cuda.device(self.engine.device):   # on the current stream of the engine's device
+                entry["graph"].replay()
             outs = entry["outputs"]
         return {k: v.clone() if k == "logits" else v.to("cpu", copy=True) for k, v in outs.items()}
