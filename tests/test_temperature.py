@@ -111,8 +111,6 @@ def test_analyze_refuses_a_temperature_that_would_not_sample():
 
 def test_triton_model_request_and_serving_loop(engine):
     """The python-backend tensorrt_llm model's parsing (HTTP / gRPC requests arrive here) and its loop."""
-    import threading
-
     from dflash2_trt.deploy.triton.serving import ServingLoop, parse_request
     from dflash2_trt.engine.standin.engine import open_standin_engine
 
@@ -128,21 +126,7 @@ def test_triton_model_request_and_serving_loop(engine):
     assert 0 < spec.temperature < 1e-44
     assert parse_request(req(1e-5), vocab_size=256, eos_token_ids=(2,)).temperature == pytest.approx(1e-5)
 
-    class Sink:
-        def __init__(self):
-            self.ids, self.done, self.err = [], threading.Event(), None
-
-        def send(self, tensors, final):
-            self.ids += tensors["output_ids"].reshape(-1).tolist()
-            if final:
-                self.done.set()
-
-        def error(self, message):
-            self.err = message
-            self.done.set()
-
-        def cancelled(self):
-            return False
+    from dflash2_trt.testing.serving import CollectingSink as Sink
 
     eng, _ = open_standin_engine(engine)
     loop = ServingLoop(eng, max_batch_size=4)

@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
 from ..runtime import Request, Runtime
 from ..sampling import effective_temperature
+from ..engine.graph_rules import counts_between
 from ..engine.standin.graphs import GraphedSteps
 from .autoregressive import open_target_only_engine
 from .common import parse_concurrency
@@ -141,15 +142,14 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
             outputs = {}
             for mode, e in engines:
                 g = graphed.get(mode)
-                before = dict(g.stats) if g is not None else None
+                before = g.report() if g is not None else None
                 rt = Runtime(g if g is not None else e, max_batch_size=c)
                 reqs = make_requests(specs, temperature=temperature, seed=seed, stops=stops)
                 with _progress(progress, len(reqs), f"concurrency {c} {mode}") as bar:
                     wall = drive(rt, reqs, c, on_finish=bar.update)
                 row[mode] = run_metrics(reqs, wall_s=wall, step_log=rt.step_log, draft_len=e.K)
                 if g is not None:
-                    row[mode]["cuda_graphs"] = {**{k: g.stats[k] - before[k] for k in before},
-                                                "failed": g.failures(), "simulated": bool(simulate_graphs)}
+                    row[mode]["cuda_graphs"] = counts_between(before, g.report())
                 outputs[mode] = reqs
                 if keep_outputs:
                     row[mode]["outputs"] = [{"task_id": r.task_id, "output_ids": list(r.output_ids),

@@ -113,11 +113,9 @@ def render(report: dict) -> str:
             lines.append(f"     outputs identical to autoregressive (T = 0): {run['outputs_match']}")
         graphs = [(mode, (run.get(mode) or {}).get("cuda_graphs")) for mode in ("speculative", "autoregressive")]
         if any(g for _, g in graphs):
-            lines.append("     CUDA graphs: " + "; ".join(
-                f"{mode} {g['replayed']} steps replayed, {g['captured']} captured, {g['eager']} eager"
-                + (" (simulated on the CPU)" if g.get("simulated") else "")
-                + "".join(f" (a capture failed, later steps eager: {why})" for why in g["failed"])
-                for mode, g in graphs if g))
+            from ..engine.graph_rules import describe
+
+            lines.append("     CUDA graphs: " + "; ".join(f"{mode} {describe(g)}" for mode, g in graphs if g))
     lines.append("latencies in seconds; accept = mean tokens emitted per generation step; tgt/tok = target tokens "
                  "computed per emitted token (prompts included); speedup = speculative / autoregressive tokens/s")
     if report.get("unavailable"):

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from ..engine.graph_rules import refuse_graphs
 from ..errors import ConfigError
 from ..overlap import refuse_overlap
 from ..sampling import effective_temperature
@@ -94,9 +95,8 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if backend != "auto" and backend != kind:
         raise ConfigError(f"is a {kind} engine (engine.json backend {kind!r}); --backend {backend} was asked",
                           source=engine_dir, field="backend")
-    if cuda_graphs and kind == "cpu":
-        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project "
-                          "runtime; this is a cpu engine", field="--cuda-graphs")
+    if cuda_graphs:
+        refuse_graphs(kind)
     path = None
     if kind == "trtllm":
         from ..engine.trtllm.paths import PROJECT, choose_runtime

@@ -11,6 +11,7 @@ import sys
 import time
 
 from ..engine.common import stop_ids
+from ..engine.graph_rules import counts_between
 from ..engine.trtllm.ranks import open_project_session
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
@@ -60,9 +61,7 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
             wall = drive(rt, reqs, c)
             m = run_metrics(reqs, wall_s=wall, step_log=rt.step_log, draft_len=sess.K)
             if graphed:
-                after = sess.graphs.report()
-                m["cuda_graphs"] = {**{k: after[k] - before[k] for k in ("replayed", "captured", "eager")},
-                                    "failed": after["failed"], "simulated": after["simulated"]}
+                m["cuda_graphs"] = counts_between(before, sess.graphs.report())
             if keep_outputs:
                 m["outputs"] = [{"task_id": r.task_id, "output_ids": list(r.output_ids), "stop_reason": r.stop_reason,
                                  "acceptance_lengths": list(r.acceptance_lengths)} for r in reqs]

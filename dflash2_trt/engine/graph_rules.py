@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from ..errors import ConfigError
+
 KV_LENGTH_ROUND_SIZE = 256
 """TensorRT-LLM's executor captures a new graph when the batch's longest committed length crosses a multiple of this
 (``api_1_2.yaml`` executor_cuda_graphs kv_length_round_size, runtimeBuffers.h)."""
@@ -35,3 +37,34 @@ def graph_bucket(feed: dict, is_host, past_key: int, unbucketed=None):
     shapes = tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in feed.items()))
     fixed = tuple(sorted((k, v.numpy().tobytes()) for k, v in feed.items() if is_host(k) and k not in unbucketed))
     return shapes, fixed, past_key
+
+
+def refuse_graphs(engine_backend: str, tp: int = 1, *, field: str = "--cuda-graphs") -> None:
+    """One line where CUDA graphs cannot apply, for every command that offers them: a cpu engine (a stand-in on the
+    CPU has no graph to capture), a tp engine (its ranks step apart)."""
+    if engine_backend == "cpu":
+        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project runtime; "
+                          "this is a cpu engine", field=field)
+    refuse_tp(tp, field=field)
+
+
+def refuse_tp(tp: int, *, field: str = "--cuda-graphs") -> None:
+    if tp != 1:
+        raise ConfigError(f"CUDA graphs serve tp 1 engines; this one is tp {tp}", field=field)
+
+
+COUNTS = ("replayed", "captured", "eager")
+"""A runner's step counts (both runners: replayed + captured + eager = steps)."""
+
+
+def counts_between(before: dict, after: dict) -> dict:
+    """What a runner's graphs did between two of its reports (one ``bench run`` RUN): the counts' differences, the
+    failure (graphs stay off after one) and whether it was simulated."""
+    return {**{k: after[k] - before[k] for k in COUNTS}, "failed": after["failed"], "simulated": after["simulated"]}
+
+
+def describe(report: dict) -> str:
+    """A runner's report in words, for ``run``, ``bench run`` and the Triton model's log."""
+    return (f"{report['replayed']} steps replayed, {report['captured']} captured, {report['eager']} eager"
+            + (" (simulated on the CPU)" if report.get("simulated") else "")
+            + "".join(f"; a capture failed, later steps eager: {why}" for why in report["failed"]))

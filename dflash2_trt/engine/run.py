@@ -10,6 +10,7 @@ from ..reference.generate import SEED_MAX
 from ..sampling import effective_temperature
 from .standin.run import run_standin_engine
 from .format import engine_backend
+from .graph_rules import describe, refuse_graphs
 from .trtllm.runner import run_engine_trtllm
 
 
@@ -27,9 +28,8 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
     if max_batch_size is not None and max_batch_size < 1:
         raise ConfigError(f"must be >= 1, got {max_batch_size}", field="--max-batch-size")
     backend = engine_backend(engine_dir)
-    if cuda_graphs and backend == "cpu":
-        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project "
-                          "runtime; this is a cpu engine", field="--cuda-graphs")
+    if cuda_graphs:
+        refuse_graphs(backend)
     if backend == "trtllm":   # a GPU machine: the C++ executor or the project runtime over TensorRT
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
@@ -55,8 +55,6 @@ def render(report: dict) -> str:
     lines.append(f"{t['requests']} request(s), {t['output_tokens']} tokens in {t['steps']} engine steps "
                  f"(max batch {report['max_batch_size']}), mean acceptance {t['mean_acceptance']:.2f}, "
                  f"{t['output_tokens_per_s'] or 0:.1f} tokens/s")
-    g = report.get("cuda_graphs")
-    if g:
-        lines.append(f"CUDA graphs: {g['replayed']} step(s) replayed, {g['captured']} captured, {g['eager']} eager"
-                     + "".join(f"\n  a capture failed, every later step ran eagerly: {why}" for why in g["failed"]))
+    if report.get("cuda_graphs"):
+        lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))
     return "\n".join(lines)

@@ -253,6 +253,7 @@ def test_cuda_graphs_in_the_python_model(trt_dir, standin_trt_engine, tmp_path, 
     Refused in one line where it cannot apply: a cpu engine, the tensorrtllm backend, a CPU machine without the
     simulation, `serve --repository`."""
     from dflash2_trt.deploy.triton.serving import ServingLoop, parse_request
+    from dflash2_trt.testing.serving import CollectingSink
     from dflash2_trt.sampling import GREEDY_REQUEST_TEMPERATURE
 
     import numpy as np
@@ -311,13 +312,13 @@ def test_cuda_graphs_in_the_python_model(trt_dir, standin_trt_engine, tmp_path, 
                                       "request_output_len": np.array([[NEW]], dtype=np.int32),
                                       "temperature": np.array([[GREEDY_REQUEST_TEMPERATURE]], dtype=np.float32)},
                                      vocab_size=engine.vocab_size, eos_token_ids=())
-                sinks.append(_Collect())
+                sinks.append(CollectingSink())
                 loop.submit(spec, sinks[-1])
             for s in sinks:
                 assert s.done.wait(120)
         finally:
             loop.close()
-        results[graphs] = [s.tokens for s in sinks]
+        results[graphs] = [s.ids for s in sinks]
         if graphs:
             st = engine.graphs.report()
             assert st["replayed"] >= 3 and st["failed"] == [], st
@@ -367,21 +368,3 @@ def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
     m.finalize()
     assert any("CUDA graphs: 0 steps replayed, 0 captured, 0 eager" in ln for ln in logged), logged
 
-
-class _Collect:
-    def __init__(self):
-        import threading
-
-        self.tokens, self.done, self.err = [], threading.Event(), None
-
-    def send(self, tensors, final):
-        self.tokens += [int(t) for t in tensors["output_ids"].reshape(-1)]
-        if final:
-            self.done.set()
-
-    def error(self, message):
-        self.err = message
-        self.done.set()
-
-    def cancelled(self):
-        return False

@@ -20,6 +20,11 @@ from dflash2_trt.trtllm.cpu import attention, functional, tensor
 FAMILIES = [("qwen3", "tiny"), ("qwen3_5", "tiny-hybrid"), ("muse_glimmer", "tiny-muse")]
 
 
+def _shapes(outputs) -> dict:
+    """A step's outputs as the meta check reports them: name -> (shape, dtype)."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in outputs.items()}
+
+
 def _kind(feed) -> str:
     types = set(feed["host_request_types"].tolist())
     return "mixed" if types == {0, 1} else "context" if types == {0} else "generation"
@@ -39,7 +44,7 @@ def recorded(tmp_path_factory):
 
         def spy(feed):
             outputs = orig(feed)
-            steps.append((dict(feed), {k: (tuple(v.shape), v.dtype) for k, v in outputs.items()}))
+            steps.append((dict(feed), _shapes(outputs)))
             return outputs
 
         eng.step = spy
@@ -216,7 +221,7 @@ def test_the_target_only_baselines_steps_can_be_held_by_a_graph(family, key, tmp
                 checked.append(replay_with_host_inputs_of(eng, first, feed,
                                                           key_range=int(eng.limits["max_seq_len"]))["differs"])
         outputs = orig(feed)
-        steps.append((dict(feed), {k: (tuple(v.shape), v.dtype) for k, v in outputs.items()}))
+        steps.append((dict(feed), _shapes(outputs)))
         return outputs
 
     eng.step = spy

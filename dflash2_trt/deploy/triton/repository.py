@@ -36,6 +36,7 @@ from ... import __version__
 from ...checkpoint.writer import AtomicOutputDir
 from ...sampling import GREEDY_BELOW, GREEDY_REQUEST_TEMPERATURE
 from ...engine.format import ENGINE_FORMAT, load_engine_dir
+from ...engine.graph_rules import refuse_graphs
 from ...errors import ConfigError, MissingDependencyError
 from ...overlap import refuse_overlap
 from ...tokenizer import engine_tokenizer_dir, find_tokenizer
@@ -367,11 +368,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
         raise ConfigError("applies to the python-backend model (--backend python, the project's runtime): the "
                           "tensorrtllm backend's own cuda_graph_mode is not turned on by this project, since it has "
                           "never run with a DFlash2 engine", field="--cuda-graphs")
-    if cuda_graphs and man["backend"] == "cpu":
-        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project "
-                          "runtime; this is a cpu engine", field="--cuda-graphs")
-    if cuda_graphs and tp != 1:
-        raise ConfigError(f"CUDA graphs serve tp 1 engines; this one is tp {tp}", field="--cuda-graphs")
+    if cuda_graphs:
+        refuse_graphs(man["backend"], tp)
     if backend == "tensorrtllm" and plugin_lib is not None and not Path(plugin_lib).is_file():
         raise ConfigError(f"{plugin_lib}: no such file", field="--plugin-lib")
     model_name = "ensemble" if model_name is None else model_name

@@ -292,13 +292,14 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
     parameter): generation steps replayed from CUDA graphs, a cuda engine's by
     :class:`~dflash2_trt.engine.standin.graphs.GraphedSteps`, a TensorRT session's by its own
     (``engine/trtllm/session_graphs.py``); ``simulate_graphs``: their bookkeeping on the CPU, for tests."""
+    from ...engine.graph_rules import refuse_graphs
+
     engine_dir = Path(engine_dir)
     backend = _engine_backend(engine_dir)
     _, description = model_runtime(backend)
     graphs = bool(cuda_graphs or simulate_graphs)
-    if graphs and backend == "cpu" and not simulate_graphs:
-        raise ConfigError("CUDA graphs replay the steps of a cuda engine or of a TensorRT engine on the project runtime; "
-                          "this is a cpu engine", field="cuda_graph_mode")
+    if cuda_graphs:
+        refuse_graphs(backend, field="cuda_graph_mode")
     with_graphs = " (generation steps replayed from CUDA graphs)" if graphs else ""
     if backend != "trtllm":
         if kv_cache_fraction is not None:

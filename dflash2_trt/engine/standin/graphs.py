@@ -42,7 +42,7 @@ import torch
 from ...errors import ConfigError
 from ...trtllm.cpu import attention
 # the rules both runners share (this one and the TensorRT session's, engine/trtllm/session_graphs.py)
-from ..graph_rules import KV_LENGTH_ROUND_SIZE, UNBUCKETED_HOST_INPUTS, graph_bucket, past_at_capture
+from ..graph_rules import KV_LENGTH_ROUND_SIZE, UNBUCKETED_HOST_INPUTS, graph_bucket, past_at_capture, refuse_tp
 from .engine import StandinEngine, input_memory
 
 __all__ = ["GraphedSteps", "KV_LENGTH_ROUND_SIZE", "UNBUCKETED_HOST_INPUTS", "graph_bucket", "past_at_capture"]
@@ -75,9 +75,7 @@ class GraphedSteps:
         if engine.device.type != "cuda" and not simulate:
             raise ConfigError(f"CUDA graphs need a cuda engine on a GPU; this one runs on {engine.device}",
                               field="--cuda-graphs")
-        if engine.tp != 1:
-            raise ConfigError(f"CUDA graphs serve tp 1 engines; this one is tp {engine.tp} (its collectives pass "
-                              f"through the host)", field="--cuda-graphs")
+        refuse_tp(engine.tp)
         self.engine, self.granule, self.max_graphs, self.simulate = engine, int(granule), int(max_graphs), simulate
         self.max_keys = int(engine.limits["max_seq_len"])
         self._graphs: OrderedDict = OrderedDict()       # least recently used first

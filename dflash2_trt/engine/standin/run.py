@@ -48,9 +48,7 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
         report = run_report(engine_dir, reqs, rt, wall, tok, backend=engine.backend, block_size=engine.K + 1,
                             tp_size=engine.tp, temperature=temperature)
         if stepper is not engine:
-            st = stepper.stats
-            report["cuda_graphs"] = {"replayed": st["replayed"], "captured": st["captured"], "eager": st["eager"],
-                                     "failed": stepper.failures(), "simulated": simulate_graphs}
+            report["cuda_graphs"] = stepper.report()
         return report
     finally:
         engine.close()

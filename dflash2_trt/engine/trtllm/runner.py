@@ -28,6 +28,7 @@ from ...tokenizer import encode_text
 from ..common import eagle_choices, prompt_tokenizer, read_prompts_file
 from ..format import load_engine_dir
 from ...trtllm.register import import_tensorrt_llm, register
+from ..graph_rules import refuse_tp
 from .paths import PROJECT, choose_runtime
 from .session_run import run_items
 
@@ -120,10 +121,7 @@ def refuse_graphs_off_the_project_path(asked: bool, path: dict, pretrained: dict
         raise ConfigError("applies to the project runtime (--runtime project): the executor's own CUDA-graph mode "
                           "(ModelRunnerCpp.from_dir cuda_graph_mode) is not turned on by this project, since it has "
                           "never run with a DFlash2 engine", field="--cuda-graphs")
-    tp = int((pretrained.get("mapping") or {}).get("tp_size", 1))
-    if tp != 1:
-        raise ConfigError(f"CUDA graphs serve tp 1 engines on the project runtime for now; this one is tp {tp}",
-                          field="--cuda-graphs")
+    refuse_tp(int((pretrained.get("mapping") or {}).get("tp_size", 1)))
     return True
 
 

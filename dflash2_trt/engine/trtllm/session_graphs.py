@@ -45,7 +45,7 @@ from collections import OrderedDict
 import torch
 
 from ...errors import ConfigError
-from ..graph_rules import KV_LENGTH_ROUND_SIZE, graph_bucket, past_at_capture
+from ..graph_rules import KV_LENGTH_ROUND_SIZE, graph_bucket, past_at_capture, refuse_tp
 
 
 CURRENT_IN_SIMULATION = ("host_kv_cache_block_offsets",)
@@ -70,9 +70,7 @@ class SessionGraphs:
         if session.device.type != "cuda" and not simulate:
             raise ConfigError(f"CUDA graphs need the session on a GPU; it runs on {session.device}",
                               field="--cuda-graphs")
-        if session.tp != 1:
-            raise ConfigError(f"CUDA graphs serve tp 1 engines on the project runtime for now; this one is tp "
-                              f"{session.tp}", field="--cuda-graphs")
+        refuse_tp(session.tp)
         if not isinstance(cache_size, int) or cache_size < 1:
             raise ConfigError(f"must be an integer >= 1, got {cache_size!r}", field="cuda_graph_cache_size")
         self.session, self.simulate, self.cache_size = session, simulate, cache_size

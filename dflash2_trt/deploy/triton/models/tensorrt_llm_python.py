@@ -16,6 +16,7 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from dflash2_trt.engine.graph_rules import describe
 from dflash2_trt.deploy.triton.serving import DRAIN_ENV, ServingLoop, graph_report, open_engine, parse_request
 from dflash2_trt.errors import DFlash2Error
 
@@ -153,7 +154,5 @@ class TritonPythonModel:
         self.loop.close()
         graphs = graph_report(self.engine)
         if graphs is not None:    # cuda_graph_mode: what the graphs did, and why they stopped if a capture failed
-            _log(f"tensorrt_llm: CUDA graphs: {graphs['replayed']} steps replayed, {graphs['captured']} captured, "
-                 f"{graphs['eager']} eager" + "".join(f"; a capture failed, later steps eager: {why}"
-                                                      for why in graphs["failed"]))
+            _log(f"tensorrt_llm: CUDA graphs: {describe(graphs)}")
         self.engine.close()
