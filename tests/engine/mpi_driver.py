@@ -6,6 +6,7 @@ collectives carried between the processes by MPI). Rank 0 writes the report; the
 ``FollowerExit`` once rank 0 closes the session.
 
     python mpi_driver.py ENGINE_DIR PROMPTS.jsonl REPORT.json [--fail-step-on-rank R] [--interrupt-step-on-rank R] [--cli]
+                         [--blocks-on-rank R N [--no-agree]]
 """
 
 import json
@@ -33,6 +34,28 @@ def _fault_in_third_step(rank: int, exc: BaseException) -> None:
     TrtEngineSession.step = step
 
 
+def _fewer_blocks(rank: int, blocks: int, report: str, agree: bool) -> None:
+    """Size rank ``rank``'s KV pool at ``blocks`` blocks (the others keep theirs), and write every rank's pool size once
+    opened to ``REPORT.rank<r>.blocks``. ``agree=False``: the control, the ranks not agreeing on one size."""
+    from mpi4py import MPI
+
+    from dflash2_trt.engine.trtllm.session import TrtEngineSession
+
+    me = MPI.COMM_WORLD.Get_rank()
+    real_pool, real_init = TrtEngineSession._pool_blocks, TrtEngineSession.__init__
+
+    def pool(self, num_blocks, fraction):
+        return blocks if me == rank else real_pool(self, num_blocks, fraction)
+
+    def init(self, *a, **kw):
+        if not agree:
+            kw.pop("agree_blocks", None)
+        real_init(self, *a, **kw)
+        Path(f"{report}.rank{me}.blocks").write_text(str(self.num_blocks))
+
+    TrtEngineSession._pool_blocks, TrtEngineSession.__init__ = pool, init
+
+
 def main(argv):
     engine_dir, prompts, report = argv[:3]
     if "--fail-step-on-rank" in argv:          # an error on one rank only
@@ -40,6 +63,9 @@ def main(argv):
                              RuntimeError("injected fault in step 3"))
     if "--interrupt-step-on-rank" in argv:     # Ctrl-C on one rank (KeyboardInterrupt, as the CLI's handler raises)
         _fault_in_third_step(int(argv[argv.index("--interrupt-step-on-rank") + 1]), KeyboardInterrupt())
+    if "--blocks-on-rank" in argv:             # a rank whose GPU had less memory free: a smaller KV pool of its own
+        i = argv.index("--blocks-on-rank")
+        _fewer_blocks(int(argv[i + 1]), int(argv[i + 2]), report, agree="--no-agree" not in argv)
     from dflash2_trt.testing import tensorrt_standin as trt
 
     if "--cli" in argv:

@@ -73,6 +73,29 @@ def test_two_processes_give_the_tokens_of_the_threaded_tp2_engine(hybrid, tmp_pa
     assert done.stdout == ""                      # rank 1 printed nothing of its own
 
 
+def test_the_ranks_size_their_kv_pools_alike(hybrid, tmp_path):
+    """A rank whose GPU had less memory free sizes a smaller KV pool. Rank 0's block tables index every rank's pool, so
+    every rank takes the smallest block count of any rank, as TensorRT-LLM's KV cache manager does (facts
+    multi_rank.kv_pool_size): the run keeps the threaded engine's tokens. Control: ranks that do not agree (rank 1 with
+    3 blocks, rank 0 with its 128) are handed blocks rank 1 does not have, and the job dies."""
+    from dflash2_trt.engine.run import run_engine
+
+    d, cpu2, _ = hybrid
+    prompts = _prompts(tmp_path / "p.jsonl")
+    report = tmp_path / "report.json"
+    done = mpirun(2, d, prompts, report, "--blocks-on-rank", 1, 3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [Path(f"{report}.rank{r}.blocks").read_text() for r in (0, 1)] == ["3", "3"]
+    want = run_engine(cpu2, prompts_file=str(prompts), max_batch_size=2)
+    assert [r["output_ids"] for r in json.loads(report.read_text())["requests"]] == \
+        [r["output_ids"] for r in want["requests"]]
+    control = tmp_path / "control.json"
+    bad = mpirun(2, d, prompts, control, "--blocks-on-rank", 1, 3, "--no-agree", timeout=120)
+    sizes = [Path(f"{control}.rank{r}.blocks").read_text() for r in (0, 1)]
+    assert sizes[1] == "3" and int(sizes[0]) > 3
+    assert bad.returncode != 0 and not control.exists()
+
+
 def test_a_fault_on_one_rank_ends_every_process_and_the_rank_names_itself(hybrid, tmp_path):
     d, _, _ = hybrid
     prompts, report = _prompts(tmp_path / "p.jsonl"), tmp_path / "report.json"

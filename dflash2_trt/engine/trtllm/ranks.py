@@ -6,7 +6,9 @@ AllReduce plugins inside the engine carry the activations between the GPUs (fact
 the same for the project runtime (docs/trt-session.md §4):
 
 - every process opens its own :class:`~.session.TrtEngineSession` (its rank engine, its KV pool and state slots
-  holding its heads, the workspace), and the ranks agree that all of them opened before any step;
+  holding its heads, the workspace), the ranks size their KV pools alike (the smallest block count of any rank, as
+  TensorRT-LLM's KV cache manager does: rank 0's block tables index every rank's pool) and agree that all of them
+  opened before any step;
 - the bookkeeping (the project :class:`~dflash2_trt.runtime.Runtime`) runs on rank 0 only, over a
   :class:`RankedSession`: each ``step`` / ``reset_slot`` is broadcast to the other ranks (``comm.bcast`` of the
   step's CPU tensors: a few KB), every rank executes it, and an ``allgather`` of the accepted tokens ends the step on
@@ -178,6 +180,12 @@ def _shared_type():
     return MPI.COMM_TYPE_SHARED
 
 
+def _min_op():
+    from mpi4py import MPI
+
+    return MPI.MIN
+
+
 def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
     """(session, manifest) for the project runtime on any TensorRT engine directory. A tp 1 engine in one process:
     its :class:`~.session.TrtEngineSession`. A tp engine under ``mpirun -n TP``: on rank 0 a :class:`RankedSession`,
@@ -199,9 +207,11 @@ def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
     local_rank, local_size = local.Get_rank(), local.Get_size()
     local.Free()
     # opening may itself be collective (TensorRT-LLM's workspace exchanges IPC handles over MPI)
+    # ... and sizing the KV pool is: every rank takes the smallest block count of any rank (rank 0's block tables
+    # index every rank's pool), as TensorRT-LLM's KV cache manager does (facts multi_rank.kv_pool_size)
     sess, man = _guard(comm, f"could not open rank{rank}.engine", open_trt_session, engine_dir, trt=trt,
                        verify=verify, rank=rank, launched=True, local_rank=local_rank, gpus_per_node=local_size,
-                       **kw)
+                       agree_blocks=lambda n: comm.allreduce(int(n), op=_min_op()), **kw)
     _guard(comm, "failed waiting for the other ranks to open theirs", comm.Barrier)
     if rank == 0:
         return RankedSession(sess, comm), man

@@ -237,13 +237,14 @@ class TrtEngineSession:
     all-reduce, so a tp engine is refused without it); ``local_rank`` / ``gpus_per_node``: the rank among this node's
     processes and their number (the GPU it takes, the workspace's mapping); ``cuda_graphs``: generation steps
     replayed from CUDA graphs (:mod:`.session_graphs`; ``simulate_graphs``: its bookkeeping with replays executed, for
-    the stand-in)."""
+    the stand-in); ``agree_blocks``: a tp engine's ranks agree on the KV pool's block count before it is allocated
+    (:mod:`.ranks` passes the MPI minimum over the ranks)."""
 
     def __init__(self, engine_bytes: bytes, config: dict, *, trt, device=None, num_blocks: int | None = None,
                  num_slots: int | None = None, greedy_sampling: int = 0, use_trtllm: bool | None = None,
                  kv_cache_fraction: float | None = None, rank: int = 0, launched: bool = False,
                  local_rank: int | None = None, gpus_per_node: int | None = None, cuda_graphs: bool = False,
-                 simulate_graphs: bool = False):
+                 simulate_graphs: bool = False, agree_blocks=None):
         self.trt = trt
         self.config = dict(config["pretrained_config"])
         pre = self.config
@@ -311,6 +312,10 @@ class TrtEngineSession:
         self.outputs = {n: t for n, t in self.tensors.items() if not t.is_input}
         self._workspace_buffers, self.all_reduce_workspace = self._allocate_all_reduce_workspace(use_trtllm)
         self.num_blocks = self._pool_blocks(num_blocks, kv_cache_fraction)
+        if agree_blocks is not None:
+            # a tp engine's ranks: rank 0's block tables index every rank's pool, so all take the smallest (facts
+            # multi_rank.kv_pool_size: TensorRT-LLM's KV cache manager takes the minimum over the ranks the same way)
+            self.num_blocks = int(agree_blocks(self.num_blocks))
         self.pools, self.pool_pointers, self.pool_mapping = self._allocate_kv_pool(use_trtllm)
         self._static = self.static_inputs()
         self._buffers: dict[str, AlignedBuffer] = {}
