@@ -62,6 +62,17 @@ def standin_trt_engine(tmp_path_factory):
     cpu_dir = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)(4)
     return standin_trt_engine_dir(cpu_dir, tmp_path_factory.mktemp("trt") / "engine"), cpu_dir
 
+@pytest.fixture(scope="session")
+def standin_trt_engine_tp2(tmp_path_factory):
+    """(TensorRT-LLM engine directory, CPU engine directory) as :func:`standin_trt_engine`, at tp 2: each rank engine
+    the stand-in of TensorRT running that rank of the tp 2 CPU engine (run as processes under mpiexec)."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.testing.engines import EngineCache, standin_trt_engine_dir
+
+    cpu2 = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)(4, tp=2)
+    return standin_trt_engine_dir(cpu2, tmp_path_factory.mktemp("trt") / "engine"), cpu2
+
+
 def pytest_terminal_summary(terminalreporter):
     """The versions pip resolved, at the end of every run (`-q` included, so CI's log shows them): what the pins
     allowed today. tests/test_dependency_pins.py fails on a minor release the suite has not passed on."""

@@ -10,9 +10,12 @@ by the test hook DFLASH2_TRT_TENSORRT_STANDIN=1 (serving.tensorrt_standin_hook),
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -82,20 +85,47 @@ def test_an_executor_path_engine_takes_the_python_model_when_asked(trt_dir, tmp_
     assert res.backend == "python" and res.runtime == "project" and res.notes == []
 
 
-def test_a_tp2_project_engine(trt_dir, tmp_path):
-    """The python-backend model serves tp 1 engines (a tp engine's ranks are mpirun processes): auto refuses (no
-    model serves it on stock TensorRT-LLM), --backend tensorrtllm writes the executor's repository with a note,
-    --backend python is refused naming tp_size."""
-    d = _with_manifest(trt_dir, tmp_path / "engine", tp_size=2)
-    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "auto"), "--ids-only"))
-    assert "engine.json: tp_size: no Triton model serves this tp 2 engine on stock TensorRT-LLM 1.2" in line, line
-    assert "mpirun -n 2 dflash2-trt run" in line and not (tmp_path / "auto").exists()
-    res = rp.deploy_triton(d, tmp_path / "trtllm", ids_only=True, backend="tensorrtllm")
-    assert res.backend == "tensorrtllm" and any("serves tp 1 engines only (this one is tp 2" in n for n in res.notes)
-    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(d), "--output", str(tmp_path / "py"), "--ids-only",
-                      "--backend", "python"))
-    assert "engine.json: tp_size: --backend python: the python-backend model serves tp 1 TensorRT engines" in line, line
-    assert not (tmp_path / "py").exists()
+def test_a_tp2_project_engine(standin_trt_engine_tp2, trt_dir, tmp_path):
+    """A tp 2 engine on the project runtime: auto writes the python model and a launch.sh that starts the ranks under
+    mpirun (tritonserver as rank 0, the followers), recorded in dflash2_repository.json; --backend tensorrtllm writes
+    the executor's repository with a note saying so. Refused in one line, nothing written: engine.json and config.json
+    disagreeing on tp, a rank engine missing, --cuda-graphs."""
+    d2, _ = standin_trt_engine_tp2
+    res = rp.deploy_triton(d2, tmp_path / "auto", ids_only=True)
+    assert res.backend == "python" and res.runtime == "project"
+    rec = json.loads((tmp_path / "auto" / "dflash2_repository.json").read_text())
+    assert rec["tp_size"] == 2 and rec["launch"] == "launch.sh" and rec["ranks"]["processes"] == 2
+    launch = (tmp_path / "auto" / "launch.sh").read_text()
+    assert "TP=2\n" in launch and "-m dflash2_trt.deploy.triton.follower --repository" in launch
+    assert subprocess.run(["bash", "-n", str(tmp_path / "auto" / "launch.sh")]).returncode == 0
+    # rank 0 as TensorRT-LLM's launcher starts each rank's tritonserver (facts triton_leader_mode, from its source)
+    import yaml
+
+    from dflash2_trt.engine.trtllm import session as sess_mod
+
+    leader = yaml.safe_load((Path(sess_mod.__file__).parent / "facts" / "tensorrt_session.yaml").read_text())[
+        "triton_leader_mode"]
+    for part in leader["every_rank"].format(i=0).split():
+        assert f'"{part}"' in launch or f" {part} " in launch, part
+    res = rp.deploy_triton(d2, tmp_path / "trtllm", ids_only=True, backend="tensorrtllm")
+    assert res.backend == "tensorrtllm"
+    assert any("`--backend python` (the default for it) serves it on the project runtime (docs/trt-session.md §8; "
+               "tp 2: its launch.sh runs it as 2 processes under mpirun)" in n for n in res.notes), res.notes
+    lied = _with_manifest(trt_dir, tmp_path / "lied", tp_size=2)      # engine.json tp 2, config.json and ranks tp 1
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(lied), "--output", str(tmp_path / "x"),
+                               "--ids-only"))
+    assert "config.json: pretrained_config.mapping.tp_size: --backend python: engine.json says tp 2, config.json's" \
+        in line, line
+    gone = tmp_path / "gone"
+    shutil.copytree(d2, gone)
+    (gone / "rank1.engine").unlink()
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(gone), "--output", str(tmp_path / "y"),
+                               "--ids-only"))
+    assert "--backend python: no rank1.engine (the TensorRT engine rank 1 of the tp 2 engine opens)" in line, line
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(d2), "--output", str(tmp_path / "z"),
+                               "--ids-only", "--cuda-graphs"))
+    assert "error: --cuda-graphs: CUDA graphs serve tp 1 engines; this one is tp 2" in line, line
+    assert not any((tmp_path / n).exists() for n in ("x", "y", "z"))
 
 
 @pytest.mark.parametrize("args,edit,line", [
@@ -211,6 +241,198 @@ def test_serve_a_project_path_engine_on_the_standin(standin_trt_engine, tmp_path
         assert not procs_with(f"--http-port {port}"), "tritonserver (or a stub) left running"
     finally:
         s.kill()
+
+
+@pytest.mark.triton
+def test_serve_a_tp2_engine_as_ranks_under_mpiexec(standin_trt_engine_tp2, tmp_path):
+    """`serve --engine-dir` on a tp 2 TensorRT engine directory: `mpiexec -n 1 tritonserver ... : -n 1 python -m
+    dflash2_trt.deploy.triton.follower` (real MPICH, a real tritonserver; each rank engine the stand-in running that rank
+    of the tp 2 CPU engine, the collectives between the processes by MPI). Concurrent streaming requests give exactly
+    the tp 2 CPU engine's tokens (both ranks threads of one process) and acceptance; the model says rank 0 drives and
+    rank 1 follows; Ctrl-C stops it with exit 0, the follower leaving with the server, nothing left running."""
+    pytest.importorskip("pytriton")
+    pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.deploy.triton.load import LoadRequest, run_load
+    from dflash2_trt.engine.run import run_engine
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    trt_dir, cpu2 = standin_trt_engine_tp2
+    prompts = shipped_prompts(trained_pair("qwen3_5"), 6)
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
+                          for i, p in enumerate(prompts)))
+    want = run_engine(cpu2, prompts_file=str(pf), max_batch_size=4)["requests"]
+    port, log = free_base_port(), tmp_path / "tritonserver.log"
+    s = Serve("--engine-dir", str(trt_dir), "--ids-only", "--port", str(port), "--log", str(log),
+              env={serving.STANDIN_ENV: "1", "OMP_NUM_THREADS": "1"})
+    try:
+        assert s.wait_for("serving", 240), s.lines
+        assert "tp 2: tritonserver rank 0 + 1 follower(s) under MPI" in s.lines[-1], s.lines
+        followers = [p for p in procs_with("dflash2_trt.deploy.triton.follower")
+                     if "mpiexec" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+        assert len(followers) == 1
+        url = f"127.0.0.1:{port + 1}"
+        reqs = [LoadRequest(p, NEW, w["output_ids"]) for p, w in zip(prompts, want)]
+        rep = run_load(url, reqs, 3, K=3, timeout=180)   # raises unless every token is the tp 2 CPU engine's
+        assert rep["requests"] == len(prompts)
+        assert rep["total_accepted_draft_tokens"] == sum(a - 1 for w in want for a in w["acceptance_lengths"])
+        text = log.read_text(errors="replace")
+        assert "tp 2: rank 0 in this process, ranks 1-1 following it under MPI" in text, text[-3000:]
+        s.p.send_signal(signal.SIGINT)
+        assert s.finish(90) == 0, s.lines
+        assert "stopped" in s.lines[-1], s.lines
+        deadline = time.time() + 10
+        while (procs_with(f"--http-port {port}") or any(pid in procs_with("follower") for pid in followers)) \
+                and time.time() < deadline:
+            time.sleep(0.1)
+        assert not procs_with(f"--http-port {port}"), "tritonserver (or a stub) left running"
+        assert not [p for p in followers if p in procs_with("follower")], "the follower rank left running"
+        end = log.read_text(errors="replace")   # the follower left when rank 0 closed: no abort, no stop grace
+        assert "aborting" not in end and "did not close the engine" not in end and "BAD TERMINATION" not in end, end[-3000:]
+    finally:
+        s.kill()
+
+
+@pytest.mark.triton
+def test_the_repositorys_launch_sh_starts_the_ranks(standin_trt_engine_tp2, tmp_path):
+    """The launch.sh `deploy triton` writes for a tp 2 engine, run as a user runs it (MPIRUN, TRITONSERVER, PYTHON and
+    the ports from the environment; the bundled tritonserver's backend directory as an extra argument): mpiexec
+    starts tritonserver as rank 0 and the follower as rank 1, a request gets the tp 2 CPU engine's tokens, and a
+    SIGTERM to it (mpiexec: launch.sh execs it) ends every process with exit 0."""
+    pytest.importorskip("pytriton")
+    pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
+    import sys
+    import urllib.request
+
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.deploy.triton.load import LoadRequest, run_load
+    from dflash2_trt.deploy.triton.server import assemble_backends, find_tritonserver, server_env
+    from dflash2_trt.engine.run import run_engine
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    trt_dir, cpu2 = standin_trt_engine_tp2
+    repo = tmp_path / "repo"
+    rp.deploy_triton(trt_dir, repo, ids_only=True, decoupled=True)
+    prompts = shipped_prompts(trained_pair("qwen3_5"), 2)
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
+                          for i, p in enumerate(prompts)))
+    want = run_engine(cpu2, prompts_file=str(pf), max_batch_size=4)["requests"]
+    inst = find_tritonserver()
+    assemble_backends(inst, tmp_path / "backends")
+    port = free_base_port()
+    env = {**server_env(inst), "MPIRUN": str(Path(sys.executable).parent / "mpiexec"), "TRITONSERVER": str(inst.binary),
+           "PYTHON": sys.executable, "HTTP_PORT": str(port), "GRPC_PORT": str(port + 1), "METRICS_PORT": str(port + 2),
+           serving.STANDIN_ENV: "1", "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "launch.log"
+    with open(log, "wb") as fh:
+        p = subprocess.Popen([str(repo / "launch.sh"), "--backend-directory", str(tmp_path / "backends"),
+                              "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address",
+                              "127.0.0.1"], stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline, ready = time.time() + 240, False
+        while not ready and time.time() < deadline and p.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
+                    ready = r.status == 200
+            except OSError:
+                time.sleep(0.2)
+        assert ready, log.read_text(errors="replace")[-3000:]
+        assert len([q for q in procs_with(str(repo)) if "follower" in Path(f"/proc/{q}/cmdline").read_text(
+            errors="replace") and "mpiexec" not in Path(f"/proc/{q}/cmdline").read_text(errors="replace")]) == 1
+        rep = run_load(f"127.0.0.1:{port + 1}", [LoadRequest(q, NEW, w["output_ids"]) for q, w in zip(prompts, want)],
+                       2, K=3, timeout=180)
+        assert rep["requests"] == len(prompts)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) == 0, log.read_text(errors="replace")[-3000:]
+        deadline = time.time() + 10
+        while procs_with(str(repo)) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not procs_with(str(repo)), "a rank (or a stub) left running"
+    finally:
+        for q in procs_with(str(repo)):
+            try:
+                os.kill(q, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+RANK0_THAT_NEVER_CLOSES = """
+import signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+from dflash2_trt.engine.trtllm.ranks import open_project_session
+from dflash2_trt.testing import tensorrt_standin as trt
+session, _ = open_project_session(sys.argv[1], trt=trt)
+Path(sys.argv[2]).write_text("open")
+time.sleep(120)
+"""
+
+
+def test_a_follower_whose_rank0_never_closes_ends_the_job_after_its_grace(standin_trt_engine_tp2, tmp_path):
+    """A stop signal reaches every rank (mpiexec relays it); a follower leaves it to rank 0 (the server drains and
+    closes the engine), but not forever: rank 0 here ignores the signal and never closes, so the follower, blocked
+    inside MPI, is woken by its wakeup fd, waits --stop-grace seconds, names itself in one line and ends the job."""
+    pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
+    import sys
+
+    trt_dir, _ = standin_trt_engine_tp2
+    repo = tmp_path / "repo"
+    rp.deploy_triton(trt_dir, repo, ids_only=True)
+    script, opened = tmp_path / "rank0.py", tmp_path / "opened"
+    script.write_text(RANK0_THAT_NEVER_CLOSES)
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = {"PATH": f"{mpiexec.parent}:/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "HOME": "/tmp", "OMP_NUM_THREADS": "1", serving.STANDIN_ENV: "1"}
+    p = subprocess.Popen([str(mpiexec), "-n", "1", sys.executable, str(script), str(trt_dir), str(opened), ":", "-n", "1",
+                          sys.executable, "-m", "dflash2_trt.deploy.triton.follower", "--repository", str(repo),
+                          "--stop-grace", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not opened.exists() and time.time() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        assert opened.exists(), p.communicate(timeout=30)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)      # a follower that never woke would keep the job for the 120 s
+        assert p.returncode != 0
+        assert "error: tp rank 1 (Triton follower): stopped, and rank 0 did not close the engine within 1 s (ending " \
+               "the job)" in err, err[-2000:]
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_the_follower_refuses_what_it_cannot_follow(trt_dir, tmp_path, monkeypatch):
+    """Outside an MPI launch, as rank 0, or on a repository that is not the python model's: one line, exit 2."""
+    from dflash2_trt.deploy.triton import follower
+
+    repo = tmp_path / "repo"
+    rp.deploy_triton(trt_dir, repo, ids_only=True)
+    assert follower.repository_engine(repo) == (trt_dir.resolve(), 0.9)
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert follower.main(["--repository", str(repo)]) == 2
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert follower.main(["--repository", str(repo)]) == 2
+    monkeypatch.setenv("PMI_RANK", "1")
+    exe = rp.deploy_triton(trt_dir, tmp_path / "exe", ids_only=True, backend="tensorrtllm")
+    with pytest.raises(ConfigError, match=r"tensorrt_llm/config.pbtxt: backend: backend 'tensorrtllm': the followers "
+                                          r"serve the python-backend model's tp engine only"):
+        follower.repository_engine(exe.output)
+    assert follower.main(["--repository", str(tmp_path / "none")]) == 2
 
 
 def _one_response(grpc, url, prompt):

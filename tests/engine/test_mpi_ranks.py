@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.format import file_sha256
 from dflash2_trt.testing import tensorrt_standin as trt
-from dflash2_trt.testing.engines import EngineCache, standin_trt_engine_dir
+from dflash2_trt.testing.engines import standin_trt_engine_dir
 
 pytest.importorskip("mpi4py", reason="mpi4py (pip install -e '.[mpi]') runs the ranks as processes")
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -42,11 +41,9 @@ def mpirun(n: int, *args, timeout: int = 240) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def hybrid(tmp_path_factory):
+def hybrid(standin_trt_engine_tp2, standin_trt_engine):
     """(tp 2 TensorRT dir, its tp 2 CPU engine, the tp 1 CPU engine) of the tiny hybrid pair."""
-    cache = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)
-    cpu2 = cache(4, tp=2)
-    return standin_trt_engine_dir(cpu2, tmp_path_factory.mktemp("trt") / "engine"), cpu2, cache(4)
+    return (*standin_trt_engine_tp2, standin_trt_engine[1])
 
 
 def _prompts(path: Path) -> Path:

@@ -178,13 +178,34 @@ def owner_alive(work: Path) -> bool | None:
     return start_time(pid) == t
 
 
+def _with_led_groups(pids) -> set[int]:
+    """``pids`` and the members of every process group one of them leads (a tritonserver rank under mpiexec leads
+    its own, with its stubs)."""
+    out = set(pids)
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == pid:
+                out |= set(group_members(pid))
+        except (ProcessLookupError, PermissionError):
+            pass
+    return out
+
+
+def kill_named(work: Path, exclude=()) -> list[int]:
+    """SIGKILL every process naming ``work`` (but ``exclude``) and the groups they lead; wait for them."""
+    pids = _with_led_groups(set(processes_naming(Path(work))) - set(exclude)) - set(exclude) - {os.getpid()}
+    _kill_all(pids, signal.SIGKILL)
+    _wait_gone(pids, 5.0)
+    return sorted(pids)
+
+
 def clean_work_dirs(works, *, pgid: int | None = None, grace: float = 5.0) -> dict:
     """Stop what ``works`` (and process group ``pgid``) left running, unlink their regions, remove the dirs.
     Returns ``{"processes": [...], "regions": [...], "dirs": [...]}`` of what was done."""
     works = [Path(w) for w in works]
     pids = set(group_members(pgid)) if pgid is not None else set()
     for w in works:
-        pids |= set(processes_naming(w))
+        pids |= _with_led_groups(processes_naming(w))
     pids.discard(os.getpid())
     if pids:
         _kill_all(pids, signal.SIGTERM)   # tritonserver unloads and exits on it; the stubs ignore it

@@ -9,7 +9,9 @@ templates (``templates/``)::
       postprocessing/  config.pbtxt, 1/model.py    output_ids -> text
       ensemble/        config.pbtxt, 1/            text_input, max_tokens, ... -> text_output
       launch.sh                                    (tensorrtllm backend) tritonserver + LD_PRELOAD;
-                                                   tp > 1: mpirun, one tritonserver rank per GPU
+                                                   tp > 1: mpirun, one tritonserver rank per GPU;
+                                                   (python backend, a tp > 1 TensorRT engine) mpirun:
+                                                   tritonserver as rank 0, the other ranks followers
 
 ``tensorrt_llm`` is served by ``backend: "tensorrtllm"`` (TensorRT-LLM's executor) for a TensorRT-LLM engine on
 the executor path, or by a python-backend model on the project runtime (``models/tensorrt_llm_python.py``) for a CPU
@@ -339,15 +341,6 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
 
         path = choose_runtime(None, (cfg or {}).get("pretrained_config"), man)
     if backend == "auto":
-        if path is not None and path["path"] == "project" and tp > 1:
-            # neither model serves it: stock TensorRT-LLM's executor refuses the engine, and the python model runs
-            # one process (a tp engine's ranks are mpirun processes)
-            raise ConfigError(f"no Triton model serves this tp {tp} engine on stock TensorRT-LLM 1.2: its runtime path "
-                              f"is the project runtime ({'; '.join(path['why'])}), whose python-backend model serves "
-                              f"tp 1 engines (rebuild with --tp-size 1), and TensorRT-LLM's executor refuses it "
-                              f"(--backend tensorrtllm writes that repository anyway, for an executor rebuilt with "
-                              f"scripts/patch_trtllm_recurrent_spec.py); `mpirun -n {tp} dflash2-trt run` drives it",
-                              source=engine_dir / "engine.json", field="tp_size")
         # the python model on the project runtime where the executor will not run the engine; TensorRT-LLM's
         # executor for the rest
         backend = "python" if man["backend"] in ("cpu", "cuda") or path["path"] == "project" else "tensorrtllm"
@@ -385,10 +378,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                      f"backend needs TensorRT-LLM engine files at "
                      f"gpt_model_path (`dflash2-trt build --backend trtllm` on a GPU machine)")
     if backend == "tensorrtllm" and path is not None and path["path"] == "project":
-        fix = ("`--backend python` (the default for it) serves it on the project runtime (docs/trt-session.md §8)"
-               if tp == 1 else f"the python-backend model serves tp 1 engines only (this one is tp {tp}: its ranks "
-                               f"run as `mpirun -n {tp}` processes, docs/trt-session.md §4; rebuild with --tp-size 1 "
-                               f"to serve it)")
+        fix = ("`--backend python` (the default for it) serves it on the project runtime (docs/trt-session.md §8"
+               + (f"; tp {tp}: its launch.sh runs it as {tp} processes under mpirun)" if tp > 1 else ")"))
         notes.append(f"this engine's runtime path is the project runtime over TensorRT ({'; '.join(path['why'])}): "
                      f"the tensorrtllm backend (TensorRT-LLM's executor) will not run it on stock TensorRT-LLM 1.2; "
                      f"{fix}; `dflash2-trt run` / `bench run` drive it too")
@@ -437,6 +428,13 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
             _write_model(tmp, model_name, fill(read_template("ensemble.pbtxt"), {
                 "ensemble_name": model_name, "max_batch_size": mbs}, source="templates/ensemble.pbtxt"), None)
             models += ["preprocessing", "postprocessing", model_name]
+        ranks = backend == "python" and man["backend"] == "trtllm" and tp > 1
+        if ranks:
+            # a tp TensorRT engine on the project runtime: rank 0 tritonserver, the other ranks followers, under mpirun
+            launch = tmp / "launch.sh"
+            launch.write_text(fill(read_template("launch_ranks.sh"), {"tp_size": tp, "tp_last": tp - 1},
+                                   source="templates/launch_ranks.sh"))
+            launch.chmod(0o755)
         if backend == "tensorrtllm":
             lib_name = (man.get("plugin_library") or {}).get("file") or "libdflash2_plugins.so"
             lib = Path(plugin_lib).resolve() if plugin_lib is not None else engine_abs / lib_name
@@ -449,7 +447,11 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
         (tmp / "dflash2_repository.json").write_text(json.dumps({
             "format": "dflash2-trt triton repository", "backend": backend, "runtime": runtime,
             "runtime_description": runtime_description, "engine_backend": man["backend"],
-            "engine_runtime_path": None if path is None else path["path"], "decoupled": decoupled,
+            "engine_runtime_path": None if path is None else path["path"], "tp_size": tp,
+            "launch": "launch.sh" if ranks or backend == "tensorrtllm" else None,
+            "ranks": ({"processes": tp, "rank0": "tritonserver",
+                       "followers": "python -m dflash2_trt.deploy.triton.follower --repository REPO"} if ranks
+                      else None), "decoupled": decoupled,
             "max_batch_size": mbs, "ensemble": model_name if tok is not None else None,
             "engine_dir": str(engine_abs), "tokenizer_dir": None if tok_dir is None else str(tok_dir),
             "models": models, "dflash2_trt": __version__, "python": sys.version.split()[0],
@@ -472,17 +474,19 @@ def _model_runtime(backend: str, engine_backend: str) -> tuple[str, str]:
 
 def _check_project_runtime_engine(engine_dir: Path, cfg: dict, tp: int) -> None:
     """What the python model will need to open a TensorRT-LLM engine on the project runtime, checked before anything
-    is written (engine/trtllm/session.py: tp 1, ``rank0.engine``, the limits it reads from config.json)."""
+    is written (engine/trtllm/session.py: every ``rank{r}.engine``, the tp both files agree on, the limits it reads
+    from config.json)."""
     from ...engine.trtllm.session import session_limits
 
-    if tp != 1:
-        raise ConfigError(f"--backend python: the python-backend model serves tp 1 TensorRT engines (this one is tp "
-                          f"{tp}: the project runtime runs it as `mpirun -n {tp}` processes for `run` / `bench run`, "
-                          f"docs/trt-session.md §4); rebuild with --tp-size 1 to serve it",
-                          source=engine_dir / "engine.json", field="tp_size")
-    if not (engine_dir / "rank0.engine").is_file():
-        raise ConfigError("--backend python: no rank0.engine (the TensorRT engine the project runtime opens)",
-                          source=engine_dir)
+    mapped = ((cfg or {}).get("pretrained_config") or {}).get("mapping", {}).get("tp_size", 1)
+    if mapped != tp:
+        raise ConfigError(f"--backend python: engine.json says tp {tp}, config.json's pretrained_config.mapping says "
+                          f"{mapped!r}", source=engine_dir / "config.json", field="pretrained_config.mapping.tp_size")
+    for r in range(tp):
+        if not (engine_dir / f"rank{r}.engine").is_file():
+            raise ConfigError(f"--backend python: no rank{r}.engine (the TensorRT engine "
+                              f"{'the project runtime opens' if tp == 1 else f'rank {r} of the tp {tp} engine opens'})",
+                              source=engine_dir)
     try:
         session_limits(cfg)
     except ConfigError as exc:

@@ -22,6 +22,7 @@ together with its watchdog left is cleaned (and named) by the next ``serve``.
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import shutil
@@ -102,6 +103,15 @@ def server_env(inst: TritonInstall) -> dict:
     return env
 
 
+def assemble_backends(inst: TritonInstall, backends: Path) -> None:
+    """A ``--backend-directory`` at ``backends``: the bundled python backend with the stub of THIS interpreter."""
+    (backends / "python").mkdir(parents=True)
+    for f in inst.python_backend.iterdir():
+        if f.is_file():
+            shutil.copy2(f, backends / "python" / f.name)
+    shutil.copy2(inst.stub, backends / "python" / "triton_python_backend_stub")
+
+
 def missing_libraries(binary: str | Path, env: dict) -> list[str]:
     """Shared libraries ``binary`` cannot resolve under ``env`` (``ldd``; [] when ldd is absent)."""
     try:
@@ -137,7 +147,7 @@ class TritonServer:
     def __init__(self, repository: str | Path, *, http_port: int | None = None, grpc_port: int | None = None,
                  metrics_port: int | None = None, log_path: str | Path | None = None, ready_timeout: float = 120.0,
                  extra_args: list[str] | None = None, log_kept: bool = True, cleanup_dirs=(),
-                 drain_timeout: float = 10.0):
+                 drain_timeout: float = 10.0, ranks: int = 1):
         self.repository = Path(repository).resolve()
         self.http_port = http_port if http_port is not None else free_port()
         self.grpc_port = grpc_port if grpc_port is not None else free_port()
@@ -153,6 +163,9 @@ class TritonServer:
         self.drain_timeout = float(drain_timeout)
         self.exit_timeout = math.ceil(self.drain_timeout) + 5
         self.drain_file = self._work / "drain"
+        # a tp TensorRT engine on the project runtime: mpiexec, tritonserver as rank 0, the other ranks followers
+        # (follower.py), as the repository's launch.sh starts it
+        self.ranks = int(ranks)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
 
@@ -164,12 +177,18 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"{HOST}:{self.grpc_port}"
 
-    def command(self, inst: TritonInstall, backends: Path) -> list[str]:
-        return [str(inst.binary), "--model-repository", str(self.repository), "--backend-directory", str(backends),
-                "--http-address", HOST, "--grpc-address", HOST, "--metrics-address", HOST,
-                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-                "--metrics-port", str(self.metrics_port), "--exit-timeout-secs", str(self.exit_timeout), "--strict-readiness", "true",
-                hygiene.backend_config(self._work), *self.extra_args]
+    def command(self, inst: TritonInstall, backends: Path, env: dict | None = None) -> list[str]:
+        server = [str(inst.binary), "--model-repository", str(self.repository), "--backend-directory", str(backends),
+                  "--http-address", HOST, "--grpc-address", HOST, "--metrics-address", HOST,
+                  "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+                  "--metrics-port", str(self.metrics_port), "--exit-timeout-secs", str(self.exit_timeout),
+                  "--strict-readiness", "true", hygiene.backend_config(self._work), *self.extra_args]
+        if self.ranks == 1:
+            return server
+        # the followers name the working directory, so a cleanup finds them as it finds the server (hygiene.py)
+        return [*mpi_launcher(env), "-n", "1", *server, ":", "-n", str(self.ranks - 1), sys.executable, "-m",
+                "dflash2_trt.deploy.triton.follower", "--repository", str(self.repository),
+                "--stop-grace", str(self.exit_timeout + 5), "--work", str(self._work)]
 
     def start(self) -> "TritonServer":
         if not (self.repository / "tensorrt_llm" / "config.pbtxt").is_file():
@@ -180,11 +199,7 @@ class TritonServer:
             check_port_free(port, what)
         inst = find_tritonserver()
         backends = self._work / "backends"
-        (backends / "python").mkdir(parents=True)
-        for f in inst.python_backend.iterdir():
-            if f.is_file():
-                shutil.copy2(f, backends / "python" / f.name)
-        shutil.copy2(inst.stub, backends / "python" / "triton_python_backend_stub")
+        assemble_backends(inst, backends)
         env = server_env(inst)
         env[DRAIN_ENV] = str(self.drain_file)   # the CPU tensorrt_llm model drains when it appears (stop())
         stub = backends / "python" / "triton_python_backend_stub"
@@ -197,7 +212,7 @@ class TritonServer:
                               f"--enable-shared")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.command(inst, backends), stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(self.command(inst, backends, env), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                                          preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
         try:
@@ -271,6 +286,11 @@ class TritonServer:
                 os.killpg(pgid, signal.SIGKILL)   # whatever is left: the server or a stub
             except (ProcessLookupError, PermissionError):
                 pass
+            if self.ranks > 1:
+                # under mpiexec each rank leads a session of its own (the launcher's proxy makes it): the server with
+                # its stubs, the followers; whatever is left of them is found by the working directory they name
+                w = self._watchdog.pid if self._watchdog is not None else None
+                hygiene.kill_named(self._work, exclude={w} if w else set())
             try:
                 p.wait(5)
             except subprocess.TimeoutExpired:  # pragma: no cover
@@ -300,6 +320,41 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def repository_ranks(repository: str | Path) -> int:
+    """How many processes serve the repository: its ``dflash2_repository.json`` ``ranks`` (a tp TensorRT engine on
+    the project runtime, ``deploy triton``), else 1."""
+    path = Path(repository) / "dflash2_repository.json"
+    if not path.is_file():
+        return 1
+    try:
+        ranks = json.loads(path.read_text(encoding="utf-8")).get("ranks")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"not a readable repository record ({type(exc).__name__}: {exc})", source=path) from None
+    if ranks is None:
+        return 1
+    n = ranks.get("processes") if isinstance(ranks, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise ConfigError(f"must hold processes >= 2, got {ranks!r}", source=path, field="ranks")
+    return n
+
+
+def mpi_launcher(env: dict | None = None) -> list[str]:
+    """The MPI launcher's argv prefix for a tp engine's ranks: ``$MPIRUN``, else ``mpiexec`` / ``mpirun`` on the
+    server's PATH (Open MPI's gets ``--allow-run-as-root``, as TensorRT-LLM's launcher passes it)."""
+    env = os.environ if env is None else env
+    found = env.get("MPIRUN") or shutil.which("mpiexec", path=env.get("PATH")) or shutil.which("mpirun",
+                                                                                              path=env.get("PATH"))
+    if not found or not shutil.which(found, path=env.get("PATH")):
+        raise MissingDependencyError("a tp engine is served as one process per rank under an MPI launcher, and none "
+                                     "was found (mpiexec / mpirun on PATH, or MPIRUN): on a GPU machine TensorRT-LLM's "
+                                     "Open MPI; without TensorRT-LLM, pip install -e '.[mpi]'")
+    try:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30, env=env).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    return [found, "--allow-run-as-root"] if "Open MPI" in version else [found]
 
 
 def group_alive(pgid: int) -> bool:
@@ -373,10 +428,11 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         srv = TritonServer(repository, http_port=ports["--http-port"], grpc_port=ports["--grpc-port"],
                            metrics_port=ports["--metrics-port"], log_path=log_path or work / "tritonserver.log",
                            ready_timeout=ready_timeout, log_kept=log_path is not None, cleanup_dirs=[work],
-                           drain_timeout=drain_timeout)
+                           drain_timeout=drain_timeout, ranks=repository_ranks(repository))
         srv.start()
+        ranks = f", tp {srv.ranks}: tritonserver rank 0 + {srv.ranks - 1} follower(s) under MPI" if srv.ranks > 1 else ""
         echo(f"serving {engine_dir or repository} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
-             f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)} (Ctrl-C stops)")
+             f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)}{ranks} (Ctrl-C stops)")
         try:
             while srv.alive():
                 time.sleep(0.25)

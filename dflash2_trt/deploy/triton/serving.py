@@ -317,17 +317,28 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
                 engine.close()
                 raise
         return engine, man, description + with_graphs
-    from ...engine.trtllm.session import open_trt_session
+    from ...engine.trtllm.ranks import FollowerExit, open_project_session
 
     trt = tensorrt_standin_hook(engine_dir)
     kw = {} if kv_cache_fraction is None else {"kv_cache_fraction": float(kv_cache_fraction)}
     if graphs:
         kw.update(cuda_graphs=cuda_graphs, simulate_graphs=simulate_graphs)
-    engine, man = open_trt_session(engine_dir, trt=trt, **kw)   # trt given: no plugin library is loaded
+    try:
+        # tp 1: the engine's session; a tp engine under mpirun (the repository's launch.sh, `serve`): rank 0's
+        # RankedSession, the other ranks following it (deploy/triton/follower.py)
+        engine, man = open_project_session(engine_dir, trt=trt, **kw)   # trt given: no plugin library is loaded
+    except FollowerExit:
+        # a tritonserver on a rank > 0 (TensorRT-LLM's launcher starts one per rank): it followed rank 0 until rank 0
+        # closed the engine, and serves nothing
+        raise ConfigError("this tritonserver is a tp rank > 0: it followed rank 0's steps until rank 0 closed the "
+                          "engine, and serves nothing (the repository's launch.sh runs the other ranks as "
+                          "`python -m dflash2_trt.deploy.triton.follower`)", source=engine_dir) from None
     if trt is not None:
         description = (f"the project runtime over the CPU STAND-IN of TensorRT's execution API "
                        f"(dflash2_trt/testing/tensorrt_standin.py), NOT TensorRT: test hook {STANDIN_ENV}=1, no "
                        f"plugin library loaded")
+    if getattr(engine, "tp", 1) > 1:
+        description += f"; tp {engine.tp}: rank 0 in this process, ranks 1-{engine.tp - 1} following it under MPI"
     return engine, man, description + with_graphs
 
 

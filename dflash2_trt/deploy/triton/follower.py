@@ -1,0 +1,119 @@
+"""The ranks > 0 of a tp TensorRT engine served by Triton on the project runtime (docs/trt-session.md §8).
+
+TensorRT-LLM serves a tp engine with one process per rank under ``mpirun`` (its
+``triton_backend/scripts/launch_triton_server.py``: one ``tritonserver`` per rank, ranks > 0 loading only
+``tensorrt_llm``, each with its own python-backend shared-memory prefix), and its python model's non-leader ranks do
+no serving: they block in model load until the leader is done (facts ``triton_leader_mode`` in
+``engine/trtllm/facts/tensorrt_session.yaml``). The project's python model does the same with one difference:
+rank 0 is ``tritonserver`` (its python-backend stub opens rank 0's engine through :func:`~dflash2_trt.engine.trtllm
+.ranks.open_project_session` and drives the runtime), and ranks > 0 are this module, not tritonservers that would
+serve nothing: each opens its rank engine with the same KV settings and follows rank 0's steps until rank 0 closes
+the session when the server unloads the model, then exits 0::
+
+    mpirun -n 1 tritonserver --model-repository REPO ... : -n TP-1 python -m dflash2_trt.deploy.triton.follower \\
+        --repository REPO
+
+(``deploy triton`` writes this as the repository's ``launch.sh``; ``serve`` starts it itself.)
+
+Stopping is rank 0's: ``mpirun`` relays a SIGTERM / Ctrl-C to every rank; tritonserver drains and unloads the model,
+whose ``finalize`` closes the session, which releases the followers. So a follower does not act on the signal: it
+waits up to ``--stop-grace`` seconds for rank 0 to close (a follower blocked inside MPI cannot run Python, so the
+wait is a thread woken through ``signal.set_wakeup_fd``), then writes one line naming itself and ends the job. A
+rank that fails aborts the job naming itself, as every rank of the project runtime does (``ranks.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ...errors import ConfigError, DFlash2Error
+
+
+def repository_engine(repository: Path) -> tuple[Path, float | None]:
+    """(engine directory, KV-cache fraction) the repository's python-backend ``tensorrt_llm`` model opens: its
+    ``gpt_model_path`` and ``kv_cache_free_gpu_mem_fraction`` parameters, read as the model reads them."""
+    from .repository import parse_config
+
+    path = repository / "tensorrt_llm" / "config.pbtxt"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read it ({exc.strerror or exc})", source=path) from None
+    cfg = parse_config(text, source=path)
+    if cfg.backend != "python":
+        raise ConfigError(f"backend {cfg.backend!r}: the followers serve the python-backend model's tp engine only (the "
+                          f"tensorrtllm backend's ranks are tritonservers: its launch.sh)", source=path,
+                          field="backend")
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    engine = params.get("gpt_model_path")
+    if not engine:
+        raise ConfigError("not set", source=path, field="parameters.gpt_model_path")
+    fraction = params.get("kv_cache_free_gpu_mem_fraction") or None
+    try:
+        fraction = None if fraction is None else float(fraction)
+    except ValueError:
+        raise ConfigError(f"{fraction!r} is not a number", source=path,
+                          field="parameters.kv_cache_free_gpu_mem_fraction") from None
+    return Path(engine), fraction
+
+
+def _arm_stop_grace(grace: float) -> None:
+    """On SIGTERM / SIGINT: give rank 0 ``grace`` seconds to close the session (the follower loop then returns and the
+    process exits 0), else one line and the job ends (exit 143)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)          # written by the C-level handler even while the main thread waits inside MPI
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+
+    def watch():
+        os.read(r, 1)
+        time.sleep(grace)           # a follower rank 0 released has exited by now, this thread with it
+        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "?"
+        print(f"error: tp rank {rank} (Triton follower): stopped, and rank 0 did not close the engine within "
+              f"{grace:g} s (ending the job)", file=sys.stderr, flush=True)
+        os._exit(143)
+
+    threading.Thread(target=watch, name="stop-grace", daemon=True).start()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash2_trt.deploy.triton.follower", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repository", required=True, help="the model repository rank 0's tritonserver serves")
+    p.add_argument("--stop-grace", type=float, default=60.0,
+                   help="seconds a stopped follower waits for rank 0 to close the engine (default 60)")
+    p.add_argument("--work", help=argparse.SUPPRESS)   # `serve`'s working directory: names this process for cleanup
+    args = p.parse_args(argv)
+    from ...engine.trtllm.ranks import FollowerExit, launched_size, open_project_session
+    from .serving import tensorrt_standin_hook
+
+    try:
+        if not args.stop_grace > 0:
+            raise ConfigError(f"must be > 0, got {args.stop_grace}", field="--stop-grace")
+        size = launched_size()
+        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+        if size is None or size < 2 or rank in (None, "0"):
+            raise ConfigError("runs as ranks 1.. of `mpirun -n 1 tritonserver ... : -n TP-1 python -m "
+                              "dflash2_trt.deploy.triton.follower --repository REPO` (rank 0 is tritonserver: the "
+                              "repository's launch.sh)", field="rank")
+        engine_dir, fraction = repository_engine(Path(args.repository))
+        _arm_stop_grace(args.stop_grace)
+        kw = {} if fraction is None else {"kv_cache_fraction": fraction}
+        open_project_session(engine_dir, trt=tensorrt_standin_hook(engine_dir), **kw)
+    except FollowerExit:
+        return 0
+    except DFlash2Error as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    raise RuntimeError("rank 0 returned from open_project_session in a follower")   # not reached
+
+
+if __name__ == "__main__":  # pragma: no cover - a process of its own
+    sys.exit(main())
