@@ -73,12 +73,13 @@ def run_md(man: dict, engine_dir: Path) -> str:
     path = man.get("runtime_path") or {}
     why = "\n".join(f"- {w}" for w in path.get("why") or [])
     limits = "".join(f"\n- limit: {w}" for w in path.get("limits") or [])
-    serve = "" if tp > 1 else f"\n    dflash2-trt serve --engine-dir {engine_dir}"
+    serve = f"\n    dflash2-trt serve --engine-dir {engine_dir}"
     engines = (f"`rank{{r}}.engine` in rank r of {tp} processes (mpirun; rank 0 reports)" if tp > 1
                else "`rank0.engine`")
-    served = ("a tp engine is not served by Triton on this runtime yet" if tp > 1 else
-              "`serve` (and `deploy triton`, which writes its repository) runs the same runtime in a python-backend "
-              "Triton model (docs/trt-session.md §8)")
+    served = ("`serve` (and `deploy triton`, which writes its repository) runs the same runtime in a python-backend "
+              "Triton model (docs/trt-session.md §8)" + (
+                  f": tritonserver as rank 0 and the other {tp - 1} rank(s) following it under mpirun (`serve` starts "
+                  f"them; the repository's `launch.sh` does the same)" if tp > 1 else ""))
     if path.get("path") == PROJECT:
         runtime = f"""**This engine runs on the project runtime over TensorRT** ({path.get('description')}), because:
 
