@@ -62,6 +62,7 @@ def standin_trt_engine(tmp_path_factory):
     cpu_dir = EngineCache(trained_pair("qwen3_5"), "tiny-hybrid", tmp_path_factory, verify=False)(4)
     return standin_trt_engine_dir(cpu_dir, tmp_path_factory.mktemp("trt") / "engine"), cpu_dir
 
+
 @pytest.fixture(scope="session")
 def standin_trt_engine_tp2(tmp_path_factory):
     """(TensorRT-LLM engine directory, CPU engine directory) as :func:`standin_trt_engine`, at tp 2: each rank engine

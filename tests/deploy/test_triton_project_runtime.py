@@ -432,7 +432,13 @@ def test_the_follower_refuses_what_it_cannot_follow(trt_dir, tmp_path, monkeypat
     with pytest.raises(ConfigError, match=r"tensorrt_llm/config.pbtxt: backend: backend 'tensorrtllm': the followers "
                                           r"serve the python-backend model's tp engine only"):
         follower.repository_engine(exe.output)
-    assert follower.main(["--repository", str(tmp_path / "none")]) == 2
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    assert follower.main(["--repository", str(tmp_path / "none")]) == 2     # refused after the stop grace was armed
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before   # disarmed: handlers back
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    assert fd == -1                                                          # ... and no wakeup fd left behind
+    assert follower.main(["--repository", str(repo), "--stop-grace", "0"]) == 2
 
 
 def _one_response(grpc, url, prompt):

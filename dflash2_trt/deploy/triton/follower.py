@@ -63,24 +63,40 @@ def repository_engine(repository: Path) -> tuple[Path, float | None]:
     return Path(engine), fraction
 
 
-def _arm_stop_grace(grace: float) -> None:
+class StopGrace:
     """On SIGTERM / SIGINT: give rank 0 ``grace`` seconds to close the session (the follower loop then returns and the
-    process exits 0), else one line and the job ends (exit 143)."""
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    signal.set_wakeup_fd(w)          # written by the C-level handler even while the main thread waits inside MPI
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: None)
+    process exits 0), else one line naming this rank and the job ends (exit 143). Armed first thing (a stop while the
+    follower starts is the same stop); :meth:`disarm` puts the previous handlers back."""
 
-    def watch():
-        os.read(r, 1)
-        time.sleep(grace)           # a follower rank 0 released has exited by now, this thread with it
+    def __init__(self, grace: float):
+        self.grace = grace
+        self.closed = threading.Event()      # rank 0 closed the session: whatever the watcher sees, exit quietly
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._old_fd = signal.set_wakeup_fd(self._w)   # written by the C-level handler even while the main thread
+        self._old = {sig: signal.signal(sig, lambda signum, frame: None)   # waits inside MPI
+                     for sig in (signal.SIGTERM, signal.SIGINT)}
+        threading.Thread(target=self._watch, name="stop-grace", daemon=True).start()
+
+    def _watch(self):
+        try:
+            if not os.read(self._r, 1):        # disarmed: the write end closed
+                return
+        except OSError:
+            return
+        if self.closed.wait(self.grace):
+            return                             # rank 0 closed: the process is on its way out with 0
         rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "?"
         print(f"error: tp rank {rank} (Triton follower): stopped, and rank 0 did not close the engine within "
-              f"{grace:g} s (ending the job)", file=sys.stderr, flush=True)
+              f"{self.grace:g} s (ending the job)", file=sys.stderr, flush=True)
+        time.sleep(0.3)   # the launcher's proxy relays the line; ending at once lost it under load (ranks._abort)
         os._exit(143)
 
-    threading.Thread(target=watch, name="stop-grace", daemon=True).start()
+    def disarm(self) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        os.close(self._w)
 
 
 def main(argv=None) -> int:
@@ -91,12 +107,14 @@ def main(argv=None) -> int:
                    help="seconds a stopped follower waits for rank 0 to close the engine (default 60)")
     p.add_argument("--work", help=argparse.SUPPRESS)   # `serve`'s working directory: names this process for cleanup
     args = p.parse_args(argv)
-    from ...engine.trtllm.ranks import FollowerExit, launched_size, open_project_session
-    from .serving import tensorrt_standin_hook
-
+    if not args.stop_grace > 0:
+        print(f"error: --stop-grace: must be > 0, got {args.stop_grace}", file=sys.stderr, flush=True)
+        return 2
+    stop = StopGrace(args.stop_grace)
     try:
-        if not args.stop_grace > 0:
-            raise ConfigError(f"must be > 0, got {args.stop_grace}", field="--stop-grace")
+        from ...engine.trtllm.ranks import FollowerExit, launched_size, open_project_session
+        from .serving import tensorrt_standin_hook
+
         size = launched_size()
         rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
         if size is None or size < 2 or rank in (None, "0"):
@@ -104,14 +122,16 @@ def main(argv=None) -> int:
                               "dflash2_trt.deploy.triton.follower --repository REPO` (rank 0 is tritonserver: the "
                               "repository's launch.sh)", field="rank")
         engine_dir, fraction = repository_engine(Path(args.repository))
-        _arm_stop_grace(args.stop_grace)
         kw = {} if fraction is None else {"kv_cache_fraction": fraction}
         open_project_session(engine_dir, trt=tensorrt_standin_hook(engine_dir), **kw)
     except FollowerExit:
+        stop.closed.set()       # MPI_Finalize at exit may still wait for the others: not a missed close
         return 0
     except DFlash2Error as exc:
+        stop.disarm()
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    stop.disarm()
     raise RuntimeError("rank 0 returned from open_project_session in a follower")   # not reached
 
 

@@ -20,7 +20,8 @@ stubs ignore SIGTERM; a tritonserver that dies (or is SIGKILLed) while its model
   command line), naming each thing it removes.
 
 Processes are only ever signalled when their command line names one of these directories (or they are in
-the server's group); regions only when their name carries the prefix of one of these directories and no live
+the server's group, or in the group a tritonserver or follower rank naming one leads: under an MPI launcher each rank
+leads its own); regions only when their name carries the prefix of one of these directories and no live
 process maps them.
 """
 
@@ -178,16 +179,25 @@ def owner_alive(work: Path) -> bool | None:
     return start_time(pid) == t
 
 
+def _is_rank(pid: int) -> bool:
+    """A process of ours that leads a session under an MPI launcher: a tritonserver or a Triton follower rank."""
+    cmd = _cmdline(pid)
+    return bool(cmd) and (Path(cmd[0]).name == "tritonserver" or "dflash2_trt.deploy.triton.follower" in cmd)
+
+
 def _with_led_groups(pids) -> set[int]:
-    """``pids`` and the members of every process group one of them leads (a tritonserver rank under mpiexec leads
-    its own, with its stubs)."""
+    """``pids`` and the members of every process group a tritonserver or follower rank among them leads (under
+    mpiexec each rank leads its own: a server with its stubs). Only those: a user's shell job that merely names the
+    directory keeps its group. A pid that changed (exited, reused) while it was looked at is left alone."""
     out = set(pids)
     for pid in pids:
+        born = start_time(pid)
         try:
-            if os.getpgid(pid) == pid:
-                out |= set(group_members(pid))
+            leads = os.getpgid(pid) == pid
         except (ProcessLookupError, PermissionError):
-            pass
+            continue
+        if leads and born is not None and _is_rank(pid) and start_time(pid) == born:
+            out |= set(group_members(pid))
     return out
 
 

@@ -478,8 +478,9 @@ def _check_project_runtime_engine(engine_dir: Path, cfg: dict, tp: int) -> None:
     from config.json)."""
     from ...engine.trtllm.session import session_limits
 
-    mapped = ((cfg or {}).get("pretrained_config") or {}).get("mapping", {}).get("tp_size", 1)
-    if mapped != tp:
+    mapping = ((cfg or {}).get("pretrained_config") or {}).get("mapping") or {}
+    mapped = mapping.get("tp_size", 1) if isinstance(mapping, dict) else None
+    if mapped != tp or isinstance(mapped, bool):
         raise ConfigError(f"--backend python: engine.json says tp {tp}, config.json's pretrained_config.mapping says "
                           f"{mapped!r}", source=engine_dir / "config.json", field="pretrained_config.mapping.tp_size")
     for r in range(tp):

@@ -188,7 +188,7 @@ class TritonServer:
         # the followers name the working directory, so a cleanup finds them as it finds the server (hygiene.py)
         return [*mpi_launcher(env), "-n", "1", *server, ":", "-n", str(self.ranks - 1), sys.executable, "-m",
                 "dflash2_trt.deploy.triton.follower", "--repository", str(self.repository),
-                "--stop-grace", str(self.exit_timeout + 5), "--work", str(self._work)]
+                "--stop-grace", str(self.exit_timeout + 2), "--work", str(self._work)]   # inside stop()'s wait
 
     def start(self) -> "TritonServer":
         if not (self.repository / "tensorrt_llm" / "config.pbtxt").is_file():
@@ -268,7 +268,8 @@ class TritonServer:
         with an error response, while tritonserver (stopping: no new requests) still delivers it."""
         p = self.proc
         if grace is None:
-            grace = self.exit_timeout + 5.0
+            # ranks: past the followers' own grace (exit timeout + 2), so a follower whose rank 0 never closed says so
+            grace = self.exit_timeout + (10.0 if self.ranks > 1 else 5.0)
         if p is not None:
             pgid = p.pid   # start_new_session: the server leads its own group
             if p.poll() is None:
@@ -341,12 +342,23 @@ def repository_ranks(repository: str | Path) -> int:
 
 
 def mpi_launcher(env: dict | None = None) -> list[str]:
-    """The MPI launcher's argv prefix for a tp engine's ranks: ``$MPIRUN``, else ``mpiexec`` / ``mpirun`` on the
-    server's PATH (Open MPI's gets ``--allow-run-as-root``, as TensorRT-LLM's launcher passes it)."""
+    """The MPI launcher's argv prefix for a tp engine's ranks: ``$MPIRUN``, else the ``mpiexec`` beside this
+    interpreter, else ``mpiexec`` / ``mpirun`` on the server's PATH (Open MPI's gets ``--allow-run-as-root``, as
+    TensorRT-LLM's launcher passes it)."""
     env = os.environ if env is None else env
-    found = env.get("MPIRUN") or shutil.which("mpiexec", path=env.get("PATH")) or shutil.which("mpirun",
-                                                                                              path=env.get("PATH"))
-    if not found or not shutil.which(found, path=env.get("PATH")):
+    path = env.get("PATH")
+    if env.get("MPIRUN"):
+        found = shutil.which(env["MPIRUN"], path=path)
+        if not found:
+            raise MissingDependencyError(f"MPIRUN={env['MPIRUN']!r}: not an executable (give the launcher's path; its "
+                                         f"options cannot go there)")
+    else:
+        # the launcher installed with this interpreter first (the `mpi` extra's MPICH, the one its mpi4py is built
+        # for: another MPI's launcher would start every rank as a singleton), else PATH's
+        own = Path(sys.executable).parent / "mpiexec"
+        found = (str(own) if own.is_file() and os.access(own, os.X_OK) else None) or shutil.which(
+            "mpiexec", path=path) or shutil.which("mpirun", path=path)
+    if not found:
         raise MissingDependencyError("a tp engine is served as one process per rank under an MPI launcher, and none "
                                      "was found (mpiexec / mpirun on PATH, or MPIRUN): on a GPU machine TensorRT-LLM's "
                                      "Open MPI; without TensorRT-LLM, pip install -e '.[mpi]'")

@@ -20,7 +20,7 @@ if ! command -v "$$MPIRUN" >/dev/null 2>&1; then
 fi
 MPI_ARGS=()
 # Open MPI refuses root without it (TensorRT-LLM's launcher passes it); MPICH's mpiexec does not know it
-if "$$MPIRUN" --version 2>&1 | grep -q "Open MPI"; then MPI_ARGS+=(--allow-run-as-root); fi
+if grep -q "Open MPI" <<<"$$("$$MPIRUN" --version 2>&1 || true)"; then MPI_ARGS+=(--allow-run-as-root); fi
 PORTS=(--http-port "$${HTTP_PORT:-8000}" --grpc-port "$${GRPC_PORT:-8001}" --metrics-port "$${METRICS_PORT:-8002}")
 exec "$$MPIRUN" "$${MPI_ARGS[@]}" -n 1 "$$TRITON" --model-repository "$$REPO" "$${PORTS[@]}" --disable-auto-complete-config \
   "--backend-config=python,shm-region-prefix-name=prefix0_" "$$@" \
