@@ -421,7 +421,7 @@ def test_the_follower_refuses_what_it_cannot_follow(trt_dir, tmp_path, monkeypat
     repo = tmp_path / "repo"
     rp.deploy_triton(trt_dir, repo, ids_only=True)
     assert follower.repository_engine(repo) == (trt_dir.resolve(), 0.9)
-    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
         monkeypatch.delenv(key, raising=False)
     assert follower.main(["--repository", str(repo)]) == 2
     monkeypatch.setenv("PMI_SIZE", "2")

@@ -63,6 +63,15 @@ def repository_engine(repository: Path) -> tuple[Path, float | None]:
     return Path(engine), fraction
 
 
+def _env_rank() -> str | None:
+    """This process's rank as the MPI launcher put it in the environment (Open MPI, MPICH / Intel MPI's hydra, PMIx),
+    the variables ``ranks.launched_size`` reads the world size from."""
+    for key in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if os.environ.get(key):
+            return os.environ[key]
+    return None
+
+
 class StopGrace:
     """On SIGTERM / SIGINT: give rank 0 ``grace`` seconds to close the session (the follower loop then returns and the
     process exits 0), else one line naming this rank and the job ends (exit 143). Armed first thing (a stop while the
@@ -86,7 +95,7 @@ class StopGrace:
             return
         if self.closed.wait(self.grace):
             return                             # rank 0 closed: the process is on its way out with 0
-        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "?"
+        rank = _env_rank() or "?"
         print(f"error: tp rank {rank} (Triton follower): stopped, and rank 0 did not close the engine within "
               f"{self.grace:g} s (ending the job)", file=sys.stderr, flush=True)
         time.sleep(0.3)   # the launcher's proxy relays the line; ending at once lost it under load (ranks._abort)
@@ -116,7 +125,7 @@ def main(argv=None) -> int:
         from .serving import tensorrt_standin_hook
 
         size = launched_size()
-        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+        rank = _env_rank()
         if size is None or size < 2 or rank in (None, "0"):
             raise ConfigError("runs as ranks 1.. of `mpirun -n 1 tritonserver ... : -n TP-1 python -m "
                               "dflash2_trt.deploy.triton.follower --repository REPO` (rank 0 is tritonserver: the "
