@@ -8,6 +8,7 @@ process group of the tritonserver listening on the test's port, read from /proc 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -167,6 +168,32 @@ def test_a_readiness_timeout_leaves_no_shared_memory(slow_repository):
         assert _settled(w, timeout=5) == {"processes": [], "regions": [], "dirs": []}
     finally:
         s.kill()
+
+
+def test_waiting_for_readiness_says_how_each_model_is_doing(slow_repository):
+    """While tritonserver loads (minutes for a TensorRT engine of a published target), a line every progress_every
+    seconds with the elapsed time and each model's state from Triton's repository index: here the slow tensorrt_llm
+    model is still loading when the others are ready."""
+    from dflash2_trt.deploy.triton.server import ServerError, TritonServer
+
+    lines: list[str] = []
+    srv = TritonServer(slow_repository, ready_timeout=8, progress=lines.append, progress_every=0.5)
+    try:
+        with pytest.raises(ServerError, match="not ready within 8 s"):
+            srv.start()
+    finally:
+        srv.close()
+    assert lines and all(ln.startswith("waiting for tritonserver (") and " s of 8): " in ln for ln in lines), lines
+    assert any("tensorrt_llm LOADING" in ln and "preprocessing READY" in ln for ln in lines), lines
+
+
+def test_the_default_readiness_wait_follows_the_engine(tmp_path):
+    from dflash2_trt.deploy.triton.server import READY_TIMEOUT, default_ready_timeout
+
+    assert default_ready_timeout(tmp_path) == READY_TIMEOUT["default"] == 120.0          # no record
+    for backend, want in (("trtllm", 900.0), ("cpu", 120.0), ("cuda", 120.0)):
+        (tmp_path / "dflash2_repository.json").write_text(json.dumps({"engine_backend": backend}))
+        assert default_ready_timeout(tmp_path) == want
 
 
 def test_sigterm_during_start_is_143_and_leaves_nothing(engine):

@@ -25,6 +25,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,6 +43,10 @@ from .repository import TRITON_EXTRA
 from .serving import DRAIN_ENV, request_drain
 
 HOST = "127.0.0.1"
+# tritonserver's log lines of a model's load (model_lifecycle.cc): "loading: NAME:V", "successfully loaded 'NAME'",
+# "failed to load 'NAME' version V: ..."
+_LOG_STATE = re.compile(r"\bloading: (?P<loading>[A-Za-z0-9_.-]+):\d+|successfully loaded '(?P<loaded>[^']+)'"
+                        r"|failed to load '(?P<failed>[^']+)'")
 
 
 class ServerError(DFlash2Error):
@@ -147,7 +152,7 @@ class TritonServer:
     def __init__(self, repository: str | Path, *, http_port: int | None = None, grpc_port: int | None = None,
                  metrics_port: int | None = None, log_path: str | Path | None = None, ready_timeout: float = 120.0,
                  extra_args: list[str] | None = None, log_kept: bool = True, cleanup_dirs=(),
-                 drain_timeout: float = 10.0, ranks: int = 1):
+                 drain_timeout: float = 10.0, ranks: int = 1, progress=None, progress_every: float = 15.0):
         self.repository = Path(repository).resolve()
         self.http_port = http_port if http_port is not None else free_port()
         self.grpc_port = grpc_port if grpc_port is not None else free_port()
@@ -166,6 +171,9 @@ class TritonServer:
         # a tp TensorRT engine on the project runtime: mpiexec, tritonserver as rank 0, the other ranks followers
         # (follower.py), as the repository's launch.sh starts it
         self.ranks = int(ranks)
+        # while waiting for readiness: a line every progress_every s with each model's state (loading a large
+        # TensorRT engine takes minutes, and silence looks like a hang)
+        self.progress, self.progress_every = progress, float(progress_every)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
 
@@ -223,10 +231,30 @@ class TritonServer:
             raise
         return self
 
+    def model_states(self) -> str:
+        """``name STATE, ...`` as far as the server's log tells (tritonserver opens its endpoints only once every
+        model has loaded, so while they load its log is the only witness): ``LOADING`` from ``loading: NAME:V``,
+        ``READY`` from ``successfully loaded 'NAME'``, ``FAILED`` from ``failed to load 'NAME'``."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "no log yet"
+        states: dict[str, str] = {}
+        for m in _LOG_STATE.finditer(text):
+            name = m.group("loading") or m.group("loaded") or m.group("failed")
+            states[name] = "LOADING" if m.group("loading") else "READY" if m.group("loaded") else "FAILED"
+        return ", ".join(f"{n} {st}" for n, st in states.items()) if states else "the server is starting"
+
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
+        start = time.monotonic()
+        deadline = start + self.ready_timeout
         url = f"http://{self.http_url}/v2/health/ready"
+        said = start
         while True:
+            if self.progress is not None and time.monotonic() - said >= self.progress_every:
+                said = time.monotonic()
+                self.progress(f"waiting for tritonserver ({said - start:.0f} s of {self.ready_timeout:.0f}): "
+                              f"{self.model_states()}")
             code = self.proc.poll()
             if code is not None:
                 raise ServerError(f"tritonserver exited with status {code} before it was ready; its log "
@@ -323,6 +351,22 @@ class TritonServer:
         self.close()
 
 
+READY_TIMEOUT = {"default": 120.0, "trtllm": 900.0}
+"""``serve``'s default readiness wait, seconds: a TensorRT engine of a published target (tens of GB to deserialize,
+its KV pool to allocate) loads for minutes; a cpu or cuda engine, or a repository without a record, in seconds."""
+
+
+def default_ready_timeout(repository: str | Path) -> float:
+    """The readiness wait for ``repository``: :data:`READY_TIMEOUT` by the engine backend its
+    ``dflash2_repository.json`` records (a TensorRT-LLM engine: 900 s, else 120 s)."""
+    try:
+        rec = json.loads((Path(repository) / "dflash2_repository.json").read_text(encoding="utf-8"))
+        backend = rec.get("engine_backend") if isinstance(rec, dict) else None
+    except (OSError, ValueError):
+        backend = None
+    return READY_TIMEOUT["trtllm"] if backend == "trtllm" else READY_TIMEOUT["default"]
+
+
 def repository_ranks(repository: str | Path) -> int:
     """How many processes serve the repository: its ``dflash2_repository.json`` ``ranks`` (a tp TensorRT engine on
     the project runtime, ``deploy triton``), else 1."""
@@ -383,7 +427,7 @@ def group_alive(pgid: int) -> bool:
 def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None = None, port: int = 8000,
           http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
           max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
-          ids_only: bool = False, log_path: str | Path | None = None, ready_timeout: float = 120.0,
+          ids_only: bool = False, log_path: str | Path | None = None, ready_timeout: float | None = None,
           drain_timeout: float = 10.0, cuda_graphs: bool = False, echo=print) -> int:
     """``dflash2-trt serve``: a repository for ``engine_dir`` in a temporary directory (or an existing
     ``repository``), tritonserver on 127.0.0.1 until Ctrl-C / SIGTERM, then drained (no new requests; those
@@ -400,7 +444,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         if given:
             raise ConfigError("applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
                               "(write another with the option there)", field=given[0])
-    if not (isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")):
+    if ready_timeout is not None and not (isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")):
         raise ConfigError(f"must be a number of seconds > 0, got {ready_timeout}", field="--ready-timeout")
     if not (isinstance(drain_timeout, (int, float)) and 0 <= drain_timeout <= 3600):
         raise ConfigError(f"must be a number of seconds in [0, 3600], got {drain_timeout}", field="--drain-timeout")
@@ -437,10 +481,13 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             repository, models = res.output, res.models
         else:
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
+        if ready_timeout is None:
+            ready_timeout = default_ready_timeout(repository)
         srv = TritonServer(repository, http_port=ports["--http-port"], grpc_port=ports["--grpc-port"],
                            metrics_port=ports["--metrics-port"], log_path=log_path or work / "tritonserver.log",
                            ready_timeout=ready_timeout, log_kept=log_path is not None, cleanup_dirs=[work],
-                           drain_timeout=drain_timeout, ranks=repository_ranks(repository))
+                           drain_timeout=drain_timeout, ranks=repository_ranks(repository),
+                           progress=lambda m: print(m, file=sys.stderr, flush=True))
         srv.start()
         ranks = f", tp {srv.ranks}: tritonserver rank 0 + {srv.ranks - 1} follower(s) under MPI" if srv.ranks > 1 else ""
         echo(f"serving {engine_dir or repository} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
