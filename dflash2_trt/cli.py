@@ -378,10 +378,13 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 @click.option("--no-keep-checkpoint", is_flag=True,
               help="trtllm: convert into a temporary directory that is removed after the build.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--no-disk-check", is_flag=True,
+              help="Build even when a file system it writes to seems to lack the room for the checkpoint and the "
+                   "engines (checked before anything is converted; --dry-run shows it).")
 def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp_size, dtype, block_size,
               max_batch_size, max_input_len, max_seq_len, max_num_tokens, tokens_per_block, selector, drafter_window,
               sets, dry_run, as_json, gpu_memory_gib, verify, checkpoint_dir, reconvert, no_keep_checkpoint,
-              force) -> None:
+              force, no_disk_check) -> None:
     """Build an engine directory (validate -> convert -> plugins -> engine -> verify), or plan one (--dry-run)."""
     from .config.build import parse_set
     from .engine.build import build_engine
@@ -413,7 +416,8 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
     res = build_engine(d, t, output, backend=resolve(None if backend == "auto" else backend), target_key=target_key,
                        force=force, command=sys.argv, overrides=overrides, sets=sets,
                        verify="auto" if verify is None else verify, checkpoint_dir=checkpoint_dir,
-                       reconvert=reconvert, keep_checkpoint=not no_keep_checkpoint, progress=progress)
+                       reconvert=reconvert, keep_checkpoint=not no_keep_checkpoint, progress=progress,
+                       disk_check=not no_disk_check)
     m = res.manifest
     if as_json:
         click.echo(json.dumps(m, indent=2))

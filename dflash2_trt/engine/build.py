@@ -18,7 +18,7 @@ from ..overlap import refuse_overlap
 from .standin.build import build_standin
 from .standin.engine import engine_device
 from .format import BuildResult
-from .plan import prepare, verify_default
+from .plan import check_disk, prepare, verify_default
 from .trtllm.build import build_trtllm
 from .trtllm.command import default_checkpoint_dir
 
@@ -26,7 +26,7 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
                  target_key: str | None = None, overrides: dict | None = None, sets: dict | None = None,
                  force: bool = False, command: list[str] | None = None, verify: bool | str = False,
                  checkpoint_dir=None, reconvert: bool = False, keep_checkpoint: bool = True, progress=None,
-                 toolchain=None, runner=None, verifier=None) -> BuildResult:
+                 toolchain=None, runner=None, verifier=None, disk_check: bool = True) -> BuildResult:
     """Build an engine directory with ``backend`` (``cpu``, ``cuda`` or ``trtllm``).
 
     Settings: ``build_configs/<target_key>.yaml`` (or defaults from the checkpoint configs), then
@@ -35,7 +35,9 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     :data:`dflash2_trt.engine.verify.AUTO_MAX_TARGET_BYTES`, and on the TensorRT-LLM backend at tp 1).
     ``checkpoint_dir``: keep (and reuse, when its manifest matches) the converted checkpoint there; the CPU
     engine then links its files. ``toolchain``/``runner``/``verifier``: injectable machine access for the
-    TensorRT-LLM branch (:mod:`.trtllm.build`; ``verifier`` also for the CPU one)."""
+    TensorRT-LLM branch (:mod:`.trtllm.build`; ``verifier`` also for the CPU one). ``disk_check``: refuse in one line,
+    before anything is converted, when a file system the build writes to lacks the room for the checkpoint and the
+    engines (:func:`~dflash2_trt.engine.plan.check_disk`)."""
     check_build_outputs(drafter_dir, target_dir, output, checkpoint_dir=checkpoint_dir,
                         default_checkpoint=backend == "trtllm" and checkpoint_dir is None and keep_checkpoint)
     if output is not None and not Path(output).is_symlink():
@@ -50,6 +52,8 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
         raise ConfigError(f"unknown backend {backend!r}; expected cpu, cuda or trtllm", field="--backend")
     if backend == "cuda":
         engine_device("cuda")   # no GPU: one line now, before anything is converted
+    if disk_check and output is not None:
+        check_disk(prep, backend=backend, output=output, checkpoint_dir=checkpoint_dir, keep_checkpoint=keep_checkpoint)
     if verify == "auto":
         verify = verify_default(prep, backend)
     if backend == "trtllm":

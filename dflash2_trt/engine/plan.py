@@ -290,6 +290,84 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------------------ disk
+DISK_HEADROOM = 1.10
+"""What the disk check asks for beyond the estimate: TensorRT engines carry the weights plus their kernels, and a
+file system needs some room to breathe."""
+
+
+def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True):
+    """What ``build`` writes and where, as ``[{"what", "path", "bytes", "reused"}]`` (None for a family without a
+    weight map): the converted checkpoint (every rank's tensors in the build dtype: the converter's plan) and, for the
+    TensorRT-LLM backend, the engines (they hold the same weights). A checkpoint directory that already has a
+    ``manifest.json`` is counted as reused (the build reuses it when it matches; ``--reconvert`` rewrites it in
+    place)."""
+    w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
+    if w is None:
+        return None
+    total = sum(r["total"] for r in w)
+    out = Path(output)
+    if backend == "trtllm":
+        ckpt = (Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(out) if keep_checkpoint
+                else out.absolute().parent / f".{out.name}.checkpoint-<temporary>")
+    else:
+        ckpt = Path(checkpoint_dir) if checkpoint_dir else out / "checkpoint"
+    kept = checkpoint_dir is not None or (backend == "trtllm" and keep_checkpoint)   # a directory a build reuses
+    items = [{"what": "checkpoint", "path": str(ckpt), "bytes": total,
+              "reused": kept and (ckpt / "manifest.json").is_file()}]
+    if backend == "trtllm":
+        items.append({"what": "engines", "path": str(out), "bytes": total, "reused": False})
+    return items
+
+
+def _existing_anchor(path) -> Path:
+    """The nearest existing directory at or above ``path`` (where its file system is)."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def disk_report(items, *, usage=None) -> list[dict]:
+    """Per file system the build writes to: ``{"anchor", "need", "free", "items", "fits"}`` (``need`` with
+    :data:`DISK_HEADROOM`; reused items count nothing)."""
+    import os
+    import shutil
+
+    usage = usage or shutil.disk_usage
+    groups: dict = {}
+    for it in items or ():
+        anchor = _existing_anchor(it["path"])
+        key = os.stat(anchor).st_dev
+        g = groups.setdefault(key, {"anchor": str(anchor), "items": [], "bytes": 0})
+        g["items"].append(it)
+        g["bytes"] += 0 if it["reused"] else it["bytes"]
+    out = []
+    for g in groups.values():
+        need = int(g["bytes"] * DISK_HEADROOM)
+        free = int(usage(g["anchor"]).free)
+        out.append({"anchor": g["anchor"], "need": need, "free": free, "items": g["items"], "fits": need <= free})
+    return out
+
+
+def check_disk(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True,
+               usage=None) -> None:
+    """One line before anything is converted when a file system the build writes to has too little room (the
+    conversion and trtllm-build of a published target write tens of GB each, and running out hours in is the
+    failure this prevents); ``build --no-disk-check`` skips it."""
+    for g in disk_report(disk_needs(p, backend=backend, output=output, checkpoint_dir=checkpoint_dir,
+                                    keep_checkpoint=keep_checkpoint), usage=usage):
+        if g["fits"]:
+            continue
+        parts = "; ".join(f"{it['what']} {_gib(it['bytes'])} at {it['path']}" for it in g["items"] if not it["reused"])
+        field = "--checkpoint-dir" if all(it["what"] == "checkpoint" for it in g["items"] if not it["reused"]) \
+            and checkpoint_dir else "--output"
+        raise ConfigError(f"the build needs about {_gib(g['need'])} free on the file system of {g['anchor']} "
+                          f"({parts}; {DISK_HEADROOM - 1:.0%} headroom), {_gib(g['free'])} is available: free space "
+                          f"there, put the checkpoint on another disk with --checkpoint-dir, or pass --no-disk-check",
+                          field=field)
+
+
 # ------------------------------------------------------------------------------------------ plan
 def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: str | None = None,
               gpu_memory_gib: float = H200_GIB, toolchain=None, keep_checkpoint: bool = True,
@@ -360,6 +438,9 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         "settings": {**cfg.to_dict(), "max_draft_len": p.K, "source": cfg.source},
         "eagle_choices": eagle_choices(p.K), "steps": steps, "trtllm_build": command, "trtllm_bench": bench,
         "sizing": size,
+        "disk": (None if output is None else disk_report(disk_needs(p, backend=backend, output=out,
+                                                                    checkpoint_dir=checkpoint_dir,
+                                                                    keep_checkpoint=keep_checkpoint))),
         "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": trtllm_blockers,
         # which runtime will drive the TensorRT engine, and why (engine/trtllm/paths.py)
         "runtime_path": path,
@@ -444,6 +525,11 @@ def render_plan(plan: dict) -> str:
         verdict = "fits" if z["fits"] else "does NOT fit"
         lines.append(f"  largest batch at max_seq_len: {z['max_batch_that_fits']} (max_batch_size "
                      f"{s['max_batch_size']} {verdict})")
+    for g in plan.get("disk") or ():
+        what = ", ".join(f"{it['what']} {_gib(it['bytes'])}{' (reused)' if it['reused'] else ''} at {it['path']}"
+                         for it in g["items"])
+        lines.append(f"disk: {what}: needs {_gib(g['need'])} with headroom on the file system of {g['anchor']}, "
+                     f"{_gib(g['free'])} free{'' if g['fits'] else ' -- NOT ENOUGH: the build will refuse'}")
     sup = plan["supported"]
     lines.append(f"supported today: stages {', '.join(sup['stages']) or '(unregistered target)'}; CPU engine "
                  f"{'yes' if sup['cpu_engine'] else 'no'}; TensorRT-LLM engine "

@@ -189,3 +189,64 @@ def test_cpu_dry_run_has_no_trtllm_command():
 def test_dry_run_bad_input(args, needle):
     code, text = _cli("build", "--target", "tiny", "--dry-run", *args)
     assert code == 1 and needle in text and len(text.strip().splitlines()) == 1, text
+
+
+# ------------------------------------------------------------------------------------------------ the disk check
+class _Usage:
+    """``shutil.disk_usage`` reporting ``free`` bytes everywhere."""
+
+    def __init__(self, free: int):
+        self.free = free
+
+    def __call__(self, path):
+        import collections
+
+        return collections.namedtuple("usage", "total used free")(self.free * 2, self.free, self.free)
+
+
+def test_the_plan_says_what_the_build_writes_and_where(tmp_path, monkeypatch):
+    """The dry run's disk check: the converted checkpoint beside the engine and the engines (the same weights: every
+    rank's tensors, the hand count above) on the output's file system, with 10% headroom; a checkpoint directory
+    with a manifest counts as reused."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", _Usage(500 * GIB))
+    out = tmp_path / "qwen-engine"
+    plan = _qwen("--output", str(out), "--tp-size", "2")
+    total = sum(r["total"] for r in plan["sizing"]["weights_per_rank"])
+    (g,) = plan["disk"]
+    assert [(it["what"], it["path"], it["bytes"], it["reused"]) for it in g["items"]] == [
+        ("checkpoint", str(tmp_path / "qwen-engine.checkpoint"), total, False), ("engines", str(out), total, False)]
+    assert g["need"] == int(2 * total * 1.10) and g["fits"] and g["anchor"] == str(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text("{}")
+    (g,) = _qwen("--output", str(out), "--tp-size", "2", "--checkpoint-dir", str(ckpt))["disk"]
+    assert [it["reused"] for it in g["items"]] == [True, False] and g["need"] == int(total * 1.10)
+    monkeypatch.setattr(shutil, "disk_usage", _Usage(10 * GIB))
+    code, text = _cli("build", "--dry-run", "--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER), "--target-dir",
+                      str(QWEN_TARGET), "--output", str(out))
+    assert code == 0 and "-- NOT ENOUGH: the build will refuse" in text and "10.00 GiB free" in text, text
+
+
+def test_a_build_without_room_refuses_before_anything_is_written(tmp_path, monkeypatch):
+    """One line naming the sizes, the place and what is free; nothing written; --no-disk-check builds anyway."""
+    import shutil
+
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.errors import ConfigError
+
+    pair = trained_pair("qwen3")
+    monkeypatch.setattr(shutil, "disk_usage", _Usage(1024))
+    out = tmp_path / "engine"
+    with pytest.raises(ConfigError, match=r"^--output: the build needs about .* free on the file system of "
+                                          rf"{tmp_path} \(checkpoint .* at {out}/checkpoint; 10% headroom\), 1.00 KiB "
+                                          r"is available: free space there, put the checkpoint on another disk with "
+                                          r"--checkpoint-dir, or pass --no-disk-check$"):
+        build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    code, text = _cli("build", "--target", "tiny", "--output", str(out), "--no-verify")
+    assert code != 0 and text.count("\n") == 1 and text.startswith("error: --output: the build needs about"), text
+    res = build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny", disk_check=False)
+    assert (out / "engine.json").is_file() and res.manifest["backend"] == "cpu"
