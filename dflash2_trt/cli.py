@@ -715,7 +715,7 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
 @click.option("--log", "log_path", type=click.Path(), default=None, help="Write tritonserver's log here.")
 @click.option("--ready-timeout", type=float, default=None,
               help="Seconds to wait for readiness, with a progress line on stderr every 15 s [default: 900 for a "
-                   "TensorRT-LLM engine, which loads for minutes; else 120].")
+                   "TensorRT-LLM or cuda engine, which can load for minutes; else 120].")
 @click.option("--drain-timeout", type=float, default=10.0, show_default=True,
               help="On Ctrl-C / SIGTERM: seconds the requests in flight get to finish (no new ones are taken); "
                    "any still running then ends with an error response.")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint.writer import recover_swapped
+from ..checkpoint.writer import check_output_dir, recover_swapped
 from ..errors import ConfigError
 from ..overlap import refuse_overlap
 from .standin.build import build_standin
@@ -52,8 +52,10 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
         raise ConfigError(f"unknown backend {backend!r}; expected cpu, cuda or trtllm", field="--backend")
     if backend == "cuda":
         engine_device("cuda")   # no GPU: one line now, before anything is converted
-    if disk_check and output is not None:
-        check_disk(prep, backend=backend, output=output, checkpoint_dir=checkpoint_dir, keep_checkpoint=keep_checkpoint)
+    if disk_check and output is not None and not prep.blockers and not (backend == "trtllm" and prep.trtllm_blockers):
+        check_output_dir(output, force)   # its refusal first: the disk is checked for a build that will go ahead
+        check_disk(prep, backend=backend, output=output, checkpoint_dir=checkpoint_dir, keep_checkpoint=keep_checkpoint,
+                   reconvert=reconvert)
     if verify == "auto":
         verify = verify_default(prep, backend)
     if backend == "trtllm":

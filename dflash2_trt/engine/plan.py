@@ -296,27 +296,35 @@ DISK_HEADROOM = 1.10
 file system needs some room to breathe."""
 
 
-def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True):
-    """What ``build`` writes and where, as ``[{"what", "path", "bytes", "reused"}]`` (None for a family without a
-    weight map): the converted checkpoint (every rank's tensors in the build dtype: the converter's plan) and, for the
-    TensorRT-LLM backend, the engines (they hold the same weights). A checkpoint directory that already has a
-    ``manifest.json`` is counted as reused (the build reuses it when it matches; ``--reconvert`` rewrites it in
-    place)."""
+def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True,
+               reconvert: bool = False):
+    """What ``build`` writes and on which file system, as ``[{"what", "path", "anchor", "bytes", "reused"}]`` (None for
+    a family without a weight map). Every directory is written beside its final place first (an atomic rename), so
+    ``anchor`` is the parent of the path. What is written: the converted checkpoint (every rank's tensors in the build
+    dtype: the converter's plan); for the TensorRT-LLM backend the engines (they hold the same weights); for a cpu or
+    cuda engine with ``--checkpoint-dir`` the checkpoint's files inside the engine, hard links (nothing) on the same
+    file system, copies across. A kept checkpoint directory with a ``manifest.json`` counts as reused unless
+    ``reconvert`` (a mismatching one is refused by the build itself without ``--reconvert``)."""
     w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
     if w is None:
         return None
     total = sum(r["total"] for r in w)
-    out = Path(output)
+    out = Path(output).absolute()
     if backend == "trtllm":
-        ckpt = (Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(out) if keep_checkpoint
-                else out.absolute().parent / f".{out.name}.checkpoint-<temporary>")
+        ckpt = (Path(checkpoint_dir).absolute() if checkpoint_dir else default_checkpoint_dir(out) if keep_checkpoint
+                else out.parent / f".{out.name}.checkpoint-<temporary>")
     else:
-        ckpt = Path(checkpoint_dir) if checkpoint_dir else out / "checkpoint"
+        ckpt = Path(checkpoint_dir).absolute() if checkpoint_dir else out / "checkpoint"
     kept = checkpoint_dir is not None or (backend == "trtllm" and keep_checkpoint)   # a directory a build reuses
-    items = [{"what": "checkpoint", "path": str(ckpt), "bytes": total,
-              "reused": kept and (ckpt / "manifest.json").is_file()}]
+    own = kept or backend == "trtllm"         # the checkpoint is a directory of its own (not inside the engine)
+    items = [{"what": "checkpoint", "path": str(ckpt), "anchor": str(ckpt.parent if own else out.parent),
+              "bytes": total, "reused": kept and not reconvert and (ckpt / "manifest.json").is_file()}]
     if backend == "trtllm":
-        items.append({"what": "engines", "path": str(out), "bytes": total, "reused": False})
+        items.append({"what": "engines", "path": str(out), "anchor": str(out.parent), "bytes": total, "reused": False})
+    elif checkpoint_dir is not None:
+        same = _device(ckpt.parent) == _device(out.parent)
+        items.append({"what": "checkpoint files in the engine" + (" (hard links)" if same else " (copies)"),
+                      "path": str(out / "checkpoint"), "anchor": str(out.parent), "bytes": total, "reused": same})
     return items
 
 
@@ -328,43 +336,65 @@ def _existing_anchor(path) -> Path:
     return p
 
 
+def _device(path):
+    """The file system of ``path`` (its nearest existing ancestor's), or None when it cannot be stat'ed."""
+    import os
+
+    try:
+        return os.stat(_existing_anchor(path)).st_dev
+    except OSError:
+        return None
+
+
 def disk_report(items, *, usage=None) -> list[dict]:
     """Per file system the build writes to: ``{"anchor", "need", "free", "items", "fits"}`` (``need`` with
-    :data:`DISK_HEADROOM`; reused items count nothing)."""
-    import os
+    :data:`DISK_HEADROOM`; reused items count nothing). A file system that cannot be measured has ``free`` None
+    and is taken to fit: a check that cannot measure never blocks a build."""
     import shutil
 
     usage = usage or shutil.disk_usage
     groups: dict = {}
     for it in items or ():
-        anchor = _existing_anchor(it["path"])
-        key = os.stat(anchor).st_dev
+        try:
+            anchor = _existing_anchor(it["anchor"])
+        except OSError:
+            anchor = Path(it["anchor"])
+        key = _device(anchor) or str(anchor)
         g = groups.setdefault(key, {"anchor": str(anchor), "items": [], "bytes": 0})
         g["items"].append(it)
         g["bytes"] += 0 if it["reused"] else it["bytes"]
     out = []
     for g in groups.values():
         need = int(g["bytes"] * DISK_HEADROOM)
-        free = int(usage(g["anchor"]).free)
-        out.append({"anchor": g["anchor"], "need": need, "free": free, "items": g["items"], "fits": need <= free})
+        try:
+            free = int(usage(g["anchor"]).free)
+        except OSError:
+            free = None
+        out.append({"anchor": g["anchor"], "need": need, "free": free, "items": g["items"],
+                    "fits": free is None or need <= free})
     return out
 
 
 def check_disk(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True,
-               usage=None) -> None:
+               reconvert: bool = False, usage=None) -> None:
     """One line before anything is converted when a file system the build writes to has too little room (the
     conversion and trtllm-build of a published target write tens of GB each, and running out hours in is the
     failure this prevents); ``build --no-disk-check`` skips it."""
     for g in disk_report(disk_needs(p, backend=backend, output=output, checkpoint_dir=checkpoint_dir,
-                                    keep_checkpoint=keep_checkpoint), usage=usage):
+                                    keep_checkpoint=keep_checkpoint, reconvert=reconvert), usage=usage):
         if g["fits"]:
             continue
-        parts = "; ".join(f"{it['what']} {_gib(it['bytes'])} at {it['path']}" for it in g["items"] if not it["reused"])
-        field = "--checkpoint-dir" if all(it["what"] == "checkpoint" for it in g["items"] if not it["reused"]) \
-            and checkpoint_dir else "--output"
+        written = [it for it in g["items"] if not it["reused"]]
+        parts = "; ".join(f"{it['what']} {_gib(it['bytes'])} at {it['path']}" for it in written)
+        only_ckpt = all(it["what"] == "checkpoint" for it in written)
+        field = "--checkpoint-dir" if only_ckpt and checkpoint_dir else "--output"
+        # a cpu or cuda engine holds its checkpoint's files itself: another disk for --checkpoint-dir would only
+        # move a copy of them
+        advice = ("free space there, put the checkpoint on another disk with --checkpoint-dir, or pass "
+                  "--no-disk-check" if backend == "trtllm" and not only_ckpt else
+                  "free space there, or pass --no-disk-check")
         raise ConfigError(f"the build needs about {_gib(g['need'])} free on the file system of {g['anchor']} "
-                          f"({parts}; {DISK_HEADROOM - 1:.0%} headroom), {_gib(g['free'])} is available: free space "
-                          f"there, put the checkpoint on another disk with --checkpoint-dir, or pass --no-disk-check",
+                          f"({parts}; {DISK_HEADROOM - 1:.0%} headroom), {_gib(g['free'])} is available: {advice}",
                           field=field)
 
 
@@ -528,8 +558,9 @@ def render_plan(plan: dict) -> str:
     for g in plan.get("disk") or ():
         what = ", ".join(f"{it['what']} {_gib(it['bytes'])}{' (reused)' if it['reused'] else ''} at {it['path']}"
                          for it in g["items"])
+        free = "free space unknown" if g["free"] is None else f"{_gib(g['free'])} free"
         lines.append(f"disk: {what}: needs {_gib(g['need'])} with headroom on the file system of {g['anchor']}, "
-                     f"{_gib(g['free'])} free{'' if g['fits'] else ' -- NOT ENOUGH: the build will refuse'}")
+                     f"{free}{'' if g['fits'] else ' -- NOT ENOUGH: the build will refuse'}")
     sup = plan["supported"]
     lines.append(f"supported today: stages {', '.join(sup['stages']) or '(unregistered target)'}; CPU engine "
                  f"{'yes' if sup['cpu_engine'] else 'no'}; TensorRT-LLM engine "

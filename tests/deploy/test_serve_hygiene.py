@@ -191,9 +191,60 @@ def test_the_default_readiness_wait_follows_the_engine(tmp_path):
     from dflash2_trt.deploy.triton.server import READY_TIMEOUT, default_ready_timeout
 
     assert default_ready_timeout(tmp_path) == READY_TIMEOUT["default"] == 120.0          # no record
-    for backend, want in (("trtllm", 900.0), ("cpu", 120.0), ("cuda", 120.0)):
+    for backend, want in (("trtllm", 900.0), ("cuda", 900.0), ("cpu", 120.0)):
         (tmp_path / "dflash2_repository.json").write_text(json.dumps({"engine_backend": backend}))
         assert default_ready_timeout(tmp_path) == want
+
+
+def test_serve_waits_the_engines_default_and_says_so_on_stderr(tmp_path, monkeypatch, capsys):
+    """`serve` without --ready-timeout hands the server the engine's default and a progress callback writing to
+    stderr (the server itself is replaced here: what is checked is the wiring)."""
+    from dflash2_trt.deploy.triton import server
+
+    seen = {}
+
+    class Fake:
+        def __init__(self, repository, **kw):
+            seen.update(kw)
+
+        def start(self):
+            seen["progress"]("waiting for tritonserver (15 s of 900): tensorrt_llm LOADING")
+            raise server.ServerError("stop here")
+
+        def close(self):
+            pass
+
+    repo = tmp_path / "repo"
+    (repo / "tensorrt_llm").mkdir(parents=True)
+    (repo / "dflash2_repository.json").write_text(json.dumps({"engine_backend": "trtllm"}))
+    monkeypatch.setattr(server, "TritonServer", Fake)
+    with pytest.raises(server.ServerError, match="stop here"):
+        server.serve(repository=repo, port=_free_base_port(), echo=lambda m: None)
+    assert seen["ready_timeout"] == 900.0
+    assert "waiting for tritonserver (15 s of 900): tensorrt_llm LOADING" in capsys.readouterr().err
+
+
+def test_the_model_states_come_from_tritonservers_own_lines(tmp_path):
+    """Loading, loaded and failed models from model_lifecycle.cc's lines; a model's own log line that says "failed to
+    load" (a tokenizer file) and an unload are not taken for a model's state."""
+    from dflash2_trt.deploy.triton.server import TritonServer
+
+    log = tmp_path / "tritonserver.log"
+    srv = TritonServer(tmp_path, log_path=log)
+    try:
+        assert srv.model_states() == "no log yet"
+        log.write_text('I1205 model_lifecycle.cc:472] "loading: preprocessing:1"\n'
+                       'I1205 model_lifecycle.cc:472] "loading: tensorrt_llm:1"\n'
+                       'I1205 model_lifecycle.cc:472] "loading: my model+2:1"\n'
+                       'W1205 model.py:38] "tokenizer: failed to load \'tokenizer.json\', using the slow one"\n'
+                       'I1205 model_lifecycle.cc:839] "successfully loaded \'preprocessing\'"\n'
+                       'E1205 model_lifecycle.cc:654] "failed to load \'my model+2\' version 1: Internal: boom"\n'
+                       'I1205 model_lifecycle.cc:624] "successfully unloaded \'preprocessing\' version 1"\n')
+        assert srv.model_states() == "preprocessing READY, tensorrt_llm LOADING, my model+2 FAILED"
+        log.write_text("I1205 server.cc:1] starting\n")
+        assert srv.model_states() == "the server is starting"
+    finally:
+        srv.close()
 
 
 def test_sigterm_during_start_is_143_and_leaves_nothing(engine):

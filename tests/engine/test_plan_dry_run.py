@@ -242,11 +242,50 @@ def test_a_build_without_room_refuses_before_anything_is_written(tmp_path, monke
     out = tmp_path / "engine"
     with pytest.raises(ConfigError, match=r"^--output: the build needs about .* free on the file system of "
                                           rf"{tmp_path} \(checkpoint .* at {out}/checkpoint; 10% headroom\), 1.00 KiB "
-                                          r"is available: free space there, put the checkpoint on another disk with "
-                                          r"--checkpoint-dir, or pass --no-disk-check$"):
+                                          r"is available: free space there, or pass --no-disk-check$"):
         build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny")
     assert not out.exists() and list(tmp_path.iterdir()) == []
+    # the TensorRT-LLM backend: the checkpoint beside the engines, and the advice to move it (before any toolchain
+    # is looked for)
+    with pytest.raises(ConfigError, match=rf"^--output: .* \(checkpoint .* at {out}.checkpoint; engines .* at {out}; "
+                                          r"10% headroom\), 1.00 KiB is available: free space there, put the "
+                                          r"checkpoint on another disk with --checkpoint-dir, or pass --no-disk-check$"):
+        build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny", backend="trtllm",
+                     overrides={"drafter_window": "full"})
+    assert list(tmp_path.iterdir()) == []
+    (out / "x").mkdir(parents=True)          # an output the build refuses anyway: that refusal comes first
+    from dflash2_trt.checkpoint.writer import OutputDirError
+
+    with pytest.raises(OutputDirError):
+        build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny")
+    (out / "x").rmdir()
+    out.rmdir()
     code, text = _cli("build", "--target", "tiny", "--output", str(out), "--no-verify")
     assert code != 0 and text.count("\n") == 1 and text.startswith("error: --output: the build needs about"), text
     res = build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny", disk_check=False)
     assert (out / "engine.json").is_file() and res.manifest["backend"] == "cpu"
+
+
+def test_what_a_rewrite_or_a_copy_costs(tmp_path, monkeypatch):
+    """--reconvert rewrites a kept checkpoint (a new one beside the old until the swap): counted in full. A cpu engine
+    holds its --checkpoint-dir's files as hard links on the same file system (nothing more) and as copies across
+    (the whole checkpoint again, on the output's file system)."""
+    from dflash2_trt.engine import plan as plan_mod
+    from dflash2_trt.engine.plan import disk_needs, prepare
+
+    p = prepare(QWEN_DRAFTER, QWEN_TARGET, target_key="qwen3.8-27b")
+    ckpt, out = tmp_path / "ckpt", tmp_path / "engine"
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text("{}")
+    keep = disk_needs(p, backend="trtllm", output=out, checkpoint_dir=ckpt)
+    redo = disk_needs(p, backend="trtllm", output=out, checkpoint_dir=ckpt, reconvert=True)
+    assert [it["reused"] for it in keep] == [True, False] and [it["reused"] for it in redo] == [False, False]
+    same = disk_needs(p, backend="cpu", output=out, checkpoint_dir=ckpt)
+    assert [(it["what"], it["reused"]) for it in same] == [("checkpoint", True),
+                                                           ("checkpoint files in the engine (hard links)", True)]
+    real = plan_mod._device
+    monkeypatch.setattr(plan_mod, "_device", lambda path: "other" if str(path).startswith(str(ckpt)) else real(path))
+    ckpt_inner = ckpt / "sub"
+    across = disk_needs(p, backend="cpu", output=out, checkpoint_dir=ckpt_inner)
+    assert [(it["what"], it["reused"], it["anchor"]) for it in across] == [
+        ("checkpoint", False, str(ckpt)), ("checkpoint files in the engine (copies)", False, str(tmp_path))]

@@ -43,10 +43,11 @@ from .repository import TRITON_EXTRA
 from .serving import DRAIN_ENV, request_drain
 
 HOST = "127.0.0.1"
-# tritonserver's log lines of a model's load (model_lifecycle.cc): "loading: NAME:V", "successfully loaded 'NAME'",
-# "failed to load 'NAME' version V: ..."
-_LOG_STATE = re.compile(r"\bloading: (?P<loading>[A-Za-z0-9_.-]+):\d+|successfully loaded '(?P<loaded>[^']+)'"
-                        r"|failed to load '(?P<failed>[^']+)'")
+# tritonserver's own log lines of a model's load (model_lifecycle.cc): "loading: NAME:V", "successfully loaded
+# 'NAME'", "failed to load 'NAME' version V: ..."; anchored at the source file, so that a model's own log line
+# ("tokenizer: failed to load 'x'") is not taken for one
+_LOG_STATE = re.compile(r"model_lifecycle\.cc:\d+\] \"(?:loading: (?P<loading>[^\"]+?):\d+\"|successfully loaded "
+                        r"'(?P<loaded>[^']+)'|failed to load '(?P<failed>[^']+)')")
 
 
 class ServerError(DFlash2Error):
@@ -351,20 +352,21 @@ class TritonServer:
         self.close()
 
 
-READY_TIMEOUT = {"default": 120.0, "trtllm": 900.0}
-"""``serve``'s default readiness wait, seconds: a TensorRT engine of a published target (tens of GB to deserialize,
-its KV pool to allocate) loads for minutes; a cpu or cuda engine, or a repository without a record, in seconds."""
+READY_TIMEOUT = {"default": 120.0, "trtllm": 900.0, "cuda": 900.0}
+"""``serve``'s default readiness wait, seconds: an engine of a published target on a GPU (tens of GB to deserialize
+or load, its KV pool to allocate) loads for minutes; a cpu engine, or a repository without a record, in seconds."""
 
 
 def default_ready_timeout(repository: str | Path) -> float:
     """The readiness wait for ``repository``: :data:`READY_TIMEOUT` by the engine backend its
-    ``dflash2_repository.json`` records (a TensorRT-LLM engine: 900 s, else 120 s)."""
+    ``dflash2_repository.json`` records (a TensorRT-LLM or cuda engine: 900 s, else 120 s)."""
     try:
         rec = json.loads((Path(repository) / "dflash2_repository.json").read_text(encoding="utf-8"))
         backend = rec.get("engine_backend") if isinstance(rec, dict) else None
     except (OSError, ValueError):
         backend = None
-    return READY_TIMEOUT["trtllm"] if backend == "trtllm" else READY_TIMEOUT["default"]
+    return READY_TIMEOUT.get(backend, READY_TIMEOUT["default"]) if isinstance(backend, str) else \
+        READY_TIMEOUT["default"]
 
 
 def repository_ranks(repository: str | Path) -> int:
