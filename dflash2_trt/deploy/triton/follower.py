@@ -79,7 +79,7 @@ class StopGrace:
 
     def __init__(self, grace: float):
         self.grace = grace
-        self.closed = threading.Event()      # rank 0 closed the session: whatever the watcher sees, exit quietly
+        self.closed = threading.Event()      # rank 0 closed the session (or disarmed): the watcher stands down
         self._r, self._w = os.pipe()
         os.set_blocking(self._w, False)
         self._old_fd = signal.set_wakeup_fd(self._w)   # written by the C-level handler even while the main thread
@@ -102,6 +102,7 @@ class StopGrace:
         os._exit(143)
 
     def disarm(self) -> None:
+        self.closed.set()                      # a watcher already counting down stands down too
         signal.set_wakeup_fd(self._old_fd)
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
