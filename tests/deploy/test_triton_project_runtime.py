@@ -364,6 +364,79 @@ def test_the_repositorys_launch_sh_starts_the_ranks(standin_trt_engine_tp2, tmp_
             pass
 
 
+@pytest.mark.triton
+def test_a_tritonserver_on_rank1_follows_rank0(standin_trt_engine_tp2, tmp_path):
+    """TensorRT-LLM's own launcher starts a tritonserver on every rank (ranks > 0 loading tensorrt_llm only). Under it
+    the python model on rank 1 follows rank 0 inside its model load, so rank 0 serves the tp 2 engine's tokens. Its
+    stop is abrupt (rank 1's tritonserver, still loading, exits on the launcher's SIGTERM, and the launcher then kills
+    rank 0 without a drain: why the repository's launch.sh runs followers instead); what is checked is that it ends,
+    every process with it."""
+    pytest.importorskip("pytriton")
+    pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
+    import sys
+    import urllib.request
+
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.deploy.triton.load import LoadRequest, run_load
+    from dflash2_trt.deploy.triton.server import assemble_backends, find_tritonserver, server_env
+    from dflash2_trt.engine.run import run_engine
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    trt_dir, cpu2 = standin_trt_engine_tp2
+    repo = tmp_path / "repo"
+    rp.deploy_triton(trt_dir, repo, ids_only=True, decoupled=True)
+    prompts = shipped_prompts(trained_pair("qwen3_5"), 2)
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
+                          for i, p in enumerate(prompts)))
+    want = run_engine(cpu2, prompts_file=str(pf), max_batch_size=4)["requests"]
+    inst = find_tritonserver()
+    assemble_backends(inst, tmp_path / "backends")
+    port, other = free_base_port(), free_base_port()
+
+    def server(i, ports, *extra):
+        return [str(inst.binary), "--model-repository", str(repo), "--backend-directory", str(tmp_path / "backends"),
+                "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+                "--http-port", str(ports), "--grpc-port", str(ports + 1), "--metrics-port", str(ports + 2),
+                "--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=dflash2test{i}_",
+                *extra]
+
+    env = {**server_env(inst), serving.STANDIN_ENV: "1", "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "ranks.log"
+    with open(log, "wb") as fh:
+        p = subprocess.Popen([str(Path(sys.executable).parent / "mpiexec"), "-n", "1", *server(0, port), ":", "-n", "1",
+                              *server(1, other, "--model-control-mode=explicit", "--load-model=tensorrt_llm")],
+                             stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline, ready = time.time() + 240, False
+        while not ready and time.time() < deadline and p.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
+                    ready = r.status == 200
+            except OSError:
+                time.sleep(0.2)
+        assert ready, log.read_text(errors="replace")[-3000:]
+        run_load(f"127.0.0.1:{port + 1}", [LoadRequest(q, NEW, w["output_ids"]) for q, w in zip(prompts, want)],
+                 2, K=3, timeout=180)                      # raises unless every token is the tp 2 CPU engine's
+        p.send_signal(signal.SIGTERM)
+        p.wait(90)
+        deadline = time.time() + 10
+        while procs_with(str(repo)) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not procs_with(str(repo)), "a rank (or a stub) left running"
+    finally:
+        for q in procs_with(str(repo)):
+            try:
+                os.kill(q, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 RANK0_THAT_NEVER_CLOSES = """
 import signal, sys, time
 from pathlib import Path
