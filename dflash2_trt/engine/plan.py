@@ -206,9 +206,10 @@ def _collect_blockers(p: Prepared) -> None:
             f"drafter's as attention (with the checkpoint's names it would give {n_all} pool layers KV space, not the "
             f"{n_kv} the sizing counts), keeps hf_layer_types, and writes the per-rank RNN fields the runtime "
             f"requires of a recurrent variant; "
-            f"the stock 1.2 runtime refuses speculative decoding for recurrent models (docs/TRTLLM-ENGINE.md §4): it needs "
-            f"the relaxations of docs/hybrid-runtime.md, applied to a 1.2.x checkout by "
-            f"scripts/patch_trtllm_recurrent_spec.py (not yet built or run on a GPU)")
+            f"the stock 1.2 executor refuses speculative decoding for recurrent models (docs/TRTLLM-ENGINE.md §4), so "
+            f"the engine runs on the project runtime over TensorRT (the runtime path above; stock tensorrt-llm 1.2 "
+            f"is enough); the executor itself would need the relaxations of docs/hybrid-runtime.md, applied to a "
+            f"1.2.x checkout by scripts/patch_trtllm_recurrent_spec.py (not yet built or run on a GPU)")
     if cfg.dtype == "float32":
         p.warnings.append("dtype float32 on TensorRT-LLM: EAGLE mode needs paged context FMHA, whose kernels are "
                           "float16/bfloat16 [inferred]; build a GPU engine with --dtype float16 or bfloat16")
