@@ -9,6 +9,7 @@ by the test hook DFLASH2_TRT_TENSORRT_STANDIN=1 (serving.tensorrt_standin_hook),
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -243,6 +244,85 @@ def test_serve_a_project_path_engine_on_the_standin(standin_trt_engine, tmp_path
         s.kill()
 
 
+def _needs_ranks_and_triton():
+    pytest.importorskip("pytriton")
+    pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
+
+
+def _tp2_reference(cpu2, tmp_path, n: int):
+    """(n shipped prompts of the hybrid pair, the tp 2 CPU engine's requests for them: both ranks threads of one
+    process), the tokens every served request must give."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.run import run_engine
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    prompts = shipped_prompts(trained_pair("qwen3_5"), n)
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
+                          for i, p in enumerate(prompts)))
+    return prompts, run_engine(cpu2, prompts_file=str(pf), max_batch_size=4)["requests"]
+
+
+def _load(port: int, prompts, want, concurrency: int) -> dict:
+    """Streaming requests at gRPC port+1; raises unless every token is the expected one."""
+    from dflash2_trt.deploy.triton.load import LoadRequest, run_load
+
+    return run_load(f"127.0.0.1:{port + 1}", [LoadRequest(q, NEW, w["output_ids"]) for q, w in zip(prompts, want)],
+                    concurrency, K=3, timeout=180)
+
+
+def _not_mpiexec(pids) -> list[int]:
+    return [q for q in pids if "mpiexec" not in Path(f"/proc/{q}/cmdline").read_bytes().decode(errors="replace")]
+
+
+def _until_gone(needle: str) -> list[int]:
+    """Processes whose command line names ``needle`` still there after up to 10 s."""
+    deadline = time.time() + 10
+    while procs_with(needle) and time.time() < deadline:
+        time.sleep(0.1)
+    return procs_with(needle)
+
+
+@contextlib.contextmanager
+def _job(argv, env, log, repo):
+    """``argv`` (an MPI launch) in a session of its own with its output in ``log``; on the way out whatever still
+    names ``repo`` and the launcher's group are killed."""
+    with open(log, "wb") as fh:
+        p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        yield p
+    finally:
+        for q in procs_with(str(repo)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(q, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def _wait_ready(p, port: int, log) -> None:
+    import urllib.request
+
+    deadline = time.time() + 240
+    while time.time() < deadline and p.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(log.read_text(errors="replace")[-3000:])
+
+
+def _bundled(tmp_path):
+    """(the bundled tritonserver install, a backend directory for it, its environment with the stand-in hook)."""
+    from dflash2_trt.deploy.triton.server import assemble_backends, find_tritonserver, server_env
+
+    inst = find_tritonserver()
+    assemble_backends(inst, tmp_path / "backends")
+    return inst, tmp_path / "backends", {**server_env(inst), serving.STANDIN_ENV: "1", "OMP_NUM_THREADS": "1"}
+
+
 @pytest.mark.triton
 def test_serve_a_tp2_engine_as_ranks_under_mpiexec(standin_trt_engine_tp2, tmp_path):
     """`serve --engine-dir` on a tp 2 TensorRT engine directory: `mpiexec -n 1 tritonserver ... : -n 1 python -m
@@ -250,32 +330,18 @@ def test_serve_a_tp2_engine_as_ranks_under_mpiexec(standin_trt_engine_tp2, tmp_p
     of the tp 2 CPU engine, the collectives between the processes by MPI). Concurrent streaming requests give exactly
     the tp 2 CPU engine's tokens (both ranks threads of one process) and acceptance; the model says rank 0 drives and
     rank 1 follows; Ctrl-C stops it with exit 0, the follower leaving with the server, nothing left running."""
-    pytest.importorskip("pytriton")
-    pytest.importorskip("tritonclient.grpc")
-    pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
-    from dflash2_trt.assets import trained_pair
-    from dflash2_trt.deploy.triton.load import LoadRequest, run_load
-    from dflash2_trt.engine.run import run_engine
-    from dflash2_trt.testing.engines import shipped_prompts
-
+    _needs_ranks_and_triton()
     trt_dir, cpu2 = standin_trt_engine_tp2
-    prompts = shipped_prompts(trained_pair("qwen3_5"), 6)
-    pf = tmp_path / "prompts.jsonl"
-    pf.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
-                          for i, p in enumerate(prompts)))
-    want = run_engine(cpu2, prompts_file=str(pf), max_batch_size=4)["requests"]
+    prompts, want = _tp2_reference(cpu2, tmp_path, 6)
     port, log = free_base_port(), tmp_path / "tritonserver.log"
     s = Serve("--engine-dir", str(trt_dir), "--ids-only", "--port", str(port), "--log", str(log),
               env={serving.STANDIN_ENV: "1", "OMP_NUM_THREADS": "1"})
     try:
         assert s.wait_for("serving", 240), s.lines
         assert "tp 2: tritonserver rank 0 + 1 follower(s) under MPI" in s.lines[-1], s.lines
-        followers = [p for p in procs_with("dflash2_trt.deploy.triton.follower")
-                     if "mpiexec" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+        followers = _not_mpiexec(procs_with("dflash2_trt.deploy.triton.follower"))
         assert len(followers) == 1
-        url = f"127.0.0.1:{port + 1}"
-        reqs = [LoadRequest(p, NEW, w["output_ids"]) for p, w in zip(prompts, want)]
-        rep = run_load(url, reqs, 3, K=3, timeout=180)   # raises unless every token is the tp 2 CPU engine's
+        rep = _load(port, prompts, want, 3)              # raises unless every token is the tp 2 CPU engine's
         assert rep["requests"] == len(prompts)
         assert rep["total_accepted_draft_tokens"] == sum(a - 1 for w in want for a in w["acceptance_lengths"])
         text = log.read_text(errors="replace")
@@ -283,12 +349,8 @@ def test_serve_a_tp2_engine_as_ranks_under_mpiexec(standin_trt_engine_tp2, tmp_p
         s.p.send_signal(signal.SIGINT)
         assert s.finish(90) == 0, s.lines
         assert "stopped" in s.lines[-1], s.lines
-        deadline = time.time() + 10
-        while (procs_with(f"--http-port {port}") or any(pid in procs_with("follower") for pid in followers)) \
-                and time.time() < deadline:
-            time.sleep(0.1)
-        assert not procs_with(f"--http-port {port}"), "tritonserver (or a stub) left running"
-        assert not [p for p in followers if p in procs_with("follower")], "the follower rank left running"
+        assert not _until_gone(f"--http-port {port}"), "tritonserver (or a stub) left running"
+        assert not [p for p in followers if p in _until_gone("follower")], "the follower rank left running"
         end = log.read_text(errors="replace")   # the follower left when rank 0 closed: no abort, no stop grace
         assert "aborting" not in end and "did not close the engine" not in end and "BAD TERMINATION" not in end, end[-3000:]
     finally:
@@ -301,67 +363,27 @@ def test_the_repositorys_launch_sh_starts_the_ranks(standin_trt_engine_tp2, tmp_
     the ports from the environment; the bundled tritonserver's backend directory as an extra argument): mpiexec
     starts tritonserver as rank 0 and the follower as rank 1, a request gets the tp 2 CPU engine's tokens, and a
     SIGTERM to it (mpiexec: launch.sh execs it) ends every process with exit 0."""
-    pytest.importorskip("pytriton")
-    pytest.importorskip("tritonclient.grpc")
-    pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
+    _needs_ranks_and_triton()
     import sys
-    import urllib.request
-
-    from dflash2_trt.assets import trained_pair
-    from dflash2_trt.deploy.triton.load import LoadRequest, run_load
-    from dflash2_trt.deploy.triton.server import assemble_backends, find_tritonserver, server_env
-    from dflash2_trt.engine.run import run_engine
-    from dflash2_trt.testing.engines import shipped_prompts
 
     trt_dir, cpu2 = standin_trt_engine_tp2
     repo = tmp_path / "repo"
     rp.deploy_triton(trt_dir, repo, ids_only=True, decoupled=True)
-    prompts = shipped_prompts(trained_pair("qwen3_5"), 2)
-    pf = tmp_path / "prompts.jsonl"
-    pf.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
-                          for i, p in enumerate(prompts)))
-    want = run_engine(cpu2, prompts_file=str(pf), max_batch_size=4)["requests"]
-    inst = find_tritonserver()
-    assemble_backends(inst, tmp_path / "backends")
+    prompts, want = _tp2_reference(cpu2, tmp_path, 2)
+    inst, backends, env = _bundled(tmp_path)
     port = free_base_port()
-    env = {**server_env(inst), "MPIRUN": str(Path(sys.executable).parent / "mpiexec"), "TRITONSERVER": str(inst.binary),
-           "PYTHON": sys.executable, "HTTP_PORT": str(port), "GRPC_PORT": str(port + 1), "METRICS_PORT": str(port + 2),
-           serving.STANDIN_ENV: "1", "OMP_NUM_THREADS": "1"}
+    env.update(MPIRUN=str(Path(sys.executable).parent / "mpiexec"), TRITONSERVER=str(inst.binary),
+               PYTHON=sys.executable, HTTP_PORT=str(port), GRPC_PORT=str(port + 1), METRICS_PORT=str(port + 2))
     log = tmp_path / "launch.log"
-    with open(log, "wb") as fh:
-        p = subprocess.Popen([str(repo / "launch.sh"), "--backend-directory", str(tmp_path / "backends"),
-                              "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address",
-                              "127.0.0.1"], stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline, ready = time.time() + 240, False
-        while not ready and time.time() < deadline and p.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
-                    ready = r.status == 200
-            except OSError:
-                time.sleep(0.2)
-        assert ready, log.read_text(errors="replace")[-3000:]
-        assert len([q for q in procs_with(str(repo)) if "follower" in Path(f"/proc/{q}/cmdline").read_text(
-            errors="replace") and "mpiexec" not in Path(f"/proc/{q}/cmdline").read_text(errors="replace")]) == 1
-        rep = run_load(f"127.0.0.1:{port + 1}", [LoadRequest(q, NEW, w["output_ids"]) for q, w in zip(prompts, want)],
-                       2, K=3, timeout=180)
-        assert rep["requests"] == len(prompts)
+    with _job([str(repo / "launch.sh"), "--backend-directory", str(backends), "--http-address", "127.0.0.1",
+               "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"], env, log, repo) as p:
+        _wait_ready(p, port, log)
+        assert len([q for q in _not_mpiexec(procs_with(str(repo)))
+                    if "follower" in Path(f"/proc/{q}/cmdline").read_text(errors="replace")]) == 1
+        assert _load(port, prompts, want, 2)["requests"] == len(prompts)
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) == 0, log.read_text(errors="replace")[-3000:]
-        deadline = time.time() + 10
-        while procs_with(str(repo)) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not procs_with(str(repo)), "a rank (or a stub) left running"
-    finally:
-        for q in procs_with(str(repo)):
-            try:
-                os.kill(q, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        assert not _until_gone(str(repo)), "a rank (or a stub) left running"
 
 
 @pytest.mark.triton
@@ -371,70 +393,31 @@ def test_a_tritonserver_on_rank1_follows_rank0(standin_trt_engine_tp2, tmp_path)
     stop is abrupt (rank 1's tritonserver, still loading, exits on the launcher's SIGTERM, and the launcher then kills
     rank 0 without a drain: why the repository's launch.sh runs followers instead); what is checked is that it ends,
     every process with it."""
-    pytest.importorskip("pytriton")
-    pytest.importorskip("tritonclient.grpc")
-    pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
+    _needs_ranks_and_triton()
     import sys
-    import urllib.request
-
-    from dflash2_trt.assets import trained_pair
-    from dflash2_trt.deploy.triton.load import LoadRequest, run_load
-    from dflash2_trt.deploy.triton.server import assemble_backends, find_tritonserver, server_env
-    from dflash2_trt.engine.run import run_engine
-    from dflash2_trt.testing.engines import shipped_prompts
 
     trt_dir, cpu2 = standin_trt_engine_tp2
     repo = tmp_path / "repo"
     rp.deploy_triton(trt_dir, repo, ids_only=True, decoupled=True)
-    prompts = shipped_prompts(trained_pair("qwen3_5"), 2)
-    pf = tmp_path / "prompts.jsonl"
-    pf.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
-                          for i, p in enumerate(prompts)))
-    want = run_engine(cpu2, prompts_file=str(pf), max_batch_size=4)["requests"]
-    inst = find_tritonserver()
-    assemble_backends(inst, tmp_path / "backends")
+    prompts, want = _tp2_reference(cpu2, tmp_path, 2)
+    inst, backends, env = _bundled(tmp_path)
     port, other = free_base_port(), free_base_port()
 
     def server(i, ports, *extra):
-        return [str(inst.binary), "--model-repository", str(repo), "--backend-directory", str(tmp_path / "backends"),
+        return [str(inst.binary), "--model-repository", str(repo), "--backend-directory", str(backends),
                 "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
                 "--http-port", str(ports), "--grpc-port", str(ports + 1), "--metrics-port", str(ports + 2),
                 "--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=dflash2test{i}_",
                 *extra]
 
-    env = {**server_env(inst), serving.STANDIN_ENV: "1", "OMP_NUM_THREADS": "1"}
     log = tmp_path / "ranks.log"
-    with open(log, "wb") as fh:
-        p = subprocess.Popen([str(Path(sys.executable).parent / "mpiexec"), "-n", "1", *server(0, port), ":", "-n", "1",
-                              *server(1, other, "--model-control-mode=explicit", "--load-model=tensorrt_llm")],
-                             stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline, ready = time.time() + 240, False
-        while not ready and time.time() < deadline and p.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
-                    ready = r.status == 200
-            except OSError:
-                time.sleep(0.2)
-        assert ready, log.read_text(errors="replace")[-3000:]
-        run_load(f"127.0.0.1:{port + 1}", [LoadRequest(q, NEW, w["output_ids"]) for q, w in zip(prompts, want)],
-                 2, K=3, timeout=180)                      # raises unless every token is the tp 2 CPU engine's
+    with _job([str(Path(sys.executable).parent / "mpiexec"), "-n", "1", *server(0, port), ":", "-n", "1",
+               *server(1, other, "--model-control-mode=explicit", "--load-model=tensorrt_llm")], env, log, repo) as p:
+        _wait_ready(p, port, log)
+        _load(port, prompts, want, 2)                    # raises unless every token is the tp 2 CPU engine's
         p.send_signal(signal.SIGTERM)
         p.wait(90)
-        deadline = time.time() + 10
-        while procs_with(str(repo)) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not procs_with(str(repo)), "a rank (or a stub) left running"
-    finally:
-        for q in procs_with(str(repo)):
-            try:
-                os.kill(q, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        assert not _until_gone(str(repo)), "a rank (or a stub) left running"
 
 
 RANK0_THAT_NEVER_CLOSES = """

@@ -25,6 +25,26 @@ def _shapes(outputs) -> dict:
     return {k: (tuple(v.shape), v.dtype) for k, v in outputs.items()}
 
 
+@contextlib.contextmanager
+def _recording(eng, before=None):
+    """While inside: every ``eng.step`` appends (feed, its outputs' shapes) to the yielded list, after ``before(feed)``
+    when given; the engine's own ``step`` is put back on the way out."""
+    steps, orig = [], eng.step
+
+    def spy(feed):
+        if before is not None:
+            before(feed)
+        outputs = orig(feed)
+        steps.append((dict(feed), _shapes(outputs)))
+        return outputs
+
+    eng.step = spy
+    try:
+        yield steps
+    finally:
+        eng.step = orig
+
+
 def _kind(feed) -> str:
     types = set(feed["host_request_types"].tolist())
     return "mixed" if types == {0, 1} else "context" if types == {0} else "generation"
@@ -39,20 +59,12 @@ def recorded(tmp_path_factory):
         pair = trained_pair(family)
         d = EngineCache(pair, key, tmp_path_factory, verify=False)(4)
         eng, man = open_standin_engine(d)
-        steps = []
-        orig = eng.step
-
-        def spy(feed):
-            outputs = orig(feed)
-            steps.append((dict(feed), _shapes(outputs)))
-            return outputs
-
-        eng.step = spy
         try:
-            prompts = shipped_prompts(pair, 5)
-            for temp in (0.0, 0.8):
-                Runtime(eng, max_batch_size=3).generate([Request(list(p), 8, temperature=temp, seed=i, task_id=i)
-                                                         for i, p in enumerate(prompts)])
+            with _recording(eng) as steps:
+                prompts = shipped_prompts(pair, 5)
+                for temp in (0.0, 0.8):
+                    Runtime(eng, max_batch_size=3).generate([Request(list(p), 8, temperature=temp, seed=i, task_id=i)
+                                                             for i, p in enumerate(prompts)])
         finally:
             eng.close()
         out[family] = (d, steps)
@@ -174,9 +186,8 @@ def test_a_graph_captured_at_one_generation_step_replays_the_later_ones(family, 
     eng, _ = open_standin_engine(d)
     bucket = int(eng.limits["max_seq_len"])
     first, checked, short = None, [], []
-    orig = eng.step
 
-    def spy(feed):
+    def before(feed):
         nonlocal first
         if set(feed["host_request_types"].tolist()) == {1} and feed["host_request_types"].numel() == 3:
             if first is None:
@@ -184,14 +195,12 @@ def test_a_graph_captured_at_one_generation_step_replays_the_later_ones(family, 
             elif all(tuple(first[k].shape) == tuple(v.shape) for k, v in feed.items()):
                 checked.append(replay_with_host_inputs_of(eng, first, feed, key_range=bucket)["differs"])
                 short.append(replay_with_host_inputs_of(eng, first, feed, key_range=0)["differs"])
-        return orig(feed)
 
-    eng.step = spy
     try:
-        reqs = [Request(list(p), 24, task_id=i) for i, p in enumerate(shipped_prompts(pair, 3))]
-        Runtime(eng, max_batch_size=3).generate(reqs)
+        with _recording(eng, before):
+            reqs = [Request(list(p), 24, task_id=i) for i, p in enumerate(shipped_prompts(pair, 3))]
+            Runtime(eng, max_batch_size=3).generate(reqs)
     finally:
-        eng.step = orig
         eng.close()
     assert len(checked) >= 3, len(checked)
     assert all(diff == [] for diff in checked), checked
@@ -209,10 +218,9 @@ def test_the_target_only_baselines_steps_can_be_held_by_a_graph(family, key, tmp
     pair = trained_pair(family)
     d = EngineCache(pair, key, tmp_path_factory, verify=False)(4)
     eng = open_target_only_engine(d)
-    steps, first, checked = [], None, []
-    orig = eng.step
+    first, checked = None, []
 
-    def spy(feed):
+    def before(feed):
         nonlocal first
         if _kind(feed) == "generation" and feed["host_request_types"].numel() == 3:
             if first is None:
@@ -220,18 +228,14 @@ def test_the_target_only_baselines_steps_can_be_held_by_a_graph(family, key, tmp
             elif all(tuple(first[k].shape) == tuple(v.shape) for k, v in feed.items()):
                 checked.append(replay_with_host_inputs_of(eng, first, feed,
                                                           key_range=int(eng.limits["max_seq_len"]))["differs"])
-        outputs = orig(feed)
-        steps.append((dict(feed), _shapes(outputs)))
-        return outputs
 
-    eng.step = spy
     try:
-        prompts = shipped_prompts(pair, 5)
-        # lengths that differ, so that a request starts beside generating ones (a mixed step)
-        Runtime(eng, max_batch_size=3).generate([Request(list(p), 8 + 3 * i, task_id=i)
-                                                 for i, p in enumerate(prompts)])
+        with _recording(eng, before) as steps:
+            prompts = shipped_prompts(pair, 5)
+            # lengths that differ, so that a request starts beside generating ones (a mixed step)
+            Runtime(eng, max_batch_size=3).generate([Request(list(p), 8 + 3 * i, task_id=i)
+                                                     for i, p in enumerate(prompts)])
     finally:
-        eng.step = orig
         eng.close()
     assert {_kind(f) for f, _ in steps} == {"context", "generation", "mixed"}
     assert len(checked) >= 3 and all(diff == [] for diff in checked), checked
