@@ -357,33 +357,38 @@ READY_TIMEOUT = {"default": 120.0, "trtllm": 900.0, "cuda": 900.0}
 or load, its KV pool to allocate) loads for minutes; a cpu engine, or a repository without a record, in seconds."""
 
 
-def default_ready_timeout(repository: str | Path) -> float:
-    """The readiness wait for ``repository``: :data:`READY_TIMEOUT` by the engine backend its
-    ``dflash2_repository.json`` records (a TensorRT-LLM or cuda engine: 900 s, else 120 s)."""
+def repository_record(repository: str | Path) -> dict:
+    """The repository's ``dflash2_repository.json`` (``deploy triton``'s record), or {} for a repository without one."""
+    path = Path(repository) / "dflash2_repository.json"
+    if not path.is_file():
+        return {}
     try:
-        rec = json.loads((Path(repository) / "dflash2_repository.json").read_text(encoding="utf-8"))
-        backend = rec.get("engine_backend") if isinstance(rec, dict) else None
-    except (OSError, ValueError):
-        backend = None
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"not a readable repository record ({type(exc).__name__}: {exc})", source=path) from None
+    if not isinstance(rec, dict):
+        raise ConfigError(f"not a readable repository record (a {type(rec).__name__}, not an object)", source=path)
+    return rec
+
+
+def default_ready_timeout(repository: str | Path, record: dict | None = None) -> float:
+    """The readiness wait for ``repository``: :data:`READY_TIMEOUT` by the engine backend its record names (a
+    TensorRT-LLM or cuda engine: 900 s, else 120 s)."""
+    backend = (repository_record(repository) if record is None else record).get("engine_backend")
     return READY_TIMEOUT.get(backend, READY_TIMEOUT["default"]) if isinstance(backend, str) else \
         READY_TIMEOUT["default"]
 
 
-def repository_ranks(repository: str | Path) -> int:
-    """How many processes serve the repository: its ``dflash2_repository.json`` ``ranks`` (a tp TensorRT engine on
-    the project runtime, ``deploy triton``), else 1."""
-    path = Path(repository) / "dflash2_repository.json"
-    if not path.is_file():
-        return 1
-    try:
-        ranks = json.loads(path.read_text(encoding="utf-8")).get("ranks")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"not a readable repository record ({type(exc).__name__}: {exc})", source=path) from None
+def repository_ranks(repository: str | Path, record: dict | None = None) -> int:
+    """How many processes serve the repository: its record's ``ranks`` (a tp TensorRT engine on the project runtime,
+    ``deploy triton``), else 1."""
+    ranks = (repository_record(repository) if record is None else record).get("ranks")
     if ranks is None:
         return 1
     n = ranks.get("processes") if isinstance(ranks, dict) else None
     if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-        raise ConfigError(f"must hold processes >= 2, got {ranks!r}", source=path, field="ranks")
+        raise ConfigError(f"must hold processes >= 2, got {ranks!r}", source=Path(repository) /
+                          "dflash2_repository.json", field="ranks")
     return n
 
 
@@ -483,12 +488,13 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             repository, models = res.output, res.models
         else:
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
+        record = repository_record(repository)         # read once: the readiness wait and the rank count
         if ready_timeout is None:
-            ready_timeout = default_ready_timeout(repository)
+            ready_timeout = default_ready_timeout(repository, record)
         srv = TritonServer(repository, http_port=ports["--http-port"], grpc_port=ports["--grpc-port"],
                            metrics_port=ports["--metrics-port"], log_path=log_path or work / "tritonserver.log",
                            ready_timeout=ready_timeout, log_kept=log_path is not None, cleanup_dirs=[work],
-                           drain_timeout=drain_timeout, ranks=repository_ranks(repository),
+                           drain_timeout=drain_timeout, ranks=repository_ranks(repository, record),
                            progress=lambda m: print(m, file=sys.stderr, flush=True))
         srv.start()
         ranks = f", tp {srv.ranks}: tritonserver rank 0 + {srv.ranks - 1} follower(s) under MPI" if srv.ranks > 1 else ""

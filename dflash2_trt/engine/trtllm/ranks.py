@@ -174,18 +174,6 @@ def follow(session, comm) -> None:
         session.close()
 
 
-def _shared_type():
-    from mpi4py import MPI
-
-    return MPI.COMM_TYPE_SHARED
-
-
-def _min_op():
-    from mpi4py import MPI
-
-    return MPI.MIN
-
-
 def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
     """(session, manifest) for the project runtime on any TensorRT engine directory. A tp 1 engine in one process:
     its :class:`~.session.TrtEngineSession`. A tp engine under ``mpirun -n TP``: on rank 0 a :class:`RankedSession`,
@@ -201,9 +189,11 @@ def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
                else "without mpirun (one process)")
         raise ConfigError(f"a tp {tp} engine runs as {tp} process{'es' if tp > 1 else ''}, started as {size}: run it "
                           f"{how}", source=engine_dir, field="pretrained_config.mapping.tp_size")
+    from mpi4py import MPI   # world_comm imported it: this is an MPI launch
+
     rank = comm.Get_rank()
     # the ranks on this node: each takes a GPU of its own, as TensorRT-LLM's runtime does (rank % gpus_per_node)
-    local = comm.Split_type(_shared_type(), key=rank)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     local_rank, local_size = local.Get_rank(), local.Get_size()
     local.Free()
     # opening may itself be collective (TensorRT-LLM's workspace exchanges IPC handles over MPI)
@@ -211,7 +201,7 @@ def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
     # index every rank's pool), as TensorRT-LLM's KV cache manager does (facts multi_rank.kv_pool_size)
     sess, man = _guard(comm, f"could not open rank{rank}.engine", open_trt_session, engine_dir, trt=trt,
                        verify=verify, rank=rank, launched=True, local_rank=local_rank, gpus_per_node=local_size,
-                       agree_blocks=lambda n: comm.allreduce(int(n), op=_min_op()), **kw)
+                       agree_blocks=lambda n: comm.allreduce(int(n), op=MPI.MIN), **kw)
     _guard(comm, "failed waiting for the other ranks to open theirs", comm.Barrier)
     if rank == 0:
         return RankedSession(sess, comm), man
