@@ -381,10 +381,14 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 @click.option("--no-disk-check", is_flag=True,
               help="Build even when a file system it writes to seems to lack the room for the checkpoint and the "
                    "engines (checked before anything is converted; --dry-run shows it).")
+@click.option("--baseline", is_flag=True,
+              help="trtllm: also build the target alone into OUTPUT/baseline/ (a second trtllm-build from the same "
+                   "checkpoint; the target's weights again on disk), the autoregressive baseline `bench run` compares "
+                   "with on the project runtime.")
 def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp_size, dtype, block_size,
               max_batch_size, max_input_len, max_seq_len, max_num_tokens, tokens_per_block, selector, drafter_window,
               sets, dry_run, as_json, gpu_memory_gib, verify, checkpoint_dir, reconvert, no_keep_checkpoint,
-              force, no_disk_check) -> None:
+              force, no_disk_check, baseline) -> None:
     """Build an engine directory (validate -> convert -> plugins -> engine -> verify), or plan one (--dry-run)."""
     from .config.build import parse_set
     from .engine.build import build_engine
@@ -407,7 +411,7 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
 
         plan = dry_run_plan(d, t, output=output, backend=backend, target_key=target_key, overrides=overrides,
                             sets=sets, gpu_memory_gib=gpu_memory_gib, checkpoint_dir=checkpoint_dir,
-                            keep_checkpoint=not no_keep_checkpoint, verify=verify)
+                            keep_checkpoint=not no_keep_checkpoint, verify=verify, baseline=baseline)
         click.echo(json.dumps(plan, indent=2) if as_json else render_plan(plan))
         return
     if output is None:
@@ -417,7 +421,7 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
                        force=force, command=sys.argv, overrides=overrides, sets=sets,
                        verify="auto" if verify is None else verify, checkpoint_dir=checkpoint_dir,
                        reconvert=reconvert, keep_checkpoint=not no_keep_checkpoint, progress=progress,
-                       disk_check=not no_disk_check)
+                       disk_check=not no_disk_check, baseline=baseline)
     m = res.manifest
     if as_json:
         click.echo(json.dumps(m, indent=2))

@@ -26,7 +26,8 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
                  target_key: str | None = None, overrides: dict | None = None, sets: dict | None = None,
                  force: bool = False, command: list[str] | None = None, verify: bool | str = False,
                  checkpoint_dir=None, reconvert: bool = False, keep_checkpoint: bool = True, progress=None,
-                 toolchain=None, runner=None, verifier=None, disk_check: bool = True) -> BuildResult:
+                 toolchain=None, runner=None, verifier=None, disk_check: bool = True,
+                 baseline: bool = False) -> BuildResult:
     """Build an engine directory with ``backend`` (``cpu``, ``cuda`` or ``trtllm``).
 
     Settings: ``build_configs/<target_key>.yaml`` (or defaults from the checkpoint configs), then
@@ -37,7 +38,8 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     engine then links its files. ``toolchain``/``runner``/``verifier``: injectable machine access for the
     TensorRT-LLM branch (:mod:`.trtllm.build`; ``verifier`` also for the CPU one). ``disk_check``: refuse in one line,
     before anything is converted, when a file system the build writes to lacks the room for the checkpoint and the
-    engines (:func:`~dflash2_trt.engine.plan.check_disk`)."""
+    engines (:func:`~dflash2_trt.engine.plan.check_disk`). ``baseline`` (trtllm only): also the target alone in
+    ``baseline/``, ``bench run``'s autoregressive baseline on the project runtime (:func:`check_baseline_backend`)."""
     check_build_outputs(drafter_dir, target_dir, output, checkpoint_dir=checkpoint_dir,
                         default_checkpoint=backend == "trtllm" and checkpoint_dir is None and keep_checkpoint)
     if output is not None and not Path(output).is_symlink():
@@ -50,20 +52,29 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     prep = prepare(drafter_dir, target_dir, target_key=target_key, overrides=over, sets=sets)
     if backend not in ("cpu", "cuda", "trtllm"):
         raise ConfigError(f"unknown backend {backend!r}; expected cpu, cuda or trtllm", field="--backend")
+    check_baseline_backend(backend, baseline)
     if backend == "cuda":
         engine_device("cuda")   # no GPU: one line now, before anything is converted
     if disk_check and output is not None and not prep.blockers and not (backend == "trtllm" and prep.trtllm_blockers):
         check_output_dir(output, force)   # its refusal first: the disk is checked for a build that will go ahead
         check_disk(prep, backend=backend, output=output, checkpoint_dir=checkpoint_dir, keep_checkpoint=keep_checkpoint,
-                   reconvert=reconvert)
+                   reconvert=reconvert, baseline=baseline)
     if verify == "auto":
         verify = verify_default(prep, backend)
     if backend == "trtllm":
         return build_trtllm(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
                             reconvert=reconvert, keep_checkpoint=keep_checkpoint, progress=progress,
-                            toolchain=toolchain, runner=runner, verifier=verifier)
+                            toolchain=toolchain, runner=runner, verifier=verifier, baseline=baseline)
     return build_standin(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
                          reconvert=reconvert, progress=progress, verifier=verifier, backend=backend)
+
+
+def check_baseline_backend(backend: str, baseline: bool) -> None:
+    """``--baseline`` builds a TensorRT engine of the target alone; a cpu or cuda engine needs none (``bench run``
+    builds its baseline from the engine's own checkpoint at load time): refused there, not ignored."""
+    if baseline and backend != "trtllm":
+        raise ConfigError(f"applies to --backend trtllm (a {backend} engine's `bench run` builds the target-only "
+                          f"baseline from the engine's own checkpoint)", field="--baseline")
 
 
 def check_build_outputs(drafter_dir, target_dir, output, *, checkpoint_dir=None, default_checkpoint=False) -> None:

@@ -298,14 +298,15 @@ file system needs some room to breathe."""
 
 
 def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True,
-               reconvert: bool = False):
+               reconvert: bool = False, baseline: bool = False):
     """What ``build`` writes and on which file system, as ``[{"what", "path", "anchor", "bytes", "reused"}]`` (None for
     a family without a weight map). Every directory is written beside its final place first (an atomic rename), so
     ``anchor`` is the parent of the path. What is written: the converted checkpoint (every rank's tensors in the build
     dtype: the converter's plan); for the TensorRT-LLM backend the engines (they hold the same weights); for a cpu or
     cuda engine with ``--checkpoint-dir`` the checkpoint's files inside the engine, hard links (nothing) on the same
     file system, copies across. A kept checkpoint directory with a ``manifest.json`` counts as reused unless
-    ``reconvert`` (a mismatching one is refused by the build itself without ``--reconvert``)."""
+    ``reconvert`` (a mismatching one is refused by the build itself without ``--reconvert``). ``baseline``
+    (``build --baseline``): the baseline engines too, the target's tensors again."""
     w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
     if w is None:
         return None
@@ -322,6 +323,9 @@ def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
               "bytes": total, "reused": kept and not reconvert and (ckpt / "manifest.json").is_file()}]
     if backend == "trtllm":
         items.append({"what": "engines", "path": str(out), "anchor": str(out.parent), "bytes": total, "reused": False})
+        if baseline:
+            items.append({"what": "baseline engines", "path": str(out / "baseline"), "anchor": str(out.parent),
+                          "bytes": sum(r["target"] for r in w), "reused": False})
     elif checkpoint_dir is not None:
         same = _device(ckpt.parent) == _device(out.parent)
         items.append({"what": "checkpoint files in the engine" + (" (hard links)" if same else " (copies)"),
@@ -377,12 +381,13 @@ def disk_report(items, *, usage=None) -> list[dict]:
 
 
 def check_disk(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True,
-               reconvert: bool = False, usage=None) -> None:
+               reconvert: bool = False, usage=None, baseline: bool = False) -> None:
     """One line before anything is converted when a file system the build writes to has too little room (the
     conversion and trtllm-build of a published target write tens of GB each, and running out hours in is the
     failure this prevents); ``build --no-disk-check`` skips it."""
     for g in disk_report(disk_needs(p, backend=backend, output=output, checkpoint_dir=checkpoint_dir,
-                                    keep_checkpoint=keep_checkpoint, reconvert=reconvert), usage=usage):
+                                    keep_checkpoint=keep_checkpoint, reconvert=reconvert, baseline=baseline),
+                            usage=usage):
         if g["fits"]:
             continue
         written = [it for it in g["items"] if not it["reused"]]
@@ -402,9 +407,9 @@ def check_disk(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
 # ------------------------------------------------------------------------------------------ plan
 def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: str | None = None,
               gpu_memory_gib: float = H200_GIB, toolchain=None, keep_checkpoint: bool = True,
-              verify: bool | None = None) -> dict:
+              verify: bool | None = None, baseline: bool = False) -> dict:
     """The steps of ``build`` for ``backend`` with every path and command spelled out, the sizing,
-    and what is supported for the target today."""
+    and what is supported for the target today (``baseline``: ``build --baseline``'s second trtllm-build too)."""
     cfg, t, d = p.cfg, p.t, p.d
     if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
         raise ConfigError(f"must be a positive number, got {gpu_memory_gib}", field="--gpu-memory-gib")
@@ -413,7 +418,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     ckpt = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(out)
     plugin_lib = "$DFLASH2_TRT_CACHE/plugins-trt/<sha256 of plugins/ + flags>/libdflash2_plugins.so"
     steps = [{"step": "validate", "what": f"configs, pairing and settings ({cfg.source})"}]
-    command = bench = None
+    command = bench = base_command = None
     if backend == "trtllm":
         steps.append({"step": "convert", "what": f"checkpoint at {ckpt} (reused when its manifest.json matches the "
                                                   f"sources, tp {cfg.tp_size} and {cfg.dtype}; else written)"
@@ -429,12 +434,23 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         argv = trtllm_build_argv(cfg, checkpoint_dir=out / "build-checkpoint", output_dir=out)
         env = trtllm_build_env(plugin_lib)
         command = {"argv": argv, "env": env, "line": shell_line(argv, env)}
+        if baseline:
+            bargv = trtllm_build_argv(cfg, checkpoint_dir=out / "baseline-checkpoint", output_dir=out / "baseline",
+                                      target_only=True)
+            base_command = {"argv": bargv, "env": env, "line": shell_line(bargv, env)}
         steps.append({"step": "engine", "what": f"{out}/build-checkpoint: the checkpoint's config.json with the EAGLE "
                                                  f"fields and dflash2_engine, rank files linked; then trtllm-build "
                                                  f"(log kept as {out}/trtllm-build.log); rank engines, config.json, "
                                                  f"the plugin library, engine.json and RUN.md in {out}; "
                                                  f"{out}/trtllm-bench/: the --model_path folder (tokenizer, config, "
                                                  f"placeholder safetensors) and extra_llm_api_options.yaml"})
+        if baseline:
+            steps.append({"step": "baseline", "what": f"{out}/baseline-checkpoint: the same config marked "
+                                                       f"target_only (max_draft_len 0), the same rank files; then "
+                                                       f"trtllm-build of TargetOnlyForCausalLM without a speculative "
+                                                       f"decoding mode (log {out}/baseline/trtllm-build.log): the "
+                                                       f"target alone in {out}/baseline/, `bench run`'s "
+                                                       f"autoregressive baseline on the project runtime"})
         bench = planned_command(engine_dir=out, target_key=p.target_key, draft_len=p.K,
                                 max_batch_size=cfg.max_batch_size, eos_id=(list(t.eos_token_ids) or [None])[0],
                                 kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction)
@@ -468,10 +484,12 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         "drafter_dir": str(p.drafter_dir), "target_dir": str(p.target_dir),
         "settings": {**cfg.to_dict(), "max_draft_len": p.K, "source": cfg.source},
         "eagle_choices": eagle_choices(p.K), "steps": steps, "trtllm_build": command, "trtllm_bench": bench,
+        "baseline_trtllm_build": base_command,
         "sizing": size,
         "disk": (None if output is None else disk_report(disk_needs(p, backend=backend, output=out,
                                                                     checkpoint_dir=checkpoint_dir,
-                                                                    keep_checkpoint=keep_checkpoint))),
+                                                                    keep_checkpoint=keep_checkpoint,
+                                                                    baseline=baseline))),
         "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": trtllm_blockers,
         # which runtime will drive the TensorRT engine, and why (engine/trtllm/paths.py)
         "runtime_path": path,
@@ -508,6 +526,9 @@ def render_plan(plan: dict) -> str:
         lines.append("trtllm-build command:")
         lines.append("  " + plan["trtllm_build"]["line"])
         lines.append(f"eagle_choices (every request/executor): {json.dumps(plan['eagle_choices'])}")
+    if plan.get("baseline_trtllm_build"):
+        lines.append("baseline trtllm-build command (--baseline: the target alone):")
+        lines.append("  " + plan["baseline_trtllm_build"]["line"])
     if plan.get("trtllm_bench"):
         lines.append("trtllm-bench command (after the build; DATASET.jsonl from `dflash2-trt bench prepare-dataset "
                      "--engine-dir ENGINE_DIR ...`; `bench run` runs it per concurrency):")
@@ -600,16 +621,19 @@ def verify_default(p: Prepared, backend: str) -> bool:
 
 def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto", target_key=None, overrides=None,
                  sets=None, gpu_memory_gib: float = H200_GIB, checkpoint_dir=None, keep_checkpoint: bool = True,
-                 verify=None, toolchain=None) -> dict:
+                 verify=None, toolchain=None, baseline: bool = False) -> dict:
     """``build --dry-run``: the plan for ``backend`` (``auto`` plans the TensorRT-LLM build: sizing a GPU is
     what a dry run is for) plus what this machine has and lacks for it."""
 
     p = prepare(drafter_dir, target_dir, target_key=target_key, overrides=overrides, sets=sets)
     be = backend if backend in ("cpu", "cuda") else "trtllm"
+    if baseline and be != "trtllm":      # the build's own refusal (engine/build.py check_baseline_backend)
+        raise ConfigError(f"applies to --backend trtllm (a {be} engine's `bench run` builds the target-only baseline "
+                          f"from the engine's own checkpoint)", field="--baseline")
     tc = toolchain if toolchain is not None else probe_toolchain()
     v = verify_default(p, be) if verify is None else bool(verify)
     plan = make_plan(p, backend=be, output=output, checkpoint_dir=checkpoint_dir, gpu_memory_gib=gpu_memory_gib,
-                     toolchain=tc, keep_checkpoint=keep_checkpoint, verify=v)
+                     toolchain=tc, keep_checkpoint=keep_checkpoint, verify=v, baseline=baseline and be == "trtllm")
     missing = []
     if be == "trtllm":
         if tc.tensorrt_llm is None:

@@ -41,6 +41,35 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     return pre
 
 
+TARGET_ONLY = "target_only"
+"""``pretrained_config.dflash2_engine.network`` of a baseline engine: the target alone
+(``trtllm/network/target_only.py``), built beside the combined engine by ``build --baseline``."""
+
+BASELINE_DIR = "baseline"
+"""Where ``build --backend trtllm --baseline`` puts the baseline's rank engines and config.json in the engine directory."""
+
+
+def baseline_pretrained_config(pre: dict) -> dict:
+    """The build checkpoint config of the baseline engine: the combined engine's (``pre``, from
+    :func:`engine_pretrained_config`; same target tensors, same KV pool layout, same state slots), marked
+    :data:`TARGET_ONLY`, with ``max_draft_len`` 0 (trtllm-build takes a config's max_draft_len when its flag is 0:
+    facts ``max_draft_len_from_config``; the baseline is built without a speculative decoding mode). A copy."""
+    out = json.loads(json.dumps(pre))
+    out["max_draft_len"] = 0
+    out.setdefault("dflash2_engine", {})["network"] = TARGET_ONLY
+    return out
+
+
+def is_target_only(pre: dict) -> bool:
+    return (pre.get("dflash2_engine") or {}).get("network") == TARGET_ONLY
+
+
+def engine_draft_len(pre: dict) -> int:
+    """K of the engine a ``pretrained_config`` describes: 0 for a baseline (target-only) engine, else the block size
+    less one. What the runtime, the session and the stand-in size the draft slots with."""
+    return 0 if is_target_only(pre) else int(pre["dflash2"]["block_size"]) - 1
+
+
 def rnn_fields(ck: dict) -> dict:
     """The RNN fields the runtime requires of a recurrent variant (gptJsonConfig.cpp; after the patch's R1 the
     hybrid is one), per rank, from the Gated DeltaNet shapes and the block size (``dflash2.block_size`` = the

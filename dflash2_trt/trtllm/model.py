@@ -1,5 +1,6 @@
 """The model class file of the DFlash2 engine: ``trtllm-build --model_cls_file`` loads this file and builds the
-class ``--model_cls_name DFlash2ForCausalLM`` names (trtllm-build imports the file, instantiates the class from
+class ``--model_cls_name DFlash2ForCausalLM`` names (``TargetOnlyForCausalLM`` for the baseline engine of
+``build --baseline``) (trtllm-build imports the file, instantiates the class from
 the checkpoint, calls its ``prepare_inputs`` and ``forward`` inside a network, and builds the engine).
 
 The network itself is the package ``dflash2_trt/trtllm/network/`` (one module per target family, the drafter,
@@ -10,4 +11,6 @@ same class into ``tensorrt_llm.models.MODEL_MAP``.
 
 from dflash2_trt.trtllm import backend
 
-DFlash2ForCausalLM = backend.load_network(backend.resolve()).DFlash2ForCausalLM
+_network = backend.load_network(backend.resolve())
+DFlash2ForCausalLM = _network.DFlash2ForCausalLM
+TargetOnlyForCausalLM = _network.TargetOnlyForCausalLM   # the baseline engine (build --baseline)

@@ -61,9 +61,10 @@ def toolchain(tmp_path):
 class FakeRunner:
     """Records every command; plays cmake (configure: CMakeCache.txt; build: the .so) and trtllm-build."""
 
-    def __init__(self, *, trtllm_rc=0, interrupt_in=None, eagle_fields=True):
+    def __init__(self, *, trtllm_rc=0, interrupt_in=None, eagle_fields=True, fail_call=None):
         self.calls, self.seen = [], []
         self.trtllm_rc, self.interrupt_in, self.eagle_fields = trtllm_rc, interrupt_in, eagle_fields
+        self.fail_call = fail_call          # (n, rc): the n-th trtllm-build call (0-based) exits rc
 
     def __call__(self, argv, *, env=None, log=None, cwd=None, echo=None):
         argv = list(argv)
@@ -92,6 +93,14 @@ class FakeRunner:
                 f.write("[TRT-LLM] [I] Total time of building all engines: 00:00:01\n")
             if self.trtllm_rc:
                 return self.trtllm_rc
+            if self.fail_call is not None and self.fail_call[0] == len(self.seen) - 1:
+                return self.fail_call[1]
+            # what trtllm-build's main and builder.build make of the flags (facts/trtllm_build_cli.yaml checks
+            # speculative_mode, max_draft_len_from_config, speculative_sizes): no mode is NONE (1) and no draft slots
+            eagle = "--speculative_decoding_mode" in argv
+            draft = int(argv[argv.index("--max_draft_len") + 1]) if "--max_draft_len" in argv else 0
+            draft = draft or int(pre.get("max_draft_len") or 0)
+            seq = int(argv[argv.index("--max_seq_len") + 1]) + (2 * draft if eagle else 0)
             for r in range(tp):
                 (out / f"rank{r}.engine").write_bytes(b"fake engine %d" % r)
             built = dict(pre)
@@ -100,8 +109,8 @@ class FakeRunner:
             built["logits_dtype"] = "float32"
             (out / "config.json").write_text(json.dumps({
                 "version": "1.2.0", "pretrained_config": built,
-                "build_config": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 526, "max_num_tokens": 1024,
-                                 "max_draft_len": 7, "speculative_decoding_mode": 32,
+                "build_config": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": seq, "max_num_tokens": 1024,
+                                 "max_draft_len": draft, "speculative_decoding_mode": 32 if eagle else 1,
                                  # as BuildConfig.update_kv_cache_type leaves it for a non-Mamba architecture
                                  "plugin_config": {"tokens_per_block": 32, "paged_state": False,
                                                    "mamba_conv1d_plugin": "auto"}}}))
@@ -445,3 +454,86 @@ def test_dry_run_engine_config_is_exactly_what_trtllm_build_receives(family, tmp
         assert eng["build_config"]["plugin_config"]["paged_state"] is True
     else:
         assert fixed == [] and eng["build_config"]["plugin_config"]["paged_state"] is False
+
+
+BASELINE_TAIL = ["--model_cls_file", str(MODEL_FILE), "--model_cls_name", "TargetOnlyForCausalLM",
+                 "--max_batch_size", "4", "--max_input_len", "256", "--max_seq_len", "512", "--max_num_tokens", "1024",
+                 "--max_beam_width", "1", "--kv_cache_type", "paged", "--tokens_per_block", "32",
+                 "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto", "--context_fmha", "enable",
+                 "--use_paged_context_fmha", "enable", "--remove_input_padding", "enable", "--logits_dtype", "float32",
+                 "--workers", "1"]
+
+
+def test_baseline_is_a_second_trtllm_build_of_the_target_alone(pair, tmp_path, toolchain):
+    """``build --baseline``: after the combined engine, trtllm-build of TargetOnlyForCausalLM from the same rank files
+    (hard links of the kept checkpoint), its config the combined one marked target-only with max_draft_len 0, no
+    speculative decoding mode; the result in baseline/, hashed in engine.json and accepted by the session's check."""
+    from dflash2_trt.engine.trtllm.session import baseline_config
+
+    out = tmp_path / "eng"
+    r = FakeRunner()
+    res = _build(pair, out, toolchain, r, baseline=True)
+    assert r.tools() == ["cmake", "cmake", "trtllm-build", "trtllm-build"]
+    main, base = r.calls[2]["argv"], r.calls[3]["argv"]
+    tmp_out = Path(main[6])
+    assert base == [sys.executable, "-m", "dflash2_trt.trtllm.register", "--checkpoint_dir",
+                    str(tmp_out / "baseline-checkpoint"), "--output_dir", str(tmp_out / "baseline"), *BASELINE_TAIL]
+    assert r.calls[3]["env"] == r.calls[2]["env"]                  # the same plugin library
+    combined, alone = r.seen
+    assert alone["config"]["dflash2_engine"] == {**combined["config"]["dflash2_engine"], "network": "target_only"}
+    assert alone["config"]["max_draft_len"] == 0 and combined["config"]["max_draft_len"] == 7
+    rest = lambda c: {k: v for k, v in c.items() if k not in ("dflash2_engine", "max_draft_len")}   # noqa: E731
+    assert rest(alone["config"]) == rest(combined["config"])
+    assert alone["ranks"] == combined["ranks"] == {"rank0.safetensors": os.stat(
+        tmp_path / "eng.checkpoint" / "rank0.safetensors")[1:3]}        # the same files, linked
+    assert sorted(p.name for p in (out / "baseline").iterdir()) == ["config.json", "rank0.engine", "trtllm-build.log"]
+    assert not (out / "baseline-checkpoint").exists() and _left_beside(out) == []
+    man = res.manifest
+    assert man["baseline"]["dir"] == "baseline" and man["baseline"]["network"] == "TargetOnlyForCausalLM"
+    assert man["baseline"]["trtllm_build"]["argv"] == base
+    assert {"baseline/rank0.engine", "baseline/config.json"} <= set(man["files"])
+    cfg, _ = load_engine_dir(out, verify=True)
+    got = baseline_config(out, cfg, man)
+    assert got["build_config"]["speculative_decoding_mode"] == 1 and got["build_config"]["max_draft_len"] == 0
+    assert "compares every concurrency with `baseline/`" in (out / "RUN.md").read_text()
+    # without --baseline: no second build, and RUN.md says how to get one
+    plain = _build(pair, tmp_path / "plain", toolchain, FakeRunner())
+    assert plain.manifest["baseline"] is None
+    assert "rebuild with `--baseline`" in (tmp_path / "plain" / "RUN.md").read_text()
+
+
+def test_a_failed_baseline_build_leaves_nothing_but_its_log(pair, tmp_path, toolchain):
+    out = tmp_path / "eng"
+    with pytest.raises(EngineBuildError, match=r"trtllm-build of the baseline \(--baseline\) failed \(exit 5\)"):
+        _build(pair, out, toolchain, FakeRunner(fail_call=(1, 5)), baseline=True)
+    assert not out.exists() and _left_beside(out) == []
+    assert "Total time of building" in (tmp_path / "eng.baseline-trtllm-build-failed.log").read_text()
+
+
+def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):
+    from dflash2_trt.cli import main
+    from dflash2_trt.engine.plan import dry_run_plan
+
+    with pytest.raises(ConfigError, match="--baseline: applies to --backend trtllm"):
+        build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "cpu", backend="cpu", target_key="tiny",
+                     baseline=True)
+    assert not (tmp_path / "cpu").exists()
+    res = CliRunner().invoke(main, ["build", "--target", "tiny", "--drafter", str(pair.drafter_dir), "--target-dir",
+                                    str(pair.target_dir), "--output", str(tmp_path / "c"), "--backend", "cpu",
+                                    "--baseline"])
+    assert res.exit_code != 0 and res.output.strip().count("\n") == 0 and "--baseline" in res.output, res.output
+    # the dry run: the second command, its step, and its engines counted on the disk
+    plan = dry_run_plan(pair.drafter_dir, pair.target_dir, output=str(tmp_path / "e"), target_key="tiny", sets=SETS,
+                        toolchain=toolchain, baseline=True)
+    argv = plan["baseline_trtllm_build"]["argv"]
+    assert argv[argv.index("--model_cls_name") + 1] == "TargetOnlyForCausalLM"
+    assert "--speculative_decoding_mode" not in argv and "--max_draft_len" not in argv
+    assert [s["step"] for s in plan["steps"]].count("baseline") == 1
+    items = {it["what"]: it["bytes"] for g in plan["disk"] for it in g["items"]}
+    w = plan["sizing"]["weights_per_rank"]
+    assert items["baseline engines"] == sum(x["target"] for x in w) > 0
+    assert dry_run_plan(pair.drafter_dir, pair.target_dir, target_key="tiny", sets=SETS,
+                        toolchain=toolchain)["baseline_trtllm_build"] is None
+    with pytest.raises(ConfigError, match="--baseline"):
+        dry_run_plan(pair.drafter_dir, pair.target_dir, target_key="tiny", backend="cpu", toolchain=toolchain,
+                     baseline=True)

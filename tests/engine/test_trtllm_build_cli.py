@@ -209,6 +209,34 @@ def test_our_command_line_is_what_trtllm_build_accepts(record, built):
         assert eng["plugin_config"][flag] is record["plugin_values"][getattr(ns, flag)], flag
 
 
+def test_the_baseline_command_line_is_what_trtllm_build_accepts(record, built):
+    """``build --baseline``'s second trtllm-build: the same limits and plugins, the target-only class, and no
+    speculative decoding: the parser's defaults (mode None -> NONE = 1, max_draft_len 0), with which builder.build
+    takes the config's max_draft_len (0 in the baseline's config) and adds no draft slots (checks
+    max_draft_len_from_config, speculative_sizes)."""
+    from dflash2_trt.engine.pretrained import baseline_pretrained_config
+    from dflash2_trt.engine.trtllm.command import BASELINE_CLS_NAME
+
+    cfg, argv = built
+    work = Path(argv[argv.index("--output_dir") + 1])
+    base = trtllm_build_argv(cfg, checkpoint_dir=work / "baseline-checkpoint", output_dir=work / "baseline",
+                             target_only=True)
+    ns = parse_ours(record, base[3:])
+    assert ns.model_cls_name == BASELINE_CLS_NAME and ns.model_cls_file == str(MODEL_FILE)
+    assert ns.speculative_decoding_mode is None and ns.max_draft_len == 0
+    spec = record["speculative_decoding_mode"]
+    assert spec["values"][spec["from_arguments"][None]] == 1
+    combined = parse_ours(record, argv[3:])
+    differ = {k for k, v in vars(ns).items() if getattr(combined, k) != v}
+    assert differ == {"model_cls_name", "speculative_decoding_mode", "max_draft_len", "checkpoint_dir", "output_dir"}
+    assert main_check_problems(record, ns) == []
+    pre = baseline_pretrained_config({"dtype": cfg.dtype, "max_draft_len": cfg.block_size - 1,
+                                      "dflash2_engine": {"selector": "greedy"}})
+    assert pre["max_draft_len"] == 0 and pre["dflash2_engine"] == {"selector": "greedy", "network": "target_only"}
+    eng = trtllm_engine_config(pre, cfg, target_only=True)["build_config"]
+    assert (eng["speculative_decoding_mode"], eng["max_draft_len"], eng["max_seq_len"]) == (1, 0, cfg.max_seq_len)
+
+
 @pytest.mark.parametrize("change, why", [
     (lambda a: a + ["--dflash2_block_size", "8"], "unrecognized arguments"),          # made-up flag
     (lambda a: _set(a, "--speculative_decoding_mode", "dflash2"), "invalid choice"),  # outside choices

@@ -48,8 +48,9 @@ from ...sampling import GREEDY_REQUEST_TEMPERATURE
 from ..checkpoint import ensure_checkpoint, link_files
 from ..common import eagle_choices, shell_line
 from ..format import ENGINE_FORMAT, ENGINE_SCHEMA, BuildResult, copy_tokenizer, torch_version, write_manifest
-from ..pretrained import engine_pretrained_config
-from .command import default_checkpoint_dir, engine_config_fixes, trtllm_build_argv, trtllm_build_env
+from ..pretrained import BASELINE_DIR, TARGET_ONLY, baseline_pretrained_config, engine_pretrained_config
+from .command import (BASELINE_CLS_NAME, default_checkpoint_dir, engine_config_fixes, trtllm_build_argv,
+                      trtllm_build_env)
 from .paths import PROJECT, runtime_path
 from .plugin_library import ensure_plugin_library, plugin_archs
 from .process import EngineBuildError, SubprocessRunner, log_tail
@@ -80,6 +81,13 @@ def run_md(man: dict, engine_dir: Path) -> str:
               "Triton model (docs/trt-session.md §8)" + (
                   f": tritonserver as rank 0 and the other {tp - 1} rank(s) following it under mpirun (`serve` starts "
                   f"them; the repository's `launch.sh` does the same)" if tp > 1 else ""))
+    bench = "`bench run`" if path.get("path") == PROJECT else "`bench run --runtime project`"
+    baseline_line = (f"{bench} compares every concurrency with `baseline/`: the target alone (built by `--baseline`: "
+                     f"trtllm-build of the target-only network from the same checkpoint), on the same runtime, one "
+                     f"engine on the GPUs at a time; at temperature 0 it also reports whether both emitted the same "
+                     f"tokens." if man.get("baseline") else
+                     f"This directory has no baseline engine, so {bench} reports no speedup: rebuild with "
+                     f"`--baseline` to add the target alone (`baseline/`, the target's weights again on disk).")
     if path.get("path") == PROJECT:
         runtime = f"""**This engine runs on the project runtime over TensorRT** ({path.get('description')}), because:
 
@@ -87,6 +95,8 @@ def run_md(man: dict, engine_dir: Path) -> str:
 
     {mpi}dflash2-trt run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
     {mpi}dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl --concurrency 1,4,16{serve}
+
+{baseline_line}
 
 They load TensorRT-LLM's plugin library (`import tensorrt_llm`) and `{lib}` themselves, deserialize
 {engines} with TensorRT's Python API and bind every step's inputs by TensorRT-LLM's runtime rules
@@ -99,7 +109,8 @@ by this project)."""
 
 {why or '- (engine.json has no runtime_path: built before it was recorded)'}
 
-The project runtime over TensorRT drives it too: `dflash2-trt run --engine-dir {engine_dir} --runtime project ...`."""
+The project runtime over TensorRT drives it too: `dflash2-trt run --engine-dir {engine_dir} --runtime project ...`.
+{baseline_line}"""
     return f"""# Running this engine
 
 Built by dflash2-trt {v['dflash2_trt']} with TensorRT-LLM {v.get('tensorrt_llm')} (TensorRT {v.get('tensorrt')},
@@ -218,9 +229,10 @@ every dataset line must fit the engine's max_seq_len. Alternative: {gpt}. Not ye
 # ---------------------------------------------------------------------------------------- build
 def build_trtllm(prep, output, *, force: bool = False, command=None, verify: bool = False, checkpoint_dir=None,
                  reconvert: bool = False, keep_checkpoint: bool = True, progress=None, toolchain: Toolchain | None = None,
-                 runner=None, verifier=None) -> BuildResult:
+                 runner=None, verifier=None, baseline: bool = False) -> BuildResult:
     """The TensorRT-LLM engine directory for ``prep`` (:func:`dflash2_trt.engine.plan.prepare`) at ``output``; the
-    options are :func:`dflash2_trt.engine.build.build_engine`'s (``verify`` already decided there)."""
+    options are :func:`dflash2_trt.engine.build.build_engine`'s (``verify`` already decided there). ``baseline``:
+    also the target alone in ``baseline/`` (:func:`_build_baseline`)."""
     toolchain = toolchain if toolchain is not None else probe_toolchain()
     runner = runner if runner is not None else SubprocessRunner()
     say = progress or (lambda s: None)
@@ -299,6 +311,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             shutil.rmtree(bck)
             _check_engine_output(tmp, cfg, K, log)
             fixes = _fix_engine_config(tmp, say)
+            base = (_build_baseline(tmp, pre, cfg, ckpt_dir, env, runner, output, say, echo=bool(progress))
+                    if baseline else None)
             shutil.copy2(plugin["path"], tmp / LIBRARY_NAME)
             tokenizer = copy_tokenizer(prep.target_dir, tmp)
             bench = write_bench_files(tmp, target_dir=prep.target_dir, t=prep.t, draft_len=K,
@@ -327,7 +341,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                                  "ran_in": str(tmp), "renamed_to": str(output.absolute()),
                                  "build_checkpoint_files": how, "seconds": round(build_s, 3)},
                 "eos_token_ids": [int(e) for e in prep.t.eos_token_ids], "tokenizer": tokenizer,
-                "trtllm_bench": bench, "engine_config_fixes": fixes,
+                "trtllm_bench": bench, "engine_config_fixes": fixes, "baseline": base,
                 # which runtime drives this engine and why (the executor cannot run every DFlash2 engine: .paths)
                 "runtime_path": runtime_path(pre),
                 "command": command or [], "files": files, "verify": None,
@@ -347,6 +361,58 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
     finally:
         if temp_ckpt is not None:
             shutil.rmtree(temp_ckpt, ignore_errors=True)
+
+
+def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner, output: Path, say, *,
+                    echo: bool) -> dict:
+    """``build --baseline``: the target alone (``trtllm/network/target_only.py``) as a second trtllm-build into
+    ``tmp/baseline/``, from a build checkpoint of the same rank files whose config is the combined engine's marked
+    target-only (:func:`~dflash2_trt.engine.pretrained.baseline_pretrained_config`), with the same limits and
+    plugins and no speculative decoding mode. ``bench run`` drives it through the project runtime as the
+    autoregressive baseline (bench/session.py). Returns the manifest's ``baseline`` record."""
+    bck = tmp / "baseline-checkpoint"
+    bck.mkdir()
+    (bck / "config.json").write_text(json.dumps(baseline_pretrained_config(pre), indent=2) + "\n")
+    how = link_files(ckpt_dir, bck, [f"rank{r}.safetensors" for r in range(cfg.tp_size)])
+    out = tmp / BASELINE_DIR
+    out.mkdir()
+    argv = trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=out, target_only=True)
+    log = out / "trtllm-build.log"
+    log.write_text(f"# {shell_line(argv, env)}\n")
+    say(f"[baseline] trtllm-build of the target alone (log {output / BASELINE_DIR / 'trtllm-build.log'})")
+    t0 = time.perf_counter()
+    rc = runner(argv, env=env, log=log, cwd=None, echo=(lambda line: say("  trtllm-build | " + line)) if echo else None)
+    seconds = time.perf_counter() - t0
+    if rc != 0:
+        saved = output.with_name(output.name + ".baseline-trtllm-build-failed.log")
+        try:
+            shutil.copy2(log, saved)
+        except OSError:
+            saved = None
+        raise EngineBuildError(f"trtllm-build of the baseline (--baseline) failed (exit {rc}); nothing was written to "
+                               f"{output}" + (f"; its log is kept at {saved}" if saved else "")
+                               + f". Last lines:\n{log_tail(log)}")
+    shutil.rmtree(bck)
+    missing = [f"rank{r}.engine" for r in range(cfg.tp_size) if not (out / f"rank{r}.engine").is_file()]
+    if missing or not (out / "config.json").is_file():
+        raise EngineBuildError(f"trtllm-build of the baseline exited 0 but wrote no "
+                               f"{', '.join(missing) or 'config.json'}. Last lines of its log:\n{log_tail(log)}")
+    try:
+        c = json.loads((out / "config.json").read_text())
+        got = {"pretrained_config.dflash2_engine.network": (c["pretrained_config"].get("dflash2_engine") or {}).get(
+            "network"), "build_config.max_draft_len": c["build_config"].get("max_draft_len")}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise EngineBuildError(f"trtllm-build wrote an unreadable baseline/config.json ({exc})") from None
+    want = {"pretrained_config.dflash2_engine.network": TARGET_ONLY, "build_config.max_draft_len": 0}
+    bad = [f"{k} = {got[k]!r} (expected {want[k]!r})" for k in want if got[k] != want[k]]
+    if bad:
+        raise EngineBuildError("trtllm-build's baseline/config.json does not describe the target alone: "
+                               + "; ".join(bad))
+    fixes = _fix_engine_config(out, say)
+    return {"dir": BASELINE_DIR, "network": BASELINE_CLS_NAME,
+            "trtllm_build": {"argv": argv, "env": env, "line": shell_line(argv, env), "build_checkpoint_files": how,
+                             "seconds": round(seconds, 3)},
+            "engine_config_fixes": fixes}
 
 
 def _hash_files(root: Path, sha) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 from ...trtllm.backend import MODEL_FILE
 
 MODEL_CLS_NAME = "DFlash2ForCausalLM"
+BASELINE_CLS_NAME = "TargetOnlyForCausalLM"   # build --baseline: the target alone (trtllm/network/target_only.py)
 
 
 def model_cls_file() -> Path:
@@ -23,18 +24,21 @@ BUILD_ENTRY = "dflash2_trt.trtllm.register"
 ``trtllm-build`` stops at config parsing with a KeyError), then runs ``tensorrt_llm.commands.build.main()``."""
 
 
-def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = None) -> list[str]:
+def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = None,
+                      target_only: bool = False) -> list[str]:
     """The trtllm-build command line (TensorRT-LLM 1.2 flags, ``tensorrt_llm/commands/build.py``), run through
     :data:`BUILD_ENTRY` with ``python`` (default: this interpreter, where tensorrt_llm must import). Every flag is
     spelt in full and every value is one trtllm-build's parser takes (``facts/trtllm_build_cli.yaml``, the options
     of ``parse_arguments`` / ``add_plugin_argument``; tests/engine/test_trtllm_build_cli.py parses this argv with
-    a parser built from that record)."""
+    a parser built from that record). ``target_only``: the baseline engine of ``build --baseline`` (class
+    :data:`BASELINE_CLS_NAME`, no speculative decoding mode and no draft length; the same limits and plugins)."""
     K = cfg.block_size - 1
+    spec = [] if target_only else ["--speculative_decoding_mode", "eagle", "--max_draft_len", str(K)]
     return [
         python or sys.executable, "-m", BUILD_ENTRY, "--checkpoint_dir", str(checkpoint_dir),
         "--output_dir", str(output_dir),
-        "--model_cls_file", str(model_cls_file()), "--model_cls_name", MODEL_CLS_NAME,
-        "--speculative_decoding_mode", "eagle", "--max_draft_len", str(K),
+        "--model_cls_file", str(model_cls_file()), "--model_cls_name", BASELINE_CLS_NAME if target_only
+        else MODEL_CLS_NAME, *spec,
         "--max_batch_size", str(cfg.max_batch_size), "--max_input_len", str(cfg.max_input_len),
         "--max_seq_len", str(cfg.max_seq_len), "--max_num_tokens", str(cfg.max_num_tokens), "--max_beam_width", "1",
         "--kv_cache_type", "paged", "--tokens_per_block", str(cfg.tokens_per_block),
@@ -44,17 +48,18 @@ def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = N
     ]
 
 
-def trtllm_engine_config(pre: dict, cfg) -> dict:
+def trtllm_engine_config(pre: dict, cfg, *, target_only: bool = False) -> dict:
     """The engine ``config.json`` trtllm-build writes from the build checkpoint's config (``pre``, kept whole as
     ``pretrained_config``) and :func:`trtllm_build_argv`'s flags, as far as the runtime reads it [inferred from
     ``tensorrt_llm/commands/build.py`` and ``plugin.py`` defaults; the real file is trtllm-build's]. What the
-    runtime-rule emulation (:mod:`.runtime_rules`) parses."""
-    K = cfg.block_size - 1
+    runtime-rule emulation (:mod:`.runtime_rules`) parses. ``target_only``: the baseline engine's (no speculative
+    decoding mode: NONE = 1, no draft slots, max_seq_len as given: facts ``speculative_sizes``)."""
+    K = 0 if target_only else cfg.block_size - 1
     auto = pre.get("dtype", cfg.dtype)      # "auto" plugins resolve to the model dtype
     return {"version": "1.2", "pretrained_config": pre, "build_config": {
         "max_batch_size": cfg.max_batch_size, "max_input_len": cfg.max_input_len, "max_seq_len": cfg.max_seq_len + 2 * K,
         "max_num_tokens": cfg.max_num_tokens, "max_beam_width": 1, "max_draft_len": K,
-        "speculative_decoding_mode": 32, "kv_cache_type": "PAGED", "lora_config": {},
+        "speculative_decoding_mode": 1 if target_only else 32, "kv_cache_type": "PAGED", "lora_config": {},
         "plugin_config": {"gpt_attention_plugin": auto, "gemm_plugin": auto, "remove_input_padding": True,
                           "paged_kv_cache": True, "tokens_per_block": cfg.tokens_per_block, "context_fmha": True,
                           "use_paged_context_fmha": True, "lora_plugin": None, "mamba_conv1d_plugin": auto,

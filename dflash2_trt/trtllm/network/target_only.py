@@ -28,8 +28,11 @@ causal generation attention): a generation request has one new token. The EAGLE-
 runtime still fills (``rand_data_validation``, ``draft_lens``, ``host_gen_eagle_net_*``, the
 spec-decoding inputs, positions) are accepted and unused: positions follow from the KV lengths.
 
-This is a baseline network for measurement, not an engine the GPU build produces: a GPU baseline is
-TensorRT-LLM's own target engine (``trtllm-build`` without ``--speculative_decoding_mode``).
+A baseline network for measurement. The stand-in backends (cpu, cuda) build it from the engine directory's
+checkpoint when ``bench run`` asks; ``build --backend trtllm --baseline`` builds it with trtllm-build
+(``--model_cls_name TargetOnlyForCausalLM``, no ``--speculative_decoding_mode``) into the engine directory's
+``baseline/``, which ``bench run`` drives through the project runtime over TensorRT (``bench/session.py``). Its
+inputs are the combined engine's with K = 0, so the project runtime's feed is the same code for both.
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
+        if api.name == "trtllm":   # pragma: no cover - TensorRT-LLM only
+            # as the combined engine: trtllm-build has no plugin flag, and a hybrid target's Gated DeltaNet layers
+            # are the DFlash2 plugin library's (DFLASH2_PLUGIN_LIB)
+            from dflash2_trt.plugins import load_library
+
+            load_library()
         if config.qwen_type not in TARGET_FAMILIES:
             raise ValueError(f"qwen_type {config.qwen_type!r}: no target network yet (have "
                              f"{', '.join(TARGET_FAMILIES)})")
