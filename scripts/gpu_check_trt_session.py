@@ -12,7 +12,10 @@ token-identical. What it shows: the binding code with real device pointers; not 
 Also per pair: (c) the session with ``simulate_graphs`` (engine/trtllm/session_graphs.py: the CUDA-graph bookkeeping,
 replays executed on the captured addresses with the captured host values), token-identical too; and once, last, (d)
 a real CUDA-graph capture attempted on the tiny pair: the stand-in's execution synchronises, so CUDA must refuse it,
-and the session must then carry on eagerly with the same tokens (``real_capture``: the reason it reports).
+and the session must then carry on eagerly with the same tokens (``real_capture``: the reason it reports). And per
+pair (e) the baseline engine of ``build --baseline`` (the target alone, K = 0: docs/trt-session.md §10) through the
+same session on the GPU, against the CPU engine's target alone (``baseline_identical``) and the speculative tokens
+(greedy: the same).
 
     python scripts/gpu_check_trt_session.py --out DIR [--device cuda] [--new 16] [--prompts 6]
 """
@@ -44,7 +47,8 @@ def main(argv=None) -> int:
     from dflash2_trt.engine.trtllm.session import TrtEngineSession, memory_of
     from dflash2_trt.runtime import Request, Runtime
     from dflash2_trt.testing import tensorrt_standin as trt
-    from dflash2_trt.testing.engines import shipped_prompts
+    from dflash2_trt.bench.autoregressive import open_target_only_engine
+    from dflash2_trt.testing.engines import baseline_engine_config, shipped_prompts
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,6 +102,18 @@ def main(argv=None) -> int:
             row["graphs"] = graphed.graphs.report()
             row["graphed_session_s"] = round(graphed_s, 2)
             graphed.close()
+            base_cfg = baseline_engine_config(cfg)
+            base = TrtEngineSession(trt.standin_engine(base_cfg, executor={"kind": "cpu-engine", "engine_dir":
+                                                                            str(eng_dir)}),
+                                    base_cfg, trt=trt, device=args.device)
+            alone = open_target_only_engine(eng_dir)
+            want_b, _, _ = run(alone)
+            alone.close()
+            got_b, rt_b, base_s = run(base)
+            row["baseline_identical"] = ([r.output_ids for r in got_b] == [r.output_ids for r in want_b]
+                                         == [r.output_ids for r in want])
+            row["baseline_K"], row["baseline_steps"], row["baseline_session_s"] = base.K, rt_b.step_count, round(base_s, 2)
+            base.close()
             results.append(row)
             print(json.dumps(row), flush=True)
             if key == "tiny":
@@ -116,7 +132,7 @@ def main(argv=None) -> int:
             print(json.dumps({"real_capture": real}), flush=True)
     # the stand-in's execution synchronises: CUDA must refuse its capture, and the session must say so and carry on
     ok = all(r["identical"] and r["acceptance_identical"] and not r["placement_mismatches"] and r["graphs_identical"]
-             for r in results) and (real is None or (real["identical"] and bool(real.get("failed"))))
+             and r["baseline_identical"] and r["baseline_K"] == 0 for r in results) and (real is None or (real["identical"] and bool(real.get("failed"))))
     (out / "gpu_check_trt_session.json").write_text(json.dumps({"env": env, "results": results, "real_capture": real,
                                                                 "ok": ok}, indent=2))
     print("OK" if ok else "FAILED", flush=True)

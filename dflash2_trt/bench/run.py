@@ -124,12 +124,13 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         if baseline_engine_dir is not None or benchmark_bin is not None or plugin_lib is not None or dry_run \
                 or tool is not None:
             raise ConfigError(f"applies to TensorRT-LLM's executor path; this engine runs on the project runtime "
-                              f"({'; '.join(path['why'])})",
+                              f"({'; '.join(path['why'])}), whose baseline is the engine directory's own "
+                              f"(build --baseline)",
                               field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run/--tool")
         measured = bench_session(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                                  temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                                  stop_on_eos=stop_on_eos, keep_outputs=keep_outputs, trt=trt, cuda_graphs=cuda_graphs,
-                                 simulate_graphs=simulate_graphs)
+                                 simulate_graphs=simulate_graphs, baseline=baseline)
         measured["tool"] = "project-runtime"
     else:
         man = dict(man)

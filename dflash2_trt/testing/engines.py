@@ -71,12 +71,31 @@ def run_with_step_spy(engine, requests, on_step):
         engine.step = orig
 
 
-def standin_trt_engine_dir(cpu_dir, out):
+def baseline_engine_config(cfg: dict) -> dict:
+    """The config.json trtllm-build writes for ``build --baseline`` (as far as the runtime reads it:
+    ``trtllm_engine_config(target_only=True)``), from a cpu engine's config.json ``cfg``: its pretrained config marked
+    target-only (``baseline_pretrained_config``), its limits."""
+    from types import SimpleNamespace
+
+    from ..engine.pretrained import baseline_pretrained_config
+    from ..engine.trtllm.command import trtllm_engine_config
+
+    pre = baseline_pretrained_config(cfg["pretrained_config"])
+    lim = cfg["build_config"]
+    settings = SimpleNamespace(block_size=int(pre["dflash2"]["block_size"]), dtype=pre["dtype"],
+                               **{k: int(lim[k]) for k in ("max_batch_size", "max_input_len", "max_seq_len",
+                                                            "max_num_tokens", "tokens_per_block")})
+    return trtllm_engine_config(pre, settings, target_only=True)
+
+
+def standin_trt_engine_dir(cpu_dir, out, *, baseline: bool = False):
     """A TensorRT-LLM engine directory at ``out`` as `build --backend trtllm` leaves it (engine.json backend trtllm with
     its runtime_path, config.json, rank{r}.engine for every rank, the plugin library, RUN.md), rank r's engine being
     the CPU stand-in of TensorRT (:mod:`.tensorrt_standin`) running rank r of the CPU engine at ``cpu_dir`` (so its
     tokens are that engine's; a tp engine's ranks step together only as ``mpirun`` processes, engine/trtllm/ranks.py).
-    The plugin library is a placeholder: only the stand-in, which loads none, can run this directory."""
+    The plugin library is a placeholder: only the stand-in, which loads none, can run this directory. ``baseline``:
+    also ``baseline/`` as `build --baseline` writes it (config.json as trtllm-build writes it for the target-only
+    network, rank engines running the CPU engine's target alone: bench/autoregressive.py)."""
     import shutil
     from pathlib import Path
 
@@ -93,6 +112,18 @@ def standin_trt_engine_dir(cpu_dir, out):
             cfg, executor={"kind": "cpu-engine", "engine_dir": str(Path(cpu_dir).resolve()), "rank": r}))
     (d / "libdflash2_plugins.so").write_bytes(b"\x7fELF")
     man = json.loads((d / "engine.json").read_text())
+    if baseline:
+        from ..engine.pretrained import BASELINE_DIR
+
+        base = baseline_engine_config(cfg)
+        pre = base["pretrained_config"]
+        b = d / BASELINE_DIR
+        b.mkdir()
+        (b / "config.json").write_text(json.dumps(base, indent=4))
+        for r in range(int(pre["mapping"]["tp_size"])):
+            (b / f"rank{r}.engine").write_bytes(tensorrt_standin.standin_engine(
+                base, executor={"kind": "cpu-engine", "engine_dir": str(Path(cpu_dir).resolve()), "rank": r}))
+        man["baseline"] = {"dir": BASELINE_DIR, "network": "TargetOnlyForCausalLM"}
     man.update(backend="trtllm", runtime_path=runtime_path(cfg["pretrained_config"]), plugin_library={
         "file": "libdflash2_plugins.so"}, versions={"dflash2_trt": "test"}, limits=dict(man["limits"]))
     (d / "RUN.md").write_text(run_md(man, d))

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from ..engine.pretrained import engine_draft_len, is_target_only
 from ..engine.trtllm.session import facts, memory_of
 from ..trtllm.cpu.functional import str_dtype_to_torch
 from ..trtllm.engine_io import load_contract
@@ -73,7 +74,7 @@ def _declared(pre: dict, build: dict, tokens_per_block: int):
 
     net = load_network("cpu")
     cfg = net.api.PretrainedConfig.from_dict(pre)
-    K = int(pre["dflash2"]["block_size"]) - 1
+    K = engine_draft_len(pre)
     recurrent = "linear_attention" in net.hf_layer_types(cfg)
     decl = net.declare_inputs(cfg, K, recurrent, int(build["max_batch_size"]), int(build["max_num_tokens"]),
                               int(build["max_seq_len"]), tokens_per_block=int(tokens_per_block))
@@ -95,7 +96,7 @@ def standin_engine(config: dict, *, executor: dict, tokens_per_block: int | None
     pre, build = config["pretrained_config"], config["build_config"]
     tpb = tokens_per_block or (pre.get("dflash2_engine") or {}).get("tokens_per_block") or build.get(
         "tokens_per_block") or build["plugin_config"]["tokens_per_block"]
-    K = int(pre["dflash2"]["block_size"]) - 1
+    K = engine_draft_len(pre)
     io = []
     for d in _declared(pre, build, tpb):
         prof = d.profiles[0]
@@ -330,7 +331,7 @@ class ScriptedExecutor:
 
     def __init__(self, doc: dict):
         pre = doc["pretrained_config"]
-        self.K = int(pre["dflash2"]["block_size"]) - 1
+        self.K = engine_draft_len(pre)
         self.V = int(pre["vocab_size"])
         self.mask = int(pre["dflash2"]["mask_token_id"])
 
@@ -370,7 +371,13 @@ class CpuEngineExecutor:
             world = ProcessWorld(MPI.COMM_WORLD.Dup(), tp)
             if world.local_rank != int(ex.get("rank", 0)):
                 raise ValueError(f"rank{ex.get('rank', 0)}.engine deserialized by MPI rank {world.local_rank}")
-        self.engine, _ = open_standin_engine(Path(ex["engine_dir"]), world=world)
+        # a baseline engine (build --baseline) is the CPU engine directory's target alone, as bench builds it there
+        cls = {}
+        if is_target_only(doc["pretrained_config"]):
+            from ..bench.autoregressive import TargetOnlyEngine
+
+            cls = {"engine_cls": TargetOnlyEngine}
+        self.engine, _ = open_standin_engine(Path(ex["engine_dir"]), world=world, **cls)
         pre = self.engine.config
         self.layers = self.engine.num_layers
         kvh = self.engine.net.local_heads(int(pre["num_key_value_heads"]), tp)

@@ -6,7 +6,10 @@ collectives carried between the processes by MPI). Rank 0 writes the report; the
 ``FollowerExit`` once rank 0 closes the session.
 
     python mpi_driver.py ENGINE_DIR PROMPTS.jsonl REPORT.json [--fail-step-on-rank R] [--interrupt-step-on-rank R] [--cli]
-                         [--blocks-on-rank R N [--no-agree]]
+                         [--blocks-on-rank R N [--no-agree]] [--bench]
+
+``--bench``: ``bench run`` (concurrency 1,2, outputs kept) instead of ``run``: the speculative engine, then the
+directory's baseline engine when it has one, every rank following rank 0 from one session to the next.
 """
 
 import json
@@ -77,6 +80,12 @@ def main(argv):
         sys.modules["tensorrt"] = trt
         session.load_plugin_libraries = lambda engine_dir: None
         cli(["run", "--engine-dir", engine_dir, "--prompts", prompts, "--max-batch-size", "2", "--json"])
+        return
+    if "--bench" in argv:
+        from dflash2_trt.bench.run import bench_run
+
+        rep = bench_run(engine_dir, prompts, concurrency="1,2", trt=trt, keep_outputs=True, progress=False)
+        Path(report).write_text(json.dumps(rep))
         return
     from dflash2_trt.engine.run import run_engine
 

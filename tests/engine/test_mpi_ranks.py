@@ -157,3 +157,31 @@ def test_a_rank_engine_that_does_not_open_stops_every_rank(hybrid, tmp_path):
     done = mpirun(2, d, prompts, report, timeout=120)
     assert done.returncode != 0 and "error: tp rank 1 could not open rank1.engine: " in done.stderr
     assert not report.exists()
+
+
+def test_bench_under_mpirun_every_rank_follows_into_the_baseline(hybrid, tmp_path):
+    """tp 2 under a real mpiexec (tests/engine/mpi_driver.py --bench): rank 0 closes the speculative session telling the
+    others the baseline follows; all open it, step it, and leave when rank 0 closes it. The tokens are the tp 1 CPU
+    engine's target alone's (the same greedy decoding), and the report is rank 0's alone."""
+    from dflash2_trt.bench.autoregressive import open_target_only_engine
+    from dflash2_trt.runtime import Request, Runtime
+
+    _, cpu2, _ = hybrid
+    d = standin_trt_engine_dir(cpu2, tmp_path / "engine", baseline=True)
+    ds, report = _prompts(tmp_path / "p.jsonl"), tmp_path / "report.json"
+    done = mpirun(2, d, ds, report, "--bench", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == ""
+    rep = json.loads(report.read_text())
+    assert rep["tp_size"] == 2 and rep["baseline"]["kind"] == "target-only"
+    e = open_target_only_engine(cpu2)                 # both ranks as threads of one process
+    try:
+        reqs = [Request(list(p), 12, stop_token_ids=tuple(rep["settings"]["stop_token_ids"]), task_id=i)
+                for i, p in enumerate(PROMPTS)]
+        Runtime(e, max_batch_size=2).generate(reqs)
+    finally:
+        e.close()
+    for run in rep["runs"]:
+        assert [o["output_ids"] for o in run["autoregressive"]["outputs"]] == [r.output_ids for r in reqs]
+        assert run["outputs_match"] is True
+    assert "concurrency 2 autoregressive" in done.stderr

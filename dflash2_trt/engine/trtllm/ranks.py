@@ -146,21 +146,42 @@ class RankedSession:
 
         _guard(self.comm, f"failed in reset_slot({slot})", one)
 
-    def close(self) -> None:
+    def close(self, then: str | None = None) -> None:
+        """Close the session on every rank. ``then``: the session rank 0 opens next (:data:`NEXT_SESSIONS`: the
+        engine directory's baseline), which the other ranks then open and follow too; None: they leave."""
+        if then not in NEXT_SESSIONS:
+            raise ValueError(f"then={then!r}: expected one of {NEXT_SESSIONS}")
         if not self._closed:
             self._closed = True
-            self.comm.bcast(("close", None), root=0)
+            self.comm.bcast(("close", then), root=0)
             self.session.close()
 
 
-def follow(session, comm) -> None:
-    """Ranks > 0: execute what rank 0 broadcasts, in the same order, until it closes the session. Anything that
-    escapes (an error, a stop signal while waiting) aborts the job."""
+NEXT_SESSIONS = (None, "baseline")
+"""What a closing rank 0 may open next (:meth:`RankedSession.close`): nothing, or the engine directory's baseline
+engine (``bench run``: the speculative engine's runs, then the baseline's, one engine on the GPUs at a time)."""
+
+
+def close_session(session, then: str | None = None) -> None:
+    """Close a session from :func:`open_project_session`; on rank 0 of a tp engine, telling the other ranks which
+    session follows (``then``, :meth:`RankedSession.close`). A tp 1 session just closes."""
+    if isinstance(session, RankedSession):
+        session.close(then=then)
+    else:
+        session.close()
+
+
+def follow(session, comm):
+    """Ranks > 0: execute what rank 0 broadcasts, in the same order, until it closes the session; returns what rank 0
+    opens next (:data:`NEXT_SESSIONS`). Anything that escapes (an error, a stop signal while waiting) aborts the
+    job."""
     def loop():
         while True:
             op, arg = comm.bcast(None, root=0)
             if op == "close":
-                return
+                if arg not in NEXT_SESSIONS:
+                    raise RuntimeError(f"rank 0 closed the session to open {arg!r}, which this rank cannot open")
+                return arg
             if op == "step":
                 comm.allgather(_digest(_guard(comm, "failed in a step", session.step, arg)))
             elif op == "reset_slot":
@@ -169,21 +190,42 @@ def follow(session, comm) -> None:
                 raise RuntimeError(f"unknown operation {op!r} from rank 0")
 
     try:
-        _guard(comm, "failed following rank 0", loop)
+        return _guard(comm, "failed following rank 0", loop)
     finally:
         session.close()
 
 
-def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
-    """(session, manifest) for the project runtime on any TensorRT engine directory. A tp 1 engine in one process:
-    its :class:`~.session.TrtEngineSession`. A tp engine under ``mpirun -n TP``: on rank 0 a :class:`RankedSession`,
-    on the other ranks the follower loop, then :class:`FollowerExit`. Every other combination is one line."""
+_NODE_RANKS: dict = {}
+
+
+def _node_ranks(comm) -> tuple[int, int]:
+    """(this process's rank among the ranks on its node, their number): each takes a GPU of its own, as TensorRT-LLM's
+    runtime does (rank % gpus_per_node). Found once per process: the split is collective, and only rank 0 comes back
+    here for a second session (the other ranks are still inside their first call), so a second split would wait
+    forever."""
+    if "node" not in _NODE_RANKS:
+        from mpi4py import MPI
+
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        _NODE_RANKS["node"] = (local.Get_rank(), local.Get_size())
+        local.Free()
+    return _NODE_RANKS["node"]
+
+
+def open_project_session(engine_dir, *, trt=None, verify: bool = False, baseline: bool = False, **kw):
+    """(session, manifest) for the project runtime on any TensorRT engine directory (``baseline``: its baseline
+    engine, :func:`~.session.open_trt_session`). A tp 1 engine in one process: its
+    :class:`~.session.TrtEngineSession`. A tp engine under ``mpirun -n TP``: on rank 0 a :class:`RankedSession`, on
+    the other ranks the follower loop, then :class:`FollowerExit`. Every other combination is one line.
+
+    Rank 0 may open a second session after closing one with :func:`close_session` ``(then="baseline")``: the other
+    ranks, still inside their first call, open it with the same arguments and follow it too."""
     cfg, _ = load_engine_dir(engine_dir, verify=False)
     tp = int(cfg["pretrained_config"]["mapping"]["tp_size"])
     comm = world_comm()
     size = 1 if comm is None else comm.Get_size()
     if tp == 1 and size == 1:
-        return open_trt_session(engine_dir, trt=trt, verify=verify, **kw)
+        return open_trt_session(engine_dir, trt=trt, verify=verify, baseline=baseline, **kw)
     if size != tp:
         how = (f"mpirun -n {tp} dflash2-trt ... (one process per rank, as TensorRT-LLM runs a tp engine)" if tp > 1
                else "without mpirun (one process)")
@@ -192,21 +234,27 @@ def open_project_session(engine_dir, *, trt=None, verify: bool = False, **kw):
     from mpi4py import MPI   # world_comm imported it: this is an MPI launch
 
     rank = comm.Get_rank()
-    # the ranks on this node: each takes a GPU of its own, as TensorRT-LLM's runtime does (rank % gpus_per_node)
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    local_rank, local_size = local.Get_rank(), local.Get_size()
-    local.Free()
-    # opening may itself be collective (TensorRT-LLM's workspace exchanges IPC handles over MPI)
-    # ... and sizing the KV pool is: every rank takes the smallest block count of any rank (rank 0's block tables
-    # index every rank's pool), as TensorRT-LLM's KV cache manager does (facts multi_rank.kv_pool_size)
-    sess, man = _guard(comm, f"could not open rank{rank}.engine", open_trt_session, engine_dir, trt=trt,
-                       verify=verify, rank=rank, launched=True, local_rank=local_rank, gpus_per_node=local_size,
-                       agree_blocks=lambda n: comm.allreduce(int(n), op=MPI.MIN), **kw)
-    _guard(comm, "failed waiting for the other ranks to open theirs", comm.Barrier)
+    local_rank, local_size = _node_ranks(comm)
+
+    def open_rank(base: bool):
+        # opening may itself be collective (TensorRT-LLM's workspace exchanges IPC handles over MPI)
+        # ... and sizing the KV pool is: every rank takes the smallest block count of any rank (rank 0's block
+        # tables index every rank's pool), as TensorRT-LLM's KV cache manager does (facts multi_rank.kv_pool_size)
+        sess, man = _guard(comm, f"could not open {'baseline/' if base else ''}rank{rank}.engine", open_trt_session,
+                           engine_dir, trt=trt, verify=verify, rank=rank, launched=True, local_rank=local_rank,
+                           gpus_per_node=local_size, baseline=base,
+                           agree_blocks=lambda n: comm.allreduce(int(n), op=MPI.MIN), **kw)
+        _guard(comm, "failed waiting for the other ranks to open theirs", comm.Barrier)
+        return sess, man
+
+    sess, man = open_rank(baseline)
     if rank == 0:
         return RankedSession(sess, comm), man
-    follow(sess, comm)
-    raise FollowerExit()
+    while True:
+        nxt = follow(sess, comm)
+        if nxt is None:
+            raise FollowerExit()
+        sess, _ = open_rank(nxt == "baseline")
 
 
-__all__ = ["FollowerExit", "RankedSession", "follow", "launched_size", "open_project_session", "world_comm"]
+__all__ = ["FollowerExit", "NEXT_SESSIONS", "RankedSession", "close_session", "follow", "launched_size", "open_project_session", "world_comm"]

@@ -42,6 +42,7 @@ TensorRT-LLM's executor does with a TensorRT engine (:mod:`.session_graphs`).
 from __future__ import annotations
 
 import functools
+import json
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ from ...trtllm.register import import_tensorrt_llm
 from ...trtllm.gdn_slot import engine_slot_layout
 from ..binding import bind, layer_windows, static_inputs
 from ..format import load_engine_dir
+from ..pretrained import BASELINE_DIR, TARGET_ONLY, engine_draft_len, is_target_only
 from .runtime_rules import facts as _facts_file
 
 @functools.lru_cache(maxsize=1)
@@ -211,7 +213,7 @@ def session_limits(config: dict) -> dict:
             build[k] = eng[k]
         elif k == "tokens_per_block" and k not in build:
             build[k] = (build.get("plugin_config") or {}).get(k)
-    K = int(pre["dflash2"]["block_size"]) - 1
+    K = engine_draft_len(pre)
     lim = {k: int(build[k]) for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
                                        "tokens_per_block")}
     if lim["max_num_tokens"] < lim["max_batch_size"] * (K + 1):       # trtllm-build's own rule
@@ -258,7 +260,7 @@ class TrtEngineSession:
                               f"first all-reduce", field="pretrained_config.mapping.tp_size")
         self.limits = session_limits(config)
         d = pre["dflash2"]
-        self.K = int(d["block_size"]) - 1
+        self.K = engine_draft_len(pre)     # 0 for the baseline engine (build --baseline): the target alone
         self.vocab_size = int(pre["vocab_size"])
         self.mask_token_id = int(d["mask_token_id"])
         # rank r on its node's GPU (local rank % GPUs), made the current device before the engine, the workspace or
@@ -535,11 +537,16 @@ def load_plugin_libraries(engine_dir) -> None:   # pragma: no cover - needs Tens
 
 
 def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = False, load_plugins: bool = True,
-                     **kw) -> tuple[TrtEngineSession, dict]:
+                     baseline: bool = False, **kw) -> tuple[TrtEngineSession, dict]:
     """(session, manifest) of a TensorRT-LLM engine directory's rank engine: plugin libraries loaded, ``tensorrt``
-    imported (or ``trt`` used: the CPU stand-in in tests), ``rank{rank}.engine`` deserialized."""
+    imported (or ``trt`` used: the CPU stand-in in tests), ``rank{rank}.engine`` deserialized. ``baseline``: the
+    directory's baseline engine instead (``baseline/``, built by ``build --baseline``: :func:`baseline_config`)."""
     cfg, man = load_engine_dir(engine_dir, verify=verify)
     engine_dir = Path(engine_dir)
+    where = engine_dir
+    if baseline:
+        cfg = baseline_config(engine_dir, cfg, man)
+        where = engine_dir / BASELINE_DIR
     if trt is None:   # pragma: no cover - GPU machines
         if load_plugins:
             load_plugin_libraries(engine_dir)
@@ -548,10 +555,46 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
         except ImportError as exc:
             raise MissingDependencyError(f"TensorRT's Python package is not importable ({exc}): it comes with "
                                          f"tensorrt-llm 1.2.x") from None
-    path = engine_dir / f"rank{rank}.engine"
+    path = where / f"rank{rank}.engine"
     if not path.is_file():
-        raise ConfigError(f"no {path.name} in the engine directory", source=engine_dir)
+        raise ConfigError(f"no {path.name} in the engine directory", source=where)
     kw.setdefault("kv_cache_fraction", (man.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"))
     return TrtEngineSession(path.read_bytes(), cfg, trt=trt, rank=rank, **kw), man
 
 
+def has_baseline(man: dict) -> bool:
+    """Whether an engine directory's manifest records a baseline engine (``build --baseline``)."""
+    return isinstance(man.get("baseline"), dict)
+
+
+def baseline_config(engine_dir, cfg: dict, man: dict) -> dict:
+    """The baseline engine's config.json (trtllm-build's, in ``baseline/``), checked against the combined engine's
+    ``cfg``: the target alone (``dflash2_engine.network`` target_only), the same tp, vocabulary, dtype and limits the
+    runtime relies on. A directory without one says how to build it."""
+    engine_dir = Path(engine_dir)
+    if not has_baseline(man):
+        raise ConfigError(f"has no baseline engine: rebuild with `dflash2-trt build --backend trtllm --baseline ...` "
+                          f"(the target alone, in {BASELINE_DIR}/)", source=engine_dir, field="baseline")
+    path = engine_dir / BASELINE_DIR / "config.json"
+    try:
+        base = json.loads(path.read_text())
+        pre, main = base["pretrained_config"], cfg["pretrained_config"]
+        base["build_config"]["max_batch_size"]
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
+    except ValueError as exc:
+        raise ConfigError(f"invalid JSON ({exc})", source=path) from None
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"missing or malformed field {exc}", source=path) from None
+    if not is_target_only(pre):
+        raise ConfigError(f"is not a baseline engine (expected {TARGET_ONLY!r})", source=path,
+                          field="pretrained_config.dflash2_engine.network")
+    for field in ("vocab_size", "dtype", "num_hidden_layers", "mapping.tp_size", "dflash2_engine.max_seq_len",
+                  "dflash2_engine.tokens_per_block"):
+        a, b = pre, main
+        for k in field.split("."):
+            a, b = (a or {}).get(k), (b or {}).get(k)
+        if a != b:
+            raise ConfigError(f"is {a!r}, the combined engine's is {b!r} (the baseline was built for another engine)",
+                              source=path, field=f"pretrained_config.{field}")
+    return base

@@ -1,0 +1,151 @@
+"""The autoregressive baseline of a TensorRT engine on the project runtime: ``build --backend trtllm --baseline``
+writes ``baseline/`` (the target alone, trtllm/network/target_only.py, built by trtllm-build: tests/engine/
+test_trtllm_branch.py), and ``bench run`` drives it through the same runtime and feed code with K = 0, after the
+speculative engine, one engine at a time; a tp engine's ranks follow rank 0 from one session to the next.
+
+Here the rank engines are the CPU stand-in of TensorRT's execution API (dflash2_trt/testing/tensorrt_standin.py),
+the baseline's running the tiny hybrid pair's CPU engine's target alone. The reference for its tokens is the HF
+target's own greedy decoding (transformers), not the engine under test."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dflash2_trt.engine.format import file_sha256
+from dflash2_trt.errors import ConfigError
+from dflash2_trt.testing import tensorrt_standin as trt
+from dflash2_trt.testing.engines import standin_trt_engine_dir
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24], [30, 31, 32, 33]]
+NEW = 10
+
+
+@pytest.fixture(scope="module")
+def with_baseline(standin_trt_engine, tmp_path_factory):
+    _, cpu_dir = standin_trt_engine
+    return standin_trt_engine_dir(cpu_dir, tmp_path_factory.mktemp("b") / "engine", baseline=True)
+
+
+def _dataset(path):
+    path.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": NEW}) + "\n"
+                            for i, p in enumerate(PROMPTS)))
+    return path
+
+
+def _rehash(d, rel):
+    man = json.loads((d / "engine.json").read_text())
+    p = d / rel
+    man["files"][rel] = {"size": p.stat().st_size, "sha256": file_sha256(p)}
+    (d / "engine.json").write_text(json.dumps(man))
+
+
+def test_bench_run_measures_the_speedup_over_the_baseline_engine(with_baseline, tmp_path):
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.bench.report import render
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.reference.loop import load_pair, target_generate
+
+    rep = bench_run(with_baseline, _dataset(tmp_path / "ds.jsonl"), concurrency="1,3", trt=trt, progress=False,
+                    keep_outputs=True, stop_on_eos=False)
+    assert rep["tool"] == "project-runtime" and rep["baseline"]["kind"] == "target-only"
+    pair = trained_pair("qwen3_5")
+    target, _ = load_pair(pair.target_dir, pair.drafter_dir)
+    want = [target_generate(target, p, NEW) for p in PROMPTS]          # the HF target's own greedy decoding
+    for run in rep["runs"]:
+        sp, ar = run["speculative"], run["autoregressive"]
+        assert [o["output_ids"] for o in ar["outputs"]] == want, run["concurrency"]
+        assert [o["output_ids"] for o in sp["outputs"]] == want, run["concurrency"]
+        assert run["outputs_match"] is True
+        assert {a for o in ar["outputs"] for a in o["acceptance_lengths"]} == {1}     # one token per step
+        assert ar["acceptance"]["mean"] == 1.0 and sp["acceptance"]["mean"] > 1.0
+        assert run["speedup"] == pytest.approx(sp["output_tokens_per_s"] / ar["output_tokens_per_s"])
+    text = render(rep)
+    assert "autoregressive" in text and "outputs identical to autoregressive (T = 0): True" in text
+    assert not any("no autoregressive baseline" in n for n in rep["notes"])
+    # at a temperature both run, and nothing claims the outputs match
+    hot = bench_run(with_baseline, tmp_path / "ds.jsonl", concurrency="2", trt=trt, temperature=0.8, progress=False)
+    assert hot["runs"][0]["autoregressive"]["requests"] == 4 and hot["runs"][0]["outputs_match"] is None
+
+
+def test_the_baseline_session_binds_the_target_only_engine(with_baseline):
+    from dflash2_trt.engine.trtllm.session import open_trt_session
+    from dflash2_trt.runtime import Request, Runtime
+
+    sess, _ = open_trt_session(with_baseline, trt=trt, baseline=True)
+    try:
+        assert sess.K == 0 and sess.tensors["next_draft_tokens"].shape[-1] == 0
+        reqs = [Request(list(p), 4, task_id=i) for i, p in enumerate(PROMPTS[:2])]
+        Runtime(sess, max_batch_size=2).generate(reqs)
+        assert sess.bound["draft_lens"].tolist() == [0, 0]         # the runtime's EAGLE inputs, with no draft slots
+        assert all(len(r.output_ids) == 4 for r in reqs)
+    finally:
+        sess.close()
+    assert not any("baseline" in m for m in trt.Logger.messages)
+
+
+def test_without_a_baseline_the_report_says_how_to_get_one(standin_trt_engine, with_baseline, tmp_path, capsys):
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.bench.session import NO_BASELINE_NOTE
+
+    d, _ = standin_trt_engine
+    ds = _dataset(tmp_path / "ds.jsonl")
+    rep = bench_run(d, ds, concurrency="2", trt=trt, progress=False)
+    assert rep["baseline"] is None and NO_BASELINE_NOTE in rep["notes"]
+    assert rep["runs"][0]["autoregressive"] is None and rep["runs"][0]["speedup"] is None
+    assert "build --backend trtllm --baseline" in capsys.readouterr().err
+    off = bench_run(with_baseline, ds, concurrency="2", trt=trt, progress=False, baseline=False)
+    assert off["baseline"] is None and off["runs"][0]["autoregressive"] is None
+    assert "no autoregressive baseline (--no-baseline)" in off["notes"]
+
+
+def test_a_baseline_that_does_not_belong_is_refused_before_anything_runs(standin_trt_engine, with_baseline, tmp_path):
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.engine.trtllm.session import open_trt_session
+
+    d, _ = standin_trt_engine
+    with pytest.raises(ConfigError, match=r"has no baseline engine: rebuild with `dflash2-trt build --backend trtllm "
+                                          r"--baseline"):
+        open_trt_session(d, trt=trt, baseline=True)
+    ds = _dataset(tmp_path / "ds.jsonl")
+    for field, value, why in (("dflash2_engine.network", None, "is not a baseline engine"),
+                              ("vocab_size", 999, "is 999, the combined engine's is"),
+                              ("mapping.tp_size", 2, "is 2, the combined engine's is 1")):
+        bad = tmp_path / field
+        shutil.copytree(with_baseline, bad)
+        path = bad / "baseline" / "config.json"
+        cfg = json.loads(path.read_text())
+        node = cfg["pretrained_config"]
+        *parents, leaf = field.split(".")
+        for k in parents:
+            node = node[k]
+        node[leaf] = value
+        path.write_text(json.dumps(cfg))
+        _rehash(bad, "baseline/config.json")
+        calls = []
+        real = trt.Runtime.deserialize_cuda_engine
+        trt.Runtime.deserialize_cuda_engine = lambda self, data: calls.append(1) or real(self, data)
+        try:
+            with pytest.raises(ConfigError, match=why) as ei:
+                bench_run(bad, ds, concurrency="1", trt=trt, progress=False)
+        finally:
+            trt.Runtime.deserialize_cuda_engine = real
+        assert str(path) in str(ei.value) and f"pretrained_config.{field}" in str(ei.value)
+        assert calls == []                                          # no engine was opened
+
+
+def test_cuda_graphs_cover_the_baseline_too(with_baseline, tmp_path):
+    """``--cuda-graphs`` on this path graphs both engines (simulated on the stand-in): the speedup compares graphed with
+    graphed, and the baseline's tokens are the eager run's."""
+    from dflash2_trt.bench.run import bench_run
+
+    ds = _dataset(tmp_path / "ds.jsonl")
+    eager = bench_run(with_baseline, ds, concurrency="1,3", trt=trt, progress=False, keep_outputs=True)
+    graphed = bench_run(with_baseline, ds, concurrency="1,3", trt=trt, progress=False, keep_outputs=True,
+                        simulate_graphs=True)
+    for a, b in zip(graphed["runs"], eager["runs"]):
+        assert a["autoregressive"]["outputs"] == b["autoregressive"]["outputs"] and a["outputs_match"] is True
+        g = a["autoregressive"]["cuda_graphs"]
+        assert g["replayed"] + g["captured"] + g["eager"] == a["autoregressive"]["engine_steps"] and g["replayed"] >= 1
