@@ -38,6 +38,25 @@ def _projection_for(report_like: dict, gpus, target_key: str, context: int | Non
                    context=context, tau=tau, acceptance_info=info, **kw)
 
 
+def _refuse_project_baseline(baseline_engine_dir) -> None:
+    """TensorRT-LLM's tools (trtllm-bench, gptManagerBenchmark) take a stock target engine as the baseline; this
+    project's ``baseline/`` (``build --baseline``) declares the DFlash2 engine's inputs and runs on the project runtime
+    only: refused by name, not left to fail on the GPU."""
+    if baseline_engine_dir is None:
+        return
+    from ..engine.pretrained import is_target_only
+
+    p = Path(baseline_engine_dir) / "config.json"
+    try:
+        pre = json.loads(p.read_text()).get("pretrained_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return                        # the tools' own checks report an unreadable config
+    if isinstance(pre, dict) and is_target_only(pre):
+        raise ConfigError("is this project's baseline engine (build --baseline): it runs on the project runtime only; "
+                          "`bench run --runtime project` compares with it, while --baseline-engine-dir takes a stock "
+                          "TensorRT-LLM target engine", source=p, field="pretrained_config.dflash2_engine.network")
+
+
 def parse_gpus(text) -> list[str]:
     items = [t.strip().lower() for t in str(text).split(",") if t.strip()]
     bad = [t for t in items if t not in GPUS]
@@ -133,6 +152,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
                                  simulate_graphs=simulate_graphs, baseline=baseline)
         measured["tool"] = "project-runtime"
     else:
+        _refuse_project_baseline(baseline_engine_dir)
         man = dict(man)
         try:
             man.setdefault("vocab_size", int(cfg["pretrained_config"]["vocab_size"]))
@@ -156,8 +176,12 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
                                  baseline_engine_dir=baseline_engine_dir if baseline else None, binary=benchmark_bin,
                                  plugin_lib=plugin_lib, dry_run=dry_run)
             measured["tool"] = "gptmanager"
+    if path is not None and path["path"] != PROJECT and isinstance(man.get("baseline"), dict):
+        measured.setdefault("notes", []).append(
+            "this engine directory's baseline/ (build --baseline) runs on the project runtime only: `bench run "
+            "--runtime project` compares with it")
     report = build_report(measured, dataset)
-    for k in ("tool", "commands", "command_lines", "writes", "notes"):
+    for k in ("tool", "commands", "command_lines", "writes", "notes", "baseline_error"):
         if k in measured:
             report[k] = measured[k]
     if path is not None:

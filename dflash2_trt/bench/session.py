@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from ..engine.common import stop_ids
 from ..engine.graph_rules import counts_between
 from ..engine.trtllm.ranks import close_session, open_project_session
 from ..engine.format import load_engine_dir
+from ..engine.pretrained import BASELINE_DIR
 from ..engine.trtllm.session import baseline_config, has_baseline
-from ..errors import ConfigError
+from ..errors import ConfigError, DFlash2Error
 from ..reference.generate import SEED_MAX
 from ..runtime import Runtime
 from .common import parse_concurrency
@@ -99,16 +101,26 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
         raise
     # one engine on the GPUs at a time: the speculative one goes before the baseline is opened (on every rank)
     close_session(sess, then="baseline" if with_baseline else None)
+    sess = None                        # closed: it holds nothing on the device any more
     ar_m = ar_out = None
+    baseline_error = None
     if with_baseline:
-        base, _ = open_project_session(engine_dir, trt=trt, baseline=True, **graph_kw)
         try:
-            if base.K != 0:
-                raise ConfigError(f"the baseline engine has K = {base.K} draft slots, expected 0",
-                                  source=engine_dir, field="baseline")
-            ar_m, ar_out = _runs(base, specs, levels, mode="autoregressive", **common)
-        finally:
-            close_session(base)
+            base, _ = open_project_session(engine_dir, trt=trt, baseline=True, **graph_kw)
+            try:
+                slots = base.outputs["next_draft_tokens"].shape[-1]      # what the engine itself declares
+                if slots != 0:
+                    raise ConfigError(f"the baseline engine's next_draft_tokens has {slots} draft slots, expected 0 "
+                                      f"(not a target-only engine)", source=Path(engine_dir) / BASELINE_DIR,
+                                      field="next_draft_tokens")
+                ar_m, ar_out = _runs(base, specs, levels, mode="autoregressive", **common)
+            finally:
+                close_session(base)
+        except Exception as exc:     # noqa: BLE001 - the speculative runs are kept; the CLI then exits 1 naming it
+            baseline_error = str(exc) if isinstance(exc, DFlash2Error) else f"{type(exc).__name__}: {exc}"
+            ar_m = ar_out = None
+            print(f"warning: the baseline engine failed; the report keeps the speculative runs: {baseline_error}",
+                  file=sys.stderr)
     runs = []
     for i, c in enumerate(levels):
         row = {"concurrency": c, "speculative": spec_m[i], "autoregressive": None, "speedup": None,
@@ -123,6 +135,8 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
         runs.append(row)
     in_lens = [len(s["input_ids"]) for s in specs]
     notes = ["the project runtime over TensorRT (engine/trtllm/paths.py: the executor cannot run this engine)"]
+    if baseline_error is not None:
+        notes.append(f"the baseline engine failed after the speculative runs: {baseline_error}")
     if not with_baseline:
         notes.append(NO_BASELINE_NOTE if baseline else "no autoregressive baseline (--no-baseline)")
         if baseline:
@@ -139,7 +153,8 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
                                      "dflash2_trt/trtllm/network/target_only.py, built by trtllm-build from the same "
                                      "checkpoint and limits) on the same project runtime over TensorRT, one token per "
                                      "request per step, in-flight batched at the same concurrency"}
-                     if with_baseline else None),
+                     if ar_m is not None else None),
+        "baseline_error": baseline_error,
         "mean_input_len": sum(in_lens) / len(in_lens), "runs": runs, "unavailable": [], "notes": notes,
         "measure_wall_s": time.perf_counter() - t_start,
     }

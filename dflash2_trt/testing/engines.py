@@ -100,7 +100,7 @@ def standin_trt_engine_dir(cpu_dir, out, *, baseline: bool = False):
     from pathlib import Path
 
     from ..engine.format import file_sha256
-    from ..engine.trtllm.build import run_md
+    from ..engine.trtllm.build import _hash_files, hash_tree, run_md
     from ..engine.trtllm.paths import runtime_path
     from . import tensorrt_standin
 
@@ -123,11 +123,13 @@ def standin_trt_engine_dir(cpu_dir, out, *, baseline: bool = False):
         for r in range(int(pre["mapping"]["tp_size"])):
             (b / f"rank{r}.engine").write_bytes(tensorrt_standin.standin_engine(
                 base, executor={"kind": "cpu-engine", "engine_dir": str(Path(cpu_dir).resolve()), "rank": r}))
-        man["baseline"] = {"dir": BASELINE_DIR, "network": "TargetOnlyForCausalLM"}
+        man["baseline"] = {"dir": BASELINE_DIR, "network": "TargetOnlyForCausalLM",
+                           "files": hash_tree(d, file_sha256, BASELINE_DIR)}
+    else:
+        man["baseline"] = None
     man.update(backend="trtllm", runtime_path=runtime_path(cfg["pretrained_config"]), plugin_library={
         "file": "libdflash2_plugins.so"}, versions={"dflash2_trt": "test"}, limits=dict(man["limits"]))
     (d / "RUN.md").write_text(run_md(man, d))
-    man["files"] = {str(p.relative_to(d)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
-                    for p in sorted(d.rglob("*")) if p.is_file() and p.name != "engine.json"}
+    man["files"] = _hash_files(d, file_sha256)          # baseline/ apart, as the build records it
     (d / "engine.json").write_text(json.dumps(man))
     return d

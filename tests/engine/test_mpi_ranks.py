@@ -161,10 +161,10 @@ def test_a_rank_engine_that_does_not_open_stops_every_rank(hybrid, tmp_path):
 
 def test_bench_under_mpirun_every_rank_follows_into_the_baseline(hybrid, tmp_path):
     """tp 2 under a real mpiexec (tests/engine/mpi_driver.py --bench): rank 0 closes the speculative session telling the
-    others the baseline follows; all open it, step it, and leave when rank 0 closes it. The tokens are the tp 1 CPU
-    engine's target alone's (the same greedy decoding), and the report is rank 0's alone."""
-    from dflash2_trt.bench.autoregressive import open_target_only_engine
-    from dflash2_trt.runtime import Request, Runtime
+    others the baseline follows; all open it, step it, and leave when rank 0 closes it. The tokens of both engines are
+    the HF target's own greedy decoding (transformers), and the report is rank 0's alone."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.reference.loop import load_pair, target_generate
 
     _, cpu2, _ = hybrid
     d = standin_trt_engine_dir(cpu2, tmp_path / "engine", baseline=True)
@@ -174,14 +174,12 @@ def test_bench_under_mpirun_every_rank_follows_into_the_baseline(hybrid, tmp_pat
     assert done.stdout == ""
     rep = json.loads(report.read_text())
     assert rep["tp_size"] == 2 and rep["baseline"]["kind"] == "target-only"
-    e = open_target_only_engine(cpu2)                 # both ranks as threads of one process
-    try:
-        reqs = [Request(list(p), 12, stop_token_ids=tuple(rep["settings"]["stop_token_ids"]), task_id=i)
-                for i, p in enumerate(PROMPTS)]
-        Runtime(e, max_batch_size=2).generate(reqs)
-    finally:
-        e.close()
+    pair = trained_pair("qwen3_5")
+    target, _ = load_pair(pair.target_dir, pair.drafter_dir)
+    stops = tuple(rep["settings"]["stop_token_ids"])
+    want = [target_generate(target, p, 12, stop_token_ids=stops) for p in PROMPTS]
     for run in rep["runs"]:
-        assert [o["output_ids"] for o in run["autoregressive"]["outputs"]] == [r.output_ids for r in reqs]
+        assert [o["output_ids"] for o in run["autoregressive"]["outputs"]] == want
+        assert [o["output_ids"] for o in run["speculative"]["outputs"]] == want
         assert run["outputs_match"] is True
     assert "concurrency 2 autoregressive" in done.stderr

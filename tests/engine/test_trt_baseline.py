@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pytest
 
@@ -36,9 +37,11 @@ def _dataset(path):
 
 
 def _rehash(d, rel):
+    """Record a changed baseline file in engine.json as a build would have (the refusal tested is the config's, not
+    the file list's)."""
     man = json.loads((d / "engine.json").read_text())
     p = d / rel
-    man["files"][rel] = {"size": p.stat().st_size, "sha256": file_sha256(p)}
+    man["baseline"]["files"][rel] = {"size": p.stat().st_size, "sha256": file_sha256(p)}
     (d / "engine.json").write_text(json.dumps(man))
 
 
@@ -61,7 +64,7 @@ def test_bench_run_measures_the_speedup_over_the_baseline_engine(with_baseline, 
         assert run["outputs_match"] is True
         assert {a for o in ar["outputs"] for a in o["acceptance_lengths"]} == {1}     # one token per step
         assert ar["acceptance"]["mean"] == 1.0 and sp["acceptance"]["mean"] > 1.0
-        assert run["speedup"] == pytest.approx(sp["output_tokens_per_s"] / ar["output_tokens_per_s"])
+        assert run["speedup"] > 0 and ar["engine_steps"] > sp["engine_steps"]     # fewer steps with speculation
     text = render(rep)
     assert "autoregressive" in text and "outputs identical to autoregressive (T = 0): True" in text
     assert not any("no autoregressive baseline" in n for n in rep["notes"])
@@ -83,7 +86,31 @@ def test_the_baseline_session_binds_the_target_only_engine(with_baseline):
         assert all(len(r.output_ids) == 4 for r in reqs)
     finally:
         sess.close()
-    assert not any("baseline" in m for m in trt.Logger.messages)
+    with pytest.raises(RuntimeError, match="closed"):
+        sess.step({})
+
+
+def test_one_engine_at_a_time(with_baseline, tmp_path, monkeypatch):
+    """bench run closes the speculative session before it opens the baseline: when the baseline's session is made,
+    nothing of the first one (its execution: the engine's weights; its KV pool) is alive any more."""
+    import weakref
+
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.engine.trtllm.session import TrtEngineSession
+
+    made, alive_at_open = [], []
+    real = TrtEngineSession.__init__
+
+    def init(self, *a, **kw):
+        alive_at_open.append([r() is not None for r in made])
+        real(self, *a, **kw)
+        made.append(weakref.ref(self.execution))
+        made.append(weakref.ref(self.pools[0]))
+
+    monkeypatch.setattr(TrtEngineSession, "__init__", init)
+    rep = bench_run(with_baseline, _dataset(tmp_path / "ds.jsonl"), concurrency="2", trt=trt, progress=False)
+    assert rep["runs"][0]["outputs_match"] is True
+    assert alive_at_open == [[], [False, False]]
 
 
 def test_without_a_baseline_the_report_says_how_to_get_one(standin_trt_engine, with_baseline, tmp_path, capsys):
@@ -149,3 +176,68 @@ def test_cuda_graphs_cover_the_baseline_too(with_baseline, tmp_path):
         assert a["autoregressive"]["outputs"] == b["autoregressive"]["outputs"] and a["outputs_match"] is True
         g = a["autoregressive"]["cuda_graphs"]
         assert g["replayed"] + g["captured"] + g["eager"] == a["autoregressive"]["engine_steps"] and g["replayed"] >= 1
+
+
+def test_a_deleted_baseline_leaves_the_engine_usable(with_baseline, tmp_path):
+    """The baseline costs the target's weights again on disk; a user who deletes baseline/ keeps a working engine
+    (its files are engine.json's baseline.files, apart), and bench run without --no-baseline says what to do."""
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.engine.run import run_engine
+
+    d = tmp_path / "engine"
+    shutil.copytree(with_baseline, d)
+    shutil.rmtree(d / "baseline")
+    ds = _dataset(tmp_path / "ds.jsonl")
+    assert len(run_engine(d, prompts_file=str(ds), max_batch_size=2, trt=trt)["requests"]) == 4
+    off = bench_run(d, ds, concurrency="2", trt=trt, progress=False, baseline=False)
+    assert off["runs"][0]["speculative"]["requests"] == 4
+    with pytest.raises(ConfigError, match=r"baseline/config.json is missing: the baseline engine is incomplete or "
+                                          r"modified; rebuild with --baseline, or run `bench run --no-baseline`"):
+        bench_run(d, ds, concurrency="2", trt=trt, progress=False)
+
+
+def test_a_baseline_that_fails_keeps_the_speculative_runs(with_baseline, tmp_path, monkeypatch):
+    """A baseline engine that fails to deserialize after the speculative sweep (say, built by another TensorRT): the
+    report keeps the speculative runs and names the failure, and the command exits 1 with one line."""
+    from click.testing import CliRunner
+
+    import dflash2_trt.engine.trtllm.session as session
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.cli import main
+
+    real = trt.Runtime.deserialize_cuda_engine
+
+    def picky(self, data):
+        if b'"target_only"' in bytes(data):
+            trt.Logger.error("deserialize", "engine plan built by another TensorRT version")
+            return None
+        return real(self, data)
+
+    monkeypatch.setattr(trt.Runtime, "deserialize_cuda_engine", picky)
+    ds = _dataset(tmp_path / "ds.jsonl")
+    rep = bench_run(with_baseline, ds, concurrency="1", trt=trt, progress=False)
+    assert rep["runs"][0]["speculative"]["requests"] == 4 and rep["runs"][0]["autoregressive"] is None
+    assert rep["baseline"] is None and rep["baseline_error"]
+    assert any(n.startswith("the baseline engine failed after the speculative runs") for n in rep["notes"])
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setattr(session, "load_plugin_libraries", lambda engine_dir: None)
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["bench", "run", "--engine-dir", str(with_baseline), "--dataset", str(ds),
+                                    "--concurrency", "1", "--json", str(out)])
+    assert res.exit_code == 1
+    assert json.loads(out.read_text())["runs"][0]["speculative"]["requests"] == 4
+    assert "error: the baseline engine failed after the speculative runs" in res.output
+
+
+def test_the_executor_path_tools_refuse_the_project_baseline(standin_trt_engine, with_baseline, tmp_path):
+    """trtllm-bench / gptManagerBenchmark take a stock target engine as --baseline-engine-dir; this project's
+    baseline/ runs on the project runtime only: refused by name before anything runs."""
+    from dflash2_trt.bench.run import bench_run
+
+    d, _ = standin_trt_engine
+    with pytest.raises(ConfigError, match="is this project's baseline engine") as ei:
+        bench_run(d, _dataset(tmp_path / "ds.jsonl"), concurrency="1", runtime="executor", dry_run=True,
+                  baseline_engine_dir=with_baseline / "baseline", trt=trt)
+    assert str(with_baseline / "baseline" / "config.json") in str(ei.value)
+    assert "pretrained_config.dflash2_engine.network" in str(ei.value)
+

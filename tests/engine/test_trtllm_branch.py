@@ -491,15 +491,32 @@ def test_baseline_is_a_second_trtllm_build_of_the_target_alone(pair, tmp_path, t
     man = res.manifest
     assert man["baseline"]["dir"] == "baseline" and man["baseline"]["network"] == "TargetOnlyForCausalLM"
     assert man["baseline"]["trtllm_build"]["argv"] == base
-    assert {"baseline/rank0.engine", "baseline/config.json"} <= set(man["files"])
+    assert man["baseline"]["trtllm_build"]["renamed_to"] == str(out.absolute())
+    # the baseline's files apart from the engine's: a directory whose baseline/ is deleted still loads
+    assert set(man["baseline"]["files"]) == {"baseline/rank0.engine", "baseline/config.json",
+                                             "baseline/trtllm-build.log"}
+    assert not any(f.startswith("baseline/") for f in man["files"])
     cfg, _ = load_engine_dir(out, verify=True)
-    got = baseline_config(out, cfg, man)
+    got = baseline_config(out, cfg, man, verify=True)
     assert got["build_config"]["speculative_decoding_mode"] == 1 and got["build_config"]["max_draft_len"] == 0
     assert "compares every concurrency with `baseline/`" in (out / "RUN.md").read_text()
     # without --baseline: no second build, and RUN.md says how to get one
     plain = _build(pair, tmp_path / "plain", toolchain, FakeRunner())
     assert plain.manifest["baseline"] is None
     assert "rebuild with `--baseline`" in (tmp_path / "plain" / "RUN.md").read_text()
+
+
+def test_the_combined_engine_is_verified_before_the_baseline_is_built(pair, tmp_path, toolchain):
+    from dflash2_trt.engine.verify import VerifyError
+
+    def failing(*a, **k):
+        raise VerifyError("prompt 0: token 3 differs")
+
+    r = FakeRunner()
+    with pytest.raises(VerifyError):
+        _build(pair, tmp_path / "eng", toolchain, r, baseline=True, verify=True, verifier=failing)
+    assert r.tools().count("trtllm-build") == 1                 # no hours spent on a baseline of a failing engine
+    assert not (tmp_path / "eng").exists() and _left_beside(tmp_path / "eng") == []
 
 
 def test_a_failed_baseline_build_leaves_nothing_but_its_log(pair, tmp_path, toolchain):

@@ -61,16 +61,18 @@ def test_the_package_reexports_what_its_consumers_use():
                                    "muse_glimmer": net.MuseGlimmerTransformer}
 
 
-def test_model_class_file_exposes_the_networks_class_and_nothing_else(monkeypatch):
+def test_model_class_file_exposes_the_networks_classes_and_nothing_else(monkeypatch):
     """trtllm-build loads the class file by path (not as a package module); what it gets must be the very class
-    object of the backend's network instance, so register()'s MODEL_MAP entries and the built class agree."""
+    objects of the backend's network instance (the combined engine's, and the target alone's for ``build
+    --baseline``), so register()'s MODEL_MAP entries and the built class agree."""
     monkeypatch.setenv("DFLASH2_TRT_BACKEND", "cpu")
     spec = importlib.util.spec_from_file_location("model_cls_file_under_test", MODEL_FILE)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     net = load_network("cpu")
     assert mod.DFlash2ForCausalLM is net.DFlash2ForCausalLM
-    assert {k for k in vars(mod) if not k.startswith("_")} == {"backend", "DFlash2ForCausalLM"}
+    assert mod.TargetOnlyForCausalLM is net.TargetOnlyForCausalLM
+    assert {k for k in vars(mod) if not k.startswith("_")} == {"backend", "DFlash2ForCausalLM", "TargetOnlyForCausalLM"}
 
     from dflash2_trt.trtllm.register import architectures, register
 

@@ -280,7 +280,9 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             raise MissingDependencyError(
                 f"the engine step cannot run here: {'; '.join(missing)}. Kept: {', '.join(kept) or 'nothing'} "
                 f"(`dflash2-trt build` on a GPU machine reuses what is kept). The engine step runs: "
-                f"{shell_line(final_argv, trtllm_build_env(lib))}")
+                f"{shell_line(final_argv, trtllm_build_env(lib))}"
+                + (f"; then the baseline's: {shell_line(trtllm_build_argv(cfg, checkpoint_dir=output / 'baseline-checkpoint', output_dir=output / BASELINE_DIR, target_only=True), trtllm_build_env(lib))}"
+                   if baseline else ""))
 
         # ---- engine
         man = None
@@ -311,8 +313,6 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             shutil.rmtree(bck)
             _check_engine_output(tmp, cfg, K, log)
             fixes = _fix_engine_config(tmp, say)
-            base = (_build_baseline(tmp, pre, cfg, ckpt_dir, env, runner, output, say, echo=bool(progress))
-                    if baseline else None)
             shutil.copy2(plugin["path"], tmp / LIBRARY_NAME)
             tokenizer = copy_tokenizer(prep.target_dir, tmp)
             bench = write_bench_files(tmp, target_dir=prep.target_dir, t=prep.t, draft_len=K,
@@ -341,7 +341,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                                  "ran_in": str(tmp), "renamed_to": str(output.absolute()),
                                  "build_checkpoint_files": how, "seconds": round(build_s, 3)},
                 "eos_token_ids": [int(e) for e in prep.t.eos_token_ids], "tokenizer": tokenizer,
-                "trtllm_bench": bench, "engine_config_fixes": fixes, "baseline": base,
+                "trtllm_bench": bench, "engine_config_fixes": fixes, "baseline": None,
                 # which runtime drives this engine and why (the executor cannot run every DFlash2 engine: .paths)
                 "runtime_path": runtime_path(pre),
                 "command": command or [], "files": files, "verify": None,
@@ -355,6 +355,12 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                     verifier = verify_trtllm_engine
                 man["verify"] = verifier(tmp, target_dir=prep.target_dir, target_key=prep.target_key,
                                          plugin_lib=tmp / LIBRARY_NAME)
+                write_manifest(tmp, man)
+            if baseline:   # after the combined engine passed its checks: a failing one costs no baseline build
+                man["baseline"] = _build_baseline(tmp, pre, cfg, ckpt_dir, env, runner, output, say,
+                                                  echo=bool(progress))
+                (tmp / "RUN.md").write_text(run_md(man, output.absolute()))
+                man["files"] = _hash_files(tmp, sha256_file)
                 write_manifest(tmp, man)
         man["seconds"] = round(time.perf_counter() - t0, 3)
         return BuildResult(output, man)
@@ -391,6 +397,8 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
             saved = None
         raise EngineBuildError(f"trtllm-build of the baseline (--baseline) failed (exit {rc}); nothing was written to "
                                f"{output}" + (f"; its log is kept at {saved}" if saved else "")
+                               + " (the combined engine had built: without --baseline, a rebuild reuses the kept "
+                                 "checkpoint and plugin library and runs only its trtllm-build)"
                                + f". Last lines:\n{log_tail(log)}")
     shutil.rmtree(bck)
     missing = [f"rank{r}.engine" for r in range(cfg.tp_size) if not (out / f"rank{r}.engine").is_file()]
@@ -404,23 +412,37 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise EngineBuildError(f"trtllm-build wrote an unreadable baseline/config.json ({exc})") from None
     want = {"pretrained_config.dflash2_engine.network": TARGET_ONLY, "build_config.max_draft_len": 0}
+    got["build_config.speculative_decoding_mode"] = c["build_config"].get("speculative_decoding_mode")
+    want["build_config.speculative_decoding_mode"] = 1          # NONE: no --speculative_decoding_mode
     bad = [f"{k} = {got[k]!r} (expected {want[k]!r})" for k in want if got[k] != want[k]]
     if bad:
         raise EngineBuildError("trtllm-build's baseline/config.json does not describe the target alone: "
                                + "; ".join(bad))
-    fixes = _fix_engine_config(out, say)
+    fixes = _fix_engine_config(out, say, name=f"{BASELINE_DIR}/config.json")
     return {"dir": BASELINE_DIR, "network": BASELINE_CLS_NAME,
-            "trtllm_build": {"argv": argv, "env": env, "line": shell_line(argv, env), "build_checkpoint_files": how,
+            "trtllm_build": {"argv": argv, "env": env, "line": shell_line(argv, env), "ran_in": str(tmp),
+                             "renamed_to": str(output.absolute()), "build_checkpoint_files": how,
                              "seconds": round(seconds, 3)},
-            "engine_config_fixes": fixes}
+            "engine_config_fixes": fixes, "files": hash_tree(tmp, sha256_file, BASELINE_DIR)}
 
 
 def _hash_files(root: Path, sha) -> dict:
+    """engine.json's ``files``: every file of the engine directory but the manifest and ``baseline/`` (the baseline
+    engine is optional: its files are ``baseline.files``, checked when it is opened, so a directory whose baseline
+    was deleted still runs)."""
+    return {rel: meta for rel, meta in hash_tree(root, sha).items()
+            if Path(rel).parts[0] != BASELINE_DIR}
+
+
+def hash_tree(root: Path, sha, under: str | None = None) -> dict:
+    """``{path relative to root: {size, sha256}}`` of every file under ``root`` (or ``root/under``) but
+    ``engine.json``."""
+    base = root / under if under else root
     return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": sha(p)}
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "engine.json"}
+            for p in sorted(base.rglob("*")) if p.is_file() and p.name != "engine.json"}
 
 
-def _fix_engine_config(tmp: Path, say) -> list[dict]:
+def _fix_engine_config(tmp: Path, say, name: str = "config.json") -> list[dict]:
     """:func:`~.command.engine_config_fixes` on the config.json trtllm-build wrote (before anything is hashed);
     each change is printed and returned for the manifest."""
     path = tmp / "config.json"
@@ -429,7 +451,7 @@ def _fix_engine_config(tmp: Path, say) -> list[dict]:
     if fixes:
         path.write_text(json.dumps(engine, indent=4) + "\n")
         for f in fixes:
-            say(f"[engine] config.json: {f['field']} {f['from']!r} -> {f['to']!r} ({f['why']})")
+            say(f"[engine] {name}: {f['field']} {f['from']!r} -> {f['to']!r} ({f['why']})")
     return fixes
 
 

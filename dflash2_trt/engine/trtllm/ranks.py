@@ -251,7 +251,8 @@ def open_project_session(engine_dir, *, trt=None, verify: bool = False, baseline
     if rank == 0:
         return RankedSession(sess, comm), man
     while True:
-        nxt = follow(sess, comm)
+        nxt = follow(sess, comm)       # closes the session: nothing of it stays on the device
+        sess = None
         if nxt is None:
             raise FollowerExit()
         sess, _ = open_rank(nxt == "baseline")

@@ -58,7 +58,7 @@ from ...trtllm.engine_io import load_contract
 from ...trtllm.register import import_tensorrt_llm
 from ...trtllm.gdn_slot import engine_slot_layout
 from ..binding import bind, layer_windows, static_inputs
-from ..format import load_engine_dir
+from ..format import file_sha256, load_engine_dir
 from ..pretrained import BASELINE_DIR, TARGET_ONLY, engine_draft_len, is_target_only
 from .runtime_rules import facts as _facts_file
 
@@ -463,6 +463,8 @@ class TrtEngineSession:
 
     def step(self, inputs: dict) -> dict:
         """One engine step on the runtime's feed (engine_io.yaml names); the outputs by name."""
+        if self.execution is None:
+            raise RuntimeError("the engine session is closed")
         feed = bind(self.inputs, {**self._static, **inputs})           # TensorRT-LLM's binding rules
         key = self.graphs.key(feed, _is_host) if self.graphs is not None else None
         ctx = self.execution.context
@@ -504,12 +506,29 @@ class TrtEngineSession:
         return self.execution.run(addresses, self.stream_handle)
 
     def close(self) -> None:
+        """Release everything the session holds on the device: the engine and its execution context (the weights),
+        the KV pool (TensorRT-LLM's allocator's too), the state slots, the workspace, the bound buffers and the
+        graphs; on a GPU the memory goes back to the driver (``empty_cache``), so that another engine can be opened
+        in the same process (``bench run``: the baseline after the speculative engine). The limits, K and the sizes
+        stay readable; stepping a closed session is an error."""
         self.graphs = None
         self._buffers.clear()
         self._workspace_buffers = None
+        self.all_reduce_workspace = None
         self.rnn_states.clear()
         self.conv_states.clear()
         self.pools = None
+        self._trtllm_pools = None
+        self.execution = None
+        self._static = None
+        self._dummy = None
+        self.bound, self.addresses = {}, {}
+        if getattr(self, "device", None) is not None and self.device.type == "cuda":   # pragma: no cover - GPU
+            import gc
+
+            gc.collect()                 # an engine kept alive by a reference cycle would keep its weights
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
 
 class _null:
@@ -545,7 +564,7 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
     engine_dir = Path(engine_dir)
     where = engine_dir
     if baseline:
-        cfg = baseline_config(engine_dir, cfg, man)
+        cfg = baseline_config(engine_dir, cfg, man, verify=verify)
         where = engine_dir / BASELINE_DIR
     if trt is None:   # pragma: no cover - GPU machines
         if load_plugins:
@@ -567,19 +586,35 @@ def has_baseline(man: dict) -> bool:
     return isinstance(man.get("baseline"), dict)
 
 
-def baseline_config(engine_dir, cfg: dict, man: dict) -> dict:
-    """The baseline engine's config.json (trtllm-build's, in ``baseline/``), checked against the combined engine's
-    ``cfg``: the target alone (``dflash2_engine.network`` target_only), the same tp, vocabulary, dtype and limits the
-    runtime relies on. A directory without one says how to build it."""
+def baseline_config(engine_dir, cfg: dict, man: dict, *, verify: bool = False) -> dict:
+    """The baseline engine's config.json (trtllm-build's, in ``baseline/``), checked: its files as engine.json's
+    ``baseline.files`` records them (size; sha256 for config.json, every file with ``verify``), and against the
+    combined engine's ``cfg``: the target alone (``dflash2_engine.network`` target_only), the same tp, vocabulary, dtype,
+    layers and the limits the runtime relies on. A directory without one says how to build it; one whose files are
+    gone or changed says to rebuild it or to run without it."""
     engine_dir = Path(engine_dir)
+    man_path = engine_dir / "engine.json"
     if not has_baseline(man):
         raise ConfigError(f"has no baseline engine: rebuild with `dflash2-trt build --backend trtllm --baseline ...` "
                           f"(the target alone, in {BASELINE_DIR}/)", source=engine_dir, field="baseline")
+    files = man["baseline"].get("files")
+    if not isinstance(files, dict) or f"{BASELINE_DIR}/config.json" not in files:
+        raise ConfigError("no file list", source=man_path, field="baseline.files")
+    for rel, meta in files.items():
+        p = engine_dir / rel
+        why = (f"{rel} is missing" if not p.is_file() else
+               f"{rel} has {p.stat().st_size} bytes, the manifest says {meta.get('size')}"
+               if p.stat().st_size != meta.get("size") else
+               f"{rel}: sha256 differs from the manifest" if (verify or rel.endswith("config.json"))
+               and file_sha256(p) != meta.get("sha256") else None)
+        if why:
+            raise ConfigError(f"{why}: the baseline engine is incomplete or modified; rebuild with --baseline, or run "
+                              f"`bench run --no-baseline`", source=man_path, field="baseline.files")
     path = engine_dir / BASELINE_DIR / "config.json"
     try:
         base = json.loads(path.read_text())
         pre, main = base["pretrained_config"], cfg["pretrained_config"]
-        base["build_config"]["max_batch_size"]
+        build, main_build = base["build_config"], cfg["build_config"]
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
     except ValueError as exc:
@@ -589,12 +624,15 @@ def baseline_config(engine_dir, cfg: dict, man: dict) -> dict:
     if not is_target_only(pre):
         raise ConfigError(f"is not a baseline engine (expected {TARGET_ONLY!r})", source=path,
                           field="pretrained_config.dflash2_engine.network")
-    for field in ("vocab_size", "dtype", "num_hidden_layers", "mapping.tp_size", "dflash2_engine.max_seq_len",
-                  "dflash2_engine.tokens_per_block"):
-        a, b = pre, main
+    checks = [(f"pretrained_config.{f}", pre, main, f) for f in (
+        "vocab_size", "dtype", "num_hidden_layers", "mapping.tp_size", "dflash2_engine.max_seq_len",
+        "dflash2_engine.tokens_per_block")]
+    checks += [(f"build_config.{f}", build, main_build, f) for f in ("max_batch_size", "max_input_len",
+                                                                      "max_num_tokens")]
+    for name, a, b, field in checks:
         for k in field.split("."):
-            a, b = (a or {}).get(k), (b or {}).get(k)
+            a, b = (a if isinstance(a, dict) else {}).get(k), (b if isinstance(b, dict) else {}).get(k)
         if a != b:
             raise ConfigError(f"is {a!r}, the combined engine's is {b!r} (the baseline was built for another engine)",
-                              source=path, field=f"pretrained_config.{field}")
+                              source=path, field=name)
     return base
