@@ -589,9 +589,9 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
         if p is not None:
             click.echo(f"wrote {what} {p}")
     if report.get("baseline_error"):   # the speculative runs are reported above; the command still failed
-        click.echo(f"error: the baseline engine failed after the speculative runs: {report['baseline_error']}",
-                   err=True)
-        sys.exit(1)
+        from .errors import DFlash2Error
+
+        raise DFlash2Error(f"the baseline engine failed after the speculative runs: {report['baseline_error']}")
 
 
 @bench_group.command("steps")

@@ -10,7 +10,8 @@ Top level (``schema_version`` 1; the README's "Bench report" section is the refe
                                   stop_token_ids, max_new_tokens, warmup, torch_threads (CPU),
                                   cuda_graphs (cpu, cuda and project-runtime engines)}
     baseline                     {kind, description} | null (no autoregressive run)
-    baseline_error               project runtime: why its baseline engine failed after the speculative runs | absent
+    baseline_error               project runtime: why its baseline engine failed after the speculative runs | null
+                                 (other backends: absent)
     runs[]                       {concurrency, speculative: RUN, autoregressive: RUN | null,
                                   speedup (spec ÷ AR output tokens/s) | null,
                                   outputs_match (T = 0: every request's tokens equal) | null}

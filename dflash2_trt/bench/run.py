@@ -117,6 +117,18 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if cuda_graphs:
         refuse_graphs(kind)
     path = None
+
+    def assemble(measured: dict) -> dict:
+        """The report document from a backend's measured part."""
+        report = build_report(measured, dataset)
+        for k in ("tool", "commands", "command_lines", "writes", "notes", "baseline_error"):
+            if k in measured:
+                report[k] = measured[k]
+        if path is not None:
+            report["runtime_path"] = path
+        report["wall_s"] = time.perf_counter() - t0
+        return report
+
     if kind == "trtllm":
         from ..engine.trtllm.paths import PROJECT, choose_runtime
         from ..engine.trtllm.runner import refuse_graphs_off_the_project_path
@@ -149,7 +161,9 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         measured = bench_session(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                                  temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                                  stop_on_eos=stop_on_eos, keep_outputs=keep_outputs, trt=trt, cuda_graphs=cuda_graphs,
-                                 simulate_graphs=simulate_graphs, baseline=baseline)
+                                 simulate_graphs=simulate_graphs, baseline=baseline,
+                                 on_speculative=None if json_out is None else
+                                 (lambda m: atomic_write_json(json_out, assemble({**m, "tool": "project-runtime"}))))
         measured["tool"] = "project-runtime"
     else:
         _refuse_project_baseline(baseline_engine_dir)
@@ -180,15 +194,9 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         measured.setdefault("notes", []).append(
             "this engine directory's baseline/ (build --baseline) runs on the project runtime only: `bench run "
             "--runtime project` compares with it")
-    report = build_report(measured, dataset)
-    for k in ("tool", "commands", "command_lines", "writes", "notes", "baseline_error"):
-        if k in measured:
-            report[k] = measured[k]
-    if path is not None:
-        report["runtime_path"] = path
+    report = assemble(measured)
     if gpus is not None:
         report["projection"] = _projection_for(report, gpus, project_target, context_len)
-    report["wall_s"] = time.perf_counter() - t0
     if json_out is not None:
         atomic_write_json(json_out, report)
     if plot_out is not None:

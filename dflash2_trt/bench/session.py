@@ -24,13 +24,16 @@ from ..engine.trtllm.ranks import close_session, open_project_session
 from ..engine.format import load_engine_dir
 from ..engine.pretrained import BASELINE_DIR
 from ..engine.trtllm.session import baseline_config, has_baseline
-from ..errors import ConfigError, DFlash2Error
+from ..errors import ConfigError, DFlash2Error, pending_stop
 from ..reference.generate import SEED_MAX
 from ..runtime import Runtime
 from .common import parse_concurrency
 from .cpu import drive, make_requests
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
+
+BASELINE_PENDING = ("not finished: the report was written after the speculative sweep, and the job ended while the "
+                    "baseline engine was opened or run (the speculative runs are complete)")
 
 NO_BASELINE_NOTE = ("no autoregressive baseline: this engine directory has none (build it with `dflash2-trt build "
                     "--backend trtllm --baseline ...`: the target alone, beside the combined engine)")
@@ -63,12 +66,14 @@ def _runs(sess, specs, levels, *, temperature, seed, stops, warmup, keep_outputs
 def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None = None, temperature: float = 0.0,
                   seed: int = 0, max_new_tokens: int = 64, stop_on_eos: bool = True, warmup: bool = True,
                   keep_outputs: bool = False, trt=None, cuda_graphs: bool = False, simulate_graphs: bool = False,
-                  baseline: bool = True) -> dict:
+                  baseline: bool = True, on_speculative=None) -> dict:
     """The report's measured part for a TensorRT engine on the project runtime (``trt``: the tensorrt module, or its
     CPU stand-in in tests). ``cuda_graphs``: generation steps replayed from CUDA graphs (``engine/trtllm/
     session_graphs.py``, each session's graphs kept from one concurrency to the next; each RUN's ``cuda_graphs``
     counts its own steps; ``simulate_graphs``: on the stand-in, for tests). ``baseline``: also the directory's
-    baseline engine, when it has one (module docstring)."""
+    baseline engine, when it has one (module docstring); ``on_speculative``: called with the speculative sweep's
+    measured part (``baseline_error`` :data:`BASELINE_PENDING`) before the baseline opens (``bench run --json``
+    writes it then)."""
     levels = parse_concurrency(concurrency)
     if not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ConfigError(f"must be in [0, {SEED_MAX}], got {seed}", field="--seed")
@@ -102,59 +107,67 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
     # one engine on the GPUs at a time: the speculative one goes before the baseline is opened (on every rank)
     close_session(sess, then="baseline" if with_baseline else None)
     sess = None                        # closed: it holds nothing on the device any more
-    ar_m = ar_out = None
-    baseline_error = None
-    if with_baseline:
-        try:
-            base, _ = open_project_session(engine_dir, trt=trt, baseline=True, **graph_kw)
-            try:
-                slots = base.outputs["next_draft_tokens"].shape[-1]      # what the engine itself declares
-                if slots != 0:
-                    raise ConfigError(f"the baseline engine's next_draft_tokens has {slots} draft slots, expected 0 "
-                                      f"(not a target-only engine)", source=Path(engine_dir) / BASELINE_DIR,
-                                      field="next_draft_tokens")
-                ar_m, ar_out = _runs(base, specs, levels, mode="autoregressive", **common)
-            finally:
-                close_session(base)
-        except Exception as exc:     # noqa: BLE001 - the speculative runs are kept; the CLI then exits 1 naming it
-            baseline_error = str(exc) if isinstance(exc, DFlash2Error) else f"{type(exc).__name__}: {exc}"
-            ar_m = ar_out = None
-            print(f"warning: the baseline engine failed; the report keeps the speculative runs: {baseline_error}",
-                  file=sys.stderr)
-    runs = []
-    for i, c in enumerate(levels):
-        row = {"concurrency": c, "speculative": spec_m[i], "autoregressive": None, "speedup": None,
-               "outputs_match": None}
-        if ar_m is not None:
-            sp, ar = spec_m[i], ar_m[i]
-            row["autoregressive"] = ar
-            row["speedup"] = (sp["output_tokens_per_s"] / ar["output_tokens_per_s"]
-                              if sp["output_tokens_per_s"] and ar["output_tokens_per_s"] else None)
-            row["outputs_match"] = (all(a.output_ids == b.output_ids for a, b in zip(spec_out[i], ar_out[i]))
-                                    if temperature == 0 else None)
-        runs.append(row)
     in_lens = [len(s["input_ids"]) for s in specs]
-    notes = ["the project runtime over TensorRT (engine/trtllm/paths.py: the executor cannot run this engine)"]
-    if baseline_error is not None:
-        notes.append(f"the baseline engine failed after the speculative runs: {baseline_error}")
+
+    def measured(ar_m, ar_out, baseline_error) -> dict:
+        runs = []
+        for i, c in enumerate(levels):
+            row = {"concurrency": c, "speculative": spec_m[i], "autoregressive": None, "speedup": None,
+                   "outputs_match": None}
+            if ar_m is not None:
+                sp, ar = spec_m[i], ar_m[i]
+                row["autoregressive"] = ar
+                row["speedup"] = (sp["output_tokens_per_s"] / ar["output_tokens_per_s"]
+                                  if sp["output_tokens_per_s"] and ar["output_tokens_per_s"] else None)
+                row["outputs_match"] = (all(a.output_ids == b.output_ids for a, b in zip(spec_out[i], ar_out[i]))
+                                        if temperature == 0 else None)
+            runs.append(row)
+        notes = ["the project runtime over TensorRT (engine/trtllm/paths.py: the executor cannot run this engine)"]
+        if baseline_error is not None:
+            notes.append(f"the baseline engine failed after the speculative runs: {baseline_error}")
+        if not with_baseline:
+            notes.append(NO_BASELINE_NOTE if baseline else "no autoregressive baseline (--no-baseline)")
+        return {
+            "backend": "trtllm", "runtime": "project", "engine_dir": str(engine_dir), "target": man.get("target"),
+            "block_size": K + 1, "draft_len": K, "tp_size": tp, "dataset_requests": specs,
+            "settings": {"concurrency": levels, "num_requests": len(specs), "temperature": temperature, "seed": seed,
+                         "stop_on_eos": bool(stop_on_eos), "stop_token_ids": list(stops),
+                         "max_new_tokens": max_new_tokens, "warmup": bool(warmup), "torch_threads": None,
+                         "cuda_graphs": graphed},
+            "baseline": ({"kind": "target-only",
+                          "description": "the engine directory's baseline/ (build --baseline: the target alone, "
+                                         "dflash2_trt/trtllm/network/target_only.py, built by trtllm-build from the "
+                                         "same checkpoint and limits) on the same project runtime over TensorRT, one "
+                                         "token per request per step, in-flight batched at the same concurrency"}
+                         if ar_m is not None else None),
+            "baseline_error": baseline_error,
+            "mean_input_len": sum(in_lens) / len(in_lens), "runs": runs, "unavailable": [], "notes": notes,
+            "measure_wall_s": time.perf_counter() - t_start,
+        }
+
     if not with_baseline:
-        notes.append(NO_BASELINE_NOTE if baseline else "no autoregressive baseline (--no-baseline)")
         if baseline:
             print(f"note: {NO_BASELINE_NOTE}", file=sys.stderr)
-    return {
-        "backend": "trtllm", "runtime": "project", "engine_dir": str(engine_dir), "target": man.get("target"),
-        "block_size": K + 1, "draft_len": K, "tp_size": tp, "dataset_requests": specs,
-        "settings": {"concurrency": levels, "num_requests": len(specs), "temperature": temperature, "seed": seed,
-                     "stop_on_eos": bool(stop_on_eos), "stop_token_ids": list(stops),
-                     "max_new_tokens": max_new_tokens, "warmup": bool(warmup), "torch_threads": None,
-                     "cuda_graphs": graphed},
-        "baseline": ({"kind": "target-only",
-                      "description": "the engine directory's baseline/ (build --baseline: the target alone, "
-                                     "dflash2_trt/trtllm/network/target_only.py, built by trtllm-build from the same "
-                                     "checkpoint and limits) on the same project runtime over TensorRT, one token per "
-                                     "request per step, in-flight batched at the same concurrency"}
-                     if ar_m is not None else None),
-        "baseline_error": baseline_error,
-        "mean_input_len": sum(in_lens) / len(in_lens), "runs": runs, "unavailable": [], "notes": notes,
-        "measure_wall_s": time.perf_counter() - t_start,
-    }
+        return measured(None, None, None)
+    if on_speculative is not None:
+        # what the sweep measured, kept before the baseline runs: a job that ends inside it (a stop signal, or at
+        # tp > 1 a rank's failure, which aborts every rank) leaves this report, saying so
+        on_speculative(measured(None, None, BASELINE_PENDING))
+    try:
+        base, _ = open_project_session(engine_dir, trt=trt, baseline=True, **graph_kw)
+        try:
+            slots = base.outputs["next_draft_tokens"].shape[-1]      # what the engine itself declares (-1: dynamic)
+            if slots not in (0, -1):
+                raise ConfigError(f"the baseline engine's next_draft_tokens has {slots} draft slots, expected 0 "
+                                  f"(not a target-only engine)", source=Path(engine_dir) / BASELINE_DIR,
+                                  field="next_draft_tokens")
+            ar_m, ar_out = _runs(base, specs, levels, mode="autoregressive", **common)
+        finally:
+            close_session(base)
+    except Exception as exc:     # noqa: BLE001 - the speculative runs are kept; the CLI then exits 1 naming it
+        if pending_stop() is not None:     # a stop signal turned into another error on its way up: it stays a stop
+            raise
+        error = str(exc) if isinstance(exc, DFlash2Error) else f"{type(exc).__name__}: {exc}"
+        print(f"warning: the baseline engine failed; the report keeps the speculative runs: {error}", file=sys.stderr)
+        return measured(None, None, error)
+    return measured(ar_m, ar_out, None)

@@ -100,7 +100,7 @@ def standin_trt_engine_dir(cpu_dir, out, *, baseline: bool = False):
     from pathlib import Path
 
     from ..engine.format import file_sha256
-    from ..engine.trtllm.build import _hash_files, hash_tree, run_md
+    from ..engine.trtllm.build import engine_files, hash_tree, run_md
     from ..engine.trtllm.paths import runtime_path
     from . import tensorrt_standin
 
@@ -130,6 +130,6 @@ def standin_trt_engine_dir(cpu_dir, out, *, baseline: bool = False):
     man.update(backend="trtllm", runtime_path=runtime_path(cfg["pretrained_config"]), plugin_library={
         "file": "libdflash2_plugins.so"}, versions={"dflash2_trt": "test"}, limits=dict(man["limits"]))
     (d / "RUN.md").write_text(run_md(man, d))
-    man["files"] = _hash_files(d, file_sha256)          # baseline/ apart, as the build records it
+    man["files"] = engine_files(d, file_sha256)          # baseline/ apart, as the build records it
     (d / "engine.json").write_text(json.dumps(man))
     return d

@@ -201,32 +201,23 @@ def test_a_baseline_that_fails_keeps_the_speculative_runs(with_baseline, tmp_pat
     report keeps the speculative runs and names the failure, and the command exits 1 with one line."""
     from click.testing import CliRunner
 
-    import dflash2_trt.engine.trtllm.session as session
     from dflash2_trt.bench.run import bench_run
     from dflash2_trt.cli import main
 
-    real = trt.Runtime.deserialize_cuda_engine
-
-    def picky(self, data):
-        if b'"target_only"' in bytes(data):
-            trt.Logger.error("deserialize", "engine plan built by another TensorRT version")
-            return None
-        return real(self, data)
-
-    monkeypatch.setattr(trt.Runtime, "deserialize_cuda_engine", picky)
+    _fail_baseline_open(monkeypatch, lambda: RuntimeError("engine plan built by another TensorRT version"))
     ds = _dataset(tmp_path / "ds.jsonl")
     rep = bench_run(with_baseline, ds, concurrency="1", trt=trt, progress=False)
     assert rep["runs"][0]["speculative"]["requests"] == 4 and rep["runs"][0]["autoregressive"] is None
-    assert rep["baseline"] is None and rep["baseline_error"]
+    assert rep["baseline"] is None and "another TensorRT version" in rep["baseline_error"]
     assert any(n.startswith("the baseline engine failed after the speculative runs") for n in rep["notes"])
-    monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    monkeypatch.setattr(session, "load_plugin_libraries", lambda engine_dir: None)
+    _cli_standin(monkeypatch)
     out = tmp_path / "r.json"
     res = CliRunner().invoke(main, ["bench", "run", "--engine-dir", str(with_baseline), "--dataset", str(ds),
                                     "--concurrency", "1", "--json", str(out)])
     assert res.exit_code == 1
-    assert json.loads(out.read_text())["runs"][0]["speculative"]["requests"] == 4
-    assert "error: the baseline engine failed after the speculative runs" in res.output
+    final = json.loads(out.read_text())
+    assert final["runs"][0]["speculative"]["requests"] == 4 and "another TensorRT version" in final["baseline_error"]
+    assert "error: the baseline engine failed after the speculative runs: RuntimeError: engine plan" in res.output
 
 
 def test_the_executor_path_tools_refuse_the_project_baseline(standin_trt_engine, with_baseline, tmp_path):
@@ -241,3 +232,90 @@ def test_the_executor_path_tools_refuse_the_project_baseline(standin_trt_engine,
     assert str(with_baseline / "baseline" / "config.json") in str(ei.value)
     assert "pretrained_config.dflash2_engine.network" in str(ei.value)
 
+
+
+def _cli_standin(monkeypatch):
+    """The CLI as a user runs it, TensorRT's module being the stand-in and no plugin library to load."""
+    import dflash2_trt.engine.trtllm.session as session
+
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setattr(session, "load_plugin_libraries", lambda engine_dir: None)
+
+
+def _fail_baseline_open(monkeypatch, exc_factory):
+    real = trt.Runtime.deserialize_cuda_engine
+
+    def picky(self, data):
+        if b'"target_only"' in bytes(data):
+            raise exc_factory()
+        return real(self, data)
+
+    monkeypatch.setattr(trt.Runtime, "deserialize_cuda_engine", picky)
+
+
+def test_a_stop_during_the_baseline_stays_a_stop_and_the_sweep_is_on_disk(with_baseline, tmp_path, monkeypatch):
+    """SIGTERM while the baseline opens, turned into another error by the code it interrupted (as extension modules
+    do): the command still ends as a stop (143), not as a baseline failure (1). --json holds the speculative sweep,
+    written before the baseline opened, saying that the baseline did not finish."""
+    import os
+    import signal
+    import time
+
+    from click.testing import CliRunner
+
+    from dflash2_trt.bench.session import BASELINE_PENDING
+    from dflash2_trt.cli import main
+    from dflash2_trt.errors import clear_stop_requests
+
+    _cli_standin(monkeypatch)
+
+    def converted():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except BaseException:
+            return RuntimeError("could not read the plan")
+        return AssertionError("no signal arrived")
+
+    _fail_baseline_open(monkeypatch, converted)
+    out = tmp_path / "r.json"
+    try:
+        res = CliRunner().invoke(main, ["bench", "run", "--engine-dir", str(with_baseline), "--dataset",
+                                        str(_dataset(tmp_path / "ds.jsonl")), "--concurrency", "1", "--json", str(out)])
+    finally:
+        clear_stop_requests()       # the recorded stop is this command's; the next test starts without it
+    assert res.exit_code == 143, res.output
+    assert "baseline engine failed" not in res.output
+    rep = json.loads(out.read_text())
+    assert rep["baseline_error"] == BASELINE_PENDING and rep["runs"][0]["speculative"]["requests"] == 4
+    assert rep["runs"][0]["autoregressive"] is None and rep["baseline"] is None
+
+
+def test_an_engine_with_draft_slots_is_no_baseline(with_baseline, tmp_path):
+    """baseline/rank0.engine swapped for the combined engine (its next_draft_tokens has K slots) under a target-only
+    config: refused by what the engine declares; the sweep is kept."""
+    from dflash2_trt.bench.run import bench_run
+
+    d = tmp_path / "engine"
+    shutil.copytree(with_baseline, d)
+    shutil.copy2(d / "rank0.engine", d / "baseline" / "rank0.engine")
+    _rehash(d, "baseline/rank0.engine")
+    rep = bench_run(d, _dataset(tmp_path / "ds.jsonl"), concurrency="1", trt=trt, progress=False)
+    assert "next_draft_tokens has 3 draft slots, expected 0 (not a target-only engine)" in rep["baseline_error"]
+    assert rep["runs"][0]["speculative"]["requests"] == 4
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda p: p.write_bytes(p.read_bytes() + b" "), r"baseline/rank0.engine has \d+ bytes, the manifest says \d+"),
+    (lambda p: p.with_name("config.json").write_text(p.with_name("config.json").read_text().replace("float32",
+                                                                                                   "float64", 1)),
+     "baseline/config.json: sha256 differs from the manifest"),
+])
+def test_a_changed_baseline_file_is_refused(with_baseline, tmp_path, change, why):
+    from dflash2_trt.bench.run import bench_run
+
+    d = tmp_path / "engine"
+    shutil.copytree(with_baseline, d)
+    change(d / "baseline" / "rank0.engine")
+    with pytest.raises(ConfigError, match=why):
+        bench_run(d, _dataset(tmp_path / "ds.jsonl"), concurrency="1", trt=trt, progress=False)

@@ -521,10 +521,14 @@ def test_the_combined_engine_is_verified_before_the_baseline_is_built(pair, tmp_
 
 def test_a_failed_baseline_build_leaves_nothing_but_its_log(pair, tmp_path, toolchain):
     out = tmp_path / "eng"
-    with pytest.raises(EngineBuildError, match=r"trtllm-build of the baseline \(--baseline\) failed \(exit 5\)"):
+    with pytest.raises(EngineBuildError, match=r"trtllm-build of the baseline \(--baseline\) failed \(exit 5\)") as ei:
         _build(pair, out, toolchain, FakeRunner(fail_call=(1, 5)), baseline=True)
     assert not out.exists() and _left_beside(out) == []
     assert "Total time of building" in (tmp_path / "eng.baseline-trtllm-build-failed.log").read_text()
+    assert f"a rebuild without --baseline reuses the kept checkpoint {tmp_path / 'eng.checkpoint'}" in str(ei.value)
+    with pytest.raises(EngineBuildError, match="converts the checkpoint again") as ei:
+        _build(pair, tmp_path / "eng2", toolchain, FakeRunner(fail_call=(1, 5)), baseline=True, keep_checkpoint=False)
+    assert "reuses the kept checkpoint" not in str(ei.value)
 
 
 def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):

@@ -317,7 +317,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             tokenizer = copy_tokenizer(prep.target_dir, tmp)
             bench = write_bench_files(tmp, target_dir=prep.target_dir, t=prep.t, draft_len=K,
                                       final_dir=output.absolute())
-            files = _hash_files(tmp, sha256_file)
+            files = engine_files(tmp, sha256_file)
             man = {
                 "format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": "trtllm",
                 "target": prep.target_key, "family": prep.t.family, "block_size": cfg.block_size, "dtype": cfg.dtype,
@@ -347,7 +347,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                 "command": command or [], "files": files, "verify": None,
             }
             (tmp / "RUN.md").write_text(run_md(man, output.absolute()))
-            man["files"] = _hash_files(tmp, sha256_file)
+            man["files"] = engine_files(tmp, sha256_file)
             write_manifest(tmp, man)
             if verify:
                 say("[verify] fixed prompts through TensorRT-LLM's runner vs the target's greedy decoding")
@@ -358,9 +358,9 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                 write_manifest(tmp, man)
             if baseline:   # after the combined engine passed its checks: a failing one costs no baseline build
                 man["baseline"] = _build_baseline(tmp, pre, cfg, ckpt_dir, env, runner, output, say,
-                                                  echo=bool(progress))
+                                                  echo=bool(progress), kept=kept)
                 (tmp / "RUN.md").write_text(run_md(man, output.absolute()))
-                man["files"] = _hash_files(tmp, sha256_file)
+                man["files"] = engine_files(tmp, sha256_file)
                 write_manifest(tmp, man)
         man["seconds"] = round(time.perf_counter() - t0, 3)
         return BuildResult(output, man)
@@ -370,12 +370,17 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
 
 
 def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner, output: Path, say, *,
-                    echo: bool) -> dict:
+                    echo: bool, kept: list[str]) -> dict:
     """``build --baseline``: the target alone (``trtllm/network/target_only.py``) as a second trtllm-build into
     ``tmp/baseline/``, from a build checkpoint of the same rank files whose config is the combined engine's marked
     target-only (:func:`~dflash2_trt.engine.pretrained.baseline_pretrained_config`), with the same limits and
     plugins and no speculative decoding mode. ``bench run`` drives it through the project runtime as the
     autoregressive baseline (bench/session.py). Returns the manifest's ``baseline`` record."""
+    # what a failure says: the combined engine had built (and passed --verify); what a rebuild without --baseline reuses
+    again = ("the combined engine had built; a rebuild without --baseline reuses the kept " + " and ".join(kept)
+             if any(k.startswith("checkpoint") for k in kept) else
+             "the combined engine had built; a rebuild without --baseline converts the checkpoint again "
+             "(--no-keep-checkpoint)")
     bck = tmp / "baseline-checkpoint"
     bck.mkdir()
     (bck / "config.json").write_text(json.dumps(baseline_pretrained_config(pre), indent=2) + "\n")
@@ -397,27 +402,27 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
             saved = None
         raise EngineBuildError(f"trtllm-build of the baseline (--baseline) failed (exit {rc}); nothing was written to "
                                f"{output}" + (f"; its log is kept at {saved}" if saved else "")
-                               + " (the combined engine had built: without --baseline, a rebuild reuses the kept "
-                                 "checkpoint and plugin library and runs only its trtllm-build)"
-                               + f". Last lines:\n{log_tail(log)}")
+                               + f" ({again}). Last lines:\n{log_tail(log)}")
     shutil.rmtree(bck)
     missing = [f"rank{r}.engine" for r in range(cfg.tp_size) if not (out / f"rank{r}.engine").is_file()]
     if missing or not (out / "config.json").is_file():
         raise EngineBuildError(f"trtllm-build of the baseline exited 0 but wrote no "
-                               f"{', '.join(missing) or 'config.json'}. Last lines of its log:\n{log_tail(log)}")
+                               f"{', '.join(missing) or 'config.json'}; nothing was written to {output} ({again}). "
+                               f"Last lines of its log:\n{log_tail(log)}")
     try:
         c = json.loads((out / "config.json").read_text())
         got = {"pretrained_config.dflash2_engine.network": (c["pretrained_config"].get("dflash2_engine") or {}).get(
             "network"), "build_config.max_draft_len": c["build_config"].get("max_draft_len")}
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise EngineBuildError(f"trtllm-build wrote an unreadable baseline/config.json ({exc})") from None
+        raise EngineBuildError(f"trtllm-build wrote an unreadable baseline/config.json ({exc}); nothing was written "
+                               f"to {output} ({again})") from None
     want = {"pretrained_config.dflash2_engine.network": TARGET_ONLY, "build_config.max_draft_len": 0}
     got["build_config.speculative_decoding_mode"] = c["build_config"].get("speculative_decoding_mode")
     want["build_config.speculative_decoding_mode"] = 1          # NONE: no --speculative_decoding_mode
     bad = [f"{k} = {got[k]!r} (expected {want[k]!r})" for k in want if got[k] != want[k]]
     if bad:
         raise EngineBuildError("trtllm-build's baseline/config.json does not describe the target alone: "
-                               + "; ".join(bad))
+                               + "; ".join(bad) + f"; nothing was written to {output} ({again})")
     fixes = _fix_engine_config(out, say, name=f"{BASELINE_DIR}/config.json")
     return {"dir": BASELINE_DIR, "network": BASELINE_CLS_NAME,
             "trtllm_build": {"argv": argv, "env": env, "line": shell_line(argv, env), "ran_in": str(tmp),
@@ -426,7 +431,7 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
             "engine_config_fixes": fixes, "files": hash_tree(tmp, sha256_file, BASELINE_DIR)}
 
 
-def _hash_files(root: Path, sha) -> dict:
+def engine_files(root: Path, sha) -> dict:
     """engine.json's ``files``: every file of the engine directory but the manifest and ``baseline/`` (the baseline
     engine is optional: its files are ``baseline.files``, checked when it is opened, so a directory whose baseline
     was deleted still runs)."""

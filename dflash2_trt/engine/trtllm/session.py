@@ -599,7 +599,8 @@ def baseline_config(engine_dir, cfg: dict, man: dict, *, verify: bool = False) -
                           f"(the target alone, in {BASELINE_DIR}/)", source=engine_dir, field="baseline")
     files = man["baseline"].get("files")
     if not isinstance(files, dict) or f"{BASELINE_DIR}/config.json" not in files:
-        raise ConfigError("no file list", source=man_path, field="baseline.files")
+        raise ConfigError("no file list (built by an earlier development version): rebuild with --baseline, or run "
+                          "`bench run --no-baseline`", source=man_path, field="baseline.files")
     for rel, meta in files.items():
         p = engine_dir / rel
         why = (f"{rel} is missing" if not p.is_file() else
