@@ -67,7 +67,7 @@ def drive(runtime, requests, concurrency: int, *, on_finish=None) -> float:
     return time.perf_counter() - t0
 
 
-def _progress(enabled: bool, total: int, desc: str):
+def progress_bar(enabled: bool, total: int, desc: str):
     from tqdm import tqdm
 
     # enabled: a bar on a terminal (tqdm's disable=None: off when stderr is not a TTY, e.g. in CI logs)
@@ -145,7 +145,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                 before = g.report() if g is not None else None
                 rt = Runtime(g if g is not None else e, max_batch_size=c)
                 reqs = make_requests(specs, temperature=temperature, seed=seed, stops=stops)
-                with _progress(progress, len(reqs), f"concurrency {c} {mode}") as bar:
+                with progress_bar(progress, len(reqs), f"concurrency {c} {mode}") as bar:
                     wall = drive(rt, reqs, c, on_finish=bar.update)
                 row[mode] = run_metrics(reqs, wall_s=wall, step_log=rt.step_log, draft_len=e.K)
                 if g is not None:

@@ -161,7 +161,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         measured = bench_session(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                                  temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                                  stop_on_eos=stop_on_eos, keep_outputs=keep_outputs, trt=trt, cuda_graphs=cuda_graphs,
-                                 simulate_graphs=simulate_graphs, baseline=baseline,
+                                 simulate_graphs=simulate_graphs, baseline=baseline, progress=progress,
                                  on_speculative=None if json_out is None else
                                  (lambda m: atomic_write_json(json_out, assemble({**m, "tool": "project-runtime"}))))
         measured["tool"] = "project-runtime"

@@ -28,7 +28,7 @@ from ..errors import ConfigError, DFlash2Error, pending_stop
 from ..reference.generate import SEED_MAX
 from ..runtime import Runtime
 from .common import parse_concurrency
-from .cpu import drive, make_requests
+from .cpu import drive, make_requests, progress_bar
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
 
@@ -39,7 +39,7 @@ NO_BASELINE_NOTE = ("no autoregressive baseline: this engine directory has none 
                     "--backend trtllm --baseline ...`: the target alone, beside the combined engine)")
 
 
-def _runs(sess, specs, levels, *, temperature, seed, stops, warmup, keep_outputs, graphed, mode):
+def _runs(sess, specs, levels, *, temperature, seed, stops, warmup, keep_outputs, graphed, mode, progress):
     """Every concurrency on one session: (metrics per concurrency, the finished requests per concurrency)."""
     if warmup:
         w = make_requests(specs[:1], temperature=temperature, seed=seed, stops=stops)[0]
@@ -50,7 +50,8 @@ def _runs(sess, specs, levels, *, temperature, seed, stops, warmup, keep_outputs
         rt = Runtime(sess, max_batch_size=c)
         reqs = make_requests(specs, temperature=temperature, seed=seed, stops=stops)
         before = sess.graphs.report() if graphed else None
-        wall = drive(rt, reqs, c)
+        with progress_bar(progress, len(reqs), f"concurrency {c} {mode}") as bar:     # a bar on a terminal
+            wall = drive(rt, reqs, c, on_finish=bar.update)
         m = run_metrics(reqs, wall_s=wall, step_log=rt.step_log, draft_len=sess.K)
         if graphed:
             m["cuda_graphs"] = counts_between(before, sess.graphs.report())
@@ -66,7 +67,7 @@ def _runs(sess, specs, levels, *, temperature, seed, stops, warmup, keep_outputs
 def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None = None, temperature: float = 0.0,
                   seed: int = 0, max_new_tokens: int = 64, stop_on_eos: bool = True, warmup: bool = True,
                   keep_outputs: bool = False, trt=None, cuda_graphs: bool = False, simulate_graphs: bool = False,
-                  baseline: bool = True, on_speculative=None) -> dict:
+                  baseline: bool = True, on_speculative=None, progress: bool = False) -> dict:
     """The report's measured part for a TensorRT engine on the project runtime (``trt``: the tensorrt module, or its
     CPU stand-in in tests). ``cuda_graphs``: generation steps replayed from CUDA graphs (``engine/trtllm/
     session_graphs.py``, each session's graphs kept from one concurrency to the next; each RUN's ``cuda_graphs``
@@ -98,7 +99,7 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
         for r in make_requests(specs, temperature=temperature, seed=seed, stops=stops):
             checker.check(r)
         common = {"temperature": temperature, "seed": seed, "stops": stops, "warmup": warmup,
-                  "keep_outputs": keep_outputs, "graphed": graphed}
+                  "keep_outputs": keep_outputs, "graphed": graphed, "progress": progress}
         spec_m, spec_out = _runs(sess, specs, levels, mode="speculative", **common)
         K, tp = sess.K, sess.tp
     except BaseException:
