@@ -436,8 +436,9 @@ def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, sourc
     levels = sorted(by_c) if concurrency is None else list(concurrency)
     missing = [c for c in levels if c not in by_c]
     if missing:
-        raise ConfigError(f"concurrency {missing[0]} was not measured (the report has {sorted(by_c)})",
-                          field="--concurrency")
+        why = {sk.get("concurrency"): sk.get("error") for sk in steps.get("skipped") or [] if isinstance(sk, dict)}
+        raise ConfigError(f"concurrency {missing[0]} was not measured (the report has {sorted(by_c)}"
+                          + (f"; {why[missing[0]]}" if why.get(missing[0]) else "") + ")", field="--concurrency")
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and 1 <= tau <= K + 1):
         raise ConfigError(f"must be in [1, {K + 1}], got {tau}", field="--acceptance")
     key = COST_BASES[basis]

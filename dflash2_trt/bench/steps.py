@@ -27,6 +27,10 @@ and the same step is timed repeatedly:
   steps change shape and host values). A step that cannot be captured (a host synchronisation or a pageable copy
   inside it) gives ``graph_error`` with CUDA's reason instead.
 
+A concurrency that runs out of GPU memory (a GPU smaller than the H200) ends the sweep there: the levels measured
+are kept in ``points``, that one and the higher ones are in ``skipped`` with the reason (an out-of-memory error at
+the first level is raised: nothing was measured).
+
 The speculative speedup at a mean acceptance length tau is ``tau * t_target_only / t_speculative`` (one
 speculative step emits tau tokens per request on average, one target-only step one), from the wall times and
 from the busy times. This is the stand-in executed eagerly by torch, not a TensorRT engine: its launch overhead and
@@ -370,12 +374,23 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
         say("[steps] target-only engine on the same weights")
         ar = TargetOnlyEngine(spec.config, None, limits, backend=backend, weights=spec.parameters())
         tau = acceptance if acceptance is not None else ARTICLE_ACCEPTANCE.get(target_key)
-        points = []
-        for c in levels:
-            say(f"[steps] concurrency {c}: speculative")
-            sp = measure(spec, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
-            say(f"[steps] concurrency {c}: target only")
-            base = measure(ar, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
+        points, skipped = [], []
+        for i, c in enumerate(levels):
+            try:
+                say(f"[steps] concurrency {c}: speculative")
+                sp = measure(spec, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
+                say(f"[steps] concurrency {c}: target only")
+                base = measure(ar, c, context_len, steps=steps, warmup=warmup, profile_steps=profile_steps)
+            except torch.OutOfMemoryError as e:
+                # a GPU with less memory (an H100's 80 GB against the H200's 141) runs out at the high levels: the
+                # levels measured so far are kept, this one and the higher ones are named with the reason
+                if not points:
+                    raise
+                why = f"out of GPU memory: {str(e).splitlines()[0]}"[:300]
+                skipped = [{"concurrency": x, "error": why} for x in levels[i:]]
+                say(f"[steps] concurrency {c}: {why}; concurrency {', '.join(map(str, levels[i:]))} not measured")
+                torch.cuda.empty_cache()
+                break
             pt = {"concurrency": c, "speculative": sp, "target_only": base}
             if tau:
                 pt["speedup_wall"] = tau * base["wall_ms"] / sp["wall_ms"]
@@ -404,7 +419,7 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
             "torch": torch.__version__, "dtype": spec.config["dtype"], "draft_len": spec.K,
             "context_len": context_len, "limits": limits, "weights": "random (outputs meaningless)",
             "acceptance": tau, "steps": steps, "warmup": warmup, "profile_steps": profile_steps,
-            "build_s": build_s, "points": points, "components": list(COMPONENTS),
+            "build_s": build_s, "points": points, "skipped": skipped, "components": list(COMPONENTS),
             "notes": NOTES + [PLUGIN_NOTE[backend]],
             "wall_s": time.perf_counter() - t0,
         }
@@ -442,5 +457,7 @@ def render(doc: dict) -> str:
               if "graph_error" in p[k]]
     if errors:
         lines.append(f"CUDA-graph capture failed: {errors[0]}")
+    for sk in doc.get("skipped") or []:
+        lines.append(f"concurrency {sk['concurrency']}: not measured ({sk['error']})")
     lines += ["notes:"] + [f"  - {n}" for n in doc["notes"]]
     return "\n".join(lines)

@@ -80,3 +80,33 @@ def test_the_graph_basis_takes_the_replay_time_or_says_why_there_is_none(tmp_pat
     (tmp_path / "e.json").write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="its capture failed: RuntimeError: operation not permitted"):
         bench_project(target="qwen3.8-27b", costs_from=tmp_path / "e.json", cost_basis="graph")
+
+
+def test_a_level_out_of_gpu_memory_keeps_the_levels_measured(monkeypatch):
+    """bench steps on a GPU smaller than the H200: the level that runs out of memory and the higher ones are named
+    with the reason, the levels before it kept; bench project --costs-from then says why a level is missing."""
+    import dflash2_trt.bench.steps as steps_mod
+    import torch
+
+    real = steps_mod.measure
+
+    def measure(engine, concurrency, *a, **k):
+        if concurrency >= 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        return real(engine, concurrency, *a, **k)
+
+    monkeypatch.setattr(steps_mod, "measure", measure)
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,4,16", context_len=16, steps=1, warmup=0,
+                                  profile_steps=0, graph=False)
+    assert [p["concurrency"] for p in doc["points"]] == [1]
+    assert [s["concurrency"] for s in doc["skipped"]] == [4, 16]
+    assert doc["skipped"][0]["error"] == "out of GPU memory: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert "concurrency 16: not measured (out of GPU memory" in steps_mod.render(doc)
+    from dflash2_trt.bench.projection import measured_projection
+
+    with pytest.raises(ConfigError, match=r"concurrency 4 was not measured \(the report has \[1\]; out of GPU memory"):
+        measured_projection(doc, tau=2.0, acceptance_info={}, source="steps.json", concurrency=[1, 4])
+    monkeypatch.setattr(steps_mod, "measure", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
+    with pytest.raises(torch.OutOfMemoryError):                 # nothing measured: the error itself
+        steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,4", context_len=16, steps=1, warmup=0,
+                                profile_steps=0, graph=False)
