@@ -319,3 +319,22 @@ def test_a_changed_baseline_file_is_refused(with_baseline, tmp_path, change, why
     change(d / "baseline" / "rank0.engine")
     with pytest.raises(ConfigError, match=why):
         bench_run(d, _dataset(tmp_path / "ds.jsonl"), concurrency="1", trt=trt, progress=False)
+
+
+def test_an_executor_path_report_says_where_its_baseline_runs(tmp_path):
+    """An executor-path engine (the dense tiny pair) built with --baseline: trtllm-bench's report notes that baseline/
+    runs on the project runtime only (`--runtime project`), instead of ignoring it silently."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.engine.build import build_engine
+
+    pair = trained_pair("qwen3")
+    cpu = tmp_path / "cpu"
+    build_engine(pair.drafter_dir, pair.target_dir, cpu, target_key="tiny", overrides={"block_size": 4}, verify=False,
+                 sets={"drafter_window": "full"})        # no sliding drafter layer: the executor can run it
+    d = standin_trt_engine_dir(cpu, tmp_path / "trt", baseline=True)
+    rep = bench_run(d, _dataset(tmp_path / "ds.jsonl"), concurrency="1", trt=trt, dry_run=True)
+    assert rep["runtime_path"]["path"] == "executor"
+    assert any("baseline/ (build --baseline) runs on the project runtime only" in n for n in rep["notes"])
+    proj = bench_run(d, tmp_path / "ds.jsonl", concurrency="1", trt=trt, runtime="project", progress=False)
+    assert proj["runs"][0]["outputs_match"] is True and proj["baseline"]["kind"] == "target-only"
