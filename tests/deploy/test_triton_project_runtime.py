@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -357,20 +358,24 @@ def test_serve_a_tp2_engine_as_ranks_under_mpiexec(standin_trt_engine_tp2, tmp_p
         s.kill()
 
 
+def _tp2_repository(standin_trt_engine_tp2, tmp_path):
+    """The decoupled repository `deploy triton` writes for the tp 2 engine, two prompts with the tp 2 CPU engine's
+    tokens, and the bundled tritonserver: (repo, prompts, want, install, backend directory, environment)."""
+    _needs_ranks_and_triton()
+    trt_dir, cpu2 = standin_trt_engine_tp2
+    repo = tmp_path / "repo"
+    rp.deploy_triton(trt_dir, repo, ids_only=True, decoupled=True)
+    prompts, want = _tp2_reference(cpu2, tmp_path, 2)
+    return (repo, prompts, want, *_bundled(tmp_path))
+
+
 @pytest.mark.triton
 def test_the_repositorys_launch_sh_starts_the_ranks(standin_trt_engine_tp2, tmp_path):
     """The launch.sh `deploy triton` writes for a tp 2 engine, run as a user runs it (MPIRUN, TRITONSERVER, PYTHON and
     the ports from the environment; the bundled tritonserver's backend directory as an extra argument): mpiexec
     starts tritonserver as rank 0 and the follower as rank 1, a request gets the tp 2 CPU engine's tokens, and a
     SIGTERM to it (mpiexec: launch.sh execs it) ends every process with exit 0."""
-    _needs_ranks_and_triton()
-    import sys
-
-    trt_dir, cpu2 = standin_trt_engine_tp2
-    repo = tmp_path / "repo"
-    rp.deploy_triton(trt_dir, repo, ids_only=True, decoupled=True)
-    prompts, want = _tp2_reference(cpu2, tmp_path, 2)
-    inst, backends, env = _bundled(tmp_path)
+    repo, prompts, want, inst, backends, env = _tp2_repository(standin_trt_engine_tp2, tmp_path)
     port = free_base_port()
     env.update(MPIRUN=str(Path(sys.executable).parent / "mpiexec"), TRITONSERVER=str(inst.binary),
                PYTHON=sys.executable, HTTP_PORT=str(port), GRPC_PORT=str(port + 1), METRICS_PORT=str(port + 2))
@@ -393,14 +398,7 @@ def test_a_tritonserver_on_rank1_follows_rank0(standin_trt_engine_tp2, tmp_path)
     stop is abrupt (rank 1's tritonserver, still loading, exits on the launcher's SIGTERM, and the launcher then kills
     rank 0 without a drain: why the repository's launch.sh runs followers instead); what is checked is that it ends,
     every process with it."""
-    _needs_ranks_and_triton()
-    import sys
-
-    trt_dir, cpu2 = standin_trt_engine_tp2
-    repo = tmp_path / "repo"
-    rp.deploy_triton(trt_dir, repo, ids_only=True, decoupled=True)
-    prompts, want = _tp2_reference(cpu2, tmp_path, 2)
-    inst, backends, env = _bundled(tmp_path)
+    repo, prompts, want, inst, backends, env = _tp2_repository(standin_trt_engine_tp2, tmp_path)
     port, other = free_base_port(), free_base_port()
 
     def server(i, ports, *extra):
@@ -438,7 +436,6 @@ def test_a_follower_whose_rank0_never_closes_ends_the_job_after_its_grace(standi
     closes the engine), but not forever: rank 0 here ignores the signal and never closes, so the follower, blocked
     inside MPI, is woken by its wakeup fd, waits --stop-grace seconds, names itself in one line and ends the job."""
     pytest.importorskip("mpi4py", reason="mpi4py + MPICH (pip install -e '.[mpi]') run the ranks as processes")
-    import sys
 
     trt_dir, _ = standin_trt_engine_tp2
     repo = tmp_path / "repo"
@@ -615,7 +612,6 @@ def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
     engine's refusal, "false" opens it plainly, anything else is the parameter's own error; and at unload it logs
     what the graphs did (here: a cpu engine's runner simulated through open_engine)."""
     import importlib.util
-    import sys
     import types
 
     cpu_dir = standin_trt_engine[1]
