@@ -297,19 +297,9 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             log = tmp / "trtllm-build.log"
             log.write_text(f"# {shell_line(argv, env)}\n")
             say(f"[engine] trtllm-build (log {output / 'trtllm-build.log'})")
-            tb = time.perf_counter()
-            rc = runner(argv, env=env, log=log, cwd=None, echo=(lambda line: say("  trtllm-build | " + line))
-                        if progress else None)
-            build_s = time.perf_counter() - tb
-            if rc != 0:
-                saved = output.with_name(output.name + ".trtllm-build-failed.log")
-                try:
-                    shutil.copy2(log, saved)
-                except OSError:
-                    saved = None
-                raise EngineBuildError(f"trtllm-build failed (exit {rc}); nothing was written to {output}"
-                                       + (f"; its log is kept at {saved}" if saved else "")
-                                       + f". Last lines:\n{log_tail(log)}")
+            build_s = _run_trtllm_build(runner, argv, env, log, say=say, echo=bool(progress),
+                                        kept_log=output.with_name(output.name + ".trtllm-build-failed.log"),
+                                        failed=f"trtllm-build failed (exit {{rc}}); nothing was written to {output}")
             shutil.rmtree(bck)
             _check_engine_output(tmp, cfg, K, log)
             fixes = _fix_engine_config(tmp, say)
@@ -369,6 +359,24 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             shutil.rmtree(temp_ckpt, ignore_errors=True)
 
 
+def _run_trtllm_build(runner, argv, env, log: Path, *, say, echo: bool, kept_log: Path, failed: str,
+                      hint: str = "") -> float:
+    """Run one trtllm-build (its output streamed to ``log``, and echoed with ``echo``); returns its seconds. A
+    non-zero exit is an :class:`EngineBuildError`: ``failed`` (``{rc}`` filled in), where its log is kept
+    (``kept_log``: the build's temporary directory goes), ``hint``, and the log's last lines."""
+    t0 = time.perf_counter()
+    rc = runner(argv, env=env, log=log, cwd=None, echo=(lambda line: say("  trtllm-build | " + line)) if echo else None)
+    seconds = time.perf_counter() - t0
+    if rc != 0:
+        try:
+            shutil.copy2(log, kept_log)
+        except OSError:
+            kept_log = None
+        raise EngineBuildError(failed.replace("{rc}", str(rc)) + (f"; its log is kept at {kept_log}" if kept_log else "") + hint
+                               + f". Last lines:\n{log_tail(log)}")
+    return seconds
+
+
 def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner, output: Path, say, *,
                     echo: bool, kept: list[str]) -> dict:
     """``build --baseline``: the target alone (``trtllm/network/target_only.py``) as a second trtllm-build into
@@ -391,18 +399,10 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
     log = out / "trtllm-build.log"
     log.write_text(f"# {shell_line(argv, env)}\n")
     say(f"[baseline] trtllm-build of the target alone (log {output / BASELINE_DIR / 'trtllm-build.log'})")
-    t0 = time.perf_counter()
-    rc = runner(argv, env=env, log=log, cwd=None, echo=(lambda line: say("  trtllm-build | " + line)) if echo else None)
-    seconds = time.perf_counter() - t0
-    if rc != 0:
-        saved = output.with_name(output.name + ".baseline-trtllm-build-failed.log")
-        try:
-            shutil.copy2(log, saved)
-        except OSError:
-            saved = None
-        raise EngineBuildError(f"trtllm-build of the baseline (--baseline) failed (exit {rc}); nothing was written to "
-                               f"{output}" + (f"; its log is kept at {saved}" if saved else "")
-                               + f" ({again}). Last lines:\n{log_tail(log)}")
+    seconds = _run_trtllm_build(runner, argv, env, log, say=say, echo=echo,
+                                kept_log=output.with_name(output.name + ".baseline-trtllm-build-failed.log"),
+                                failed=f"trtllm-build of the baseline (--baseline) failed (exit {{rc}}); nothing was "
+                                       f"written to {output}", hint=f" ({again})")
     shutil.rmtree(bck)
     missing = [f"rank{r}.engine" for r in range(cfg.tp_size) if not (out / f"rank{r}.engine").is_file()]
     if missing or not (out / "config.json").is_file():
