@@ -280,6 +280,12 @@ def test_without_tensorrt_llm_stops_before_the_engine(pair, tmp_path, toolchain)
     with pytest.raises(MissingDependencyError, match="TensorRT headers") as ei:
         _build(pair, out, replace(toolchain, tensorrt_llm=None, tensorrt_include=None, gpu_sm=None), r)
     assert r.calls == [] and "TensorRT-LLM is not importable" in str(ei.value) and not out.exists()
+    # with --baseline the line names the second command too
+    with pytest.raises(MissingDependencyError) as ei:
+        _build(pair, out, replace(toolchain, tensorrt_llm=None, trtllm_build=None), FakeRunner(), baseline=True)
+    then = str(ei.value).split("; then the baseline's: ", 1)
+    assert len(then) == 2 and "--model_cls_name TargetOnlyForCausalLM" in then[1] and "--max_draft_len" not in then[1]
+    assert f"--output_dir {out / 'baseline'}" in then[1] and "\n" not in str(ei.value)
 
 
 def test_cli_on_this_machine_names_what_is_missing(pair, tmp_path):

@@ -276,13 +276,16 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             missing.insert(0, "TensorRT-LLM is not importable (pip install 'tensorrt-llm>=1.2,<1.3' from NVIDIA's "
                               "index, on a GPU machine)")
         if missing:
-            lib = plugin["path"] if plugin else "<libdflash2_plugins.so>"
+            lib_env = trtllm_build_env(plugin["path"] if plugin else "<libdflash2_plugins.so>")
+            then = ""
+            if baseline:
+                base_argv = trtllm_build_argv(cfg, checkpoint_dir=output / "baseline-checkpoint",
+                                              output_dir=output / BASELINE_DIR, target_only=True)
+                then = f"; then the baseline's: {shell_line(base_argv, lib_env)}"
             raise MissingDependencyError(
                 f"the engine step cannot run here: {'; '.join(missing)}. Kept: {', '.join(kept) or 'nothing'} "
                 f"(`dflash2-trt build` on a GPU machine reuses what is kept). The engine step runs: "
-                f"{shell_line(final_argv, trtllm_build_env(lib))}"
-                + (f"; then the baseline's: {shell_line(trtllm_build_argv(cfg, checkpoint_dir=output / 'baseline-checkpoint', output_dir=output / BASELINE_DIR, target_only=True), trtllm_build_env(lib))}"
-                   if baseline else ""))
+                f"{shell_line(final_argv, lib_env)}{then}")
 
         # ---- engine
         man = None
@@ -372,8 +375,8 @@ def _run_trtllm_build(runner, argv, env, log: Path, *, say, echo: bool, kept_log
             shutil.copy2(log, kept_log)
         except OSError:
             kept_log = None
-        raise EngineBuildError(failed.replace("{rc}", str(rc)) + (f"; its log is kept at {kept_log}" if kept_log else "") + hint
-                               + f". Last lines:\n{log_tail(log)}")
+        raise EngineBuildError(failed.replace("{rc}", str(rc)) + (f"; its log is kept at {kept_log}" if kept_log else "")
+                               + hint + f". Last lines:\n{log_tail(log)}")
     return seconds
 
 
