@@ -55,6 +55,21 @@ def torch_version() -> str:
     return torch.__version__
 
 
+def file_problems(root, files: dict, *, verify: bool = False, hashed=("config.json",)):
+    """``(kind, text)`` for each file of a manifest's list (``{path relative to root: {size, sha256}}``) that is
+    ``missing``, has another ``size``, or (every file with ``verify``, else only those named in ``hashed``) another
+    ``sha256``; a generator, so the caller can stop at the first."""
+    root = Path(root)
+    for rel, meta in files.items():
+        p = root / rel
+        if not p.is_file():
+            yield "missing", f"{rel} is missing"
+        elif p.stat().st_size != meta.get("size"):
+            yield "size", f"{rel} has {p.stat().st_size} bytes, the manifest says {meta.get('size')}"
+        elif (verify or rel in hashed) and file_sha256(p) != meta.get("sha256"):
+            yield "sha256", f"{rel}: sha256 differs from the manifest"
+
+
 def load_engine_dir(engine_dir, *, verify: bool = False):
     """(engine config, manifest) of an engine directory, checked; ``verify`` re-hashes every file."""
     engine_dir = Path(engine_dir)
@@ -89,16 +104,10 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     files = man.get("files")
     if not isinstance(files, dict) or "config.json" not in files:
         raise ConfigError("no file list", source=man_path, field="files")
-    for rel, meta in files.items():
-        p = engine_dir / rel
-        if not p.is_file():
-            raise ConfigError(f"{rel} is missing", source=man_path, field="files")
-        if p.stat().st_size != meta.get("size"):
-            raise ConfigError(f"{rel} has {p.stat().st_size} bytes, the manifest says {meta.get('size')} (truncated or "
-                              f"modified; rebuild the engine)", source=man_path, field="files")
-        if (verify or rel == "config.json") and file_sha256(p) != meta.get("sha256"):
-            raise ConfigError(f"{rel}: sha256 differs from the manifest (modified after the build)", source=man_path,
-                              field="files")
+    advice = {"missing": "", "size": " (truncated or modified; rebuild the engine)",
+              "sha256": " (modified after the build)"}
+    for kind, text in file_problems(engine_dir, files, verify=verify):
+        raise ConfigError(text + advice[kind], source=man_path, field="files")
     try:
         pre, build = cfg["pretrained_config"], cfg["build_config"]
         limit_keys = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")

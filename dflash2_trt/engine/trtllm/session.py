@@ -58,7 +58,7 @@ from ...trtllm.engine_io import load_contract
 from ...trtllm.register import import_tensorrt_llm
 from ...trtllm.gdn_slot import engine_slot_layout
 from ..binding import bind, layer_windows, static_inputs
-from ..format import file_sha256, load_engine_dir
+from ..format import file_problems, load_engine_dir
 from ..pretrained import BASELINE_DIR, TARGET_ONLY, engine_draft_len, is_target_only
 from .runtime_rules import facts as _facts_file
 
@@ -601,16 +601,9 @@ def baseline_config(engine_dir, cfg: dict, man: dict, *, verify: bool = False) -
     if not isinstance(files, dict) or f"{BASELINE_DIR}/config.json" not in files:
         raise ConfigError("no file list (built by an earlier development version): rebuild with --baseline, or run "
                           "`bench run --no-baseline`", source=man_path, field="baseline.files")
-    for rel, meta in files.items():
-        p = engine_dir / rel
-        why = (f"{rel} is missing" if not p.is_file() else
-               f"{rel} has {p.stat().st_size} bytes, the manifest says {meta.get('size')}"
-               if p.stat().st_size != meta.get("size") else
-               f"{rel}: sha256 differs from the manifest" if (verify or rel.endswith("config.json"))
-               and file_sha256(p) != meta.get("sha256") else None)
-        if why:
-            raise ConfigError(f"{why}: the baseline engine is incomplete or modified; rebuild with --baseline, or run "
-                              f"`bench run --no-baseline`", source=man_path, field="baseline.files")
+    for _, why in file_problems(engine_dir, files, verify=verify, hashed=(f"{BASELINE_DIR}/config.json",)):
+        raise ConfigError(f"{why}: the baseline engine is incomplete or modified; rebuild with --baseline, or run "
+                          f"`bench run --no-baseline`", source=man_path, field="baseline.files")
     path = engine_dir / BASELINE_DIR / "config.json"
     try:
         base = json.loads(path.read_text())
