@@ -130,6 +130,38 @@ def test_shape_is_int64_and_where_refuses_mixed_int_kinds():
     assert F.concat([n, 4]).dtype == torch.int64                       # ints become int64 next to an int64 Tensor
 
 
+def test_an_empty_constant_is_refused_and_a_zero_width_slice_is_not():
+    """api_1_2.yaml dtype_rules constant_empty: TensorRT's addConstant refuses weights of count 0 with the non-null
+    pointer TensorRT-LLM's constant() passes (met on a real TensorRT-RTX network by the conformance harness: the
+    baseline network's [bs, 0] next_draft_tokens was such a constant); a [bs, 0] tensor is made by slicing."""
+    assert "addConstant" in FACTS["dtype_rules"]["constant_empty"]
+    with pytest.raises(ValueError, match="no elements"):
+        F.constant(np.zeros((1, 0), np.int32))
+    zero = F.expand(F.constant(np.zeros(1, np.int32)), F.concat([3]))
+    out = F.slice(F.unsqueeze(zero, 1), [0, 0], F.concat([3, 0]))
+    assert tuple(out.shape) == (3, 0) and out.dtype == torch.int32
+
+
+def test_one_tensor_is_one_output():
+    """api_1_2.yaml dtype_rules mark_output: Network._mark_output names the tensor, so a tensor marked under a second
+    name loses the first (met on a real TensorRT-RTX network: the baseline had no accepted_paths output). The
+    stand-in refuses the second name; cast() to the tensor's own dtype is the tensor itself, as in TensorRT-LLM."""
+    from dflash2_trt.trtllm.cpu import modeling_utils as MU
+
+    assert "last name" in FACTS["dtype_rules"]["mark_output"]
+    zero = F.expand(F.constant(np.zeros(1, np.int32)), F.concat([2]))
+    MU.begin_outputs()
+    try:
+        MU.mark_output(zero, "accepted_paths", "int32")
+        assert F.cast(zero, "int32") is zero
+        with pytest.raises(RuntimeError, match="already output 'accepted_paths'"):
+            MU.mark_output(F.cast(zero, "int32"), "next_draft_lens", "int32")
+        MU.mark_output(zero + 0, "next_draft_lens", "int32")          # a distinct tensor is a distinct output
+    finally:
+        got = MU.outputs()
+    assert list(got) == ["accepted_paths", "next_draft_lens"]
+
+
 def test_strongly_typed_scalar_rule_and_mixed_kinds_refused():
     """trtllm-build's network is strongly typed by default: a Python scalar takes the other operand's dtype
     (broadcast_helper); two Tensors must agree (int32 meeting int64 excepted)."""

@@ -93,6 +93,9 @@ def constant(ndarray, as_dtype=None, as_shape=None) -> Tensor:
         raise NotImplementedError("constant stand-in: as_dtype / as_shape are not used by the network")
     if not isinstance(ndarray, np.ndarray):
         raise TypeError(f"constant: TensorRT-LLM takes a numpy array, got {type(ndarray).__name__}")
+    if ndarray.size == 0:   # api_1_2.yaml dtype_rules constant_empty
+        raise ValueError(f"constant: an array with no elements (shape {ndarray.shape}) is a TensorRT weights count of "
+                         f"0 with a non-null pointer, which addConstant refuses; slice a non-empty tensor instead")
     dev = current_device()
     if ndarray.ndim == 0:      # a 0-D constant is a bound or a scalar: kept on the host, moved where an op needs it
         return wrap(torch.from_numpy(np.ascontiguousarray(ndarray)).clone())

@@ -212,6 +212,11 @@ _out = threading.local()
 
 def begin_outputs() -> None:
     _out.d = OrderedDict()
+    _out.marked = []   # (network tensor, name): TensorRT names a tensor, so one tensor is one output
+
+
+def _marked_as(tensor):
+    return next((name for t, name in getattr(_out, "marked", []) if t is tensor), None)
 
 
 def mark_output(tensor: torch.Tensor, name: str, dtype=None) -> None:
@@ -229,10 +234,18 @@ def mark_output(tensor: torch.Tensor, name: str, dtype=None) -> None:
     if dtype is not None and t.dtype != str_dtype_to_torch(dtype):
         # Tensor.mark_output(name, dtype) sets the output's type; TensorRT refuses a type that is not the tensor's
         raise TypeError(f"mark_output({name!r}): the tensor is {t.dtype}, the output is declared {dtype}")
+    first = _marked_as(tensor)
+    if first is not None:
+        # Network._mark_output marks the ITensor and then sets its name (cast to the same dtype returns the tensor
+        # itself): a second name renames the first output away, and the engine lacks it (api_1_2.yaml mark_output)
+        raise RuntimeError(f"mark_output({name!r}): this tensor is already output {first!r}; TensorRT would rename "
+                           f"it and the engine would have no {first!r} output (mark a distinct tensor)")
+    _out.marked.append((tensor, name))
     d[name] = t
 
 
 def outputs() -> "OrderedDict[str, torch.Tensor]":
     d = getattr(_out, "d", None)
     _out.d = None
+    _out.marked = []
     return d

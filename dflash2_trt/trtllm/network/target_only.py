@@ -111,15 +111,19 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         drawn = F.cast(inverse_cdf(probs, F.cast(rand_data_sample, "float32")), "int32")
         nxt = F.where(sampled, drawn, greedy)
 
-        zero = F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
+        def zeros():   # [bs] int32 zeros, a distinct tensor per output (TensorRT names a tensor: one output each)
+            return F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
+
+        zero = zeros()
         if recurrent:                 # a generation request's one token is always kept: commit it
             for gdn, keep in saved:
                 gdn.commit(keep, zero + 1, rs)
         api.mark_output(F.unsqueeze(nxt, 1), "accepted_tokens", "int32")
         api.mark_output(zero + 1, "num_accepted_tokens", "int32")
         api.mark_output(zero, "accepted_paths", "int32")
-        api.mark_output(F.expand(F.constant(np.zeros((1, 0), np.int32)), dims(bs, 0)), "next_draft_tokens", "int32")
-        api.mark_output(zero, "next_draft_lens", "int32")
+        # [bs, 0] as a slice: TensorRT refuses an empty constant (api_1_2.yaml dtype_rules constant_empty)
+        api.mark_output(F.slice(F.unsqueeze(zero, 1), [0, 0], dims(bs, 0)), "next_draft_tokens", "int32")
+        api.mark_output(zeros(), "next_draft_lens", "int32")
         api.mark_output(F.expand(F.constant(np.zeros((1, 1, 1), np.int32)), dims(bs, 1, 1)), "next_draft_paths",
                         "int32")
         api.mark_output(logits, "logits", "float32")
