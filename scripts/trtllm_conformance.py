@@ -2,7 +2,8 @@
 """Conformance harness: the project's engine network through TensorRT-LLM's own network-definition code.
 
     python scripts/trtllm_conformance.py --trtllm-src DIR [--target tiny|tiny-hybrid|tiny-muse|all]
-                                         [--tp 1|2|all] [--model-file PATH] [--no-register] [--json]
+                                         [--tp 1|2|all] [--network combined|baseline|all] [--model-file PATH]
+                                         [--no-register] [--json]
 
 DIR holds TensorRT-LLM's public Python sources at their repository paths (``DIR/tensorrt_llm/functional.py``...;
 never part of this repository). For each target and tp size, for every rank, the harness runs what
@@ -10,7 +11,9 @@ never part of this repository). For each target and tp size, for every rank, the
 build.py / builder.py are not in DIR): the checkpoint ``dflash2-trt build --backend trtllm`` would hand to
 trtllm-build (converted checkpoint + ``engine.pretrained.engine_pretrained_config``: EAGLE fields,
 ``dflash2_engine``), its recorded command line (``engine.trtllm.command.trtllm_build_argv``: plugin flags, max
-sizes, ``--max_draft_len``), the real
+sizes, ``--max_draft_len``) and the class it names (``--model_cls_name``); with ``--network baseline`` (or ``all``,
+the default) also the second build of ``build --baseline`` (``baseline_pretrained_config``, ``TargetOnlyForCausalLM``,
+no speculative decoding mode); the real
 ``PretrainedConfig.from_json_file`` (MODEL_MAP lookup; the architectures are registered through
 ``dflash2_trt.trtllm.register`` unless ``--no-register``), ``model_cls.from_checkpoint`` (real
 ``PretrainedModel.__init__``/``load``), a real ``Network`` over TensorRT-RTX, ``prepare_inputs`` and ``forward``
@@ -24,7 +27,9 @@ with a traceback summary; layers, inputs, outputs, plugin layers; build OK/fail.
 
 Real (run from DIR, unmodified): tensorrt_llm/{_utils, _common, logger, module, parameter, network, functional,
 mapping}.py, plugin/plugin.py, layers/{linear, normalization, embedding}.py, models/modeling_utils.py (the
-revisions read are listed in DIR/COMMITS.txt when present).
+revisions read are listed in DIR/COMMITS.txt when present; the store holds some files at 1.2.0rc2 = b35ac1b6, others
+at one other revision each: the run of 2026-12-05 used _utils, mapping and modeling_utils at b35ac1b6, functional at
+0071496d, network at 7b437aaa, plugin at c20322ff, the others at the revisions api_1_2.yaml records).
 
 Stubbed (in scripts/trtllm_conformance_lib/harness.py; none is on the definition path of this network, each
 raises if called where a value matters):
@@ -40,7 +45,10 @@ raises if called where a value matters):
 - tensorrt_llm.bindings (C++ runtime), _ipc_utils, envs, llmapi.kv_cache_type, top_model_mixin,
   models.generation_mixin (prepare_basic_inputs: the network defines its own prepare_inputs), models.convert_utils,
   layers.{lora, attention, moe, conv} (type names only), graph_rewriting (metadata only), quantization (only the
-  unquantized mode: QuantMode(0)), and the third-party mpi4py (one rank per process), nvtx, onnx_graphsurgeon.
+  unquantized mode: QuantMode(0)), _torch.device_mesh (a base-class name of mapping.py's Ray-mode
+  DeviceMeshTopology; Mapping() is an MpiTopology here), and the third-party mpi4py (one rank per process; its
+  util.pkl5.Intracomm wrapper, which _utils.py applies at import, returns the communicator), nvtx,
+  onnx_graphsurgeon.
 - graph_rewriting.optimize(): its one pass (FuseAttentionWithBiasPass) matches PLUGIN_V2 GPTAttention layers, which
   the placeholders are not; the harness applies the pass's match rule to the real graph instead (build_steps.py).
 - not reproduced: the refit/weight-streaming/strip-plan builder options (off on our command line).
@@ -51,6 +59,7 @@ raises if called where a value matters):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -65,7 +74,8 @@ if str(REPO) not in sys.path:
 TARGETS = ("tiny", "tiny-hybrid", "tiny-muse")
 
 
-def run(src, targets, tps, model_file=None, register=True, workdir=None, build=True, progress=None) -> list[dict]:
+def run(src, targets, tps, model_file=None, register=True, workdir=None, build=True, progress=None,
+        networks=("combined",)) -> list[dict]:
     from trtllm_conformance_lib import harness
 
     harness.install(Path(src))
@@ -73,20 +83,21 @@ def run(src, targets, tps, model_file=None, register=True, workdir=None, build=T
     reports = []
     with tempfile.TemporaryDirectory(prefix="trtllm-conformance-") as tmp:
         work = Path(workdir) if workdir else Path(tmp)
-        for target in targets:
-            for tp in tps:
-                entry = {"target": target, "tp": tp, "model_file": str(model_file), "ranks": []}
-                try:
-                    ckpt, argv, _ = harness.prepare_checkpoint(target, tp, work)
-                except Exception as exc:   # noqa: BLE001
-                    entry["error"] = f"checkpoint: {type(exc).__name__}: {exc}"
-                    reports.append(entry)
-                    continue
-                entry["trtllm_build_argv"] = argv
-                for rank in range(tp):
-                    entry["ranks"].append(harness.define(model_file, ckpt, argv, rank, register=register, build=build,
-                                                        progress=progress))
+        for target, tp, network in itertools.product(targets, tps, networks):
+            entry = {"target": target, "tp": tp, "network": network, "model_file": str(model_file), "ranks": []}
+            if progress:
+                progress(f"{target} tp{tp} {network}")
+            try:
+                ckpt, argv, _ = harness.prepare_checkpoint(target, tp, work, network=network)
+            except Exception as exc:   # noqa: BLE001
+                entry["error"] = f"checkpoint: {type(exc).__name__}: {exc}"
                 reports.append(entry)
+                continue
+            entry["trtllm_build_argv"] = argv
+            for rank in range(tp):
+                entry["ranks"].append(harness.define(model_file, ckpt, argv, rank, register=register, build=build,
+                                                    progress=progress))
+            reports.append(entry)
     return reports
 
 
@@ -122,10 +133,10 @@ def format_report(reports) -> str:
     lines = []
     for r in reports:
         if r.get("error"):
-            lines.append(f"{r['target']} tp{r['tp']}: {r['error']}")
+            lines.append(f"{r['target']} tp{r['tp']} {r.get('network', 'combined')}: {r['error']}")
             continue
         for x in r["ranks"]:
-            head = f"{r['target']} tp{r['tp']} rank{x['rank']}:"
+            head = f"{r['target']} tp{r['tp']} {r.get('network', 'combined')} rank{x['rank']}:"
             if x["defined"]:
                 lines.append(f"{head} defined: {x['layers']} TensorRT layers ({x['network_layers']} outside plugin "
                              f"placeholders), {x['inputs']} inputs, {x['outputs']} outputs, "
@@ -147,6 +158,9 @@ def main(argv=None) -> int:
     p.add_argument("--trtllm-src", required=True, help="directory holding tensorrt_llm/... (TensorRT-LLM sources)")
     p.add_argument("--target", default="all", choices=(*TARGETS, "all"))
     p.add_argument("--tp", default="all", choices=("1", "2", "all"))
+    p.add_argument("--network", default="all", choices=("combined", "baseline", "all"),
+                   help="the combined engine's class (DFlash2ForCausalLM), the `build --baseline` class "
+                        "(TargetOnlyForCausalLM, no speculative decoding mode), or both (default)")
     p.add_argument("--model-file", default=None, help="model class file (default: dflash2_trt/trtllm/model.py)")
     p.add_argument("--no-register", action="store_true", help="do not register the DFlash2 architectures")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -167,8 +181,9 @@ def main(argv=None) -> int:
     saved = os.dup(1)
     os.dup2(2, 1)   # TensorRT and the sources log to stdout; the report alone goes there
     try:
+        networks = ("combined", "baseline") if a.network == "all" else (a.network,)
         reports = run(src, targets, tps, a.model_file, register=not a.no_register, build=not a.no_build,
-                      progress=say)
+                      progress=say, networks=networks)
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)

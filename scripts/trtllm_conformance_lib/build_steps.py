@@ -21,7 +21,10 @@ def load_steps() -> dict:
     return yaml.safe_load(STEPS_FILE.read_text(encoding="utf-8"))
 
 
-def _argv_value(argv, flag, cast=str):
+def _argv_value(argv, flag, cast=str, default=None):
+    """A flag's value; ``default`` (the parser's default, facts trtllm_build_cli.yaml) when the flag is absent."""
+    if flag not in argv and default is not None:
+        return default
     return cast(argv[argv.index(flag) + 1])
 
 
@@ -36,9 +39,10 @@ def build_config_from_argv(argv, model_config, plugin_config, log) -> dict:
           "max_seq_len": _argv_value(argv, "--max_seq_len", int),
           "max_num_tokens": _argv_value(argv, "--max_num_tokens", int),
           "max_beam_width": _argv_value(argv, "--max_beam_width", int),
-          "max_draft_len": _argv_value(argv, "--max_draft_len", int),
+          # parser defaults: --max_draft_len 0, no --speculative_decoding_mode = NONE (the --baseline build)
+          "max_draft_len": _argv_value(argv, "--max_draft_len", int, default=0),
           "opt_num_tokens": None, "max_prompt_embedding_table_size": 0, "gather_context_logits": False,
-          "speculative_decoding_mode": _argv_value(argv, "--speculative_decoding_mode"),
+          "speculative_decoding_mode": _argv_value(argv, "--speculative_decoding_mode", default="none"),
           "kv_cache_type": _argv_value(argv, "--kv_cache_type")}
     given = dict(bc)
     # BuildConfig.update_kv_cache_type: paged_kv_cache follows kv_cache_type; paged_state is forced False for every
@@ -62,23 +66,31 @@ def build_config_from_argv(argv, model_config, plugin_config, log) -> dict:
     for f in ("reduce_fusion", "user_buffer", "norm_quant_fusion"):
         setattr(pc, f, False)
     log.append({"step": "fusion_overrides", "reduce_fusion": False, "user_buffer": False, "norm_quant_fusion": False})
+    # a config's max_draft_len is taken when the flag left build_config's at 0 (the baseline's config says 0)
+    if hasattr(model_config, "max_draft_len") and bc["max_draft_len"] == 0:
+        bc["max_draft_len"] = int(model_config.max_draft_len)
+    log.append({"step": "max_draft_len_from_config", "max_draft_len": bc["max_draft_len"],
+                "flag": given["max_draft_len"], "config": getattr(model_config, "max_draft_len", None)})
     # speculative decoding: max_seq_len += max_draft_len (mode != NONE), += num_eagle_layers (EAGLE, which asserts
-    # the config has it); max_num_tokens >= max_batch_size * (max_draft_len + 1)
-    if bc["speculative_decoding_mode"] != "eagle":
-        raise RuntimeError(f"--speculative_decoding_mode {bc['speculative_decoding_mode']}: the harness models eagle")
-    if not hasattr(model_config, "num_eagle_layers"):
-        raise AssertionError("builder.build: EAGLE needs model.config.num_eagle_layers")
-    bc["max_seq_len"] += bc["max_draft_len"] + int(model_config.num_eagle_layers)
-    bc["max_num_tokens"] = max(bc["max_num_tokens"], bc["max_batch_size"] * (bc["max_draft_len"] + 1))
-    log.append({"step": "speculative_max_seq_len", "max_seq_len": bc["max_seq_len"],
+    # the config has it); max_num_tokens >= max_batch_size * (max_draft_len + 1) (mode != NONE)
+    mode = bc["speculative_decoding_mode"]
+    if mode not in ("eagle", "none"):
+        raise RuntimeError(f"--speculative_decoding_mode {mode}: the harness models eagle and none")
+    if mode == "eagle":
+        if not hasattr(model_config, "num_eagle_layers"):
+            raise AssertionError("builder.build: EAGLE needs model.config.num_eagle_layers")
+        bc["max_seq_len"] += bc["max_draft_len"] + int(model_config.num_eagle_layers)
+        bc["max_num_tokens"] = max(bc["max_num_tokens"], bc["max_batch_size"] * (bc["max_draft_len"] + 1))
+    log.append({"step": "speculative_max_seq_len", "applied": mode == "eagle", "max_seq_len": bc["max_seq_len"],
                 "from": given["max_seq_len"], "max_num_tokens": bc["max_num_tokens"]})
     # context FMHA on, no FP8 quantization: use_fp8_context_fmha forced False; paged context FMHA kept
     pc.use_fp8_context_fmha = False
     log.append({"step": "context_fmha_rules", "use_paged_context_fmha": pc.use_paged_context_fmha,
                 "use_fp8_context_fmha": False})
-    if bc["max_batch_size"] > 512 or bc["max_draft_len"] > 256:
+    if mode == "eagle" and (bc["max_batch_size"] > 512 or bc["max_draft_len"] > 256):
         raise AssertionError("builder.build: EAGLE needs max_batch_size <= 512 and max_draft_len <= 256")
-    log.append({"step": "eagle_limits", "max_batch_size": bc["max_batch_size"], "max_draft_len": bc["max_draft_len"]})
+    log.append({"step": "eagle_limits", "applied": mode == "eagle", "max_batch_size": bc["max_batch_size"],
+                "max_draft_len": bc["max_draft_len"]})
     return bc
 
 
@@ -113,14 +125,16 @@ def optimize_model_with_config(model, plugin_config, log):
 
 def prepare_input_args(bc) -> dict:
     """builder.build's prepare_inputs keywords (EAGLE adds spec_decoding_is_generation_length_variable)."""
-    return {"max_batch_size": bc["max_batch_size"], "max_input_len": bc["max_input_len"],
+    args = {"max_batch_size": bc["max_batch_size"], "max_input_len": bc["max_input_len"],
             "max_seq_len": bc["max_seq_len"], "use_cache": bc["kv_cache_type"] != "disabled",
             "max_beam_width": bc["max_beam_width"], "max_num_tokens": bc["max_num_tokens"],
             "opt_num_tokens": bc["opt_num_tokens"],
             "prompt_embedding_table_size": bc["max_prompt_embedding_table_size"],
             "max_draft_len": bc["max_draft_len"], "speculative_decoding_draft_tokens_external": False,
-            "gather_context_logits": bc["gather_context_logits"], "lora_target_modules": [],
-            "spec_decoding_is_generation_length_variable": True}
+            "gather_context_logits": bc["gather_context_logits"], "lora_target_modules": []}
+    if bc["speculative_decoding_mode"] == "eagle":
+        args["spec_decoding_is_generation_length_variable"] = True
+    return args
 
 
 def fuse_attention_with_bias_matches(real_net, pnet, log) -> int:

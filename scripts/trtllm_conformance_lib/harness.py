@@ -116,8 +116,11 @@ def install(src: Path):
 
     sys.modules["tensorrt"] = make_module()
     # third-party modules the sources import at top level, absent here and off the definition path
-    _mod("mpi4py")
+    _pkg("mpi4py")
     sys.modules["mpi4py"].MPI = _mod("mpi4py.MPI", COMM_WORLD=_MPIComm(), COMM_TYPE_SHARED=0)
+    # _utils.py (1.2.0rc2) wraps COMM_WORLD in mpi4py.util.pkl5.Intracomm at import; one rank per process here
+    sys.modules["mpi4py"].util = _pkg("mpi4py.util")
+    sys.modules["mpi4py.util"].pkl5 = _mod("mpi4py.util.pkl5", Intracomm=lambda comm: comm)
     _mod("nvtx", annotate=lambda *a, **k: __import__("contextlib").nullcontext(), mark=lambda *a, **k: None)
     _mod("onnx_graphsurgeon", Graph=_stub_class("onnx_graphsurgeon.Graph"))
 
@@ -126,6 +129,7 @@ def install(src: Path):
     _mod("tensorrt_llm.envs", get_env=lambda name: {"TRTLLM_PRINT_STACKS_PERIOD": -1}.get(name))
     dt = enum.Enum("DataType", "FLOAT HALF BF16 INT64 INT32 INT8 BOOL FP8 UINT8 NVFP4")
     b = _pkg("tensorrt_llm.bindings", DataType=dt, GptJsonConfig=_stub_class("bindings.GptJsonConfig"),
+             LayerType=enum.Enum("LayerType", "ATTENTION RECURRENT LINEAR NOOP"),
              MpiComm=types.SimpleNamespace(local_init=_unused("bindings.MpiComm.local_init")))
     b.BuildInfo = _mod("tensorrt_llm.bindings.BuildInfo", ENABLE_MULTI_DEVICE=False)
     b.executor = _mod("tensorrt_llm.bindings.executor",
@@ -135,6 +139,10 @@ def install(src: Path):
                               lamport_initialize=_unused("lamport_initialize"),
                               lamport_initialize_all=_unused("lamport_initialize_all"),
                               max_workspace_size_lowprecision=_unused("max_workspace_size_lowprecision"))
+    # mapping.py (1.2.0rc2): DeviceMeshTopology (the PyTorch backend's Ray mode, TLLM_DISABLE_MPI=1) derives from
+    # _torch.device_mesh.DeviceMeshTopologyImpl; Mapping() is an MpiTopology here, so the base is a name only
+    _pkg("tensorrt_llm._torch")
+    _mod("tensorrt_llm._torch.device_mesh", DeviceMeshTopologyImpl=_stub_class("_torch.device_mesh.DeviceMeshTopologyImpl"))
     _mod("tensorrt_llm._ipc_utils", IpcMemory=_stub_class("IpcMemory"), can_access_peer=_unused("can_access_peer"))
 
     class _FLayerInfoMemo:   # graph_rewriting: functional records per-call metadata there (graph rewriting only)
@@ -194,7 +202,8 @@ def install(src: Path):
 
     real("tensorrt_llm._utils")
     # version skew between the stored revisions: _common.py (0fccc5b9) imports print_all_stacks, which the stored
-    # _utils.py (000a01de) lacks; only _common._init (plugin-library init, not called here) uses it
+    # _utils.py revisions (000a01de; b35ac1b6 = 1.2.0rc2) lack; only _common._init (plugin-library init, not called
+    # here) uses it
     sys.modules["tensorrt_llm._utils"].__dict__.setdefault("print_all_stacks", _unused("_utils.print_all_stacks"))
     plugin = _pkg("tensorrt_llm.plugin", root / "plugin")
     pp = real("tensorrt_llm.plugin.plugin")
@@ -230,30 +239,44 @@ def install(src: Path):
 
 
 # -------------------------------------------------------------------------------------------- the build path
-def prepare_checkpoint(target: str, tp: int, workdir: Path) -> tuple[Path, list[str], object]:
+NETWORKS = ("combined", "baseline")   # what `build --backend trtllm` hands trtllm-build; baseline: `--baseline`
+
+
+def prepare_checkpoint(target: str, tp: int, workdir: Path, network: str = "combined"
+                       ) -> tuple[Path, list[str], object]:
     """The derived checkpoint dflash2-trt's trtllm build gives trtllm-build (engine/trtllm/build.py): the converted
     checkpoint (engine/checkpoint.ensure_checkpoint) + config.json from pretrained.engine_pretrained_config, and the
-    trtllm-build argv trtllm/command.trtllm_build_argv records."""
+    trtllm-build argv trtllm/command.trtllm_build_argv records. ``network`` "baseline": what ``build --baseline``
+    hands its second trtllm-build (build.py _build_baseline): the same rank files, the config marked target-only
+    (pretrained.baseline_pretrained_config), the argv with ``target_only=True`` (TargetOnlyForCausalLM, no
+    speculative decoding mode, no --max_draft_len)."""
     from dflash2_trt.engine.checkpoint import ensure_checkpoint
     from dflash2_trt.engine.plan import prepare
-    from dflash2_trt.engine.pretrained import engine_pretrained_config
+    from dflash2_trt.engine.pretrained import baseline_pretrained_config, engine_pretrained_config
     from dflash2_trt.engine.trtllm.command import trtllm_build_argv
     from dflash2_trt.targets import get_target, resolve_dirs
 
+    if network not in NETWORKS:
+        raise HarnessError(f"network {network!r}: one of {NETWORKS}")
+    baseline = network == "baseline"
     entry = get_target(target)
     ddir, tdir = resolve_dirs(entry)
     prep = prepare(ddir, tdir, target_key=target, overrides={"tp_size": tp})
     ck = workdir / f"{target}-tp{tp}.checkpoint"
-    ensure_checkpoint(prep, ck)
-    bck = workdir / f"{target}-tp{tp}.build-checkpoint"
+    if not (ck / "config.json").is_file():
+        ensure_checkpoint(prep, ck)
+    bck = workdir / f"{target}-tp{tp}.{'baseline' if baseline else 'build'}-checkpoint"
     bck.mkdir(parents=True, exist_ok=True)
     pre = engine_pretrained_config(json.loads((ck / "config.json").read_text()), prep.cfg, prep.d)
+    if baseline:
+        pre = baseline_pretrained_config(pre)
     (bck / "config.json").write_text(json.dumps(pre, indent=2) + "\n")
     for r in range(tp):
         link = bck / f"rank{r}.safetensors"
         if not link.exists():
             link.symlink_to((ck / f"rank{r}.safetensors").resolve())
-    argv = trtllm_build_argv(prep.cfg, checkpoint_dir=bck, output_dir=workdir / "engine")
+    argv = trtllm_build_argv(prep.cfg, checkpoint_dir=bck, output_dir=workdir / f"engine-{network}",
+                             target_only=baseline)
     return bck, argv, prep
 
 
@@ -296,7 +319,11 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         sys.modules[spec.name] = net_mod
         with backend.using("trtllm"):
             spec.loader.exec_module(net_mod)
-        model_cls = net_mod.DFlash2ForCausalLM
+        # commands/build.py: the class is getattr(the loaded --model_cls_file, --model_cls_name) (facts
+        # trtllm_build_cli.yaml model_cls_name_required): DFlash2ForCausalLM, or TargetOnlyForCausalLM for --baseline
+        rep["model_cls_name"] = _argv_value(argv, "--model_cls_name")
+        model_cls = getattr(net_mod, rep["model_cls_name"])
+        combined_cls = net_mod.DFlash2ForCausalLM
         import tensorrt_llm.models as tm
         from tensorrt_llm.models.modeling_utils import PretrainedConfig
 
@@ -304,10 +331,12 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         if register:
             from dflash2_trt.trtllm.register import register as reg
 
-            reg(tm.MODEL_MAP, model_cls)
+            # `python -m dflash2_trt.trtllm.register` maps the architectures to the combined class for both
+            # builds (the config class and MODEL_MAP lookups); the baseline's class comes from --model_cls_name
+            reg(tm.MODEL_MAP, combined_cls)
             # register()'s own default (what `python -m dflash2_trt.trtllm.register` does) is the same class
             # object the model class file exposes, or TensorRT-LLM would build one class and load another
-            rep["register_default_is_model_cls"] = all(v is model_cls for v in reg({}).values())
+            rep["register_default_is_model_cls"] = all(v is combined_cls for v in reg({}).values())
         rep["stage"] = "PretrainedConfig.from_json_file (MODEL_MAP)"
         cfg = PretrainedConfig.from_json_file(str(ckpt / "config.json"))
         rank_cfg = copy.deepcopy(cfg)

@@ -174,12 +174,14 @@ needs_src = pytest.mark.skipif(not SRC or not (Path(SRC) / "tensorrt_llm" / "fun
 @needs_src
 @pytest.mark.parametrize("target", ["tiny", "tiny-hybrid", "tiny-muse"])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_networks_define_and_build_over_real_trtllm(target, tp):
+@pytest.mark.parametrize("network", ["combined", "baseline"])
+def test_networks_define_and_build_over_real_trtllm(target, tp, network):
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "trtllm_conformance.py"), "--trtllm-src", SRC,
-                        "--target", target, "--tp", str(tp), "--json", "--quiet"],
+                        "--target", target, "--tp", str(tp), "--network", network, "--json", "--quiet"],
                        capture_output=True, text=True, timeout=3000, cwd=REPO)
     reports = json.loads(r.stdout)
     assert len(reports) == 1 and not reports[0].get("error"), reports
+    assert reports[0]["network"] == network
     ranks = reports[0]["ranks"]
     assert [x["rank"] for x in ranks] == list(range(tp))
     for x in ranks:
@@ -234,10 +236,12 @@ def test_fuse_attention_with_bias_match_rule():
 
 @needs_src
 def test_define_only_runs_trtllm_builds_steps_and_declares_the_workspace(tmp_path):
-    """Define-only over the real sources, every target and tp: the report lists exactly trtllm_build_steps.yaml's
-    steps in order; the network is defined with builder.build's max_seq_len (S + K + num_eagle_layers); no graph
+    """Define-only over the real sources, every target, tp and network: the report lists exactly
+    trtllm_build_steps.yaml's steps in order; the combined network is defined with builder.build's max_seq_len
+    (S + K + num_eagle_layers), the baseline (TargetOnlyForCausalLM, mode NONE) with S and no draft length; no graph
     rewrite matches; tp 2 declares all_reduce_workspace (int64 [7 tp + 3]) and its all-reduces keep strategy AUTO
-    (3, with the workspace), tp 1 declares none and has no all-reduce."""
+    (3, with the workspace), tp 1 declares none and has no all-reduce. The baseline declares the combined engine's
+    input names (target_only.py: its inputs with K = 0, one feed for both) and no selector scan."""
     import yaml
 
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "trtllm_conformance.py"), "--trtllm-src", SRC,
@@ -246,14 +250,32 @@ def test_define_only_runs_trtllm_builds_steps_and_declares_the_workspace(tmp_pat
     reports = json.loads(r.stdout)
     steps = [s["id"] for s in yaml.safe_load((REPO / "scripts" / "trtllm_conformance_lib" /
                                               "trtllm_build_steps.yaml").read_text())["steps"]]
-    assert len(reports) == 6
-    for rep in reports:
+    assert len(reports) == 12
+    assert sorted((r["target"], r["tp"], r["network"]) for r in reports) == sorted(
+        (t, tp, n) for t in ("tiny", "tiny-hybrid", "tiny-muse") for tp in (1, 2) for n in ("combined", "baseline"))
+    combined_inputs = {}
+    for rep in sorted(reports, key=lambda r: r["network"] != "combined"):
         argv = rep["trtllm_build_argv"]
-        S, K = int(argv[argv.index("--max_seq_len") + 1]), int(argv[argv.index("--max_draft_len") + 1])
+        baseline = rep["network"] == "baseline"
+        S = int(argv[argv.index("--max_seq_len") + 1])
+        K = 0 if baseline else int(argv[argv.index("--max_draft_len") + 1])
+        assert ("--max_draft_len" in argv, "--speculative_decoding_mode" in argv) == (not baseline, not baseline)
         for x in rep["ranks"]:
-            assert x["defined"] and not x["error"], (rep["target"], rep["tp"], x["stage"], x["error"])
+            where = (rep["target"], rep["tp"], rep["network"], x["rank"])
+            assert x["defined"] and not x["error"], (where, x["stage"], x["error"], x.get("traceback"))
+            assert x["model_cls_name"] == ("TargetOnlyForCausalLM" if baseline else "DFlash2ForCausalLM")
+            assert x["register_default_is_model_cls"] is True
             assert [s["step"] for s in x["build_steps"]] == steps
             assert x["build_config"]["max_seq_len"] == S + 2 * K   # num_eagle_layers = K in our config
+            applied = {s["step"]: s.get("applied") for s in x["build_steps"]}
+            assert applied["speculative_max_seq_len"] is applied["eagle_limits"] is (not baseline)
+            names = {sig[0] for sig in x["input_signature"]}
+            if baseline:
+                # target_only.py: the combined engine's inputs with K = 0, so one feed serves both engines
+                assert names == combined_inputs[rep["target"], rep["tp"], x["rank"]], where
+                assert x["plugins"].get("GPTAttention") and "PairwiseScan" not in x["plugins"], x["plugins"]
+            else:
+                combined_inputs[rep["target"], rep["tp"], x["rank"]] = names
             assert x["graph_rewrites"] == 0
             prof = next(s for s in x["build_steps"] if s["step"] == "add_optimization_profile")
             assert not prof["named_dimension_errors"] and not prof["inputs_with_other_profile_counts"]
