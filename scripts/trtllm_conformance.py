@@ -119,6 +119,8 @@ def profile_problems(x) -> list[str]:
 def ok(reports) -> bool:
     return all(not r.get("error") and r["ranks"] and all(x["defined"] and x.get("built", True) and not x.get("error")
                                                           and x.get("register_default_is_model_cls", True)
+                                                          and not x.get("missing_outputs")
+                                                          and not x.get("extra_outputs")
                                                           and not profile_problems(x)
                                                           for x in r["ranks"]) for r in reports)
 
@@ -145,6 +147,9 @@ def format_report(reports) -> str:
                              + (f" - {x['error']}" if x.get("error") else ""))
                 lines += [f"    warning: {w}" for w in x.get("warnings", [])]
                 lines += [f"    FAILED: {m}" for m in profile_problems(x)]
+                for k in ("missing_outputs", "extra_outputs"):
+                    if x.get(k):
+                        lines.append(f"    FAILED: {k.replace('_', ' ')} against engine_io.yaml: {x[k]}")
                 if x.get("register_default_is_model_cls") is False:
                     lines.append("    FAILED: register() maps the architectures to another class than the model file's")
             else:

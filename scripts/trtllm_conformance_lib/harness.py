@@ -391,6 +391,13 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         rep["inputs"] = real_net.num_inputs
         rep["outputs"] = real_net.num_outputs
         rep["output_names"] = [real_net.get_output(i).name for i in range(real_net.num_outputs)]
+        # the engine's outputs as TensorRT named them against the contract the runtime binds (engine_io.yaml):
+        # a tensor marked under two names, or an output never marked, is a name missing here
+        from dflash2_trt.trtllm.engine_io import load_contract
+
+        want = [o.name for o in load_contract()["outputs"]]
+        rep["missing_outputs"] = [n for n in want if n not in rep["output_names"]]
+        rep["extra_outputs"] = [n for n in rep["output_names"] if n not in want]
         rep["input_signature"] = [_signature(real_net.get_input(i)) for i in range(real_net.num_inputs)]
         rep["output_signature"] = [_signature(real_net.get_output(i)) for i in range(real_net.num_outputs)]
         rep["layer_digest"] = _layer_digest(real_net)

@@ -265,6 +265,7 @@ def test_define_only_runs_trtllm_builds_steps_and_declares_the_workspace(tmp_pat
             assert x["defined"] and not x["error"], (where, x["stage"], x["error"], x.get("traceback"))
             assert x["model_cls_name"] == ("TargetOnlyForCausalLM" if baseline else "DFlash2ForCausalLM")
             assert x["register_default_is_model_cls"] is True
+            assert x["missing_outputs"] == x["extra_outputs"] == [], where   # the outputs engine_io.yaml names
             assert [s["step"] for s in x["build_steps"]] == steps
             assert x["build_config"]["max_seq_len"] == S + 2 * K   # num_eagle_layers = K in our config
             applied = {s["step"]: s.get("applied") for s in x["build_steps"]}
