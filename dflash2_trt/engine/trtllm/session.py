@@ -185,20 +185,28 @@ class OwnExecution:
         return bool(self.context.execute_async_v3(stream_handle))
 
 
-class TrtllmExecution:   # pragma: no cover - needs TensorRT-LLM (GPU machines)
-    """The same steps through TensorRT-LLM's own ``tensorrt_llm.runtime.Session`` (``from_serialized_engine``,
-    ``run``); used where TensorRT-LLM imports."""
+class TrtllmExecution(OwnExecution):   # pragma: no cover - needs TensorRT-LLM (GPU machines)
+    """The engine opened by TensorRT-LLM's own ``tensorrt_llm.runtime.Session`` (``from_serialized_engine``: its
+    runtime, deserialization, context and profile 0); used where TensorRT-LLM imports. Each step binds as
+    :class:`OwnExecution` does, with ``set_tensor_address``'s result checked: ``Session.run`` makes the same calls
+    but ignores that result (facts ``session_py`` ``unchecked_set_tensor_address``), so an address TensorRT refuses
+    would go unnoticed into ``execute_async_v3``."""
 
     def __init__(self, trt, engine_bytes: bytes, stream_handle: int):
         from tensorrt_llm.runtime import Session
 
         self.trt = trt
-        self.session = Session.from_serialized_engine(engine_bytes)
+        try:
+            self.session = Session.from_serialized_engine(engine_bytes)
+        except AttributeError as exc:
+            # Session._init calls create_execution_context / set_optimization_profile_async on what TensorRT gave
+            # back without checking it: None (a failed deserialization or context) surfaces as an AttributeError
+            if "NoneType" not in str(exc):
+                raise
+            raise ConfigError("TensorRT could not deserialize the engine or create its execution context "
+                              "(TensorRT's log above says why: a different TensorRT version, a plugin library not "
+                              "loaded, or no device memory left)") from None
         self.engine, self.context = self.session.engine, self.session.context
-
-    def run(self, addresses: dict, stream_handle: int) -> bool:
-        # Session.run sets every address it is given (ints pass through) and calls execute_async_v3
-        return bool(self.session.run(dict(addresses), {}, stream_handle))
 
 
 # ------------------------------------------------------------------------------------------------- the session
