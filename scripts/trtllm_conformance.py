@@ -75,7 +75,7 @@ TARGETS = ("tiny", "tiny-hybrid", "tiny-muse")
 
 
 def run(src, targets, tps, model_file=None, register=True, workdir=None, build=True, progress=None,
-        networks=("combined",)) -> list[dict]:
+        networks=("combined", "baseline")) -> list[dict]:
     from trtllm_conformance_lib import harness
 
     harness.install(Path(src))

@@ -142,7 +142,8 @@ def install(src: Path):
     # mapping.py (1.2.0rc2): DeviceMeshTopology (the PyTorch backend's Ray mode, TLLM_DISABLE_MPI=1) derives from
     # _torch.device_mesh.DeviceMeshTopologyImpl; Mapping() is an MpiTopology here, so the base is a name only
     _pkg("tensorrt_llm._torch")
-    _mod("tensorrt_llm._torch.device_mesh", DeviceMeshTopologyImpl=_stub_class("_torch.device_mesh.DeviceMeshTopologyImpl"))
+    _mod("tensorrt_llm._torch.device_mesh",
+         DeviceMeshTopologyImpl=_stub_class("_torch.device_mesh.DeviceMeshTopologyImpl"))
     _mod("tensorrt_llm._ipc_utils", IpcMemory=_stub_class("IpcMemory"), can_access_peer=_unused("can_access_peer"))
 
     class _FLayerInfoMemo:   # graph_rewriting: functional records per-call metadata there (graph rewriting only)
@@ -263,8 +264,7 @@ def prepare_checkpoint(target: str, tp: int, workdir: Path, network: str = "comb
     ddir, tdir = resolve_dirs(entry)
     prep = prepare(ddir, tdir, target_key=target, overrides={"tp_size": tp})
     ck = workdir / f"{target}-tp{tp}.checkpoint"
-    if not (ck / "config.json").is_file():
-        ensure_checkpoint(prep, ck)
+    ensure_checkpoint(prep, ck)   # the second network of a (target, tp) reuses it after its manifest check
     bck = workdir / f"{target}-tp{tp}.{'baseline' if baseline else 'build'}-checkpoint"
     bck.mkdir(parents=True, exist_ok=True)
     pre = engine_pretrained_config(json.loads((ck / "config.json").read_text()), prep.cfg, prep.d)

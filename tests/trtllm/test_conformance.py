@@ -274,9 +274,11 @@ def test_define_only_runs_trtllm_builds_steps_and_declares_the_workspace(tmp_pat
             if baseline:
                 # target_only.py: the combined engine's inputs with K = 0, so one feed serves both engines
                 assert names == combined_inputs[rep["target"], rep["tp"], x["rank"]], where
-                assert x["plugins"].get("GPTAttention") and "PairwiseScan" not in x["plugins"], x["plugins"]
+                assert x["plugins"].get("GPTAttention") and not any("PairwiseScan" in k for k in x["plugins"]), \
+                    x["plugins"]
             else:
                 combined_inputs[rep["target"], rep["tp"], x["rank"]] = names
+                assert x["plugins"].get("DFlash2PairwiseScan") == 1, x["plugins"]   # the key the check above reads
             assert x["graph_rewrites"] == 0
             prof = next(s for s in x["build_steps"] if s["step"] == "add_optimization_profile")
             assert not prof["named_dimension_errors"] and not prof["inputs_with_other_profile_counts"]

@@ -26,9 +26,11 @@ Per step (every fact: ``facts/tensorrt_session.yaml``):
 
 Where TensorRT-LLM is installed its own pieces do their part: ``import tensorrt_llm`` loads its plugin library, its
 ``MemoryPoolsAllocator`` allocates the KV pool and builds the pointer table and layer mapping, and its ``Session``
-opens the engine and runs the address binding + ``execute_async_v3``. Without it (CI; a GPU box without TensorRT) the
-same steps run here, from the same recorded facts, over the ``trt`` namespace handed in: TensorRT itself or the CPU
-stand-in of its execution API (``dflash2_trt/testing/tensorrt_standin.py``).
+opens the engine (runtime, deserialization, context). The per-step address binding and ``execute_async_v3`` are this
+module's on both paths, because ``Session.run`` ignores ``set_tensor_address``'s result (facts ``session_py``).
+Without TensorRT-LLM (CI; a GPU box without it) the opening runs here too, from the same recorded facts, over the
+``trt`` namespace handed in: TensorRT itself or the CPU stand-in of its execution API
+(``dflash2_trt/testing/tensorrt_standin.py``).
 
 A tp engine: one session per rank, each in its own process under ``mpirun`` (:mod:`.ranks` drives them in lockstep),
 on ``cuda:(rank % GPUs)``, binding ``rank{r}.engine`` with its own KV pool and state slots (its heads) and TensorRT-LLM's
@@ -187,26 +189,37 @@ class OwnExecution:
 
 class TrtllmExecution(OwnExecution):   # pragma: no cover - needs TensorRT-LLM (GPU machines)
     """The engine opened by TensorRT-LLM's own ``tensorrt_llm.runtime.Session`` (``from_serialized_engine``: its
-    runtime, deserialization, context and profile 0); used where TensorRT-LLM imports. Each step binds as
-    :class:`OwnExecution` does, with ``set_tensor_address``'s result checked: ``Session.run`` makes the same calls
-    but ignores that result (facts ``session_py`` ``unchecked_set_tensor_address``), so an address TensorRT refuses
-    would go unnoticed into ``execute_async_v3``."""
+    runtime, deserialization and context); used where TensorRT-LLM imports. Each step binds as :class:`OwnExecution`
+    does, with ``set_tensor_address``'s result checked: ``Session.run`` makes the same calls but ignores that result
+    (facts ``session_py`` ``unchecked_set_tensor_address``), so an address TensorRT refuses would go unnoticed into
+    ``execute_async_v3``. ``Session`` selects profile 0 on torch's current stream without reading the result; it is
+    selected again here on the session's stream, checked (facts ``session_py`` ``open``)."""
 
     def __init__(self, trt, engine_bytes: bytes, stream_handle: int):
         from tensorrt_llm.runtime import Session
 
         self.trt = trt
+        failed = ConfigError("TensorRT could not deserialize the engine or create its execution context (TensorRT's "
+                             "log above says why: a different TensorRT version, a plugin library not loaded, or no "
+                             "device memory left)")
         try:
             self.session = Session.from_serialized_engine(engine_bytes)
         except AttributeError as exc:
-            # Session._init calls create_execution_context / set_optimization_profile_async on what TensorRT gave
-            # back without checking it: None (a failed deserialization or context) surfaces as an AttributeError
+            # Session._init uses what deserialize_cuda_engine (and, in older revisions, create_execution_context)
+            # returned without a None check: a failure surfaces as an AttributeError on None
             if "NoneType" not in str(exc):
                 raise
-            raise ConfigError("TensorRT could not deserialize the engine or create its execution context "
-                              "(TensorRT's log above says why: a different TensorRT version, a plugin library not "
-                              "loaded, or no device memory left)") from None
+            raise failed from None
+        except AssertionError as exc:      # newer revisions assert the context is not None
+            if "execution context" not in str(exc):
+                raise
+            raise failed from None
         self.engine, self.context = self.session.engine, self.session.context
+        if self.context is None:           # Session makes none for an engine built with weight streaming
+            raise ConfigError("TensorRT-LLM's Session made no execution context (an engine built with weight "
+                              "streaming?); rebuild the engine with dflash2-trt build")
+        if not self.context.set_optimization_profile_async(0, stream_handle):
+            raise RuntimeError("TensorRT refused optimization profile 0")
 
 
 # ------------------------------------------------------------------------------------------------- the session
