@@ -75,9 +75,10 @@ TARGETS = ("tiny", "tiny-hybrid", "tiny-muse")
 
 
 def run(src, targets, tps, model_file=None, register=True, workdir=None, build=True, progress=None,
-        networks=("combined", "baseline")) -> list[dict]:
+        networks=None) -> list[dict]:
     from trtllm_conformance_lib import harness
 
+    networks = harness.NETWORKS if networks is None else networks
     harness.install(Path(src))
     model_file = Path(model_file) if model_file else REPO / "dflash2_trt" / "trtllm" / "model.py"
     reports = []
@@ -186,9 +187,8 @@ def main(argv=None) -> int:
     saved = os.dup(1)
     os.dup2(2, 1)   # TensorRT and the sources log to stdout; the report alone goes there
     try:
-        networks = ("combined", "baseline") if a.network == "all" else (a.network,)
         reports = run(src, targets, tps, a.model_file, register=not a.no_register, build=not a.no_build,
-                      progress=say, networks=networks)
+                      progress=say, networks=None if a.network == "all" else (a.network,))
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)

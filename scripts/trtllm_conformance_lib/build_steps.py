@@ -21,7 +21,7 @@ def load_steps() -> dict:
     return yaml.safe_load(STEPS_FILE.read_text(encoding="utf-8"))
 
 
-def _argv_value(argv, flag, cast=str, default=None):
+def argv_value(argv, flag, cast=str, default=None):
     """A flag's value; ``default`` (the parser's default, facts trtllm_build_cli.yaml) when the flag is absent."""
     if flag not in argv and default is not None:
         return default
@@ -34,16 +34,16 @@ def build_config_from_argv(argv, model_config, plugin_config, log) -> dict:
     from tensorrt_llm._common import check_max_num_tokens
 
     pc = plugin_config
-    bc = {"max_batch_size": _argv_value(argv, "--max_batch_size", int),
-          "max_input_len": _argv_value(argv, "--max_input_len", int),
-          "max_seq_len": _argv_value(argv, "--max_seq_len", int),
-          "max_num_tokens": _argv_value(argv, "--max_num_tokens", int),
-          "max_beam_width": _argv_value(argv, "--max_beam_width", int),
+    bc = {"max_batch_size": argv_value(argv, "--max_batch_size", int),
+          "max_input_len": argv_value(argv, "--max_input_len", int),
+          "max_seq_len": argv_value(argv, "--max_seq_len", int),
+          "max_num_tokens": argv_value(argv, "--max_num_tokens", int),
+          "max_beam_width": argv_value(argv, "--max_beam_width", int),
           # parser defaults: --max_draft_len 0, no --speculative_decoding_mode = NONE (the --baseline build)
-          "max_draft_len": _argv_value(argv, "--max_draft_len", int, default=0),
+          "max_draft_len": argv_value(argv, "--max_draft_len", int, default=0),
           "opt_num_tokens": None, "max_prompt_embedding_table_size": 0, "gather_context_logits": False,
-          "speculative_decoding_mode": _argv_value(argv, "--speculative_decoding_mode", default="none"),
-          "kv_cache_type": _argv_value(argv, "--kv_cache_type")}
+          "speculative_decoding_mode": argv_value(argv, "--speculative_decoding_mode", default="none"),
+          "kv_cache_type": argv_value(argv, "--kv_cache_type")}
     given = dict(bc)
     # BuildConfig.update_kv_cache_type: paged_kv_cache follows kv_cache_type; paged_state is forced False for every
     # architecture but Mamba / RecurrentGemma

@@ -15,6 +15,8 @@ import traceback
 import types
 from pathlib import Path
 
+from .build_steps import argv_value
+
 REAL_FILES = [   # read from DIR/tensorrt_llm/<file>; everything else under tensorrt_llm is a stub below
     "_utils.py", "_common.py", "logger.py", "module.py", "parameter.py", "network.py", "functional.py",
     "mapping.py", "plugin/plugin.py", "layers/linear.py", "layers/normalization.py", "layers/embedding.py",
@@ -280,10 +282,6 @@ def prepare_checkpoint(target: str, tp: int, workdir: Path, network: str = "comb
     return bck, argv, prep
 
 
-def _argv_value(argv, flag, cast=str):
-    return cast(argv[argv.index(flag) + 1])
-
-
 def plugin_config_from_argv(argv, dtype):
     """The PluginConfig trtllm-build makes from the recorded command line (the real PluginConfig class)."""
     from tensorrt_llm.plugin import PluginConfig
@@ -292,9 +290,9 @@ def plugin_config_from_argv(argv, dtype):
     for flag in ("gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha",
                  "remove_input_padding", "tokens_per_block"):
         if f"--{flag}" in argv:
-            v = _argv_value(argv, f"--{flag}")
+            v = argv_value(argv, f"--{flag}")
             setattr(pc, flag, int(v) if flag == "tokens_per_block" else v)
-    if _argv_value(argv, "--kv_cache_type") == "paged":
+    if argv_value(argv, "--kv_cache_type") == "paged":
         pc.paged_kv_cache = True
     return pc
 
@@ -321,7 +319,7 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
             spec.loader.exec_module(net_mod)
         # commands/build.py: the class is getattr(the loaded --model_cls_file, --model_cls_name) (facts
         # trtllm_build_cli.yaml model_cls_name_required): DFlash2ForCausalLM, or TargetOnlyForCausalLM for --baseline
-        rep["model_cls_name"] = _argv_value(argv, "--model_cls_name")
+        rep["model_cls_name"] = argv_value(argv, "--model_cls_name")
         model_cls = getattr(net_mod, rep["model_cls_name"])
         combined_cls = net_mod.DFlash2ForCausalLM
         import tensorrt_llm.models as tm
