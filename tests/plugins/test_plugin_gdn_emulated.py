@@ -59,8 +59,9 @@ def emulation_source(cu: str) -> str:
     return '#include "cuda_emu.h"\n' + src
 
 
-def build_emulated(cu: str, out_dir: Path) -> GdnLib:
-    """g++ the transformed kernel source + the C ABI glue + the params into a library GdnLib loads."""
+def build_emulated(cu: str, out_dir: Path, reverse: bool = False) -> GdnLib:
+    """g++ the transformed kernel source + the C ABI glue + the params into a library GdnLib loads
+    (reverse: a block's threads run last to first, cuda_emu.h's EMU_REVERSE)."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found: the emulated kernels are compiled with g++")
@@ -68,7 +69,10 @@ def build_emulated(cu: str, out_dir: Path) -> GdnLib:
     (out_dir / "kernel_emu.cu").write_text(emulation_source(cu))
     lib = out_dir / "libdf2_gdn_emu.so"
     cmd = [gxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
-           "-Wno-maybe-uninitialized", f"-I{out_dir}", f"-I{EMU}", f"-I{PLUGIN}", str(EMU / "gdn_emu.cpp"),
+           "-Wno-maybe-uninitialized", f"-DEMU_REVERSE={int(reverse)}",
+           # cuda_emu.h's inline variables (the thread order among them) stay this library's own: GCC would
+           # otherwise make them STB_GNU_UNIQUE, one object for every emulation library the process loads
+           "-fno-gnu-unique", f"-I{out_dir}", f"-I{EMU}", f"-I{PLUGIN}", str(EMU / "gdn_emu.cpp"),
            str(PLUGIN / "gatedDeltaNetParams.cpp"), "-o", str(lib), "-pthread"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr[-4000:]}"
@@ -78,6 +82,12 @@ def build_emulated(cu: str, out_dir: Path) -> GdnLib:
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory) -> GdnLib:
     return build_emulated((PLUGIN / "gatedDeltaNetKernel.cu").read_text(), tmp_path_factory.mktemp("gdn-emu"))
+
+
+@pytest.fixture(scope="module")
+def emulated_reverse(tmp_path_factory) -> GdnLib:
+    return build_emulated((PLUGIN / "gatedDeltaNetKernel.cu").read_text(), tmp_path_factory.mktemp("gdn-emu-rev"),
+                          reverse=True)
 
 
 # (Hk, Hv, Dk, Dv, conv taps, Kv, chunk, context lengths, generation lengths), as gpu_check's GDN_CASES
@@ -107,6 +117,34 @@ def test_emulated_kernels_equal_cpu_build(emulated, gdn_lib, name):
             if diff:
                 bad[(str(dt), zs)] = diff
     assert not bad, bad
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulated_kernels_equal_cpu_build_last_thread_first(emulated_reverse, gdn_lib, name):
+    """The same comparison with every block's threads run last to first: a shared-memory read that
+    lacks its barrier shows in one of the two orders only (the reader must run before its writer);
+    fp32 and bf16 (four channels per 16- and 8-byte access), with and without zero_state."""
+    case = CASES[name]
+    bad = {}
+    for dt in (torch.float32, torch.bfloat16):
+        for zs in (False, True):
+            diff = G.gdn_compare(emulated_reverse, gdn_lib, case, dt, zs, seed=11 + zs, device="cpu")
+            if diff:
+                bad[(str(dt), zs)] = diff
+    assert not bad, bad
+
+
+def test_last_thread_first_sees_a_missing_barrier(gdn_lib, tmp_path):
+    """Control: without the prologue's barrier between the per-head inverse norms (written by the
+    first threads of the block) and their use by every thread, the first-to-last order still passes
+    (each reader runs after thread 0 wrote its head's norm) while the last-to-first order fails."""
+    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
+    good = "__syncthreads();\n                if (mine)\n                    *o = gdnL2NormApply("
+    assert cu.count(good) == 1
+    broken = build_emulated(cu.replace(good, good.replace("__syncthreads();", "")), tmp_path / "broken",
+                            reverse=True)
+    diff = G.gdn_compare(broken, gdn_lib, CASES["scalar_path"], torch.float32, False, seed=7, device="cpu")
+    assert "forward:y" in diff and "verify:y" in diff, diff
 
 
 def test_emulation_sees_a_wrong_column(gdn_lib, tmp_path):

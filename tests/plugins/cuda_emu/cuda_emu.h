@@ -12,8 +12,11 @@
  *   (__syncwarp, and the two inside every shuffle / ballot) when every live thread of the warp
  *   does. A thread that ends drops out. A state where no fiber can run, or a warp barrier reached
  *   by only part of the live warp while the rest waits elsewhere, aborts (a barrier in divergent
- *   code: a bug on the GPU too). Fibers run in a fixed order until they block, so a missing
- *   barrier shows up as a read of another thread's not-yet-written (or already overwritten) data.
+ *   code: a bug on the GPU too). Fibers run in a fixed order until they block (first to last, or
+ *   last to first with EMU_REVERSE), so a missing barrier shows up as a read of another thread's
+ *   not-yet-written (or already overwritten) data when the reader runs first: the tests run both
+ *   orders. A shuffle whose lane or source lane is outside its mask, or whose source lane has
+ *   exited, and a ballot over a mask with an exited lane abort (undefined results on the GPU).
  * - reinterpret_cast becomes emu::checkedCast: a vector access (float4, 8/16-byte storage vectors)
  *   at a misaligned address aborts, as it would fault on the GPU.
  * - Arithmetic is the host side of df2Common.h (__CUDA_ARCH__ is not defined): the CPU build's,
@@ -106,6 +109,17 @@ struct Block
 };
 
 inline thread_local Fiber* cur = nullptr;
+//! Fibers of a block run from the last thread to the first: compiled with -DEMU_REVERSE=1, or with
+//! the environment's EMU_REVERSE=1 (=0 forces the first-to-last order). In one order a missing
+//! barrier shows only where the reader runs before the writer; running both orders shows it
+//! whichever side of the writer the reader sits.
+#ifndef EMU_REVERSE
+#define EMU_REVERSE 0
+#endif
+inline bool gReverse = [] {
+    char const* e = std::getenv("EMU_REVERSE");
+    return e != nullptr && e[0] != '\0' ? e[0] == '1' : EMU_REVERSE != 0;
+}();
 inline std::atomic<long long> gBlocks{0}, gThreads{0};
 constexpr size_t kStack = 256 * 1024;
 
@@ -144,9 +158,9 @@ inline void runBlock(Block& b)
     for (;;)
     {
         bool ran = false;
-        for (int t = 0; t < n; ++t)
+        for (int i = 0; i < n; ++i)
         {
-            Fiber& f = b.fibers[t];
+            Fiber& f = b.fibers[gReverse ? n - 1 - i : i];
             if (f.st != St::kRun)
                 continue;
             cur = &f;
@@ -209,28 +223,36 @@ T& shared(int id)
 }
 
 template <class T>
-T shflXor(T v, int off)
+T shflXor(unsigned mask, T v, int off)
 {
     static_assert(sizeof(T) <= 8);
     Fiber* f = cur;
     int const t = f->tid.x, w0 = t & ~31;
+    int const src = (t & 31) ^ off;
+    if (((mask >> (t & 31)) & 1u) == 0 || ((mask >> src) & 1u) == 0)
+        die("shuffle: this lane or its source lane is not in the mask");
     uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
     f->blk->xchg[t] = bits;
     yield(St::kWarpBar);
-    uint64_t const got = f->blk->xchg[w0 + ((t & 31) ^ off)];
+    if (f->blk->fibers[w0 + src].st == St::kDone)
+        die("shuffle: the source lane has exited (undefined on the GPU)");
+    uint64_t const got = f->blk->xchg[w0 + src];
     yield(St::kWarpBar);
     T out;
     std::memcpy(&out, &got, sizeof(T));
     return out;
 }
 
-inline unsigned ballot(int pred)
+inline unsigned ballot(unsigned mask, int pred)
 {
     Fiber* f = cur;
     int const t = f->tid.x, w0 = t & ~31;
     f->blk->xchg[t] = pred ? 1 : 0;
     yield(St::kWarpBar);
+    for (int l = 0; l < 32; ++l)
+        if (((mask >> l) & 1u) != 0 && f->blk->fibers[w0 + l].st == St::kDone)
+            die("ballot: a lane of the mask has exited (undefined on the GPU)");
     unsigned m = 0;
     for (int l = 0; l < 32; ++l)
         m |= (f->blk->xchg[w0 + l] ? 1u : 0u) << l;
@@ -304,5 +326,5 @@ inline Launch launch(dim3 grid, dim3 block, size_t = 0, cudaStream_t = nullptr) 
 inline void __syncthreads() { emu::yield(emu::St::kBlockBar); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::yield(emu::St::kWarpBar); }
 template <class T>
-T __shfl_xor_sync(unsigned, T v, int off) { return emu::shflXor(v, off); }
-inline unsigned __ballot_sync(unsigned, int pred) { return emu::ballot(pred); }
+T __shfl_xor_sync(unsigned mask, T v, int off) { return emu::shflXor(mask, v, off); }
+inline unsigned __ballot_sync(unsigned mask, int pred) { return emu::ballot(mask, pred); }
