@@ -207,3 +207,23 @@ def test_the_schema_check_itself_rejects_what_trtllm_bench_would():
         with pytest.raises(AssertionError):
             validate_line(bad)
     assert validate_line('{"task_id":0,"prompt":"hi","output_tokens":2}')["prompt"] == "hi"
+
+
+def test_written_files_get_the_umask_mode_not_mkstemp_0600(tmp_path):
+    """A dataset (or report, plot) is written beside its place by mkstemp, which makes it 0600; the renamed file must
+    get the mode a plain open() gives under the umask, or a benchmark run as another user (a container) cannot read
+    the dataset."""
+    import os
+
+    from dflash2_trt.bench.io import atomic_write_json
+
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "ds.jsonl"
+        prepare_dataset(source="builtin", builtin="tiny", output=out)
+        assert out.stat().st_mode & 0o777 == 0o644
+        os.umask(0o027)
+        atomic_write_json(tmp_path / "r.json", {"a": 1})
+        assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old)
