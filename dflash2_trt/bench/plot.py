@@ -29,11 +29,13 @@ def render_png(report: dict) -> bytes:
     fig, (ax_acc, ax_sp) = plt.subplots(1, 2, figsize=(11, 4.2))
     try:
         K = report["draft_len"]
-        any_acc = False
+        any_acc = no_steps = False
         for run in report["runs"]:
             acc = (run.get("speculative") or {}).get("acceptance") or {}
             pp = acc.get("per_position")
-            if pp:
+            if pp and acc.get("mean") is None:   # measured, but no request took a generation step
+                no_steps = True
+            elif pp:
                 any_acc = True
                 ax_acc.plot(range(1, K + 1), [float("nan") if v is None else v for v in pp], marker="o",
                             label=f"concurrency {run['concurrency']} (mean {acc['mean']:.2f} tokens/step)")
@@ -45,7 +47,8 @@ def render_png(report: dict) -> bytes:
             ax_acc.set_xticks(range(1, K + 1))
             ax_acc.legend(fontsize=8)
         else:
-            ax_acc.text(0.5, 0.5, "not measured by this backend", ha="center", va="center", transform=ax_acc.transAxes)
+            ax_acc.text(0.5, 0.5, "no generation steps (every request ended on its first token)" if no_steps else
+                        "not measured by this backend", ha="center", va="center", transform=ax_acc.transAxes)
         xs = [r["concurrency"] for r in report["runs"] if r.get("speedup") is not None]
         ys = [r["speedup"] for r in report["runs"] if r.get("speedup") is not None]
         if xs:

@@ -12,8 +12,8 @@ from ..errors import ConfigError
 from ..overlap import refuse_overlap
 from ..sampling import effective_temperature
 from .common import engine_backend, parse_concurrency
-from .io import atomic_write_json, check_output_file
-from .plot import pyplot, write_plot
+from .io import atomic_write_bytes, atomic_write_json, check_output_file
+from .plot import pyplot, render_png
 from .projection import GPUS, project, published_pair_shapes, tau_from
 from .report import build_report
 
@@ -197,10 +197,11 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     report = assemble(measured)
     if gpus is not None:
         report["projection"] = _projection_for(report, gpus, project_target, context_len)
+    png = render_png(report) if plot_out is not None else None   # a plot that fails leaves no report behind
     if json_out is not None:
         atomic_write_json(json_out, report)
-    if plot_out is not None:
-        write_plot(report, plot_out)
+    if png is not None:
+        atomic_write_bytes(plot_out, png)
     return report
 
 

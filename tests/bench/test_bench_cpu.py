@@ -185,3 +185,17 @@ def test_no_baseline_skips_the_autoregressive_runs(engine, dataset):
     rep = bench_run(engine, dataset, concurrency="2", num_requests=2, baseline=False)
     (run,) = rep["runs"]
     assert run["autoregressive"] is None and run["speedup"] is None and rep["baseline"] is None
+
+
+def test_plot_of_a_run_without_generation_steps(engine, tmp_path):
+    """Requests of one output token end on their context step: no generation step, acceptance mean null. --plot used
+    to crash on it with a traceback after --json had already been written; now both files are written."""
+    ds = tmp_path / "one.jsonl"
+    ds.write_text("".join(json.dumps({"task_id": i, "input_ids": [1, 2, 3], "output_tokens": 1}) + "\n"
+                          for i in range(2)))
+    code, text = _cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(ds), "--concurrency", "1",
+                      "--no-progress", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png"))
+    assert code == 0, text
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["runs"][0]["speculative"]["acceptance"]["mean"] is None
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
