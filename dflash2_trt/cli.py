@@ -600,7 +600,8 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
 @click.option("--backend", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="cuda: on the GPU with the plugins' CUDA kernels; cpu: on the CPU (tiny targets).")
 @click.option("--concurrency", default="1,4,16,32,64", show_default=True, help="Requests per step, comma-separated.")
-@click.option("--context-len", type=int, default=1024, show_default=True, help="Committed tokens per request.")
+@click.option("--context-len", type=int, default=None,
+              help="Committed tokens per request [default: 1024, or the most the target takes if fewer].")
 @click.option("--steps", type=int, default=10, show_default=True, help="Timed steps per point.")
 @click.option("--acceptance", type=float, default=None,
               help="Mean tokens per speculative step for the speedup column [default: the article's for the target].")

@@ -82,8 +82,24 @@ def config_dirs(target_key: str) -> tuple[Path, Path]:
     return resolve_dirs(entry)
 
 
-def step_engines(target_key: str, *, backend: str, max_batch: int, context_len: int, new_tokens: int = 32,
-                 dtype: str = "bfloat16", seed: int = 0, tokens_per_block: int = 32) -> tuple[StandinEngine, dict]:
+DEFAULT_CONTEXT = 1024
+NEW_TOKENS = 32
+TOKENS_PER_BLOCK = 32
+
+
+def step_shape(target_key: str) -> tuple[int, int]:
+    """(K, the longest context :func:`step_engines` can size for ``target_key``): its ``max_seq_len`` (context + the
+    new tokens + K + 1, rounded up to whole KV blocks) must stay within the target's max_position_embeddings.
+    Configs only: the options are checked with it before any weight is drawn."""
+    d, t = config_dirs(target_key)
+    probe = prepare(d, t, target_key=target_key, overrides={"tp_size": 1})
+    seq = probe.t.max_position_embeddings // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+    return probe.K, seq - NEW_TOKENS - probe.K - 1
+
+
+def step_engines(target_key: str, *, backend: str, max_batch: int, context_len: int, new_tokens: int = NEW_TOKENS,
+                 dtype: str = "bfloat16", seed: int = 0,
+                 tokens_per_block: int = TOKENS_PER_BLOCK) -> tuple[StandinEngine, dict]:
     """The combined engine of ``target_key`` with random weights on ``backend``, sized for ``max_batch`` requests
     at ``context_len`` (tp 1), and its limits."""
     d, t = config_dirs(target_key)
@@ -355,14 +371,25 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
         return point
 
 
-def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16,32,64", context_len: int = 1024,
-                  steps: int = 10, warmup: int = 3, profile_steps: int = 2, acceptance: float | None = None,
-                  dtype: str = "bfloat16", progress=None, graph: bool = True) -> dict:
-    """The ``bench steps`` report (see the module docstring). ``graph``: also time each step as a CUDA-graph replay
-    (CUDA only; after the first capture that fails, not tried again)."""
+def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16,32,64",
+                  context_len: int | None = None, steps: int = 10, warmup: int = 3, profile_steps: int = 2,
+                  acceptance: float | None = None, dtype: str = "bfloat16", progress=None, graph: bool = True) -> dict:
+    """The ``bench steps`` report (see the module docstring). ``context_len``: default 1024, or the longest the target
+    takes (:func:`step_shape`) if less. ``acceptance``: in [1, K + 1], as ``bench project --acceptance``.
+    ``graph``: also time each step as a CUDA-graph replay (CUDA only; after the first capture that fails, not tried
+    again)."""
     levels = parse_concurrency(concurrency)
-    if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
-        raise ConfigError(f"must be an integer >= 1, got {context_len!r}", field="--context-len")
+    K, max_context = step_shape(target_key)
+    if context_len is None:
+        context_len = min(DEFAULT_CONTEXT, max_context)
+    if isinstance(context_len, bool) or not isinstance(context_len, int) or not 1 <= context_len <= max_context:
+        raise ConfigError(f"must be an integer in [1, {max_context}] (the target's max_position_embeddings less "
+                          f"{NEW_TOKENS} new tokens and K + 1 = {K + 1}, in whole KV blocks), got {context_len!r}",
+                          field="--context-len")
+    if acceptance is not None and (isinstance(acceptance, bool) or not isinstance(acceptance, (int, float))
+                                   or not 1.0 <= acceptance <= K + 1):   # NaN fails too: no NaN in the --json
+        raise ConfigError(f"must be in [1, {K + 1}] (tokens per step with {K} drafts), got {acceptance!r}",
+                          field="--acceptance")
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
     say(f"[steps] {target_key}: combined engine with random weights on {backend}")

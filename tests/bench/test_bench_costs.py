@@ -110,3 +110,26 @@ def test_a_level_out_of_gpu_memory_keeps_the_levels_measured(monkeypatch):
     with pytest.raises(torch.OutOfMemoryError):                 # nothing measured: the error itself
         steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,4", context_len=16, steps=1, warmup=0,
                                 profile_steps=0, graph=False)
+
+
+def test_bench_steps_checks_context_and_acceptance_before_measuring(tmp_path):
+    """The default --context-len (1024) used to fail on a tiny target (max_position_embeddings 512) with an error
+    naming --max-seq-len, an option bench steps does not have; --acceptance was not checked at all (nan wrote NaN,
+    not JSON, into --json; a negative one gave negative speedups)."""
+    import dflash2_trt.bench.steps as steps_mod
+
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1", steps=1, warmup=0, profile_steps=0,
+                                  graph=False)
+    assert doc["context_len"] == 512 - 32 - 8
+    for bad in (0, 473, 10**9):
+        with pytest.raises(ConfigError, match=r"--context-len: must be an integer in \[1, 472\]"):
+            steps_mod.measure_steps("tiny", backend="cpu", concurrency="1", context_len=bad, steps=1)
+    for bad in (float("nan"), 0.5, -2.0, 9.0):
+        with pytest.raises(ConfigError, match=r"--acceptance: must be in \[1, 8\]"):
+            steps_mod.measure_steps("tiny", backend="cpu", concurrency="1", context_len=16, acceptance=bad, steps=1)
+    out = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["bench", "steps", "--target", "tiny", "--backend", "cpu", "--concurrency", "1",
+                                  "--steps", "1", "--acceptance", "nan", "--json", str(out)])
+    assert r.exit_code == 1 and r.output.strip().splitlines() == [
+        "error: --acceptance: must be in [1, 8] (tokens per step with 7 drafts), got nan"]
+    assert not out.exists()
