@@ -57,11 +57,11 @@ def _refuse_project_baseline(baseline_engine_dir) -> None:
                           "TensorRT-LLM target engine", source=p, field="pretrained_config.dflash2_engine.network")
 
 
-def parse_gpus(text) -> list[str]:
+def parse_gpus(text, field: str = "--gpu") -> list[str]:
     items = [t.strip().lower() for t in str(text).split(",") if t.strip()]
     bad = [t for t in items if t not in GPUS]
     if not items or bad:
-        raise ConfigError(f"unknown GPU {bad[0] if bad else text!r}; known: {', '.join(GPUS)}", field="--gpu")
+        raise ConfigError(f"unknown GPU {bad[0] if bad else text!r}; known: {', '.join(GPUS)}", field=field)
     return items
 
 
@@ -96,7 +96,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if plot_out is not None:
         pyplot()                                      # a missing matplotlib fails before the run, not after
     # options that cannot apply are refused, not ignored: --project '' used to mean "no projection"
-    gpus = parse_gpus(project_gpus) if project_gpus is not None else None
+    gpus = parse_gpus(project_gpus, "--project") if project_gpus is not None else None
     if context_len is not None:
         if gpus is None:
             raise ConfigError("applies to the projection only: give --project GPUS too", field="--context-len")

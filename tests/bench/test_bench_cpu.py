@@ -141,10 +141,10 @@ def _one_error_line(code, text) -> str:
     (["--num-requests", "99", "--concurrency", "2"], "99 requests asked, the dataset has 6"),
     (["--temperature", "-1"], "--temperature"),
     (["--json", "{tmp}"], "--json: "),
-    (["--project", "a100"], "unknown GPU 'a100'"),
+    (["--project", "a100"], "--project: unknown GPU 'a100'"),      # bench run's option, not bench project's --gpu
     (["--dry-run"], "applies to TensorRT-LLM engines only"),
     # issue 21 item 11: options that cannot apply are refused, not ignored
-    (["--project", ""], "unknown GPU ''"),
+    (["--project", ""], "--project: unknown GPU ''"),
     (["--project", "h200", "--context-len", "0"], "--context-len: must be an integer >= 1, got 0"),
     (["--context-len", "512"], "--context-len: applies to the projection only"),
     (["--project", "h200", "--context-len", "1000000000", "--concurrency", "1"], "max_position_embeddings"),
