@@ -506,6 +506,12 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     chosen = [k for k, v in sources.items() if v is not None]
     if len(chosen) != 1:
         raise ConfigError("give exactly one of --builtin, --prompts, --corpus, --synthetic", field="source")
+    given = click.get_current_context().get_parameter_source
+    if synthetic is not None and given("output_tokens") == click.core.ParameterSource.COMMANDLINE:
+        raise ConfigError("applies to prompt sources; a synthetic dataset draws its output lengths (--output-mean "
+                          "/ --output-min ...)", field="--output-tokens")
+    if synthetic is None and given("seed") == click.core.ParameterSource.COMMANDLINE:
+        raise ConfigError("applies to --synthetic datasets only (prompt sources are written in order)", field="--seed")
     if builtin is not None and target_key is None and target_dir is None and engine_dir is None:
         target_key = builtin
     tgt = resolve_target(target_key=target_key, target_dir=target_dir, engine_dir=engine_dir)

@@ -48,6 +48,9 @@ from .io import atomic_write_text, check_output_file
 
 SOURCES = ("builtin", "prompts", "corpus", "token-norm-dist", "token-unif-dist")
 BUILTIN = {"tiny": "qwen3", "tiny-hybrid": "qwen3_5"}
+LENGTH_OPTIONS = {"token-norm-dist": ("input_mean", "input_stdev", "output_mean", "output_stdev"),
+                  "token-unif-dist": ("input_min", "input_max", "output_min", "output_max")}
+"""The length options each synthetic source reads (``--input-mean`` ...); any other source reads none of them."""
 
 
 def builtin_prompts_path(name: str) -> Path:
@@ -110,6 +113,16 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
 
     if source not in SOURCES:
         raise ConfigError(f"unknown source {source!r}; one of {', '.join(SOURCES)}", field="source")
+    lengths = {"input_mean": input_mean, "input_stdev": input_stdev, "output_mean": output_mean,
+               "output_stdev": output_stdev, "input_min": input_min, "input_max": input_max,
+               "output_min": output_min, "output_max": output_max}
+    applies = LENGTH_OPTIONS.get(source, ())
+    stray = [k for k, v in lengths.items() if v is not None and k not in applies]
+    if stray:   # refused, not ignored: the file would not have the lengths asked for
+        owner = next(src for src, ks in LENGTH_OPTIONS.items() if stray[0] in ks)
+        raise ConfigError(f"applies to --synthetic {owner} only, not to "
+                          f"--{'synthetic ' + source if source in LENGTH_OPTIONS else source}",
+                          field="--" + stray[0].replace("_", "-"))
     out = check_output_file(output, field="--output")
     if (out.exists() or out.is_symlink()) and not force:
         raise ConfigError(f"{out} exists (pass --force to replace it)", field="--output")
