@@ -62,6 +62,8 @@ def parse_gpus(text, field: str = "--gpu") -> list[str]:
     bad = [t for t in items if t not in GPUS]
     if not items or bad:
         raise ConfigError(f"unknown GPU {bad[0] if bad else text!r}; known: {', '.join(GPUS)}", field=field)
+    if len(set(items)) != len(items):   # as --concurrency: a repeat would project (and print) the same GPU twice
+        raise ConfigError(f"a GPU is repeated in {text!r}", field=field)
     return items
 
 

@@ -155,6 +155,7 @@ def test_project_cli(tmp_path):
     assert "tau = 3.00 tokens/step (measured)" in r.output
     for args, needle in ((["--acceptance", "4.8", "--acceptance-from", str(rep)], "exactly one"),
                          (["--acceptance", "9"], "--acceptance"), (["--acceptance", "4", "--gpu", "v100"], "unknown GPU"),
+                         (["--acceptance", "4", "--gpu", "h200,H200"], "--gpu: a GPU is repeated in 'h200,H200'"),
                          (["--acceptance-from", str(tmp_path / "nope.json")], "cannot read"),
                          (["--acceptance", "4", "--target", "nope"], "unknown target")):
         r = CliRunner().invoke(main, ["bench", "project", *args])
