@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU engine throughput vs the PyTorch reference loop, side by side, on the same prompts.
 
-    python scripts/bench_engine.py [--target tiny] [--prompts 12] [--max-new-tokens 64] [--reps 2]
+    python scripts/bench_engine.py [--prompts 12] [--max-new-tokens 64] [--reps 2] [--threads 1] [--json OUT]
 
 Builds a CPU engine of the tiny pair (into a temp dir), then times, on the same shipped prompts:
 
