@@ -260,11 +260,11 @@ class DFlash2Config:
         """A copy with another block size (the drafter's weights do not depend on it)."""
         from dataclasses import replace
 
+        # the value is the option's (--block-size), not the config file's: the error names the option
         if block_size < 2:
-            raise ConfigError(f"must be >= 2, got {block_size}", source=self.source, field="block_size")
+            raise ConfigError(f"must be >= 2, got {block_size} (the drafter's config has {self.block_size})",
+                              field="--block-size")
         if self.conv_kernel_size > block_size:
-            raise ConfigError(
-                f"{block_size} is smaller than conv_kernel_size={self.conv_kernel_size}",
-                source=self.source, field="block_size",
-            )
+            raise ConfigError(f"{block_size} is smaller than the drafter's conv_kernel_size={self.conv_kernel_size} "
+                              f"({self.source})", field="--block-size")
         return replace(self, block_size=block_size)

@@ -220,3 +220,17 @@ def test_analyze_pair_refuses_bad_options_before_loading(tmp_path):
                       ({"max_prompts": 0}, "max_prompts")):
         with pytest.raises(ConfigError, match=field):
             analyze_pair(tmp_path / "no-drafter", tmp_path / "no-target", **kw)
+
+
+def test_a_bad_block_size_names_the_option_not_the_config_file():
+    """analyze / generate --block-size 0 used to say "drafter/config.json: block_size: must be >= 2, got 0", blaming
+    a file that says 8: the value is the option's."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    for cmd in (["analyze", "--target", "tiny"], ["generate", "--target", "tiny", "--prompt-ids", "1,2"]):
+        r = CliRunner().invoke(main, [*cmd, "--block-size", "0"])
+        lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+        assert r.exit_code == 1 and lines == ["error: --block-size: must be >= 2, got 0 (the drafter's config has 8)"], \
+            r.output
