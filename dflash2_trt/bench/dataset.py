@@ -40,8 +40,8 @@ from .. import tokenizer as tk
 from ..assets import ASSET_ROOT
 from ..config import TargetConfig
 from ..engine.common import read_prompts_file
-from ..errors import ConfigError
-from ..targets import get_target, resolve_dirs
+from ..errors import ConfigError, DFlash2Error
+from ..targets import fixtures_dir, get_target, resolve_dirs
 from ..tokenizer import encode_text, find_tokenizer
 from .common import engine_backend
 from .io import atomic_write_text, check_output_file
@@ -253,6 +253,20 @@ def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, nu
     return out
 
 
+def registered_target_dir(target_key: str) -> Path:
+    """The directory of a registered target, for a dataset: its local checkpoint (tokenizer included), else the
+    published config.json shipped in the package (vocabulary and EOS: enough for a synthetic dataset). A dataset
+    needs no drafter, so none is looked up (``qwen3-8b`` has none published, and prepare-dataset takes no --drafter)."""
+    entry = get_target(target_key)
+    try:
+        return resolve_dirs(entry, drafter_dir=fixtures_dir())[1]   # any existing directory: the drafter is unused
+    except DFlash2Error:
+        shipped = fixtures_dir() / (entry.target_id or "").replace("/", "__")
+        if entry.target_id is None or not (shipped / "config.json").is_file():
+            raise
+        return shipped
+
+
 def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict:
     """``{"vocab_size", "stop_ids", "tokenizer_dir"}`` of the target a dataset is prepared for: a registered
     target, a target directory, or an engine directory (its config and manifest); all None if none is given."""
@@ -270,7 +284,7 @@ def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict
         return {"vocab_size": vocab, "stop_ids": tuple(int(e) for e in man.get("eos_token_ids") or ()),
                 "tokenizer_dir": prompt_tokenizer_dir(engine_dir, man)}
     if target_key is not None:
-        _, target_dir = resolve_dirs(get_target(target_key))
+        target_dir = registered_target_dir(target_key)
     t = TargetConfig.from_hugging_face(Path(target_dir))
     return {"vocab_size": t.vocab_size, "stop_ids": tuple(int(e) for e in t.eos_token_ids),
             "tokenizer_dir": Path(target_dir)}

@@ -238,3 +238,32 @@ def test_written_files_get_the_umask_mode_not_mkstemp_0600(tmp_path):
         assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640
     finally:
         os.umask(old)
+
+
+def test_a_registered_target_needs_no_drafter_for_a_dataset(tmp_path, monkeypatch):
+    """A dataset needs the target's vocabulary (and tokenizer), never the drafter: `--target qwen3.8-27b` used to
+    demand the 27B drafter checkpoint, and `--target qwen3-8b` (no published drafter) said "pass --drafter DIR", an
+    option prepare-dataset does not have. Without a local checkpoint the shipped published config gives the
+    vocabulary of a synthetic dataset."""
+    from dflash2_trt.assets import trained_pair
+
+    models = tmp_path / "models"
+    models.mkdir()
+    monkeypatch.setenv("DFLASH2_TRT_MODELS", str(models))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    unif = ["--synthetic", "token-unif-dist", "--num-requests", "3", "--input-min", "2", "--input-max", "3",
+            "--output-min", "1", "--output-max", "2"]
+    code, text = _cli("bench", "prepare-dataset", *unif, "--target", "qwen3.8-27b", "--output", str(tmp_path / "a.jsonl"))
+    assert code == 0, text
+    assert max(t for ln in validate_file(tmp_path / "a.jsonl") for t in ln["input_ids"]) >= 256   # the 248k vocabulary
+    shutil.copytree(trained_pair("qwen3").target_dir, models / "Qwen__Qwen3-8B")   # a local target, no drafter
+    code, text = _cli("bench", "prepare-dataset", "--corpus", str(_corpus(tmp_path)), "--target", "qwen3-8b",
+                      "--output", str(tmp_path / "b.jsonl"))
+    assert code == 0, text
+
+
+def _corpus(tmp_path):
+    p = tmp_path / "corpus.txt"
+    p.write_text("puni kiku kito\nlasa sake rako\n")
+    return p
