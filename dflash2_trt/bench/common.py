@@ -36,6 +36,20 @@ def engine_backend(engine_dir) -> tuple[str, dict, dict | None]:
     return backend, man, cfg
 
 
+def paired_target(target_key: str, field: str = "--target"):
+    """The registry entry of ``target_key`` for the commands that read a registered pair's shapes and take no
+    ``--drafter`` (``bench steps``, ``bench project``, ``bench run --project-target``): a target without a published
+    drafter (``qwen3-8b``) is refused here, not with a hint to pass an option these commands do not have."""
+    from ..targets import TARGETS, get_target
+
+    entry = get_target(target_key)
+    if entry.drafter_id is None and entry.tiny_family is None:
+        pairs = ", ".join(k for k, e in TARGETS.items() if e.drafter_id is not None or e.tiny_family is not None)
+        raise ConfigError(f"target {target_key!r} has no published drafter, and this command reads a published pair's "
+                          f"shapes (it takes no --drafter); one of: {pairs}", field=field)
+    return entry
+
+
 def parse_concurrency(text) -> list[int]:
     """``"1,4,16"`` -> ``[1, 4, 16]``; each >= 1, no repeats."""
     if isinstance(text, (list, tuple)):

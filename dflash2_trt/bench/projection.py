@@ -66,7 +66,8 @@ from pathlib import Path
 from ..checkpoint.inventory import expected_drafter_tensors, expected_target_tensors
 from ..config import DFlash2Config, TargetConfig
 from ..errors import ConfigError
-from ..targets import fixtures_dir, get_target, resolve_dirs
+from ..targets import fixtures_dir, resolve_dirs
+from .common import paired_target
 
 
 @dataclass(frozen=True)
@@ -475,7 +476,7 @@ def published_pair_shapes(target_key: str) -> tuple[TargetShapes, DrafterShapes]
     """Shapes of a registered target's published pair, from their config.json: the published-config
     configs shipped in the package (``assets/published/``), else the local
     checkpoints (``$DFLASH2_TRT_MODELS``, the HF cache); nothing is downloaded."""
-    entry = get_target(target_key)
+    entry = paired_target(target_key)
     if entry.target_id is None or entry.drafter_id is None:
         d, tdir = resolve_dirs(entry)
     else:

@@ -11,7 +11,7 @@ from ..engine.graph_rules import refuse_graphs
 from ..errors import ConfigError
 from ..overlap import refuse_overlap
 from ..sampling import effective_temperature
-from .common import engine_backend, parse_concurrency
+from .common import engine_backend, paired_target, parse_concurrency
 from .io import atomic_write_bytes, atomic_write_json, check_output_file
 from .plot import pyplot, render_png
 from .projection import GPUS, project, published_pair_shapes, tau_from
@@ -105,6 +105,7 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
             raise ConfigError(f"must be an integer >= 1, got {context_len!r}", field="--context-len")
     if gpus is not None:   # the projection's target and context, checked before the measurement, not after it
+        paired_target(project_target, field="--project-target")
         limit = published_pair_shapes(project_target)[0].max_position_embeddings
         if context_len is not None and limit and context_len > limit:
             raise ConfigError(f"must be an integer in [1, {limit}] (the target's max_position_embeddings), got "

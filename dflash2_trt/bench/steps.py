@@ -51,9 +51,9 @@ from ..engine.plan import prepare
 from ..engine.standin.engine import StandinEngine, limits_from
 from ..errors import ConfigError
 from ..runtime import Request, Runtime
-from ..targets import fixtures_dir, get_target, resolve_dirs
+from ..targets import fixtures_dir, resolve_dirs
 from .autoregressive import TargetOnlyEngine
-from .common import parse_concurrency
+from .common import paired_target, parse_concurrency
 
 COMPONENTS = ("target_linear", "attention", "gdn", "lm_head", "drafter", "selector", "accept", "rest")
 ARTICLE_ACCEPTANCE = {"qwen3.8-27b": 4.80, "muse-glimmer-30b": 5.70}
@@ -73,7 +73,7 @@ PLUGIN_NOTE = {"cuda": "the plugins (dynamic conv, pairwise scan, Gated DeltaNet
 def config_dirs(target_key: str) -> tuple[Path, Path]:
     """(drafter dir, target dir) of ``target_key``: the published configs shipped in the package for a published
     pair, the shipped trained pair for a tiny target (configs are all that is read)."""
-    entry = get_target(target_key)
+    entry = paired_target(target_key)
     if entry.target_id is not None and entry.drafter_id is not None:
         fx = fixtures_dir()
         d, t = fx / entry.drafter_id.replace("/", "__"), fx / entry.target_id.replace("/", "__")

@@ -241,3 +241,23 @@ def test_bench_run_projection_context_is_cut_to_the_target():
               "runs": [{"speculative": {"acceptance": {"histogram": {"3": 5}}}}]}
     assert _projection_for(report, ["h200"], "tiny", None)["context_len"] == 512
     assert _projection_for(report, ["h200"], "qwen3.8-27b", None)["context_len"] == 932
+
+
+def test_a_target_without_a_published_drafter_is_refused_without_naming_a_missing_option(tmp_path):
+    """bench project / bench steps / bench run --project-target qwen3-8b said "pass --drafter DIR": none of them
+    takes --drafter. They read a published pair's shapes, and say so with the targets that have one."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text(json.dumps({"task_id": 0, "input_ids": [1, 2], "output_tokens": 4}) + "\n")
+    for args, field in ((["bench", "project", "--target", "qwen3-8b", "--acceptance", "3"], "--target"),
+                        (["bench", "steps", "--target", "qwen3-8b", "--backend", "cpu"], "--target"),
+                        (["bench", "run", "--engine-dir", str(tmp_path), "--dataset", str(ds), "--project", "h200",
+                          "--project-target", "qwen3-8b"], "--project-target")):
+        r = CliRunner().invoke(main, args)
+        lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+        assert r.exit_code == 1 and len(lines) == 1, r.output
+        assert lines[0].startswith(f"error: {field}: target 'qwen3-8b' has no published drafter") \
+            and "one of: qwen3.8-27b, muse-glimmer-30b" in lines[0] and "pass --drafter" not in lines[0], lines[0]
