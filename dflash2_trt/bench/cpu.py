@@ -123,8 +123,11 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                                     num_requests=num_requests, tokenizer_dir=prompt_tokenizer_dir(engine_dir, man))
         stops = stop_ids(man, engine.vocab_size) if stop_on_eos else ()
         checker = Runtime(engine)
-        for r in make_requests(specs, temperature=temperature, seed=seed, stops=stops):
-            checker.check(r)                      # every request fits before anything runs
+        for spec, r in zip(specs, make_requests(specs, temperature=temperature, seed=seed, stops=stops)):
+            try:
+                checker.check(r)                  # every request fits before anything runs
+            except ConfigError as exc:            # named by its dataset line, not only by its task_id
+                raise ConfigError(str(exc), source=spec["where"]) from None
         if baseline:
             ar_engine = open_target_only_engine(engine_dir)
         engines = [("speculative", engine)] + ([("autoregressive", ar_engine)] if baseline else [])

@@ -164,7 +164,8 @@ def test_bad_datasets_and_engine_dirs_are_one_line(engine, tmp_path):
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"task_id": 0, "input_ids": [5] * 300, "output_tokens": 300}) + "\n")
     for ds, needle in ((empty, "no prompts"), (bad, "line 2: unknown key 'inputs'"),
-                       (tmp_path / "missing.jsonl", "cannot read"), (long, "exceeds the engine's")):
+                       (tmp_path / "missing.jsonl", "cannot read"),
+                       (long, f"{long}:1: request 0: prompt of 300 tokens exceeds")):   # the file and line
         line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(ds), "--concurrency", "2"))
         assert needle in line, line
     ok = tmp_path / "ok.jsonl"
