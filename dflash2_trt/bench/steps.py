@@ -97,6 +97,37 @@ def step_shape(target_key: str) -> tuple[int, int]:
     return probe.K, seq - NEW_TOKENS - probe.K - 1
 
 
+def available_memory_bytes() -> int | None:
+    """The host memory the kernel says a new allocation can take without swapping (Linux ``MemAvailable``); None
+    where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def refuse_host_memory(target_key: str, dtype: str) -> None:
+    """``--backend cpu`` draws every weight at the target's real widths in host memory: a published 27B pair needs
+    tens of GiB, and the kernel's OOM killer would end the process (and maybe others on a shared machine) with no
+    word. Refused in one line when the weights alone exceed the memory available."""
+    from ..engine.plan import weight_bytes_per_rank
+
+    d, t = config_dirs(target_key)
+    probe = prepare(d, t, target_key=target_key, overrides={"tp_size": 1})
+    per_rank = weight_bytes_per_rank(probe.t, probe.d, 1, dtype)
+    avail = available_memory_bytes()
+    if not per_rank or avail is None:
+        return
+    need = per_rank[0]["total"]
+    if need > avail:
+        raise ConfigError(f"{target_key}'s weights at its real widths take {need / 2**30:.1f} GiB ({dtype}), more than "
+                          f"the {avail / 2**30:.1f} GiB of memory available here: --backend cpu is for the tiny "
+                          f"targets", field="--backend")
+
+
 def step_engines(target_key: str, *, backend: str, max_batch: int, context_len: int, new_tokens: int = NEW_TOKENS,
                  dtype: str = "bfloat16", seed: int = 0,
                  tokens_per_block: int = TOKENS_PER_BLOCK) -> tuple[StandinEngine, dict]:
@@ -390,6 +421,8 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                                    or not 1.0 <= acceptance <= K + 1):   # NaN fails too: no NaN in the --json
         raise ConfigError(f"must be in [1, {K + 1}] (tokens per step with {K} drafts), got {acceptance!r}",
                           field="--acceptance")
+    if backend == "cpu":
+        refuse_host_memory(target_key, dtype)
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
     say(f"[steps] {target_key}: combined engine with random weights on {backend}")

@@ -133,3 +133,18 @@ def test_bench_steps_checks_context_and_acceptance_before_measuring(tmp_path):
     assert r.exit_code == 1 and r.output.strip().splitlines() == [
         "error: --acceptance: must be in [1, 8] (tokens per step with 7 drafts), got nan"]
     assert not out.exists()
+
+
+def test_bench_steps_on_the_cpu_refuses_weights_beyond_the_memory_available(monkeypatch):
+    """`bench steps --target qwen3.8-27b --backend cpu` drew 54 GiB of random weights in host memory and was ended by
+    the kernel's OOM killer (exit 137, no word). The weights' size is known from the configs: refused in one line."""
+    import dflash2_trt.bench.steps as steps_mod
+
+    monkeypatch.setattr(steps_mod, "available_memory_bytes", lambda: 1024)
+    with pytest.raises(ConfigError, match=r"--backend: tiny's weights at its real widths take .* GiB \(bfloat16\), "
+                                          r"more than the 0.0 GiB of memory available here"):
+        steps_mod.measure_steps("tiny", backend="cpu", concurrency="1", context_len=16, steps=1)
+    r = CliRunner().invoke(main, ["bench", "steps", "--target", "qwen3.8-27b", "--backend", "cpu", "--concurrency", "1"])
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert r.exit_code == 1 and lines[0].startswith("error: --backend: qwen3.8-27b's weights") and len(lines) == 1, \
+        r.output
