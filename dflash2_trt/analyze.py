@@ -40,7 +40,7 @@ NOT forced (reported, never assumed): ``greedy@k`` vs ``top1``; ``viterbi@k`` vs
 given position vs ``k``; ``greedy@k`` or ``viterbi@k`` vs ``k``.
 
 Measured. Real speculative decoding (:func:`dflash2_trt.reference.loop.speculative_generate`,
-temperature 0) per selector mode and k on the same prompts: mean tokens emitted per
+temperature 0) per selector mode and k on the same prompts: mean tokens accepted per
 verification pass, and a lossless check against the target's own greedy output. Implied and
 measured numbers differ because the loop only visits the anchors its own acceptances lead to;
 for each visited anchor the loop's acceptance equals the analysis' per-anchor ``n + 1`` (tested).

@@ -642,7 +642,7 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
               help="Comma-separated [default: 1,4,16,32; with --costs-from: every concurrency the report measured].")
 @click.option("--context-len", type=int, default=None,
               help="Tokens of context per request [default: 1024, or the target's max_position_embeddings if fewer].")
-@click.option("--acceptance", type=float, help="Mean tokens emitted per speculative step (e.g. 4.80).")
+@click.option("--acceptance", type=float, help="Acceptance length: mean tokens accepted per speculative step (e.g. 4.80).")
 @click.option("--acceptance-from",
               help="A `bench run --json` report: its measured acceptance histogram.")
 @click.option("--bandwidth-efficiency", type=float, default=1.0, show_default=True,

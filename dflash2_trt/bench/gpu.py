@@ -152,7 +152,7 @@ def metrics_from_benchmark(vals: dict, *, num_requests: int) -> dict:
         "itl_s": _dist_ms(vals, "inter_token_latency"), "engine_steps": None, "target_tokens": None,
         "target_tokens_per_emitted_token": None, "decode_target_tokens_per_emitted_token": None,
         "acceptance": {"mean": vals.get("avg_acceptance_rate"), "steps": None, "histogram": None,
-                       "per_position": None, "per_position_conditional": None},
+                       "per_position": None, "per_position_conditional": None, "emitted_mean": None},
         "errors": int(vals.get("num_error_samples", 0)),
     }
 

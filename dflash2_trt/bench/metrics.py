@@ -10,11 +10,17 @@ Definitions (every figure of a report's ``speculative`` / ``autoregressive`` blo
 - Percentiles are nearest-rank: the value at sorted index ``ceil(p/100 * n) - 1``, as
   ``gptManagerBenchmark``'s ``calcPercentile`` computes them; ``mean``, ``min``, ``max`` besides.
 - ``acceptance``: over every generation step of every request (the context step that emits a
-  request's first token is not a draft-verify step): ``mean`` = tokens emitted per step (the
-  runtime's ``acceptance_lengths``, pooled: ``run``'s ``totals.mean_acceptance``), ``histogram``
-  {tokens emitted: steps}, ``per_position[i]`` = share of steps whose draft position i+1 was
-  accepted (emitted length >= i + 2), ``per_position_conditional[i]`` = the same among steps
-  that accepted every earlier position (``null`` where no step reached it).
+  request's first token is not a draft-verify step): ``mean`` = the acceptance length, tokens the
+  engine accepted per step (its ``num_accepted_tokens``: accepted drafts + 1; the runtime's
+  ``acceptance_lengths``, pooled: ``run``'s ``totals.mean_acceptance``), ``histogram`` {tokens
+  accepted: steps}, ``per_position[i]`` = share of steps whose draft position i+1 was accepted
+  (length >= i + 2), ``per_position_conditional[i]`` = the same among steps that accepted every
+  earlier position (``null`` where no step reached it). A request's last step may accept more
+  than it emits (the rest is past ``output_tokens`` or its stop token and is cut), so
+  ``emitted_mean`` = tokens the generation steps emitted / those steps is the figure throughput
+  follows (and trtllm-bench's kind: its acceptance length counts output tokens), never above
+  ``mean``; the two agree on long outputs. ``decode_target_tokens_per_emitted_token`` = (K + 1) /
+  ``emitted_mean``.
 - ``target_tokens``: tokens the target processed over the run, summed over engine steps (prompts,
   plus K + 1 per generation request per step); ``target_tokens_per_emitted_token`` =
   target_tokens / emitted tokens; ``decode_target_tokens_per_emitted_token`` leaves the prompts
@@ -46,12 +52,12 @@ def distribution(values: Iterable[float]) -> dict | None:
 
 
 def acceptance_stats(lengths: Iterable[int], draft_len: int) -> dict:
-    """Acceptance figures of a pool of generation steps (emitted tokens per step, each in [1, K+1])."""
+    """Acceptance figures of a pool of generation steps (tokens accepted per step, each in [1, K+1])."""
     lengths = [int(n) for n in lengths]
     hist = Counter(lengths)
     steps = len(lengths)
     per_pos, cond = [], []
-    for i in range(1, draft_len + 1):             # draft position i accepted <=> emitted >= i + 1
+    for i in range(1, draft_len + 1):             # draft position i accepted <=> length >= i + 1
         acc = sum(c for n, c in hist.items() if n >= i + 1)
         reached = sum(c for n, c in hist.items() if n >= i)
         per_pos.append(acc / steps if steps else None)
@@ -62,7 +68,7 @@ def acceptance_stats(lengths: Iterable[int], draft_len: int) -> dict:
 
 
 def mean_from_histogram(histogram: dict) -> float:
-    """Mean emitted tokens per step of an ``acceptance.histogram`` ({"n": steps})."""
+    """Mean tokens accepted per step (the acceptance length) of an ``acceptance.histogram`` ({"n": steps})."""
     steps = sum(int(c) for c in histogram.values())
     if steps == 0:
         raise ValueError("empty acceptance histogram")
@@ -81,6 +87,7 @@ def run_metrics(requests, *, wall_s: float, step_log: Sequence[dict], draft_len:
     gen_slots = sum(int(s["generation"]) for s in step_log) * (draft_len + 1)
     gen_emitted = out_tok - n                    # each request's first token comes from its context step
     acc = acceptance_stats([a for r in requests for a in r.acceptance_lengths], draft_len)
+    acc["emitted_mean"] = gen_emitted / acc["steps"] if acc["steps"] else None
     return {
         "requests": n, "input_tokens": in_tok, "output_tokens": out_tok, "wall_s": wall_s,
         "requests_per_s": n / wall_s if wall_s > 0 else None,

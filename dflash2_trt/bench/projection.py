@@ -43,7 +43,8 @@ The cost model (every quantity is also in the document it returns, ``components`
   ``drafter_lm_head``  the target's lm_head again on B * K draft rows (weights re-read)
   ``selector``         the pairwise scan: 2 * K * top_k^2 * rank FLOPs per request
 
-- speedup(B) = tau * t_AR(B) / t_spec(B), where tau = mean tokens emitted per speculative step;
+- speedup(B) = tau * t_AR(B) / t_spec(B), where tau = mean tokens accepted per speculative step (the
+  acceptance length; on long outputs every accepted token is emitted);
   throughputs B / t_AR and B * tau / t_spec tokens per second.
 
 What it ignores (each could move the answer; see the README's note): prefill (context phases and

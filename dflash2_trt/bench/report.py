@@ -118,7 +118,8 @@ def render(report: dict) -> str:
             from ..engine.graph_rules import describe
 
             lines.append("     CUDA graphs: " + "; ".join(f"{mode} {describe(g)}" for mode, g in graphs if g))
-    lines.append("latencies in seconds; accept = mean tokens emitted per generation step; tgt/tok = target tokens "
+    lines.append("latencies in seconds; accept = mean tokens accepted per generation step (a request's last step may "
+                 "accept past its end: emitted_mean in the JSON); tgt/tok = target tokens "
                  "computed per emitted token (prompts included); speedup = speculative / autoregressive tokens/s")
     if report.get("unavailable"):
         lines.append("not measured by this backend: " + ", ".join(report["unavailable"]))

@@ -423,7 +423,7 @@ def metrics_from_report(doc: dict) -> dict:
         "engine_steps": None, "target_tokens": None, "target_tokens_per_emitted_token": None,
         "decode_target_tokens_per_emitted_token": None,
         "acceptance": {"mean": None if al is None else float(al), "steps": None, "histogram": None,
-                       "per_position": None, "per_position_conditional": None},
+                       "per_position": None, "per_position_conditional": None, "emitted_mean": None},
         "decoding_mode": dec.get("mode"),
     }
 

@@ -44,7 +44,7 @@ __all__ = ["GenerationResult", "speculative_generate", "target_generate", "load_
 class GenerationResult:
     prompt_ids: list[int]
     output_ids: list[int]                       # newly generated tokens (stop token included)
-    acceptance_lengths: list[int] = field(default_factory=list)   # tokens emitted per verify pass
+    acceptance_lengths: list[int] = field(default_factory=list)   # tokens accepted per verify pass (pre-cut)
     target_passes: int = 0                      # prefill + verification passes
     replay_passes: int = 0                      # hybrid-target state replays (not verification)
     drafter_passes: int = 0

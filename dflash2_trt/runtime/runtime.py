@@ -16,8 +16,10 @@ What it does per step, as ``batch_manager/trtGptModelInflightBatching.cpp`` and 
   cut at a stop token or ``max_new_tokens``; the next generation length is ``next_draft_lens + 1``;
   a finished request's blocks are freed.
 
-Acceptance statistics per request: tokens emitted per generation step (``acceptance_lengths``,
-the same quantity as the reference loop's), their histogram and mean.
+Acceptance statistics per request: tokens the engine accepted per generation step
+(``acceptance_lengths``: ``num_accepted_tokens``, the same quantity as the reference loop's), their
+histogram and mean. A request's last step may accept more than it emits (cut at a stop token or
+``max_new_tokens``); the acceptance length counts what the draft earned, not what was kept.
 """
 
 from __future__ import annotations

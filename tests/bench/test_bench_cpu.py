@@ -74,6 +74,9 @@ def test_report_has_every_figure(report):
         # the target's work: every prompt once, then K + 1 tokens per request per generation step
         assert spec["target_tokens"] == spec["input_tokens"] + 8 * acc["steps"]
         assert spec["target_tokens_per_emitted_token"] == pytest.approx(spec["target_tokens"] / spec["output_tokens"])
+        # a request's last step may accept past its end: what was emitted never exceeds what was accepted
+        assert acc["emitted_mean"] <= acc["mean"]
+        assert spec["decode_target_tokens_per_emitted_token"] == pytest.approx(8 / acc["emitted_mean"])
         # autoregressive: one token per request per step, exactly one emitted per step
         assert ar["acceptance"]["mean"] == 1.0 and ar["acceptance"]["per_position"] == []
         assert ar["target_tokens"] == ar["input_tokens"] + ar["output_tokens"] - ar["requests"]

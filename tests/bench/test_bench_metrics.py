@@ -63,3 +63,21 @@ def test_run_metrics_by_hand():
     # 3 generation slots x (K + 1) = 12 target tokens for the 11 - 2 tokens the generation steps emitted
     assert m["decode_target_tokens_per_emitted_token"] == pytest.approx(12 / 9)
     assert m["acceptance"]["mean"] == 3.0 and m["acceptance"]["steps"] == 3
+    assert m["acceptance"]["emitted_mean"] == 3.0          # no step was cut: 9 tokens over 3 steps
+
+
+def test_a_cut_last_step_counts_as_accepted_not_as_emitted():
+    # K = 3. A request of 6 tokens: 1 (context), a step accepting 4, then a step accepting 4 of which only 1 is
+    # kept (max_new_tokens). The acceptance length is the draft's (4.0, as TensorRT-LLM's executor counts it);
+    # the generation steps emitted 5 tokens in 2 steps, and the target's decode work per emitted token follows that.
+    r = _req(4, range(6), [4, 4], start=0.0, first=0.1, finish=0.3)
+    log = [{"context": 1, "generation": 0, "tokens": 4}, {"context": 0, "generation": 1, "tokens": 4},
+           {"context": 0, "generation": 1, "tokens": 4}]
+    m = run_metrics([r], wall_s=0.3, step_log=log, draft_len=3)
+    acc = m["acceptance"]
+    assert acc["mean"] == 4.0 and acc["histogram"] == {"4": 2} and acc["per_position"] == [1.0, 1.0, 1.0]
+    assert acc["emitted_mean"] == pytest.approx(5 / 2)
+    assert m["decode_target_tokens_per_emitted_token"] == pytest.approx(8 / 5) == pytest.approx(4 / acc["emitted_mean"])
+    none = run_metrics([_req(2, [7], [], start=0.0, first=0.1, finish=0.1)], wall_s=0.1,
+                       step_log=[{"context": 1, "generation": 0, "tokens": 2}], draft_len=3)
+    assert none["acceptance"]["mean"] is None and none["acceptance"]["emitted_mean"] is None

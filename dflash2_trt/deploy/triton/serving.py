@@ -22,7 +22,7 @@ executor defines them (``LlmRequest::updateNumTokensPerIteration`` and the resul
 
 - ``total_draft_tokens`` += min(drafts of the step, max draft path length) = K per generation step
   (the context step, which produces the first token, has no drafts and counts nothing);
-- ``total_accepted_draft_tokens`` += tokens emitted by the step - 1 (the engine's accepted count,
+- ``total_accepted_draft_tokens`` += tokens accepted by the step - 1 (the engine's accepted count,
   before a stop word or ``request_output_len`` cuts the last step short);
 - ``acceptance_rate`` = accepted / drafts (0 when no generation step ran).
 
