@@ -44,6 +44,16 @@ from .metrics import run_metrics
 
 
 
+
+def check_requests(checker, specs, requests) -> None:
+    """Every request fits the engine (``Runtime.check``) before anything runs; one that does not is named by its
+    dataset file and line (``specs[i]["where"]``), not only by its task id."""
+    for spec, r in zip(specs, requests):
+        try:
+            checker.check(r)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), source=spec["where"]) from None
+
 def make_requests(specs, *, temperature: float, seed: int, stops):
     return [Request(list(s["input_ids"]), int(s["output_tokens"]), temperature=temperature, seed=seed + i,
                     stop_token_ids=tuple(stops), task_id=s["task_id"]) for i, s in enumerate(specs)]
@@ -123,11 +133,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                                     num_requests=num_requests, tokenizer_dir=prompt_tokenizer_dir(engine_dir, man))
         stops = stop_ids(man, engine.vocab_size) if stop_on_eos else ()
         checker = Runtime(engine)
-        for spec, r in zip(specs, make_requests(specs, temperature=temperature, seed=seed, stops=stops)):
-            try:
-                checker.check(r)                  # every request fits before anything runs
-            except ConfigError as exc:            # named by its dataset line, not only by its task_id
-                raise ConfigError(str(exc), source=spec["where"]) from None
+        check_requests(checker, specs, make_requests(specs, temperature=temperature, seed=seed, stops=stops))
         if baseline:
             ar_engine = open_target_only_engine(engine_dir)
         engines = [("speculative", engine)] + ([("autoregressive", ar_engine)] if baseline else [])

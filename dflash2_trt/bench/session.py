@@ -28,7 +28,7 @@ from ..errors import ConfigError, DFlash2Error, pending_stop
 from ..reference.generate import SEED_MAX
 from ..runtime import Runtime
 from .common import parse_concurrency
-from .cpu import drive, make_requests, progress_bar
+from .cpu import check_requests, drive, make_requests, progress_bar
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
 
@@ -96,8 +96,7 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
                                     num_requests=num_requests, tokenizer_dir=prompt_tokenizer_dir(engine_dir, man))
         stops = stop_ids(man, sess.vocab_size) if stop_on_eos else ()
         checker = Runtime(sess)
-        for r in make_requests(specs, temperature=temperature, seed=seed, stops=stops):
-            checker.check(r)
+        check_requests(checker, specs, make_requests(specs, temperature=temperature, seed=seed, stops=stops))
         common = {"temperature": temperature, "seed": seed, "stops": stops, "warmup": warmup,
                   "keep_outputs": keep_outputs, "graphed": graphed, "progress": progress}
         spec_m, spec_out = _runs(sess, specs, levels, mode="speculative", **common)

@@ -338,3 +338,16 @@ def test_an_executor_path_report_says_where_its_baseline_runs(tmp_path):
     assert any("baseline/ (build --baseline) runs on the project runtime only" in n for n in rep["notes"])
     proj = bench_run(d, tmp_path / "ds.jsonl", concurrency="1", trt=trt, runtime="project", progress=False)
     assert proj["runs"][0]["outputs_match"] is True and proj["baseline"]["kind"] == "target-only"
+
+
+def test_a_request_the_engine_cannot_take_is_named_by_its_dataset_line(with_baseline, tmp_path):
+    """As on the CPU path (tests/bench/test_bench_cpu.py): the project runtime over TensorRT checks every request
+    before anything runs, and names the dataset file and line of one that does not fit."""
+    from dflash2_trt.bench.run import bench_run
+
+    ds = tmp_path / "big.jsonl"
+    ds.write_text(json.dumps({"task_id": 0, "input_ids": [5, 6, 7], "output_tokens": 4}) + "\n"
+                  + json.dumps({"task_id": 1, "input_ids": [5, 6, 7], "output_tokens": 100000}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        bench_run(with_baseline, ds, concurrency="1", trt=trt, progress=False, stop_on_eos=False)
+    assert str(e.value).startswith(f"{ds}:2: ") and "100000" in str(e.value), str(e.value)
