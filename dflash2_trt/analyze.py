@@ -377,7 +377,7 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
 
     ks = sorted(set(int(k) for k in top_k))
     if not ks or ks[0] < 1:
-        raise ConfigError(f"--top-k values must be >= 1, got {list(top_k)}", field="top_k")
+        raise ConfigError(f"values must be >= 1, got {list(top_k)}", field="--top-k")
     from .sampling import GREEDY_BELOW, effective_temperature
 
     if effective_temperature(temperature, "--temperature") == 0 and temperature > 0:
@@ -386,12 +386,12 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
                           field="--temperature")
     if max_prompts is not None and max_prompts < 1:
         # a negative value would silently slice prompts off the end (prompts[:-1])
-        raise ConfigError(f"--max-prompts must be >= 1, got {max_prompts}", field="max_prompts")
+        raise ConfigError(f"must be >= 1, got {max_prompts}", field="--max-prompts")
     # configs, headers, inventories, values, pairing (inspect's checks) before transformers sees a file
     target, drafter = load_pair(target_dir, drafter_dir, block_size=block_size)
     cfg = drafter.cfg
     if ks[-1] > cfg.vocab_size:
-        raise ConfigError(f"--top-k {ks[-1]} exceeds the vocabulary ({cfg.vocab_size})", field="top_k")
+        raise ConfigError(f"{ks[-1]} exceeds the vocabulary ({cfg.vocab_size})", field="--top-k")
     if prompts_file is not None:
         prompts, prompt_source = load_prompts(prompts_file, target_dir), str(prompts_file)
     else:
@@ -508,7 +508,7 @@ def parse_top_k(text: str) -> list[int]:
     try:
         ks = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"--top-k must be comma-separated integers, got {text!r}", field="top_k") from None
+        raise ConfigError(f"must be comma-separated integers, got {text!r}", field="--top-k") from None
     if not ks or min(ks) < 1:
-        raise ConfigError(f"--top-k values must be >= 1, got {text!r}", field="top_k")
+        raise ConfigError(f"values must be >= 1, got {text!r}", field="--top-k")
     return ks

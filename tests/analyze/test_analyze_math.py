@@ -216,8 +216,8 @@ def test_analyze_pair_refuses_bad_options_before_loading(tmp_path):
     from dflash2_trt.analyze import analyze_pair
 
     for kw, field in (({"temperature": -0.5}, "temperature"), ({"temperature": float("nan")}, "temperature"),
-                      ({"max_prompts": -1}, "max_prompts"),
-                      ({"max_prompts": 0}, "max_prompts")):
+                      ({"max_prompts": -1}, "--max-prompts"),
+                      ({"max_prompts": 0}, "--max-prompts")):
         with pytest.raises(ConfigError, match=field):
             analyze_pair(tmp_path / "no-drafter", tmp_path / "no-target", **kw)
 

@@ -180,7 +180,10 @@ def test_cli_analyze_text_and_errors(tmp_path):
     assert res.exit_code == 0, res.output
     assert "conditional on every earlier position" in res.output and "oracle@16" in res.output
     res = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--top-k", "4,x"])
-    assert res.exit_code == 1 and "--top-k" in res.output
+    assert res.exit_code == 1 and res.output.strip() == "error: --top-k: must be comma-separated integers, got '4,x'"
+    for opt, val in (("--top-k", "0"), ("--max-prompts", "-1")):   # the option named once, as the user spelt it
+        res = CliRunner().invoke(main, ["analyze", "--target", "tiny", opt, val])
+        assert res.exit_code == 1 and res.output.startswith(f"error: {opt}: ") and res.output.count(opt) == 1, res.output
     bad = tmp_path / "p.json"
     bad.write_text("[[1, 2], \"text\"]")
     res = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--prompts", str(bad), "--no-measure"])
