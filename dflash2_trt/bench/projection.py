@@ -1,6 +1,6 @@
 """``dflash2-trt bench project``: a roofline MODEL of speculative vs autoregressive decoding on a GPU.
 
-Not a measurement. From an acceptance (the mean tokens a speculative step emits, from a measured
+Not a measurement. From an acceptance (the mean tokens a speculative step accepts, from a measured
 histogram or given), the published model shapes (the target's and drafter's ``config.json``; the
 parameter counts come from the project's own inventories: transformers' model class on the meta
 device for the target, :func:`~dflash2_trt.checkpoint.inventory.expected_drafter_tensors` for the

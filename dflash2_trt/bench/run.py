@@ -263,8 +263,14 @@ def _measured_projection(target, costs_from, basis, report, acceptance, acceptan
                           source=p, field="target")
     draft_len = steps.get("draft_len")
     if acceptance is None and report is None and steps.get("acceptance"):
-        tau, info = float(steps["acceptance"]), {"kind": "given", "mean": float(steps["acceptance"]),
-                                                  "source": "the article's, recorded in the steps report"}
+        rec = steps["acceptance"]   # the file's value, so a bad one names the file, not --acceptance
+        if (isinstance(rec, bool) or not isinstance(rec, (int, float)) or not isinstance(draft_len, int)
+                or not 1.0 <= rec <= draft_len + 1):
+            top = draft_len + 1 if isinstance(draft_len, int) else "?"
+            raise ConfigError(f"must be a number in [1, draft_len + 1 = {top}], got {rec!r} (or pass --acceptance)",
+                              source=p, field="acceptance")
+        tau, info = float(rec), {"kind": "given", "mean": float(rec),
+                                 "source": "the article's, recorded in the steps report"}
     else:
         tau, info = tau_from(acceptance=acceptance, report=report, draft_len=draft_len, report_source=acceptance_from)
     doc = measured_projection(steps, tau=tau, acceptance_info=info, source=p, concurrency=concurrency, basis=basis)

@@ -49,6 +49,8 @@ def test_measured_costs_give_the_speedup_and_say_so(tmp_path):
     (dict(context_len=4096), "--context-len applies to the roofline model"),
     (dict(gpus="b200"), "--gpu applies to the roofline model"),
     (dict(recurrent_verify="intermediate"), "--recurrent-verify applies to the roofline model"),
+    (dict(steps=dict(acceptance=9.5)), r"steps\.json: acceptance: must be a number in \[1, draft_len \+ 1 = 8\]"),
+    (dict(steps=dict(acceptance="4.8")), r"steps\.json: acceptance: .*got '4\.8' \(or pass --acceptance\)"),
 ])
 def test_what_measured_costs_refuse(tmp_path, kw, needle):
     steps = _steps(tmp_path, **kw.pop("steps", {}))
