@@ -489,6 +489,11 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
             ar.close()
 
 
+def _cell(value, width: int) -> str:
+    """A table cell: ``value`` to 2 decimals, or ``n/a`` where it was not measured (GPU busy time on the CPU)."""
+    return f"{'n/a' if value is None else format(value, '.2f'):>{width}}"
+
+
 def render(doc: dict) -> str:
     lines = [f"BENCH STEPS {doc['target']} on {doc['device']} ({doc['backend']} backend, {doc['dtype']}, K "
              f"{doc['draft_len']}, context {doc['context_len']}, {doc['weights']})"]
@@ -498,10 +503,10 @@ def render(doc: dict) -> str:
     lines.append(hdr + "  spec components (busy ms): " + " ".join(doc["components"]))
     for p in doc["points"]:
         sp, ar = p["speculative"], p["target_only"]
-        row = (f"{p['concurrency']:>5} {sp['wall_ms']:>8.2f} {ar['wall_ms']:>7.2f} {sp.get('gpu_busy_ms', float('nan')):>9.2f} "
-               f"{ar.get('gpu_busy_ms', float('nan')):>8.2f}")
+        row = (f"{p['concurrency']:>5} {sp['wall_ms']:>8.2f} {ar['wall_ms']:>7.2f} {_cell(sp.get('gpu_busy_ms'), 9)} "
+               f"{_cell(ar.get('gpu_busy_ms'), 8)}")
         if doc.get("acceptance"):
-            row += f" {p.get('speedup_wall', float('nan')):>11.2f} {p.get('speedup_busy', float('nan')):>7.2f}"
+            row += f" {_cell(p.get('speedup_wall'), 11)} {_cell(p.get('speedup_busy'), 7)}"
         comp = sp.get("components_ms") or sp["spans_ms"]
         lines.append(row + "  " + " ".join(f"{comp.get(k, 0.0):.2f}" for k in doc["components"]))
     launches = [(p["concurrency"], p["speculative"].get("ops_per_step"), p["speculative"].get("kernels_per_step"),
