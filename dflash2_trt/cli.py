@@ -505,7 +505,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     sources = {"builtin": builtin, "prompts": prompts_file, "corpus": corpus, "synthetic": synthetic}
     chosen = [k for k, v in sources.items() if v is not None]
     if len(chosen) != 1:
-        raise ConfigError("give exactly one of --builtin, --prompts, --corpus, --synthetic", field="source")
+        raise ConfigError("give exactly one source: --builtin, --prompts, --corpus or --synthetic")
     given = click.get_current_context().get_parameter_source
     if synthetic is not None and given("output_tokens") == click.core.ParameterSource.COMMANDLINE:
         raise ConfigError("applies to prompt sources; a synthetic dataset draws its output lengths (--output-mean "

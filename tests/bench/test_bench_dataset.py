@@ -149,8 +149,8 @@ def test_an_existing_output_needs_force(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--output", "{tmp}/x.jsonl"], "give exactly one of --builtin"),
-    (["--builtin", "tiny", "--synthetic", "token-norm-dist", "--output", "{tmp}/x.jsonl"], "give exactly one of"),
+    (["--output", "{tmp}/x.jsonl"], "error: give exactly one source: --builtin, --prompts, --corpus or --synthetic"),
+    (["--builtin", "tiny", "--synthetic", "token-norm-dist", "--output", "{tmp}/x.jsonl"], "give exactly one source"),
     (["--synthetic", "token-norm-dist", "--num-requests", "2", "--output", "{tmp}/x.jsonl"], "vocabulary"),
     (["--synthetic", "token-norm-dist", "--target", "tiny", "--output", "{tmp}/x.jsonl"], "--num-requests"),
     (["--synthetic", "token-unif-dist", "--target", "tiny", "--num-requests", "2", "--input-min", "5", "--input-max",
