@@ -60,7 +60,7 @@ from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
 from .trtllm.paths import runtime_path
 from .trtllm.runtime_rules import runtime_reading
-from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain
+from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain, trtllm_version_refusal
 from .verify import AUTO_MAX_TARGET_BYTES
 from ..trtllm.backend import cuda_available, load_network
 from ..trtllm.cuda.plugin_lib import nvcc_path
@@ -638,6 +638,8 @@ def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto",
     if be == "trtllm":
         if tc.tensorrt_llm is None:
             missing.append("tensorrt_llm (TensorRT-LLM 1.2.x)")
+        elif (wrong := trtllm_version_refusal(tc.tensorrt_llm)) is not None:
+            missing.append(wrong)
         if tc.trtllm_build is None:
             missing.append("trtllm-build")
         missing += plugin_toolchain_missing(tc)

@@ -288,6 +288,36 @@ def test_without_tensorrt_llm_stops_before_the_engine(pair, tmp_path, toolchain)
     assert f"--output_dir {out / 'baseline'}" in then[1] and "\n" not in str(ei.value)
 
 
+@pytest.mark.parametrize("version,why", [("1.3.0rc21", "newer releases drop the TensorRT engine backend"),
+                                         ("1.1.0", "older releases lack pieces"), ("2.0", "newer releases")])
+def test_a_tensorrt_llm_outside_1_2_stops_before_the_engine(pair, tmp_path, toolchain, monkeypatch, version, why):
+    """pyproject says tensorrt-llm>=1.2,<1.3 (what the network, build steps and runtime facts were checked against);
+    an installed 1.3 or 1.1 was taken as is and trtllm-build run with it. Now it is named, with the pin, before the
+    engine step (the checkpoint and plugin library kept, as for a missing TensorRT-LLM); DFLASH2_TRTLLM_ANY_VERSION=1
+    builds anyway and the engine records the version."""
+    from dataclasses import replace
+
+    from dflash2_trt.engine.plan import dry_run_plan
+    from dflash2_trt.engine.trtllm.toolchain import trtllm_version_problem
+
+    monkeypatch.delenv("DFLASH2_TRTLLM_ANY_VERSION", raising=False)
+    for ok in ("1.2.0", "1.2.1", "1.2.0rc2", "1.2.0.post1", "unknown", None):
+        assert trtllm_version_problem(ok) is None, ok
+    out = tmp_path / "eng"
+    r = FakeRunner()
+    with pytest.raises(MissingDependencyError) as ei:
+        _build(pair, out, replace(toolchain, tensorrt_llm=version), r)
+    msg = str(ei.value)
+    assert f"TensorRT-LLM {version} is installed" in msg and why in msg and "'tensorrt-llm>=1.2,<1.3'" in msg, msg
+    assert "\n" not in msg and "trtllm-build" not in r.tools() and not out.exists() and _left_beside(out) == []
+    plan = dry_run_plan(pair.drafter_dir, pair.target_dir, backend="trtllm", target_key="tiny", sets=SETS,
+                        toolchain=replace(toolchain, tensorrt_llm=version))
+    assert any(f"TensorRT-LLM {version} is installed" in m for m in plan["machine"]["missing"])
+    monkeypatch.setenv("DFLASH2_TRTLLM_ANY_VERSION", "1")
+    res = _build(pair, out, replace(toolchain, tensorrt_llm=version), FakeRunner())
+    assert res.manifest["versions"]["tensorrt_llm"] == version and out.is_dir()
+
+
 def test_cli_on_this_machine_names_what_is_missing(pair, tmp_path):
     out = tmp_path / "eng"
     r = CliRunner().invoke(main_cli(), ["build", "--target", "tiny", "--backend", "trtllm", "--output", str(out),

@@ -54,7 +54,7 @@ from .command import (BASELINE_CLS_NAME, default_checkpoint_dir, engine_config_f
 from .paths import PROJECT, runtime_path
 from .plugin_library import ensure_plugin_library, plugin_archs
 from .process import EngineBuildError, SubprocessRunner, log_tail
-from .toolchain import Toolchain, probe_toolchain
+from .toolchain import Toolchain, probe_toolchain, trtllm_version_refusal
 from .verify import verify_trtllm_engine
 
 
@@ -275,6 +275,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
         if toolchain.tensorrt_llm is None:
             missing.insert(0, "TensorRT-LLM is not importable (pip install 'tensorrt-llm>=1.2,<1.3' from NVIDIA's "
                               "index, on a GPU machine)")
+        elif (wrong := trtllm_version_refusal(toolchain.tensorrt_llm)) is not None:
+            missing.insert(0, wrong)
         if missing:
             lib_env = trtllm_build_env(plugin["path"] if plugin else "<libdflash2_plugins.so>")
             then = ""

@@ -43,6 +43,36 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
+SUPPORTED_TRTLLM = (1, 2)
+"""The TensorRT-LLM minor the network (``trtllm/network``), the build steps and the runtime facts were written and
+checked against (pyproject's ``tensorrt-llm>=1.2,<1.3``); the sources read are listed in docs/hybrid-runtime.md."""
+ANY_TRTLLM_ENV = "DFLASH2_TRTLLM_ANY_VERSION"
+"""``1``: build with an installed TensorRT-LLM outside :data:`SUPPORTED_TRTLLM` anyway (untested; the engine records
+the version it was built with)."""
+
+
+def trtllm_version_problem(version: str | None) -> str | None:
+    """Why the installed TensorRT-LLM ``version`` is not one this project builds with, or None (also for None:
+    absent is said elsewhere, and for ``unknown``: no metadata to read, e.g. a source tree on PYTHONPATH)."""
+    if version is None or version == "unknown":
+        return None
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m and (int(m[1]), int(m[2])) == SUPPORTED_TRTLLM:
+        return None
+    want = ".".join(map(str, SUPPORTED_TRTLLM))
+    newer = m is not None and (int(m[1]), int(m[2])) > SUPPORTED_TRTLLM
+    why = (" (newer releases drop the TensorRT engine backend: 1.3.0rc20 was the last with it)" if newer else
+           " (older releases lack pieces the network uses)" if m else " (unreadable version)")
+    return (f"TensorRT-LLM {version} is installed; this project's network, build and runtime are written and checked "
+            f"against {want}.x{why}: pip install 'tensorrt-llm>={want},<{SUPPORTED_TRTLLM[0]}.{SUPPORTED_TRTLLM[1] + 1}'"
+            f" (or set {ANY_TRTLLM_ENV}=1 to build anyway, untested)")
+
+
+def trtllm_version_refusal(version: str | None) -> str | None:
+    """:func:`trtllm_version_problem`, unless ``DFLASH2_TRTLLM_ANY_VERSION=1`` waives it."""
+    return None if os.environ.get(ANY_TRTLLM_ENV) == "1" else trtllm_version_problem(version)
+
+
 def _sm_of(compute_cap: str) -> str:
     major, _, minor = compute_cap.strip().partition(".")
     sm = f"sm_{int(major)}{int(minor or 0)}"
