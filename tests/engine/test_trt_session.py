@@ -471,3 +471,37 @@ def test_cuda_graphs_on_the_session_are_refused_where_they_cannot_apply(tiny_eng
     engine_dir = tiny_engines("tiny")
     with pytest.raises(ConfigError, match="need the session on a GPU; it runs on cpu"):
         _session(engine_dir, cuda_graphs=True)
+
+
+# ------------------------------------------------------------------------------------------------ opening
+def test_an_engine_that_does_not_open_names_the_tensorrt_that_built_it(standin_trt_engine, tmp_path):
+    """TensorRT deserializes an engine only on the release that built it. When it cannot, the one line says which
+    TensorRT engine.json records and which is loaded, where they differ (TensorRT's own log line is easy to miss among a
+    server's); where they agree, or either is unknown, the line stays TensorRT's general one."""
+    import shutil
+    import types
+
+    from dflash2_trt.engine.trtllm.session import EngineOpenError, open_trt_session, tensorrt_mismatch
+
+    assert tensorrt_mismatch("10.13.3.9", "10.13.3.9") is None and tensorrt_mismatch(None, "10.11.0") is None
+    assert tensorrt_mismatch("10.13.3", "10.13.3.post1") is None and tensorrt_mismatch("10.13.3", None) is None
+    assert "TensorRT 10.13.3" in tensorrt_mismatch("10.13.3", "10.11.0.33")
+    d = tmp_path / "engine"
+    shutil.copytree(standin_trt_engine[0], d)
+    blob = d / "rank0.engine"
+    blob.write_bytes(b"x" * blob.stat().st_size)                  # not an engine this TensorRT can read
+    man = json.loads((d / "engine.json").read_text())
+    man.setdefault("versions", {})["tensorrt"] = "10.13.3.9"
+    (d / "engine.json").write_text(json.dumps(man))
+    other = types.SimpleNamespace(**{k: getattr(trt, k) for k in dir(trt) if not k.startswith("__")},
+                                  __version__="10.11.0.33")
+    with pytest.raises(EngineOpenError) as e:
+        open_trt_session(d, trt=other, device="cpu", load_plugins=False)
+    msg = str(e.value)
+    assert msg.startswith(f"{blob}: TensorRT could not deserialize the engine") and "\n" not in msg, msg
+    assert "built with TensorRT 10.13.3.9 (engine.json versions.tensorrt) and TensorRT 10.11.0.33 is loaded" in msg
+    same = types.SimpleNamespace(**vars(other))
+    same.__version__ = "10.13.3.9"
+    with pytest.raises(EngineOpenError) as e:
+        open_trt_session(d, trt=same, device="cpu", load_plugins=False)
+    assert "built with" not in str(e.value) and str(e.value).startswith("TensorRT could not deserialize"), str(e.value)

@@ -47,6 +47,7 @@ import functools
 import json
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,6 +165,26 @@ def engine_tensors(trt, engine) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- execution
+class EngineOpenError(ConfigError):
+    """TensorRT could not deserialize a rank engine or make its execution context; :func:`open_trt_session` adds
+    what ``engine.json`` records of the TensorRT that built it beside the one loaded here."""
+
+
+def tensorrt_mismatch(built_with, loaded) -> str | None:
+    """A note when the TensorRT ``loaded`` here is not the release ``built_with`` (engine.json ``versions.tensorrt``):
+    a TensorRT engine deserializes only on the release that built it (trtllm-build makes no version-compatible
+    engines). Major.minor.patch compared; None where either is unknown or they agree."""
+    def release(v):
+        parts = re.findall(r"\d+", str(v))[:3]
+        return tuple(int(x) for x in parts) if len(parts) == 3 else None
+
+    a, b = release(built_with), release(loaded)
+    if a is None or b is None or a == b:
+        return None
+    return (f"the engine was built with TensorRT {built_with} (engine.json versions.tensorrt) and TensorRT {loaded} "
+            f"is loaded here: rebuild the engine on this machine, or install the TensorRT-LLM that brings {built_with}")
+
+
 class OwnExecution:
     """TensorRT-LLM's ``Session`` steps (facts ``session_py``) over a ``trt`` namespace: deserialize, one execution
     context with profile 0 selected on the session's stream; per step the addresses and ``execute_async_v3``."""
@@ -173,8 +194,8 @@ class OwnExecution:
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
         if self.engine is None:
-            raise ConfigError("TensorRT could not deserialize the engine (TensorRT's log above says why: a different "
-                              "TensorRT version, or a plugin library not loaded)")
+            raise EngineOpenError("TensorRT could not deserialize the engine (TensorRT's log above says why: a "
+                                  "different TensorRT version, or a plugin library not loaded)")
         self.context = self.engine.create_execution_context()
         if not self.context.set_optimization_profile_async(0, stream_handle):
             raise RuntimeError("TensorRT refused optimization profile 0")
@@ -199,9 +220,9 @@ class TrtllmExecution(OwnExecution):   # pragma: no cover - needs TensorRT-LLM (
         from tensorrt_llm.runtime import Session
 
         self.trt = trt
-        failed = ConfigError("TensorRT could not deserialize the engine or create its execution context (TensorRT's "
-                             "log above says why: a different TensorRT version, a plugin library not loaded, or no "
-                             "device memory left)")
+        failed = EngineOpenError("TensorRT could not deserialize the engine or create its execution context "
+                                 "(TensorRT's log above says why: a different TensorRT version, a plugin library not "
+                                 "loaded, or no device memory left)")
         try:
             self.session = Session.from_serialized_engine(engine_bytes)
         except AttributeError as exc:
@@ -599,7 +620,13 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
     if not path.is_file():
         raise ConfigError(f"no {path.name} in the engine directory", source=where)
     kw.setdefault("kv_cache_fraction", (man.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"))
-    return TrtEngineSession(path.read_bytes(), cfg, trt=trt, rank=rank, **kw), man
+    try:
+        return TrtEngineSession(path.read_bytes(), cfg, trt=trt, rank=rank, **kw), man
+    except EngineOpenError as exc:
+        note = tensorrt_mismatch((man.get("versions") or {}).get("tensorrt"), getattr(trt, "__version__", None))
+        if note is None:
+            raise
+        raise EngineOpenError(f"{exc}; {note}", source=path) from None
 
 
 def has_baseline(man: dict) -> bool:
