@@ -474,7 +474,7 @@ def test_cuda_graphs_on_the_session_are_refused_where_they_cannot_apply(tiny_eng
 
 
 # ------------------------------------------------------------------------------------------------ opening
-def test_an_engine_that_does_not_open_names_the_tensorrt_that_built_it(standin_trt_engine, tmp_path):
+def test_an_engine_that_does_not_open_names_the_tensorrt_that_built_it(standin_trt_engine, tmp_path, monkeypatch):
     """TensorRT deserializes an engine only on the release that built it. When it cannot, the one line says which
     TensorRT engine.json records and which is loaded, where they differ (TensorRT's own log line is easy to miss among a
     server's); where they agree, or either is unknown, the line stays TensorRT's general one."""
@@ -505,3 +505,12 @@ def test_an_engine_that_does_not_open_names_the_tensorrt_that_built_it(standin_t
     with pytest.raises(EngineOpenError) as e:
         open_trt_session(d, trt=same, device="cpu", load_plugins=False)
     assert "built with" not in str(e.value) and str(e.value).startswith("TensorRT could not deserialize"), str(e.value)
+    # an engine built for another GPU architecture (an H200's on a B200): named the same way
+    man["gpu"] = {"name": "NVIDIA H200", "sm": "sm_90a"}
+    (d / "engine.json").write_text(json.dumps(man))
+    monkeypatch.setattr(sessmod, "current_gpu_sm", lambda: "sm_100a")
+    with pytest.raises(EngineOpenError) as e:
+        open_trt_session(d, trt=other, device="cpu", load_plugins=False)
+    assert "TensorRT 10.11.0.33 is loaded here" in str(e.value), str(e.value)
+    assert "the engine was built on sm_90a (engine.json gpu.sm) and this GPU is sm_100a" in str(e.value)
+    assert sessmod.gpu_mismatch("sm_90a", "sm_90a") is None and sessmod.gpu_mismatch(None, "sm_90a") is None

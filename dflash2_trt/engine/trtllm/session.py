@@ -185,6 +185,25 @@ def tensorrt_mismatch(built_with, loaded) -> str | None:
             f"is loaded here: rebuild the engine on this machine, or install the TensorRT-LLM that brings {built_with}")
 
 
+def current_gpu_sm() -> str | None:
+    """The visible CUDA device's architecture as engine.json ``gpu.sm`` spells it (``sm_90a``); None without one."""
+    if not torch.cuda.is_available():
+        return None
+    from .toolchain import sm_of
+
+    major, minor = torch.cuda.get_device_capability()
+    return sm_of(f"{major}.{minor}")
+
+
+def gpu_mismatch(built_on, here) -> str | None:
+    """A note when this GPU's architecture ``here`` is not the one the engine was built on (engine.json ``gpu.sm``):
+    a TensorRT engine runs only on the architecture it was built for. None where either is unknown or they agree."""
+    if not built_on or not here or built_on == here:
+        return None
+    return (f"the engine was built on {built_on} (engine.json gpu.sm) and this GPU is {here}: rebuild the engine on "
+            f"this GPU")
+
+
 class OwnExecution:
     """TensorRT-LLM's ``Session`` steps (facts ``session_py``) over a ``trt`` namespace: deserialize, one execution
     context with profile 0 selected on the session's stream; per step the addresses and ``execute_async_v3``."""
@@ -623,10 +642,12 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
     try:
         return TrtEngineSession(path.read_bytes(), cfg, trt=trt, rank=rank, **kw), man
     except EngineOpenError as exc:
-        note = tensorrt_mismatch((man.get("versions") or {}).get("tensorrt"), getattr(trt, "__version__", None))
-        if note is None:
+        notes = [n for n in (tensorrt_mismatch((man.get("versions") or {}).get("tensorrt"),
+                                               getattr(trt, "__version__", None)),
+                             gpu_mismatch((man.get("gpu") or {}).get("sm"), current_gpu_sm())) if n]
+        if not notes:
             raise
-        raise EngineOpenError(f"{exc}; {note}", source=path) from None
+        raise EngineOpenError(f"{exc}; {'; '.join(notes)}", source=path) from None
 
 
 def has_baseline(man: dict) -> bool:

@@ -73,7 +73,8 @@ def trtllm_version_refusal(version: str | None) -> str | None:
     return None if os.environ.get(ANY_TRTLLM_ENV) == "1" else trtllm_version_problem(version)
 
 
-def _sm_of(compute_cap: str) -> str:
+def sm_of(compute_cap: str) -> str:
+    """``"9.0"`` -> ``"sm_90a"`` (Hopper and Blackwell datacenter parts get their ``a`` target)."""
     major, _, minor = compute_cap.strip().partition(".")
     sm = f"sm_{int(major)}{int(minor or 0)}"
     return sm + "a" if sm in ("sm_90", "sm_100") else sm
@@ -118,7 +119,7 @@ def probe_toolchain() -> Toolchain:
             first = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else ""
             if "," in first:
                 gpu_name, cap = (x.strip() for x in first.rsplit(",", 1))
-                gpu_sm = _sm_of(cap)
+                gpu_sm = sm_of(cap)
         except (OSError, subprocess.SubprocessError, ValueError):
             gpu_name = gpu_sm = None
     return Toolchain(tensorrt_llm=trtllm, tensorrt=_dist_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13",
