@@ -279,6 +279,14 @@ def test_not_an_engine_dir_and_tokenizer_errors(engine_without_tokenizer, tmp_pa
     assert code == 0 and (tmp_path / "o" / "tensorrt_llm").is_dir(), text
 
 
+def test_a_directory_that_is_no_engine_is_named_so_before_any_overlap(tmp_path):
+    """An --output inside a directory that is no engine used to be refused as lying "inside the engine directory"
+    (and `serve --engine-dir /tmp`, whose repository goes under /tmp, blamed an --output it was never given)."""
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(tmp_path), "--output", str(tmp_path / "repo")))
+    assert "not an engine directory" in line and "--output" not in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_existing_output_needs_force(cpu_repo, engine):
     line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(cpu_repo)))
     assert "--force" in line

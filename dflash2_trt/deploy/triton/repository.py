@@ -328,9 +328,11 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
             raise ConfigError(f"--ids-only and {given[0]} contradict each other: --ids-only writes the tensorrt_llm "
                               f"model alone, with no tokenizer and no text ensemble; give one or the other")
     engine_dir = Path(engine_dir)
+    # the engine first: a directory that is no engine is named as such, not as an engine the output would overlap
+    # (`serve --engine-dir /tmp`: its repository goes to a temporary directory inside /tmp)
+    cfg, man = read_engine(engine_dir)
     refuse_overlap(output, "--output", [("engine directory", engine_dir), ("tokenizer directory", tokenizer),
                                         ("plugin library", plugin_lib)])
-    cfg, man = read_engine(engine_dir)
     notes = []
     tp = man.get("tp_size", 1)
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
