@@ -1,6 +1,7 @@
 """The ensemble's preprocessing model maps a client's temperature to the one the engine's request carries
 (models/preprocessing.py): from greedy_below up unchanged, below it (0 and no temperature included) the greedy
-request temperature; a negative, NaN or infinite one is an error. Loaded here with a stand-in for the python
+request temperature; a negative, NaN or infinite one is an error; a text it cannot encode is named by its input (QUERY or a stop
+word). Loaded here with a stand-in for the python
 backend's utility module (it only provides the Tensor / response types the model returns); the parameters come
 from the preprocessing template as `deploy triton` fills them."""
 
@@ -59,3 +60,32 @@ def test_the_template_passes_both_parameters():
     text = read_template("preprocessing.pbtxt")
     assert '"greedy_below"' in text and '"greedy_request_temperature"' in text
     assert 'name: "TEMPERATURE"' in text and 'name: "OUT_TEMPERATURE"' in text
+
+
+class _In:
+    def __init__(self, a):
+        self.a = a
+
+    def as_numpy(self):
+        return self.a
+
+
+def test_a_stop_word_the_tokenizer_cannot_encode_is_named_not_the_text(model):
+    """The error used to say "cannot encode the text" when the text encoded fine and a stop word did not."""
+    from dflash2_trt.assets import ASSET_ROOT
+
+    module = type(model)._one.__globals__   # the model file's globals (loaded from its path, not imported)
+    pb = module["pb_utils"]
+    pb.get_input_tensor_by_name = lambda request, name: request.get(name)
+    pb.Tensor = lambda name, value: (name, value)
+    model.tokenizer = module["load_tokenizer"](str(ASSET_ROOT / "qwen3" / "target"))
+    model.add_special, model.end_id, model.pad_id, model.extra_stop = False, 2, 0, []
+    request = {"QUERY": _In(np.array([[b"puni kiku"]], dtype=object)),
+               "REQUEST_OUTPUT_LEN": _In(np.array([[4]], dtype=np.int32))}
+    assert dict(model._one(request))["REQUEST_INPUT_LEN"].item() == 2
+    request["STOP_WORDS_DICT"] = _In(np.array([[b"kiku", b"qqqq"]], dtype=object))
+    with pytest.raises(ValueError, match=r"cannot encode the stop word 'qqqq' \(STOP_WORDS_DICT\)"):
+        model._one(request)
+    request["QUERY"] = _In(np.array([[b"qqqq"]], dtype=object))
+    with pytest.raises(ValueError, match=r"cannot encode the text \(QUERY\)"):
+        model._one(request)

@@ -78,11 +78,11 @@ class TritonPythonModel:
             raise ValueError(f"preprocessing: TEMPERATURE must be a finite number >= 0, got {t}")
         return t if t >= self.greedy_below else self.greedy_temperature
 
-    def _encode(self, text):
+    def _encode(self, text, what="the text (QUERY)"):
         try:
             return list(self.tokenizer(text, add_special_tokens=self.add_special)["input_ids"])
         except Exception as exc:  # noqa: BLE001 - e.g. a word outside a word-level vocabulary
-            raise ValueError(f"preprocessing: the tokenizer cannot encode the text ({exc})") from None
+            raise ValueError(f"preprocessing: the tokenizer cannot encode {what} ({exc})") from None
 
     def execute(self, requests):
         responses = []
@@ -114,7 +114,7 @@ class TritonPythonModel:
             for s in stop.reshape(-1):
                 s = s.decode("utf-8") if isinstance(s, bytes) else str(s)
                 if s:
-                    w = self._encode(s)
+                    w = self._encode(s, f"the stop word {s!r} (STOP_WORDS_DICT)")
                     if w:
                         words.append(w)
         if end is None:
