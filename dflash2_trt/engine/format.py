@@ -70,6 +70,25 @@ def file_problems(root, files: dict, *, verify: bool = False, hashed=("config.js
             yield "sha256", f"{rel}: sha256 differs from the manifest"
 
 
+def check_manifest_fields(man: dict, man_path, *, need_limits: bool = False) -> None:
+    """The engine.json fields readers take as they are written (no hash covers engine.json itself), where present
+    (``need_limits``: ``limits.max_batch_size`` must be): an edited or damaged one is a ConfigError naming the field,
+    never a ValueError deep inside a command."""
+    eos = man.get("eos_token_ids")
+    if eos is not None and (not isinstance(eos, list) or
+                            any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in eos)):
+        raise ConfigError(f"must be a list of token ids (integers >= 0), got {eos!r}", source=man_path,
+                          field="eos_token_ids")
+    limits = man.get("limits")
+    if limits is None and not need_limits:
+        return
+    if not isinstance(limits, dict):
+        raise ConfigError(f"must be an object, got {limits!r}", source=man_path, field="limits")
+    mbs = limits.get("max_batch_size")
+    if (mbs is not None or need_limits) and (isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1):
+        raise ConfigError(f"must be a positive integer, got {mbs!r}", source=man_path, field="limits.max_batch_size")
+
+
 def load_engine_dir(engine_dir, *, verify: bool = False):
     """(engine config, manifest) of an engine directory, checked; ``verify`` re-hashes every file."""
     engine_dir = Path(engine_dir)
@@ -101,6 +120,7 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
                               f"(rebuild the engine)", source=p, field="schema_version")
     if backend not in ("cpu", "cuda", "trtllm"):
         raise ConfigError(f"backend {backend!r}: expected cpu, cuda or trtllm", source=man_path, field="backend")
+    check_manifest_fields(man, man_path)
     files = man.get("files")
     if not isinstance(files, dict) or "config.json" not in files:
         raise ConfigError("no file list", source=man_path, field="files")

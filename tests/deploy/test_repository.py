@@ -442,3 +442,26 @@ def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_
     for name, why in up["inputs"].items():
         assert f"`{name}`" in section, name
         assert why == "accepted" or len(why) > 10, name
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda m: m.update(eos_token_ids=["a"]), "eos_token_ids"),
+    (lambda m: m.update(eos_token_ids=2), "eos_token_ids"),
+    (lambda m: m["limits"].update(max_batch_size="x"), "limits.max_batch_size"),
+    (lambda m: m["limits"].pop("max_batch_size"), "limits.max_batch_size"),
+    (lambda m: m.update(limits=[]), "limits"),
+])
+def test_a_damaged_engine_json_field_is_one_line_naming_it(engine, tmp_path, edit, field):
+    """engine.json carries no hash of itself; a damaged eos_token_ids or limits used to end `deploy triton` (and
+    `run`) in a ValueError / KeyError traceback."""
+    bad = tmp_path / "engine"
+    shutil.copytree(engine, bad)
+    man = json.loads((bad / "engine.json").read_text())
+    edit(man)
+    (bad / "engine.json").write_text(json.dumps(man))
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(bad), "--output", str(tmp_path / "repo")))
+    assert f"engine.json: {field}: " in line, line
+    assert not (tmp_path / "repo").exists()
+    if field == "eos_token_ids":
+        line = one_error_line(*cli("run", "--engine-dir", str(bad), "--prompt-ids", "1,2", "--max-new-tokens", "2"))
+        assert f"engine.json: {field}: " in line, line

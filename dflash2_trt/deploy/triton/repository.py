@@ -37,7 +37,7 @@ from pathlib import Path
 from ... import __version__
 from ...checkpoint.writer import AtomicOutputDir
 from ...sampling import GREEDY_BELOW, GREEDY_REQUEST_TEMPERATURE
-from ...engine.format import ENGINE_FORMAT, load_engine_dir
+from ...engine.format import ENGINE_FORMAT, check_manifest_fields, load_engine_dir
 from ...engine.graph_rules import refuse_graphs
 from ...errors import ConfigError, MissingDependencyError
 from ...overlap import refuse_overlap
@@ -331,6 +331,7 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     # the engine first: a directory that is no engine is named as such, not as an engine the output would overlap
     # (`serve --engine-dir /tmp`: its repository goes to a temporary directory inside /tmp)
     cfg, man = read_engine(engine_dir)
+    check_manifest_fields(man, engine_dir / "engine.json", need_limits=True)   # the repository's max_batch_size bound
     refuse_overlap(output, "--output", [("engine directory", engine_dir), ("tokenizer directory", tokenizer),
                                         ("plugin library", plugin_lib)])
     notes = []
