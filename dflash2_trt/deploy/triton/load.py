@@ -194,6 +194,22 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--json", dest="json_out", help="write the reports here")
     args = ap.parse_args(argv)
+    try:   # checked before the target decodes and the server starts, not by a traceback after the run
+        concurrency = [int(x) for x in args.concurrency.split(",")]
+    except ValueError:
+        ap.error(f"--concurrency: expected comma-separated integers, got {args.concurrency!r}")
+    for name, values in (("--requests", [args.requests]), ("--concurrency", concurrency),
+                         ("--max-tokens", [args.max_tokens])):
+        if min(values) < 1:
+            ap.error(f"{name}: must be >= 1, got {min(values)}")
+    try:
+        return _run(args, concurrency)
+    except DFlash2Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args, concurrency: list[int]) -> int:
     from .repository import deploy_triton
     from .server import TritonServer
 
@@ -205,7 +221,7 @@ def main(argv=None) -> int:
         deploy_triton(args.engine_dir, Path(tmp) / "repo", decoupled=True, ids_only=True)
         with TritonServer(Path(tmp) / "repo") as srv:
             reports = []
-            for c in (int(x) for x in args.concurrency.split(",")):
+            for c in concurrency:
                 rep = run_load(srv.grpc_url, reqs, c, K=K)
                 print(render(rep), flush=True)
                 reports.append(rep)
