@@ -429,7 +429,7 @@ def write_readme(out_root: Path) -> None:
         "an error, not a stand-in id.",
         "",
         "Measured greedy speculative decoding (the drafter's block, 16 held-out prompts x 64 tokens, top-k 8;",
-        "mean tokens emitted per verification pass; every run was token-identical to the target):",
+        "mean tokens accepted per verification pass; every run was token-identical to the target):",
         "",
         "| family | block | top-1 (`none`) | selector greedy | selector viterbi | oracle@8 (implied) | train time |",
         "|---|---|---|---|---|---|---|",

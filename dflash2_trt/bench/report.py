@@ -118,8 +118,11 @@ def render(report: dict) -> str:
             from ..engine.graph_rules import describe
 
             lines.append("     CUDA graphs: " + "; ".join(f"{mode} {describe(g)}" for mode, g in graphs if g))
-    lines.append("latencies in seconds; accept = mean tokens accepted per generation step (a request's last step may "
-                 "accept past its end: emitted_mean in the JSON); tgt/tok = target tokens "
+    counted = any(((r.get("speculative") or {}).get("acceptance") or {}).get("histogram") for r in report["runs"])
+    accept = ("mean tokens accepted per generation step (a request's last step may accept past its end: emitted_mean "
+              "in the JSON)" if counted else
+              "the acceptance length TensorRT-LLM's benchmark tool reports (its own definition: docs/benchmarks.md)")
+    lines.append(f"latencies in seconds; accept = {accept}; tgt/tok = target tokens "
                  "computed per emitted token (prompts included); speedup = speculative / autoregressive tokens/s")
     if report.get("unavailable"):
         lines.append("not measured by this backend: " + ", ".join(report["unavailable"]))

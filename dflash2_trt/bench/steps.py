@@ -32,7 +32,7 @@ are kept in ``points``, that one and the higher ones are in ``skipped`` with the
 the first level is raised: nothing was measured).
 
 The speculative speedup at a mean acceptance length tau is ``tau * t_target_only / t_speculative`` (one
-speculative step emits tau tokens per request on average, one target-only step one), from the wall times and
+speculative step accepts, and on long outputs emits, tau tokens per request on average; one target-only step one), from the wall times and
 from the busy times. This is the stand-in executed eagerly by torch, not a TensorRT engine: its launch overhead and
 its attention are not TensorRT-LLM's, which the report says in ``notes``.
 """

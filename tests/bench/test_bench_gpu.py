@@ -149,6 +149,10 @@ def test_bench_gpu_with_a_fake_benchmark_builds_the_report(gpu_engine, tmp_path)
         assert row["outputs_match"] is True and row["outputs_compared"]["compared"] == 3
         assert row["speculative"]["acceptance"]["mean"] == 4.25
     assert "target_tokens" in m["unavailable"] and m["backend"] == "trtllm"
+    from dflash2_trt.bench.report import build_report, render
+
+    text = render(build_report(m, ds))     # the tool's figure is labelled as the tool's, not as counted here
+    assert "accept = the acceptance length TensorRT-LLM's benchmark tool reports" in text, text
 
     def failing(cmd, **kw):
         return subprocess.CompletedProcess(cmd, 3, stdout="", stderr="[TensorRT-LLM][ERROR] boom\n")

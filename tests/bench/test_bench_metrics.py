@@ -78,6 +78,12 @@ def test_a_cut_last_step_counts_as_accepted_not_as_emitted():
     assert acc["mean"] == 4.0 and acc["histogram"] == {"4": 2} and acc["per_position"] == [1.0, 1.0, 1.0]
     assert acc["emitted_mean"] == pytest.approx(5 / 2)
     assert m["decode_target_tokens_per_emitted_token"] == pytest.approx(8 / 5) == pytest.approx(4 / acc["emitted_mean"])
+    from dflash2_trt.bench.report import render
+
+    rep = {"backend": "cpu", "engine_dir": "e", "block_size": 4, "tp_size": 1, "dataset": {"requests": 1, "path": "d"},
+           "settings": {"temperature": 0.0}, "baseline": None, "draft_len": 3,
+           "runs": [{"concurrency": 1, "speculative": m, "autoregressive": None, "speedup": None}]}
+    assert "accept = mean tokens accepted per generation step" in render(rep)
     none = run_metrics([_req(2, [7], [], start=0.0, first=0.1, finish=0.1)], wall_s=0.1,
                        step_log=[{"context": 1, "generation": 0, "tokens": 2}], draft_len=3)
     assert none["acceptance"]["mean"] is None and none["acceptance"]["emitted_mean"] is None
