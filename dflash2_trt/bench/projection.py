@@ -367,9 +367,37 @@ def tau_from(*, acceptance: float | None = None, report: dict | None = None, dra
                           field="draft_len")
     steps = sum(hist.values())
     tau = sum(min(n, draft_len + 1) * c for n, c in hist.items()) / steps
-    return tau, {"kind": "measured", "source": str(report_source) if report_source else None, "steps": steps,
-                 "histogram": {str(k): hist[k] for k in sorted(hist)}, "measured_draft_len": measured_k,
-                 "mean": tau}
+    info = {"kind": "measured", "source": str(report_source) if report_source else None, "steps": steps,
+            "histogram": {str(k): hist[k] for k in sorted(hist)}, "measured_draft_len": measured_k, "mean": tau}
+    emitted = report_emitted_mean(runs)
+    if emitted is not None:
+        info["report_emitted_mean"] = emitted
+    return tau, info
+
+
+def report_emitted_mean(runs) -> float | None:
+    """Tokens a bench report's generation steps emitted per step, pooled over its runs (``acceptance.emitted_mean``
+    weighted by ``steps``); None where a run lacks it (a TensorRT-LLM tool's report). Below the acceptance length
+    when requests were short enough for their cut last steps to count: the projection keeps the acceptance length
+    (what long outputs reach) and says so."""
+    total = steps = 0.0
+    for run in runs:
+        acc = (run.get("speculative") or {}).get("acceptance") or {}
+        e, n = acc.get("emitted_mean"), acc.get("steps")
+        if e is None or n is None:
+            return None
+        total, steps = total + float(e) * n, steps + n
+    return total / steps if steps else None
+
+
+def emitted_note(acceptance: dict) -> str | None:
+    """The line that says a report's requests emitted fewer tokens per step than the tau used, if they did by over
+    2%."""
+    e, tau = acceptance.get("report_emitted_mean"), acceptance.get("mean")
+    if e is None or tau is None or e >= 0.98 * tau:
+        return None
+    return (f"  (the report's requests emitted {e:.2f} tokens per generation step: their outputs were short enough "
+            f"for the cut last steps to count; tau is the acceptance length, {tau:.2f}, what long outputs reach)")
 
 
 def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: int, tau: float,
@@ -499,6 +527,8 @@ def render(doc: dict) -> str:
              f"efficiency bw {doc['bandwidth_efficiency']:g} / compute {doc['compute_efficiency']:g}, "
              f"overhead {doc['step_overhead_s'] * 1e3:g} ms/step"
              + (f", recurrent verify {doc['recurrent_verify']}" if "linear" in doc["target"]["layer_kinds"] else "")]
+    if (note := emitted_note(doc["acceptance"])) is not None:
+        lines.append(note)
     for g in doc["gpus"]:
         lines.append(f"  {g['gpu']['name']} ({g['gpu']['hbm_bytes_per_s'] / 1e12:g} TB/s, "
                      f"{g['gpu']['bf16_flops_per_s'] / 1e12:g} TFLOP/s bf16 dense)")
@@ -534,6 +564,8 @@ def render_measured(doc: dict) -> str:
              f"PROJECTION (measured): {doc['target']['name']}, {doc['draft_len']} drafts/step, tau = {doc['tau']:.2f} "
              f"tokens/step ({doc['acceptance']['kind']})",
              f"  {'conc':>6} {'AR ms/step':>10} {'spec ms/step':>12} {'AR tok/s':>9} {'spec tok/s':>10} {'speedup':>7}"]
+    if (note := emitted_note(doc["acceptance"])) is not None:
+        lines.insert(2, note)
     for g in doc["gpus"]:
         for p in g["points"]:
             lines.append(f"  {p['concurrency']:>6} {p['ar_step_s'] * 1e3:>10.2f} {p['spec_step_s'] * 1e3:>12.2f} "

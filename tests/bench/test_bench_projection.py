@@ -91,6 +91,28 @@ def test_tau_from_a_report_histogram_truncates_to_the_projected_drafts():
         tau_from(report={"runs": [{}]}, draft_len=3)
 
 
+def test_a_report_of_short_outputs_says_its_requests_emitted_less_than_tau():
+    """tau is the acceptance length (what long outputs reach); a report whose requests were short emitted fewer per
+    step (cut last steps): the projection keeps tau and says what the report emitted, in the JSON and the table."""
+    from dflash2_trt.bench.projection import emitted_note, render
+
+    rep = {"draft_len": 3, "runs": [{"speculative": {"acceptance": {"histogram": {"4": 2}, "steps": 2,
+                                                                    "emitted_mean": 2.5}}},
+                                    {"speculative": {"acceptance": {"histogram": {"4": 2}, "steps": 2,
+                                                                    "emitted_mean": 3.5}}}]}
+    tau, info = tau_from(report=rep, draft_len=3)
+    assert tau == 4.0 and info["report_emitted_mean"] == pytest.approx(3.0)
+    assert "emitted 3.00 tokens per generation step" in emitted_note(info)
+    t, d = published_pair_shapes("qwen3.8-27b")
+    doc = project(t, d, [GPUS["h200"]], concurrency=[1], context=1024, tau=tau, acceptance_info=info)
+    assert "emitted 3.00 tokens per generation step" in render(doc)
+    for e in (3.95, None):                     # within 2%, or a TensorRT-LLM tool's report (no emitted_mean): no line
+        rep["runs"][0]["speculative"]["acceptance"]["emitted_mean"] = e
+        rep["runs"][1]["speculative"]["acceptance"]["emitted_mean"] = e
+        _, info = tau_from(report=rep, draft_len=3)
+        assert emitted_note(info) is None
+
+
 def test_published_shapes_match_the_fixtures():
     from dflash2_trt.testing.fixtures import QWEN_DRAFTER
 
