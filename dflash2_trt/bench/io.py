@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..checkpoint.writer import OutputWriteError
+from ..checkpoint.writer import OutputWriteError, current_umask
 from ..errors import ConfigError
 
 
@@ -26,19 +26,13 @@ def check_output_file(path: str | Path, *, field: str) -> Path:
     return path
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-        os.fchmod(fd, 0o666 & ~_umask())      # mkstemp makes it 0600; the result should look like open()'s
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:        # owns fd from here: closed whatever follows
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())   # mkstemp makes it 0600; the result should look like open()'s
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -564,6 +564,20 @@ def _discard(path: Path) -> None:
             return
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux: ``/proc/self/status``); elsewhere by setting and
+    restoring it, which a file another thread creates in between would see."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class AtomicOutputDir:
     """``with AtomicOutputDir(final, force) as tmp:`` — write into ``tmp``; renamed to ``final`` on success.
 
@@ -616,9 +630,7 @@ class AtomicOutputDir:
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.tmp-", dir=parent))
         self._tmp_name = self.tmp
         self._locks.append(_lock(self.tmp))  # a later run must not sweep it while this one lives
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the result should look like mkdir's
+        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; the result should look like mkdir's
         return self.tmp
 
     def _cleanup(self) -> None:
