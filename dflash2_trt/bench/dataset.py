@@ -262,9 +262,13 @@ def registered_target_dir(target_key: str) -> Path:
         return resolve_dirs(entry, drafter_dir=fixtures_dir())[1]   # any existing directory: the drafter is unused
     except DFlash2Error:
         shipped = fixtures_dir() / (entry.target_id or "").replace("/", "__")
-        if entry.target_id is None or not (shipped / "config.json").is_file():
-            raise
-        return shipped
+        if entry.target_id is not None and (shipped / "config.json").is_file():
+            return shipped
+        # resolve_dirs' advice names build's options (--download, --target-dir DIR): say what works here
+        repo = entry.target_id or target_key
+        raise ConfigError(f"target {repo} is not available locally and no config of it is shipped: download it first "
+                          f"(`hf download {repo}`), set DFLASH2_TRT_MODELS to a directory holding "
+                          f"{repo.replace('/', '__')}/, or pass --target-dir DIR", field="--target") from None
 
 
 def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict:

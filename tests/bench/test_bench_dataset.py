@@ -257,6 +257,11 @@ def test_a_registered_target_needs_no_drafter_for_a_dataset(tmp_path, monkeypatc
     code, text = _cli("bench", "prepare-dataset", *unif, "--target", "qwen3.8-27b", "--output", str(tmp_path / "a.jsonl"))
     assert code == 0, text
     assert max(t for ln in validate_file(tmp_path / "a.jsonl") for t in ln["input_ids"]) >= 256   # the 248k vocabulary
+    # no local qwen3-8b and no shipped config of it: the advice names what prepare-dataset takes (no --download)
+    code, text = _cli("bench", "prepare-dataset", *unif, "--target", "qwen3-8b", "--output", str(tmp_path / "c.jsonl"))
+    line = _one_error_line(code, text)
+    assert line.startswith("error: --target: target Qwen/Qwen3-8B is not available locally") and "--target-dir DIR" in line
+    assert "--download" not in line and "--drafter" not in line, line
     shutil.copytree(trained_pair("qwen3").target_dir, models / "Qwen__Qwen3-8B")   # a local target, no drafter
     code, text = _cli("bench", "prepare-dataset", "--corpus", str(_corpus(tmp_path)), "--target", "qwen3-8b",
                       "--output", str(tmp_path / "b.jsonl"))

@@ -645,9 +645,7 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
         notes = [n for n in (tensorrt_mismatch((man.get("versions") or {}).get("tensorrt"),
                                                getattr(trt, "__version__", None)),
                              gpu_mismatch((man.get("gpu") or {}).get("sm"), current_gpu_sm())) if n]
-        if not notes:
-            raise
-        raise EngineOpenError(f"{exc}; {'; '.join(notes)}", source=path) from None
+        raise EngineOpenError("; ".join([str(exc), *notes]), source=path) from None
 
 
 def has_baseline(man: dict) -> bool:

@@ -61,7 +61,7 @@ def trtllm_version_problem(version: str | None) -> str | None:
         return None
     want = ".".join(map(str, SUPPORTED_TRTLLM))
     newer = m is not None and (int(m[1]), int(m[2])) > SUPPORTED_TRTLLM
-    why = (" (newer releases drop the TensorRT engine backend: 1.3.0rc20 was the last with it)" if newer else
+    why = (" (not checked against it; releases after 1.3.0rc20 have no TensorRT engine backend at all)" if newer else
            " (older releases lack pieces the network uses)" if m else " (unreadable version)")
     return (f"TensorRT-LLM {version} is installed; this project's network, build and runtime are written and checked "
             f"against {want}.x{why}: pip install 'tensorrt-llm>={want},<{SUPPORTED_TRTLLM[0]}.{SUPPORTED_TRTLLM[1] + 1}'"
