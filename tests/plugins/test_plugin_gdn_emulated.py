@@ -136,8 +136,9 @@ def test_emulated_kernels_equal_cpu_build_last_thread_first(emulated_reverse, gd
 
 def test_last_thread_first_sees_a_missing_barrier(gdn_lib, tmp_path):
     """Control: without the prologue's barrier between the per-head inverse norms (written by the
-    first threads of the block) and their use by every thread, the first-to-last order still passes
-    (each reader runs after thread 0 wrote its head's norm) while the last-to-first order fails."""
+    first threads of the block) and their use by every thread, the last-to-first order fails. (The
+    first-to-last order cannot see this one: each reader runs after thread 0 wrote its head's norm,
+    as seen when the reverse order was added; that is why both orders run.)"""
     cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
     good = "__syncthreads();\n                if (mine)\n                    *o = gdnL2NormApply("
     assert cu.count(good) == 1

@@ -109,17 +109,19 @@ struct Block
 };
 
 inline thread_local Fiber* cur = nullptr;
-//! Fibers of a block run from the last thread to the first: compiled with -DEMU_REVERSE=1, or with
-//! the environment's EMU_REVERSE=1 (=0 forces the first-to-last order). In one order a missing
-//! barrier shows only where the reader runs before the writer; running both orders shows it
-//! whichever side of the writer the reader sits.
-#ifndef EMU_REVERSE
-#define EMU_REVERSE 0
-#endif
+//! Fibers of a block run from the last thread to the first: compiled with -DEMU_REVERSE=1 (=0: first
+//! to last; the tests always say which, so nothing in the environment can make two builds run the
+//! same order), or, in a build without the define, with the environment's EMU_REVERSE=1. In one
+//! order a missing barrier shows only where the reader runs before the writer; running both orders
+//! shows it whichever side of the writer the reader sits.
+#ifdef EMU_REVERSE
+inline bool gReverse = EMU_REVERSE != 0;
+#else
 inline bool gReverse = [] {
     char const* e = std::getenv("EMU_REVERSE");
-    return e != nullptr && e[0] != '\0' ? e[0] == '1' : EMU_REVERSE != 0;
+    return e != nullptr && e[0] == '1';
 }();
+#endif
 inline std::atomic<long long> gBlocks{0}, gThreads{0};
 constexpr size_t kStack = 256 * 1024;
 
