@@ -7,7 +7,9 @@ it (an engine directory's manifest, a model directory). Every writing command (`
 ``bench run --json/--plot``, ``bench project --json``, ``serve --log``) checks its outputs with
 :func:`refuse_overlap` before anything is written or deleted, ``--force`` or not. Paths are compared
 after resolving symbolic links (``..`` and relative paths included); two existing paths that are the
-same file (a hard link) count as the same.
+same file (a hard link) count as the same. An input directory's own symbolic links count as part of it
+(the Hugging Face cache: ``snapshots/REV/model.safetensors`` links into ``blobs/``), so an output that is,
+contains (or, for a linked directory, lies inside) where one of them points is refused too.
 """
 
 from __future__ import annotations
@@ -38,16 +40,38 @@ def _relation(out: Path, src: Path) -> str | None:
     return None
 
 
+def _linked(src: Path):
+    """``(name, target)`` for each symbolic link inside the directory ``src`` (links not followed) whose target
+    lies outside it: the files and directories the input reads that its own path does not cover."""
+    if not src.is_dir():
+        return
+    for root, dirs, files in os.walk(src):
+        for name in dirs + files:
+            entry = Path(root) / name
+            if entry.is_symlink():
+                target = entry.resolve()
+                if target != src and src not in target.parents:
+                    yield entry.relative_to(src), target
+
+
 def overlap(output, inputs: Iterable[tuple[str, object]]) -> tuple[str, str, object] | None:
     """``(relation, what, path)`` of the first input ``output`` is, contains or lies inside, else None.
-    ``inputs``: ``(what, path or None)`` pairs; None entries are skipped."""
+    ``inputs``: ``(what, path or None)`` pairs; None entries are skipped. A symbolic link inside an input
+    directory that points out of it counts: ``what`` then names the link, ``path`` is where it points."""
     out = _resolved(output)
     for what, p in inputs:
         if p is None:
             continue
-        rel = _relation(out, _resolved(p))
+        src = _resolved(p)
+        rel = _relation(out, src)
         if rel is not None:
             return rel, what, p
+        for name, target in _linked(src):
+            rel = _relation(out, target)
+            if rel == "lies inside" and not target.is_dir():
+                rel = None
+            if rel is not None:
+                return rel, f"{what}'s {name} (a symbolic link to)", target
     return None
 
 

@@ -160,6 +160,35 @@ def test_convert_and_export_output_inside_a_source_is_refused(pair, tmp_path, cm
     assert _snapshot(tmp_path / "src") == before and not (t / "out").exists()
 
 
+def _hf_cache(pair, root: Path) -> tuple[Path, Path]:
+    """The pair laid out as the Hugging Face cache does: ``snapshots/REV/FILE`` links into ``blobs/SHA``."""
+    dirs = []
+    for src in pair:
+        repo = root / f"models--org--{src.name}"
+        (repo / "blobs").mkdir(parents=True)
+        snap = repo / "snapshots" / "rev"
+        snap.mkdir(parents=True)
+        for f in sorted(src.iterdir()):
+            blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+            shutil.copyfile(f, blob)
+            (snap / f.name).symlink_to(Path("..", "..", "blobs", blob.name))
+        dirs.append(snap)
+    return dirs[0], dirs[1]
+
+
+@pytest.mark.parametrize("cmd", ["convert", "build"])
+def test_output_onto_the_hf_cache_blobs_of_an_input_is_refused(pair, tmp_path, cmd):
+    """--force onto the blobs/ directory that a snapshot's files link into would delete the real weights."""
+    d, t = _hf_cache(pair, tmp_path / "hub")
+    blobs = t.parent.parent / "blobs"
+    before = _snapshot(tmp_path / "hub")
+    code, text = _cli(cmd, "--drafter", d, "--target-dir", t, "--output", blobs, "--force", "--no-verify"
+                      if cmd == "build" else "--force")
+    _one_error(code, text, "--output", "contains the target directory's", "a symbolic link to")
+    assert _snapshot(tmp_path / "hub") == before
+    assert overlap(blobs / "new", [("target directory", t)]) is None        # beside the blobs is fine
+
+
 # ---- bench -------------------------------------------------------------------------------------------
 def test_prepare_dataset_output_is_an_input(pair, tmp_path):
     d, t = pair
