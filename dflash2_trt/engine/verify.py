@@ -9,7 +9,7 @@ runtime bookkeeping) is wrong, however plausible its text looks.
 Prompts: the trained tiny pairs' own held-out prompts (their drafters predict them, so multi-token
 acceptance is exercised too), else :data:`N_PROMPTS` deterministic id sequences over the vocabulary
 (special ids avoided). Each prompt is cut to the engine's ``max_input_len`` and the new tokens to
-what ``max_seq_len`` leaves.
+what ``max_seq_len`` leaves once the runtime's K + 1 draft slots are reserved.
 
 This module is the gate's shared half (prompts, the reference decoding, the comparison); each backend runs
 its engine on them: the stand-in backends (cpu, cuda) with the project's runtime (:mod:`.standin.verify`), the
@@ -56,10 +56,14 @@ def fixed_prompts(target_key: str | None, vocab_size: int, avoid=(), n: int = N_
     return out
 
 
-def shape_prompts(prompts, max_input_len: int, max_seq_len: int, new: int) -> tuple[list[list[int]], int]:
-    """The prompts cut to ``max_input_len`` and the new tokens to what ``max_seq_len`` leaves (at least one)."""
-    prompts = [p[:max_input_len] for p in prompts]
-    new = max(1, min(new, max_seq_len - max(len(p) for p in prompts)))
+def shape_prompts(prompts, max_input_len: int, max_seq_len: int, new: int,
+                  slots: int = 0) -> tuple[list[list[int]], int]:
+    """The prompts cut to ``max_input_len`` and the new tokens to what ``max_seq_len`` leaves (at least one).
+    ``slots``: what the runtime reserves per request on top of prompt + new tokens (the project runtime: the K + 1
+    draft slots, :meth:`~dflash2_trt.runtime.Runtime.check`), so that the gate's own requests are ones it admits."""
+    usable = max_seq_len - slots
+    prompts = [p[:max(1, min(max_input_len, usable - 1))] for p in prompts]
+    new = max(1, min(new, usable - max(len(p) for p in prompts)))
     return prompts, new
 
 
@@ -79,7 +83,8 @@ def planned_check_pool(target_key, vocab_size: int, cfg, K: int, new: int = None
     if not cfg.num_kv_blocks:
         return
     prompts = fixed_prompts(target_key, vocab_size)
-    prompts, new = shape_prompts(prompts, cfg.max_input_len, cfg.max_seq_len, NEW_TOKENS if new is None else new)
+    prompts, new = shape_prompts(prompts, cfg.max_input_len, cfg.max_seq_len, NEW_TOKENS if new is None else new,
+                                 slots=K + 1)
     check_pool(prompts, new, K, cfg.tokens_per_block, cfg.num_kv_blocks)
 
 

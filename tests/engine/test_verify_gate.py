@@ -133,3 +133,15 @@ def test_a_kv_pool_too_small_for_the_verify_gate_names_the_setting(tmp_path):
     code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"),
                       "--set", "num_kv_blocks=1", "--no-verify")
     assert code == 0, text
+
+
+def test_the_gate_leaves_room_for_the_draft_slots(tmp_path):
+    """max_seq_len 40 holds a 16-token prompt and 24 new tokens, but the project runtime reserves the K + 1 draft
+    slots on top: the gate used to send 16 + 24 and fail a valid build with "request 16: ... exceeds the engine's
+    max_seq_len 40", a request the user never sent. Its requests now fit what the runtime admits."""
+    out = tmp_path / "e"
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out),
+                      "--max-seq-len", "40", "--max-input-len", "32")
+    assert code == 0 and "verified: 4 prompts" in text, text
+    v = json.loads((out / "engine.json").read_text())["verify"]
+    assert v["passed"] and v["new_tokens"] == 40 - 8 - 16      # the longest held-out prompt is 16 tokens

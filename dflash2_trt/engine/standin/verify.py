@@ -19,7 +19,7 @@ def verify_standin_engine(engine_dir, *, target_dir, target_key=None, new: int =
         eos = tuple(int(e) for e in man.get("eos_token_ids") or ())
         lim = engine.limits
         prompts = fixed_prompts(target_key, engine.vocab_size, avoid=(*eos, engine.mask_token_id))
-        prompts, new = shape_prompts(prompts, lim["max_input_len"], lim["max_seq_len"], new)
+        prompts, new = shape_prompts(prompts, lim["max_input_len"], lim["max_seq_len"], new, slots=engine.K + 1)
         reqs = [Request(list(p), new, stop_token_ids=eos) for p in prompts]
         rt = Runtime(engine)
         check_pool(prompts, new, engine.K, rt.blocks.tokens_per_block, rt.blocks.num_blocks)
