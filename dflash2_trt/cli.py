@@ -427,8 +427,10 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
         click.echo(json.dumps(m, indent=2))
         return
     v = m.get("verify")
+    ties = (v or {}).get("ties") or []
     checked = (f"verified: {v['prompts']} prompts, {v['tokens']} tokens identical to the target's greedy decoding"
-               if v else "not verified (--verify to check)")
+               + (f" but for {len(ties)} {m['dtype']} tie{'s' if len(ties) > 1 else ''} (engine.json verify.ties)"
+                  if ties else "") if v else "not verified (--verify to check)")
     click.echo(f"wrote {res.output} ({m['backend']} engine, block {m['block_size']}, tp {m['tp_size']}, {m['dtype']}, "
                f"max batch {m['limits']['max_batch_size']}, {len(m['files'])} files; {checked})")
 

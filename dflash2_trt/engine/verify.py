@@ -4,7 +4,15 @@ difference fails the build (and the build then leaves nothing behind).
 
 Greedy speculative decoding is lossless: the engine's output must equal the target's token for
 token, stop tokens included. A difference means the engine (network, converter layout, plugins,
-runtime bookkeeping) is wrong, however plausible its text looks.
+runtime bookkeeping) is wrong, however plausible its text looks, with one exception that rounding
+forces: a tie. The engine's logits are float32 (``logits_dtype``), the reference's are the target's
+own dtype, so where two tokens' bfloat16 logits are equal (or one step apart) the two argmaxes may
+differ with both right (seen: token 171 at 9.846 against 138 at 9.814 in float32, both 9.875 in
+bfloat16; transformers' argmax takes the lower id). :func:`check_against_target` therefore takes a
+difference as a tie only where the target's own logits at that position (the shared prefix) put the
+engine's token within :data:`TIE_STEPS` steps of the dtype of the target's token, then continues
+the reference along the engine's token; more than :data:`MAX_TIES` ties in one prompt, or any other
+difference, fails. Each tie is reported (``engine.json`` ``verify.ties``, the build's line).
 
 Prompts: the trained tiny pairs' own held-out prompts (their drafters predict them, so multi-token
 acceptance is exercised too), else :data:`N_PROMPTS` deterministic id sequences over the vocabulary
@@ -28,6 +36,9 @@ AUTO_MAX_TARGET_BYTES = 2 << 30   # verify by default when the target's weights 
                                   # decodes on this machine's CPU through transformers)
 N_PROMPTS = 4
 NEW_TOKENS = 24
+TIE_STEPS = 2        # a tie: the engine's token within this many steps (ulps) of the dtype of the target's token
+MAX_TIES = 2         # per prompt: more is not rounding
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
 
 class VerifyError(DFlash2Error):
@@ -92,9 +103,16 @@ def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = No
     """The target's own greedy decoding of ``prompts`` (transformers, on ``device``: the engine's own, so a cuda
     engine is held to the target on the same GPU), in the engine's dtype: lossless means equal to the target under
     the same weights; an engine cast to float16 is compared with the target cast to float16."""
+    from ..reference.loop import target_generate
+
+    target = _load_reference_target(target_dir, dtype, device)
+    return [target_generate(target, p, new, stop_token_ids=eos) for p in prompts]
+
+
+def _load_reference_target(target_dir, dtype: str | None, device):
     import torch
 
-    from ..reference.loop import load_target, target_generate
+    from ..reference.loop import load_target
 
     from transformers.utils import logging as hf_logging
 
@@ -102,13 +120,67 @@ def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = No
     hf_logging.disable_progress_bar()      # the build prints its own progress; no "Loading weights" bar and no
     hf_logging.set_verbosity_error()       # "falling back to the reference kernel" notes in the build's output
     try:
-        target = load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None,
-                             device=device)
-        return [target_generate(target, p, new, stop_token_ids=eos) for p in prompts]
+        return load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None,
+                           device=device)
     finally:
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def dtype_step(dtype: str | None, x: float) -> float:
+    """The spacing of ``dtype`` values at magnitude ``x`` (one ulp; float32 where the dtype is not named)."""
+    import math
+
+    bits = MANTISSA_BITS.get(str(dtype).replace("torch.", ""), 23)
+    return 2.0 ** (math.floor(math.log2(max(abs(x), 2.0 ** -14))) - bits)
+
+
+def check_against_target(target_dir, prompts, engine_outs, new: int, eos, dtype: str | None = None,
+                         device="cpu") -> list[dict]:
+    """The engine's greedy outputs against the target's own (module docstring): returns the ties, raises
+    :class:`VerifyError` on any other difference (:func:`compare`'s line, with the target's logits where a tie was
+    considered)."""
+    import torch
+
+    from ..reference.loop import target_generate
+
+    target = _load_reference_target(target_dir, dtype, device)
+    dev = next(target.parameters()).device
+    ties: list[dict] = []
+    for i, (p, got) in enumerate(zip(prompts, engine_outs)):
+        done, mine = [], 0          # engine tokens already matched (up to and including the last tie)
+        while True:
+            left = new - len(done)
+            want = done + (target_generate(target, list(p) + done, left, stop_token_ids=eos) if left > 0 else [])
+            if got == want:
+                break
+            pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+            note = ""
+            if pos is not None:
+                g, w = got[pos], want[pos]
+                with torch.no_grad():
+                    logits = target(torch.tensor([list(p) + got[:pos]], device=dev)).logits[0, -1].float().cpu()
+                lg, lw = float(logits[g]), float(logits[w])
+                step = dtype_step(dtype, lw)
+                if lw - lg <= TIE_STEPS * step and mine < MAX_TIES:
+                    ties.append({"prompt": i, "position": pos, "engine_token": g, "target_token": w,
+                                 "engine_logit": lg, "target_logit": lw, "dtype_step": step})
+                    done, mine = got[:pos + 1], mine + 1
+                    if g in set(eos) or len(done) >= new:      # the engine's output ends with the tie
+                        if got == done:
+                            break
+                        want = done
+                    else:
+                        continue
+                else:
+                    note = (f" (the target's logits there: {w} {lw:.4f}, {g} {lg:.4f}, {(lw - lg) / step:.1f} "
+                            f"{dtype or 'float32'} steps apart" + (f"; {mine} ties already" if mine else "") + ")")
+            try:
+                compare([got], [want], [p])
+            except VerifyError as exc:
+                raise VerifyError(str(exc).replace("prompt 0 (", f"prompt {i} (", 1) + note) from None
+    return ties
 
 
 def compare(engine_outs, ref_outs, prompts) -> None:

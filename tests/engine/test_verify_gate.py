@@ -47,8 +47,8 @@ def test_an_engine_that_is_not_the_target_fails_the_build(tmp_path, monkeypatch)
     from dflash2_trt.testing.tiny import tiny_pair
 
     other = tiny_pair("qwen3").target_dir
-    real = v.reference_outputs
-    monkeypatch.setattr(v, "reference_outputs", lambda target_dir, *a, **k: real(other, *a, **k))
+    real = v.check_against_target
+    monkeypatch.setattr(v, "check_against_target", lambda target_dir, *a, **k: real(other, *a, **k))
     code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "eng"))
     lines = text.strip().splitlines()
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: verify failed: prompt 0"), text
@@ -145,3 +145,46 @@ def test_the_gate_leaves_room_for_the_draft_slots(tmp_path):
     assert code == 0 and "verified: 4 prompts" in text, text
     v = json.loads((out / "engine.json").read_text())["verify"]
     assert v["passed"] and v["new_tokens"] == 40 - 8 - 16      # the longest held-out prompt is 16 tokens
+
+
+def test_a_bfloat16_tie_is_reported_not_failed(tmp_path, monkeypatch):
+    """The trained tiny Qwen3 pair built in bfloat16 by path: at prompt 2, token 2, tokens 171 and 138 both have
+    logit 9.875 in the target's bfloat16 (9.846 / 9.814 in float32); the engine (float32 logits) takes 171,
+    transformers' argmax 138. That failed the build as "not lossless". Now the gate takes a difference as a tie only
+    where the target's own logits there are within two bfloat16 steps, continues along the engine's token, and
+    records it; with ties not allowed the same outputs fail, and a token far from the argmax fails."""
+    import torch
+
+    import dflash2_trt.engine.standin.verify as sv
+    from dflash2_trt.engine import verify as gate
+    from dflash2_trt.reference.loop import load_target
+
+    seen = {}
+    real = sv.check_against_target
+
+    def spy(target_dir, prompts, outs, new, eos, **kw):
+        seen.update(args=(target_dir, prompts, outs, new, eos), kw=kw)
+        return real(target_dir, prompts, outs, new, eos, **kw)
+
+    monkeypatch.setattr(sv, "check_against_target", spy)
+    pair = trained_pair("qwen3")
+    out = tmp_path / "bf16"
+    code, text = _cli("build", "--drafter", str(pair.drafter_dir), "--target-dir", str(pair.target_dir), "--dtype",
+                      "bfloat16", "--output", str(out))
+    assert code == 0 and "but for 1 bfloat16 tie (engine.json verify.ties)" in text, text
+    (tie,) = json.loads((out / "engine.json").read_text())["verify"]["ties"]
+    assert (tie["prompt"], tie["position"], tie["engine_token"], tie["target_token"]) == (2, 2, 171, 138)
+    assert tie["engine_logit"] == tie["target_logit"] == 9.875 and tie["dtype_step"] == 0.0625
+    target_dir, prompts, outs, new, eos = seen["args"]
+    monkeypatch.setattr(gate, "MAX_TIES", 0)
+    with pytest.raises(VerifyError, match=r"prompt 2 \(.*output token 2 is 171 from the engine, 138 .*"
+                                          r"138 9\.8750, 171 9\.8750, 0\.0 bfloat16 steps apart"):
+        gate.check_against_target(target_dir, prompts, outs, new, eos, **seen["kw"])
+    monkeypatch.setattr(gate, "MAX_TIES", 2)
+    target = load_target(pair.target_dir, dtype=torch.bfloat16)
+    with torch.no_grad():
+        worst = int(target(torch.tensor([prompts[0]])).logits[0, -1].float().argmin())
+    bad = [[worst]] + [list(o) for o in outs[1:]]
+    with pytest.raises(VerifyError, match=rf"prompt 0 \(.*output token 0 is {worst} from the engine.*steps apart"):
+        gate.check_against_target(target_dir, prompts, bad, new, eos, **seen["kw"])
+    assert gate.dtype_step("bfloat16", 9.875) == 0.0625 and gate.dtype_step("float32", 1.0) == 2.0 ** -23
