@@ -17,7 +17,9 @@ selector                           greedy     greedy (the published walk: greedy
                                               viterbi (global best path, lossless, never the default)
 max_batch_size                     required   requests per engine step; at most 512 (trtllm-build's EAGLE limit)
 max_input_len                      required   longest prompt
-max_seq_len                        required   prompt + output (trtllm-build adds 2K draft slots on top)
+max_seq_len                        required   prompt + output (trtllm-build adds 2K draft slots on top); the project
+                                              runtime admits prompt + output + K + 1 <= max_seq_len, so at least
+                                              max_input_len + 1 + block_size
 max_num_tokens                     required   tokens per engine step; >= max_batch_size x block_size
 kv_cache_free_gpu_mem_fraction     0.9        share of the GPU memory left after weights and activations that the
                                               runtime gives the KV cache (TensorRT-LLM's KvCacheConfig)
@@ -166,6 +168,14 @@ class BuildConfig:
         if max_input > max_seq:
             key = "max_input_len" if "max_input_len" in overrides or "max_seq_len" not in overrides else "max_seq_len"
             raise err(key, f"max_input_len {max_input} exceeds max_seq_len {max_seq}")
+        if max_input + 1 + block > max_seq:
+            # the project runtime (every cpu / cuda engine, and the TensorRT engines it drives) admits a request
+            # when prompt + new tokens + the K + 1 draft slots fit max_seq_len: an engine whose longest prompt
+            # could not generate one token would refuse its own limit at run time
+            key = "max_input_len" if "max_input_len" in overrides or "max_seq_len" not in overrides else "max_seq_len"
+            raise err(key, f"max_seq_len {max_seq} leaves no room to generate after a prompt of max_input_len "
+                           f"{max_input}: the runtime needs prompt + at least 1 new token + the {block} draft slots "
+                           f"(K + 1) = {max_input + 1 + block}")
         mnt = integer("max_num_tokens", 1)
         if mnt < mbs * block:
             key = "max_num_tokens" if "max_num_tokens" in overrides or "max_batch_size" not in overrides \

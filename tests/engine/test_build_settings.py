@@ -61,6 +61,8 @@ def test_parse_set_rejects(items, needle):
     ({"max_batch_size": 513, "max_num_tokens": 100000}, "max_batch_size: at most 512"),
     ({"max_num_tokens": 31}, "max_num_tokens 31 < max_batch_size x block_size = 32"),
     ({"max_input_len": 1000}, "max_input_len 1000 exceeds max_seq_len 512"),
+    ({"max_input_len": 504}, "max_seq_len 512 leaves no room to generate after a prompt of max_input_len 504: the "
+                             "runtime needs prompt"),      # 504 + 1 + 8 = 513 (503 fits exactly)
     ({"dtype": "int8"}, "dtype: must be one of"),
     ({"max_batch_size": True}, "max_batch_size: expected an integer"),
     ({"num_kv_blocks": -1}, "num_kv_blocks: must be >= 0"),

@@ -141,10 +141,15 @@ def test_the_gate_leaves_room_for_the_draft_slots(tmp_path):
     max_seq_len 40", a request the user never sent. Its requests now fit what the runtime admits."""
     out = tmp_path / "e"
     code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out),
-                      "--max-seq-len", "40", "--max-input-len", "32")
+                      "--max-seq-len", "40", "--max-input-len", "31")      # 31 + 1 + 8 = 40: the tightest the build takes
     assert code == 0 and "verified: 4 prompts" in text, text
     v = json.loads((out / "engine.json").read_text())["verify"]
     assert v["passed"] and v["new_tokens"] == 40 - 8 - 16      # the longest held-out prompt is 16 tokens
+    # a prompt of max_input_len could not generate a token: refused at build time, not by every run
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "f"),
+                      "--max-seq-len", "40", "--max-input-len", "32")
+    assert code == 1 and "leaves no room to generate after a prompt of max_input_len 32" in text, text
+    assert not (tmp_path / "f").exists()
 
 
 def test_a_bfloat16_tie_is_reported_not_failed(tmp_path, monkeypatch):
