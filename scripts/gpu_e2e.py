@@ -230,7 +230,9 @@ def near_tie(target_dir, dtype: str, prompt, got, want) -> dict:
 
 
 def _first_diff(got, want):
-    pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    from dflash2_trt.engine.verify import first_difference
+
+    pos = first_difference(got, want)
     return {"position": pos, "engine": got[pos] if pos < len(got) else None,
             "target": want[pos] if pos < len(want) else None}
 

@@ -87,12 +87,17 @@ NEW_TOKENS = 32
 TOKENS_PER_BLOCK = 32
 
 
-def step_shape(target_key: str) -> tuple[int, int]:
-    """(K, the longest context :func:`step_engines` can size for ``target_key``): its ``max_seq_len`` (context + the
-    new tokens + K + 1, rounded up to whole KV blocks) must stay within the target's max_position_embeddings.
-    Configs only: the options are checked with it before any weight is drawn."""
+def config_probe(target_key: str):
+    """``target_key``'s pair prepared from its configs alone (tp 1): what the options are checked against before any
+    weight is drawn (:func:`step_shape`, :func:`refuse_host_memory`)."""
     d, t = config_dirs(target_key)
-    probe = prepare(d, t, target_key=target_key, overrides={"tp_size": 1})
+    return prepare(d, t, target_key=target_key, overrides={"tp_size": 1})
+
+
+def step_shape(probe) -> tuple[int, int]:
+    """(K, the longest context :func:`step_engines` can size for the pair ``probe`` (:func:`config_probe`)): its
+    ``max_seq_len`` (context + the new tokens + K + 1, rounded up to whole KV blocks) must stay within the target's
+    max_position_embeddings."""
     seq = probe.t.max_position_embeddings // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
     return probe.K, seq - NEW_TOKENS - probe.K - 1
 
@@ -109,14 +114,12 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def refuse_host_memory(target_key: str, dtype: str) -> None:
+def refuse_host_memory(probe, target_key: str, dtype: str) -> None:
     """``--backend cpu`` draws every weight at the target's real widths in host memory: a published 27B pair needs
     tens of GiB, and the kernel's OOM killer would end the process (and maybe others on a shared machine) with no
     word. Refused in one line when the weights alone exceed the memory available."""
     from ..engine.plan import weight_bytes_per_rank
 
-    d, t = config_dirs(target_key)
-    probe = prepare(d, t, target_key=target_key, overrides={"tp_size": 1})
     per_rank = weight_bytes_per_rank(probe.t, probe.d, 1, dtype)
     avail = available_memory_bytes()
     if not per_rank or avail is None:
@@ -410,7 +413,8 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
     ``graph``: also time each step as a CUDA-graph replay (CUDA only; after the first capture that fails, not tried
     again)."""
     levels = parse_concurrency(concurrency)
-    K, max_context = step_shape(target_key)
+    probe = config_probe(target_key)
+    K, max_context = step_shape(probe)
     if context_len is None:
         context_len = min(DEFAULT_CONTEXT, max_context)
     if isinstance(context_len, bool) or not isinstance(context_len, int) or not 1 <= context_len <= max_context:
@@ -422,7 +426,7 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
         raise ConfigError(f"must be in [1, {K + 1}] (tokens per step with {K} drafts), got {acceptance!r}",
                           field="--acceptance")
     if backend == "cpu":
-        refuse_host_memory(target_key, dtype)
+        refuse_host_memory(probe, target_key, dtype)
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
     say(f"[steps] {target_key}: combined engine with random weights on {backend}")

@@ -165,14 +165,14 @@ class BuildConfig:
             raise err("max_batch_size", f"at most {MAX_EAGLE_BATCH} (trtllm-build's limit in EAGLE mode), got {mbs}")
         max_input = integer("max_input_len", 1)
         max_seq = integer("max_seq_len", 1)
+        # a limit pair that does not fit is blamed on the option given (max_input_len unless only max_seq_len was)
+        key = "max_input_len" if "max_input_len" in overrides or "max_seq_len" not in overrides else "max_seq_len"
         if max_input > max_seq:
-            key = "max_input_len" if "max_input_len" in overrides or "max_seq_len" not in overrides else "max_seq_len"
             raise err(key, f"max_input_len {max_input} exceeds max_seq_len {max_seq}")
         if max_input + 1 + block > max_seq:
             # the project runtime (every cpu / cuda engine, and the TensorRT engines it drives) admits a request
             # when prompt + new tokens + the K + 1 draft slots fit max_seq_len: an engine whose longest prompt
             # could not generate one token would refuse its own limit at run time
-            key = "max_input_len" if "max_input_len" in overrides or "max_seq_len" not in overrides else "max_seq_len"
             raise err(key, f"max_seq_len {max_seq} leaves no room to generate after a prompt of max_input_len "
                            f"{max_input}: the runtime needs prompt + at least 1 new token + the {block} draft slots "
                            f"(K + 1) = {max_input + 1 + block}")

@@ -38,7 +38,6 @@ N_PROMPTS = 4
 NEW_TOKENS = 24
 TIE_STEPS = 2        # a tie: the engine's token within this many steps (ulps) of the dtype of the target's token
 MAX_TIES = 2         # per prompt: more is not rounding
-MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
 
 class VerifyError(DFlash2Error):
@@ -132,8 +131,10 @@ def dtype_step(dtype: str | None, x: float) -> float:
     """The spacing of ``dtype`` values at magnitude ``x`` (one ulp; float32 where the dtype is not named)."""
     import math
 
-    bits = MANTISSA_BITS.get(str(dtype).replace("torch.", ""), 23)
-    return 2.0 ** (math.floor(math.log2(max(abs(x), 2.0 ** -14))) - bits)
+    import torch
+
+    eps = torch.finfo(getattr(torch, str(dtype).replace("torch.", ""), torch.float32)).eps
+    return eps * 2.0 ** math.floor(math.log2(max(abs(x), 2.0 ** -14)))
 
 
 def check_against_target(target_dir, prompts, engine_outs, new: int, eos, dtype: str | None = None,
@@ -147,49 +148,50 @@ def check_against_target(target_dir, prompts, engine_outs, new: int, eos, dtype:
 
     target = _load_reference_target(target_dir, dtype, device)
     dev = next(target.parameters()).device
+    stops = set(eos)
     ties: list[dict] = []
     for i, (p, got) in enumerate(zip(prompts, engine_outs)):
-        done, mine = [], 0          # engine tokens already matched (up to and including the last tie)
+        done = []          # the engine's tokens up to and including its last tie: the reference continues from there
         while True:
-            left = new - len(done)
-            want = done + (target_generate(target, list(p) + done, left, stop_token_ids=eos) if left > 0 else [])
+            ended = bool(done) and (done[-1] in stops or len(done) >= new)
+            want = done + ([] if ended else target_generate(target, list(p) + done, new - len(done),
+                                                             stop_token_ids=eos))
             if got == want:
                 break
-            pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
-            note = ""
-            if pos is not None:
+            pos, note = first_difference(got, want), ""
+            if pos < min(len(got), len(want)):
                 g, w = got[pos], want[pos]
                 with torch.no_grad():
                     logits = target(torch.tensor([list(p) + got[:pos]], device=dev)).logits[0, -1].float().cpu()
                 lg, lw = float(logits[g]), float(logits[w])
                 step = dtype_step(dtype, lw)
+                mine = sum(tie["prompt"] == i for tie in ties)
                 if lw - lg <= TIE_STEPS * step and mine < MAX_TIES:
                     ties.append({"prompt": i, "position": pos, "engine_token": g, "target_token": w,
                                  "engine_logit": lg, "target_logit": lw, "dtype_step": step})
-                    done, mine = got[:pos + 1], mine + 1
-                    if g in set(eos) or len(done) >= new:      # the engine's output ends with the tie
-                        if got == done:
-                            break
-                        want = done
-                    else:
-                        continue
-                else:
-                    note = (f" (the target's logits there: {w} {lw:.4f}, {g} {lg:.4f}, {(lw - lg) / step:.1f} "
-                            f"{dtype or 'float32'} steps apart" + (f"; {mine} ties already" if mine else "") + ")")
-            try:
-                compare([got], [want], [p])
-            except VerifyError as exc:
-                raise VerifyError(str(exc).replace("prompt 0 (", f"prompt {i} (", 1) + note) from None
+                    done = got[:pos + 1]
+                    continue
+                note = (f" (the target's logits there: {w} {lw:.4f}, {g} {lg:.4f}, {(lw - lg) / step:.1f} "
+                        f"{dtype or 'float32'} steps apart" + (f"; {mine} ties already" if mine else "") + ")")
+            raise VerifyError(difference_line(i, p, got, want) + note)
     return ties
+
+
+def first_difference(got, want) -> int:
+    """The first position where two outputs differ (the shorter one's length where one is a prefix of the other)."""
+    return next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
+def difference_line(i: int, prompt, got, want) -> str:
+    pos = first_difference(got, want)
+    g = got[pos] if pos < len(got) else "(end)"
+    w = want[pos] if pos < len(want) else "(end)"
+    head = ",".join(map(str, prompt[:8])) + ("..." if len(prompt) > 8 else "")
+    return (f"verify failed: prompt {i} ({head}): output token {pos} is {g} from the engine, {w} from the target's "
+            f"own greedy decoding (transformers); the engine is not lossless, nothing was written")
 
 
 def compare(engine_outs, ref_outs, prompts) -> None:
     for i, (got, want, p) in enumerate(zip(engine_outs, ref_outs, prompts)):
         if got != want:
-            pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            g = got[pos] if pos < len(got) else "(end)"
-            w = want[pos] if pos < len(want) else "(end)"
-            head = ",".join(map(str, p[:8])) + ("..." if len(p) > 8 else "")
-            raise VerifyError(f"verify failed: prompt {i} ({head}): output token {pos} is {g} from the engine, {w} "
-                              f"from the target's own greedy decoding (transformers); the engine is not lossless, "
-                              f"nothing was written")
+            raise VerifyError(difference_line(i, p, got, want))

@@ -31,5 +31,6 @@ def verify_standin_engine(engine_dir, *, target_dir, target_key=None, new: int =
     ties = check_against_target(target_dir, prompts, outs, new, eos, dtype=engine.config["dtype"],
                                 device=engine.device)
     return {"passed": True, "backend": engine.backend, "prompts": len(prompts), "new_tokens": new,
-            "tokens": sum(map(len, outs)), "ties": ties, "mean_acceptance": round(sum(acc) / len(acc), 3) if acc else 0.0,
+            "tokens": sum(map(len, outs)), "ties": ties,
+            "mean_acceptance": round(sum(acc) / len(acc), 3) if acc else 0.0,
             "seconds": round(time.perf_counter() - t0, 3)}
