@@ -74,9 +74,31 @@ def inspect_dir(path: str | Path, *, check_values: bool = False, kind: str | Non
             report["values_checked"] = True
         report["problems"] += check.problems()
     report["total_parameters"] = sum(report["parameters"].values())
+    if check.kind != "drafter":
+        report["warnings"] = tokenizer_warnings(path, cfg.vocab_size)
     report["ok"] = not report["problems"]
     report["_cfg"] = cfg
     return report
+
+
+def tokenizer_warnings(target_dir: Path, vocab_size: int) -> list[str]:
+    """What ``run --prompt`` / ``serve`` would meet with the target's tokenizer: files that do not load, or ids the
+    target's embedding has no row for (a tokenizer of another model). Warnings, not contract failures: the engine
+    itself takes token ids, and builds without a tokenizer."""
+    from .errors import ConfigError
+    from .tokenizer import find_tokenizer, out_of_vocab_ids
+
+    try:
+        tok = find_tokenizer(target_dir, strict=True)
+    except ConfigError as e:
+        return [f"tokenizer: {e}: --prompt and served text will fail"]
+    if tok is None:
+        return []
+    bad = out_of_vocab_ids(tok, vocab_size)
+    if not bad:
+        return []
+    return [f"tokenizer: {len(bad)} token id(s) from {bad[0]} to {bad[-1]} are outside vocab_size {vocab_size} "
+            f"(config.json): not this target's tokenizer? A prompt that encodes to them is refused"]
 
 
 def kind_is_drafter(report: dict) -> bool:
@@ -145,5 +167,6 @@ def render(report: dict) -> str:
             lines.append(f"    ignored {n} tensors under {prefix} (not part of the language model)")
     for p in r["problems"]:
         lines.append(f"  FAIL {p}")
+    lines += [f"  WARN {w}" for w in r.get("warnings", ())]
     lines.append("  contract: " + ("OK" if r["ok"] else "FAILED"))
     return "\n".join(lines)

@@ -104,7 +104,9 @@ def declares_generic_fast_class(directory: str | Path) -> bool:
         and cfg.get("tokenizer_class") in GENERIC_FAST_CLASSES
 
 
-def encode_text(tokenizer, text: str) -> list[int]:
+def encode_text(tokenizer, text: str, vocab_size: int | None = None) -> list[int]:
+    """``text`` as token ids (no special tokens added). ``vocab_size``: the engine's vocabulary; ids at or beyond
+    it mean the tokenizer is not the target's (refused here, naming the tokenizer, not later as a bad request)."""
     try:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     except Exception as exc:  # noqa: BLE001 - e.g. a word-level vocabulary without an unknown token
@@ -115,7 +117,18 @@ def encode_text(tokenizer, text: str) -> list[int]:
         # a tokenizer whose pipeline does not match its vocabulary maps every word to nothing
         raise ConfigError(f"the tokenizer encodes the prompt text to no tokens ({type(tokenizer).__name__}: its "
                           f"pre-tokenizer does not match its vocabulary?)", field="prompt")
+    bad = [] if vocab_size is None else sorted({i for i in ids if not 0 <= i < vocab_size})
+    if bad:
+        where = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ConfigError(f"the tokenizer ({where}) encodes the prompt text to token ids {bad[:5]} outside the "
+                          f"engine's vocabulary [0, {vocab_size}): it is not this target's tokenizer", field="prompt")
     return ids
+
+
+def out_of_vocab_ids(tokenizer, vocab_size: int) -> list[int]:
+    """The tokenizer's ids (its vocabulary and added tokens) at or beyond ``vocab_size``, ascending."""
+    ids = set(tokenizer.get_vocab().values())
+    return sorted(i for i in ids if not 0 <= i < vocab_size)
 
 
 def _encodes(tokenizer, text: str) -> bool:

@@ -135,3 +135,29 @@ def test_inspect_missing_checkpoint_is_clear(tmp_path):
     assert "not available locally" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["inspect", str(tmp_path)])
     assert r.exit_code == 1 and "config file not found" in r.output
+
+
+def test_a_tokenizer_with_ids_beyond_the_vocabulary_is_a_warning(tmp_path):
+    """A target directory whose tokenizer has an id its embedding has no row for (another model's tokenizer) passed
+    inspect silently; `run --prompt` then refused a bad request without naming the tokenizer. inspect now warns
+    (the contract still holds: the engine takes ids and builds without a tokenizer); a clean tokenizer gives none."""
+    from dflash2_trt.assets import trained_pair
+
+    src = trained_pair("qwen3").target_dir
+    r = run("inspect", str(src), "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["warnings"] == [], r.output
+    t = tmp_path / "target"
+    shutil.copytree(src, t)
+    tj = t / "tokenizer.json"
+    text = tj.read_text(encoding="utf-8")
+    assert text.count('linu": 100,') == 1
+    tj.write_text(text.replace('linu": 100,', 'linu": 300,'), encoding="utf-8")
+    r = run("inspect", str(t))
+    assert r.exit_code == 0 and "contract: OK" in r.output, r.output
+    assert "WARN tokenizer: 1 token id(s) from 300 to 300 are outside vocab_size 256 (config.json)" in r.output
+    r = run("inspect", "--drafter", str(trained_pair("qwen3").drafter_dir), "--target-dir", str(t))
+    assert r.exit_code == 0 and "WARN tokenizer: 1 token id(s)" in r.output and "RESULT: OK" in r.output, r.output
+    tj.write_text("{not json", encoding="utf-8")
+    r = run("inspect", str(t), "--json")
+    (w,) = json.loads(r.output)["warnings"]
+    assert r.exit_code == 0 and "has tokenizer files that cannot be loaded" in w, w

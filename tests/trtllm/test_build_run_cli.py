@@ -198,6 +198,23 @@ def test_non_utf8_prompts_file_is_one_line(engine, tmp_path):
     assert "p.jsonl: not UTF-8 text (byte 0" in line, line
 
 
+def test_a_prompt_the_tokenizer_maps_beyond_the_vocabulary_names_the_tokenizer(engine, tmp_path):
+    """An engine whose tokenizer maps a word to an id the target has no row for (here "linu" 100 -> 300, same file
+    size): `run --prompt` refused it as a bad request ("token ids [300] outside the vocabulary") without saying the
+    tokenizer is the cause; the line now names the tokenizer."""
+    e = tmp_path / "eng"
+    shutil.copytree(engine, e)
+    tj = e / "tokenizer" / "tokenizer.json"
+    text = tj.read_text(encoding="utf-8")
+    assert text.count('linu": 100,') == 1
+    tj.write_text(text.replace('linu": 100,', 'linu": 300,'), encoding="utf-8")
+    line = _err(*_cli("run", "--engine-dir", str(e), "--prompt", "puni linu"))
+    assert line == (f"error: prompt: the tokenizer ({e / 'tokenizer'}) encodes the prompt text to token ids [300] "
+                    f"outside the engine's vocabulary [0, 256): it is not this target's tokenizer"), line
+    code, text = _cli("run", "--engine-dir", str(e), "--prompt", "puni kiku", "--max-new-tokens", "2")
+    assert code == 0, text
+
+
 def test_corrupt_tokenizer_is_not_reported_as_none(engine, tmp_path):
     """Issue 21 weak spot: a tokenizer.json damaged in place (same size, so the manifest's size check passes)
     was reported as "this engine has none"; now the directory and the loader's reason are named."""

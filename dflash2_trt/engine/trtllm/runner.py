@@ -150,7 +150,7 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
         tok = prompt_tokenizer(man, engine_dir)
         for it in items:
             if it["input_ids"] is None:
-                it["input_ids"] = encode_text(tok, it["prompt"])
+                it["input_ids"] = encode_text(tok, it["prompt"], vocab)
     lim = man["limits"]
     for it in items:
         ids, new = it["input_ids"], it["output_tokens"] or max_new_tokens
