@@ -70,14 +70,17 @@ def test_kernels_compile_without_spills(source, tmp_path, capsys):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found on PATH: kernel compile check needs the CUDA toolkit")
-    gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in ARCHS]
-    cmd = [nvcc, "-std=c++17", "-O3", "-c", *gencode, "-Xptxas", "-v", "-Xcompiler", "-Wall,-Wextra",
-           "-Werror", "all-warnings", str(source), "-o", str(tmp_path / "k.o")]
+    # one nvcc per architecture, both at once (each ptxas -v report stays whole; nvcc --threads would interleave them)
+    cmds = [[nvcc, "-std=c++17", "-O3", "-c", f"-gencode=arch=compute_{a[3:]},code={a}", "-Xptxas", "-v",
+             "-Xcompiler", "-Wall,-Wextra", "-Werror", "all-warnings", str(source), "-o", str(tmp_path / f"{a}.o")]
+            for a in ARCHS]
     t0 = time.monotonic()
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cmds]
+    outs = [p.communicate()[0] for p in procs]
     elapsed = time.monotonic() - t0
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}\n{res.stderr}"
-    kernels = parse_ptxas(res.stdout + res.stderr)
+    for cmd, p, out in zip(cmds, procs, outs):
+        assert p.returncode == 0, f"{' '.join(cmd)}\n{out}"
+    kernels = [k for out in outs for k in parse_ptxas(out)]
     lines = [f"{source.name}: nvcc {', '.join(ARCHS)} in {elapsed:.1f} s"]
     for k, name in zip(kernels, _demangle([k["name"] for k in kernels])):
         lines.append(f"  {k['arch']:8s} regs={k.get('registers', '?'):>3} spill_st={k.get('spill_stores', '?')} "
