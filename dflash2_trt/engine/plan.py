@@ -444,13 +444,6 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                                  f"the plugin library, engine.json and RUN.md in {out}; "
                                                  f"{out}/trtllm-bench/: the --model_path folder (tokenizer, config, "
                                                  f"placeholder safetensors) and extra_llm_api_options.yaml"})
-        if baseline:
-            steps.append({"step": "baseline", "what": f"{out}/baseline-checkpoint: the same config marked "
-                                                       f"target_only (max_draft_len 0), the same rank files; then "
-                                                       f"trtllm-build of TargetOnlyForCausalLM without a speculative "
-                                                       f"decoding mode (log {out}/baseline/trtllm-build.log): the "
-                                                       f"target alone in {out}/baseline/, `bench run`'s "
-                                                       f"autoregressive baseline on the project runtime"})
         bench = planned_command(engine_dir=out, target_key=p.target_key, draft_len=p.K,
                                 max_batch_size=cfg.max_batch_size, eos_id=(list(t.eos_token_ids) or [None])[0],
                                 kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction)
@@ -469,6 +462,13 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     steps.append({"step": "verify", "what": "fixed prompts through the engine vs the target's own greedy decoding "
                                             "(transformers); any token difference fails the build"
                                             + ("" if verify is None else (" [on]" if verify else " [off]"))})
+    if backend == "trtllm" and baseline:   # after verify, as the build runs it: a failing engine costs no baseline
+        steps.append({"step": "baseline", "what": f"{out}/baseline-checkpoint: the same config marked "
+                                                   f"target_only (max_draft_len 0), the same rank files; then "
+                                                   f"trtllm-build of TargetOnlyForCausalLM without a speculative "
+                                                   f"decoding mode (log {out}/baseline/trtllm-build.log): the "
+                                                   f"target alone in {out}/baseline/, `bench run`'s "
+                                                   f"autoregressive baseline on the project runtime"})
     supported = {"stages": [], "cpu_engine": False, "trtllm_engine": False}
     if p.target_key is not None:
         supported["stages"] = list(get_target(p.target_key).supported)

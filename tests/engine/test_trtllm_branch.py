@@ -586,7 +586,8 @@ def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):
     argv = plan["baseline_trtllm_build"]["argv"]
     assert argv[argv.index("--model_cls_name") + 1] == "TargetOnlyForCausalLM"
     assert "--speculative_decoding_mode" not in argv and "--max_draft_len" not in argv
-    assert [s["step"] for s in plan["steps"]].count("baseline") == 1
+    # in the order the build runs them: the baseline after the combined engine passed --verify
+    assert [s["step"] for s in plan["steps"]] == ["validate", "convert", "plugins", "engine", "verify", "baseline"]
     items = {it["what"]: it["bytes"] for g in plan["disk"] for it in g["items"]}
     w = plan["sizing"]["weights_per_rank"]
     assert items["baseline engines"] == sum(x["target"] for x in w) > 0
