@@ -417,11 +417,21 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
     if output is None:
         raise ConfigError("required (only --dry-run goes without an output directory)", field="--output")
     progress = (lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None
-    res = build_engine(d, t, output, backend=resolve(None if backend == "auto" else backend), target_key=target_key,
-                       force=force, command=sys.argv, overrides=overrides, sets=sets,
-                       verify="auto" if verify is None else verify, checkpoint_dir=checkpoint_dir,
-                       reconvert=reconvert, keep_checkpoint=not no_keep_checkpoint, progress=progress,
-                       disk_check=not no_disk_check, baseline=baseline)
+    from .engine.trtllm.process import BaselineBuildError
+
+    try:
+        res = build_engine(d, t, output, backend=resolve(None if backend == "auto" else backend),
+                           target_key=target_key, force=force, command=sys.argv, overrides=overrides, sets=sets,
+                           verify="auto" if verify is None else verify, checkpoint_dir=checkpoint_dir,
+                           reconvert=reconvert, keep_checkpoint=not no_keep_checkpoint, progress=progress,
+                           disk_check=not no_disk_check, baseline=baseline)
+    except BaselineBuildError as exc:   # the combined engine is in place: say so, then fail on the baseline
+        _report_build(exc.result, as_json)
+        raise
+    _report_build(res, as_json)
+
+
+def _report_build(res, as_json: bool) -> None:
     m = res.manifest
     if as_json:
         click.echo(json.dumps(m, indent=2))

@@ -468,7 +468,9 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                                    f"trtllm-build of TargetOnlyForCausalLM without a speculative "
                                                    f"decoding mode (log {out}/baseline/trtllm-build.log): the "
                                                    f"target alone in {out}/baseline/, `bench run`'s "
-                                                   f"autoregressive baseline on the project runtime"})
+                                                   f"autoregressive baseline on the project runtime (if it fails, "
+                                                   f"the combined engine is kept without baseline/ and the build "
+                                                   f"exits 1)"})
     supported = {"stages": [], "cpu_engine": False, "trtllm_engine": False}
     if p.target_key is not None:
         supported["stages"] = list(get_target(p.target_key).supported)

@@ -556,16 +556,42 @@ def test_the_combined_engine_is_verified_before_the_baseline_is_built(pair, tmp_
     assert not (tmp_path / "eng").exists() and _left_beside(tmp_path / "eng") == []
 
 
-def test_a_failed_baseline_build_leaves_nothing_but_its_log(pair, tmp_path, toolchain):
+def test_a_failed_baseline_build_keeps_the_combined_engine(pair, tmp_path, toolchain):
+    """The baseline's trtllm-build fails after the combined engine built (and passed its checks): the combined engine
+    is committed without baseline/ and loads; the build still fails, its error naming the kept engine and log."""
+    from dflash2_trt.engine.trtllm.process import BaselineBuildError
+
     out = tmp_path / "eng"
-    with pytest.raises(EngineBuildError, match=r"trtllm-build of the baseline \(--baseline\) failed \(exit 5\)") as ei:
+    with pytest.raises(BaselineBuildError, match=r"trtllm-build of the baseline \(--baseline\) failed \(exit 5\)") as ei:
         _build(pair, out, toolchain, FakeRunner(fail_call=(1, 5)), baseline=True)
-    assert not out.exists() and _left_beside(out) == []
+    msg = str(ei.value)
+    assert f"the combined engine is built and kept at {out} without baseline/" in msg
+    assert f"reusing the kept checkpoint {tmp_path / 'eng.checkpoint'}" in msg and "Total time of building" in msg
     assert "Total time of building" in (tmp_path / "eng.baseline-trtllm-build-failed.log").read_text()
-    assert f"a rebuild without --baseline reuses the kept checkpoint {tmp_path / 'eng.checkpoint'}" in str(ei.value)
-    with pytest.raises(EngineBuildError, match="converts the checkpoint again") as ei:
+    cfg, man = load_engine_dir(out, verify=True)               # every file hashed in engine.json is there
+    assert man["baseline"] is None and ei.value.result.manifest["baseline"] is None
+    assert ei.value.result.output == out and (out / "rank0.engine").is_file()
+    assert not (out / "baseline").exists() and not (out / "baseline-checkpoint").exists() and _left_beside(out) == []
+    assert "rebuild with `--baseline`" in (out / "RUN.md").read_text()
+    with pytest.raises(BaselineBuildError, match="converting the checkpoint again") as ei:
         _build(pair, tmp_path / "eng2", toolchain, FakeRunner(fail_call=(1, 5)), baseline=True, keep_checkpoint=False)
-    assert "reuses the kept checkpoint" not in str(ei.value)
+    assert "reusing the kept checkpoint" not in str(ei.value)
+    assert (tmp_path / "eng2" / "engine.json").is_file() and _left_beside(tmp_path / "eng2") == []
+
+
+def test_cli_a_failed_baseline_says_what_was_kept_and_exits_1(pair, tmp_path, toolchain, monkeypatch):
+    from dflash2_trt.engine.trtllm import build as trtllm_build
+
+    monkeypatch.setattr(trtllm_build, "probe_toolchain", lambda: toolchain)              # the machine's two seams
+    monkeypatch.setattr(trtllm_build, "SubprocessRunner", lambda: FakeRunner(fail_call=(1, 5)))
+    out = tmp_path / "eng"
+    r = CliRunner().invoke(main_cli(), ["build", "--target", "tiny", "--drafter", str(pair.drafter_dir),
+                                        "--target-dir", str(pair.target_dir), "--backend", "trtllm", "--output",
+                                        str(out), "--set", "drafter_window=full", "--no-verify", "--baseline"])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 1 and lines[0].startswith(f"wrote {out} (trtllm engine"), r.output
+    assert lines[1].startswith("error: trtllm-build of the baseline (--baseline) failed (exit 5)")
+    assert load_engine_dir(out, verify=True)[1]["baseline"] is None
 
 
 def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):

@@ -18,6 +18,9 @@ Steps (each either completes or leaves nothing of its own behind; Ctrl-C include
                target's tokenizer files, RUN.md and engine.json added
     verify     (when on) the fixed prompts through the engine's runtime (TensorRT-LLM's runner, or the project runtime
                over TensorRT for the engines the executor cannot run: :mod:`.paths`) vs the target's greedy decoding
+    baseline   (--baseline) trtllm-build of the target alone into ``baseline/`` (:func:`_build_baseline`); when it
+               fails the combined engine is committed without it and the build then fails
+               (:class:`~.process.BaselineBuildError`: one error line, the combined engine kept and usable)
     commit     the temporary directory renamed to ENGINE_DIR
 
 Without TensorRT-LLM (or without the plugin toolchain) the build stops after the steps it can do with
@@ -53,7 +56,7 @@ from .command import (BASELINE_CLS_NAME, default_checkpoint_dir, engine_config_f
                       trtllm_build_env)
 from .paths import PROJECT, runtime_path
 from .plugin_library import ensure_plugin_library, plugin_archs
-from .process import EngineBuildError, SubprocessRunner, log_tail
+from .process import BaselineBuildError, EngineBuildError, SubprocessRunner, log_tail
 from .toolchain import Toolchain, probe_toolchain, trtllm_version_refusal
 from .verify import verify_trtllm_engine
 
@@ -351,13 +354,24 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                 man["verify"] = verifier(tmp, target_dir=prep.target_dir, target_key=prep.target_key,
                                          plugin_lib=tmp / LIBRARY_NAME)
                 write_manifest(tmp, man)
+            baseline_failed = None
             if baseline:   # after the combined engine passed its checks: a failing one costs no baseline build
-                man["baseline"] = _build_baseline(tmp, pre, cfg, ckpt_dir, env, runner, output, say,
-                                                  echo=bool(progress), kept=kept)
-                (tmp / "RUN.md").write_text(run_md(man, output.absolute()))
-                man["files"] = engine_files(tmp, sha256_file)
-                write_manifest(tmp, man)
+                try:
+                    man["baseline"] = _build_baseline(tmp, pre, cfg, ckpt_dir, env, runner, output, say,
+                                                      echo=bool(progress), kept=kept)
+                except EngineBuildError as exc:
+                    # the combined engine is complete, checked and already described without a baseline (RUN.md,
+                    # engine.json: baseline null, files apart from baseline/): it is committed, the command fails
+                    baseline_failed = exc
+                    for left in (tmp / BASELINE_DIR, tmp / "baseline-checkpoint"):
+                        shutil.rmtree(left, ignore_errors=True)
+                else:
+                    (tmp / "RUN.md").write_text(run_md(man, output.absolute()))
+                    man["files"] = engine_files(tmp, sha256_file)
+                    write_manifest(tmp, man)
         man["seconds"] = round(time.perf_counter() - t0, 3)
+        if baseline_failed is not None:
+            raise BaselineBuildError(str(baseline_failed), BuildResult(output, man))
         return BuildResult(output, man)
     finally:
         if temp_ckpt is not None:
@@ -389,11 +403,11 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
     target-only (:func:`~dflash2_trt.engine.pretrained.baseline_pretrained_config`), with the same limits and
     plugins and no speculative decoding mode. ``bench run`` drives it through the project runtime as the
     autoregressive baseline (bench/session.py). Returns the manifest's ``baseline`` record."""
-    # what a failure says: the combined engine had built (and passed --verify); what a rebuild without --baseline reuses
-    again = ("the combined engine had built; a rebuild without --baseline reuses the kept " + " and ".join(kept)
-             if any(k.startswith("checkpoint") for k in kept) else
-             "the combined engine had built; a rebuild without --baseline converts the checkpoint again "
-             "(--no-keep-checkpoint)")
+    # what a failure says (raised once the combined engine is in place: build_trtllm commits it without baseline/)
+    reuse = ("reusing the kept " + " and ".join(kept) if any(k.startswith("checkpoint") for k in kept) else
+             "converting the checkpoint again (--no-keep-checkpoint)")
+    again = (f"the combined engine is built and kept at {output} without {BASELINE_DIR}/ (`bench run` reports no "
+             f"speedup); `build --baseline --force` builds both again, {reuse}")
     bck = tmp / "baseline-checkpoint"
     bck.mkdir()
     (bck / "config.json").write_text(json.dumps(baseline_pretrained_config(pre), indent=2) + "\n")
@@ -406,28 +420,27 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
     say(f"[baseline] trtllm-build of the target alone (log {output / BASELINE_DIR / 'trtllm-build.log'})")
     seconds = _run_trtllm_build(runner, argv, env, log, say=say, echo=echo,
                                 kept_log=output.with_name(output.name + ".baseline-trtllm-build-failed.log"),
-                                failed=f"trtllm-build of the baseline (--baseline) failed (exit {{rc}}); nothing was "
-                                       f"written to {output}", hint=f" ({again})")
+                                failed="trtllm-build of the baseline (--baseline) failed (exit {rc})",
+                                hint=f"; {again}")
     shutil.rmtree(bck)
     missing = [f"rank{r}.engine" for r in range(cfg.tp_size) if not (out / f"rank{r}.engine").is_file()]
     if missing or not (out / "config.json").is_file():
         raise EngineBuildError(f"trtllm-build of the baseline exited 0 but wrote no "
-                               f"{', '.join(missing) or 'config.json'}; nothing was written to {output} ({again}). "
+                               f"{', '.join(missing) or 'config.json'}; {again}. "
                                f"Last lines of its log:\n{log_tail(log)}")
     try:
         c = json.loads((out / "config.json").read_text())
         got = {"pretrained_config.dflash2_engine.network": (c["pretrained_config"].get("dflash2_engine") or {}).get(
             "network"), "build_config.max_draft_len": c["build_config"].get("max_draft_len")}
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise EngineBuildError(f"trtllm-build wrote an unreadable baseline/config.json ({exc}); nothing was written "
-                               f"to {output} ({again})") from None
+        raise EngineBuildError(f"trtllm-build wrote an unreadable baseline/config.json ({exc}); {again}") from None
     want = {"pretrained_config.dflash2_engine.network": TARGET_ONLY, "build_config.max_draft_len": 0}
     got["build_config.speculative_decoding_mode"] = c["build_config"].get("speculative_decoding_mode")
     want["build_config.speculative_decoding_mode"] = 1          # NONE: no --speculative_decoding_mode
     bad = [f"{k} = {got[k]!r} (expected {want[k]!r})" for k in want if got[k] != want[k]]
     if bad:
         raise EngineBuildError("trtllm-build's baseline/config.json does not describe the target alone: "
-                               + "; ".join(bad) + f"; nothing was written to {output} ({again})")
+                               + "; ".join(bad) + f"; {again}")
     fixes = _fix_engine_config(out, say, name=f"{BASELINE_DIR}/config.json")
     return {"dir": BASELINE_DIR, "network": BASELINE_CLS_NAME,
             "trtllm_build": {"argv": argv, "env": env, "line": shell_line(argv, env), "ran_in": str(tmp),

@@ -1,5 +1,6 @@
 """Running CMake and trtllm-build: :class:`SubprocessRunner` (the machine seam the tests replace: ``runner(argv,
-env=..., log=..., cwd=..., echo=...) -> exit status``), :class:`EngineBuildError` for a failed or odd step, and
+env=..., log=..., cwd=..., echo=...) -> exit status``), :class:`EngineBuildError` for a failed or odd step
+(:class:`BaselineBuildError`: the ``--baseline`` build's, after the combined engine is in place), and
 :func:`log_tail` for the end of a step's log in an error message."""
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ LOG_TAIL = 3000
 
 class EngineBuildError(DFlash2Error):
     """trtllm-build (or CMake) failed, or wrote something unexpected."""
+
+
+class BaselineBuildError(EngineBuildError):
+    """``build --baseline``: the baseline's trtllm-build failed after the combined engine was built and committed.
+    ``result`` is the combined engine's :class:`~dflash2_trt.engine.format.BuildResult` (in place, usable, with no
+    ``baseline/``); the command still fails."""
+
+    def __init__(self, message: str, result):
+        super().__init__(message)
+        self.result = result
 
 
 class SubprocessRunner:
