@@ -362,6 +362,20 @@ def test_trtllm_build_failure_keeps_only_its_log(pair, tmp_path, toolchain):
     assert "Total time of building" in (tmp_path / "eng.trtllm-build-failed.log").read_text()
 
 
+def test_a_killed_trtllm_build_is_named_by_its_signal(pair, tmp_path, toolchain):
+    """A trtllm-build the kernel kills (SIGKILL: the out-of-memory killer, a 27B build on a small host) ends with a
+    negative status from Popen: the error names the signal and where to look, not "exit -9"."""
+    out = tmp_path / "eng"
+    with pytest.raises(EngineBuildError, match=r"trtllm-build failed \(killed by SIGKILL; the kernel's "
+                                               r"out-of-memory killer .*dmesg`\); nothing was written") as ei:
+        _build(pair, out, toolchain, FakeRunner(trtllm_rc=-9))
+    assert "-9" not in str(ei.value).split(". Last lines")[0]
+    assert not out.exists() and _left_beside(out) == []
+    assert (tmp_path / "eng.trtllm-build-failed.log").is_file()
+    with pytest.raises(EngineBuildError, match=r"failed \(killed by SIGTERM\); nothing"):
+        _build(pair, tmp_path / "eng2", toolchain, FakeRunner(trtllm_rc=-15))
+
+
 def test_engine_config_without_the_eagle_chain_is_refused(pair, tmp_path, toolchain):
     out = tmp_path / "eng"
     with pytest.raises(EngineBuildError, match="pretrained_config.num_eagle_layers = None \\(expected 7\\)"):

@@ -56,7 +56,7 @@ from .command import (BASELINE_CLS_NAME, default_checkpoint_dir, engine_config_f
                       trtllm_build_env)
 from .paths import PROJECT, runtime_path
 from .plugin_library import ensure_plugin_library, plugin_archs
-from .process import BaselineBuildError, EngineBuildError, SubprocessRunner, log_tail
+from .process import BaselineBuildError, EngineBuildError, SubprocessRunner, exit_description, log_tail
 from .toolchain import Toolchain, probe_toolchain, trtllm_version_refusal
 from .verify import verify_trtllm_engine
 
@@ -307,7 +307,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             say(f"[engine] trtllm-build (log {output / 'trtllm-build.log'})")
             build_s = _run_trtllm_build(runner, argv, env, log, say=say, echo=bool(progress),
                                         kept_log=output.with_name(output.name + ".trtllm-build-failed.log"),
-                                        failed=f"trtllm-build failed (exit {{rc}}); nothing was written to {output}")
+                                        failed=f"trtllm-build failed ({{rc}}); nothing was written to {output}")
             shutil.rmtree(bck)
             _check_engine_output(tmp, cfg, K, log)
             fixes = _fix_engine_config(tmp, say)
@@ -381,8 +381,9 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
 def _run_trtllm_build(runner, argv, env, log: Path, *, say, echo: bool, kept_log: Path, failed: str,
                       hint: str = "") -> float:
     """Run one trtllm-build (its output streamed to ``log``, and echoed with ``echo``); returns its seconds. A
-    non-zero exit is an :class:`EngineBuildError`: ``failed`` (``{rc}`` filled in), where its log is kept
-    (``kept_log``: the build's temporary directory goes), ``hint``, and the log's last lines."""
+    non-zero exit is an :class:`EngineBuildError`: ``failed`` (``{rc}``: the exit status or the signal that killed
+    it, :func:`~.process.exit_description`), where its log is kept (``kept_log``: the build's temporary directory
+    goes), ``hint``, and the log's last lines."""
     t0 = time.perf_counter()
     rc = runner(argv, env=env, log=log, cwd=None, echo=(lambda line: say("  trtllm-build | " + line)) if echo else None)
     seconds = time.perf_counter() - t0
@@ -391,7 +392,8 @@ def _run_trtllm_build(runner, argv, env, log: Path, *, say, echo: bool, kept_log
             shutil.copy2(log, kept_log)
         except OSError:
             kept_log = None
-        raise EngineBuildError(failed.replace("{rc}", str(rc)) + (f"; its log is kept at {kept_log}" if kept_log else "")
+        raise EngineBuildError(failed.replace("{rc}", exit_description(rc))
+                               + (f"; its log is kept at {kept_log}" if kept_log else "")
                                + hint + f". Last lines:\n{log_tail(log)}")
     return seconds
 
@@ -420,7 +422,7 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
     say(f"[baseline] trtllm-build of the target alone (log {output / BASELINE_DIR / 'trtllm-build.log'})")
     seconds = _run_trtllm_build(runner, argv, env, log, say=say, echo=echo,
                                 kept_log=output.with_name(output.name + ".baseline-trtllm-build-failed.log"),
-                                failed="trtllm-build of the baseline (--baseline) failed (exit {rc})",
+                                failed="trtllm-build of the baseline (--baseline) failed ({rc})",
                                 hint=f"; {again}")
     shutil.rmtree(bck)
     missing = [f"rank{r}.engine" for r in range(cfg.tp_size) if not (out / f"rank{r}.engine").is_file()]

@@ -18,7 +18,7 @@ from ...errors import ConfigError, MissingDependencyError
 from ...plugins import LIBRARY_NAME, plugin_dir
 from ..common import shell_line
 from .command import cuda_archs
-from .process import EngineBuildError, log_tail
+from .process import EngineBuildError, exit_description, log_tail
 from .toolchain import Toolchain, plugin_toolchain_missing
 
 PLUGIN_TARGET = "dflash2_plugins"
@@ -117,7 +117,7 @@ def ensure_plugin_library(cfg, toolchain: Toolchain, runner, *, progress=None) -
                 fh.write(f"# {shell_line(argv)}\n")
             rc = runner(argv, env={}, log=log, cwd=None, echo=None)
             if rc != 0:
-                raise EngineBuildError(f"CMake failed (exit {rc}) building the plugin library: {shell_line(argv)}"
+                raise EngineBuildError(f"CMake failed ({exit_description(rc)}) building the plugin library: {shell_line(argv)}"
                                        f"\n{log_tail(log)}")
         cache = _read_cmake_cache(work / "build" / "CMakeCache.txt")
         inc = cache.get("TensorRT_INCLUDE_DIR", "")

@@ -1,7 +1,7 @@
 """Running CMake and trtllm-build: :class:`SubprocessRunner` (the machine seam the tests replace: ``runner(argv,
 env=..., log=..., cwd=..., echo=...) -> exit status``), :class:`EngineBuildError` for a failed or odd step
 (:class:`BaselineBuildError`: the ``--baseline`` build's, after the combined engine is in place), and
-:func:`log_tail` for the end of a step's log in an error message."""
+:func:`exit_description` / :func:`log_tail` for how a step ended and the end of its log in an error message."""
 
 from __future__ import annotations
 
@@ -71,6 +71,20 @@ def _stop(proc) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def exit_description(rc: int) -> str:
+    """How a step ended, for an error line: ``exit 3``, or for a child killed by a signal (a negative status from
+    :class:`subprocess.Popen`) the signal by name, with the usual sender of SIGKILL to a long build."""
+    if rc >= 0:
+        return f"exit {rc}"
+    try:
+        name = signal.Signals(-rc).name
+    except ValueError:
+        name = f"signal {-rc}"
+    why = ("; the kernel's out-of-memory killer sends it when host memory runs out: see `dmesg`"
+           if -rc == signal.SIGKILL else "")
+    return f"killed by {name}{why}"
 
 
 def log_tail(path) -> str:
