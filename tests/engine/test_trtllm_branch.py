@@ -91,6 +91,10 @@ class FakeRunner:
                               "plugin_lib_exists": Path(env["DFLASH2_PLUGIN_LIB"]).is_file()})
             with open(log, "a") as f:
                 f.write("[TRT-LLM] [I] Total time of building all engines: 00:00:01\n")
+            # builder.build's timing cache, at the path as given: relative to the working directory by default
+            # (facts/trtllm_build_cli.yaml timing_cache_written)
+            cache = argv[argv.index("--output_timing_cache") + 1] if "--output_timing_cache" in argv else "model.cache"
+            Path(cwd or ".", cache).write_bytes(b"timing cache")
             if self.trtllm_rc:
                 return self.trtllm_rc
             if self.fail_call is not None and self.fail_call[0] == len(self.seen) - 1:
@@ -150,7 +154,7 @@ def test_trtllm_branch_commands_and_files(pair, tmp_path, toolchain):
     tmp_out = Path(argv[6])
     assert argv[:7] == [sys.executable, "-m", "dflash2_trt.trtllm.register", "--checkpoint_dir",
                         str(tmp_out / "build-checkpoint"), "--output_dir", str(tmp_out)]
-    assert argv[7:] == FLAGS_TAIL
+    assert argv[7:] == [*FLAGS_TAIL, "--output_timing_cache", str(tmp_out / "build-checkpoint" / "model.cache")]
     assert tmp_out.parent == out.parent.absolute() and tmp_out.name.startswith(".eng.tmp-")
     lib = Path(tb["env"]["DFLASH2_PLUGIN_LIB"])
     assert tb["env"] == {"DFLASH2_PLUGIN_LIB": str(lib), "DFLASH2_TRT_BACKEND": "trtllm"}
@@ -353,6 +357,21 @@ def test_interrupt_leaves_nothing_half_written(pair, tmp_path, toolchain, tool):
     assert checkpoint_problems(tmp_path / "eng.checkpoint", _prep(pair)) == []
 
 
+def test_trtllm_build_writes_nothing_in_the_working_directory(pair, tmp_path, toolchain, monkeypatch):
+    """trtllm-build saves TensorRT's timing cache at --output_timing_cache as given (default model.cache, relative to
+    its working directory, the user's): the build points it into the temporary build checkpoint, removed with it."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "model.cache").write_bytes(b"the user's own file")
+    monkeypatch.chdir(here)
+    r = FakeRunner()
+    _build(pair, tmp_path / "eng", toolchain, r, baseline=True)
+    assert r.tools().count("trtllm-build") == 2
+    assert sorted(p.name for p in here.iterdir()) == ["model.cache"]
+    assert (here / "model.cache").read_bytes() == b"the user's own file"
+    assert not list((tmp_path / "eng").rglob("model.cache")) and _left_beside(tmp_path / "eng") == []
+
+
 def test_trtllm_build_failure_keeps_only_its_log(pair, tmp_path, toolchain):
     out = tmp_path / "eng"
     with pytest.raises(EngineBuildError, match=r"trtllm-build failed \(exit 3\); nothing was written") as ei:
@@ -416,7 +435,7 @@ def test_tp2_engine_and_its_launch(pair, tmp_path, toolchain):
     out = tmp_path / "eng"
     r = FakeRunner()
     res = _build(pair, out, toolchain, r, tp_size=2, verify="auto", verifier=lambda *a, **k: pytest.fail("verified"))
-    assert r.calls[-1]["argv"][7:] == FLAGS_TAIL                       # --workers 1: one process builds both ranks
+    assert r.calls[-1]["argv"][7:-2] == FLAGS_TAIL                     # --workers 1: one process builds both ranks
     assert r.seen[0]["files"] == ["config.json", "rank0.safetensors", "rank1.safetensors"]
     assert (out / "rank0.engine").is_file() and (out / "rank1.engine").is_file() and res.manifest["tp_size"] == 2
     run = (out / "RUN.md").read_text()
@@ -528,7 +547,8 @@ def test_baseline_is_a_second_trtllm_build_of_the_target_alone(pair, tmp_path, t
     main, base = r.calls[2]["argv"], r.calls[3]["argv"]
     tmp_out = Path(main[6])
     assert base == [sys.executable, "-m", "dflash2_trt.trtllm.register", "--checkpoint_dir",
-                    str(tmp_out / "baseline-checkpoint"), "--output_dir", str(tmp_out / "baseline"), *BASELINE_TAIL]
+                    str(tmp_out / "baseline-checkpoint"), "--output_dir", str(tmp_out / "baseline"), *BASELINE_TAIL,
+                    "--output_timing_cache", str(tmp_out / "baseline-checkpoint" / "model.cache")]
     assert r.calls[3]["env"] == r.calls[2]["env"]                  # the same plugin library
     combined, alone = r.seen
     assert alone["config"]["dflash2_engine"] == {**combined["config"]["dflash2_engine"], "network": "target_only"}

@@ -197,6 +197,9 @@ def test_our_command_line_is_what_trtllm_build_accepts(record, built):
     assert ns.logits_dtype == "float32" and ns.workers == 1
     assert not ns.checkpoint_dir.lower().endswith(".json")      # main(): a directory holding config.json
     assert Path(ns.output_dir) == Path(argv[argv.index("--output_dir") + 1])
+    # check timing_cache_written: the cache goes where it is told, the default into the working directory
+    assert "timing_cache_written" in {c["id"] for c in record["checks"]}
+    assert Path(ns.output_timing_cache).parent == Path(ns.checkpoint_dir)
     assert main_check_problems(record, ns) == []
     # what main() turns the flags into, against what the project says trtllm-build writes
     spec = record["speculative_decoding_mode"]
@@ -228,7 +231,9 @@ def test_the_baseline_command_line_is_what_trtllm_build_accepts(record, built):
     assert spec["values"][spec["from_arguments"][None]] == 1
     combined = parse_ours(record, argv[3:])
     differ = {k for k, v in vars(ns).items() if getattr(combined, k) != v}
-    assert differ == {"model_cls_name", "speculative_decoding_mode", "max_draft_len", "checkpoint_dir", "output_dir"}
+    assert differ == {"model_cls_name", "speculative_decoding_mode", "max_draft_len", "checkpoint_dir", "output_dir",
+                      "output_timing_cache"}
+    assert Path(ns.output_timing_cache).parent == Path(ns.checkpoint_dir)
     assert main_check_problems(record, ns) == []
     pre = baseline_pretrained_config({"dtype": cfg.dtype, "max_draft_len": cfg.block_size - 1,
                                       "dflash2_engine": {"selector": "greedy"}})

@@ -19,6 +19,8 @@ def model_cls_file() -> Path:
     return MODEL_FILE
 
 
+TIMING_CACHE = "model.cache"   # trtllm-build --output_timing_cache: a file in the temporary build checkpoint
+
 BUILD_ENTRY = "dflash2_trt.trtllm.register"
 """The module run as trtllm-build: registers the DFlash2 architectures in TensorRT-LLM's MODEL_MAP (the bare
 ``trtllm-build`` stops at config parsing with a KeyError), then runs ``tensorrt_llm.commands.build.main()``."""
@@ -31,7 +33,9 @@ def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = N
     spelt in full and every value is one trtllm-build's parser takes (``facts/trtllm_build_cli.yaml``, the options
     of ``parse_arguments`` / ``add_plugin_argument``; tests/engine/test_trtllm_build_cli.py parses this argv with
     a parser built from that record). ``target_only``: the baseline engine of ``build --baseline`` (class
-    :data:`BASELINE_CLS_NAME`, no speculative decoding mode and no draft length; the same limits and plugins)."""
+    :data:`BASELINE_CLS_NAME`, no speculative decoding mode and no draft length; the same limits and plugins).
+    ``checkpoint_dir`` is the temporary build checkpoint: trtllm-build's timing cache is written there too, so that
+    nothing lands in the working directory."""
     K = cfg.block_size - 1
     spec = [] if target_only else ["--speculative_decoding_mode", "eagle", "--max_draft_len", str(K)]
     return [
@@ -45,6 +49,10 @@ def trtllm_build_argv(cfg, *, checkpoint_dir, output_dir, python: str | None = N
         "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto", "--context_fmha", "enable",
         "--use_paged_context_fmha", "enable", "--remove_input_padding", "enable",
         "--logits_dtype", "float32", "--workers", "1",
+        # builder.build saves TensorRT's timing cache at this path as given; its default, model.cache, is relative to
+        # trtllm-build's working directory: the user's (facts check timing_cache_written). In the build checkpoint
+        # directory it goes with it, once the engine is built.
+        "--output_timing_cache", str(Path(checkpoint_dir) / TIMING_CACHE),
     ]
 
 
