@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -370,6 +371,28 @@ def test_trtllm_build_writes_nothing_in_the_working_directory(pair, tmp_path, to
     assert sorted(p.name for p in here.iterdir()) == ["model.cache"]
     assert (here / "model.cache").read_bytes() == b"the user's own file"
     assert not list((tmp_path / "eng").rglob("model.cache")) and _left_beside(tmp_path / "eng") == []
+
+
+def test_progress_names_the_log_trtllm_build_is_writing(pair, tmp_path, toolchain):
+    """The step's line names the log file being written (inside the temporary directory: the engine directory only
+    appears at the end), so that `tail -f` on it works during an hours-long build."""
+    said = []
+
+    class Watching(FakeRunner):
+        def __call__(self, argv, **kw):
+            if list(argv[1:3]) == ["-m", "dflash2_trt.trtllm.register"]:
+                named = re.search(r"trtllm-build.* \(log (\S+); (\S+) once built\)$", said[-1])
+                assert named, said[-1]
+                assert Path(named[1]) == Path(kw["log"]) and Path(named[1]).is_file()
+                self.finals.append(Path(named[2]))
+            return super().__call__(argv, **kw)
+
+    r = Watching()
+    r.finals = []
+    out = tmp_path / "eng"
+    _build(pair, out, toolchain, r, baseline=True, progress=said.append)
+    assert r.finals == [out / "trtllm-build.log", out / "baseline" / "trtllm-build.log"]
+    assert all(f.is_file() for f in r.finals)
 
 
 def test_trtllm_build_failure_keeps_only_its_log(pair, tmp_path, toolchain):

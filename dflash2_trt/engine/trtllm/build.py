@@ -304,7 +304,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             env = trtllm_build_env(plugin["path"])
             log = tmp / "trtllm-build.log"
             log.write_text(f"# {shell_line(argv, env)}\n")
-            say(f"[engine] trtllm-build (log {output / 'trtllm-build.log'})")
+            # the log as it is written (the final directory appears only at the commit)
+            say(f"[engine] trtllm-build (log {log}; {output / 'trtllm-build.log'} once built)")
             build_s = _run_trtllm_build(runner, argv, env, log, say=say, echo=bool(progress),
                                         kept_log=output.with_name(output.name + ".trtllm-build-failed.log"),
                                         failed=f"trtllm-build failed ({{rc}}); nothing was written to {output}")
@@ -419,7 +420,8 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
     argv = trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=out, target_only=True)
     log = out / "trtllm-build.log"
     log.write_text(f"# {shell_line(argv, env)}\n")
-    say(f"[baseline] trtllm-build of the target alone (log {output / BASELINE_DIR / 'trtllm-build.log'})")
+    say(f"[baseline] trtllm-build of the target alone (log {log}; {output / BASELINE_DIR / 'trtllm-build.log'} once "
+        f"built)")
     seconds = _run_trtllm_build(runner, argv, env, log, say=say, echo=echo,
                                 kept_log=output.with_name(output.name + ".baseline-trtllm-build-failed.log"),
                                 failed="trtllm-build of the baseline (--baseline) failed ({rc})",
