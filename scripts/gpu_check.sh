@@ -6,11 +6,12 @@
 # Usage: scripts/gpu_check.sh [--json out.json] [--skip-bench] [--lib libdf2_cuda.so]
 #        scripts/gpu_check.sh --e2e OUT_DIR [gpu_e2e.py options]   the cuda engine backend end to end and the
 #        real-width step timings (scripts/gpu_e2e.py): JSON, tables and logs in OUT_DIR
-#        scripts/gpu_check.sh --all OUT_DIR   everything a GPU session measures, in one call of at most 570 s: the
-#        kernels (OUT_DIR/kernels.json), the engine flow (OUT_DIR/e2e/: lossless c1/c16 fp32+bf16, the step table of
-#        both published targets at c1..c64), the TensorRT session's binding on device pointers
-#        (OUT_DIR/trt_session/) and the gpu-marked tests (OUT_DIR/pytest_gpu.log); each part under its own time
-#        limit, a failed part does not stop the next; OUT_DIR/summary.json: each part's exit status and seconds
+#        scripts/gpu_check.sh --all OUT_DIR   everything a GPU session measures, in one call that ends inside
+#        DFLASH2_GPU_BUDGET_S (default 540 s): the kernels, the engine flow (lossless c1/c16 fp32+bf16, the step table
+#        of both published targets), the TensorRT session's binding on device pointers and the gpu-marked tests, each
+#        part under its own limit; OUT_DIR/results.tar.gz (every part's JSON, tables and logs) and
+#        OUT_DIR/summary.json (each part's exit status and seconds), both refreshed after each part
+#        (scripts/gpu_check/run_all.py: the device tool brings back at most 8 files)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
@@ -22,27 +23,8 @@ fi
 nvidia-smi -L
 cd "$repo"
 if [ "${1:-}" = "--all" ]; then
-    [ $# -ge 2 ] || { echo "gpu_check: --all needs an output directory" >&2; exit 2; }
-    out="$2"; mkdir -p "$out"
-    summary="$out/summary.json"; echo "{" > "$summary"; sep=""
-    part() {   # part NAME SECONDS COMMAND...: run under its own limit, log to OUT/NAME.log, record rc and seconds
-        local name="$1" limit="$2"; shift 2
-        local t0=$SECONDS rc=0
-        echo "== $name (limit ${limit} s): $*"
-        timeout --kill-after=5 "$limit" "$@" > "$out/$name.log" 2>&1 || rc=$?
-        tail -n 40 "$out/$name.log"
-        echo "== $name: exit $rc after $((SECONDS - t0)) s"
-        printf '%s  "%s": {"exit": %d, "seconds": %d, "limit": %d}\n' "$sep" "$name" "$rc" "$((SECONDS - t0))" \
-            "$limit" >> "$summary"
-        sep=","
-    }
-    part kernels 150 "$python" "$here/gpu_check/gpu_check.py" --json "$out/kernels.json"
-    part e2e 300 "$python" "$here/gpu_e2e.py" --out "$out/e2e" --part-timeout 145
-    part trt_session 45 "$python" "$here/gpu_check_trt_session.py" --out "$out/trt_session"
-    part pytest_gpu 60 "$python" -m pytest -q -m gpu tests/gpu
-    echo "}" >> "$summary"
-    cat "$summary"
-    exit 0
+    [ $# -eq 2 ] || { echo "gpu_check: --all takes one output directory" >&2; exit 2; }
+    exec "$python" "$here/gpu_check/run_all.py" "$2"
 fi
 if [ "${1:-}" = "--e2e" ]; then
     [ $# -ge 2 ] || { echo "gpu_check: --e2e needs an output directory" >&2; exit 2; }

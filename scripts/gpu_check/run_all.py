@@ -1,0 +1,162 @@
+"""``scripts/gpu_check.sh --all OUT_DIR``: everything a GPU session measures, in one call that ends inside its budget.
+
+The device tool brings back at most 8 files from its output folder, no more than two folders down, and the call
+has about 570 s, the wheels' install included. So the parts (:data:`PARTS`, most valuable first) write into a
+scratch folder outside OUT_DIR, and after each part OUT_DIR gets, replaced whole:
+
+- ``results.tar.gz``: every part's files and logs so far (``kernels.json``, ``e2e/``, ``trt_session/``,
+  ``<part>.log``, ``summary.json``);
+- ``summary.json``: each part's exit status, seconds and limit (124: stopped at its limit; ``skipped``: too little
+  budget left to start it).
+
+Each part runs in its own process group under its own limit, cut to what is left of the budget
+(``DFLASH2_GPU_BUDGET_S``, default 540 s from the start of this script): a part that crashes or overruns is
+stopped (SIGTERM, then SIGKILL after 5 s) and the next one starts; the files of the parts before it are already in
+OUT_DIR. Exit status 0 (the parts' own statuses are in the summary).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+DEFAULT_BUDGET_S = 540.0
+PACK_RESERVE_S = 10.0      # kept back for stopping a part (5 s grace) and packing its files
+MIN_PART_S = 20.0          # a part that would get less is not started
+KILL_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    limit: float
+    argv: Callable[[Path, float], list[str]]   # (scratch folder, this run's limit) -> the command
+
+
+def default_parts(python: str = sys.executable) -> list[Part]:
+    """The parts of the GPU run, most valuable first: the plugins' kernels (never run on a GPU since their rewrite),
+    the engine flow (lossless, then the real-width steps; each its own half of the limit), the TensorRT session's
+    binding on device pointers, the gpu-marked tests (``-v``: each test's result is in the log as it ends)."""
+    return [
+        Part("kernels", 150, lambda w, s: [python, str(HERE / "gpu_check.py"), "--json", str(w / "kernels.json")]),
+        Part("e2e", 300, lambda w, s: [python, str(REPO / "scripts" / "gpu_e2e.py"), "--out", str(w / "e2e"),
+                                       "--part-timeout", str(max(int((s - 10) // 2), 1))]),
+        Part("trt_session", 45, lambda w, s: [python, str(REPO / "scripts" / "gpu_check_trt_session.py"),
+                                              "--out", str(w / "trt_session")]),
+        Part("pytest_gpu", 60, lambda w, s: [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu",
+                                             str(REPO / "tests" / "gpu")]),
+    ]
+
+
+def run_limited(argv: list[str], limit: float, log: Path) -> int:
+    """Run ``argv`` in its own process group with stdout and stderr to ``log``; at ``limit`` seconds the whole group
+    gets SIGTERM, then SIGKILL; 124 then, else the exit status (128 + N for a signal, as a shell says)."""
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            proc.wait()
+            return 124
+    return 128 - rc if rc < 0 else rc
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def pack(work: Path, out: Path) -> None:
+    """``out/results.tar.gz`` from everything under ``work``, replaced whole (a reader never sees half an archive)."""
+    tmp = out / ".results.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in sorted(work.rglob("*")):
+            if p.is_file():
+                tar.add(p, arcname=str(p.relative_to(work)))
+    os.replace(tmp, out / "results.tar.gz")
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: float = PACK_RESERVE_S,
+            min_part: float = MIN_PART_S) -> dict:
+    """Run ``parts`` in order inside ``budget`` seconds (see the module docstring); returns the summary."""
+    start = time.monotonic()
+    deadline = start + budget
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict = {}
+    with tempfile.TemporaryDirectory(prefix="gpu_check_all.") as tmp:
+        work = Path(tmp)
+        for part in parts:
+            left = deadline - time.monotonic() - reserve
+            limit = min(float(part.limit), left)
+            if limit < min_part:
+                summary[part.name] = {"exit": None, "skipped": f"{max(left, 0):.0f} s of the budget left",
+                                      "seconds": 0, "limit": part.limit}
+                say(f"== {part.name}: skipped ({summary[part.name]['skipped']})")
+            else:
+                argv = part.argv(work, limit)
+                say(f"== {part.name} (limit {limit:.0f} s): {' '.join(argv)}")
+                t0 = time.monotonic()
+                rc = run_limited(argv, limit, work / f"{part.name}.log")
+                secs = time.monotonic() - t0
+                say(tail(work / f"{part.name}.log"))
+                say(f"== {part.name}: exit {rc} after {secs:.0f} s")
+                summary[part.name] = {"exit": rc, "seconds": round(secs, 1), "limit": round(limit, 1)}
+            doc = json.dumps(summary, indent=1).encode()
+            (work / "summary.json").write_bytes(doc)
+            pack(work, out)
+            write_atomic(out / "summary.json", doc)
+    say(json.dumps(summary, indent=1))
+    say(f"gpu_check --all: {time.monotonic() - start:.0f} s of a {budget:.0f} s budget; everything in "
+        f"{out / 'results.tar.gz'}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: run_all.py OUT_DIR", file=sys.stderr)
+        return 2
+    raw = os.environ.get("DFLASH2_GPU_BUDGET_S", str(DEFAULT_BUDGET_S))
+    try:
+        budget = float(raw)
+    except ValueError:
+        budget = -1.0
+    if not budget > 0:
+        print(f"error: DFLASH2_GPU_BUDGET_S must be a positive number of seconds, got {raw!r}", file=sys.stderr)
+        return 2
+    run_all(Path(args[0]), default_parts(), budget)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

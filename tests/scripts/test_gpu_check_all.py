@@ -1,0 +1,73 @@
+"""scripts/gpu_check/run_all.py (``gpu_check.sh --all``, the one command of a GPU session): the device tool brings
+back at most 8 files of its output folder and the call has a fixed budget, so whatever the parts write, the folder
+holds the summary and one archive of everything, refreshed after each part; a part past its limit is stopped with
+its children, the later parts still run, and a part the budget cannot hold is skipped, not started."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("dflash2_gpu_check_all", ROOT / "scripts" / "gpu_check" / "run_all.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, mod)      # its dataclass looks its module up there
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+A = _load()
+PY = sys.executable
+MANY = "import pathlib, sys; d = pathlib.Path(sys.argv[1]) / 'e2e'; d.mkdir(); " \
+       "[(d / f'steps-{i}.json').write_text('{}') for i in range(12)]; print('wrote 12')"
+# a part that starts a child of its own and hangs: the limit must stop both
+HANG = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+       "open(sys.argv[1] + '/child.pid', 'w').write(str(c.pid)); print('hanging', flush=True); time.sleep(60)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().split(") ")[1].startswith("Z"))
+
+
+def test_the_output_folder_holds_two_files_and_every_part_survives_another(tmp_path):
+    out = tmp_path / "all"
+    parts = [A.Part("many", 30, lambda w, s: [PY, "-c", MANY, str(w)]),
+             A.Part("crash", 30, lambda w, s: [PY, "-c", "raise SystemExit(3)"]),
+             A.Part("hang", 1.2, lambda w, s: [PY, "-c", HANG, str(w)]),
+             A.Part("late", 30, lambda w, s: [PY, "-c", "print('never')"])]
+    seen = []
+    t0 = time.monotonic()
+    summary = A.run_all(out, parts, budget=2.0, say=seen.append, reserve=0.2, min_part=0.6)
+    assert time.monotonic() - t0 < 2.0 + 0.5
+    assert sorted(p.name for p in out.iterdir()) == ["results.tar.gz", "summary.json"]
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert summary["many"]["exit"] == 0 and summary["hang"]["exit"] == 124 and summary["crash"]["exit"] == 3
+    assert summary["late"]["exit"] is None and "skipped" in summary["late"]
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = set(tar.getnames())
+        log = tar.extractfile("hang.log").read().decode()
+        pid = int(tar.extractfile("child.pid").read())
+    assert {f"e2e/steps-{i}.json" for i in range(12)} <= names
+    assert {"many.log", "hang.log", "crash.log", "summary.json"} <= names and "late.log" not in names
+    assert "hanging" in log and not _alive(pid)
+    assert any("== hang: exit 124" in s for s in seen)
+
+
+def test_a_bad_budget_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DFLASH2_GPU_BUDGET_S", "soon")
+    assert A.main([str(tmp_path / "all")]) == 2
+    assert capsys.readouterr().err.startswith("error: DFLASH2_GPU_BUDGET_S")
+    assert not (tmp_path / "all").exists()
