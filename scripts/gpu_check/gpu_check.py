@@ -603,19 +603,38 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         cpu = load_cpu_build(Path(tmp))
-        ok = check_conv(ext, results, cpu)
-        ok = check_scan(ext, results, cpu) and ok
+        stages = [("conv", lambda: check_conv(ext, results, cpu)), ("scan", lambda: check_scan(ext, results, cpu)),
+                  ("gdn", lambda: check_gdn(ExtGdn(ext), load_gdn_cpu(), results))]
+        if not args.skip_bench:
+            stages += [("bench_conv", lambda: bench_conv(ext, results)),
+                       ("bench_scan", lambda: bench_scan(ext, results)), ("bench_gdn", lambda: bench_gdn(ext, results))]
         results["cpu_bit_identity_checked"] = cpu is not None
-        ok = check_gdn(ExtGdn(ext), load_gdn_cpu(), results) and ok
-    if not args.skip_bench:
-        bench_conv(ext, results)
-        bench_scan(ext, results)
-        bench_gdn(ext, results)
-    results["total_s"] = time.monotonic() - t0
+        ok = run_stages(stages, results, args.json, t0)
     log(f"gpu_check finished in {results['total_s']:.0f} s: {'PASS' if ok else 'FAIL'}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=float))
     return 0 if ok else 1
+
+
+def run_stages(stages, results: dict, json_path: Path | None, t0: float) -> bool:
+    """Run each (name, fn) in order: a check's False or any stage's exception fails the run, and the next stage
+    still runs; ``results`` (with ``stages_done`` and ``total_s``) is rewritten to ``json_path`` after each stage,
+    so a run stopped at its time limit keeps what it measured."""
+    ok = True
+    results["stages_done"] = []
+    for name, fn in stages:
+        try:
+            if fn() is False:
+                ok = False
+        except Exception as e:  # noqa: BLE001 - one stage's crash must not cost the others their numbers
+            ok = False
+            results[f"{name}_error"] = f"{type(e).__name__}: {e}"[:600]
+            log(f"gpu_check: {name} failed: {results[f'{name}_error']}")
+        results["stages_done"].append(name)
+        results["total_s"] = time.monotonic() - t0
+        if json_path:
+            tmp = json_path.with_name(json_path.name + ".tmp")
+            tmp.write_text(json.dumps(results, indent=2, default=float))
+            tmp.replace(json_path)
+    return ok
 
 
 if __name__ == "__main__":

@@ -98,3 +98,30 @@ def test_decode_bound_bytes_are_dominated_by_the_fp32_state():
     assert 470e6 < b["step"] < 480e6                      # docs: ~476 MB per layer at B 64 x Kv 8
     assert G.gdn_decode_bytes(16, 48, 128, 128, 4, 8, 64, pending=4)["forward"] == b["forward"] - records // 2
 
+
+
+def test_each_stage_is_saved_as_it_ends_and_a_crash_does_not_stop_the_next(cpu, monkeypatch, tmp_path):
+    """gpu_check runs under a time limit in the one GPU command: its JSON is rewritten after every stage (a run stopped
+    at the limit keeps the stages done), a failed check fails the run, and a stage that raises is recorded and the
+    next one still runs."""
+    import json
+
+    monkeypatch.setattr(G, "GDN_CASES", [SMALL])
+    path, res, seen = tmp_path / "kernels.json", {}, []
+
+    def crash():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def later():
+        seen.append(json.loads(path.read_text()))     # what a run stopped here would have left
+        return True
+
+    stages = [("gdn", lambda: G.check_gdn(cpu, cpu, res, device="cpu")),
+              ("bad", lambda: G.check_gdn(_Perturbed(cpu, "last y bit"), cpu, {}, device="cpu")),
+              ("bench_conv", crash), ("bench_gdn", later)]
+    assert G.run_stages(stages, res, path, 0.0) is False
+    assert seen[0]["stages_done"] == ["gdn", "bad", "bench_conv"] and seen[0]["gdn_exact"] is True
+    assert seen[0]["bench_conv_error"].startswith("RuntimeError: CUDA error")
+    doc = json.loads(path.read_text())
+    assert doc["stages_done"] == ["gdn", "bad", "bench_conv", "bench_gdn"] and doc["total_s"] > 0
+    assert G.run_stages(stages[:1], {}, path, 0.0) is True
