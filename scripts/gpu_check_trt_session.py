@@ -56,6 +56,11 @@ def main(argv=None) -> int:
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     print(json.dumps(env), flush=True)
     results = []
+
+    def save(doc):   # after each pair (partial) and at the end: a run stopped at its limit keeps the pairs done
+        tmp = out / ".gpu_check_trt_session.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=2))
+        tmp.replace(out / "gpu_check_trt_session.json")
     with tempfile.TemporaryDirectory() as tmp:
         for family, key in PAIRS:
             pair = trained_pair(family)
@@ -116,6 +121,7 @@ def main(argv=None) -> int:
             base.close()
             results.append(row)
             print(json.dumps(row), flush=True)
+            save({"env": env, "results": results, "real_capture": None, "ok": None, "partial": True})
             if key == "tiny":
                 first = (blob, cfg, want, prompts, run)
         real = None
@@ -133,8 +139,7 @@ def main(argv=None) -> int:
     # the stand-in's execution synchronises: CUDA must refuse its capture, and the session must say so and carry on
     ok = all(r["identical"] and r["acceptance_identical"] and not r["placement_mismatches"] and r["graphs_identical"]
              and r["baseline_identical"] and r["baseline_K"] == 0 for r in results) and (real is None or (real["identical"] and bool(real.get("failed"))))
-    (out / "gpu_check_trt_session.json").write_text(json.dumps({"env": env, "results": results, "real_capture": real,
-                                                                "ok": ok}, indent=2))
+    save({"env": env, "results": results, "real_capture": real, "ok": ok})
     print("OK" if ok else "FAILED", flush=True)
     return 0 if ok else 1
 

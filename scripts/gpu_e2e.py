@@ -70,7 +70,9 @@ def requirements() -> list[str]:
 
 
 # ---- lossless --------------------------------------------------------------------------------------------------
-def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> dict:
+def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16"), save=None) -> dict:
+    """The lossless table (see the module docstring); ``save`` (if given) receives the document of the rows so far
+    after each row (``partial``: true), so that a part stopped at its limit keeps them."""
     import tempfile
 
     import torch
@@ -95,8 +97,12 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> 
                                    dtype=dtype, verify=dtype == "float32",
                                    overrides={"max_batch_size": 16, "tokens_per_block": 16})
                 build_s = time.perf_counter() - t0
+                log(f"lossless {key:12s} {dtype:9s} built in {build_s:.1f} s (verify gate: "
+                    f"{(res.manifest.get('verify') or {}).get('passed')})")
                 eos = tuple(res.manifest["eos_token_ids"])
+                t_ref = time.perf_counter()
                 refs40 = reference_outputs(pair.target_dir, prompts, 40, eos, dtype=dtype, device=DEVICE)
+                log(f"lossless {key:12s} {dtype:9s} the HF target's references in {time.perf_counter() - t_ref:.1f} s")
                 want = [r if n == 40 else r[:24] for (_, n), r in zip(jobs, refs40 + refs40)]
                 for conc in levels:
                     eng, man = open_standin_engine(eng_dir)
@@ -152,12 +158,23 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16")) -> 
                     log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} {row['identical']}/{row['requests']} identical, "
                         f"mean acceptance {row['mean_acceptance']:.2f}, {steps} steps ({mixed} mixed), "
                         f"{row['tokens'] / wall:.0f} tok/s")
+                    if save is not None:
+                        save(lossless_doc(rows, partial=True))
+    return lossless_doc(rows)
+
+
+def lossless_doc(rows: list[dict], partial: bool = False) -> dict:
+    """The lossless part's document and table from its rows."""
+    import torch
+
     ok = all(r["identical"] == r["requests"] and r.get("cuda_graphs", {}).get("identical", r["requests"]) == r["requests"]
              for r in rows)
     doc = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
            "backend": BACKEND, "rows": rows, "all_identical": ok,
-           "all_identical_or_ties": all(r["identical"] + r["ties_only"] == r["requests"] for r in rows)}
-    lines = [f"LOSSLESS on {doc['device']} ({BACKEND} backend vs the HF target's greedy decoding on the same device)",
+           "all_identical_or_ties": all(r["identical"] + r["ties_only"] == r["requests"] for r in rows),
+           "partial": partial}
+    lines = [f"LOSSLESS on {doc['device']} ({BACKEND} backend vs the HF target's greedy decoding on the same device)"
+             + (f" (partial: the first {len(rows)} rows)" if partial else ""),
              f"{'target':12s} {'dtype':9s} {'conc':>4} {'identical':>10} {'ties':>4} {'differ':>6} {'mean acc':>8}"
              f" {'steps':>5} {'mixed':>5} {'tok/s':>7}  verify gate"]
     for r in rows:
@@ -238,40 +255,78 @@ def _first_diff(got, want):
 
 
 # ---- steps -----------------------------------------------------------------------------------------------------
-def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: int = 8) -> dict:
+def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: int = 8, save=None) -> dict:
+    """``bench steps`` for each of ``targets``; ``save`` (if given) receives the document so far after each measured
+    concurrency (the target in progress with the points it has, ``partial``: true)."""
     from dflash2_trt.bench.steps import measure_steps, render
 
     docs = []
+
+    def doc_of(reports, partial=False):
+        return {"reports": reports, "table": "\n\n".join(render(d) for d in reports), "partial": partial}
+
     for t in targets:
         doc = measure_steps(t, backend=BACKEND, concurrency=concurrency, context_len=context_len, steps=steps, warmup=2,
-                            profile_steps=1, progress=log)
+                            profile_steps=1, progress=log,
+                            partial=None if save is None else (lambda d: save(doc_of(docs + [d], partial=True))))
         log(render(doc))
         docs.append(doc)
-        (out / f"steps-{t}.json").write_text(json.dumps(doc, indent=2))
-    return {"reports": docs, "table": "\n\n".join(render(d) for d in docs)}
+        write_replacing(out / f"steps-{t}.json", json.dumps(doc, indent=2))
+        if save is not None:
+            save(doc_of(docs, partial=t != targets[-1]))
+        free_gpu_memory()      # the target's engines (tens of GB) before the next target's are drawn
+    return doc_of(docs)
 
 
 # ---- driver ----------------------------------------------------------------------------------------------------
 def run_part(name: str, args) -> int:
     out = Path(args.out)
     t0 = time.perf_counter()
+
+    def save(doc: dict) -> None:   # the part's JSON and table so far, each replaced whole
+        doc["seconds"] = time.perf_counter() - t0
+        write_replacing(out / f"{name}.json", json.dumps(doc, indent=2, default=str))
+        write_replacing(out / f"{name}.txt", doc["table"] + "\n")
+
     try:
         if name == "lossless":
             doc = part_lossless(out, tuple(int(x) for x in args.lossless_levels.split(",")),
-                                tuple(args.lossless_dtypes.split(",")))
+                                tuple(args.lossless_dtypes.split(",")), save=save)
             ok = doc["all_identical"]
         else:
-            doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps)
+            doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps, save=save)
             ok = True
     except Exception:  # noqa: BLE001 - the failure is the result
         tb = traceback.format_exc()
         log(tb)
-        (out / f"{name}.json").write_text(json.dumps({"error": tb, "seconds": time.perf_counter() - t0}, indent=2))
+        # the rows or reports saved before the failure stay in <part>.json beside the error
+        try:
+            kept = json.loads((out / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            kept = {}
+        write_replacing(out / f"{name}.json", json.dumps({**kept, "error": tb, "seconds": time.perf_counter() - t0},
+                                                         indent=2, default=str))
         return 1
-    doc["seconds"] = time.perf_counter() - t0
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=2, default=str))
-    (out / f"{name}.txt").write_text(doc["table"] + "\n")
+    save(doc)
     return 0 if ok else 1
+
+
+def free_gpu_memory() -> None:
+    """Collect what only a reference cycle keeps alive and hand the allocator's cached blocks back (CUDA)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def write_replacing(path: Path, text: str) -> None:
+    """``path`` replaced whole by ``text`` (written beside it, then renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def main(argv=None) -> int:

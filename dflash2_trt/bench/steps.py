@@ -29,7 +29,9 @@ and the same step is timed repeatedly:
 
 A concurrency that runs out of GPU memory (a GPU smaller than the H200) ends the sweep there: the levels measured
 are kept in ``points``, that one and the higher ones are in ``skipped`` with the reason (an out-of-memory error at
-the first level is raised: nothing was measured).
+the first level is raised: nothing was measured). Both engines are sized for the highest level before any is
+measured; engines that do not fit are freed and built again without the highest level, which goes to ``skipped``
+(:func:`engines_that_fit`).
 
 The speculative speedup at a mean acceptance length tau is ``tau * t_target_only / t_speculative`` (one
 speculative step accepts, and on long outputs emits, tau tokens per request on average; one target-only step one), from the wall times and
@@ -407,11 +409,13 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
 
 def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16,32,64",
                   context_len: int | None = None, steps: int = 10, warmup: int = 3, profile_steps: int = 2,
-                  acceptance: float | None = None, dtype: str = "bfloat16", progress=None, graph: bool = True) -> dict:
+                  acceptance: float | None = None, dtype: str = "bfloat16", progress=None, graph: bool = True,
+                  partial=None) -> dict:
     """The ``bench steps`` report (see the module docstring). ``context_len``: default 1024, or the longest the target
     takes (:func:`step_shape`) if less. ``acceptance``: in [1, K + 1], as ``bench project --acceptance``.
     ``graph``: also time each step as a CUDA-graph replay (CUDA only; after the first capture that fails, not tried
-    again)."""
+    again). ``partial``: called with the report so far (``"partial": True``) after each concurrency is measured and
+    after each one's graph replays, so that a run stopped at a time limit keeps its points."""
     levels = parse_concurrency(concurrency)
     probe = config_probe(target_key)
     K, max_context = step_shape(probe)
@@ -429,16 +433,28 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
         refuse_host_memory(probe, target_key, dtype)
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
-    say(f"[steps] {target_key}: combined engine with random weights on {backend}")
-    spec, limits = step_engines(target_key, backend=backend, max_batch=max(levels), context_len=context_len,
-                                dtype=dtype)
-    ar = None
+    spec, ar, limits, levels, build_skipped, built_at = engines_that_fit(target_key, levels, backend=backend,
+                                                                         context_len=context_len, dtype=dtype, say=say)
     try:
-        build_s = time.perf_counter() - t0
-        say("[steps] target-only engine on the same weights")
-        ar = TargetOnlyEngine(spec.config, None, limits, backend=backend, weights=spec.parameters())
+        build_s = built_at - t0
         tau = acceptance if acceptance is not None else ARTICLE_ACCEPTANCE.get(target_key)
-        points, skipped = [], []
+        points, skipped = [], list(build_skipped)
+
+        def report(points, skipped, is_partial=False) -> dict:
+            dev = spec.device
+            doc = {
+                "format": "dflash2-trt bench steps", "schema_version": 1, "target": target_key, "backend": backend,
+                "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                "torch": torch.__version__, "dtype": spec.config["dtype"], "draft_len": spec.K,
+                "context_len": context_len, "limits": limits, "weights": "random (outputs meaningless)",
+                "acceptance": tau, "steps": steps, "warmup": warmup, "profile_steps": profile_steps,
+                "build_s": build_s, "points": points, "skipped": skipped, "components": list(COMPONENTS),
+                "notes": NOTES + [PLUGIN_NOTE[backend]],
+                "wall_s": time.perf_counter() - t0,
+            }
+            if is_partial:
+                doc["partial"] = True
+            return doc
         for i, c in enumerate(levels):
             try:
                 say(f"[steps] concurrency {c}: speculative")
@@ -451,7 +467,7 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                 if not points:
                     raise
                 why = f"out of GPU memory: {str(e).splitlines()[0]}"[:300]
-                skipped = [{"concurrency": x, "error": why} for x in levels[i:]]
+                skipped = [{"concurrency": x, "error": why} for x in levels[i:]] + list(build_skipped)
                 say(f"[steps] concurrency {c}: {why}; concurrency {', '.join(map(str, levels[i:]))} not measured")
                 torch.cuda.empty_cache()
                 break
@@ -461,6 +477,8 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                 if "gpu_busy_ms" in sp and "gpu_busy_ms" in base:
                     pt["speedup_busy"] = tau * base["gpu_busy_ms"] / sp["gpu_busy_ms"]
             points.append(pt)
+            if partial is not None:
+                partial(report(points, skipped, True))
         # the CUDA-graph replays after every eager point is measured (a capture that fails cannot cost those), and
         # after the first failure no more (the same capture would fail again: said once)
         try:
@@ -470,27 +488,57 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                     pt[key].update(graph_point(eng, pt["concurrency"], context_len, steps=steps))
                 if tau and "graph_ms" in pt["speculative"] and "graph_ms" in pt["target_only"]:
                     pt["speedup_graph"] = tau * pt["target_only"]["graph_ms"] / pt["speculative"]["graph_ms"]
+                if partial is not None:
+                    partial(report(points, skipped, True))
                 if all("graph_error" in pt[k] for k in ("speculative", "target_only")):
                     break
         except BaseException as e:  # noqa: BLE001 - the eager table is kept whatever the probe does
             if isinstance(e, KeyboardInterrupt):
                 raise
             points[-1]["graph_probe_error"] = f"{type(e).__name__}: {e}"[:600]
-        dev = spec.device
-        return {
-            "format": "dflash2-trt bench steps", "schema_version": 1, "target": target_key, "backend": backend,
-            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-            "torch": torch.__version__, "dtype": spec.config["dtype"], "draft_len": spec.K,
-            "context_len": context_len, "limits": limits, "weights": "random (outputs meaningless)",
-            "acceptance": tau, "steps": steps, "warmup": warmup, "profile_steps": profile_steps,
-            "build_s": build_s, "points": points, "skipped": skipped, "components": list(COMPONENTS),
-            "notes": NOTES + [PLUGIN_NOTE[backend]],
-            "wall_s": time.perf_counter() - t0,
-        }
+        return report(points, skipped)
     finally:
         spec.close()
         if ar is not None:
             ar.close()
+
+
+def engines_that_fit(target_key: str, levels: list[int], *, backend: str, context_len: int, dtype: str,
+                     say=lambda s: None):
+    """(combined engine, target-only engine on its weights, limits, the levels they serve, the levels dropped, when
+    the combined engine was built): both sized for the highest level of ``levels``. Both engines hold a KV pool and
+    state slots for that many requests beside the weights: a published 27B pair sized for 64 requests needs more
+    than an H100's 80 GB. An engine that runs out of GPU memory is freed, the highest level is dropped (listed with
+    the reason, as a level that runs out while measured is) and both are built again for the next; out of memory
+    at the lowest level is raised."""
+    import gc
+
+    levels, dropped = list(levels), []
+    while True:
+        spec = ar = None
+        try:
+            say(f"[steps] {target_key}: combined engine with random weights on {backend}, sized for {max(levels)} "
+                f"requests")
+            spec, limits = step_engines(target_key, backend=backend, max_batch=max(levels), context_len=context_len,
+                                        dtype=dtype)
+            built_at = time.perf_counter()
+            say("[steps] target-only engine on the same weights")
+            ar = TargetOnlyEngine(spec.config, None, limits, backend=backend, weights=spec.parameters())
+            return spec, ar, limits, levels, dropped, built_at
+        except torch.OutOfMemoryError as e:
+            if len(levels) == 1:
+                raise
+            why = f"out of GPU memory: {str(e).splitlines()[0]}"[:300]
+        for eng in (spec, ar):
+            if eng is not None:
+                eng.close()
+        spec = ar = None
+        gc.collect()                  # the weights of the engine built (tens of GB) before the next is drawn
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        top = levels.pop()
+        dropped.insert(0, {"concurrency": top, "error": f"{why} (sizing the engines for {top} requests)"})
+        say(f"[steps] {target_key}: {why} sizing the engines for {top} requests; concurrency {top} not measured")
 
 
 def _cell(value, width: int) -> str:

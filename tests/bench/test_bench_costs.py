@@ -117,6 +117,52 @@ def test_a_level_out_of_gpu_memory_keeps_the_levels_measured(monkeypatch):
                                 profile_steps=0, graph=False)
 
 
+def test_engines_too_big_for_the_gpu_drop_the_top_level_and_measure_the_rest(monkeypatch):
+    """Both engines are sized for the highest level before any is measured: qwen3.8-27b sized for 64 requests (its
+    weights, and a KV pool and 64 state slots in each engine) needs more than an H100's 80 GB, and the whole report
+    was lost to an out-of-memory error at the build. Now the top level is dropped with the reason and the engines
+    are built again for the next."""
+    import dflash2_trt.bench.steps as steps_mod
+    import torch
+
+    real = steps_mod.TargetOnlyEngine
+    sized = []
+
+    def target_only(config, ckpt, limits, **kw):
+        sized.append(limits["max_batch_size"])
+        if limits["max_batch_size"] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.40 GiB\nmore detail")
+        return real(config, ckpt, limits, **kw)
+
+    monkeypatch.setattr(steps_mod, "TargetOnlyEngine", target_only)
+    said = []
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,2,4", context_len=16, steps=1, warmup=0,
+                                  profile_steps=0, graph=False, progress=said.append)
+    assert sized == [4, 2] and [p["concurrency"] for p in doc["points"]] == [1, 2]
+    assert doc["skipped"] == [{"concurrency": 4, "error": "out of GPU memory: CUDA out of memory. Tried to allocate "
+                                                          "9.40 GiB (sizing the engines for 4 requests)"}]
+    assert doc["limits"]["max_batch_size"] == 2 and any("concurrency 4 not measured" in s for s in said)
+    assert "concurrency 4: not measured (out of GPU memory" in steps_mod.render(doc)
+    with pytest.raises(torch.OutOfMemoryError):            # even the lowest level does not fit: the error itself
+        steps_mod.measure_steps("tiny", backend="cpu", concurrency="4", context_len=16, steps=1, warmup=0,
+                                profile_steps=0, graph=False)
+
+
+def test_bench_steps_hands_out_its_points_as_they_are_measured():
+    """scripts/gpu_e2e.py runs bench steps for two 27-30B targets under a time limit: the report so far after each
+    level (its JSON rewritten then), so that a run stopped at the limit keeps the levels it measured."""
+    import json
+
+    import dflash2_trt.bench.steps as steps_mod
+
+    seen = []
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,2", context_len=16, steps=1, warmup=0,
+                                  profile_steps=0, graph=False, partial=lambda d: seen.append(json.loads(json.dumps(d))))
+    assert [[p["concurrency"] for p in d["points"]] for d in seen] == [[1], [1, 2]]
+    assert all(d["partial"] is True and d["target"] == "tiny" for d in seen) and "partial" not in doc
+    assert seen[-1]["points"] == json.loads(json.dumps(doc["points"]))
+
+
 def test_bench_steps_checks_context_and_acceptance_before_measuring(tmp_path):
     """The default --context-len (1024) used to fail on a tiny target (max_position_embeddings 512) with an error
     naming --max-seq-len, an option bench steps does not have; --acceptance was not checked at all (nan wrote NaN,
