@@ -59,6 +59,30 @@ def test_build_is_cached_by_content(built, monkeypatch, tmp_path):
     assert cl.cuda_plugin_sources().digest(ARCH, ver) != src.digest(ARCH, ver)
 
 
+def test_a_session_cache_starts_with_the_builds_it_was_given(built, monkeypatch, tmp_path):
+    """tests/gpu/conftest.py: the gpu tests' fresh session cache gets the builds of the cache the run was started with
+    (the GPU command's .gpucache), so the tests' minute is not spent in nvcc; an unknown or absent cache gives none."""
+    from dflash2_trt.testing.plugin_cache import copy_plugin_builds
+    from dflash2_trt.trtllm.cpu import plugin_libs
+
+    path, cache = built
+    fresh = tmp_path / "session-cache"
+    assert copy_plugin_builds(cache, fresh) == [f"plugins-cuda/{path.parent.name}"]
+    assert copy_plugin_builds(cache, fresh) == [] and copy_plugin_builds(None, fresh) == []
+    assert copy_plugin_builds(tmp_path / "absent", fresh) == []
+    monkeypatch.setenv("DFLASH2_TRT_CACHE", str(fresh))
+
+    def no_compile(cmd, *a, **k):
+        if "--version" in cmd:
+            return subprocess.CompletedProcess(cmd, 0, cl.nvcc_version(cl.nvcc_path()), "")
+        raise AssertionError(f"recompiled: {cmd}")
+
+    monkeypatch.setattr(cl.subprocess, "run", no_compile)
+    monkeypatch.setattr(plugin_libs.subprocess, "run", no_compile)
+    got = cl.build_cuda_plugins(ARCH)
+    assert got == fresh / "plugins-cuda" / path.parent.name / path.name and got.read_bytes() == path.read_bytes()
+
+
 def test_arch_comes_from_the_environment_or_a_gpu(monkeypatch):
     monkeypatch.setenv("DFLASH2_CUDA_ARCH", "100a")
     assert cl.device_arch() == "100a" and cl.gencode("100a") == "arch=compute_100a,code=sm_100a"
