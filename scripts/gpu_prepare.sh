@@ -7,7 +7,8 @@
 #   .gpucache/  the plugins' CUDA library for the device's architecture (default 90a), built here by nvcc into a
 #               DFLASH2_TRT_CACHE; its cache key holds the nvcc version, so a device with the same nvcc compiles
 #               nothing, and one with another compiles it there
-# Both paths are git-ignored (.git/info/exclude), which is what the device tool's `carry` needs.
+# Both paths are git-ignored (git's info/exclude, the main checkout's for a worktree), which is what the device
+# tool's `carry` needs.
 # Usage: scripts/gpu_prepare.sh [--python-version 3.12] [--arch 90a]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,8 +24,11 @@ while [ $# -gt 0 ]; do
     esac
 done
 cd "$repo"
+# git's own path of the exclude file: in a worktree .git is a file, and the exclude file is the main checkout's
+exclude="$(git rev-parse --git-path info/exclude)"
+mkdir -p "$(dirname "$exclude")"
 for p in /.whl/ /.gpucache/; do
-    grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
+    grep -qxF "$p" "$exclude" 2>/dev/null || echo "$p" >> "$exclude"
 done
 # transformers and everything it needs at run time, at the versions this environment resolved (the ones the suite
 # passed with), its requirements' markers evaluated for the device's Python; numpy stays the device's (its torch is
