@@ -29,7 +29,7 @@ import sys
 import time
 from collections import deque
 
-from ..engine.common import stop_ids
+from ..engine.common import check_requests, stop_ids
 from ..engine.standin.engine import open_standin_engine
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
@@ -43,16 +43,6 @@ from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
 
 
-
-
-def check_requests(checker, specs, requests) -> None:
-    """Every request fits the engine (``Runtime.check``) before anything runs; one that does not is named by its
-    dataset file and line (``specs[i]["where"]``), not only by its task id."""
-    for spec, r in zip(specs, requests):
-        try:
-            checker.check(r)
-        except ConfigError as exc:
-            raise ConfigError(str(exc), source=spec["where"]) from None
 
 def make_requests(specs, *, temperature: float, seed: int, stops):
     return [Request(list(s["input_ids"]), int(s["output_tokens"]), temperature=temperature, seed=seed + i,

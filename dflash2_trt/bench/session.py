@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..engine.common import stop_ids
+from ..engine.common import check_requests, stop_ids
 from ..engine.graph_rules import counts_between
 from ..engine.trtllm.ranks import close_session, open_project_session
 from ..engine.format import load_engine_dir
@@ -28,7 +28,7 @@ from ..errors import ConfigError, DFlash2Error, pending_stop
 from ..reference.generate import SEED_MAX
 from ..runtime import Runtime
 from .common import parse_concurrency
-from .cpu import check_requests, drive, make_requests, progress_bar
+from .cpu import drive, make_requests, progress_bar
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
 

@@ -63,6 +63,17 @@ def read_prompts_file(path: str | Path) -> list[dict]:
     return out
 
 
+def check_requests(checker, items, requests) -> None:
+    """Every request fits the engine (``checker.check``: :meth:`~dflash2_trt.runtime.Runtime.check`) before anything
+    runs; one that does not is named by where it came from (``items[i]["where"]``: ``FILE:LINE`` of a prompts file or
+    dataset, or the option), not only by its task id."""
+    for item, r in zip(items, requests):
+        try:
+            checker.check(r)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), source=item["where"]) from None
+
+
 def stop_ids(man: dict, vocab: int) -> tuple[int, ...]:
     """The target's eos_token_id(s), recorded in engine.json at build time (``generate`` stops on the same)."""
     return tuple(int(e) for e in man.get("eos_token_ids") or () if 0 <= int(e) < vocab)

@@ -179,6 +179,21 @@ def test_deploy_triton_takes_a_project_path_engine_to_the_python_model(trt_engin
                for n in res.notes)
 
 
+def test_a_prompts_line_the_project_runtime_refuses_names_its_line(trt_engine_dir):
+    """prompt + new tokens fit max_seq_len (the executor's rule, checked first) but not with the K + 1 draft slots the
+    project runtime reserves: the one line names the prompts file's line, not only the request's task id."""
+    from dflash2_trt.engine.run import run_engine
+
+    d, _ = trt_engine_dir
+    path = d.parent / "too-long.jsonl"
+    msl = json.loads((d / "engine.json").read_text())["limits"]["max_seq_len"]
+    path.write_text(json.dumps({"task_id": "a", "input_ids": [5, 6], "output_tokens": 2}) + "\n"
+                    + json.dumps({"task_id": "b", "input_ids": [5, 6, 7], "output_tokens": msl - 4}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        run_engine(d, prompts_file=str(path), trt=trt)
+    assert str(e.value).startswith(f"{path}:2: request b: prompt (3) + max new tokens ({msl - 4}) + draft slots"), e.value
+
+
 def test_the_cli_takes_runtime(trt_engine_dir):
     from click.testing import CliRunner
 

@@ -8,7 +8,7 @@ import time
 from ...reference.generate import parse_prompt_ids
 from ...runtime import Request, Runtime
 from ...tokenizer import encode_text
-from ..common import prompt_tokenizer, read_prompts_file, run_report, stop_ids
+from ..common import check_requests, prompt_tokenizer, read_prompts_file, run_report, stop_ids
 from .engine import open_standin_engine
 from .graphs import GraphedSteps
 
@@ -42,6 +42,7 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
                                 seed=seed + i, stop_token_ids=stops, task_id=it["task_id"]))
         stepper = GraphedSteps(engine, simulate=simulate_graphs) if cuda_graphs or simulate_graphs else engine
         rt = Runtime(stepper, max_batch_size=max_batch_size)
+        check_requests(rt, items, reqs)   # a request the engine cannot take names its prompts-file line
         t0 = time.perf_counter()
         rt.generate(reqs, progress=progress)
         wall = time.perf_counter() - t0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from ...runtime import Request, Runtime
-from ..common import run_report, stop_ids
+from ..common import check_requests, run_report, stop_ids
 from .ranks import open_project_session
 
 
@@ -26,6 +26,7 @@ def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature
         stops = stop_ids(man, sess.vocab_size)
         reqs = _requests(items, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, stops=stops)
         rt = Runtime(sess, max_batch_size=max_batch_size)
+        check_requests(rt, items, reqs)   # a request the engine cannot take names its prompts-file line
         t0 = time.perf_counter()
         rt.generate(reqs)
         wall = time.perf_counter() - t0
