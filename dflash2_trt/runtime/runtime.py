@@ -113,7 +113,9 @@ class Runtime:
 
     # ---- validation ------------------------------------------------------------------------------
     def check(self, r: Request) -> None:
-        where = f"request {r.task_id if r.task_id is not None else len(r.prompt_ids)}"
+        # a request without an id (a Triton client that sent none: request_id() is ""; the verify gate) is "request",
+        # not "request " nor "request 16" (its prompt length, read as an id)
+        where = "request" if r.task_id is None or r.task_id == "" else f"request {r.task_id}"
         if not r.prompt_ids:
             raise ConfigError("empty prompt", field=where)
         v = self.engine.vocab_size

@@ -310,6 +310,14 @@ def test_a_drain_finishes_what_it_can_and_ends_the_rest_with_an_error(cpu_engine
 def test_submit_checks_the_engine_limits(loop):
     with pytest.raises(ConfigError, match="max_seq_len"):
         loop.submit(_parse(_req((5, 6), 600)), Sink())
+    # a client that sent no request id (Triton's request_id() is ""): "request: ...", not "request : ..." nor the
+    # prompt length as if it were an id ("request 2: ...")
+    for task_id in ("", None):
+        with pytest.raises(ConfigError) as e:
+            loop.submit(_parse(_req((5, 6), 600)), Sink(), task_id=task_id)
+        assert str(e.value).startswith("request: prompt (2) + max new tokens (600)"), e.value
+    with pytest.raises(ConfigError, match="^request r7: prompt"):
+        loop.submit(_parse(_req((5, 6), 600)), Sink(), task_id="r7")
     loop.close()
     with pytest.raises(ConfigError, match="shutting down"):
         loop.submit(_parse(_req()), Sink())
