@@ -11,6 +11,7 @@ import click
 from . import __version__
 from .errors import (DFlash2Error, Terminated, clear_stop_requests, pending_stop, raise_if_stop_requested,
                      stop_requested)
+from .targets import TARGETS
 
 
 def _raise_terminated(signum, frame):
@@ -485,7 +486,8 @@ def bench_group() -> None:
 
 @bench_group.command("prepare-dataset")
 @click.option("--output", required=True, help="JSON-lines dataset to write.")
-@click.option("--builtin", type=click.Choice(["tiny", "tiny-hybrid"]), help="A shipped prompt set.")
+@click.option("--builtin", type=click.Choice([k for k, e in TARGETS.items() if e.tiny_family is not None]),
+              help="A shipped prompt set: that tiny pair's prompts.")
 @click.option("--prompts", "prompts_file",
               help="Prompts file: JSON list / {\"prompts\": [...]} / JSON lines of token-id lists or strings.")
 @click.option("--corpus", help="UTF-8 text, one prompt per non-empty line.")

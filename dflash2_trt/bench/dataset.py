@@ -14,7 +14,8 @@ tokenizes.
 
 Sources (exactly one):
 
-- ``builtin``: a shipped prompt set (``tiny`` / ``tiny-hybrid``: the tiny pairs' ``prompts.json``);
+- ``builtin``: a shipped prompt set, one per registered tiny pair (``tiny`` / ``tiny-hybrid`` / ``tiny-muse``: its
+  trained pair's ``prompts.json``);
 - ``prompts``: a prompts file (``analyze``'s format: a JSON list, ``{"prompts": [...]}`` or JSON
   lines; each prompt a list of token ids or a string);
 - ``corpus``: a UTF-8 text file, one prompt per non-empty line, tokenized;
@@ -41,13 +42,14 @@ from ..assets import ASSET_ROOT
 from ..config import TargetConfig
 from ..engine.common import read_prompts_file
 from ..errors import ConfigError, DFlash2Error
-from ..targets import fixtures_dir, get_target, resolve_dirs
+from ..targets import TARGETS, fixtures_dir, get_target, resolve_dirs
 from ..tokenizer import encode_text, find_tokenizer
 from .common import engine_backend
 from .io import atomic_write_text, check_output_file
 
 SOURCES = ("builtin", "prompts", "corpus", "token-norm-dist", "token-unif-dist")
-BUILTIN = {"tiny": "qwen3", "tiny-hybrid": "qwen3_5"}
+BUILTIN = {k: e.tiny_family for k, e in TARGETS.items() if e.tiny_family is not None}
+"""The shipped prompt sets: every registered tiny pair's (target key -> its trained pair's folder)."""
 LENGTH_OPTIONS = {"token-norm-dist": ("input_mean", "input_stdev", "output_mean", "output_stdev"),
                   "token-unif-dist": ("input_min", "input_max", "output_min", "output_max")}
 """The length options each synthetic source reads (``--input-mean`` ...); any other source reads none of them."""

@@ -13,6 +13,7 @@ from dflash2_trt.bench.dataset import load_bench_requests, prepare_dataset
 from dflash2_trt.cli import main
 from dflash2_trt.engine.common import read_prompts_file
 from dflash2_trt.errors import ConfigError
+from dflash2_trt.targets import TARGETS
 from trtllm_bench_schema import validate_file, validate_line
 
 
@@ -58,6 +59,19 @@ def test_builtin_dataset_is_a_trtllm_bench_dataset(tmp_path):
     assert {r["output_tokens"] for r in rows} == {48}
     # the project's own reader (run --prompts, bench run) reads the same lines
     assert [it["input_ids"] for it in read_prompts_file(out)] == shipped
+
+
+@pytest.mark.parametrize("key", [k for k, e in TARGETS.items() if e.tiny_family is not None])
+def test_every_tiny_pair_has_its_builtin_dataset(tmp_path, key):
+    """`--builtin` offers each registered tiny pair's shipped prompts (tiny-muse's were refused by click's choice
+    list, so a tiny-muse engine had no shipped dataset for `bench run`)."""
+    from dflash2_trt.assets import ASSET_ROOT
+
+    out = tmp_path / "ds.jsonl"
+    code, text = _cli("bench", "prepare-dataset", "--builtin", key, "--output", str(out))
+    assert code == 0, text
+    shipped = json.loads((ASSET_ROOT / TARGETS[key].tiny_family / "prompts.json").read_text())["prompts"]
+    assert [r["input_ids"] for r in validate_file(out)] == shipped
 
 
 def test_num_requests_repeats_or_cuts_the_prompts(tmp_path):
