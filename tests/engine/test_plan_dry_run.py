@@ -99,6 +99,30 @@ def test_qwen_plan_memory_figures_match_a_hand_computation():
     assert z["fits"] is False                         # max_batch_size 64 at the full 40960 context does not
 
 
+def test_gpu_md_quotes_the_qwen_plan():
+    """docs/gpu.md's account of the qwen3.8-27b dry run gives the figures the plan prints (its recurrent state per
+    request said 146.8 MiB, the figure before the deferred commit's records; the plan says 159.19 MiB)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "gpu.md").read_text(encoding="utf-8")
+    quote = " ".join(doc.split("It prints the trtllm-build command and, for one H200", 1)[1].split("`--json` adds")[0]
+                     .split())
+    code, text = _cli("build", "--dry-run", "--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER), "--target-dir",
+                      str(QWEN_TARGET))
+    assert code == 0, text
+    sizes = re.findall(r"\b[\d,.]+ (?:GiB|MiB|B)\b", quote)
+    assert len(sizes) >= 6, quote
+    for size in sizes:
+        assert size in text, f"docs/gpu.md quotes {size}; the plan prints no such figure"
+    for said, printed in ((r"(\d+) extra slots", "extra slots per request: {}"),
+                          (r"so (\d+) requests at full length", "largest batch at max_seq_len: {} "),
+                          (r"(\d+) layers \((\d+) target \+ (\d+) EAGLE-net\), (\d+) attention \(KV pool\) / (\d+) recurrent",
+                           "{} layers ({} target + {} EAGLE-net): {} attention (KV pool) / {} recurrent")):
+        m = re.search(said, quote)
+        assert m and printed.format(*m.groups()) in text, (said, printed)
+
+
 def test_qwen_plan_tp2_and_gpu_memory():
     z = _qwen("--tp-size", "2", "--gpu-memory-gib", "80")["sizing"]
     w = _hand_weights(2)
