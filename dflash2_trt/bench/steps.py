@@ -62,8 +62,8 @@ ARTICLE_ACCEPTANCE = {"qwen3.8-27b": 4.80, "muse-glimmer-30b": 5.70}
 """Mean acceptance lengths the article reports for the published pairs (H200, seven draft tokens)."""
 NOTES = [
     "random weights: the widths, dtypes and work per step are the target's, the tokens are meaningless",
-    "the network is executed eagerly by the torch stand-in of TensorRT-LLM's API (one kernel launch per op, host "
-    "synchronisations in the stand-in's paged attention), not by a TensorRT engine",
+    "the network is executed eagerly by the torch stand-in of TensorRT-LLM's API (one kernel launch per op, no "
+    "fusion), not by a TensorRT engine",
     "attention is the stand-in's (dense torch ops over the paged pool), not TensorRT-LLM's attention kernels: its "
     "share is reported apart",
 ]

@@ -199,3 +199,13 @@ def test_bench_steps_on_the_cpu_refuses_weights_beyond_the_memory_available(monk
     lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
     assert r.exit_code == 1 and lines[0].startswith("error: --backend: qwen3.8-27b's weights") and len(lines) == 1, \
         r.output
+
+
+def test_bench_steps_notes_do_not_claim_host_synchronisations():
+    """The report's notes say what its times include. The stand-in's paged attention is planned from host inputs and
+    a warm step holds no host read of a device value (tests/engine/test_capture_safety.py; docs/gpu.md: "They are
+    gone since"), so a note blaming "host synchronisations in the stand-in's paged attention" misreads the times."""
+    from dflash2_trt.bench.steps import NOTES, PLUGIN_NOTE
+
+    for note in [*NOTES, *PLUGIN_NOTE.values()]:
+        assert "synchronis" not in note, note
