@@ -47,7 +47,7 @@ The cost model (every quantity is also in the document it returns, ``components`
   acceptance length; on long outputs every accepted token is emitted);
   throughputs B / t_AR and B * tau / t_spec tokens per second.
 
-What it ignores (each could move the answer; see the README's note): prefill (context phases and
+What it ignores (each could move the answer; see docs/benchmarks.md §3): prefill (context phases and
 their interference with decode), kernel launch, scheduling, sampling and host overheads (unless
 ``step_overhead_s`` is given), attention / GEMM kernel efficiency below the roofline (unless the
 efficiencies are given), tensor-parallel communication (one GPU), the KV-cache rewind and any

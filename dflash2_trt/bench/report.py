@@ -1,9 +1,9 @@
 """The ``dflash2-trt bench run`` report: one JSON document with a stable schema, and its text form.
 
-Top level (``schema_version`` 1; the README's "Bench report" section is the reference)::
+Top level (``schema_version`` 1; docs/benchmarks.md §2 is the reference)::
 
     format, schema_version       "dflash2-trt bench report", 1
-    backend                      "cpu" | "trtllm"
+    backend                      "cpu" | "cuda" | "trtllm"
     engine_dir, target, block_size, draft_len, tp_size
     dataset                      {path, sha256, requests, mean_input_len, mean_output_tokens}
     settings                     {concurrency, num_requests, temperature, seed, stop_on_eos,
