@@ -16,6 +16,10 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 python="${PYTHON:-python3}"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then   # the usage above, on any machine (no GPU needed to read it)
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+    exit 0
+fi
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu_check: no NVIDIA GPU found (nvidia-smi missing or failing): nothing was run" >&2
     exit 2

@@ -189,3 +189,18 @@ def test_gpu_check_all_runs_every_part_under_its_limit_and_records_each(tmp_path
     lines = calls.read_text().splitlines()
     assert lines[0].endswith(f"--json {out}/kernels.json") and "gpu_e2e.py --out" in lines[1]
     assert "gpu_check_trt_session.py" in lines[2] and lines[3] == "-m pytest -q -m gpu tests/gpu"
+
+
+def test_gpu_check_help_needs_no_gpu():
+    """``gpu_check.sh --help`` prints its usage on any machine (it said "no NVIDIA GPU found ... nothing was run" and
+    exited 2 where there is no GPU), and the usage names only options gpu_check.py takes."""
+    import re
+
+    res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--help"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})   # no nvidia-smi on this PATH
+    assert res.returncode == 0 and res.stdout.startswith("GPU check of the DFlash2 plugin kernels"), res.stderr
+    assert "Usage: scripts/gpu_check.sh" in res.stdout and "#" not in res.stdout and "set -euo" not in res.stdout
+    first = res.stdout.split("Usage: ", 1)[1].splitlines()[0]
+    py = (REPO / "scripts" / "gpu_check" / "gpu_check.py").read_text()
+    for opt in re.findall(r"--[a-z][a-z-]*", first):
+        assert f'"{opt}"' in py, opt
