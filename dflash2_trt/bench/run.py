@@ -141,13 +141,14 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
             refuse_graphs_off_the_project_path(True, path, (cfg or {}).get("pretrained_config") or {})
     elif runtime not in (None, "auto"):
         raise ConfigError(f"applies to TensorRT-LLM engines only (this is a {kind} engine)", field="--runtime")
+    executor_only = "/".join(name for name, value in (
+        ("--baseline-engine-dir", baseline_engine_dir is not None), ("--benchmark-bin", benchmark_bin is not None),
+        ("--plugin-lib", plugin_lib is not None), ("--dry-run", bool(dry_run)), ("--tool", tool is not None)) if value)
     if kind in ("cpu", "cuda"):
         from .cpu import bench_cpu
 
-        if baseline_engine_dir is not None or benchmark_bin is not None or plugin_lib is not None or dry_run \
-                or tool is not None:
-            raise ConfigError(f"applies to TensorRT-LLM engines only (this is a {kind} engine)",
-                              field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run/--tool")
+        if executor_only:   # named as given: the user asked for these, not for the other four
+            raise ConfigError(f"applies to TensorRT-LLM engines only (this is a {kind} engine)", field=executor_only)
         measured = bench_cpu(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                              temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                              stop_on_eos=stop_on_eos, baseline=baseline, progress=progress, keep_outputs=keep_outputs,
@@ -155,12 +156,10 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     elif path["path"] == PROJECT:
         from .session import bench_session
 
-        if baseline_engine_dir is not None or benchmark_bin is not None or plugin_lib is not None or dry_run \
-                or tool is not None:
+        if executor_only:
             raise ConfigError(f"applies to TensorRT-LLM's executor path; this engine runs on the project runtime "
                               f"({'; '.join(path['why'])}), whose baseline is the engine directory's own "
-                              f"(build --baseline)",
-                              field="--baseline-engine-dir/--benchmark-bin/--plugin-lib/--dry-run/--tool")
+                              f"(build --baseline)", field=executor_only)
         measured = bench_session(engine_dir, dataset, concurrency=concurrency, num_requests=num_requests,
                                  temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                                  stop_on_eos=stop_on_eos, keep_outputs=keep_outputs, trt=trt, cuda_graphs=cuda_graphs,

@@ -145,7 +145,9 @@ def _one_error_line(code, text) -> str:
     (["--temperature", "-1"], "--temperature"),
     (["--json", "{tmp}"], "--json: "),
     (["--project", "a100"], "--project: unknown GPU 'a100'"),      # bench run's option, not bench project's --gpu
-    (["--dry-run"], "applies to TensorRT-LLM engines only"),
+    (["--dry-run"], "error: --dry-run: applies to TensorRT-LLM engines only (this is a cpu engine)"),
+    # the options given, not the whole family of executor-only ones
+    (["--tool", "gptmanager", "--plugin-lib", "x.so"], "error: --plugin-lib/--tool: applies to TensorRT-LLM engines"),
     # issue 21 item 11: options that cannot apply are refused, not ignored
     (["--project", ""], "--project: unknown GPU ''"),
     (["--project", "h200", "--context-len", "0"], "--context-len: must be an integer >= 1, got 0"),

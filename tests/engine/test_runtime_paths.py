@@ -110,7 +110,7 @@ def test_bench_run_takes_the_project_runtime(trt_engine_dir, tmp_path):
     assert rep["runtime_path"]["path"] == PROJECT
     run = rep["runs"][0]["speculative"]
     assert run["requests"] == 3 and run["acceptance"]["steps"] > 0
-    with pytest.raises(ConfigError, match="applies to TensorRT-LLM's executor path"):
+    with pytest.raises(ConfigError, match="^--tool: applies to TensorRT-LLM's executor path"):
         bench_run(d, ds, concurrency="2", trt=trt, tool="gptmanager")
 
 
