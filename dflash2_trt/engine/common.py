@@ -88,6 +88,14 @@ def prompt_tokenizer(man: dict, engine_dir):
     return tok
 
 
+def output_tokenizer(man: dict, engine_dir):
+    """The tokenizer ``run`` decodes every output with when its prompts came as token ids: the engine's (its
+    ``tokenizer/``, else the target directory's), as ``generate`` prints the text of an id prompt; None where there is
+    no usable one (the ids are the output then, and a tokenizer that does not load is no reason to fail the run)."""
+    d = engine_tokenizer_dir(engine_dir, man)
+    return None if d is None else find_tokenizer(d)
+
+
 def run_report(engine_dir, reqs, rt, wall: float, tokenizer=None, **head) -> dict:
     """The ``run`` report of requests the project's runtime ``rt`` finished in ``wall`` seconds: ``head`` (engine,
     backend, block size, ...) then every request (with its text when there is a tokenizer) and the totals."""

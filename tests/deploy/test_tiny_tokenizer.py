@@ -106,6 +106,19 @@ def test_build_copies_the_tokenizer_and_run_takes_text(engine, tokenizer, prompt
     assert out["text"] == tokenizer.decode(greedy[0])
 
 
+def test_run_prints_the_text_of_id_prompts_too(engine, tokenizer, prompts, greedy, engine_without_tokenizer):
+    """README's first run (`run --prompt-ids ...`) on an engine with a tokenizer prints the output's text beside its
+    ids, as `generate` does and as docs/cli.md says ("token ids (text with a tokenizer)"); it printed ids only. An
+    engine without a tokenizer still prints ids only."""
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(engine), "--prompt-ids", ",".join(map(str, prompts[0])),
+                                  "--max-new-tokens", "4"])
+    assert r.exit_code == 0, r.output
+    assert f"  text: {tokenizer.decode(greedy[0][:4])}" in r.output.splitlines(), r.output
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(engine_without_tokenizer), "--prompt-ids", "5,6,7",
+                                  "--max-new-tokens", "1", "--json"])
+    assert r.exit_code == 0 and "text" not in json.loads(r.output)["requests"][0], r.output
+
+
 def test_run_text_on_an_engine_without_tokenizer(engine_without_tokenizer):
     """The seeded random tiny pair has no tokenizer: text prompts are one clear error."""
     eng = engine_without_tokenizer

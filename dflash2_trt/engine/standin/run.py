@@ -8,7 +8,7 @@ import time
 from ...reference.generate import parse_prompt_ids
 from ...runtime import Request, Runtime
 from ...tokenizer import encode_text
-from ..common import check_requests, prompt_tokenizer, read_prompts_file, run_report, stop_ids
+from ..common import check_requests, output_tokenizer, prompt_tokenizer, read_prompts_file, run_report, stop_ids
 from .engine import open_standin_engine
 from .graphs import GraphedSteps
 
@@ -32,6 +32,8 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
             items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
         if any(it["prompt"] is not None for it in items):
             tok = prompt_tokenizer(man, engine_dir)
+        else:   # id prompts: the outputs' text all the same, where the engine has a tokenizer
+            tok = output_tokenizer(man, engine_dir)
         reqs = []
         stops = stop_ids(man, engine.vocab_size)
         for i, it in enumerate(items):
