@@ -18,6 +18,8 @@ same session on the GPU, against the CPU engine's target alone (``baseline_ident
 (greedy: the same).
 
     python scripts/gpu_check_trt_session.py --out DIR [--device cuda] [--new 16] [--prompts 6]
+
+Exit codes: 0 every pair identical, 1 a difference, 2 no CUDA GPU for a cuda --device (nothing run).
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=6)
     args = ap.parse_args(argv)
     import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():   # before any engine is built
+        print(f"gpu_check_trt_session: no CUDA GPU visible to torch {torch.__version__} for --device {args.device}: "
+              f"nothing was run (--device cpu runs the same check with the CPU as the device)", file=sys.stderr)
+        return 2
 
     from dflash2_trt.assets import trained_pair
     from dflash2_trt.engine.build import build_engine

@@ -12,10 +12,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_gpu_check_runs_on_the_cpu(tmp_path):
+def _script():
     spec = importlib.util.spec_from_file_location("dflash2_gpu_check_trt", ROOT / "scripts" / "gpu_check_trt_session.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path, capsys):
+    """docs/benchmarks.md's command (`--out DIR`, device cuda) on a machine without a GPU: exit 2 and one line, as
+    gpu_check.py; it built the engines first and ended in torch's ValueError traceback ("Expected a torch.device with
+    a specified index or an integer, but got:cuda")."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the no-GPU exit is not exercised here")
+    assert _script().main(["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA GPU" in err[0] and not (tmp_path / "out").exists(), err
+
+
+def test_the_gpu_check_runs_on_the_cpu(tmp_path):
+    mod = _script()
     assert mod.main(["--out", str(tmp_path), "--device", "cpu", "--prompts", "2", "--new", "4"]) == 0
     doc = json.loads((tmp_path / "gpu_check_trt_session.json").read_text())
     assert doc["ok"] and [r["target"] for r in doc["results"]] == ["tiny", "tiny-hybrid", "tiny-muse"]
