@@ -416,7 +416,7 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
     ``graph``: also time each step as a CUDA-graph replay (CUDA only; after the first capture that fails, not tried
     again). ``partial``: called with the report so far (``"partial": True``) after each concurrency is measured and
     after each one's graph replays, so that a run stopped at a time limit keeps its points."""
-    levels = parse_concurrency(concurrency)
+    levels = sorted(parse_concurrency(concurrency))   # ascending: a level out of memory ends the sweep there
     probe = config_probe(target_key)
     K, max_context = step_shape(probe)
     if context_len is None:
@@ -536,7 +536,8 @@ def engines_that_fit(target_key: str, levels: list[int], *, backend: str, contex
         gc.collect()                  # the weights of the engine built (tens of GB) before the next is drawn
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        top = levels.pop()
+        top = max(levels)
+        levels.remove(top)
         dropped.insert(0, {"concurrency": top, "error": f"{why} (sizing the engines for {top} requests)"})
         say(f"[steps] {target_key}: {why} sizing the engines for {top} requests; concurrency {top} not measured")
 

@@ -143,6 +143,11 @@ def test_engines_too_big_for_the_gpu_drop_the_top_level_and_measure_the_rest(mon
                                                           "9.40 GiB (sizing the engines for 4 requests)"}]
     assert doc["limits"]["max_batch_size"] == 2 and any("concurrency 4 not measured" in s for s in said)
     assert "concurrency 4: not measured (out of GPU memory" in steps_mod.render(doc)
+    sized.clear()          # levels given out of order: the highest is dropped, not the last given
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="4,1,2", context_len=16, steps=1, warmup=0,
+                                  profile_steps=0, graph=False)
+    assert sized == [4, 2] and [p["concurrency"] for p in doc["points"]] == [1, 2]
+    assert [x["concurrency"] for x in doc["skipped"]] == [4]
     with pytest.raises(torch.OutOfMemoryError):            # even the lowest level does not fit: the error itself
         steps_mod.measure_steps("tiny", backend="cpu", concurrency="4", context_len=16, steps=1, warmup=0,
                                 profile_steps=0, graph=False)
