@@ -178,5 +178,8 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
         report = run_trtllm_engine(engine_dir, man, items, max_new_tokens=max_new_tokens, temperature=temperature,
                                    seed=seed, max_batch_size=max_batch_size)
         report["runtime"] = "executor"
+        if tok is not None:   # each output's text, as run_report gives it on the project runtime
+            for r in report["requests"]:
+                r["text"] = tok.decode(r["output_ids"])
     report["runtime_path"] = path
     return report
