@@ -32,21 +32,25 @@ def built(tmp_path_factory):
         mp.undo()
 
 
-def test_build_is_cached_by_content(built, monkeypatch, tmp_path):
-    path, cache = built
-    assert path.is_file() and path.name == f"libdf2_cuda_sm{ARCH}.so"
-    assert path.parent.parent == cache / "plugins-cuda"
-    monkeypatch.setenv("DFLASH2_TRT_CACHE", str(cache))
+def _forbid_compiling(monkeypatch) -> None:
+    """nvcc may say its version (the cache key) but compile nothing: a build found in the cache is used as it is."""
+    from dflash2_trt.trtllm.cpu import plugin_libs
 
     def no_compile(cmd, *a, **k):
         if "--version" in cmd:
             return subprocess.CompletedProcess(cmd, 0, cl.nvcc_version(cl.nvcc_path()), "")
         raise AssertionError(f"recompiled: {cmd}")
 
-    from dflash2_trt.trtllm.cpu import plugin_libs
-
     monkeypatch.setattr(cl.subprocess, "run", no_compile)
     monkeypatch.setattr(plugin_libs.subprocess, "run", no_compile)      # where the compiler would run
+
+
+def test_build_is_cached_by_content(built, monkeypatch, tmp_path):
+    path, cache = built
+    assert path.is_file() and path.name == f"libdf2_cuda_sm{ARCH}.so"
+    assert path.parent.parent == cache / "plugins-cuda"
+    monkeypatch.setenv("DFLASH2_TRT_CACHE", str(cache))
+    _forbid_compiling(monkeypatch)
     assert cl.build_cuda_plugins(ARCH) == path                     # unchanged sources: no nvcc run
     # another architecture and an edited header each get their own build
     src = cl.cuda_plugin_sources()
@@ -63,7 +67,6 @@ def test_a_session_cache_starts_with_the_builds_it_was_given(built, monkeypatch,
     """tests/gpu/conftest.py: the gpu tests' fresh session cache gets the builds of the cache the run was started with
     (the GPU command's .gpucache), so the tests' minute is not spent in nvcc; an unknown or absent cache gives none."""
     from dflash2_trt.testing.plugin_cache import copy_plugin_builds
-    from dflash2_trt.trtllm.cpu import plugin_libs
 
     path, cache = built
     fresh = tmp_path / "session-cache"
@@ -71,14 +74,7 @@ def test_a_session_cache_starts_with_the_builds_it_was_given(built, monkeypatch,
     assert copy_plugin_builds(cache, fresh) == [] and copy_plugin_builds(None, fresh) == []
     assert copy_plugin_builds(tmp_path / "absent", fresh) == []
     monkeypatch.setenv("DFLASH2_TRT_CACHE", str(fresh))
-
-    def no_compile(cmd, *a, **k):
-        if "--version" in cmd:
-            return subprocess.CompletedProcess(cmd, 0, cl.nvcc_version(cl.nvcc_path()), "")
-        raise AssertionError(f"recompiled: {cmd}")
-
-    monkeypatch.setattr(cl.subprocess, "run", no_compile)
-    monkeypatch.setattr(plugin_libs.subprocess, "run", no_compile)
+    _forbid_compiling(monkeypatch)
     got = cl.build_cuda_plugins(ARCH)
     assert got == fresh / "plugins-cuda" / path.parent.name / path.name and got.read_bytes() == path.read_bytes()
 
