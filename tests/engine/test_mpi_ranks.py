@@ -90,7 +90,9 @@ def test_the_ranks_size_their_kv_pools_alike(hybrid, tmp_path):
     bad = mpirun(2, d, prompts, control, "--blocks-on-rank", 1, 3, "--no-agree", timeout=120)
     sizes = [Path(f"{control}.rank{r}.blocks").read_text() for r in (0, 1)]
     assert sizes[1] == "3" and int(sizes[0]) > 3
-    assert bad.returncode != 0 and not control.exists()
+    # rank 1 writes KV rows past its 3-block pool: a memory fault, and WHEN the process dies is not defined (a CI run
+    # saw rank 0 write its report first and rank 1 die in free() after), so the control holds the job's exit status
+    assert bad.returncode != 0, (bad.returncode, bad.stderr[-2000:])
 
 
 def test_a_fault_on_one_rank_ends_every_process_and_the_rank_names_itself(hybrid, tmp_path):
