@@ -88,10 +88,13 @@ def prompt_tokenizer(man: dict, engine_dir):
     return tok
 
 
-def output_tokenizer(man: dict, engine_dir):
-    """The tokenizer ``run`` decodes every output with when its prompts came as token ids: the engine's (its
-    ``tokenizer/``, else the target directory's), as ``generate`` prints the text of an id prompt; None where there is
-    no usable one (the ids are the output then, and a tokenizer that does not load is no reason to fail the run)."""
+def run_tokenizer(man: dict, engine_dir, items: list[dict]):
+    """The tokenizer of a ``run``: with any prompt text, the one it needs (:func:`prompt_tokenizer`, an error where
+    there is none); with token ids only, the one every output is decoded with, as ``generate`` prints the text of an id
+    prompt: the engine's, or None where there is no usable one (the ids are the output then, and a tokenizer that does
+    not load is no reason to fail the run)."""
+    if any(it["prompt"] is not None for it in items):
+        return prompt_tokenizer(man, engine_dir)
     d = engine_tokenizer_dir(engine_dir, man)
     return None if d is None else find_tokenizer(d)
 

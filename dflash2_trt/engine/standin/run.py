@@ -8,7 +8,7 @@ import time
 from ...reference.generate import parse_prompt_ids
 from ...runtime import Request, Runtime
 from ...tokenizer import encode_text
-from ..common import check_requests, output_tokenizer, prompt_tokenizer, read_prompts_file, run_report, stop_ids
+from ..common import check_requests, read_prompts_file, run_report, run_tokenizer, stop_ids
 from .engine import open_standin_engine
 from .graphs import GraphedSteps
 
@@ -21,7 +21,6 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
     (:mod:`.graphs`; ``simulate_graphs``: the same bookkeeping with eager replays, on the CPU, for tests)."""
     engine, man = open_standin_engine(engine_dir, verify=verify)
     try:
-        tok = None
         items = []
         if prompts_file is not None:
             items = read_prompts_file(prompts_file)
@@ -30,10 +29,7 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
                       "output_tokens": None, "where": "--prompt-ids"}]
         else:
             items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
-        if any(it["prompt"] is not None for it in items):
-            tok = prompt_tokenizer(man, engine_dir)
-        else:   # id prompts: the outputs' text all the same, where the engine has a tokenizer
-            tok = output_tokenizer(man, engine_dir)
+        tok = run_tokenizer(man, engine_dir, items)
         reqs = []
         stops = stop_ids(man, engine.vocab_size)
         for i, it in enumerate(items):

@@ -25,7 +25,7 @@ from ...errors import ConfigError, MissingDependencyError
 from ...reference.generate import parse_prompt_ids
 from ...sampling import request_temperature
 from ...tokenizer import encode_text
-from ..common import eagle_choices, output_tokenizer, prompt_tokenizer, read_prompts_file
+from ..common import eagle_choices, read_prompts_file, run_tokenizer
 from ..format import load_engine_dir
 from ...trtllm.register import import_tensorrt_llm, register
 from ..graph_rules import refuse_tp
@@ -145,14 +145,10 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
     else:
         items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
     path = choose_runtime(runtime, cfg["pretrained_config"], man)
-    tok = None
-    if any(it["prompt"] is not None for it in items):
-        tok = prompt_tokenizer(man, engine_dir)
-        for it in items:
-            if it["input_ids"] is None:
-                it["input_ids"] = encode_text(tok, it["prompt"], vocab)
-    else:   # id prompts: the outputs' text all the same, where the engine has a tokenizer
-        tok = output_tokenizer(man, engine_dir)
+    tok = run_tokenizer(man, engine_dir, items)
+    for it in items:
+        if it["input_ids"] is None:
+            it["input_ids"] = encode_text(tok, it["prompt"], vocab)
     lim = man["limits"]
     for it in items:
         ids, new = it["input_ids"], it["output_tokens"] or max_new_tokens
