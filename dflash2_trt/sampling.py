@@ -20,6 +20,11 @@ from .errors import ConfigError
 # 1e-5 as float32 (9.99999975e-06): a client's fp32 1e-5 (Triton's temperature tensor is FP32) still samples
 GREEDY_BELOW = struct.unpack("<f", struct.pack("<f", 1e-5))[0]
 
+# The largest float32 (FLT_MAX): the engine carries the temperature in fp32, where a larger finite float64 becomes
+# inf (logits / inf = 0: uniform sampling), and TensorRT-LLM's EAGLE layer takes (0, FLT_MAX] (engine_io.yaml
+# request_temperature eagle_layer_range)
+FLT_MAX = struct.unpack("<f", bytes.fromhex("ffff7f7f"))[0]
+
 
 # What this project's GPU entry points put in a TensorRT-LLM request for greedy decoding (user temperature below
 # GREEDY_BELOW, 0 included). TensorRT-LLM's EAGLE decoding layer refuses 0 (engine_io.yaml request_temperature:
@@ -66,17 +71,20 @@ def check_request_temperature(value, field: str = "temperature") -> float:
 
 def effective_temperature(value, field: str = "--temperature") -> float:
     """The temperature sampling runs with: ``value`` when >= :data:`GREEDY_BELOW`, ``0.0`` (greedy) for
-    ``0 <= value < GREEDY_BELOW``; a negative, NaN, infinite or non-numeric value is one ConfigError line
-    naming ``field``."""
+    ``0 <= value < GREEDY_BELOW``; a negative, NaN, infinite, above-:data:`FLT_MAX` or non-numeric value is one
+    ConfigError line naming ``field``."""
     try:
         t = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"must be a finite number >= 0, got {value!r}", field=field) from None
     if not (t >= 0 and math.isfinite(t)):
         raise ConfigError(f"must be a finite number >= 0, got {value}", field=field)
-    t32 = struct.unpack("<f", struct.pack("<f", t))[0] if t < 3.4e38 else t   # the engine compares in float32
+    if t > FLT_MAX:
+        raise ConfigError(f"must be at most {FLT_MAX:.8g} (FLT_MAX: the engine carries the temperature in float32), "
+                          f"got {value}", field=field)
+    t32 = struct.unpack("<f", struct.pack("<f", t))[0]   # the engine compares in float32
     return t if t32 >= GREEDY_BELOW else 0.0
 
 
-__all__ = ["GREEDY_BELOW", "GREEDY_REQUEST_TEMPERATURE", "TRTLLM_DEFAULT_TEMPERATURE", "check_request_temperature", "effective_temperature",
+__all__ = ["FLT_MAX", "GREEDY_BELOW", "GREEDY_REQUEST_TEMPERATURE", "TRTLLM_DEFAULT_TEMPERATURE", "check_request_temperature", "effective_temperature",
            "request_temperature"]

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.cli import main
 from dflash2_trt.errors import ConfigError
-from dflash2_trt.sampling import GREEDY_BELOW, effective_temperature
+from dflash2_trt.sampling import FLT_MAX, GREEDY_BELOW, effective_temperature
 
 PROMPT = "187,95,235,168,53,118"
 TINY = ["1e-45", "1e-38", "9.9e-06"]
@@ -43,6 +43,11 @@ def test_the_rule():
     for bad in (-1e-45, float("nan"), float("inf"), "x", None):
         with pytest.raises(ConfigError, match="^--temperature: must be a finite number >= 0"):
             effective_temperature(bad)
+    # finite in float64, inf in the engine's float32 (logits / inf: uniform sampling); TensorRT-LLM takes (0, FLT_MAX]
+    assert effective_temperature(FLT_MAX) == FLT_MAX == float(np.finfo(np.float32).max)
+    for big in (1e39, 1e300, np.nextafter(FLT_MAX, np.inf)):
+        with pytest.raises(ConfigError, match=r"^--temperature: must be at most 3\.4028235e\+38 \(FLT_MAX"):
+            effective_temperature(big)
 
 
 def _run_ids(engine, t):
