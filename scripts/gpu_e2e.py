@@ -1,16 +1,18 @@
 """The engine flow on a GPU: the cuda backend end to end, and the engine step at real widths (issue: the combined
 engine runs on the GPU). Run through ``scripts/gpu_check.sh --e2e OUT_DIR`` or directly::
 
-    python scripts/gpu_e2e.py --out OUT_DIR [--parts lossless,steps] [--context-len 1024]
+    python scripts/gpu_e2e.py --out OUT_DIR [--parts lossless,steps] [--context-len 1024] [--budget SECONDS]
 
-Parts (each in its own process with its own time limit, so one failure leaves the others' results):
+Parts (each in its own process group with its own time limit, so one failure leaves the others' results; with
+``--budget`` the parts share that many seconds, lossless at most half of them):
 
 - ``lossless``: for the shipped tiny pairs (``tiny``, ``tiny-hybrid``, ``tiny-muse``) in float32 and bfloat16:
   ``build --backend cuda`` (the verify gate on in float32), then 32 requests (the 16 shipped prompts, twice, 40 and
   24 new tokens) at concurrency 1 and 16 through the project's runtime on the cuda engine, every output compared
   token for token with the HF target's own greedy decoding on the same GPU in the same dtype; in float32 at the
   highest level also with generation steps replayed from CUDA graphs (``run --cuda-graphs``), with how many steps
-  were replayed, captured and run eagerly, and why a capture failed.
+  were replayed, captured and run eagerly, and why a capture failed. On a GPU the six cells (target x dtype) run
+  as processes at once (``--lossless-jobs``): the tiny pairs' steps are bound by the host, not by the GPU.
 - ``steps``: ``bench steps`` for qwen3.8-27b and muse-glimmer-30b (random weights, context ``--context-len``,
   concurrency 1/4/16/32/64): ms per step, speculative and target-only, per component.
 
@@ -70,13 +72,36 @@ def requirements() -> list[str]:
 
 
 # ---- lossless --------------------------------------------------------------------------------------------------
-def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16"), save=None) -> dict:
+def lossless_cells(dtypes=("float32", "bfloat16"), targets=None) -> list[tuple[str, str, str]]:
+    """The table's (target, family, dtype) cells in the table's order (``targets``: only these)."""
+    return [(key, family, dtype) for key, family in FAMILIES if targets is None or key in targets for dtype in dtypes]
+
+
+def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16"), save=None, jobs: int = 1,
+                  targets=None) -> dict:
     """The lossless table (see the module docstring); ``save`` (if given) receives the document of the rows so far
-    after each row (``partial``: true), so that a part stopped at its limit keeps them."""
+    after each row (``partial``: true), so that a part stopped at its limit keeps them. ``jobs`` > 1: the cells run
+    as that many processes at once (:func:`lossless_concurrent`); the tiny pairs leave a GPU nearly idle and their
+    steps are bound by the host, so six cells at once take about as long as one."""
+    cells = lossless_cells(dtypes, targets)
+    if jobs > 1:
+        return lossless_concurrent(out, cells, levels, dtypes[0], save, jobs)
     import tempfile
 
-    import torch
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for key, family, dtype in cells:
+            def keep(cell_rows, _done=list(rows)):
+                if save is not None:
+                    save(lossless_doc(_done + cell_rows, partial=True))
+            rows += lossless_cell(key, family, dtype, levels, Path(tmp), graphs=dtype == dtypes[0], keep=keep)
+    return lossless_doc(rows)
 
+
+def lossless_cell(key: str, family: str, dtype: str, levels, tmp: Path, graphs: bool, keep=None) -> list[dict]:
+    """One cell of the table: build ``key``'s engine in ``dtype`` under ``tmp``, decode the 32 requests at each
+    concurrency of ``levels`` and compare with the HF target's greedy decoding; its rows (one per level), each also
+    given to ``keep`` (the rows so far) as it is done. ``graphs``: the highest level again from CUDA graphs."""
     from dflash2_trt.assets import trained_pair
     from dflash2_trt.engine.build import build_engine
     from dflash2_trt.engine.standin.engine import open_standin_engine
@@ -84,83 +109,177 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16"), sav
     from dflash2_trt.runtime import Request, Runtime
     from dflash2_trt.testing.engines import shipped_prompts
 
-    rows = []
+    rows: list[dict] = []
+    pair = trained_pair(family)
+    prompts = shipped_prompts(pair, 16)
+    jobs = [(p, 40 if i % 2 == 0 else 24) for i, p in enumerate(prompts + prompts)]
+    t0 = time.perf_counter()
+    eng_dir = tmp / f"{key}-{dtype}"
+    res = build_engine(pair.drafter_dir, pair.target_dir, eng_dir, backend=BACKEND, target_key=key,
+                       dtype=dtype, verify=dtype == "float32",
+                       overrides={"max_batch_size": 16, "tokens_per_block": 16})
+    build_s = time.perf_counter() - t0
+    log(f"lossless {key:12s} {dtype:9s} built in {build_s:.1f} s (verify gate: "
+        f"{(res.manifest.get('verify') or {}).get('passed')})")
+    eos = tuple(res.manifest["eos_token_ids"])
+    t_ref = time.perf_counter()
+    refs40 = reference_outputs(pair.target_dir, prompts, 40, eos, dtype=dtype, device=DEVICE)
+    log(f"lossless {key:12s} {dtype:9s} the HF target's references in {time.perf_counter() - t_ref:.1f} s")
+    want = [r if n == 40 else r[:24] for (_, n), r in zip(jobs, refs40 + refs40)]
+    for conc in levels:
+        eng, man = open_standin_engine(eng_dir)
+        try:
+            rt = Runtime(eng, max_batch_size=conc)
+            reqs = [Request(list(p), n, stop_token_ids=eos, task_id=i, seed=i)
+                    for i, (p, n) in enumerate(jobs)]
+            t1 = time.perf_counter()
+            rt.generate(reqs)
+            wall = time.perf_counter() - t1
+            mixed = sum(1 for s in rt.step_log if s["context"] and s["generation"])
+            steps = rt.step_count
+        finally:
+            eng.close()
+        same = [r.output_ids == w for r, w in zip(reqs, want)]
+        bad = [i for i, ok in enumerate(same) if not ok]
+        acc = [a for r in reqs for a in r.acceptance_lengths]
+        row = {"target": key, "dtype": dtype, "concurrency": conc, "requests": len(reqs),
+               "identical": len(reqs) - len(bad), "mismatched": bad[:8],
+               "first_mismatch": _first_diff(reqs[bad[0]].output_ids, want[bad[0]]) if bad else None,
+               "mean_acceptance": sum(acc) / len(acc) if acc else 0.0, "steps": steps,
+               "mixed_steps": mixed, "tokens": sum(len(r.output_ids) for r in reqs),
+               "wall_s": wall, "build_s": build_s,
+               "verify_gate": (res.manifest.get("verify") or {}).get("passed") if conc == levels[0]
+               else None}
+        if graphs and conc == levels[-1]:
+            try:
+                row["cuda_graphs"] = g = graphed_run(eng_dir, jobs, eos, conc, want)
+                log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} CUDA graphs: {g['identical']}/{len(jobs)} "
+                    f"identical, {g['replayed']} replayed, {g['captured']} captured, {g['eager']} eager, "
+                    f"{g['tokens'] / g['wall_s']:.0f} tok/s"
+                    f"{' failed: ' + '; '.join(g['failed']) if g['failed'] else ''}")
+            except Exception:  # noqa: BLE001 - the rows of the other pairs still count
+                row["cuda_graphs"] = {"error": traceback.format_exc()[-2000:], "identical": 0}
+                log(f"lossless {key:12s} CUDA graphs run failed:\n{row['cuda_graphs']['error']}")
+        if bad and conc == levels[0]:
+            row["diagnosis"] = [near_tie(pair.target_dir, dtype, jobs[i][0], reqs[i].output_ids, want[i])
+                                for i in bad[:4]]
+        # each difference judged by the build gate's rule (engine/verify.py): a rounding tie of the
+        # target's own logits, or a real difference; the strict count above stays what it is
+        row["ties_only"], row["differ"], row["tie_details"] = 0, [], []
+        for i in bad:
+            try:
+                ties = check_against_target(pair.target_dir, [jobs[i][0]], [reqs[i].output_ids],
+                                            jobs[i][1], eos, dtype=dtype, device=DEVICE)
+            except VerifyError as exc:
+                row["differ"].append({"request": i, "error": str(exc)})
+                continue
+            row["ties_only"] += 1
+            if len(row["tie_details"]) < 4:
+                row["tie_details"].append({"request": i, "ties": ties})
+        rows.append(row)
+        log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} {row['identical']}/{row['requests']} identical, "
+            f"mean acceptance {row['mean_acceptance']:.2f}, {steps} steps ({mixed} mixed), "
+            f"{row['tokens'] / wall:.0f} tok/s")
+        if keep is not None:
+            keep(list(rows))
+    return rows
+
+
+def cell_name(key: str, dtype: str) -> str:
+    return f"{key}-{dtype}"
+
+
+def lossless_concurrent(out: Path, cells, levels, graphs_dtype: str, save, jobs: int) -> dict:
+    """The cells as child processes, ``jobs`` at a time (``--one lossless-cell``), in this process's group (a limit
+    that stops the part stops them too). Each child writes ``OUT/lossless-cells/<target>-<dtype>.json`` (its rows,
+    after each level) and ``.log``; as each ends, its log is copied into this part's output and the table is saved
+    from every cell's rows so far. SIGTERM (the part's limit) saves that table before this process ends."""
+    rowdir = out / "lossless-cells"
+    rowdir.mkdir(parents=True, exist_ok=True)
+    pending = list(cells)
+    running: dict = {}
+    failed: list[dict] = []
+
+    def collect(partial: bool) -> dict:
+        rows = []
+        for key, _family, dtype in cells:
+            try:
+                rows += json.loads((rowdir / f"{cell_name(key, dtype)}.json").read_text())["rows"]
+            except (OSError, ValueError, KeyError):
+                pass
+        doc = lossless_doc(rows, partial=partial)
+        doc["concurrent_cells"] = jobs
+        if failed:
+            doc["cell_failures"] = failed
+            doc["all_identical"] = doc["all_identical_or_ties"] = False
+            doc["table"] += "".join(f"\ncell {f['target']} {f['dtype']}: exit {f['exit']}: {f['last_line']}"
+                                    for f in failed)
+        return doc
+
+    def on_term(signum, frame):
+        for proc, _cell, _fh in running.values():
+            if proc.poll() is None:
+                proc.terminate()
+        if save is not None:
+            save(collect(partial=True))
+        os._exit(128 + signum)
+
+    import signal
+
+    # the cores shared out: torch's CPU threads per process (its default is every core: six processes would each
+    # spin that many threads over the same cores)
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                key, family, dtype = cell = pending.pop(0)
+                name = cell_name(key, dtype)
+                fh = open(rowdir / f"{name}.log", "w")
+                argv = [sys.executable, __file__, "--out", str(rowdir), "--one", "lossless-cell", "--cell",
+                        f"{key}:{dtype}", "--lossless-levels", ",".join(str(c) for c in levels)]
+                if dtype == graphs_dtype:
+                    argv.append("--cell-graphs")
+                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
+                running[name] = (proc, cell, fh)
+                log(f"lossless {key:12s} {dtype:9s} started (pid {proc.pid}, {len(running)} running)")
+            time.sleep(0.2)
+            for name in [n for n, (p, _, _) in running.items() if p.poll() is not None]:
+                proc, (key, _family, dtype), fh = running.pop(name)
+                fh.close()
+                text = (rowdir / f"{name}.log").read_text(errors="replace")
+                log(f"---- lossless cell {name}: exit {proc.returncode} ----\n{text.rstrip()}")
+                if proc.returncode != 0:
+                    last = (text.strip().splitlines() or ["(no output)"])[-1]
+                    failed.append({"target": key, "dtype": dtype, "exit": proc.returncode, "last_line": last[-300:]})
+                if save is not None:
+                    save(collect(partial=bool(pending or running)))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return collect(partial=False)
+
+
+def run_cell(args) -> int:
+    """``--one lossless-cell --cell TARGET:DTYPE``: one cell of the table in this process; its rows to
+    ``OUT/<target>-<dtype>.json`` after each level."""
+    import tempfile
+
+    key, _, dtype = args.cell.partition(":")
+    family = dict(FAMILIES).get(key)
+    if family is None or not dtype:
+        log(f"gpu_e2e: --cell must be TARGET:DTYPE with TARGET one of {', '.join(k for k, _ in FAMILIES)}, "
+            f"got {args.cell!r}")
+        return 2
+    path = Path(args.out) / f"{cell_name(key, dtype)}.json"
+
+    def keep(rows):
+        write_replacing(path, json.dumps({"rows": rows}, indent=2, default=str))
+
     with tempfile.TemporaryDirectory() as tmp:
-        for key, family in FAMILIES:
-            pair = trained_pair(family)
-            prompts = shipped_prompts(pair, 16)
-            jobs = [(p, 40 if i % 2 == 0 else 24) for i, p in enumerate(prompts + prompts)]
-            for dtype in dtypes:
-                t0 = time.perf_counter()
-                eng_dir = Path(tmp) / f"{key}-{dtype}"
-                res = build_engine(pair.drafter_dir, pair.target_dir, eng_dir, backend=BACKEND, target_key=key,
-                                   dtype=dtype, verify=dtype == "float32",
-                                   overrides={"max_batch_size": 16, "tokens_per_block": 16})
-                build_s = time.perf_counter() - t0
-                log(f"lossless {key:12s} {dtype:9s} built in {build_s:.1f} s (verify gate: "
-                    f"{(res.manifest.get('verify') or {}).get('passed')})")
-                eos = tuple(res.manifest["eos_token_ids"])
-                t_ref = time.perf_counter()
-                refs40 = reference_outputs(pair.target_dir, prompts, 40, eos, dtype=dtype, device=DEVICE)
-                log(f"lossless {key:12s} {dtype:9s} the HF target's references in {time.perf_counter() - t_ref:.1f} s")
-                want = [r if n == 40 else r[:24] for (_, n), r in zip(jobs, refs40 + refs40)]
-                for conc in levels:
-                    eng, man = open_standin_engine(eng_dir)
-                    try:
-                        rt = Runtime(eng, max_batch_size=conc)
-                        reqs = [Request(list(p), n, stop_token_ids=eos, task_id=i, seed=i)
-                                for i, (p, n) in enumerate(jobs)]
-                        t1 = time.perf_counter()
-                        rt.generate(reqs)
-                        wall = time.perf_counter() - t1
-                        mixed = sum(1 for s in rt.step_log if s["context"] and s["generation"])
-                        steps = rt.step_count
-                    finally:
-                        eng.close()
-                    same = [r.output_ids == w for r, w in zip(reqs, want)]
-                    bad = [i for i, ok in enumerate(same) if not ok]
-                    acc = [a for r in reqs for a in r.acceptance_lengths]
-                    row = {"target": key, "dtype": dtype, "concurrency": conc, "requests": len(reqs),
-                           "identical": len(reqs) - len(bad), "mismatched": bad[:8],
-                           "first_mismatch": _first_diff(reqs[bad[0]].output_ids, want[bad[0]]) if bad else None,
-                           "mean_acceptance": sum(acc) / len(acc) if acc else 0.0, "steps": steps,
-                           "mixed_steps": mixed, "tokens": sum(len(r.output_ids) for r in reqs),
-                           "wall_s": wall, "build_s": build_s,
-                           "verify_gate": (res.manifest.get("verify") or {}).get("passed") if conc == levels[0]
-                           else None}
-                    if dtype == dtypes[0] and conc == levels[-1]:
-                        try:
-                            row["cuda_graphs"] = g = graphed_run(eng_dir, jobs, eos, conc, want)
-                            log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} CUDA graphs: {g['identical']}/{len(jobs)} "
-                                f"identical, {g['replayed']} replayed, {g['captured']} captured, {g['eager']} eager, "
-                                f"{g['tokens'] / g['wall_s']:.0f} tok/s"
-                                f"{' failed: ' + '; '.join(g['failed']) if g['failed'] else ''}")
-                        except Exception:  # noqa: BLE001 - the rows of the other pairs still count
-                            row["cuda_graphs"] = {"error": traceback.format_exc()[-2000:], "identical": 0}
-                            log(f"lossless {key:12s} CUDA graphs run failed:\n{row['cuda_graphs']['error']}")
-                    if bad and conc == levels[0]:
-                        row["diagnosis"] = [near_tie(pair.target_dir, dtype, jobs[i][0], reqs[i].output_ids, want[i])
-                                            for i in bad[:4]]
-                    # each difference judged by the build gate's rule (engine/verify.py): a rounding tie of the
-                    # target's own logits, or a real difference; the strict count above stays what it is
-                    row["ties_only"], row["differ"], row["tie_details"] = 0, [], []
-                    for i in bad:
-                        try:
-                            ties = check_against_target(pair.target_dir, [jobs[i][0]], [reqs[i].output_ids],
-                                                        jobs[i][1], eos, dtype=dtype, device=DEVICE)
-                        except VerifyError as exc:
-                            row["differ"].append({"request": i, "error": str(exc)})
-                            continue
-                        row["ties_only"] += 1
-                        if len(row["tie_details"]) < 4:
-                            row["tie_details"].append({"request": i, "ties": ties})
-                    rows.append(row)
-                    log(f"lossless {key:12s} {dtype:9s} c{conc:<3d} {row['identical']}/{row['requests']} identical, "
-                        f"mean acceptance {row['mean_acceptance']:.2f}, {steps} steps ({mixed} mixed), "
-                        f"{row['tokens'] / wall:.0f} tok/s")
-                    if save is not None:
-                        save(lossless_doc(rows, partial=True))
-    return lossless_doc(rows)
+        lossless_cell(key, family, dtype, tuple(int(x) for x in args.lossless_levels.split(",")), Path(tmp),
+                      graphs=args.cell_graphs, keep=keep)
+    return 0
 
 
 def lossless_doc(rows: list[dict], partial: bool = False) -> dict:
@@ -291,7 +410,8 @@ def run_part(name: str, args) -> int:
     try:
         if name == "lossless":
             doc = part_lossless(out, tuple(int(x) for x in args.lossless_levels.split(",")),
-                                tuple(args.lossless_dtypes.split(",")), save=save)
+                                tuple(args.lossless_dtypes.split(",")), save=save, jobs=args.lossless_jobs,
+                                targets=args.lossless_targets.split(","))
             ok = doc["all_identical"]
         else:
             doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps, save=save)
@@ -308,6 +428,10 @@ def run_part(name: str, args) -> int:
                                                          indent=2, default=str))
         return 1
     save(doc)
+    if name == "lossless" and (out / "lossless-cells").is_dir():
+        import shutil
+
+        shutil.rmtree(out / "lossless-cells")    # every cell's rows are in lossless.json, its log in lossless.log
     return 0 if ok else 1
 
 
@@ -329,6 +453,50 @@ def write_replacing(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def default_jobs() -> int:
+    """Cells of the lossless table run at once: all six on a GPU machine with the cores for them, one on the cpu
+    backend (its rehearsal here has two cores and no idle device)."""
+    if BACKEND != "cuda":
+        return 1
+    return max(1, min(len(FAMILIES) * 2, (os.cpu_count() or 1) // 2))
+
+
+def run_limited(cmd: list[str], limit: float, log_path: Path) -> int:
+    """``cmd`` in its own process group, output to ``log_path``; at ``limit`` seconds the whole group (the part and
+    any processes it started) gets SIGTERM, then SIGKILL after 5 s; 124 then, else the exit status."""
+    import signal
+
+    with open(log_path, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            return proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            proc.wait()
+            return 124
+
+
+def part_limits(parts: list[str], part_timeout: float, budget: float | None, spent: float) -> float:
+    """The next part's limit: ``part_timeout``, and with a ``budget`` for all the parts no more than what is left of
+    it, the lossless part (when steps follows) no more than half of it, so that the steps get at least the other
+    half and whatever lossless leaves."""
+    if budget is None:
+        return part_timeout
+    left = budget - spent - 6           # the part's stop (5 s) and this driver's own exit
+    cap = budget / 2 if parts[0] == "lossless" and len(parts) > 1 else left
+    return max(1.0, min(part_timeout, left, cap))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="directory for the JSON, tables and logs (created)")
@@ -336,15 +504,35 @@ def main(argv=None) -> int:
     p.add_argument("--context-len", type=int, default=1024)
     p.add_argument("--concurrency", default="1,4,16,32,64")
     p.add_argument("--targets", default=",".join(STEP_TARGETS))
-    p.add_argument("--part-timeout", type=int, default=300, help="seconds per part")
+    p.add_argument("--part-timeout", type=int, default=300, help="seconds per part at most")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for all the parts together: each part gets at most what is left, lossless at most "
+                        "half when steps follows (steps then gets the rest)")
     p.add_argument("--lossless-levels", default="1,16", help="lossless: concurrency levels")
     p.add_argument("--lossless-dtypes", default="float32,bfloat16", help="lossless: engine dtypes")
+    p.add_argument("--lossless-targets", default=",".join(k for k, _ in FAMILIES), help="lossless: tiny pairs")
+    p.add_argument("--lossless-jobs", type=int, default=None,
+                   help="lossless: cells (target x dtype) run at once as processes [default: 6 on a GPU machine "
+                        "with 12+ cores, else half its cores; 1 on the cpu backend]")
     p.add_argument("--steps", type=int, default=8, help="steps: timed steps per point")
     p.add_argument("--one", help=argparse.SUPPRESS)   # run one part in this process (the driver's children)
+    p.add_argument("--cell", help=argparse.SUPPRESS)  # --one lossless-cell: TARGET:DTYPE
+    p.add_argument("--cell-graphs", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.lossless_jobs is None:
+        args.lossless_jobs = default_jobs()
+    if args.lossless_jobs < 1:
+        p.error(f"--lossless-jobs must be >= 1, got {args.lossless_jobs}")
+    bad = [t for t in args.lossless_targets.split(",") if t not in dict(FAMILIES)]
+    if bad:
+        p.error(f"--lossless-targets: unknown {', '.join(bad)}; expected some of {', '.join(k for k, _ in FAMILIES)}")
+    if args.budget is not None and not args.budget > 0:
+        p.error(f"--budget must be a positive number of seconds, got {args.budget}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO))
+    if args.one == "lossless-cell":
+        return run_cell(args)
     if args.one:
         return run_part(args.one, args)
     missing = requirements() if BACKEND == "cuda" else []
@@ -357,17 +545,17 @@ def main(argv=None) -> int:
         log(f"gpu_e2e: unknown part(s) {unknown}; expected {', '.join(PARTS)}")
         return 2
     worst = 0
-    for name in parts:
+    start = time.perf_counter()
+    for i, name in enumerate(parts):
         cmd = [sys.executable, __file__, "--out", str(out), "--one", name, "--context-len", str(args.context_len),
                "--concurrency", args.concurrency, "--targets", args.targets, "--lossless-levels", args.lossless_levels,
-               "--lossless-dtypes", args.lossless_dtypes, "--steps", str(args.steps)]
+               "--lossless-dtypes", args.lossless_dtypes, "--lossless-jobs", str(args.lossless_jobs),
+               "--lossless-targets", args.lossless_targets,
+               "--steps", str(args.steps)]
+        limit = part_limits(parts[i:], args.part_timeout, args.budget, time.perf_counter() - start)
+        log(f"== {name} (limit {limit:.0f} s)")
         t0 = time.perf_counter()
-        with open(out / f"{name}.log", "w") as fh:
-            try:
-                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=args.part_timeout,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
-            except subprocess.TimeoutExpired:
-                rc = 124
+        rc = run_limited(cmd, limit, out / f"{name}.log")
         log(f"== {name}: exit {rc} in {time.perf_counter() - t0:.0f} s")
         txt = out / f"{name}.txt"
         log(txt.read_text() if txt.is_file() else (out / f"{name}.log").read_text()[-3000:])

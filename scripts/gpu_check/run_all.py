@@ -46,12 +46,13 @@ class Part:
 
 def default_parts(python: str = sys.executable) -> list[Part]:
     """The parts of the GPU run, most valuable first: the plugins' kernels (never run on a GPU since their rewrite),
-    the engine flow (lossless, then the real-width steps; each its own half of the limit), the TensorRT session's
-    binding on device pointers, the gpu-marked tests (``-v``: each test's result is in the log as it ends)."""
+    the engine flow (lossless in at most half of its limit, then the real-width steps in the rest), the TensorRT
+    session's binding on device pointers, the gpu-marked tests (``-v``: each test's result is in the log as it
+    ends)."""
     return [
         Part("kernels", 150, lambda w, s: [python, str(HERE / "gpu_check.py"), "--json", str(w / "kernels.json")]),
         Part("e2e", 300, lambda w, s: [python, str(REPO / "scripts" / "gpu_e2e.py"), "--out", str(w / "e2e"),
-                                       "--part-timeout", str(max(int((s - 10) // 2), 1))]),
+                                       "--budget", str(max(int(s - 10), 1))]),
         Part("trt_session", 45, lambda w, s: [python, str(REPO / "scripts" / "gpu_check_trt_session.py"),
                                               "--out", str(w / "trt_session")]),
         Part("pytest_gpu", 60, lambda w, s: [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu",

@@ -74,8 +74,8 @@ def test_a_bad_budget_is_one_error_line(tmp_path, monkeypatch, capsys):
 
 
 def test_the_default_parts_most_valuable_first_inside_the_default_budget(tmp_path):
-    """The kernels first (never run on a GPU since their rewrite), then the engine flow (its two halves share the
-    part's limit), the TensorRT session's binding, the gpu-marked tests; the default budget leaves the ~570 s call
+    """The kernels first (never run on a GPU since their rewrite), then the engine flow (lossless at most half of the
+    part's limit, the steps the rest), the TensorRT session's binding, the gpu-marked tests; the default budget leaves the ~570 s call
     room for the wheels' install."""
     parts = A.default_parts(python="py")
     assert [p.name for p in parts] == ["kernels", "e2e", "trt_session", "pytest_gpu"]
@@ -83,8 +83,8 @@ def test_the_default_parts_most_valuable_first_inside_the_default_budget(tmp_pat
     argv = {p.name: p.argv(w, p.limit) for p in parts}
     assert argv["kernels"] == ["py", str(ROOT / "scripts" / "gpu_check" / "gpu_check.py"), "--json",
                                str(w / "kernels.json")]
-    assert argv["e2e"] == ["py", str(ROOT / "scripts" / "gpu_e2e.py"), "--out", str(w / "e2e"), "--part-timeout",
-                           str(int((300 - 10) // 2))]
+    assert argv["e2e"] == ["py", str(ROOT / "scripts" / "gpu_e2e.py"), "--out", str(w / "e2e"), "--budget",
+                           str(300 - 10)]
     assert argv["trt_session"][1:] == [str(ROOT / "scripts" / "gpu_check_trt_session.py"), "--out",
                                        str(w / "trt_session")]
     assert argv["pytest_gpu"][-3:] == ["-m", "gpu", str(ROOT / "tests" / "gpu")]

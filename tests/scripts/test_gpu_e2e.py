@@ -6,6 +6,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,3 +35,63 @@ def test_a_failed_target_keeps_the_steps_of_the_one_before(monkeypatch, tmp_path
     assert [r["target"] for r in doc["reports"]] == ["tiny"] and doc["reports"][0]["points"][0]["concurrency"] == 1
     assert (tmp_path / "steps.txt").read_text().startswith("BENCH STEPS tiny on cpu")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps-tiny.json", "steps.json", "steps.txt"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_concurrent_lossless_cells_stopped_at_the_limit_keep_their_rows(tmp_path):
+    """The lossless cells as processes at once (on a GPU all six: the tiny pairs leave it idle). Stopped at the
+    part's limit (SIGTERM to its process group, as gpu_e2e's and run_all's limits send it) after one cell has
+    saved a row, the part saves the table of every row so far, partial, and no cell process is left."""
+    out = tmp_path / "e2e"
+    env = {**os.environ, "DFLASH2_E2E_BACKEND": "cpu", "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, str(ROOT / "scripts" / "gpu_e2e.py"), "--out", str(out), "--one", "lossless",
+            "--lossless-targets", "tiny", "--lossless-dtypes", "float32,bfloat16", "--lossless-levels", "16,1",
+            "--lossless-jobs", "2"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    cells = out / "lossless-cells"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if list(cells.glob("*.json")):          # a cell has saved its c16 row; c1 is still to come
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[0]
+        os.killpg(proc.pid, signal.SIGTERM)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, text
+    doc = json.loads((out / "lossless.json").read_text())
+    assert doc["partial"] is True and doc["concurrent_cells"] == 2 and doc["backend"] == "cpu"
+    rows = doc["rows"]
+    assert rows and all(r["target"] == "tiny" and r["concurrency"] == 16 for r in rows)
+    assert all(r["identical"] == r["requests"] == 32 for r in rows if r["dtype"] == "float32")
+    assert (out / "lossless.txt").read_text().startswith("LOSSLESS on cpu")
+    pids = [int(ln.split("(pid ")[1].split(",")[0]) for ln in text.splitlines() if "started (pid" in ln]
+    assert len(pids) == 2, text
+    for pid in pids:
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), f"cell process {pid} outlived the part"
+
+
+def test_the_budget_gives_the_steps_what_lossless_leaves(monkeypatch):
+    """run_all gives the engine flow one budget (``--budget``): lossless at most half of it while steps follows, the
+    steps whatever is left (minus the 5 s stop and the driver's exit); without a budget each part its own limit."""
+    e2e = _load(monkeypatch)
+    assert e2e.part_limits(["lossless", "steps"], 300, 290, 0) == 145
+    assert e2e.part_limits(["steps"], 300, 290, 60) == 290 - 60 - 6      # lossless took 60 s of its 145
+    assert e2e.part_limits(["lossless"], 300, 290, 0) == 290 - 6          # alone, lossless may use it all
+    assert e2e.part_limits(["steps"], 300, None, 200) == 300
+    assert e2e.part_limits(["steps"], 300, 290, 300) == 1                 # spent: the part starts and is stopped
+    assert e2e.default_jobs() == 1                                        # the cpu rehearsal: one cell at a time
