@@ -134,14 +134,14 @@ def main() -> None:
 @main.command("targets")
 @click.option("--json", "as_json", is_flag=True, help="Print the registry as JSON.")
 def targets_cmd(as_json: bool) -> None:
-    """List the registered targets."""
-    from .targets import TARGETS
+    """List the registered targets, with where each backend has been verified for each (README's status table)."""
+    from .targets import STATUS_LEGEND, TARGETS, status_of
 
     rows = [
         {"key": e.key, "family": e.family, "target": e.target_id or "(built locally)",
          "drafter": e.drafter_id or ("(built locally)" if e.tiny_family else "(none published: --drafter DIR)"),
          "block_size": e.block_size, "build_config": f"build_configs/{e.build_config}",
-         "supported": list(e.supported), "notes": e.notes}
+         "supported": list(e.supported), "verified": status_of(e), "notes": e.notes}
         for e in TARGETS.values()
     ]
     if as_json:
@@ -153,8 +153,10 @@ def targets_cmd(as_json: bool) -> None:
         click.echo(f"  target: {r['target']}")
         click.echo(f"  drafter: {r['drafter']}")
         click.echo(f"  supported: {', '.join(r['supported'])}")
+        click.echo("  verified: " + "; ".join(f"{k}: {v}" for k, v in r["verified"].items()))
         if r["notes"]:
             click.echo(f"  notes: {r['notes']}")
+    click.echo(f"verified, the words: {STATUS_LEGEND}")
 
 
 def _pair_options(f):

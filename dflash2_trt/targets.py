@@ -54,6 +54,9 @@ class TargetEntry:
     supported: tuple[str, ...]  # stages that work today
     notes: str = ""
     tiny_family: str | None = None
+    # where each backend has been verified for this target: README's status table, cell for cell (STATUS_COLUMNS;
+    # tests/test_readme.py holds the two equal)
+    status: tuple[str, str, str, str] = ("", "", "", "")
 
     @property
     def build_config_path(self) -> Path:
@@ -71,6 +74,11 @@ TARGETS: dict[str, TargetEntry] = {
                   "the engine network covers it (CPU backend); the stock TensorRT-LLM 1.2 executor refuses "
                   "speculative decoding for recurrent models, so a TensorRT engine runs on the project runtime "
                   "(docs/trt-session.md)",
+            status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
+                    'network defines, every rank',
+                    'step timed, random weights (H200)',
+                    'binding, real widths (stand-in, CI)',
+                    'refused; patch script'),
         ),
         TargetEntry(
             key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",
@@ -78,23 +86,43 @@ TARGETS: dict[str, TargetEntry] = {
             supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
             notes="reference decoding, conversion and the engine network (CPU backend); the published drafter's "
                   "8x128 KV heads spread over 4 pool layers each next to the target's 2x128 (drafter_kv_split)",
+            status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
+                    'network defines, every rank',
+                    'not run yet',
+                    'binding, real widths, tp 1, 2 (stand-in, CI)',
+                    'refused (windows)'),
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,
             build_config="qwen3-8b.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
             notes="dense Qwen3; no published DFlash2 drafter: pass --drafter DIR",
+            status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
+                    'with `--drafter DIR`',
+                    'not run',
+                    'not run',
+                    '`drafter_window: full`, not run'),
         ),
         TargetEntry(
             key="tiny", family="qwen3", target_id=None, drafter_id=None, block_size=8,
             build_config="tiny.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
             tiny_family="qwen3",
             notes="trained tiny dense Qwen3 + DFlash2 drafter shipped in dflash2_trt/assets/tiny (scripts/train_tiny_drafter.py)",
+            status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
+                    'lossless + law, tp 1-4 (CI)',
+                    'fp32, bf16 = HF at c1, c16 (H200)',
+                    'tokens = cpu (stand-in, CI)',
+                    'supported, not run'),
         ),
         TargetEntry(
             key="tiny-hybrid", family="qwen3_5", target_id=None, drafter_id=None, block_size=8,
             build_config="tiny-hybrid.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
             tiny_family="qwen3_5",
             notes="trained tiny Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter shipped in dflash2_trt/assets/tiny",
+            status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
+                    'lossless + law (CI)',
+                    'fp32 = HF; bf16 28/32 (H200)',
+                    '= cpu, baseline = HF; tp 2: mpiexec (stand-in, CI)',
+                    'refused (recurrent)'),
         ),
         TargetEntry(
             key="tiny-muse", family="muse_glimmer", target_id=None, drafter_id=None, block_size=16,
@@ -102,9 +130,28 @@ TARGETS: dict[str, TargetEntry] = {
             tiny_family="muse_glimmer",
             notes="trained tiny Muse Glimmer (wrapper + tiny vision tower; sliding and NoPE full-attention layers) + "
                   "block-16 DFlash2 drafter with the target's KV layout, shipped in dflash2_trt/assets/tiny",
+            status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
+                    'lossless + law (CI)',
+                    'fp32 = HF; bf16 30/32 (H200)',
+                    'tokens = cpu (stand-in, CI)',
+                    'refused (windows)'),
         ),
     )
 }
+
+
+# README's status table: the backends, and what each cell's words mean (printed by `targets` and the dry run)
+STATUS_COLUMNS = ("cpu", "cuda", "TRT-LLM, project runtime", "TRT-LLM, C++ executor")
+STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; stand-in: against a CPU stand-in of "
+                 "TensorRT held to facts recorded from TensorRT 10 / TensorRT-LLM 1.2 sources (neither installs "
+                 "here); lossless + law: greedy token-identical to the target, sampled tokens pass the target's "
+                 "exact law; = HF: identical to the HF target's greedy decoding on the same GPU; refused: by stock "
+                 "TensorRT-LLM 1.2's executor")
+
+
+def status_of(e: TargetEntry) -> dict[str, str]:
+    """Where each backend has been verified for ``e`` (README's status row), by column."""
+    return dict(zip(STATUS_COLUMNS, e.status))
 
 
 def get_target(key: str) -> TargetEntry:

@@ -38,6 +38,21 @@ def test_status_table_rows_are_the_registry():
     assert all(len(r) == len(COLUMNS) and all(r) for r in rows)
 
 
+def test_status_cells_are_what_targets_prints():
+    """The status cells live once, in the registry (`dflash2-trt targets`, the dry run); README shows the same words,
+    and its legend the same meanings."""
+    from dflash2_trt.targets import STATUS_COLUMNS, STATUS_LEGEND, status_of
+
+    head, _sep, *rows = _table()
+    assert tuple(head[2:]) == STATUS_COLUMNS
+    for r in rows:
+        assert dict(zip(STATUS_COLUMNS, r[2:])) == status_of(TARGETS[r[0]]), r[0]
+    legend = " ".join(README.split("## Status", 1)[1].split("\n\n")[1].split())
+    for term in STATUS_LEGEND.split("; "):
+        word, meaning = term.split(": ", 1)
+        assert f"`{word}`: {meaning}" in legend, term
+
+
 def test_the_test_command_is_cis():
     cmd = re.search(r"```bash\n(python3 -m venv .venv && .*pytest -q)\n```", README).group(1)
     assert cmd in (ROOT / ".ci" / "run").read_text()

@@ -53,7 +53,7 @@ from ..convert.driver import FAMILY_MAPS, rank_plans
 from ..convert.schema import build_config
 from ..errors import ConfigError, MissingDependencyError, PairingError
 from ..plugins import plugin_dir
-from ..targets import get_target
+from ..targets import get_target, status_of
 from .common import eagle_choices, shell_line
 from ..trtllm.gdn_slot import gdn_slot_layout
 from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
@@ -471,9 +471,10 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                                    f"autoregressive baseline on the project runtime (if it fails, "
                                                    f"the combined engine is kept without baseline/ and the build "
                                                    f"exits 1)"})
-    supported = {"stages": [], "cpu_engine": False, "trtllm_engine": False}
+    supported = {"stages": [], "cpu_engine": False, "trtllm_engine": False, "verified": None}
     if p.target_key is not None:
         supported["stages"] = list(get_target(p.target_key).supported)
+        supported["verified"] = status_of(get_target(p.target_key))   # README's status row
     engine_config = engine_pretrained_config(p.checkpoint_config, cfg, d) if p.checkpoint_config else None
     trtllm_blockers = list(p.trtllm_blockers)
     path = None
@@ -589,6 +590,9 @@ def render_plan(plan: dict) -> str:
     lines.append(f"supported today: stages {', '.join(sup['stages']) or '(unregistered target)'}; CPU engine "
                  f"{'yes' if sup['cpu_engine'] else 'no'}; TensorRT-LLM engine "
                  f"{'buildable (not yet built or run on a GPU by this project)' if sup['trtllm_engine'] else 'no'}")
+    if sup.get("verified"):
+        lines.append("  verified: " + "; ".join(f"{k}: {v}" for k, v in sup["verified"].items())
+                     + " (`dflash2-trt targets` says what the words mean)")
     for b in plan["blockers"] + plan["trtllm_blockers"]:
         lines.append(f"  blocked: {b}")
     for wn in plan["warnings"]:
