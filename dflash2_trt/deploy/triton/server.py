@@ -21,7 +21,6 @@ together with its watchdog left is cleaned (and named) by the next ``serve``.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -37,6 +36,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...children import die_with_parent
 from ...errors import ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, stop_requested
 from . import hygiene
 from .repository import TRITON_EXTRA
@@ -140,13 +140,6 @@ def _own_libpython_dir() -> str | None:
     return None
 
 
-def _pdeathsig():  # pragma: no cover - runs in the child
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class TritonServer:
     """``with TritonServer(repo) as srv:`` — tritonserver on 127.0.0.1, ready inside, stopped after."""
 
@@ -223,7 +216,7 @@ class TritonServer:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(inst, backends, env), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                         preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
+                                         preexec_fn=die_with_parent())
         try:
             self._watchdog = hygiene.start_watchdog(self.proc.pid, [self._work, *self.cleanup_dirs])
             self.wait_ready()

@@ -10,6 +10,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from ...children import die_with_parent
 from ...errors import DFlash2Error
 
 LOG_TAIL = 3000
@@ -32,13 +33,14 @@ class BaselineBuildError(EngineBuildError):
 class SubprocessRunner:
     """Run a command, its output (stdout and stderr) appended line by line to ``log`` and, when given, to
     ``echo`` (progress). Ctrl-C / SIGTERM: the child is interrupted, waited for (then killed), and the
-    interrupt re-raised, so the caller's cleanup runs with no child still writing."""
+    interrupt re-raised, so the caller's cleanup runs with no child still writing. If this process is killed
+    outright (SIGKILL), the child gets SIGTERM from the kernel (:func:`~dflash2_trt.children.die_with_parent`)."""
 
     def __call__(self, argv, *, env=None, log=None, cwd=None, echo=None) -> int:
         full_env = {**os.environ, **(env or {})}
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                                    text=True, bufsize=1, start_new_session=True)
+                                    text=True, bufsize=1, start_new_session=True, preexec_fn=die_with_parent())
         except OSError as exc:
             raise EngineBuildError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
         fh = open(log, "a", encoding="utf-8") if log is not None else None
