@@ -77,7 +77,8 @@ print(build_cuda_plugins('$arch'))")"
 echo "gpu_prepare: $(ls .whl | tr '\n' ' ')"
 echo "gpu_prepare: $lib ($(du -sh .whl .gpucache | awk '{print $1}' | paste -sd/) for .whl/.gpucache)"
 cat <<EOF
-The device command (carry: .whl .gpucache; OUT is the device tool's output folder):
+The device command (carry: .whl .gpucache; OUT is the device tool's output folder; ask for an H200 by name where
+there is a choice: qwen3.8-27b's steps at concurrency 64 need ~90 GB, so on an 80 GB H100 that level is dropped):
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \\
   || exit 3; export PYTHONPATH=/tmp/site:\$PWD DFLASH2_TRT_CACHE=\$PWD/.gpucache DFLASH2_CUDA_ARCH=$arch \\
   PYTHONUNBUFFERED=1; scripts/gpu_check.sh --all \$OUT/all
