@@ -20,8 +20,8 @@ from .errors import ConfigError
 # 1e-5 as float32 (9.99999975e-06): a client's fp32 1e-5 (Triton's temperature tensor is FP32) still samples
 GREEDY_BELOW = struct.unpack("<f", struct.pack("<f", 1e-5))[0]
 
-# The largest float32 (FLT_MAX): the engine carries the temperature in fp32, where a larger finite float64 becomes
-# inf (logits / inf = 0: uniform sampling), and TensorRT-LLM's EAGLE layer takes (0, FLT_MAX] (engine_io.yaml
+# The largest float32 (FLT_MAX): the engine carries the temperature in fp32, where a float64 that rounds past it
+# becomes inf (logits / inf = 0: uniform sampling), and TensorRT-LLM's EAGLE layer takes (0, FLT_MAX] (engine_io.yaml
 # request_temperature eagle_layer_range)
 FLT_MAX = struct.unpack("<f", bytes.fromhex("ffff7f7f"))[0]
 
@@ -71,18 +71,19 @@ def check_request_temperature(value, field: str = "temperature") -> float:
 
 def effective_temperature(value, field: str = "--temperature") -> float:
     """The temperature sampling runs with: ``value`` when >= :data:`GREEDY_BELOW`, ``0.0`` (greedy) for
-    ``0 <= value < GREEDY_BELOW``; a negative, NaN, infinite, above-:data:`FLT_MAX` or non-numeric value is one
-    ConfigError line naming ``field``."""
+    ``0 <= value < GREEDY_BELOW``; a negative, NaN, infinite, non-numeric value, or one that is inf in float32
+    (rounds past :data:`FLT_MAX`), is one ConfigError line naming ``field``."""
     try:
         t = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"must be a finite number >= 0, got {value!r}", field=field) from None
     if not (t >= 0 and math.isfinite(t)):
         raise ConfigError(f"must be a finite number >= 0, got {value}", field=field)
-    if t > FLT_MAX:
-        raise ConfigError(f"must be at most {FLT_MAX:.8g} (FLT_MAX: the engine carries the temperature in float32), "
-                          f"got {value}", field=field)
-    t32 = struct.unpack("<f", struct.pack("<f", t))[0]   # the engine compares in float32
+    try:
+        t32 = struct.unpack("<f", struct.pack("<f", t))[0]   # the engine compares (and carries it) in float32
+    except OverflowError:                                    # rounds to inf in float32: logits / inf, uniform
+        raise ConfigError(f"must be at most {FLT_MAX!r} (FLT_MAX: the engine carries the temperature in float32), "
+                          f"got {value}", field=field) from None
     return t if t32 >= GREEDY_BELOW else 0.0
 
 

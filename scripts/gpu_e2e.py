@@ -190,25 +190,36 @@ def cell_name(key: str, dtype: str) -> str:
 
 
 def lossless_concurrent(out: Path, cells, levels, graphs_dtype: str, save, jobs: int) -> dict:
-    """The cells as child processes, ``jobs`` at a time (``--one lossless-cell``), in this process's group (a limit
-    that stops the part stops them too). Each child writes ``OUT/lossless-cells/<target>-<dtype>.json`` (its rows,
-    after each level) and ``.log``; as each ends, its log is copied into this part's output and the table is saved
-    from every cell's rows so far. SIGTERM (the part's limit) saves that table before this process ends."""
+    """The cells as child processes, ``jobs`` at a time (``--one lossless-cell``), each ending with this process
+    (PR_SET_PDEATHSIG) if it is killed outright. Each child writes ``OUT/lossless-cells/<target>-<dtype>.json`` (its
+    rows, after each level) and ``.log``; as each ends, its log is copied into this part's output and the table is
+    saved from every cell's rows so far. SIGTERM (the part's limit) stops the cells and saves that table, naming the
+    cells stopped, before this process ends; an exception here stops the cells too."""
+    import signal
+
+    from dflash2_trt.children import die_with_parent
+
+    device_info()          # torch imported and the device named now: a stop's save only reads JSON and writes
     rowdir = out / "lossless-cells"
     rowdir.mkdir(parents=True, exist_ok=True)
     pending = list(cells)
     running: dict = {}
     failed: list[dict] = []
 
-    def collect(partial: bool) -> dict:
+    def collect(partial: bool, stopped=()) -> dict:
         rows = []
         for key, _family, dtype in cells:
             try:
                 rows += json.loads((rowdir / f"{cell_name(key, dtype)}.json").read_text())["rows"]
             except (OSError, ValueError, KeyError):
                 pass
-        doc = lossless_doc(rows, partial=partial)
+        doc = lossless_doc(rows, partial=partial, jobs=jobs)
         doc["concurrent_cells"] = jobs
+        if stopped or (partial and pending):
+            doc["cells_stopped"] = list(stopped)
+            doc["cells_not_started"] = [cell_name(k, d) for k, _f, d in pending]
+            doc["table"] += (f"\nstopped at the limit: {', '.join(stopped) or '-'}; not started: "
+                             f"{', '.join(doc['cells_not_started']) or '-'}")
         if failed:
             doc["cell_failures"] = failed
             doc["all_identical"] = doc["all_identical_or_ties"] = False
@@ -216,33 +227,42 @@ def lossless_concurrent(out: Path, cells, levels, graphs_dtype: str, save, jobs:
                                     for f in failed)
         return doc
 
-    def on_term(signum, frame):
-        for proc, _cell, _fh in running.values():
-            if proc.poll() is None:
-                proc.terminate()
-        if save is not None:
-            save(collect(partial=True))
-        os._exit(128 + signum)
+    def stop_cells() -> list[str]:
+        live = [name for name, (proc, _c, _f) in running.items() if proc.poll() is None]
+        for name in live:
+            running[name][0].terminate()
+        for name in live:
+            try:
+                running[name][0].wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                running[name][0].kill()
+        return live
 
-    import signal
+    def on_term(signum, frame):
+        stopped = stop_cells()
+        if save is not None:
+            save(collect(partial=True, stopped=stopped))
+        os._exit(128 + signum)
 
     # the cores shared out: torch's CPU threads per process (its default is every core: six processes would each
     # spin that many threads over the same cores)
-    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    threads = str(max(1, usable_cpus() // jobs))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
     old = signal.signal(signal.SIGTERM, on_term)
     try:
         while pending or running:
             while pending and len(running) < jobs:
-                key, family, dtype = cell = pending.pop(0)
+                key, family, dtype = cell = pending[0]
                 name = cell_name(key, dtype)
                 fh = open(rowdir / f"{name}.log", "w")
                 argv = [sys.executable, __file__, "--out", str(rowdir), "--one", "lossless-cell", "--cell",
                         f"{key}:{dtype}", "--lossless-levels", ",".join(str(c) for c in levels)]
                 if dtype == graphs_dtype:
                     argv.append("--cell-graphs")
-                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
+                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                        preexec_fn=die_with_parent())
                 running[name] = (proc, cell, fh)
+                pending.pop(0)
                 log(f"lossless {key:12s} {dtype:9s} started (pid {proc.pid}, {len(running)} running)")
             time.sleep(0.2)
             for name in [n for n, (p, _, _) in running.items() if p.poll() is not None]:
@@ -257,7 +277,16 @@ def lossless_concurrent(out: Path, cells, levels, graphs_dtype: str, save, jobs:
                     save(collect(partial=bool(pending or running)))
     finally:
         signal.signal(signal.SIGTERM, old)
+        stop_cells()        # after an exception here: no cell keeps the GPU for the parts after this one
     return collect(partial=False)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a container's limit, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def run_cell(args) -> int:
@@ -282,18 +311,28 @@ def run_cell(args) -> int:
     return 0
 
 
-def lossless_doc(rows: list[dict], partial: bool = False) -> dict:
-    """The lossless part's document and table from its rows."""
-    import torch
+_DEVICE_INFO: dict = {}
 
+
+def device_info() -> dict:
+    """The device's name and torch's version, looked up once."""
+    if not _DEVICE_INFO:
+        import torch
+
+        _DEVICE_INFO.update(device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", torch=torch.__version__)
+    return _DEVICE_INFO
+
+
+def lossless_doc(rows: list[dict], partial: bool = False, jobs: int = 1) -> dict:
+    """The lossless part's document and table from its rows (``jobs``: cells that ran at once)."""
     ok = all(r["identical"] == r["requests"] and r.get("cuda_graphs", {}).get("identical", r["requests"]) == r["requests"]
              for r in rows)
-    doc = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
-           "backend": BACKEND, "rows": rows, "all_identical": ok,
+    doc = {**device_info(), "backend": BACKEND, "rows": rows, "all_identical": ok,
            "all_identical_or_ties": all(r["identical"] + r["ties_only"] == r["requests"] for r in rows),
            "partial": partial}
     lines = [f"LOSSLESS on {doc['device']} ({BACKEND} backend vs the HF target's greedy decoding on the same device)"
-             + (f" (partial: the first {len(rows)} rows)" if partial else ""),
+             + (f" (partial: {len(rows)} rows so far)" if partial else "")
+             + (f" ({jobs} cells at once: their tok/s share the GPU and the CPUs)" if jobs > 1 else ""),
              f"{'target':12s} {'dtype':9s} {'conc':>4} {'identical':>10} {'ties':>4} {'differ':>6} {'mean acc':>8}"
              f" {'steps':>5} {'mixed':>5} {'tok/s':>7}  verify gate"]
     for r in rows:
@@ -458,32 +497,33 @@ def default_jobs() -> int:
     backend (its rehearsal here has two cores and no idle device)."""
     if BACKEND != "cuda":
         return 1
-    return max(1, min(len(FAMILIES) * 2, (os.cpu_count() or 1) // 2))
+    return max(1, min(len(FAMILIES) * 2, usable_cpus() // 2))
 
 
 def run_limited(cmd: list[str], limit: float, log_path: Path) -> int:
-    """``cmd`` in its own process group, output to ``log_path``; at ``limit`` seconds the whole group (the part and
-    any processes it started) gets SIGTERM, then SIGKILL after 5 s; 124 then, else the exit status."""
-    import signal
+    """``cmd`` with its output to ``log_path``, in this driver's process group (a stop aimed at the driver, run_all's
+    or ``timeout``'s, reaches it and its cells too) and ending with the driver if that is killed outright; at
+    ``limit`` seconds it gets SIGTERM (a lossless part then saves its table and stops its cells), then SIGKILL
+    after 5 s; 124 then, else the exit status."""
+    from dflash2_trt.children import die_with_parent
 
     with open(log_path, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(),
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             return proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            proc.wait()
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()       # its cells end with it (PR_SET_PDEATHSIG)
+                proc.wait()
             return 124
+        except BaseException:     # Ctrl-C: the part goes too
+            proc.kill()
+            proc.wait()
+            raise
 
 
 def part_limits(parts: list[str], part_timeout: float, budget: float | None, spent: float) -> float:

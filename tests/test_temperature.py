@@ -45,9 +45,12 @@ def test_the_rule():
             effective_temperature(bad)
     # finite in float64, inf in the engine's float32 (logits / inf: uniform sampling); TensorRT-LLM takes (0, FLT_MAX]
     assert effective_temperature(FLT_MAX) == FLT_MAX == float(np.finfo(np.float32).max)
-    for big in (1e39, 1e300, np.nextafter(FLT_MAX, np.inf)):
-        with pytest.raises(ConfigError, match=r"^--temperature: must be at most 3\.4028235e\+38 \(FLT_MAX"):
+    assert effective_temperature("3.4028235e38") > FLT_MAX          # numpy's print of FLT_MAX: FLT_MAX in float32
+    for big in (1e39, 1e300, 3.4028236e38):                         # inf in float32
+        with pytest.raises(ConfigError, match=r"^--temperature: must be at most 3\.4028234663852886e\+38 \(FLT_MAX"):
             effective_temperature(big)
+    with pytest.raises(ConfigError, match="^--temperature: must be a finite number"):
+        effective_temperature(10 ** 400)                             # too large for a float at all
 
 
 def _run_ids(engine, t):
