@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from dflash2_trt.testing.processes import process_alive
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
 PARENT = textwrap.dedent("""
@@ -22,15 +24,6 @@ PARENT = textwrap.dedent("""
     SubprocessRunner()([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"],
                        log=sys.argv[1])
 """)
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie nobody has reaped yet counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_sigkilled_build_takes_its_child_along(tmp_path):
@@ -42,15 +35,15 @@ def test_a_sigkilled_build_takes_its_child_along(tmp_path):
         while time.monotonic() < deadline and not (log.exists() and log.read_text().strip()):
             time.sleep(0.05)
         child = int(log.read_text().split()[0])
-        assert _alive(child)
+        assert process_alive(child)
         parent.kill()                                   # SIGKILL: nothing of dflash2-trt runs after it
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while process_alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), "the child outlived its SIGKILLed parent"
+        assert not process_alive(child), "the child outlived its SIGKILLed parent"
     finally:
         if parent.poll() is None:
             parent.kill()
-        if child is not None and _alive(child):         # a failed check leaves no sleeper behind
+        if child is not None and process_alive(child):         # a failed check leaves no sleeper behind
             os.kill(child, signal.SIGKILL)

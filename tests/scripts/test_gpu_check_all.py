@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 import tarfile
 import time
 from pathlib import Path
+
+from dflash2_trt.testing.processes import process_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,15 +32,6 @@ MANY = "import pathlib, sys; d = pathlib.Path(sys.argv[1]) / 'e2e'; d.mkdir(); "
 # a part that starts a child of its own and hangs: the limit must stop both
 HANG = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
        "open(sys.argv[1] + '/child.pid', 'w').write(str(c.pid)); print('hanging', flush=True); time.sleep(60)"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.is_file() and stat.read_text().split(") ")[1].startswith("Z"))
 
 
 def test_the_output_folder_holds_two_files_and_every_part_survives_another(tmp_path):
@@ -62,7 +54,7 @@ def test_the_output_folder_holds_two_files_and_every_part_survives_another(tmp_p
         pid = int(tar.extractfile("child.pid").read())
     assert {f"e2e/steps-{i}.json" for i in range(12)} <= names
     assert {"many.log", "hang.log", "crash.log", "summary.json"} <= names and "late.log" not in names
-    assert "hanging" in log and not _alive(pid)
+    assert "hanging" in log and not process_alive(pid)
     assert any("== hang: exit 124" in s for s in seen)
 
 

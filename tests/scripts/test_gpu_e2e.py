@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from dflash2_trt.testing.processes import process_alive
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,15 +37,6 @@ def test_a_failed_target_keeps_the_steps_of_the_one_before(monkeypatch, tmp_path
     assert [r["target"] for r in doc["reports"]] == ["tiny"] and doc["reports"][0]["points"][0]["concurrency"] == 1
     assert (tmp_path / "steps.txt").read_text().startswith("BENCH STEPS tiny on cpu")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps-tiny.json", "steps.json", "steps.txt"]
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie nobody has reaped yet counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_concurrent_lossless_cells_stopped_at_the_limit_keep_their_rows(tmp_path):
@@ -84,9 +77,9 @@ def test_concurrent_lossless_cells_stopped_at_the_limit_keep_their_rows(tmp_path
     assert len(pids) == 2, text
     for pid in pids:
         deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(pid), f"cell process {pid} outlived the part"
+        assert not process_alive(pid), f"cell process {pid} outlived the part"
 
 
 def test_the_budget_gives_the_steps_what_lossless_leaves(monkeypatch):
