@@ -419,11 +419,12 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
         return
     if output is None:
         raise ConfigError("required (only --dry-run goes without an output directory)", field="--output")
-    progress = (lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None
+    backend = resolve(None if backend == "auto" else backend)
+    progress = _build_progress(backend)
     from .engine.trtllm.process import BaselineBuildError
 
     try:
-        res = build_engine(d, t, output, backend=resolve(None if backend == "auto" else backend),
+        res = build_engine(d, t, output, backend=backend,
                            target_key=target_key, force=force, command=sys.argv, overrides=overrides, sets=sets,
                            verify="auto" if verify is None else verify, checkpoint_dir=checkpoint_dir,
                            reconvert=reconvert, keep_checkpoint=not no_keep_checkpoint, progress=progress,
@@ -432,6 +433,18 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
         _report_build(exc.result, as_json)
         raise
     _report_build(res, as_json)
+
+
+def _build_progress(backend: str):
+    """What a build says on stderr as it goes. On a terminal: every step, and trtllm-build's own output. Elsewhere (a
+    log file, a CI job, nohup) a TensorRT-LLM build, which takes minutes to hours, still says its steps, one line
+    each (the ``[engine]`` line names the log that trtllm-build's own output goes to); a cpu or cuda build stays
+    quiet there."""
+    if sys.stderr.isatty():
+        return lambda line: click.echo(line, err=True)
+    if backend == "trtllm":
+        return lambda line: None if line.startswith("  trtllm-build | ") else click.echo(line, err=True)
+    return None
 
 
 def _report_build(res, as_json: bool) -> None:

@@ -328,10 +328,13 @@ def test_cli_on_this_machine_names_what_is_missing(pair, tmp_path):
     out = tmp_path / "eng"
     r = CliRunner().invoke(main_cli(), ["build", "--target", "tiny", "--backend", "trtllm", "--output", str(out),
                                         "--set", "drafter_window=full", "--dtype", "float16", "--no-verify"])
-    lines = r.output.strip().splitlines()
-    assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: the engine step cannot run here")
-    assert "-m dflash2_trt.trtllm.register --checkpoint_dir" in lines[0]
-    assert not out.exists() and (tmp_path / "eng.checkpoint" / "manifest.json").is_file()
+    ckpt = tmp_path / "eng.checkpoint"
+    *steps, last = r.stderr.strip().splitlines()
+    assert r.exit_code == 1 and r.stdout == "" and last.startswith("error: the engine step cannot run here")
+    assert "-m dflash2_trt.trtllm.register --checkpoint_dir" in last
+    # stderr is not a terminal here (a log, a CI job): a TensorRT-LLM build still says its steps, one line each
+    assert steps == [f"[convert] {ckpt}", f"checkpoint: converting into {ckpt}", "[plugins]"], steps
+    assert not out.exists() and (ckpt / "manifest.json").is_file()
 
 
 def main_cli():
@@ -645,9 +648,14 @@ def test_cli_a_failed_baseline_says_what_was_kept_and_exits_1(pair, tmp_path, to
     r = CliRunner().invoke(main_cli(), ["build", "--target", "tiny", "--drafter", str(pair.drafter_dir),
                                         "--target-dir", str(pair.target_dir), "--backend", "trtllm", "--output",
                                         str(out), "--set", "drafter_window=full", "--no-verify", "--baseline"])
-    lines = r.output.strip().splitlines()
-    assert r.exit_code == 1 and lines[0].startswith(f"wrote {out} (trtllm engine"), r.output
-    assert lines[1].startswith("error: trtllm-build of the baseline (--baseline) failed (exit 5)")
+    assert r.exit_code == 1 and r.stdout.startswith(f"wrote {out} (trtllm engine"), r.output
+    err = r.stderr.splitlines()
+    steps = err[:err.index(next(ln for ln in err if ln.startswith("error: ")))]
+    # the steps, one line each where stderr is not a terminal; trtllm-build's own output only in its log
+    assert [ln.split(" ")[0] for ln in steps] == ["[convert]", "checkpoint:", "[plugins]", "plugins:", "[engine]",
+                                                  "[baseline]"], steps
+    assert not any("trtllm-build | " in ln for ln in steps)
+    assert err[len(steps)].startswith("error: trtllm-build of the baseline (--baseline) failed (exit 5)")
     assert load_engine_dir(out, verify=True)[1]["baseline"] is None
 
 
