@@ -435,16 +435,32 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
     _report_build(res, as_json)
 
 
+BUILD_HEARTBEAT_S = 300.0   # off a terminal: at most this long without a line while trtllm-build talks to its log
+
+
 def _build_progress(backend: str):
     """What a build says on stderr as it goes. On a terminal: every step, and trtllm-build's own output. Elsewhere (a
     log file, a CI job, nohup) a TensorRT-LLM build, which takes minutes to hours, still says its steps, one line
-    each (the ``[engine]`` line names the log that trtllm-build's own output goes to); a cpu or cuda build stays
-    quiet there."""
+    each (the ``[engine]`` line names the log that trtllm-build's own output goes to), and while trtllm-build runs,
+    every :data:`BUILD_HEARTBEAT_S` its latest line; a cpu or cuda build stays quiet there."""
     if sys.stderr.isatty():
         return lambda line: click.echo(line, err=True)
-    if backend == "trtllm":
-        return lambda line: None if line.startswith("  trtllm-build | ") else click.echo(line, err=True)
-    return None
+    if backend != "trtllm":
+        return None
+    import time
+
+    said = [time.monotonic()]
+
+    def say(line: str) -> None:
+        now = time.monotonic()
+        if line.startswith("  trtllm-build | "):
+            if now - said[0] < BUILD_HEARTBEAT_S:
+                return
+            line = "  trtllm-build is running; its latest line: " + line[len("  trtllm-build | "):][:300]
+        said[0] = now
+        click.echo(line, err=True)
+
+    return say
 
 
 def _report_build(res, as_json: bool) -> None:

@@ -687,3 +687,21 @@ def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):
     with pytest.raises(ConfigError, match="--baseline"):
         dry_run_plan(pair.drafter_dir, pair.target_dir, target_key="tiny", backend="cpu", toolchain=toolchain,
                      baseline=True)
+
+
+def test_off_a_terminal_a_trtllm_build_says_its_steps_and_now_and_then_its_latest_line(monkeypatch, capsys):
+    """stderr not a terminal (a log, CI, nohup): the steps, one line each; trtllm-build's own lines only in its log,
+    but for one every BUILD_HEARTBEAT_S, so hours of trtllm-build do not look like a hang; cpu and cuda: quiet."""
+    from dflash2_trt import cli
+
+    assert cli._build_progress("cpu") is None and cli._build_progress("cuda") is None
+    say = cli._build_progress("trtllm")
+    say("[engine] trtllm-build (log L)")
+    say("  trtllm-build | [TRT-LLM] [I] building layer 1")          # just after a step: into the log only
+    monkeypatch.setattr(cli, "BUILD_HEARTBEAT_S", 0.0)
+    say("  trtllm-build | [TRT-LLM] [I] building layer 2")
+    say("[verify] fixed prompts")
+    assert capsys.readouterr().err.splitlines() == [
+        "[engine] trtllm-build (log L)",
+        "  trtllm-build is running; its latest line: [TRT-LLM] [I] building layer 2",
+        "[verify] fixed prompts"]
