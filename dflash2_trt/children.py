@@ -1,4 +1,4 @@
-"""Child processes that end with the process that started them.
+"""Child processes that end with the process that started them, and stopping one.
 
 A long child (trtllm-build for hours, tritonserver for as long as it serves) runs in its own session, so Ctrl-C
 at the terminal reaches only ``dflash2-trt``, which then stops the child itself. If ``dflash2-trt`` is killed
@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 
 PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
@@ -34,3 +35,24 @@ def die_with_parent(sig: int = signal.SIGTERM):
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def stop(proc: subprocess.Popen, ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL, None)), *, group: bool = False) -> None:
+    """End ``proc`` by escalating: each ``(signal, grace seconds)`` of ``ladder`` in turn until it has ended (a grace of
+    ``None`` waits however long), sent to its process group when ``group`` (a child started in its own session: its
+    own children too). Returns with ``proc`` ended, or still running after the last grace."""
+    for sig, grace in ladder:
+        if proc.poll() is not None:
+            return
+        try:
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -81,8 +81,8 @@ def part_lossless(out: Path, levels=(1, 16), dtypes=("float32", "bfloat16"), sav
                   targets=None) -> dict:
     """The lossless table (see the module docstring); ``save`` (if given) receives the document of the rows so far
     after each row (``partial``: true), so that a part stopped at its limit keeps them. ``jobs`` > 1: the cells run
-    as that many processes at once (:func:`lossless_concurrent`); the tiny pairs leave a GPU nearly idle and their
-    steps are bound by the host, so six cells at once take about as long as one."""
+    as that many processes at once (:func:`lossless_concurrent`): the tiny pairs' steps are expected to be bound by
+    the host, leaving a GPU mostly idle under one of them (not yet measured on a GPU)."""
     cells = lossless_cells(dtypes, targets)
     if jobs > 1:
         return lossless_concurrent(out, cells, levels, dtypes[0], save, jobs)
@@ -197,7 +197,7 @@ def lossless_concurrent(out: Path, cells, levels, graphs_dtype: str, save, jobs:
     cells stopped, before this process ends; an exception here stops the cells too."""
     import signal
 
-    from dflash2_trt.children import die_with_parent
+    from dflash2_trt.children import die_with_parent, stop
 
     device_info()          # torch imported and the device named now: a stop's save only reads JSON and writes
     rowdir = out / "lossless-cells"
@@ -214,7 +214,6 @@ def lossless_concurrent(out: Path, cells, levels, graphs_dtype: str, save, jobs:
             except (OSError, ValueError, KeyError):
                 pass
         doc = lossless_doc(rows, partial=partial, jobs=jobs)
-        doc["concurrent_cells"] = jobs
         if stopped or (partial and pending):
             doc["cells_stopped"] = list(stopped)
             doc["cells_not_started"] = [cell_name(k, d) for k, _f, d in pending]
@@ -229,13 +228,10 @@ def lossless_concurrent(out: Path, cells, levels, graphs_dtype: str, save, jobs:
 
     def stop_cells() -> list[str]:
         live = [name for name, (proc, _c, _f) in running.items() if proc.poll() is None]
-        for name in live:
+        for name in live:                   # all told at once, then each given what is left of 2 s
             running[name][0].terminate()
         for name in live:
-            try:
-                running[name][0].wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                running[name][0].kill()
+            stop(running[name][0], ((signal.SIGTERM, 2), (signal.SIGKILL, None)))
         return live
 
     def on_term(signum, frame):
@@ -329,7 +325,7 @@ def lossless_doc(rows: list[dict], partial: bool = False, jobs: int = 1) -> dict
              for r in rows)
     doc = {**device_info(), "backend": BACKEND, "rows": rows, "all_identical": ok,
            "all_identical_or_ties": all(r["identical"] + r["ties_only"] == r["requests"] for r in rows),
-           "partial": partial}
+           "partial": partial, "concurrent_cells": jobs}
     lines = [f"LOSSLESS on {doc['device']} ({BACKEND} backend vs the HF target's greedy decoding on the same device)"
              + (f" (partial: {len(rows)} rows so far)" if partial else "")
              + (f" ({jobs} cells at once: their tok/s share the GPU and the CPUs)" if jobs > 1 else ""),
@@ -505,7 +501,9 @@ def run_limited(cmd: list[str], limit: float, log_path: Path) -> int:
     or ``timeout``'s, reaches it and its cells too) and ending with the driver if that is killed outright; at
     ``limit`` seconds it gets SIGTERM (a lossless part then saves its table and stops its cells), then SIGKILL
     after 5 s; 124 then, else the exit status."""
-    from dflash2_trt.children import die_with_parent
+    import signal
+
+    from dflash2_trt.children import die_with_parent, stop
 
     with open(log_path, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(),
@@ -513,16 +511,10 @@ def run_limited(cmd: list[str], limit: float, log_path: Path) -> int:
         try:
             return proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()       # its cells end with it (PR_SET_PDEATHSIG)
-                proc.wait()
+            stop(proc)            # SIGTERM, 5 s, SIGKILL: its cells end with it (PR_SET_PDEATHSIG)
             return 124
         except BaseException:     # Ctrl-C: the part goes too
-            proc.kill()
-            proc.wait()
+            stop(proc, ((signal.SIGKILL, None),))
             raise
 
 

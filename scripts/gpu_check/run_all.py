@@ -31,6 +31,8 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))
+from dflash2_trt.children import stop  # noqa: E402 - the repository's package, from the checkout this runs in
 DEFAULT_BUDGET_S = 540.0
 PACK_RESERVE_S = 10.0      # kept back for stopping a part (5 s grace) and packing its files
 MIN_PART_S = 20.0          # a part that would get less is not started
@@ -69,17 +71,7 @@ def run_limited(argv: list[str], limit: float, log: Path) -> int:
         try:
             rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            proc.wait()
+            stop(proc, ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)), group=True)
             return 124
     return 128 - rc if rc < 0 else rc
 

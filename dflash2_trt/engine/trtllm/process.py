@@ -10,7 +10,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from ...children import die_with_parent
+from ...children import die_with_parent, stop
 from ...errors import DFlash2Error
 
 LOG_TAIL = 3000
@@ -53,26 +53,11 @@ class SubprocessRunner:
                     echo(line.rstrip("\n"))
             return proc.wait()
         except BaseException:
-            _stop(proc)
+            stop(proc, ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)), group=True)
             raise
         finally:
             if fh is not None:
                 fh.close()
-
-
-def _stop(proc) -> None:
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def exit_description(rc: int) -> str:
