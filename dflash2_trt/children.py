@@ -49,7 +49,7 @@ def stop(proc: subprocess.Popen, ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL,
                 os.killpg(proc.pid, sig)
             else:
                 proc.send_signal(sig)
-        except ProcessLookupError:
+        except OSError:         # gone already (or not ours to signal): wait for it all the same
             pass
         try:
             proc.wait(timeout=grace)
