@@ -117,7 +117,7 @@ def encode_text(tokenizer, text: str, vocab_size: int | None = None) -> list[int
         # a tokenizer whose pipeline does not match its vocabulary maps every word to nothing
         raise ConfigError(f"the tokenizer encodes the prompt text to no tokens ({type(tokenizer).__name__}: its "
                           f"pre-tokenizer does not match its vocabulary?)", field="prompt")
-    bad = [] if vocab_size is None else sorted({i for i in ids if not 0 <= i < vocab_size})
+    bad = [] if vocab_size is None else ids_outside(ids, vocab_size)
     if bad:
         where = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise ConfigError(f"the tokenizer ({where}) encodes the prompt text to token ids {bad[:5]} outside the "
@@ -125,10 +125,14 @@ def encode_text(tokenizer, text: str, vocab_size: int | None = None) -> list[int
     return ids
 
 
+def ids_outside(ids, vocab_size: int) -> list[int]:
+    """The distinct ids of ``ids`` outside ``[0, vocab_size)`` (no embedding row for them), ascending."""
+    return sorted({i for i in ids if not 0 <= i < vocab_size})
+
+
 def out_of_vocab_ids(tokenizer, vocab_size: int) -> list[int]:
     """The tokenizer's ids (its vocabulary and added tokens) at or beyond ``vocab_size``, ascending."""
-    ids = set(tokenizer.get_vocab().values())
-    return sorted(i for i in ids if not 0 <= i < vocab_size)
+    return ids_outside(tokenizer.get_vocab().values(), vocab_size)
 
 
 def _encodes(tokenizer, text: str) -> bool:
