@@ -11,7 +11,7 @@ import click
 from . import __version__
 from .errors import (DFlash2Error, Terminated, clear_stop_requests, pending_stop, raise_if_stop_requested,
                      stop_requested)
-from .targets import TARGETS
+from .targets import tiny_targets
 
 
 def _raise_terminated(signum, frame):
@@ -449,14 +449,16 @@ def _build_progress(backend: str):
         return None
     import time
 
+    from .engine.trtllm.build import TRTLLM_BUILD_ECHO
+
     said = [time.monotonic()]
 
     def say(line: str) -> None:
         now = time.monotonic()
-        if line.startswith("  trtllm-build | "):
+        if line.startswith(TRTLLM_BUILD_ECHO):
             if now - said[0] < BUILD_HEARTBEAT_S:
                 return
-            line = "  trtllm-build is running; its latest line: " + line[len("  trtllm-build | "):][:300]
+            line = "  trtllm-build is running; its latest line: " + line[len(TRTLLM_BUILD_ECHO):][:300]
         said[0] = now
         click.echo(line, err=True)
 
@@ -517,7 +519,7 @@ def bench_group() -> None:
 
 @bench_group.command("prepare-dataset")
 @click.option("--output", required=True, help="JSON-lines dataset to write.")
-@click.option("--builtin", type=click.Choice([k for k, e in TARGETS.items() if e.tiny_family is not None]),
+@click.option("--builtin", type=click.Choice(list(tiny_targets())),
               help="A shipped prompt set: that tiny pair's prompts.")
 @click.option("--prompts", "prompts_file",
               help="Prompts file: JSON list / {\"prompts\": [...]} / JSON lines of token-id lists or strings.")

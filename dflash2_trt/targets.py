@@ -149,6 +149,11 @@ STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; stand
                  "TensorRT-LLM 1.2's executor")
 
 
+def tiny_targets() -> dict[str, str]:
+    """The registered tiny pairs (shipped, trained): target key -> its trained pair's family folder."""
+    return {k: e.tiny_family for k, e in TARGETS.items() if e.tiny_family is not None}
+
+
 def status_of(e: TargetEntry) -> dict[str, str]:
     """Where each backend has been verified for ``e`` (README's status row), by column."""
     return dict(zip(STATUS_COLUMNS, e.status))

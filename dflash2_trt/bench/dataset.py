@@ -42,13 +42,13 @@ from ..assets import ASSET_ROOT
 from ..config import TargetConfig
 from ..engine.common import read_prompts_file
 from ..errors import ConfigError, DFlash2Error
-from ..targets import TARGETS, fixtures_dir, get_target, resolve_dirs
+from ..targets import fixtures_dir, get_target, resolve_dirs, tiny_targets
 from ..tokenizer import encode_text, find_tokenizer
 from .common import engine_backend
 from .io import atomic_write_text, check_output_file
 
 SOURCES = ("builtin", "prompts", "corpus", "token-norm-dist", "token-unif-dist")
-BUILTIN = {k: e.tiny_family for k, e in TARGETS.items() if e.tiny_family is not None}
+BUILTIN = tiny_targets()
 """The shipped prompt sets: every registered tiny pair's (target key -> its trained pair's folder)."""
 LENGTH_OPTIONS = {"token-norm-dist": ("input_mean", "input_stdev", "output_mean", "output_stdev"),
                   "token-unif-dist": ("input_min", "input_max", "output_min", "output_max")}

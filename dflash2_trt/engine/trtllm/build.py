@@ -379,6 +379,9 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             shutil.rmtree(temp_ckpt, ignore_errors=True)
 
 
+TRTLLM_BUILD_ECHO = "  trtllm-build | "   # before each line of trtllm-build's own output in a build's progress
+
+
 def _run_trtllm_build(runner, argv, env, log: Path, *, say, echo: bool, kept_log: Path, failed: str,
                       hint: str = "") -> float:
     """Run one trtllm-build (its output streamed to ``log``, and echoed with ``echo``); returns its seconds. A
@@ -386,7 +389,7 @@ def _run_trtllm_build(runner, argv, env, log: Path, *, say, echo: bool, kept_log
     it, :func:`~.process.exit_description`), where its log is kept (``kept_log``: the build's temporary directory
     goes), ``hint``, and the log's last lines."""
     t0 = time.perf_counter()
-    rc = runner(argv, env=env, log=log, cwd=None, echo=(lambda line: say("  trtllm-build | " + line)) if echo else None)
+    rc = runner(argv, env=env, log=log, cwd=None, echo=(lambda line: say(TRTLLM_BUILD_ECHO + line)) if echo else None)
     seconds = time.perf_counter() - t0
     if rc != 0:
         try:
