@@ -49,6 +49,7 @@ def main(argv=None) -> int:
         return 2
 
     from dflash2_trt.assets import trained_pair
+    from dflash2_trt.bench.io import atomic_write_json
     from dflash2_trt.engine.build import build_engine
     from dflash2_trt.engine.standin.engine import open_standin_engine
     from dflash2_trt.engine.trtllm.session import TrtEngineSession, memory_of
@@ -65,9 +66,7 @@ def main(argv=None) -> int:
     results = []
 
     def save(doc):   # after each pair (partial) and at the end: a run stopped at its limit keeps the pairs done
-        tmp = out / ".gpu_check_trt_session.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=2))
-        tmp.replace(out / "gpu_check_trt_session.json")
+        atomic_write_json(out / "gpu_check_trt_session.json", doc)
     with tempfile.TemporaryDirectory() as tmp:
         for family, key in PAIRS:
             pair = trained_pair(family)

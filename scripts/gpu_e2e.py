@@ -482,10 +482,10 @@ def free_gpu_memory() -> None:
 
 
 def write_replacing(path: Path, text: str) -> None:
-    """``path`` replaced whole by ``text`` (written beside it, then renamed)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """``path`` replaced whole by ``text`` (the package's atomic write: beside it, then renamed)."""
+    from dflash2_trt.bench.io import atomic_write_text
+
+    atomic_write_text(path, text)
 
 
 def default_jobs() -> int:

@@ -631,9 +631,9 @@ def run_stages(stages, results: dict, json_path: Path | None, t0: float) -> bool
         results["stages_done"].append(name)
         results["total_s"] = time.monotonic() - t0
         if json_path:
-            tmp = json_path.with_name(json_path.name + ".tmp")
-            tmp.write_text(json.dumps(results, indent=2, default=float))
-            tmp.replace(json_path)
+            from dflash2_trt.bench.io import atomic_write_text
+
+            atomic_write_text(json_path, json.dumps(results, indent=2, default=float))
     return ok
 
 

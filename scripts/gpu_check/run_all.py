@@ -32,7 +32,8 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
-from dflash2_trt.children import stop  # noqa: E402 - the repository's package, from the checkout this runs in
+from dflash2_trt.bench.io import atomic_write_bytes  # noqa: E402 - the repository's package, from this checkout
+from dflash2_trt.children import stop  # noqa: E402
 DEFAULT_BUDGET_S = 540.0
 PACK_RESERVE_S = 10.0      # kept back for stopping a part (5 s grace) and packing its files
 MIN_PART_S = 20.0          # a part that would get less is not started
@@ -74,12 +75,6 @@ def run_limited(argv: list[str], limit: float, log: Path) -> int:
             stop(proc, ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)), group=True)
             return 124
     return 128 - rc if rc < 0 else rc
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def pack(work: Path, out: Path) -> None:
@@ -127,7 +122,7 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
             doc = json.dumps(summary, indent=1).encode()
             (work / "summary.json").write_bytes(doc)
             pack(work, out)
-            write_atomic(out / "summary.json", doc)
+            atomic_write_bytes(out / "summary.json", doc)
     say(json.dumps(summary, indent=1))
     say(f"gpu_check --all: {time.monotonic() - start:.0f} s of a {budget:.0f} s budget; everything in "
         f"{out / 'results.tar.gz'}")
