@@ -12,6 +12,8 @@
 #        part under its own limit; OUT_DIR/results.tar.gz (every part's JSON, tables and logs) and
 #        OUT_DIR/summary.json (each part's exit status and seconds), both refreshed after each part
 #        (scripts/gpu_check/run_all.py: the device tool brings back at most 8 files)
+#        scripts/gpu_check.sh --sanitize OUT_DIR [--limit S] [--tools memcheck,racecheck,synccheck]   the kernels'
+#        small correctness cases under compute-sanitizer (scripts/gpu_check/sanitize.py): OUT_DIR/sanitize.json
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
@@ -29,6 +31,11 @@ cd "$repo"
 if [ "${1:-}" = "--all" ]; then
     [ $# -eq 2 ] || { echo "gpu_check: --all takes one output directory" >&2; exit 2; }
     exec "$python" "$here/gpu_check/run_all.py" "$2"
+fi
+if [ "${1:-}" = "--sanitize" ]; then
+    [ $# -ge 2 ] || { echo "gpu_check: --sanitize needs an output directory" >&2; exit 2; }
+    shift
+    exec timeout --kill-after=10 600 "$python" "$here/gpu_check/sanitize.py" "$@"
 fi
 if [ "${1:-}" = "--e2e" ]; then
     [ $# -ge 2 ] || { echo "gpu_check: --e2e needs an output directory" >&2; exit 2; }

@@ -51,7 +51,7 @@ def default_parts(python: str = sys.executable) -> list[Part]:
     """The parts of the GPU run, most valuable first: the plugins' kernels (never run on a GPU since their rewrite),
     the engine flow (lossless in at most half of its limit, then the real-width steps in the rest), the TensorRT
     session's binding on device pointers, the gpu-marked tests (``-v``: each test's result is in the log as it
-    ends)."""
+    ends), and with what is left the kernels' small cases under compute-sanitizer (``sanitize.py``)."""
     return [
         Part("kernels", 150, lambda w, s: [python, str(HERE / "gpu_check.py"), "--json", str(w / "kernels.json")]),
         Part("e2e", 300, lambda w, s: [python, str(REPO / "scripts" / "gpu_e2e.py"), "--out", str(w / "e2e"),
@@ -60,6 +60,8 @@ def default_parts(python: str = sys.executable) -> list[Part]:
                                               "--out", str(w / "trt_session")]),
         Part("pytest_gpu", 60, lambda w, s: [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu",
                                              str(REPO / "tests" / "gpu")]),
+        Part("sanitize", 90, lambda w, s: [python, str(HERE / "sanitize.py"), str(w / "sanitize"),
+                                           "--limit", str(max(int(s - 5), 1))]),
     ]
 
 

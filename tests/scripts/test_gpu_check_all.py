@@ -67,10 +67,10 @@ def test_a_bad_budget_is_one_error_line(tmp_path, monkeypatch, capsys):
 
 def test_the_default_parts_most_valuable_first_inside_the_default_budget(tmp_path):
     """The kernels first (never run on a GPU since their rewrite), then the engine flow (lossless at most half of the
-    part's limit, the steps the rest), the TensorRT session's binding, the gpu-marked tests; the default budget leaves the ~570 s call
-    room for the wheels' install."""
+    part's limit, the steps the rest), the TensorRT session's binding, the gpu-marked tests, the kernels under
+    compute-sanitizer with what is left; the default budget leaves the ~570 s call room for the wheels' install."""
     parts = A.default_parts(python="py")
-    assert [p.name for p in parts] == ["kernels", "e2e", "trt_session", "pytest_gpu"]
+    assert [p.name for p in parts] == ["kernels", "e2e", "trt_session", "pytest_gpu", "sanitize"]
     w = tmp_path
     argv = {p.name: p.argv(w, p.limit) for p in parts}
     assert argv["kernels"] == ["py", str(ROOT / "scripts" / "gpu_check" / "gpu_check.py"), "--json",
@@ -80,5 +80,7 @@ def test_the_default_parts_most_valuable_first_inside_the_default_budget(tmp_pat
     assert argv["trt_session"][1:] == [str(ROOT / "scripts" / "gpu_check_trt_session.py"), "--out",
                                        str(w / "trt_session")]
     assert argv["pytest_gpu"][-3:] == ["-m", "gpu", str(ROOT / "tests" / "gpu")]
+    assert argv["sanitize"] == ["py", str(ROOT / "scripts" / "gpu_check" / "sanitize.py"), str(w / "sanitize"),
+                                "--limit", str(90 - 5)]
     assert A.PACK_RESERVE_S > A.KILL_GRACE_S       # the last part's stop and packing fit inside the budget
     assert A.DEFAULT_BUDGET_S + 20 <= 570              # and the budget leaves ~20 s of the call for the install
