@@ -245,7 +245,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
     if blockers:
         raise ConfigError(f"cannot build a TensorRT-LLM engine for this target: {blockers[0]}", source=cfg.source)
     check_output_dir(output, force)
-    archs = plugin_archs(cfg, toolchain)
+    plugin_archs(cfg, toolchain)      # refuses a GPU outside the config's `gpus` before hours of converting
     if verify and cfg.tp_size > 1:
         raise ConfigError(f"--verify on a tp {cfg.tp_size} TensorRT-LLM engine needs one MPI rank per GPU; build "
                           f"with --no-verify, then `mpirun -n {cfg.tp_size} dflash2-trt run ...`", field="--verify")
