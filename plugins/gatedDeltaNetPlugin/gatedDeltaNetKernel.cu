@@ -1315,6 +1315,13 @@ Status launchGatedDeltaNetForward(GatedDeltaNetParams const& p, GdnLaunchArgs co
         std::snprintf(msg, len, "DFlash2GatedDeltaNet: forward launched with mode=commit");
         return Status::kINVALID;
     }
+    // the prologue stores and the recurrence loads the workspace's qh / kh rows as float4 (every segment starts at a
+    // multiple of 256 bytes from its base, gatedDeltaNetParams.cpp): a base off 16 bytes would fault, not err
+    if ((reinterpret_cast<uintptr_t>(g.workspace) & 15u) != 0)
+    {
+        std::snprintf(msg, len, "DFlash2GatedDeltaNet: workspace %p is not 16-byte aligned", g.workspace);
+        return Status::kINVALID;
+    }
     Stage const stages[] = {launchGdnPrologue, launchGdnRecurrent, launchGdnChunkMatrices, launchGdnChunkSolve,
         launchGdnChunkScan, launchGdnConvState};
     for (Stage st : stages)

@@ -129,8 +129,10 @@ Status validateGatedDeltaNet(GatedDeltaNetAttrs const& attrs, TensorDesc const* 
 
 //! Checks the request data and sets params->numContext. hostRequestTypes [B] is always given
 //! (the plugin reads it on the host); cuSeqlens [B+1], slots [B] (with numSlots, the pool size)
-//! and numAccepted [B] are checked when not null (the CPU build has them on the host; on the GPU
-//! they stay on the device and the kernels clamp instead). Rules: request types are 0 or 1 with
+//! and numAccepted [B] are checked when not null (the CPU build has them on the host). On the GPU
+//! they stay on the device unchecked: the kernels clamp num_accepted and a slot's pending count,
+//! but take cu_seqlens and the slots as the runtime made them (a bad one reads and writes out of
+//! range). Rules: request types are 0 or 1 with
 //! the context requests first; cu_seqlens starts at 0, never decreases and (forward) ends at T;
 //! a generation request has at most Kv tokens; slots lie in [0, numSlots) and are distinct;
 //! num_accepted of a generation request lies in [0, its token count].

@@ -59,9 +59,10 @@ def emulation_source(cu: str) -> str:
     return '#include "cuda_emu.h"\n' + src
 
 
-def build_emulated(cu: str, out_dir: Path, reverse: bool = False) -> GdnLib:
+def build_emulated(cu: str, out_dir: Path, reverse: bool = False, ws_shift: int = 0) -> GdnLib:
     """g++ the transformed kernel source + the C ABI glue + the params into a library GdnLib loads
-    (reverse: a block's threads run last to first, cuda_emu.h's EMU_REVERSE)."""
+    (reverse: a block's threads run last to first, cuda_emu.h's EMU_REVERSE; ws_shift: the workspace starts that many
+    bytes past a 256-byte boundary)."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found: the emulated kernels are compiled with g++")
@@ -69,7 +70,7 @@ def build_emulated(cu: str, out_dir: Path, reverse: bool = False) -> GdnLib:
     (out_dir / "kernel_emu.cu").write_text(emulation_source(cu))
     lib = out_dir / "libdf2_gdn_emu.so"
     cmd = [gxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
-           "-Wno-maybe-uninitialized", f"-DEMU_REVERSE={int(reverse)}",
+           "-Wno-maybe-uninitialized", f"-DEMU_REVERSE={int(reverse)}", f"-DGDN_EMU_WS_SHIFT={ws_shift}",
            # cuda_emu.h's inline variables (the thread order among them) stay this library's own: GCC would
            # otherwise make them STB_GNU_UNIQUE, one object for every emulation library the process loads
            "-fno-gnu-unique", f"-I{out_dir}", f"-I{EMU}", f"-I{PLUGIN}", str(EMU / "gdn_emu.cpp"),
@@ -158,3 +159,16 @@ def test_emulation_sees_a_wrong_column(gdn_lib, tmp_path):
     broken = build_emulated(cu.replace(good, "gdnDelta(sV[t][jl[0]],"), tmp_path / "broken")
     diff = G.gdn_compare(broken, gdn_lib, CASES["dk128_two_columns"], torch.float32, False, seed=7, device="cpu")
     assert "verify:y" in diff and "commit:rnn_state" in diff, diff
+
+
+def test_a_workspace_off_16_bytes_is_refused_not_read(tmp_path):
+    """The prologue stores and the recurrence loads the workspace's qh / kh rows as float4: the forward refuses a
+    workspace whose base is off 16 bytes in one message (on a GPU the access would fault; without the check the
+    emulation's checked casts abort the process, seen)."""
+    from dflash2_trt.trtllm.cpu.plugin_libs import PluginRunError
+
+    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
+    case = CASES["gpu_check_0"]
+    off = build_emulated(cu, tmp_path / "ws8", ws_shift=8)
+    with pytest.raises(PluginRunError, match="workspace .* is not 16-byte aligned"):
+        G.gdn_compare(off, off, case, torch.float32, False, seed=7, device="cpu")

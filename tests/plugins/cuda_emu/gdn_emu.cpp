@@ -34,10 +34,14 @@ int32_t run(int32_t const* attrs, int32_t nbInputs, int32_t const* dtypes, int32
         msg, msgLen);
     if (s != Status::kOK)
         return static_cast<int32_t>(s);
-    size_t const wsBytes = gatedDeltaNetWorkspaceSize(p) + 256;
+    size_t const wsBytes = gatedDeltaNetWorkspaceSize(p) + 256 + GDN_EMU_WS_SHIFT;
     std::unique_ptr<unsigned char[]> ws(new unsigned char[wsBytes]);
     std::memset(ws.get(), 0xA5, wsBytes); // garbage, as a reused TensorRT workspace
-    void* wsAligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.get()) + 255) & ~uintptr_t(255));
+#ifndef GDN_EMU_WS_SHIFT
+#define GDN_EMU_WS_SHIFT 0 // bytes past the 256-byte boundary (a test's misaligned workspace)
+#endif
+    void* wsAligned = reinterpret_cast<void*>(
+        ((reinterpret_cast<uintptr_t>(ws.get()) + 255) & ~uintptr_t(255)) + GDN_EMU_WS_SHIFT);
     GdnLaunchArgs g;
     if (!commit)
     {
