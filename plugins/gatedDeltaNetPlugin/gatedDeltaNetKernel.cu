@@ -697,37 +697,95 @@ GDN_UNROLL
     }
 }
 
-//! grid (chunks, Hv): gam (thread 0, in order), then the A and QK entries of the chunk.
+//! Row stride of the chunk matrices kernel's staged kh rows, in float4s: Dk + 4 floats, an odd number of 16-byte
+//! quads for every Dk in {16, 32, 64, 128}, so the 8 lanes of a quarter warp reading 8 consecutive rows hit 8
+//! different bank quads (conflict-free 16-byte shared loads).
+__host__ __device__ constexpr int32_t gdnMatrixRowQuads(int32_t dk)
+{
+    return dk / 4 + 1;
+}
+
+//! grid (chunks, Hv): gam (thread 0, in order); the chunk's kh rows, betas and decays staged in shared memory; then
+//! the A and QK entries (s <= p) numbered row by row over the block's threads, so that a warp's lanes take
+//! consecutive s of one or two rows p: its kh_s rows come from shared memory (conflict-free), kh_p and qh_p are
+//! the same one or two rows for all lanes (broadcasts), and its stores are consecutive. One pass over i computes
+//! both entries; each sum runs the same operations in the same order as gdnChunkQKEntry / gdnChunkAEntry (what
+//! the CPU build calls), so the values are theirs bit for bit.
 __global__ void __launch_bounds__(kMatrixThreads) gdnChunkMatricesKernel(float const* __restrict__ qh,
     float const* __restrict__ kh, float const* __restrict__ gates, int32_t const* __restrict__ cu,
     float* __restrict__ gam, float* __restrict__ amat, float* __restrict__ qk, Dims d)
 {
+    __shared__ float4 sK[kGdnMaxChunkSize * (128 / 4 + 1)];
+    __shared__ float sGam[kGdnMaxChunkSize];
+    __shared__ float sBeta[kGdnMaxChunkSize];
     int32_t r, c0, m;
     if (!findChunk(cu, d.numContext, d.chunk, blockIdx.x, &r, &c0, &m))
         return;
     int32_t const h = blockIdx.y;
+    int32_t const tid = static_cast<int32_t>(threadIdx.x);
     int32_t const kHead = h / (d.hv / d.hk);
     int64_t const row0 = static_cast<int64_t>(cu[r]) + c0;
     int64_t const qkw = static_cast<int64_t>(d.hk) * d.dk;
-    if (threadIdx.x == 0)
+    int32_t const quads = d.dk / 4;                 // float4s of a row (Dk is a multiple of 16)
+    int32_t const stride = gdnMatrixRowQuads(d.dk);
+    // the chunk's kh rows of this head: qh / kh rows start 16-byte aligned (the workspace is, and Hk Dk and
+    // kHead Dk are multiples of 16 floats)
+    float4 const* khq = reinterpret_cast<float4 const*>(kh + row0 * qkw + static_cast<int64_t>(kHead) * d.dk);
+    for (int32_t e = tid; e < m * quads; e += kMatrixThreads)
+    {
+        int32_t const p = e / quads;
+        int32_t const i4 = e - p * quads;
+        sK[p * stride + i4] = khq[static_cast<int64_t>(p) * (qkw / 4) + i4];
+    }
+    if (tid < m)
+        sBeta[tid] = gates[(row0 + tid) * 2 * d.hv + d.hv + h];
+    if (tid == 0)
         gdnChunkCumDecay(gates + row0 * 2 * d.hv + h, 2 * d.hv, m, gam + row0 * d.hv + h, d.hv);
     __syncthreads();
-    for (int32_t e = threadIdx.x; e < m * m; e += kMatrixThreads)
+    if (tid < m)
+        sGam[tid] = gam[(row0 + tid) * d.hv + h];
+    __syncthreads();
+    // entry e = p (p + 1) / 2 + s, s <= p: this thread's first, then every kMatrixThreads-th
+    int32_t pp = 0;
+    int32_t s = tid;
+    while (s > pp)
     {
-        int32_t const pp = e / m;
-        int32_t const s = e - pp * m;
-        if (s > pp)
-            continue;
-        int64_t const rp = row0 + pp;
-        int64_t const rs = row0 + s;
-        float const gp = gam[rp * d.hv + h];
-        float const gs = gam[rs * d.hv + h];
-        float const* ks = kh + rs * qkw + static_cast<int64_t>(kHead) * d.dk;
-        int64_t const at = (rp * d.hv + h) * d.chunk + s;
-        qk[at] = gdnChunkQKEntry(qh + rp * qkw + static_cast<int64_t>(kHead) * d.dk, ks, gp, gs, d.dk);
+        s -= pp + 1;
+        ++pp;
+    }
+    while (pp < m)
+    {
+        float4 const* qp = reinterpret_cast<float4 const*>(qh + (row0 + pp) * qkw + static_cast<int64_t>(kHead) * d.dk);
+        float4 const* kp = sK + pp * stride;
+        float4 const* ks = sK + s * stride;
+        float const betaP = sBeta[pp];
+        float accQ = 0.0f;
+        float accA = 0.0f;
+        for (int32_t i4 = 0; i4 < quads; ++i4)
+        {
+            float4 const q4 = qp[i4];
+            float4 const kp4 = kp[i4];
+            float4 const ks4 = ks[i4];
+            accQ = fmaRn(q4.x, ks4.x, accQ);
+            accA = fmaRn(mulRn(kp4.x, betaP), ks4.x, accA);
+            accQ = fmaRn(q4.y, ks4.y, accQ);
+            accA = fmaRn(mulRn(kp4.y, betaP), ks4.y, accA);
+            accQ = fmaRn(q4.z, ks4.z, accQ);
+            accA = fmaRn(mulRn(kp4.z, betaP), ks4.z, accA);
+            accQ = fmaRn(q4.w, ks4.w, accQ);
+            accA = fmaRn(mulRn(kp4.w, betaP), ks4.w, accA);
+        }
+        float const decay = expRn(subRn(sGam[pp], sGam[s]));
+        int64_t const at = ((row0 + pp) * d.hv + h) * d.chunk + s;
+        qk[at] = mulRn(accQ, decay);
         if (s < pp)
-            amat[at] = gdnChunkAEntry(kh + rp * qkw + static_cast<int64_t>(kHead) * d.dk, ks,
-                gates[rp * 2 * d.hv + d.hv + h], gp, gs, d.dk);
+            amat[at] = mulRn(accA, decay);
+        s += kMatrixThreads;
+        while (s > pp)
+        {
+            s -= pp + 1;
+            ++pp;
+        }
     }
 }
 

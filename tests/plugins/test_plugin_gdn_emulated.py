@@ -102,6 +102,7 @@ CASES = {
     "scalar_path": (1, 3, 16, 17, 3, 3, 0, (20,), (3, 1)),          # C = 83: one channel per thread, Dv 17
     "partial_tile": (2, 4, 64, 100, 4, 6, 0, (33,), (6, 3)),        # Dk 64, Dv 100: a part-filled column tile
     "no_conv_state": (2, 2, 16, 16, 1, 4, 64, (5,), (4,)),          # K = 1
+    "dk128_full_chunks": (1, 2, 128, 128, 4, 8, 64, (130,), (8,)),  # chunk matrices: two full 64-token chunks + 2
     "many_and_empty": (2, 4, 16, 16, 4, 4, 64, (3, 0, 5), (4,) * 20 + (0, 2) * 10),  # 43 requests, empty ones
 }
 
