@@ -17,7 +17,8 @@ the cuda engine backend runs), then on the current CUDA GPU:
    counts and both pools) against the CPU build (gatedDeltaNetCpu.cpp), bit for bit, on mixed batches
    (chunked and per-token context paths, zero_state, fp32/fp16/bf16, up to Qwen3.8-27B's per-rank
    heads); timed at a Qwen3.8-27B decode step (tp 1: 48 value x 16 key heads of 128, B 64 x Kv 8,
-   bf16) against the DRAM bound of the bytes it must move (the fp32 state dominates).
+   bf16) against the DRAM bound of the bytes it must move (the fp32 state dominates), and the forward of one
+   8192-token prompt on the chunked path (the prefill cost; no goal).
 Exit codes: 0 all checks passed, 1 a correctness check failed, 2 no CUDA GPU / build failure.
 Goals that are missed are reported (MISSED), not failures: they are measurements.
 """
@@ -579,6 +580,25 @@ def bench_gdn_point(ext, results: dict, batch: int, kv: int) -> None:
                             batch=batch, kv=kv, pending=kv // 2)
 
 
+def bench_gdn_prefill(ext, results: dict, tokens: int = 8192) -> None:
+    """One layer's forward of one prompt of ``tokens`` tokens on the chunked path (chunk 64), Qwen3.8-27B's tp 1
+    heads, bf16, from a fresh slot: the prefill cost of the Gated DeltaNet (prologue, chunk matrices / solve /
+    scan, conv state). No goal: reported beside the decode step's numbers."""
+    import torch
+    hk, hv, dk, dv, kc, kv = 16, 48, 128, 128, 4, 8
+    case = (hk, hv, dk, dv, kc, kv, 64, (tokens,), ())
+    bt = gdn_batch(case, torch.bfloat16, seed=9)
+    attrs = gdn_attrs(case)
+    dev = ExtGdn(ext)
+    ins = [bt[k].cuda() for k in ("qkv", "w", "a", "b", "dt_bias", "A_log", "cu", "slots")]
+    rnn, conv = bt["rnn"].cuda(), bt["conv"].cuda()
+    zero = torch.ones(1, dtype=torch.int32, device="cuda")
+    us = cuda_time_us(lambda: dev.forward(*ins, bt["types"], rnn, conv, zero_state=zero, **attrs), 10, warmup=2)
+    log(f"gdn prefill (Qwen3.8-27B tp1 heads, one {tokens}-token prompt, chunk 64, bf16): {us / 1e3:.2f} ms per "
+        f"layer, {us * 48 / 1e6:.2f} s for 48 layers ({tokens / (us * 1e-6) / 1e6:.2f} M tokens/s per layer)")
+    results["gdn_prefill"] = dict(us=us, tokens=tokens, chunk=64, layers_48_s=us * 48 / 1e6)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
@@ -614,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
                   ("gdn", lambda: check_gdn(ExtGdn(ext), load_gdn_cpu(), results, small=args.small))]
         if not (args.skip_bench or args.small):
             stages += [("bench_conv", lambda: bench_conv(ext, results)),
-                       ("bench_scan", lambda: bench_scan(ext, results)), ("bench_gdn", lambda: bench_gdn(ext, results))]
+                       ("bench_scan", lambda: bench_scan(ext, results)), ("bench_gdn", lambda: bench_gdn(ext, results)),
+                       ("bench_gdn_prefill", lambda: bench_gdn_prefill(ext, results))]
         results["cpu_bit_identity_checked"] = cpu is not None
         ok = run_stages(stages, results, args.json, t0)
     log(f"gpu_check finished in {results['total_s']:.0f} s: {'PASS' if ok else 'FAIL'}")
