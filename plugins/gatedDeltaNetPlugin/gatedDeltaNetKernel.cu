@@ -699,7 +699,7 @@ GDN_UNROLL
 
 //! Row stride of the chunk matrices kernel's staged kh rows, in float4s: Dk + 4 floats, an odd number of 16-byte
 //! quads for every Dk in {16, 32, 64, 128}, so the 8 lanes of a quarter warp reading 8 consecutive rows hit 8
-//! different bank quads (conflict-free 16-byte shared loads).
+//! different bank quads (conflict-free 16-byte shared loads; 2-way where a quarter warp spans two rows p).
 __host__ __device__ constexpr int32_t gdnMatrixRowQuads(int32_t dk)
 {
     return dk / 4 + 1;
@@ -707,7 +707,7 @@ __host__ __device__ constexpr int32_t gdnMatrixRowQuads(int32_t dk)
 
 //! grid (chunks, Hv): gam (thread 0, in order); the chunk's kh rows, betas and decays staged in shared memory; then
 //! the A and QK entries (s <= p) numbered row by row over the block's threads, so that a warp's lanes take
-//! consecutive s of one or two rows p: its kh_s rows come from shared memory (conflict-free), kh_p and qh_p are
+//! consecutive s of one or two rows p: its kh_s rows come from shared memory (see gdnMatrixRowQuads), kh_p and qh_p are
 //! the same one or two rows for all lanes (broadcasts), and its stores are consecutive. One pass over i computes
 //! both entries; each sum runs the same operations in the same order as gdnChunkQKEntry / gdnChunkAEntry (what
 //! the CPU build calls), so the values are theirs bit for bit.

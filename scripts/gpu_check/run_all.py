@@ -61,7 +61,7 @@ def default_parts(python: str = sys.executable) -> list[Part]:
         Part("pytest_gpu", 60, lambda w, s: [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu",
                                              str(REPO / "tests" / "gpu")]),
         Part("sanitize", 90, lambda w, s: [python, str(HERE / "sanitize.py"), str(w / "sanitize"),
-                                           "--limit", str(max(int(s - 5), 1))]),
+                                           "--limit", str(max(int(s - 10), 1))]),
     ]
 
 

@@ -8,9 +8,16 @@ thread-block clusters) under each tool of :data:`TOOLS` in turn, each with an eq
 with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, so that every tensor is its own allocation (memcheck then sees an access
 past a tensor's end, not only past a cached block's).
 
+The plugins' CUDA library and the GDN CPU build are built (or found in the cache) once before the tools, outside
+their shares, and passed to each run. Only the plugins' kernels are instrumented (``--kernel-name`` with a substring of
+their namespace; torch's own kernels run uninstrumented), falling back to every kernel once where the tool refuses the
+option. A tool whose share is under :data:`MIN_SHARE_S` is skipped. On SIGTERM / SIGINT the running tool's process
+group is stopped before this exits.
+
 OUT_DIR gets ``sanitize-<tool>.log`` (the whole output) and ``sanitize.json``: per tool its exit status (124: stopped
-at its share of the limit), seconds, the error count of its summary line and the first reported lines. Exit 0 when
-every tool ran to its end and reported no error and the checks passed, 1 otherwise, 2 without compute-sanitizer.
+at its share of the limit), seconds, the error count of its summary lines, the first reported lines, and
+``unsupported`` where the tool said the device is not supported (gVisor machines). Exit 0 when every tool ran to its
+end, reported no error and the checks passed, 1 otherwise, 2 without compute-sanitizer or when the builds fail.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,14 +36,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(HERE))
 from dflash2_trt.bench.io import atomic_write_text  # noqa: E402 - the repository's package, from this checkout
-from run_all import run_limited  # noqa: E402
+from dflash2_trt.children import stop  # noqa: E402
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
 ERROR_EXIT = 86          # compute-sanitizer's exit status when it reported an error (--error-exitcode)
 SUMMARY = re.compile(r"(?:ERROR SUMMARY: (\d+) errors?)|(?:RACECHECK SUMMARY: .*?\((\d+) errors?)")
 FIRST_LINES = 40
+MIN_SHARE_S = 15.0       # a tool that would get less is skipped (torch's start under the tool alone takes seconds)
+# the plugins' kernels live in namespace dflash2, so their (mangled and demangled) names hold this
+KERNEL_FILTER = ("--kernel-name", "kns=dflash2")
+STOP_LADDER = ((signal.SIGTERM, 3.0), (signal.SIGKILL, None))
+_running: subprocess.Popen | None = None
 
 
 def find_sanitizer() -> str | None:
@@ -48,9 +61,57 @@ def find_sanitizer() -> str | None:
     return None
 
 
-def tool_argv(sanitizer: str, tool: str, python: str = sys.executable) -> list[str]:
+def tool_argv(sanitizer: str, tool: str, lib: str | None = None, *, filtered: bool = True,
+              python: str = sys.executable) -> list[str]:
     return [sanitizer, "--tool", tool, "--error-exitcode", str(ERROR_EXIT), "--print-limit", "20",
-            python, str(HERE / "gpu_check.py"), "--small"]
+            *(KERNEL_FILTER if filtered else ()), python, str(HERE / "gpu_check.py"), "--small",
+            *(("--lib", lib) if lib else ())]
+
+
+def run_tool(argv: list[str], limit: float, log: Path) -> int:
+    """``argv`` in its own process group, output to ``log``; at ``limit`` seconds the group is stopped: 124. Else
+    its exit status (128 + N for a signal)."""
+    global _running
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True, env=env)
+        _running = proc
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            stop(proc, STOP_LADDER, group=True)
+            return 124
+        finally:
+            _running = None
+    return 128 - rc if rc < 0 else rc
+
+
+def _on_signal(signum, frame):  # noqa: ARG001
+    """Stopped from outside (run_all's part limit, Ctrl-C): the tool runs in its own group, so stop it first."""
+    if _running is not None:
+        stop(_running, STOP_LADDER, group=True)
+    raise SystemExit(128 + signum)
+
+
+def option_refused(text: str) -> bool:
+    """The tool refused the kernel filter (an older compute-sanitizer): its error names the option."""
+    return "kernel-name" in text and re.search(r"(?i)unrecogni[sz]ed|unknown|invalid", text) is not None
+
+
+def unsupported(text: str) -> bool:
+    """The tool cannot attach to this device (seen on gVisor machines: 'Device not supported')."""
+    return re.search(r"(?i)device (is )?not supported", text) is not None
+
+
+def prebuild() -> str:
+    """The plugins' CUDA library (its path, passed to every run) and the GDN CPU build, from the cache or built now,
+    before the tools' shares start."""
+    from dflash2_trt.trtllm.cpu.plugin_libs import gdn_lib
+    from dflash2_trt.trtllm.cuda.plugin_lib import build_cuda_plugins
+
+    lib = build_cuda_plugins(progress=lambda m: print(m, flush=True))
+    gdn_lib()
+    return str(lib)
 
 
 def read_log(text: str) -> dict:
@@ -68,7 +129,7 @@ def read_log(text: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="output directory (sanitize.json and one log per tool)")
-    p.add_argument("--limit", type=float, default=150.0, help="seconds for all tools together (default 150)")
+    p.add_argument("--limit", type=float, default=150.0, help="seconds for everything: the builds (cached: none) and the tools (default 150)")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(TOOLS)}")
     args = p.parse_args(argv)
     tools = [t for t in args.tools.split(",") if t]
@@ -84,25 +145,54 @@ def main(argv: list[str] | None = None) -> int:
         print("sanitize: compute-sanitizer not found (PATH, CUDA_HOME/bin, /usr/local/cuda/bin): nothing was run",
               file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-    doc: dict = {"sanitizer": sanitizer, "checks": "gpu_check.py --small", "tools": {}}
     deadline = time.monotonic() + args.limit
+    before = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _run(args, tools, sanitizer, deadline)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _run(args, tools: list[str], sanitizer: str, deadline: float) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        lib = prebuild()
+    except Exception as e:  # noqa: BLE001 - one line, whatever the build raised
+        print(f"sanitize: building the plugins failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    doc: dict = {"sanitizer": sanitizer, "checks": "gpu_check.py --small", "lib": lib,
+                 "build_s": round(time.monotonic() - t0, 1), "kernel_filter": " ".join(KERNEL_FILTER), "tools": {}}
     ok = True
+    filtered = True
     for i, tool in enumerate(tools):
         share = (deadline - time.monotonic()) / (len(tools) - i)
-        log = args.out / f"sanitize-{tool}.log"
-        t0 = time.monotonic()
-        rc = run_limited(tool_argv(sanitizer, tool), share, log)
-        rec = {"exit": rc, "seconds": round(time.monotonic() - t0, 1), "limit": round(share, 1),
-               **read_log(log.read_text(errors="replace"))}
-        # clean: the checks under the tool passed and it reported no error (--error-exitcode would have made rc 86);
-        # the summary's count is the tool's own word on it where its line was found
-        rec["clean"] = rc == 0 and not rec["errors"]
+        if share < MIN_SHARE_S:
+            rec = {"exit": None, "skipped": f"{max(share, 0):.0f} s share", "clean": False}
+        else:
+            log = args.out / f"sanitize-{tool}.log"
+            t0 = time.monotonic()
+            end = t0 + share
+            rc = run_tool(tool_argv(sanitizer, tool, lib, filtered=filtered), share, log)
+            text = log.read_text(errors="replace")
+            if filtered and rc not in (0, ERROR_EXIT, 124) and option_refused(text) and end - time.monotonic() > 5:
+                filtered = False        # this compute-sanitizer has no kernel filter: every kernel from now on
+                rc = run_tool(tool_argv(sanitizer, tool, lib, filtered=False), end - time.monotonic(), log)
+                text = log.read_text(errors="replace")
+            rec = {"exit": rc, "seconds": round(time.monotonic() - t0, 1), "limit": round(share, 1),
+                   "kernel_filter": filtered, **read_log(text)}
+            if rec["errors"] is None and rc not in (0, 124) and unsupported(text):
+                rec["unsupported"] = True
+            # clean: the checks under the tool passed and it reported no error (--error-exitcode would have made
+            # rc 86); the summary's count is the tool's own word on it where its line was found
+            rec["clean"] = rc == 0 and not rec["errors"]
         ok = ok and rec["clean"]
         doc["tools"][tool] = rec
-        print(f"sanitize {tool}: exit {rc}, errors {rec['errors']}, {rec['seconds']} s", flush=True)
-        for ln in rec["first_lines"][:10]:
+        print(f"sanitize {tool}: exit {rec['exit']}, errors {rec.get('errors')}, {rec.get('seconds', 0)} s"
+              + (f" (skipped: {rec['skipped']})" if "skipped" in rec else "")
+              + (" (device not supported by the tool)" if rec.get("unsupported") else ""), flush=True)
+        for ln in rec.get("first_lines", [])[:10]:
             print(f"  {ln}", flush=True)
         doc["clean"] = ok
         atomic_write_text(args.out / "sanitize.json", json.dumps(doc, indent=1))

@@ -1,19 +1,23 @@
 """scripts/gpu_check/sanitize.py (``gpu_check.sh --sanitize``): the kernels' small cases under compute-sanitizer.
-There is neither a GPU nor compute-sanitizer here, so what is tested is the orchestration around the tool: each tool in
-turn under its share of the limit, its exit status and summary read into sanitize.json, a tool past its share
-stopped, one error line without the tool. A stand-in ``compute-sanitizer`` on PATH prints what the real one prints at
-the end of a run (its ``=========``-prefixed lines and summary; the format of compute-sanitizer's user manual) and
-exits as ``--error-exitcode`` asks. Whether the kernels are clean is only known from a GPU run."""
+There is neither a GPU nor compute-sanitizer here, so what is tested is the orchestration around the tool: the
+builds once before the tools (stubbed here), each tool in turn under its share of the limit with the kernel filter,
+its exit status and summary read into sanitize.json, a tool past its share stopped with its group, a tool that
+refuses the filter run again without it, a device the tool does not support said as such, a share too short
+skipped, one error line without the tool. A stand-in ``compute-sanitizer`` on PATH prints what the real one prints
+at the end of a run (its ``=========``-prefixed lines and summaries, as compute-sanitizer's user manual shows them)
+and exits as ``--error-exitcode`` asks. Whether the kernels are clean is only known from a GPU run."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check" / "sanitize.py"
@@ -28,14 +32,24 @@ def _load():
 
 S = _load()
 
-# memcheck clean; racecheck finds one hazard and exits with the error exit code it was given; synccheck hangs
+# memcheck clean; racecheck finds one hazard; synccheck hangs (MODE=hang) or refuses the kernel filter
+# (MODE=old) or the device (MODE=gvisor); every run appends its argv to CALLS
 FAKE = r'''#!{py}
-import sys, time
+import os, sys, time
 args = sys.argv[1:]
+with open(os.environ["CALLS"], "a") as fh:
+    fh.write(" ".join(args) + "\n")
 tool = args[args.index("--tool") + 1]
 code = int(args[args.index("--error-exitcode") + 1])
-assert args[-1] == "--small" and args[-2].endswith("gpu_check.py"), args
+assert args[-3:] == ["--small", "--lib", "/cache/libdf2_cuda_sm90a.so"] and args[-4].endswith("gpu_check.py"), args
+mode = os.environ.get("MODE", "hang")
 print("========= COMPUTE-SANITIZER")
+if mode == "old" and "--kernel-name" in args:
+    print("========= Error: Unrecognized option '--kernel-name'")
+    sys.exit(1)
+if mode == "gvisor":
+    print("========= Error: Device not supported")
+    sys.exit(255)
 print("conv correctness vs reference (bit-exact, 18 cases): ok")
 if tool == "memcheck":
     print("========= ERROR SUMMARY: 0 errors")
@@ -44,30 +58,35 @@ elif tool == "racecheck":
     print("=========     and Read access at dynamicConvKernel+0x2a0 [16 hazards]")
     print("========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)")
     sys.exit(code)
-else:
+elif mode == "hang":
+    open(os.environ["CALLS"] + ".pid", "w").write(str(os.getpid()))
     print("hanging", flush=True)
     time.sleep(60)
+else:
+    print("========= ERROR SUMMARY: 0 errors")
 '''
 
 
-def _fake_bin(tmp_path):
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    fake = bin_dir / "compute-sanitizer"
-    fake.write_text(FAKE.replace("{py}", sys.executable))
-    fake.chmod(0o755)
-    return bin_dir
+    tool = bin_dir / "compute-sanitizer"
+    tool.write_text(FAKE.replace("{py}", sys.executable))
+    tool.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setattr(S, "prebuild", lambda: "/cache/libdf2_cuda_sm90a.so")
+    monkeypatch.setattr(S, "MIN_SHARE_S", 1.0)     # the stand-in starts in well under a second
+    return calls
 
 
-def test_each_tool_in_turn_its_errors_read_and_a_hang_stopped(tmp_path):
-    bin_dir = _fake_bin(tmp_path)
+def test_each_tool_in_turn_its_errors_read_and_a_hang_stopped(tmp_path, fake, capsys):
     out = tmp_path / "san"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, str(SCRIPT), str(out), "--limit", "9"], capture_output=True, text=True,
-                         env=env, timeout=60)
-    assert time.monotonic() - t0 < 9 + 8          # the hanging tool stopped at its share (+ the 5 s grace)
-    assert res.returncode == 1, res.stderr
+    assert S.main([str(out), "--limit", "6"]) == 1
+    assert time.monotonic() - t0 < 6 + 4           # the hanging tool stopped at the end of its share
     doc = json.loads((out / "sanitize.json").read_text())
     tools = doc["tools"]
     assert list(tools) == ["memcheck", "racecheck", "synccheck"] and doc["clean"] is False
@@ -77,20 +96,48 @@ def test_each_tool_in_turn_its_errors_read_and_a_hang_stopped(tmp_path):
     assert tools["racecheck"]["first_lines"][0].startswith("========= Error: Race reported")
     assert tools["synccheck"]["exit"] == 124 and tools["synccheck"]["errors"] is None
     assert not tools["synccheck"]["clean"]
+    calls = fake.read_text().splitlines()
+    assert len(calls) == 3 and all("--kernel-name kns=dflash2" in c for c in calls)
     for t in tools:
         assert (out / f"sanitize-{t}.log").read_text()
-    assert "sanitize racecheck: exit 86, errors 1" in res.stdout
+    assert "sanitize racecheck: exit 86, errors 1" in capsys.readouterr().out
+    pid = int(Path(str(fake) + ".pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)                             # the stopped tool is gone, not left running
 
 
-def test_clean_when_every_tool_ran_clean(tmp_path):
-    bin_dir = _fake_bin(tmp_path)
+def test_without_the_kernel_filter_where_the_tool_refuses_it(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("MODE", "old")
     out = tmp_path / "san"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    res = subprocess.run([sys.executable, str(SCRIPT), str(out), "--tools", "memcheck"], capture_output=True,
-                         text=True, env=env, timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert S.main([str(out), "--tools", "memcheck,synccheck", "--limit", "60"]) == 0
     doc = json.loads((out / "sanitize.json").read_text())
-    assert doc["clean"] is True and list(doc["tools"]) == ["memcheck"]
+    assert doc["clean"] is True
+    assert [t["kernel_filter"] for t in doc["tools"].values()] == [False, False]
+    calls = fake.read_text().splitlines()
+    assert ["--kernel-name" in c for c in calls] == [True, False, False]   # refused once, then never asked again
+
+
+def test_a_device_the_tool_does_not_support_is_said_so(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("MODE", "gvisor")
+    out = tmp_path / "san"
+    assert S.main([str(out), "--tools", "memcheck", "--limit", "30"]) == 1
+    rec = json.loads((out / "sanitize.json").read_text())["tools"]["memcheck"]
+    assert rec["unsupported"] is True and rec["clean"] is False and rec["errors"] is None
+
+
+def test_a_share_too_short_is_skipped(tmp_path, fake):
+    out = tmp_path / "san"
+    assert S.main([str(out), "--limit", "0.5"]) == 1      # every share under the minimum (1 s here)
+    doc = json.loads((out / "sanitize.json").read_text())
+    assert all(t["exit"] is None and "skipped" in t for t in doc["tools"].values())
+    assert not fake.exists()                                                # none started
+
+
+def test_the_handlers_are_put_back(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("MODE", "clean")
+    before = signal.getsignal(signal.SIGTERM)
+    assert S.main([str(tmp_path / "san"), "--tools", "synccheck", "--limit", "20"]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_summary_counts():
@@ -102,9 +149,6 @@ def test_summary_counts():
 
 
 def test_without_the_tool_or_with_bad_options_one_error_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(S, "find_sanitizer", lambda: None)
     assert S.main([str(tmp_path / "o")]) == 2
     assert "compute-sanitizer not found" in capsys.readouterr().err
@@ -113,3 +157,33 @@ def test_without_the_tool_or_with_bad_options_one_error_line(tmp_path, monkeypat
     assert S.main([str(tmp_path / "o"), "--limit", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: --limit")
     assert not (tmp_path / "o").exists()
+
+
+def test_stopped_from_outside_it_stops_the_running_tool_first():
+    """run_all stops a part by signalling its process group; the tool runs in a group of its own, so the handler
+    stops that group (here a stand-in tool with a child) before this exits."""
+    import subprocess
+
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+            " print(c.pid, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(proc.stdout.readline())
+    S._running = proc
+    try:
+        with pytest.raises(SystemExit) as exc:
+            S._on_signal(signal.SIGTERM, None)
+        assert exc.value.code == 128 + signal.SIGTERM
+        assert proc.poll() is not None
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        S._running = None
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    from dflash2_trt.testing.processes import process_alive
+    return process_alive(pid)

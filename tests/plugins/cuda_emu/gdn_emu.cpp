@@ -2,12 +2,16 @@
 // threads (cuda_emu.h), behind the CPU build's C ABI (df2_gdn_*, as gatedDeltaNetCpu.cpp), so that
 // GdnLib and scripts/gpu_check's gdn_compare drive them as they drive the GPU extension. As the
 // plugin's enqueue: shapes validated, only host_request_types checked on the host (the kernels clamp
-// the rest), a workspace of gatedDeltaNetWorkspaceSize bytes holding garbage, the launch sequence
+// num_accepted and pending counts and take cu_seqlens and slots as given), a workspace of gatedDeltaNetWorkspaceSize bytes holding garbage, the launch sequence
 // launchGatedDeltaNetForward / launchGatedDeltaNetCommit.
 #include "kernel_emu.cu" // gatedDeltaNetKernel.cu after the test's transform
 #include "gatedDeltaNetMath.h"
 #include "gatedDeltaNetParams.h"
 #include "../common/df2Validation.h"
+
+#ifndef GDN_EMU_WS_SHIFT
+#define GDN_EMU_WS_SHIFT 0 // bytes past the 256-byte boundary (a test's misaligned workspace)
+#endif
 
 using namespace dflash2;
 
@@ -37,9 +41,6 @@ int32_t run(int32_t const* attrs, int32_t nbInputs, int32_t const* dtypes, int32
     size_t const wsBytes = gatedDeltaNetWorkspaceSize(p) + 256 + GDN_EMU_WS_SHIFT;
     std::unique_ptr<unsigned char[]> ws(new unsigned char[wsBytes]);
     std::memset(ws.get(), 0xA5, wsBytes); // garbage, as a reused TensorRT workspace
-#ifndef GDN_EMU_WS_SHIFT
-#define GDN_EMU_WS_SHIFT 0 // bytes past the 256-byte boundary (a test's misaligned workspace)
-#endif
     void* wsAligned = reinterpret_cast<void*>(
         ((reinterpret_cast<uintptr_t>(ws.get()) + 255) & ~uintptr_t(255)) + GDN_EMU_WS_SHIFT);
     GdnLaunchArgs g;
