@@ -827,10 +827,41 @@ __global__ void __launch_bounds__(kSolveThreads) gdnChunkSolveKernel(void const*
     gdnChunkSolveColumn(amat + (row0 * d.hv + h) * d.chunk, static_cast<int64_t>(d.hv) * d.chunk, m, x, xs);
 }
 
+//! The chunk scan's staged token rows: a row's kSplit slices kSlice + 4 floats apart (an odd number of 16-byte
+//! quads at kSlice 32, one slice below), so the kSplit different slices a warp reads of one row fall in different
+//! bank quads and the lanes of one slice share an address (16-byte shared loads without conflicts).
+template <int32_t kDk>
+struct ScanRows
+{
+    static constexpr int32_t kSplit = kGdnSplit<kDk>;
+    static constexpr int32_t kSlice = kDk / kSplit;
+    static constexpr int32_t kSliceQuads = kSlice / 4 + 1;
+    static constexpr int32_t kRowQuads = kSplit * kSliceQuads;
+
+    //! The m rows of a chunk, row p at src + p * rowStride (floats; 16-byte aligned rows), into dst (float4s), by
+    //! every thread of the block (the caller's barriers order it).
+    static __device__ __forceinline__ void stage(float4* dst, float const* src, int64_t rowStride, int32_t m)
+    {
+        constexpr int32_t kQuads = kDk / 4;
+        for (int32_t e = static_cast<int32_t>(threadIdx.x); e < m * kQuads; e += kColumnThreads)
+        {
+            int32_t const p = e / kQuads;
+            int32_t const q = e - p * kQuads;
+            int32_t const slice = q / (kSlice / 4);
+            float4 const* row = reinterpret_cast<float4 const*>(src + p * rowStride);
+            dst[p * kRowQuads + slice * kSliceQuads + (q - slice * (kSlice / 4))] = row[q];
+        }
+    }
+};
+
 //! grid (numContext, Hv, ceil(Dv / columns per block)); kSplit lanes = one state column,
 //! sequential over the request's chunks (the steps of chunkScanColumn in gatedDeltaNetCpu.cpp),
 //! from the slot's state folded over its pending records (read from the slot, gdnSliceFold).
-//! v_new of the current chunk lives in shared memory, written by the column's slice-0 lane.
+//! Per chunk, the rows each phase reads (W for v_new, qh for y, kh for the update) are staged in
+//! shared memory by the whole block (coalesced float4 loads; ScanRows), and a lane loads its slice
+//! of a token's row from there into registers; v_new of the chunk lives in shared memory, written
+//! by the column's slice-0 lane. Columns past Dv run every step on zeros and column 0's inputs (their
+//! lanes meet the barriers and shuffles like the others) and store nothing.
 //! Four blocks per SM: caps ptxas at 128 registers (its own choice on sm_100a, 80, spills at Dk 32).
 template <int32_t kDk>
 __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float const* __restrict__ qh,
@@ -839,16 +870,17 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
     int32_t const* __restrict__ slots, int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool,
     void* __restrict__ y, DType dtype, Dims d)
 {
-    constexpr int32_t kSplit = kGdnSplit<kDk>;
-    constexpr int32_t kSlice = kDk / kSplit;
+    using Rows = ScanRows<kDk>;
+    constexpr int32_t kSplit = Rows::kSplit;
+    constexpr int32_t kSlice = Rows::kSlice;
     constexpr int32_t kColumns = ColumnLanes<kSplit>::kColumns;
     __shared__ float sVnew[kGdnMaxChunkSize][kColumns];
+    __shared__ float4 sRows[kGdnMaxChunkSize * Rows::kRowQuads];
     ColumnLanes<kSplit> const lanes(static_cast<int32_t>(blockIdx.z));
     int32_t const r = blockIdx.x;
     int32_t const h = blockIdx.y;
     int32_t const j = lanes.col;
-    if (j >= d.dv)
-        return;
+    bool const active = j < d.dv; // uniform over a column's lanes; an idle column stores nothing
     int32_t const lc = static_cast<int32_t>(threadIdx.x) / kSplit; // column within the block
     int32_t const kHead = h / (d.hv / d.hk);
     int64_t const base = cu[r];
@@ -856,66 +888,82 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
     int64_t const qkw = static_cast<int64_t>(d.hk) * kDk;
     int32_t const off = lanes.slice * kSlice;
     int64_t const hvdv = static_cast<int64_t>(d.hv) * d.dv;
+    int32_t const jc = active ? j : 0; // an inactive lane's addresses stay inside the head's rows
     float* const slot = rnnPool + static_cast<int64_t>(slots[r]) * d.slotFloats;
-    float* st = slot + static_cast<int64_t>(h) * kDk * d.dv + static_cast<int64_t>(off) * d.dv + j;
-    float const* qRow = qh + base * qkw + kHead * kDk + off;
-    float const* kRow = kh + base * qkw + kHead * kDk + off;
+    float* st = slot + static_cast<int64_t>(h) * kDk * d.dv + static_cast<int64_t>(off) * d.dv + jc;
+    float const* qRows = qh + base * qkw + kHead * kDk;
+    float const* kRows = kh + base * qkw + kHead * kDk;
+    float const* wRows = w + (base * d.hv + h) * kDk;
     float const* gRow = gam + base * d.hv + h;
     float const* qkRow = qk + (base * d.hv + h) * d.chunk;
-    float const* uRow = u + (base * d.hv + h) * d.dv + j;
-    float const* wRow = w + (base * d.hv + h) * kDk + off;
-    int64_t const y0 = base * hvdv + static_cast<int64_t>(h) * d.dv + j;
+    float const* uRow = u + (base * d.hv + h) * d.dv + jc;
+    int64_t const y0 = base * hvdv + static_cast<int64_t>(h) * d.dv + jc;
+    int32_t const mine = lanes.slice * Rows::kSliceQuads; // this lane's slice within a staged row (float4s)
     bool const zero = zeroInit(zeroState, r, d.numContext);
     float s[kSlice];
 GDN_UNROLL
     for (int32_t i = 0; i < kSlice; ++i)
-        s[i] = zero ? 0.0f : st[i * d.dv];
-    int32_t const pend = zero ? 0 : gdnPendingCount(slotPendingRaw(slot, d), d.kv);
+        s[i] = zero || !active ? 0.0f : st[i * d.dv];
     {
+        int32_t const pend = zero ? 0 : gdnPendingCount(slotPendingRaw(slot, d), d.kv);
         float const* recKeys = slot + d.offKeys + static_cast<int64_t>(kHead) * d.kv * kDk + off;
         float const* recDecay = slot + d.offDecay + static_cast<int64_t>(h) * d.kv;
-        float const* recDelta = slot + d.offDelta + static_cast<int64_t>(h) * d.kv * d.dv + j;
+        float const* recDelta = slot + d.offDelta + static_cast<int64_t>(h) * d.kv * d.dv + jc;
 GDN_NO_UNROLL
         for (int32_t t = 0; t < pend; ++t)
             gdnSliceFold<kSlice>(s, recKeys + t * kDk, recDecay[t], recDelta[t * d.dv]);
     }
+    float row[kSlice];
 GDN_NO_UNROLL
     for (int32_t c0 = 0; c0 < n; c0 += d.chunk)
     {
         int32_t const m = min(d.chunk, n - c0);
+        Rows::stage(sRows, wRows + c0 * static_cast<int64_t>(d.hv) * kDk, static_cast<int64_t>(d.hv) * kDk, m);
+        __syncthreads();
 GDN_NO_UNROLL
         for (int32_t p = 0; p < m; ++p)
         {
-            float const ws = lanes.combine(gdnSliceFmaDot<kSlice>(s, wRow + (c0 + p) * static_cast<int64_t>(d.hv) * kDk));
+            gdnLoadSlice<kSlice>(row, sRows + p * Rows::kRowQuads + mine);
+            float const ws = lanes.combine(gdnSliceFmaDot<kSlice>(s, row));
             if (lanes.slice == 0)
                 sVnew[p][lc] = subRn(uRow[(c0 + p) * hvdv], ws);
         }
-        __syncwarp(lanes.mask);
+        __syncthreads(); // W read by every lane; v_new written
+        Rows::stage(sRows, qRows + c0 * qkw, qkw, m);
+        __syncthreads();
 GDN_NO_UNROLL
         for (int32_t p = 0; p < m; ++p)
         {
             float const e = expRn(gRow[(c0 + p) * d.hv]);
-            float const inter = lanes.combine(gdnSliceDecayedDot<kSlice>(s, qRow + (c0 + p) * qkw, e));
-            if (lanes.slice == 0)
+            gdnLoadSlice<kSlice>(row, sRows + p * Rows::kRowQuads + mine);
+            float const inter = lanes.combine(gdnSliceDecayedDot<kSlice>(s, row, e));
+            if (lanes.slice == 0 && active)
             {
-                float const intra = gdnChunkIntra(qkRow + (c0 + p) * static_cast<int64_t>(d.hv) * d.chunk, &sVnew[0][lc],
-                    kColumns, p);
+                float const intra = gdnChunkIntra(qkRow + (c0 + p) * static_cast<int64_t>(d.hv) * d.chunk,
+                    &sVnew[0][lc], kColumns, p);
                 gdnStore(dtype, y, y0 + (c0 + p) * hvdv, addRn(inter, intra));
             }
         }
+        __syncthreads(); // q read by every lane
+        Rows::stage(sRows, kRows + c0 * qkw, qkw, m);
+        __syncthreads();
         float const gl = gRow[(c0 + m - 1) * d.hv];
         gdnSliceScale<kSlice>(s, expRn(gl));
 GDN_NO_UNROLL
         for (int32_t p = 0; p < m; ++p)
         {
             float const f = expRn(subRn(gl, gRow[(c0 + p) * d.hv]));
-            gdnSliceChunkUpdate<kSlice>(s, kRow + (c0 + p) * qkw, f, sVnew[p][lc]);
+            gdnLoadSlice<kSlice>(row, sRows + p * Rows::kRowQuads + mine);
+            gdnSliceChunkUpdate<kSlice>(s, row, f, sVnew[p][lc]);
         }
-        __syncwarp(lanes.mask); // every lane has read sVnew before the next chunk overwrites it
+        __syncthreads(); // k and v_new read by every lane before the next chunk restages / rewrites them
     }
+    if (active)
+    {
 GDN_UNROLL
-    for (int32_t i = 0; i < kSlice; ++i)
-        st[i * d.dv] = s[i];
+        for (int32_t i = 0; i < kSlice; ++i)
+            st[i * d.dv] = s[i];
+    }
 }
 
 //! grid (B, ceil(C / (128 kVec))), after every reader of the slots' old records. Thread = channels

@@ -103,6 +103,8 @@ CASES = {
     "partial_tile": (2, 4, 64, 100, 4, 6, 0, (33,), (6, 3)),        # Dk 64, Dv 100: a part-filled column tile
     "no_conv_state": (2, 2, 16, 16, 1, 4, 64, (5,), (4,)),          # K = 1
     "dk128_full_chunks": (1, 2, 128, 128, 4, 8, 64, (130,), (8,)),  # chunk matrices: two full 64-token chunks + 2
+    "dk32_chunk16_idle_columns": (2, 4, 32, 48, 4, 4, 16, (40, 9), (4, 3)),  # chunk scan: 80 of 128 columns idle
+    "dk128_dv100_chunked": (1, 2, 128, 100, 4, 8, 64, (70,), (8,)),  # chunk scan: a part-filled column tile
     "many_and_empty": (2, 4, 16, 16, 4, 4, 64, (3, 0, 5), (4,) * 20 + (0, 2) * 10),  # 43 requests, empty ones
 }
 
