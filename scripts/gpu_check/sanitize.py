@@ -9,9 +9,9 @@ with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, so that every tensor is its own alloc
 past a tensor's end, not only past a cached block's).
 
 The plugins' CUDA library and the GDN CPU build are built (or found in the cache) once before the tools, outside
-their shares, and passed to each run. Only the plugins' kernels are instrumented (``--kernel-name`` with a substring of
-their namespace; torch's own kernels run uninstrumented), falling back to every kernel once where the tool refuses the
-option. A tool whose share is under :data:`MIN_SHARE_S` is skipped. On SIGTERM / SIGINT the running tool's process
+their shares, and passed to each run. torch's own kernels are left out where their names say so
+(``--kernel-name-exclude kns=native``: at::native; the plugins' kernels are all checked), falling back to every kernel
+where the tool refuses the option. A tool whose share is under :data:`MIN_SHARE_S` is skipped. On SIGTERM / SIGINT the running tool's process
 group is stopped before this exits.
 
 OUT_DIR gets ``sanitize-<tool>.log`` (the whole output) and ``sanitize.json``: per tool its exit status (124: stopped
@@ -44,8 +44,10 @@ ERROR_EXIT = 86          # compute-sanitizer's exit status when it reported an e
 SUMMARY = re.compile(r"(?:ERROR SUMMARY: (\d+) errors?)|(?:RACECHECK SUMMARY: .*?\((\d+) errors?)")
 FIRST_LINES = 40
 MIN_SHARE_S = 15.0       # a tool that would get less is skipped (torch's start under the tool alone takes seconds)
-# the plugins' kernels live in namespace dflash2, so their (mangled and demangled) names hold this
-KERNEL_FILTER = ("--kernel-name", "kns=dflash2")
+# torch's own kernels (the checks' inputs, references and copies) are mostly at::native's, whose names (mangled:
+# 2at6native, demangled: at::native) hold this and the plugins' kernels' names do not. An exclusion is sound either
+# way: where it matches nothing, every kernel is instrumented (an inclusion that matched nothing would check none)
+KERNEL_FILTER = ("--kernel-name-exclude", "kns=native")
 STOP_LADDER = ((signal.SIGTERM, 3.0), (signal.SIGKILL, None))
 _running: subprocess.Popen | None = None
 
@@ -94,8 +96,8 @@ def _on_signal(signum, frame):  # noqa: ARG001
 
 
 def option_refused(text: str) -> bool:
-    """The tool refused the kernel filter (an older compute-sanitizer): its error names the option."""
-    return "kernel-name" in text and re.search(r"(?i)unrecogni[sz]ed|unknown|invalid", text) is not None
+    """The tool refused the kernel filter (a compute-sanitizer without it): its error names the option."""
+    return "kernel-name-exclude" in text and re.search(r"(?i)unrecogni[sz]ed|unknown|invalid", text) is not None
 
 
 def unsupported(text: str) -> bool:

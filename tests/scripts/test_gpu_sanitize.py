@@ -44,8 +44,8 @@ code = int(args[args.index("--error-exitcode") + 1])
 assert args[-3:] == ["--small", "--lib", "/cache/libdf2_cuda_sm90a.so"] and args[-4].endswith("gpu_check.py"), args
 mode = os.environ.get("MODE", "hang")
 print("========= COMPUTE-SANITIZER")
-if mode == "old" and "--kernel-name" in args:
-    print("========= Error: Unrecognized option '--kernel-name'")
+if mode == "old" and "--kernel-name-exclude" in args:
+    print("========= Error: Unrecognized option '--kernel-name-exclude'")
     sys.exit(1)
 if mode == "gvisor":
     print("========= Error: Device not supported")
@@ -97,7 +97,7 @@ def test_each_tool_in_turn_its_errors_read_and_a_hang_stopped(tmp_path, fake, ca
     assert tools["synccheck"]["exit"] == 124 and tools["synccheck"]["errors"] is None
     assert not tools["synccheck"]["clean"]
     calls = fake.read_text().splitlines()
-    assert len(calls) == 3 and all("--kernel-name kns=dflash2" in c for c in calls)
+    assert len(calls) == 3 and all("--kernel-name-exclude kns=native" in c for c in calls)
     for t in tools:
         assert (out / f"sanitize-{t}.log").read_text()
     assert "sanitize racecheck: exit 86, errors 1" in capsys.readouterr().out
@@ -114,7 +114,7 @@ def test_without_the_kernel_filter_where_the_tool_refuses_it(tmp_path, fake, mon
     assert doc["clean"] is True
     assert [t["kernel_filter"] for t in doc["tools"].values()] == [False, False]
     calls = fake.read_text().splitlines()
-    assert ["--kernel-name" in c for c in calls] == [True, False, False]   # refused once, then never asked again
+    assert ["--kernel-name-exclude" in c for c in calls] == [True, False, False]   # refused once, then never asked again
 
 
 def test_a_device_the_tool_does_not_support_is_said_so(tmp_path, fake, monkeypatch):
