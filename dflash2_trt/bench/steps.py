@@ -392,8 +392,13 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
                     _sync(engine)
                 try:
                     point["kernels_per_step"] = len(device_events(prof.events())) / profile_steps
-                    busy, comp = _kernel_split_ms(prof, profile_steps)
-                    point["gpu_busy_ms"], point["components_ms"] = busy, comp
+                    if point["kernels_per_step"] == 0:
+                        # CUPTI could not start (seen on a borrowed H100: CUPTI_ERROR_NOT_INITIALIZED): no kernel
+                        # times, so no busy time or split; the wall times and the spans remain
+                        point["profiler_error"] = "the profiler recorded no GPU kernels (CUPTI unavailable?)"
+                    else:
+                        busy, comp = _kernel_split_ms(prof, profile_steps)
+                        point["gpu_busy_ms"], point["components_ms"] = busy, comp
                 except (AttributeError, TypeError) as e:   # a profiler without these fields: the spans remain
                     point["profiler_error"] = f"{type(e).__name__}: {e}"
                 scopes.spans.clear()
@@ -474,7 +479,7 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
             pt = {"concurrency": c, "speculative": sp, "target_only": base}
             if tau:
                 pt["speedup_wall"] = tau * base["wall_ms"] / sp["wall_ms"]
-                if "gpu_busy_ms" in sp and "gpu_busy_ms" in base:
+                if sp.get("gpu_busy_ms") and base.get("gpu_busy_ms"):
                     pt["speedup_busy"] = tau * base["gpu_busy_ms"] / sp["gpu_busy_ms"]
             points.append(pt)
             if partial is not None:

@@ -328,9 +328,11 @@ class TrtEngineSession:
         # any buffer is made, as TensorRT-LLM's runtime does (facts multi_rank.device)
         local = self.rank if local_rank is None else int(local_rank)
         self.gpus_per_node = gpus_per_node
-        self.device = torch.device(device) if device is not None else (
-            torch.device("cuda", local % torch.cuda.device_count()) if torch.cuda.is_available()
-            else torch.device("cpu"))
+        dev = torch.device(device) if device is not None else None
+        if (dev is None or (dev.type == "cuda" and dev.index is None)) and torch.cuda.is_available():
+            # "cuda" names no GPU: this rank's (torch 2.11's set_device refuses a device without an index)
+            dev = torch.device("cuda", local % torch.cuda.device_count())
+        self.device = dev if dev is not None else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self._pin = self.device.type == "cuda"
