@@ -414,15 +414,24 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
     concurrency (the target in progress with the points it has, ``partial``: true)."""
     from dflash2_trt.bench.steps import measure_steps, render
 
-    docs = []
+    docs, errors = [], []
 
     def doc_of(reports, partial=False):
-        return {"reports": reports, "table": "\n\n".join(render(d) for d in reports), "partial": partial}
+        table = "\n\n".join([render(d) for d in reports] + [f"{e['target']}: FAILED: {e['error']}" for e in errors])
+        return {"reports": reports, "table": table, "partial": partial, "errors": list(errors)}
 
     for t in targets:
-        doc = measure_steps(t, backend=BACKEND, concurrency=concurrency, context_len=context_len, steps=steps, warmup=2,
-                            profile_steps=1, progress=log,
-                            partial=None if save is None else (lambda d: save(doc_of(docs + [d], partial=True))))
+        try:
+            doc = measure_steps(t, backend=BACKEND, concurrency=concurrency, context_len=context_len, steps=steps,
+                                warmup=2, profile_steps=1, progress=log,
+                                partial=None if save is None else (lambda d: save(doc_of(docs + [d], partial=True))))
+        except Exception as e:  # noqa: BLE001 - one target's failure must not cost the next target its numbers
+            log(traceback.format_exc())
+            errors.append({"target": t, "error": f"{type(e).__name__}: {e}"[:600]})
+            if save is not None:
+                save(doc_of(docs, partial=t != targets[-1]))
+            free_gpu_memory()
+            continue
         log(render(doc))
         docs.append(doc)
         write_replacing(out / f"steps-{t}.json", json.dumps(doc, indent=2))
@@ -450,7 +459,7 @@ def run_part(name: str, args) -> int:
             ok = doc["all_identical"]
         else:
             doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps, save=save)
-            ok = True
+            ok = not doc["errors"]
     except Exception:  # noqa: BLE001 - the failure is the result
         tb = traceback.format_exc()
         log(tb)
