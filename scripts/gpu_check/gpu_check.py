@@ -565,19 +565,36 @@ def bench_gdn_point(ext, results: dict, batch: int, kv: int) -> None:
 
     nominal = results.get("nominal_bw")
     need = gdn_decode_bytes(hk, hv, dk, dv, kc, kv, batch, pending=kv // 2)
-    times = {}
+    times, graphed, graph_error = {}, {}, None
     for name, fn in (("step", step), ("commit", commit)):
         times[name] = cuda_time_us(fn, 50)
     times["forward"] = times["step"] - times["commit"]
+    # the same calls replayed from a CUDA graph: the kernels' time without the host's (on a stream, a call's Python
+    # and ctypes work can take longer than its kernels at small batches: the first H100 run's commit took ~47 us at
+    # every batch)
+    try:
+        for name, fn in (("step", step), ("commit", commit)):
+            graphed[name] = graph_time_us(fn, 40)
+        graphed["forward"] = graphed["step"] - graphed["commit"]
+    except Exception as e:  # noqa: BLE001 - the stream times stand; the reason is kept
+        graph_error = f"{type(e).__name__}: {e}"[:300]
+        graphed = {}
+        log(f"gdn B {batch} x Kv {kv}: CUDA-graph timing failed ({graph_error}); stream times only")
     for name in ("step", "forward", "commit"):
         us = times[name]
+        g_us = graphed.get(name)
         bound_us = need[name] / nominal * 1e6 if nominal else float("nan")
+        g_frac = bound_us / g_us * 100 if g_us and g_us > 0 else float("nan")
+        graph_txt = f"; in a CUDA graph {g_us:.1f} us ({g_frac:.0f}% of the bound)" if g_us is not None else ""
         log(f"gdn {name} (Qwen3.8-27B tp1 decode step, deferred commit: B {batch} x Kv {kv}, {kv // 2} pending, "
-            f"Hv {hv} Hk {hk} x 128, bf16): {us:.1f} us; DRAM bound {bound_us:.1f} us for {need[name] / 1e6:.1f} MB "
-            f"({bound_us / us * 100 if us else float('nan'):.0f}% of the bound); per layer, x 48 layers")
+            f"Hv {hv} Hk {hk} x 128, bf16): {us:.1f} us on a stream{graph_txt}; DRAM bound {bound_us:.1f} us for "
+            f"{need[name] / 1e6:.1f} MB ({bound_us / us * 100 if us else float('nan'):.0f}% of the bound on a stream); "
+            f"per layer, x 48 layers")
         key = f"gdn_{name}" if (batch, kv) == (64, 8) else f"gdn_{name}_b{batch}_kv{kv}"
-        results[key] = dict(us=us, bytes=need[name], bound_us=bound_us, frac_bound=bound_us / us if us else None,
-                            batch=batch, kv=kv, pending=kv // 2)
+        results[key] = dict(us=us, graph_us=g_us, bytes=need[name], bound_us=bound_us,
+                            frac_bound=bound_us / us if us else None,
+                            frac_bound_graph=bound_us / g_us if g_us and g_us > 0 else None,
+                            batch=batch, kv=kv, pending=kv // 2, graph_error=graph_error)
 
 
 def bench_gdn_prefill(ext, results: dict, tokens: int = 8192) -> None:
