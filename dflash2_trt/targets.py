@@ -109,7 +109,7 @@ TARGETS: dict[str, TargetEntry] = {
             notes="trained tiny dense Qwen3 + DFlash2 drafter shipped in dflash2_trt/assets/tiny (scripts/train_tiny_drafter.py)",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'lossless + law, tp 1-4 (CI)',
-                    'fp32, bf16 = HF at c1, c16 (H200)',
+                    'fp32, bf16 = HF at c1, c16 (H200, H100)',
                     'tokens = cpu (stand-in, CI)',
                     'supported, not run'),
         ),
@@ -120,7 +120,7 @@ TARGETS: dict[str, TargetEntry] = {
             notes="trained tiny Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter shipped in dflash2_trt/assets/tiny",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'lossless + law (CI)',
-                    'fp32 = HF; bf16 28/32 (H200)',
+                    'fp32 = HF; bf16 28/32 + 4 ties (H100)',
                     '= cpu, baseline = HF; tp 2: mpiexec (stand-in, CI)',
                     'refused (recurrent)'),
         ),
@@ -132,7 +132,7 @@ TARGETS: dict[str, TargetEntry] = {
                   "block-16 DFlash2 drafter with the target's KV layout, shipped in dflash2_trt/assets/tiny",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'lossless + law (CI)',
-                    'fp32 = HF; bf16 30/32 (H200)',
+                    'fp32 = HF; bf16 30/32 + 2 ties (H100)',
                     'tokens = cpu (stand-in, CI)',
                     'refused (windows)'),
         ),
@@ -142,7 +142,9 @@ TARGETS: dict[str, TargetEntry] = {
 
 # README's status table: the backends, and what each cell's words mean (printed by `targets` and the dry run)
 STATUS_COLUMNS = ("cpu", "cuda", "TRT-LLM, project runtime", "TRT-LLM, C++ executor")
-STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; stand-in: against a CPU stand-in of "
+STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; H100: the GPU run of 2026-12-05; ties: "
+                 "outputs that differ only where the target's own top two tokens are within two steps of the dtype "
+                 "(the build gate's rule); stand-in: against a CPU stand-in of "
                  "TensorRT held to facts recorded from TensorRT 10 / TensorRT-LLM 1.2 sources (neither installs "
                  "here); lossless + law: greedy token-identical to the target, sampled tokens pass the target's "
                  "exact law; = HF: identical to the HF target's greedy decoding on the same GPU; refused: by stock "
