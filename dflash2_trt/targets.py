@@ -120,7 +120,7 @@ TARGETS: dict[str, TargetEntry] = {
             notes="trained tiny Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter shipped in dflash2_trt/assets/tiny",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'lossless + law (CI)',
-                    'fp32 = HF; bf16 28/32 + 4 ties (H100)',
+                    'fp32 = HF; bf16: 4/32 ties (H100)',
                     '= cpu, baseline = HF; tp 2: mpiexec (stand-in, CI)',
                     'refused (recurrent)'),
         ),
@@ -132,7 +132,7 @@ TARGETS: dict[str, TargetEntry] = {
                   "block-16 DFlash2 drafter with the target's KV layout, shipped in dflash2_trt/assets/tiny",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'lossless + law (CI)',
-                    'fp32 = HF; bf16 30/32 + 2 ties (H100)',
+                    'fp32 = HF; bf16: 2/32 ties (H100)',
                     'tokens = cpu (stand-in, CI)',
                     'refused (windows)'),
         ),
