@@ -876,6 +876,7 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
     constexpr int32_t kColumns = ColumnLanes<kSplit>::kColumns;
     __shared__ float sVnew[kGdnMaxChunkSize][kColumns];
     __shared__ float4 sRows[kGdnMaxChunkSize * Rows::kRowQuads];
+    __shared__ float sGam[kGdnMaxChunkSize]; // the chunk's cumulative decays of this head
     ColumnLanes<kSplit> const lanes(static_cast<int32_t>(blockIdx.z));
     int32_t const r = blockIdx.x;
     int32_t const h = blockIdx.y;
@@ -896,7 +897,8 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
     float const* wRows = w + (base * d.hv + h) * kDk;
     float const* gRow = gam + base * d.hv + h;
     float const* qkRow = qk + (base * d.hv + h) * d.chunk;
-    float const* uRow = u + (base * d.hv + h) * d.dv + jc;
+    // the block's column tile of U (its rows [T, Hv, Dv])
+    float const* uTile = u + (base * d.hv + h) * d.dv + static_cast<int64_t>(blockIdx.z) * kColumns;
     int64_t const y0 = base * hvdv + static_cast<int64_t>(h) * d.dv + jc;
     int32_t const mine = lanes.slice * Rows::kSliceQuads; // this lane's slice within a staged row (float4s)
     bool const zero = zeroInit(zeroState, r, d.numContext);
@@ -919,6 +921,17 @@ GDN_NO_UNROLL
     {
         int32_t const m = min(d.chunk, n - c0);
         Rows::stage(sRows, wRows + c0 * static_cast<int64_t>(d.hv) * kDk, static_cast<int64_t>(d.hv) * kDk, m);
+        // with W: the chunk's decays, and its U rows of this tile into v_new's place (phase 1 subtracts in place;
+        // columns past Dv get 0): no global load left inside the token loops but the intra sums' qk rows
+        for (int32_t e = static_cast<int32_t>(threadIdx.x); e < m; e += kColumnThreads)
+            sGam[e] = gRow[(c0 + e) * d.hv];
+        for (int32_t e = static_cast<int32_t>(threadIdx.x); e < m * kColumns; e += kColumnThreads)
+        {
+            int32_t const pp = e / kColumns;
+            int32_t const cc = e - pp * kColumns;
+            bool const inside = static_cast<int32_t>(blockIdx.z) * kColumns + cc < d.dv;
+            sVnew[pp][cc] = inside ? uTile[(c0 + pp) * hvdv + cc] : 0.0f;
+        }
         __syncthreads();
 GDN_NO_UNROLL
         for (int32_t p = 0; p < m; ++p)
@@ -926,7 +939,7 @@ GDN_NO_UNROLL
             gdnLoadSlice<kSlice>(row, sRows + p * Rows::kRowQuads + mine);
             float const ws = lanes.combine(gdnSliceFmaDot<kSlice>(s, row));
             if (lanes.slice == 0)
-                sVnew[p][lc] = subRn(uRow[(c0 + p) * hvdv], ws);
+                sVnew[p][lc] = subRn(sVnew[p][lc], ws);
         }
         __syncthreads(); // W read by every lane; v_new written
         Rows::stage(sRows, qRows + c0 * qkw, qkw, m);
@@ -934,7 +947,7 @@ GDN_NO_UNROLL
 GDN_NO_UNROLL
         for (int32_t p = 0; p < m; ++p)
         {
-            float const e = expRn(gRow[(c0 + p) * d.hv]);
+            float const e = expRn(sGam[p]);
             gdnLoadSlice<kSlice>(row, sRows + p * Rows::kRowQuads + mine);
             float const inter = lanes.combine(gdnSliceDecayedDot<kSlice>(s, row, e));
             if (lanes.slice == 0 && active)
@@ -947,12 +960,12 @@ GDN_NO_UNROLL
         __syncthreads(); // q read by every lane
         Rows::stage(sRows, kRows + c0 * qkw, qkw, m);
         __syncthreads();
-        float const gl = gRow[(c0 + m - 1) * d.hv];
+        float const gl = sGam[m - 1];
         gdnSliceScale<kSlice>(s, expRn(gl));
 GDN_NO_UNROLL
         for (int32_t p = 0; p < m; ++p)
         {
-            float const f = expRn(subRn(gl, gRow[(c0 + p) * d.hv]));
+            float const f = expRn(subRn(gl, sGam[p]));
             gdnLoadSlice<kSlice>(row, sRows + p * Rows::kRowQuads + mine);
             gdnSliceChunkUpdate<kSlice>(s, row, f, sVnew[p][lc]);
         }
