@@ -18,7 +18,8 @@ Parts (each in its own process group with its own time limit, so one failure lea
 
 Writes ``OUT_DIR/<part>.json``, ``OUT_DIR/<part>.txt`` (the tables) and ``OUT_DIR/<part>.log``; prints the tables.
 Needs a CUDA GPU, a CUDA build of torch, nvcc, and transformers as the project pins it (the script names what is
-missing). Exit status: 0 when every part ran and every output matched, 1 otherwise, 2 without a GPU.
+missing). Exit status: 0 when every part ran and every output matched (or differed only at a tie: the table's
+`ties`), 1 otherwise, 2 without a GPU.
 """
 
 from __future__ import annotations
@@ -456,7 +457,9 @@ def run_part(name: str, args) -> int:
             doc = part_lossless(out, tuple(int(x) for x in args.lossless_levels.split(",")),
                                 tuple(args.lossless_dtypes.split(",")), save=save, jobs=args.lossless_jobs,
                                 targets=args.lossless_targets.split(","))
-            ok = doc["all_identical"]
+            # a bf16 output that differs only at a tie of the target's own logits (the build gate's rule) is no
+            # failure: the table counts it apart (the first H100 run exited 1 on bf16 ties alone)
+            ok = doc["all_identical_or_ties"]
         else:
             doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps, save=save)
             ok = not doc["errors"]
