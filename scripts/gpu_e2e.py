@@ -412,7 +412,9 @@ def _first_diff(got, want):
 # ---- steps -----------------------------------------------------------------------------------------------------
 def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: int = 8, save=None) -> dict:
     """``bench steps`` for each of ``targets``; ``save`` (if given) receives the document so far after each measured
-    concurrency (the target in progress with the points it has, ``partial``: true)."""
+    concurrency (the target in progress with the points it has, ``partial``: true). A target that fails is named in
+    ``errors`` with its error, keeps the points it measured before (its report, ``partial``: true, in ``reports`` and
+    ``steps-<target>.json``), and the next target is measured."""
     from dflash2_trt.bench.steps import measure_steps, render
 
     docs, errors = [], []
@@ -422,16 +424,28 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
         return {"reports": reports, "table": table, "partial": partial, "errors": list(errors)}
 
     for t in targets:
+        last: list = []            # the target's report so far (after each measured concurrency)
+
+        def keep(d, last=last):
+            last[:] = [d]
+            if save is not None:
+                save(doc_of(docs + [d], partial=True))
+
+        doc = None
         try:
             doc = measure_steps(t, backend=BACKEND, concurrency=concurrency, context_len=context_len, steps=steps,
-                                warmup=2, profile_steps=1, progress=log,
-                                partial=None if save is None else (lambda d: save(doc_of(docs + [d], partial=True))))
+                                warmup=2, profile_steps=1, progress=log, partial=keep)
         except Exception as e:  # noqa: BLE001 - one target's failure must not cost the next target its numbers
             log(traceback.format_exc())
-            errors.append({"target": t, "error": f"{type(e).__name__}: {e}"[:600]})
+            errors.append({"target": t, "error": f"{type(e).__name__}: {e}"[:600],
+                           "points_kept": len(last[0]["points"]) if last else 0})
+        if doc is None:
+            if last:               # what it measured before it failed
+                docs.append(last[0])
+                write_replacing(out / f"steps-{t}.json", json.dumps(last[0], indent=2))
             if save is not None:
                 save(doc_of(docs, partial=t != targets[-1]))
-            free_gpu_memory()
+            free_gpu_memory()      # here, not in the except: its traceback held the failed target's engines
             continue
         log(render(doc))
         docs.append(doc)

@@ -477,8 +477,12 @@ def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, sourc
         sp, ar = by_c[c]["speculative"], by_c[c]["target_only"]
         if key not in sp or key not in ar:
             why = sp.get("graph_error") or ar.get("graph_error") if basis == "graph" else None
+            prof = sp.get("profiler_error") or ar.get("profiler_error") if basis == "busy" else None
             hint = (f"; its capture failed: {why}" if why else "; not probed (a capture at an earlier concurrency "
                     "failed, or the report is not a GPU's)" if basis == "graph" else "")
+            if prof:        # measured on a GPU whose profiler recorded nothing: the wall or graph times stand
+                raise ConfigError(f"concurrency {c}: no {key} in the report: {prof} (use --cost-basis wall or graph)",
+                                  source=source, field="--cost-basis")
             raise ConfigError(f"concurrency {c}: no {key} in the report (measure on a GPU, or --cost-basis wall){hint}",
                               source=source, field="--cost-basis")
         t_spec, t_ar = sp[key] / 1e3, ar[key] / 1e3

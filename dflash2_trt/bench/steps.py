@@ -558,7 +558,8 @@ def render(doc: dict) -> str:
     hdr = f"{'conc':>5} {'spec ms':>8} {'AR ms':>7} {'spec busy':>9} {'AR busy':>8}"
     if doc.get("acceptance"):
         hdr += f" {'speedup@' + format(doc['acceptance'], 'g'):>11} {'(busy)':>7}"
-    lines.append(hdr + "  spec components (busy ms): " + " ".join(doc["components"]))
+    busy = all(p["speculative"].get("components_ms") for p in doc["points"])
+    lines.append(hdr + f"  spec components ({'busy' if busy else 'host spans'}, ms): " + " ".join(doc["components"]))
     for p in doc["points"]:
         sp, ar = p["speculative"], p["target_only"]
         row = (f"{p['concurrency']:>5} {sp['wall_ms']:>8.2f} {ar['wall_ms']:>7.2f} {_cell(sp.get('gpu_busy_ms'), 9)} "
@@ -576,6 +577,10 @@ def render(doc: dict) -> str:
     if graphs:
         lines.append("CUDA-graph replay ms (spec / target only): " + ", ".join(
             f"c{c} {g:.2f} / {'n/a' if a is None else format(a, '.2f')}" for c, g, a in graphs))
+    prof = [p[k]["profiler_error"] for p in doc["points"] for k in ("speculative", "target_only")
+            if "profiler_error" in p[k]]
+    if prof:
+        lines.append(f"no kernel times (busy, components): {prof[0]}")
     errors = [p[k]["graph_error"] for p in doc["points"] for k in ("speculative", "target_only")
               if "graph_error" in p[k]]
     if errors:

@@ -859,9 +859,10 @@ struct ScanRows
 //! from the slot's state folded over its pending records (read from the slot, gdnSliceFold).
 //! Per chunk, the rows each phase reads (W for v_new, qh for y, kh for the update) are staged in
 //! shared memory by the whole block (coalesced float4 loads; ScanRows), and a lane loads its slice
-//! of a token's row from there into registers; v_new of the chunk lives in shared memory, written
-//! by the column's slice-0 lane. Columns past Dv run every step on zeros and column 0's inputs (their
-//! lanes meet the barriers and shuffles like the others) and store nothing.
+//! of a token's row from there into registers; with W, the chunk's decays and the tile's U rows
+//! (v_new's place in shared memory) are staged too, and the column's slice-0 lane turns U into
+//! v_new in place. Columns past Dv run every step on zeros (U 0; records and state from column 0's
+//! addresses, in range) with their lanes meeting the barriers and shuffles, and store nothing.
 //! Four blocks per SM: caps ptxas at 128 registers (its own choice on sm_100a, 80, spills at Dk 32).
 template <int32_t kDk>
 __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float const* __restrict__ qh,
@@ -941,7 +942,7 @@ GDN_NO_UNROLL
             if (lanes.slice == 0)
                 sVnew[p][lc] = subRn(sVnew[p][lc], ws);
         }
-        __syncthreads(); // W read by every lane; v_new written
+        __syncthreads(); // W read by every lane; U turned into v_new
         Rows::stage(sRows, qRows + c0 * qkw, qkw, m);
         __syncthreads();
 GDN_NO_UNROLL

@@ -574,7 +574,7 @@ def bench_gdn_point(ext, results: dict, batch: int, kv: int) -> None:
     # every batch)
     try:
         for name, fn in (("step", step), ("commit", commit)):
-            graphed[name] = graph_time_us(fn, 40)
+            graphed[name] = graph_time_us(fn, 200)
         graphed["forward"] = graphed["step"] - graphed["commit"]
     except Exception as e:  # noqa: BLE001 - the stream times stand; the reason is kept
         graph_error = f"{type(e).__name__}: {e}"[:300]

@@ -67,6 +67,31 @@ def test_a_cpu_report_has_no_kernel_time(tmp_path):
         bench_project(target="qwen3.8-27b", costs_from=tmp_path / "cpu.json")
 
 
+def test_a_gpu_report_whose_profiler_recorded_nothing_says_so(tmp_path):
+    """The first H100 run: CUPTI could not start, so the points have wall times and a profiler_error, no busy time.
+    The busy basis names that reason (not 'measure on a GPU'), the wall basis works, and the report's table says why
+    its component columns are host spans."""
+    from dflash2_trt.bench.steps import render
+
+    doc = json.loads(_steps(tmp_path).read_text())
+    why = "the profiler recorded no GPU kernels (CUPTI unavailable?)"
+    for p in doc["points"]:
+        for k in ("speculative", "target_only"):
+            p[k].pop("gpu_busy_ms")
+            p[k]["profiler_error"] = why
+        p["speculative"].pop("components_ms")
+    (tmp_path / "h100.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"no gpu_busy_ms in the report: the profiler recorded no GPU kernels .*"
+                                          r"--cost-basis wall or graph") as err:
+        bench_project(target="qwen3.8-27b", costs_from=tmp_path / "h100.json")
+    assert "measure on a GPU" not in str(err.value)
+    wall = bench_project(target="qwen3.8-27b", costs_from=tmp_path / "h100.json", cost_basis="wall")
+    assert wall["gpus"][0]["points"][0]["speedup"] == pytest.approx(4.8 * 81 / 101)
+    doc.update(backend="cuda", dtype="bfloat16", components=["gdn"], skipped=[])
+    table = render(doc)
+    assert "spec components (host spans, ms)" in table and f"no kernel times (busy, components): {why}" in table
+
+
 def test_the_graph_basis_takes_the_replay_time_or_says_why_there_is_none(tmp_path):
     doc = json.loads(_steps(tmp_path).read_text())
     for p in doc["points"]:

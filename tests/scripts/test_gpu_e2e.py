@@ -27,21 +27,35 @@ def _load(monkeypatch):
 
 
 def test_a_failed_target_costs_no_other_target_its_steps(monkeypatch, tmp_path):
-    """A target that fails (qwen3-8b has no published drafter; on a GPU: a profiler without kernels, memory) is named
-    with its error, and the targets before and after it are measured (the first GPU run lost muse-glimmer-30b's steps
+    """A target that fails (here: tiny at its second concurrency, qwen3-8b at once as it has no published drafter; on
+    a GPU: a profiler without kernels, memory) is named with its error and keeps the points it measured before
+    (report marked partial), and the targets after it are measured (the first GPU run lost muse-glimmer-30b's steps
     to qwen3.8-27b's crash)."""
+    import dflash2_trt.bench.steps as bench_steps
+
     e2e = _load(monkeypatch)
     assert e2e.BACKEND == "cpu"
-    args = argparse.Namespace(out=str(tmp_path), context_len=16, concurrency="1", targets="tiny,qwen3-8b,tiny-hybrid",
+    real, calls = bench_steps.measure, []
+
+    def measure(engine, concurrency, *a, **kw):
+        calls.append(concurrency)
+        if concurrency == 2 and calls.count(2) == 1:          # the first target's second level, once
+            raise RuntimeError("injected failure at concurrency 2")
+        return real(engine, concurrency, *a, **kw)
+
+    monkeypatch.setattr(bench_steps, "measure", measure)
+    args = argparse.Namespace(out=str(tmp_path), context_len=16, concurrency="1,2", targets="tiny,qwen3-8b,tiny-hybrid",
                               steps=1)
     assert e2e.run_part("steps", args) == 1
     doc = json.loads((tmp_path / "steps.json").read_text())
-    assert [e["target"] for e in doc["errors"]] == ["qwen3-8b"] and "ConfigError" in doc["errors"][0]["error"]
+    assert [(e["target"], e["points_kept"]) for e in doc["errors"]] == [("tiny", 1), ("qwen3-8b", 0)]
+    assert "injected failure" in doc["errors"][0]["error"] and "ConfigError" in doc["errors"][1]["error"]
     assert doc["partial"] is False and "error" not in doc
-    assert [r["target"] for r in doc["reports"]] == ["tiny", "tiny-hybrid"]
-    assert doc["reports"][0]["points"][0]["concurrency"] == 1
+    assert [(r["target"], [p["concurrency"] for p in r["points"]], r.get("partial", False)) for r in doc["reports"]] \
+        == [("tiny", [1], True), ("tiny-hybrid", [1, 2], False)]
     table = (tmp_path / "steps.txt").read_text()
     assert table.startswith("BENCH STEPS tiny on cpu") and "qwen3-8b: FAILED: ConfigError" in table
+    assert json.loads((tmp_path / "steps-tiny.json").read_text())["partial"] is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps-tiny-hybrid.json", "steps-tiny.json", "steps.json",
                                                           "steps.txt"]
 

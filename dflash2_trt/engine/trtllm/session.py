@@ -330,7 +330,7 @@ class TrtEngineSession:
         self.gpus_per_node = gpus_per_node
         dev = torch.device(device) if device is not None else None
         if (dev is None or (dev.type == "cuda" and dev.index is None)) and torch.cuda.is_available():
-            # "cuda" names no GPU: this rank's (torch 2.11's set_device refuses a device without an index)
+            # "cuda" names no GPU: this rank's (torch's set_device refuses a device without an index)
             dev = torch.device("cuda", local % torch.cuda.device_count())
         self.device = dev if dev is not None else torch.device("cpu")
         if self.device.type == "cuda":
