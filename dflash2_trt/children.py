@@ -56,3 +56,24 @@ def stop(proc: subprocess.Popen, ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL,
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def run_limited(argv: list[str], limit: float, log, *, own_group: bool, cwd=None, env: dict | None = None,
+                ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL, None)), preexec_fn=None) -> int:
+    """Run ``argv`` with stdout and stderr to the file ``log`` (unbuffered Python; ``env`` on top of this process's)
+    for at most ``limit`` seconds, then stop it by ``ladder`` (:func:`stop`): 124. ``own_group``: in its own session,
+    and stopped with its whole group (its children too); else in this process's group, where a stop aimed at this
+    process reaches it too. Interrupted while waiting (Ctrl-C, or a signal handler that raises), it is killed before
+    the exception goes on. Else its exit status (128 + N for a signal, as a shell says)."""
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=own_group,
+                                preexec_fn=preexec_fn, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            stop(proc, ladder, group=own_group)
+            return 124
+        except BaseException:
+            stop(proc, ((signal.SIGKILL, None),), group=own_group)
+            raise
+    return 128 - rc if rc < 0 else rc

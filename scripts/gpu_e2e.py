@@ -522,28 +522,6 @@ def default_jobs() -> int:
     return max(1, min(len(FAMILIES) * 2, usable_cpus() // 2))
 
 
-def run_limited(cmd: list[str], limit: float, log_path: Path) -> int:
-    """``cmd`` with its output to ``log_path``, in this driver's process group (a stop aimed at the driver, run_all's
-    or ``timeout``'s, reaches it and its cells too) and ending with the driver if that is killed outright; at
-    ``limit`` seconds it gets SIGTERM (a lossless part then saves its table and stops its cells), then SIGKILL
-    after 5 s; 124 then, else the exit status."""
-    import signal
-
-    from dflash2_trt.children import die_with_parent, stop
-
-    with open(log_path, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(),
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            return proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            stop(proc)            # SIGTERM, 5 s, SIGKILL: its cells end with it (PR_SET_PDEATHSIG)
-            return 124
-        except BaseException:     # Ctrl-C: the part goes too
-            stop(proc, ((signal.SIGKILL, None),))
-            raise
-
-
 def part_limits(parts: list[str], part_timeout: float, budget: float | None, spent: float) -> float:
     """The next part's limit: ``part_timeout``, and with a ``budget`` for all the parts no more than what is left of
     it, the lossless part (when steps follows) no more than half of it, so that the steps get at least the other
@@ -602,6 +580,8 @@ def main(argv=None) -> int:
     if unknown:
         log(f"gpu_e2e: unknown part(s) {unknown}; expected {', '.join(PARTS)}")
         return 2
+    from dflash2_trt.children import die_with_parent, run_limited
+
     worst = 0
     start = time.perf_counter()
     for i, name in enumerate(parts):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -33,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from dflash2_trt.bench.io import atomic_write_bytes  # noqa: E402 - the repository's package, from this checkout
-from dflash2_trt.children import stop  # noqa: E402
+from dflash2_trt.children import run_limited  # noqa: E402
 DEFAULT_BUDGET_S = 540.0
 PACK_RESERVE_S = 10.0      # kept back for stopping a part (5 s grace) and packing its files
 MIN_PART_S = 20.0          # a part that would get less is not started
@@ -63,20 +62,6 @@ def default_parts(python: str = sys.executable) -> list[Part]:
         Part("sanitize", 90, lambda w, s: [python, str(HERE / "sanitize.py"), str(w / "sanitize"),
                                            "--limit", str(max(int(s - 10), 1))]),
     ]
-
-
-def run_limited(argv: list[str], limit: float, log: Path) -> int:
-    """Run ``argv`` in its own process group with stdout and stderr to ``log``; at ``limit`` seconds the whole group
-    gets SIGTERM, then SIGKILL; 124 then, else the exit status (128 + N for a signal, as a shell says)."""
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            stop(proc, ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)), group=True)
-            return 124
-    return 128 - rc if rc < 0 else rc
 
 
 def pack(work: Path, out: Path) -> None:
@@ -116,7 +101,8 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
                 argv = part.argv(work, limit)
                 say(f"== {part.name} (limit {limit:.0f} s): {' '.join(argv)}")
                 t0 = time.monotonic()
-                rc = run_limited(argv, limit, work / f"{part.name}.log")
+                rc = run_limited(argv, limit, work / f"{part.name}.log", own_group=True, cwd=REPO,
+                                 ladder=((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)))
                 secs = time.monotonic() - t0
                 say(tail(work / f"{part.name}.log"))
                 say(f"== {part.name}: exit {rc} after {secs:.0f} s")

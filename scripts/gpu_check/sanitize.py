@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from dflash2_trt.bench.io import atomic_write_text  # noqa: E402 - the repository's package, from this checkout
-from dflash2_trt.children import stop  # noqa: E402
+from dflash2_trt.children import run_limited  # noqa: E402
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
 ERROR_EXIT = 86          # compute-sanitizer's exit status when it reported an error (--error-exitcode)
@@ -49,7 +48,6 @@ MIN_SHARE_S = 15.0       # a tool that would get less is skipped (torch's start 
 # way: where it matches nothing, every kernel is instrumented (an inclusion that matched nothing would check none)
 KERNEL_FILTER = ("--kernel-name-exclude", "kns=native")
 STOP_LADDER = ((signal.SIGTERM, 3.0), (signal.SIGKILL, None))
-_running: subprocess.Popen | None = None
 
 
 def find_sanitizer() -> str | None:
@@ -73,25 +71,13 @@ def tool_argv(sanitizer: str, tool: str, lib: str | None = None, *, filtered: bo
 def run_tool(argv: list[str], limit: float, log: Path) -> int:
     """``argv`` in its own process group, output to ``log``; at ``limit`` seconds the group is stopped: 124. Else
     its exit status (128 + N for a signal)."""
-    global _running
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True, env=env)
-        _running = proc
-        try:
-            rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            stop(proc, STOP_LADDER, group=True)
-            return 124
-        finally:
-            _running = None
-    return 128 - rc if rc < 0 else rc
+    return run_limited(argv, limit, log, own_group=True, cwd=REPO, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+                       ladder=STOP_LADDER)
 
 
 def _on_signal(signum, frame):  # noqa: ARG001
-    """Stopped from outside (run_all's part limit, Ctrl-C): the tool runs in its own group, so stop it first."""
-    if _running is not None:
-        stop(_running, STOP_LADDER, group=True)
+    """Stopped from outside (run_all's part limit, Ctrl-C): raised inside run_tool's wait, which then kills the tool's
+    group (it runs in a session of its own, out of reach of a stop aimed at this process's group)."""
     raise SystemExit(128 + signum)
 
 

@@ -159,27 +159,40 @@ def test_without_the_tool_or_with_bad_options_one_error_line(tmp_path, monkeypat
     assert not (tmp_path / "o").exists()
 
 
-def test_stopped_from_outside_it_stops_the_running_tool_first():
-    """run_all stops a part by signalling its process group; the tool runs in a group of its own, so the handler
-    stops that group (here a stand-in tool with a child) before this exits."""
+# sanitize.py as run_all starts it, with the builds stubbed (no GPU here): a stop signal while a tool hangs
+DRIVER = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("s", sys.argv[1])
+S = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(S)
+S.prebuild = lambda: "/cache/libdf2_cuda_sm90a.so"
+S.MIN_SHARE_S = 1.0
+sys.exit(S.main([sys.argv[2], "--tools", "synccheck", "--limit", "60"]))
+"""
+
+
+def test_stopped_from_outside_it_stops_the_running_tool_first(tmp_path, fake):
+    """run_all stops a part by signalling its process group; the tool runs in a session of its own, out of that
+    group's reach, so sanitize.py kills it before it exits (143 on SIGTERM): the hanging tool is gone, not left
+    running on the GPU."""
     import subprocess
 
-    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
-            " print(c.pid, flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    child = int(proc.stdout.readline())
-    S._running = proc
+    pidfile = Path(str(fake) + ".pid")
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(SCRIPT), str(tmp_path / "san")],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
     try:
-        with pytest.raises(SystemExit) as exc:
-            S._on_signal(signal.SIGTERM, None)
-        assert exc.value.code == 128 + signal.SIGTERM
-        assert proc.poll() is not None
-        deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child)
+        tool = int(pidfile.read_text())
+        assert _alive(tool)
+        os.killpg(proc.pid, signal.SIGTERM)            # as run_all stops a part
+        assert proc.wait(20) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while _alive(tool) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(tool)
     finally:
-        S._running = None
         if proc.poll() is None:
             proc.kill()
 
