@@ -439,20 +439,17 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
             log(traceback.format_exc())
             errors.append({"target": t, "error": f"{type(e).__name__}: {e}"[:600],
                            "points_kept": len(last[0]["points"]) if last else 0})
-        if doc is None:
-            if last:               # what it measured before it failed
-                docs.append(last[0])
-                write_replacing(out / f"steps-{t}.json", json.dumps(last[0], indent=2))
-            if save is not None:
-                save(doc_of(docs, partial=t != targets[-1]))
-            free_gpu_memory()      # here, not in the except: its traceback held the failed target's engines
-            continue
-        log(render(doc))
-        docs.append(doc)
-        write_replacing(out / f"steps-{t}.json", json.dumps(doc, indent=2))
+        if doc is not None:
+            log(render(doc))
+        report = doc if doc is not None else (last[0] if last else None)   # a failed one: what it measured before
+        if report is not None:
+            docs.append(report)
+            write_replacing(out / f"steps-{t}.json", json.dumps(report, indent=2))
         if save is not None:
             save(doc_of(docs, partial=t != targets[-1]))
-        free_gpu_memory()      # the target's engines (tens of GB) before the next target's are drawn
+        # the target's engines (tens of GB) before the next target's are drawn; here, not in the except, whose
+        # traceback still held a failed target's
+        free_gpu_memory()
     return doc_of(docs)
 
 
@@ -593,7 +590,10 @@ def main(argv=None) -> int:
         limit = part_limits(parts[i:], args.part_timeout, args.budget, time.perf_counter() - start)
         log(f"== {name} (limit {limit:.0f} s)")
         t0 = time.perf_counter()
-        rc = run_limited(cmd, limit, out / f"{name}.log")
+        # in this driver's process group (a stop aimed at the driver, run_all's or ``timeout``'s, reaches the part
+        # and its cells too), ending with the driver if that is killed outright; at its limit SIGTERM (a lossless
+        # part then saves its table and stops its cells), SIGKILL 5 s later
+        rc = run_limited(cmd, limit, out / f"{name}.log", own_group=False, preexec_fn=die_with_parent())
         log(f"== {name}: exit {rc} in {time.perf_counter() - t0:.0f} s")
         txt = out / f"{name}.txt"
         log(txt.read_text() if txt.is_file() else (out / f"{name}.log").read_text()[-3000:])

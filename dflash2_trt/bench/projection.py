@@ -480,11 +480,11 @@ def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, sourc
             prof = sp.get("profiler_error") or ar.get("profiler_error") if basis == "busy" else None
             hint = (f"; its capture failed: {why}" if why else "; not probed (a capture at an earlier concurrency "
                     "failed, or the report is not a GPU's)" if basis == "graph" else "")
-            if prof:        # measured on a GPU whose profiler recorded nothing: the wall or graph times stand
-                raise ConfigError(f"concurrency {c}: no {key} in the report: {prof} (use --cost-basis wall or graph)",
-                                  source=source, field="--cost-basis")
-            raise ConfigError(f"concurrency {c}: no {key} in the report (measure on a GPU, or --cost-basis wall){hint}",
-                              source=source, field="--cost-basis")
+            # measured on a GPU whose profiler recorded nothing: its reason, and the bases that stand
+            advice = (f": {prof} (use --cost-basis wall or graph)" if prof
+                      else " (measure on a GPU, or --cost-basis wall)")
+            raise ConfigError(f"concurrency {c}: no {key} in the report{advice}{hint}", source=source,
+                              field="--cost-basis")
         t_spec, t_ar = sp[key] / 1e3, ar[key] / 1e3
         comps = sp.get("components_ms") if basis == "busy" else sp.get("spans_ms")
         pts.append({"concurrency": c, "ar_step_s": t_ar, "spec_step_s": t_spec, "ar_tokens_per_s": c / t_ar,

@@ -540,19 +540,25 @@ def bench_gdn(ext, results: dict) -> None:
             bench_gdn_point(ext, results, batch, kv)
 
 
+QWEN_GDN_HEADS = (16, 48, 128, 128, 4)   # Qwen3.8-27B at tp 1: Hk, Hv, Dk, Dv, conv taps
+
+
+def gdn_on_device(ext, case, seed: int):
+    """A bf16 random batch of ``case`` (gdn_batch) on the GPU for timing: the ExtGdn, its attributes, the packed
+    inputs (qkv, w, a, b, dt_bias, A_log, cu, slots) on the device, the rnn and conv pools, the batch itself."""
+    import torch
+    bt = gdn_batch(case, torch.bfloat16, seed=seed)
+    ins = [bt[k].cuda() for k in ("qkv", "w", "a", "b", "dt_bias", "A_log", "cu", "slots")]
+    return ExtGdn(ext), gdn_attrs(case), ins, bt["rnn"].cuda(), bt["conv"].cuda(), bt
+
+
 def bench_gdn_point(ext, results: dict, batch: int, kv: int) -> None:
     """One layer's decode step, deferred commit: `step` = forward (fold of kv // 2 pending records, verify, state
     written once) + commit (pending counts, conv state), run back to back so that every forward has records to
     fold; `commit` alone; the forward is their difference."""
     import torch
-    hk, hv, dk, dv, kc = 16, 48, 128, 128, 4
-    case = (hk, hv, dk, dv, kc, kv, 64, (), (kv,) * batch)
-    bt = gdn_batch(case, torch.bfloat16, seed=7)
-    attrs = gdn_attrs(case)
-    dev = ExtGdn(ext)
-    cu = lambda t: t.cuda()  # noqa: E731
-    ins = [cu(bt[k]) for k in ("qkv", "w", "a", "b", "dt_bias", "A_log", "cu", "slots")]
-    rnn, conv = cu(bt["rnn"]), cu(bt["conv"])
+    hk, hv, dk, dv, kc = QWEN_GDN_HEADS
+    dev, attrs, ins, rnn, conv, bt = gdn_on_device(ext, (hk, hv, dk, dv, kc, kv, 64, (), (kv,) * batch), seed=7)
     out = dev.forward(*ins, bt["types"], rnn, conv, **attrs)
     acc = torch.full((batch,), kv // 2, dtype=torch.int32, device="cuda")
 
@@ -602,13 +608,7 @@ def bench_gdn_prefill(ext, results: dict, tokens: int = 8192) -> None:
     heads, bf16, from a fresh slot: the prefill cost of the Gated DeltaNet (prologue, chunk matrices / solve /
     scan, conv state). No goal: reported beside the decode step's numbers."""
     import torch
-    hk, hv, dk, dv, kc, kv = 16, 48, 128, 128, 4, 8
-    case = (hk, hv, dk, dv, kc, kv, 64, (tokens,), ())
-    bt = gdn_batch(case, torch.bfloat16, seed=9)
-    attrs = gdn_attrs(case)
-    dev = ExtGdn(ext)
-    ins = [bt[k].cuda() for k in ("qkv", "w", "a", "b", "dt_bias", "A_log", "cu", "slots")]
-    rnn, conv = bt["rnn"].cuda(), bt["conv"].cuda()
+    dev, attrs, ins, rnn, conv, bt = gdn_on_device(ext, (*QWEN_GDN_HEADS, 8, 64, (tokens,), ()), seed=9)
     zero = torch.ones(1, dtype=torch.int32, device="cuda")
     us = cuda_time_us(lambda: dev.forward(*ins, bt["types"], rnn, conv, zero_state=zero, **attrs), 10, warmup=2)
     log(f"gdn prefill (Qwen3.8-27B tp1 heads, one {tokens}-token prompt, chunk 64, bf16): {us / 1e3:.2f} ms per "
