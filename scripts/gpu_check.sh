@@ -6,14 +6,17 @@
 # Usage: scripts/gpu_check.sh [--json out.json] [--skip-bench] [--lib libdf2_cuda.so]
 #        scripts/gpu_check.sh --e2e OUT_DIR [gpu_e2e.py options]   the cuda engine backend end to end and the
 #        real-width step timings (scripts/gpu_e2e.py): JSON, tables and logs in OUT_DIR
-#        scripts/gpu_check.sh --all OUT_DIR   everything a GPU session measures, in one call that ends inside
-#        DFLASH2_GPU_BUDGET_S (default 540 s): the kernels, the engine flow (lossless c1/c16 fp32+bf16, the step table
-#        of both published targets), the TensorRT session's binding on device pointers and the gpu-marked tests, each
-#        part under its own limit; OUT_DIR/results.tar.gz (every part's JSON, tables and logs) and
+#        scripts/gpu_check.sh --all OUT_DIR [--parts kernels,e2e,...]   everything a GPU session measures, in one
+#        call that ends inside DFLASH2_GPU_BUDGET_S (default 540 s): the kernels, the engine flow (lossless c1/c16
+#        fp32+bf16, the step table of both published targets), the TensorRT session's binding on device pointers, the
+#        kernels under Nsight Compute, the gpu-marked tests and compute-sanitizer, each part under its own limit
+#        (--parts: only those); OUT_DIR/results.tar.gz (every part's JSON, tables and logs) and
 #        OUT_DIR/summary.json (each part's exit status and seconds), both refreshed after each part
 #        (scripts/gpu_check/run_all.py: the device tool brings back at most 8 files)
 #        scripts/gpu_check.sh --sanitize OUT_DIR [--limit S] [--tools memcheck,racecheck,synccheck]   the kernels'
 #        small correctness cases under compute-sanitizer (scripts/gpu_check/sanitize.py): OUT_DIR/sanitize.json
+#        scripts/gpu_check.sh --profile OUT_DIR [--limit S]   the timed workloads under Nsight Compute (hardware
+#        counters, warp stalls, the SASS lines that stall; scripts/gpu_check/profile.py): OUT_DIR/profile.json + CSVs
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
@@ -29,13 +32,19 @@ fi
 nvidia-smi -L
 cd "$repo"
 if [ "${1:-}" = "--all" ]; then
-    [ $# -eq 2 ] || { echo "gpu_check: --all takes one output directory" >&2; exit 2; }
-    exec "$python" "$here/gpu_check/run_all.py" "$2"
+    [ $# -eq 2 ] || [ $# -eq 4 ] || { echo "gpu_check: --all takes one output directory [--parts a,b]" >&2; exit 2; }
+    shift
+    exec "$python" "$here/gpu_check/run_all.py" "$@"
 fi
 if [ "${1:-}" = "--sanitize" ]; then
     [ $# -ge 2 ] || { echo "gpu_check: --sanitize needs an output directory" >&2; exit 2; }
     shift
     exec timeout --kill-after=10 600 "$python" "$here/gpu_check/sanitize.py" "$@"
+fi
+if [ "${1:-}" = "--profile" ]; then
+    [ $# -ge 2 ] || { echo "gpu_check: --profile needs an output directory" >&2; exit 2; }
+    shift
+    exec timeout --kill-after=10 600 "$python" "$here/gpu_check/profile.py" "$@"
 fi
 if [ "${1:-}" = "--e2e" ]; then
     [ $# -ge 2 ] || { echo "gpu_check: --e2e needs an output directory" >&2; exit 2; }

@@ -350,6 +350,31 @@ def bench_scan(ext, results: dict) -> None:
             f"{stream_us:.2f} us/call on a stream (incl. launch), {cold_us:.2f} us with a cold L2 (codebook rows from "
             f"DRAM); torch eager {eager_us:.0f} us")
         results[f"scan_{mode}"] = dict(graph_us=graph_us, stream_us=stream_us, cold_l2_us=cold_us, eager_us=eager_us)
+    scan_variants(ext, ins, results)
+
+
+def scan_variants(ext, ins, results: dict) -> None:
+    """Where the scan's time goes, by variants timed the same way (CUDA graph, per call), without counters: the
+    greedy scan with 1, 2 and 4 CTAs per row forced (the launcher picks 2 at B 64 on a 132-SM GPU), the walk-only
+    kernel (one CTA per row: the lattice read from the workspace, the rows, the walk and the outputs, no gather and
+    no sums) and an almost empty kernel (a one-element add), the floor of one launch in a graph."""
+    import torch
+    s = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+    unary, cand, hidden, anchor, a, bc, temp, u = ins
+    out: dict = {}
+    for ranks in (1, 2, 4):
+        try:
+            out[f"greedy_ranks{ranks}_us"] = graph_time_us(lambda: ext.scan(0, *ins, s(), ranks=ranks), 1000)
+        except Exception as e:  # noqa: BLE001 - a forced plan the device refuses is a result too
+            out[f"greedy_ranks{ranks}_error"] = f"{type(e).__name__}: {e}"[:200]
+    lat = ext.scan(0, *ins, s())[2].contiguous()
+    for mode, m in (("greedy", 0), ("sample", 1)):
+        out[f"walk_only_{mode}_us"] = graph_time_us(lambda: ext.walk(m, lat, cand, temp, u, s()), 1000)
+    one = torch.zeros(1, device="cuda")
+    out["empty_kernel_us"] = graph_time_us(lambda: one.add_(1.0), 1000)
+    results["scan_variants"] = out
+    log("scan variants (CUDA graph, us per call): " + ", ".join(
+        f"{k[:-3] if k.endswith('_us') else k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in out.items()))
 
 
 # ------------------------------------------------------------------------------- Gated DeltaNet
@@ -616,6 +641,73 @@ def bench_gdn_prefill(ext, results: dict, tokens: int = 8192) -> None:
     results["gdn_prefill"] = dict(us=us, tokens=tokens, chunk=64, layers_48_s=us * 48 / 1e6)
 
 
+PROFILE_RANGE = "df2prof"   # the NVTX push/pop ranges around the profiled calls: df2prof_<workload>
+PROFILE_WORKLOADS = ("conv_unfused", "conv_fused", "scan_greedy", "scan_sample", "scan_viterbi", "gdn_forward",
+                     "gdn_commit", "gdn_prefill")   # profile_workloads' calls, in order (profile.py asks for these)
+
+
+def profile_workloads(ext, manifest: Path | None = None) -> list[dict]:
+    """The timed workloads above, each called once untimed (warm-up: module load, first-use allocations) and then once
+    inside an NVTX push/pop range ``df2prof_<name>``, for Nsight Compute to profile the range's launches alone
+    (scripts/gpu_check/profile.py: ``ncu --nvtx --nvtx-include df2prof_<name>/``). ``manifest`` gets the workloads in
+    order with what each call is."""
+    import torch
+    hk, hv, dk, dv, kc = QWEN_GDN_HEADS
+    s = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+    loads: list[tuple] = []   # (name, what, the call, what runs before each call or None)
+    t, h, k, g, bs = 8192, 5120, 2, 16, 16
+    x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+    delta = (0.3 * torch.randn(t, k, h // g, device="cuda")).to(torch.bfloat16)
+    base = torch.randn(k, h, device="cuda").to(torch.bfloat16)
+    res = torch.randn(t, h, device="cuda")
+    loads.append(("conv_unfused", f"conv {t} tok x H {h} bf16, K {k}, G {g}",
+                  lambda: ext.conv(x, delta, base, None, bs, g, s()), None))
+    loads.append(("conv_fused", "the same with the fp32 residual", lambda: ext.conv(x, delta, base, res, bs, g, s()),
+                  None))
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    ins = _scan_inputs(64, 7, 16, 256, 248320, torch.bfloat16, gen)
+    for mode, m in (("greedy", 0), ("sample", 1), ("viterbi", 2)):
+        loads.append((f"scan_{mode}", f"scan {mode} B 64 L 7 K 16 R 256 bf16",
+                      lambda m=m: ext.scan(m, *ins, s()), None))
+    batch, kv = 64, 8
+    dev, attrs, gins, rnn, conv, bt = gdn_on_device(ext, (hk, hv, dk, dv, kc, kv, 64, (), (kv,) * batch), seed=7)
+    out = dev.forward(*gins, bt["types"], rnn, conv, **attrs)
+    acc = torch.full((batch,), kv // 2, dtype=torch.int32, device="cuda")
+
+    def forward():
+        dev.forward(*gins, bt["types"], rnn, conv, **attrs)
+
+    def commit():
+        dev.commit(out[1], out[2], gins[1], acc, gins[6], gins[7], bt["types"], rnn, conv, **attrs)
+
+    # a forward after a commit, so that every slot folds Kv / 2 pending records (as in bench_gdn_point's step)
+    loads.append(("gdn_forward", f"gdn forward B {batch} x Kv {kv}, Qwen3.8-27B tp 1 heads, bf16, {kv // 2} records "
+                  "pending per slot", forward, commit))
+    loads.append(("gdn_commit", f"its commit ({kv // 2} accepted)", commit, forward))
+    pdev, pattrs, pins, prnn, pconv, pbt = gdn_on_device(ext, (*QWEN_GDN_HEADS, 8, 64, (8192,), ()), seed=9)
+    zero = torch.ones(1, dtype=torch.int32, device="cuda")
+    loads.append(("gdn_prefill", "gdn forward, one 8192-token prompt, chunk 64",
+                  lambda: pdev.forward(*pins, pbt["types"], prnn, pconv, zero_state=zero, **pattrs), None))
+    if tuple(w[0] for w in loads) != PROFILE_WORKLOADS:
+        raise AssertionError(f"profile_workloads: {[w[0] for w in loads]} is not PROFILE_WORKLOADS")
+    done = []
+    for name, what, fn, prep in loads:
+        for f in (prep, fn, prep):
+            if f is not None:
+                f()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(f"{PROFILE_RANGE}_{name}")
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        done.append({"workload": name, "what": what})
+        log(f"profiled workload {name}: {what}")
+    if manifest is not None:
+        from dflash2_trt.bench.io import atomic_write_text
+        atomic_write_text(manifest, json.dumps(done, indent=1))
+    return done
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
@@ -625,6 +717,9 @@ def main(argv: list[str] | None = None) -> int:
                         "scan's as always): what runs under compute-sanitizer (scripts/gpu_check/sanitize.py)")
     p.add_argument("--verbose-build", action="store_true")
     p.add_argument("--lib", help="a prebuilt CUDA build of the plugins (default: built from plugins/ for this GPU)")
+    p.add_argument("--profile-workloads", type=Path, metavar="MANIFEST",
+                   help="no checks: each timed workload once inside an NVTX range df2prof_<name>, for Nsight Compute "
+                        "(scripts/gpu_check/profile.py); the workloads' list to MANIFEST (JSON)")
     args = p.parse_args(argv)
 
     try:
@@ -642,6 +737,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001
         log(f"gpu_check: building the plugins' CUDA library failed: {e}")
         return 2
+    if args.profile_workloads is not None:
+        profile_workloads(ext, args.profile_workloads)
+        return 0
     results: dict = {}
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:

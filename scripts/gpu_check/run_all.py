@@ -47,16 +47,19 @@ class Part:
 
 
 def default_parts(python: str = sys.executable) -> list[Part]:
-    """The parts of the GPU run, most valuable first: the plugins' kernels (never run on a GPU since their rewrite),
-    the engine flow (lossless in at most half of its limit, then the real-width steps in the rest), the TensorRT
-    session's binding on device pointers, the gpu-marked tests (``-v``: each test's result is in the log as it
-    ends), and with what is left the kernels' small cases under compute-sanitizer (``sanitize.py``)."""
+    """The parts of the GPU run, most valuable first: the plugins' kernels (checks and timings), the engine flow
+    (lossless in at most half of its limit, then the real-width steps in the rest), the TensorRT session's binding on
+    device pointers, the timed workloads under Nsight Compute (``profile.py``: why a kernel misses its bound), the
+    gpu-marked tests (``-v``: each test's result is in the log as it ends), and with what is left the kernels' small
+    cases under compute-sanitizer (``sanitize.py``)."""
     return [
         Part("kernels", 150, lambda w, s: [python, str(HERE / "gpu_check.py"), "--json", str(w / "kernels.json")]),
         Part("e2e", 300, lambda w, s: [python, str(REPO / "scripts" / "gpu_e2e.py"), "--out", str(w / "e2e"),
                                        "--budget", str(max(int(s - 10), 1))]),
         Part("trt_session", 45, lambda w, s: [python, str(REPO / "scripts" / "gpu_check_trt_session.py"),
                                               "--out", str(w / "trt_session")]),
+        Part("profile", 120, lambda w, s: [python, str(HERE / "profile.py"), str(w / "profile"),
+                                           "--limit", str(max(int(s - 10), 1))]),
         Part("pytest_gpu", 60, lambda w, s: [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu",
                                              str(REPO / "tests" / "gpu")]),
         Part("sanitize", 90, lambda w, s: [python, str(HERE / "sanitize.py"), str(w / "sanitize"),
@@ -117,10 +120,32 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
     return summary
 
 
+def select(parts: list[Part], names: str | None) -> list[Part]:
+    """``names`` (comma-separated, run in the default order; None: all): a second call of a session runs what the
+    first one could not. Raises ValueError naming an unknown part."""
+    if names is None:
+        return parts
+    wanted = [n for n in names.split(",") if n]
+    known = [p.name for p in parts]
+    bad = [n for n in wanted if n not in known]
+    if bad or not wanted:
+        raise ValueError(f"--parts: expected a comma-separated list of {', '.join(known)}, got {names!r}")
+    return [p for p in parts if p.name in wanted]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    names = None
+    if len(args) == 3 and args[1] == "--parts":
+        names = args[2]
+        args = args[:1]
     if len(args) != 1:
-        print("usage: run_all.py OUT_DIR", file=sys.stderr)
+        print("usage: run_all.py OUT_DIR [--parts kernels,e2e,...]", file=sys.stderr)
+        return 2
+    try:
+        parts = select(default_parts(), names)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     raw = os.environ.get("DFLASH2_GPU_BUDGET_S", str(DEFAULT_BUDGET_S))
     try:
@@ -130,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if not budget > 0:
         print(f"error: DFLASH2_GPU_BUDGET_S must be a positive number of seconds, got {raw!r}", file=sys.stderr)
         return 2
-    run_all(Path(args[0]), default_parts(), budget)
+    run_all(Path(args[0]), parts, budget)
     return 0
 
 

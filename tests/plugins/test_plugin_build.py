@@ -168,8 +168,8 @@ def test_gpu_check_runs_on_gpu(tmp_path):
 def test_gpu_check_all_hands_the_run_to_run_all(tmp_path):
     """``gpu_check.sh --all OUT_DIR``'s plumbing, with a stand-in ``nvidia-smi`` and Python (nothing of the GPU is
     checked here): the parts, their limits and what OUT_DIR holds are ``scripts/gpu_check/run_all.py``'s
-    (tests/scripts/test_gpu_check_all.py); the script hands it exactly the output folder, and a missing or extra
-    argument is refused before anything runs."""
+    (tests/scripts/test_gpu_check_all.py); the script hands it exactly the output folder (and ``--parts``), and a
+    missing or extra argument is refused before anything runs."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in (not a GPU)'\n")
@@ -182,12 +182,16 @@ def test_gpu_check_all_hands_the_run_to_run_all(tmp_path):
     res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--all", str(out)], capture_output=True,
                          text=True, env=env)
     assert res.returncode == 0, res.stderr
-    assert calls.read_text().splitlines() == [f"{REPO / 'scripts' / 'gpu_check' / 'run_all.py'} {out}"]
+    res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--all", str(out), "--parts", "profile"],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    run_all = REPO / "scripts" / "gpu_check" / "run_all.py"
+    assert calls.read_text().splitlines() == [f"{run_all} {out}", f"{run_all} {out} --parts profile"]
     for args in (["--all"], ["--all", str(out), "--json"]):
         res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args], capture_output=True, text=True,
                              env=env)
         assert res.returncode == 2 and "--all takes one output directory" in res.stderr, res.stderr
-    assert len(calls.read_text().splitlines()) == 1
+    assert len(calls.read_text().splitlines()) == 2
 
 
 def test_gpu_check_help_needs_no_gpu():

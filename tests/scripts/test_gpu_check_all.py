@@ -70,7 +70,7 @@ def test_the_default_parts_most_valuable_first_inside_the_default_budget(tmp_pat
     part's limit, the steps the rest), the TensorRT session's binding, the gpu-marked tests, the kernels under
     compute-sanitizer with what is left; the default budget leaves the ~570 s call room for the wheels' install."""
     parts = A.default_parts(python="py")
-    assert [p.name for p in parts] == ["kernels", "e2e", "trt_session", "pytest_gpu", "sanitize"]
+    assert [p.name for p in parts] == ["kernels", "e2e", "trt_session", "profile", "pytest_gpu", "sanitize"]
     w = tmp_path
     argv = {p.name: p.argv(w, p.limit) for p in parts}
     assert argv["kernels"] == ["py", str(ROOT / "scripts" / "gpu_check" / "gpu_check.py"), "--json",
@@ -79,8 +79,26 @@ def test_the_default_parts_most_valuable_first_inside_the_default_budget(tmp_pat
                            str(300 - 10)]
     assert argv["trt_session"][1:] == [str(ROOT / "scripts" / "gpu_check_trt_session.py"), "--out",
                                        str(w / "trt_session")]
+    assert argv["profile"] == ["py", str(ROOT / "scripts" / "gpu_check" / "profile.py"), str(w / "profile"),
+                               "--limit", str(120 - 10)]
     assert argv["pytest_gpu"][-3:] == ["-m", "gpu", str(ROOT / "tests" / "gpu")]
     assert argv["sanitize"] == ["py", str(ROOT / "scripts" / "gpu_check" / "sanitize.py"), str(w / "sanitize"),
                                 "--limit", str(90 - 10)]
     assert A.PACK_RESERVE_S > A.KILL_GRACE_S       # the last part's stop and packing fit inside the budget
     assert A.DEFAULT_BUDGET_S + 20 <= 570              # and the budget leaves ~20 s of the call for the install
+
+
+def test_parts_picks_some_in_the_default_order(tmp_path, monkeypatch, capsys):
+    """A session's second call runs what its first could not: ``--parts`` keeps the default order; an unknown name is
+    one error line and nothing runs."""
+    parts = A.default_parts(python="py")
+    assert [p.name for p in A.select(parts, "sanitize,profile")] == ["profile", "sanitize"]
+    assert A.select(parts, None) == parts
+    assert A.main([str(tmp_path / "all"), "--parts", "kernels,nvtx"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --parts:") and "kernels, e2e, trt_session, profile" in err
+    assert not (tmp_path / "all").exists()
+    ran = []
+    monkeypatch.setattr(A, "run_all", lambda out, ps, budget: ran.append([p.name for p in ps]) or {})
+    assert A.main([str(tmp_path / "all"), "--parts", "trt_session"]) == 0
+    assert ran == [["trt_session"]]
