@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 
 /*
@@ -411,12 +412,19 @@ GDN_UNROLL
 constexpr int kRecThreads = 128;
 constexpr int kRecTokens = 16; //!< tokens staged in shared memory at a time
 
+//! State columns per lane by default: two at Dk = 128 (independent sum chains, k / q loads shared; 64
+//! state registers), one below (where two leave ptxas no room under 128 registers). At Dk = 128 one
+//! column per lane is the other tiling (DFLASH2_GDN_RECURRENT_COLS=1, recurrentDk): the same
+//! operations per column in the same order (so the same bits), half the registers for the state, more
+//! blocks per SM to overlap one block's state loads with another's arithmetic.
 template <int32_t kDk>
+constexpr int32_t kRecDefaultCols = kDk == 128 ? 2 : 1;
+
+template <int32_t kDk, int32_t kColsPerLane = kRecDefaultCols<kDk>>
 struct RecTile
 {
-    //! state columns per lane: two at Dk = 128 (independent sum chains, k / q loads shared; 64
-    //! state registers), one below (where two leave ptxas no room under 128 registers)
-    static constexpr int32_t kCols = kDk == 128 ? 2 : 1;
+    static constexpr int32_t kCols = kColsPerLane;
+    static_assert(kCols == 1 || (kCols == 2 && kDk == 128), "two columns per lane at Dk = 128 only");
     //! blocks per SM for __launch_bounds__: two columns need ~150 registers (3 blocks: <= 168;
     //! capped at 128 ptxas spills or sits on the edge), one column fits 128 (4 blocks)
     static constexpr int32_t kMinBlocks = kCols == 2 ? 3 : 4;
@@ -452,14 +460,15 @@ GDN_UNROLL
 //! exp(g) and beta of up to kRecTokens tokens are staged in shared memory by the block, exp once per
 //! (token, head). Every lane runs every step (columns past Dv compute on zeros and store nothing), so
 //! the shuffles and barriers see full warps and blocks.
-template <int32_t kDk, class T>
-__global__ void __launch_bounds__(kRecThreads, RecTile<kDk>::kMinBlocks) gdnRecurrentKernel(float const* __restrict__ qh,
+template <int32_t kDk, class T, int32_t kColsPerLane = kRecDefaultCols<kDk>>
+__global__ void __launch_bounds__(kRecThreads, RecTile<kDk, kColsPerLane>::kMinBlocks) gdnRecurrentKernel(
+    float const* __restrict__ qh,
     float const* __restrict__ kh, typename T::Storage const* __restrict__ xc, float const* __restrict__ gates,
     int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ zeroState,
     float* __restrict__ rnnPool, typename T::Storage* __restrict__ y, Dims d)
 {
     using S = typename T::Storage;
-    using Tile = RecTile<kDk>;
+    using Tile = RecTile<kDk, kColsPerLane>;
     constexpr int32_t kRecCols = Tile::kCols;
     constexpr int32_t kSlice = Tile::kSlice;
     constexpr int32_t kQuads = kDk / 4;
@@ -1218,18 +1227,19 @@ Status gatesTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStre
     return cudaStatus("gates kernel", msg, len);
 }
 
-template <int32_t kDk>
-void recurrentDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work const& wk, Dims const& d, cudaStream_t s)
+template <int32_t kDk, int32_t kColsPerLane>
+void recurrentTiled(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work const& wk, Dims const& d, cudaStream_t s)
 {
-    constexpr int32_t kCols = RecTile<kDk>::kBlockCols;
+    constexpr int32_t kCols = RecTile<kDk, kColsPerLane>::kBlockCols;
     dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>(d.hv),
         static_cast<unsigned>((d.dv + kCols - 1) / kCols));
     auto launch = [&](auto tag)
     {
         using T = decltype(tag);
         using S = typename T::Storage;
-        gdnRecurrentKernel<kDk, T><<<grid, kRecThreads, 0, s>>>(wk.qh, wk.kh, static_cast<S const*>(wk.xc), wk.gates,
-            g.cuSeqlens, g.slots, g.zeroState, g.rnnPool, static_cast<S*>(g.y), d);
+        gdnRecurrentKernel<kDk, T, kColsPerLane><<<grid, kRecThreads, 0, s>>>(wk.qh, wk.kh,
+            static_cast<S const*>(wk.xc), wk.gates, g.cuSeqlens, g.slots, g.zeroState, g.rnnPool, static_cast<S*>(g.y),
+            d);
     };
     switch (p.dataType)
     {
@@ -1237,6 +1247,29 @@ void recurrentDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work cons
     case DType::kBFLOAT16: launch(BF16{}); break;
     default: launch(F32{}); break; // dtype checked by the stage
     }
+}
+
+//! State columns per lane at Dk = 128: DFLASH2_GDN_RECURRENT_COLS=1 picks one (an experiment for the GPU
+//! checks: the same bits, another occupancy), anything else the default two. Read at each launch (a
+//! getenv, not a CUDA call), so that one process can time both.
+int32_t recurrentColsAt128()
+{
+    char const* v = std::getenv("DFLASH2_GDN_RECURRENT_COLS");
+    return (v != nullptr && v[0] == '1' && v[1] == '\0') ? 1 : 2;
+}
+
+template <int32_t kDk>
+void recurrentDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work const& wk, Dims const& d, cudaStream_t s)
+{
+    if constexpr (kDk == 128)
+    {
+        if (recurrentColsAt128() == 1)
+        {
+            recurrentTiled<kDk, 1>(p, g, wk, d, s);
+            return;
+        }
+    }
+    recurrentTiled<kDk, kRecDefaultCols<kDk>>(p, g, wk, d, s);
 }
 
 Status recurrentStage(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)

@@ -26,7 +26,9 @@ Goals that are missed are reported (MISSED), not failures: they are measurements
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -563,6 +565,43 @@ def bench_gdn(ext, results: dict) -> None:
     for batch in (1, 8, 64):
         for kv in (8, 16):
             bench_gdn_point(ext, results, batch, kv)
+    # the recurrence's other tiling at Dk = 128 (one state column per lane, 4 blocks per SM instead of 3): same bits
+    # (checked first on the Qwen heads), timed at the same points beside the default's
+    with recurrent_cols(1):
+        if check_gdn_cases(ExtGdn(ext), load_gdn_cpu(), [GDN_CASES[-1]], "one column per lane"):
+            for batch, kv in ((8, 8), (64, 8), (64, 16)):
+                bench_gdn_point(ext, results, batch, kv, tag="_cols1")
+
+
+@contextlib.contextmanager
+def recurrent_cols(n: int):
+    """DFLASH2_GDN_RECURRENT_COLS=n for the plugins' launches inside (the launcher reads it at each launch)."""
+    old = os.environ.get("DFLASH2_GDN_RECURRENT_COLS")
+    os.environ["DFLASH2_GDN_RECURRENT_COLS"] = str(n)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DFLASH2_GDN_RECURRENT_COLS", None)
+        else:
+            os.environ["DFLASH2_GDN_RECURRENT_COLS"] = old
+
+
+def check_gdn_cases(dev, cpu, cases, label: str) -> bool:
+    """``cases`` x dtype through ``dev`` vs the CPU build, bit for bit; logs the outcome under ``label``."""
+    import torch
+    if cpu is None:
+        log(f"gdn ({label}): the CPU build is unavailable: not checked, not timed")
+        return False
+    ok = True
+    for ci, case in enumerate(cases):
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            bad = gdn_compare(dev, cpu, case, dt, False, seed=500 + ci)
+            if bad:
+                ok = False
+                log(f"  gdn ({label}) MISMATCH case={case[:7]} dtype={dt}: {', '.join(bad)}")
+    log(f"gdn ({label}) vs the CPU build (bit for bit, {3 * len(cases)} batches): {'ok' if ok else 'FAILED'}")
+    return ok
 
 
 QWEN_GDN_HEADS = (16, 48, 128, 128, 4)   # Qwen3.8-27B at tp 1: Hk, Hv, Dk, Dv, conv taps
@@ -577,7 +616,7 @@ def gdn_on_device(ext, case, seed: int):
     return ExtGdn(ext), gdn_attrs(case), ins, bt["rnn"].cuda(), bt["conv"].cuda(), bt
 
 
-def bench_gdn_point(ext, results: dict, batch: int, kv: int) -> None:
+def bench_gdn_point(ext, results: dict, batch: int, kv: int, tag: str = "") -> None:
     """One layer's decode step, deferred commit: `step` = forward (fold of kv // 2 pending records, verify, state
     written once) + commit (pending counts, conv state), run back to back so that every forward has records to
     fold; `commit` alone; the forward is their difference."""
@@ -617,11 +656,11 @@ def bench_gdn_point(ext, results: dict, batch: int, kv: int) -> None:
         bound_us = need[name] / nominal * 1e6 if nominal else float("nan")
         g_frac = bound_us / g_us * 100 if g_us and g_us > 0 else float("nan")
         graph_txt = f"; in a CUDA graph {g_us:.1f} us ({g_frac:.0f}% of the bound)" if g_us is not None else ""
-        log(f"gdn {name} (Qwen3.8-27B tp1 decode step, deferred commit: B {batch} x Kv {kv}, {kv // 2} pending, "
+        log(f"gdn {name}{tag} (Qwen3.8-27B tp1 decode step, deferred commit: B {batch} x Kv {kv}, {kv // 2} pending, "
             f"Hv {hv} Hk {hk} x 128, bf16): {us:.1f} us on a stream{graph_txt}; DRAM bound {bound_us:.1f} us for "
             f"{need[name] / 1e6:.1f} MB ({bound_us / us * 100 if us else float('nan'):.0f}% of the bound on a stream); "
             f"per layer, x 48 layers")
-        key = f"gdn_{name}" if (batch, kv) == (64, 8) else f"gdn_{name}_b{batch}_kv{kv}"
+        key = (f"gdn_{name}" if (batch, kv) == (64, 8) else f"gdn_{name}_b{batch}_kv{kv}") + tag
         results[key] = dict(us=us, graph_us=g_us, bytes=need[name], bound_us=bound_us,
                             frac_bound=bound_us / us if us else None,
                             frac_bound_graph=bound_us / g_us if g_us and g_us > 0 else None,
@@ -643,7 +682,7 @@ def bench_gdn_prefill(ext, results: dict, tokens: int = 8192) -> None:
 
 PROFILE_RANGE = "df2prof"   # the NVTX push/pop ranges around the profiled calls: df2prof_<workload>
 PROFILE_WORKLOADS = ("conv_unfused", "conv_fused", "scan_greedy", "scan_sample", "scan_viterbi", "gdn_forward",
-                     "gdn_commit", "gdn_prefill")   # profile_workloads' calls, in order (profile.py asks for these)
+                     "gdn_commit", "gdn_forward_cols1", "gdn_prefill")   # profile_workloads' calls, in order (profile.py asks for these)
 
 
 def profile_workloads(ext, manifest: Path | None = None) -> list[dict]:
@@ -684,6 +723,13 @@ def profile_workloads(ext, manifest: Path | None = None) -> list[dict]:
     loads.append(("gdn_forward", f"gdn forward B {batch} x Kv {kv}, Qwen3.8-27B tp 1 heads, bf16, {kv // 2} records "
                   "pending per slot", forward, commit))
     loads.append(("gdn_commit", f"its commit ({kv // 2} accepted)", commit, forward))
+
+    def forward_cols1():
+        with recurrent_cols(1):
+            forward()
+
+    loads.append(("gdn_forward_cols1", "the same forward, one state column per lane (DFLASH2_GDN_RECURRENT_COLS=1)",
+                  forward_cols1, commit))
     pdev, pattrs, pins, prnn, pconv, pbt = gdn_on_device(ext, (*QWEN_GDN_HEADS, 8, 64, (8192,), ()), seed=9)
     zero = torch.ones(1, dtype=torch.int32, device="cuda")
     loads.append(("gdn_prefill", "gdn forward, one 8192-token prompt, chunk 64",

@@ -138,6 +138,37 @@ def test_emulated_kernels_equal_cpu_build_last_thread_first(emulated_reverse, gd
     assert not bad, bad
 
 
+@pytest.mark.parametrize("name", ["dk128_two_columns", "kv32_staged_twice", "dk128_dv100_chunked"])
+def test_one_column_per_lane_at_dk128_same_bits(emulated, emulated_reverse, gdn_lib, monkeypatch, name):
+    """DFLASH2_GDN_RECURRENT_COLS=1, the recurrence's other tiling at Dk = 128 (one state column per lane, 4 blocks
+    per SM instead of 3; the GPU checks time both): the same bits as the CPU build, in both thread orders, from pools
+    with records to fold (the per-token context path, staged verify chunks, a part-filled tile)."""
+    monkeypatch.setenv("DFLASH2_GDN_RECURRENT_COLS", "1")
+    case = CASES[name]
+    bad = {}
+    for lib, order in ((emulated, "first"), (emulated_reverse, "last")):
+        for dt in (torch.float32, torch.bfloat16):
+            diff = G.gdn_compare(lib, gdn_lib, case, dt, False, seed=13, device="cpu")
+            if diff:
+                bad[(order, str(dt))] = diff
+    assert not bad, bad
+
+
+def test_the_variable_picks_the_one_column_tiling(gdn_lib, tmp_path, monkeypatch):
+    """Control for the test above: with the one-column launch taken out (that branch launches nothing), the
+    comparison fails under DFLASH2_GDN_RECURRENT_COLS=1 and passes without it, so the variable does reach the
+    launcher and the test above ran the one-column kernel."""
+    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
+    one = "recurrentTiled<kDk, 1>(p, g, wk, d, s);"
+    assert cu.count(one) == 1
+    broken = build_emulated(cu.replace(one, ""), tmp_path / "no-one-column")
+    case = CASES["dk128_two_columns"]
+    assert G.gdn_compare(broken, gdn_lib, case, torch.float32, False, seed=13, device="cpu") == []
+    monkeypatch.setenv("DFLASH2_GDN_RECURRENT_COLS", "1")
+    diff = G.gdn_compare(broken, gdn_lib, case, torch.float32, False, seed=13, device="cpu")
+    assert "verify:y" in diff, diff
+
+
 def test_last_thread_first_sees_a_missing_barrier(gdn_lib, tmp_path):
     """Control: without the prologue's barrier between the per-head inverse norms (written by the
     first threads of the block) and their use by every thread, the last-to-first order fails. (The
