@@ -183,11 +183,16 @@ def headline(row: dict) -> dict:
     return out
 
 
-def read_source(text: str) -> list[list[dict]]:
-    """The source page: per launch (in the report's order) its SASS lines with the most warp-stall samples."""
+def read_source(text: str) -> list[tuple[str | None, list[dict]]]:
+    """The source page: per launch (in the report's order) the function it names where it names one (a
+    ``"Function Name",<kernel>`` row before the table) and its SASS lines with the most warp-stall samples."""
     out = []
+    title = None
     for table in csv_tables(text):
         head = table[0]
+        if len(head) == 2 and head[0] in ("Function Name", "Kernel Name"):
+            title = head[1]
+            continue
         samples = next((i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All")), None)
         src = head.index("Source") if "Source" in head else None
         if samples is None or src is None:
@@ -204,7 +209,8 @@ def read_source(text: str) -> list[list[dict]]:
         top = sorted(lines, key=lambda d: -d["samples"])[:TOP_SASS]
         for d in top:
             d["share"] = round(d["samples"] / total, 4) if total else None
-        out.append(top)
+        out.append((title, top))
+        title = None
     return out
 
 
@@ -219,9 +225,15 @@ def summarize(raw: str, source: str | None, nvtx: str | None) -> list[dict]:
         d["workload"] = m.group(1) if m else None
     if source:
         tops = read_source(source)
-        if len(tops) == len(launches):
-            for d, top in zip(launches, tops):
+        if len(tops) == len(launches):          # one table per launch, in order
+            for d, (_, top) in zip(launches, tops):
                 d["top_sass"] = top
+        else:                                   # one per function: matched by the name the table gives
+            for d in launches:
+                name = (d["kernel"] or "").split("(")[0]
+                hit = next((top for title, top in tops if title and name and title.split("(")[0] == name), None)
+                if hit is not None:
+                    d["top_sass"] = hit
     return launches
 
 

@@ -128,6 +128,20 @@ def test_profile_exports_and_summary(tmp_path, fake, capsys):
     assert "scan_greedy" in text and "long_scoreboard 3.5" in text
 
 
+def test_source_tables_named_by_function_are_matched_by_name():
+    """Where the source page gives one table per function (a "Function Name" row before each), not one per launch,
+    the tables go to the launches of that function by name."""
+    raw = RAW.format(k0="pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)", k1="gdnRecurrentKernel<BF16>(GdnArgs)")
+    raw += raw.splitlines()[2].replace('"0","4242"', '"2","4242"') + "\n"       # a second scan launch
+    heads = SOURCE.split('"Address"')
+    source = ('"Function Name","gdnRecurrentKernel<BF16>(GdnArgs)"\n"Address"' + heads[2]
+              + '"Function Name","pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)"\n"Address"' + heads[1])
+    launches = P.summarize(raw, source, None)
+    assert [d["id"] for d in launches] == ["0", "1", "2"]
+    assert launches[0]["top_sass"][0]["sass"].startswith("BAR.SYNC") and launches[2]["top_sass"] == launches[0]["top_sass"]
+    assert launches[1]["top_sass"][0]["sass"].startswith("LDG.E.128")
+
+
 def test_no_permission_for_the_counters_is_reported(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("MODE", "perm")
     out = tmp_path / "prof"
