@@ -460,12 +460,61 @@ GDN_UNROLL
 //! exp(g) and beta of up to kRecTokens tokens are staged in shared memory by the block, exp once per
 //! (token, head). Every lane runs every step (columns past Dv compute on zeros and store nothing), so
 //! the shuffles and barriers see full warps and blocks.
-template <int32_t kDk, class T, int32_t kColsPerLane = kRecDefaultCols<kDk>>
-__global__ void __launch_bounds__(kRecThreads, RecTile<kDk, kColsPerLane>::kMinBlocks) gdnRecurrentKernel(
-    float const* __restrict__ qh,
-    float const* __restrict__ kh, typename T::Storage const* __restrict__ xc, float const* __restrict__ gates,
-    int32_t const* __restrict__ cu, int32_t const* __restrict__ slots, int32_t const* __restrict__ zeroState,
-    float* __restrict__ rnnPool, typename T::Storage* __restrict__ y, Dims d)
+//! The prefetching kernel's state tile in shared memory: the tile's Dk rows x kBlockCols columns, row-major, the rows
+//! of slice s shifted by s kLanes floats, so that a warp's reads of one row index i (kSplit slices x kLanes
+//! consecutive columns) fall into 32 different banks; every 4-column chunk stays 16-byte aligned.
+template <int32_t kDk, int32_t kColsPerLane>
+struct RecStateTile
+{
+    using Tile = RecTile<kDk, kColsPerLane>;
+    static constexpr int32_t kRowFloats = Tile::kBlockCols;
+    static constexpr int32_t kFloats = kDk * kRowFloats + (Tile::kSplit - 1) * Tile::kLanes;
+    static constexpr size_t kBytes = static_cast<size_t>(kFloats) * sizeof(float);
+    static_assert(Tile::kLanes % 4 == 0 || Tile::kSplit == 1, "16-byte chunks stay aligned");
+
+    __device__ __forceinline__ static int32_t at(int32_t row, int32_t col)
+    {
+        return row * kRowFloats + (row / Tile::kSlice) * Tile::kLanes + col;
+    }
+};
+
+//! 16 bytes global -> shared without registers (cp.async, L2 only), completed by gdnCopyWait; the host emulation
+//! copies at once (alignment-checked, as the hardware requires 16-byte alignment on both sides).
+__device__ __forceinline__ void gdnCopy16Async(float* dst, float const* src)
+{
+#if defined(__CUDA_ARCH__)
+    unsigned const at = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(at), "l"(src) : "memory");
+#else
+    *reinterpret_cast<float4*>(dst) = *reinterpret_cast<float4 const*>(src);
+#endif
+}
+
+__device__ __forceinline__ void gdnCopyCommit()
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+//! This thread's cp.async copies have landed (the others' need a __syncthreads after every thread's wait).
+__device__ __forceinline__ void gdnCopyWait()
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+//! One work item of the per-token recurrence: value head h of request r, column tile z (see gdnRecurrentKernel).
+//! kFromSmem: the slot's state tile was copied into sState (RecStateTile layout) by the prefetching kernel, which
+//! passes afterLoad (called by every thread once the state is in registers, also when the item reads none: it
+//! starts the next item's copy into the same buffer); otherwise the state is loaded from the slot.
+template <int32_t kDk, class T, int32_t kColsPerLane, bool kFromSmem, class AfterLoad>
+__device__ __forceinline__ void gdnRecurrentItem(float const* __restrict__ qh, float const* __restrict__ kh,
+    typename T::Storage const* __restrict__ xc, float const* __restrict__ gates, int32_t const* __restrict__ cu,
+    int32_t const* __restrict__ slots, int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool,
+    typename T::Storage* __restrict__ y, Dims const& d, int32_t r, int32_t h, int32_t z, float const* sState,
+    AfterLoad&& afterLoad)
 {
     using S = typename T::Storage;
     using Tile = RecTile<kDk, kColsPerLane>;
@@ -482,11 +531,12 @@ __global__ void __launch_bounds__(kRecThreads, RecTile<kDk, kColsPerLane>::kMinB
     __shared__ float sDecay[kRecTokens];
     __shared__ float sBeta[kRecTokens];
 
-    int32_t const r = blockIdx.x;
-    int32_t const h = blockIdx.y;
     bool const ctx = r < d.numContext;
     if (ctx && d.chunk > 0)
+    {
+        afterLoad();
         return; // the chunked kernels handle it
+    }
     int32_t const n = cu[r + 1] - cu[r];
     int64_t const base = cu[r];
     bool const zero = zeroInit(zeroState, r, d.numContext);
@@ -496,7 +546,7 @@ __global__ void __launch_bounds__(kRecThreads, RecTile<kDk, kColsPerLane>::kMinB
     int32_t const tid = static_cast<int32_t>(threadIdx.x);
     int32_t const lane = tid & 31;
     int32_t const slice = lane / Tile::kLanes;
-    int32_t const tileCol = static_cast<int32_t>(blockIdx.z) * Tile::kBlockCols;
+    int32_t const tileCol = z * Tile::kBlockCols;
     int32_t jl[kRecCols]; // columns within the block
     bool valid[kRecCols];
 GDN_UNROLL
@@ -529,14 +579,27 @@ GDN_UNROLL
     // column q of this lane is column 0 + q kLanes: one row pointer per state row, the columns at
     // compile-time offsets from it
     float s[kRecCols][kSlice];
-GDN_UNROLL
-    for (int32_t i = 0; i < kSlice; ++i)
+    if constexpr (kFromSmem)
     {
-        float const* row = st + i * dv + jl[0];
+        using Smem = RecStateTile<kDk, kColsPerLane>;
 GDN_UNROLL
-        for (int32_t q = 0; q < kRecCols; ++q)
-            s[q][i] = (zero || !valid[q]) ? 0.0f : row[q * Tile::kLanes];
+        for (int32_t i = 0; i < kSlice; ++i)
+GDN_UNROLL
+            for (int32_t q = 0; q < kRecCols; ++q)
+                s[q][i] = (zero || !valid[q]) ? 0.0f : sState[Smem::at(slice * kSlice + i, jl[q])];
     }
+    else
+    {
+GDN_UNROLL
+        for (int32_t i = 0; i < kSlice; ++i)
+        {
+            float const* row = st + i * dv + jl[0];
+GDN_UNROLL
+            for (int32_t q = 0; q < kRecCols; ++q)
+                s[q][i] = (zero || !valid[q]) ? 0.0f : row[q * Tile::kLanes];
+        }
+    }
+    afterLoad();
 
     // the fold of the pending records (the previous step's accepted tokens), staged as the tokens below
     if (pend > 0) // block-uniform
@@ -703,6 +766,82 @@ GDN_UNROLL
                 if (valid[q])
                     row[q * Tile::kLanes] = s[q][i];
         }
+    }
+}
+
+template <int32_t kDk, class T, int32_t kColsPerLane = kRecDefaultCols<kDk>>
+__global__ void __launch_bounds__(kRecThreads, RecTile<kDk, kColsPerLane>::kMinBlocks) gdnRecurrentKernel(
+    float const* __restrict__ qh, float const* __restrict__ kh, typename T::Storage const* __restrict__ xc,
+    float const* __restrict__ gates, int32_t const* __restrict__ cu, int32_t const* __restrict__ slots,
+    int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool, typename T::Storage* __restrict__ y, Dims d)
+{
+    gdnRecurrentItem<kDk, T, kColsPerLane, false>(qh, kh, xc, gates, cu, slots, zeroState, rnnPool, y, d,
+        static_cast<int32_t>(blockIdx.x), static_cast<int32_t>(blockIdx.y), static_cast<int32_t>(blockIdx.z), nullptr,
+        [] {});
+}
+
+//! The recurrence's work items (request, value head, column tile; tile fastest, then head, then request) over a
+//! grid of resident blocks (the launcher sizes it by the occupancy), each block taking every gridDim.x-th item. While
+//! a block computes an item, the next item's state tile is on its way into shared memory (cp.async, 16-byte chunks,
+//! one buffer: started after every thread has its state in registers), so one block's state loads overlap its own
+//! arithmetic instead of waiting for other blocks to fill the gap. Items whose state is not read (chunked context
+//! requests, zero_state) copy nothing. Needs Dv % 4 == 0 and a 16-byte aligned pool (the launcher falls back to
+//! gdnRecurrentKernel otherwise); the same operations per column in the same order as gdnRecurrentKernel.
+template <int32_t kDk, class T, int32_t kColsPerLane>
+__global__ void __launch_bounds__(kRecThreads, RecTile<kDk, kColsPerLane>::kMinBlocks) gdnRecurrentPrefetchKernel(
+    float const* __restrict__ qh, float const* __restrict__ kh, typename T::Storage const* __restrict__ xc,
+    float const* __restrict__ gates, int32_t const* __restrict__ cu, int32_t const* __restrict__ slots,
+    int32_t const* __restrict__ zeroState, float* __restrict__ rnnPool, typename T::Storage* __restrict__ y, Dims d)
+{
+    using Tile = RecTile<kDk, kColsPerLane>;
+    using Smem = RecStateTile<kDk, kColsPerLane>;
+    extern __shared__ __align__(16) unsigned char gdnStateSmem[];
+    float* const sState = reinterpret_cast<float*>(gdnStateSmem);
+    int32_t const tiles = (d.dv + Tile::kBlockCols - 1) / Tile::kBlockCols;
+    int64_t const items = static_cast<int64_t>(d.batch) * d.hv * tiles;
+    int32_t const tid = static_cast<int32_t>(threadIdx.x);
+    constexpr int32_t kRowChunks = Tile::kBlockCols / 4;
+    // start the copy of item's state tile (nothing where the item reads no state)
+    auto issue = [&](int64_t item)
+    {
+        int32_t const z = static_cast<int32_t>(item % tiles);
+        int32_t const h = static_cast<int32_t>((item / tiles) % d.hv);
+        int32_t const r = static_cast<int32_t>(item / (static_cast<int64_t>(tiles) * d.hv));
+        if ((r < d.numContext && d.chunk > 0) || zeroInit(zeroState, r, d.numContext))
+            return;
+        int32_t const tileCol = z * Tile::kBlockCols;
+        float const* const head = rnnPool + static_cast<int64_t>(slots[r]) * d.slotFloats
+            + static_cast<int64_t>(h) * kDk * d.dv + tileCol;
+        for (int32_t c = tid; c < kDk * kRowChunks; c += kRecThreads)
+        {
+            int32_t const row = c / kRowChunks;
+            int32_t const col = 4 * (c - row * kRowChunks);
+            if (tileCol + col < d.dv)
+                gdnCopy16Async(sState + Smem::at(row, col), head + static_cast<int64_t>(row) * d.dv + col);
+        }
+    };
+    int64_t item = blockIdx.x;
+    if (item < items)
+        issue(item);
+    gdnCopyCommit();
+GDN_NO_UNROLL
+    for (; item < items; item += gridDim.x)
+    {
+        int32_t const z = static_cast<int32_t>(item % tiles);
+        int32_t const h = static_cast<int32_t>((item / tiles) % d.hv);
+        int32_t const r = static_cast<int32_t>(item / (static_cast<int64_t>(tiles) * d.hv));
+        gdnCopyWait();
+        __syncthreads(); // every thread's chunks of this item's tile have landed
+        int64_t const next = item + gridDim.x;
+        gdnRecurrentItem<kDk, T, kColsPerLane, true>(qh, kh, xc, gates, cu, slots, zeroState, rnnPool, y, d, r, h, z,
+            sState,
+            [&]
+            {
+                __syncthreads(); // every thread has read the tile: the buffer is free for the next item's
+                if (next < items)
+                    issue(next);
+                gdnCopyCommit();
+            });
     }
 }
 
@@ -1227,16 +1366,62 @@ Status gatesTyped(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStre
     return cudaStatus("gates kernel", msg, len);
 }
 
+//! The prefetching kernel's grid: its resident blocks (occupancy x SMs, at most the items), or 0 where it cannot run
+//! (the pool or Dv not 16-byte granular, a CUDA query failing, no block fitting).
+template <class Kernel>
+int64_t prefetchGrid(Kernel kernel, size_t smemBytes, Dims const& d, int32_t blockCols, void const* pool)
+{
+    if (d.dv % 4 != 0 || (reinterpret_cast<uintptr_t>(pool) & 15u) != 0)
+        return 0;
+    int dev = 0, sms = 0, perSm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess
+        || cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smemBytes))
+            != cudaSuccess
+        || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kRecThreads, smemBytes) != cudaSuccess)
+    {
+        (void) cudaGetLastError(); // a refused query is a fallback, not this launch's error
+        return 0;
+    }
+    int64_t const items = static_cast<int64_t>(d.batch) * d.hv * ((d.dv + blockCols - 1) / blockCols);
+    int64_t const resident = static_cast<int64_t>(perSm) * sms;
+    return resident < items ? resident : items;
+}
+
+//! DFLASH2_GDN_RECURRENT_PREFETCH=1 picks the prefetching persistent kernel at Dk 128 (an experiment for the GPU
+//! checks: the same bits), anything else the one-item-per-block kernel. Read at each launch.
+bool recurrentPrefetch()
+{
+    char const* v = std::getenv("DFLASH2_GDN_RECURRENT_PREFETCH");
+    return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 template <int32_t kDk, int32_t kColsPerLane>
 void recurrentTiled(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work const& wk, Dims const& d, cudaStream_t s)
 {
     constexpr int32_t kCols = RecTile<kDk, kColsPerLane>::kBlockCols;
+    constexpr size_t kStateBytes = RecStateTile<kDk, kColsPerLane>::kBytes;
     dim3 const grid(static_cast<unsigned>(d.batch), static_cast<unsigned>(d.hv),
         static_cast<unsigned>((d.dv + kCols - 1) / kCols));
+    bool const prefetch = recurrentPrefetch();
     auto launch = [&](auto tag)
     {
         using T = decltype(tag);
         using S = typename T::Storage;
+        // Dk 128 only (the published heads; below, ptxas spills the prefetching kernel on sm_100a)
+        if constexpr (kDk == 128)
+        {
+            int64_t const blocks = prefetch
+                ? prefetchGrid(gdnRecurrentPrefetchKernel<kDk, T, kColsPerLane>, kStateBytes, d, kCols, g.rnnPool)
+                : 0;
+            if (blocks > 0)
+            {
+                unsigned const n = static_cast<unsigned>(blocks);
+                gdnRecurrentPrefetchKernel<kDk, T, kColsPerLane><<<n, kRecThreads, kStateBytes, s>>>(wk.qh, wk.kh,
+                    static_cast<S const*>(wk.xc), wk.gates, g.cuSeqlens, g.slots, g.zeroState, g.rnnPool,
+                    static_cast<S*>(g.y), d);
+                return;
+            }
+        }
         gdnRecurrentKernel<kDk, T, kColsPerLane><<<grid, kRecThreads, 0, s>>>(wk.qh, wk.kh,
             static_cast<S const*>(wk.xc), wk.gates, g.cuSeqlens, g.slots, g.zeroState, g.rnnPool, static_cast<S*>(g.y),
             d);

@@ -540,6 +540,12 @@ def check_gdn(dev, cpu, results: dict, device: str = "cuda", small: bool = False
                         f"{', '.join(bad)}")
     log(f"gdn forward / verify / commit vs the CPU build (bit for bit, {n} batches): {'ok' if ok else 'FAILED'}")
     results["gdn_exact"] = ok
+    dk128 = [c for c in (GDN_CASES[:GDN_SMALL_CASES] if small else GDN_CASES) if c[2] == 128]
+    for tag, env in GDN_VARIANTS.items():
+        with gdn_variant(env):
+            good = check_gdn_cases(dev, cpu, dk128, " ".join(f"{k}={v}" for k, v in env.items()), device=device)
+        results[f"gdn_exact{tag}"] = good
+        ok = ok and good
     return ok
 
 
@@ -565,38 +571,50 @@ def bench_gdn(ext, results: dict) -> None:
     for batch in (1, 8, 64):
         for kv in (8, 16):
             bench_gdn_point(ext, results, batch, kv)
-    # the recurrence's other tiling at Dk = 128 (one state column per lane, 4 blocks per SM instead of 3): same bits
-    # (checked first on the Qwen heads), timed at the same points beside the default's
-    with recurrent_cols(1):
-        if check_gdn_cases(ExtGdn(ext), load_gdn_cpu(), [GDN_CASES[-1]], "one column per lane"):
+    # the recurrence's variants at Dk = 128 (GDN_VARIANTS: same bits, checked in check_gdn), timed at the same points
+    # beside the default's
+    for tag, env in GDN_VARIANTS.items():
+        if results.get(f"gdn_exact{tag}") is False:
+            log(f"gdn{tag}: not timed (its bits differ from the CPU build)")
+            continue
+        with gdn_variant(env):
             for batch, kv in ((8, 8), (64, 8), (64, 16)):
-                bench_gdn_point(ext, results, batch, kv, tag="_cols1")
+                bench_gdn_point(ext, results, batch, kv, tag=tag)
+
+
+# The per-token recurrence's variants at Dk = 128 (environment of the launcher, read at each launch): one state column
+# per lane (4 blocks per SM instead of 3), the persistent kernel that prefetches the next item's state tile into shared
+# memory, and both. The same operations in the same order as the default kernel: the same bits.
+GDN_VARIANTS = {
+    "_cols1": {"DFLASH2_GDN_RECURRENT_COLS": "1"},
+    "_prefetch": {"DFLASH2_GDN_RECURRENT_PREFETCH": "1"},
+    "_prefetch_cols1": {"DFLASH2_GDN_RECURRENT_PREFETCH": "1", "DFLASH2_GDN_RECURRENT_COLS": "1"},
+}
 
 
 @contextlib.contextmanager
-def recurrent_cols(n: int):
-    """DFLASH2_GDN_RECURRENT_COLS=n for the plugins' launches inside (the launcher reads it at each launch)."""
-    old = os.environ.get("DFLASH2_GDN_RECURRENT_COLS")
-    os.environ["DFLASH2_GDN_RECURRENT_COLS"] = str(n)
+def gdn_variant(env: dict):
+    """``env`` set for the plugins' launches inside (the launcher reads it at each launch), then put back."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("DFLASH2_GDN_RECURRENT_COLS", None)
-        else:
-            os.environ["DFLASH2_GDN_RECURRENT_COLS"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def check_gdn_cases(dev, cpu, cases, label: str) -> bool:
-    """``cases`` x dtype through ``dev`` vs the CPU build, bit for bit; logs the outcome under ``label``."""
+def check_gdn_cases(dev, cpu, cases, label: str, device: str = "cuda") -> bool:
+    """``cases`` x dtype (zero_state on the fp16 batches) through ``dev`` vs the CPU build, bit for bit; logs the
+    outcome under ``label``."""
     import torch
-    if cpu is None:
-        log(f"gdn ({label}): the CPU build is unavailable: not checked, not timed")
-        return False
     ok = True
     for ci, case in enumerate(cases):
         for dt in (torch.float32, torch.float16, torch.bfloat16):
-            bad = gdn_compare(dev, cpu, case, dt, False, seed=500 + ci)
+            bad = gdn_compare(dev, cpu, case, dt, dt == torch.float16, seed=500 + ci, device=device)
             if bad:
                 ok = False
                 log(f"  gdn ({label}) MISMATCH case={case[:7]} dtype={dt}: {', '.join(bad)}")
@@ -682,7 +700,8 @@ def bench_gdn_prefill(ext, results: dict, tokens: int = 8192) -> None:
 
 PROFILE_RANGE = "df2prof"   # the NVTX push/pop ranges around the profiled calls: df2prof_<workload>
 PROFILE_WORKLOADS = ("conv_unfused", "conv_fused", "scan_greedy", "scan_sample", "scan_viterbi", "gdn_forward",
-                     "gdn_commit", "gdn_forward_cols1", "gdn_prefill")   # profile_workloads' calls, in order (profile.py asks for these)
+                     "gdn_commit", "gdn_forward_cols1", "gdn_forward_prefetch", "gdn_forward_prefetch_cols1",
+                     "gdn_prefill")   # profile_workloads' calls, in order (profile.py asks for these)
 
 
 def profile_workloads(ext, manifest: Path | None = None) -> list[dict]:
@@ -724,12 +743,12 @@ def profile_workloads(ext, manifest: Path | None = None) -> list[dict]:
                   "pending per slot", forward, commit))
     loads.append(("gdn_commit", f"its commit ({kv // 2} accepted)", commit, forward))
 
-    def forward_cols1():
-        with recurrent_cols(1):
-            forward()
+    for tag, env in GDN_VARIANTS.items():
+        def variant(env=env):
+            with gdn_variant(env):
+                forward()
 
-    loads.append(("gdn_forward_cols1", "the same forward, one state column per lane (DFLASH2_GDN_RECURRENT_COLS=1)",
-                  forward_cols1, commit))
+        loads.append((f"gdn_forward{tag}", f"the same forward with {env}", variant, commit))
     pdev, pattrs, pins, prnn, pconv, pbt = gdn_on_device(ext, (*QWEN_GDN_HEADS, 8, 64, (8192,), ()), seed=9)
     zero = torch.ones(1, dtype=torch.int32, device="cuda")
     loads.append(("gdn_prefill", "gdn forward, one 8192-token prompt, chunk 64",

@@ -199,5 +199,5 @@ def test_the_workloads_are_gpu_checks_own():
     """profile.py asks ncu for the ranges that gpu_check.py's profile_workloads opens (one list: it checks its calls
     against it before it runs them)."""
     text = (ROOT / "scripts" / "gpu_check" / "gpu_check.py").read_text()
-    assert P.WORKLOADS == P._GC.PROFILE_WORKLOADS and len(P.WORKLOADS) == 9
+    assert P.WORKLOADS == P._GC.PROFILE_WORKLOADS and len(P.WORKLOADS) == 11
     assert "!= PROFILE_WORKLOADS" in text[text.index("def profile_workloads"):text.index("def main")]

@@ -60,6 +60,43 @@ enum cudaError_t
 };
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline char const* cudaGetErrorString(cudaError_t) { return "no error"; }
+// The device queries a launcher makes, answered for a small device (EMU_SMS multiprocessors, default 3; EMU_PER_SM
+// blocks of any kernel per multiprocessor, default 2), so that a grid sized by occupancy has fewer blocks than work
+// items and its blocks loop over several.
+enum cudaDeviceAttr
+{
+    cudaDevAttrMultiProcessorCount = 16
+};
+enum cudaFuncAttribute
+{
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8
+};
+inline int emuEnvInt(char const* name, int dflt)
+{
+    char const* e = std::getenv(name);
+    return e != nullptr ? std::atoi(e) : dflt;
+}
+inline cudaError_t cudaGetDevice(int* dev)
+{
+    *dev = 0;
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int)
+{
+    *v = emuEnvInt("EMU_SMS", 3);
+    return cudaSuccess;
+}
+template <class F>
+cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int)
+{
+    return cudaSuccess;
+}
+template <class F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F, int, size_t)
+{
+    *n = emuEnvInt("EMU_PER_SM", 2);
+    return cudaSuccess;
+}
 
 #define __global__
 #define __device__
@@ -104,6 +141,8 @@ struct Block
     std::vector<Fiber> fibers;
     std::vector<uint64_t> xchg; // 32 per warp
     std::map<int, std::unique_ptr<unsigned char[]>> shared;
+    size_t dynBytes = 0;                           // the launch's dynamic shared memory (extern __shared__)
+    std::unique_ptr<unsigned char[]> dyn;
     ucontext_t sched;
     std::function<void()> body;
 };
@@ -224,6 +263,19 @@ T& shared(int id)
     return *reinterpret_cast<T*>(slot.get());
 }
 
+//! The block's dynamic shared memory (the test's transform rewrites `extern __shared__ ... name[];` into a call):
+//! the launch's bytes, garbage-filled, 16-byte aligned (operator new[]'s alignment).
+inline unsigned char* dynamicShared()
+{
+    Block* b = cur->blk;
+    if (!b->dyn)
+    {
+        b->dyn.reset(new unsigned char[b->dynBytes > 0 ? b->dynBytes : 1]);
+        std::memset(b->dyn.get(), 0x5a, b->dynBytes);
+    }
+    return b->dyn.get();
+}
+
 template <class T>
 T shflXor(unsigned mask, T v, int off)
 {
@@ -284,6 +336,7 @@ inline int gWorkers = [] {
 struct Launch
 {
     dim3 grid, block;
+    size_t smem;
     template <class F, class... Args>
     void operator()(F f, Args... args) const
     {
@@ -303,6 +356,7 @@ struct Launch
                     static_cast<unsigned>(i / (1LL * grid.x * grid.y))};
                 b.bdim = block;
                 b.gdim = grid;
+                b.dynBytes = smem;
                 b.body = [&]() { f(args...); };
                 runBlock(b);
                 ++gBlocks;
@@ -318,7 +372,7 @@ struct Launch
             t.join();
     }
 };
-inline Launch launch(dim3 grid, dim3 block, size_t = 0, cudaStream_t = nullptr) { return Launch{grid, block}; }
+inline Launch launch(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) { return Launch{grid, block, smem}; }
 } // namespace emu
 
 #define threadIdx (emu::cur->tid)
