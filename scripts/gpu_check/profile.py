@@ -63,7 +63,8 @@ SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats", "Sched
 # headline metrics of profile.json (raw page names; those the sections did not collect are left out)
 HEADLINE = {
     "duration_ns": "gpu__time_duration.sum",
-    "dram_pct_peak": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_pct_peak": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",   # SpeedOfLight's, CC 7.5-10.x
+                      "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
     "memory_pct_peak": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
     "sm_pct_peak": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
@@ -76,8 +77,13 @@ HEADLINE = {
     "dram_write_bytes": "dram__bytes_write.sum",
     "warp_instructions": "smsp__inst_executed.sum",
     "cycles_per_issue": "smsp__average_warp_latency_per_inst_issued.ratio",
-    "shared_bank_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+    "shared_bank_conflicts": ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+                              "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"),   # summed
 }
+# collected beside the sections (none of them has these)
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum")
+NO_STALL = ("selected",)   # a warp issuing is 'selected': about one per issue, not a stall
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 TOP_STALLS = 6
 TOP_SASS = 12
@@ -107,6 +113,7 @@ def profile_argv(ncu: str, report: Path, manifest: Path, lib: str | None, python
         argv += ["--nvtx-include", f"{RANGE}_{w}/"]
     for s in SECTIONS:
         argv += ["--section", s]
+    argv += ["--metrics", ",".join(METRICS)]
     argv += ["--import-source", "no", "--force-overwrite", "--export", str(report),
              python, str(HERE / "gpu_check.py"), "--profile-workloads", str(manifest)]
     return argv + (["--lib", lib] if lib else [])
@@ -170,27 +177,35 @@ def headline(row: dict) -> dict:
     out = {"id": row.get("ID"), "kernel": row.get("Kernel Name"), "grid": row.get("Grid Size"),
            "block": row.get("Block Size")}
     for key, metric in HEADLINE.items():
-        v = _number(row.get(metric, ""))
-        if v is not None:
-            out[key] = v
+        if key == "shared_bank_conflicts":
+            vals = [_number(row.get(m, "")) for m in metric]
+            if any(v is not None for v in vals):
+                out[key] = sum(v for v in vals if v is not None)
+            continue
+        for name in (metric,) if isinstance(metric, str) else metric:   # the first the report has
+            v = _number(row.get(name, ""))
+            if v is not None:
+                out[key] = v
+                break
     stalls = {}
     for name, value in row.items():
         m = STALL.match(name)
         v = _number(value)
-        if m and v is not None and v > 0:
+        if m and v is not None and v > 0 and m.group(1) not in NO_STALL:
             stalls[m.group(1)] = v
     out["stalls_per_issue"] = dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:TOP_STALLS])
     return out
 
 
 def read_source(text: str) -> list[tuple[str | None, list[dict]]]:
-    """The source page: per launch (in the report's order) the function it names where it names one (a
-    ``"Function Name",<kernel>`` row before the table) and its SASS lines with the most warp-stall samples."""
+    """The source page: per launch (in the report's order) the kernel it names (a ``"Kernel Name","<name>",`` row
+    before each table: a trailing comma, so a third, empty cell) and its SASS lines with the most warp-stall
+    samples."""
     out = []
     title = None
     for table in csv_tables(text):
         head = table[0]
-        if len(head) == 2 and head[0] in ("Function Name", "Kernel Name"):
+        if len(head) >= 2 and head[0] in ("Kernel Name", "Function Name") and not any(c.strip() for c in head[2:]):
             title = head[1]
             continue
         samples = next((i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All")), None)
@@ -248,11 +263,16 @@ def prebuild() -> str:
     return str(build_cuda_plugins(progress=lambda m: print(m, flush=True)))
 
 
+# ncu formats numbers by the locale (a European one writes 27.595.520 and 65,77): the C locale's are parsed here
+NCU_ENV = {"LC_ALL": "C", "LANG": "C"}
+
+
 def export(ncu: str, report: Path, page: str, dest: Path, limit: float) -> dict:
     """One export to ``dest`` (written whole or not at all); its exit status and, on failure, its last line."""
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(export_argv(ncu, report, page), capture_output=True, text=True, timeout=limit)
+        proc = subprocess.run(export_argv(ncu, report, page), capture_output=True, text=True, timeout=limit,
+                              env={**os.environ, **NCU_ENV})
     except subprocess.TimeoutExpired:
         return {"exit": 124, "seconds": round(time.monotonic() - t0, 1)}
     rec = {"exit": proc.returncode, "seconds": round(time.monotonic() - t0, 1)}
@@ -307,7 +327,7 @@ def _profile(args, ncu: str, lib: str, report: Path, deadline: float) -> int:
     t0 = time.monotonic()
     limit = max(deadline - time.monotonic() - 2 * EXPORT_MIN_S, MIN_PROFILE_S)
     rc = run_limited(profile_argv(ncu, report, args.out / "profile-manifest.json", lib), limit, log, own_group=True,
-                     cwd=REPO, ladder=STOP_LADDER)
+                     cwd=REPO, env=NCU_ENV, ladder=STOP_LADDER)
     doc["profile"] = {"exit": rc, "seconds": round(time.monotonic() - t0, 1), "limit": round(limit, 1)}
     text = log.read_text(errors="replace")
     doc["profile"]["ncu_errors"] = [ln for ln in text.splitlines() if ln.startswith("==ERROR==")][:10]

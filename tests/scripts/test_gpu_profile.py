@@ -33,18 +33,21 @@ def _load():
 
 P = _load()
 
-RAW = '''"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","dram__throughput.avg.pct_of_peak_sustained_elapsed","gpu__time_duration.sum","launch__registers_per_thread","sm__warps_active.avg.pct_of_peak_sustained_active","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio"
-"","","","","","","","","","","","%","ns","register/thread","%","inst","inst","inst"
-"0","4242","python3","127.0.0.1","{k0}","1","7","(256, 1, 1)","(128, 1, 1)","0","9.0","3.52","9,876","121","11.9","2.25","0.5","1.75"
-"1","4242","python3","127.0.0.1","{k1}","1","7","(128, 1, 1)","(6144, 1, 1)","0","9.0","41.07","297,215","168","18.6","0.1","3.5","0"
+RAW = '''"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed","gpu__time_duration.sum","l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum","l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum","launch__registers_per_thread","sm__warps_active.avg.pct_of_peak_sustained_active","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","smsp__average_warps_issue_stalled_selected_per_issue_active.ratio","smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio"
+"","","","","","","","","","","","%","ns","","","register/thread","%","inst","inst","inst","inst"
+"0","4242","python3","127.0.0.1","{k0}","1","7","(256, 1, 1)","(128, 1, 1)","0","9.0","3.52","9,876","1,024","16","121","11.9","2.25","0.5","1","1.75"
+"1","4242","python3","127.0.0.1","{k1}","1","7","(128, 1, 1)","(6144, 1, 1)","0","9.0","41.07","297,215","0","0","168","18.6","0.1","3.5","1","0"
 '''
-SOURCE = '''"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed"
-"0x7f00","BAR.SYNC.DEFER_BLOCKING 0x0","120","118","512"
-"0x7f10","LDS.128 R4, [R2]","30","25","8192"
-"0x7f20","FFMA R8, R4, R5, R8","10","2","65536"
+# as ncu 2025 prints it: a "Kernel Name" row (with a trailing comma) before each launch's table; cells padded
+SOURCE = '''"Kernel Name","void pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)",
 "Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed"
-"0x1000","LDG.E.128 R4, [R2.64]","900","880","49152"
-"0x1010","FFMA R8, R4, R5, R8","100","10","3145728"
+"0x7f00","      BAR.SYNC.DEFER_BLOCKING 0x0  ","120","118","512"
+"0x7f10","      LDS.128 R4, [R2]  ","30","25","8192"
+"0x7f20","      FFMA R8, R4, R5, R8  ","10","2","65536"
+"Kernel Name","void gdnRecurrentKernel<BF16>(GdnArgs)",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed"
+"0x1000","      LDG.E.128 R4, [R2.64]  ","900","880","49152"
+"0x1010","      FFMA R8, R4, R5, R8  ","100","10","3145728"
 '''
 FAKE = r'''#!{py}
 import os, sys, time
@@ -59,8 +62,9 @@ if "--import" in args:
             sys.exit(1)
         sys.stdout.write(open(os.environ["SOURCE"]).read())
     elif "--print-nvtx-rename" in args:
-        sys.stdout.write(open(os.environ["RAW"]).read().replace("pairwiseScanKernel<BF16>", "df2prof_scan_greedy")
-                         .replace("gdnRecurrentKernel<BF16>", "df2prof_gdn_forward"))
+        raw = open(os.environ["RAW"]).read()
+        raw = raw.replace("void pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)", "df2prof_scan_greedy/")
+        sys.stdout.write(raw.replace("void gdnRecurrentKernel<BF16>(GdnArgs)", "df2prof_gdn_forward/"))
     elif args[args.index("--page") + 1] == "raw":
         sys.stdout.write(open(os.environ["RAW"]).read())
     else:
@@ -92,8 +96,8 @@ def fake(tmp_path, monkeypatch):
     tool.chmod(0o755)
     calls = tmp_path / "calls.txt"
     raw = tmp_path / "raw.csv"
-    raw.write_text(RAW.format(k0="pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)",
-                              k1="gdnRecurrentKernel<BF16>(GdnArgs)"))
+    raw.write_text(RAW.format(k0="void pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)",
+                              k1="void gdnRecurrentKernel<BF16>(GdnArgs)"))
     src = tmp_path / "source.csv"
     src.write_text(SOURCE)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -118,10 +122,12 @@ def test_profile_exports_and_summary(tmp_path, fake, capsys):
     scan, gdn = doc["launches"]
     assert scan["workload"] == "scan_greedy" and gdn["workload"] == "gdn_forward"
     assert scan["duration_ns"] == 9876 and scan["registers"] == 121 and scan["achieved_occupancy_pct"] == 11.9
+    assert scan["shared_bank_conflicts"] == 1040 and gdn["shared_bank_conflicts"] == 0
+    assert "--metrics" in run and all(m in run[run.index("--metrics") + 1] for m in P.METRICS)
     assert gdn["dram_pct_peak"] == 41.07 and gdn["grid"] == "(6144, 1, 1)"
     assert list(scan["stalls_per_issue"]) == ["barrier", "short_scoreboard", "long_scoreboard"]
-    assert list(gdn["stalls_per_issue"]) == ["long_scoreboard", "barrier"]        # a zero is not a reason
-    assert scan["top_sass"][0]["sass"].startswith("BAR.SYNC") and scan["top_sass"][0]["share"] == 0.75
+    assert list(gdn["stalls_per_issue"]) == ["long_scoreboard", "barrier"]   # a zero is not a reason, 'selected' none
+    assert scan["top_sass"][0]["sass"] == "BAR.SYNC.DEFER_BLOCKING 0x0" and scan["top_sass"][0]["share"] == 0.75
     assert gdn["top_sass"][0] == {"address": "0x1000", "sass": "LDG.E.128 R4, [R2.64]", "samples": 900.0,
                                   "executed": 49152.0, "share": 0.9}
     text = capsys.readouterr().out
@@ -131,11 +137,11 @@ def test_profile_exports_and_summary(tmp_path, fake, capsys):
 def test_source_tables_named_by_function_are_matched_by_name():
     """Where the source page gives one table per function (a "Function Name" row before each), not one per launch,
     the tables go to the launches of that function by name."""
-    raw = RAW.format(k0="pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)", k1="gdnRecurrentKernel<BF16>(GdnArgs)")
+    raw = RAW.format(k0="void pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)",
+                     k1="void gdnRecurrentKernel<BF16>(GdnArgs)")
     raw += raw.splitlines()[2].replace('"0","4242"', '"2","4242"') + "\n"       # a second scan launch
-    heads = SOURCE.split('"Address"')
-    source = ('"Function Name","gdnRecurrentKernel<BF16>(GdnArgs)"\n"Address"' + heads[2]
-              + '"Function Name","pairwiseScanKernel<BF16>(ScanArgs<unsigned short>)"\n"Address"' + heads[1])
+    tables = SOURCE.split('"Kernel Name",')
+    source = '"Kernel Name",' + tables[2] + '"Kernel Name",' + tables[1]        # one per function, other order
     launches = P.summarize(raw, source, None)
     assert [d["id"] for d in launches] == ["0", "1", "2"]
     assert launches[0]["top_sass"][0]["sass"].startswith("BAR.SYNC") and launches[2]["top_sass"] == launches[0]["top_sass"]
