@@ -586,7 +586,12 @@ GDN_UNROLL
         for (int32_t i = 0; i < kSlice; ++i)
 GDN_UNROLL
             for (int32_t q = 0; q < kRecCols; ++q)
-                s[q][i] = (zero || !valid[q]) ? 0.0f : sState[Smem::at(slice * kSlice + i, jl[q])];
+            {
+                // read, then select: a load under the condition became a branch per element on sm_90a (a reviewer's
+                // SASS: ~1,090 instructions per item from the barrier to the state in registers, ~290 this way)
+                float const v = sState[Smem::at(slice * kSlice + i, jl[q])]; // always inside the buffer
+                s[q][i] = (zero || !valid[q]) ? 0.0f : v;
+            }
     }
     else
     {
@@ -812,12 +817,18 @@ __global__ void __launch_bounds__(kRecThreads, RecTile<kDk, kColsPerLane>::kMinB
         int32_t const tileCol = z * Tile::kBlockCols;
         float const* const head = rnnPool + static_cast<int64_t>(slots[r]) * d.slotFloats
             + static_cast<int64_t>(h) * kDk * d.dv + tileCol;
-        for (int32_t c = tid; c < kDk * kRowChunks; c += kRecThreads)
+        // this thread's 4 columns of every kRowStep-th row: no division per chunk, the copies unrolled
+        static_assert(kRecThreads % kRowChunks == 0 && (kDk * kRowChunks) % kRecThreads == 0, "whole rows per pass");
+        constexpr int32_t kRowStep = kRecThreads / kRowChunks;
+        int32_t const col = 4 * (tid % kRowChunks);
+        int32_t const row0 = tid / kRowChunks;
+        if (tileCol + col < d.dv) // Dv % 4 == 0: a 4-column chunk is all inside or all outside
         {
-            int32_t const row = c / kRowChunks;
-            int32_t const col = 4 * (c - row * kRowChunks);
-            if (tileCol + col < d.dv)
-                gdnCopy16Async(sState + Smem::at(row, col), head + static_cast<int64_t>(row) * d.dv + col);
+            float const* src = head + static_cast<int64_t>(row0) * d.dv + col;
+            int64_t const step = static_cast<int64_t>(kRowStep) * d.dv;
+GDN_UNROLL
+            for (int32_t k = 0; k < kDk / kRowStep; ++k, src += step)
+                gdnCopy16Async(sState + Smem::at(row0 + k * kRowStep, col), src);
         }
     };
     int64_t item = blockIdx.x;
