@@ -532,6 +532,9 @@ def engines_that_fit(target_key: str, levels: list[int], *, backend: str, contex
             return spec, ar, limits, levels, dropped, built_at
         except torch.OutOfMemoryError as e:
             if len(levels) == 1:
+                for eng in (spec, ar):      # the combined engine built before the baseline ran out: freed first
+                    if eng is not None:
+                        eng.close()
                 raise
             why = f"out of GPU memory: {str(e).splitlines()[0]}"[:300]
         for eng in (spec, ar):

@@ -178,6 +178,47 @@ def test_engines_too_big_for_the_gpu_drop_the_top_level_and_measure_the_rest(mon
                                 profile_steps=0, graph=False)
 
 
+def test_an_engine_that_runs_out_of_memory_part_way_frees_its_pools(monkeypatch):
+    """The KV and state pools register themselves until released: an engine whose build ran out of GPU memory after
+    some of its pools were made (qwen3.8-27b's 48 state pools on an 80 GB H100) has no object to close, and its pools
+    stayed registered for the rest of the steps process (~9 GiB carried from the c64 attempt into c32, seen by a
+    reviewer's arithmetic of the H100 run). Now the build releases what it made; and where even the lowest level does
+    not fit, the combined engine built before the baseline ran out is closed before the error goes on."""
+    import dflash2_trt.bench.steps as steps_mod
+    import dflash2_trt.engine.standin.engine as engine_mod
+    import torch
+    from dflash2_trt.trtllm.cpu.attention import KVCachePool
+    from dflash2_trt.trtllm.cpu.state import StatePool
+
+    kv0, st0 = set(KVCachePool._registry), set(StatePool._registry)
+    made = []
+
+    class Failing(StatePool):
+        def __init__(self, *a, **k):
+            if len(made) == 1:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(engine_mod, "StatePool", Failing)
+    with pytest.raises(torch.OutOfMemoryError):
+        steps_mod.step_engines("tiny-hybrid", backend="cpu", max_batch=2, context_len=16, dtype="float32")
+    assert len(made) == 1                       # the KV pool and a state pool were made before the failure
+    assert set(KVCachePool._registry) == kv0 and set(StatePool._registry) == st0
+    monkeypatch.setattr(engine_mod, "StatePool", StatePool)
+
+    real = steps_mod.TargetOnlyEngine
+
+    def target_only(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.40 GiB")
+
+    monkeypatch.setattr(steps_mod, "TargetOnlyEngine", target_only)
+    with pytest.raises(torch.OutOfMemoryError):
+        steps_mod.engines_that_fit("tiny-hybrid", [1], backend="cpu", context_len=16, dtype="float32")
+    assert set(KVCachePool._registry) == kv0 and set(StatePool._registry) == st0
+    assert real is not None
+
+
 def test_bench_steps_hands_out_its_points_as_they_are_measured():
     """scripts/gpu_e2e.py runs bench steps for two 27-30B targets under a time limit: the report so far after each
     level (its JSON rewritten then), so that a run stopped at the limit keeps the levels it measured."""

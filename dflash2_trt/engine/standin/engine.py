@@ -117,8 +117,6 @@ class StandinEngine:
                                                  + modeling_utils.ALL_REDUCE_POINTERS_OF_COUNTER, dtype=torch.int64)
         kv_heads = self.config["num_key_value_heads"]
         local_kv = net.local_heads(kv_heads, self.tp)
-        self.pools = [KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb, self.config["head_size"], dtype,
-                                  device=self.device) if r in self.local_ranks else None for r in range(self.tp)]
         self.layer_offset = target_kv_layers   # drafter KV layers follow the target's
         self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
         # the runtime fills them once, as TensorRT-LLM's does
@@ -127,15 +125,27 @@ class StandinEngine:
         self.gdn_layers = [i for i, t in enumerate(kinds) if t == "linear_attention"]
         self.recurrent = bool(self.gdn_layers)
         self.num_slots = int(limits["max_batch_size"])
-        self.states: list[dict] = [{} for _ in range(self.tp)]
         self._device_copies: list[dict] = [{} for _ in range(self.tp)]   # placed_inputs' reuse of unchanged inputs
-        if self.recurrent:
-            # a slot = the state and the deferred commit's records (trtllm/gdn_slot.py: the plugin's layout)
-            lay = engine_slot_layout(self.config)
-            conv_kernel = self.config["linear_attention"]["conv_kernel_size"]
-            for r in self.local_ranks:
-                for layer in self.gdn_layers:
-                    self.states[r][layer] = StatePool(self.num_slots, lay, conv_kernel, dtype, device=self.device)
+        # The pools register themselves until released: each is kept as it is made, and an allocation that fails part
+        # way (out of GPU memory at a real width) releases the ones made before it, which would otherwise stay for
+        # the rest of the process (no engine object to close)
+        self.pools: list = []
+        self.states: list[dict] = [{} for _ in range(self.tp)]
+        try:
+            for r in range(self.tp):
+                self.pools.append(KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb,
+                                              self.config["head_size"], dtype, device=self.device)
+                                  if r in self.local_ranks else None)
+            if self.recurrent:
+                # a slot = the state and the deferred commit's records (trtllm/gdn_slot.py: the plugin's layout)
+                lay = engine_slot_layout(self.config)
+                conv_kernel = self.config["linear_attention"]["conv_kernel_size"]
+                for r in self.local_ranks:
+                    for layer in self.gdn_layers:
+                        self.states[r][layer] = StatePool(self.num_slots, lay, conv_kernel, dtype, device=self.device)
+        except BaseException:
+            self.close()
+            raise
 
     def parameters(self) -> list[dict]:
         """Per rank, ``{name: tensor}`` of the loaded parameters (the tensors themselves, not copies)."""
