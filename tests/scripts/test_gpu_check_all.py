@@ -78,7 +78,7 @@ def test_the_default_parts_most_valuable_first_inside_the_default_budget(tmp_pat
     assert argv["e2e"] == ["py", str(ROOT / "scripts" / "gpu_e2e.py"), "--out", str(w / "e2e"), "--budget",
                            str(300 - 10)]
     assert argv["trt_session"][1:] == [str(ROOT / "scripts" / "gpu_check_trt_session.py"), "--out",
-                                       str(w / "trt_session")]
+                                       str(w / "trt_session"), "--prompts", "5", "--new", "8"]
     assert argv["profile"] == ["py", str(ROOT / "scripts" / "gpu_check" / "profile.py"), str(w / "profile"),
                                "--limit", str(120 - 10)]
     assert argv["pytest_gpu"][-3:] == ["-m", "gpu", str(ROOT / "tests" / "gpu")]

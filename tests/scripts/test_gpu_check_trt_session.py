@@ -40,3 +40,25 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path):
     assert doc["ok"] and [r["target"] for r in doc["results"]] == ["tiny", "tiny-hybrid", "tiny-muse"]
     assert all(r["identical"] and not r["placement_mismatches"] for r in doc["results"])
     assert doc["results"][1]["recurrent_layers"] > 0
+
+
+def test_one_pair_failing_is_its_row_and_the_others_still_run(tmp_path, monkeypatch):
+    """The script has not yet run past its start on a GPU: a pair that raises (anything the CPU cannot show) becomes
+    its row with the error, the later pairs still run and are saved, the run says FAILED (exit 1)."""
+    mod = _script()
+    real = mod.check_pair
+    calls = []
+
+    def check_pair(family, key, *a, **k):
+        calls.append(key)
+        if key == "tiny-hybrid":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(family, key, *a, **k)
+
+    monkeypatch.setattr(mod, "check_pair", check_pair)
+    assert mod.main(["--out", str(tmp_path), "--device", "cpu", "--prompts", "1", "--new", "2"]) == 1
+    doc = json.loads((tmp_path / "gpu_check_trt_session.json").read_text())
+    assert calls == ["tiny", "tiny-hybrid", "tiny-muse"] and doc["ok"] is False
+    rows = {r["target"]: r for r in doc["results"]}
+    assert rows["tiny-hybrid"]["error"].startswith("RuntimeError: CUDA error") and rows["tiny-muse"]["identical"]
+    assert "_first" not in rows["tiny"]
