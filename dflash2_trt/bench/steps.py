@@ -386,21 +386,24 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
             if engine.device.type == "cuda" and profile_steps:
                 from torch.profiler import ProfilerActivity, profile
 
-                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    for _ in range(profile_steps):
-                        engine.step(feed)
-                    _sync(engine)
-                try:
-                    point["kernels_per_step"] = len(device_events(prof.events())) / profile_steps
-                    if point["kernels_per_step"] == 0:
+                try:   # the profiler as a whole: kineto may raise as it starts or stops; the wall times and spans remain
+                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                        for _ in range(profile_steps):
+                            engine.step(feed)
+                        _sync(engine)
+                    kernels = len(device_events(prof.events())) / profile_steps
+                    if kernels == 0:
                         # CUPTI could not start (seen on a borrowed H100: CUPTI_ERROR_NOT_INITIALIZED): no kernel
-                        # times, so no busy time or split; the wall times and the spans remain
+                        # times, so no busy time, split or kernel count (not "0 kernels"); wall times and spans remain
                         point["profiler_error"] = "the profiler recorded no GPU kernels (CUPTI unavailable?)"
                     else:
+                        point["kernels_per_step"] = kernels
                         busy, comp = _kernel_split_ms(prof, profile_steps)
                         point["gpu_busy_ms"], point["components_ms"] = busy, comp
-                except (AttributeError, TypeError) as e:   # a profiler without these fields: the spans remain
-                    point["profiler_error"] = f"{type(e).__name__}: {e}"
+                except torch.OutOfMemoryError:
+                    raise                   # the level's out-of-memory handling (measure_steps) decides
+                except Exception as e:  # noqa: BLE001 - any profiler failure: said, the point kept
+                    point["profiler_error"] = f"{type(e).__name__}: {e}"[:300]
                 scopes.spans.clear()
             n = max(profile_steps, 1)
             for _ in range(n):
@@ -474,7 +477,6 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                 why = f"out of GPU memory: {str(e).splitlines()[0]}"[:300]
                 skipped = [{"concurrency": x, "error": why} for x in levels[i:]] + list(build_skipped)
                 say(f"[steps] concurrency {c}: {why}; concurrency {', '.join(map(str, levels[i:]))} not measured")
-                torch.cuda.empty_cache()
                 break
             pt = {"concurrency": c, "speculative": sp, "target_only": base}
             if tau:
@@ -484,6 +486,8 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
             points.append(pt)
             if partial is not None:
                 partial(report(points, skipped, True))
+        if len(skipped) > len(build_skipped) and torch.cuda.is_available():
+            torch.cuda.empty_cache()    # here, not in the except: its traceback held the failed level's tensors
         # the CUDA-graph replays after every eager point is measured (a capture that fails cannot cost those), and
         # after the first failure no more (the same capture would fail again: said once)
         try:
