@@ -410,26 +410,46 @@ def _first_diff(got, want):
 
 
 # ---- steps -----------------------------------------------------------------------------------------------------
-def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: int = 8, save=None) -> dict:
+class TargetShareUsed(Exception):
+    """A target of the steps part used its share of the part's time (part_steps): its levels so far are kept."""
+
+
+SHARE_RESERVE_S = 10.0   # of the part's limit, kept back from the targets' shares (the last save, the engines' release)
+
+
+def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: int = 8, save=None,
+               limit: float | None = None) -> dict:
     """``bench steps`` for each of ``targets``; ``save`` (if given) receives the document so far after each measured
     concurrency (the target in progress with the points it has, ``partial``: true). A target that fails is named in
     ``errors`` with its error, keeps the points it measured before (its report, ``partial``: true, in ``reports`` and
-    ``steps-<target>.json``), and the next target is measured."""
+    ``steps-<target>.json``), and the next target is measured. With the part's ``limit`` (seconds), each target gets
+    an equal share of what is left when it starts (a target that ends early leaves its time to the next): one that
+    uses its share stops after its level in progress (its eager levels: the error says so, the levels kept; its
+    CUDA-graph replays: they stop, the report keeps its eager table), so the first target cannot take the second's
+    time (the first GPU run lost muse-glimmer-30b's steps to qwen3.8-27b's)."""
     from dflash2_trt.bench.steps import measure_steps, render
 
     docs, errors = [], []
+    part_start = time.perf_counter()
 
     def doc_of(reports, partial=False):
         table = "\n\n".join([render(d) for d in reports] + [f"{e['target']}: FAILED: {e['error']}" for e in errors])
         return {"reports": reports, "table": table, "partial": partial, "errors": list(errors)}
 
-    for t in targets:
+    for idx, t in enumerate(targets):
         last: list = []            # the target's report so far (after each measured concurrency)
+        deadline = share = None
+        if limit is not None:
+            share = max((limit - (time.perf_counter() - part_start) - SHARE_RESERVE_S) / (len(targets) - idx), 0.0)
+            deadline = time.perf_counter() + share
 
-        def keep(d, last=last):
+        def keep(d, last=last, deadline=deadline, share=share):
             last[:] = [d]
             if save is not None:
                 save(doc_of(docs + [d], partial=True))
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TargetShareUsed(f"its share of the part's time ({share:.0f} s) was used up; the levels "
+                                      f"measured before are kept")
 
         doc = None
         try:
@@ -472,7 +492,8 @@ def run_part(name: str, args) -> int:
             # failure: the table counts it apart (the first H100 run exited 1 on bf16 ties alone)
             ok = doc["all_identical_or_ties"]
         else:
-            doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps, save=save)
+            doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps, save=save,
+                             limit=getattr(args, "part_limit", None))
             ok = not doc["errors"]
     except Exception:  # noqa: BLE001 - the failure is the result
         tb = traceback.format_exc()
@@ -551,6 +572,7 @@ def main(argv=None) -> int:
     p.add_argument("--one", help=argparse.SUPPRESS)   # run one part in this process (the driver's children)
     p.add_argument("--cell", help=argparse.SUPPRESS)  # --one lossless-cell: TARGET:DTYPE
     p.add_argument("--cell-graphs", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--part-limit", type=float, default=None, help=argparse.SUPPRESS)  # the child's own limit
     args = p.parse_args(argv)
     if args.lossless_jobs is None:
         args.lossless_jobs = default_jobs()
@@ -588,6 +610,7 @@ def main(argv=None) -> int:
                "--lossless-targets", args.lossless_targets,
                "--steps", str(args.steps)]
         limit = part_limits(parts[i:], args.part_timeout, args.budget, time.perf_counter() - start)
+        cmd += ["--part-limit", str(limit)]
         log(f"== {name} (limit {limit:.0f} s)")
         t0 = time.perf_counter()
         # in this driver's process group (a stop aimed at the driver, run_all's or ``timeout``'s, reaches the part

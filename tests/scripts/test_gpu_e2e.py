@@ -60,6 +60,23 @@ def test_a_failed_target_costs_no_other_target_its_steps(monkeypatch, tmp_path):
                                                           "steps.txt"]
 
 
+def test_each_target_gets_a_share_of_the_steps_part(monkeypatch, tmp_path):
+    """With the part's limit, a target that uses its share (what is left over the targets still to run) stops after
+    the level in progress and keeps its levels; the next target still starts. Here the shares are ~0 s: each target
+    keeps its first level only. Without a limit (a direct run) nothing is cut."""
+    e2e = _load(monkeypatch)
+    args = argparse.Namespace(out=str(tmp_path), context_len=16, concurrency="1,2", targets="tiny,tiny-hybrid",
+                              steps=1, part_limit=e2e.SHARE_RESERVE_S)
+    assert e2e.run_part("steps", args) == 1
+    doc = json.loads((tmp_path / "steps.json").read_text())
+    assert [(e["target"], e["points_kept"]) for e in doc["errors"]] == [("tiny", 1), ("tiny-hybrid", 1)]
+    assert all("TargetShareUsed" in e["error"] and "share of the part's time" in e["error"] for e in doc["errors"])
+    assert [[p["concurrency"] for p in r["points"]] for r in doc["reports"]] == [[1], [1]]
+    (tmp_path / "all").mkdir()
+    doc = e2e.part_steps(tmp_path / "all", 16, "1,2", ["tiny"], 1, limit=None)
+    assert doc["errors"] == [] and [p["concurrency"] for p in doc["reports"][0]["points"]] == [1, 2]
+
+
 def test_concurrent_lossless_cells_stopped_at_the_limit_keep_their_rows(tmp_path):
     """The lossless cells as processes at once (on a GPU all six: the tiny pairs leave it idle). Stopped at the
     part's limit (SIGTERM to its process group, as gpu_e2e's and run_all's limits send it) after one cell has
