@@ -15,8 +15,9 @@
 #        (scripts/gpu_check/run_all.py: the device tool brings back at most 8 files)
 #        scripts/gpu_check.sh --sanitize OUT_DIR [--limit S] [--tools memcheck,racecheck,synccheck]   the kernels'
 #        small correctness cases under compute-sanitizer (scripts/gpu_check/sanitize.py): OUT_DIR/sanitize.json
-#        scripts/gpu_check.sh --profile OUT_DIR [--limit S]   the timed workloads under Nsight Compute (hardware
-#        counters, warp stalls, the SASS lines that stall; scripts/gpu_check/profile.py): OUT_DIR/profile.json + CSVs
+#        scripts/gpu_check.sh --profile OUT_DIR [--limit S] [--workloads a,b|all]   the timed workloads under Nsight
+#        Compute (hardware counters, warp stalls, the SASS lines that stall; scripts/gpu_check/profile.py):
+#        OUT_DIR/profile.json + CSVs
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"

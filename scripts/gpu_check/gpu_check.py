@@ -704,57 +704,81 @@ PROFILE_WORKLOADS = ("conv_unfused", "conv_fused", "scan_greedy", "scan_sample",
                      "gdn_prefill")   # profile_workloads' calls, in order (profile.py asks for these)
 
 
-def profile_workloads(ext, manifest: Path | None = None) -> list[dict]:
-    """The timed workloads above, each called once untimed (warm-up: module load, first-use allocations) and then once
-    inside an NVTX push/pop range ``df2prof_<name>``, for Nsight Compute to profile the range's launches alone
-    (scripts/gpu_check/profile.py: ``ncu --nvtx --nvtx-include df2prof_<name>/``). ``manifest`` gets the workloads in
-    order with what each call is."""
+def profile_workloads(ext, manifest: Path | None = None, only=None) -> list[dict]:
+    """The timed workloads above (``only``: those of them, in PROFILE_WORKLOADS' order; their inputs alone are made),
+    each called once untimed (warm-up: module load, first-use allocations) and then once inside an NVTX push/pop range
+    ``df2prof_<name>``, for Nsight Compute to profile the range's launches alone (scripts/gpu_check/profile.py:
+    ``ncu --nvtx --nvtx-include df2prof_<name>/``). ``manifest`` gets the workloads in order with what each call is."""
     import torch
+    wanted = PROFILE_WORKLOADS if only is None else tuple(w for w in PROFILE_WORKLOADS if w in set(only))
+    unknown = sorted(set(only or ()) - set(PROFILE_WORKLOADS))
+    if unknown:
+        raise ValueError(f"profile workloads {unknown}: expected some of {', '.join(PROFILE_WORKLOADS)}")
     hk, hv, dk, dv, kc = QWEN_GDN_HEADS
     s = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
-    loads: list[tuple] = []   # (name, what, the call, what runs before each call or None)
-    t, h, k, g, bs = 8192, 5120, 2, 16, 16
-    x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
-    delta = (0.3 * torch.randn(t, k, h // g, device="cuda")).to(torch.bfloat16)
-    base = torch.randn(k, h, device="cuda").to(torch.bfloat16)
-    res = torch.randn(t, h, device="cuda")
-    loads.append(("conv_unfused", f"conv {t} tok x H {h} bf16, K {k}, G {g}",
-                  lambda: ext.conv(x, delta, base, None, bs, g, s()), None))
-    loads.append(("conv_fused", "the same with the fp32 residual", lambda: ext.conv(x, delta, base, res, bs, g, s()),
-                  None))
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    ins = _scan_inputs(64, 7, 16, 256, 248320, torch.bfloat16, gen)
-    for mode, m in (("greedy", 0), ("sample", 1), ("viterbi", 2)):
-        loads.append((f"scan_{mode}", f"scan {mode} B 64 L 7 K 16 R 256 bf16",
-                      lambda m=m: ext.scan(m, *ins, s()), None))
-    batch, kv = 64, 8
-    dev, attrs, gins, rnn, conv, bt = gdn_on_device(ext, (hk, hv, dk, dv, kc, kv, 64, (), (kv,) * batch), seed=7)
-    out = dev.forward(*gins, bt["types"], rnn, conv, **attrs)
-    acc = torch.full((batch,), kv // 2, dtype=torch.int32, device="cuda")
 
-    def forward():
-        dev.forward(*gins, bt["types"], rnn, conv, **attrs)
+    # each group's inputs, made only where one of its workloads is wanted: (name, what, the call, what runs before
+    # each call or None)
+    def conv_loads():
+        t, h, k, g, bs = 8192, 5120, 2, 16, 16
+        x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+        delta = (0.3 * torch.randn(t, k, h // g, device="cuda")).to(torch.bfloat16)
+        base = torch.randn(k, h, device="cuda").to(torch.bfloat16)
+        res = torch.randn(t, h, device="cuda")
+        return [("conv_unfused", f"conv {t} tok x H {h} bf16, K {k}, G {g}",
+                 lambda: ext.conv(x, delta, base, None, bs, g, s()), None),
+                ("conv_fused", "the same with the fp32 residual", lambda: ext.conv(x, delta, base, res, bs, g, s()),
+                 None)]
 
-    def commit():
-        dev.commit(out[1], out[2], gins[1], acc, gins[6], gins[7], bt["types"], rnn, conv, **attrs)
+    def scan_loads():
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        ins = _scan_inputs(64, 7, 16, 256, 248320, torch.bfloat16, gen)
+        return [(f"scan_{mode}", f"scan {mode} B 64 L 7 K 16 R 256 bf16", lambda m=m: ext.scan(m, *ins, s()), None)
+                for mode, m in (("greedy", 0), ("sample", 1), ("viterbi", 2))]
 
-    # a forward after a commit, so that every slot folds Kv / 2 pending records (as in bench_gdn_point's step)
-    loads.append(("gdn_forward", f"gdn forward B {batch} x Kv {kv}, Qwen3.8-27B tp 1 heads, bf16, {kv // 2} records "
-                  "pending per slot", forward, commit))
-    loads.append(("gdn_commit", f"its commit ({kv // 2} accepted)", commit, forward))
+    def gdn_loads():
+        batch, kv = 64, 8
+        dev, attrs, gins, rnn, conv, bt = gdn_on_device(ext, (hk, hv, dk, dv, kc, kv, 64, (), (kv,) * batch), seed=7)
+        out = dev.forward(*gins, bt["types"], rnn, conv, **attrs)
+        acc = torch.full((batch,), kv // 2, dtype=torch.int32, device="cuda")
 
-    for tag, env in GDN_VARIANTS.items():
-        def variant(env=env):
-            with gdn_variant(env):
-                forward()
+        def forward():
+            dev.forward(*gins, bt["types"], rnn, conv, **attrs)
 
-        loads.append((f"gdn_forward{tag}", f"the same forward with {env}", variant, commit))
-    pdev, pattrs, pins, prnn, pconv, pbt = gdn_on_device(ext, (*QWEN_GDN_HEADS, 8, 64, (8192,), ()), seed=9)
-    zero = torch.ones(1, dtype=torch.int32, device="cuda")
-    loads.append(("gdn_prefill", "gdn forward, one 8192-token prompt, chunk 64",
-                  lambda: pdev.forward(*pins, pbt["types"], prnn, pconv, zero_state=zero, **pattrs), None))
-    if tuple(w[0] for w in loads) != PROFILE_WORKLOADS:
-        raise AssertionError(f"profile_workloads: {[w[0] for w in loads]} is not PROFILE_WORKLOADS")
+        def commit():
+            dev.commit(out[1], out[2], gins[1], acc, gins[6], gins[7], bt["types"], rnn, conv, **attrs)
+
+        # a forward after a commit, so that every slot folds Kv / 2 pending records (as in bench_gdn_point's step)
+        loads = [("gdn_forward", f"gdn forward B {batch} x Kv {kv}, Qwen3.8-27B tp 1 heads, bf16, {kv // 2} records "
+                  "pending per slot", forward, commit),
+                 ("gdn_commit", f"its commit ({kv // 2} accepted)", commit, forward)]
+        for tag, env in GDN_VARIANTS.items():
+            def variant(env=env):
+                with gdn_variant(env):
+                    forward()
+
+            loads.append((f"gdn_forward{tag}", f"the same forward with {env}", variant, commit))
+        return loads
+
+    def prefill_loads():
+        pdev, pattrs, pins, prnn, pconv, pbt = gdn_on_device(ext, (*QWEN_GDN_HEADS, 8, 64, (8192,), ()), seed=9)
+        zero = torch.ones(1, dtype=torch.int32, device="cuda")
+        return [("gdn_prefill", "gdn forward, one 8192-token prompt, chunk 64",
+                 lambda: pdev.forward(*pins, pbt["types"], prnn, pconv, zero_state=zero, **pattrs), None)]
+
+    groups = ((("conv_unfused", "conv_fused"), conv_loads), (("scan_greedy", "scan_sample", "scan_viterbi"), scan_loads),
+              (("gdn_forward", "gdn_commit", *(f"gdn_forward{tag}" for tag in GDN_VARIANTS)), gdn_loads),
+              (("gdn_prefill",), prefill_loads))
+    # the groups' names are PROFILE_WORKLOADS, in its order (profile.py asks ncu for these ranges)
+    if tuple(n for names, _ in groups for n in names) != PROFILE_WORKLOADS:
+        raise AssertionError("profile_workloads: its groups are not PROFILE_WORKLOADS")
+    loads = []
+    for names, build in groups:
+        if any(n in wanted for n in names):
+            built = build()
+            if tuple(w[0] for w in built) != names:
+                raise AssertionError(f"profile_workloads: {[w[0] for w in built]} is not {names}")
+            loads += [w for w in built if w[0] in wanted]
     done = []
     for name, what, fn, prep in loads:
         for f in (prep, fn, prep):
@@ -785,6 +809,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-workloads", type=Path, metavar="MANIFEST",
                    help="no checks: each timed workload once inside an NVTX range df2prof_<name>, for Nsight Compute "
                         "(scripts/gpu_check/profile.py); the workloads' list to MANIFEST (JSON)")
+    p.add_argument("--only", help="with --profile-workloads: these workloads (comma-separated) of "
+                                  + ", ".join(PROFILE_WORKLOADS))
     args = p.parse_args(argv)
 
     try:
@@ -803,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"gpu_check: building the plugins' CUDA library failed: {e}")
         return 2
     if args.profile_workloads is not None:
-        profile_workloads(ext, args.profile_workloads)
+        profile_workloads(ext, args.profile_workloads, only=args.only.split(",") if args.only else None)
         return 0
     results: dict = {}
     import tempfile

@@ -3,9 +3,10 @@
 gpu_check.py times the kernels against their bounds; where a kernel misses, its time alone does not say why (the scan
 at 3x its estimate, the GDN recurrence at 40% of its DRAM bound on the first H100 run). This runs
 ``gpu_check.py --profile-workloads`` (each timed workload once untimed, then once inside an NVTX range
-``df2prof_<name>``: the conv unfused / fused, the scan's three modes, the GDN decode forward and commit at B 64 x Kv 8
-and one 8192-token GDN prefill) under ``ncu --clock-control none`` with the sections of :data:`SECTIONS`, profiling
-only the launches inside those ranges, and exports the report as CSV:
+``df2prof_<name>``; by default :data:`DEFAULT_WORKLOADS`: the conv, the scan greedy and sample, the GDN decode forward
+(and its prefetching variant) and commit at B 64 x Kv 8; ``--workloads all`` adds the fused conv, viterbi, the other
+GDN variants and one 8192-token prefill) under ``ncu --clock-control none`` with the sections of :data:`SECTIONS`,
+profiling only the launches inside those ranges, and exports the report as CSV:
 
 - ``profile-raw.csv``: one row per profiled launch, every collected metric (base units);
 - ``profile-details.csv``: the sections as ncu prints them, with its rules' advice;
@@ -58,6 +59,10 @@ def _gpu_check():
 _GC = _gpu_check()
 WORKLOADS = _GC.PROFILE_WORKLOADS   # gpu_check.py's profile_workloads, in its order: NVTX ranges df2prof_<name>
 RANGE = _GC.PROFILE_RANGE
+# profiled by default: what decides the next kernel work, inside run_all's ~85-120 s (ncu saves and restores the
+# memory a launch writes before each of its replay passes: the GDN forward's pools cost seconds per launch);
+# --workloads all for every one (a second call)
+DEFAULT_WORKLOADS = ("conv_unfused", "scan_greedy", "scan_sample", "gdn_forward", "gdn_commit", "gdn_forward_prefetch")
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats", "SchedulerStats", "MemoryWorkloadAnalysis",
             "ComputeWorkloadAnalysis", "InstructionStats", "SourceCounters")
 # headline metrics of profile.json (raw page names; those the sections did not collect are left out)
@@ -106,16 +111,17 @@ def find_ncu() -> str | None:
     return opt[-1] if opt else None
 
 
-def profile_argv(ncu: str, report: Path, manifest: Path, lib: str | None, python: str = sys.executable) -> list[str]:
+def profile_argv(ncu: str, report: Path, manifest: Path, lib: str | None, workloads=DEFAULT_WORKLOADS,
+                 python: str = sys.executable) -> list[str]:
     """The profiling run: only the launches inside the workloads' NVTX ranges, the clocks left as they are."""
     argv = [ncu, "--clock-control", "none", "--nvtx"]
-    for w in WORKLOADS:
+    for w in workloads:
         argv += ["--nvtx-include", f"{RANGE}_{w}/"]
     for s in SECTIONS:
         argv += ["--section", s]
     argv += ["--metrics", ",".join(METRICS)]
     argv += ["--import-source", "no", "--force-overwrite", "--export", str(report),
-             python, str(HERE / "gpu_check.py"), "--profile-workloads", str(manifest)]
+             python, str(HERE / "gpu_check.py"), "--profile-workloads", str(manifest), "--only", ",".join(workloads)]
     return argv + (["--lib", lib] if lib else [])
 
 
@@ -290,7 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=float, default=180.0,
                    help="seconds for the profiling run (default 180; the exports get what is left, at least 20)")
     p.add_argument("--lib", help="a prebuilt CUDA build of the plugins (default: built or found in the cache)")
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                   help=f"comma-separated, of {', '.join(WORKLOADS)}; or all (default: {','.join(DEFAULT_WORKLOADS)})")
     args = p.parse_args(argv)
+    args.workloads = list(WORKLOADS) if args.workloads == "all" else [w for w in args.workloads.split(",") if w]
+    bad = [w for w in args.workloads if w not in WORKLOADS]
+    if bad or not args.workloads:
+        print(f"error: --workloads: expected a comma-separated list of {', '.join(WORKLOADS)} (or all), got "
+              f"{','.join(bad) or 'nothing'}", file=sys.stderr)
+        return 2
     if not args.limit > 0:
         print(f"error: --limit must be a positive number of seconds, got {args.limit}", file=sys.stderr)
         return 2
@@ -323,11 +337,11 @@ def _run(args, ncu: str, deadline: float) -> int:
 
 def _profile(args, ncu: str, lib: str, report: Path, deadline: float) -> int:
     log = args.out / "profile-ncu.log"
-    doc: dict = {"ncu": ncu, "lib": lib, "sections": list(SECTIONS), "workloads": list(WORKLOADS)}
+    doc: dict = {"ncu": ncu, "lib": lib, "sections": list(SECTIONS), "workloads": list(args.workloads)}
     t0 = time.monotonic()
     limit = max(deadline - time.monotonic() - 2 * EXPORT_MIN_S, MIN_PROFILE_S)
-    rc = run_limited(profile_argv(ncu, report, args.out / "profile-manifest.json", lib), limit, log, own_group=True,
-                     cwd=REPO, env=NCU_ENV, ladder=STOP_LADDER)
+    rc = run_limited(profile_argv(ncu, report, args.out / "profile-manifest.json", lib, args.workloads), limit, log,
+                     own_group=True, cwd=REPO, env=NCU_ENV, ladder=STOP_LADDER)
     doc["profile"] = {"exit": rc, "seconds": round(time.monotonic() - t0, 1), "limit": round(limit, 1)}
     text = log.read_text(errors="replace")
     doc["profile"]["ncu_errors"] = [ln for ln in text.splitlines() if ln.startswith("==ERROR==")][:10]

@@ -72,7 +72,10 @@ if "--import" in args:
         print('"0","pairwiseScanKernel<BF16>","GPU Speed Of Light Throughput","Duration","ns","9,876"')
     sys.exit(0)
 assert args[:4] == ["--clock-control", "none", "--nvtx", "--nvtx-include"], args
-assert args[-5].endswith("gpu_check.py") and args[-4] == "--profile-workloads" and args[-2:] == ["--lib", "/cache/lib.so"], args
+i = args.index("--profile-workloads")
+assert args[i - 1].endswith("gpu_check.py") and args[i + 2] == "--only" and args[-2:] == ["--lib", "/cache/lib.so"], args
+with open(os.environ["CALLS"] + ".only", "w") as fh:
+    fh.write(args[i + 3])
 print("==PROF== Connected to process 4242")
 if mode == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters")
@@ -113,7 +116,9 @@ def test_profile_exports_and_summary(tmp_path, fake, capsys):
     assert doc["ok"] and doc["profile"]["exit"] == 0 and doc["profile"]["ncu_errors"] == []
     calls = fake.read_text().splitlines()
     run = calls[0].split()
-    assert [run[i + 1] for i, a in enumerate(run) if a == "--nvtx-include"] == [f"df2prof_{w}/" for w in P.WORKLOADS]
+    assert [run[i + 1] for i, a in enumerate(run) if a == "--nvtx-include"] == [f"df2prof_{w}/"
+                                                                                for w in P.DEFAULT_WORKLOADS]
+    assert Path(str(fake) + ".only").read_text() == ",".join(P.DEFAULT_WORKLOADS)
     assert [run[i + 1] for i, a in enumerate(run) if a == "--section"] == list(P.SECTIONS)
     assert len(calls) == 5 and all("--import" in c and "--csv" in c for c in calls[1:])
     assert {p.name for p in out.iterdir()} >= {"profile.json", "profile-raw.csv", "profile-nvtx.csv",
@@ -201,9 +206,23 @@ def test_without_ncu_or_with_a_bad_limit_one_error_line(tmp_path, monkeypatch, c
     assert not (tmp_path / "o").exists()
 
 
+def test_workloads_picked_and_refused(tmp_path, fake, capsys):
+    """--workloads all asks for every range gpu_check opens, in its order; an unknown name is one error line."""
+    assert P.main([str(tmp_path / "p"), "--lib", "/cache/lib.so", "--workloads", "all", "--limit", "60"]) == 0
+    run = fake.read_text().splitlines()[0].split()
+    assert [run[i + 1] for i, a in enumerate(run) if a == "--nvtx-include"] == [f"df2prof_{w}/" for w in P.WORKLOADS]
+    assert P.main([str(tmp_path / "q"), "--workloads", "scan_greedy,gdn_everything"]) == 2
+    assert capsys.readouterr().err.startswith("error: --workloads:") and not (tmp_path / "q").exists()
+    G = P._GC
+    assert G.profile_workloads(None, only=[]) == []             # nothing wanted: no inputs made, no GPU touched
+    with pytest.raises(ValueError, match="gdn_everything"):
+        G.profile_workloads(None, only=["gdn_everything"])
+
+
 def test_the_workloads_are_gpu_checks_own():
     """profile.py asks ncu for the ranges that gpu_check.py's profile_workloads opens (one list: it checks its calls
     against it before it runs them)."""
     text = (ROOT / "scripts" / "gpu_check" / "gpu_check.py").read_text()
     assert P.WORKLOADS == P._GC.PROFILE_WORKLOADS and len(P.WORKLOADS) == 11
     assert "!= PROFILE_WORKLOADS" in text[text.index("def profile_workloads"):text.index("def main")]
+    assert set(P.DEFAULT_WORKLOADS) <= set(P.WORKLOADS)
