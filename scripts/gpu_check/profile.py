@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import importlib.util
 import io
 import json
@@ -46,6 +45,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from dflash2_trt.bench.io import atomic_write_text  # noqa: E402 - the repository's package, from this checkout
 from dflash2_trt.children import run_limited  # noqa: E402
+from dflash2_trt.cudatools import find_cuda_tool  # noqa: E402
 
 
 
@@ -101,14 +101,7 @@ MAX_REPORT_BYTES = 6 << 20
 
 def find_ncu() -> str | None:
     """ncu on PATH, else under CUDA_HOME / CUDA_PATH / /usr/local/cuda, else the newest /opt/nvidia/nsight-compute."""
-    found = shutil.which("ncu")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and (Path(root) / "bin" / "ncu").is_file():
-            return str(Path(root) / "bin" / "ncu")
-    opt = sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))
-    return opt[-1] if opt else None
+    return find_cuda_tool("ncu", ("/opt/nvidia/nsight-compute/*/ncu",))
 
 
 def profile_argv(ncu: str, report: Path, manifest: Path, lib: str | None, workloads=DEFAULT_WORKLOADS,

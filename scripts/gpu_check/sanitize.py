@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -37,6 +35,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from dflash2_trt.bench.io import atomic_write_text  # noqa: E402 - the repository's package, from this checkout
 from dflash2_trt.children import run_limited  # noqa: E402
+from dflash2_trt.cudatools import find_cuda_tool  # noqa: E402
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
 ERROR_EXIT = 86          # compute-sanitizer's exit status when it reported an error (--error-exitcode)
@@ -51,14 +50,8 @@ STOP_LADDER = ((signal.SIGTERM, 3.0), (signal.SIGKILL, None))
 
 
 def find_sanitizer() -> str | None:
-    """compute-sanitizer on PATH, else under CUDA_HOME or /usr/local/cuda."""
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and (Path(root) / "bin" / "compute-sanitizer").is_file():
-            return str(Path(root) / "bin" / "compute-sanitizer")
-    return None
+    """compute-sanitizer on PATH, else under CUDA_HOME / CUDA_PATH / /usr/local/cuda."""
+    return find_cuda_tool("compute-sanitizer")
 
 
 def tool_argv(sanitizer: str, tool: str, lib: str | None = None, *, filtered: bool = True,

@@ -23,7 +23,6 @@ import contextlib
 import ctypes
 import os
 import re
-import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ... import plugins
+from ...cudatools import find_cuda_tool
 from ...errors import ConfigError, MissingDependencyError
 from ..cpu.plugin_libs import (DTYPE_CODES, PluginBuildError, PluginRunError, cache_dir, compile_atomic,
                                 local_headers, sources_digest)
@@ -57,10 +57,10 @@ SCAN_MODES = {"greedy": 0, "sample": 1, "viterbi": 2}
 
 
 def nvcc_path() -> str:
-    """nvcc on PATH, else ``$CUDA_HOME/bin/nvcc``, else ``/usr/local/cuda/bin/nvcc``."""
-    for cand in (shutil.which("nvcc"), Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"):
-        if cand and Path(cand).is_file():
-            return str(cand)
+    """nvcc on PATH, else ``$CUDA_HOME/bin/nvcc`` (or ``$CUDA_PATH``'s), else ``/usr/local/cuda/bin/nvcc``."""
+    found = find_cuda_tool("nvcc")
+    if found:
+        return found
     raise MissingDependencyError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): the cuda backend "
                                  "compiles the plugins' CUDA kernels on first use; install the CUDA toolkit")
 
