@@ -131,10 +131,13 @@ class SessionGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        # thread-local capture mode, as the executor's CudaGraphExecutor captures; on the session's stream
-        with torch.cuda.graph(graph, pool=self._pool, stream=s.stream, capture_error_mode="thread_local"):
-            if not run(addresses):
-                raise RuntimeError("TensorRT's execute_async_v3 failed while capturing")
+        # thread-local capture mode, as the executor's CudaGraphExecutor captures; on the session's stream. The outer
+        # stream context puts the caller's current stream back also when the capture fails: torch's graph context
+        # leaves its capture stream current when capture_end raises (steps.graph_replay_ms does the same)
+        with torch.cuda.stream(torch.cuda.current_stream()):
+            with torch.cuda.graph(graph, pool=self._pool, stream=s.stream, capture_error_mode="thread_local"):
+                if not run(addresses):
+                    raise RuntimeError("TensorRT's execute_async_v3 failed while capturing")
         return graph
 
     def replay(self, entry: dict, bound: dict, run) -> None:
