@@ -18,6 +18,19 @@ def _cpu_backend_by_default():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _no_shared_memory_left():
+    """The suite's MPI and Triton jobs create shared-memory segments in /dev/shm; the tests that kill a job on purpose
+    (an abrupt stop, a rank that never closes) leave theirs (7 MPICH segments of 2 MB and a 1 MB python-backend
+    region per run, seen accumulating on a development machine). At the end of the session, the segments that
+    appeared during it and that no process maps any more are removed."""
+    from dflash2_trt.testing.processes import remove_orphan_segments, shm_segments
+
+    before = shm_segments()
+    yield
+    remove_orphan_segments(shm_segments() - before)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _tiny_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("dflash2-cache")
     old = os.environ.get("DFLASH2_TRT_CACHE")
