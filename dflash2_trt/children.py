@@ -8,6 +8,7 @@ outright (SIGKILL, the out-of-memory killer), nothing of its own can run: on Lin
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -77,3 +78,20 @@ def run_limited(argv: list[str], limit: float, log, *, own_group: bool, cwd=None
             stop(proc, ((signal.SIGKILL, None),), group=own_group)
             raise
     return 128 - rc if rc < 0 else rc
+
+
+def _raise_stop(signum, frame):  # noqa: ARG001
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def stop_signals_raise():
+    """Inside, SIGTERM and SIGINT raise ``SystemExit(128 + N)``, so that a stop from outside (a part's limit, Ctrl-C)
+    reaches :func:`run_limited`'s wait, which then kills its child's group (a child in a session of its own is out of
+    reach of a stop aimed at this process's group); the handlers before are put back on the way out."""
+    before = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

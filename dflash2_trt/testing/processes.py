@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import glob
+import os
+
 
 def process_alive(pid: int) -> bool:
     """Running: it exists and is not a zombie (a child whose parent has ended, not yet reaped, has ended)."""
@@ -19,13 +22,11 @@ SUITE_SHM_PATTERNS = ("/dev/shm/mpich_shm_*", "/dev/shm/dflash2test*")
 
 
 def shm_segments(patterns=SUITE_SHM_PATTERNS) -> set[str]:
-    import glob
     return {p for pat in patterns for p in glob.glob(pat)}
 
 
 def mapped_files() -> set[str]:
     """Every file some process of this machine maps (its /proc/<pid>/maps, where readable)."""
-    import glob
     found: set[str] = set()
     for maps in glob.glob("/proc/[0-9]*/maps"):
         try:
@@ -46,7 +47,6 @@ def remove_orphan_segments(created: set[str]) -> list[str]:
     removed = []
     for path in sorted(created - mapped):
         try:
-            import os
             os.unlink(path)
             removed.append(path)
         except OSError:

@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from dflash2_trt.bench.io import atomic_write_text  # noqa: E402 - the repository's package, from this checkout
-from dflash2_trt.children import run_limited  # noqa: E402
+from dflash2_trt.children import run_limited, stop_signals_raise  # noqa: E402
 from dflash2_trt.cudatools import find_cuda_tool  # noqa: E402
 
 
@@ -251,10 +251,6 @@ def summarize(raw: str, source: str | None, nvtx: str | None) -> list[dict]:
     return launches
 
 
-def _on_signal(signum, frame):  # noqa: ARG001
-    """Stopped from outside (run_all's part limit, Ctrl-C): raised inside the wait, which then kills ncu's group."""
-    raise SystemExit(128 + signum)
-
 
 def prebuild() -> str:
     """The plugins' CUDA library, from the cache or built now, before ncu's limit starts."""
@@ -307,12 +303,8 @@ def main(argv: list[str] | None = None) -> int:
               "/opt/nvidia/nsight-compute): nothing was run", file=sys.stderr)
         return 2
     deadline = time.monotonic() + args.limit
-    before = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stop_signals_raise():   # a stop from outside kills the running tool's group first
         return _run(args, ncu, deadline)
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def _run(args, ncu: str, deadline: float) -> int:

@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from dflash2_trt.bench.io import atomic_write_text  # noqa: E402 - the repository's package, from this checkout
-from dflash2_trt.children import run_limited  # noqa: E402
+from dflash2_trt.children import run_limited, stop_signals_raise  # noqa: E402
 from dflash2_trt.cudatools import find_cuda_tool  # noqa: E402
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -67,11 +67,6 @@ def run_tool(argv: list[str], limit: float, log: Path) -> int:
     return run_limited(argv, limit, log, own_group=True, cwd=REPO, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
                        ladder=STOP_LADDER)
 
-
-def _on_signal(signum, frame):  # noqa: ARG001
-    """Stopped from outside (run_all's part limit, Ctrl-C): raised inside run_tool's wait, which then kills the tool's
-    group (it runs in a session of its own, out of reach of a stop aimed at this process's group)."""
-    raise SystemExit(128 + signum)
 
 
 def option_refused(text: str) -> bool:
@@ -127,12 +122,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     deadline = time.monotonic() + args.limit
-    before = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stop_signals_raise():   # a stop from outside kills the running tool's group first
         return _run(args, tools, sanitizer, deadline)
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def _run(args, tools: list[str], sanitizer: str, deadline: float) -> int:
