@@ -262,21 +262,22 @@ def prebuild() -> str:
 NCU_ENV = {"LC_ALL": "C", "LANG": "C"}
 
 
-def export(ncu: str, report: Path, page: str, dest: Path, limit: float) -> dict:
-    """One export to ``dest`` (written whole or not at all); its exit status and, on failure, its last line."""
+def export(ncu: str, report: Path, page: str, dest: Path, limit: float) -> tuple[dict, str | None]:
+    """One export to ``dest`` (written whole or not at all): its record (exit status; on failure, its last line) and
+    its text (None where it failed: a file of that name left by an earlier run in the same folder is not read)."""
     t0 = time.monotonic()
     try:
         proc = subprocess.run(export_argv(ncu, report, page), capture_output=True, text=True, timeout=limit,
                               env={**os.environ, **NCU_ENV})
     except subprocess.TimeoutExpired:
-        return {"exit": 124, "seconds": round(time.monotonic() - t0, 1)}
+        return {"exit": 124, "seconds": round(time.monotonic() - t0, 1)}, None
     rec = {"exit": proc.returncode, "seconds": round(time.monotonic() - t0, 1)}
     if proc.returncode == 0 and proc.stdout.strip():
         atomic_write_text(dest, proc.stdout)
         rec["bytes"] = len(proc.stdout)
-    else:
-        rec["error"] = ((proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"])[-1][:300]
-    return rec
+        return rec, proc.stdout
+    rec["error"] = ((proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"])[-1][:300]
+    return rec, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,12 +336,13 @@ def _profile(args, ncu: str, lib: str, report: Path, deadline: float) -> int:
         print(f"  {ln}", flush=True)
     ok = report.is_file()
     exports: dict = {}
+    texts: dict = {}
     pages = (("raw", "profile-raw.csv"), ("nvtx", "profile-nvtx.csv"), ("source", "profile-source.csv"),
              ("details", "profile-details.csv"))
     if ok:
         for i, (page, name) in enumerate(pages):
             share = max((deadline - time.monotonic()) / (len(pages) - i), EXPORT_MIN_S)
-            exports[page] = export(ncu, report, page, args.out / name, min(share, EXPORT_LIMIT_S))
+            exports[page], texts[page] = export(ncu, report, page, args.out / name, min(share, EXPORT_LIMIT_S))
             print(f"profile: export {page}: exit {exports[page]['exit']}"
                   + (f" ({exports[page]['error']})" if "error" in exports[page] else ""), flush=True)
     doc["exports"] = exports
@@ -350,12 +352,8 @@ def _profile(args, ncu: str, lib: str, report: Path, deadline: float) -> int:
         if size <= MAX_REPORT_BYTES:
             shutil.copyfile(report, args.out / "profile.ncu-rep")
 
-    def read(name: str) -> str | None:
-        path = args.out / name
-        return path.read_text(errors="replace") if path.is_file() else None
-
-    raw = read("profile-raw.csv")
-    launches = summarize(raw, read("profile-source.csv"), read("profile-nvtx.csv")) if raw else []
+    raw = texts.get("raw")
+    launches = summarize(raw, texts.get("source"), texts.get("nvtx")) if raw else []
     doc["launches"] = launches
     doc["ok"] = bool(ok and launches)
     atomic_write_text(args.out / "profile.json", json.dumps(doc, indent=1))
