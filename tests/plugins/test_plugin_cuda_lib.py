@@ -41,8 +41,12 @@ def _forbid_compiling(monkeypatch) -> None:
             return subprocess.CompletedProcess(cmd, 0, cl.nvcc_version(cl.nvcc_path()), "")
         raise AssertionError(f"recompiled: {cmd}")
 
+    def no_process(cmd, *a, **k):
+        raise AssertionError(f"recompiled: {cmd}")
+
     monkeypatch.setattr(cl.subprocess, "run", no_compile)
-    monkeypatch.setattr(plugin_libs.subprocess, "run", no_compile)      # where the compiler would run
+    monkeypatch.setattr(plugin_libs.subprocess, "run", no_compile)      # where the link would run
+    monkeypatch.setattr(plugin_libs.subprocess, "Popen", no_process)    # where the sources would be compiled
 
 
 def test_build_is_cached_by_content(built, monkeypatch, tmp_path):

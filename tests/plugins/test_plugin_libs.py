@@ -178,6 +178,29 @@ def test_unknown_plugin():
         build_cpu_plugin("Nope")
 
 
+
+def test_parallel_compiles_stop_at_the_first_failure(tmp_path):
+    """compile_parallel (the CUDA build's one-nvcc-per-source step): every command gets ``-o OBJECT``; the first one
+    that fails is named with its stderr, and the compilers still running are stopped, not waited for."""
+    import time
+
+    ok = [(["sh", "-c", 'touch "$2"', "cc"], tmp_path / f"{i}.o") for i in range(3)]
+    plugin_libs.compile_parallel(ok, "cc", "lib.so", jobs=2)
+    assert all(obj.is_file() for _, obj in ok)
+    marker = tmp_path / "slow-finished"
+    slow = (["sh", "-c", f"sleep 23.25; touch {marker}", "cc"], tmp_path / "slow.o")
+    bad = (["sh", "-c", "echo 'kernel.cu(3): error: no such thing' >&2; exit 2", "cc"], tmp_path / "bad.o")
+    t0 = time.monotonic()
+    with pytest.raises(PluginBuildError) as e:
+        plugin_libs.compile_parallel([slow, bad], "cc", "lib.so", jobs=2)
+    assert time.monotonic() - t0 < 10 and not marker.exists()
+    # the compiler's own children (nvcc's cicc, ptxas; here the shell's sleep) are stopped with it
+    assert subprocess.run(["pgrep", "-f", "sleep 23.25"], capture_output=True).returncode == 1
+    msg = str(e.value)
+    assert msg.startswith("cc failed (exit 2) building lib.so") and "kernel.cu(3): error: no such thing" in msg
+    assert f"-o {tmp_path / 'bad.o'}" in msg
+
+
 @needs_gxx
 def test_concurrent_processes_share_one_build(cache):
     code = ("from dflash2_trt.trtllm.cpu.plugin_libs import build_cpu_plugin, ConvLib; "

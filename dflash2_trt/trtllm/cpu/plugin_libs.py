@@ -24,15 +24,18 @@ The sources are read from :func:`dflash2_trt.plugins.plugin_dir` (``DFLASH2_PLUG
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +58,8 @@ __all__ = [
     "cpu_plugin_sources",
     "compile_shared",
     "compile_atomic",
+    "compile_parallel",
+    "build_jobs",
     "build_cpu_plugin",
     "descs",
     "local_headers",
@@ -232,6 +237,59 @@ def compile_atomic(argv: Sequence[str], out: str | os.PathLike, tool: str) -> Pa
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def build_jobs() -> int:
+    """How many compilers a build runs at once: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def compile_parallel(commands: Sequence[tuple[Sequence[str], Path]], tool: str, what: str,
+                     jobs: int | None = None) -> None:
+    """Run each ``(argv, object)`` compile (``argv -o object``), at most ``jobs`` (default :func:`build_jobs`) at
+    once, in the order given (put the longest first). The first failure stops the others and raises PluginBuildError
+    with its command and the end of its stderr; an interrupt stops them too. Each compiler's stderr goes to a file
+    next to its object (a pipe read only at the end could fill and stall it)."""
+    jobs = max(1, jobs or build_jobs())
+    pending = list(commands)
+    running: list[tuple[subprocess.Popen, list[str], Path]] = []
+    started: list[subprocess.Popen] = []
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                argv, obj = pending.pop(0)
+                cmd = [*argv, "-o", str(obj)]
+                err = Path(f"{obj}.stderr")
+                try:
+                    with open(err, "w") as fh:
+                        # a process group of its own: stopping it stops nvcc's cicc / ptxas too
+                        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, stdin=subprocess.DEVNULL,
+                                                process_group=0)
+                except OSError as e:
+                    raise PluginBuildError(f"could not run {tool} ({e}): {shlex.join(cmd)}") from None
+                started.append(proc)
+                running.append((proc, cmd, err))
+            for item in list(running):
+                proc, cmd, err = item
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                running.remove(item)
+                if rc != 0:
+                    raise PluginBuildError(
+                        f"{tool} failed (exit {rc}) building {what}\ncommand: {shlex.join(cmd)}\n"
+                        f"stderr:\n{_tail(err.read_text(errors='replace')) or '(empty)'}")
+            if running:
+                time.sleep(0.05)
+    finally:
+        for proc in started:      # a failure or an interrupt: no compiler is left running
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def build_cpu_plugin(name: str) -> Path:

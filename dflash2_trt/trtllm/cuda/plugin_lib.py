@@ -10,8 +10,9 @@ and a call can be captured in a CUDA graph (nothing allocates or synchronises in
 :func:`build_cuda_plugins` compiles one library per GPU architecture into
 ``$DFLASH2_TRT_CACHE/plugins-cuda/<sha256>/libdf2_cuda_sm<arch>.so``; the hash covers nvcc's version, the flags,
 the architecture and the bytes of every source and local header, so an edited kernel gets a new build and an
-unchanged one is never rebuilt (the CPU builds' scheme, :mod:`dflash2_trt.trtllm.cpu.plugin_libs`). The build is
-written to a temporary file in its directory and renamed into place. The architecture is the visible GPU's
+unchanged one is never rebuilt (the CPU builds' scheme, :mod:`dflash2_trt.trtllm.cpu.plugin_libs`). The sources
+are compiled in parallel (one nvcc per source, as many as there are CPUs, the longest first) into a temporary folder
+beside the build, linked into a temporary file and renamed into place. The architecture is the visible GPU's
 (``sm_90a`` on Hopper, ``sm_100a`` on Blackwell: the arch-specific targets ``plugins/CMakeLists.txt`` builds), or
 ``DFLASH2_CUDA_ARCH`` (e.g. ``90a``) to build without a GPU. cudart is linked statically, so the library loads on a
 machine without a GPU (its calls then fail with CUDA's error, one line).
@@ -23,7 +24,9 @@ import contextlib
 import ctypes
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +36,8 @@ import torch
 from ... import plugins
 from ...cudatools import find_cuda_tool
 from ...errors import ConfigError, MissingDependencyError
-from ..cpu.plugin_libs import (DTYPE_CODES, PluginBuildError, PluginRunError, cache_dir, compile_atomic,
-                                local_headers, sources_digest)
+from ..cpu.plugin_libs import (DTYPE_CODES, PluginBuildError, PluginRunError, build_jobs, cache_dir,
+                                compile_atomic, compile_parallel, local_headers, sources_digest)
 
 SOURCES: tuple[str, ...] = (
     "common/df2CudaEntry.cpp",
@@ -44,9 +47,13 @@ SOURCES: tuple[str, ...] = (
 )
 # -ffp-contract=off for the host code (the Params files), as plugins/CMakeLists.txt; the kernels' arithmetic is
 # explicit (mulRn/addRn/fmaRn intrinsics), so nvcc's own contraction does not reach it.
-NVCC_FLAGS: tuple[str, ...] = ("-std=c++17", "-O3", "-shared", "-cudart", "static", "-Xcompiler",
-                               "-fPIC,-ffp-contract=off", "-Xptxas", "-warn-spills")
-_HASH_VERSION = b"dflash2-trt plugins-cuda 1\0"
+# Each source is compiled on its own (``nvcc -c``, as many at once as there are CPUs: the Gated DeltaNet's kernels
+# alone take most of the build), then the objects are linked into one library with cudart static.
+NVCC_COMPILE_FLAGS: tuple[str, ...] = ("-std=c++17", "-O3", "-Xcompiler", "-fPIC,-ffp-contract=off", "-Xptxas",
+                                       "-warn-spills")
+NVCC_LINK_FLAGS: tuple[str, ...] = ("-shared", "-cudart", "static")
+NVCC_FLAGS: tuple[str, ...] = (*NVCC_COMPILE_FLAGS, *NVCC_LINK_FLAGS)   # what the build's hash covers
+_HASH_VERSION = b"dflash2-trt plugins-cuda 2\0"
 _ARCH = re.compile(r"^[0-9]{2,3}[af]?$")
 _MSG_LEN = 512
 INT64_CODE = 4   # dflash2::DType::kINT64 (pointer-valued host inputs)
@@ -137,10 +144,23 @@ def build_cuda_plugins(arch: str | None = None, *, progress=None) -> Path:
     out = cache_dir() / "plugins-cuda" / src.digest(arch, nvcc_version(nvcc)) / f"libdf2_cuda_sm{arch}.so"
     if out.is_file():
         return out
+    jobs = min(build_jobs(), len(src.sources))
     if progress:
-        progress(f"[plugins] nvcc sm_{arch}: {out}")
-    return compile_atomic([nvcc, *NVCC_FLAGS, f"-gencode={gencode(arch)}", f"-I{src.root}",
-                           *(str(s) for s in src.sources)], out, "nvcc")
+        progress(f"[plugins] nvcc sm_{arch}, {len(src.sources)} sources ({jobs} at once): {out}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        objects = Path(tempfile.mkdtemp(dir=out.parent, prefix=".objects-"))
+    except OSError as e:
+        raise PluginBuildError(f"cannot write {out.parent} ({e}); point DFLASH2_TRT_CACHE at a writable "
+                               f"directory") from None
+    try:
+        obj = {s: objects / f"{s.stem}.o" for s in src.sources}
+        longest_first = sorted(src.sources, key=lambda s: s.stat().st_size, reverse=True)
+        compile_parallel([([nvcc, *NVCC_COMPILE_FLAGS, f"-gencode={gencode(arch)}", f"-I{src.root}", "-c", str(s)],
+                           obj[s]) for s in longest_first], "nvcc", out.name, jobs)
+        return compile_atomic([nvcc, *NVCC_LINK_FLAGS, *(str(obj[s]) for s in src.sources)], out, "nvcc")
+    finally:
+        shutil.rmtree(objects, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------- the ctypes wrapper
