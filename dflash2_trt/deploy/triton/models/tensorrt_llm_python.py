@@ -16,6 +16,7 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from dflash2_trt.cpu_threads import share_cpus
 from dflash2_trt.engine.graph_rules import describe
 from dflash2_trt.deploy.triton.serving import DRAIN_ENV, ServingLoop, graph_report, open_engine, parse_request
 from dflash2_trt.errors import DFlash2Error
@@ -104,6 +105,11 @@ class TritonPythonModel:
         except DFlash2Error as exc:
             raise pb_utils.TritonModelException(f"cannot open the engine: {exc}") from None
         _log(f"tensorrt_llm: {engine_dir} runs on {runtime}")
+        # this stub shares the CPUs with tritonserver's own request threads: leave them one (dflash2_trt/cpu_threads.py)
+        threads = share_cpus(1, reserve=1)
+        if threads is not None:
+            _log(f"tensorrt_llm: torch uses {threads} CPU thread{'s' if threads > 1 else ''}, one CPU left to "
+                 f"tritonserver (OMP_NUM_THREADS overrides)")
         K = self.engine.K
         mode = _param(cfg, "decoding_mode", "eagle")
         if mode != "eagle":
