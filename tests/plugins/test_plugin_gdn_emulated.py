@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -62,16 +61,15 @@ def emulation_source(cu: str) -> str:
     return '#include "cuda_emu.h"\n' + src
 
 
-def build_emulated(cu: str, out_dir: Path, reverse: bool = False, ws_shift: int = 0) -> GdnLib:
-    """g++ the transformed kernel source + the C ABI glue + the params into a library GdnLib loads
-    (reverse: a block's threads run last to first, cuda_emu.h's EMU_REVERSE; ws_shift: the workspace starts that many
-    bytes past a 256-byte boundary)."""
+def emulation_command(cu: str, out_dir: Path, reverse: bool = False, ws_shift: int = 0) -> tuple[list[str], Path]:
+    """(g++ argv without ``-o``, the library it makes): the transformed kernel source + the C ABI glue + the params
+    into a library GdnLib loads (reverse: a block's threads run last to first, cuda_emu.h's EMU_REVERSE; ws_shift: the
+    workspace starts that many bytes past a 256-byte boundary)."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found: the emulated kernels are compiled with g++")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "kernel_emu.cu").write_text(emulation_source(cu))
-    lib = out_dir / "libdf2_gdn_emu.so"
     # -O0: a build takes 3 s instead of 9 at -O2 and a batch runs about as fast (the fibers' switching dominates);
     # the arithmetic is IEEE either way (SSE, -ffp-contract=off), so the bits compared are the same
     cmd = [gxx, "-std=c++17", "-O0", "-fPIC", "-shared", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
@@ -79,21 +77,56 @@ def build_emulated(cu: str, out_dir: Path, reverse: bool = False, ws_shift: int 
            # cuda_emu.h's inline variables (the thread order among them) stay this library's own: GCC would
            # otherwise make them STB_GNU_UNIQUE, one object for every emulation library the process loads
            "-fno-gnu-unique", f"-I{out_dir}", f"-I{EMU}", f"-I{PLUGIN}", str(EMU / "gdn_emu.cpp"),
-           str(PLUGIN / "gatedDeltaNetParams.cpp"), "-o", str(lib), "-pthread"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr[-4000:]}"
-    return GdnLib(lib)
+           str(PLUGIN / "gatedDeltaNetParams.cpp"), "-pthread"]
+    return cmd, out_dir / "libdf2_gdn_emu.so"
+
+
+def _edit(cu: str, old: str, new: str) -> str:
+    assert cu.count(old) == 1, f"the kernel source no longer has exactly one {old!r}: update the control"
+    return cu.replace(old, new)
+
+
+# the controls' edits of the kernel source (each test below says what its edit takes out and what must then fail)
+PREFETCH_BARRIER = "__syncthreads(); // every thread has read the tile"
+ONE_COLUMN_LAUNCH = "recurrentTiled<kDk, 1>(p, g, wk, d, s);"
+NORM_BARRIER = "__syncthreads();\n                if (mine)\n                    *o = gdnL2NormApply("
+SECOND_COLUMN_V = "gdnDelta(sV[t][jl[q]],"
+
+
+def emulation_variants(cu: str) -> dict[str, tuple[str, dict]]:
+    """Every library this module loads: name -> (kernel source, emulation_command's options)."""
+    return {
+        "plain": (cu, {}),
+        "reverse": (cu, {"reverse": True}),
+        "no_prefetch_barrier": (_edit(cu, PREFETCH_BARRIER, "// (barrier taken out) every thread has read the tile"),
+                                {"reverse": True}),
+        "no_one_column_launch": (_edit(cu, ONE_COLUMN_LAUNCH, ""), {}),
+        "no_norm_barrier": (_edit(cu, NORM_BARRIER, NORM_BARRIER.replace("__syncthreads();", "")), {"reverse": True}),
+        "first_column_v": (_edit(cu, SECOND_COLUMN_V, "gdnDelta(sV[t][jl[0]],"), {}),
+        "workspace_off_8": (cu, {"ws_shift": 8}),
+    }
 
 
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory) -> GdnLib:
-    return build_emulated((PLUGIN / "gatedDeltaNetKernel.cu").read_text(), tmp_path_factory.mktemp("gdn-emu"))
+def emulation_libs(tmp_path_factory) -> dict[str, Path]:
+    """The module's emulation libraries, compiled once and all at once (one g++ per CPU: each takes ~3 s)."""
+    from dflash2_trt.trtllm.cpu.plugin_libs import compile_parallel
+
+    root = tmp_path_factory.mktemp("gdn-emu")
+    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
+    cmds = {name: emulation_command(src, root / name, **kw) for name, (src, kw) in emulation_variants(cu).items()}
+    compile_parallel(list(cmds.values()), "g++", "the Gated DeltaNet's emulation libraries")
+    return {name: lib for name, (_, lib) in cmds.items()}
 
 
 @pytest.fixture(scope="module")
-def emulated_reverse(tmp_path_factory) -> GdnLib:
-    return build_emulated((PLUGIN / "gatedDeltaNetKernel.cu").read_text(), tmp_path_factory.mktemp("gdn-emu-rev"),
-                          reverse=True)
+def emulated(emulation_libs) -> GdnLib:
+    return GdnLib(emulation_libs["plain"])
+
+
+@pytest.fixture(scope="module")
+def emulated_reverse(emulation_libs) -> GdnLib:
+    return GdnLib(emulation_libs["reverse"])
 
 
 # (Hk, Hv, Dk, Dv, conv taps, Kv, chunk, context lengths, generation lengths), as gpu_check's GDN_CASES
@@ -191,31 +224,24 @@ def test_prefetching_recurrence_same_bits(emulated, emulated_reverse, gdn_lib, m
     assert not bad, bad
 
 
-def test_the_prefetch_variable_reaches_the_launcher_and_a_reused_buffer_shows(gdn_lib, tmp_path, monkeypatch):
+def test_the_prefetch_variable_reaches_the_launcher_and_a_reused_buffer_shows(gdn_lib, emulation_libs, monkeypatch):
     """Control for the test above: without the barrier between the state's reads and the next item's copy into the
     same buffer, the last-to-first order fails under DFLASH2_GDN_RECURRENT_PREFETCH=1 (the emulation copies at once,
     so the next tile overwrites the one a lagging thread has yet to read) and passes without it: the variable reaches
     the launcher, and the emulation sees a buffer reused too early."""
-    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
     case = CASES["dk128_two_columns"]
-    barrier = "__syncthreads(); // every thread has read the tile"
-    assert cu.count(barrier) == 1
-    racy = build_emulated(cu.replace(barrier, "// (barrier taken out) every thread has read the tile"),
-                          tmp_path / "racy", reverse=True)
+    racy = GdnLib(emulation_libs["no_prefetch_barrier"])      # last to first
     assert G.gdn_compare(racy, gdn_lib, case, torch.float32, False, seed=17, device="cpu") == []
     monkeypatch.setenv("DFLASH2_GDN_RECURRENT_PREFETCH", "1")
     diff = G.gdn_compare(racy, gdn_lib, case, torch.float32, False, seed=17, device="cpu")
     assert "verify:y" in diff, diff
 
 
-def test_the_variable_picks_the_one_column_tiling(gdn_lib, tmp_path, monkeypatch):
+def test_the_variable_picks_the_one_column_tiling(gdn_lib, emulation_libs, monkeypatch):
     """Control for the test above: with the one-column launch taken out (that branch launches nothing), the
     comparison fails under DFLASH2_GDN_RECURRENT_COLS=1 and passes without it, so the variable does reach the
     launcher and the test above ran the one-column kernel."""
-    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
-    one = "recurrentTiled<kDk, 1>(p, g, wk, d, s);"
-    assert cu.count(one) == 1
-    broken = build_emulated(cu.replace(one, ""), tmp_path / "no-one-column")
+    broken = GdnLib(emulation_libs["no_one_column_launch"])
     case = CASES["dk128_two_columns"]
     assert G.gdn_compare(broken, gdn_lib, case, torch.float32, False, seed=13, device="cpu") == []
     monkeypatch.setenv("DFLASH2_GDN_RECURRENT_COLS", "1")
@@ -224,40 +250,32 @@ def test_the_variable_picks_the_one_column_tiling(gdn_lib, tmp_path, monkeypatch
     assert "forward:rnn_state" in diff and "commit:rnn_state" in diff, diff
 
 
-def test_last_thread_first_sees_a_missing_barrier(gdn_lib, tmp_path):
+def test_last_thread_first_sees_a_missing_barrier(gdn_lib, emulation_libs):
     """Control: without the prologue's barrier between the per-head inverse norms (written by the
     first threads of the block) and their use by every thread, the last-to-first order fails. (The
     first-to-last order cannot see this one: each reader runs after thread 0 wrote its head's norm,
     as seen when the reverse order was added; that is why both orders run.)"""
-    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
-    good = "__syncthreads();\n                if (mine)\n                    *o = gdnL2NormApply("
-    assert cu.count(good) == 1
-    broken = build_emulated(cu.replace(good, good.replace("__syncthreads();", "")), tmp_path / "broken",
-                            reverse=True)
+    broken = GdnLib(emulation_libs["no_norm_barrier"])       # last to first
     diff = G.gdn_compare(broken, gdn_lib, CASES["scalar_path"], torch.float32, False, seed=7, device="cpu")
     assert "forward:y" in diff and "verify:y" in diff, diff
 
 
-def test_emulation_sees_a_wrong_column(gdn_lib, tmp_path):
+def test_emulation_sees_a_wrong_column(gdn_lib, emulation_libs):
     """Control: the same comparison fails when the kernel reads the wrong column's v for a lane's
     second state column (only the Dk = 128 tiling has two), so a pass above is not the emulation
     hiding the kernel."""
-    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
-    good = "gdnDelta(sV[t][jl[q]],"
-    assert cu.count(good) == 1
-    broken = build_emulated(cu.replace(good, "gdnDelta(sV[t][jl[0]],"), tmp_path / "broken")
+    broken = GdnLib(emulation_libs["first_column_v"])
     diff = G.gdn_compare(broken, gdn_lib, CASES["dk128_two_columns"], torch.float32, False, seed=7, device="cpu")
     assert "verify:y" in diff and "commit:rnn_state" in diff, diff
 
 
-def test_a_workspace_off_16_bytes_is_refused_not_read(tmp_path):
+def test_a_workspace_off_16_bytes_is_refused_not_read(emulation_libs):
     """The prologue stores and the recurrence loads the workspace's qh / kh rows as float4: the forward refuses a
     workspace whose base is off 16 bytes in one message (on a GPU the access would fault; without the check the
     emulation's checked casts abort the process, seen)."""
     from dflash2_trt.trtllm.cpu.plugin_libs import PluginRunError
 
-    cu = (PLUGIN / "gatedDeltaNetKernel.cu").read_text()
     case = CASES["gpu_check_0"]
-    off = build_emulated(cu, tmp_path / "ws8", ws_shift=8)
+    off = GdnLib(emulation_libs["workspace_off_8"])
     with pytest.raises(PluginRunError, match="workspace .* is not 16-byte aligned"):
         G.gdn_compare(off, off, case, torch.float32, False, seed=7, device="cpu")

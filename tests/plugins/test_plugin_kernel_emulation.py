@@ -39,8 +39,30 @@ def emulator(tmp_path_factory) -> Path:
     return exe
 
 
-@pytest.mark.parametrize("suite", ["conv", "scan"])
-def test_kernel_bodies_match_cpu_build(emulator, suite):
-    res = subprocess.run([str(emulator), suite], capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert " 0 failure(s)" in res.stdout
+SUITES = ("conv", "scan")
+
+
+@pytest.fixture(scope="module")
+def running(emulator, tmp_path_factory):
+    """Both suites started at once (each is one single-threaded process of 10 to 15 s): suite -> (process, its
+    stdout file, its stderr file); whatever is still running at the end is stopped."""
+    out = tmp_path_factory.mktemp("kernel-emulation-out")
+    procs = {}
+    for suite in SUITES:
+        with open(out / f"{suite}.out", "w") as so, open(out / f"{suite}.err", "w") as se:
+            procs[suite] = (subprocess.Popen([str(emulator), suite], stdout=so, stderr=se, stdin=subprocess.DEVNULL),
+                            out / f"{suite}.out", out / f"{suite}.err")
+    yield procs
+    for proc, _, _ in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_kernel_bodies_match_cpu_build(running, suite):
+    proc, out, err = running[suite]
+    rc = proc.wait(timeout=600)
+    stdout, stderr = out.read_text(), err.read_text()
+    assert rc == 0, stdout[-4000:] + stderr[-2000:]
+    assert " 0 failure(s)" in stdout
