@@ -7,9 +7,10 @@ oversubscribe them: OpenMP workers spin while waiting, so each process's steps s
 process its share instead, and only ever lowers torch's count; ``OMP_NUM_THREADS``, where set, is the user's choice and
 is left alone.
 
-Measured on a 2-CPU machine (the CPU engine of the trained tiny pair served by tritonserver, one request at a time):
-251 ms a request with the stub at torch's 2 threads, 172 ms at 1; ``tests/engine/test_mpi_ranks.py`` (two ranks per
-job) 72 s against 52 s.
+Measured on a 2-CPU machine: the CPU engine of the trained tiny pair served by tritonserver, one request at a time,
+251 ms a request with the stub at torch's 2 threads, 178 ms at 1 (the suite's 600-request load test 73.5 s -> 55.2 s).
+Two ranks of a tp 2 CPU engine gain little there (``tests/engine/test_mpi_ranks.py`` 51-53 s at torch's default, 49-50
+s at their share: their steps mostly wait on each other); the share is kept for them as torchrun keeps it.
 """
 
 from __future__ import annotations

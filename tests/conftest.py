@@ -17,6 +17,19 @@ def _cpu_backend_by_default():
         os.environ.pop("DFLASH2_TRT_BACKEND", None)
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_kept():
+    """A test that runs a process's start-up in this one (the Triton model's initialize, a rank's session) lowers
+    torch's threads as that process would (dflash2_trt/cpu_threads.py); the count is put back after it, or every
+    later test would run on one thread (seen: the suite far slower after it)."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_shared_memory_left():
     """The suite's MPI and Triton jobs create shared-memory segments in /dev/shm; the tests that kill a job on purpose
