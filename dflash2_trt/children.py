@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import os
 import signal
 import subprocess
@@ -58,6 +59,35 @@ def stop(proc: subprocess.Popen, ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL,
         except subprocess.TimeoutExpired:
             continue
 
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents before children (Linux: every ``/proc/<pid>/stat``'s parent pid; elsewhere
+    ``[pid]``)."""
+    kids: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as fh:
+                text = fh.read()
+            ppid = int(text[text.rfind(")") + 2:].split()[1])   # pid (comm) state ppid ...: comm may hold spaces
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(stat.split("/")[2]))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(kids.get(p, ()))
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every descendant it has now (found first, so none is lost to re-parenting): a compiler
+    driver's own children (nvcc's cicc, ptxas) end with it, while they stay in the caller's process group (a Ctrl-C at
+    the terminal, or a group kill from outside, reaches them directly)."""
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
 
 def run_limited(argv: list[str], limit: float, log, *, own_group: bool, cwd=None, env: dict | None = None,
                 ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL, None)), preexec_fn=None) -> int:

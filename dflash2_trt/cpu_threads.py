@@ -4,13 +4,12 @@ torch starts as many intra-op threads as there are CPUs. Two processes that each
 of a tp engine under ``mpirun``; the Triton python-backend stub beside tritonserver's own request threads)
 oversubscribe them: OpenMP workers spin while waiting, so each process's steps slow the other's down. torchrun sets
 ``OMP_NUM_THREADS=1`` for its workers where several share a node for the same reason. :func:`share_cpus` gives this
-process its share instead, and only ever lowers torch's count; ``OMP_NUM_THREADS``, where set, is the user's choice and
-is left alone.
+process its share of the CPUs instead (a launcher that pinned the process to CPUs of its own has given it its share
+already), and only ever lowers torch's count; ``OMP_NUM_THREADS``, where set, is the user's choice and is left alone.
 
 Measured on a 2-CPU machine: the CPU engine of the trained tiny pair served by tritonserver, one request at a time,
 251 ms a request with the stub at torch's 2 threads, 178 ms at 1 (the suite's 600-request load test 73.5 s -> 55.2 s).
-Two ranks of a tp 2 CPU engine gain little there (``tests/engine/test_mpi_ranks.py`` 51-53 s at torch's default, 49-50
-s at their share: their steps mostly wait on each other); the share is kept for them as torchrun keeps it.
+The ranks' share is not measured: the suite's rank tests set ``OMP_NUM_THREADS=1`` themselves.
 """
 
 from __future__ import annotations
@@ -28,13 +27,18 @@ def available_cpus() -> int:
 
 def share_cpus(processes: int, *, reserve: int = 0) -> int | None:
     """Lower torch's intra-op threads to this process's share: (available CPUs − ``reserve``) // ``processes``, at
-    least 1. Returns the new count, or None where nothing changed (``OMP_NUM_THREADS`` set, or torch already at or
-    below the share)."""
+    least 1, where ``processes`` share this process's CPUs (an affinity mask narrower than the machine is a launcher's
+    pinning, e.g. Open MPI's or ``srun --cpu-bind``: those CPUs are this process's alone, so they are not divided
+    again). Returns the new count, or None where nothing changed (``OMP_NUM_THREADS`` set, or torch already at or below
+    the share)."""
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return None
     import torch
 
-    share = max(1, (available_cpus() - max(0, reserve)) // max(1, processes))
+    cpus = available_cpus()
+    if cpus < (os.cpu_count() or cpus):
+        processes = 1
+    share = max(1, (cpus - max(0, reserve)) // max(1, processes))
     if share >= torch.get_num_threads():
         return None
     torch.set_num_threads(share)

@@ -27,9 +27,19 @@ def threads(monkeypatch):
 ])
 def test_share(threads, monkeypatch, cpus, processes, reserve, start, expect, now):
     monkeypatch.setattr(cpu_threads, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(cpu_threads.os, "cpu_count", lambda: cpus)      # the whole machine is this process's
     torch.set_num_threads(start)
     assert cpu_threads.share_cpus(processes, reserve=reserve) == expect
     assert torch.get_num_threads() == now
+
+
+def test_cpus_a_launcher_pinned_are_not_divided_again(threads, monkeypatch):
+    """Open MPI binds each of 2 ranks to a core by default (srun --cpu-bind, likewise): a rank's mask is its share."""
+    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 8)
+    monkeypatch.setattr(cpu_threads.os, "cpu_count", lambda: 64)
+    torch.set_num_threads(8)
+    assert cpu_threads.share_cpus(8) is None and torch.get_num_threads() == 8
+    assert cpu_threads.share_cpus(8, reserve=1) == 7
 
 
 def test_omp_num_threads_is_the_users_choice(threads, monkeypatch):

@@ -648,3 +648,18 @@ def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
     m.finalize()
     assert any("CUDA graphs: 0 steps replayed, 0 captured, 0 eager" in ln for ln in logged), logged
 
+    # the stub shares the CPUs with tritonserver's request threads: torch gets all but one (dflash2_trt/cpu_threads.py)
+    import torch
+
+    from dflash2_trt import cpu_threads
+
+    monkeypatch.setattr(mod, "open_engine", real)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 4)
+    monkeypatch.setattr(cpu_threads.os, "cpu_count", lambda: 4)
+    torch.set_num_threads(4)       # the suite puts the count back after the test (tests/conftest.py)
+    logged.clear()
+    init("false").finalize()
+    assert torch.get_num_threads() == 3
+    assert "tensorrt_llm: torch uses 3 CPU threads, one CPU left to tritonserver (OMP_NUM_THREADS overrides)" in logged
+

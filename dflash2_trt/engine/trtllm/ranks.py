@@ -237,7 +237,7 @@ def open_project_session(engine_dir, *, trt=None, verify: bool = False, baseline
     rank = comm.Get_rank()
     local_rank, local_size = _node_ranks(comm)
     # the ranks on this node share its CPUs (a CPU engine's steps run on them): each takes its share of torch's
-    # threads, as torchrun's workers do (dflash2_trt/cpu_threads.py)
+    # threads (torchrun gives its workers one each for the same reason; dflash2_trt/cpu_threads.py)
     share_cpus(local_size)
 
     def open_rank(base: bool):

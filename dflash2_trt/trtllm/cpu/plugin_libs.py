@@ -24,14 +24,12 @@ The sources are read from :func:`dflash2_trt.plugins.plugin_dir` (``DFLASH2_PLUG
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -251,8 +249,11 @@ def compile_parallel(commands: Sequence[tuple[Sequence[str], Path]], tool: str, 
                      jobs: int | None = None) -> None:
     """Run each ``(argv, object)`` compile (``argv -o object``), at most ``jobs`` (default :func:`build_jobs`) at
     once, in the order given (put the longest first). The first failure stops the others and raises PluginBuildError
-    with its command and the end of its stderr; an interrupt stops them too. Each compiler's stderr goes to a file
-    next to its object (a pipe read only at the end could fill and stall it)."""
+    with its command and the end of its stderr; an interrupt stops them too (each with its own children:
+    :func:`~dflash2_trt.children.kill_tree`). Each compiler's stderr goes to a file next to its object (a pipe read
+    only at the end could fill and stall it)."""
+    from dflash2_trt.children import kill_tree
+
     jobs = max(1, jobs or build_jobs())
     pending = list(commands)
     running: list[tuple[subprocess.Popen, list[str], Path]] = []
@@ -264,14 +265,17 @@ def compile_parallel(commands: Sequence[tuple[Sequence[str], Path]], tool: str, 
                 cmd = [*argv, "-o", str(obj)]
                 err = Path(f"{obj}.stderr")
                 try:
-                    with open(err, "w") as fh:
-                        # a process group of its own: stopping it stops nvcc's cicc / ptxas too
-                        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, stdin=subprocess.DEVNULL,
-                                                process_group=0)
+                    fh = open(err, "w")
                 except OSError as e:
-                    raise PluginBuildError(f"could not run {tool} ({e}): {shlex.join(cmd)}") from None
-                started.append(proc)
-                running.append((proc, cmd, err))
+                    raise PluginBuildError(f"cannot write {err} ({e}); point DFLASH2_TRT_CACHE at a writable "
+                                           f"directory") from None
+                with fh:
+                    try:
+                        started.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh,
+                                                        stdin=subprocess.DEVNULL))
+                    except OSError as e:
+                        raise PluginBuildError(f"could not run {tool} ({e}): {shlex.join(cmd)}") from None
+                running.append((started[-1], cmd, err))
             for item in list(running):
                 proc, cmd, err = item
                 rc = proc.poll()
@@ -285,12 +289,12 @@ def compile_parallel(commands: Sequence[tuple[Sequence[str], Path]], tool: str, 
             if running:
                 time.sleep(0.05)
     finally:
-        for proc in started:      # a failure or an interrupt: no compiler is left running
+        # a failure or an interrupt: no compiler is left running (all stopped first, then waited for)
+        for proc in started:
             if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
+        for proc in started:
             proc.wait()
-
 
 def build_cpu_plugin(name: str) -> Path:
     """Path of the CPU build of plugin ``name`` (``"DFlash2DynamicConv"`` / ``"DFlash2PairwiseScan"``),

@@ -154,11 +154,12 @@ def build_cuda_plugins(arch: str | None = None, *, progress=None) -> Path:
         raise PluginBuildError(f"cannot write {out.parent} ({e}); point DFLASH2_TRT_CACHE at a writable "
                                f"directory") from None
     try:
-        obj = {s: objects / f"{s.stem}.o" for s in src.sources}
+        obj = {s: objects / f"{i}-{s.name}.o" for i, s in enumerate(src.sources)}
         longest_first = sorted(src.sources, key=lambda s: s.stat().st_size, reverse=True)
         compile_parallel([([nvcc, *NVCC_COMPILE_FLAGS, f"-gencode={gencode(arch)}", f"-I{src.root}", "-c", str(s)],
                            obj[s]) for s in longest_first], "nvcc", out.name, jobs)
-        return compile_atomic([nvcc, *NVCC_LINK_FLAGS, *(str(obj[s]) for s in src.sources)], out, "nvcc")
+        return compile_atomic([nvcc, *NVCC_LINK_FLAGS, f"-gencode={gencode(arch)}", *(str(obj[s]) for s in src.sources)],
+                              out, "nvcc")
     finally:
         shutil.rmtree(objects, ignore_errors=True)
 
