@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import glob
 import os
 import signal
 import subprocess
@@ -61,18 +60,40 @@ def stop(proc: subprocess.Popen, ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL,
 
 
 
+# ---- /proc (Linux; elsewhere these find nothing) ----------------------------------------------------------------
+def proc_pids() -> list[int]:
+    """The pids of every process this one can see."""
+    try:
+        return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return []
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name ([0] = state, [1] = parent pid, [2] = process group), or None
+    when it is gone (the name, in parentheses, may hold spaces: the fields start after its last ')')."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
 def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants, parents before children (Linux: every ``/proc/<pid>/stat``'s parent pid; elsewhere
-    ``[pid]``)."""
+    """``pid`` and its descendants, parents before children (on Linux; elsewhere ``[pid]``)."""
     kids: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as fh:
-                text = fh.read()
-            ppid = int(text[text.rfind(")") + 2:].split()[1])   # pid (comm) state ppid ...: comm may hold spaces
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(stat.split("/")[2]))
+    for p in proc_pids():
+        st = proc_stat(p)
+        if st and len(st) > 1 and st[1].isdigit():
+            kids.setdefault(int(st[1]), []).append(p)
     out, todo = [], [pid]
     while todo:
         p = todo.pop(0)
@@ -88,6 +109,7 @@ def kill_tree(pid: int) -> None:
     for p in process_tree(pid):
         with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
+
 
 def run_limited(argv: list[str], limit: float, log, *, own_group: bool, cwd=None, env: dict | None = None,
                 ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL, None)), preexec_fn=None) -> int:

@@ -179,21 +179,6 @@ def test_unknown_plugin():
 
 
 
-def _running(cmdline: bytes) -> list[str]:
-    """The processes whose command line (NUL-separated, as /proc holds it) is ``cmdline``."""
-    import glob
-
-    found = []
-    for path in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(path, "rb") as fh:
-                if fh.read() == cmdline:
-                    found.append(path)
-        except OSError:
-            continue
-    return found
-
-
 def test_parallel_compiles_stop_at_the_first_failure(tmp_path):
     """compile_parallel (the CUDA build's one-nvcc-per-source step): every command gets ``-o OBJECT``; the first one
     that fails is named with its stderr, and the compilers still running are stopped, not waited for."""
@@ -210,7 +195,9 @@ def test_parallel_compiles_stop_at_the_first_failure(tmp_path):
         plugin_libs.compile_parallel([slow, bad], "cc", "lib.so", jobs=2)
     assert time.monotonic() - t0 < 10 and not marker.exists()
     # the compiler's own children (nvcc's cicc, ptxas; here the shell's sleep) are stopped with it
-    assert not _running(b"sleep\x0023.25\x00")
+    from dflash2_trt.children import proc_cmdline, proc_pids
+
+    assert not [p for p in proc_pids() if proc_cmdline(p) == ["sleep", "23.25"]]
     msg = str(e.value)
     assert msg.startswith("cc failed (exit 2) building lib.so") and "kernel.cu(3): error: no such thing" in msg
     assert f"-o {tmp_path / 'bad.o'}" in msg

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ...children import proc_cmdline as _cmdline, proc_pids as _pids, proc_stat as _stat
+
 SHM_DIR = Path("/dev/shm")
 SHM_OURS = "dflash2_trt_"          # + the working directory's name: see region_prefix
 WORK_PREFIXES = ("dflash2-triton-", "dflash2-serve-")
@@ -43,24 +45,9 @@ OWNER_FILE = "owner"
 
 
 # ---- processes ------------------------------------------------------------------------------------
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name ([0] = state), or None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def start_time(pid: int) -> str | None:
     st = _stat(pid)
     return st[19] if st and st[0] not in ("Z", "X") else None   # field 22 of stat: start time in clock ticks
-
-
-def _pids() -> list[int]:
-    try:
-        return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-    except OSError:
-        return []
 
 
 def group_members(pgid: int) -> list[int]:
@@ -71,13 +58,6 @@ def group_members(pgid: int) -> list[int]:
         if st and st[0] not in ("Z", "X") and st[2] == str(pgid):
             out.append(pid)
     return out
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
 
 
 def processes_naming(path: Path) -> list[int]:

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ...cpu_threads import available_cpus
 from ...errors import ConfigError, MissingDependencyError
 from ...plugins import LIBRARY_NAME, plugin_dir
 from ..common import shell_line
@@ -77,7 +78,7 @@ def cmake_commands(root: Path, build_dir: Path, archs, toolchain: Toolchain) -> 
     if toolchain.nvcc:
         configure.append(f"-DCMAKE_CUDA_COMPILER={toolchain.nvcc}")
     build = [toolchain.cmake or "cmake", "--build", str(build_dir), "--target", PLUGIN_TARGET, "-j",
-             str(max(1, os.cpu_count() or 1))]
+             str(available_cpus())]
     return [configure, build]
 
 

@@ -57,7 +57,6 @@ __all__ = [
     "compile_shared",
     "compile_atomic",
     "compile_parallel",
-    "build_jobs",
     "build_cpu_plugin",
     "descs",
     "local_headers",
@@ -237,24 +236,17 @@ def compile_atomic(argv: Sequence[str], out: str | os.PathLike, tool: str) -> Pa
     return out
 
 
-def build_jobs() -> int:
-    """How many compilers a build runs at once: the CPUs this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def compile_parallel(commands: Sequence[tuple[Sequence[str], Path]], tool: str, what: str,
                      jobs: int | None = None) -> None:
-    """Run each ``(argv, object)`` compile (``argv -o object``), at most ``jobs`` (default :func:`build_jobs`) at
-    once, in the order given (put the longest first). The first failure stops the others and raises PluginBuildError
+    """Run each ``(argv, object)`` compile (``argv -o object``), at most ``jobs`` (default: the CPUs this process may
+    use) at once, in the order given (put the longest first). The first failure stops the others and raises PluginBuildError
     with its command and the end of its stderr; an interrupt stops them too (each with its own children:
     :func:`~dflash2_trt.children.kill_tree`). Each compiler's stderr goes to a file next to its object (a pipe read
     only at the end could fill and stall it)."""
     from dflash2_trt.children import kill_tree
+    from dflash2_trt.cpu_threads import available_cpus
 
-    jobs = max(1, jobs or build_jobs())
+    jobs = max(1, jobs or available_cpus())
     pending = list(commands)
     running: list[tuple[subprocess.Popen, list[str], Path]] = []
     started: list[subprocess.Popen] = []
@@ -295,6 +287,7 @@ def compile_parallel(commands: Sequence[tuple[Sequence[str], Path]], tool: str, 
                 kill_tree(proc.pid)
         for proc in started:
             proc.wait()
+
 
 def build_cpu_plugin(name: str) -> Path:
     """Path of the CPU build of plugin ``name`` (``"DFlash2DynamicConv"`` / ``"DFlash2PairwiseScan"``),

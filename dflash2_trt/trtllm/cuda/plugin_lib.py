@@ -34,9 +34,10 @@ from pathlib import Path
 import torch
 
 from ... import plugins
+from ...cpu_threads import available_cpus
 from ...cudatools import find_cuda_tool
 from ...errors import ConfigError, MissingDependencyError
-from ..cpu.plugin_libs import (DTYPE_CODES, PluginBuildError, PluginRunError, build_jobs, cache_dir,
+from ..cpu.plugin_libs import (DTYPE_CODES, PluginBuildError, PluginRunError, cache_dir,
                                 compile_atomic, compile_parallel, local_headers, sources_digest)
 
 SOURCES: tuple[str, ...] = (
@@ -144,7 +145,7 @@ def build_cuda_plugins(arch: str | None = None, *, progress=None) -> Path:
     out = cache_dir() / "plugins-cuda" / src.digest(arch, nvcc_version(nvcc)) / f"libdf2_cuda_sm{arch}.so"
     if out.is_file():
         return out
-    jobs = min(build_jobs(), len(src.sources))
+    jobs = min(available_cpus(), len(src.sources))
     if progress:
         progress(f"[plugins] nvcc sm_{arch}, {len(src.sources)} sources ({jobs} at once): {out}")
     try:
