@@ -1013,6 +1013,27 @@ struct ScanRows
     }
 };
 
+//! The chunk scan's shared memory (dynamic: 53.5 KB at Dk 128, over the 48 KB of static arrays), in bytes from its
+//! 16-byte aligned start: the staged rows (ScanRows; after the y phase's inter sums, the chunk's QK rows in their
+//! place), v_new [chunk][columns], the inter sums [chunk][columns] where a column has several lanes (kSplit > 1: the
+//! intra sums then run on all of them, a token per lane in turn), the chunk's cumulative decays.
+template <int32_t kDk>
+struct ScanSmem
+{
+    using Rows = ScanRows<kDk>;
+    static constexpr int32_t kColumns = ColumnLanes<Rows::kSplit>::kColumns;
+    static constexpr bool kLanesIntra = Rows::kSplit > 1;
+    //! staged QK rows: 65 floats apart, so the kSplit rows a warp reads at once fall in different banks
+    static constexpr int32_t kQkStride = kGdnMaxChunkSize + 1;
+    static constexpr size_t kRowsBytes = sizeof(float4) * kGdnMaxChunkSize * Rows::kRowQuads;
+    static constexpr size_t kVnewOffset = kRowsBytes;
+    static constexpr size_t kInterOffset = kVnewOffset + sizeof(float) * kGdnMaxChunkSize * kColumns;
+    static constexpr size_t kGamOffset = kInterOffset + (kLanesIntra ? sizeof(float) * kGdnMaxChunkSize * kColumns : 0);
+    static constexpr size_t kBytes = kGamOffset + sizeof(float) * kGdnMaxChunkSize;
+    static_assert(!kLanesIntra || sizeof(float) * kGdnMaxChunkSize * kQkStride <= kRowsBytes,
+        "the QK rows are staged in the rows' place");
+};
+
 //! grid (numContext, Hv, ceil(Dv / columns per block)); kSplit lanes = one state column,
 //! sequential over the request's chunks (the steps of chunkScanColumn in gatedDeltaNetCpu.cpp),
 //! from the slot's state folded over its pending records (read from the slot, gdnSliceFold).
@@ -1020,7 +1041,13 @@ struct ScanRows
 //! shared memory by the whole block (coalesced float4 loads; ScanRows), and a lane loads its slice
 //! of a token's row from there into registers; with W, the chunk's decays and the tile's U rows
 //! (v_new's place in shared memory) are staged too, and the column's slice-0 lane turns U into
-//! v_new in place. Columns past Dv run every step on zeros (U 0; records and state from column 0's
+//! v_new in place. y = inter + intra per token: at kSplit > 1 the token loop leaves each column's inter sum in shared
+//! memory, the chunk's QK rows are staged in the rows' place, and the column's kSplit lanes take the intra sums a
+//! token each in turn (the same sum over the same staged values in the same order: the same bits); before, the
+//! slice-0 lane summed them inside the token loop from global memory while its column's other lanes waited (a
+//! standalone harness on an H100 put those loads at 7 of the kernel's 16.9 ms for one 8192-token prompt; this form
+//! is not yet measured). At kSplit 1 every lane is a column and sums its own, as before.
+//! Columns past Dv run every step on zeros (U 0; records and state from column 0's
 //! addresses, in range) with their lanes meeting the barriers and shuffles, and store nothing.
 //! Four blocks per SM: caps ptxas at 128 registers (its own choice on sm_100a, 80, spills at Dk 32).
 template <int32_t kDk>
@@ -1031,12 +1058,16 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
     void* __restrict__ y, DType dtype, Dims d)
 {
     using Rows = ScanRows<kDk>;
+    using Smem = ScanSmem<kDk>;
     constexpr int32_t kSplit = Rows::kSplit;
     constexpr int32_t kSlice = Rows::kSlice;
-    constexpr int32_t kColumns = ColumnLanes<kSplit>::kColumns;
-    __shared__ float sVnew[kGdnMaxChunkSize][kColumns];
-    __shared__ float4 sRows[kGdnMaxChunkSize * Rows::kRowQuads];
-    __shared__ float sGam[kGdnMaxChunkSize]; // the chunk's cumulative decays of this head
+    constexpr int32_t kColumns = Smem::kColumns;
+    extern __shared__ __align__(16) unsigned char gdnScanSmem[];
+    float4* const sRows = reinterpret_cast<float4*>(gdnScanSmem);
+    float* const sQk = reinterpret_cast<float*>(gdnScanSmem); // the QK rows, staged after the inter sums
+    float(*const sVnew)[kColumns] = reinterpret_cast<float(*)[kColumns]>(gdnScanSmem + Smem::kVnewOffset);
+    float(*const sInter)[kColumns] = reinterpret_cast<float(*)[kColumns]>(gdnScanSmem + Smem::kInterOffset);
+    float* const sGam = reinterpret_cast<float*>(gdnScanSmem + Smem::kGamOffset); // the chunk's cumulative decays
     ColumnLanes<kSplit> const lanes(static_cast<int32_t>(blockIdx.z));
     int32_t const r = blockIdx.x;
     int32_t const h = blockIdx.y;
@@ -1110,7 +1141,12 @@ GDN_NO_UNROLL
             float const e = expRn(sGam[p]);
             gdnLoadSlice<kSlice>(row, sRows + p * Rows::kRowQuads + mine);
             float const inter = lanes.combine(gdnSliceDecayedDot<kSlice>(s, row, e));
-            if (lanes.slice == 0 && active)
+            if constexpr (Smem::kLanesIntra)
+            {
+                if (lanes.slice == 0)
+                    sInter[p][lc] = inter;
+            }
+            else if (active)
             {
                 float const intra = gdnChunkIntra(qkRow + (c0 + p) * static_cast<int64_t>(d.hv) * d.chunk,
                     &sVnew[0][lc], kColumns, p);
@@ -1118,6 +1154,28 @@ GDN_NO_UNROLL
             }
         }
         __syncthreads(); // q read by every lane
+        if constexpr (Smem::kLanesIntra)
+        {
+            // the chunk's QK rows (the lower triangle the sums read) in the rows' place, then a token per lane
+            for (int32_t e = static_cast<int32_t>(threadIdx.x); e < m * m; e += kColumnThreads)
+            {
+                int32_t const pp = e / m;
+                int32_t const t = e - pp * m;
+                if (t <= pp)
+                    sQk[pp * Smem::kQkStride + t] = qkRow[(c0 + pp) * static_cast<int64_t>(d.hv) * d.chunk + t];
+            }
+            __syncthreads();
+            if (active)
+            {
+GDN_NO_UNROLL
+                for (int32_t p = lanes.slice; p < m; p += kSplit)
+                {
+                    float const intra = gdnChunkIntra(sQk + p * Smem::kQkStride, &sVnew[0][lc], kColumns, p);
+                    gdnStore(dtype, y, y0 + (c0 + p) * hvdv, addRn(sInter[p][lc], intra));
+                }
+            }
+            __syncthreads(); // QK read by every lane before the k rows take its place
+        }
         Rows::stage(sRows, kRows + c0 * qkw, qkw, m);
         __syncthreads();
         float const gl = sGam[m - 1];
@@ -1519,11 +1577,17 @@ Status solveStage(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStre
 template <int32_t kDk>
 void scanDk(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, Work const& wk, Dims const& d, cudaStream_t s)
 {
-    constexpr int32_t kColumns = ColumnLanes<kGdnSplit<kDk>>::kColumns;
+    using Smem = ScanSmem<kDk>;
+    constexpr int32_t kColumns = Smem::kColumns;
     dim3 const grid(static_cast<unsigned>(d.numContext), static_cast<unsigned>(d.hv),
         static_cast<unsigned>((d.dv + kColumns - 1) / kColumns));
-    gdnChunkScanKernel<kDk><<<grid, kColumnThreads, 0, s>>>(wk.qh, wk.kh, wk.gam, wk.qk, wk.u, wk.w, g.cuSeqlens,
-        g.slots, g.zeroState, g.rnnPool, g.y, p.dataType, d);
+    // over 48 KB of dynamic shared memory needs the opt-in (a refusal shows as the launch's error)
+    if (cudaFuncSetAttribute(gdnChunkScanKernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            static_cast<int>(Smem::kBytes))
+        != cudaSuccess)
+        return;
+    gdnChunkScanKernel<kDk><<<grid, kColumnThreads, Smem::kBytes, s>>>(wk.qh, wk.kh, wk.gam, wk.qk, wk.u, wk.w,
+        g.cuSeqlens, g.slots, g.zeroState, g.rnnPool, g.y, p.dataType, d);
 }
 
 Status scanStage(GatedDeltaNetParams const& p, GdnLaunchArgs const& g, cudaStream_t s, char* msg, size_t len)

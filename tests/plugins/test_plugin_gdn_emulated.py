@@ -56,7 +56,7 @@ def emulation_source(cu: str) -> str:
     ids = iter(range(1, 10_000))
     src, shared = re.subn(r"__shared__\s+([\w:<>]+)\s+(\w+)((?:\[[^\]]+\])+);",
                           lambda m: f"auto& {m.group(2)} = emu::shared<{m.group(1)}{m.group(3)}>({next(ids)});", src)
-    assert launches >= 9 and shared >= 6 and asm <= 8 and dyn <= 1, (launches, shared, asm, dyn)
+    assert launches >= 9 and shared >= 6 and asm <= 8 and dyn <= 2, (launches, shared, asm, dyn)
     assert "__shared__" not in src and "<<<" not in src, "a construct the transform does not know"
     return '#include "cuda_emu.h"\n' + src
 
