@@ -89,3 +89,34 @@ def test_a_stop_word_the_tokenizer_cannot_encode_is_named_not_the_text(model):
     request["QUERY"] = _In(np.array([[b"qqqq"]], dtype=object))
     with pytest.raises(ValueError, match=r"cannot encode the text \(QUERY\)"):
         model._one(request)
+
+
+class _Params(dict):
+    def __init__(self, inputs, parameters):
+        super().__init__(inputs)
+        self._p = parameters
+
+    def parameters(self):
+        return self._p
+
+
+def test_a_request_parameter_is_refused_by_name_as_the_package_refuses_it(model):
+    """A request parameter (Triton's /generate makes one of a JSON field that names no input; the ensemble forwards
+    it) is an error naming it, worded as dflash2_trt.deploy.triton.serving.refuse_parameters words it (the model
+    file carries a copy); none at all, or a python backend without parameters(), passes (the server test:
+    test_triton_server.py, test_request_parameters_are_refused_by_name)."""
+    from dflash2_trt.deploy.triton.serving import refuse_parameters
+    from dflash2_trt.errors import ConfigError
+
+    refuse = type(model)._one.__globals__["refuse_parameters"]
+    for text in ('{"repetition_penalty":5.0}', '{"min_tokens":2,"lora_task_id":3}'):
+        with pytest.raises(ConfigError) as want:
+            refuse_parameters(text)
+        with pytest.raises(ValueError) as got:
+            refuse(_Params({}, text))
+        assert str(got.value) == f"preprocessing: {want.value}"
+    assert "request parameters 'lora_task_id', 'min_tokens': not an input of this model" in str(got.value)
+    for ok in ("{}", ""):
+        refuse(_Params({}, ok))
+        refuse_parameters(ok)
+    refuse({})

@@ -63,12 +63,19 @@ def cpu_repo(engine, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def gpu_repo(engine, tmp_path_factory):
+def trt_engine(engine, tmp_path_factory):
+    """A TensorRT-LLM engine directory of the tiny pair (the CPU engine's manifest, backend trtllm)."""
+    return _trtllm_engine_dir(engine, tmp_path_factory.mktemp("e") / "trt-engine")
+
+
+@pytest.fixture(scope="module")
+def gpu_repo(engine, trt_engine, tmp_path_factory):
     out = tmp_path_factory.mktemp("r") / "gpu"
-    code, text = cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out), "--decoupled",
-                      "--backend", "tensorrtllm")
+    # the CPU engine's tokenizer directory: the text models' configs equal cpu_repo's
+    code, text = cli("deploy", "triton", "--engine-dir", str(trt_engine), "--output", str(out), "--decoupled",
+                      "--backend", "tensorrtllm", "--tokenizer", str(engine / "tokenizer"))
     assert code == 0, text
-    assert "note: " in text and "is a CPU engine" in text   # said, not silently accepted
+    assert "note:" not in text, text
     return out
 
 
@@ -107,13 +114,16 @@ def test_every_config_parses_strictly_and_names_the_backend_tensors(cpu_repo, gp
                                                "total_draft_tokens"}
 
 
-def test_gpu_and_cpu_repositories_differ_only_in_the_tensorrt_llm_backend_and_parameters(cpu_repo, gpu_repo, engine):
+def test_gpu_and_cpu_repositories_differ_only_in_the_tensorrt_llm_backend_and_parameters(cpu_repo, gpu_repo, engine,
+                                                                                         trt_engine):
     cpu, gpu = rp.check_repository(cpu_repo), rp.check_repository(gpu_repo)
     assert (cpu["tensorrt_llm"].backend, gpu["tensorrt_llm"].backend) == ("python", "tensorrtllm")
     cp = {k: v.string_value for k, v in cpu["tensorrt_llm"].parameters.items()}
     gp = {k: v.string_value for k, v in gpu["tensorrt_llm"].parameters.items()}
-    assert cp.items() <= gp.items()             # the CPU model reads a subset, with the same values
-    assert gp["gpt_model_path"] == str(engine.resolve()) and gp["kv_cache_free_gpu_mem_fraction"] == "0.9"
+    # the CPU model reads a subset, with the same values but for its own engine directory
+    assert cp["gpt_model_path"] == str(engine.resolve()) and gp["gpt_model_path"] == str(trt_engine.resolve())
+    assert {k: v for k, v in cp.items() if k != "gpt_model_path"}.items() <= gp.items()
+    assert gp["kv_cache_free_gpu_mem_fraction"] == "0.9"
     for m in (cpu["tensorrt_llm"], gpu["tensorrt_llm"]):
         m.ClearField("backend")
         m.ClearField("parameters")
@@ -127,11 +137,11 @@ def test_gpu_and_cpu_repositories_differ_only_in_the_tensorrt_llm_backend_and_pa
     assert sorted(p.name for p in gpu_repo.iterdir() if p.is_dir()) == MODELS
 
 
-def test_launch_script_preloads_the_plugin_library(gpu_repo, engine, tmp_path):
+def test_launch_script_preloads_the_plugin_library(gpu_repo, trt_engine, tmp_path):
     script = gpu_repo / "launch.sh"
     assert script.stat().st_mode & 0o111
     text = script.read_text()
-    assert "LD_PRELOAD" in text and str(engine.resolve() / "libdflash2_plugins.so") in text
+    assert "LD_PRELOAD" in text and str(trt_engine.resolve() / "libdflash2_plugins.so") in text
     assert "$$" not in text and "plugin_lib" not in text   # every placeholder filled, every escape undone
     r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -239,7 +249,8 @@ def test_bad_input_is_one_line_and_writes_nothing(engine, tmp_path, args, needle
     (["--backend", "python", "--kv-cache-free-gpu-mem-fraction", "0.5"],
      "error: --kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python backend serves a cpu "
      "engine"),
-    (["--backend", "tensorrtllm", "--plugin-lib", "/nonexistent.so"], "error: --plugin-lib: /nonexistent.so: no such file"),
+    (["--backend", "tensorrtllm", "--plugin-lib", "/nonexistent.so"],
+     "error: {engine}: --backend tensorrtllm: a cpu engine: the tensorrtllm backend runs TensorRT-LLM engines only"),
 ])
 def test_contradictory_or_ignored_options_are_refused(engine, tmp_path, args, line):
     """Options that contradict each other, or that the chosen backend would ignore, are one line naming
@@ -247,8 +258,28 @@ def test_contradictory_or_ignored_options_are_refused(engine, tmp_path, args, li
     out = tmp_path / "repo"
     got = one_error_line(*cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out),
                      *[a.format(engine=engine) for a in args]))
-    assert got.startswith(line), got
+    assert got.startswith(line.format(engine=engine)), got
     assert not out.exists()
+
+
+def test_the_tensorrtllm_backend_is_refused_for_a_cpu_or_cuda_engine(engine, tmp_path, monkeypatch):
+    """TensorRT-LLM's executor runs TensorRT-LLM engine files only: a CPU or cuda engine asked for the tensorrtllm
+    backend is one line naming the engine directory and the way out, exit 1, nothing written (not a repository
+    that cannot load)."""
+    out = tmp_path / "repo"
+    for extra in ([], ["--decoupled", "--ids-only"], ["--kv-cache-free-gpu-mem-fraction", "0.5"]):
+        line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out),
+                                   "--backend", "tensorrtllm", *extra))
+        assert line == (f"error: {engine}: --backend tensorrtllm: a cpu engine: the tensorrtllm backend runs "
+                        "TensorRT-LLM engines only (`dflash2-trt build --backend trtllm` on a GPU machine); use "
+                        "--backend python or auto for a CPU/cuda engine"), line
+        assert list(tmp_path.iterdir()) == []
+    real = rp.read_engine
+    monkeypatch.setattr(rp, "read_engine", lambda d: (lambda cm: (cm[0], {**cm[1], "backend": "cuda"}))(real(d)))
+    with pytest.raises(ConfigError, match=r"--backend tensorrtllm: a cuda engine: the tensorrtllm backend runs "
+                                          r"TensorRT-LLM engines only"):
+        rp.deploy_triton(engine, out, backend="tensorrtllm")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_not_an_engine_dir_and_tokenizer_errors(engine_without_tokenizer, tmp_path):
@@ -343,6 +374,9 @@ def test_a_tensorrt_llm_engine_gets_the_tensorrtllm_backend(engine, tmp_path):
     assert models["tensorrt_llm"].backend == "tensorrtllm"
     assert models["tensorrt_llm"].parameters["gpt_model_path"].string_value == str(eng.resolve())
     assert str(eng.resolve() / "libdflash2_plugins.so") in (tmp_path / "repo" / "launch.sh").read_text()
+    assert one_error_line(*cli("deploy", "triton", "--engine-dir", str(eng), "--output", str(tmp_path / "r1"),
+                               "--plugin-lib", "/nonexistent.so")) == "error: --plugin-lib: /nonexistent.so: no such file"
+    assert not (tmp_path / "r1").exists()
     # the python model on the project runtime opens the rank engine: refused, naming it, where there is none
     assert "no rank0.engine" in one_error_line(*cli("deploy", "triton", "--engine-dir", str(eng), "--output",
                                           str(tmp_path / "r2"), "--backend", "python"))

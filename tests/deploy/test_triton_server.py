@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import queue
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -169,6 +170,48 @@ def test_http_generate_stream_endpoint(server_stream, prompts, greedy, tokenizer
     with urllib.request.urlopen(req, timeout=60) as r:
         events = [json.loads(line[len(b"data: "):]) for line in r.read().splitlines() if line.startswith(b"data: ")]
     assert len(events) > 1 and "".join(e["text_output"] for e in events) == tokenizer.decode(greedy[0])
+    # a JSON field that names no input is a request parameter to Triton: refused, naming it (not ignored)
+    code, body = _post(f"{server_stream.http_url}/v2/models/ensemble/generate_stream",
+                       {"text_input": "puni kiku", "max_tokens": 4, "stream": True, "repetition_penalty": 5.0})
+    assert code == 400 and "preprocessing: request parameter 'repetition_penalty': not an input" in body, body
+
+
+def _post(url, body):
+    """(status, body text) of a JSON POST."""
+    req = urllib.request.Request(f"http://{url}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_request_parameters_are_refused_by_name(server_plain, http, grpc_plain, prompts, greedy, tokenizer):
+    """Triton's /generate turns a JSON field that names no model input into a request parameter (and an ensemble
+    forwards its parameters to every composing model): the models read none, so one is an error naming it, as an
+    unknown input is, on every transport; Triton's own request options (priority, timeout) are not forwarded and
+    still serve, and so does the server."""
+    url = f"{server_plain.http_url}/v2/models"
+    text = {"text_input": "puni kiku", "max_tokens": 4}
+    code, body = _post(f"{url}/ensemble/generate", text)
+    assert code == 200 and json.loads(body)["text_output"], body
+    code, body = _post(f"{url}/ensemble/generate", {**text, "repetition_penalty": 5.0})
+    assert code == 400 and "preprocessing: request parameter 'repetition_penalty': not an input of this model" in body
+    code, body = _post(f"{url}/ensemble/generate", {**text, "min_tokens": 2, "lora_task_id": 3})
+    assert code == 400 and "request parameters 'lora_task_id', 'min_tokens'" in body, body
+    code, body = _post(f"{url}/tensorrt_llm/generate", {"input_ids": prompts[0], "input_lengths": len(prompts[0]),
+                                                         "request_output_len": 4, "temperature": 1e-6, "foo": 1})
+    assert code == 400 and "request parameter 'foo'" in body, body
+    with pytest.raises(InferenceServerException, match="request parameter 'num_return_sequences'"):
+        grpc_plain.infer("ensemble", text_inputs(grpcclient, "puni kiku"), parameters={"num_return_sequences": 2})
+    with pytest.raises(InferenceServerException, match="request parameter 'bad_words'"):
+        http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0]), parameters={"bad_words": "x"})
+    want = tokenizer.decode(greedy[0])
+    assert _text(http.infer("ensemble", text_inputs(httpclient, tokenizer.decode(prompts[0])), priority=1,
+                            timeout=10 ** 8)) == want
+    assert _text(grpc_plain.infer("ensemble", text_inputs(grpcclient, tokenizer.decode(prompts[0])), priority=1,
+                                  timeout=10 ** 8)) == want
 
 
 def test_the_ensemble_decodes_greedily_at_0_and_without_a_temperature(http, prompts, greedy, tokenizer):

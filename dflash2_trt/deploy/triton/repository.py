@@ -319,8 +319,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                   cuda_graphs: bool = False, command=None) -> RepositoryResult:
     """The repository for ``engine_dir`` at ``output``. ``None`` is an option not given (``model_name``
     "ensemble", ``kv_cache_free_gpu_mem_fraction`` 0.9): an option given where it cannot apply (``--tokenizer``
-    or ``--model-name`` with ``--ids-only``, ``--plugin-lib`` or the KV fraction with the python backend) is
-    refused, never ignored. ``cuda_graphs``: the python-backend model replays generation steps from CUDA graphs
+    or ``--model-name`` with ``--ids-only``, ``--plugin-lib`` or the KV fraction with the python backend; the
+    tensorrtllm backend for a CPU or cuda engine, which TensorRT-LLM's executor cannot load) is refused, never ignored. ``cuda_graphs``: the python-backend model replays generation steps from CUDA graphs
     (its ``cuda_graph_mode`` parameter; a cuda engine, or a TensorRT engine on the project runtime)."""
     if ids_only:
         given = [o for o, v in (("--tokenizer", tokenizer), ("--model-name", model_name)) if v is not None]
@@ -349,6 +349,12 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
         backend = "python" if man["backend"] in ("cpu", "cuda") or path["path"] == "project" else "tensorrtllm"
     if backend not in BACKENDS:
         raise ConfigError(f"must be one of auto, {', '.join(BACKENDS)}, got {backend!r}", field="--backend")
+    if backend == "tensorrtllm" and man["backend"] in ("cpu", "cuda"):
+        # TensorRT-LLM's executor opens TensorRT-LLM engine files at gpt_model_path: a repository for this engine
+        # would fail its load (the python model on the project runtime serves it)
+        raise ConfigError(f"a {man['backend']} engine: the tensorrtllm backend runs TensorRT-LLM engines only "
+                          f"(`dflash2-trt build --backend trtllm` on a GPU machine); use --backend python or auto "
+                          f"for a CPU/cuda engine", source=engine_dir, field="--backend tensorrtllm")
     if backend == "python" and man["backend"] == "trtllm":
         _check_project_runtime_engine(engine_dir, cfg, tp)
     if backend == "python" and plugin_lib is not None:
@@ -376,10 +382,6 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                                                                                        bool):
             raise ConfigError(f"must be a number, got {kv_cache_free_gpu_mem_fraction!r}",
                               source=engine_dir / "engine.json", field="limits.kv_cache_free_gpu_mem_fraction")
-    if backend == "tensorrtllm" and man["backend"] in ("cpu", "cuda"):
-        notes.append(f"{engine_dir} is {'a CPU' if man['backend'] == 'cpu' else 'a cuda'} engine: the tensorrtllm "
-                     f"backend needs TensorRT-LLM engine files at "
-                     f"gpt_model_path (`dflash2-trt build --backend trtllm` on a GPU machine)")
     if backend == "tensorrtllm" and path is not None and path["path"] == "project":
         fix = ("`--backend python` (the default for it) serves it on the project runtime (docs/trt-session.md §8"
                + (f"; tp {tp}: its launch.sh runs it as {tp} processes under mpirun)" if tp > 1 else ")"))

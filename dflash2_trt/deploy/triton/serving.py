@@ -134,6 +134,29 @@ def parse_stop_words(arr: np.ndarray) -> list[list[int]]:
     return words
 
 
+def refuse_parameters(parameters) -> None:
+    """A request's parameters (``request.parameters()``: a JSON object as text, or a mapping) must be none.
+
+    The models read no request parameters, and Triton hands them what a client sends beside the inputs: a field of
+    ``/generate``'s JSON body that names no input of the model (``{"repetition_penalty": 5.0}``), the ``parameters``
+    of an infer request, or a header a ``--*-header-forward-pattern`` matches; an ensemble forwards its request's
+    parameters to every composing model. Refused, naming them, rather than ignored (as unknown inputs are). Triton
+    keeps its own (``priority``, ``timeout``, ``sequence_*``, ``binary_data_output`` of an infer request;
+    ``triton_*``) and passes none of them on: they are not seen here. ``models/preprocessing.py`` and
+    ``models/postprocessing.py`` carry a copy (they import nothing of this package)."""
+    if isinstance(parameters, (str, bytes)):
+        try:
+            parameters = json.loads(parameters or "{}")
+        except ValueError:
+            parameters = {"?": parameters}
+    names = sorted(parameters or {})
+    if names:
+        raise ConfigError(f"request parameter{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}: "
+                          f"not an input of this model, and it reads no request parameters, so refused rather than "
+                          f"ignored (Triton's /generate endpoint passes a JSON field that names no model input on as "
+                          f"a request parameter); send only the model's inputs")
+
+
 def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_token_ids=(), exclude_default: bool = True,
                   decoupled: bool = False, arrival_ns: int | None = None) -> Spec:
     """One request's input tensors (name -> array, only those the client gave) -> :class:`Spec`."""

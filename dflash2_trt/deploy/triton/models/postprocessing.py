@@ -10,6 +10,25 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+MODEL = "postprocessing"
+
+
+def refuse_parameters(request):
+    """This model reads no request parameters: any (e.g. a /generate JSON field naming no input, which Triton turns
+    into one; an ensemble forwards its request's parameters to this model) is an error naming it, not ignored. A
+    copy of dflash2_trt.deploy.triton.serving.refuse_parameters (this file imports nothing of the package)."""
+    read = getattr(request, "parameters", None)    # a python backend without it (before 23.x) passes none on
+    try:
+        params = json.loads((read() if read is not None else None) or "{}")
+    except ValueError:
+        params = {"?": None}
+    names = sorted(params)
+    if names:
+        raise ValueError(f"{MODEL}: request parameter{'s' if len(names) > 1 else ''} "
+                         f"{', '.join(repr(n) for n in names)}: not an input of this model, and it reads no request "
+                         f"parameters, so refused rather than ignored (Triton's /generate endpoint passes a JSON field "
+                         f"that names no model input on as a request parameter); send only the model's inputs")
+
 
 def load_tokenizer(directory):
     """As dflash2_trt.tokenizer.find_tokenizer loads it: a tokenizer_config naming the generic fast
@@ -42,6 +61,11 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
+            try:
+                refuse_parameters(request)
+            except ValueError as exc:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
+                continue
             tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
             lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
             tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])

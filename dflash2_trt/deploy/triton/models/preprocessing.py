@@ -17,10 +17,29 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+MODEL = "preprocessing"
+
 
 def _param(cfg, key, default=None):
     value = cfg.get("parameters", {}).get(key, {}).get("string_value")
     return default if value in (None, "") else value
+
+
+def refuse_parameters(request):
+    """This model reads no request parameters: any (e.g. a /generate JSON field naming no input, which Triton turns
+    into one; an ensemble forwards its request's parameters to this model) is an error naming it, not ignored. A
+    copy of dflash2_trt.deploy.triton.serving.refuse_parameters (this file imports nothing of the package)."""
+    read = getattr(request, "parameters", None)    # a python backend without it (before 23.x) passes none on
+    try:
+        params = json.loads((read() if read is not None else None) or "{}")
+    except ValueError:
+        params = {"?": None}
+    names = sorted(params)
+    if names:
+        raise ValueError(f"{MODEL}: request parameter{'s' if len(names) > 1 else ''} "
+                         f"{', '.join(repr(n) for n in names)}: not an input of this model, and it reads no request "
+                         f"parameters, so refused rather than ignored (Triton's /generate endpoint passes a JSON field "
+                         f"that names no model input on as a request parameter); send only the model's inputs")
 
 
 def word_list(words):
@@ -94,6 +113,8 @@ class TritonPythonModel:
         return responses
 
     def _one(self, request):
+        refuse_parameters(request)
+
         def get(name):
             t = pb_utils.get_input_tensor_by_name(request, name)
             return None if t is None else t.as_numpy()

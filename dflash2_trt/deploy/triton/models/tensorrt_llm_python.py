@@ -18,7 +18,8 @@ import triton_python_backend_utils as pb_utils
 
 from dflash2_trt.cpu_threads import share_cpus
 from dflash2_trt.engine.graph_rules import describe
-from dflash2_trt.deploy.triton.serving import DRAIN_ENV, ServingLoop, graph_report, open_engine, parse_request
+from dflash2_trt.deploy.triton.serving import (DRAIN_ENV, ServingLoop, graph_report, open_engine, parse_request,
+                                              refuse_parameters)
 from dflash2_trt.errors import DFlash2Error
 
 
@@ -131,6 +132,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"max_batch_size: {exc}") from None
 
     def _spec(self, request):
+        # e.g. /generate's JSON fields that name no input (a python backend without parameters() passes none on)
+        refuse_parameters(request.parameters() if hasattr(request, "parameters") else None)
         inputs = {t.name(): t.as_numpy() for t in request.inputs()}
         return parse_request(inputs, vocab_size=self.engine.vocab_size, eos_token_ids=self.eos,
                              exclude_default=self.exclude_default, decoupled=self.decoupled)

@@ -1,0 +1,106 @@
+"""What `build` refuses or says about its inputs and options before anything is written: a registered target's name
+given with another family's checkpoints, a drafter trained for another block than the target's build config, a
+published pair planned from its shipped configs, options a cpu build has no use for, a non-empty --output in a dry
+run. (Found by a new-user walk through README and docs/cli.md.)"""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.cli import main
+from dflash2_trt.targets import PUBLISHED_DIR
+
+
+def _cli(*args, env=None):
+    r = CliRunner().invoke(main, list(args), env=env)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_a_target_name_with_another_familys_checkpoints_is_refused():
+    muse = trained_pair("muse_glimmer")
+    code, out, err = _cli("build", "--target", "tiny", "--drafter", str(muse.drafter_dir), "--target-dir",
+                          str(muse.target_dir), "--dry-run", "--backend", "cpu")
+    assert code == 1 and out == ""
+    line = err.strip()
+    assert line.count("\n") == 0, err
+    assert line.startswith(f"error: {muse.target_dir / 'config.json'}: architectures: a muse_glimmer model, but target "
+                           f"'tiny' is qwen3"), line
+    assert "--target muse-glimmer-30b or tiny-muse" in line
+    # the matching name plans it
+    code, out, err = _cli("build", "--target", "tiny-muse", "--drafter", str(muse.drafter_dir), "--target-dir",
+                          str(muse.target_dir), "--dry-run", "--backend", "cpu", "--json")
+    assert code == 0, err
+    assert json.loads(out)["family"] == "muse_glimmer"
+
+
+def test_a_drafter_trained_for_another_block_is_named(tmp_path):
+    pair = trained_pair("qwen3")
+    drafter = tmp_path / "drafter16"
+    drafter.mkdir()
+    cfg = json.loads((pair.drafter_dir / "config.json").read_text())
+    cfg["dflash_config"]["block_size"] = 16
+    (drafter / "config.json").write_text(json.dumps(cfg))   # config only: enough for a dry run
+    args = ("build", "--target", "tiny", "--drafter", str(drafter), "--target-dir", str(pair.target_dir),
+            "--dry-run", "--backend", "cpu", "--json")
+    code, out, err = _cli(*args)
+    assert code == 0, err
+    assert json.loads(out)["settings"]["block_size"] == 8     # the build config's, as before: now said
+    assert "trained with block_size 16" in err and "builds block 8" in err and "--block-size 16" in err, err
+    code, out, err = _cli(*args, "--block-size", "16")
+    assert code == 0, err
+    assert json.loads(out)["settings"]["block_size"] == 16 and "trained with block_size" not in err
+
+
+def test_a_dry_run_plans_a_published_pair_from_its_shipped_configs(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "DFLASH2_TRT_MODELS": str(tmp_path / "none")}
+    code, out, err = _cli("build", "--target", "qwen3.8-27b", "--dry-run", "--json", env=env)
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["drafter_dir"] == str(PUBLISHED_DIR / "z-lab__Qwen3.8-27B-DFlash2")
+    assert plan["target_dir"] == str(PUBLISHED_DIR / "Qwen__Qwen3.8-27B")
+    assert err.count("note: ") == 2 and "planned from its config shipped in the package" in err, err
+    # a real build never takes configs for weights
+    code, out, err = _cli("build", "--target", "qwen3.8-27b", "--output", str(tmp_path / "e"), env=env)
+    assert code == 1 and "is not available locally" in err and not (tmp_path / "e").exists()
+
+
+def test_options_a_cpu_build_has_no_use_for_are_refused(tmp_path):
+    for extra, field in ((["--no-keep-checkpoint"], "--no-keep-checkpoint"), (["--reconvert"], "--reconvert"),
+                         (["--gpu-memory-gib", "80"], "--gpu-memory-gib"),
+                         (["--no-keep-checkpoint", "--dry-run"], "--no-keep-checkpoint")):
+        code, out, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"),
+                              *extra)
+        assert code == 1 and err.startswith(f"error: {field}: "), (extra, err)
+        assert not (tmp_path / "e").exists()
+
+
+def test_a_dry_run_refuses_a_non_empty_output_as_the_build_would(tmp_path):
+    out_dir = tmp_path / "engine"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("x")
+    code, out, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out_dir), "--dry-run")
+    assert code == 1 and "output directory is not empty (pass --force" in err, err
+    code, out, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out_dir), "--dry-run",
+                          "--force")
+    assert code == 0, err
+    assert [p.name for p in out_dir.iterdir()] == ["keep.txt"]   # a dry run writes and deletes nothing
+
+
+def test_inspect_names_a_missing_directory(tmp_path):
+    code, out, err = _cli("inspect", str(tmp_path / "nope"))
+    assert code == 1 and err.strip() == f"error: {tmp_path / 'nope'}: no such directory"
+    (tmp_path / "empty").mkdir()
+    code, out, err = _cli("inspect", str(tmp_path / "empty"))
+    assert code == 1 and "config.json: config file not found" in err
+
+
+def test_serve_names_the_option_a_bad_port_came_from(tmp_path):
+    code, out, err = _cli("serve", "--engine-dir", str(tmp_path), "--port", "70000")
+    assert code == 1 and err.strip() == "error: --port (its http port): port 70000 is not in [1, 65535]", err
+    code, out, err = _cli("serve", "--engine-dir", str(tmp_path), "--port", "65534")
+    assert code == 1 and err.strip() == "error: --port (its metrics port): port 65536 is not in [1, 65535]", err
+    code, out, err = _cli("serve", "--engine-dir", str(tmp_path), "--port", "70000", "--http-port", "0")
+    assert code == 1 and err.strip() == "error: --http-port: port 0 is not in [1, 65535]", err
