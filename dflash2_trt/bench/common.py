@@ -9,6 +9,13 @@ from pathlib import Path
 from ..engine.format import ENGINE_FORMAT
 from ..errors import ConfigError
 
+STEPS_FORMAT = "dflash2-trt bench steps"
+"""``format`` of a ``bench steps`` report (``dflash2_trt/bench/steps.py``)."""
+ROOFLINE_KIND = "roofline model (not a measurement)"
+MEASURED_KIND = "measured step costs (not a roofline model)"
+PROJECTION_KINDS = (ROOFLINE_KIND, MEASURED_KIND)
+"""``kind`` of a ``bench project`` projection: the roofline model's, or from a ``bench steps`` report's costs."""
+
 
 def engine_backend(engine_dir) -> tuple[str, dict, dict | None]:
     """(backend, manifest, engine config or None) of an engine directory, without loading it."""

@@ -2,7 +2,9 @@
 
 A report, plot or dataset is either the complete new file or the old one (or absent); an error or
 Ctrl-C leaves no partial file and no temporary behind. A failed write is one
-:class:`~dflash2_trt.checkpoint.writer.OutputWriteError` line naming the output.
+:class:`~dflash2_trt.checkpoint.writer.OutputWriteError` line naming the output. Before any work,
+:func:`check_output_file` makes sure the output can be written and that an existing file there is the command's own
+previous output (a ``bench`` command has no ``--force``: it replaces its report, never another file).
 """
 
 from __future__ import annotations
@@ -16,14 +18,108 @@ from ..checkpoint.writer import OutputWriteError, current_umask
 from ..errors import ConfigError
 
 
-def check_output_file(path: str | Path, *, field: str) -> Path:
-    """Refuse an output path that is a directory or whose parent directory does not exist; never writes."""
+OUTPUT_KINDS = {"run": "a `bench run` report", "steps": "a `bench steps` report",
+                "project": "a `bench project` projection", "png": "a PNG image"}
+"""What each ``bench`` output is, by the key :func:`check_output_file`'s ``replaces`` takes."""
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_REPORT_BYTES = 1 << 30
+"""A larger existing file is not read: no report this project writes comes near it."""
+
+
+def report_kind(doc) -> str | None:
+    """Which ``bench`` report a parsed JSON document is (a key of :data:`OUTPUT_KINDS`), by the field each carries:
+    ``format`` (``bench run``, ``bench steps``) or ``kind`` (``bench project``); None for anything else."""
+    from .common import PROJECTION_KINDS, STEPS_FORMAT
+    from .report import REPORT_FORMAT
+
+    if not isinstance(doc, dict):
+        return None
+    fmt = doc.get("format")
+    if fmt == REPORT_FORMAT:
+        return "run"
+    if fmt == STEPS_FORMAT:
+        return "steps"
+    if fmt is None and doc.get("kind") in PROJECTION_KINDS:
+        return "project"
+    return None
+
+
+def existing_output(path: str | Path) -> tuple[str | None, str]:
+    """``(kind, what)`` of the file already at ``path``: ``kind`` a key of :data:`OUTPUT_KINDS` or None, ``what`` a
+    few words saying what the file is (for an error line)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+        if not path.is_file():
+            return None, "not a regular file"
+        if st.st_size > MAX_REPORT_BYTES:
+            return None, f"a file of {st.st_size / 2**30:.1f} GiB"
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, f"a file that cannot be read ({exc.strerror or exc})"
+    if data.startswith(PNG_SIGNATURE):
+        return "png", OUTPUT_KINDS["png"]
+    if not data.strip():
+        return None, "an empty file"
+    try:
+        doc = json.loads(data)
+    except ValueError:                      # UnicodeDecodeError included
+        return None, "a file that is neither JSON nor a PNG image"
+    kind = report_kind(doc)
+    if kind is not None:
+        return kind, OUTPUT_KINDS[kind]
+    if isinstance(doc, dict) and isinstance(doc.get("format"), str):
+        return None, f"a {doc['format']!r} file"
+    if isinstance(doc, dict) and isinstance(doc.get("kind"), str):
+        return None, f"a JSON document of kind {doc['kind']!r}"
+    return None, "a JSON document that is not a bench report"
+
+
+def check_output_file(path: str | Path, *, field: str, replaces: str | None = None) -> Path:
+    """Refuse, before any work, an output path that is a directory, whose directory does not exist or cannot be
+    written (a probe file is created there and removed at once), or, with ``replaces`` (a key of
+    :data:`OUTPUT_KINDS`), an existing file that is not that kind of output: a command replaces its own previous
+    report, never another file (an engine's ``engine.json``, a dataset). ``replaces`` None: an existing file is the
+    caller's to judge (``bench prepare-dataset --force``)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory; give a file name", field=field)
     if not path.parent.is_dir():
         raise ConfigError(f"the directory {path.parent} does not exist", field=field)
+    if replaces is not None and (path.exists() or path.is_symlink()):
+        kind, what = existing_output(path)
+        if kind != replaces:
+            raise ConfigError(f"{path} exists and is {what}, not {OUTPUT_KINDS[replaces]} (this command "
+                              f"replaces only its own); pass another path", field=field)
+    try:                                    # where the report is written at the end: checked before the run
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot create a file in {path.parent}: {exc.strerror or exc}", field=field) from None
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
     return path
+
+
+def refuse_input_overlap(output, option: str, inputs) -> None:
+    """:func:`dflash2_trt.overlap.refuse_overlap`'s rule (an output never is, contains or lies inside an input) for a
+    ``bench`` report or plot, worded for commands without ``--force``: the one line says what writing the output
+    would do to the input."""
+    if output is None:
+        return
+    from ..overlap import overlap
+
+    hit = overlap(output, inputs)
+    if hit is None:
+        return
+    rel, what, p = hit
+    why = {"is": "writing the output would replace it", "contains": "it lies inside the output path",
+           "lies inside": "the output would be written into it"}[rel]
+    shown_out, shown_in = (Path(os.path.expanduser(os.fspath(x))).resolve() for x in (output, p))
+    raise ConfigError(f"{shown_out} {rel} the {what} {shown_in} ({why}); an output must not be, contain or lie "
+                      f"inside an input: nothing was written", field=option)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:

@@ -68,7 +68,7 @@ from ..checkpoint.inventory import expected_drafter_tensors, expected_target_ten
 from ..config import DFlash2Config, TargetConfig
 from ..errors import ConfigError
 from ..targets import fixtures_dir, resolve_dirs
-from .common import paired_target
+from .common import MEASURED_KIND, ROOFLINE_KIND, STEPS_FORMAT, paired_target
 
 
 @dataclass(frozen=True)
@@ -431,7 +431,7 @@ def project(t: TargetShapes, d: DrafterShapes, gpus, *, concurrency, context: in
             entry["article"] = compare_with_article(pts, tau)
         per_gpu.append(entry)
     return {
-        "kind": "roofline model (not a measurement)",
+        "kind": ROOFLINE_KIND,
         "costs": {"kind": "assumed", "model": "roofline", "bandwidth_efficiency": bw_eff,
                   "compute_efficiency": fl_eff, "step_overhead_s": step_overhead_s},
         "target": asdict(t) | {"layer_kinds": {k: t.layer_kinds.count(k) for k in sorted(set(t.layer_kinds))}},
@@ -456,7 +456,7 @@ def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, sourc
     if basis not in COST_BASES:
         raise ConfigError(f"one of {', '.join(COST_BASES)}, got {basis!r}", field="--cost-basis")
     try:
-        if steps.get("format") != "dflash2-trt bench steps":
+        if steps.get("format") != STEPS_FORMAT:
             raise TypeError
         by_c = {int(p["concurrency"]): p for p in steps["points"]}
         K, device = int(steps["draft_len"]), str(steps["device"])
@@ -494,7 +494,7 @@ def measured_projection(steps: dict, *, tau: float, acceptance_info: dict, sourc
     if steps.get("target") == "qwen3.8-27b" and K == 7 and "H200" in device:
         entry["article"] = compare_with_article(pts, tau)
     return {
-        "kind": "measured step costs (not a roofline model)",
+        "kind": MEASURED_KIND,
         "costs": {"kind": "measured", "source": str(source), "basis": basis, "device": device,
                   "backend": steps.get("backend"), "context_len": steps.get("context_len"),
                   "weights": steps.get("weights"), "notes": list(steps.get("notes") or [])},

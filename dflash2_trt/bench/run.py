@@ -9,16 +9,17 @@ from pathlib import Path
 
 from ..engine.graph_rules import refuse_graphs
 from ..errors import ConfigError
-from ..overlap import refuse_overlap
 from ..sampling import effective_temperature
 from .common import engine_backend, paired_target, parse_concurrency
-from .io import atomic_write_bytes, atomic_write_json, check_output_file
+from .io import atomic_write_bytes, atomic_write_json, check_output_file, refuse_input_overlap
 from .plot import pyplot, render_png
 from .projection import GPUS, project, published_pair_shapes, tau_from
 from .report import build_report
 
 
 DEFAULT_PROJECT_CONTEXT = 1024
+DEFAULT_PROJECT_TARGET = "qwen3.8-27b"
+DEFAULT_COST_BASIS = "busy"
 
 
 def _default_context(t, wanted: int) -> int:
@@ -70,7 +71,7 @@ def parse_gpus(text, field: str = "--gpu") -> list[str]:
 def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16", num_requests=None,
               temperature: float = 0.0, seed: int = 0, max_new_tokens: int = 64, stop_on_eos: bool = True,
               baseline: bool = True, json_out=None, plot_out=None, project_gpus=None,
-              project_target: str = "qwen3.8-27b", context_len: int | None = None, progress: bool = False,
+              project_target: str | None = None, context_len: int | None = None, progress: bool = False,
               keep_outputs: bool = False, baseline_engine_dir=None, benchmark_bin=None, plugin_lib=None,
               dry_run: bool = False, threads: int | None = 1, tool: str | None = None, runtime: str | None = None,
               trt=None, cuda_graphs: bool = False, simulate_graphs: bool = False) -> dict:
@@ -90,15 +91,20 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     inputs = [("engine directory", engine_dir), ("dataset", dataset),
               ("baseline engine directory", baseline_engine_dir), ("benchmark binary", benchmark_bin),
               ("plugin library", plugin_lib)]
-    refuse_overlap(json_out, "--json", inputs)
-    refuse_overlap(plot_out, "--plot", inputs + [("--json report", json_out)])
-    for p, f in ((json_out, "--json"), (plot_out, "--plot")):
+    refuse_input_overlap(json_out, "--json", inputs)
+    refuse_input_overlap(plot_out, "--plot", inputs + [("--json report", json_out)])
+    # before the run: the outputs' directories take a file, and an existing file is this command's own previous
+    # report or plot (replaced), never another file (an engine's manifest)
+    for p, f, kind in ((json_out, "--json", "run"), (plot_out, "--plot", "png")):
         if p is not None:
-            check_output_file(p, field=f)
+            check_output_file(p, field=f, replaces=kind)
     if plot_out is not None:
         pyplot()                                      # a missing matplotlib fails before the run, not after
     # options that cannot apply are refused, not ignored: --project '' used to mean "no projection"
     gpus = parse_gpus(project_gpus, "--project") if project_gpus is not None else None
+    if project_target is not None and gpus is None:
+        raise ConfigError("applies to the projection only: give --project GPUS too", field="--project-target")
+    project_target = project_target or DEFAULT_PROJECT_TARGET
     if context_len is not None:
         if gpus is None:
             raise ConfigError("applies to the projection only: give --project GPUS too", field="--context-len")
@@ -210,21 +216,25 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
 def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, context_len: int | None = None,
                   acceptance: float | None = None, acceptance_from=None, bandwidth_efficiency: float = 1.0,
                   compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str | None = None,
-                  json_out=None, costs_from=None, cost_basis: str = "busy") -> dict:
+                  json_out=None, costs_from=None, cost_basis: str | None = None) -> dict:
     """The speedup over autoregressive decoding per concurrency: the roofline model (costs assumed; ``gpus``
     default h200, ``concurrency`` 1,4,16,32, ``recurrent_verify`` replay), or, with ``costs_from`` (a ``bench
     steps`` report), the step times measured there (costs measured; every measured concurrency by default). An
-    option only the roofline model reads is refused with measured costs, not ignored."""
-    refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from), ("--costs-from report",
-                                                                                        costs_from)])
+    option only the roofline model reads is refused with measured costs, not ignored, and ``cost_basis`` (default
+    busy) without measured costs."""
+    refuse_input_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from),
+                                              ("--costs-from report", costs_from)])
     if json_out is not None:
-        check_output_file(json_out, field="--json")
+        check_output_file(json_out, field="--json", replaces="project")
     if costs_from is not None:
         given = [o for o, v in (("--gpu", gpus), ("--context-len", context_len), ("--recurrent-verify", recurrent_verify))
                  if v is not None]
         if given:
             raise ConfigError(f"{given[0]} applies to the roofline model; measured costs (--costs-from) are the "
                               f"report's GPU, context and recurrent state handling")
+        cost_basis = cost_basis or DEFAULT_COST_BASIS
+    elif cost_basis is not None:
+        raise ConfigError("applies to measured costs only: give --costs-from STEPS.json too", field="--cost-basis")
     levels = parse_concurrency("1,4,16,32" if concurrency is None else concurrency)
     g = parse_gpus("h200" if gpus is None else gpus)
     recurrent_verify = recurrent_verify or "replay"

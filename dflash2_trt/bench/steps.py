@@ -15,7 +15,9 @@ and the same step is timed repeatedly:
   ``drafter`` (the drafter's layers and its context commit), ``selector`` (top-k, projection, the scan plugin),
   ``accept`` (the in-engine acceptance) and ``rest`` (embedding, norms, residuals, packing);
 - ``spans_ms``: the same components' elapsed time between CUDA events (kernels plus the launch and host gaps
-  inside them);
+  inside them; the host clock on the CPU), from ``profile_steps`` instrumented steps of their own, after the timed
+  ones: ``spans_step_ms`` is those steps' wall time, which the spans and their ``rest`` add up to (not ``wall_ms``:
+  on a busy machine the two can differ by far, and the table says so);
 - ``ops_per_step``: the torch operators one step dispatches (views included; counted on the calling thread, which is
   every rank at tp 1, the only tp ``bench steps`` builds), and on CUDA ``kernels_per_step`` (the profiler's GPU
   activities: kernels, copies and sets): an eager step pays a launch and the Python around it for each, which is what a TensorRT
@@ -55,7 +57,7 @@ from ..errors import ConfigError
 from ..runtime import Request, Runtime
 from ..targets import fixtures_dir, resolve_dirs
 from .autoregressive import TargetOnlyEngine
-from .common import paired_target, parse_concurrency
+from .common import STEPS_FORMAT, paired_target, parse_concurrency
 
 COMPONENTS = ("target_linear", "attention", "gdn", "lm_head", "drafter", "selector", "accept", "rest")
 ARTICLE_ACCEPTANCE = {"qwen3.8-27b": 4.80, "muse-glimmer-30b": 5.70}
@@ -66,6 +68,8 @@ NOTES = [
     "fusion), not by a TensorRT engine",
     "attention is the stand-in's (dense torch ops over the paged pool), not TensorRT-LLM's attention kernels: its "
     "share is reported apart",
+    "spans_ms come from instrumented steps of their own, after the timed ones: they and their rest add up to those "
+    "steps' time (spans_step_ms), not to wall_ms",
 ]
 PLUGIN_NOTE = {"cuda": "the plugins (dynamic conv, pairwise scan, Gated DeltaNet) run their CUDA kernels (the sources of "
                        "libdflash2_plugins.so)",
@@ -405,13 +409,19 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
                 except Exception as e:  # noqa: BLE001 - any profiler failure: said, the point kept
                     point["profiler_error"] = f"{type(e).__name__}: {e}"[:300]
                 scopes.spans.clear()
+            # the spans come from steps of their own (instrumented, after the timed ones): their rest is what those
+            # steps took beyond the spans, not wall_ms less the spans (on a busy machine the two differ by far)
             n = max(profile_steps, 1)
+            _sync(engine)
+            t1 = time.perf_counter()
             for _ in range(n):
                 engine.step(feed)
             _sync(engine)
+            span_step = (time.perf_counter() - t1) / n * 1e3
             spans = {k: v / n for k, v in scopes.totals_ms().items()}
-        spans["rest"] = max(wall - sum(spans.values()), 0.0)
+        spans["rest"] = max(span_step - sum(spans.values()), 0.0)
         point["spans_ms"] = {k: spans.get(k, 0.0) for k in COMPONENTS}
+        point["spans_step_ms"] = span_step
         return point
 
 
@@ -451,7 +461,7 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
         def report(points, skipped, is_partial=False) -> dict:
             dev = spec.device
             doc = {
-                "format": "dflash2-trt bench steps", "schema_version": 1, "target": target_key, "backend": backend,
+                "format": STEPS_FORMAT, "schema_version": 1, "target": target_key, "backend": backend,
                 "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                 "torch": torch.__version__, "dtype": spec.config["dtype"], "draft_len": spec.K,
                 "context_len": context_len, "limits": limits, "weights": "random (outputs meaningless)",
@@ -575,6 +585,10 @@ def render(doc: dict) -> str:
             row += f" {_cell(p.get('speedup_wall'), 11)} {_cell(p.get('speedup_busy'), 7)}"
         comp = sp.get("components_ms") or sp["spans_ms"]
         lines.append(row + "  " + " ".join(f"{comp.get(k, 0.0):.2f}" for k in doc["components"]))
+    if not busy and doc["points"]:   # the spans are not from the steps of the spec ms column: say which they add up to
+        lines.append("host spans: timed in instrumented steps of their own, which took (ms) " + ", ".join(
+            f"c{p['concurrency']} {_cell(p['speculative'].get('spans_step_ms'), 0).strip()}" for p in doc["points"])
+            + "; the components and rest add up to those, not to spec ms")
     launches = [(p["concurrency"], p["speculative"].get("ops_per_step"), p["speculative"].get("kernels_per_step"),
                  p["target_only"].get("ops_per_step")) for p in doc["points"]]
     lines.append("ops per step (spec / target only; kernels, CUDA): " + ", ".join(

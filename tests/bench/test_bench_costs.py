@@ -280,3 +280,79 @@ def test_bench_steps_notes_do_not_claim_host_synchronisations():
 
     for note in [*NOTES, *PLUGIN_NOTE.values()]:
         assert "synchronis" not in note, note
+
+
+def test_bench_steps_json_replaces_its_own_report_only_and_says_so_before_measuring(tmp_path, monkeypatch):
+    """`bench steps --json tiny-engine/engine.json` overwrote the engine's manifest without a word (the engine no
+    longer opened). It replaces a previous `bench steps` report and refuses any other file, before measuring."""
+    import dflash2_trt.bench.steps as steps_mod
+
+    manifest = tmp_path / "engine.json"
+    manifest.write_text(json.dumps({"format": "dflash2-trt engine", "backend": "cpu"}))
+    proj = tmp_path / "proj.json"
+    assert CliRunner().invoke(main, ["bench", "project", "--acceptance", "4.8", "--gpu", "h200", "--concurrency",
+                                     "1", "--json", str(proj)]).exit_code == 0
+    before = {p: p.read_bytes() for p in (manifest, proj)}
+
+    def measured(*a, **k):
+        raise AssertionError("measured before the output was refused")
+    monkeypatch.setattr(steps_mod, "measure_steps", measured)
+    for p, what in ((manifest, "a 'dflash2-trt engine' file"), (proj, "a `bench project` projection")):
+        r = CliRunner().invoke(main, ["bench", "steps", "--target", "tiny", "--backend", "cpu", "--json", str(p)])
+        assert r.exit_code == 1 and r.output.strip().splitlines() == [
+            f"error: --json: {p} exists and is {what}, not a `bench steps` report (this command replaces only its "
+            f"own); pass another path"], r.output
+    assert {p: p.read_bytes() for p in before} == before
+    own = _steps(tmp_path)                          # a previous bench steps report: replaced
+    monkeypatch.setattr(steps_mod, "measure_steps", lambda *a, **k: json.loads(own.read_text()) | {"new": True})
+    monkeypatch.setattr(steps_mod, "render", lambda doc: "table")
+    r = CliRunner().invoke(main, ["bench", "steps", "--target", "tiny", "--backend", "cpu", "--json", str(own)])
+    assert r.exit_code == 0 and f"wrote {own}" in r.output, r.output
+    assert json.loads(own.read_text())["new"] is True
+
+
+def test_bench_project_cost_basis_needs_measured_costs():
+    """`bench project --acceptance 3 --cost-basis graph` printed the roofline model: the basis was ignored."""
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "3", "--cost-basis", "graph"])
+    assert r.exit_code == 1 and r.output.strip().splitlines() == [
+        "error: --cost-basis: applies to measured costs only: give --costs-from STEPS.json too"], r.output
+    with pytest.raises(ConfigError, match="--cost-basis: applies to measured costs only"):
+        bench_project(acceptance=3.0, cost_basis="busy")
+
+
+def test_host_spans_add_up_to_the_steps_they_were_timed_in(monkeypatch):
+    """On a busy machine `bench steps --backend cpu` reported spans of 104 ms against a 39.9 ms step with `rest`
+    clamped to 0: the spans come from instrumented steps of their own, after the timed ones. Their rest is now
+    what those steps took beyond them (spans_step_ms), and the table says the components add up to those steps."""
+    import contextlib
+    import time as time_mod
+
+    import dflash2_trt.bench.steps as steps_mod
+
+    real_scopes = steps_mod.component_scopes
+
+    @contextlib.contextmanager
+    def busy_while_instrumented(engine):
+        """The machine gets busy while the spans are timed: the selector takes 250 ms more, inside its span."""
+        cls = engine.net.DFlash2Selector
+        propose = cls.propose
+
+        def slow(*a, **k):
+            time_mod.sleep(0.25)
+            return propose(*a, **k)
+        cls.propose = slow
+        try:
+            with real_scopes(engine) as scopes:
+                yield scopes
+        finally:
+            cls.propose = propose
+    monkeypatch.setattr(steps_mod, "component_scopes", busy_while_instrumented)
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1", context_len=16, steps=1, warmup=1,
+                                  profile_steps=1, graph=False)
+    sp = doc["points"][0]["speculative"]
+    assert sp["spans_ms"]["selector"] >= 250.0      # the spans' steps were not the timed ones (wall_ms: ~10 ms)
+    assert sp["spans_step_ms"] >= sp["spans_ms"]["selector"]
+    assert sum(sp["spans_ms"].values()) == pytest.approx(sp["spans_step_ms"])   # rest: those steps less the spans
+    table = steps_mod.render(doc)
+    assert (f"host spans: timed in instrumented steps of their own, which took (ms) c1 {sp['spans_step_ms']:.2f}; "
+            f"the components and rest add up to those, not to spec ms") in table

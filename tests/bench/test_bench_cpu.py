@@ -152,6 +152,7 @@ def _one_error_line(code, text) -> str:
     (["--project", ""], "--project: unknown GPU ''"),
     (["--project", "h200", "--context-len", "0"], "--context-len: must be an integer >= 1, got 0"),
     (["--context-len", "512"], "--context-len: applies to the projection only"),
+    (["--project-target", "muse-glimmer-30b"], "--project-target: applies to the projection only: give --project"),
     (["--project", "h200", "--context-len", "1000000000", "--concurrency", "1"], "max_position_embeddings"),
 ])
 def test_bad_run_options_are_one_line(engine, dataset, tmp_path, extra, needle):
@@ -205,3 +206,64 @@ def test_plot_of_a_run_without_generation_steps(engine, tmp_path):
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["runs"][0]["speculative"]["acceptance"]["mean"] is None
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _run_must_not_start(monkeypatch):
+    """bench run's measurement replaced by a failure: a refusal that comes from it came after the run started."""
+    import dflash2_trt.bench.cpu as cpu_mod
+
+    def ran(*a, **k):
+        raise AssertionError("the benchmark ran before the output was refused")
+    monkeypatch.setattr(cpu_mod, "bench_cpu", ran)
+
+
+def test_existing_outputs_are_replaced_only_if_they_are_this_commands(engine, dataset, tmp_path, monkeypatch):
+    """`bench run --json` overwrote any file without a word (an engine's engine.json included): it replaces its own
+    previous report (--plot: a PNG) and refuses anything else in one line naming the file and what it is, before
+    the run."""
+    ok = ("--engine-dir", str(engine), "--dataset", str(dataset), "--concurrency", "1", "--num-requests", "1",
+          "--no-baseline", "--no-progress")
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    code, text = _cli("bench", "run", *ok, "--json", str(js), "--plot", str(png))
+    assert code == 0, text
+    js.write_text(json.dumps({"format": REPORT_FORMAT, "old": True}))        # a previous run's report and plot
+    png.write_bytes(b"\x89PNG\r\n\x1a\nold")
+    code, text = _cli("bench", "run", *ok, "--json", str(js), "--plot", str(png))
+    assert code == 0 and f"wrote report {js}" in text and f"wrote plot {png}" in text, text
+    assert "old" not in json.loads(js.read_text()) and not png.read_bytes().endswith(b"old")
+    manifest = tmp_path / "engine.json"
+    shutil.copy(engine / "engine.json", manifest)
+    other = tmp_path / "notes.txt"
+    other.write_text("not a report")
+    before = {p: p.read_bytes() for p in (manifest, other, js, png)}
+    _run_must_not_start(monkeypatch)
+    for args, needle in ((["--json", str(manifest)], f"--json: {manifest} exists and is a 'dflash2-trt engine' file, "
+                                                     f"not a `bench run` report"),
+                         (["--json", str(other)], f"--json: {other} exists and is a file that is neither JSON nor a "
+                                                  f"PNG image, not a `bench run` report"),
+                         (["--json", str(png)], "is a PNG image, not a `bench run` report"),
+                         (["--plot", str(js)], f"--plot: {js} exists and is a `bench run` report, not a PNG image"),
+                         (["--plot", str(other)], "not a PNG image")):
+        line = _one_error_line(*_cli("bench", "run", *ok, *args))
+        assert needle in line and line.endswith("pass another path"), line
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(engine, dataset, monkeypatch):
+    """`bench run --json /proc/x.json` ran the whole benchmark and only then failed with `cannot write`."""
+    import os
+
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs Linux's /proc: a directory where no file can be created, even by root")
+    _run_must_not_start(monkeypatch)
+    for opt in ("--json", "--plot"):
+        line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
+                                     "--no-progress", opt, "/proc/x.out"))
+        assert line.startswith(f"error: {opt}: cannot create a file in /proc: "), line
+
+
+def test_an_output_that_is_the_dataset_is_refused_in_words_that_fit_bench_run(engine, dataset):
+    """bench run has no --force: the overlap line said "(--force would delete it)"."""
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
+                                 "--no-progress", "--json", str(dataset)))
+    assert "--force" not in line and "is the dataset" in line and "writing the output would replace it" in line, line

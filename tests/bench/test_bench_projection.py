@@ -185,6 +185,30 @@ def test_project_cli(tmp_path):
         assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
 
 
+def test_project_json_replaces_its_own_projection_only(tmp_path):
+    """`bench project --json F` overwrote any file without a word: it replaces a previous projection (roofline or
+    measured costs) and refuses anything else (a `bench steps` report, an engine's manifest) in one line."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    out = tmp_path / "p.json"
+    args = ["bench", "project", "--acceptance", "4.8", "--gpu", "h200", "--concurrency", "1", "--json", str(out)]
+    out.write_text(json.dumps({"kind": "measured step costs (not a roofline model)", "old": True}))
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and f"wrote {out}" in r.output, r.output
+    assert json.loads(out.read_text())["kind"] == "roofline model (not a measurement)"
+    for doc, what in (({"format": "dflash2-trt bench steps"}, "a `bench steps` report"),
+                      ({"format": "dflash2-trt engine"}, "a 'dflash2-trt engine' file"),
+                      ([1, 2], "a JSON document that is not a bench report")):
+        out.write_text(json.dumps(doc))
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and r.output.strip().splitlines() == [
+            f"error: --json: {out} exists and is {what}, not a `bench project` projection (this command replaces "
+            f"only its own); pass another path"], r.output
+        assert json.loads(out.read_text()) == doc
+
+
 @pytest.mark.parametrize("hist,needle", [
     ({"12": 4, "3": 1}, "step length '12' is not in [1, 8]"),       # K + 1 is 8: a step cannot emit 12
     ({"0": 4}, "step length '0' is not in [1, 8]"),
