@@ -167,13 +167,18 @@ def _pair_options(f):
     return f
 
 
-def resolve_pair(target_key, drafter_dir, target_dir, download):
-    """(drafter dir, target dir) from --target and/or explicit directories."""
+def resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=False):
+    """(drafter dir, target dir) from --target and/or explicit directories. ``configs_only`` (a dry run): a
+    published checkpoint not available locally is planned from its configs shipped in the package, with a note."""
     from .targets import get_target, resolve_dirs
 
     if target_key is not None:
-        return resolve_dirs(get_target(target_key), target_dir=target_dir, drafter_dir=drafter_dir,
-                            allow_download=download)
+        notes: list[str] | None = [] if configs_only else None
+        pair = resolve_dirs(get_target(target_key), target_dir=target_dir, drafter_dir=drafter_dir,
+                            allow_download=download, config_fallback=notes)
+        for n in notes or ():
+            click.echo(f"note: {n}", err=True)
+        return pair
     if drafter_dir is None or target_dir is None:
         raise click.UsageError("give --target NAME, or both --drafter DIR and --target-dir DIR")
     return resolve_dirs_explicit(drafter_dir, target_dir)
@@ -403,22 +408,29 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
                  "selector": selector, "drafter_window": drafter_window, "dtype": dtype,
                  "tp_size": None if tp_size is None else int(tp_size)}
     sets = parse_set(sets)
-    d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
+    d, t = resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=dry_run)
     if dry_run:
+        from .checkpoint.writer import check_output_dir
         from .engine.build import check_build_outputs
         from .engine.plan import dry_run_plan, render_plan
 
         check_build_outputs(d, t, output, checkpoint_dir=checkpoint_dir,   # what the real build would refuse
                             default_checkpoint=backend not in ("cpu", "cuda") and checkpoint_dir is None
                             and not no_keep_checkpoint)
+        if output is not None:
+            check_output_dir(output, force)   # a non-empty --output without --force, as the build would refuse it
 
         plan = dry_run_plan(d, t, output=output, backend=backend, target_key=target_key, overrides=overrides,
                             sets=sets, gpu_memory_gib=gpu_memory_gib, checkpoint_dir=checkpoint_dir,
-                            keep_checkpoint=not no_keep_checkpoint, verify=verify, baseline=baseline)
+                            keep_checkpoint=not no_keep_checkpoint, verify=verify, baseline=baseline,
+                            reconvert=reconvert)
         click.echo(json.dumps(plan, indent=2) if as_json else render_plan(plan))
         return
     if output is None:
         raise ConfigError("required (only --dry-run goes without an output directory)", field="--output")
+    if click.get_current_context().get_parameter_source("gpu_memory_gib") == click.core.ParameterSource.COMMANDLINE:
+        raise ConfigError("sizes the --dry-run plan only (a build takes its limits from the build config and the "
+                          "options)", field="--gpu-memory-gib")
     backend = resolve(None if backend == "auto" else backend)
     progress = _build_progress(backend)
     from .engine.trtllm.process import BaselineBuildError
@@ -589,8 +601,8 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
 @click.option("--plot", "plot_out", help="Write a PNG: acceptance by position, "
               "speedup against concurrency.")
 @click.option("--project", "project_gpus", help="Add a roofline projection for these GPUs (h200,b200).")
-@click.option("--project-target", default="qwen3.8-27b", show_default=True,
-              help="Published model shapes the projection uses.")
+@click.option("--project-target", default=None,
+              help="With --project: published model shapes the projection uses [default: qwen3.8-27b].")
 @click.option("--context-len", type=int, help="Projection's context length [default: mean prompt + half the output, "
               "at most the target's max_position_embeddings].")
 @click.option("--save-outputs", is_flag=True, help="Keep every request's output ids in the JSON report.")
@@ -669,7 +681,7 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
     from .errors import ConfigError
 
     if json_out is not None:
-        check_output_file(json_out, field="--json")
+        check_output_file(json_out, field="--json", replaces="steps")
     if steps < 1:
         raise ConfigError(f"must be >= 1, got {steps}", field="--steps")
     progress = (lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None
@@ -703,9 +715,9 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
 @click.option("--json", "json_out", help="Write the projection (JSON) here.")
 @click.option("--costs-from", help="A `bench steps --json` report: take the step times measured there instead of the "
                                    "roofline model's (the output says which it used).")
-@click.option("--cost-basis", type=click.Choice(["busy", "wall", "graph"]), default="busy", show_default=True,
+@click.option("--cost-basis", type=click.Choice(["busy", "wall", "graph"]), default=None,
               help="With --costs-from: the steps' kernel time (busy), their whole wall time, or their CUDA-graph "
-                   "replay time.")
+                   "replay time [default: busy].")
 def bench_project_cmd(target_key, gpus, concurrency, context_len, acceptance, acceptance_from, bandwidth_efficiency,
                       compute_efficiency, step_overhead_ms, recurrent_verify, json_out, costs_from, cost_basis) -> None:
     """The speedup over autoregressive decoding on a GPU: a roofline model, or measured step costs (--costs-from)."""

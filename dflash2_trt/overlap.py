@@ -75,9 +75,10 @@ def overlap(output, inputs: Iterable[tuple[str, object]]) -> tuple[str, str, obj
     return None
 
 
-def refuse_overlap(output, option: str, inputs: Iterable[tuple[str, object]]) -> None:
+def refuse_overlap(output, option: str, inputs: Iterable[tuple[str, object]], *, force: bool = True) -> None:
     """Raise one :class:`ConfigError` line naming ``option`` and the input when ``output`` is, contains or
-    lies inside one of ``inputs`` (``(what, path or None)`` pairs). Writes nothing."""
+    lies inside one of ``inputs`` (``(what, path or None)`` pairs). Writes nothing. ``force``: whether the command
+    has a ``--force`` that replaces the output (the line says what that would do; else what writing would)."""
     if output is None:
         return
     hit = overlap(output, inputs)
@@ -85,7 +86,8 @@ def refuse_overlap(output, option: str, inputs: Iterable[tuple[str, object]]) ->
         return
     rel, what, p = hit
     shown_out, shown_in = _resolved(output), _resolved(p)
-    why = {"is": "--force would delete it", "contains": "--force would delete it",
+    replaced = "--force would delete it" if force else "writing the output would replace it"
+    why = {"is": replaced, "contains": replaced if force else "it lies inside the output path",
            "lies inside": "the output would be written into it"}[rel]
     raise ConfigError(f"{shown_out} {rel} the {what} {shown_in} ({why}); an output must not be, contain or lie "
                       f"inside an input: nothing was written", field=option)

@@ -190,8 +190,11 @@ def resolve_dirs(
     target_dir: str | Path | None = None,
     drafter_dir: str | Path | None = None,
     allow_download: bool = False,
+    config_fallback: list[str] | None = None,
 ) -> tuple[Path, Path]:
-    """(drafter dir, target dir) for ``entry``; explicit paths win."""
+    """(drafter dir, target dir) for ``entry``; explicit paths win. ``config_fallback`` (a list, for what needs the
+    configs alone, e.g. ``build --dry-run``): a published checkpoint that is not available locally resolves to its
+    configs shipped in the package (:data:`PUBLISHED_DIR`, no weights), and a line saying so is appended to it."""
     if entry.tiny_family is not None and (target_dir is None or drafter_dir is None):
         # The TRAINED tiny pairs shipped in dflash2_trt/assets (the seeded random pairs of
         # testing.tiny stay available to tests through testing.tiny.tiny_pair).
@@ -211,6 +214,11 @@ def resolve_dirs(
         if repo is None:
             raise DFlash2Error(f"target {entry.key!r} has no published {kind}; pass --{'drafter' if kind == 'drafter' else 'target-dir'} DIR")
         found = _local_model_dir(repo, allow_download)
+        shipped = PUBLISHED_DIR / repo.replace("/", "__")
+        if found is None and config_fallback is not None and (shipped / "config.json").is_file():
+            config_fallback.append(f"{kind} {repo} is not available locally: planned from its config shipped in the "
+                                   f"package ({shipped}; configs only, no weights)")
+            found = shipped
         if found is None:
             raise DFlash2Error(
                 f"{kind} {repo} for target {entry.key!r} is not available locally. Download it first "

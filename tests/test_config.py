@@ -131,8 +131,11 @@ def test_legacy_rope_and_file_errors(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="config.json.*invalid JSON"):
         DFlash2Config.from_hugging_face(tmp_path)
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(ConfigError, match="nowhere: no such directory"):   # the directory given is what is missing
         DFlash2Config.from_hugging_face(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="config file not found"):
+        DFlash2Config.from_hugging_face(tmp_path / "empty")
 
 
 def test_published_targets_accepted():

@@ -103,25 +103,6 @@ def check_output_file(path: str | Path, *, field: str, replaces: str | None = No
     return path
 
 
-def refuse_input_overlap(output, option: str, inputs) -> None:
-    """:func:`dflash2_trt.overlap.refuse_overlap`'s rule (an output never is, contains or lies inside an input) for a
-    ``bench`` report or plot, worded for commands without ``--force``: the one line says what writing the output
-    would do to the input."""
-    if output is None:
-        return
-    from ..overlap import overlap
-
-    hit = overlap(output, inputs)
-    if hit is None:
-        return
-    rel, what, p = hit
-    why = {"is": "writing the output would replace it", "contains": "it lies inside the output path",
-           "lies inside": "the output would be written into it"}[rel]
-    shown_out, shown_in = (Path(os.path.expanduser(os.fspath(x))).resolve() for x in (output, p))
-    raise ConfigError(f"{shown_out} {rel} the {what} {shown_in} ({why}); an output must not be, contain or lie "
-                      f"inside an input: nothing was written", field=option)
-
-
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     tmp = None

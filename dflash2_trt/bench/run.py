@@ -11,7 +11,8 @@ from ..engine.graph_rules import refuse_graphs
 from ..errors import ConfigError
 from ..sampling import effective_temperature
 from .common import engine_backend, paired_target, parse_concurrency
-from .io import atomic_write_bytes, atomic_write_json, check_output_file, refuse_input_overlap
+from ..overlap import refuse_overlap
+from .io import atomic_write_bytes, atomic_write_json, check_output_file
 from .plot import pyplot, render_png
 from .projection import GPUS, project, published_pair_shapes, tau_from
 from .report import build_report
@@ -91,8 +92,8 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     inputs = [("engine directory", engine_dir), ("dataset", dataset),
               ("baseline engine directory", baseline_engine_dir), ("benchmark binary", benchmark_bin),
               ("plugin library", plugin_lib)]
-    refuse_input_overlap(json_out, "--json", inputs)
-    refuse_input_overlap(plot_out, "--plot", inputs + [("--json report", json_out)])
+    refuse_overlap(json_out, "--json", inputs, force=False)      # bench has no --force
+    refuse_overlap(plot_out, "--plot", inputs + [("--json report", json_out)], force=False)
     # before the run: the outputs' directories take a file, and an existing file is this command's own previous
     # report or plot (replaced), never another file (an engine's manifest)
     for p, f, kind in ((json_out, "--json", "run"), (plot_out, "--plot", "png")):
@@ -222,8 +223,8 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, c
     steps`` report), the step times measured there (costs measured; every measured concurrency by default). An
     option only the roofline model reads is refused with measured costs, not ignored, and ``cost_basis`` (default
     busy) without measured costs."""
-    refuse_input_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from),
-                                              ("--costs-from report", costs_from)])
+    refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from),
+                                        ("--costs-from report", costs_from)], force=False)
     if json_out is not None:
         check_output_file(json_out, field="--json", replaces="project")
     if costs_from is not None:

@@ -30,6 +30,8 @@ def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
+        if not path.exists() and path.name != "config.json":   # the directory given is what is missing
+            raise ConfigError("no such directory", source=path)
         raise ConfigError("config file not found", source=path)
     try:
         text = path.read_text(encoding="utf-8")

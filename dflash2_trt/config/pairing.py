@@ -6,7 +6,7 @@ produces plausible-looking drafts that are almost never accepted. So every check
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from ..errors import PairingError
 from .drafter import DFlash2Config
@@ -69,15 +69,20 @@ def pairing_warnings(drafter: DFlash2Config) -> list[str]:
 _warned: set[str] = set()
 
 
-def warn_pairing(drafter: DFlash2Config) -> list[str]:
-    """:func:`pairing_warnings` as ``warning:`` lines on stderr, each once per process."""
+def warn_once(message: str) -> None:
+    """``message`` as a ``warning:`` line on stderr, once per process."""
     import sys
 
+    if message not in _warned:
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def warn_pairing(drafter: DFlash2Config) -> list[str]:
+    """:func:`pairing_warnings` as ``warning:`` lines on stderr, each once per process."""
     out = pairing_warnings(drafter)
     for w in out:
-        if w not in _warned:
-            _warned.add(w)
-            print(f"warning: {w}", file=sys.stderr, flush=True)
+        warn_once(w)
     return out
 
 

@@ -18,7 +18,7 @@ from ..overlap import refuse_overlap
 from .standin.build import build_standin
 from .standin.engine import engine_device
 from .format import BuildResult
-from .plan import check_disk, prepare, verify_default
+from .plan import check_checkpoint_options, check_disk, prepare, verify_default
 from .trtllm.build import build_trtllm
 from .trtllm.command import default_checkpoint_dir
 
@@ -53,6 +53,8 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     if backend not in ("cpu", "cuda", "trtllm"):
         raise ConfigError(f"unknown backend {backend!r}; expected cpu, cuda or trtllm", field="--backend")
     check_baseline_backend(backend, baseline)
+    check_checkpoint_options(backend, keep_checkpoint=keep_checkpoint, reconvert=reconvert,
+                             checkpoint_dir=checkpoint_dir)
     if backend == "cuda":
         engine_device("cuda")   # no GPU: one line now, before anything is converted
     if disk_check and output is not None and not prep.blockers and not (backend == "trtllm" and prep.trtllm_blockers):

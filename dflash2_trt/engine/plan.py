@@ -48,12 +48,12 @@ from ..bench.trtllm_bench import planned_command
 from ..checkpoint.reader import SafetensorsCheckpoint
 from ..config import DFlash2Config, TargetConfig, pairing_problems
 from ..config.build import BuildConfig
-from ..config.pairing import warn_pairing
+from ..config.pairing import warn_once, warn_pairing
 from ..convert.driver import FAMILY_MAPS, rank_plans
 from ..convert.schema import build_config
 from ..errors import ConfigError, MissingDependencyError, PairingError
 from ..plugins import plugin_dir
-from ..targets import get_target, status_of
+from ..targets import TARGETS, get_target, status_of
 from .common import eagle_choices, shell_line
 from ..trtllm.gdn_slot import gdn_slot_layout
 from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
@@ -136,7 +136,13 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
     over, origins = split_overrides(overrides, sets)
     if target_key is not None:
         entry = get_target(target_key)
+        check_target_family(entry, t, target_dir)
         cfg = BuildConfig.load(entry.build_config_path, over, origins)
+        if cfg.block_size != d.block_size and "block_size" not in over:
+            warn_once(f"the drafter in {drafter_dir} was trained with block_size {d.block_size} (its config.json), "
+                      f"but target {target_key!r}'s build config ({entry.build_config}) builds block {cfg.block_size}: "
+                      f"acceptance usually drops with a block the drafter was not trained for; pass --block-size "
+                      f"{d.block_size} for the drafter's own")
     else:
         cfg = BuildConfig.from_mapping(_defaults_from_checkpoints(t, d), "<defaults from the checkpoint configs>",
                                        over, origins)
@@ -167,6 +173,22 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
     prep = Prepared(drafter_dir, target_dir, target_key, t, d, cfg, ck, _engine_families())
     _collect_blockers(prep)
     return prep
+
+
+def check_target_family(entry, t: TargetConfig, target_dir: Path) -> None:
+    """A registered target's name with a target directory of another family is refused: the build would take the
+    named target's build config (block size, windows, limits) and label for a different model."""
+    if t.family == entry.family:
+        return
+    same = [k for k, e in TARGETS.items() if e.family == t.family]
+    hint = f"pass --target {' or '.join(same)}, or " if same else ""
+    cfg = Path(target_dir) / "config.json"
+    try:
+        field = "architectures" if "architectures" in json.loads(cfg.read_text()) else "model_type"
+    except (OSError, ValueError):
+        field = "model_type"
+    raise ConfigError(f"a {t.family} model, but target {entry.key!r} is {entry.family}: {hint}drop --target to "
+                      f"build with defaults from the checkpoints' own configs", source=cfg, field=field)
 
 
 def _engine_families() -> tuple[str, ...]:
@@ -616,6 +638,20 @@ def cuda_backend_missing() -> list[str]:
     return missing
 
 
+def check_checkpoint_options(backend: str, *, keep_checkpoint: bool, reconvert: bool, checkpoint_dir) -> None:
+    """The checkpoint options a cpu or cuda build has no use for, refused rather than ignored: its converted
+    checkpoint lives inside the engine unless ``--checkpoint-dir`` keeps it outside, so there is no temporary
+    checkpoint for ``--no-keep-checkpoint`` to remove and no kept one for ``--reconvert`` to replace."""
+    if backend == "trtllm":
+        return
+    if not keep_checkpoint:
+        raise ConfigError(f"applies to --backend trtllm (a {backend} engine holds its converted checkpoint inside "
+                          f"it; nothing is left outside to remove)", field="--no-keep-checkpoint")
+    if reconvert and checkpoint_dir is None:
+        raise ConfigError(f"needs --checkpoint-dir on a {backend} build (its checkpoint is otherwise inside the new "
+                          f"engine, converted afresh)", field="--reconvert")
+
+
 def verify_default(p: Prepared, backend: str) -> bool:
     """The verify gate's default: on for small targets (the reference decodes on this machine through
     transformers), and on the TensorRT-LLM backend only at tp 1 (its runner needs one MPI rank per GPU)."""
@@ -627,7 +663,7 @@ def verify_default(p: Prepared, backend: str) -> bool:
 
 def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto", target_key=None, overrides=None,
                  sets=None, gpu_memory_gib: float = H200_GIB, checkpoint_dir=None, keep_checkpoint: bool = True,
-                 verify=None, toolchain=None, baseline: bool = False) -> dict:
+                 verify=None, toolchain=None, baseline: bool = False, reconvert: bool = False) -> dict:
     """``build --dry-run``: the plan for ``backend`` (``auto`` plans the TensorRT-LLM build: sizing a GPU is
     what a dry run is for) plus what this machine has and lacks for it."""
 
@@ -636,6 +672,7 @@ def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto",
     if baseline and be != "trtllm":      # the build's own refusal (engine/build.py check_baseline_backend)
         raise ConfigError(f"applies to --backend trtllm (a {be} engine's `bench run` builds the target-only baseline "
                           f"from the engine's own checkpoint)", field="--baseline")
+    check_checkpoint_options(be, keep_checkpoint=keep_checkpoint, reconvert=reconvert, checkpoint_dir=checkpoint_dir)
     tc = toolchain if toolchain is not None else probe_toolchain()
     v = verify_default(p, be) if verify is None else bool(verify)
     plan = make_plan(p, backend=be, output=output, checkpoint_dir=checkpoint_dir, gpu_memory_gib=gpu_memory_gib,

@@ -531,9 +531,10 @@ def test_dry_run_engine_config_is_exactly_what_trtllm_build_receives(family, tmp
 
     p = trained_pair(family)
     r = FakeRunner()
-    build_engine(p.drafter_dir, p.target_dir, tmp_path / "eng", backend="trtllm", target_key="tiny", sets=SETS,
+    key = {"qwen3": "tiny", "qwen3_5": "tiny-hybrid"}[family]   # a target name of the pair's own family
+    build_engine(p.drafter_dir, p.target_dir, tmp_path / "eng", backend="trtllm", target_key=key, sets=SETS,
                  toolchain=toolchain, runner=r, verify=False)
-    plan = dry_run_plan(p.drafter_dir, p.target_dir, target_key="tiny", sets=SETS, toolchain=toolchain)
+    plan = dry_run_plan(p.drafter_dir, p.target_dir, target_key=key, sets=SETS, toolchain=toolchain)
     assert plan["engine_config"] == r.seen[0]["config"]
     if family == "qwen3_5":
         pre = plan["engine_config"]

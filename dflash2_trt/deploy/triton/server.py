@@ -452,15 +452,18 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         from ...overlap import refuse_overlap
 
         refuse_overlap(log_path, "--log", [("engine directory", engine_dir), ("repository", repository),
-                                           ("tokenizer directory", tokenizer)])
+                                           ("tokenizer directory", tokenizer)], force=False)
         if Path(log_path).is_dir():
             raise ConfigError(f"{log_path} is a directory; give a file name", field="--log")
     ports = {"--http-port": port if http_port is None else http_port,
              "--grpc-port": port + 1 if grpc_port is None else grpc_port,
              "--metrics-port": port + 2 if metrics_port is None else metrics_port}
+    # a port derived from --port is named as that in an error (--port P sets P, P+1, P+2)
+    named = {(what if given is not None else f"--port (its {what[2:-5]} port)"): p
+             for (what, p), given in zip(ports.items(), (http_port, grpc_port, metrics_port))}
     if len(set(ports.values())) != 3:
-        raise ServerError(f"the three ports must differ, got {ports}")
-    for what, p in ports.items():
+        raise ServerError(f"the three ports must differ, got {named}")
+    for what, p in named.items():
         check_port_free(p, what)   # before anything is generated or started
     find_tritonserver()
     hygiene.sweep_leftovers(echo=lambda m: print(m, file=sys.stderr, flush=True))
