@@ -125,7 +125,7 @@ def test_occupied_port_is_one_clear_error(engine):
             text = _error_of(s)
         finally:
             s.kill()
-    assert f"--grpc-port: 127.0.0.1:{port + 1} is not available" in text
+    assert f"--port (its grpc port): 127.0.0.1:{port + 1} is not available" in text   # derived from --port
     assert not _procs_with(f"--http-port {port}")
 
 
