@@ -138,7 +138,14 @@ def test_find_library_error_names_places(tmp_path, monkeypatch):
 def test_find_and_load_library(tmp_path, monkeypatch, plugin_build_dir):
     """An explicitly given library is found and loaded (a CPU-built stand-in: the real one needs
     CUDA and libnvinfer, which are not here); a file that is not a library fails clearly."""
-    from conftest import build_shared  # noqa: PLC0415
+    import importlib.util  # noqa: PLC0415
+
+    # this folder's conftest by its path: a bare `import conftest` finds whichever conftest pytest imported first
+    # (tests/deploy's when the run collects it before this file)
+    spec = importlib.util.spec_from_file_location("plugins_conftest", Path(__file__).with_name("conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    build_shared = conftest.build_shared
     lib = build_shared([PLUGINS / "dynamicConvPlugin" / "dynamicConvParams.cpp"], tmp_path / "libdflash2_plugins.so")
     monkeypatch.setenv("DFLASH2_PLUGIN_LIB", str(lib))
     assert plugins.find_library() == lib.resolve()
