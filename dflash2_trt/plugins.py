@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from dflash2_trt.errors import ConfigError, MissingDependencyError
+from dflash2_trt.yaml_files import load_yaml_file
 
 __all__ = [
     "LIBRARY_NAME",
@@ -202,7 +203,7 @@ def _parse_tensor(d: Any, source: Path, section: str) -> TensorSpec:
 
 def _parse_spec(path: Path) -> PluginSpec:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml_file(path)
     except FileNotFoundError:
         raise ConfigError("plugin spec not found (set DFLASH2_PLUGIN_DIR to the repo's plugins/ dir)",
                           source=path) from None

@@ -57,11 +57,10 @@ def check_request_temperature(value, field: str = "temperature") -> float:
     effective_temperature(value, field)            # not a number, negative, NaN, infinite: refused
     t = float(value)
     if t == 0:
-        import yaml
-
         from .trtllm.engine_io import CONTRACT
+        from .yaml_files import load_yaml_file
 
-        rule = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))["request_temperature"]
+        rule = load_yaml_file(CONTRACT)["request_temperature"]
         raise ConfigError(f"0 is refused by TensorRT-LLM's EAGLE decoding layer ("
                           f"{rule['eagle_layer_message'].format(value=t)}); greedy is any temperature below "
                           f"{GREEDY_BELOW:.0e}, e.g. {GREEDY_REQUEST_TEMPERATURE:g} (the ensemble model maps 0 to it)",

@@ -59,6 +59,7 @@ from ..errors import ConfigError, MissingDependencyError
 from ..plugins import LIBRARY_NAME
 from ..sampling import request_temperature
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
+from ..yaml_files import load_yaml_file
 from .common import parse_concurrency
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 
@@ -92,7 +93,7 @@ UNAVAILABLE = ["engine_steps", "target_tokens", "target_tokens_per_emitted_token
 @functools.lru_cache(maxsize=1)
 def facts() -> dict:
     """The recorded facts (``trtllm_bench_1_2.yaml``)."""
-    return yaml.safe_load(FACTS_FILE.read_text())
+    return load_yaml_file(FACTS_FILE)
 
 
 # -------------------------------------------------------------------------------------------- launcher

@@ -22,9 +22,9 @@ from ..trtllm.engine_io import CONTRACT
 
 @functools.lru_cache(maxsize=1)
 def binding_rules() -> dict:
-    import yaml
+    from ..yaml_files import load_yaml_file
 
-    return yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))["runtime_binding"]
+    return load_yaml_file(CONTRACT)["runtime_binding"]
 
 
 def dims(shape) -> str:
@@ -55,9 +55,9 @@ def bind(declared: dict, feed: dict) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _static_values() -> dict:
-    import yaml
+    from ..yaml_files import load_yaml_file
 
-    return yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))["static_input_values"]
+    return load_yaml_file(CONTRACT)["static_input_values"]
 
 
 def layer_windows(net, pre: dict, max_seq_len: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
+from ..yaml_files import load_yaml_file
 
 CONTRACT = Path(__file__).resolve().parent / "engine_io.yaml"
 
@@ -30,7 +30,7 @@ class Port:
 
 @lru_cache(maxsize=1)
 def load_contract() -> dict:
-    data = yaml.safe_load(CONTRACT.read_text(encoding="utf-8"))
+    data = load_yaml_file(CONTRACT)
     def ports(key):
         return [Port(p["name"], p["dtype"], tuple(p["shape"]), p.get("memory"), p["filled_by"], p.get("when"))
                 for p in data[key]]

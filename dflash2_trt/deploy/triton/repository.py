@@ -142,9 +142,9 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
 def tensorrtllm_backend_facts() -> dict:
     """``tensorrtllm_backend.yaml``: the parameters TensorRT-LLM's Triton backend reads without a default (source
     paths and commits inside)."""
-    import yaml
+    from ...yaml_files import load_yaml_file
 
-    return yaml.safe_load((HERE / "tensorrtllm_backend.yaml").read_text())
+    return load_yaml_file(HERE / "tensorrtllm_backend.yaml")
 
 
 def check_tensorrtllm_parameters(cfg, *, source) -> None:

@@ -21,9 +21,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import yaml
-
 from ...errors import ConfigError
+from ...yaml_files import load_yaml_file
 from .command import engine_config_fixes, trtllm_engine_config
 
 FACTS_DIR = Path(__file__).with_name("facts")
@@ -35,7 +34,7 @@ PATCHED_ARCHITECTURES = ("DFlash2Qwen3_5ForCausalLM",)
 def facts(name: str = "gptJsonConfig") -> dict:
     """A recorded-facts file of ``facts/`` (YAML)."""
     # utf-8 whatever the locale: the python-backend stub embeds Python without its UTF-8 mode (ascii in a C locale)
-    return yaml.safe_load((FACTS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
+    return load_yaml_file(FACTS_DIR / f"{name}.yaml")
 
 
 def build_layer_types(num_layers: int, names: list[str]) -> list[str]:

@@ -480,10 +480,11 @@ def _rope_apply(x, cos, sin, dim: int):
 def _plugin_facts() -> dict:
     global _FACTS
     if _FACTS is None:
-        import yaml
         from pathlib import Path
 
-        _FACTS = yaml.safe_load((Path(__file__).with_name("api_1_2.yaml")).read_text(encoding="utf-8"))["gpt_attention_plugin_inputs"]
+        from ...yaml_files import load_yaml_file
+
+        _FACTS = load_yaml_file(Path(__file__).with_name("api_1_2.yaml"))["gpt_attention_plugin_inputs"]
     return _FACTS
 
 
