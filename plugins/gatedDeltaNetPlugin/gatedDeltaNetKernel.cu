@@ -1013,7 +1013,7 @@ struct ScanRows
     }
 };
 
-//! The chunk scan's shared memory (dynamic: 53.5 KB at Dk 128, over the 48 KB of static arrays), in bytes from its
+//! The chunk scan's shared memory (dynamic: 52.3 KB at Dk 128, over the 48 KB of static arrays), in bytes from its
 //! 16-byte aligned start: the staged rows (ScanRows; after the y phase's inter sums, the chunk's QK rows in their
 //! place), v_new [chunk][columns], the inter sums [chunk][columns] where a column has several lanes (kSplit > 1: the
 //! intra sums then run on all of them, a token per lane in turn), the chunk's cumulative decays.
@@ -1025,6 +1025,8 @@ struct ScanSmem
     static constexpr bool kLanesIntra = Rows::kSplit > 1;
     //! staged QK rows: 65 floats apart, so the kSplit rows a warp reads at once fall in different banks
     static constexpr int32_t kQkStride = kGdnMaxChunkSize + 1;
+    //! QK values each thread loads before storing them (a 64-token chunk: 32 per thread, four batches)
+    static constexpr int32_t kQkBatch = 8;
     static constexpr size_t kRowsBytes = sizeof(float4) * kGdnMaxChunkSize * Rows::kRowQuads;
     static constexpr size_t kVnewOffset = kRowsBytes;
     static constexpr size_t kInterOffset = kVnewOffset + sizeof(float) * kGdnMaxChunkSize * kColumns;
@@ -1062,6 +1064,7 @@ __global__ void __launch_bounds__(kColumnThreads, 4) gdnChunkScanKernel(float co
     constexpr int32_t kSplit = Rows::kSplit;
     constexpr int32_t kSlice = Rows::kSlice;
     constexpr int32_t kColumns = Smem::kColumns;
+    constexpr int32_t kQkBatch = Smem::kQkBatch;
     extern __shared__ __align__(16) unsigned char gdnScanSmem[];
     float4* const sRows = reinterpret_cast<float4*>(gdnScanSmem);
     float* const sQk = reinterpret_cast<float*>(gdnScanSmem); // the QK rows, staged after the inter sums
@@ -1156,13 +1159,25 @@ GDN_NO_UNROLL
         __syncthreads(); // q read by every lane
         if constexpr (Smem::kLanesIntra)
         {
-            // the chunk's QK rows (the lower triangle the sums read) in the rows' place, then a token per lane
-            for (int32_t e = static_cast<int32_t>(threadIdx.x); e < m * m; e += kColumnThreads)
+            // the chunk's QK rows (the lower triangle the sums read) in the rows' place, kQkBatch loads in flight per
+            // thread before their stores, then a token per lane
+            for (int32_t e0 = static_cast<int32_t>(threadIdx.x); e0 < m * m; e0 += kColumnThreads * kQkBatch)
             {
-                int32_t const pp = e / m;
-                int32_t const t = e - pp * m;
-                if (t <= pp)
-                    sQk[pp * Smem::kQkStride + t] = qkRow[(c0 + pp) * static_cast<int64_t>(d.hv) * d.chunk + t];
+                float v[kQkBatch];
+                int32_t at[kQkBatch];
+GDN_UNROLL
+                for (int32_t b = 0; b < kQkBatch; ++b)
+                {
+                    int32_t const e = e0 + b * kColumnThreads;
+                    int32_t const pp = e / m;
+                    int32_t const t = e - pp * m;
+                    at[b] = e < m * m && t <= pp ? pp * Smem::kQkStride + t : -1;
+                    v[b] = at[b] >= 0 ? qkRow[(c0 + pp) * static_cast<int64_t>(d.hv) * d.chunk + t] : 0.0f;
+                }
+GDN_UNROLL
+                for (int32_t b = 0; b < kQkBatch; ++b)
+                    if (at[b] >= 0)
+                        sQk[at[b]] = v[b];
             }
             __syncthreads();
             if (active)

@@ -96,6 +96,7 @@ PREFETCH_BARRIER = "__syncthreads(); // every thread has read the tile"
 ONE_COLUMN_LAUNCH = "recurrentTiled<kDk, 1>(p, g, wk, d, s);"
 NORM_BARRIER = "__syncthreads();\n                if (mine)\n                    *o = gdnL2NormApply("
 SECOND_COLUMN_V = "gdnDelta(sV[t][jl[q]],"
+QK_BARRIER = "__syncthreads(); // QK read by every lane before the k rows take its place"
 
 
 VARIANTS = {   # every library this module loads: name -> (the edit of the kernel source or None, emulation options)
@@ -106,6 +107,7 @@ VARIANTS = {   # every library this module loads: name -> (the edit of the kerne
     "no_one_column_launch": ((ONE_COLUMN_LAUNCH, ""), {}),
     "no_norm_barrier": ((NORM_BARRIER, NORM_BARRIER.replace("__syncthreads();", "")), {"reverse": True}),
     "first_column_v": ((SECOND_COLUMN_V, "gdnDelta(sV[t][jl[0]],"), {}),
+    "no_qk_barrier": ((QK_BARRIER, "// (barrier taken out) QK read by every lane"), {"reverse": True}),
     "workspace_off_8": (None, {"ws_shift": 8}),
 }
 
@@ -277,6 +279,16 @@ def test_last_thread_first_sees_a_missing_barrier(gdn_lib, emulation_libs):
     broken = _lib(emulation_libs, "no_norm_barrier")       # last to first
     diff = G.gdn_compare(broken, gdn_lib, CASES["scalar_path"], torch.float32, False, seed=7, device="cpu")
     assert "forward:y" in diff and "verify:y" in diff, diff
+
+
+def test_last_thread_first_sees_the_chunk_scans_qk_barrier_missing(gdn_lib, emulation_libs):
+    """Control: the chunk scan stages the chunk's QK rows where the k rows are staged next; without the barrier
+    between the lanes' intra sums (reading QK) and that restaging, the last-to-first order fails at Dk 128 and 64
+    (where a column's lanes share the intra sums)."""
+    broken = _lib(emulation_libs, "no_qk_barrier")         # last to first
+    for case in ("dk128_full_chunks", "gpu_check_3"):
+        diff = G.gdn_compare(broken, gdn_lib, CASES[case], torch.float32, False, seed=7, device="cpu")
+        assert "forward:y" in diff, (case, diff)
 
 
 def test_emulation_sees_a_wrong_column(gdn_lib, emulation_libs):
