@@ -26,6 +26,7 @@ TensorRT-LLM backend through TensorRT-LLM's C++ runner (:mod:`.trtllm.verify`, G
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from ..assets import ASSET_ROOT
@@ -104,8 +105,27 @@ def reference_outputs(target_dir, prompts, new: int, eos, dtype: str | None = No
     the same weights; an engine cast to float16 is compared with the target cast to float16."""
     from ..reference.loop import target_generate
 
-    target = _load_reference_target(target_dir, dtype, device)
-    return [target_generate(target, p, new, stop_token_ids=eos) for p in prompts]
+    with _quiet_transformers():
+        target = _load_reference_target(target_dir, dtype, device)
+        return [target_generate(target, p, new, stop_token_ids=eos) for p in prompts]
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """The build prints its own progress: no "Loading weights" bar, and no "`causal_conv1d_update` is falling back to
+    its reference PyTorch implementation" notes (transformers 5.25 says them at the first forward, not the load; on
+    a CPU they are what the reference is meant to run: transformers' own torch code)."""
+    from transformers.utils import logging as hf_logging
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _load_reference_target(target_dir, dtype: str | None, device):
@@ -113,18 +133,9 @@ def _load_reference_target(target_dir, dtype: str | None, device):
 
     from ..reference.loop import load_target
 
-    from transformers.utils import logging as hf_logging
-
-    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()      # the build prints its own progress; no "Loading weights" bar and no
-    hf_logging.set_verbosity_error()       # "falling back to the reference kernel" notes in the build's output
-    try:
+    with _quiet_transformers():
         return load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None,
                            device=device)
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def dtype_step(dtype: str | None, x: float) -> float:
@@ -142,6 +153,11 @@ def check_against_target(target_dir, prompts, engine_outs, new: int, eos, dtype:
     """The engine's greedy outputs against the target's own (module docstring): returns the ties, raises
     :class:`VerifyError` on any other difference (:func:`compare`'s line, with the target's logits where a tie was
     considered)."""
+    with _quiet_transformers():
+        return _check_against_target(target_dir, prompts, engine_outs, new, eos, dtype, device)
+
+
+def _check_against_target(target_dir, prompts, engine_outs, new: int, eos, dtype, device) -> list[dict]:
     import torch
 
     from ..reference.loop import target_generate

@@ -229,3 +229,24 @@ def test_a_bfloat16_tie_is_reported_not_failed(tmp_path, monkeypatch):
     with pytest.raises(VerifyError, match=rf"prompt 0 \(.*output token 0 is {worst} from the engine.*steps apart"):
         gate.check_against_target(target_dir, prompts, bad, new, eos, **seen["kw"])
     assert gate.dtype_step("bfloat16", 9.875) == 0.0625 and gate.dtype_step("float32", 1.0) == 2.0 ** -23
+
+
+def test_the_reference_decoding_prints_no_transformers_fallback_notes():
+    """The build prints its own progress: transformers' "`causal_conv1d_update` is falling back to its reference
+    PyTorch implementation" notes (said at the hybrid target's first forward, after the load) stay out of it. In a
+    fresh interpreter each (transformers says each note once per process); the control decodes without the gate's
+    quieting and sees them, so the check can fail."""
+    import subprocess
+    import sys
+
+    pair = trained_pair("qwen3_5")
+    code = ("import sys; from dflash2_trt.engine import verify; "
+            "from dflash2_trt.reference.loop import target_generate; "
+            f"d = {str(pair.target_dir)!r}; "
+            "verify.reference_outputs(d, [[5, 6, 7]], 3, ()) if sys.argv[1] == 'gate' else "
+            "target_generate(verify._load_reference_target(d, None, 'cpu'), [5, 6, 7], 3)")
+    err = {how: subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=300)
+           for how in ("gate", "control")}
+    assert all(r.returncode == 0 for r in err.values()), {k: r.stderr[-2000:] for k, r in err.items()}
+    assert "falling back to its reference PyTorch implementation" in err["control"].stderr
+    assert "falling back" not in err["gate"].stderr, err["gate"].stderr
