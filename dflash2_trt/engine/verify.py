@@ -129,13 +129,12 @@ def _quiet_transformers():
 
 
 def _load_reference_target(target_dir, dtype: str | None, device):
+    """The reference target (its callers hold transformers quiet over the load and the decoding)."""
     import torch
 
     from ..reference.loop import load_target
 
-    with _quiet_transformers():
-        return load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None,
-                           device=device)
+    return load_target(target_dir, check_values=False, dtype=getattr(torch, dtype) if dtype else None, device=device)
 
 
 def dtype_step(dtype: str | None, x: float) -> float:
