@@ -32,6 +32,24 @@ class EngineCache:
         return self._cache[key]
 
 
+class ReferenceRuns:
+    """``get(block)`` -> the reference speculative loop's run of every prompt at that block size, computed once per
+    block size: an engine's rank count does not change what the reference does, so the tp variants share it."""
+
+    def __init__(self, pair, prompts, new: int, stop_token_ids=(2,)):
+        self.pair, self.prompts, self.new, self.stop = pair, prompts, new, tuple(stop_token_ids)
+        self._cache: dict = {}
+
+    def __call__(self, block):
+        from ..reference.loop import load_pair, speculative_generate
+
+        if block not in self._cache:
+            target, drafter = load_pair(self.pair.target_dir, self.pair.drafter_dir, block_size=block)
+            self._cache[block] = [speculative_generate(target, drafter, p, max_new_tokens=self.new,
+                                                       stop_token_ids=self.stop) for p in self.prompts]
+        return self._cache[block]
+
+
 def run_prompts(engine_dir, prompts, *, new: int, max_batch: int = 4, temperature: float = 0.0, seeds=None,
                 patch=None):
     """Every prompt through a fresh CPU engine + runtime; returns (requests, runtime). ``patch(runtime, engine)``

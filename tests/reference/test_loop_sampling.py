@@ -6,9 +6,9 @@ comes from the prefill; the second from the first draft/verify cycle (accepted d
 correction), so wiring errors in the loop (p and q rows misaligned, q taken from the wrong
 tensor) show up here.
 
-Significance level alpha = 1e-3, fixed seeds, N = 3000 runs (the 2%-TV sensitivity is shown on
+Significance level alpha = 1e-3, fixed seeds, N = 1000 runs (the 2%-TV sensitivity is shown on
 200k samples in test_verify.py; this test is sized for CI time and is asserted to reject the
-perturbed-q loop).
+perturbed-q loop, with half as many runs: measured p ~ 1e-40 at 600 runs, 1e-90 at 1000).
 """
 
 import warnings
@@ -22,7 +22,7 @@ from dflash2_trt.config import DFlash2Config
 from dflash2_trt.reference.drafter import DFlash2Drafter
 from dflash2_trt.reference.loop import speculative_generate
 
-V, N, ALPHA, T = 8, 3000, 1e-3, 1.0
+V, N, ALPHA, T = 8, 1000, 1e-3, 1.0
 PROMPT = [3, 1, 4]
 
 
@@ -68,12 +68,12 @@ def _exact_joint(target):
     return (p1[:, None] * rows).reshape(-1)
 
 
-def _samples(target, drafter):
+def _samples(target, drafter, runs=N):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         out = []
-        for s in range(N):
+        for s in range(runs):
             r = speculative_generate(target, drafter, PROMPT, max_new_tokens=2, selector="sample",
                                      temperature=T, seed=s)
             out.append(r.output_ids[0] * V + r.output_ids[1])
@@ -106,5 +106,5 @@ def test_loop_sampling_detects_wrong_proposal(small_pair, monkeypatch):
         return real(cand_ids, torch.full_like(q, 1.0 / q.shape[-1]), vocab)
 
     monkeypatch.setattr(loop, "scatter_proposal", uniform_q)
-    pv = _pvalue(_samples(target, drafter), _exact_joint(target))
-    assert pv < ALPHA
+    pv = _pvalue(_samples(target, drafter, N // 2), _exact_joint(target))
+    assert pv < ALPHA, pv

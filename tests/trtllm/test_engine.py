@@ -19,10 +19,9 @@ import pytest
 import torch
 
 from dflash2_trt.assets import trained_pair
-from dflash2_trt.engine.build import build_engine
 from dflash2_trt.engine.standin.engine import open_standin_engine
-from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
-from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompts
+from dflash2_trt.reference.loop import load_pair, target_generate
+from dflash2_trt.testing.engines import EngineCache, ReferenceRuns, run_prompts, shipped_prompts
 from dflash2_trt.testing.law import chi2_pvalue, exact_triples
 from dflash2_trt.runtime import Request, Runtime
 
@@ -51,6 +50,11 @@ def engines(pair, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def reference(pair, prompts):
+    return ReferenceRuns(pair, prompts, NEW)
+
+
+@pytest.fixture(scope="module")
 def oracle(pair, prompts):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -67,14 +71,12 @@ def _run(engine_dir, prompts, *, max_batch=4, temperature=0.0, seeds=None, new=N
 
 
 @pytest.mark.parametrize("block,tp", [(4, 1), (8, 1), (16, 1), (8, 2), (4, 2), (8, 4)])
-def test_greedy_lossless_and_acceptance_equals_reference(pair, prompts, oracle, engines, block, tp):
+def test_greedy_lossless_and_acceptance_equals_reference(prompts, oracle, reference, engines, block, tp):
     reqs, rt = _run(engines(block, tp), prompts)
     assert max(s["context"] + s["generation"] for s in rt.step_log) == 4
     assert any(s["context"] and s["generation"] for s in rt.step_log), "no step mixed joining and generating requests"
-    target, drafter = load_pair(pair.target_dir, pair.drafter_dir, block_size=block)
-    for r, ref, p in zip(reqs, oracle, prompts):
+    for r, ref, sp in zip(reqs, oracle, reference(block)):
         assert r.output_ids == ref, f"prompt {r.task_id}: engine output differs from the target's greedy decoding"
-        sp = speculative_generate(target, drafter, p, max_new_tokens=NEW, stop_token_ids=(2,))
         assert r.acceptance_lengths == sp.acceptance_lengths, f"prompt {r.task_id}"
     assert sum(sum(r.acceptance_lengths) for r in reqs) / sum(len(r.acceptance_lengths) for r in reqs) > 1.5
 

@@ -13,11 +13,10 @@ import pytest
 import torch
 
 from dflash2_trt.assets import trained_pair
-from dflash2_trt.engine.build import build_engine
 from dflash2_trt.engine.standin.engine import open_standin_engine
-from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
+from dflash2_trt.reference.loop import load_pair, target_generate
 from dflash2_trt.runtime import Request, Runtime
-from dflash2_trt.testing.engines import EngineCache, run_prompts
+from dflash2_trt.testing.engines import EngineCache, ReferenceRuns, run_prompts
 from dflash2_trt.testing.law import chi2_pvalue, exact_triples
 
 NEW = 40
@@ -50,6 +49,11 @@ def target(pair):
 
 
 @pytest.fixture(scope="module")
+def reference(pair, prompts):
+    return ReferenceRuns(pair, prompts, NEW)
+
+
+@pytest.fixture(scope="module")
 def oracle(target, prompts):
     return [target_generate(target, p, NEW, stop_token_ids=(2,)) for p in prompts]
 
@@ -64,14 +68,12 @@ def _run(engine_dir, prompts, *, max_batch=4, temperature=0.0, seeds=None, new=N
 
 
 @pytest.mark.parametrize("block,tp", [(4, 1), (8, 1), (8, 2), (8, 4)])
-def test_hybrid_greedy_lossless_and_acceptance_equals_reference(pair, prompts, oracle, engines, block, tp):
+def test_hybrid_greedy_lossless_and_acceptance_equals_reference(prompts, oracle, reference, engines, block, tp):
     reqs, rt = _run(engines(block, tp), prompts)
     assert any(s["context"] and s["generation"] for s in rt.step_log)
     assert max(s["context"] + s["generation"] for s in rt.step_log) == 4
-    t, drafter = load_pair(pair.target_dir, pair.drafter_dir, block_size=block)
-    for r, ref, p in zip(reqs, oracle, prompts):
+    for r, ref, sp in zip(reqs, oracle, reference(block)):
         assert r.output_ids == ref, f"prompt {r.task_id}"
-        sp = speculative_generate(t, drafter, p, max_new_tokens=NEW, stop_token_ids=(2,))
         assert r.acceptance_lengths == sp.acceptance_lengths, f"prompt {r.task_id}"
 
 

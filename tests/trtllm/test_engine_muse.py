@@ -13,10 +13,8 @@ import torch
 
 from dflash2_trt.assets import trained_pair
 from dflash2_trt.engine.build import build_engine
-from dflash2_trt.engine.standin.engine import open_standin_engine
 from dflash2_trt.reference.loop import load_pair, speculative_generate, target_generate
-from dflash2_trt.runtime import Request, Runtime
-from dflash2_trt.testing.engines import EngineCache, run_prompts
+from dflash2_trt.testing.engines import EngineCache, ReferenceRuns, run_prompts
 from dflash2_trt.testing.law import chi2_pvalue, exact_triples
 
 NEW = 40
@@ -53,19 +51,32 @@ def engines(pair, tmp_path_factory):
     return EngineCache(pair, "tiny-muse", tmp_path_factory, verify=False)
 
 
+@pytest.fixture(scope="module")
+def references(pair, prompts, target):
+    """eos ids -> (the target's greedy output of every prompt, the reference loop's runs by block size), each
+    computed once for the module."""
+    cache: dict = {}
+
+    def get(eos):
+        if eos not in cache:
+            cache[eos] = ([target_generate(target, p, NEW, stop_token_ids=eos) for p in prompts],
+                          ReferenceRuns(pair, prompts, NEW, eos))
+        return cache[eos]
+    return get
+
+
 def _run(engine_dir, prompts, *, max_batch=4, temperature=0.0, seeds=None, new=NEW):
     return run_prompts(engine_dir, prompts, new=new, max_batch=max_batch, temperature=temperature, seeds=seeds)
 
 
 @pytest.mark.parametrize("block,tp", [(16, 1), (8, 1), (8, 2)])
-def test_muse_greedy_lossless_and_acceptance_equals_reference(pair, prompts, target, engines, block, tp):
+def test_muse_greedy_lossless_and_acceptance_equals_reference(prompts, references, engines, block, tp):
     eos = tuple(json.loads((engines(block, tp) / "engine.json").read_text())["eos_token_ids"])
     reqs, rt = _run(engines(block, tp), prompts)
     assert any(s["context"] and s["generation"] for s in rt.step_log)
-    t, drafter = load_pair(pair.target_dir, pair.drafter_dir, block_size=block)
-    for r, p in zip(reqs, prompts):
-        assert r.output_ids == target_generate(target, p, NEW, stop_token_ids=eos), f"prompt {r.task_id}"
-        sp = speculative_generate(t, drafter, p, max_new_tokens=NEW, stop_token_ids=eos)
+    greedy, reference = references(eos)
+    for r, ref, sp in zip(reqs, greedy, reference(block)):
+        assert r.output_ids == ref, f"prompt {r.task_id}"
         assert r.acceptance_lengths == sp.acceptance_lengths, f"prompt {r.task_id}"
 
 
