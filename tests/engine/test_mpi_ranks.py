@@ -46,13 +46,23 @@ def hybrid(standin_trt_engine_tp2, standin_trt_engine):
     return (*standin_trt_engine_tp2, standin_trt_engine[1])
 
 
+@pytest.fixture(scope="module")
+def threaded(hybrid, tmp_path_factory):
+    """The tp 2 CPU engine's report on the prompts, both ranks threads of one process: what every mpirun run must
+    reproduce (computed once for the module)."""
+    from dflash2_trt.engine.run import run_engine
+
+    prompts = _prompts(tmp_path_factory.mktemp("threaded") / "p.jsonl")
+    return run_engine(hybrid[1], prompts_file=str(prompts), max_batch_size=2)
+
+
 def _prompts(path: Path) -> Path:
     path.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": 12}) + "\n"
                             for i, p in enumerate(PROMPTS)))
     return path
 
 
-def test_two_processes_give_the_tokens_of_the_threaded_tp2_engine(hybrid, tmp_path):
+def test_two_processes_give_the_tokens_of_the_threaded_tp2_engine(hybrid, threaded, tmp_path):
     from dflash2_trt.engine.run import run_engine
 
     d, cpu2, cpu1 = hybrid
@@ -61,7 +71,7 @@ def test_two_processes_give_the_tokens_of_the_threaded_tp2_engine(hybrid, tmp_pa
     assert done.returncode == 0, done.stderr[-3000:]
     rep = json.loads(report.read_text())
     assert rep["runtime"] == "project" and rep["tp_size"] == 2
-    want = run_engine(cpu2, prompts_file=str(prompts), max_batch_size=2)        # both ranks threads of one process
+    want = threaded
     assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
     assert [r["acceptance_lengths"] for r in rep["requests"]] == [r["acceptance_lengths"] for r in want["requests"]]
     tp1 = run_engine(cpu1, prompts_file=str(prompts), max_batch_size=2)
@@ -70,22 +80,19 @@ def test_two_processes_give_the_tokens_of_the_threaded_tp2_engine(hybrid, tmp_pa
     assert done.stdout == ""                      # rank 1 printed nothing of its own
 
 
-def test_the_ranks_size_their_kv_pools_alike(hybrid, tmp_path):
+def test_the_ranks_size_their_kv_pools_alike(hybrid, threaded, tmp_path):
     """A rank whose GPU had less memory free sizes a smaller KV pool. Rank 0's block tables index every rank's pool, so
     every rank takes the smallest block count of any rank, as TensorRT-LLM's KV cache manager does (facts
     multi_rank.kv_pool_size): the run keeps the threaded engine's tokens. Control: ranks that do not agree (rank 1 with
     3 blocks, rank 0 with its 128) are handed blocks rank 1 does not have, and the job dies."""
-    from dflash2_trt.engine.run import run_engine
-
-    d, cpu2, _ = hybrid
+    d, _, _ = hybrid
     prompts = _prompts(tmp_path / "p.jsonl")
     report = tmp_path / "report.json"
     done = mpirun(2, d, prompts, report, "--blocks-on-rank", 1, 3)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [Path(f"{report}.rank{r}.blocks").read_text() for r in (0, 1)] == ["3", "3"]
-    want = run_engine(cpu2, prompts_file=str(prompts), max_batch_size=2)
     assert [r["output_ids"] for r in json.loads(report.read_text())["requests"]] == \
-        [r["output_ids"] for r in want["requests"]]
+        [r["output_ids"] for r in threaded["requests"]]
     control = tmp_path / "control.json"
     bad = mpirun(2, d, prompts, control, "--blocks-on-rank", 1, 3, "--no-agree", timeout=120)
     sizes = [Path(f"{control}.rank{r}.blocks").read_text() for r in (0, 1)]
@@ -105,18 +112,15 @@ def test_a_fault_on_one_rank_ends_every_process_and_the_rank_names_itself(hybrid
     assert "Traceback" not in done.stderr and not report.exists()
 
 
-def test_the_command_line_under_mpirun_prints_one_report_from_rank0(hybrid, tmp_path):
+def test_the_command_line_under_mpirun_prints_one_report_from_rank0(hybrid, threaded, tmp_path):
     """`mpirun -n 2 dflash2-trt run --json`: stdout is rank 0's one JSON report (rank 1 leaves through FollowerExit,
     exit 0, printing nothing), with the threaded tp 2 engine's tokens."""
-    from dflash2_trt.engine.run import run_engine
-
-    d, cpu2, _ = hybrid
+    d, _, _ = hybrid
     prompts = _prompts(tmp_path / "p.jsonl")
     done = mpirun(2, d, prompts, tmp_path / "unused.json", "--cli")
     assert done.returncode == 0, done.stderr[-3000:]
     rep = json.loads(done.stdout)                          # exactly one JSON document: nothing else on stdout
-    want = run_engine(cpu2, prompts_file=str(prompts), max_batch_size=2)
-    assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
+    assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in threaded["requests"]]
     assert rep["tp_size"] == 2 and rep["runtime"] == "project"
 
 
