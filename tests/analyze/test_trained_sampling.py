@@ -21,9 +21,10 @@ from dflash2_trt.reference.loop import load_pair, speculative_generate
 from dflash2_trt.testing.law import chi2_pvalue, exact_triples
 
 T = 1.0
-# runs per pair, its control half as many: the fewest for which the control's p stays far below 1e-6 (measured with
-# these seeds: qwen3 1.6e-9 at 300, where it has the fewest likely triples; qwen3_5 3e-25 and muse_glimmer 1e-13 at
-# 200) while the law is tested over 8-9 bins or more (600 runs each took ~20 s more of the suite)
+# runs per pair, its control half as many: the control's p stays far below 1e-6 (measured with these seeds and
+# prompts: qwen3 1.6e-9 at 300 runs, where it has the fewest likely triples; qwen3_5 3e-51 and muse_glimmer 6e-34 at
+# 200) and the law is tested over 8 bins or more (qwen3 9, qwen3_5 9, muse_glimmer 8); 600 runs for each took ~13 s
+# more of the suite
 RUNS = {"qwen3": 600, "qwen3_5": 400, "muse_glimmer": 400}
 
 
