@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +121,18 @@ def test_a_request_parameter_is_refused_by_name_as_the_package_refuses_it(model)
         refuse(_Params({}, ok))
         refuse_parameters(ok)
     refuse({})
+
+
+def test_the_postprocessing_model_carries_the_same_refusal():
+    """models/postprocessing.py imports nothing of the package either, so it carries its own copy of the refusal: the
+    same function, word for word, as the preprocessing copy tested above (only MODEL, a module constant, differs)."""
+    import ast
+
+    from dflash2_trt.deploy.triton import models
+
+    def source(name):
+        text = (Path(models.__file__).parent / f"{name}.py").read_text()
+        (fn,) = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "refuse_parameters"]
+        return ast.get_source_segment(text, fn)
+
+    assert source("postprocessing") == source("preprocessing")
