@@ -9,9 +9,9 @@ from pathlib import Path
 
 from ..engine.graph_rules import refuse_graphs
 from ..errors import ConfigError
+from ..overlap import refuse_overlap
 from ..sampling import effective_temperature
 from .common import engine_backend, paired_target, parse_concurrency
-from ..overlap import refuse_overlap
 from .io import atomic_write_bytes, atomic_write_json, check_output_file
 from .plot import pyplot, render_png
 from .projection import GPUS, project, published_pair_shapes, tau_from

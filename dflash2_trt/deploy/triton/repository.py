@@ -320,8 +320,9 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     """The repository for ``engine_dir`` at ``output``. ``None`` is an option not given (``model_name``
     "ensemble", ``kv_cache_free_gpu_mem_fraction`` 0.9): an option given where it cannot apply (``--tokenizer``
     or ``--model-name`` with ``--ids-only``, ``--plugin-lib`` or the KV fraction with the python backend; the
-    tensorrtllm backend for a CPU or cuda engine, which TensorRT-LLM's executor cannot load) is refused, never ignored. ``cuda_graphs``: the python-backend model replays generation steps from CUDA graphs
-    (its ``cuda_graph_mode`` parameter; a cuda engine, or a TensorRT engine on the project runtime)."""
+    tensorrtllm backend for a CPU or cuda engine, which TensorRT-LLM's executor cannot load) is refused, never
+    ignored. ``cuda_graphs``: the python-backend model replays generation steps from CUDA graphs (its
+    ``cuda_graph_mode`` parameter; a cuda engine, or a TensorRT engine on the project runtime)."""
     if ids_only:
         given = [o for o, v in (("--tokenizer", tokenizer), ("--model-name", model_name)) if v is not None]
         if given:
