@@ -85,12 +85,14 @@ TARGETS: dict[str, TargetEntry] = {
             drafter_id="z-lab/Muse-Glimmer-30B-DFlash2", block_size=16, build_config="muse-glimmer-30b.yaml",
             supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
             notes="reference decoding, conversion and the engine network (CPU backend); the published drafter's "
-                  "8x128 KV heads spread over 4 pool layers each next to the target's 2x128 (drafter_kv_split)",
+                  "8x128 KV heads spread over 4 pool layers each next to the target's 2x128 (drafter_kv_split); a "
+                  "TensorRT-LLM engine only up to --max-seq-len 2018, where its 2048-token sliding window cannot "
+                  "bind (docs/gpu.md: Sliding windows on TensorRT-LLM)",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'network defines, every rank',
                     'not run yet',
-                    'binding, real widths, tp 1, 2 (stand-in, CI)',
-                    'refused (windows)'),
+                    '<= 2018 tokens; binding, tp 1-2 (stand-in, CI)',
+                    '<= 2018 tokens (windows)'),
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,
@@ -133,7 +135,7 @@ TARGETS: dict[str, TargetEntry] = {
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'lossless + law (CI)',
                     'fp32 = HF; bf16: 2/32 ties (H100)',
-                    'tokens = cpu (stand-in, CI)',
+                    'refused (windows); feed = cpu (stand-in, CI)',
                     'refused (windows)'),
         ),
     )
@@ -148,7 +150,8 @@ STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; H100:
                  "TensorRT held to facts recorded from TensorRT 10 / TensorRT-LLM 1.2 sources (neither installs "
                  "here); lossless + law: greedy token-identical to the target, sampled tokens pass the target's "
                  "exact law; = HF: identical to the HF target's greedy decoding on the same GPU; refused: by stock "
-                 "TensorRT-LLM 1.2's executor")
+                 "TensorRT-LLM 1.2's executor; windows: a sliding window that could bind, which TensorRT-LLM's attention "
+                 "plugin does not apply in speculative-decoding steps, so the build is refused (docs/gpu.md)")
 
 
 def tiny_targets() -> dict[str, str]:

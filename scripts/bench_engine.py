@@ -7,8 +7,9 @@ Builds a CPU engine of the tiny pair (into a temp dir), then times, on the same 
 
 - ``reference``: ``reference.loop.speculative_generate`` one prompt after another (batch 1, HF target);
 - ``engine b=1`` / ``engine b=4``: the CPU runtime with in-flight batching at max batch 1 and 4;
-- ``engine b=4, drafter_window=full``: the drafter attending to the whole context (what a GPU build uses
-  until the cyclic-window question is settled): acceptance only, to measure what the window is worth.
+- ``engine b=4, drafter_window=full``: the drafter attending to the whole context (what a TensorRT-LLM build
+  needs where the drafter's window can bind: docs/gpu.md "Sliding windows on TensorRT-LLM"): acceptance only, to
+  measure what the window is worth.
 
 Prints output tokens/s, the ratio to the reference, mean acceptance and whether every output equals the
 reference's (it must: greedy). Timings on a shared 2-core machine vary; the best of ``--reps`` is kept.

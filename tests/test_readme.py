@@ -61,3 +61,27 @@ def test_the_test_command_is_cis():
 def test_documents_it_points_to_exist():
     for doc in set(re.findall(r"(?:docs|plugins)/[\w-]+\.md", README)):
         assert (ROOT / doc).is_file(), doc
+
+
+def test_the_tensorrt_llm_build_commands_plan_without_a_blocker():
+    """README's TensorRT-LLM commands, planned as the build would plan them (configs only: --download and --output
+    dropped, --dry-run added): each published pair builds, on the runtime path README names."""
+    import json
+    import shlex
+
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    block = README.split("With TensorRT-LLM 1.2", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    parts = [c.strip() for ln in block.replace("\\\n", " ").splitlines() for c in ln.split("&&")]
+    cmds = [c for c in parts if c.startswith("dflash2-trt build")]
+    assert {shlex.split(c)[3] for c in cmds} == {"qwen3.8-27b", "muse-glimmer-30b"}, cmds
+    for c in cmds:
+        argv = shlex.split(c)[1:]
+        i = argv.index("--output")
+        argv = [a for a in argv[:i] + argv[i + 2:] if a != "--download"]
+        r = CliRunner().invoke(main, [*argv, "--dry-run", "--json", "--backend", "trtllm"])
+        assert r.exit_code == 0, (c, r.output)
+        plan = json.loads(r.stdout)          # stderr: the note that the shipped configs stand in for the checkpoints
+        assert plan["supported"]["trtllm_engine"] is True and plan["trtllm_blockers"] == [], (c, plan["trtllm_blockers"])

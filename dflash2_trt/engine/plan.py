@@ -60,6 +60,7 @@ from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
 from .trtllm.paths import runtime_path
 from .trtllm.runtime_rules import runtime_reading
+from .trtllm.windows import window_blockers
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain, trtllm_version_refusal
 from .verify import AUTO_MAX_TARGET_BYTES
 from ..trtllm.backend import cuda_available, load_network
@@ -209,15 +210,9 @@ def _collect_blockers(p: Prepared) -> None:
             check_kv_compatible(engine_pretrained_config(p.checkpoint_config, cfg, d))
         except ConfigError as exc:
             p.blockers.append(str(exc))
-    if cfg.drafter_window == "model":
-        windows = [w for w in (d.layer_window(i) for i in range(d.num_hidden_layers)) if w]
-        window = min(windows) if windows else 0
-        if window and window < cfg.max_seq_len + 2 * p.K:
-            p.trtllm_blockers.append(
-                f"drafter_window 'model': the drafter's sliding window ({window}) below the pool's capacity would "
-                f"select gpt_attention's cyclic-cache addressing on TensorRT-LLM [read, not run] and misplace the "
-                f"drafter's K/V (trtllm/network/kv_layout.py docstring); use --set drafter_window=full (lossless, costs "
-                f"acceptance past the window only)")
+    # a target's or the drafter's sliding window that can bind: TensorRT-LLM's attention plugin does not apply it in
+    # speculative-decoding steps (engine/trtllm/windows.py, facts/attention_window.yaml)
+    p.trtllm_blockers.extend(window_blockers(t, d, cfg))
     if t.family == "qwen3_5":
         n_kv = sum(1 for lt in t.layer_types if lt != "linear_attention") + d.num_hidden_layers
         n_all = t.num_hidden_layers + d.num_hidden_layers

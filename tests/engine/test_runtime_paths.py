@@ -32,10 +32,15 @@ def test_the_dry_run_names_each_targets_runtime_path_and_why():
     assert m["runtime_path"]["path"] == PROJECT and "variable window" in m["runtime_path"]["why"][0]
     assert "[2048, 40960]" in m["runtime_path"]["why"][0]
     # its build config's tp 2: the project runtime runs it as one process per rank under mpirun
-    assert m["supported"]["trtllm_engine"] is True and m["trtllm_blockers"] == []
     assert any("mpirun -n 2 dflash2-trt run" in w for w in m["runtime_path"]["limits"])
-    m1 = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b", {"tp_size": 1})
+    # but its 2048-token window can bind at max_seq_len 40960, and TensorRT-LLM's plugin does not apply it in
+    # speculative-decoding steps (tests/engine/test_attention_window.py): no TensorRT-LLM engine at that length
+    assert m["supported"]["trtllm_engine"] is False and len(m["trtllm_blockers"]) == 1
+    assert "--max-seq-len 2018 --max-input-len 2001" in m["trtllm_blockers"][0]
+    # where it cannot bind, every window is max_seq_len: not variable-window, so the stock executor takes it
+    m1 = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b", {"tp_size": 1, "max_seq_len": 2018, "max_input_len": 2001})
     assert m1["supported"]["trtllm_engine"] is True and m1["trtllm_blockers"] == []
+    assert m1["runtime_path"]["path"] == EXECUTOR and not m1["runtime_path"]["limits"]
     tiny = trained_pair("qwen3")
     d = _plan(tiny.drafter_dir, tiny.target_dir, "tiny", {"drafter_window": "full", "dtype": "float16"})
     assert d["runtime_path"]["path"] == EXECUTOR and d["supported"]["trtllm_engine"] is True

@@ -15,7 +15,9 @@ A target takes ``project`` when the stock executor refuses it (each reason read 
   fusion for a model it treats as recurrent (docs/hybrid-runtime.md R3/R4; the executor runs it only rebuilt with
   ``scripts/patch_trtllm_recurrent_spec.py``, which stays an option, never compiled here);
 - per-layer attention windows that differ (Muse Glimmer's sliding layers, or a drafter keeping its own window): a
-  "variable window" model, whose EAGLE KV rewind the executor refuses (docs/TRTLLM-ENGINE.md §3).
+  "variable window" model, whose EAGLE KV rewind the executor refuses (docs/TRTLLM-ENGINE.md §3). Such an engine is
+  not built any more where a window can bind (TensorRT-LLM's attention plugin does not apply it in speculative-decoding
+  steps: :mod:`.windows`); where none can, every window is max_seq_len and the model is not variable-window.
 
 Otherwise ``executor`` (the project runtime can drive those engines too: ``run --runtime project``).
 """
@@ -65,9 +67,11 @@ def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: i
         limits.append(f"tp {tp}: one process per rank, `mpirun -n {tp} dflash2-trt run ...` (each rank its "
                       f"rank engine on its GPU, TensorRT-LLM's all-reduce workspace; rank 0 reports: "
                       f"docs/trt-session.md §4); verified only with the CPU stand-in of TensorRT under real MPI, never yet run on GPUs")
-    if path == PROJECT and any(w < max_seq_len for w in windows):
-        limits.append("[I] a window below the pool's capacity selects the attention plugin's cyclic addressing for "
-                      "that layer; the CPU stand-in masks instead, so those layers are unverified on TensorRT")
+    if any(w < max_seq_len for w in windows):
+        limits.append(f"a window below max_seq_len ({min(windows)}) is not applied by TensorRT-LLM's attention plugin in "
+                      f"speculative-decoding steps (facts/attention_window.yaml [read, not run]): past it this engine "
+                      f"is not the model; a build at a max_seq_len where the window cannot bind is exact (build "
+                      f"--dry-run says which)")
     return {"path": path, "description": DESCRIPTION[path], "why": why, "limits": limits}
 
 

@@ -30,10 +30,11 @@ Semantics (remove_input_padding, paged KV cache):
   q and k at the token positions; K (post-RoPE) and V of the new tokens are WRITTEN to the pool
   at positions ``past .. past+n-1`` of layer ``layer_idx`` before attending, as the plugin does.
 - Window: ``host_max_attention_window_sizes[layer_idx] = W`` masks keys with
-  ``q_pos - k_pos >= W`` (transformers' sliding-window convention). DEVIATION: the stand-in's
-  pool is never cyclic — every token stays at its own position whatever W is; the real plugin
-  treats a window smaller than the cache as a cyclic (rolling) cache [I, see
-  dflash2_trt/trtllm/network/kv_layout.py on how the drafter window is passed].
+  ``q_pos - k_pos >= W`` (transformers' sliding-window convention), in every step kind; every token
+  stays at its own position. The real plugin applies such a window in context steps but not in
+  speculative-decoding generation steps (engine/trtllm/facts/attention_window.yaml, read, not run):
+  a TensorRT-LLM build is refused where a window can bind (engine/trtllm/windows.py), so the two agree
+  wherever a TensorRT-LLM engine is built.
 - Scale ``1 / (sqrt(D) * q_scaling)``; GQA: query head h reads KV head ``h // (H / Hkv)``.
 - Pool addressing: ``host_kv_cache_pool_pointers[p, 0]`` is the :class:`KVCachePool`'s device address on
   a GPU (a handle on the CPU), ``host_kv_cache_pool_mapping[layer] = (pool, layer in pool)``, and

@@ -55,7 +55,7 @@ accept and output code, shape tensors built with ``concat`` (the stand-in refuse
 holding Tensors, as TensorRT-LLM does). The stand-in holds the network to TensorRT-LLM's recorded signatures and
 dtype rules (``trtllm/cpu/api_1_2.yaml``). Relied on but unverified [I]: int64 elementwise math in
 :func:`counter_uniforms`, TensorRT's
-top-k/argmax tie order (the contract is lower id first), the plugin's cyclic addressing for a window below the cache, and the memory of ``[bs, K, V]`` fp32 proposal/target
+top-k/argmax tie order (the contract is lower id first), and the memory of ``[bs, K, V]`` fp32 proposal/target
 probabilities at a 248k vocabulary (~1.9 GB at bs 64, K 15: to be gathered over the top-k instead).
 """
 

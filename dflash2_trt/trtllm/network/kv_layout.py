@@ -17,9 +17,11 @@ TensorRT-LLM: the executor's ``max_attention_window`` list). A window that diffe
 model "variable window", which TensorRT-LLM 1.2's EAGLE KV rewind refuses (docs/TRTLLM-ENGINE.md §3): on
 TensorRT-LLM build dense targets with ``drafter_window: full`` (lossless; acceptance past the window only:
 ``scripts/bench_engine.py`` measured mean acceptance 3.35 with the window vs 2.62 without on the tiny pair,
-window 16), and a Muse Glimmer target needs that refusal relaxed, as the hybrid needs its own
-(docs/hybrid-runtime.md). The CPU runtime applies the windows as a mask (its pool is not cyclic; on
-TensorRT-LLM a window below the pool's capacity selects the plugin's cyclic addressing [I]).
+window 16). The CPU and cuda runtimes apply the windows as a mask in every step, as the model does. TensorRT-LLM's
+plugin applies a window below the capacity in context steps but not in speculative-decoding generation steps
+(``engine/trtllm/facts/attention_window.yaml``, read, not run), so a TensorRT-LLM build is refused where a window can
+bind (``engine/trtllm/windows.py``) and a window that cannot bind is passed as max_seq_len: then every layer has the
+same window and the model is not variable-window (Muse Glimmer at max_seq_len 2018).
 """
 
 from __future__ import annotations
@@ -81,13 +83,17 @@ def kv_layer_windows(config, drafter_window: str, max_seq_len: int) -> list[int]
     layers, the target's sliding window for its sliding layers (Muse Glimmer), the drafter's own window for its
     layers when ``drafter_window == "model"``. More than one value makes a variable-window model, which
     TensorRT-LLM 1.2's KV rewind for EAGLE refuses (docs/TRTLLM-ENGINE.md §3): the plan says so."""
+    cap = int(max_seq_len)
     kinds = [t for t in hf_layer_types(config) if t != "linear_attention"]
     sw = getattr(config, "sliding_window", None)
-    out = [int(sw) if (t == "sliding_attention" and sw) else int(max_seq_len) for t in kinds]
+    # a window at or above max_seq_len cannot bind (the runtime keeps every position below it): it is passed as
+    # max_seq_len, the pool's capacity, so the plugin sees no sliding-window layer there and the windows stay uniform
+    # (engine/trtllm/facts/attention_window.yaml rule.window_passed)
+    out = [min(int(sw), cap) if (t == "sliding_attention" and sw) else cap for t in kinds]
     d = config.dflash2
     for i in range(int(d["num_hidden_layers"])):
         w = d.get("sliding_window") if d["layer_types"][i] == "sliding_attention" else None
-        w = int(w) if (w and drafter_window == "model") else int(max_seq_len)
+        w = min(int(w), cap) if (w and drafter_window == "model") else cap
         out += [w] * drafter_kv_split(config)
     return out
 

@@ -1,0 +1,79 @@
+"""Sliding-window layers on TensorRT-LLM (engine/trtllm/windows.py): the record of what TensorRT-LLM's attention plugin
+does with a window below the KV capacity (facts/attention_window.yaml, read in its sources), and the build plan and the
+runtime's windows held to it: a TensorRT-LLM build is refused where a window can bind, and a window that cannot bind
+is passed as max_seq_len."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.cli import main
+from dflash2_trt.engine.binding import layer_windows
+from dflash2_trt.engine.trtllm.windows import FACTS_FILE, window_facts
+from dflash2_trt.trtllm.backend import load_network
+from dflash2_trt.testing.fixtures import MUSE_DRAFTER, MUSE_TARGET
+
+MUSE = ("--target", "muse-glimmer-30b", "--drafter", str(MUSE_DRAFTER), "--target-dir", str(MUSE_TARGET))
+
+
+def _plan(*args):
+    r = CliRunner().invoke(main, ["build", "--dry-run", "--json", "--backend", "trtllm", *args])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_the_record_names_a_source_for_every_fact_and_agrees_with_itself():
+    f = window_facts()
+    for name, src in f["sources"].items():
+        assert src["repo"] == "NVIDIA/TensorRT-LLM" and src["path"] and src["revision"], name
+    for section in ("window_inputs", "context", "spec_decoding_generation", "kv_blocks"):
+        srcs = f[section]["source"]
+        for s in ([srcs] if isinstance(srcs, str) else srcs):
+            assert s in f["sources"], (section, s)
+    g = f["spec_decoding_generation"]
+    # the plugin carries no tree flag, the op's default is tree, and XQA takes a window only for chained drafts: so
+    # neither XQA path is given the window, and the step does not apply it
+    assert g["plugin_sets_spec_dec_tree"] is False and g["spec_dec_tree_default"] is True
+    assert g["jit_passes_window"] is False and g["precompiled_passes_window"] is False
+    assert g["applies_window"] is (g["jit_passes_window"] or g["precompiled_passes_window"])
+    assert f["context"]["applies_window"] is True
+    assert f["window_inputs"]["layer_window"].startswith("host_max_attention_window_sizes[layer_idx]")
+    assert f["rule"]["window_can_bind"] == "W < max_seq_len + 2K"
+
+
+def test_muse_glimmer_is_refused_where_its_window_can_bind_and_built_where_it_cannot():
+    # K = 15: the 2048-token window binds at max_seq_len 2019 (positions reach 2019 + 30 - 1 = 2048), not at 2018
+    at = _plan(*MUSE, "--max-seq-len", "2019", "--max-input-len", "2001")
+    assert at["supported"]["trtllm_engine"] is False and at["supported"]["cpu_engine"] is True
+    (msg,) = at["trtllm_blockers"]
+    assert "the target's sliding layers (window 2048)" in msg and "max_seq_len 2019" in msg and FACTS_FILE in msg
+    assert "--max-seq-len 2018 (the window then never binds: exact)" in msg and "--backend cuda" in msg
+    below = _plan(*MUSE, "--max-seq-len", "2018", "--max-input-len", "2001")
+    assert below["supported"]["trtllm_engine"] is True and below["trtllm_blockers"] == []
+    # the build config's 40960: the fix names the prompt limit too (32768 would not fit 2018)
+    default = _plan(*MUSE)
+    assert "--max-seq-len 2018 --max-input-len 2001 " in default["trtllm_blockers"][0]
+
+
+def test_a_window_that_cannot_bind_is_passed_as_max_seq_len():
+    net = load_network("cpu")
+    below = _plan(*MUSE, "--max-seq-len", "2018", "--max-input-len", "2001")["engine_config"]
+    assert set(layer_windows(net, below, 2018).tolist()) == {2018}        # uniform: no sliding layer to the plugin
+    full = _plan(*MUSE)["engine_config"]
+    assert set(layer_windows(net, full, 40960).tolist()) == {2048, 40960}  # the sliding layers keep theirs
+
+
+@pytest.mark.parametrize("target,side", [("tiny-muse", "the target's"), ("tiny", "the drafter's")])
+def test_a_window_no_max_seq_len_can_hide_offers_the_other_ways_only(target, side):
+    # window 16: with K 15 (tiny-muse) or 7 (tiny) no engine that admits a prompt keeps every position within it
+    plan = _plan("--target", target)
+    # tiny-muse's build config keeps its drafter's window too (drafter_window: model): one line per side
+    assert len(plan["trtllm_blockers"]) == (2 if target == "tiny-muse" else 1)
+    (msg,) = [m for m in plan["trtllm_blockers"] if f"{side} sliding layers (window 16)" in m]
+    assert "--backend cuda" in msg and "--max-seq-len" not in msg
+    assert ("--set drafter_window=full" in msg) is (side == "the drafter's")
+    ok = _plan("--target", "tiny", "--set", "drafter_window=full", "--dtype", "float16")
+    assert ok["trtllm_blockers"] == [] and ok["supported"]["trtllm_engine"] is True
