@@ -91,8 +91,8 @@ TARGETS: dict[str, TargetEntry] = {
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'network defines, every rank',
                     'not run yet',
-                    '<= 2018 tokens; binding, tp 1-2 (stand-in, CI)',
-                    '<= 2018 tokens (windows)'),
+                    '<= 2018 tokens (windows); binding (stand-in, CI)',
+                    '<= 2018 tokens, not run'),
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,
@@ -150,8 +150,8 @@ STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; H100:
                  "TensorRT held to facts recorded from TensorRT 10 / TensorRT-LLM 1.2 sources (neither installs "
                  "here); lossless + law: greedy token-identical to the target, sampled tokens pass the target's "
                  "exact law; = HF: identical to the HF target's greedy decoding on the same GPU; refused: by stock "
-                 "TensorRT-LLM 1.2's executor; windows: a sliding window that could bind, which TensorRT-LLM's attention "
-                 "plugin does not apply in speculative-decoding steps, so the build is refused (docs/gpu.md)")
+                 "TensorRT-LLM 1.2's executor; windows: TensorRT-LLM's attention plugin does not apply a sliding window in "
+                 "speculative-decoding steps, so an engine is built only where the window cannot bind (docs/gpu.md)")
 
 
 def tiny_targets() -> dict[str, str]:

@@ -25,8 +25,8 @@ kv_cache_free_gpu_mem_fraction     0.9        share of the GPU memory left after
                                               runtime gives the KV cache (TensorRT-LLM's KvCacheConfig)
 tokens_per_block                   32         tokens per paged KV block; a power of two
 drafter_window                     model      model: the drafter's own sliding window; full: full-context drafter
-                                              attention (the TensorRT-LLM backend needs ``full`` for a drafter
-                                              with sliding layers: trtllm/network/kv_layout.py)
+                                              attention (the TensorRT-LLM backend needs ``full`` where the
+                                              drafter's window can bind: engine/trtllm/windows.py)
 gpus                               both       CUDA architectures the plugin library is built for: sm_90a, sm_100a
 num_kv_blocks                      0          CPU backend: KV blocks in the pool (0 = enough for max_batch_size
                                               requests of max_seq_len)

@@ -50,7 +50,7 @@ def test_muse_glimmer_is_refused_where_its_window_can_bind_and_built_where_it_ca
     assert at["supported"]["trtllm_engine"] is False and at["supported"]["cpu_engine"] is True
     (msg,) = at["trtllm_blockers"]
     assert "the target's sliding layers (window 2048)" in msg and "max_seq_len 2019" in msg and FACTS_FILE in msg
-    assert "--max-seq-len 2018 (the window then never binds: exact)" in msg and "--backend cuda" in msg
+    assert "--max-seq-len 2018 (the window never binds: exact)" in msg and "--backend cuda" in msg
     below = _plan(*MUSE, "--max-seq-len", "2018", "--max-input-len", "2001")
     assert below["supported"]["trtllm_engine"] is True and below["trtllm_blockers"] == []
     # the build config's 40960: the fix names the prompt limit too (32768 would not fit 2018)
@@ -77,3 +77,14 @@ def test_a_window_no_max_seq_len_can_hide_offers_the_other_ways_only(target, sid
     assert ("--set drafter_window=full" in msg) is (side == "the drafter's")
     ok = _plan("--target", "tiny", "--set", "drafter_window=full", "--dtype", "float16")
     assert ok["trtllm_blockers"] == [] and ok["supported"]["trtllm_engine"] is True
+
+
+def test_the_refusal_follows_the_record(monkeypatch):
+    """Were the record to say the plugin applies the window in speculative-decoding steps, nothing would be refused."""
+    from dflash2_trt.engine.trtllm import windows
+
+    assert _plan(*MUSE)["trtllm_blockers"]
+    f = window_facts()
+    patched = {**f, "spec_decoding_generation": {**f["spec_decoding_generation"], "applies_window": True}}
+    monkeypatch.setattr(windows, "window_facts", lambda: patched)
+    assert _plan(*MUSE)["trtllm_blockers"] == []

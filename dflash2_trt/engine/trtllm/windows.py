@@ -5,8 +5,8 @@ context part of a call, but not in a generation part with speculative decoding, 
 step is: that part runs only in XQA, and the TensorRT plugin leaves the op's spec-dec tree flag at its default, for
 which XQA gets no window (``facts/attention_window.yaml``, read in TensorRT-LLM's sources, not run). A sliding layer
 would attend to every key of its request there, which past the window is not the model. So an engine is exact on
-TensorRT-LLM only where no layer's window can bind: ``W >= max_seq_len + 2K`` (positions reach ``max_seq_len + 2K -
-1``: trtllm-build adds 2K draft slots). The cpu and cuda backends apply the window as a mask and are unaffected.
+TensorRT-LLM only where no layer's window can bind: ``W >= max_seq_len + 2K`` (positions can reach ``max_seq_len +
+2K - 1``: trtllm-build adds 2K draft slots). The cpu and cuda backends apply the window as a mask and are unaffected.
 """
 
 from __future__ import annotations
@@ -35,29 +35,32 @@ def binding_windows(t, d, *, max_seq_len: int, K: int, drafter_window: str) -> l
 
 
 def window_blockers(t, d, cfg) -> list[str]:
-    """One line per side whose window can bind (the reason TensorRT-LLM's engine would not be exact, and the ways
-    out: a max_seq_len at which the window cannot bind, ``drafter_window=full`` for the drafter, the cuda backend)."""
-    f = window_facts()
-    assert f["spec_decoding_generation"]["applies_window"] is False and f["context"]["applies_window"] is True
+    """One line per side whose window can bind: why TensorRT-LLM's engine would not be exact, and the ways out (a
+    max_seq_len at which no window binds, ``drafter_window=full`` for the drafter, the cuda backend). None where the
+    record says the plugin applies the window in speculative-decoding steps."""
+    if window_facts()["spec_decoding_generation"]["applies_window"]:
+        return []
     K, block = cfg.block_size - 1, cfg.block_size
+    binding = binding_windows(t, d, max_seq_len=cfg.max_seq_len, K=K, drafter_window=cfg.drafter_window)
+    if not binding:
+        return []
+    fix_seq = min(w for _, w in binding) - 2 * K     # the largest max_seq_len at which no window binds
+    fix_input = fix_seq - 1 - block                  # the longest prompt such an engine admits (config/build.py)
     out = []
-    for side, w in binding_windows(t, d, max_seq_len=cfg.max_seq_len, K=K, drafter_window=cfg.drafter_window):
-        fix_seq = w - 2 * K                      # the largest max_seq_len at which w cannot bind
-        fix_input = fix_seq - 1 - block          # the longest prompt such an engine admits (config/build.py)
+    for side, w in binding:
         ways = []
         if side == "drafter":
-            ways.append("--set drafter_window=full (lossless, costs acceptance past the window only)")
+            ways.append("--set drafter_window=full (lossless; costs acceptance past the window only)")
         if fix_input >= 1:
             flags = f"--max-seq-len {fix_seq}" + (f" --max-input-len {fix_input}" if cfg.max_input_len > fix_input
                                                   else "")
-            ways.append(f"{flags} (the window then never binds: exact)")
-        ways.append("--backend cuda (its attention applies the window)")
-        who = ("the target's sliding layers" if side == "target" else "drafter_window 'model': the drafter's sliding "
-               "layers")
+            ways.append(f"{flags} (the window never binds: exact)")
+        ways.append("--backend cuda")
+        who = "the target's sliding layers" if side == "target" else \
+            "drafter_window 'model': the drafter's sliding layers"
         out.append(
-            f"{who} (window {w}) can bind in an engine of max_seq_len {cfg.max_seq_len} (positions reach max_seq_len + "
-            f"2K - 1 = {cfg.max_seq_len + 2 * K - 1}), and TensorRT-LLM's attention plugin applies no sliding window "
-            f"in speculative-decoding generation steps (XQA takes them, without the window: the TensorRT plugin "
-            f"leaves the op's spec-dec tree flag at its default; {FACTS_FILE} [read, not run]): past {w} tokens the "
-            f"engine would not be the model. Use " + ", or ".join(ways))
+            f"{who} (window {w}) can bind at max_seq_len {cfg.max_seq_len} (positions can reach max_seq_len + 2K - 1 "
+            f"= {cfg.max_seq_len + 2 * K - 1}), and TensorRT-LLM's attention plugin does not apply a sliding window in "
+            f"speculative-decoding steps ({FACTS_FILE} [read, not run]): the engine would not be exact. Use "
+            + ", or ".join(ways))
     return out
