@@ -60,7 +60,7 @@ from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
 from .trtllm.paths import runtime_path
 from .trtllm.runtime_rules import runtime_reading
-from .trtllm.windows import window_blockers
+from .trtllm.windows import is_sm100_family, sm100_note, sm100_refusal, window_blockers
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain, trtllm_version_refusal
 from .verify import AUTO_MAX_TARGET_BYTES
 from ..trtllm.backend import cuda_available, load_network
@@ -494,6 +494,13 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         supported["verified"] = status_of(get_target(p.target_key))   # README's status row
     engine_config = engine_pretrained_config(p.checkpoint_config, cfg, d) if p.checkpoint_config else None
     trtllm_blockers = list(p.trtllm_blockers)
+    warnings = list(p.warnings)
+    if backend == "trtllm":   # Blackwell: no attention kernel for a TensorRT engine's speculative steps (windows.py)
+        gpu_sm = toolchain.gpu_sm if toolchain is not None else None
+        if (sm100 := sm100_refusal(gpu_sm)) is not None:
+            trtllm_blockers.append(sm100)
+        elif not gpu_sm and any(is_sm100_family(g) for g in cfg.gpus):
+            warnings.append(f"{sm100_note()}: the build refuses a Blackwell GPU (--backend cuda there)")
     path = None
     if backend == "trtllm" and engine_config is not None and not p.blockers:
         path = runtime_path(engine_config)
@@ -513,7 +520,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": trtllm_blockers,
         # which runtime will drive the TensorRT engine, and why (engine/trtllm/paths.py)
         "runtime_path": path,
-        "warnings": list(p.warnings),
+        "warnings": warnings,
         # the build checkpoint's config.json, exactly as trtllm-build receives it (engine step), and what the
         # runtime will count in it
         "engine_config": engine_config, "runtime": runtime_reading(engine_config, cfg),

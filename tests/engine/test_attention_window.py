@@ -42,6 +42,15 @@ def test_the_record_names_a_source_for_every_fact_and_agrees_with_itself():
     assert f["context"]["applies_window"] is True
     assert f["window_inputs"]["layer_window"].startswith("host_max_attention_window_sizes[layer_idx]")
     assert f["rule"]["window_can_bind"] == "W < max_seq_len + 2K"
+    from dflash2_trt.engine.trtllm.runtime_rules import facts
+
+    b = facts("spec_decoding_sm100")
+    for section in ("dispatcher", "tests"):
+        srcs = b[section]["source"]
+        for s in ([srcs] if isinstance(srcs, str) else srcs):
+            assert b["sources"][s]["repo"] == "NVIDIA/TensorRT-LLM" and b["sources"][s]["revision"], (section, s)
+    assert b["dispatcher"]["sm100_spec_decoding_supported"] is False and b["tensorrt_engine_spec_decoding_on_sm100"] \
+        is b["dispatcher"]["sm100_spec_decoding_supported"]
 
 
 def test_muse_glimmer_is_refused_where_its_window_can_bind_and_built_where_it_cannot():
@@ -88,3 +97,27 @@ def test_the_refusal_follows_the_record(monkeypatch):
     patched = {**f, "spec_decoding_generation": {**f["spec_decoding_generation"], "applies_window": True}}
     monkeypatch.setattr(windows, "window_facts", lambda: patched)
     assert _plan(*MUSE)["trtllm_blockers"] == []
+
+
+def test_blackwell_is_named_in_a_trtllm_plan_and_refused_on_a_blackwell_machine(monkeypatch):
+    from dflash2_trt.engine.plan import dry_run_plan
+    from dflash2_trt.engine.trtllm.toolchain import Toolchain
+    from dflash2_trt.engine.trtllm.windows import is_sm100_family
+
+    assert [is_sm100_family(s) for s in ("sm_100a", "sm_103", "sm_90a", "sm_120", None)] == [True, True, False,
+                                                                                              False, False]
+    args = (MUSE_DRAFTER, MUSE_TARGET)
+    kw = dict(target_key="muse-glimmer-30b", backend="trtllm", overrides={"max_seq_len": 2018, "max_input_len": 2001})
+    # no GPU here: the config's gpus include sm_100a, so the plan warns; a cpu plan does not
+    plan = dry_run_plan(*args, **kw, toolchain=Toolchain())
+    assert plan["trtllm_blockers"] == [] and any("on Blackwell (SM 100 / 103)" in w for w in plan["warnings"])
+    cpu = dry_run_plan(*args, **{**kw, "backend": "cpu"}, toolchain=Toolchain())
+    assert not any("Blackwell" in w for w in cpu["warnings"])
+    # on a B200 the build would refuse: the plan says so as a blocker, unless the override is set
+    b200 = Toolchain(gpu_name="NVIDIA B200", gpu_sm="sm_100a")
+    (msg,) = dry_run_plan(*args, **kw, toolchain=b200)["trtllm_blockers"]
+    assert "GPU is sm_100a" in msg and "DFLASH2_TRTLLM_ALLOW_SM100=1" in msg
+    monkeypatch.setenv("DFLASH2_TRTLLM_ALLOW_SM100", "1")
+    assert dry_run_plan(*args, **kw, toolchain=b200)["trtllm_blockers"] == []
+    h200 = Toolchain(gpu_name="NVIDIA H200", gpu_sm="sm_90a")
+    assert not any("Blackwell" in w for w in dry_run_plan(*args, **kw, toolchain=h200)["warnings"])

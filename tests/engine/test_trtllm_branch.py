@@ -487,6 +487,22 @@ def test_output_dir_exists_without_force(pair, tmp_path, toolchain):
     assert r.calls == [] and not (tmp_path / "eng.checkpoint").exists() and (out / "keep").read_text() == "x"
 
 
+def test_a_blackwell_gpu_is_refused_before_anything_is_written(pair, tmp_path, toolchain, monkeypatch):
+    """TensorRT-LLM 1.2's attention has no kernel for a TensorRT engine's speculative steps on SM 100 (facts/
+    spec_decoding_sm100.yaml): the build says so before hours of converting; DFLASH2_TRTLLM_ALLOW_SM100=1 goes on."""
+    from dataclasses import replace
+
+    b200 = replace(toolchain, gpu_name="NVIDIA B200", gpu_sm="sm_100a")
+    r = FakeRunner()
+    with pytest.raises(ConfigError, match=r"GPU is sm_100a: on Blackwell .*No available XQA kernels .*--backend cuda"):
+        _build(pair, tmp_path / "eng", b200, r)
+    assert r.calls == [] and list(p.name for p in tmp_path.iterdir()) == ["TensorRT-10.13"]
+    monkeypatch.setenv("DFLASH2_TRTLLM_ALLOW_SM100", "1")
+    r = FakeRunner()
+    _build(pair, tmp_path / "eng", b200, r)
+    assert "-DCMAKE_CUDA_ARCHITECTURES=100a" in r.calls[0]["argv"]
+
+
 def test_gpu_outside_the_build_config(pair, tmp_path, toolchain):
     from dataclasses import replace
 

@@ -59,6 +59,7 @@ from .plugin_library import ensure_plugin_library, plugin_archs
 from .process import BaselineBuildError, EngineBuildError, SubprocessRunner, exit_description, log_tail
 from .toolchain import Toolchain, probe_toolchain, trtllm_version_refusal
 from .verify import verify_trtllm_engine
+from .windows import sm100_refusal
 
 
 # --------------------------------------------------------------------------------------- RUN.md
@@ -246,6 +247,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
         raise ConfigError(f"cannot build a TensorRT-LLM engine for this target: {blockers[0]}", source=cfg.source)
     check_output_dir(output, force)
     plugin_archs(cfg, toolchain)      # refuses a GPU outside the config's `gpus` before hours of converting
+    if (sm100 := sm100_refusal(toolchain.gpu_sm)) is not None:   # no kernel for the engine's steps there
+        raise ConfigError(sm100, field="--backend")
     if verify and cfg.tp_size > 1:
         raise ConfigError(f"--verify on a tp {cfg.tp_size} TensorRT-LLM engine needs one MPI rank per GPU; build "
                           f"with --no-verify, then `mpirun -n {cfg.tp_size} dflash2-trt run ...`", field="--verify")

@@ -11,9 +11,14 @@ TensorRT-LLM only where no layer's window can bind: ``W >= max_seq_len + 2K`` (p
 
 from __future__ import annotations
 
+import os
+import re
+
 from .runtime_rules import facts
 
 FACTS_FILE = "engine/trtllm/facts/attention_window.yaml"
+SM100_FACTS_FILE = "engine/trtllm/facts/spec_decoding_sm100.yaml"
+ALLOW_SM100_ENV = "DFLASH2_TRTLLM_ALLOW_SM100"
 
 
 def window_facts() -> dict:
@@ -64,3 +69,29 @@ def window_blockers(t, d, cfg) -> list[str]:
             f"speculative-decoding steps ({FACTS_FILE} [read, not run]): the engine would not be exact. Use "
             + ", or ".join(ways))
     return out
+
+
+def is_sm100_family(gpu_sm: str | None) -> bool:
+    """Blackwell datacenter parts: ``sm_100a``, ``sm_103`` (TensorRT-LLM's isSM100Family)."""
+    m = re.match(r"sm_(\d+)", gpu_sm or "")
+    return bool(m) and 100 <= int(m[1]) < 110
+
+
+def sm100_note() -> str:
+    """Why a TensorRT-LLM engine's speculative steps have no attention kernel on Blackwell (the record's words)."""
+    f = facts("spec_decoding_sm100")
+    return (f"on Blackwell (SM 100 / 103) TensorRT-LLM 1.2's attention takes a TensorRT engine's speculative-decoding "
+            f"steps only in TRTLLM-GEN, which refuses them in the revisions read, so the first verify step would stop "
+            f"with "
+            f"\"{f['dispatcher']['error_without_xqa']}\" (NVIDIA's own TensorRT EAGLE test skips SM >= "
+            f"{f['tests']['tensorrt_eagle_skipped_from_sm']}; {SM100_FACTS_FILE} [read, not run])")
+
+
+def sm100_refusal(gpu_sm: str | None) -> str | None:
+    """The build's refusal on a Blackwell GPU, unless ``DFLASH2_TRTLLM_ALLOW_SM100=1`` (or the record says such steps
+    run there)."""
+    if not is_sm100_family(gpu_sm) or os.environ.get(ALLOW_SM100_ENV) == "1" \
+            or facts("spec_decoding_sm100")["tensorrt_engine_spec_decoding_on_sm100"]:
+        return None
+    return (f"this machine's GPU is {gpu_sm}: {sm100_note()}. Build with --backend cuda on Blackwell, or set "
+            f"{ALLOW_SM100_ENV}=1 to build the TensorRT-LLM engine anyway (e.g. on a TensorRT-LLM that runs it)")
