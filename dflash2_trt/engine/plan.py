@@ -60,6 +60,7 @@ from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
 from .trtllm.paths import runtime_path
 from .trtllm.runtime_rules import runtime_reading
+from .trtllm.xqa import xqa_plan
 from .trtllm.windows import is_sm100_family, sm100_note, sm100_refusal, window_blockers
 from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain, trtllm_version_refusal
 from .verify import AUTO_MAX_TARGET_BYTES
@@ -449,7 +450,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                     f"-DCMAKE_CUDA_ARCHITECTURES={archs}", "-DTensorRT_INCLUDE_DIR=<TensorRT>/include"])
                       + " && cmake --build <tmp> --target dflash2_plugins"})
         argv = trtllm_build_argv(cfg, checkpoint_dir=out / "build-checkpoint", output_dir=out)
-        env = trtllm_build_env(plugin_lib)
+        env = trtllm_build_env(plugin_lib, xqa_plan(t, d, cfg)["env"])
         command = {"argv": argv, "env": env, "line": shell_line(argv, env)}
         if baseline:
             bargv = trtllm_build_argv(cfg, checkpoint_dir=out / "baseline-checkpoint", output_dir=out / "baseline",
@@ -496,6 +497,9 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     trtllm_blockers = list(p.trtllm_blockers)
     warnings = list(p.warnings)
     if backend == "trtllm":   # Blackwell: no attention kernel for a TensorRT engine's speculative steps (windows.py)
+        xqa = xqa_plan(t, d, cfg)      # and on Hopper, which XQA kernel takes each attention layer's (xqa.py)
+        trtllm_blockers += xqa["blockers"]
+        warnings += xqa["warnings"]
         gpu_sm = toolchain.gpu_sm if toolchain is not None else None
         if (sm100 := sm100_refusal(gpu_sm)) is not None:
             trtllm_blockers.append(sm100)

@@ -487,6 +487,33 @@ def test_output_dir_exists_without_force(pair, tmp_path, toolchain):
     assert r.calls == [] and not (tmp_path / "eng.checkpoint").exists() and (out / "keep").read_text() == "x"
 
 
+def test_the_xqa_variable_reaches_trtllm_build_engine_json_and_run_md(pair, tmp_path, toolchain, monkeypatch):
+    """An engine whose attention needs the JIT XQA kernel (xqa.py; Qwen3.8-27B's head 256 in
+    tests/engine/test_xqa_spec_decoding.py): trtllm-build runs with TRTLLM_ENABLE_XQA_JIT=1, engine.json records it
+    for the runtimes and RUN.md exports it. The tiny pair's heads need none, so the plan is widened here."""
+    from dflash2_trt.engine.trtllm import build as build_mod
+    from dflash2_trt.engine.trtllm import xqa
+
+    def forced(t, d, cfg):
+        x = xqa.xqa_plan(t, d, cfg)
+        return {**x, "env": {"TRTLLM_ENABLE_XQA_JIT": "1"}}
+
+    monkeypatch.setattr(build_mod, "xqa_plan", forced)
+    r = FakeRunner()
+    out = tmp_path / "eng"
+    _build(pair, out, toolchain, r)
+    (call,) = [c for c in r.calls if c["tool"] == "trtllm-build"]
+    assert call["env"]["TRTLLM_ENABLE_XQA_JIT"] == "1"
+    man = json.loads((out / "engine.json").read_text())
+    assert man["runtime_env"] == {"TRTLLM_ENABLE_XQA_JIT": "1"}
+    assert man["trtllm_build"]["env"]["TRTLLM_ENABLE_XQA_JIT"] == "1"
+    assert "export TRTLLM_ENABLE_XQA_JIT=1" in (out / "RUN.md").read_text()
+    # the tiny pair's own plan forces nothing
+    monkeypatch.setattr(build_mod, "xqa_plan", xqa.xqa_plan)
+    _build(pair, tmp_path / "eng2", toolchain, FakeRunner())
+    assert json.loads((tmp_path / "eng2" / "engine.json").read_text())["runtime_env"] == {}
+
+
 def test_a_blackwell_gpu_is_refused_before_anything_is_written(pair, tmp_path, toolchain, monkeypatch):
     """TensorRT-LLM 1.2's attention has no kernel for a TensorRT engine's speculative steps on SM 100 (facts/
     spec_decoding_sm100.yaml): the build says so before hours of converting; DFLASH2_TRTLLM_ALLOW_SM100=1 goes on."""

@@ -60,6 +60,7 @@ from .process import BaselineBuildError, EngineBuildError, SubprocessRunner, exi
 from .toolchain import Toolchain, probe_toolchain, trtllm_version_refusal
 from .verify import verify_trtllm_engine
 from .windows import sm100_refusal
+from .xqa import xqa_plan
 
 
 # --------------------------------------------------------------------------------------- RUN.md
@@ -74,6 +75,11 @@ def run_md(man: dict, engine_dir: Path) -> str:
     gpu = man.get("gpu") or {}
     lib = man["plugin_library"]["file"]
     mpi = f"mpirun -n {tp} --allow-run-as-root " if tp > 1 else ""
+    renv = man.get("runtime_env") or {}
+    env_lines = "".join(f"\n    export {k}={val}" for k, val in renv.items())
+    env_note = ("\n\n`TRTLLM_ENABLE_XQA_JIT=1`: this engine was built with it (an attention layer whose XQA kernel "
+                "for speculative-decoding steps only the JIT path compiles: engine/trtllm/xqa.py); `dflash2-trt run`, "
+                "`bench run` and `serve` set it themselves" if "TRTLLM_ENABLE_XQA_JIT" in renv else "")
     greedy_t = GREEDY_REQUEST_TEMPERATURE
     path = man.get("runtime_path") or {}
     why = "\n".join(f"- {w}" for w in path.get("why") or [])
@@ -139,7 +145,7 @@ the check it is.
 
 ## 1. Load the plugins in every process that deserialises the engine
 
-    export LD_PRELOAD={engine_dir}/{lib}${{LD_PRELOAD:+:$LD_PRELOAD}}
+    export LD_PRELOAD={engine_dir}/{lib}${{LD_PRELOAD:+:$LD_PRELOAD}}{env_lines}{env_note}
 
 (Python alternative: `ctypes.CDLL("{engine_dir}/{lib}", mode=ctypes.RTLD_GLOBAL)` before the engine loads.)
 
@@ -242,7 +248,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
     say = progress or (lambda s: None)
     cfg, K = prep.cfg, prep.K
     output = Path(output)
-    blockers = prep.blockers + prep.trtllm_blockers
+    xqa = xqa_plan(prep.t, prep.d, cfg)
+    blockers = prep.blockers + prep.trtllm_blockers + xqa["blockers"]
     if blockers:
         raise ConfigError(f"cannot build a TensorRT-LLM engine for this target: {blockers[0]}", source=cfg.source)
     check_output_dir(output, force)
@@ -284,7 +291,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
         elif (wrong := trtllm_version_refusal(toolchain.tensorrt_llm)) is not None:
             missing.insert(0, wrong)
         if missing:
-            lib_env = trtllm_build_env(plugin["path"] if plugin else "<libdflash2_plugins.so>")
+            lib_env = trtllm_build_env(plugin["path"] if plugin else "<libdflash2_plugins.so>", xqa["env"])
             then = ""
             if baseline:
                 base_argv = trtllm_build_argv(cfg, checkpoint_dir=output / "baseline-checkpoint",
@@ -304,7 +311,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             (bck / "config.json").write_text(json.dumps(pre, indent=2) + "\n")
             how = link_files(ckpt_dir, bck, [f"rank{r}.safetensors" for r in range(cfg.tp_size)])
             argv = trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=tmp)
-            env = trtllm_build_env(plugin["path"])
+            env = trtllm_build_env(plugin["path"], xqa["env"])
             log = tmp / "trtllm-build.log"
             log.write_text(f"# {shell_line(argv, env)}\n")
             # the log as it is written (the final directory appears only at the commit)
@@ -342,6 +349,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                 "trtllm_build": {"argv": argv, "env": env, "line": shell_line(argv, env),
                                  "ran_in": str(tmp), "renamed_to": str(output.absolute()),
                                  "build_checkpoint_files": how, "seconds": round(build_s, 3)},
+                # what TensorRT-LLM must see at run time too (xqa.py); `run` sets it before TensorRT-LLM loads
+                "runtime_env": dict(xqa["env"]),
                 "eos_token_ids": [int(e) for e in prep.t.eos_token_ids], "tokenizer": tokenizer,
                 "trtllm_bench": bench, "engine_config_fixes": fixes, "baseline": None,
                 # which runtime drives this engine and why (the executor cannot run every DFlash2 engine: .paths)

@@ -102,10 +102,12 @@ def engine_config_fixes(engine: dict) -> list[dict]:
     return fixes
 
 
-def trtllm_build_env(plugin_lib) -> dict[str, str]:
+def trtllm_build_env(plugin_lib, extra: dict | None = None) -> dict[str, str]:
     """What the model class file needs in trtllm-build's process: the plugin library (trtllm-build has no
-    plugin flag; the network's DFlash2ForCausalLM loads it, trtllm/network/combined.py) and the TensorRT-LLM backend of the network."""
-    return {"DFLASH2_PLUGIN_LIB": str(plugin_lib), "DFLASH2_TRT_BACKEND": "trtllm"}
+    plugin flag; the network's DFlash2ForCausalLM loads it, trtllm/network/combined.py) and the TensorRT-LLM backend of
+    the network; ``extra``: what TensorRT-LLM itself must see while it configures the attention (xqa.py: the XQA
+    kernels it compiles then go into the engine)."""
+    return {"DFLASH2_PLUGIN_LIB": str(plugin_lib), "DFLASH2_TRT_BACKEND": "trtllm", **(extra or {})}
 
 
 def cuda_archs(gpus) -> str:

@@ -31,6 +31,7 @@ from ...trtllm.register import import_tensorrt_llm, register
 from ..graph_rules import refuse_tp
 from .paths import PROJECT, choose_runtime
 from .session_run import run_items
+from .xqa import apply_runtime_env
 
 
 def _require_trtllm():
@@ -42,6 +43,8 @@ def _require_trtllm():
 def _runner(engine_dir, *, plugin_lib=None, max_batch_size=None):   # pragma: no cover - GPU only
     _require_trtllm()
     engine_dir = Path(engine_dir)
+    if (engine_dir / "engine.json").is_file():   # before TensorRT-LLM loads: what the engine was built with (xqa.py)
+        apply_runtime_env(json.loads((engine_dir / "engine.json").read_text()))
     lib = plugin_lib or (engine_dir / plugins.LIBRARY_NAME)
     plugins.load_library(lib)
     import_tensorrt_llm()   # first import here: its banner to stderr

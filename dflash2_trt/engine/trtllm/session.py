@@ -65,6 +65,7 @@ from ..binding import bind, layer_windows, static_inputs
 from ..format import file_problems, load_engine_dir
 from ..pretrained import BASELINE_DIR, TARGET_ONLY, engine_draft_len, is_target_only
 from .runtime_rules import facts as _facts_file
+from .xqa import apply_runtime_env
 
 @functools.lru_cache(maxsize=1)
 def facts() -> dict:
@@ -631,6 +632,7 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
         cfg = baseline_config(engine_dir, cfg, man, verify=verify)
         where = engine_dir / BASELINE_DIR
     if trt is None:   # pragma: no cover - GPU machines
+        apply_runtime_env(man)   # before TensorRT-LLM loads: what the engine was built with (xqa.py)
         if load_plugins:
             load_plugin_libraries(engine_dir)
         try:

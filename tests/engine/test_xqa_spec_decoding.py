@@ -1,0 +1,80 @@
+"""Which XQA kernel TensorRT-LLM 1.2 gives each attention layer in a TensorRT engine's speculative-decoding steps
+(engine/trtllm/xqa.py), held to the record read in its sources (facts/xqa_spec_decoding.yaml): Qwen3.8-27B's
+full attention (head 256, 6 query heads per KV head) has no precompiled kernel, so the build sets
+TRTLLM_ENABLE_XQA_JIT=1 for trtllm-build and records it for the runtimes; a layer no kernel takes is refused."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from dflash2_trt.engine.plan import prepare
+from dflash2_trt.engine.trtllm.runtime_rules import facts
+from dflash2_trt.engine.trtllm.xqa import apply_runtime_env, xqa_plan
+from dflash2_trt.testing.fixtures import MUSE_DRAFTER, MUSE_TARGET, QWEN_DRAFTER, QWEN_TARGET
+
+ENV = "TRTLLM_ENABLE_XQA_JIT"
+
+
+def _kernels(x):
+    return [(c["side"], c["q_heads"], c["kv_heads"], c["head_size"], c["kernel"]) for c in x["calls"]]
+
+
+def test_the_record_names_its_sources():
+    f = facts("xqa_spec_decoding")
+    for section in ("runner", "jit_hmma", "precompiled_spec_decoding"):
+        src = f[section]["source"]
+        assert f["sources"][src]["repo"] == "NVIDIA/TensorRT-LLM" and f["sources"][src]["revision"], section
+    assert f["runner"]["env"] == ENV and f["precompiled_spec_decoding"]["head_sizes"] == [128]
+
+
+def test_the_published_pairs_kernels():
+    q = prepare(QWEN_DRAFTER, QWEN_TARGET, target_key="qwen3.8-27b")
+    x = xqa_plan(q.t, q.d, q.cfg)
+    # 6 query heads per KV head: not a divisor of 64, so the runner sends it to the precompiled kernels, which have
+    # head 128 only; the JIT kernel takes head 256 and 6, so the build forces JIT
+    assert _kernels(x) == [("target", 24, 4, 256, "jit (forced)"), ("drafter", 32, 8, 128, "jit")]
+    assert x["env"] == {ENV: "1"} and x["blockers"] == [] and "24 query / 4 KV heads of 256" in x["warnings"][0]
+    q2 = prepare(QWEN_DRAFTER, QWEN_TARGET, target_key="qwen3.8-27b", overrides={"tp_size": 2})
+    assert _kernels(xqa_plan(q2.t, q2.d, q2.cfg))[0] == ("target", 12, 2, 256, "jit (forced)")
+    # Muse Glimmer (its build config's tp 2): 16 query heads per KV head, and the drafter's 8 KV heads over 4 pool
+    # layers: 4 query / 1 KV head per call; both JIT by the runner's own rule, nothing forced
+    m = prepare(MUSE_DRAFTER, MUSE_TARGET, target_key="muse-glimmer-30b")
+    xm = xqa_plan(m.t, m.d, m.cfg)
+    assert _kernels(xm) == [("target", 16, 1, 128, "jit"), ("drafter", 4, 1, 128, "jit")]
+    assert xm["env"] == {} and xm["warnings"] == [] and xm["blockers"] == []
+
+
+def test_a_layer_no_kernel_takes_is_refused():
+    t = SimpleNamespace(num_attention_heads=24, num_key_value_heads=4, head_dim=512)      # head > 256: no JIT
+    d = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    x = xqa_plan(t, d, SimpleNamespace(tokens_per_block=32, tp_size=1))
+    assert _kernels(x)[0][-1] == "none" and len(x["blockers"]) == 1 and "--backend cuda" in x["blockers"][0]
+    # 8 tokens per block: the JIT kernel takes none (16-128), and group 4 goes to JIT by the runner's rule
+    x8 = xqa_plan(d, d, SimpleNamespace(tokens_per_block=8, tp_size=1))
+    assert [c["kernel"] for c in x8["calls"]] == ["none", "none"]
+
+
+def test_the_plan_shows_the_variable_on_the_trtllm_build_command():
+    from dflash2_trt.engine.plan import dry_run_plan
+    from dflash2_trt.engine.trtllm.toolchain import Toolchain
+
+    plan = dry_run_plan(QWEN_DRAFTER, QWEN_TARGET, target_key="qwen3.8-27b", backend="trtllm", toolchain=Toolchain())
+    assert plan["trtllm_build"]["env"][ENV] == "1" and f"{ENV}=1 " in plan["trtllm_build"]["line"]
+    assert any("no precompiled XQA kernel" in w for w in plan["warnings"])
+    tiny = dry_run_plan(MUSE_DRAFTER, MUSE_TARGET, target_key="muse-glimmer-30b", backend="trtllm",
+                        toolchain=Toolchain(), overrides={"max_seq_len": 2018, "max_input_len": 2001})
+    assert ENV not in tiny["trtllm_build"]["env"]
+
+
+def test_the_runtimes_set_what_the_engine_was_built_with(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert apply_runtime_env({"runtime_env": {ENV: "1"}}) == {ENV: "1"}
+    import os
+
+    assert os.environ[ENV] == "1"
+    monkeypatch.setenv(ENV, "0")                      # the user's own setting wins
+    assert apply_runtime_env({"runtime_env": {ENV: "1"}}) == {} and os.environ[ENV] == "0"
+    assert apply_runtime_env({}) == {} and apply_runtime_env(None) == {}
