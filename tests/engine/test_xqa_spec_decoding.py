@@ -5,10 +5,7 @@ TRTLLM_ENABLE_XQA_JIT=1 for trtllm-build and records it for the runtimes; a laye
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
-
-import pytest
 
 from dflash2_trt.engine.plan import prepare
 from dflash2_trt.engine.trtllm.runtime_rules import facts
