@@ -49,6 +49,15 @@ def test_a_layer_no_kernel_takes_is_refused():
     d = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
     x = xqa_plan(t, d, SimpleNamespace(tokens_per_block=32, tp_size=1))
     assert _kernels(x)[0][-1] == "none" and len(x["blockers"]) == 1 and "--backend cuda" in x["blockers"][0]
+    # forcing JIT for one layer sends every layer there: a layer only the precompiled kernels took (head 128, 48 query
+    # heads per KV head: more than JIT's 32) then has none
+    wide = SimpleNamespace(num_attention_heads=48, num_key_value_heads=1, head_dim=128)
+    xw = xqa_plan(SimpleNamespace(num_attention_heads=24, num_key_value_heads=4, head_dim=256), wide,
+                  SimpleNamespace(tokens_per_block=32, tp_size=1))
+    assert [c["kernel"] for c in xw["calls"]] == ["jit (forced)", "none"] and len(xw["blockers"]) == 1
+    alone = xqa_plan(wide, wide, SimpleNamespace(tokens_per_block=32, tp_size=1))
+    assert [c["kernel"] for c in alone["calls"]] == ["precompiled", "precompiled"] and not alone["blockers"]
+    assert xqa_plan(wide, wide, SimpleNamespace(tokens_per_block=16, tp_size=1))["blockers"]   # no 16 precompiled
     # 8 tokens per block: the JIT kernel takes none (16-128), and group 4 goes to JIT by the runner's rule
     x8 = xqa_plan(d, d, SimpleNamespace(tokens_per_block=8, tp_size=1))
     assert [c["kernel"] for c in x8["calls"]] == ["none", "none"]
@@ -75,3 +84,37 @@ def test_the_runtimes_set_what_the_engine_was_built_with(monkeypatch):
     monkeypatch.setenv(ENV, "0")                      # the user's own setting wins
     assert apply_runtime_env({"runtime_env": {ENV: "1"}}) == {} and os.environ[ENV] == "0"
     assert apply_runtime_env({}) == {} and apply_runtime_env(None) == {}
+
+
+def test_every_speculative_decoding_call_of_a_step_is_causal_and_the_draft_block_stays_bidirectional(
+        tmp_path_factory, monkeypatch):
+    """XQA, the only kernel of a call with several tokens per generation request, takes mask_type causal only (the
+    record's mask_type_required): the network passes causal to every such call, the drafter's included; its
+    bidirectional block (tiny-muse's drafter: is_causal false) is the packed mask's, whose rows then have bits above the
+    diagonal. Recorded on the CPU engine's own steps (the stand-in's gpt_attention, wrapped)."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.testing.engines import EngineCache, run_prompts, shipped_prompts
+    from dflash2_trt.trtllm.cpu import attention, functional
+
+    assert facts("xqa_spec_decoding")["mask_type_required"] == "causal"
+    pair = trained_pair("muse_glimmer")
+    engine_dir = EngineCache(pair, "tiny-muse", tmp_path_factory, verify=False)(16)
+    calls, orig = [], functional.gpt_attention
+
+    def spy(**kw):
+        use = kw.get("spec_decoding_use")
+        types = kw["host_request_types"]
+        gen = use is not None and int(attention.raw(use).reshape(-1)[0]) == 1 and bool(
+            (attention.raw(types).reshape(-1) == 1).any())
+        packed = attention.raw(kw["spec_decoding_packed_mask"]) if gen else None
+        calls.append((gen, kw["mask_type"], None if packed is None else int(packed[0, 0])))
+        return orig(**kw)
+
+    monkeypatch.setattr(functional, "gpt_attention", spy)
+    run_prompts(engine_dir, shipped_prompts(pair, 2), new=6, max_batch=2)
+    spec = [c for c in calls if c[0]]
+    assert spec and all(m == attention.AttentionMaskType.causal for _, m, _ in spec), \
+        sorted({str(m) for _, m, _ in spec})
+    # some speculative-decoding call's first packed row sees all 16 tokens of its block (the drafter's, bidirectional);
+    # the target's verify rows see only their prefix (row 0: bit 0)
+    assert {p for _, _, p in spec} >= {0xFFFF, 1}

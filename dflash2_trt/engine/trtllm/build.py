@@ -78,8 +78,9 @@ def run_md(man: dict, engine_dir: Path) -> str:
     renv = man.get("runtime_env") or {}
     env_lines = "".join(f"\n    export {k}={val}" for k, val in renv.items())
     env_note = ("\n\n`TRTLLM_ENABLE_XQA_JIT=1`: this engine was built with it (an attention layer whose XQA kernel "
-                "for speculative-decoding steps only the JIT path compiles: engine/trtllm/xqa.py); `dflash2-trt run`, "
-                "`bench run` and `serve` set it themselves" if "TRTLLM_ENABLE_XQA_JIT" in renv else "")
+                "for speculative-decoding steps only the JIT path compiles: engine/trtllm/xqa.py); the project "
+                "runtime (`dflash2-trt run`, `bench run`, `serve`) sets it itself, TensorRT-LLM's own tools need it "
+                "exported" if "TRTLLM_ENABLE_XQA_JIT" in renv else "")
     greedy_t = GREEDY_REQUEST_TEMPERATURE
     path = man.get("runtime_path") or {}
     why = "\n".join(f"- {w}" for w in path.get("why") or [])

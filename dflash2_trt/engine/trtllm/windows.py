@@ -82,9 +82,9 @@ def sm100_note() -> str:
     f = facts("spec_decoding_sm100")
     return (f"on Blackwell (SM 100 / 103) TensorRT-LLM 1.2's attention takes a TensorRT engine's speculative-decoding "
             f"steps only in TRTLLM-GEN, which refuses them in the revisions read, so the first verify step would stop "
-            f"with "
-            f"\"{f['dispatcher']['error_without_xqa']}\" (NVIDIA's own TensorRT EAGLE test skips SM >= "
-            f"{f['tests']['tensorrt_eagle_skipped_from_sm']}; {SM100_FACTS_FILE} [read, not run])")
+            f"with \"{f['dispatcher']['error_without_xqa']}\" (NVIDIA skips its TensorRT EAGLE test of a ModelOpt "
+            f"checkpoint from SM {f['tests']['tensorrt_eagle_skipped_from_sm']} until speculative decoding is supported; "
+            f"{SM100_FACTS_FILE} [read, not run])")
 
 
 def sm100_refusal(gpu_sm: str | None) -> str | None:

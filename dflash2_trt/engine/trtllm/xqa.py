@@ -51,10 +51,11 @@ def xqa_plan(t, d, cfg) -> dict:
     tpb = int(cfg.tokens_per_block)
     calls = attention_calls(t, d, cfg.tp_size)
     env, warnings, blockers = {}, [], []
+    pre = f["precompiled_spec_decoding"]
     for c in calls:
         if 64 % c["group"] == 0:
             c["kernel"] = "jit" if _jit_takes(c, tpb, f) else "none"
-        elif c["head_size"] in f["precompiled_spec_decoding"]["head_sizes"]:
+        elif c["head_size"] in pre["head_sizes"] and tpb in pre["tokens_per_block"]:
             c["kernel"] = "precompiled"
         elif _jit_takes(c, tpb, f):
             c["kernel"] = "jit (forced)"
@@ -62,7 +63,10 @@ def xqa_plan(t, d, cfg) -> dict:
             c["kernel"] = "none"
     shape = "{side}'s attention ({q_heads} query / {kv_heads} KV heads of {head_size} per rank)".format
     forced = [c for c in calls if c["kernel"] == "jit (forced)"]
-    if forced:
+    if forced:   # the variable sends EVERY layer to JIT: a layer only the precompiled kernels took has none then
+        for c in calls:
+            if c["kernel"] == "precompiled" and not _jit_takes(c, tpb, f):
+                c["kernel"] = "none"
         env[f["runner"]["env"]] = "1"
         warnings.append(
             "; ".join(f"the {shape(**c)} has no precompiled XQA kernel for speculative-decoding steps, where "
@@ -74,7 +78,8 @@ def xqa_plan(t, d, cfg) -> dict:
         if c["kernel"] == "none":
             blockers.append(f"the {shape(**c)} has no XQA kernel for speculative-decoding steps on TensorRT-LLM 1.2 "
                             f"(JIT: head size a multiple of 16 up to 256, at most 32 query heads per KV head, "
-                            f"tokens_per_block 16-128; precompiled: head size 128; {FACTS_FILE} [read, not run]): its "
+                            f"tokens_per_block 16-128; precompiled: head size 128, tokens_per_block 32-128; both only "
+                            f"once TRTLLM_ENABLE_XQA_JIT sends every layer one way; {FACTS_FILE} [read, not run]): its "
                             f"first verify step would stop; use --backend cuda")
     return {"calls": calls, "env": env, "warnings": warnings, "blockers": blockers}
 

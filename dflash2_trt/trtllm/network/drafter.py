@@ -120,9 +120,11 @@ class DFlash2Drafter(api.Module):
         draft_att, draft_kv, draft_spec = draft_attention_params(attention_params, kv_cache_params,
                                                                  spec_decoding_params, host_gen_request_types,
                                                                  is_gen, bs, K, self.is_causal)
-        mask_type = api.AttentionMaskType.causal if self.is_causal else api.AttentionMaskType.bidirectional
+        # every request of the draft pass is a generation request, whose visibility among the block's tokens is the
+        # packed mask (all ones for a bidirectional block: draft_attention_params); the plugin's mask_type stays
+        # causal, the only one XQA, the kernel of those calls, takes (engine/trtllm/facts/xqa_spec_decoding.yaml)
         for layer in self.layers:
-            x = layer(x, draft_att, draft_kv, draft_spec, mask_type=mask_type)
+            x = layer(x, draft_att, draft_kv, draft_spec, mask_type=api.AttentionMaskType.causal)
         hid = F.view(self.norm(x), dims(bs, K + 1, h))
         return F.slice(hid, [0, 1, 0], dims(bs, K, h))                              # draft positions 1..K
 
