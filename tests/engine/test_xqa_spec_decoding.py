@@ -81,8 +81,12 @@ def test_the_runtimes_set_what_the_engine_was_built_with(monkeypatch):
     import os
 
     assert os.environ[ENV] == "1"
-    monkeypatch.setenv(ENV, "0")                      # the user's own setting wins
-    assert apply_runtime_env({"runtime_env": {ENV: "1"}}) == {} and os.environ[ENV] == "0"
+    monkeypatch.setenv(ENV, "0")                      # the user's own setting wins, with a warning
+    said = []
+    assert apply_runtime_env({"runtime_env": {ENV: "1"}}, warn=said.append) == {} and os.environ[ENV] == "0"
+    assert len(said) == 1 and f"{ENV}=0 in the environment, but the engine was built with {ENV}=1" in said[0]
+    monkeypatch.setenv(ENV, "1")
+    assert apply_runtime_env({"runtime_env": {ENV: "1"}}, warn=said.append) == {} and len(said) == 1
     assert apply_runtime_env({}) == {} and apply_runtime_env(None) == {}
 
 

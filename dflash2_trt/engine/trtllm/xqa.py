@@ -14,6 +14,7 @@ far as read, tested by TensorRT-LLM. A layer no kernel takes is a build refusal.
 from __future__ import annotations
 
 import os
+import sys
 
 from .runtime_rules import facts
 
@@ -84,12 +85,20 @@ def xqa_plan(t, d, cfg) -> dict:
     return {"calls": calls, "env": env, "warnings": warnings, "blockers": blockers}
 
 
-def apply_runtime_env(man: dict | None) -> dict:
+def apply_runtime_env(man: dict | None, warn=None) -> dict:
     """Set what the engine was built with (``engine.json`` ``runtime_env``) before TensorRT-LLM loads, unless the
-    user set it: the XQA runner reads it at run time too. Returns what it set."""
+    user set it: the XQA runner reads it at run time too. Returns what it set; a value of the user's that differs from
+    the engine's is kept and told to ``warn`` (default: one ``warning:`` line on stderr)."""
     done = {}
     for k, v in ((man or {}).get("runtime_env") or {}).items():
         if k not in os.environ:
             os.environ[k] = str(v)
             done[k] = str(v)
+        elif os.environ[k] != str(v):
+            msg = (f"warning: {k}={os.environ[k]} in the environment, but the engine was built with {k}={v} "
+                   f"(engine.json runtime_env; engine/trtllm/xqa.py): its attention may find no XQA kernel")
+            if warn is None:
+                print(msg, file=sys.stderr)
+            else:
+                warn(msg)
     return done
