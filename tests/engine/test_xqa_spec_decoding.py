@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from dflash2_trt.engine.plan import prepare
 from dflash2_trt.engine.trtllm.runtime_rules import facts
 from dflash2_trt.engine.trtllm.xqa import apply_runtime_env, xqa_plan
@@ -103,7 +105,7 @@ def test_every_speculative_decoding_call_of_a_step_is_causal_and_the_draft_block
     assert facts("xqa_spec_decoding")["mask_type_required"] == "causal"
     pair = trained_pair("muse_glimmer")
     engine_dir = EngineCache(pair, "tiny-muse", tmp_path_factory, verify=False)(16)
-    calls, orig = [], functional.gpt_attention
+    calls, kept, orig = [], [], functional.gpt_attention
 
     def spy(**kw):
         use = kw.get("spec_decoding_use")
@@ -112,6 +114,8 @@ def test_every_speculative_decoding_call_of_a_step_is_causal_and_the_draft_block
             (attention.raw(types).reshape(-1) == 1).any())
         packed = attention.raw(kw["spec_decoding_packed_mask"]) if gen else None
         calls.append((gen, kw["mask_type"], None if packed is None else int(packed[0, 0])))
+        if gen and not kept:
+            kept.append(dict(kw))
         return orig(**kw)
 
     monkeypatch.setattr(functional, "gpt_attention", spy)
@@ -122,3 +126,7 @@ def test_every_speculative_decoding_call_of_a_step_is_causal_and_the_draft_block
     # some speculative-decoding call's first packed row sees all 16 tokens of its block (the drafter's, bidirectional);
     # the target's verify rows see only their prefix (row 0: bit 0)
     assert {p for _, _, p in spec} >= {0xFFFF, 1}
+    # the stand-in is held to the same record: that call with a bidirectional mask type stops in one line, as the
+    # plugin would (no XQA kernel takes it)
+    with pytest.raises(ValueError, match="takes mask_type causal only"):
+        orig(**{**kept[0], "mask_type": attention.AttentionMaskType.bidirectional})

@@ -608,14 +608,21 @@ def gpt_attention(*, qkv, past_key_value, attention_mask=None, attention_packed_
     if qkv.dim() != 2 or qkv.shape[1] != (H + 2 * Hkv) * D:
         raise ValueError(f"gpt_attention: qkv must be [tokens, {(H + 2 * Hkv) * D}], got {tuple(qkv.shape)}")
     rot = rotary_embedding_dim if position_embedding_type == PositionEmbeddingType.rope_gpt_neox else 0
+    spec = spec_decoding_use is not None and bool(int(torch.as_tensor(spec_decoding_use).reshape(-1)[0]))
+    if mask_type not in (AttentionMaskType.causal, AttentionMaskType.bidirectional):
+        raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
+    if spec and mask_type != AttentionMaskType.causal and bool(
+            (torch.as_tensor(host_request_types).reshape(-1)[:sequence_length.shape[0]] == 1).any()):
+        # the real plugin runs such a call only in XQA, which takes mask_type causal only; visibility among the new
+        # tokens is the packed mask's (engine/trtllm/facts/xqa_spec_decoding.yaml mask_type_required)
+        raise ValueError("gpt_attention: speculative-decoding generation requests run only in XQA, which takes "
+                         "mask_type causal only (\"No available XQA kernels are found for speculative decoding "
+                         "mode.\"); put a bidirectional block into spec_decoding_packed_mask instead")
     pool_idx, layer_in_pool = (int(v) for v in host_kv_cache_pool_mapping[layer_idx])
     pool = KVCachePool.from_handle(host_kv_cache_pool_pointers[pool_idx, 0])
     window = int(host_max_attention_window_sizes[layer_idx])
-    spec = spec_decoding_use is not None and bool(int(torch.as_tensor(spec_decoding_use).reshape(-1)[0]))
     scale = 1.0 / (D ** 0.5 * q_scaling)
     rep = H // Hkv
-    if mask_type not in (AttentionMaskType.causal, AttentionMaskType.bidirectional):
-        raise NotImplementedError(f"gpt_attention stand-in: mask_type {mask_type!r}")
     key = (key_ids, bool(spec), int(mask_type), window, qkv.shape[0], _BOUNDS_ON_CPU.get(), _KEY_RANGE.get())
     hit = _PLAN_CACHE.get(key)
     dev = qkv.device
