@@ -95,6 +95,8 @@ class Prepared:
     blockers: list[str] = field(default_factory=list)      # no engine for this target at all
     trtllm_blockers: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # which XQA kernel each attention layer gets on TensorRT-LLM (engine/trtllm/xqa.py): the trtllm-build env, warnings
+    xqa: dict = field(default_factory=dict)
 
     @property
     def K(self) -> int:
@@ -214,6 +216,9 @@ def _collect_blockers(p: Prepared) -> None:
     # a target's or the drafter's sliding window that can bind: TensorRT-LLM's attention plugin does not apply it in
     # speculative-decoding steps (engine/trtllm/windows.py, facts/attention_window.yaml)
     p.trtllm_blockers.extend(window_blockers(t, d, cfg))
+    # and an attention layer no XQA kernel takes in those steps (engine/trtllm/xqa.py, facts/xqa_spec_decoding.yaml)
+    p.xqa = xqa_plan(t, d, cfg)
+    p.trtllm_blockers.extend(p.xqa["blockers"])
     if t.family == "qwen3_5":
         n_kv = sum(1 for lt in t.layer_types if lt != "linear_attention") + d.num_hidden_layers
         n_all = t.num_hidden_layers + d.num_hidden_layers
@@ -450,7 +455,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                     f"-DCMAKE_CUDA_ARCHITECTURES={archs}", "-DTensorRT_INCLUDE_DIR=<TensorRT>/include"])
                       + " && cmake --build <tmp> --target dflash2_plugins"})
         argv = trtllm_build_argv(cfg, checkpoint_dir=out / "build-checkpoint", output_dir=out)
-        env = trtllm_build_env(plugin_lib, xqa_plan(t, d, cfg)["env"])
+        env = trtllm_build_env(plugin_lib, p.xqa["env"])
         command = {"argv": argv, "env": env, "line": shell_line(argv, env)}
         if baseline:
             bargv = trtllm_build_argv(cfg, checkpoint_dir=out / "baseline-checkpoint", output_dir=out / "baseline",
@@ -497,9 +502,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     trtllm_blockers = list(p.trtllm_blockers)
     warnings = list(p.warnings)
     if backend == "trtllm":   # Blackwell: no attention kernel for a TensorRT engine's speculative steps (windows.py)
-        xqa = xqa_plan(t, d, cfg)      # and on Hopper, which XQA kernel takes each attention layer's (xqa.py)
-        trtllm_blockers += xqa["blockers"]
-        warnings += xqa["warnings"]
+        warnings += p.xqa["warnings"]   # and on Hopper, a layer only the JIT XQA kernel takes (xqa.py)
         gpu_sm = toolchain.gpu_sm if toolchain is not None else None
         if (sm100 := sm100_refusal(gpu_sm)) is not None:
             trtllm_blockers.append(sm100)

@@ -491,14 +491,14 @@ def test_the_xqa_variable_reaches_trtllm_build_engine_json_and_run_md(pair, tmp_
     """An engine whose attention needs the JIT XQA kernel (xqa.py; Qwen3.8-27B's head 256 in
     tests/engine/test_xqa_spec_decoding.py): trtllm-build runs with TRTLLM_ENABLE_XQA_JIT=1, engine.json records it
     for the runtimes and RUN.md exports it. The tiny pair's heads need none, so the plan is widened here."""
-    from dflash2_trt.engine.trtllm import build as build_mod
+    from dflash2_trt.engine import plan as plan_mod
     from dflash2_trt.engine.trtllm import xqa
 
     def forced(t, d, cfg):
         x = xqa.xqa_plan(t, d, cfg)
         return {**x, "env": {"TRTLLM_ENABLE_XQA_JIT": "1"}}
 
-    monkeypatch.setattr(build_mod, "xqa_plan", forced)
+    monkeypatch.setattr(plan_mod, "xqa_plan", forced)
     r = FakeRunner()
     out = tmp_path / "eng"
     _build(pair, out, toolchain, r)
@@ -509,7 +509,7 @@ def test_the_xqa_variable_reaches_trtllm_build_engine_json_and_run_md(pair, tmp_
     assert man["trtllm_build"]["env"]["TRTLLM_ENABLE_XQA_JIT"] == "1"
     assert "export TRTLLM_ENABLE_XQA_JIT=1" in (out / "RUN.md").read_text()
     # the tiny pair's own plan forces nothing
-    monkeypatch.setattr(build_mod, "xqa_plan", xqa.xqa_plan)
+    monkeypatch.setattr(plan_mod, "xqa_plan", xqa.xqa_plan)
     _build(pair, tmp_path / "eng2", toolchain, FakeRunner())
     assert json.loads((tmp_path / "eng2" / "engine.json").read_text())["runtime_env"] == {}
 

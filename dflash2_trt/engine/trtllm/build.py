@@ -60,7 +60,6 @@ from .process import BaselineBuildError, EngineBuildError, SubprocessRunner, exi
 from .toolchain import Toolchain, probe_toolchain, trtllm_version_refusal
 from .verify import verify_trtllm_engine
 from .windows import sm100_refusal
-from .xqa import xqa_plan
 
 
 # --------------------------------------------------------------------------------------- RUN.md
@@ -249,8 +248,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
     say = progress or (lambda s: None)
     cfg, K = prep.cfg, prep.K
     output = Path(output)
-    xqa = xqa_plan(prep.t, prep.d, cfg)
-    blockers = prep.blockers + prep.trtllm_blockers + xqa["blockers"]
+    xqa = prep.xqa   # the XQA kernels' env for trtllm-build and the runtimes (xqa.py; its blockers are trtllm_blockers)
+    blockers = prep.blockers + prep.trtllm_blockers
     if blockers:
         raise ConfigError(f"cannot build a TensorRT-LLM engine for this target: {blockers[0]}", source=cfg.source)
     check_output_dir(output, force)

@@ -40,11 +40,12 @@ def _require_trtllm():
                                      "tensorrt-llm 1.2.x installed (see RUN.md in the engine directory)")
 
 
-def _runner(engine_dir, *, plugin_lib=None, max_batch_size=None):   # pragma: no cover - GPU only
+def _runner(engine_dir, *, plugin_lib=None, max_batch_size=None, man=None):   # pragma: no cover - GPU only
     _require_trtllm()
     engine_dir = Path(engine_dir)
-    if (engine_dir / "engine.json").is_file():   # before TensorRT-LLM loads: what the engine was built with (xqa.py)
-        apply_runtime_env(json.loads((engine_dir / "engine.json").read_text()))
+    if man is None and (engine_dir / "engine.json").is_file():
+        man = json.loads((engine_dir / "engine.json").read_text())
+    apply_runtime_env(man)   # before TensorRT-LLM loads: what the engine was built with (xqa.py)
     lib = plugin_lib or (engine_dir / plugins.LIBRARY_NAME)
     plugins.load_library(lib)
     import_tensorrt_llm()   # first import here: its banner to stderr
@@ -95,7 +96,7 @@ def run_trtllm_engine(engine_dir, man: dict, items: list[dict], *, max_new_token
     """``dflash2-trt run`` on a TensorRT-LLM engine: the report ``run`` prints for a CPU engine, without
     per-step acceptance (the C++ runner does not return it per request)."""
     eos = tuple(int(e) for e in man.get("eos_token_ids") or ())
-    runner, _ = _runner(engine_dir, max_batch_size=max_batch_size)
+    runner, _ = _runner(engine_dir, max_batch_size=max_batch_size, man=man)
     t0 = time.perf_counter()
     outs: dict[int, list[int]] = {}
     groups: dict[int, list[int]] = {}
