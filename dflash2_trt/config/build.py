@@ -27,6 +27,12 @@ tokens_per_block                   32         tokens per paged KV block; a power
 drafter_window                     model      model: the drafter's own sliding window; full: full-context drafter
                                               attention (the TensorRT-LLM backend needs ``full`` where the
                                               drafter's window can bind: engine/trtllm/windows.py)
+sliding_path                       auto       how the target's sliding-window layers take a step's new tokens: context
+                                              (as a context chunk after the committed tokens, where TensorRT-LLM's
+                                              attention applies the window; the engine then runs on the project
+                                              runtime only), generation (the speculative-decoding call every layer
+                                              takes), auto (context where the target's window can bind:
+                                              engine/trtllm/windows.py)
 gpus                               both       CUDA architectures the plugin library is built for: sm_90a, sm_100a
 num_kv_blocks                      0          CPU backend: KV blocks in the pool (0 = enough for max_batch_size
                                               requests of max_seq_len)
@@ -47,6 +53,7 @@ from ._fields import DTYPES
 
 SELECTORS = ("greedy", "viterbi")
 DRAFTER_WINDOWS = ("model", "full")
+SLIDING_PATHS = ("auto", "context", "generation")
 GPU_ARCHS = ("sm_90a", "sm_100a")
 TP_SIZES = (1, 2, 4, 8)
 MAX_EAGLE_BATCH = 512          # tensorrt_llm/builder.py asserts max_batch_size <= 512 in EAGLE mode
@@ -54,12 +61,13 @@ MAX_BLOCK_SIZE = 16            # DFlash2PairwiseScan walks at most 15 draft posi
 
 DEFAULTS: dict[str, Any] = {
     "dtype": "bfloat16", "tp_size": 1, "pp_size": 1, "selector": "greedy", "kv_cache_free_gpu_mem_fraction": 0.9,
-    "tokens_per_block": 32, "drafter_window": "model", "gpus": list(GPU_ARCHS), "num_kv_blocks": 0,
+    "tokens_per_block": 32, "drafter_window": "model", "sliding_path": "auto", "gpus": list(GPU_ARCHS),
+    "num_kv_blocks": 0,
 }
 REQUIRED = ("block_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
 KEYS = ("target", "dtype", "tp_size", "pp_size", "block_size", "selector", "max_batch_size", "max_input_len",
         "max_seq_len", "max_num_tokens", "kv_cache_free_gpu_mem_fraction", "tokens_per_block", "drafter_window",
-        "gpus", "num_kv_blocks")
+        "sliding_path", "gpus", "num_kv_blocks")
 SETTABLE = tuple(k for k in KEYS if k != "target")
 
 
@@ -78,6 +86,7 @@ class BuildConfig:
     kv_cache_free_gpu_mem_fraction: float
     tokens_per_block: int
     drafter_window: str
+    sliding_path: str
     gpus: tuple[str, ...]
     num_kv_blocks: int
     source: str
@@ -198,7 +207,8 @@ class BuildConfig:
             target=target, dtype=choice("dtype", DTYPES), tp_size=tp, pp_size=pp, block_size=block,
             selector=choice("selector", SELECTORS), max_batch_size=mbs, max_input_len=max_input,
             max_seq_len=max_seq, max_num_tokens=mnt, kv_cache_free_gpu_mem_fraction=float(frac),
-            tokens_per_block=tpb, drafter_window=choice("drafter_window", DRAFTER_WINDOWS), gpus=tuple(gpus),
+            tokens_per_block=tpb, drafter_window=choice("drafter_window", DRAFTER_WINDOWS),
+            sliding_path=choice("sliding_path", SLIDING_PATHS), gpus=tuple(gpus),
             num_kv_blocks=integer("num_kv_blocks", 0), source=source)
 
 

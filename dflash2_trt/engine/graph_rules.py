@@ -13,9 +13,11 @@ KV_LENGTH_ROUND_SIZE = 256
 """TensorRT-LLM's executor captures a new graph when the batch's longest committed length crosses a multiple of this
 (``api_1_2.yaml`` executor_cuda_graphs kv_length_round_size, runtimeBuffers.h)."""
 
-UNBUCKETED_HOST_INPUTS = ("host_past_key_value_lengths", "host_kv_cache_block_offsets", "host_context_lengths")
-"""Host inputs a bucket does not fix: the growing lengths (read only for the key range, which the bucket fixes), the
-block table's host copy (read only for checks), the context lengths (read only for context requests)."""
+UNBUCKETED_HOST_INPUTS = ("host_past_key_value_lengths", "host_kv_cache_block_offsets", "host_context_lengths",
+                          "sliding_host_past_key_value_lengths")
+"""Host inputs a bucket does not fix: the growing lengths (read only for the key range, which the bucket fixes; the
+context route's too: its key range and window switch are sized at capture,
+:func:`~.trtllm.session_graphs.size_for_capture`), the block table's host copy (read only for checks), the context lengths (read only for context requests)."""
 
 
 def past_at_capture(past: int, max_seq_len: int, granule: int = KV_LENGTH_ROUND_SIZE) -> int:

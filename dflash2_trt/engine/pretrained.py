@@ -27,8 +27,13 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     # added to the KV pool's layer count: the drafter's pool layers (x its KV split, drafter_kv_split in trtllm/network/kv_layout.py)
     pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers * drafter_pool_layers_per_layer(
         p_t(ck), d, cfg.tp_size)}
+    from .trtllm.windows import resolve_sliding_path
+
+    # sliding_path resolved (context / generation): the network gives the target's sliding layers the second set of
+    # request inputs on the context route (trtllm/network/io.py sliding_inputs)
     pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
-                             "max_seq_len": cfg.max_seq_len, "tokens_per_block": cfg.tokens_per_block}
+                             "max_seq_len": cfg.max_seq_len, "tokens_per_block": cfg.tokens_per_block,
+                             "sliding_path": resolve_sliding_path(ck, cfg)}
     if "linear_attention" in pre["layer_types"]:
         # TensorRT-LLM's runtime (gptJsonConfig.cpp, engine/trtllm/runtime_rules.py) reads layer_types in its own names,
         # one per layer of num_hidden_layers + eagle_net_config.num_hidden_layers (a shorter list repeats

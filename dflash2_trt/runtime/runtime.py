@@ -375,7 +375,22 @@ class Runtime:
             # once and binds it whole
             "cache_indirection": self._cache_indirection,
             **({"slot_mapping": i32([r.slot for r in batch])} if self._free_slots is not None else {}),
+            **(sliding_inputs(seq, [len(r.prompt_ids) for r in ctx] + [K + 1] * len(gen))
+               if getattr(self.engine, "sliding_context", False) else {}),
         }
+
+
+def sliding_inputs(sequence_length: list[int], new_tokens: list[int]) -> dict:
+    """The context route's second set of request inputs (engine_io.yaml sliding_*; an engine whose target's
+    sliding-window layers take each step's new tokens as a context chunk): every request a context request (0) whose
+    chunk is its new tokens this step (a context request's prompt, a generation request's K + 1), and the stock
+    host_past_key_value_lengths of a context chunk, chunk start + chunk length = sequence_length (the plugin takes its
+    key range, and whether the window applies, from their max: engine/trtllm/facts/attention_window.yaml
+    context_route)."""
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return {"sliding_host_request_types": torch.zeros(len(new_tokens), dtype=torch.int32),
+            "sliding_context_lengths": i32(new_tokens), "sliding_host_context_lengths": i32(new_tokens),
+            "sliding_host_past_key_value_lengths": i32(sequence_length)}
 
 
 _PATHS_CACHE: dict = {}

@@ -18,13 +18,16 @@ class Port:
     shape: tuple
     memory: str | None
     filled_by: str
-    when: str | None = None    # None: every engine; "tp_size > 1": tensor-parallel engines only
+    when: str | None = None    # None: every engine; "tp_size > 1": tensor-parallel engines only; "sliding_path
+    # context": engines whose target's sliding-window layers take the context route
 
-    def applies(self, tp_size: int = 1) -> bool:
+    def applies(self, tp_size: int = 1, sliding_context: bool = False) -> bool:
         if self.when is None:
             return True
         if self.when == "tp_size > 1":
             return tp_size > 1
+        if self.when == "sliding_path context":
+            return bool(sliding_context)
         raise ValueError(f"engine_io.yaml: {self.name}: unknown when {self.when!r}")
 
 

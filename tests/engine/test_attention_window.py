@@ -53,18 +53,42 @@ def test_the_record_names_a_source_for_every_fact_and_agrees_with_itself():
         is b["dispatcher"]["sm100_spec_decoding_supported"]
 
 
-def test_muse_glimmer_is_refused_where_its_window_can_bind_and_built_where_it_cannot():
-    # K = 15: the 2048-token window binds at max_seq_len 2019 (positions reach 2019 + 30 - 1 = 2048), not at 2018
-    at = _plan(*MUSE, "--max-seq-len", "2019", "--max-input-len", "2001")
+def test_muse_glimmer_takes_the_context_route_where_its_window_can_bind():
+    # K = 15: the 2048-token window binds at max_seq_len 2019 (positions reach 2019 + 30 - 1 = 2048), not at 2018;
+    # where it binds the sliding layers take each step's new tokens as a context chunk (sliding_path auto -> context),
+    # where the plugin applies the window: no blocker, the project runtime
+    for seq in (("--max-seq-len", "2019", "--max-input-len", "2001"), ()):
+        at = _plan(*MUSE, *seq)
+        assert at["supported"]["trtllm_engine"] is True and at["trtllm_blockers"] == [], at["trtllm_blockers"]
+        assert at["engine_config"]["dflash2_engine"]["sliding_path"] == "context"
+        assert at["runtime_path"]["path"] == "project"
+        assert any("context route" in w for w in at["runtime_path"]["why"])
+    below = _plan(*MUSE, "--max-seq-len", "2018", "--max-input-len", "2001")
+    assert below["supported"]["trtllm_engine"] is True and below["trtllm_blockers"] == []
+    assert below["engine_config"]["dflash2_engine"]["sliding_path"] == "generation"
+
+
+def test_muse_glimmer_on_the_generation_path_is_refused_where_its_window_can_bind():
+    gen = ("--set", "sliding_path=generation")
+    at = _plan(*MUSE, *gen, "--max-seq-len", "2019", "--max-input-len", "2001")
     assert at["supported"]["trtllm_engine"] is False and at["supported"]["cpu_engine"] is True
     (msg,) = at["trtllm_blockers"]
     assert "the target's sliding layers (window 2048)" in msg and "max_seq_len 2019" in msg and FACTS_FILE in msg
     assert "--max-seq-len 2018 (the window never binds: exact)" in msg and "--backend cuda" in msg
-    below = _plan(*MUSE, "--max-seq-len", "2018", "--max-input-len", "2001")
+    assert "--set sliding_path=context" in msg
+    below = _plan(*MUSE, *gen, "--max-seq-len", "2018", "--max-input-len", "2001")
     assert below["supported"]["trtllm_engine"] is True and below["trtllm_blockers"] == []
     # the build config's 40960: the fix names the prompt limit too (32768 would not fit 2018)
-    default = _plan(*MUSE)
+    default = _plan(*MUSE, *gen)
     assert "--max-seq-len 2018 --max-input-len 2001 " in default["trtllm_blockers"][0]
+
+
+def test_the_context_route_is_asked_of_a_target_with_sliding_layers_only():
+    r = CliRunner().invoke(main, ["build", "--dry-run", "--json", "--backend", "trtllm", "--target", "tiny",
+                                  "--set", "sliding_path=context"])
+    assert r.exit_code != 0 and "sliding_path" in r.output and "no sliding-window layers" in r.output
+    assert _plan("--target", "tiny", "--set", "drafter_window=full", "--dtype", "float16")["engine_config"][
+        "dflash2_engine"]["sliding_path"] == "generation"
 
 
 def test_a_window_that_cannot_bind_is_passed_as_max_seq_len():
@@ -78,9 +102,14 @@ def test_a_window_that_cannot_bind_is_passed_as_max_seq_len():
 @pytest.mark.parametrize("target,side", [("tiny-muse", "the target's"), ("tiny", "the drafter's")])
 def test_a_window_no_max_seq_len_can_hide_offers_the_other_ways_only(target, side):
     # window 16: with K 15 (tiny-muse) or 7 (tiny) no engine that admits a prompt keeps every position within it
-    plan = _plan("--target", target)
+    # (the target's side on the generation path: on the context route it has no blocker)
+    plan = _plan("--target", target, "--set", "sliding_path=generation") if target == "tiny-muse" else \
+        _plan("--target", target)
     # tiny-muse's build config keeps its drafter's window too (drafter_window: model): one line per side
     assert len(plan["trtllm_blockers"]) == (2 if target == "tiny-muse" else 1)
+    if target == "tiny-muse":
+        (routed,) = _plan("--target", target)["trtllm_blockers"]    # auto: the context route; the drafter's stays
+        assert "the drafter's sliding layers (window 16)" in routed
     (msg,) = [m for m in plan["trtllm_blockers"] if f"{side} sliding layers (window 16)" in m]
     assert "--backend cuda" in msg and "--max-seq-len" not in msg
     assert ("--set drafter_window=full" in msg) is (side == "the drafter's")
@@ -89,14 +118,59 @@ def test_a_window_no_max_seq_len_can_hide_offers_the_other_ways_only(target, sid
 
 
 def test_the_refusal_follows_the_record(monkeypatch):
-    """Were the record to say the plugin applies the window in speculative-decoding steps, nothing would be refused."""
+    """Were the record to say the plugin applies the window in speculative-decoding steps, nothing would be refused;
+    were it to say the context part does not apply it either, the context route would not lift the refusal."""
     from dflash2_trt.engine.trtllm import windows
 
-    assert _plan(*MUSE)["trtllm_blockers"]
+    gen = ("--set", "sliding_path=generation")
+    assert _plan(*MUSE, *gen)["trtllm_blockers"] and _plan(*MUSE)["trtllm_blockers"] == []
     f = window_facts()
     patched = {**f, "spec_decoding_generation": {**f["spec_decoding_generation"], "applies_window": True}}
     monkeypatch.setattr(windows, "window_facts", lambda: patched)
-    assert _plan(*MUSE)["trtllm_blockers"] == []
+    assert _plan(*MUSE, *gen)["trtllm_blockers"] == []
+    no_route = {**f, "context_route": {**f["context_route"], "applies_window": False}}
+    monkeypatch.setattr(windows, "window_facts", lambda: no_route)
+    assert _plan(*MUSE)["trtllm_blockers"]
+
+
+def test_the_context_route_record_says_what_the_route_relies_on():
+    """The route's facts (facts/attention_window.yaml context_route), each from a named source, and the code held to
+    them: the runtime's second set is what the record says the plugin needs (past = sequence_length - context_lengths,
+    host_past_key_value_lengths = past + new, every request a context request)."""
+    import torch
+
+    from dflash2_trt.runtime.runtime import sliding_inputs
+
+    f = window_facts()
+    r = f["context_route"]
+    for s in r["source"]:
+        assert s in f["sources"], s
+    assert r["past"] == "sequence_length - context_lengths" and r["host_past_key_value_lengths"] == "past + new tokens"
+    assert r["kv_write_position"] == "past + i" and r["kv_read"] == "linear" and f["kv_blocks"]["write_position"] == \
+        "absolute"
+    assert r["generation_part_without_generation_requests"] == "skipped" and r["needs_paged_context_fmha"] is True
+    assert r["executor_binds_second_set"] is False and r["applies_window"] is True
+    seq, new = [40, 2070, 9], [40, 16, 1]
+    feed = sliding_inputs(seq, new)
+    assert feed["sliding_host_request_types"].tolist() == [0, 0, 0]
+    assert feed["sliding_context_lengths"].tolist() == new == feed["sliding_host_context_lengths"].tolist()
+    past = torch.tensor(seq) - feed["sliding_context_lengths"]
+    assert (past + torch.tensor(new)).tolist() == feed["sliding_host_past_key_value_lengths"].tolist() == seq
+    # the engine is built with paged context FMHA, which the route needs (the plugin would not say so), for the
+    # combined engine and its baseline alike
+    from types import SimpleNamespace
+
+    from dflash2_trt.engine.trtllm.command import trtllm_build_argv, trtllm_engine_config
+
+    cfg = SimpleNamespace(block_size=16, max_batch_size=4, max_input_len=256, max_seq_len=512, max_num_tokens=1024,
+                          tokens_per_block=32, dtype="bfloat16")
+    for target_only in (False, True):
+        argv = trtllm_build_argv(cfg, checkpoint_dir="ckpt", output_dir="out", target_only=target_only)
+        assert argv[argv.index("--use_paged_context_fmha") + 1] == "enable"
+        assert argv[argv.index("--context_fmha") + 1] == "enable"
+        plugins = trtllm_engine_config({"dtype": "bfloat16"}, cfg, target_only=target_only)["build_config"][
+            "plugin_config"]
+        assert plugins["use_paged_context_fmha"] is True and plugins["paged_kv_cache"] is True
 
 
 def test_blackwell_is_named_in_a_trtllm_plan_and_refused_on_a_blackwell_machine(monkeypatch):

@@ -29,14 +29,20 @@ def test_the_dry_run_names_each_targets_runtime_path_and_why():
     assert q["runtime_path"]["path"] == PROJECT and q["supported"]["trtllm_engine"] is True
     assert q["runtime_path"]["why"][0].startswith("recurrent target (48 Gated DeltaNet layers)")
     m = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b")
-    assert m["runtime_path"]["path"] == PROJECT and "variable window" in m["runtime_path"]["why"][0]
-    assert "[2048, 40960]" in m["runtime_path"]["why"][0]
+    # its 2048-token window can bind at max_seq_len 40960, and TensorRT-LLM's plugin does not apply it in
+    # speculative-decoding steps: its sliding layers take the context route, whose inputs only the project runtime
+    # binds (tests/engine/test_attention_window.py)
+    assert m["runtime_path"]["path"] == PROJECT and "context route" in m["runtime_path"]["why"][0]
+    assert m["supported"]["trtllm_engine"] is True and m["trtllm_blockers"] == []
+    assert any("paged context FMHA" in w for w in m["runtime_path"]["limits"])
     # its build config's tp 2: the project runtime runs it as one process per rank under mpirun
     assert any("mpirun -n 2 dflash2-trt run" in w for w in m["runtime_path"]["limits"])
-    # but its 2048-token window can bind at max_seq_len 40960, and TensorRT-LLM's plugin does not apply it in
-    # speculative-decoding steps (tests/engine/test_attention_window.py): no TensorRT-LLM engine at that length
-    assert m["supported"]["trtllm_engine"] is False and len(m["trtllm_blockers"]) == 1
-    assert "--max-seq-len 2018 --max-input-len 2001" in m["trtllm_blockers"][0]
+    # on the generation path the windows make a variable-window model, and the build is refused at that length
+    mg = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b", {"sliding_path": "generation"})
+    assert mg["runtime_path"]["path"] == PROJECT and "variable window" in mg["runtime_path"]["why"][0]
+    assert "[2048, 40960]" in mg["runtime_path"]["why"][0]
+    assert mg["supported"]["trtllm_engine"] is False and len(mg["trtllm_blockers"]) == 1
+    assert "--max-seq-len 2018 --max-input-len 2001" in mg["trtllm_blockers"][0]
     # where it cannot bind, every window is max_seq_len: not variable-window, so the stock executor takes it
     m1 = _plan(MUSE_DRAFTER, MUSE_TARGET, "muse-glimmer-30b", {"tp_size": 1, "max_seq_len": 2018, "max_input_len": 2001})
     assert m1["supported"]["trtllm_engine"] is True and m1["trtllm_blockers"] == []
@@ -65,6 +71,11 @@ def test_choose_runtime():
     assert forced["path"] == EXECUTOR and forced["why"][0] == "asked for (--runtime executor)"
     with pytest.raises(ConfigError, match="--runtime"):
         choose_runtime("bogus", None, man)
+    # an engine on the context route reads inputs the executor does not bind: asking for it is one line
+    routed = {"dflash2_engine": {"sliding_path": "context"}}
+    with pytest.raises(ConfigError, match="--runtime.*context route.*sliding_host_request_types"):
+        choose_runtime("executor", routed, man)
+    assert choose_runtime("project", routed, man)["path"] == PROJECT
 
 
 # ------------------------------------------------------------------------------------------------ a TensorRT dir

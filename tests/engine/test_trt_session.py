@@ -324,6 +324,10 @@ def test_published_pair_full_feed_through_every_step_kind(key, tp, rank):
             assert sess.conv_states[layer][0].numel() * 2 == slot["conv"]
     else:
         assert not sess.recurrent and len(set(sess._windows.tolist())) > 1      # a variable-window model
+        # at its build config's 40960 tokens the 2048-token window binds: its sliding layers take the context route
+        assert sess.sliding_context and {n for n in sess.inputs if n.startswith("sliding_")} == {
+            "sliding_host_request_types", "sliding_context_lengths", "sliding_host_context_lengths",
+            "sliding_host_past_key_value_lengths"}
     host_values = {k: v["every_entry"] for k, v in yaml.safe_load(CONTRACT.read_text())["host_input_values"].items()}
 
     steps, holders = [], {}
@@ -376,6 +380,14 @@ def test_published_pair_full_feed_through_every_step_kind(key, tp, rank):
                 assert int(bound[f"conv_state_ptr_{layer}"][0]) == sess.conv_states[layer].data_ptr()
             assert bound["slot_mapping"].tolist() == inputs["slot_mapping"].tolist()
         assert out["next_draft_lens"].tolist() == [K] * len(out["next_draft_lens"])
+        if sess.sliding_context:   # the second set: every request a context chunk of its new tokens after its past
+            bs = len(inputs["sequence_length"])
+            assert inputs["sliding_host_request_types"].tolist() == [0] * bs
+            new = inputs["sliding_host_context_lengths"].tolist()
+            assert inputs["sliding_context_lengths"].tolist() == new and sum(new) == len(inputs["input_ids"])
+            assert new == [int(c) if t == 0 else K + 1 for c, t in zip(inputs["host_context_lengths"],
+                                                                      inputs["host_request_types"])]
+            assert inputs["sliding_host_past_key_value_lengths"].tolist() == inputs["sequence_length"].tolist()
     if sess.recurrent:          # three requests on two slots: one slot served two of them (a reused slot)
         assert set(holders) == {0, 1} and max(len(v) for v in holders.values()) == 2
     assert sess.execution.context.executions == len(steps) == rt.step_count

@@ -166,7 +166,7 @@ def test_trtllm_branch_commands_and_files(pair, tmp_path, toolchain):
     assert (pre["num_eagle_layers"], pre["max_non_leaves_per_layer"], pre["max_draft_len"]) == (7, 1, 7)
     assert pre["eagle_net_config"] == {"num_hidden_layers": 2}
     assert pre["dflash2_engine"] == {"selector": "greedy", "drafter_window": "full", "max_seq_len": 512,
-                                     "tokens_per_block": 32}
+                                     "tokens_per_block": 32, "sliding_path": "generation"}
     ckpt = tmp_path / "eng.checkpoint"
     assert seen["files"] == ["config.json", "rank0.safetensors"] and seen["plugin_lib_exists"]
     assert seen["ranks"]["rank0.safetensors"] == os.stat(ckpt / "rank0.safetensors")[1:3]   # linked, not copied

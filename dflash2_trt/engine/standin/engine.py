@@ -111,6 +111,9 @@ class StandinEngine:
         # if that declaration follows TensorRT-LLM's dim_range and optimization-profile rules (the stand-in's
         # input_tensor / check_profiles), so a declaration TensorRT-LLM would refuse fails here too
         self._declared = self.declare_inputs()
+        # the context route: the target's sliding-window layers read the second set of request inputs, which the
+        # runtime then feeds (engine_io.yaml sliding_*)
+        self.sliding_context = "sliding_host_request_types" in self._declared
         # tp > 1: the custom all-reduce's pointer table (engine_io.yaml), bound once like the runtime's; the simulated
         # collectives do not read it
         self._all_reduce_workspace = torch.zeros(modeling_utils.ALL_REDUCE_POINTERS_PER_RANK * self.tp
@@ -229,7 +232,12 @@ class StandinEngine:
                 slot_mapping=f["slot_mapping"],
                 rnn_state_ptr={layer: f[f"rnn_state_ptr_{layer}"] for layer in self.gdn_layers},
                 conv_state_ptr={layer: f[f"conv_state_ptr_{layer}"] for layer in self.gdn_layers})}
-               if self.recurrent else {}))
+               if self.recurrent else {}),
+            **({"sliding_params": net.SlidingParams(
+                host_request_types=f["sliding_host_request_types"], context_lengths=f["sliding_context_lengths"],
+                host_context_lengths=f["sliding_host_context_lengths"],
+                host_past_key_value_lengths=f["sliding_host_past_key_value_lengths"])}
+               if self.sliding_context else {}))
 
     @torch.no_grad()
     def step(self, inputs: dict) -> dict:

@@ -15,9 +15,11 @@ A target takes ``project`` when the stock executor refuses it (each reason read 
   fusion for a model it treats as recurrent (docs/hybrid-runtime.md R3/R4; the executor runs it only rebuilt with
   ``scripts/patch_trtllm_recurrent_spec.py``, which stays an option, never compiled here);
 - per-layer attention windows that differ (Muse Glimmer's sliding layers, or a drafter keeping its own window): a
-  "variable window" model, whose EAGLE KV rewind the executor refuses (docs/TRTLLM-ENGINE.md §3). Such an engine is
-  not built any more where a window can bind (TensorRT-LLM's attention plugin does not apply it in speculative-decoding
-  steps: :mod:`.windows`); where none can, every window is max_seq_len and the model is not variable-window.
+  "variable window" model, whose EAGLE KV rewind the executor refuses (docs/TRTLLM-ENGINE.md §3). TensorRT-LLM's
+  attention plugin does not apply a window in speculative-decoding steps (:mod:`.windows`), so where the target's can
+  bind its sliding layers take the context route (``sliding_path: context``: each step's new tokens as a context
+  chunk, through a second set of request inputs that only the project runtime binds); a drafter's window that can
+  bind is refused; where none can, every window is max_seq_len and the model is not variable-window.
 
 Otherwise ``executor`` (the project runtime can drive those engines too: ``run --runtime project``).
 """
@@ -53,7 +55,13 @@ def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: i
                    f"a model it treats as recurrent (TrtGptModelInflightBatching, docs/hybrid-runtime.md R3/R4); it "
                    f"runs there only rebuilt with scripts/patch_trtllm_recurrent_spec.py [never compiled]")
     windows = net.kv_layer_windows(cfg, drafter_window, max_seq_len)
-    if len(set(windows)) > 1:
+    routed = net.sliding_context(cfg)
+    if routed:
+        why.append("the context route (sliding_path context): the target's sliding-window layers read a second set of "
+                   "request inputs that the stock executor does not bind (TllmRuntime: \"Input tensor '...' not "
+                   "found\"), and their windows make a variable-window model (facts/attention_window.yaml "
+                   "context_route)")
+    elif len(set(windows)) > 1:
         why.append(f"variable window: the per-layer attention windows {sorted(set(windows))} make a variable-window "
                    f"model, whose EAGLE KV rewind the stock executor refuses (\"Rewinding KV cache blocks for "
                    f"variable SWA models isn't supported\", docs/TRTLLM-ENGINE.md §3)")
@@ -67,9 +75,16 @@ def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: i
         limits.append(f"tp {tp}: one process per rank, `mpirun -n {tp} dflash2-trt run ...` (each rank its "
                       f"rank engine on its GPU, TensorRT-LLM's all-reduce workspace; rank 0 reports: "
                       f"docs/trt-session.md §4); verified only with the CPU stand-in of TensorRT under real MPI, never yet run on GPUs")
-    if any(w < max_seq_len for w in windows):
-        limits.append(f"a window below max_seq_len ({min(windows)}) is not applied by TensorRT-LLM's attention plugin in "
-                      f"speculative-decoding steps (facts/attention_window.yaml [read, not run]): past it this engine "
+    target_windows = set(windows[:net.num_kv_layers_of(cfg)])
+    if routed and any(w < max_seq_len for w in target_windows):
+        limits.append(f"the target's sliding layers apply their window ({min(target_windows)}) through TensorRT-LLM's "
+                      f"paged context FMHA, each step's new tokens a context chunk (facts/attention_window.yaml "
+                      f"context_route [read, not run]): exact where the SM 90 sliding-window paged-KV kernel exists, "
+                      f"which only a GPU run shows")
+    unrouted = windows[net.num_kv_layers_of(cfg):] if routed else windows
+    if any(w < max_seq_len for w in unrouted):
+        limits.append(f"a window below max_seq_len ({min(unrouted)}) is not applied by TensorRT-LLM's attention plugin "
+                      f"in speculative-decoding steps (facts/attention_window.yaml [read, not run]): past it this engine "
                       f"is not the model; a build at a max_seq_len where the window cannot bind is exact (build "
                       f"--dry-run says which)")
     return {"path": path, "description": DESCRIPTION[path], "why": why, "limits": limits}
@@ -91,6 +106,13 @@ def choose_runtime(requested: str | None, pre: dict, manifest: dict | None = Non
             info = {"path": EXECUTOR, "description": DESCRIPTION[EXECUTOR], "limits": [],
                     "why": [f"the engine config does not say what the decision needs ({type(exc).__name__}: {exc}); "
                             f"the executor's tools read it themselves"]}
+    if requested == EXECUTOR and ((pre or {}).get("dflash2_engine") or {}).get("sliding_path") == "context":
+        from ...errors import ConfigError
+
+        raise ConfigError("this engine's sliding-window layers take the context route (sliding_path context): they "
+                          "read sliding_* inputs that TensorRT-LLM's executor does not bind (it would stop with \"Input "
+                          "tensor 'sliding_host_request_types' not found\"); run it with --runtime project (or auto)",
+                          field="--runtime")
     if requested != "auto":
         info = dict(info, path=requested, description=DESCRIPTION[requested],
                     why=[f"asked for (--runtime {requested})"] + list(info.get("why") or []))

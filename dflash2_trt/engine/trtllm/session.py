@@ -349,6 +349,8 @@ class TrtEngineSession:
         self.head_size = int(pre["head_size"])
         self.tokens_per_block = tpb
         self._windows = layer_windows(net, pre, int(lim["max_seq_len"]))
+        # the context route: the runtime feeds the second set of request inputs (engine_io.yaml sliding_*)
+        self.sliding_context = net.sliding_context(cfg)
         # in TensorRT-LLM's order: the recurrent-state slots, then the engine and its context (TensorRT takes its
         # activation memory), then the KV pool from what is left
         # recurrent (Gated DeltaNet) layers: one rnn and one conv buffer per layer, a row per slot, zeroed

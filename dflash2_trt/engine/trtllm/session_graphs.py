@@ -56,10 +56,18 @@ reads it: the executor's graphs, keyed without it, are replayed for other reques
 
 def size_for_capture(bound: dict, past: int) -> None:
     """The executor's ``prepareBuffersForCudaGraph``: every request's host_past_key_value_lengths set to the key's
-    rounded length before the capture, so that the attention's launches cover every later step of the key."""
+    rounded length before the capture, so that the attention's launches cover every later step of the key. On the
+    context route the sliding layers' calls are context parts, whose key range is the max of their
+    host_past_key_value_lengths as given (no draft width added): those are set to the rounded length plus the step's
+    new tokens (every request of a graphed step is a generation request, K + 1 each). Their window then applies in
+    the graph when that bound passes it, which is sound: a later step of the key has no key farther than its bound, so
+    where the bound is within the window no key falls outside it (facts/attention_window.yaml context_route)."""
     t = bound.get("host_past_key_value_lengths")
     if t is not None and t.numel():
         t.fill_(past)
+    s, n = bound.get("sliding_host_past_key_value_lengths"), bound.get("sliding_host_context_lengths")
+    if s is not None and s.numel():
+        s.fill_(past + int(n.max()))
 
 
 class SessionGraphs:

@@ -39,14 +39,47 @@ def binding_windows(t, d, *, max_seq_len: int, K: int, drafter_window: str) -> l
     return out
 
 
+def target_sliding_layers(layer_types, sliding_window) -> bool:
+    """The target has sliding-window attention layers (HF layer kinds)."""
+    return bool(sliding_window) and "sliding_attention" in list(layer_types or ())
+
+
+def resolve_sliding_path(ck: dict, cfg) -> str:
+    """The build's ``sliding_path`` for the target of checkpoint config ``ck`` (HF ``layer_types`` or
+    ``hf_layer_types``, ``sliding_window``): ``context`` or ``generation``; ``auto`` is ``context`` where the target's
+    window can bind (``rule.window_can_bind``), else ``generation``. A target without sliding layers takes
+    ``generation`` (nothing to route); ``context`` asked of one is a ConfigError."""
+    from ...errors import ConfigError
+
+    kinds = ck.get("hf_layer_types") or ck.get("layer_types") or ()
+    sw = ck.get("sliding_window")
+    asked = getattr(cfg, "sliding_path", "auto")
+    if not target_sliding_layers(kinds, sw):
+        if asked == "context":
+            raise ConfigError("the target has no sliding-window layers (nothing takes the context route)",
+                              source=getattr(cfg, "source", None), field="sliding_path")
+        return "generation"
+    if asked != "auto":
+        return asked
+    return "context" if int(sw) < int(cfg.max_seq_len) + 2 * (int(cfg.block_size) - 1) else "generation"
+
+
 def window_blockers(t, d, cfg) -> list[str]:
     """One line per side whose window can bind: why TensorRT-LLM's engine would not be exact, and the ways out (a
-    max_seq_len at which no window binds, ``drafter_window=full`` for the drafter, the cuda backend). None where the
-    record says the plugin applies the window in speculative-decoding steps."""
-    if window_facts()["spec_decoding_generation"]["applies_window"]:
+    max_seq_len at which no window binds, ``drafter_window=full`` for the drafter, ``sliding_path=context`` for the
+    target, the cuda backend). None where the record says the plugin applies the window in speculative-decoding steps;
+    none for the target's side where its sliding layers take the context route (``context_route``)."""
+    f = window_facts()
+    if f["spec_decoding_generation"]["applies_window"]:
         return []
     K, block = cfg.block_size - 1, cfg.block_size
-    binding = binding_windows(t, d, max_seq_len=cfg.max_seq_len, K=K, drafter_window=cfg.drafter_window)
+    path = resolve_sliding_path({"layer_types": t.layer_types, "sliding_window": t.sliding_window}, cfg)
+    # the target's sliding layers on the context route take no speculative-decoding generation part: the context part
+    # applies their window (context_route)
+    routed = path == "context" and f["context_route"]["applies_window"]
+    binding = [(side, w) for side, w in binding_windows(t, d, max_seq_len=cfg.max_seq_len, K=K,
+                                                        drafter_window=cfg.drafter_window)
+               if not (side == "target" and routed)]
     if not binding:
         return []
     fix_seq = min(w for _, w in binding) - 2 * K     # the largest max_seq_len at which no window binds
@@ -56,6 +89,9 @@ def window_blockers(t, d, cfg) -> list[str]:
         ways = []
         if side == "drafter":
             ways.append("--set drafter_window=full (lossless; costs acceptance past the window only)")
+        else:
+            ways.append("--set sliding_path=context (the sliding layers take each step's new tokens as a context "
+                        "chunk, where the plugin applies the window; the engine then runs on the project runtime)")
         if fix_input >= 1:
             flags = f"--max-seq-len {fix_seq}" + (f" --max-input-len {fix_input}" if cfg.max_input_len > fix_input
                                                   else "")

@@ -69,16 +69,16 @@ from . import accept, combined, common, drafter, families, io, kv_layout, layers
 from .accept import (PRIME, acceptance_uniforms, accepted_tokens, counter_uniforms, greedy_accept,
                      inverse_cdf, leading_true, rejection_sample)
 from .combined import DFlash2ForCausalLM
-from .common import (F, AttentionParams, KeyValueCacheParams, RecurrentStateParams, SpecDecodingParams, api, dims,
-                     keep_alive, local_heads, logit_transform, op_le)
+from .common import (F, AttentionParams, KeyValueCacheParams, RecurrentStateParams, SlidingParams, SpecDecodingParams,
+                     api, dims, keep_alive, layer_attention_params, local_heads, logit_transform, op_le)
 from .drafter import DFlash2Drafter, DFlash2DrafterLayer, DynamicConv, draft_attention_params
 from .families import TARGET_FAMILIES
 from .families.muse_glimmer import MuseGlimmerDecoderLayer, MuseGlimmerTransformer
 from .families.qwen3 import Qwen3DecoderLayer, Qwen3Transformer
 from .families.qwen3_5 import GatedDeltaNet, Qwen3_5DecoderLayer, Qwen3_5Transformer, step_state_params
-from .io import StepLayout, declare_inputs, mark_outputs, recurrent_inputs, step_layout
+from .io import StepLayout, declare_inputs, mark_outputs, recurrent_inputs, sliding_inputs, step_layout
 from .kv_layout import (check_kv_compatible, drafter_kv_split, hf_layer_types, kv_layer_windows, num_kv_layers_of,
-                        rope_positions, rope_tables, total_kv_layers)
+                        rope_positions, rope_tables, sliding_context, total_kv_layers)
 from .layers import GatedMLP, OffsetRmsNorm, QKNormAttention, WeightlessRmsNorm
 from .selector import SELECTOR_PLUGIN_MODE, DFlash2Selector
 from .target_only import DROPPED_PREFIXES, TargetOnlyForCausalLM

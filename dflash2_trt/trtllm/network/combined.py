@@ -63,7 +63,8 @@ class DFlash2ForCausalLM(api.PretrainedModel):
 
     def forward(self, input_ids, last_token_ids, kv_cache_params, attention_params, spec_decoding_params,
                 draft_lens, eagle_temperature, rand_data_validation, rand_data_sample,
-                host_gen_eagle_net_request_types, recurrent_params=None, all_reduce_workspace=None):
+                host_gen_eagle_net_request_types, recurrent_params=None, sliding_params=None,
+                all_reduce_workspace=None):
         # all_reduce_workspace (tp > 1): the all-reduce plugins take it through TensorRT-LLM's all-reduce helper
         # (set when prepare_inputs declared it), not from here
         K, d, cfg = self.K, self.config.dflash2, self.config
@@ -87,7 +88,8 @@ class DFlash2ForCausalLM(api.PretrainedModel):
             rs, saved = step_state_params(recurrent_params, att, step.ends, step.is_gen), []
             final, layer_outs = self.transformer(target_ids, att, kvp, spec, rs, saved)
         else:
-            final, layer_outs = self.transformer(target_ids, att, kvp, spec)
+            # sliding_params (the context route): the target's sliding-window layers attend with the second set
+            final, layer_outs = self.transformer(target_ids, att, kvp, spec, sliding_params)
         # The runtime's logits rows: last_token_ids is the inclusive scan of logits per request (a context
         # request 1 at its last token, a generation request K+1), i.e. row r is token last_token_ids[r] - 1.
         # The target's own logit transform follows (Muse Glimmer). [num_logits, V]

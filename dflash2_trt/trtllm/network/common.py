@@ -68,6 +68,35 @@ class RecurrentStateParams:
     zero_state: object = None   # [bs] int32: a context request whose chunk starts at 0 starts from zero state
 
 
+@dataclass
+class SlidingParams:
+    """The second set of request inputs of an engine whose target's sliding-window layers take the context route
+    (``dflash2_engine.sliding_path: context``; engine_io.yaml): every request of the step as a context request whose
+    chunk is its new tokens (a generation request's K + 1 verify tokens, a causal chain), after its committed tokens.
+    TensorRT-LLM's attention plugin applies a layer's window in such a context part, not in a speculative-decoding
+    generation part (engine/trtllm/facts/attention_window.yaml context_route)."""
+    host_request_types: object = None            # all 0 (context)
+    context_lengths: object = None               # the request's new tokens this step (device)
+    host_context_lengths: object = None          # the same, host
+    host_past_key_value_lengths: object = None   # committed + new = sequence_length (the stock context value)
+
+    def apply(self, att: AttentionParams, kvp: KeyValueCacheParams) -> tuple[AttentionParams, KeyValueCacheParams]:
+        """``(att, kvp)`` of a sliding layer: the step's own, with the four request inputs replaced."""
+        from dataclasses import replace
+
+        return (replace(att, host_request_types=self.host_request_types, context_lengths=self.context_lengths,
+                        host_context_lengths=self.host_context_lengths),
+                replace(kvp, host_past_key_value_lengths=self.host_past_key_value_lengths))
+
+
+def layer_attention_params(layer_kind: str, att, kvp, sliding: SlidingParams | None):
+    """The attention and KV-cache parameters of a target layer of HF kind ``layer_kind``: the step's, or on the context
+    route (``sliding`` given) a sliding-window layer's second set."""
+    if sliding is not None and layer_kind == "sliding_attention":
+        return sliding.apply(att, kvp)
+    return att, kvp
+
+
 def local_heads(n: int, tp: int) -> int:
     """Heads one rank holds (KV heads are duplicated when fewer than ranks, as convert does)."""
     return n // tp if n >= tp else 1

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import AttentionParams, F, KeyValueCacheParams, RecurrentStateParams, SpecDecodingParams, api, dims
-from .kv_layout import hf_layer_types, total_kv_layers
+from .common import (AttentionParams, F, KeyValueCacheParams, RecurrentStateParams, SlidingParams, SpecDecodingParams,
+                     api, dims)
+from .kv_layout import hf_layer_types, sliding_context, total_kv_layers
 
 
 def declare_inputs(config, K: int, recurrent: bool, max_batch_size: int, max_num_tokens: int, max_seq_len: int,
@@ -89,6 +90,7 @@ def declare_inputs(config, K: int, recurrent: bool, max_batch_size: int, max_num
         # eagleBuffers.cpp reshape(): [numSequences], one entry per request (setupEagleNetHostBuffers)
         "host_gen_eagle_net_request_types": T("host_gen_eagle_net_request_types", "int32", [-1], R(batch_size=bs)),
         **(recurrent_inputs(config, bs) if recurrent else {}),
+        **(sliding_inputs(bs) if sliding_context(config) else {}),
     }
     if config.mapping.tp_size > 1:
         # the custom all-reduce workspace, declared as TensorRT-LLM's own models declare it for tp > 1
@@ -108,6 +110,18 @@ def recurrent_inputs(config, bs) -> dict:
         slot_mapping=T("slot_mapping", "int32", [-1], R(batch_size=bs)),
         rnn_state_ptr={i: T(f"rnn_state_ptr_{i}", "int64", [1], R(ptr=[1])) for i in gdn},
         conv_state_ptr={i: T(f"conv_state_ptr_{i}", "int64", [1], R(ptr=[1])) for i in gdn})}
+
+
+def sliding_inputs(bs) -> dict:
+    """The context route's second set of request inputs (:class:`.common.SlidingParams`; engine_io.yaml), which the
+    project runtime binds (TensorRT-LLM's executor binds no input of these names: such an engine runs on the project
+    runtime only)."""
+    T, R = api.input_tensor, OrderedDict
+    return {"sliding_params": SlidingParams(
+        host_request_types=T("sliding_host_request_types", "int32", [-1], R(batch_size=bs)),
+        context_lengths=T("sliding_context_lengths", "int32", [-1], R(batch_size=bs)),
+        host_context_lengths=T("sliding_host_context_lengths", "int32", [-1], R(batch_size=bs)),
+        host_past_key_value_lengths=T("sliding_host_past_key_value_lengths", "int32", [-1], R(batch_size=bs)))}
 
 
 @dataclass

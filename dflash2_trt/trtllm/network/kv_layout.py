@@ -98,6 +98,15 @@ def kv_layer_windows(config, drafter_window: str, max_seq_len: int) -> list[int]
     return out
 
 
+def sliding_context(config) -> bool:
+    """The target's sliding-window layers take the context route (``dflash2_engine.sliding_path: context``, resolved
+    by the build: engine/trtllm/windows.py resolve_sliding_path): the engine declares the second set of request inputs
+    (:class:`.common.SlidingParams`) and those layers attend with it."""
+    eng = getattr(config, "dflash2_engine", None) or {}
+    return (eng.get("sliding_path") == "context" and bool(getattr(config, "sliding_window", None))
+            and "sliding_attention" in hf_layer_types(config))
+
+
 def rope_positions(config) -> int:
     """Positions of the rotary tables: the engine's max_seq_len plus one draft block (a context request's block
     sits right after its chunk)."""

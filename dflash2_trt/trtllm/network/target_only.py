@@ -80,7 +80,7 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
 
     def forward(self, input_ids, last_token_ids, kv_cache_params, attention_params, spec_decoding_params=None,
                 eagle_temperature=None, rand_data_validation=None, rand_data_sample=None, recurrent_params=None,
-                **unused_eagle_inputs):
+                sliding_params=None, **unused_eagle_inputs):
         # With K = 0 every request has exactly one logit row, so last_token_ids has one entry per request
         # (the inclusive scan of the tokens per request: a prompt, or the one generation token).
         bs = F.shape(attention_params.sequence_length, 0)
@@ -99,7 +99,9 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
             saved = []
             final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain, rs, saved)
         else:
-            final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain)
+            # the context route (sliding_params): a generation request's one token is a context chunk of one in the
+            # sliding-window layers, whose caches are then written and read at absolute positions in every step
+            final, _ = self.transformer(input_ids, attention_params, kv_cache_params, plain, sliding_params)
         last = ends - 1                                                          # each request's last token
         logits = F.cast(self.lm_head(F.index_select(final, 0, last)), "float32")  # [bs, V]
 

@@ -4,8 +4,8 @@ sliding-window layers, an RMSNorm after the embedding lookup."""
 
 from __future__ import annotations
 
-from ..common import F, api
-from ..kv_layout import rope_positions
+from ..common import F, api, layer_attention_params
+from ..kv_layout import hf_layer_types, rope_positions
 from ..layers import GatedMLP, OffsetRmsNorm, QKNormAttention, vocab_embedding
 
 
@@ -49,16 +49,20 @@ class MuseGlimmerTransformer(api.Module):
         super().__init__()
         self.eps, self.embedding_norm = config.norm_epsilon, bool(config.embedding_norm)
         self.vocab_embedding = vocab_embedding(config)
+        self.layer_kinds = hf_layer_types(config)
         self.layers = api.ModuleList(MuseGlimmerDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.ln_f = OffsetRmsNorm(config.hidden_size, config.norm_epsilon, config.dtype, config.ln_f_weight_offset)
         self.hidden = config.hidden_size
 
-    def forward(self, input_ids, attention_params, kv_cache_params, spec_decoding_params):
+    def forward(self, input_ids, attention_params, kv_cache_params, spec_decoding_params, sliding_params=None):
+        """``sliding_params``: the context route's second set of request inputs, which the sliding-window layers attend
+        with (:func:`.common.layer_attention_params`); None: every layer takes the step's own."""
         x = self.vocab_embedding(input_ids)
         if self.embedding_norm:
             x = F.rms_norm(x, self.hidden, eps=self.eps)
         outs = []
-        for layer in self.layers:
-            x = layer(x, attention_params, kv_cache_params, spec_decoding_params)
+        for kind, layer in zip(self.layer_kinds, self.layers):
+            att, kvp = layer_attention_params(kind, attention_params, kv_cache_params, sliding_params)
+            x = layer(x, att, kvp, spec_decoding_params)
             outs.append(x)
         return self.ln_f(x), outs

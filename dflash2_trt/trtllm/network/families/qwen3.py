@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from ..common import api
-from ..kv_layout import rope_positions
+from ..common import api, layer_attention_params
+from ..kv_layout import hf_layer_types, rope_positions
 from ..layers import GatedMLP, QKNormAttention, vocab_embedding
 
 
@@ -33,13 +33,17 @@ class Qwen3Transformer(api.Module):
     def __init__(self, config):
         super().__init__()
         self.vocab_embedding = vocab_embedding(config)
+        self.layer_kinds = hf_layer_types(config)
         self.layers = api.ModuleList(Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.ln_f = api.layers.RmsNorm(config.hidden_size, eps=config.norm_epsilon, dtype=config.dtype)
 
-    def forward(self, input_ids, attention_params, kv_cache_params, spec_decoding_params):
+    def forward(self, input_ids, attention_params, kv_cache_params, spec_decoding_params, sliding_params=None):
+        """``sliding_params``: the context route's second set of request inputs, which the sliding-window layers attend
+        with (:func:`.common.layer_attention_params`); None: every layer takes the step's own."""
         x = self.vocab_embedding(input_ids)
         outs = []
-        for layer in self.layers:
-            x = layer(x, attention_params, kv_cache_params, spec_decoding_params)
+        for kind, layer in zip(self.layer_kinds, self.layers):
+            att, kvp = layer_attention_params(kind, attention_params, kv_cache_params, sliding_params)
+            x = layer(x, att, kvp, spec_decoding_params)
             outs.append(x)
         return self.ln_f(x), outs

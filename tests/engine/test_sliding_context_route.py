@@ -1,0 +1,132 @@
+"""The context route (build setting ``sliding_path: context``): the target's sliding-window layers take every request's
+new tokens of a step as a context chunk after its committed tokens, through a second set of request inputs the
+runtime binds, because TensorRT-LLM's attention plugin applies a layer's window in a context part and not in a
+speculative-decoding generation part (engine/trtllm/facts/attention_window.yaml context_route, read, not run). Here on
+the CPU engine of the trained tiny Muse Glimmer (window 16, K 15: the window binds in every verify step): the route is
+what the network's attention calls receive, the feed holds what the record says the plugin needs, and the engine's
+tokens are the generation path's (both lossless by the build's verify gate)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2_trt.assets import trained_pair
+from dflash2_trt.runtime import Request, Runtime
+from dflash2_trt.trtllm.backend import load_network
+from dflash2_trt.trtllm.cpu.tensor import raw
+from dflash2_trt.trtllm.engine_io import load_contract
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+
+    p = trained_pair("muse_glimmer")
+    out = {}
+    for path in ("context", "generation"):
+        d = tmp_path_factory.mktemp("route") / path
+        # sliding_path auto resolves to context here (the window binds); generation asked for explicitly
+        build_engine(p.drafter_dir, p.target_dir, d, target_key="tiny-muse",
+                     overrides={} if path == "context" else {"sliding_path": "generation"})
+        out[path], _ = open_standin_engine(d)
+    yield out
+    for e in out.values():
+        e.close()
+
+
+def _requests():
+    g = torch.Generator().manual_seed(7)
+    # prompts longer than the window and up to 40 new tokens: verify chunks whose keys pass the window
+    # (one request ends early: the third joins while the first generates, a mixed step)
+    return [Request(torch.randint(3, 200, (n,), generator=g).tolist(), new, task_id=i)
+            for i, (n, new) in enumerate(((5, 40), (23, 12), (37, 40)))]
+
+
+def test_the_route_engine_declares_the_second_set_and_the_other_does_not(engines):
+    names = {"sliding_host_request_types", "sliding_context_lengths", "sliding_host_context_lengths",
+             "sliding_host_past_key_value_lengths"}
+    contract = load_contract()["inputs"]
+    for path, eng in engines.items():
+        on = path == "context"
+        assert eng.sliding_context is on and eng.config["dflash2_engine"]["sliding_path"] == path
+        want = {p.name for p in contract if p.applies(tp_size=1, sliding_context=on)}
+        assert set(eng._declared) == want and (names <= want) is on
+        for n in names & want:
+            spec = next(p for p in contract if p.name == n)
+            assert eng._declared[n].dtype == spec.dtype == "int32"
+
+
+def test_sliding_layers_attend_as_context_chunks_and_the_rest_as_before(engines, monkeypatch):
+    eng = engines["context"]
+    net = load_network("cpu")
+    cfg = net.api.PretrainedConfig.from_dict(eng.config)
+    kinds = [k for k in net.hf_layer_types(cfg) if k != "linear_attention"]      # the target's KV layers
+    K, W = eng.K, int(cfg.sliding_window)
+    calls = []
+    orig = net.F.gpt_attention
+
+    def spy(*args, **kw):
+        layer = kw["layer_idx"]
+        if layer < len(kinds):                                                     # a target layer (not the drafter)
+            v = {k: raw(kw[k]) for k in ("host_request_types", "host_past_key_value_lengths", "sequence_length",
+                                         "context_lengths", "host_max_attention_window_sizes")}
+            calls.append((kinds[layer], v["host_request_types"].tolist(), v["host_past_key_value_lengths"].tolist(),
+                          v["sequence_length"].tolist(), v["context_lengths"].tolist(),
+                          int(v["host_max_attention_window_sizes"][layer])))
+        return orig(*args, **kw)
+
+    monkeypatch.setattr(net.F, "gpt_attention", spy)
+    rt = Runtime(eng, max_batch_size=2)
+    reqs = _requests()
+    rt.generate(reqs)
+    kinds_seen = {(bool(s["context"]), bool(s["generation"])) for s in rt.step_log}
+    assert kinds_seen == {(True, False), (False, True), (True, True)}               # context, generation, mixed
+    sliding = [c for c in calls if c[0] == "sliding_attention"]
+    full = [c for c in calls if c[0] == "full_attention"]
+    assert sliding and full
+    binds = 0
+    for _, types, hp, seq, ctx, window in sliding:
+        assert window == W < eng.limits["max_seq_len"]                             # a sliding layer to the plugin
+        assert set(types) == {0} and hp == seq                                    # context chunks; past + new
+        assert all(n >= 1 for n in ctx) and all(s - n >= 0 for s, n in zip(seq, ctx))
+        binds += any(s > W for s in seq)
+    assert binds                                        # calls whose keys pass the window: the mask had work to do
+    # a generation request's chunk is its K + 1 verify tokens (its stock context_lengths, prompt + K, never are)
+    assert any(K + 1 in ctx for (*_, ctx, _) in sliding)
+    # the full-attention layers keep the step's own request types: generation requests verify there as before
+    assert any(1 in types for _, types, *_ in full)
+    assert all(r.done for r in reqs)
+
+
+def test_the_route_gives_the_generation_paths_tokens(engines):
+    outs = {}
+    for path, eng in engines.items():
+        reqs = _requests()
+        Runtime(eng, max_batch_size=2).generate(reqs)
+        outs[path] = [r.output_ids for r in reqs]
+    assert outs["context"] == outs["generation"]
+
+
+def test_the_standin_refuses_a_second_set_whose_key_range_misses_the_new_tokens(engines, monkeypatch):
+    """The plugin takes a context part's key range (and whether the window applies) from the max of
+    host_past_key_value_lengths as given: the stock value is past + new. A feed with the past alone is refused, in a
+    context step and in a generation step."""
+    eng = engines["context"]
+    orig, refused = eng.step, []
+
+    def spy(inputs):
+        kind = bool((inputs["host_request_types"] == 1).any())
+        if kind not in refused:
+            bad = dict(inputs, sliding_host_past_key_value_lengths=inputs["sliding_host_past_key_value_lengths"]
+                       - inputs["sliding_host_context_lengths"])
+            with pytest.raises(ValueError, match="host_past_key_value_lengths gives them"):
+                orig(bad)
+            refused.append(kind)
+        return orig(inputs)
+
+    monkeypatch.setattr(eng, "step", spy)
+    reqs = _requests()[:1]
+    Runtime(eng, max_batch_size=1).generate(reqs)
+    assert sorted(refused) == [False, True] and reqs[0].done
