@@ -85,13 +85,13 @@ TARGETS: dict[str, TargetEntry] = {
             drafter_id="z-lab/Muse-Glimmer-30B-DFlash2", block_size=16, build_config="muse-glimmer-30b.yaml",
             supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
             notes="reference decoding, conversion and the engine network (CPU backend); the published drafter's "
-                  "8x128 KV heads spread over 4 pool layers each next to the target's 2x128 (drafter_kv_split); a "
-                  "TensorRT-LLM engine only up to --max-seq-len 2018, where its 2048-token sliding window cannot "
-                  "bind (docs/gpu.md: Sliding windows on TensorRT-LLM)",
+                  "8x128 KV heads spread over 4 pool layers each next to the target's 2x128 (drafter_kv_split); on "
+                  "TensorRT-LLM its sliding layers take each step's new tokens as a context chunk where the 2048-token "
+                  "window can bind (the project runtime; docs/gpu.md: Sliding windows on TensorRT-LLM)",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'network defines, every rank',
                     'not run yet',
-                    '<= 2018 tokens (windows); binding (stand-in, CI)',
+                    'context route (windows); binding (stand-in, CI)',
                     '<= 2018 tokens, not run'),
         ),
         TargetEntry(
@@ -133,9 +133,9 @@ TARGETS: dict[str, TargetEntry] = {
             notes="trained tiny Muse Glimmer (wrapper + tiny vision tower; sliding and NoPE full-attention layers) + "
                   "block-16 DFlash2 drafter with the target's KV layout, shipped in dflash2_trt/assets/tiny",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
-                    'lossless + law (CI)',
+                    'lossless + law (CI; context route = generation path)',
                     'fp32 = HF; bf16: 2/32 ties (H100)',
-                    'refused (windows); feed = cpu (stand-in, CI)',
+                    'refused (drafter windows); feed = cpu (stand-in, CI)',
                     'refused (windows)'),
         ),
     )
@@ -151,7 +151,9 @@ STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; H100:
                  "here); lossless + law: greedy token-identical to the target, sampled tokens pass the target's "
                  "exact law; = HF: identical to the HF target's greedy decoding on the same GPU; refused: by stock "
                  "TensorRT-LLM 1.2's executor; windows: TensorRT-LLM's attention plugin does not apply a sliding window in "
-                 "speculative-decoding steps, so an engine is built only where the window cannot bind (docs/gpu.md)")
+                 "speculative-decoding steps: a target's sliding layers take each step's new tokens as a context chunk "
+                 "there (context route, where the plugin applies it; read in its sources, not run), a drafter's own "
+                 "window is refused where it can bind (docs/gpu.md)")
 
 
 def tiny_targets() -> dict[str, str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from ..errors import ConfigError
+
 
 def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     """The checkpoint's config.json with the engine's settings: what the network reads (``dflash2_engine``,
@@ -27,8 +29,6 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
     # added to the KV pool's layer count: the drafter's pool layers (x its KV split, drafter_kv_split in trtllm/network/kv_layout.py)
     pre["eagle_net_config"] = {"num_hidden_layers": d.num_hidden_layers * drafter_pool_layers_per_layer(
         p_t(ck), d, cfg.tp_size)}
-    from .trtllm.windows import resolve_sliding_path
-
     # sliding_path resolved (context / generation): the network gives the target's sliding layers the second set of
     # request inputs on the context route (trtllm/network/io.py sliding_inputs)
     pre["dflash2_engine"] = {"selector": cfg.selector, "drafter_window": cfg.drafter_window,
@@ -44,6 +44,31 @@ def engine_pretrained_config(ck: dict, cfg, d) -> dict:
                               + ["attention"] * pre["eagle_net_config"]["num_hidden_layers"])
         pre.update(rnn_fields(pre))
     return pre
+
+
+def target_sliding_layers(layer_types, sliding_window) -> bool:
+    """The target has sliding-window attention layers (HF layer kinds)."""
+    return bool(sliding_window) and "sliding_attention" in list(layer_types or ())
+
+
+def resolve_sliding_path(ck: dict, cfg) -> str:
+    """The build's ``sliding_path`` for the target of checkpoint config ``ck`` (HF ``layer_types`` or
+    ``hf_layer_types``, ``sliding_window``): ``context`` or ``generation``; ``auto`` is ``context`` where the target's
+    window can bind, ``W < max_seq_len + 2K`` (``engine/trtllm/facts/attention_window.yaml`` rule.window_can_bind),
+    else ``generation``. A target without sliding layers takes ``generation`` (nothing to route); ``context`` asked of
+    one is a ConfigError. The same on every backend: one network (the cpu and cuda backends apply the window on either
+    path; on TensorRT-LLM only the context route does: engine/trtllm/windows.py)."""
+    kinds = ck.get("hf_layer_types") or ck.get("layer_types") or ()
+    sw = ck.get("sliding_window")
+    asked = getattr(cfg, "sliding_path", "auto")
+    if not target_sliding_layers(kinds, sw):
+        if asked == "context":
+            raise ConfigError("the target has no sliding-window layers (nothing takes the context route)",
+                              source=getattr(cfg, "source", None), field="sliding_path")
+        return "generation"
+    if asked != "auto":
+        return asked
+    return "context" if int(sw) < int(cfg.max_seq_len) + 2 * (int(cfg.block_size) - 1) else "generation"
 
 
 TARGET_ONLY = "target_only"

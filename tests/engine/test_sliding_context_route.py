@@ -31,6 +31,7 @@ def engines(tmp_path_factory):
         build_engine(p.drafter_dir, p.target_dir, d, target_key="tiny-muse",
                      overrides={} if path == "context" else {"sliding_path": "generation"})
         out[path], _ = open_standin_engine(d)
+        out[path].engine_dir = d
     yield out
     for e in out.values():
         e.close()
@@ -130,3 +131,76 @@ def test_the_standin_refuses_a_second_set_whose_key_range_misses_the_new_tokens(
     reqs = _requests()[:1]
     Runtime(eng, max_batch_size=1).generate(reqs)
     assert sorted(refused) == [False, True] and reqs[0].done
+
+
+def test_the_baseline_takes_the_route_too(engines, monkeypatch):
+    """The target-only network (``build --baseline``, ``bench run``'s autoregressive baseline) of a routed engine: its
+    one-token generation steps are context chunks of one in the sliding layers too (a routed layer never takes a
+    generation call, whose kernel would read its linearly written cache cyclically: facts mmha_wraps), and it decodes
+    what the combined engine does (both the target's greedy decoding: the combined engine by the build's gate)."""
+    from dflash2_trt.bench.autoregressive import open_target_only_engine
+
+    eng = engines["context"]
+    base = open_target_only_engine(eng.engine_dir)
+    try:
+        assert base.K == 0 and base.sliding_context
+        net = load_network("cpu")
+        cfg = net.api.PretrainedConfig.from_dict(base.config)
+        kinds = [k for k in net.hf_layer_types(cfg) if k != "linear_attention"]
+        types_seen, orig = [], net.F.gpt_attention
+
+        def spy(*args, **kw):
+            if kw["layer_idx"] < len(kinds) and kinds[kw["layer_idx"]] == "sliding_attention":
+                types_seen.append((raw(kw["host_request_types"]).tolist(), raw(kw["context_lengths"]).tolist()))
+            return orig(*args, **kw)
+
+        monkeypatch.setattr(net.F, "gpt_attention", spy)
+        reqs = _requests()
+        Runtime(base, max_batch_size=2).generate(reqs)
+        monkeypatch.undo()
+        assert types_seen and all(set(t) == {0} for t, _ in types_seen)
+        assert any(set(c) == {1} for _, c in types_seen)                      # generation steps: one token each
+        want = _requests()
+        Runtime(eng, max_batch_size=2).generate(want)
+        assert [r.output_ids for r in reqs] == [r.output_ids for r in want]
+    finally:
+        base.close()
+
+
+def test_a_routed_tensorrt_engine_names_the_project_runtime_everywhere(engines, tmp_path):
+    """A TensorRT-LLM engine directory of a routed engine (its rank engine the CPU stand-in of TensorRT running the
+    tiny-muse CPU engine): the executor is refused in one line by `run --runtime executor` and by `deploy triton
+    --backend tensorrtllm` (no TensorRT-LLM runtime binds the sliding_* inputs), RUN.md says its executor sections do not
+    run it, and the project runtime over the session gives the CPU engine's tokens."""
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+    from dflash2_trt.engine.trtllm.paths import choose_runtime
+    from dflash2_trt.engine.trtllm.session import open_trt_session
+    from dflash2_trt.errors import ConfigError
+    from dflash2_trt.testing import tensorrt_standin as trt
+    from dflash2_trt.testing.engines import standin_trt_engine_dir
+
+    eng = engines["context"]
+    d = standin_trt_engine_dir(eng.engine_dir, tmp_path / "trt")
+    import json
+
+    man = json.loads((d / "engine.json").read_text())
+    pre = json.loads((d / "config.json").read_text())["pretrained_config"]
+    assert man["runtime_path"]["path"] == "project" and "context route" in man["runtime_path"]["why"][0]
+    with pytest.raises(ConfigError, match="--runtime"):
+        choose_runtime("executor", pre, man)
+    # a manifest without the decision: still the project runtime
+    assert choose_runtime(None, {"dflash2_engine": {"sliding_path": "context"}}, {})["path"] == "project"
+    with pytest.raises(ConfigError, match="--backend.*sliding_\\* inputs"):
+        deploy_triton(d, tmp_path / "repo", backend="tensorrtllm")
+    assert not (tmp_path / "repo").exists()
+    assert "do NOT run this engine on stock TensorRT-LLM; nor on any other" in (d / "RUN.md").read_text()
+    sess, _ = open_trt_session(d, trt=trt)
+    try:
+        assert sess.sliding_context
+        got = _requests()
+        Runtime(sess, max_batch_size=2).generate(got)
+    finally:
+        sess.close()
+    want = _requests()
+    Runtime(eng, max_batch_size=2).generate(want)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]

@@ -383,6 +383,11 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                                                                                        bool):
             raise ConfigError(f"must be a number, got {kv_cache_free_gpu_mem_fraction!r}",
                               source=engine_dir / "engine.json", field="limits.kv_cache_free_gpu_mem_fraction")
+    routed = (((cfg or {}).get("pretrained_config") or {}).get("dflash2_engine") or {}).get("sliding_path") == "context"
+    if backend == "tensorrtllm" and routed:
+        raise ConfigError("this engine's sliding-window layers take the context route (sliding_path context): they "
+                          "read sliding_* inputs that no TensorRT-LLM runtime binds, so the tensorrtllm backend cannot load "
+                          "it; --backend python serves it on the project runtime", field="--backend")
     if backend == "tensorrtllm" and path is not None and path["path"] == "project":
         fix = ("`--backend python` (the default for it) serves it on the project runtime (docs/trt-session.md §8"
                + (f"; tp {tp}: its launch.sh runs it as {tp} processes under mpirun)" if tp > 1 else ")"))

@@ -7,9 +7,10 @@ graph is replayed. Everything else (context and mixed steps, a first step of a n
 failed) runs eagerly, as before. A bucket is
 
 - the batch's device-input shapes and dtypes (the batch size, the token count, the block table's width),
-- the host inputs other than three (``host_past_key_value_lengths``, ``host_kv_cache_block_offsets``,
-  ``host_context_lengths``: :data:`UNBUCKETED_HOST_INPUTS`; a graph keeps the values its capture read, so every
-  other host value must be the captured one),
+- the host inputs other than the growing or unread ones (``host_past_key_value_lengths``,
+  ``host_kv_cache_block_offsets``, ``host_context_lengths``, and on the context route
+  ``sliding_host_past_key_value_lengths``: :data:`UNBUCKETED_HOST_INPUTS`; a graph keeps the values its capture
+  read, so every other host value must be the captured one),
 - the attention's key range, fixed for the graph (:func:`~dflash2_trt.trtllm.cpu.attention.key_range`: the growing
   ``host_past_key_value_lengths`` are read only for it): the longest committed length rounded up to 256 tokens plus
   the step's new tokens, the executor's graph key and capture-time lengths (:meth:`GraphedSteps.key_range`).

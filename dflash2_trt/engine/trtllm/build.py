@@ -99,6 +99,12 @@ def run_md(man: dict, engine_dir: Path) -> str:
                      f"This directory has no baseline engine, so {bench} reports no speedup: rebuild with "
                      f"`--baseline` to add the target alone (`baseline/`, the target's weights again on disk).")
     if path.get("path") == PROJECT:
+        routed = any("context route" in w for w in path.get("why") or [])
+        kept = ("nor on any other: this engine's sliding-window layers read `sliding_*` inputs that TensorRT-LLM's "
+                "runtime does not bind (the context route: docs/gpu.md \"Sliding windows on TensorRT-LLM\"); they "
+                "are kept for reference." if routed else
+                "they are kept for a TensorRT-LLM rebuilt with `scripts/patch_trtllm_recurrent_spec.py` (recurrent "
+                "targets; never compiled by this project).")
         runtime = f"""**This engine runs on the project runtime over TensorRT** ({path.get('description')}), because:
 
 {why}{limits}
@@ -111,9 +117,7 @@ def run_md(man: dict, engine_dir: Path) -> str:
 They load TensorRT-LLM's plugin library (`import tensorrt_llm`) and `{lib}` themselves, deserialize
 {engines} with TensorRT's Python API and bind every step's inputs by TensorRT-LLM's runtime rules
 (docs/trt-session.md); {served}. Stock TensorRT-LLM 1.2 is enough: no executor check is involved. Sections 2-4 below (the
-C++ executor, Triton's `tensorrtllm` backend, trtllm-bench) do NOT run this engine on stock TensorRT-LLM; they are
-kept for a TensorRT-LLM rebuilt with `scripts/patch_trtllm_recurrent_spec.py` (recurrent targets; never compiled
-by this project)."""
+C++ executor, Triton's `tensorrtllm` backend, trtllm-bench) do NOT run this engine on stock TensorRT-LLM; {kept}"""
     else:
         runtime = f"""**This engine runs on TensorRT-LLM's C++ executor** ({path.get('description') or 'ModelRunnerCpp'}):
 

@@ -59,8 +59,8 @@ def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: i
     if routed:
         why.append("the context route (sliding_path context): the target's sliding-window layers read a second set of "
                    "request inputs that the stock executor does not bind (TllmRuntime: \"Input tensor '...' not "
-                   "found\"), and their windows make a variable-window model (facts/attention_window.yaml "
-                   "context_route)")
+                   "found\")" + (f", and the per-layer windows {sorted(set(windows))} make a variable-window model"
+                                  if len(set(windows)) > 1 else "") + " (facts/attention_window.yaml context_route)")
     elif len(set(windows)) > 1:
         why.append(f"variable window: the per-layer attention windows {sorted(set(windows))} make a variable-window "
                    f"model, whose EAGLE KV rewind the stock executor refuses (\"Rewinding KV cache blocks for "
@@ -79,8 +79,9 @@ def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: i
     if routed and any(w < max_seq_len for w in target_windows):
         limits.append(f"the target's sliding layers apply their window ({min(target_windows)}) through TensorRT-LLM's "
                       f"paged context FMHA, each step's new tokens a context chunk (facts/attention_window.yaml "
-                      f"context_route [read, not run]): exact where the SM 90 sliding-window paged-KV kernel exists, "
-                      f"which only a GPU run shows")
+                      f"context_route [read, not run]): exact where the SM 90 sliding-window paged-KV kernel exists "
+                      f"and the plugin does not fall back to unfused MHA (TensorRT-LLM logs \"Fall back to unfused MHA "
+                      f"for ...\"), which only a GPU run shows")
     unrouted = windows[net.num_kv_layers_of(cfg):] if routed else windows
     if any(w < max_seq_len for w in unrouted):
         limits.append(f"a window below max_seq_len ({min(unrouted)}) is not applied by TensorRT-LLM's attention plugin "
@@ -98,6 +99,8 @@ def choose_runtime(requested: str | None, pre: dict, manifest: dict | None = Non
         from ...errors import ConfigError
 
         raise ConfigError(f"must be one of {', '.join(RUNTIMES)}, got {requested!r}", field="--runtime")
+    # an engine on the context route: only the project runtime binds its sliding layers' inputs
+    routed = isinstance(pre, dict) and (pre.get("dflash2_engine") or {}).get("sliding_path") == "context"
     info = (manifest or {}).get("runtime_path")
     if not info:
         try:
@@ -106,7 +109,11 @@ def choose_runtime(requested: str | None, pre: dict, manifest: dict | None = Non
             info = {"path": EXECUTOR, "description": DESCRIPTION[EXECUTOR], "limits": [],
                     "why": [f"the engine config does not say what the decision needs ({type(exc).__name__}: {exc}); "
                             f"the executor's tools read it themselves"]}
-    if requested == EXECUTOR and ((pre or {}).get("dflash2_engine") or {}).get("sliding_path") == "context":
+            if routed:
+                info = dict(info, path=PROJECT, description=DESCRIPTION[PROJECT],
+                            why=[f"the context route (sliding_path context); the rest of the engine config does not "
+                                 f"say what the decision needs ({type(exc).__name__}: {exc})"])
+    if requested == EXECUTOR and routed:
         from ...errors import ConfigError
 
         raise ConfigError("this engine's sliding-window layers take the context route (sliding_path context): they "

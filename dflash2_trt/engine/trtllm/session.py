@@ -1,8 +1,8 @@
 """The project runtime over a TensorRT engine built by trtllm-build: :class:`TrtEngineSession`.
 
 TensorRT-LLM's C++ executor cannot drive every DFlash2 engine (the hybrid target is "recurrent" to it; per-layer
-windows that differ make an engine "variable window", which is no longer built where a window can bind: :mod:`.paths`,
-:mod:`.windows`). The engine itself does the draft, verify,
+windows that differ make an engine "variable window", and a target's sliding layers on the context route read inputs it
+does not bind: :mod:`.paths`, :mod:`.windows`). The engine itself does the draft, verify,
 accept and state commit, so what a runtime has left to do is bookkeeping (the project's :class:`~dflash2_trt.runtime.
 Runtime`: paged KV blocks, in-flight batching, the EAGLE feed) and binding. This module is the binding: it opens a
 rank engine through TensorRT's Python API the way TensorRT-LLM's Python runtime does (``tensorrt_llm/runtime/

@@ -6,7 +6,7 @@ facts in ``trtllm/cpu/api_1_2.yaml`` ``executor_cuda_graphs``, from trtGptModelI
 runtimeBuffers.cpp), done by :class:`~.session.TrtEngineSession`:
 
 - only a step without context requests is graphed;
-- its key: every input's shape and dtype, the host inputs' values but the growing three
+- its key: every input's shape and dtype, the host inputs' values but the growing or unread ones
   (:data:`~dflash2_trt.engine.graph_rules.UNBUCKETED_HOST_INPUTS`), and the longest committed length rounded up
   to 256 (the executor's key is the batch's composition, token count and that length; the host values are added here
   because the EAGLE inputs of this engine live on the host and a graph keeps what its capture read);

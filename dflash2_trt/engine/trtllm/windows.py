@@ -1,12 +1,15 @@
-"""Sliding-window layers on TensorRT-LLM: where a window can bind, a TensorRT-LLM build is refused.
+"""Sliding-window layers on TensorRT-LLM: the target's take the context route where their window can bind; a
+drafter's window that can bind is refused.
 
 TensorRT-LLM's GPT attention plugin applies a layer's window (its ``host_max_attention_window_sizes`` entry) in the
 context part of a call, but not in a generation part with speculative decoding, which every DFlash2 verify and draft
 step is: that part runs only in XQA, and the TensorRT plugin leaves the op's spec-dec tree flag at its default, for
 which XQA gets no window (``facts/attention_window.yaml``, read in TensorRT-LLM's sources, not run). A sliding layer
-would attend to every key of its request there, which past the window is not the model. So an engine is exact on
-TensorRT-LLM only where no layer's window can bind: ``W >= max_seq_len + 2K`` (positions can reach ``max_seq_len +
-2K - 1``: trtllm-build adds 2K draft slots). The cpu and cuda backends apply the window as a mask and are unaffected.
+would attend to every key of its request there, which past the window is not the model. A window can bind where
+``W < max_seq_len + 2K`` (positions can reach ``max_seq_len + 2K - 1``: trtllm-build adds 2K draft slots). There the
+target's sliding layers take each step's new tokens as a context chunk (build setting ``sliding_path``: a verify block
+is a causal chain; ``context_route`` in the record), and a drafter's window, whose draft block is bidirectional, is
+refused. The cpu and cuda backends apply every window as a mask, on either path.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 
+from ..pretrained import resolve_sliding_path
 from .runtime_rules import facts
 
 FACTS_FILE = "engine/trtllm/facts/attention_window.yaml"
@@ -39,29 +43,17 @@ def binding_windows(t, d, *, max_seq_len: int, K: int, drafter_window: str) -> l
     return out
 
 
-def target_sliding_layers(layer_types, sliding_window) -> bool:
-    """The target has sliding-window attention layers (HF layer kinds)."""
-    return bool(sliding_window) and "sliding_attention" in list(layer_types or ())
+ROUTE_WINDOW_MULTIPLE = 256
+"""The largest KV step of the paged context FMHA: an older runner refuses a sliding window that is not a multiple of the
+step (``context_route.older_runner_window_multiple_of``)."""
 
 
-def resolve_sliding_path(ck: dict, cfg) -> str:
-    """The build's ``sliding_path`` for the target of checkpoint config ``ck`` (HF ``layer_types`` or
-    ``hf_layer_types``, ``sliding_window``): ``context`` or ``generation``; ``auto`` is ``context`` where the target's
-    window can bind (``rule.window_can_bind``), else ``generation``. A target without sliding layers takes
-    ``generation`` (nothing to route); ``context`` asked of one is a ConfigError."""
-    from ...errors import ConfigError
-
-    kinds = ck.get("hf_layer_types") or ck.get("layer_types") or ()
-    sw = ck.get("sliding_window")
-    asked = getattr(cfg, "sliding_path", "auto")
-    if not target_sliding_layers(kinds, sw):
-        if asked == "context":
-            raise ConfigError("the target has no sliding-window layers (nothing takes the context route)",
-                              source=getattr(cfg, "source", None), field="sliding_path")
-        return "generation"
-    if asked != "auto":
-        return asked
-    return "context" if int(sw) < int(cfg.max_seq_len) + 2 * (int(cfg.block_size) - 1) else "generation"
+def route_window_ok(w: int) -> bool:
+    """A window the context route applies exactly on TensorRT-LLM (``context_route.route_needs_window``): at least the
+    key count above which Hopper's runner takes the warp-specialized kernel (whose mask keeps W keys; the older kernels'
+    keeps W + 1, and the sliding mask applies only above the window), and a multiple of the FMHA's largest KV step."""
+    r = window_facts()["context_route"]
+    return int(w) > int(r["warp_specialized_above_keys"]) - 1 and int(w) % ROUTE_WINDOW_MULTIPLE == 0
 
 
 def window_blockers(t, d, cfg) -> list[str]:
@@ -79,7 +71,7 @@ def window_blockers(t, d, cfg) -> list[str]:
     routed = path == "context" and f["context_route"]["applies_window"]
     binding = [(side, w) for side, w in binding_windows(t, d, max_seq_len=cfg.max_seq_len, K=K,
                                                         drafter_window=cfg.drafter_window)
-               if not (side == "target" and routed)]
+               if not (side == "target" and routed and route_window_ok(w))]
     if not binding:
         return []
     fix_seq = min(w for _, w in binding) - 2 * K     # the largest max_seq_len at which no window binds
@@ -87,9 +79,10 @@ def window_blockers(t, d, cfg) -> list[str]:
     out = []
     for side, w in binding:
         ways = []
+        small_route = side == "target" and routed      # on the route, but a window the route cannot take exactly
         if side == "drafter":
             ways.append("--set drafter_window=full (lossless; costs acceptance past the window only)")
-        else:
+        elif not small_route and route_window_ok(w):
             ways.append("--set sliding_path=context (the sliding layers take each step's new tokens as a context "
                         "chunk, where the plugin applies the window; the engine then runs on the project runtime)")
         if fix_input >= 1:
@@ -99,6 +92,14 @@ def window_blockers(t, d, cfg) -> list[str]:
         ways.append("--backend cuda")
         who = "the target's sliding layers" if side == "target" else \
             "drafter_window 'model': the drafter's sliding layers"
+        if small_route:
+            out.append(
+                f"{who} (window {w}) take the context route, where TensorRT-LLM's context attention keeps exactly the "
+                f"window's keys only for a window of at least {f['context_route']['warp_specialized_above_keys']} "
+                f"that is a multiple of {ROUTE_WINDOW_MULTIPLE} (its older kernels keep one key more, or refuse the "
+                f"window: {FACTS_FILE} context_route [read, not run]), and it can bind at max_seq_len "
+                f"{cfg.max_seq_len}: the engine would not be exact. Use " + ", or ".join(ways))
+            continue
         out.append(
             f"{who} (window {w}) can bind at max_seq_len {cfg.max_seq_len} (positions can reach max_seq_len + 2K - 1 "
             f"= {cfg.max_seq_len + 2 * K - 1}), and TensorRT-LLM's attention plugin does not apply a sliding window in "

@@ -33,8 +33,9 @@ Semantics (remove_input_padding, paged KV cache):
   ``q_pos - k_pos >= W`` (transformers' sliding-window convention), in every step kind; every token
   stays at its own position. The real plugin applies such a window in context steps but not in
   speculative-decoding generation steps (engine/trtllm/facts/attention_window.yaml, read, not run):
-  a TensorRT-LLM build is refused where a window can bind (engine/trtllm/windows.py), so the two agree
-  wherever a TensorRT-LLM engine is built.
+  there a target's sliding layers take each step's new tokens as context chunks (the context route,
+  trtllm/network/common.py SlidingParams) and a drafter's binding window is refused
+  (engine/trtllm/windows.py), so the two agree wherever a TensorRT-LLM engine is built.
 - Scale ``1 / (sqrt(D) * q_scaling)``; GQA: query head h reads KV head ``h // (H / Hkv)``.
 - Pool addressing: ``host_kv_cache_pool_pointers[p, 0]`` is the :class:`KVCachePool`'s device address on
   a GPU (a handle on the CPU), ``host_kv_cache_pool_mapping[layer] = (pool, layer in pool)``, and

@@ -13,7 +13,7 @@ unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -82,8 +82,6 @@ class SlidingParams:
 
     def apply(self, att: AttentionParams, kvp: KeyValueCacheParams) -> tuple[AttentionParams, KeyValueCacheParams]:
         """``(att, kvp)`` of a sliding layer: the step's own, with the four request inputs replaced."""
-        from dataclasses import replace
-
         return (replace(att, host_request_types=self.host_request_types, context_lengths=self.context_lengths,
                         host_context_lengths=self.host_context_lengths),
                 replace(kvp, host_past_key_value_lengths=self.host_past_key_value_lengths))

@@ -19,8 +19,9 @@ TensorRT-LLM build dense targets with ``drafter_window: full`` (lossless; accept
 ``scripts/bench_engine.py`` measured mean acceptance 3.35 with the window vs 2.62 without on the tiny pair,
 window 16). The CPU and cuda runtimes apply the windows as a mask in every step, as the model does. TensorRT-LLM's
 plugin applies a window below the capacity in context steps but not in speculative-decoding generation steps
-(``engine/trtllm/facts/attention_window.yaml``, read, not run), so a TensorRT-LLM build is refused where a window can
-bind (``engine/trtllm/windows.py``) and a window that cannot bind is passed as max_seq_len: then every layer has the
+(``engine/trtllm/facts/attention_window.yaml``, read, not run), so where a target's window can bind its sliding
+layers take each step's new tokens as a context chunk (:func:`sliding_context`), a drafter's is refused
+(``engine/trtllm/windows.py``), and a window that cannot bind is passed as max_seq_len: then every layer has the
 same window and the model is not variable-window (Muse Glimmer at max_seq_len 2018).
 """
 
@@ -100,7 +101,7 @@ def kv_layer_windows(config, drafter_window: str, max_seq_len: int) -> list[int]
 
 def sliding_context(config) -> bool:
     """The target's sliding-window layers take the context route (``dflash2_engine.sliding_path: context``, resolved
-    by the build: engine/trtllm/windows.py resolve_sliding_path): the engine declares the second set of request inputs
+    by the build: engine/pretrained.py resolve_sliding_path): the engine declares the second set of request inputs
     (:class:`.common.SlidingParams`) and those layers attend with it."""
     eng = getattr(config, "dflash2_engine", None) or {}
     return (eng.get("sliding_path") == "context" and bool(getattr(config, "sliding_window", None))

@@ -61,7 +61,7 @@ class MuseGlimmerTransformer(api.Module):
         if self.embedding_norm:
             x = F.rms_norm(x, self.hidden, eps=self.eps)
         outs = []
-        for kind, layer in zip(self.layer_kinds, self.layers):
+        for kind, layer in zip(self.layer_kinds, self.layers, strict=True):
             att, kvp = layer_attention_params(kind, attention_params, kv_cache_params, sliding_params)
             x = layer(x, att, kvp, spec_decoding_params)
             outs.append(x)

@@ -42,7 +42,7 @@ class Qwen3Transformer(api.Module):
         with (:func:`.common.layer_attention_params`); None: every layer takes the step's own."""
         x = self.vocab_embedding(input_ids)
         outs = []
-        for kind, layer in zip(self.layer_kinds, self.layers):
+        for kind, layer in zip(self.layer_kinds, self.layers, strict=True):
             att, kvp = layer_attention_params(kind, attention_params, kv_cache_params, sliding_params)
             x = layer(x, att, kvp, spec_decoding_params)
             outs.append(x)
