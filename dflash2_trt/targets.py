@@ -133,9 +133,9 @@ TARGETS: dict[str, TargetEntry] = {
             notes="trained tiny Muse Glimmer (wrapper + tiny vision tower; sliding and NoPE full-attention layers) + "
                   "block-16 DFlash2 drafter with the target's KV layout, shipped in dflash2_trt/assets/tiny",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
-                    'lossless + law (CI; context route = generation path)',
+                    'lossless + law (CI)',
                     'fp32 = HF; bf16: 2/32 ties (H100)',
-                    'refused (drafter windows); feed = cpu (stand-in, CI)',
+                    'refused (windows); feed = cpu (stand-in, CI)',
                     'refused (windows)'),
         ),
     )
@@ -152,7 +152,7 @@ STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; H100:
                  "exact law; = HF: identical to the HF target's greedy decoding on the same GPU; refused: by stock "
                  "TensorRT-LLM 1.2's executor; windows: TensorRT-LLM's attention plugin does not apply a sliding window in "
                  "speculative-decoding steps: a target's sliding layers take each step's new tokens as a context chunk "
-                 "there (context route, where the plugin applies it; read in its sources, not run), a drafter's own "
+                 "there (context route, where the plugin applies it, read in its sources, not run), a drafter's own "
                  "window is refused where it can bind (docs/gpu.md)")
 
 

@@ -516,7 +516,9 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     return {
         "target": p.target_key, "family": t.family, "backend": backend, "output": str(out),
         "drafter_dir": str(p.drafter_dir), "target_dir": str(p.target_dir),
-        "settings": {**cfg.to_dict(), "max_draft_len": p.K, "source": cfg.source},
+        "settings": {**cfg.to_dict(), "max_draft_len": p.K, "source": cfg.source,
+                     # what auto became (the network reads the resolved value: engine_config.dflash2_engine)
+                     "sliding_path_resolved": ((engine_config or {}).get("dflash2_engine") or {}).get("sliding_path")},
         "eagle_choices": eagle_choices(p.K), "steps": steps, "trtllm_build": command, "trtllm_bench": bench,
         "baseline_trtllm_build": base_command,
         "sizing": size,
@@ -551,7 +553,8 @@ def render_plan(plan: dict) -> str:
              f"settings ({s['source']}): block {s['block_size']} (max_draft_len {s['max_draft_len']}), tp "
              f"{s['tp_size']}, {s['dtype']}, max batch {s['max_batch_size']}, max input {s['max_input_len']}, max "
              f"seq {s['max_seq_len']}, max tokens {s['max_num_tokens']}, {s['tokens_per_block']} tokens/block, "
-             f"selector {s['selector']}, drafter window {s['drafter_window']}, KV fraction "
+             f"selector {s['selector']}, drafter window {s['drafter_window']}, sliding path "
+             f"{s.get('sliding_path_resolved') or s.get('sliding_path', 'auto')}, KV fraction "
              f"{s['kv_cache_free_gpu_mem_fraction']}, gpus {','.join(s['gpus'])}",
              "steps:"]
     for i, st in enumerate(plan["steps"], 1):

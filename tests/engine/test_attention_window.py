@@ -108,11 +108,11 @@ def test_a_window_no_max_seq_len_can_hide_offers_the_other_ways_only(target, sid
     # tiny-muse's build config keeps its drafter's window too (drafter_window: model): one line per side
     assert len(plan["trtllm_blockers"]) == (2 if target == "tiny-muse" else 1)
     if target == "tiny-muse":
-        # auto: the context route, but a window of 16 is below what TensorRT-LLM's context attention keeps exactly
-        # (the warp-specialized kernel's, from 512 keys): still refused, saying why; the drafter's side stays
+        # auto: the context route, but a window of 16 is not a multiple of the paged context FMHA's KV step, which one
+        # runner text refuses: still refused, saying why; the drafter's side stays
         routed = _plan("--target", target)["trtllm_blockers"]
         assert len(routed) == 2 and "the drafter's sliding layers (window 16)" in routed[1]
-        assert "take the context route" in routed[0] and "at least 512" in routed[0] and "multiple of 256" in routed[0]
+        assert "take the context route" in routed[0] and "multiple of its KV step (128" in routed[0]
         assert "sliding_path=context" not in routed[0] and "--backend cuda" in routed[0]
     (msg,) = [m for m in plan["trtllm_blockers"] if f"{side} sliding layers (window 16)" in m]
     assert "--backend cuda" in msg and "--max-seq-len" not in msg
@@ -164,8 +164,10 @@ def test_the_context_route_record_says_what_the_route_relies_on():
     # the windows the route takes exactly on TensorRT-LLM (route_needs_window: >= 512, a multiple of 256)
     from dflash2_trt.engine.trtllm.windows import route_window_ok
 
-    assert r["route_needs_window"] == "at least 512 and a multiple of 256" and r["warp_specialized_above_keys"] == 512
-    assert [route_window_ok(w) for w in (2048, 512, 768, 256, 16, 1000, 4096)] == [True, True, True, False, False,
+    assert r["route_needs_window"] == "a multiple of 128" and r["kv_step_bf16"] == {"head_128": 128, "head_256": 64}
+    assert r["sm90_paged_kv_kernel"] == "warp-specialized at every key count"
+    assert set(r["sm90_bf16_q_paged_kv_masks"]["head_128"]) >= {"causal", "sliding_or_chunked_causal"}
+    assert [route_window_ok(w) for w in (2048, 512, 128, 384, 16, 1000, 4096)] == [True, True, True, True, False,
                                                                                    False, True]
     # the engine is built with paged context FMHA, which the route needs (the plugin would not say so), for the
     # combined engine and its baseline alike

@@ -43,17 +43,17 @@ def binding_windows(t, d, *, max_seq_len: int, K: int, drafter_window: str) -> l
     return out
 
 
-ROUTE_WINDOW_MULTIPLE = 256
-"""The largest KV step of the paged context FMHA: an older runner refuses a sliding window that is not a multiple of the
-step (``context_route.older_runner_window_multiple_of``)."""
+def route_window_multiple() -> int:
+    """The largest bf16 KV step of Hopper's paged context FMHA (128, at head 128): one runner text refuses a sliding
+    window that is not a multiple of the step (``context_route.older_runner_window_multiple_of``)."""
+    return max(int(v) for v in window_facts()["context_route"]["kv_step_bf16"].values())
 
 
 def route_window_ok(w: int) -> bool:
-    """A window the context route applies exactly on TensorRT-LLM (``context_route.route_needs_window``): at least the
-    key count above which Hopper's runner takes the warp-specialized kernel (whose mask keeps W keys; the older kernels'
-    keeps W + 1, and the sliding mask applies only above the window), and a multiple of the FMHA's largest KV step."""
-    r = window_facts()["context_route"]
-    return int(w) > int(r["warp_specialized_above_keys"]) - 1 and int(w) % ROUTE_WINDOW_MULTIPLE == 0
+    """A window the context route takes on TensorRT-LLM whichever runner text 1.2 has (``context_route.
+    route_needs_window``): a multiple of the paged context FMHA's largest KV step. (On SM 90 every such call takes the
+    warp-specialized kernel, whose sliding mask keeps exactly the window's keys: ``sm90_paged_kv_kernel``.)"""
+    return int(w) % route_window_multiple() == 0
 
 
 def window_blockers(t, d, cfg) -> list[str]:
@@ -94,11 +94,10 @@ def window_blockers(t, d, cfg) -> list[str]:
             "drafter_window 'model': the drafter's sliding layers"
         if small_route:
             out.append(
-                f"{who} (window {w}) take the context route, where TensorRT-LLM's context attention keeps exactly the "
-                f"window's keys only for a window of at least {f['context_route']['warp_specialized_above_keys']} "
-                f"that is a multiple of {ROUTE_WINDOW_MULTIPLE} (its older kernels keep one key more, or refuse the "
-                f"window: {FACTS_FILE} context_route [read, not run]), and it can bind at max_seq_len "
-                f"{cfg.max_seq_len}: the engine would not be exact. Use " + ", or ".join(ways))
+                f"{who} (window {w}) take the context route, but TensorRT-LLM's paged context FMHA may refuse a "
+                f"sliding window that is not a multiple of its KV step ({route_window_multiple()}; {FACTS_FILE} "
+                f"context_route [read, not run]), and it can bind at max_seq_len {cfg.max_seq_len}. Use "
+                + ", or ".join(ways))
             continue
         out.append(
             f"{who} (window {w}) can bind at max_seq_len {cfg.max_seq_len} (positions can reach max_seq_len + 2K - 1 "
