@@ -1528,3 +1528,37 @@ def test_leading_true(net):
         assert got[i] == n
     assert got[0] == 7 and got[1] == 0 and got[2] == 6
     assert raw(net.leading_true(torch.tensor([[True], [False]]))).tolist() == [1, 0]
+
+
+def test_gpt_attention_spec_mask_bits_above_the_diagonal_are_honoured():
+    """XQA, the kernel of a speculative-decoding generation call, takes new key j as visible to new-token row i exactly
+    when bit j of row i is set, with no causal term (engine/trtllm/facts/xqa_spec_decoding.yaml packed_mask, read in
+    cpp/kernels/xqa/mha.cu): a drafter's bidirectional block is an all-ones mask. The stand-in reads the bits the same
+    way: an all-ones block and a random full mask (bits above the diagonal) against the dense reference, and the
+    all-ones block's rows differ from a causal block's but for the last."""
+    from dflash2_trt.engine.trtllm.runtime_rules import facts
+
+    rec = facts("xqa_spec_decoding")["packed_mask"]
+    assert rec["bits_above_diagonal_honoured"] is True and rec["visibility_among_new_tokens"] == \
+        "the packed-mask bit only" and rec["keys_per_row"] == "past + N"
+    sim = PagedSim(H=4, Hkv=2, D=8, rot=8, tpb=4, seed=5)
+    sim.step([{"id": "a", "n": 9, "gen": False}, {"id": "b", "n": 6, "gen": False}])
+    g = _gen(3)
+    full = torch.rand(5, 5, generator=g) < 0.5
+    full |= torch.eye(5, dtype=torch.bool)
+    assert bool(full.triu(1).any())
+    ones = torch.ones(5, 5, dtype=torch.bool)
+    saved = sim.pool.data.clone()
+    reqs = [{"id": "a", "n": 5, "gen": True, "mask": ones, "offsets": list(range(5))},
+            {"id": "b", "n": 5, "gen": True, "mask": full, "offsets": list(range(5))}]
+    length, hist = dict(sim.length), {k: (list(v[0]), list(v[1])) for k, v in sim.hist.items()}
+    out_ones, kw = sim.step(reqs, spec=True)                   # held to the dense reference of each mask
+    # the same call with a causal block for request a: rows 0..3 see fewer keys, row 4 the same
+    sim.pool.data.copy_(saved)
+    sim.length, sim.hist = length, hist
+    tri = _pack_ref(torch.ones(5, 5, dtype=torch.bool).tril())
+    packed = kw["spec_decoding_packed_mask"].clone()
+    packed[:5, :len(tri[0])] = torch.tensor(tri, dtype=torch.int32)
+    out_tri = gpt_attention(**{**kw, "spec_decoding_packed_mask": packed})[0]
+    diff = (out_ones[:5] - out_tri[:5]).abs().amax(1)
+    assert bool((diff[:4] > 0).all()) and float(diff[4]) == 0.0
