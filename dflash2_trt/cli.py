@@ -368,7 +368,8 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
                    "config].")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override any build-config key, validated like the YAML (repeatable), e.g. "
-                   "--set kv_cache_free_gpu_mem_fraction=0.85 --set gpus=[sm_90a].")
+                   "--set kv_cache_free_gpu_mem_fraction=0.85 --set gpus=[sm_90a] --set sliding_path=generation "
+                   "(the keys: dflash2_trt/config/build.py).")
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (steps, the trtllm-build command, GPU sizing, what is supported) and write nothing; "
                    "config-only directories are enough.")

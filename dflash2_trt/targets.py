@@ -150,10 +150,11 @@ STATUS_LEGEND = ("CI: every CI run (CPU); H200: the GPU run of 2026-12-04; H100:
                  "TensorRT held to facts recorded from TensorRT 10 / TensorRT-LLM 1.2 sources (neither installs "
                  "here); lossless + law: greedy token-identical to the target, sampled tokens pass the target's "
                  "exact law; = HF: identical to the HF target's greedy decoding on the same GPU; refused: by stock "
-                 "TensorRT-LLM 1.2's executor; windows: TensorRT-LLM's attention plugin does not apply a sliding window in "
+                 "TensorRT-LLM 1.2's executor, or for `windows` by this project's TensorRT-LLM build; windows: TensorRT-LLM's attention plugin does not apply a sliding window in "
                  "speculative-decoding steps: a target's sliding layers take each step's new tokens as a context chunk "
                  "there (context route, where the plugin applies it, read in its sources, not run), a drafter's own "
-                 "window is refused where it can bind (docs/gpu.md)")
+                 "window that can bind is refused, and so is a target's the route cannot take (not a multiple of "
+                 "128, as tiny-muse's 16) (docs/gpu.md)")
 
 
 def tiny_targets() -> dict[str, str]:

@@ -465,6 +465,8 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                 "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                 "torch": torch.__version__, "dtype": spec.config["dtype"], "draft_len": spec.K,
                 "context_len": context_len, "limits": limits, "weights": "random (outputs meaningless)",
+                # how the target's sliding-window layers took the steps (engine/pretrained.py resolve_sliding_path)
+                "sliding_path": (spec.config.get("dflash2_engine") or {}).get("sliding_path", "generation"),
                 "acceptance": tau, "steps": steps, "warmup": warmup, "profile_steps": profile_steps,
                 "build_s": build_s, "points": points, "skipped": skipped, "components": list(COMPONENTS),
                 "notes": NOTES + [PLUGIN_NOTE[backend]],

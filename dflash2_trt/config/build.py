@@ -32,6 +32,7 @@ sliding_path                       auto       how the target's sliding-window la
                                               attention applies the window; the engine then runs on the project
                                               runtime only), generation (the speculative-decoding call every layer
                                               takes), auto (context where the target's window can bind:
+                                              engine/pretrained.py resolve_sliding_path; TensorRT-LLM's side:
                                               engine/trtllm/windows.py)
 gpus                               both       CUDA architectures the plugin library is built for: sm_90a, sm_100a
 num_kv_blocks                      0          CPU backend: KV blocks in the pool (0 = enough for max_batch_size

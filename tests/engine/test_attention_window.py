@@ -1,7 +1,7 @@
 """Sliding-window layers on TensorRT-LLM (engine/trtllm/windows.py): the record of what TensorRT-LLM's attention plugin
 does with a window below the KV capacity (facts/attention_window.yaml, read in its sources), and the build plan and the
-runtime's windows held to it: a TensorRT-LLM build is refused where a window can bind, and a window that cannot bind
-is passed as max_seq_len."""
+runtime's windows held to it: where a target's window can bind its sliding layers take the context route (a window the
+route cannot take, or a drafter's that can bind, is refused), and a window that cannot bind is passed as max_seq_len."""
 
 from __future__ import annotations
 
@@ -54,9 +54,11 @@ def test_the_record_names_a_source_for_every_fact_and_agrees_with_itself():
 
 
 def test_muse_glimmer_takes_the_context_route_where_its_window_can_bind():
-    # K = 15: the 2048-token window binds at max_seq_len 2019 (positions reach 2019 + 30 - 1 = 2048), not at 2018;
-    # where it binds the sliding layers take each step's new tokens as a context chunk (sliding_path auto -> context),
-    # where the plugin applies the window: no blocker, the project runtime
+    # K = 15: the 2048-token window can bind at max_seq_len 2019 (positions reach 2019 + 30 - 1 = 2048 with the
+    # executor's draft slots), not at 2018; where it can, the sliding layers take each step's new tokens as a context
+    # chunk (sliding_path auto -> context) and the engine the project runtime: no blocker. From 2049 the plugin gets the
+    # 2048 window and the context part applies it; at 2019..2048 every window is passed as max_seq_len (the project
+    # runtime keeps positions below it, so none binds there) and the route only keeps the executor away
     for seq in (("--max-seq-len", "2019", "--max-input-len", "2001"), ()):
         at = _plan(*MUSE, *seq)
         assert at["supported"]["trtllm_engine"] is True and at["trtllm_blockers"] == [], at["trtllm_blockers"]
@@ -86,7 +88,7 @@ def test_muse_glimmer_on_the_generation_path_is_refused_where_its_window_can_bin
 def test_the_context_route_is_asked_of_a_target_with_sliding_layers_only():
     r = CliRunner().invoke(main, ["build", "--dry-run", "--json", "--backend", "trtllm", "--target", "tiny",
                                   "--set", "sliding_path=context"])
-    assert r.exit_code != 0 and "sliding_path" in r.output and "no sliding-window layers" in r.output
+    assert r.exit_code != 0 and "--set: sliding_path" in r.output and "no sliding-window layers" in r.output
     assert _plan("--target", "tiny", "--set", "drafter_window=full", "--dtype", "float16")["engine_config"][
         "dflash2_engine"]["sliding_path"] == "generation"
 
@@ -112,7 +114,7 @@ def test_a_window_no_max_seq_len_can_hide_offers_the_other_ways_only(target, sid
         # runner text refuses: still refused, saying why; the drafter's side stays
         routed = _plan("--target", target)["trtllm_blockers"]
         assert len(routed) == 2 and "the drafter's sliding layers (window 16)" in routed[1]
-        assert "take the context route" in routed[0] and "multiple of its KV step (128" in routed[0]
+        assert "take the context route" in routed[0] and "multiple of its KV step (" in routed[0]
         assert "sliding_path=context" not in routed[0] and "--backend cuda" in routed[0]
     (msg,) = [m for m in plan["trtllm_blockers"] if f"{side} sliding layers (window 16)" in m]
     assert "--backend cuda" in msg and "--max-seq-len" not in msg
@@ -161,14 +163,23 @@ def test_the_context_route_record_says_what_the_route_relies_on():
     # the plugin's past is sequence_length - context_lengths; the key range past + new is the stock chunk value
     assert (torch.tensor(seq) - feed["sliding_context_lengths"]).tolist() == [0, 2054, 8]
     assert feed["sliding_host_past_key_value_lengths"].tolist() == seq
-    # the windows the route takes exactly on TensorRT-LLM (route_needs_window: >= 512, a multiple of 256)
+    # the windows the route takes on TensorRT-LLM (route_needs_window: a multiple of the head size's KV step)
     from dflash2_trt.engine.trtllm.windows import route_window_ok
 
-    assert r["route_needs_window"] == "a multiple of 128" and r["kv_step_bf16"] == {"head_128": 128, "head_256": 64}
+    assert r["route_needs_window"] == "a multiple of the KV step of the layer's head size"
+    assert r["kv_step_bf16"] == {"head_64": 256, "head_128": 128, "head_256": 64}
     assert r["sm90_paged_kv_kernel"] == "warp-specialized at every key count"
     assert set(r["sm90_bf16_q_paged_kv_masks"]["head_128"]) >= {"causal", "sliding_or_chunked_causal"}
-    assert [route_window_ok(w) for w in (2048, 512, 128, 384, 16, 1000, 4096)] == [True, True, True, True, False,
-                                                                                   False, True]
+    assert [route_window_ok(w, 128) for w in (2048, 512, 128, 384, 16, 1000, 4096)] == [True, True, True, True, False,
+                                                                                        False, True]
+    assert [route_window_ok(w, h) for w, h in ((128, 64), (256, 64), (64, 256), (192, 256), (96, 256))] == [
+        False, True, True, True, False]
+    # why the code does what it does, each a fact of the record: the baseline routes too (a generation kernel would read
+    # a routed layer's linearly written cache cyclically); the graph sizing (the window applies above the key range's
+    # bound); the runtime never detaches a block (the FMHA reads up to one tile below the window)
+    assert f["kv_blocks"]["mmha_wraps"] is True and f["kv_blocks"]["write_position"] == "absolute"
+    assert r["window_applied_when"] == "max(host_past_key_value_lengths) > window"
+    assert r["blocks_below_window_read"] is True
     # the engine is built with paged context FMHA, which the route needs (the plugin would not say so), for the
     # combined engine and its baseline alike
     from types import SimpleNamespace

@@ -150,6 +150,7 @@ def test_bench_steps_on_the_cpu_backend():
     doc = measure_steps("tiny", backend="cpu", concurrency="1,2", context_len=12, steps=1, warmup=0,
                         profile_steps=1, acceptance=3.0)
     assert doc["backend"] == "cpu" and doc["weights"].startswith("random") and doc["draft_len"] == 7
+    assert doc["sliding_path"] == "generation"            # tiny: no sliding-window layers
     for p in doc["points"]:
         sp, ar = p["speculative"], p["target_only"]
         assert sp["tokens_per_step"] == p["concurrency"] * 8 and ar["tokens_per_step"] == p["concurrency"]

@@ -84,7 +84,8 @@ def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: i
                       f"for ...\"), which only a GPU run shows")
     unrouted = windows[net.num_kv_layers_of(cfg):] if routed else windows
     if any(w < max_seq_len for w in unrouted):
-        limits.append(f"a window below max_seq_len ({min(unrouted)}) is not applied by TensorRT-LLM's attention plugin "
+        whose = "the drafter's window" if routed else "a window"
+        limits.append(f"{whose} below max_seq_len ({min(unrouted)}) is not applied by TensorRT-LLM's attention plugin "
                       f"in speculative-decoding steps (facts/attention_window.yaml [read, not run]): past it this engine "
                       f"is not the model; a build at a max_seq_len where the window cannot bind is exact (build "
                       f"--dry-run says which)")

@@ -43,17 +43,20 @@ def binding_windows(t, d, *, max_seq_len: int, K: int, drafter_window: str) -> l
     return out
 
 
-def route_window_multiple() -> int:
-    """The largest bf16 KV step of Hopper's paged context FMHA (128, at head 128): one runner text refuses a sliding
-    window that is not a multiple of the step (``context_route.older_runner_window_multiple_of``)."""
-    return max(int(v) for v in window_facts()["context_route"]["kv_step_bf16"].values())
+def route_window_multiple(head_size: int) -> int:
+    """The bf16 KV step of Hopper's paged context FMHA at ``head_size`` (``context_route.kv_step_bf16``: 256 up to
+    head 64, 128 up to 128, 64 up to 256): one runner text refuses a sliding window that is not a multiple of it
+    (``context_route.older_runner_window_multiple_of``)."""
+    steps = sorted((int(k.split("_")[1]), int(v)) for k, v in window_facts()["context_route"]["kv_step_bf16"].items())
+    return next((step for top, step in steps if int(head_size) <= top), steps[-1][1])
 
 
-def route_window_ok(w: int) -> bool:
+def route_window_ok(w: int, head_size: int) -> bool:
     """A window the context route takes on TensorRT-LLM whichever runner text 1.2 has (``context_route.
-    route_needs_window``): a multiple of the paged context FMHA's largest KV step. (On SM 90 every such call takes the
-    warp-specialized kernel, whose sliding mask keeps exactly the window's keys: ``sm90_paged_kv_kernel``.)"""
-    return int(w) % route_window_multiple() == 0
+    route_needs_window``): a multiple of the paged context FMHA's KV step at the layer's head size. (On SM 90 every such
+    call takes the warp-specialized kernel, whose sliding mask keeps exactly the window's keys:
+    ``sm90_paged_kv_kernel``.)"""
+    return int(w) % route_window_multiple(head_size) == 0
 
 
 def window_blockers(t, d, cfg) -> list[str]:
@@ -71,7 +74,7 @@ def window_blockers(t, d, cfg) -> list[str]:
     routed = path == "context" and f["context_route"]["applies_window"]
     binding = [(side, w) for side, w in binding_windows(t, d, max_seq_len=cfg.max_seq_len, K=K,
                                                         drafter_window=cfg.drafter_window)
-               if not (side == "target" and routed and route_window_ok(w))]
+               if not (side == "target" and routed and route_window_ok(w, t.head_dim))]
     if not binding:
         return []
     fix_seq = min(w for _, w in binding) - 2 * K     # the largest max_seq_len at which no window binds
@@ -82,7 +85,7 @@ def window_blockers(t, d, cfg) -> list[str]:
         small_route = side == "target" and routed      # on the route, but a window the route cannot take exactly
         if side == "drafter":
             ways.append("--set drafter_window=full (lossless; costs acceptance past the window only)")
-        elif not small_route and route_window_ok(w):
+        elif not small_route and route_window_ok(w, t.head_dim):
             ways.append("--set sliding_path=context (the sliding layers take each step's new tokens as a context "
                         "chunk, where the plugin applies the window; the engine then runs on the project runtime)")
         if fix_input >= 1:
@@ -95,7 +98,8 @@ def window_blockers(t, d, cfg) -> list[str]:
         if small_route:
             out.append(
                 f"{who} (window {w}) take the context route, but TensorRT-LLM's paged context FMHA may refuse a "
-                f"sliding window that is not a multiple of its KV step ({route_window_multiple()}; {FACTS_FILE} "
+                f"sliding window that is not a multiple of its KV step ({route_window_multiple(t.head_dim)} at head "
+                f"{t.head_dim}; {FACTS_FILE} "
                 f"context_route [read, not run]), and it can bind at max_seq_len {cfg.max_seq_len}. Use "
                 + ", or ".join(ways))
             continue
