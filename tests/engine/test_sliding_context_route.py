@@ -28,8 +28,10 @@ def engines(tmp_path_factory):
     for path in ("context", "generation"):
         d = tmp_path_factory.mktemp("route") / path
         # sliding_path auto resolves to context here (the window binds); generation asked for explicitly
-        build_engine(p.drafter_dir, p.target_dir, d, target_key="tiny-muse",
-                     overrides={} if path == "context" else {"sliding_path": "generation"})
+        # the build's verify gate on: each engine's greedy tokens on the gate's prompts are the HF target's own
+        res = build_engine(p.drafter_dir, p.target_dir, d, target_key="tiny-muse", verify=True,
+                           overrides={} if path == "context" else {"sliding_path": "generation"})
+        assert res.manifest["verify"]["passed"] is True and res.manifest["verify"]["tokens"] > 0, res.manifest["verify"]
         out[path], _ = open_standin_engine(d)
         out[path].engine_dir = d
     yield out
@@ -203,4 +205,33 @@ def test_a_routed_tensorrt_engine_names_the_project_runtime_everywhere(engines, 
         sess.close()
     want = _requests()
     Runtime(eng, max_batch_size=2).generate(want)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+
+
+def test_every_rank_of_a_tp2_engine_takes_the_route(engines, tmp_path):
+    """tp 2 (muse-glimmer-30b's build config): each rank network declares the second set and the engine decodes what
+    the tp 1 routed engine does (the stand-in's simulated collectives)."""
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+
+    p = trained_pair("muse_glimmer")
+    d = tmp_path / "tp2"
+    build_engine(p.drafter_dir, p.target_dir, d, target_key="tiny-muse", overrides={"tp_size": 2}, verify=False)
+    eng, _ = open_standin_engine(d)
+    try:
+        assert eng.tp == 2 and eng.sliding_context
+        names = {"sliding_host_request_types", "sliding_context_lengths", "sliding_host_context_lengths",
+                 "sliding_host_past_key_value_lengths"}
+        from dflash2_trt.trtllm.cpu.modeling_utils import declared_inputs
+
+        for model in eng.models:
+            decl = {x.name for x in declared_inputs(model.prepare_inputs(max_batch_size=4, max_num_tokens=1024,
+                                                                         max_seq_len=512, tokens_per_block=32))}
+            assert names <= decl
+        got = _requests()
+        Runtime(eng, max_batch_size=2).generate(got)
+    finally:
+        eng.close()
+    want = _requests()
+    Runtime(engines["context"], max_batch_size=2).generate(want)
     assert [r.output_ids for r in got] == [r.output_ids for r in want]
