@@ -180,6 +180,13 @@ def test_the_context_route_record_says_what_the_route_relies_on():
     assert f["kv_blocks"]["mmha_wraps"] is True and f["kv_blocks"]["write_position"] == "absolute"
     assert r["window_applied_when"] == "max(host_past_key_value_lengths) > window"
     assert r["blocks_below_window_read"] is True
+    # a routed step's graph holds the plugin's context part: legal under capture given host_context_progress 0, which is
+    # the value every runtime of this project binds (engine_io.yaml static_input_values)
+    from dflash2_trt.trtllm.engine_io import CONTRACT
+    from dflash2_trt.yaml_files import load_yaml_file
+
+    assert r["context_part_capture_legal"] is True and "host_context_progress 0" in r["context_part_capture_needs"]
+    assert load_yaml_file(CONTRACT)["static_input_values"]["host_context_progress"] == [0]
     # the engine is built with paged context FMHA, which the route needs (the plugin would not say so), for the
     # combined engine and its baseline alike
     from types import SimpleNamespace
