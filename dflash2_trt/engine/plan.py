@@ -56,7 +56,7 @@ from ..plugins import plugin_dir
 from ..targets import TARGETS, get_target, status_of
 from .common import eagle_choices, shell_line
 from ..trtllm.gdn_slot import gdn_slot_layout
-from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config, target_sliding_layers
+from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config, resolve_sliding_path
 from .trtllm.command import cuda_archs, default_checkpoint_dir, trtllm_build_argv, trtllm_build_env
 from .trtllm.paths import runtime_path
 from .trtllm.runtime_rules import runtime_reading
@@ -154,9 +154,9 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
     def origin(key: str) -> str:
         return origins.get(key, cfg.source)
 
-    if cfg.sliding_path == "context" and not target_sliding_layers(t.layer_types, t.sliding_window):
-        raise ConfigError("the target has no sliding-window layers (nothing takes the context route)",
-                          source=origin("sliding_path"), field="sliding_path")
+    # sliding_path context of a target without sliding layers: refused here, naming where it was set
+    resolve_sliding_path({"layer_types": t.layer_types, "sliding_window": t.sliding_window}, cfg,
+                         source=origin("sliding_path"))
     if cfg.max_seq_len > t.max_position_embeddings:
         raise ConfigError(f"max_seq_len {cfg.max_seq_len} exceeds the target's max_position_embeddings "
                           f"{t.max_position_embeddings}", source=origin("max_seq_len"), field="max_seq_len")

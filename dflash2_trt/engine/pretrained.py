@@ -51,24 +51,38 @@ def target_sliding_layers(layer_types, sliding_window) -> bool:
     return bool(sliding_window) and "sliding_attention" in list(layer_types or ())
 
 
-def resolve_sliding_path(ck: dict, cfg) -> str:
+def window_can_bind(window: int, max_seq_len: int, K: int) -> bool:
+    """A query and a key of an engine of ``max_seq_len`` with ``K`` draft tokens can be ``window`` positions apart:
+    positions reach max_seq_len + 2K - 1 on TensorRT-LLM (trtllm-build's 2K draft slots;
+    engine/trtllm/facts/attention_window.yaml rule.window_can_bind)."""
+    return int(window) < int(max_seq_len) + 2 * int(K)
+
+
+def on_context_route(pre: dict | None) -> bool:
+    """The engine of ``pretrained_config`` ``pre`` was built on the context route (its target's sliding-window layers
+    read the ``sliding_*`` inputs, which only the project runtime binds)."""
+    return isinstance(pre, dict) and (pre.get("dflash2_engine") or {}).get("sliding_path") == "context"
+
+
+def resolve_sliding_path(ck: dict, cfg, *, source=None) -> str:
     """The build's ``sliding_path`` for the target of checkpoint config ``ck`` (HF ``layer_types`` or
     ``hf_layer_types``, ``sliding_window``): ``context`` or ``generation``; ``auto`` is ``context`` where the target's
     window can bind, ``W < max_seq_len + 2K`` (``engine/trtllm/facts/attention_window.yaml`` rule.window_can_bind),
     else ``generation``. A target without sliding layers takes ``generation`` (nothing to route); ``context`` asked of
-    one is a ConfigError. The same on every backend: one network (the cpu and cuda backends apply the window on either
-    path; on TensorRT-LLM only the context route does: engine/trtllm/windows.py)."""
+    one is a ConfigError naming ``source`` (default the build config's file). The same on every backend: one network
+    (the cpu and cuda backends apply the window on either path; on TensorRT-LLM only the context route does:
+    engine/trtllm/windows.py)."""
     kinds = ck.get("hf_layer_types") or ck.get("layer_types") or ()
     sw = ck.get("sliding_window")
     asked = getattr(cfg, "sliding_path", "auto")
     if not target_sliding_layers(kinds, sw):
         if asked == "context":
             raise ConfigError("the target has no sliding-window layers (nothing takes the context route)",
-                              source=getattr(cfg, "source", None), field="sliding_path")
+                              source=source or getattr(cfg, "source", None), field="sliding_path")
         return "generation"
     if asked != "auto":
         return asked
-    return "context" if int(sw) < int(cfg.max_seq_len) + 2 * (int(cfg.block_size) - 1) else "generation"
+    return "context" if window_can_bind(sw, cfg.max_seq_len, int(cfg.block_size) - 1) else "generation"
 
 
 TARGET_ONLY = "target_only"

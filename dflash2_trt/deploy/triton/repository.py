@@ -39,6 +39,7 @@ from ...checkpoint.writer import AtomicOutputDir
 from ...sampling import GREEDY_BELOW, GREEDY_REQUEST_TEMPERATURE
 from ...engine.format import ENGINE_FORMAT, check_manifest_fields, load_engine_dir
 from ...engine.graph_rules import refuse_graphs
+from ...engine.pretrained import on_context_route
 from ...errors import ConfigError, MissingDependencyError
 from ...overlap import refuse_overlap
 from ...tokenizer import engine_tokenizer_dir, find_tokenizer
@@ -383,8 +384,7 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                                                                                        bool):
             raise ConfigError(f"must be a number, got {kv_cache_free_gpu_mem_fraction!r}",
                               source=engine_dir / "engine.json", field="limits.kv_cache_free_gpu_mem_fraction")
-    routed = (((cfg or {}).get("pretrained_config") or {}).get("dflash2_engine") or {}).get("sliding_path") == "context"
-    if backend == "tensorrtllm" and routed:
+    if backend == "tensorrtllm" and on_context_route((cfg or {}).get("pretrained_config")):
         raise ConfigError("this engine's sliding-window layers take the context route (sliding_path context): they "
                           "read sliding_* inputs that no TensorRT-LLM runtime binds, so the tensorrtllm backend cannot load "
                           "it; --backend python serves it on the project runtime", field="--backend")

@@ -99,7 +99,7 @@ def run_md(man: dict, engine_dir: Path) -> str:
                      f"This directory has no baseline engine, so {bench} reports no speedup: rebuild with "
                      f"`--baseline` to add the target alone (`baseline/`, the target's weights again on disk).")
     if path.get("path") == PROJECT:
-        routed = any("context route" in w for w in path.get("why") or [])
+        routed = bool(path.get("context_route"))
         kept = ("nor on any other: this engine's sliding-window layers read `sliding_*` inputs that TensorRT-LLM's "
                 "runtime does not bind (the context route: docs/gpu.md \"Sliding windows on TensorRT-LLM\"); they "
                 "are kept for reference." if routed else

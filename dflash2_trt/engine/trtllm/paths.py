@@ -27,6 +27,7 @@ Otherwise ``executor`` (the project runtime can drive those engines too: ``run -
 from __future__ import annotations
 
 from ...trtllm.backend import load_network
+from ..pretrained import on_context_route
 
 PROJECT, EXECUTOR = "project", "executor"
 RUNTIMES = ("auto", PROJECT, EXECUTOR)
@@ -75,21 +76,22 @@ def runtime_path(pre: dict, *, drafter_window: str | None = None, max_seq_len: i
         limits.append(f"tp {tp}: one process per rank, `mpirun -n {tp} dflash2-trt run ...` (each rank its "
                       f"rank engine on its GPU, TensorRT-LLM's all-reduce workspace; rank 0 reports: "
                       f"docs/trt-session.md §4); verified only with the CPU stand-in of TensorRT under real MPI, never yet run on GPUs")
-    target_windows = set(windows[:net.num_kv_layers_of(cfg)])
+    n_target = net.num_kv_layers_of(cfg)
+    target_windows = set(windows[:n_target])
     if routed and any(w < max_seq_len for w in target_windows):
         limits.append(f"the target's sliding layers apply their window ({min(target_windows)}) through TensorRT-LLM's "
                       f"paged context FMHA, each step's new tokens a context chunk (facts/attention_window.yaml "
                       f"context_route [read, not run]): exact where the SM 90 sliding-window paged-KV kernel exists "
                       f"and the plugin does not fall back to unfused MHA (TensorRT-LLM logs \"Fall back to unfused MHA "
                       f"for ...\"), which only a GPU run shows")
-    unrouted = windows[net.num_kv_layers_of(cfg):] if routed else windows
+    unrouted = windows[n_target:] if routed else windows
     if any(w < max_seq_len for w in unrouted):
         whose = "the drafter's window" if routed else "a window"
         limits.append(f"{whose} below max_seq_len ({min(unrouted)}) is not applied by TensorRT-LLM's attention plugin "
                       f"in speculative-decoding steps (facts/attention_window.yaml [read, not run]): past it this engine "
                       f"is not the model; a build at a max_seq_len where the window cannot bind is exact (build "
                       f"--dry-run says which)")
-    return {"path": path, "description": DESCRIPTION[path], "why": why, "limits": limits}
+    return {"path": path, "description": DESCRIPTION[path], "why": why, "limits": limits, "context_route": routed}
 
 
 def choose_runtime(requested: str | None, pre: dict, manifest: dict | None = None) -> dict:
@@ -101,7 +103,7 @@ def choose_runtime(requested: str | None, pre: dict, manifest: dict | None = Non
 
         raise ConfigError(f"must be one of {', '.join(RUNTIMES)}, got {requested!r}", field="--runtime")
     # an engine on the context route: only the project runtime binds its sliding layers' inputs
-    routed = isinstance(pre, dict) and (pre.get("dflash2_engine") or {}).get("sliding_path") == "context"
+    routed = on_context_route(pre)
     info = (manifest or {}).get("runtime_path")
     if not info:
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..pretrained import resolve_sliding_path
+from ..pretrained import resolve_sliding_path, target_sliding_layers, window_can_bind
 from .runtime_rules import facts
 
 FACTS_FILE = "engine/trtllm/facts/attention_window.yaml"
@@ -32,13 +32,12 @@ def window_facts() -> dict:
 def binding_windows(t, d, *, max_seq_len: int, K: int, drafter_window: str) -> list[tuple[str, int]]:
     """``(side, window)`` for the target's sliding layers and (``drafter_window: model``) the drafter's smallest window,
     each where it can bind in an engine of ``max_seq_len`` with ``K`` draft tokens (``rule.window_can_bind``)."""
-    reach = int(max_seq_len) + 2 * int(K)
     out = []
-    if t.sliding_window and "sliding_attention" in t.layer_types and int(t.sliding_window) < reach:
+    if target_sliding_layers(t.layer_types, t.sliding_window) and window_can_bind(t.sliding_window, max_seq_len, K):
         out.append(("target", int(t.sliding_window)))
     if drafter_window == "model":
         ws = [w for w in (d.layer_window(i) for i in range(d.num_hidden_layers)) if w]
-        if ws and min(ws) < reach:
+        if ws and window_can_bind(min(ws), max_seq_len, K):
             out.append(("drafter", int(min(ws))))
     return out
 
