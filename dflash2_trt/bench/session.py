@@ -22,7 +22,7 @@ from ..engine.common import check_requests, stop_ids
 from ..engine.graph_rules import counts_between
 from ..engine.trtllm.ranks import close_session, open_project_session
 from ..engine.format import load_engine_dir
-from ..engine.pretrained import BASELINE_DIR
+from ..engine.pretrained import BASELINE_DIR, on_context_route
 from ..engine.trtllm.session import baseline_config, has_baseline
 from ..errors import ConfigError, DFlash2Error, pending_stop
 from ..reference.generate import SEED_MAX
@@ -32,6 +32,10 @@ from .cpu import drive, make_requests, progress_bar
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
 
+ROUTED_BASELINE = ("on the context route (sliding_path context) the baseline's sliding-window layers take each "
+                   "one-token step as a context chunk of one (the attention plugin's context part), where a stock "
+                   "target engine would use its generation kernels: the speedup is against this baseline, and what "
+                   "those context calls cost next to a generation kernel is not measured (docs/trt-session.md §10)")
 BASELINE_PENDING = ("not finished: the report was written after the speculative sweep, and the job ended while the "
                     "baseline engine was opened or run (the speculative runs are complete)")
 
@@ -83,6 +87,7 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
     graph_kw = {"cuda_graphs": cuda_graphs, "simulate_graphs": simulate_graphs} if graphed else {}
     cfg, man = load_engine_dir(engine_dir)
     with_baseline = bool(baseline and has_baseline(man))
+    routed = on_context_route((cfg or {}).get("pretrained_config"))
     if with_baseline:
         baseline_config(engine_dir, cfg, man)        # a baseline that cannot run is refused before anything runs
     sess, man = open_project_session(engine_dir, trt=trt, **graph_kw)
@@ -127,6 +132,8 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
             notes.append(f"the baseline engine failed after the speculative runs: {baseline_error}")
         if not with_baseline:
             notes.append(NO_BASELINE_NOTE if baseline else "no autoregressive baseline (--no-baseline)")
+        elif routed:
+            notes.append(ROUTED_BASELINE)
         return {
             "backend": "trtllm", "runtime": "project", "engine_dir": str(engine_dir), "target": man.get("target"),
             "block_size": K + 1, "draft_len": K, "tp_size": tp, "dataset_requests": specs,
@@ -138,7 +145,9 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
                           "description": "the engine directory's baseline/ (build --baseline: the target alone, "
                                          "dflash2_trt/trtllm/network/target_only.py, built by trtllm-build from the "
                                          "same checkpoint and limits) on the same project runtime over TensorRT, one "
-                                         "token per request per step, in-flight batched at the same concurrency"}
+                                         "token per request per step, in-flight batched at the same concurrency"
+                                         + ("; " + ROUTED_BASELINE if routed else ""),
+                          "sliding_path": "context" if routed else None}
                          if ar_m is not None else None),
             "baseline_error": baseline_error,
             "mean_input_len": sum(in_lens) / len(in_lens), "runs": runs, "unavailable": [], "notes": notes,

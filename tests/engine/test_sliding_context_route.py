@@ -208,6 +208,28 @@ def test_a_routed_tensorrt_engine_names_the_project_runtime_everywhere(engines, 
     assert [r.output_ids for r in got] == [r.output_ids for r in want]
 
 
+def test_bench_run_says_a_routed_baseline_is_not_a_stock_target_engine(engines, tmp_path):
+    """`bench run` on a routed TensorRT engine directory with its baseline: the speedup is against a baseline whose
+    sliding layers take one-token context chunks (not a stock target engine's generation kernels), and the report says
+    so, in the baseline's description (the text table) and in its notes (the JSON); the tokens still match."""
+    import json
+
+    from dflash2_trt.bench.report import render
+    from dflash2_trt.bench.run import bench_run
+    from dflash2_trt.testing import tensorrt_standin as trt
+    from dflash2_trt.testing.engines import standin_trt_engine_dir
+
+    d = standin_trt_engine_dir(engines["context"].engine_dir, tmp_path / "trt", baseline=True)
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"task_id": i, "input_ids": r.prompt_ids, "output_tokens": 12}) + "\n"
+                          for i, r in enumerate(_requests())))
+    rep = bench_run(d, ds, concurrency="2", trt=trt, progress=False, stop_on_eos=False)
+    assert rep["baseline"]["sliding_path"] == "context"
+    assert any("context chunk of one" in n and "speedup is against this baseline" in n for n in rep["notes"])
+    assert "context chunk of one" in render(rep)
+    assert rep["runs"][0]["outputs_match"] is True
+
+
 def test_every_rank_of_a_tp2_engine_takes_the_route(engines, tmp_path):
     """tp 2 (muse-glimmer-30b's build config): each rank network declares the second set and the engine decodes what
     the tp 1 routed engine does (the stand-in's simulated collectives)."""

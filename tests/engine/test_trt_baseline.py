@@ -68,6 +68,8 @@ def test_bench_run_measures_the_speedup_over_the_baseline_engine(with_baseline, 
     text = render(rep)
     assert "autoregressive" in text and "outputs identical to autoregressive (T = 0): True" in text
     assert not any("no autoregressive baseline" in n for n in rep["notes"])
+    # not routed (the hybrid target has no sliding layers): no context-route caveat on its baseline
+    assert rep["baseline"]["sliding_path"] is None and not any("context route" in n for n in rep["notes"])
     # at a temperature both run, and nothing claims the outputs match
     hot = bench_run(with_baseline, tmp_path / "ds.jsonl", concurrency="2", trt=trt, temperature=0.8, progress=False)
     assert hot["runs"][0]["autoregressive"]["requests"] == 4 and hot["runs"][0]["outputs_match"] is None
