@@ -610,7 +610,8 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--threads", type=int, default=1, show_default=True, help="CPU engines: torch threads while measuring.")
 @click.option("--baseline-engine-dir", type=click.Path(file_okay=False),
-              help="TensorRT-LLM engines: a target-only engine for the autoregressive runs.")
+              help="TensorRT-LLM engines on the executor path: a stock TensorRT-LLM target engine for the "
+              "autoregressive runs (not build --baseline's baseline/, which --runtime project runs).")
 @click.option("--benchmark-bin",
               help="TensorRT-LLM engines, --tool gptmanager: gptManagerBenchmark [default: on PATH].")
 @click.option("--plugin-lib",
@@ -697,7 +698,7 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
 @bench_group.command("project")
 @click.option("--target", "target_key", default="qwen3.8-27b", show_default=True,
               help="Registered target whose published shapes (target + drafter config.json) are used.")
-@click.option("--gpu", "gpus", default=None, help="GPUs: h200, b200 (comma-separated) [default: h200,b200].")
+@click.option("--gpu", "gpus", default=None, help="GPUs: h200, b200 (comma-separated; not with --costs-from) [default: h200].")
 @click.option("--concurrency", default=None,
               help="Comma-separated [default: 1,4,16,32; with --costs-from: every concurrency the report measured].")
 @click.option("--context-len", type=int, default=None,

@@ -81,7 +81,7 @@ The device command (carry: .whl .gpucache; OUT is the device tool's output folde
 there is a choice: qwen3.8-27b's steps at concurrency 64 need ~90 GB, so on an 80 GB H100 that level is dropped):
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \\
   || exit 3; export PYTHONPATH=/tmp/site:\$PWD DFLASH2_TRT_CACHE=\$PWD/.gpucache DFLASH2_CUDA_ARCH=$arch \\
-  PYTHONUNBUFFERED=1; scripts/gpu_check.sh --all \$OUT/all
+  PYTHONUNBUFFERED=1 DFLASH2_GPU_BUDGET_S=525; scripts/gpu_check.sh --all \$OUT/all
 A second call while the machine is warm (the parts its summary.json says were skipped, in a budget cut to what the
 session has left, e.g. DFLASH2_GPU_BUDGET_S=200): the same command ending in
   scripts/gpu_check.sh --all \$OUT/all2 --parts profile,pytest_gpu,sanitize

@@ -100,3 +100,13 @@ def test_the_design_documents_exist():
 def test_every_section_reference_resolves():
     found = problems()
     assert not found, "section references that do not resolve:\n" + "\n".join(found)
+
+
+def test_nothing_cites_a_path_outside_the_repository():
+    """A reader of a clone has only the repository: no document or source names the authoring machine's folders
+    (a scratch tree, the workspace beside the checkout, a home directory)."""
+    outside = re.compile(r"/work/|\.\./shared\b|/root/")
+    hits = [f"{q.relative_to(REPO)}:{n}: {line.strip()[:100]}" for q in _files() if q != Path(__file__)
+            for n, line in enumerate(q.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+            if outside.search(line)]
+    assert not hits, "\n".join(hits)
