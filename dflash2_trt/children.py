@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
 
@@ -112,22 +113,34 @@ def kill_tree(pid: int) -> None:
 
 
 def run_limited(argv: list[str], limit: float, log, *, own_group: bool, cwd=None, env: dict | None = None,
-                ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL, None)), preexec_fn=None) -> int:
+                ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL, None)), preexec_fn=None,
+                interrupted=((signal.SIGKILL, None),), tick: tuple[float, object] | None = None) -> int:
     """Run ``argv`` with stdout and stderr to the file ``log`` (unbuffered Python; ``env`` on top of this process's)
     for at most ``limit`` seconds, then stop it by ``ladder`` (:func:`stop`): 124. ``own_group``: in its own session,
     and stopped with its whole group (its children too); else in this process's group, where a stop aimed at this
-    process reaches it too. Interrupted while waiting (Ctrl-C, or a signal handler that raises), it is killed before
-    the exception goes on. Else its exit status (128 + N for a signal, as a shell says)."""
+    process reaches it too. Interrupted while waiting (Ctrl-C, or a signal handler that raises), it is stopped by
+    ``interrupted`` (default: killed) before the exception goes on. ``tick`` ``(seconds, fn)``: ``fn()`` is called
+    every that many seconds while it runs (e.g. to save what it has written so far). Else its exit status (128 + N
+    for a signal, as a shell says)."""
     with open(log, "wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=own_group,
                                 preexec_fn=preexec_fn, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        deadline = time.monotonic() + limit
         try:
-            rc = proc.wait(timeout=limit)
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    rc = proc.wait(timeout=max(min(left, tick[0]) if tick else left, 0))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        raise
+                    tick[1]()
         except subprocess.TimeoutExpired:
             stop(proc, ladder, group=own_group)
             return 124
         except BaseException:
-            stop(proc, ((signal.SIGKILL, None),), group=own_group)
+            stop(proc, interrupted, group=own_group)
             raise
     return 128 - rc if rc < 0 else rc
 

@@ -12,7 +12,12 @@ scratch folder outside OUT_DIR, and after each part OUT_DIR gets, replaced whole
 Each part runs in its own process group under its own limit, cut to what is left of the budget
 (``DFLASH2_GPU_BUDGET_S``, default 540 s from the start of this script): a part that crashes or overruns is
 stopped (SIGTERM, then SIGKILL after 5 s) and the next one starts; the files of the parts before it are already in
-OUT_DIR. Exit status 0 (the parts' own statuses are in the summary).
+OUT_DIR; while a part runs its files so far are packed every REPACK_S seconds (its summary entry says
+``running``). Stopped from outside (the call's own limit: SIGTERM or Ctrl-C), the running part is stopped too (a
+part runs in a session of its own, out of reach of a stop aimed at this group) after STOP_GRACE_S to save, its files
+are packed, the summary says ``interrupted`` and the exit status is 128 + the signal; killed outright (SIGKILL), the
+part dies with this process (PR_SET_PDEATHSIG) and OUT_DIR keeps the last repack. Exit status 0 (the parts' own
+statuses are in the summary).
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from dflash2_trt.bench.io import atomic_write_bytes  # noqa: E402 - the repository's package, from this checkout
-from dflash2_trt.children import run_limited  # noqa: E402
+from dflash2_trt.children import die_with_parent, run_limited, stop_signals_raise  # noqa: E402
 DEFAULT_BUDGET_S = 540.0
 PACK_RESERVE_S = 10.0      # kept back for stopping a part (5 s grace) and packing its files
 MIN_PART_S = 20.0          # a part that would get less is not started
 KILL_GRACE_S = 5.0
+STOP_GRACE_S = 3.0         # stopped from outside: a part gets this long after SIGTERM to save what it has
+REPACK_S = 20.0            # while a part runs, its files so far are packed this often (a SIGKILL from outside loses
+                           # at most that much)
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,18 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
     deadline = start + budget
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {}
-    with tempfile.TemporaryDirectory(prefix="gpu_check_all.") as tmp:
+
+    def save(work: Path) -> None:
+        doc = json.dumps(summary, indent=1).encode()
+        (work / "summary.json").write_bytes(doc)
+        pack(work, out)
+        atomic_write_bytes(out / "summary.json", doc)
+
+    # a stop from outside (the call's own limit: SIGTERM) reaches the running part, which is in a session of its own:
+    # it gets STOP_GRACE_S to save, then is killed with its children; what it wrote is packed and the summary says
+    # "interrupted". A SIGKILL from outside cannot be handled: the part then gets SIGTERM from the kernel (it dies with
+    # this process), and OUT_DIR keeps what the last repack (every REPACK_S) held.
+    with tempfile.TemporaryDirectory(prefix="gpu_check_all.") as tmp, stop_signals_raise():
         work = Path(tmp)
         for part in parts:
             left = deadline - time.monotonic() - reserve
@@ -106,16 +125,24 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
                 argv = part.argv(work, limit)
                 say(f"== {part.name} (limit {limit:.0f} s): {' '.join(argv)}")
                 t0 = time.monotonic()
-                rc = run_limited(argv, limit, work / f"{part.name}.log", own_group=True, cwd=REPO,
-                                 ladder=((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)))
+                summary[part.name] = {"exit": "running", "seconds": None, "limit": round(limit, 1)}
+                try:
+                    rc = run_limited(argv, limit, work / f"{part.name}.log", own_group=True, cwd=REPO,
+                                     ladder=((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)),
+                                     interrupted=((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)),
+                                     preexec_fn=die_with_parent(), tick=(REPACK_S, lambda: save(work)))
+                except BaseException:
+                    summary[part.name] = {"exit": "interrupted", "seconds": round(time.monotonic() - t0, 1),
+                                          "limit": round(limit, 1)}
+                    save(work)
+                    say(f"== {part.name}: interrupted after {time.monotonic() - t0:.0f} s; its files so far are in "
+                        f"{out / 'results.tar.gz'}")
+                    raise
                 secs = time.monotonic() - t0
                 say(tail(work / f"{part.name}.log"))
                 say(f"== {part.name}: exit {rc} after {secs:.0f} s")
                 summary[part.name] = {"exit": rc, "seconds": round(secs, 1), "limit": round(limit, 1)}
-            doc = json.dumps(summary, indent=1).encode()
-            (work / "summary.json").write_bytes(doc)
-            pack(work, out)
-            atomic_write_bytes(out / "summary.json", doc)
+            save(work)
     say(json.dumps(summary, indent=1))
     say(f"gpu_check --all: {time.monotonic() - start:.0f} s of a {budget:.0f} s budget; everything in "
         f"{out / 'results.tar.gz'}")

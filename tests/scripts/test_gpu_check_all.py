@@ -102,3 +102,69 @@ def test_parts_picks_some_in_the_default_order(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(A, "run_all", lambda out, ps, budget: ran.append([p.name for p in ps]) or {})
     assert A.main([str(tmp_path / "all"), "--parts", "trt_session"]) == 0
     assert ran == [["trt_session"]]
+
+
+# a part that writes a first file, then (on SIGTERM: a second, saving what it has) sleeps; its pid to a file
+SLOW = ("import pathlib, os, signal, sys, time; d = pathlib.Path(sys.argv[1]); (d / 'slow.pid').write_text(str(os.getpid())); "
+        "(d / 'slow.partial').write_text('so far'); "
+        "signal.signal(signal.SIGTERM, lambda *a: ((d / 'slow.saved').write_text('saved'), sys.exit(143))); "
+        "print('slow part started', flush=True); time.sleep(60)")
+DRIVER = ("import sys, pathlib, importlib.util; spec = importlib.util.spec_from_file_location('ra', sys.argv[1]); "
+          "A = importlib.util.module_from_spec(spec); sys.modules['ra'] = A; spec.loader.exec_module(A); "
+          "A.REPACK_S = 0.3; PY = sys.executable; out = pathlib.Path(sys.argv[2]); "
+          "A.run_all(out, [A.Part('fast', 30, lambda w, s: [PY, '-c', 'print(1)']), "
+          "A.Part('slow', 30, lambda w, s: [PY, '-c', sys.argv[3], str(w)])], budget=60)")
+
+
+def _drive_until_the_slow_part_runs(tmp_path):
+    import subprocess
+
+    out = tmp_path / "all"
+    proc = subprocess.Popen([PY, "-c", DRIVER, str(ROOT / "scripts" / "gpu_check" / "run_all.py"), str(out), SLOW],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 30:      # until a repack has the slow part's first file
+        try:
+            with tarfile.open(out / "results.tar.gz") as tar:
+                if "slow.partial" in tar.getnames():
+                    pid = int(tar.extractfile("slow.pid").read())
+                    return proc, out, pid
+        except (OSError, tarfile.TarError, KeyError, ValueError):
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the slow part's files never reached results.tar.gz")
+
+
+def test_a_stop_from_outside_stops_the_running_part_and_keeps_its_files(tmp_path):
+    """The call's own limit (SIGTERM to run_all): the running part, in a session of its own, is stopped too (given a
+    moment to save), what it wrote is packed and the summary says it was interrupted; nothing is left running."""
+    import signal
+
+    proc, out, pid = _drive_until_the_slow_part_runs(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 143
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["fast"]["exit"] == 0 and summary["slow"]["exit"] == "interrupted"
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"slow.partial", "slow.saved", "slow.log", "fast.log", "summary.json"} <= names
+    t0 = time.monotonic()
+    while process_alive(pid) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert not process_alive(pid)
+
+
+def test_a_kill_from_outside_leaves_the_last_repack_and_no_part_running(tmp_path):
+    """SIGKILL cannot be handled: the part dies with run_all (the kernel's parent-death signal), and OUT_DIR holds
+    the repack made while the part ran (its summary entry says running)."""
+    import signal
+
+    proc, out, pid = _drive_until_the_slow_part_runs(tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    t0 = time.monotonic()
+    while process_alive(pid) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert not process_alive(pid)
+    assert json.loads((out / "summary.json").read_text())["slow"]["exit"] == "running"
