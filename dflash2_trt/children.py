@@ -133,7 +133,7 @@ def run_limited(argv: list[str], limit: float, log, *, own_group: bool, cwd=None
                     rc = proc.wait(timeout=max(min(left, tick[0]) if tick else left, 0))
                     break
                 except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
+                    if tick is None or time.monotonic() >= deadline:
                         raise
                     tick[1]()
         except subprocess.TimeoutExpired:
