@@ -14,7 +14,8 @@ Parts (each in its own process group with its own time limit, so one failure lea
   were replayed, captured and run eagerly, and why a capture failed. On a GPU the six cells (target x dtype) run
   as processes at once (``--lossless-jobs``): the tiny pairs' steps are bound by the host, not by the GPU.
 - ``steps``: ``bench steps`` for qwen3.8-27b and muse-glimmer-30b (random weights, context ``--context-len``,
-  concurrency 1/4/16/32/64): ms per step, speculative and target-only, per component.
+  concurrency 1/4/16/32/64): ms per step, speculative and target-only, per component; each target in a process of
+  its own with its share of the part's time (``--no-isolate``: one process), its log ``steps-<target>.log``.
 
 Writes ``OUT_DIR/<part>.json``, ``OUT_DIR/<part>.txt`` (the tables) and ``OUT_DIR/<part>.log``; prints the tables.
 Needs a CUDA GPU, a CUDA build of torch, nvcc, and transformers as the project pins it (the script names what is
@@ -417,8 +418,11 @@ class TargetShareUsed(Exception):
 SHARE_RESERVE_S = 10.0   # of the part's limit, kept back from the targets' shares (the last save, the engines' release)
 
 
+CHILD_EXIT_S = 5.0       # of a target's share, left to the steps part when the target runs as a child (its save)
+
+
 def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: int = 8, save=None,
-               limit: float | None = None) -> dict:
+               limit: float | None = None, isolate: bool = False) -> dict:
     """``bench steps`` for each of ``targets``; ``save`` (if given) receives the document so far after each measured
     concurrency (the target in progress with the points it has, ``partial``: true). A target that fails is named in
     ``errors`` with its error, keeps the points it measured before (its report, ``partial``: true, in ``reports`` and
@@ -426,7 +430,10 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
     an equal share of what is left when it starts (a target that ends early leaves its time to the next): one that
     uses its share stops after its level in progress (its eager levels: the error says so, the levels kept; its
     CUDA-graph replays: they stop, the report keeps its eager table), so the first target cannot take the second's
-    time (the first GPU run lost muse-glimmer-30b's steps to qwen3.8-27b's)."""
+    time (the first GPU run lost muse-glimmer-30b's steps to qwen3.8-27b's). ``isolate``: each target in a process
+    of its own (:func:`steps_in_child`), so that what one leaves in the process (a CUDA-graph capture that failed can
+    leave torch's allocator routing to its pool, so that cached blocks are no longer released; a sticky CUDA error)
+    cannot cost the next target its memory or its run."""
     from dflash2_trt.bench.steps import measure_steps, render
 
     docs, errors = [], []
@@ -452,16 +459,22 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
                                       f"measured before are kept")
 
         doc = None
-        try:
-            doc = measure_steps(t, backend=BACKEND, concurrency=concurrency, context_len=context_len, steps=steps,
-                                warmup=2, profile_steps=1, progress=log, partial=keep)
-        except Exception as e:  # noqa: BLE001 - one target's failure must not cost the next target its numbers
-            log(traceback.format_exc())
-            errors.append({"target": t, "error": f"{type(e).__name__}: {e}"[:600],
-                           "points_kept": len(last[0]["points"]) if last else 0})
-        if doc is not None:
-            log(render(doc))
-        report = doc if doc is not None else (last[0] if last else None)   # a failed one: what it measured before
+        if isolate:
+            report, child_errors = steps_in_child(out, t, context_len, concurrency, steps, share)
+            errors.extend(child_errors)
+            if report is not None:
+                log(render(report))
+        else:
+            try:
+                doc = measure_steps(t, backend=BACKEND, concurrency=concurrency, context_len=context_len, steps=steps,
+                                    warmup=2, profile_steps=1, progress=log, partial=keep)
+            except Exception as e:  # noqa: BLE001 - one target's failure must not cost the next target its numbers
+                log(traceback.format_exc())
+                errors.append({"target": t, "error": f"{type(e).__name__}: {e}"[:600],
+                               "points_kept": len(last[0]["points"]) if last else 0})
+            if doc is not None:
+                log(render(doc))
+            report = doc if doc is not None else (last[0] if last else None)   # a failed one: what it measured before
         if report is not None:
             docs.append(report)
             write_replacing(out / f"steps-{t}.json", json.dumps(report, indent=2))
@@ -471,6 +484,60 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
         # traceback still held a failed target's
         free_gpu_memory()
     return doc_of(docs)
+
+
+def steps_in_child(out: Path, target: str, context_len: int, concurrency: str, steps: int,
+                   share: float | None) -> tuple[dict | None, list[dict]]:
+    """One target's steps in a child process (``--one steps-target``; its log ``steps-<target>.log``), stopped at its
+    ``share`` of the part's time (SIGTERM, then SIGKILL): (its report or None, its errors). The child writes
+    ``steps-<target>.json`` after each measured concurrency and its outcome (errors) at the end; a child that was
+    stopped or crashed keeps the levels it wrote, and its error names its exit status and log."""
+    from dflash2_trt.children import die_with_parent, run_limited
+
+    outcome = out / f".steps-{target}.outcome.json"
+    for stale in (outcome, out / f"steps-{target}.json"):     # a report of an earlier run is not this child's
+        stale.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--one", "steps-target",
+           "--targets", target, "--context-len", str(context_len), "--concurrency", concurrency,
+           "--steps", str(steps)]
+    wait = None
+    if share is not None:
+        wait = max(share + SHARE_RESERVE_S - CHILD_EXIT_S, 1.0)   # the child keeps its own reserve inside this
+        cmd += ["--part-limit", str(wait)]
+    log(f"[steps] {target} in a child process" + ("" if wait is None else f" (limit {wait:.0f} s)"))
+    rc = run_limited(cmd, wait if wait is not None else 7 * 24 * 3600.0, out / f"steps-{target}.log",
+                     own_group=False, preexec_fn=die_with_parent())
+    try:
+        report = json.loads((out / f"steps-{target}.json").read_text())
+    except (OSError, ValueError):
+        report = None
+    try:
+        errors = json.loads(outcome.read_text())["errors"]
+        outcome.unlink()
+    except (OSError, ValueError, KeyError):
+        why = "stopped at its share of the part's time" if rc == 124 else f"exit status {rc}"
+        errors = [{"target": target, "error": f"the child measuring it ended without its outcome ({why}; "
+                                              f"steps-{target}.log)",
+                   "points_kept": len(report["points"]) if report else 0}]
+        if report is not None:
+            report["partial"] = True
+    return report, errors
+
+
+def run_steps_target(args) -> int:
+    """The child of :func:`steps_in_child`: one target's steps in this process, ``steps-<target>.json`` after each
+    measured concurrency, the outcome at the end."""
+    out = Path(args.out)
+    target = args.targets
+
+    def save(doc: dict) -> None:
+        if doc["reports"]:
+            write_replacing(out / f"steps-{target}.json", json.dumps(doc["reports"][-1], indent=2, default=str))
+
+    doc = part_steps(out, args.context_len, args.concurrency, [target], args.steps, save=save,
+                     limit=getattr(args, "part_limit", None))
+    write_replacing(out / f".steps-{target}.outcome.json", json.dumps({"errors": doc["errors"]}, default=str))
+    return 1 if doc["errors"] else 0
 
 
 # ---- driver ----------------------------------------------------------------------------------------------------
@@ -493,7 +560,7 @@ def run_part(name: str, args) -> int:
             ok = doc["all_identical_or_ties"]
         else:
             doc = part_steps(out, args.context_len, args.concurrency, args.targets.split(","), args.steps, save=save,
-                             limit=getattr(args, "part_limit", None))
+                             limit=getattr(args, "part_limit", None), isolate=getattr(args, "isolate", False))
             ok = not doc["errors"]
     except Exception:  # noqa: BLE001 - the failure is the result
         tb = traceback.format_exc()
@@ -573,6 +640,8 @@ def main(argv=None) -> int:
     p.add_argument("--cell", help=argparse.SUPPRESS)  # --one lossless-cell: TARGET:DTYPE
     p.add_argument("--cell-graphs", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part-limit", type=float, default=None, help=argparse.SUPPRESS)  # the child's own limit
+    p.add_argument("--no-isolate", dest="isolate", action="store_false",
+                   help="steps: measure the targets one after another in one process (default: each in its own)")
     args = p.parse_args(argv)
     if args.lossless_jobs is None:
         args.lossless_jobs = default_jobs()
@@ -588,6 +657,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))
     if args.one == "lossless-cell":
         return run_cell(args)
+    if args.one == "steps-target":
+        return run_steps_target(args)
     if args.one:
         return run_part(args.one, args)
     missing = requirements() if BACKEND == "cuda" else []
@@ -608,7 +679,7 @@ def main(argv=None) -> int:
                "--concurrency", args.concurrency, "--targets", args.targets, "--lossless-levels", args.lossless_levels,
                "--lossless-dtypes", args.lossless_dtypes, "--lossless-jobs", str(args.lossless_jobs),
                "--lossless-targets", args.lossless_targets,
-               "--steps", str(args.steps)]
+               "--steps", str(args.steps)] + ([] if args.isolate else ["--no-isolate"])
         limit = part_limits(parts[i:], args.part_timeout, args.budget, time.perf_counter() - start)
         cmd += ["--part-limit", str(limit)]
         log(f"== {name} (limit {limit:.0f} s)")

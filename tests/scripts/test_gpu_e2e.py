@@ -130,3 +130,36 @@ def test_the_budget_gives_the_steps_what_lossless_leaves(monkeypatch):
     assert e2e.part_limits(["steps"], 300, None, 200) == 300
     assert e2e.part_limits(["steps"], 300, 290, 300) == 1                 # spent: the part starts and is stopped
     assert e2e.default_jobs() == 1                                        # the cpu rehearsal: one cell at a time
+
+
+def test_isolated_targets_each_run_in_a_process_of_their_own(monkeypatch, tmp_path):
+    """The driver's steps part measures each target in a child process (what a failed CUDA-graph capture or a sticky
+    CUDA error leaves in a process cannot cost the next target): a target that fails in its child is named with its
+    error, the next one is measured, each child's log is kept; a child that ends without its outcome (killed) keeps
+    the levels it wrote, marked partial, and its error names the exit status."""
+    e2e = _load(monkeypatch)
+    args = argparse.Namespace(out=str(tmp_path), context_len=16, concurrency="1,2", targets="qwen3-8b,tiny",
+                              steps=1, isolate=True)
+    assert e2e.run_part("steps", args) == 1
+    doc = json.loads((tmp_path / "steps.json").read_text())
+    assert [e["target"] for e in doc["errors"]] == ["qwen3-8b"] and "ConfigError" in doc["errors"][0]["error"]
+    assert [(r["target"], [p["concurrency"] for p in r["points"]]) for r in doc["reports"]] == [("tiny", [1, 2])]
+    assert (tmp_path / "steps-tiny.log").is_file() and (tmp_path / "steps-qwen3-8b.log").is_file()
+    assert not list(tmp_path.glob(".steps-*"))              # the outcomes were read and removed
+    # a child that dies after writing a level: what it wrote is kept, marked partial, the error says how it ended;
+    # a report an earlier run left is not taken for this child's
+    d = tmp_path / "killed"
+    d.mkdir()
+    (d / "steps-tiny.json").write_text(json.dumps({"target": "tiny", "points": [{"concurrency": 9}]}))
+    fake = tmp_path / "child.sh"      # argv: script --out DIR ...: writes one level, then dies without an outcome
+    fake.write_text("#!/bin/sh\necho '{\"target\": \"tiny\", \"points\": [{\"concurrency\": 1}]}' > \"$3/steps-tiny.json\"; "
+                    "exit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(e2e.sys, "executable", str(fake))
+    report, errors = e2e.steps_in_child(d, "tiny", 16, "1", 1, None)
+    assert report == {"target": "tiny", "points": [{"concurrency": 1}], "partial": True}
+    assert errors[0]["points_kept"] == 1 and "exit status 3" in errors[0]["error"]
+    monkeypatch.setattr(e2e.sys, "executable", "/bin/false")   # dies before writing anything: no stale report
+    (d / "steps-tiny.json").write_text(json.dumps({"target": "tiny", "points": [{"concurrency": 9}]}))
+    report, errors = e2e.steps_in_child(d, "tiny", 16, "1", 1, None)
+    assert report is None and errors[0]["points_kept"] == 0 and "exit status 1" in errors[0]["error"]
