@@ -85,8 +85,15 @@ def main(argv=None) -> int:
                         **sess.graphs.report()}
             except Exception as e:  # noqa: BLE001 - recorded: the check is what the session does after a refusal
                 real = {"identical": False, "error": f"{type(e).__name__}: {e}"[:400]}
-            sess.close()
+            # saved before the close: after a refused capture torch's allocator may still route to the graph's pool,
+            # and the close's empty_cache may then raise (an internal assert in some torch versions)
+            save({"env": env, "results": results, "real_capture": real, "ok": None, "partial": True})
             print(json.dumps({"real_capture": real}), flush=True)
+            try:
+                sess.close()
+            except Exception as e:  # noqa: BLE001 - the check's result is in; the close's failure is noted beside it
+                real["close_error"] = f"{type(e).__name__}: {e}"[:400]
+                print(json.dumps({"close_error": real["close_error"]}), flush=True)
         elif args.device.startswith("cuda"):
             real = {"identical": False, "error": "not attempted: the tiny pair failed"}
     # the stand-in's execution synchronises: CUDA must refuse its capture, and the session must say so and carry on

@@ -94,8 +94,9 @@ TOP_STALLS = 6
 TOP_SASS = 12
 STOP_LADDER = ((signal.SIGTERM, 5.0), (signal.SIGKILL, None))
 EXPORT_LIMIT_S = 120.0
-EXPORT_MIN_S = 20.0      # each export gets at least this; the profiling run leaves two of them for the exports
+EXPORT_MIN_S = 20.0      # each export gets at least this where the limit allows; the profiling run leaves two for them
 MIN_PROFILE_S = 20.0     # ... and gets at least this itself
+EXPORT_SKIP_S = 5.0      # with less of the limit left, an export is skipped (named in profile.json), not started
 MAX_REPORT_BYTES = 6 << 20
 
 
@@ -337,15 +338,26 @@ def _profile(args, ncu: str, lib: str, report: Path, deadline: float) -> int:
     ok = report.is_file()
     exports: dict = {}
     texts: dict = {}
+    doc["exports"] = exports
+
+    def save_so_far() -> None:   # the limit may stop this script in an export: profile.json holds what is done
+        atomic_write_text(args.out / "profile.json", json.dumps({**doc, "partial": True}, indent=1))
+
+    save_so_far()
     pages = (("raw", "profile-raw.csv"), ("nvtx", "profile-nvtx.csv"), ("source", "profile-source.csv"),
              ("details", "profile-details.csv"))
     if ok:
         for i, (page, name) in enumerate(pages):
-            share = max((deadline - time.monotonic()) / (len(pages) - i), EXPORT_MIN_S)
+            left = deadline - time.monotonic() - 2      # the final write and the exit
+            if left < EXPORT_SKIP_S:
+                exports[page] = {"exit": None, "skipped": f"{max(left, 0):.0f} s of the limit left"}
+                print(f"profile: export {page}: skipped ({exports[page]['skipped']})", flush=True)
+                continue
+            share = min(max(left / (len(pages) - i), EXPORT_MIN_S), left)
             exports[page], texts[page] = export(ncu, report, page, args.out / name, min(share, EXPORT_LIMIT_S))
             print(f"profile: export {page}: exit {exports[page]['exit']}"
                   + (f" ({exports[page]['error']})" if "error" in exports[page] else ""), flush=True)
-    doc["exports"] = exports
+            save_so_far()
     if ok:
         size = report.stat().st_size
         doc["report_bytes"] = size

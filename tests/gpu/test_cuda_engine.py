@@ -112,6 +112,9 @@ def test_bench_steps_runs_on_the_gpu():
     assert doc["device"] == torch.cuda.get_device_name()
     for p in doc["points"]:
         sp = p["speculative"]
+        assert sp["wall_ms"] > 0
+        if "profiler_error" in sp:     # the machine's CUPTI would not start (seen on an H100): no kernel times to check
+            pytest.skip(f"the torch profiler recorded no kernels here: {sp['profiler_error']}")
         assert sp["gpu_busy_ms"] > 0 and set(sp["components_ms"]) == set(COMPONENTS)
         assert sp["components_ms"]["gdn"] > 0 and sp["components_ms"]["selector"] > 0
 

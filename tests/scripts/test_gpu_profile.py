@@ -228,3 +228,31 @@ def test_the_workloads_are_gpu_checks_own():
     assert P.WORKLOADS == P._GC.PROFILE_WORKLOADS and len(P.WORKLOADS) == 11
     assert "!= PROFILE_WORKLOADS" in text[text.index("def profile_workloads"):text.index("def main")]
     assert set(P.DEFAULT_WORKLOADS) <= set(P.WORKLOADS)
+
+
+def test_a_stop_during_the_exports_keeps_profile_json(tmp_path, fake, monkeypatch):
+    """Stopped from outside in an export (its part's limit): profile.json is already there, with the profiling run's
+    status and the exports done, marked partial."""
+    real, calls = P.export, []
+
+    def export(*a, **kw):
+        calls.append(a[2])
+        if len(calls) == 2:
+            raise SystemExit(143)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(P, "export", export)
+    out = tmp_path / "prof"
+    with pytest.raises(SystemExit):
+        P.main([str(out), "--lib", "/cache/lib.so", "--limit", "60"])
+    doc = json.loads((out / "profile.json").read_text())
+    assert doc["partial"] is True and doc["profile"]["exit"] == 0 and list(doc["exports"]) == ["raw"]
+
+
+def test_exports_the_limit_cannot_hold_are_skipped_not_started(tmp_path, fake, monkeypatch):
+    monkeypatch.setattr(P, "EXPORT_SKIP_S", 1e6)
+    out = tmp_path / "prof"
+    assert P.main([str(out), "--lib", "/cache/lib.so", "--limit", "60"]) == 1
+    doc = json.loads((out / "profile.json").read_text())
+    assert all("skipped" in e and e["exit"] is None for e in doc["exports"].values()) and len(doc["exports"]) == 4
+    assert len(fake.read_text().splitlines()) == 1 and doc["ok"] is False and "partial" not in doc
