@@ -425,14 +425,19 @@ def measure(engine: StandinEngine, concurrency: int, context_len: int, *, steps:
         return point
 
 
+def can_graph(engine: StandinEngine) -> bool:
+    """The step can be captured in a CUDA graph (a CUDA engine)."""
+    return engine.device.type == "cuda"
+
+
 def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16,32,64",
                   context_len: int | None = None, steps: int = 10, warmup: int = 3, profile_steps: int = 2,
                   acceptance: float | None = None, dtype: str = "bfloat16", progress=None, graph: bool = True,
                   partial=None) -> dict:
     """The ``bench steps`` report (see the module docstring). ``context_len``: default 1024, or the longest the target
     takes (:func:`step_shape`) if less. ``acceptance``: in [1, K + 1], as ``bench project --acceptance``.
-    ``graph``: also time each step as a CUDA-graph replay (CUDA only; after the first capture that fails, not tried
-    again). ``partial``: called with the report so far (``"partial": True``) after each concurrency is measured and
+    ``graph``: also time each step as a CUDA-graph replay (CUDA only; the first level's right after its eager
+    measurement, the others after every eager level; after a level whose captures both fail, not tried again). ``partial``: called with the report so far (``"partial": True``) after each concurrency is measured and
     after each one's graph replays, so that a run stopped at a time limit keeps its points."""
     levels = sorted(parse_concurrency(concurrency))   # ascending: a level out of memory ends the sweep there
     probe = config_probe(target_key)
@@ -475,6 +480,25 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
             if is_partial:
                 doc["partial"] = True
             return doc
+
+        graphing = graph and can_graph(spec)
+
+        def replay(pt) -> bool:
+            """``pt``'s CUDA-graph replays, both engines even if one fails; False once both captures failed (the same
+            capture would fail again: said once) or the probe itself raised (the eager table is kept)."""
+            try:
+                for key, eng in (("speculative", spec), ("target_only", ar)):
+                    say(f"[steps] concurrency {pt['concurrency']}: {key}, CUDA-graph replay")
+                    pt[key].update(graph_point(eng, pt["concurrency"], context_len, steps=steps))
+            except BaseException as e:  # noqa: BLE001 - the eager table is kept whatever the probe does
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                pt["graph_probe_error"] = f"{type(e).__name__}: {e}"[:600]
+                return False
+            if tau and "graph_ms" in pt["speculative"] and "graph_ms" in pt["target_only"]:
+                pt["speedup_graph"] = tau * pt["target_only"]["graph_ms"] / pt["speculative"]["graph_ms"]
+            return not all("graph_error" in pt[k] for k in ("speculative", "target_only"))
+
         for i, c in enumerate(levels):
             try:
                 say(f"[steps] concurrency {c}: speculative")
@@ -496,27 +520,21 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                 if sp.get("gpu_busy_ms") and base.get("gpu_busy_ms"):
                     pt["speedup_busy"] = tau * base["gpu_busy_ms"] / sp["gpu_busy_ms"]
             points.append(pt)
+            # the first level's replays at once, before ``partial`` (which may end the sweep at a time limit): every
+            # run that measures a level has a graph figure (the first GPU runs' steps never reached theirs)
+            if i == 0 and graphing:
+                graphing = replay(pt)
             if partial is not None:
                 partial(report(points, skipped, True))
         if len(skipped) > len(build_skipped) and torch.cuda.is_available():
             torch.cuda.empty_cache()    # here, not in the except: its traceback held the failed level's tensors
-        # the CUDA-graph replays after every eager point is measured (a capture that fails cannot cost those), and
-        # after the first failure no more (the same capture would fail again: said once)
-        try:
-            for pt in points if graph and spec.device.type == "cuda" else ():
-                for key, eng in (("speculative", spec), ("target_only", ar)):      # both, even if one fails
-                    say(f"[steps] concurrency {pt['concurrency']}: {key}, CUDA-graph replay")
-                    pt[key].update(graph_point(eng, pt["concurrency"], context_len, steps=steps))
-                if tau and "graph_ms" in pt["speculative"] and "graph_ms" in pt["target_only"]:
-                    pt["speedup_graph"] = tau * pt["target_only"]["graph_ms"] / pt["speculative"]["graph_ms"]
-                if partial is not None:
-                    partial(report(points, skipped, True))
-                if all("graph_error" in pt[k] for k in ("speculative", "target_only")):
-                    break
-        except BaseException as e:  # noqa: BLE001 - the eager table is kept whatever the probe does
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            points[-1]["graph_probe_error"] = f"{type(e).__name__}: {e}"[:600]
+        # the other levels' CUDA-graph replays after every eager point is measured (a capture that fails cannot cost
+        # those), and after the first failure no more
+        for pt in points[1:] if graphing else ():
+            if not replay(pt):
+                break
+            if partial is not None:
+                partial(report(points, skipped, True))
         return report(points, skipped)
     finally:
         spec.close()

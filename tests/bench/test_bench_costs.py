@@ -356,3 +356,58 @@ def test_host_spans_add_up_to_the_steps_they_were_timed_in(monkeypatch):
     table = steps_mod.render(doc)
     assert (f"host spans: timed in instrumented steps of their own, which took (ms) c1 {sp['spans_step_ms']:.2f}; "
             f"the components and rest add up to those, not to spec ms") in table
+
+
+def _graph_probe(monkeypatch, results):
+    """CUDA-graph replays on the CPU (a stand-in for ``graph_point``: the capture itself needs a GPU); each call takes
+    the next of ``results`` and is logged with the engine it replayed."""
+    import dflash2_trt.bench.steps as steps_mod
+
+    log, it = [], iter(results)
+    monkeypatch.setattr(steps_mod, "can_graph", lambda engine: True)
+
+    def graph_point(engine, concurrency, context_len, *, steps):
+        log.append(("graph", concurrency, "target_only" if engine.K == 0 else "speculative"))
+        return next(it)
+
+    monkeypatch.setattr(steps_mod, "graph_point", graph_point)
+    return steps_mod, log
+
+
+def test_the_first_level_is_replayed_before_a_time_limit_can_end_the_sweep(monkeypatch):
+    """gpu_e2e ends a target's sweep from ``partial`` when its share of the part is used: the first level's CUDA-graph
+    replays come before that call, the other levels' after every eager level (a capture that fails cannot cost them)."""
+    steps_mod, log = _graph_probe(monkeypatch, [{"graph_ms": 2.0}, {"graph_ms": 1.0}] * 3)
+
+    def partial(d):
+        log.append(("partial", [p["concurrency"] for p in d["points"]]))
+
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,2,4", context_len=16, steps=1, warmup=0,
+                                  profile_steps=0, partial=partial, acceptance=3.0)
+    assert log == [("graph", 1, "speculative"), ("graph", 1, "target_only"), ("partial", [1]), ("partial", [1, 2]),
+                   ("partial", [1, 2, 4]), ("graph", 2, "speculative"), ("graph", 2, "target_only"),
+                   ("partial", [1, 2, 4]), ("graph", 4, "speculative"), ("graph", 4, "target_only"),
+                   ("partial", [1, 2, 4])]
+    assert all(p["speedup_graph"] == 3.0 * 1.0 / 2.0 for p in doc["points"])
+
+    class ShareUsed(Exception):
+        pass
+
+    def stop_after_first(d):
+        raise ShareUsed
+    steps_mod, log = _graph_probe(monkeypatch, [{"graph_ms": 2.0}, {"graph_ms": 1.0}])
+    seen = []
+    with pytest.raises(ShareUsed):
+        steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,2", context_len=16, steps=1, warmup=0,
+                                profile_steps=0, partial=lambda d: (seen.append(d), stop_after_first(d)))
+    assert seen[0]["points"][0]["speculative"]["graph_ms"] == 2.0       # the kept level has its replay
+
+
+def test_a_capture_that_fails_at_the_first_level_is_not_tried_again(monkeypatch):
+    err = {"graph_error": "operation not permitted when stream is capturing"}
+    steps_mod, log = _graph_probe(monkeypatch, [err, err])
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,2", context_len=16, steps=1, warmup=0,
+                                  profile_steps=0)
+    assert [e for e in log if e[0] == "graph"] == [("graph", 1, "speculative"), ("graph", 1, "target_only")]
+    assert doc["points"][0]["speculative"]["graph_error"] == err["graph_error"]
+    assert "graph_error" not in doc["points"][1]["speculative"]
