@@ -22,6 +22,7 @@ statuses are in the summary).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -78,12 +79,22 @@ def default_parts(python: str = sys.executable) -> list[Part]:
 
 
 def pack(work: Path, out: Path) -> None:
-    """``out/results.tar.gz`` from everything under ``work``, replaced whole (a reader never sees half an archive)."""
+    """``out/results.tar.gz`` from everything under ``work``, replaced whole (a reader never sees half an archive).
+    A part may be writing while this packs (the repack while it runs): a file that goes away meanwhile (a temporary
+    file renamed into place, a folder removed) is left out, not an error."""
     tmp = out / ".results.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
         for p in sorted(work.rglob("*")):
-            if p.is_file():
-                tar.add(p, arcname=str(p.relative_to(work)))
+            try:                  # read whole first: a file rewritten meanwhile cannot leave a short member behind
+                if not p.is_file():
+                    continue
+                data = p.read_bytes()
+                mtime = p.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            info = tarfile.TarInfo(str(p.relative_to(work)))
+            info.size, info.mtime = len(data), mtime
+            tar.addfile(info, io.BytesIO(data))
     os.replace(tmp, out / "results.tar.gz")
 
 
@@ -108,6 +119,12 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
         pack(work, out)
         atomic_write_bytes(out / "summary.json", doc)
 
+    def repack(work: Path) -> None:   # while a part runs: a failure to pack must not stop the part
+        try:
+            save(work)
+        except Exception as e:  # noqa: BLE001 - said; the next repack or the part's end tries again
+            say(f"gpu_check --all: repacking failed ({type(e).__name__}: {e}); the part goes on")
+
     # a stop from outside (the call's own limit: SIGTERM) reaches the running part, which is in a session of its own:
     # it gets STOP_GRACE_S to save, then is killed with its children; what it wrote is packed and the summary says
     # "interrupted". A SIGKILL from outside cannot be handled: the part then gets SIGTERM from the kernel (it dies with
@@ -130,7 +147,7 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
                     rc = run_limited(argv, limit, work / f"{part.name}.log", own_group=True, cwd=REPO,
                                      ladder=((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)),
                                      interrupted=((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)),
-                                     preexec_fn=die_with_parent(), tick=(REPACK_S, lambda: save(work)))
+                                     preexec_fn=die_with_parent(), tick=(REPACK_S, lambda: repack(work)))
                 except BaseException:
                     summary[part.name] = {"exit": "interrupted", "seconds": round(time.monotonic() - t0, 1),
                                           "limit": round(limit, 1)}

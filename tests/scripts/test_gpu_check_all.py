@@ -168,3 +168,24 @@ def test_a_kill_from_outside_leaves_the_last_repack_and_no_part_running(tmp_path
         time.sleep(0.05)
     assert not process_alive(pid)
     assert json.loads((out / "summary.json").read_text())["slow"]["exit"] == "running"
+
+
+def test_packing_while_a_part_writes_leaves_out_what_went_away(tmp_path, monkeypatch):
+    """The repack runs while the part writes: a file that is gone by the time it is read (a temporary file renamed
+    into place) is left out and the archive stays whole."""
+    work, out = tmp_path / "w", tmp_path / "o"
+    work.mkdir()
+    out.mkdir()
+    (work / "kept.json").write_text("{}")
+    (work / ".x.tmp").write_text("half")
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        if self.name == ".x.tmp":
+            raise FileNotFoundError(self)
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    A.pack(work, out)
+    with tarfile.open(out / "results.tar.gz") as tar:
+        assert tar.getnames() == ["kept.json"] and tar.extractfile("kept.json").read() == b"{}"
