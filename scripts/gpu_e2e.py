@@ -481,8 +481,9 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
         if save is not None:
             save(doc_of(docs, partial=t != targets[-1]))
         # the target's engines (tens of GB) before the next target's are drawn; here, not in the except, whose
-        # traceback still held a failed target's
-        free_gpu_memory()
+        # traceback still held a failed target's (a child took its memory with it)
+        if not isolate:
+            free_gpu_memory()
     return doc_of(docs)
 
 
