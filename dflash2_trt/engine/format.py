@@ -11,13 +11,14 @@ engine package: every other engine module may use it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DFlash2Error
 from ..tokenizer import ENGINE_TOKENIZER_DIR, copy_tokenizer_files
 
 ENGINE_FORMAT = "dflash2-trt engine"
@@ -140,9 +141,35 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
                              ("pretrained_config.vocab_size", pre["vocab_size"], 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"must be an integer >= {lo}, got {v!r}", source=cfg_path, field=where)
+        ids, n = pre["dflash2"]["target_layer_ids"], pre["dflash2"]["num_target_layers"]
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                           and 0 <= i < n for i in ids):
+            raise ConfigError(f"must be a non-empty list of target layer indices in [0, {n}) "
+                              f"(dflash2.num_target_layers), got {ids!r}", source=cfg_path,
+                              field="pretrained_config.dflash2.target_layer_ids")
+        if "max_draft_len" in pre and pre["max_draft_len"] != pre["dflash2"]["block_size"] - 1:
+            raise ConfigError(f"{pre['max_draft_len']!r}, but dflash2.block_size {pre['dflash2']['block_size']} "
+                              f"drafts {pre['dflash2']['block_size'] - 1}", source=cfg_path,
+                              field="pretrained_config.max_draft_len")
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"missing or malformed field {exc}", source=cfg_path) from None
     return cfg, man
+
+
+@contextlib.contextmanager
+def config_faults(cfg_path):
+    """Inside: a fault of the engine config that only the network's construction finds (a field missing or of the
+    wrong type, a value outside what the network takes) is one ConfigError naming ``cfg_path``, not a traceback.
+    load_engine_dir checks what every runtime reads; the network reads far more, from the same build's file (its
+    size is checked on every open, its sha256 with --verify), so such a fault is a hand edit or a file of another
+    version."""
+    try:
+        yield
+    except DFlash2Error:
+        raise
+    except (KeyError, AttributeError, TypeError, ValueError, IndexError) as exc:
+        raise ConfigError(f"pretrained_config: the engine config does not define an engine this dflash2-trt builds "
+                          f"({type(exc).__name__}: {exc}); rebuild the engine", source=cfg_path) from exc
 
 
 def engine_backend(engine_dir) -> str | None:

@@ -35,3 +35,48 @@ def test_a_bad_prompts_line_names_the_file_and_line(engine, tmp_path, line, need
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [r.output.strip()]
     assert r.output.startswith(f"error: {f}:2: {needle}"), r.output
+
+
+def _edited(engine, tmp_path, edit):
+    """A copy of ``engine`` whose config.json ``edit`` changed, engine.json updated to match (a hand edit that
+    also fixed the manifest, or a config of another version: the file checks pass)."""
+    import shutil
+
+    from dflash2_trt.engine.format import file_sha256
+
+    d = tmp_path / "ex"
+    shutil.copytree(engine, d)
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg["pretrained_config"])
+    (d / "config.json").write_text(json.dumps(cfg))
+    man = json.loads((d / "engine.json").read_text())
+    man["files"]["config.json"] = {"size": (d / "config.json").stat().st_size, "sha256": file_sha256(d / "config.json")}
+    (d / "engine.json").write_text(json.dumps(man))
+    return d
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda p: p.pop("hidden_size"), "AttributeError"),
+    (lambda p: p["dflash2"].pop("mask_token_id"), "KeyError: 'mask_token_id'"),
+    (lambda p: p["dflash2_engine"].update(selector="bogus"), "KeyError: 'bogus'"),
+    (lambda p: p.update(num_attention_heads="4"), "TypeError"),
+    (lambda p: p.update(dtype="float8"), "ValueError"),
+])
+def test_a_damaged_engine_config_is_one_error_line_naming_it(engine, tmp_path, edit, needle):
+    """What the network's construction reads beyond load_engine_dir's checks (an audit found tracebacks here)."""
+    d = _edited(engine, tmp_path, edit)
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(d), "--prompt-ids", "1,2", "--max-new-tokens", "2"])
+    assert r.exit_code == 1 and r.output.strip().splitlines() == [r.output.strip()], r.output
+    assert r.output.startswith(f"error: {d / 'config.json'}: pretrained_config: the engine config does not define"), \
+        r.output
+    assert needle in r.output and "rebuild the engine" in r.output
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda p: p["dflash2"].update(block_size=p["dflash2"]["block_size"] + 1), "pretrained_config.max_draft_len"),
+    (lambda p: p["dflash2"].update(target_layer_ids=[0, 7]), "pretrained_config.dflash2.target_layer_ids"),
+])
+def test_engine_config_values_the_step_would_trip_on_are_refused_by_field(engine, tmp_path, edit, field):
+    d = _edited(engine, tmp_path, edit)
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(d), "--prompt-ids", "1,2", "--max-new-tokens", "2"])
+    assert r.exit_code == 1 and r.output.startswith(f"error: {d / 'config.json'}: {field}:"), r.output
