@@ -174,20 +174,22 @@ def get_target(key: str) -> TargetEntry:
         raise DFlash2Error(f"unknown target {key!r}; known targets: {', '.join(TARGETS)}") from None
 
 
-def _local_model_dir(repo_id: str, allow_download: bool) -> Path | None:
+def _local_model_dir(repo_id: str, allow_download: bool) -> tuple[Path | None, str | None]:
+    """(the checkpoint's directory or None, why a download that was allowed failed or None)."""
     models = os.environ.get("DFLASH2_TRT_MODELS")
     if models:
         cand = Path(models) / repo_id.replace("/", "__")
         if (cand / "config.json").is_file():
-            return cand
+            return cand, None
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - transformers depends on it
-        return None
+        return None, "huggingface_hub is not importable"
     try:
-        return Path(snapshot_download(repo_id, local_files_only=not allow_download))
-    except Exception:
-        return None
+        return Path(snapshot_download(repo_id, local_files_only=not allow_download)), None
+    except Exception as e:  # noqa: BLE001 - any cause (network, 401 / 404, disk): said in one line when downloading
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return None, (f"{type(e).__name__}: {first}" if allow_download else None)
 
 
 def resolve_dirs(
@@ -219,12 +221,16 @@ def resolve_dirs(
             continue
         if repo is None:
             raise DFlash2Error(f"target {entry.key!r} has no published {kind}; pass --{'drafter' if kind == 'drafter' else 'target-dir'} DIR")
-        found = _local_model_dir(repo, allow_download)
+        found, failed = _local_model_dir(repo, allow_download)
         shipped = PUBLISHED_DIR / repo.replace("/", "__")
         if found is None and config_fallback is not None and (shipped / "config.json").is_file():
-            config_fallback.append(f"{kind} {repo} is not available locally: planned from its config shipped in the "
-                                   f"package ({shipped}; configs only, no weights)")
+            config_fallback.append(f"{kind} {repo} is not available locally"
+                                   + (f" (--download failed: {failed})" if failed else "")
+                                   + f": planned from its config shipped in the package ({shipped}; configs only, "
+                                     f"no weights)")
             found = shipped
+        if found is None and failed is not None:
+            raise DFlash2Error(f"--download: {kind} {repo} for target {entry.key!r} could not be downloaded: {failed}")
         if found is None:
             raise DFlash2Error(
                 f"{kind} {repo} for target {entry.key!r} is not available locally. Download it first "

@@ -161,3 +161,25 @@ def test_a_tokenizer_with_ids_beyond_the_vocabulary_is_a_warning(tmp_path):
     r = run("inspect", str(t), "--json")
     (w,) = json.loads(r.output)["warnings"]
     assert r.exit_code == 0 and "has tokenizer files that cannot be loaded" in w, w
+
+
+def test_a_download_that_fails_says_why_and_does_not_suggest_download(tmp_path, monkeypatch):
+    """With --download, the download's own failure (no network, 401 / 404, a full disk) is the error, in one line;
+    the advice to "add --download" is for runs without it."""
+    import huggingface_hub
+
+    def refused(repo_id, local_files_only=False, **kw):
+        if local_files_only:
+            raise FileNotFoundError("not in the cache")
+        raise OSError(f"401 Client Error: Unauthorized for url https://huggingface.co/{repo_id}\nmore detail")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refused)
+    monkeypatch.delenv("DFLASH2_TRT_MODELS", raising=False)
+    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b", "--download"])
+    assert r.exit_code == 1 and r.output.strip().splitlines() == [r.output.strip()], r.output
+    assert r.output.startswith("error: --download: drafter z-lab/Qwen3.8-27B-DFlash2") and "401" in r.output
+    assert "add --download" not in r.output and "more detail" not in r.output
+    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b"])
+    assert r.exit_code == 1 and "add --download" in r.output
+    r = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--download"])
+    assert r.exit_code == 0 and "(--download failed: OSError: 401 Client Error" in r.output
