@@ -608,7 +608,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
               "at most the target's max_position_embeddings].")
 @click.option("--save-outputs", is_flag=True, help="Keep every request's output ids in the JSON report.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option("--threads", type=int, default=1, show_default=True, help="CPU engines: torch threads while measuring.")
+@click.option("--threads", type=int, default=1, show_default=True, help="CPU engines: torch threads while measuring (at most the CPU cores available).")
 @click.option("--baseline-engine-dir", type=click.Path(file_okay=False),
               help="TensorRT-LLM engines on the executor path: a stock TensorRT-LLM target engine for the "
               "autoregressive runs (not build --baseline's baseline/, which --runtime project runs).")

@@ -99,6 +99,9 @@ def random_tokens(lengths: list[int], vocab_size: int, stop_ids, seed: int) -> l
     return out
 
 
+MAX_NUM_REQUESTS = 1_000_000
+
+
 def _cycle(prompts: list[list[int]], n: int | None) -> list[list[int]]:
     if n is None:
         return prompts
@@ -130,6 +133,9 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
         raise ConfigError(f"{out} exists (pass --force to replace it)", field="--output")
     if num_requests is not None:
         _need_int(num_requests, "--num-requests")
+        if num_requests > MAX_NUM_REQUESTS:   # the dataset is made in memory: a typo of a few digits exhausted it
+            raise ConfigError(f"must be at most {MAX_NUM_REQUESTS:,} (a benchmark dataset is made in memory), got "
+                              f"{num_requests:,}", field="--num-requests")
     if max_input_len is not None:
         _need_int(max_input_len, "--max-input-len")
     if not isinstance(seed, int) or seed < 0 or seed >= 2**32:

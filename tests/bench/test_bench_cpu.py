@@ -154,6 +154,7 @@ def _one_error_line(code, text) -> str:
     (["--context-len", "512"], "--context-len: applies to the projection only"),
     (["--project-target", "muse-glimmer-30b"], "--project-target: applies to the projection only: give --project"),
     (["--project", "h200", "--context-len", "1000000000", "--concurrency", "1"], "max_position_embeddings"),
+    (["--threads", "4096"], "--threads: must be at most the"),      # more threads than cores: skewed numbers
 ])
 def test_bad_run_options_are_one_line(engine, dataset, tmp_path, extra, needle):
     extra = [e.format(tmp=tmp_path) for e in extra]
