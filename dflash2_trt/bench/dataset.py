@@ -197,7 +197,7 @@ def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the corpus: {getattr(exc, 'strerror', None) or exc}", source=path) from None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
     if not lines:
         raise ConfigError("no prompts (the corpus has no non-empty line)", source=path)
     tok = find_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
@@ -205,10 +205,10 @@ def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
         raise ConfigError("a text corpus needs the target's tokenizer (give --target, --target-dir or --engine-dir "
                           f"of a target that has one; {tokenizer_dir or 'none given'})", source=path)
     out = []
-    for i, ln in enumerate(lines):
-        ids = encode_text(tok, ln)
+    for n, ln in lines:
+        ids = encode_text(tok, ln, source=f"{path}:{n}")
         if not ids:
-            raise ConfigError(f"line {i + 1} tokenizes to no tokens", source=path)
+            raise ConfigError(f"line {n} tokenizes to no tokens", source=path)
         out.append(ids)
     return out
 
@@ -249,7 +249,7 @@ def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, nu
                 if tok is None:
                     raise ConfigError("a line gives prompt text but the target has no tokenizer; write input_ids "
                                       "(bench prepare-dataset does)", source=it["where"])
-            ids = encode_text(tok, it["prompt"])
+            ids = encode_text(tok, it["prompt"], source=it["where"])
             if not ids:
                 raise ConfigError("the prompt tokenizes to no tokens", source=it["where"])
         bad = [t for t in ids if not 0 <= t < vocab_size]

@@ -80,3 +80,23 @@ def test_engine_config_values_the_step_would_trip_on_are_refused_by_field(engine
     d = _edited(engine, tmp_path, edit)
     r = CliRunner().invoke(main, ["run", "--engine-dir", str(d), "--prompt-ids", "1,2", "--max-new-tokens", "2"])
     assert r.exit_code == 1 and r.output.startswith(f"error: {d / 'config.json'}: {field}:"), r.output
+
+
+def test_text_the_tokenizer_cannot_encode_is_named_by_file_and_line(engine, tmp_path):
+    """A prompt's text the target's tokenizer cannot encode (a word outside the tiny word-level vocabulary) is named by
+    its file and line, in `run --prompts`, `bench run --dataset` and `bench prepare-dataset --corpus` alike."""
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"task_id": 0, "input_ids": [5, 6]}) + "\n"
+                 + json.dumps({"task_id": 1, "prompt": "zzzz", "output_tokens": 4}) + "\n")
+    for args in (["run", "--engine-dir", str(engine), "--prompts", str(f), "--max-new-tokens", "4"],
+                 ["bench", "run", "--engine-dir", str(engine), "--dataset", str(f), "--concurrency", "1",
+                  "--no-progress"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and r.output.startswith(f"error: {f}:2: prompt: the tokenizer cannot encode"), \
+            (args[0], r.output)
+        assert "'zzzz'" in r.output
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\nzzzz\n")
+    r = CliRunner().invoke(main, ["bench", "prepare-dataset", "--corpus", str(corpus), "--engine-dir", str(engine),
+                                  "--output", str(tmp_path / "d.jsonl")])
+    assert r.exit_code == 1 and r.output.startswith(f"error: {corpus}:3: prompt:"), r.output

@@ -35,7 +35,8 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
         for i, it in enumerate(items):
             ids = it["input_ids"]
             if ids is None:
-                ids = encode_text(tok, it["prompt"], engine.vocab_size)
+                ids = encode_text(tok, it["prompt"], engine.vocab_size,
+                                  source=None if it["where"].startswith("--") else it["where"])
             reqs.append(Request(list(ids), it["output_tokens"] or max_new_tokens, temperature=temperature,
                                 seed=seed + i, stop_token_ids=stops, task_id=it["task_id"]))
         stepper = GraphedSteps(engine, simulate=simulate_graphs) if cuda_graphs or simulate_graphs else engine

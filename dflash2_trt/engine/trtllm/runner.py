@@ -152,7 +152,8 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
     tok = run_tokenizer(man, engine_dir, items)
     for it in items:
         if it["input_ids"] is None:
-            it["input_ids"] = encode_text(tok, it["prompt"], vocab)
+            it["input_ids"] = encode_text(tok, it["prompt"], vocab,
+                                          source=None if it["where"].startswith("--") else it["where"])
     lim = man["limits"]
     for it in items:
         ids, new = it["input_ids"], it["output_tokens"] or max_new_tokens
