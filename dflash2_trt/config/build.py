@@ -72,6 +72,33 @@ KEYS = ("target", "dtype", "tp_size", "pp_size", "block_size", "selector", "max_
 SETTABLE = tuple(k for k in KEYS if k != "target")
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, first: int, again: int):
+        super().__init__(f"given twice (lines {first} and {again}): which one is meant is not guessed")
+        self.key = key
+
+
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """The safe loader, refusing a mapping key given twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(str(key), seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what is wrong and where (its own text spans several, with the context lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else what
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     target: str | None
@@ -103,16 +130,20 @@ class BuildConfig:
 
     @classmethod
     def load(cls, path: str | Path, overrides: Mapping[str, Any] | None = None,
-             origins: Mapping[str, str] | None = None) -> "BuildConfig":
+             origins: Mapping[str, str] | None = None, *, target_key: str | None = None) -> "BuildConfig":
         """The YAML at ``path`` with ``overrides`` (key -> value) applied, validated as one mapping.
-        ``origins`` names where each override came from (default ``--set``) for error messages."""
+        ``origins`` names where each override came from (default ``--set``) for error messages; ``target_key``: the
+        registry key whose file this is (its ``target`` field must name it). A key given twice is refused, not
+        resolved to the last one."""
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
         except OSError as exc:
             raise ConfigError(f"cannot read: {exc.strerror}", source=path) from None
+        except _DuplicateKey as exc:
+            raise ConfigError(str(exc), source=path, field=exc.key) from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"invalid YAML: {exc}", source=path) from None
+            raise ConfigError(f"invalid YAML: {_yaml_problem(exc)}", source=path) from None
         if not isinstance(data, dict):
             raise ConfigError("expected a mapping at the top level", source=path)
         unknown = sorted(set(map(str, data)) - set(KEYS))
@@ -120,6 +151,9 @@ class BuildConfig:
             raise ConfigError(f"unknown key; known: {', '.join(KEYS)}", source=path, field=unknown[0])
         if not isinstance(data.get("target"), str):
             raise ConfigError("required: the registry key this file belongs to", source=path, field="target")
+        if target_key is not None and data["target"] != target_key:
+            raise ConfigError(f"{data['target']!r}, but this is the build config of target {target_key!r}",
+                              source=path, field="target")
         return cls.from_mapping(data, str(path), overrides, origins)
 
     @classmethod

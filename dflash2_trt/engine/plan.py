@@ -141,7 +141,7 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
     if target_key is not None:
         entry = get_target(target_key)
         check_target_family(entry, t, target_dir)
-        cfg = BuildConfig.load(entry.build_config_path, over, origins)
+        cfg = BuildConfig.load(entry.build_config_path, over, origins, target_key=target_key)
         if cfg.block_size != d.block_size and "block_size" not in over:
             warn_once(f"the drafter in {drafter_dir} was trained with block_size {d.block_size} (its config.json), "
                       f"but target {target_key!r}'s build config ({entry.build_config}) builds block {cfg.block_size}: "

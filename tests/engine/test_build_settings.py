@@ -85,6 +85,21 @@ def test_file_errors_name_the_file(tmp_path):
     p.write_text("dtype: float32\n")
     with pytest.raises(ConfigError, match="x.yaml: target: required"):
         BuildConfig.load(p)
+    # a key given twice is refused, not resolved to the last (an audit's build took the second max_batch_size)
+    src = TARGETS["tiny"].build_config_path.read_text()
+    p.write_text(src + "max_batch_size: 8\n")
+    with pytest.raises(ConfigError, match=r"x\.yaml: max_batch_size: given twice \(lines \d+ and \d+\)"):
+        BuildConfig.load(p)
+    # YAML's own error in one line, with its place
+    p.write_text(src + "dtype: [float32\n")
+    with pytest.raises(ConfigError) as e:
+        BuildConfig.load(p)
+    assert "\n" not in str(e.value) and "invalid YAML:" in str(e.value) and "at line" in str(e.value)
+    # the file of one target naming another
+    p.write_text(src)
+    with pytest.raises(ConfigError, match="x.yaml: target: 'tiny', but this is the build config of target 'tiny-muse'"):
+        BuildConfig.load(p, target_key="tiny-muse")
+    assert BuildConfig.load(p, target_key="tiny").target == "tiny"
 
 
 def test_every_settable_key_is_a_field():
