@@ -253,7 +253,7 @@ def generate_cmd(target_key, drafter_dir, target_dir, download, prompt_ids, prom
 @click.option("--tp-size", default=1, show_default=True, type=click.Choice(["1", "2", "4", "8"]),
               help="Tensor-parallel ranks (one rank{N}.safetensors each).")
 @click.option("--pp-size", default=1, show_default=True, type=click.Choice(["1"]), help="Pipeline stages (1 only).")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,
               help="Cast weights to this dtype (default: the checkpoints' own).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, pp_size, dtype, force) -> None:

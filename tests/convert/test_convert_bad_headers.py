@@ -39,3 +39,17 @@ def test_lying_header_is_an_error_not_wrong_weights(tiny_dense, tmp_path, case):
                                   "--output", str(out_root / "ckpt")])
     assert r.exit_code == 1 and r.output.strip() == f"error: {msg}", r.output
     assert list(out_root.iterdir()) == []
+
+
+def test_convert_takes_float32_as_build_and_export_onnx_do(tmp_path):
+    """`convert --dtype float32` (an audit found it refused by the option's choices, while build and export-onnx take
+    it and convert itself writes float32 from a float32 checkpoint)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    r = CliRunner().invoke(main, ["convert", "--target", "tiny", "--output", str(tmp_path / "c"), "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["dtype"] == "float32"
