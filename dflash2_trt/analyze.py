@@ -504,11 +504,14 @@ def render(report: dict) -> str:
 
 
 def parse_top_k(text: str) -> list[int]:
-    """``"4,8,16"`` -> ``[4, 8, 16]`` (the ``--top-k`` option)."""
+    """``"4,8,16"`` -> ``[4, 8, 16]`` (the ``--top-k`` option; an empty item or a repeat is refused, as
+    ``--concurrency`` and ``--prompt-ids`` refuse theirs, not dropped)."""
     try:
-        ks = [int(x) for x in str(text).split(",") if x.strip()]
+        ks = [int(x) for x in str(text).split(",")]
     except ValueError:
         raise ConfigError(f"must be comma-separated integers, got {text!r}", field="--top-k") from None
     if not ks or min(ks) < 1:
         raise ConfigError(f"values must be >= 1, got {text!r}", field="--top-k")
+    if len(set(ks)) != len(ks):
+        raise ConfigError(f"a value is repeated in {text!r}", field="--top-k")
     return ks

@@ -181,6 +181,10 @@ def test_cli_analyze_text_and_errors(tmp_path):
     assert "conditional on every earlier position" in res.output and "oracle@16" in res.output
     res = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--top-k", "4,x"])
     assert res.exit_code == 1 and res.output.strip() == "error: --top-k: must be comma-separated integers, got '4,x'"
+    for bad, needle in (("4,,8", "must be comma-separated integers, got '4,,8'"), ("8,4,4", "a value is repeated")):
+        res = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--top-k", bad])
+        assert res.exit_code == 1 and res.output.strip() == f"error: --top-k: {needle}" + (
+            " in '8,4,4'" if bad == "8,4,4" else ""), res.output
     for opt, val in (("--top-k", "0"), ("--max-prompts", "-1")):   # the option named once, as the user spelt it
         res = CliRunner().invoke(main, ["analyze", "--target", "tiny", opt, val])
         assert res.exit_code == 1 and res.output.startswith(f"error: {opt}: ") and res.output.count(opt) == 1, res.output
