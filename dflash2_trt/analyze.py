@@ -117,10 +117,10 @@ def collect_anchors(target, drafter, prompts: Sequence[Sequence[int]], *, max_ne
     cfg = drafter.cfg
     L = cfg.block_size - 1
     if max_new_tokens <= L:
-        raise DFlash2Error(f"max_new_tokens={max_new_tokens} must exceed block_size-1={L} to give "
-                           f"any anchor a full block of labels")
+        raise ConfigError(f"must exceed the {L} draft positions of block size {cfg.block_size}, got {max_new_tokens} "
+                          f"(each anchor needs a full block of labels)", field="--max-new-tokens")
     if max_k > cfg.vocab_size:
-        raise DFlash2Error(f"top-k {max_k} exceeds the vocabulary ({cfg.vocab_size})")
+        raise ConfigError(f"{max_k} exceeds the vocabulary ({cfg.vocab_size})", field="--top-k")
     dev = next(target.parameters()).device
     embed = target.get_input_embeddings()
     lm_head = target.get_output_embeddings()
