@@ -64,7 +64,7 @@ def existing_output(path: str | Path) -> tuple[str | None, str]:
     try:
         doc = json.loads(data)
     except ValueError:                      # UnicodeDecodeError included
-        return None, "a file that is neither JSON nor a PNG image"
+        return None, "a file of another kind (no JSON document, no PNG signature)"
     kind = report_kind(doc)
     if kind is not None:
         return kind, OUTPUT_KINDS[kind]

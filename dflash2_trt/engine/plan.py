@@ -611,7 +611,10 @@ def render_plan(plan: dict) -> str:
     a = z["activations_estimate"]
     lines.append(f"  activations (estimate): {_gib(a['total'])} (logits {_gib(a['logits'])}, MLP {_gib(a['mlp'])}, "
                  f"taps {_gib(a['taps'])}); reserve (estimate) {_gib(z['reserve_estimate'])}")
-    if z["kv_budget"] is not None:
+    if z["kv_budget"] is not None and z["free_after_load"] < 0:
+        lines.append(f"  KV budget: none: the weights, activations and reserve alone need "
+                     f"{_gib(-z['free_after_load'])} more than the GPU's memory")
+    elif z["kv_budget"] is not None:
         lines.append(f"  KV budget: {_gib(z['kv_budget'])} ({z['kv_cache_free_gpu_mem_fraction']} of "
                      f"{_gib(z['free_after_load'])} free after load); {z['tokens_in_kv_budget']:,} tokens")
         verdict = "fits" if z["fits"] else "does NOT fit"

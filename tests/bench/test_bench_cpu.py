@@ -240,11 +240,11 @@ def test_existing_outputs_are_replaced_only_if_they_are_this_commands(engine, da
     _run_must_not_start(monkeypatch)
     for args, needle in ((["--json", str(manifest)], f"--json: {manifest} exists and is a 'dflash2-trt engine' file, "
                                                      f"not a `bench run` report"),
-                         (["--json", str(other)], f"--json: {other} exists and is a file that is neither JSON nor a "
-                                                  f"PNG image, not a `bench run` report"),
+                         (["--json", str(other)], f"--json: {other} exists and is a file of another kind (no JSON "
+                                                  f"document, no PNG signature), not a `bench run` report"),
                          (["--json", str(png)], "is a PNG image, not a `bench run` report"),
                          (["--plot", str(js)], f"--plot: {js} exists and is a `bench run` report, not a PNG image"),
-                         (["--plot", str(other)], "not a PNG image")):
+                         (["--plot", str(other)], "(no JSON document, no PNG signature), not a PNG image")):
         line = _one_error_line(*_cli("bench", "run", *ok, *args))
         assert needle in line and line.endswith("pass another path"), line
     assert {p: p.read_bytes() for p in before} == before

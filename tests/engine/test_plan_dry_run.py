@@ -133,6 +133,14 @@ def test_qwen_plan_tp2_and_gpu_memory():
     assert z["max_batch_that_fits"] == h["fit"]
     small = _qwen("--gpu-memory-gib", "40")["sizing"]      # weights alone exceed 40 GiB
     assert small["kv_budget"] == 0 and small["max_batch_that_fits"] == 0
+    # the text says the weights do not fit, not a negative free memory
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    text = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--gpu-memory-gib", "40"]).output
+    line = next(ln for ln in text.splitlines() if "KV budget" in ln)
+    assert "KV budget: none: the weights, activations and reserve alone need" in line and " -" not in line, line
 
 
 def test_qwen_plan_is_honest_about_support(monkeypatch):
