@@ -138,8 +138,9 @@ def targets_cmd(as_json: bool) -> None:
     from .targets import STATUS_LEGEND, TARGETS, status_of
 
     rows = [
-        {"key": e.key, "family": e.family, "target": e.target_id or "(built locally)",
-         "drafter": e.drafter_id or ("(built locally)" if e.tiny_family else "(none published: --drafter DIR)"),
+        {"key": e.key, "family": e.family, "target": e.target_id or "(shipped in dflash2_trt/assets/tiny)",
+         "drafter": e.drafter_id or ("(shipped in dflash2_trt/assets/tiny)" if e.tiny_family
+                                     else "(none published: --drafter DIR)"),
          "block_size": e.block_size, "build_config": f"build_configs/{e.build_config}",
          "supported": list(e.supported), "verified": status_of(e), "notes": e.notes}
         for e in TARGETS.values()
