@@ -83,6 +83,12 @@ class _Group(click.Group):
         ended, a stop signal until the process is gone is still one line and exit 143 / 130 (:func:`_late_stop`).
         In-process callers (click's CliRunner) call ``main``, and get their handlers back as they were."""
         self._process_entry = True
+        if not sys.stderr.isatty():
+            # no weight-loading / download bars in a log, a CI job or beside --json output (transformers and
+            # huggingface_hub read this when they are imported, which every command does lazily, after this)
+            import os
+
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         try:
             return super().__call__(*args, **kwargs)
         finally:
