@@ -153,6 +153,9 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
                 with progress_bar(progress, len(reqs), f"concurrency {c} {mode}") as bar:
                     wall = drive(rt, reqs, c, on_finish=bar.update)
                 row[mode] = run_metrics(reqs, wall_s=wall, step_log=rt.step_log, draft_len=e.K)
+                if progress:   # a line per run, as the TensorRT session's bench says: a log shows it moving too
+                    print(f"concurrency {c} {mode}: {row[mode]['output_tokens_per_s'] or 0:.1f} tokens/s",
+                          file=sys.stderr, flush=True)
                 if g is not None:
                     row[mode]["cuda_graphs"] = counts_between(before, g.report())
                 outputs[mode] = reqs
