@@ -380,7 +380,7 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (steps, the trtllm-build command, GPU sizing, what is supported) and write nothing; "
                    "config-only directories are enough.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the manifest as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the manifest (engine.json, with output_dir) as JSON.")
 @click.option("--gpu-memory-gib", type=float, default=141.0, show_default=True,
               help="GPU memory the plan sizes the batch for (H200: 141).")
 @click.option("--verify/--no-verify", default=None,
@@ -487,8 +487,8 @@ def _build_progress(backend: str):
 
 def _report_build(res, as_json: bool) -> None:
     m = res.manifest
-    if as_json:
-        click.echo(json.dumps(m, indent=2))
+    if as_json:   # engine.json's content, and where it is (the text's "wrote DIR")
+        click.echo(json.dumps({"output_dir": str(res.output), **m}, indent=2))
         return
     v = m.get("verify")
     ties = (v or {}).get("ties") or []

@@ -100,3 +100,17 @@ def test_text_the_tokenizer_cannot_encode_is_named_by_file_and_line(engine, tmp_
     r = CliRunner().invoke(main, ["bench", "prepare-dataset", "--corpus", str(corpus), "--engine-dir", str(engine),
                                   "--output", str(tmp_path / "d.jsonl")])
     assert r.exit_code == 1 and r.output.startswith(f"error: {corpus}:3: prompt:"), r.output
+
+
+def test_build_json_names_where_the_engine_is(tmp_path):
+    """`build --json` prints engine.json's content and the directory the text line names ("wrote DIR")."""
+    from dflash2_trt.assets import trained_pair
+
+    pair = trained_pair("qwen3")
+    out = tmp_path / "e"
+    r = CliRunner().invoke(main, ["build", "--drafter", str(pair.drafter_dir), "--target-dir", str(pair.target_dir),
+                                  "--output", str(out), "--no-verify", "--json", "--max-seq-len", "64",
+                                  "--max-input-len", "32", "--max-num-tokens", "256"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert doc.pop("output_dir") == str(out) and doc == json.loads((out / "engine.json").read_text())
