@@ -83,8 +83,10 @@ def pack(work: Path, out: Path) -> None:
     A part may be writing while this packs (the repack while it runs): a file that goes away meanwhile (a temporary
     file renamed into place, a folder removed) is left out, not an error."""
     tmp = out / ".results.tar.gz.tmp"
+    # os.walk ignores a folder removed while it walks (Path.rglob raises)
+    found = sorted(Path(d) / f for d, _, files in os.walk(work, onerror=lambda e: None) for f in files)
     with tarfile.open(tmp, "w:gz") as tar:
-        for p in sorted(work.rglob("*")):
+        for p in found:
             try:                  # read whole first: a file rewritten meanwhile cannot leave a short member behind
                 if not p.is_file():
                     continue
@@ -129,37 +131,42 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
     # it gets STOP_GRACE_S to save, then is killed with its children; what it wrote is packed and the summary says
     # "interrupted". A SIGKILL from outside cannot be handled: the part then gets SIGTERM from the kernel (it dies with
     # this process), and OUT_DIR keeps what the last repack (every REPACK_S) held.
+    # A second signal is ignored (stop_signals_raise), so the part's stop ladder and the last save run to their end;
+    # a stop between parts (in a save) is saved again on the way out.
     with tempfile.TemporaryDirectory(prefix="gpu_check_all.") as tmp, stop_signals_raise():
         work = Path(tmp)
-        for part in parts:
-            left = deadline - time.monotonic() - reserve
-            limit = min(float(part.limit), left)
-            if limit < min_part:
-                summary[part.name] = {"exit": None, "skipped": f"{max(left, 0):.0f} s of the budget left",
-                                      "seconds": 0, "limit": part.limit}
-                say(f"== {part.name}: skipped ({summary[part.name]['skipped']})")
-            else:
-                argv = part.argv(work, limit)
-                say(f"== {part.name} (limit {limit:.0f} s): {' '.join(argv)}")
-                t0 = time.monotonic()
-                summary[part.name] = {"exit": "running", "seconds": None, "limit": round(limit, 1)}
-                try:
-                    rc = run_limited(argv, limit, work / f"{part.name}.log", own_group=True, cwd=REPO,
-                                     ladder=((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)),
-                                     interrupted=((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)),
-                                     preexec_fn=die_with_parent(), tick=(REPACK_S, lambda: repack(work)))
-                except BaseException:
-                    summary[part.name] = {"exit": "interrupted", "seconds": round(time.monotonic() - t0, 1),
-                                          "limit": round(limit, 1)}
-                    save(work)
-                    say(f"== {part.name}: interrupted after {time.monotonic() - t0:.0f} s; its files so far are in "
-                        f"{out / 'results.tar.gz'}")
-                    raise
-                secs = time.monotonic() - t0
-                say(tail(work / f"{part.name}.log"))
-                say(f"== {part.name}: exit {rc} after {secs:.0f} s")
-                summary[part.name] = {"exit": rc, "seconds": round(secs, 1), "limit": round(limit, 1)}
+        try:
+            for part in parts:
+                left = deadline - time.monotonic() - reserve
+                limit = min(float(part.limit), left)
+                if limit < min_part:
+                    summary[part.name] = {"exit": None, "skipped": f"{max(left, 0):.0f} s of the budget left",
+                                          "seconds": 0, "limit": part.limit}
+                    say(f"== {part.name}: skipped ({summary[part.name]['skipped']})")
+                else:
+                    argv = part.argv(work, limit)
+                    say(f"== {part.name} (limit {limit:.0f} s): {' '.join(argv)}")
+                    t0 = time.monotonic()
+                    summary[part.name] = {"exit": "running", "seconds": None, "limit": round(limit, 1)}
+                    try:
+                        rc = run_limited(argv, limit, work / f"{part.name}.log", own_group=True, cwd=REPO,
+                                         ladder=((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)),
+                                         interrupted=((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)),
+                                         preexec_fn=die_with_parent(), tick=(REPACK_S, lambda: repack(work)))
+                    except BaseException:
+                        summary[part.name] = {"exit": "interrupted", "seconds": round(time.monotonic() - t0, 1),
+                                              "limit": round(limit, 1)}
+                        say(f"== {part.name}: interrupted after {time.monotonic() - t0:.0f} s; its files so far go "
+                            f"to {out / 'results.tar.gz'}")
+                        raise
+                    secs = time.monotonic() - t0
+                    summary[part.name] = {"exit": rc, "seconds": round(secs, 1), "limit": round(limit, 1)}
+                    say(tail(work / f"{part.name}.log"))
+                    say(f"== {part.name}: exit {rc} after {secs:.0f} s")
+                save(work)
+        except BaseException:
             save(work)
+            raise
     say(json.dumps(summary, indent=1))
     say(f"gpu_check --all: {time.monotonic() - start:.0f} s of a {budget:.0f} s budget; everything in "
         f"{out / 'results.tar.gz'}")

@@ -189,3 +189,39 @@ def test_packing_while_a_part_writes_leaves_out_what_went_away(tmp_path, monkeyp
     A.pack(work, out)
     with tarfile.open(out / "results.tar.gz") as tar:
         assert tar.getnames() == ["kept.json"] and tar.extractfile("kept.json").read() == b"{}"
+
+
+# a part that ignores SIGTERM (only SIGKILL ends it), its first file written at once
+STUBBORN = ("import pathlib, os, signal, sys, time; d = pathlib.Path(sys.argv[1]); "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); (d / 'slow.pid').write_text(str(os.getpid())); "
+            "(d / 'slow.partial').write_text('so far'); time.sleep(60)")
+
+
+def test_a_second_stop_does_not_cut_the_first_ones_clean_up_short(tmp_path):
+    """Two SIGTERMs in a row (a supervisor that repeats itself, two Ctrl-Cs): the second is ignored, so the part's stop
+    ladder still reaches SIGKILL (a reviewer found the part of a SIGTERM-deaf part left running) and the summary still
+    says interrupted."""
+    import signal
+    import subprocess
+
+    out = tmp_path / "all"
+    proc = subprocess.Popen([PY, "-c", DRIVER, str(ROOT / "scripts" / "gpu_check" / "run_all.py"), str(out),
+                             STUBBORN], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    t0 = time.monotonic()
+    pid = None
+    while pid is None and time.monotonic() - t0 < 30:
+        try:
+            with tarfile.open(out / "results.tar.gz") as tar:
+                pid = int(tar.extractfile("slow.pid").read())
+        except (OSError, tarfile.TarError, KeyError, ValueError, AttributeError):
+            time.sleep(0.1)
+    assert pid is not None
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 143
+    t1 = time.monotonic()
+    while process_alive(pid) and time.monotonic() - t1 < 5:
+        time.sleep(0.05)
+    assert not process_alive(pid)
+    assert json.loads((out / "summary.json").read_text())["slow"]["exit"] == "interrupted"
