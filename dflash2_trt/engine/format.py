@@ -160,6 +160,8 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
 def config_faults(cfg_path):
     """Inside: a fault of the engine config that only the network's construction finds (a field missing or of the
     wrong type, a value outside what the network takes) is one ConfigError naming ``cfg_path``, not a traceback.
+    Only around code that builds from the config (the stand-in engine's construction), not around a TensorRT open,
+    whose API errors are not config faults.
     load_engine_dir checks what every runtime reads; the network reads far more, from the same build's file (its
     size is checked on every open, its sha256 with --verify), so such a fault is a hand edit or a file of another
     version."""

@@ -62,7 +62,7 @@ from ...trtllm.engine_io import load_contract
 from ...trtllm.register import import_tensorrt_llm
 from ...trtllm.gdn_slot import engine_slot_layout
 from ..binding import bind, layer_windows, static_inputs
-from ..format import config_faults, file_problems, load_engine_dir
+from ..format import file_problems, load_engine_dir
 from ..pretrained import BASELINE_DIR, TARGET_ONLY, engine_draft_len, is_target_only
 from .runtime_rules import facts as _facts_file
 from .xqa import apply_runtime_env
@@ -646,9 +646,8 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
     if not path.is_file():
         raise ConfigError(f"no {path.name} in the engine directory", source=where)
     kw.setdefault("kv_cache_fraction", (man.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"))
-    try:
-        with config_faults(where / "config.json"):
-            return TrtEngineSession(path.read_bytes(), cfg, trt=trt, rank=rank, **kw), man
+    try:   # (not under format.config_faults: this opens TensorRT too, whose API errors are not config faults)
+        return TrtEngineSession(path.read_bytes(), cfg, trt=trt, rank=rank, **kw), man
     except EngineOpenError as exc:
         notes = [n for n in (tensorrt_mismatch((man.get("versions") or {}).get("tensorrt"),
                                                getattr(trt, "__version__", None)),
