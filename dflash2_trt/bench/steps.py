@@ -482,6 +482,7 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
             return doc
 
         graphing = graph and can_graph(spec)
+        early_capture_failed = False
 
         def replay(pt) -> bool:
             """``pt``'s CUDA-graph replays, both engines even if one fails; False once both captures failed (the same
@@ -510,7 +511,8 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                 # levels measured so far are kept, this one and the higher ones are named with the reason
                 if not points:
                     raise
-                why = f"out of GPU memory: {str(e).splitlines()[0]}"[:300]
+                why = f"out of GPU memory: {str(e).splitlines()[0]}"[:300] + (
+                    " (after the first level's CUDA-graph capture failed)" if early_capture_failed else "")
                 skipped = [{"concurrency": x, "error": why} for x in levels[i:]] + list(build_skipped)
                 say(f"[steps] concurrency {c}: {why}; concurrency {', '.join(map(str, levels[i:]))} not measured")
                 break
@@ -521,15 +523,18 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
                     pt["speedup_busy"] = tau * base["gpu_busy_ms"] / sp["gpu_busy_ms"]
             points.append(pt)
             # the first level's replays at once, before ``partial`` (which may end the sweep at a time limit): every
-            # run that measures a level has a graph figure (the first GPU runs' steps never reached theirs)
+            # run that measures a level has a graph figure (the first GPU runs' steps never reached theirs). The
+            # price: a capture that fails here may leave torch's allocator holding memory (or routing to the graph's
+            # pool) for the higher levels, which then may run out of memory: their skip says so
             if i == 0 and graphing:
                 graphing = replay(pt)
+                early_capture_failed = not graphing
             if partial is not None:
                 partial(report(points, skipped, True))
         if len(skipped) > len(build_skipped) and torch.cuda.is_available():
             torch.cuda.empty_cache()    # here, not in the except: its traceback held the failed level's tensors
         # the other levels' CUDA-graph replays after every eager point is measured (a capture that fails cannot cost
-        # those), and after the first failure no more
+        # those eager points), and after the first failure no more
         for pt in points[1:] if graphing else ():
             if not replay(pt):
                 break

@@ -411,3 +411,23 @@ def test_a_capture_that_fails_at_the_first_level_is_not_tried_again(monkeypatch)
     assert [e for e in log if e[0] == "graph"] == [("graph", 1, "speculative"), ("graph", 1, "target_only")]
     assert doc["points"][0]["speculative"]["graph_error"] == err["graph_error"]
     assert "graph_error" not in doc["points"][1]["speculative"]
+
+
+def test_a_level_out_of_memory_after_a_failed_first_capture_says_so(monkeypatch):
+    """The first level's capture comes before the higher eager levels; where it failed and a higher level then runs
+    out of memory, the skip names the failed capture as a possible cause."""
+    import torch
+
+    err = {"graph_error": "operation not permitted when stream is capturing"}
+    steps_mod, log = _graph_probe(monkeypatch, [err, err])
+    real = steps_mod.measure
+
+    def measure(engine, concurrency, *a, **k):
+        if concurrency >= 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(engine, concurrency, *a, **k)
+
+    monkeypatch.setattr(steps_mod, "measure", measure)
+    doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,4", context_len=16, steps=1, warmup=0,
+                                  profile_steps=0)
+    assert doc["skipped"][0]["error"].endswith("(after the first level's CUDA-graph capture failed)")
