@@ -34,6 +34,7 @@ import time
 import traceback
 from pathlib import Path
 
+PROCESS_START = time.perf_counter()   # a part's (or a target child's) limit counts from its start, imports included
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("lossless", "steps")
 FAMILIES = (("tiny", "qwen3"), ("tiny-hybrid", "qwen3_5"), ("tiny-muse", "muse_glimmer"))
@@ -418,7 +419,8 @@ class TargetShareUsed(Exception):
 SHARE_RESERVE_S = 10.0   # of the part's limit, kept back from the targets' shares (the last save, the engines' release)
 
 
-CHILD_EXIT_S = 5.0       # of a target's share, left to the steps part when the target runs as a child (its save)
+CHILD_EXIT_S = SHARE_RESERVE_S   # a child's hard stop comes this long before the end of its share + the reserve
+CHILD_TICK_S = 10.0              # the part's steps.json follows a target child's levels this often
 
 
 def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: int = 8, save=None,
@@ -433,11 +435,11 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
     time (the first GPU run lost muse-glimmer-30b's steps to qwen3.8-27b's). ``isolate``: each target in a process
     of its own (:func:`steps_in_child`), so that what one leaves in the process (a CUDA-graph capture that failed can
     leave torch's allocator routing to its pool, so that cached blocks are no longer released; a sticky CUDA error)
-    cannot cost the next target its memory or its run."""
+    cannot cost the next target its memory or its run (``save`` then follows the child's levels every 10 s)."""
     from dflash2_trt.bench.steps import measure_steps, render
 
     docs, errors = [], []
-    part_start = time.perf_counter()
+    part_start = PROCESS_START if limit is not None else time.perf_counter()
 
     def doc_of(reports, partial=False):
         table = "\n\n".join([render(d) for d in reports] + [f"{e['target']}: FAILED: {e['error']}" for e in errors])
@@ -460,7 +462,9 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
 
         doc = None
         if isolate:
-            report, child_errors = steps_in_child(out, t, context_len, concurrency, steps, share)
+            report, child_errors = steps_in_child(
+                out, t, context_len, concurrency, steps, share,
+                on_tick=None if save is None else (lambda r: save(doc_of(docs + [r], partial=True))))
             errors.extend(child_errors)
             if report is not None:
                 log(render(report))
@@ -488,11 +492,12 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
 
 
 def steps_in_child(out: Path, target: str, context_len: int, concurrency: str, steps: int,
-                   share: float | None) -> tuple[dict | None, list[dict]]:
+                   share: float | None, on_tick=None) -> tuple[dict | None, list[dict]]:
     """One target's steps in a child process (``--one steps-target``; its log ``steps-<target>.log``), stopped at its
     ``share`` of the part's time (SIGTERM, then SIGKILL): (its report or None, its errors). The child writes
     ``steps-<target>.json`` after each measured concurrency and its outcome (errors) at the end; a child that was
-    stopped or crashed keeps the levels it wrote, and its error names its exit status and log."""
+    stopped or crashed keeps the levels it wrote, and its error names its exit status and log. ``on_tick``: called
+    every few seconds while it runs with its report so far (the part's ``steps.json`` follows the child's levels)."""
     from dflash2_trt.children import die_with_parent, run_limited
 
     outcome = out / f".steps-{target}.outcome.json"
@@ -506,8 +511,15 @@ def steps_in_child(out: Path, target: str, context_len: int, concurrency: str, s
         wait = max(share + SHARE_RESERVE_S - CHILD_EXIT_S, 1.0)   # the child keeps its own reserve inside this
         cmd += ["--part-limit", str(wait)]
     log(f"[steps] {target} in a child process" + ("" if wait is None else f" (limit {wait:.0f} s)"))
+    def tick() -> None:
+        try:
+            report = json.loads((out / f"steps-{target}.json").read_text())
+        except (OSError, ValueError):
+            return
+        on_tick(report)
+
     rc = run_limited(cmd, wait if wait is not None else 7 * 24 * 3600.0, out / f"steps-{target}.log",
-                     own_group=False, preexec_fn=die_with_parent())
+                     own_group=False, preexec_fn=die_with_parent(), tick=None if on_tick is None else (CHILD_TICK_S, tick))
     try:
         report = json.loads((out / f"steps-{target}.json").read_text())
     except (OSError, ValueError):

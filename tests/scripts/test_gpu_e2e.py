@@ -159,6 +159,13 @@ def test_isolated_targets_each_run_in_a_process_of_their_own(monkeypatch, tmp_pa
     report, errors = e2e.steps_in_child(d, "tiny", 16, "1", 1, None)
     assert report == {"target": "tiny", "points": [{"concurrency": 1}], "partial": True}
     assert errors[0]["points_kept"] == 1 and "exit status 3" in errors[0]["error"]
+    # while it runs, its levels so far are handed on (the part's steps.json follows them)
+    fake.write_text("#!/bin/sh\necho '{\"target\": \"tiny\", \"points\": [{\"concurrency\": 1}]}' > \"$3/steps-tiny.json\"; "
+                    "sleep 1; exit 3\n")
+    monkeypatch.setattr(e2e, "CHILD_TICK_S", 0.2)
+    seen = []
+    e2e.steps_in_child(d, "tiny", 16, "1", 1, None, on_tick=seen.append)
+    assert seen and seen[-1] == {"target": "tiny", "points": [{"concurrency": 1}]}
     monkeypatch.setattr(e2e.sys, "executable", "/bin/false")   # dies before writing anything: no stale report
     (d / "steps-tiny.json").write_text(json.dumps({"target": "tiny", "points": [{"concurrency": 9}]}))
     report, errors = e2e.steps_in_child(d, "tiny", 16, "1", 1, None)
