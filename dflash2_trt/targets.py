@@ -184,7 +184,7 @@ def _local_model_dir(repo_id: str, allow_download: bool) -> tuple[Path | None, s
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - transformers depends on it
-        return None, "huggingface_hub is not importable"
+        return None, ("huggingface_hub is not importable" if allow_download else None)
     try:
         return Path(snapshot_download(repo_id, local_files_only=not allow_download)), None
     except Exception as e:  # noqa: BLE001 - any cause (network, 401 / 404, disk): said in one line when downloading

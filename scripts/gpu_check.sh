@@ -11,7 +11,8 @@
 #        fp32+bf16, the step table of both published targets), the TensorRT session's binding on device pointers, the
 #        kernels under Nsight Compute, the gpu-marked tests and compute-sanitizer, each part under its own limit
 #        (--parts: only those); OUT_DIR/results.tar.gz (every part's JSON, tables and logs) and
-#        OUT_DIR/summary.json (each part's exit status and seconds), both refreshed after each part
+#        OUT_DIR/summary.json (each part's exit status and seconds), both refreshed after each part and every 20 s
+#        while one runs; stopped from outside, the running part is stopped too and marked interrupted
 #        (scripts/gpu_check/run_all.py: the device tool brings back at most 8 files)
 #        scripts/gpu_check.sh --sanitize OUT_DIR [--limit S] [--tools memcheck,racecheck,synccheck]   the kernels'
 #        small correctness cases under compute-sanitizer (scripts/gpu_check/sanitize.py): OUT_DIR/sanitize.json

@@ -129,3 +129,21 @@ def test_an_error_without_a_stop_is_still_an_error(tmp_path):
                        timeout=120)
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert p.stderr.strip().startswith("error: ") and "cannot read rank weights" in p.stderr, p.stderr
+
+
+def test_no_progress_bars_where_stderr_is_not_a_terminal():
+    """The console entry sets HF_HUB_DISABLE_PROGRESS_BARS (transformers' and huggingface_hub's bars read it) where
+    stderr is not a terminal, unless the user set it."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import atexit, os, sys; from dflash2_trt import cli; "
+             "atexit.register(lambda: print('HF=' + os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS', '-'))); "
+             "sys.argv = ['dflash2-trt', 'targets', '--json']; cli.main()")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "HF=1", (r.stdout[-300:], r.stderr[-300:])
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                       env={**env, "HF_HUB_DISABLE_PROGRESS_BARS": "0"})
+    assert r.stdout.strip().splitlines()[-1] == "HF=0"

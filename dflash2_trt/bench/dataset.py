@@ -197,7 +197,7 @@ def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the corpus: {getattr(exc, 'strerror', None) or exc}", source=path) from None
-    lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    lines = [(n, ln.strip()) for n, ln in enumerate(text.split("\n"), 1) if ln.strip()]   # as sed and editors count
     if not lines:
         raise ConfigError("no prompts (the corpus has no non-empty line)", source=path)
     tok = find_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None

@@ -132,7 +132,7 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
             notes.append(f"the baseline engine failed after the speculative runs: {baseline_error}")
         if not with_baseline:
             notes.append(NO_BASELINE_NOTE if baseline else "no autoregressive baseline (--no-baseline)")
-        elif routed:
+        elif routed and ar_m is not None:
             notes.append(ROUTED_BASELINE)
         return {
             "backend": "trtllm", "runtime": "project", "engine_dir": str(engine_dir), "target": man.get("target"),

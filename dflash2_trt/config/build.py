@@ -86,6 +86,10 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
+            try:
+                hash(key)
+            except TypeError:
+                continue            # an unhashable key: the base class refuses it as YAML does ("found unhashable key")
             if key in seen:
                 raise _DuplicateKey(str(key), seen[key], line)
             seen[key] = line

@@ -268,3 +268,12 @@ def test_an_output_that_is_the_dataset_is_refused_in_words_that_fit_bench_run(en
     line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
                                  "--no-progress", "--json", str(dataset)))
     assert "--force" not in line and "is the dataset" in line and "writing the output would replace it" in line, line
+
+
+def test_each_run_says_a_line_where_no_bar_shows(engine, dataset, capsys):
+    """Without a terminal (a log, CI) the bar is off: each concurrency and mode still says a line on stderr."""
+    from dflash2_trt.bench.cpu import bench_cpu
+
+    bench_cpu(engine, dataset, concurrency="1", num_requests=2, max_new_tokens=4, progress=True)
+    err = capsys.readouterr().err
+    assert "concurrency 1 speculative:" in err and "concurrency 1 autoregressive:" in err and "tokens/s" in err

@@ -173,7 +173,7 @@ def test_an_existing_output_needs_force(tmp_path):
       "--output", "{tmp}/x.jsonl"], "--output-mean"),
     (["--builtin", "tiny", "--num-requests", "0", "--output", "{tmp}/x.jsonl"], "--num-requests"),
     # made in memory: a count of a few digits too many is refused before it exhausts the machine
-    (["--builtin", "tiny", "--num-requests", "100000000000", "--output", "{tmp}/x.jsonl"],
+    (["--builtin", "tiny", "--num-requests", "1000001", "--output", "{tmp}/x.jsonl"],
      "--num-requests: must be at most 1,000,000"),
     (["--synthetic", "token-unif-dist", "--target", "tiny", "--num-requests", "1000001", "--input-min", "1",
       "--input-max", "2", "--output-min", "1", "--output-max", "1", "--output", "{tmp}/x.jsonl"], "at most 1,000,000"),

@@ -95,6 +95,9 @@ def test_file_errors_name_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         BuildConfig.load(p)
     assert "\n" not in str(e.value) and "invalid YAML:" in str(e.value) and "at line" in str(e.value)
+    p.write_text(src + "? [a, b]\n: 1\n")           # an unhashable key: YAML's own refusal, one line
+    with pytest.raises(ConfigError, match=r"invalid YAML: found unhashable key at line \d+"):
+        BuildConfig.load(p)
     # the file of one target naming another
     p.write_text(src)
     with pytest.raises(ConfigError, match="x.yaml: target: 'tiny', but this is the build config of target 'tiny-muse'"):
