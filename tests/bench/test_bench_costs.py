@@ -109,20 +109,27 @@ def test_the_graph_basis_takes_the_replay_time_or_says_why_there_is_none(tmp_pat
         bench_project(target="qwen3.8-27b", costs_from=tmp_path / "e.json", cost_basis="graph")
 
 
+def _out_of_memory_from(monkeypatch, steps_mod, level: int, more: str = "") -> None:
+    """bench steps' ``measure`` runs out of GPU memory at ``level`` and above (as a smaller GPU does)."""
+    import torch
+
+    real = steps_mod.measure
+
+    def measure(engine, concurrency, *a, **k):
+        if concurrency >= level:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB" + more)
+        return real(engine, concurrency, *a, **k)
+
+    monkeypatch.setattr(steps_mod, "measure", measure)
+
+
 def test_a_level_out_of_gpu_memory_keeps_the_levels_measured(monkeypatch):
     """bench steps on a GPU smaller than the H200: the level that runs out of memory and the higher ones are named
     with the reason, the levels before it kept; bench project --costs-from then says why a level is missing."""
     import dflash2_trt.bench.steps as steps_mod
     import torch
 
-    real = steps_mod.measure
-
-    def measure(engine, concurrency, *a, **k):
-        if concurrency >= 4:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-        return real(engine, concurrency, *a, **k)
-
-    monkeypatch.setattr(steps_mod, "measure", measure)
+    _out_of_memory_from(monkeypatch, steps_mod, 4, "\nmore detail")
     doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,4,16", context_len=16, steps=1, warmup=0,
                                   profile_steps=0, graph=False)
     assert [p["concurrency"] for p in doc["points"]] == [1]
@@ -416,18 +423,9 @@ def test_a_capture_that_fails_at_the_first_level_is_not_tried_again(monkeypatch)
 def test_a_level_out_of_memory_after_a_failed_first_capture_says_so(monkeypatch):
     """The first level's capture comes before the higher eager levels; where it failed and a higher level then runs
     out of memory, the skip names the failed capture as a possible cause."""
-    import torch
-
     err = {"graph_error": "operation not permitted when stream is capturing"}
     steps_mod, log = _graph_probe(monkeypatch, [err, err])
-    real = steps_mod.measure
-
-    def measure(engine, concurrency, *a, **k):
-        if concurrency >= 4:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(engine, concurrency, *a, **k)
-
-    monkeypatch.setattr(steps_mod, "measure", measure)
+    _out_of_memory_from(monkeypatch, steps_mod, 4)
     doc = steps_mod.measure_steps("tiny", backend="cpu", concurrency="1,4", context_len=16, steps=1, warmup=0,
                                   profile_steps=0)
     assert doc["skipped"][0]["error"].endswith("(after the first level's CUDA-graph capture failed)")
