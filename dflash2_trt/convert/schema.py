@@ -203,6 +203,11 @@ def build_config(target: TargetConfig, drafter: DFlash2Config, *, tp_size: int, 
     }
 
 
+def required_keys(family) -> tuple[str, ...]:
+    """The top-level keys a combined checkpoint's config.json has for ``family`` (its ``qwen_type``)."""
+    return _TOP_KEYS + FAMILY_KEYS.get(family, ())
+
+
 @dataclass(frozen=True)
 class CheckpointConfig:
     """A validated ``config.json`` of a combined checkpoint (read side)."""

@@ -11,14 +11,13 @@ engine package: every other engine module may use it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, DFlash2Error
+from ..errors import ConfigError
 from ..tokenizer import ENGINE_TOKENIZER_DIR, copy_tokenizer_files
 
 ENGINE_FORMAT = "dflash2-trt engine"
@@ -131,6 +130,8 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
         raise ConfigError(text + advice[kind], source=man_path, field="files")
     try:
         pre, build = cfg["pretrained_config"], cfg["build_config"]
+        if backend in ("cpu", "cuda") and isinstance(pre, dict):   # ours (a TensorRT-LLM engine's is trtllm-build's)
+            check_engine_pretrained(pre, cfg_path)
         limit_keys = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
         for k in limit_keys + (("tokens_per_block",) if backend in ("cpu", "cuda") else ()):
             if not isinstance(build[k], int) or build[k] < 1:
@@ -156,22 +157,47 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     return cfg, man
 
 
-@contextlib.contextmanager
-def config_faults(cfg_path):
-    """Inside: a fault of the engine config that only the network's construction finds (a field missing or of the
-    wrong type, a value outside what the network takes) is one ConfigError naming ``cfg_path``, not a traceback.
-    Only around code that builds from the config (the stand-in engine's construction), not around a TensorRT open,
-    whose API errors are not config faults.
-    load_engine_dir checks what every runtime reads; the network reads far more, from the same build's file (its
-    size is checked on every open, its sha256 with --verify), so such a fault is a hand edit or a file of another
-    version."""
-    try:
-        yield
-    except DFlash2Error:
-        raise
-    except (KeyError, AttributeError, TypeError, ValueError, IndexError) as exc:
-        raise ConfigError(f"pretrained_config: the engine config does not define an engine this dflash2-trt builds "
-                          f"({type(exc).__name__}: {exc}); rebuild the engine", source=cfg_path) from exc
+ENGINE_INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "head_size", "intermediate_size", "max_position_embeddings")
+ENGINE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_engine_pretrained(pre: dict, cfg_path) -> None:
+    """The fields of a cpu / cuda engine's ``pretrained_config`` the network is built from, present and of their kind
+    (a fault there reached the network's construction as a traceback): the checkpoint schema's keys
+    (``convert/schema.py``), the sizes as positive integers, the dtype, one layer kind per layer, the drafter's
+    numerics and the selector. What a build wrote always passes; this names a hand edit's or another version's fault
+    by its field."""
+    from ..config.build import SELECTORS
+    from ..config.drafter import NUMERICS_FIELDS
+    from ..convert.schema import required_keys
+
+    def bad(field: str, msg: str) -> ConfigError:
+        return ConfigError(msg, source=cfg_path, field=f"pretrained_config.{field}")
+
+    for k in required_keys(pre.get("qwen_type")):
+        if k not in pre:
+            raise bad(k, "required field is missing (rebuild the engine)")
+    for k in ENGINE_INT_FIELDS:
+        v = pre[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise bad(k, f"expected a positive integer, got {v!r}")
+    if pre["dtype"] not in ENGINE_DTYPES:
+        raise bad("dtype", f"must be one of {', '.join(ENGINE_DTYPES)}, got {pre['dtype']!r}")
+    kinds = pre["layer_types"]
+    if not isinstance(kinds, list) or len(kinds) != pre["num_hidden_layers"] \
+            or not all(isinstance(t, str) for t in kinds):
+        raise bad("layer_types", f"expected a list of {pre['num_hidden_layers']} layer kinds (num_hidden_layers), "
+                                 f"got {kinds!r}")
+    d = pre["dflash2"]
+    if not isinstance(d, dict):
+        raise bad("dflash2", "must be an object")
+    for k in NUMERICS_FIELDS:
+        if k not in d:
+            raise bad(f"dflash2.{k}", "required field is missing (rebuild the engine)")
+    sel = (pre.get("dflash2_engine") or {}).get("selector", "greedy")
+    if sel not in SELECTORS:
+        raise bad("dflash2_engine.selector", f"must be one of {', '.join(SELECTORS)}, got {sel!r}")
 
 
 def engine_backend(engine_dir) -> str | None:

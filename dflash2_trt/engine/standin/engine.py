@@ -28,7 +28,7 @@ from ...trtllm.cpu.state import StatePool
 from ...trtllm.cpu.tensor import network_input, on_device
 from ...trtllm.engine_io import load_contract
 from ...trtllm.gdn_slot import engine_slot_layout
-from ..format import config_faults, load_engine_dir
+from ..format import load_engine_dir
 from ..binding import bind, layer_windows, static_inputs
 
 def engine_device(backend: str) -> torch.device:
@@ -347,7 +347,5 @@ def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, wo
                           f"machine (`dflash2-trt run` there, or RUN.md in the engine directory)",
                           source=Path(engine_dir) / "engine.json", field="backend")
     pre = cfg["pretrained_config"]
-    with config_faults(Path(engine_dir) / "config.json"):
-        return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint",
-                                             limits_from(cfg["build_config"], pre), backend=man["backend"],
-                                             world=world), man
+    return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre),
+                                         backend=man["backend"], world=world), man

@@ -646,7 +646,7 @@ def open_trt_session(engine_dir, *, trt=None, rank: int = 0, verify: bool = Fals
     if not path.is_file():
         raise ConfigError(f"no {path.name} in the engine directory", source=where)
     kw.setdefault("kv_cache_fraction", (man.get("limits") or {}).get("kv_cache_free_gpu_mem_fraction"))
-    try:   # (not under format.config_faults: this opens TensorRT too, whose API errors are not config faults)
+    try:
         return TrtEngineSession(path.read_bytes(), cfg, trt=trt, rank=rank, **kw), man
     except EngineOpenError as exc:
         notes = [n for n in (tensorrt_mismatch((man.get("versions") or {}).get("tensorrt"),
