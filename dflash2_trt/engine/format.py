@@ -184,11 +184,11 @@ def check_engine_pretrained(pre: dict, cfg_path) -> None:
             raise bad(k, f"expected a positive integer, got {v!r}")
     if pre["dtype"] not in ENGINE_DTYPES:
         raise bad("dtype", f"must be one of {', '.join(ENGINE_DTYPES)}, got {pre['dtype']!r}")
-    kinds = pre["layer_types"]
-    if not isinstance(kinds, list) or len(kinds) != pre["num_hidden_layers"] \
+    kinds = pre["layer_types"]   # the target's layers, and for a hybrid TensorRT-LLM's kinds of the drafter's too
+    if not isinstance(kinds, list) or len(kinds) < pre["num_hidden_layers"] \
             or not all(isinstance(t, str) for t in kinds):
-        raise bad("layer_types", f"expected a list of {pre['num_hidden_layers']} layer kinds (num_hidden_layers), "
-                                 f"got {kinds!r}")
+        raise bad("layer_types", f"expected a list of at least {pre['num_hidden_layers']} layer kinds "
+                                 f"(num_hidden_layers), got {kinds!r}")
     d = pre["dflash2"]
     if not isinstance(d, dict):
         raise bad("dflash2", "must be an object")
