@@ -181,7 +181,7 @@ def check_engine_pretrained(pre: dict, cfg_path) -> None:
     for k in ENGINE_INT_FIELDS:
         v = pre[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise bad(k, f"expected a positive integer, got {v!r}")
+            raise bad(k, f"must be an integer >= 1, got {v!r}")
     if pre["dtype"] not in ENGINE_DTYPES:
         raise bad("dtype", f"must be one of {', '.join(ENGINE_DTYPES)}, got {pre['dtype']!r}")
     kinds = pre["layer_types"]   # the target's layers, and for a hybrid TensorRT-LLM's kinds of the drafter's too

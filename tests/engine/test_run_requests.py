@@ -60,7 +60,7 @@ def _edited(engine, tmp_path, edit):
     (lambda p: p.pop("rotary_base"), "rotary_base", "required field is missing"),
     (lambda p: p["dflash2"].pop("mask_token_id"), "dflash2.mask_token_id", "required field is missing"),
     (lambda p: p["dflash2_engine"].update(selector="bogus"), "dflash2_engine.selector", "must be one of"),
-    (lambda p: p.update(num_attention_heads="4"), "num_attention_heads", "expected a positive integer, got '4'"),
+    (lambda p: p.update(num_attention_heads="4"), "num_attention_heads", "must be an integer >= 1, got '4'"),
     (lambda p: p.update(layer_types="full_attention"), "layer_types", "expected a list of at least 4 layer kinds"),
     (lambda p: p.update(dtype="float8"), "dtype", "must be one of float32, float16, bfloat16"),
 ])
