@@ -380,7 +380,8 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (steps, the trtllm-build command, GPU sizing, what is supported) and write nothing; "
                    "config-only directories are enough.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan (--dry-run) or the manifest (engine.json, with output_dir) as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the plan (--dry-run) or the manifest (engine.json, with output_dir) as JSON.")
 @click.option("--gpu-memory-gib", type=float, default=141.0, show_default=True,
               help="GPU memory the plan sizes the batch for (H200: 141).")
 @click.option("--verify/--no-verify", default=None,
@@ -615,7 +616,8 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
               "at most the target's max_position_embeddings].")
 @click.option("--save-outputs", is_flag=True, help="Keep every request's output ids in the JSON report.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option("--threads", type=int, default=1, show_default=True, help="CPU engines: torch threads while measuring (at most the CPU cores available).")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="CPU engines: torch threads while measuring (at most the CPU cores available).")
 @click.option("--baseline-engine-dir", type=click.Path(file_okay=False),
               help="TensorRT-LLM engines on the executor path: a stock TensorRT-LLM target engine for the "
               "autoregressive runs (not build --baseline's baseline/, which --runtime project runs).")
@@ -705,7 +707,8 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
 @bench_group.command("project")
 @click.option("--target", "target_key", default="qwen3.8-27b", show_default=True,
               help="Registered target whose published shapes (target + drafter config.json) are used.")
-@click.option("--gpu", "gpus", default=None, help="GPUs: h200, b200 (comma-separated; not with --costs-from) [default: h200].")
+@click.option("--gpu", "gpus", default=None,
+              help="GPUs: h200, b200 (comma-separated; not with --costs-from) [default: h200].")
 @click.option("--concurrency", default=None,
               help="Comma-separated [default: 1,4,16,32; with --costs-from: every concurrency the report measured].")
 @click.option("--context-len", type=int, default=None,

@@ -519,7 +519,8 @@ def steps_in_child(out: Path, target: str, context_len: int, concurrency: str, s
         on_tick(report)
 
     rc = run_limited(cmd, wait if wait is not None else 7 * 24 * 3600.0, out / f"steps-{target}.log",
-                     own_group=False, preexec_fn=die_with_parent(), tick=None if on_tick is None else (CHILD_TICK_S, tick))
+                     own_group=False, preexec_fn=die_with_parent(),
+                     tick=None if on_tick is None else (CHILD_TICK_S, tick))
     try:
         report = json.loads((out / f"steps-{target}.json").read_text())
     except (OSError, ValueError):

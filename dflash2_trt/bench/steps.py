@@ -437,8 +437,9 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
     """The ``bench steps`` report (see the module docstring). ``context_len``: default 1024, or the longest the target
     takes (:func:`step_shape`) if less. ``acceptance``: in [1, K + 1], as ``bench project --acceptance``.
     ``graph``: also time each step as a CUDA-graph replay (CUDA only; the first level's right after its eager
-    measurement, the others after every eager level; after a level whose captures both fail, not tried again). ``partial``: called with the report so far (``"partial": True``) after each concurrency is measured and
-    after each one's graph replays, so that a run stopped at a time limit keeps its points."""
+    measurement, the others after every eager level; after a level whose captures both fail, not tried again).
+    ``partial``: called with the report so far (``"partial": True``) after each concurrency is measured and after
+    each one's graph replays, so that a run stopped at a time limit keeps its points."""
     levels = sorted(parse_concurrency(concurrency))   # ascending: a level out of memory ends the sweep there
     probe = config_probe(target_key)
     K, max_context = step_shape(probe)

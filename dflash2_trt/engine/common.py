@@ -12,6 +12,13 @@ from ..errors import ConfigError
 from ..tokenizer import engine_tokenizer_dir, find_tokenizer
 
 
+def text_source(item: dict) -> str | None:
+    """Where a request item's prompt text came from, for an error about it: a prompts file's ``FILE:LINE``; None for
+    a command-line option (``--prompt``: the error names the prompt alone)."""
+    where = item.get("where")
+    return None if where is None or where.startswith("--") else where
+
+
 def read_prompts_file(path: str | Path) -> list[dict]:
     """trtllm-bench dataset lines: ``{"task_id", "input_ids" | "prompt", "output_tokens"}``, one JSON object per line.
     ``task_id`` (an integer or a string; the line's index among the prompts when absent) names the request in

@@ -157,8 +157,8 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     return cfg, man
 
 
-ENGINE_INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                     "head_size", "intermediate_size", "max_position_embeddings")
+ENGINE_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_size",
+                     "intermediate_size", "max_position_embeddings")   # vocab_size: load_engine_dir's, every backend
 ENGINE_DTYPES = ("float32", "float16", "bfloat16")
 
 
