@@ -24,12 +24,17 @@ sources in trtllm_build_steps.yaml): the build_config adjustments (max_seq_len +
 ``prepare_inputs`` keywords, the graph-rewriting pass's match rule and the optimization-profile checks; the report's
 ``build_steps`` lists what each did. It prints per target/tp/rank: defined or the first error
 with a traceback summary; layers, inputs, outputs, plugin layers; build OK/fail. Exit status 1 when any fails.
+With ``--json`` each rank also lists ``gpt_attention_bindings``: per GPTAttention call its ``layer_idx`` and, per
+plugin input entry (gpt_attention_contract.yaml's names), the network input real ``functional.gpt_attention`` put
+there (None: a tensor computed in the graph), e.g. where the context route's ``sliding_*`` inputs arrive.
 
 Real (run from DIR, unmodified): tensorrt_llm/{_utils, _common, logger, module, parameter, network, functional,
 mapping}.py, plugin/plugin.py, layers/{linear, normalization, embedding}.py, models/modeling_utils.py (the
 revisions read are listed in DIR/COMMITS.txt when present; the store holds some files at 1.2.0rc2 = b35ac1b6, others
-at one other revision each: the run of 2026-12-05 used _utils, mapping and modeling_utils at b35ac1b6, functional at
-0071496d, network at 7b437aaa, plugin at c20322ff, the others at the revisions api_1_2.yaml records).
+at one other revision each: the runs of 2026-12-05 and 2026-12-06 used _utils, mapping and modeling_utils at b35ac1b6,
+functional at 0071496d, network at 7b437aaa, plugin at c20322ff, _common at 0fccc5b9, logger at 14e801da, the layers
+and module at the revisions api_1_2.yaml records; parameter.py is stored at b57221b7 only, which lacks the managed-
+weights API linear.py calls, so the 2026-12-06 run took the newer 1.x text the store holds as file id 728909344).
 
 Stubbed (in scripts/trtllm_conformance_lib/harness.py; none is on the definition path of this network, each
 raises if called where a value matters):

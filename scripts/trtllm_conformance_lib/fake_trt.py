@@ -152,6 +152,9 @@ class PlaceholderNetwork:
         object.__setattr__(self, "warnings", [])
         object.__setattr__(self, "placeholder_layers", 0)   # ordinary layers the placeholders are made of
         object.__setattr__(self, "_harness_gpt_attention_qkv", [])
+        # per GPTAttention call: its layer_idx field and, per input entry (the contract's names), the network input
+        # bound there (None: a tensor computed in the graph)
+        object.__setattr__(self, "gpt_attention_bindings", [])
         object.__setattr__(self, "allreduce_strategies", [])
 
     def __getattr__(self, name):
@@ -327,6 +330,9 @@ def gpt_attention_placeholder(net, inputs, plugin):
             _need(net.is_network_input(t), name,
                   f"input '{e['name']}' is read on the host, so it must be a network input the runtime binds in host "
                   f"memory; got '{t.name}', a tensor computed in the graph (device memory)")
+    net.gpt_attention_bindings.append({
+        "layer_idx": int(plugin.field("layer_idx")),
+        "inputs": {e["name"]: (t.name if net.is_network_input(t) else None) for e, t in zip(expected, inputs)}})
     qkv = inputs[0]
     nh, hs, nkv = int(plugin.field("num_heads")), int(plugin.field("head_size")), int(plugin.field("num_kv_heads"))
     width = qkv.shape[-1]

@@ -404,6 +404,7 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         for t, _, _ in pnet.placeholders:
             counts[t] = counts.get(t, 0) + 1
         rep["plugins"] = counts
+        rep["gpt_attention_bindings"] = pnet.gpt_attention_bindings
         rep["warnings"] = sorted(set(w.split(": ", 1)[1] for w in pnet.warnings))
         rep["define_seconds"] = round(__import__("time").perf_counter() - t0, 1)
         say(f"rank {rank}: defined in {rep['define_seconds']} s ({rep['layers']} layers)")

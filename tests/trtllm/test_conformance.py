@@ -84,7 +84,7 @@ def _gpt_fields(rope: bool, spec: bool = False):
             "remove_input_padding": np.array(1, np.int8), "is_spec_decoding_enabled": np.array(int(spec), np.int8),
             "position_embedding_type": np.array(2 if rope else 0, np.int8), "num_heads": np.array(2, np.int32),
             "num_kv_heads": np.array(1, np.int32), "head_size": np.array(4, np.int32),
-            "type_id": np.array([int(rtx.float32)], np.int32)}
+            "type_id": np.array([int(rtx.float32)], np.int32), "layer_idx": np.array([3], np.int32)}
 
 
 def _gpt_inputs(net, rope: bool, computed_host=None):
@@ -117,6 +117,10 @@ def test_gpt_attention_placeholder_contract():
     ins = _gpt_inputs(net, rope=True)
     layer = net.add_plugin_v2(ins, _plugin("GPTAttention", _gpt_fields(rope=True)))
     assert tuple(layer.get_output(0).shape) == (-1, 8)   # [num_tokens, num_heads * head_size]
+    # the report's gpt_attention_bindings: the call's layer_idx and, per contract entry, the network input bound there
+    (b,) = net.gpt_attention_bindings
+    assert b["layer_idx"] == 3 and b["inputs"]["host_request_types"] == "host_request_types"
+    assert list(b["inputs"]) == [e["name"] for e in fake_trt.gpt_attention_expected(layer.plugin)]
     # a RoPE layer without the rotary tables: the plugin numbers 17 inputs from its fields (no spec decoding), got 15
     _, _, net2 = _net()
     with pytest.raises(ContractError, match=r"numbers 17 inputs .* got 15"):
@@ -289,3 +293,58 @@ def test_define_only_runs_trtllm_builds_steps_and_declares_the_workspace(tmp_pat
             else:
                 assert ws == [] and x["allreduce_strategies"] == []
     assert r.returncode == 0
+
+
+# the context route's second set of request inputs (engine_io.yaml, `when: sliding_path context`), by the plugin input
+# entry (gpt_attention_contract.yaml's names) each must reach
+ROUTE_SLOTS = {"host_request_types": "sliding_host_request_types", "context_lengths": "sliding_context_lengths",
+               "host_context_lengths": "sliding_host_context_lengths",
+               "host_past_key_value_lengths": "sliding_host_past_key_value_lengths"}
+TINY_FAMILY = {"tiny": "qwen3", "tiny-hybrid": "qwen3_5", "tiny-muse": "muse_glimmer"}
+
+
+def _hf_attention_kinds(target):
+    """The target's attention layers in order (its paged pool's target layers), from the shipped HF config itself."""
+    cfg = json.loads((REPO / "dflash2_trt" / "assets" / "tiny" / TINY_FAMILY[target] / "target" /
+                      "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    kinds = text.get("layer_types") or ["full_attention"] * int(text["num_hidden_layers"])
+    return [k for k in kinds if k != "linear_attention"], text.get("sliding_window")
+
+
+@needs_src
+def test_the_context_route_reaches_the_attention_plugin_entries_through_real_trtllm():
+    """Through TensorRT-LLM's own gpt_attention (which assembles the plugin's inputs in its entry order): on a target
+    whose sliding window binds (tiny-muse: every build takes the context route by default), exactly its
+    sliding-window layers (the HF config's layer_types) bind the four sliding_* inputs, each at the entry the plugin
+    reads as that request field; every other entry of theirs is what the full-attention layers bind. No other layer
+    (full, drafter) and no layer of the other targets binds a sliding_* input. Combined and baseline, tp 1 and 2."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "trtllm_conformance.py"), "--trtllm-src", SRC,
+                        "--target", "all", "--tp", "all", "--json", "--quiet", "--no-build"],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    reports = json.loads(r.stdout)
+    assert len(reports) == 12 and r.returncode == 0
+    routed_seen = 0
+    for rep in reports:
+        kinds, window = _hf_attention_kinds(rep["target"])
+        routed = {i for i, k in enumerate(kinds) if k == "sliding_attention"} if window else set()
+        for x in rep["ranks"]:
+            where = (rep["target"], rep["tp"], rep["network"], x["rank"])
+            calls = x["gpt_attention_bindings"]
+            target_calls = {b["layer_idx"]: b for b in calls if b["layer_idx"] < len(kinds)}
+            assert sorted(target_calls) == list(range(len(kinds))), where   # one call per target attention layer
+            full = [b for i, b in target_calls.items() if i not in routed]
+            assert full, where
+            for b in calls:
+                bound = {slot: n for slot, n in b["inputs"].items() if n and n.startswith("sliding_")}
+                if b["layer_idx"] in routed and b is target_calls.get(b["layer_idx"]):
+                    assert bound == ROUTE_SLOTS, (where, b["layer_idx"], b["inputs"])
+                    for slot, n in b["inputs"].items():
+                        if slot not in ROUTE_SLOTS and slot in full[0]["inputs"]:
+                            assert n == full[0]["inputs"][slot], (where, b["layer_idx"], slot)
+                    routed_seen += 1
+                else:
+                    assert bound == {}, (where, b["layer_idx"], bound)
+            for b in full:
+                assert all(b["inputs"][slot] == slot for slot in ROUTE_SLOTS), (where, b["layer_idx"], b["inputs"])
+    assert routed_seen == 3 * (1 + 2) * 2   # tiny-muse: 3 sliding layers, ranks 1 + 2, combined and baseline
