@@ -75,8 +75,7 @@ _REAL = None
 def real():
     global _REAL
     if _REAL is None:
-        rtx = pytest.importorskip("tensorrt_rtx", reason="the harness's stand-in tensorrt is TensorRT-RTX")
-        del rtx
+        pytest.importorskip("tensorrt_rtx", reason="the harness's stand-in tensorrt is TensorRT-RTX")
         names = sorted(FACTS["functional"]["signatures"]) + ["gpt_attention"]
         methods = sorted(FACTS["tensor_methods"]["present"]) + FACTS["tensor_methods"]["absent_examples"]
         r = subprocess.run([sys.executable, "-c", _READER, SRC, str(REPO / "scripts"), ",".join(names),
