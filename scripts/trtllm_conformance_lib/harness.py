@@ -360,7 +360,7 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
         import tensorrt_rtx as rtx
         from tensorrt_llm.network import Network, net_guard
 
-        logger = _CollectingLogger()
+        logger = collecting_logger()
         rep["_logger"] = logger
         builder = rtx.Builder(logger)
         real_net = builder.create_network(1 << int(rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -507,7 +507,8 @@ def _make_logger_class():
     return CollectingLogger
 
 
-def _CollectingLogger():
+def collecting_logger():
+    """A TensorRT-RTX logger that keeps the ERROR messages (``.errors``) instead of printing them."""
     global _LOGGER_CLS
     if _LOGGER_CLS is None:
         _LOGGER_CLS = _make_logger_class()
