@@ -7,11 +7,19 @@ defaults, actions, nargs, ``allow_abbrev`` as the real parser has them) and the 
 parsed by it, for several build configs. An unknown flag, a value outside the choices, a value of the wrong type, or
 an abbreviated flag (which the real parser would accept today but which is one new option away from being
 ambiguous) is refused. The checks ``main()`` applies to our flags are reproduced from the record's ``checks``.
+
+Where TensorRT-LLM's sources are on disk ($DFLASH2_TRTLLM_SRC with tensorrt_llm/commands/build.py, the conformance
+harness's files), the record itself is held to the real ``parse_arguments`` (every option, as recorded) and our
+command lines are parsed by it (the last two tests; skipped otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +33,7 @@ from dflash2_trt.testing.fixtures import QWEN_DRAFTER, QWEN_TARGET
 from dflash2_trt.trtllm.backend import MODEL_FILE
 
 RECORD_PATH = Path(command_module.__file__).resolve().parent / "facts" / "trtllm_build_cli.yaml"
+REPO = Path(__file__).resolve().parents[2]
 TINY_SETS = {"drafter_window": "full"}      # what TensorRT-LLM needs of tiny's sliding-window drafter
 
 
@@ -276,3 +285,158 @@ def test_the_main_checks_fire(record, built):
 def _set(args: list[str], flag: str, value: str) -> list[str]:
     i = args.index(flag)
     return [*args[:i + 1], value, *args[i + 2:]]
+
+
+# --- the record against TensorRT-LLM's real parser, where its sources are on disk
+
+SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
+
+# Run in a child (the conformance harness's import of the real modules over TensorRT-RTX): build.py's own enum_type
+# and parse_arguments, taken out of the file as they are, over the real plugin.py (add_plugin_argument,
+# PluginConfig) and logger.py (severity_map). What build.py imports from files not on disk is replaced by markers:
+# a BuildConfig default arrives as "<BuildConfig.field>" (so the record's default_from is what is checked; the parser
+# that parses our command lines takes the record's values of those fields instead), the
+# LoRA module table as one "<LoraManager.LORA_MODULE_IDS>" key, and KVCacheType (a C++ binding) as an enum with the
+# record's names and from_string.
+_REAL_PARSER = r"""
+import argparse, ast, contextlib, enum, io, json, sys
+sys.path.insert(0, sys.argv[2])
+from trtllm_conformance_lib import harness
+harness.install(sys.argv[1])
+import importlib
+plugin = importlib.import_module("tensorrt_llm.plugin.plugin")
+logger_module = importlib.import_module("tensorrt_llm.logger")
+tree = ast.parse(open(sys.argv[1] + "/tensorrt_llm/commands/build.py", encoding="utf-8").read())
+fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("enum_type", "parse_arguments")]
+
+
+class Marker:
+    def __init__(self, owner):
+        self._owner = owner
+
+    def __getattr__(self, name):
+        return f"<{self._owner}.{name}>"
+
+
+class KVCacheType(enum.Enum):
+    CONTINUOUS = 0
+    PAGED = 1
+    DISABLED = 2
+
+    @classmethod
+    def from_string(cls, s):
+        return cls[s.upper()]
+
+
+given = json.load(open(sys.argv[3]))
+
+
+def real_parser(build_config):
+    ns = {"argparse": argparse, "BuildConfig": build_config, "KVCacheType": KVCacheType,
+          "LoraManager": type("LoraManager", (), {"LORA_MODULE_IDS": {"<LoraManager.LORA_MODULE_IDS>": 0}}),
+          "add_plugin_argument": plugin.add_plugin_argument, "severity_map": logger_module.severity_map}
+    exec(compile(ast.Module(body=fns, type_ignores=[]), "build.py", "exec"), ns)
+    return ns["parse_arguments"]()
+
+
+parser = real_parser(Marker("BuildConfig"))
+# for parsing, the BuildConfig defaults the record gives (argparse converts a string default with the option's type)
+parsing = real_parser(type("BuildConfig", (), given["build_config"]))
+
+
+def js(v):
+    if isinstance(v, enum.Enum):
+        return v.name
+    try:
+        json.dumps(v)
+        return v
+    except TypeError:
+        return repr(v)
+
+
+actions = [{"flags": a.option_strings, "dest": a.dest,
+            "default": "SUPPRESS" if a.default is argparse.SUPPRESS else js(a.default),
+            "type": None if a.type is None else getattr(a.type, "__name__", repr(a.type)),
+            "choices": None if a.choices is None else [js(c) for c in a.choices],
+            "action": type(a).__name__, "nargs": a.nargs} for a in parser._actions]
+parsed = []
+for argv in given["argvs"]:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parsed.append({"ok": True, "ns": {k: js(v) for k, v in vars(parsing.parse_args(argv)).items()}})
+    except SystemExit as e:
+        parsed.append({"ok": False, "code": e.code, "stderr": err.getvalue()[-500:]})
+print(json.dumps({"parser": {"allow_abbrev": parser.allow_abbrev, "add_help": parser.add_help,
+                             "prefix_chars": parser.prefix_chars}, "actions": actions, "parsed": parsed}))
+"""
+
+ACTION_CLASS = {None: "_StoreAction", "store_true": "_StoreTrueAction", "store_false": "_StoreFalseAction",
+                "store_const": "_StoreConstAction", "append": "_AppendAction", "count": "_CountAction"}
+TYPE_NAME = {None: None, "str": "str", "int": "int", "kv_cache_type": "parse_enum"}
+
+
+@pytest.fixture(scope="module")
+def real_parser(record, tmp_path_factory):
+    if not SRC or not (Path(SRC) / "tensorrt_llm" / "commands" / "build.py").is_file():
+        pytest.skip("TensorRT-LLM's sources (with tensorrt_llm/commands/build.py) are not in $DFLASH2_TRTLLM_SRC")
+    pytest.importorskip("tensorrt_rtx", reason="the conformance harness's stand-in tensorrt is TensorRT-RTX")
+    work = tmp_path_factory.mktemp("real-parser")
+    argvs = []
+    for name in sorted(CONFIGS):
+        cfg = CONFIGS[name]()
+        for target_only in (False, True):
+            argv = trtllm_build_argv(cfg, checkpoint_dir=work / name / "ckpt", output_dir=work / name / "engine",
+                                     target_only=target_only)
+            argvs.append(argv[3:])
+    build_config = {o["default_from"].split(".", 1)[1]: o["default"] for o in record["options"]
+                    if str(o.get("default_from", "")).startswith("BuildConfig.")}
+    (work / "argvs.json").write_text(json.dumps({"argvs": argvs, "build_config": build_config}))
+    r = subprocess.run([sys.executable, "-c", _REAL_PARSER, SRC, str(REPO / "scripts"), str(work / "argvs.json")],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), argvs
+
+
+def test_the_record_is_trtllm_builds_own_parser(record, real_parser):
+    """Every option of the real parse_arguments (+ add_plugin_argument) is recorded with its flags, dest, type,
+    choices, action, nargs and default (default_from where the default is a BuildConfig field), and nothing else."""
+    real, _ = real_parser
+    p = record["parser"]
+    assert real["parser"] == {"allow_abbrev": p["allow_abbrev"], "add_help": p["add_help"],
+                              "prefix_chars": p["prefix_chars"]}
+    actions = {tuple(a["flags"]): a for a in real["actions"] if a["flags"] != ["-h", "--help"]}
+    recorded = {tuple(o["flags"]): o for o in record["options"]}
+    assert set(actions) == set(recorded), (set(actions) ^ set(recorded))
+    for flags, o in recorded.items():
+        a = actions[flags]
+        assert a["dest"] == o["dest"], flags
+        assert a["action"] == ACTION_CLASS[o.get("action")], (flags, a["action"])
+        if o.get("action") not in ("store_true", "store_false"):   # argparse gives those nargs 0
+            assert a["nargs"] == o.get("nargs"), (flags, a["nargs"])
+        if "action" not in o:
+            assert a["type"] == TYPE_NAME[o.get("type")], (flags, a["type"])
+        if o.get("choices_recorded", True) is False:
+            assert a["choices"] is not None, flags
+        else:   # the real list names "disable" twice for --bert_attention_plugin: the same choices to argparse
+            real_choices = None if a["choices"] is None else list(dict.fromkeys(a["choices"]))
+            assert real_choices == o.get("choices"), (flags, a["choices"])
+        if str(o.get("default_from", "")).startswith("BuildConfig."):
+            assert a["default"] == f"<{o['default_from']}>", (flags, a["default"])
+        else:
+            assert a["default"] == o["default"], (flags, a["default"], o["default"])
+
+
+def test_our_command_lines_parse_with_trtllm_builds_own_parser(real_parser):
+    """The argv of every build config here, combined and --baseline, through the real parser: accepted, with our
+    values where we pass them."""
+    real, argvs = real_parser
+    for argv, got in zip(argvs, real["parsed"], strict=True):
+        assert got["ok"], (argv, got)
+        ns = got["ns"]
+        for flag, value in zip(argv, argv[1:]):
+            if flag == "--max_batch_size":
+                assert ns["max_batch_size"] == int(value)
+            if flag == "--model_cls_name":
+                assert ns["model_cls_name"] == value
+        assert ns["kv_cache_type"] == "PAGED"
