@@ -440,3 +440,36 @@ def test_our_command_lines_parse_with_trtllm_builds_own_parser(real_parser):
             if flag == "--model_cls_name":
                 assert ns["model_cls_name"] == value
         assert ns["kv_cache_type"] == "PAGED"
+
+
+def _real_build_config_defaults() -> dict:
+    """BuildConfig's literal field defaults, read from the real builder.py's class body (not imported: it imports most
+    of TensorRT-LLM); a default that is not a literal (an enum member, a default_factory) is left out."""
+    import ast
+
+    path = Path(SRC or "") / "tensorrt_llm" / "builder.py"
+    if not SRC or not path.is_file():
+        pytest.skip("TensorRT-LLM's sources (with tensorrt_llm/builder.py) are not in $DFLASH2_TRTLLM_SRC")
+    cls = next(n for n in ast.parse(path.read_text(encoding="utf-8")).body
+               if isinstance(n, ast.ClassDef) and n.name == "BuildConfig")
+    out = {}
+    for b in cls.body:
+        if isinstance(b, ast.AnnAssign) and b.value is not None:
+            try:
+                out[b.target.id] = ast.literal_eval(b.value)
+            except ValueError:
+                pass
+    return out
+
+
+def test_recorded_build_config_defaults_are_builder_pys(record):
+    """The values the record gives for the parser's BuildConfig-derived defaults are the real BuildConfig's, and
+    trtllm-build's network is strongly typed by default (api_1_2.yaml dtype_rules strongly_typed)."""
+    real = _real_build_config_defaults()
+    fields = [o for o in record["options"] if str(o.get("default_from", "")).startswith("BuildConfig.")]
+    assert fields
+    for o in fields:
+        name = o["default_from"].split(".", 1)[1]
+        assert name in real, name
+        assert real[name] == o["default"], (name, real[name], o["default"])
+    assert real["strongly_typed"] is True
