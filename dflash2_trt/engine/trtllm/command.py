@@ -63,7 +63,10 @@ def trtllm_engine_config(pre: dict, cfg, *, target_only: bool = False) -> dict:
     runtime-rule emulation (:mod:`.runtime_rules`) parses. ``target_only``: the baseline engine's (no speculative
     decoding mode: NONE = 1, no draft slots, max_seq_len as given: facts ``speculative_sizes``)."""
     K = 0 if target_only else cfg.block_size - 1
-    auto = pre.get("dtype", cfg.dtype)      # "auto" plugins resolve to the model dtype
+    # "auto" plugins are written as "auto": PluginConfig resolves "auto" to its dtype when a field is READ
+    # (__getattribute__), and the engine's config is its model_dump (plugin.py c20322ff, builder.py BuildConfig.to_dict;
+    # seen in the config.json the real trtllm-build main() wrote over TensorRT-RTX, scripts/trtllm_real_build.py)
+    auto = "auto"
     return {"version": "1.2", "pretrained_config": pre, "build_config": {
         "max_batch_size": cfg.max_batch_size, "max_input_len": cfg.max_input_len, "max_seq_len": cfg.max_seq_len + 2 * K,
         "max_num_tokens": cfg.max_num_tokens, "max_beam_width": 1, "max_draft_len": K,

@@ -1,0 +1,82 @@
+"""TensorRT-LLM's own trtllm-build (commands/build.py main through builder.build and Engine.save), run as
+``dflash2-trt build --backend trtllm`` runs it (``python -m dflash2_trt.trtllm.register`` + the recorded argv) over the
+real sources and TensorRT-RTX (scripts/trtllm_real_build.py): for every tiny pair, tp 1 and 2, combined and
+``--baseline``, it writes the engine directory, and the config.json it writes is what the project predicts it writes
+(``engine/trtllm/command.py trtllm_engine_config``, which the runtime-rule emulation and the TensorRT session read),
+field for field.
+
+Needs $DFLASH2_TRTLLM_SRC with the conformance harness's files plus tensorrt_llm/commands/build.py and
+tensorrt_llm/builder.py, and TensorRT-RTX; skips otherwise. The engine files hold placeholder bytes (``--no-build``)
+except in the one test that sets DFLASH2_REAL_BUILD_RTX=1 (a TensorRT-RTX build: minutes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
+pytestmark = pytest.mark.skipif(
+    not SRC or not all((Path(SRC) / "tensorrt_llm" / f).is_file() for f in ("functional.py", "commands/build.py",
+                                                                            "builder.py")),
+    reason="TensorRT-LLM's sources (with commands/build.py and builder.py) are not in $DFLASH2_TRTLLM_SRC")
+
+
+def _run(tmp_path, target, tp, network, build=False):
+    pytest.importorskip("tensorrt_rtx", reason="the conformance harness's stand-in tensorrt is TensorRT-RTX")
+    work = tmp_path / "w"
+    cmd = [sys.executable, str(REPO / "scripts" / "trtllm_real_build.py"), "--trtllm-src", SRC, "--target", target,
+           "--tp", str(tp), "--network", network, "--workdir", str(work), "--json"] + ([] if build else ["--no-build"])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout), work
+
+
+def _predicted(work, target, tp, network):
+    from dflash2_trt.engine.plan import prepare
+    from dflash2_trt.engine.trtllm.command import trtllm_engine_config
+    from dflash2_trt.targets import get_target, resolve_dirs
+
+    ddir, tdir = resolve_dirs(get_target(target))
+    prep = prepare(ddir, tdir, target_key=target, overrides={"tp_size": tp})
+    kind = "baseline" if network == "baseline" else "build"
+    pre = json.loads((work / f"{target}-tp{tp}.{kind}-checkpoint" / "config.json").read_text())
+    return trtllm_engine_config(pre, prep.cfg, target_only=network == "baseline")
+
+
+def _differences(want, got, path=""):
+    out = []
+    for k, v in want.items():
+        p = f"{path}.{k}" if path else k
+        if k not in got:
+            out.append(f"{p}: missing from trtllm-build's config.json")
+        elif isinstance(v, dict) and isinstance(got[k], dict):
+            out += _differences(v, got[k], p)
+        elif v != got[k]:
+            out.append(f"{p}: predicted {v!r}, trtllm-build wrote {got[k]!r}")
+    return out
+
+
+@pytest.mark.parametrize("network", ["combined", "baseline"])
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("target", ["tiny", "tiny-hybrid", "tiny-muse"])
+def test_trtllm_build_writes_the_engine_config_the_project_predicts(tmp_path, target, tp, network):
+    rep, work = _run(tmp_path, target, tp, network)
+    assert rep["files"] == ["config.json"] + [f"rank{r}.engine" for r in range(tp)]
+    assert rep["calls"].count("build_serialized_network") == tp and rep["optimization_profiles"] >= 1
+    assert not rep["tensorrt_errors"], rep["tensorrt_errors"]
+    want = _predicted(work, target, tp, network)
+    want.pop("version")   # the stand-in's version string, not a fact about the file
+    assert _differences(want, rep["config"]) == []
+
+
+@pytest.mark.skipif(os.environ.get("DFLASH2_REAL_BUILD_RTX") != "1", reason="set DFLASH2_REAL_BUILD_RTX=1 (minutes)")
+def test_trtllm_build_builds_the_engine_with_tensorrt_rtx(tmp_path):
+    rep, work = _run(tmp_path, "tiny", 1, "combined", build=True)
+    engine = work / "engine-combined" / "rank0.engine"
+    assert rep["built"] and engine.stat().st_size > 100_000 and not rep["tensorrt_errors"]
