@@ -35,6 +35,8 @@ at one other revision each: the runs of 2026-12-05 and 2026-12-06 used _utils, m
 functional at 0071496d, network at 7b437aaa, plugin at c20322ff, _common at 0fccc5b9, logger at 14e801da, the layers
 and module at the revisions api_1_2.yaml records; parameter.py is stored at b57221b7 only, which lacks the managed-
 weights API linear.py calls, so the 2026-12-06 run took the newer 1.x text the store holds as file id 728909344).
+scripts/trtllm_real_build.py needs two more: tensorrt_llm/commands/build.py (file id 387653565) and
+tensorrt_llm/builder.py (file id 205252225), the revisions engine/trtllm/facts/trtllm_build_cli.yaml names.
 
 Stubbed (in scripts/trtllm_conformance_lib/harness.py; none is on the definition path of this network, each
 raises if called where a value matters):
