@@ -130,6 +130,11 @@ def install(src: Path, build: bool = True) -> dict:
             m.get_sm_version = lambda: 90
     import dflash2_trt.plugins as dp
 
+    # submodules the sources use as attributes (modeling_utils: safetensors.torch; parameter.py:
+    # torch.distributed.tensor.DTensor), which TensorRT-LLM's real package __init__ has imported by then
+    for name in ("safetensors.torch", "torch.distributed.tensor"):
+        importlib.import_module(name)
+
     dp.load_library = lambda *a, **k: None   # the plugin library is not built here; placeholders stand in
     return state
 
@@ -149,3 +154,14 @@ def run(src: Path, target: str, tp: int, network: str, workdir: Path, build: boo
             "calls": state["calls"], "optimization_profiles": state.get("optimization_profiles"),
             "tensorrt_errors": (logger.errors[:5] if logger else []), "stand_ins": state["stand_ins"]}
 
+
+
+def trtllm_build(src: Path, flags: list[str], build: bool = False) -> dict:
+    """``python -m dflash2_trt.trtllm.register FLAGS`` over the real sources (the stand-ins of :func:`install`): what a
+    runner of ``dflash2-trt build --backend trtllm`` can call in place of the command line it records."""
+    state = install(src, build=build)
+    from dflash2_trt.trtllm import register
+
+    register.main(list(flags))
+    state.pop("logger", None)
+    return state

@@ -80,3 +80,55 @@ def test_trtllm_build_builds_the_engine_with_tensorrt_rtx(tmp_path):
     rep, work = _run(tmp_path, "tiny", 1, "combined", build=True)
     engine = work / "engine-combined" / "rank0.engine"
     assert rep["built"] and engine.stat().st_size > 100_000 and not rep["tensorrt_errors"]
+
+
+def test_dflash2_trt_build_with_trtllm_builds_own_main(tmp_path, monkeypatch):
+    """``build --backend trtllm --baseline`` (build_engine, its whole branch) with a runner that runs each recorded
+    trtllm-build command line through TensorRT-LLM's real main (placeholder engine bytes; cmake played as in
+    test_trtllm_branch.py): the engine directory it commits takes what the real trtllm-build wrote, its config check
+    and fixes pass, and load_engine_dir opens the engine and its baseline."""
+    pytest.importorskip("tensorrt_rtx", reason="the conformance harness's stand-in tensorrt is TensorRT-RTX")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from test_trtllm_branch import SETS, FakeRunner
+
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.format import load_engine_dir
+    from dflash2_trt.engine.trtllm.toolchain import Toolchain
+
+    monkeypatch.setenv("DFLASH2_TRT_CACHE", str(tmp_path / "cache"))
+    inc = tmp_path / "TensorRT-10.13" / "include"
+    inc.mkdir(parents=True)
+    (inc / "NvInferVersion.h").write_text("#define TRT_MAJOR_ENTERPRISE 10\n#define TRT_MINOR_ENTERPRISE 13\n")
+    toolchain = Toolchain(tensorrt_llm="1.2.0", tensorrt="10.13.3", trtllm_build="/opt/trt/bin/trtllm-build",
+                          cmake="/opt/cmake/bin/cmake", nvcc="/usr/local/cuda/bin/nvcc", cuda="12.9",
+                          tensorrt_include=str(inc), gpu_name="NVIDIA H200", gpu_sm="sm_90a")
+
+    class RealTrtllmBuild(FakeRunner):
+        def __call__(self, argv, *, env=None, log=None, cwd=None, echo=None):
+            argv = list(argv)
+            if argv[1:3] != ["-m", "dflash2_trt.trtllm.register"]:
+                return super().__call__(argv, env=env, log=log, cwd=cwd, echo=echo)
+            self.calls.append({"tool": "trtllm-build", "argv": argv, "env": dict(env or {})})
+            code = ("import sys; sys.path.insert(0, sys.argv[1]); from trtllm_conformance_lib import real_build; "
+                    "real_build.trtllm_build(sys.argv[2], sys.argv[3:], build=False)")
+            with open(log, "a") as f:
+                r = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts"), SRC, *argv[3:]],
+                                   stdout=f, stderr=subprocess.STDOUT, cwd=cwd, env={**os.environ, **(env or {})},
+                                   timeout=1200)
+            return r.returncode
+
+    runner = RealTrtllmBuild()
+    pair = trained_pair("qwen3")
+    out = tmp_path / "eng"
+    res = build_engine(pair.drafter_dir, pair.target_dir, out, backend="trtllm", target_key="tiny",
+                       toolchain=toolchain, runner=runner, sets=SETS, verify=False, baseline=True)
+    assert res.output == out
+    assert [c["tool"] for c in runner.calls].count("trtllm-build") == 2
+    eng = load_engine_dir(out)
+    assert (out / "rank0.engine").read_bytes().startswith(b"dflash2-trt conformance: placeholder")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["build_config"]["max_draft_len"] == 7 and cfg["build_config"]["speculative_decoding_mode"] == 32
+    base = json.loads((out / "baseline" / "config.json").read_text())
+    assert base["build_config"]["speculative_decoding_mode"] == 1 and base["build_config"]["max_draft_len"] == 0
+    assert eng is not None
