@@ -297,7 +297,7 @@ SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
 # a BuildConfig default arrives as "<BuildConfig.field>" (so the record's default_from is what is checked; the parser
 # that parses our command lines takes the record's values of those fields instead), the
 # LoRA module table as one "<LoraManager.LORA_MODULE_IDS>" key, and KVCacheType (a C++ binding) as an enum with the
-# record's names and from_string.
+# record's names and from_string (real_build.KVCacheType).
 _REAL_PARSER = r"""
 import argparse, ast, contextlib, enum, io, json, sys
 sys.path.insert(0, sys.argv[2])
@@ -317,15 +317,7 @@ class Marker:
     def __getattr__(self, name):
         return f"<{self._owner}.{name}>"
 
-
-class KVCacheType(enum.Enum):
-    CONTINUOUS = 0
-    PAGED = 1
-    DISABLED = 2
-
-    @classmethod
-    def from_string(cls, s):
-        return cls[s.upper()]
+from trtllm_conformance_lib.real_build import KVCacheType
 
 
 given = json.load(open(sys.argv[3]))

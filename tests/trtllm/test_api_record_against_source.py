@@ -9,22 +9,18 @@ otherwise."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_sources import REPO, child_json, have  # noqa: E402
+
 FACTS = yaml.safe_load((REPO / "dflash2_trt" / "trtllm" / "cpu" / "api_1_2.yaml").read_text())
-SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
-pytestmark = [
-    pytest.mark.skipif(not SRC or not (Path(SRC) / "tensorrt_llm" / "functional.py").is_file(),
-                       reason="TensorRT-LLM's Python sources are not in $DFLASH2_TRTLLM_SRC"),
-]
+pytestmark = pytest.mark.skipif(not have("functional.py"),
+                                reason="TensorRT-LLM's Python sources are not in $DFLASH2_TRTLLM_SRC")
 
 # Run in a child: the real modules, imported through the conformance harness, described as JSON. A default that is
 # not a plain literal is described by its type and name (an enum member: its name), so the record's
@@ -75,13 +71,9 @@ _REAL = None
 def real():
     global _REAL
     if _REAL is None:
-        pytest.importorskip("tensorrt_rtx", reason="the harness's stand-in tensorrt is TensorRT-RTX")
         names = sorted(FACTS["functional"]["signatures"]) + ["gpt_attention"]
         methods = sorted(FACTS["tensor_methods"]["present"]) + FACTS["tensor_methods"]["absent_examples"]
-        r = subprocess.run([sys.executable, "-c", _READER, SRC, str(REPO / "scripts"), ",".join(names),
-                            ",".join(methods)], capture_output=True, text=True, timeout=300, cwd=REPO)
-        assert r.returncode == 0, r.stderr[-3000:]
-        _REAL = json.loads(r.stdout.strip().splitlines()[-1])
+        _REAL = child_json(_READER, ",".join(names), ",".join(methods))
     return _REAL
 
 
@@ -95,11 +87,11 @@ def _rows(params):
 def _same(recorded, params, what):
     got = _rows(params)
     assert [n for n, _ in got] == [n for n, _ in recorded], (what, got)
-    for (n, want), (_, have) in zip(recorded, got):
-        if want == "<non-literal>":
-            assert isinstance(have, dict) and "object" in have, (what, n, have)   # a default, not a plain literal
+    for (n, want), (_, real_default) in zip(recorded, got):
+        if want == "<non-literal>":   # a default, not a plain literal
+            assert isinstance(real_default, dict) and "object" in real_default, (what, n, real_default)
         else:
-            assert have == want, (what, n, want, have)
+            assert real_default == want, (what, n, want, real_default)
 
 
 @pytest.mark.parametrize("name", sorted(FACTS["functional"]["signatures"]))

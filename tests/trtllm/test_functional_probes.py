@@ -10,9 +10,6 @@ repository) and TensorRT-RTX; skips otherwise."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,10 +22,9 @@ from dflash2_trt.trtllm.cpu.tensor import raw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from functional_probes import NOT_MODELLED, PROBES, STRICTER  # noqa: E402
+from real_sources import child_json, have  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
-pytestmark = pytest.mark.skipif(not SRC or not (Path(SRC) / "tensorrt_llm" / "functional.py").is_file(),
+pytestmark = pytest.mark.skipif(not have("functional.py"),
                                 reason="TensorRT-LLM's Python sources are not in $DFLASH2_TRTLLM_SRC")
 
 _REAL_RUNNER = r"""
@@ -77,12 +73,7 @@ _REAL = None
 def real_outcomes():
     global _REAL
     if _REAL is None:
-        pytest.importorskip("tensorrt_rtx", reason="the harness's stand-in tensorrt is TensorRT-RTX")
-        r = subprocess.run([sys.executable, "-c", _REAL_RUNNER, SRC, str(REPO / "scripts"),
-                            str(Path(__file__).resolve().parent)], capture_output=True, text=True, timeout=300,
-                           cwd=REPO)
-        assert r.returncode == 0, r.stderr[-3000:]
-        _REAL = json.loads(r.stdout.strip().splitlines()[-1])
+        _REAL = child_json(_REAL_RUNNER, str(Path(__file__).resolve().parent))
     return _REAL
 
 
