@@ -10,12 +10,20 @@ Engine.save (config.json and rank<r>.engine). What :func:`install` puts in place
 in the report's ``stand_ins``): the harness's stubs, plus
 
 - ``trt.Builder``: TensorRT-RTX's, its networks wrapped with the plugin placeholders as the harness's define() wraps
-  them; with ``build=False`` build_serialized_network returns placeholder bytes instead of an RTX build;
+  them (``trt.__version__`` is RTX's 1.7, so builder.py's TensorRT >= 10.6 branches are off: monitor_memory only);
+  with ``build=False`` build_serialized_network returns placeholder bytes instead of an RTX build, with ``build=True``
+  the builder optimization level is $DFLASH2_CONFORMANCE_OPT_LEVEL (default 0) instead of TensorRT's default;
 - the machine: an SM 90 GPU (``get_sm_version`` 90; torch's CUDA device count 1, set_device a no-op);
+- the DFlash2 plugin library: ``dflash2_trt.plugins.load_library`` is a no-op (not built here; the DFlash2 plugin
+  calls reach the placeholders);
 - modules not on disk: lora_helper.LoraConfig / lora_manager.LoraManager (no LoRA: the defaults only),
   version.__version__, bindings.KVCacheType (a C++ enum: the recorded names, from_string upper-cases),
-  graph_rewriting.optimize (its one pass is checked by the harness's own match rule), psutil (a memory log line),
-  QuantMode's remaining predicates (all False: unquantized).
+  graph_rewriting.optimize (a no-op here: its one pass's match rule is checked on the same networks by
+  scripts/trtllm_conformance.py, not by this path), psutil (a memory log line), QuantMode's remaining predicates (all
+  False: unquantized).
+
+:func:`run` (the script) also sets DFLASH2_TRT_BACKEND=trtllm, which ``build`` passes trtllm-build in its env; under
+``build`` (:func:`trtllm_build`) the variable comes from the caller.
 """
 
 from __future__ import annotations
@@ -78,15 +86,17 @@ def install(src: Path, build: bool = True) -> dict:
     if missing:
         raise harness.HarnessError(f"{src}: missing TensorRT-LLM sources {missing} (expected DIR/tensorrt_llm/...)")
     harness.install(src)
-    os.environ["DFLASH2_TRT_BACKEND"] = "trtllm"
     import tensorrt as trt
     import tensorrt_rtx as rtx
     import torch
 
-    state = {"calls": [], "stand_ins": ["trt.Builder (TensorRT-RTX + plugin placeholders)", "get_sm_version = 90",
-                                        "torch.cuda.device_count = 1", "LoraConfig / LoraManager (no LoRA)",
-                                        "bindings.KVCacheType", "graph_rewriting.optimize", "psutil",
-                                        f"version {VERSION}"]}
+    state = {"calls": [], "loggers": [],
+             "stand_ins": ["trt.Builder (TensorRT-RTX + plugin placeholders)", "get_sm_version = 90",
+                           "torch.cuda.device_count = 1", "dflash2_trt.plugins.load_library (no-op)",
+                           "LoraConfig / LoraManager (no LoRA)", "bindings.KVCacheType",
+                           "graph_rewriting.optimize (no-op)", "psutil", f"version {VERSION}"]
+             + ([] if not build else ["builder_optimization_level $DFLASH2_CONFORMANCE_OPT_LEVEL (default 0)"])
+             + (["placeholder engine bytes (no RTX build)"] if not build else [])}
     sys.modules["tensorrt_llm.bindings"].KVCacheType = KVCacheType
     _module("tensorrt_llm.lora_helper", LoraConfig=_LoraConfig)
     _module("tensorrt_llm.lora_manager", LoraManager=type("LoraManager", (), {"LORA_MODULE_IDS": {}}))
@@ -100,9 +110,9 @@ def install(src: Path, build: bool = True) -> dict:
         setattr(q, n, lambda self, *a, **k: False)
 
     class PlaceholderBuilder:
-        def __init__(self, logger):
+        def __init__(self, logger):   # builder.build makes one per rank: every rank's errors are kept
             self.logger = harness.collecting_logger()
-            state["logger"] = self.logger
+            state["loggers"].append(self.logger)
             self._b = rtx.Builder(self.logger)
 
         def create_network(self, flags=0):
@@ -142,26 +152,34 @@ def install(src: Path, build: bool = True) -> dict:
 def run(src: Path, target: str, tp: int, network: str, workdir: Path, build: bool = True) -> dict:
     """One trtllm-build of ``target`` at ``tp`` (``network`` combined or baseline) into ``workdir``: the report with
     the argv, the engine directory's files and its config.json."""
+    os.environ["DFLASH2_TRT_BACKEND"] = "trtllm"   # what `build` puts in trtllm-build's env
     state = install(src, build=build)
     ckpt, argv, _ = harness.prepare_checkpoint(target, tp, Path(workdir), network)
     from dflash2_trt.trtllm import register
 
     register.main(argv[3:])   # argv = [python, -m, dflash2_trt.trtllm.register, ...flags]
     out = Path(argv_value(argv, "--output_dir"))
-    logger = state.pop("logger", None)
     return {"target": target, "tp": tp, "network": network, "argv": argv[3:], "built": build,
             "files": sorted(p.name for p in out.iterdir()), "config": json.loads((out / "config.json").read_text()),
             "calls": state["calls"], "optimization_profiles": state.get("optimization_profiles"),
-            "tensorrt_errors": (logger.errors[:5] if logger else []), "stand_ins": state["stand_ins"]}
+            "tensorrt_errors": tensorrt_errors(state), "stand_ins": state["stand_ins"]}
+
+
+def tensorrt_errors(state: dict) -> list[str]:
+    """TensorRT's ERROR messages of every builder (one per rank), the first five."""
+    return [e for lg in state["loggers"] for e in lg.errors][:5]
 
 
 
 def trtllm_build(src: Path, flags: list[str], build: bool = False) -> dict:
     """``python -m dflash2_trt.trtllm.register FLAGS`` over the real sources (the stand-ins of :func:`install`): what a
-    runner of ``dflash2-trt build --backend trtllm`` can call in place of the command line it records."""
+    runner of ``dflash2-trt build --backend trtllm`` can call in place of the command line it records. A TensorRT
+    error logged by any rank's builder is raised (with placeholder bytes the build itself cannot fail)."""
     state = install(src, build=build)
     from dflash2_trt.trtllm import register
 
     register.main(list(flags))
-    state.pop("logger", None)
+    errors = tensorrt_errors(state)
+    if errors:   # trtllm-build itself would have failed its build; say so with a non-zero exit
+        raise RuntimeError(f"TensorRT errors during trtllm-build: {errors}")
     return state

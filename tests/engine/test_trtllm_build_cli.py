@@ -420,8 +420,9 @@ def test_the_record_is_trtllm_builds_own_parser(record, real_parser):
 
 
 def test_our_command_lines_parse_with_trtllm_builds_own_parser(real_parser):
-    """The argv of every build config here, combined and --baseline, through the real parser: accepted, with our
-    values where we pass them."""
+    """The argv of every build config here, combined and --baseline, through the real parser: accepted (the
+    values each flag lands in are the previous test's dest / type check and test_our_command_line_is_what_trtllm_build_
+    accepts' on the mirror parser; here max_batch_size, model_cls_name and the KV cache type)."""
     real, argvs = real_parser
     for argv, got in zip(argvs, real["parsed"], strict=True):
         assert got["ok"], (argv, got)

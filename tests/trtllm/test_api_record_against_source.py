@@ -147,4 +147,4 @@ def test_recorded_tensor_operators_and_methods_are_the_real_ones():
         if m in ("__len__", "__iter__", "__bool__", "__index__", "__int__", "__float__"):
             continue   # dunder protocols: checked through attrs below
         assert methods[m] is None, m
-    assert not {"__len__", "__iter__", "__index__", "__int__", "__float__"} & attrs
+    assert not {"__len__", "__iter__", "__bool__", "__index__", "__int__", "__float__"} & attrs

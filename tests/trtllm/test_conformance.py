@@ -322,8 +322,9 @@ def test_the_context_route_reaches_the_attention_plugin_entries_through_real_trt
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "trtllm_conformance.py"), "--trtllm-src", SRC,
                         "--target", "all", "--tp", "all", "--json", "--quiet", "--no-build"],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
     reports = json.loads(r.stdout)
-    assert len(reports) == 12 and r.returncode == 0
+    assert len(reports) == 12
     routed_seen = 0
     for rep in reports:
         kinds, window = _hf_attention_kinds(rep["target"])

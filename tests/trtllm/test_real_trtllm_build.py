@@ -1,9 +1,9 @@
 """TensorRT-LLM's own trtllm-build (commands/build.py main through builder.build and Engine.save), run as
 ``dflash2-trt build --backend trtllm`` runs it (``python -m dflash2_trt.trtllm.register`` + the recorded argv) over the
 real sources and TensorRT-RTX (scripts/trtllm_real_build.py): for every tiny pair, tp 1 and 2, combined and
-``--baseline``, it writes the engine directory, and the config.json it writes is what the project predicts it writes
-(``engine/trtllm/command.py trtllm_engine_config``, which the runtime-rule emulation and the TensorRT session read),
-field for field.
+``--baseline``, it writes the engine directory, and the config.json it writes holds what the project predicts it
+writes (``engine/trtllm/command.py trtllm_engine_config``, which the runtime-rule emulation and the TensorRT session
+read) in every field the prediction has (a subset: the file has more).
 
 Needs $DFLASH2_TRTLLM_SRC with the conformance harness's files plus tensorrt_llm/commands/build.py and
 tensorrt_llm/builder.py, and TensorRT-RTX; skips otherwise. The engine files hold placeholder bytes (``--no-build``)
@@ -84,9 +84,10 @@ def test_trtllm_build_builds_the_engine_with_tensorrt_rtx(tmp_path):
 
 def test_dflash2_trt_build_with_trtllm_builds_own_main(tmp_path, monkeypatch):
     """``build --backend trtllm --baseline`` (build_engine, its whole branch) with a runner that runs each recorded
-    trtllm-build command line through TensorRT-LLM's real main (placeholder engine bytes; cmake played as in
-    test_trtllm_branch.py): the engine directory it commits takes what the real trtllm-build wrote, its config check
-    and fixes pass, and load_engine_dir opens the engine and its baseline."""
+    trtllm-build command line, with the env build gives it, through TensorRT-LLM's real main (placeholder engine bytes;
+    cmake played and the toolchain declared as in test_trtllm_branch.py; the verify gate off, as it needs a GPU): the
+    engine directory it commits takes what the real trtllm-build wrote, its config check and fixes pass, and
+    load_engine_dir opens it, every file re-hashed."""
     pytest.importorskip("tensorrt_rtx", reason="the conformance harness's stand-in tensorrt is TensorRT-RTX")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
     from test_trtllm_branch import SETS, FakeRunner
@@ -125,10 +126,11 @@ def test_dflash2_trt_build_with_trtllm_builds_own_main(tmp_path, monkeypatch):
                        toolchain=toolchain, runner=runner, sets=SETS, verify=False, baseline=True)
     assert res.output == out
     assert [c["tool"] for c in runner.calls].count("trtllm-build") == 2
-    eng = load_engine_dir(out)
+    # load_engine_dir re-hashes every file against the manifest build wrote over what trtllm-build wrote
+    config, manifest = load_engine_dir(out, verify=True)
+    assert manifest["backend"] == "trtllm" and config["build_config"]["plugin_config"]["gpt_attention_plugin"] == "auto"
     assert (out / "rank0.engine").read_bytes().startswith(b"dflash2-trt conformance: placeholder")
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["build_config"]["max_draft_len"] == 7 and cfg["build_config"]["speculative_decoding_mode"] == 32
     base = json.loads((out / "baseline" / "config.json").read_text())
     assert base["build_config"]["speculative_decoding_mode"] == 1 and base["build_config"]["max_draft_len"] == 0
-    assert eng is not None
