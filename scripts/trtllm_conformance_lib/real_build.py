@@ -44,7 +44,8 @@ VERSION = "1.2.0"
 
 
 def _module(name: str, **attrs) -> types.ModuleType:
-    """A stand-in module registered under ``name``."""
+    """A stand-in module registered under ``name``, with a module spec (the harness's stubs have none): transformers
+    asks ``importlib.util.find_spec("psutil")``, which refuses a module in sys.modules without one."""
     import importlib.machinery
 
     mod = types.ModuleType(name)
@@ -90,13 +91,13 @@ def install(src: Path, build: bool = True) -> dict:
     import tensorrt_rtx as rtx
     import torch
 
+    engine = ("builder_optimization_level $DFLASH2_CONFORMANCE_OPT_LEVEL (default 0)" if build
+              else "placeholder engine bytes (no RTX build)")
     state = {"calls": [], "loggers": [],
-             "stand_ins": ["trt.Builder (TensorRT-RTX + plugin placeholders)", "get_sm_version = 90",
+             "stand_ins": ["trt.Builder (TensorRT-RTX + plugin placeholders)", engine, "get_sm_version = 90",
                            "torch.cuda.device_count = 1", "dflash2_trt.plugins.load_library (no-op)",
                            "LoraConfig / LoraManager (no LoRA)", "bindings.KVCacheType",
-                           "graph_rewriting.optimize (no-op)", "psutil", f"version {VERSION}"]
-             + ([] if not build else ["builder_optimization_level $DFLASH2_CONFORMANCE_OPT_LEVEL (default 0)"])
-             + (["placeholder engine bytes (no RTX build)"] if not build else [])}
+                           "graph_rewriting.optimize (no-op)", "psutil", f"version {VERSION}"]}
     sys.modules["tensorrt_llm.bindings"].KVCacheType = KVCacheType
     _module("tensorrt_llm.lora_helper", LoraConfig=_LoraConfig)
     _module("tensorrt_llm.lora_manager", LoraManager=type("LoraManager", (), {"LORA_MODULE_IDS": {}}))
@@ -138,12 +139,11 @@ def install(src: Path, build: bool = True) -> dict:
     for m in list(sys.modules.values()):
         if getattr(m, "__name__", "").startswith("tensorrt_llm") and hasattr(m, "get_sm_version"):
             m.get_sm_version = lambda: 90
-    import dflash2_trt.plugins as dp
-
     # submodules the sources use as attributes (modeling_utils: safetensors.torch; parameter.py:
     # torch.distributed.tensor.DTensor), which TensorRT-LLM's real package __init__ has imported by then
     for name in ("safetensors.torch", "torch.distributed.tensor"):
         importlib.import_module(name)
+    import dflash2_trt.plugins as dp
 
     dp.load_library = lambda *a, **k: None   # the plugin library is not built here; placeholders stand in
     return state
@@ -153,11 +153,9 @@ def run(src: Path, target: str, tp: int, network: str, workdir: Path, build: boo
     """One trtllm-build of ``target`` at ``tp`` (``network`` combined or baseline) into ``workdir``: the report with
     the argv, the engine directory's files and its config.json."""
     os.environ["DFLASH2_TRT_BACKEND"] = "trtllm"   # what `build` puts in trtllm-build's env
-    state = install(src, build=build)
     ckpt, argv, _ = harness.prepare_checkpoint(target, tp, Path(workdir), network)
-    from dflash2_trt.trtllm import register
-
-    register.main(argv[3:])   # argv = [python, -m, dflash2_trt.trtllm.register, ...flags]
+    # argv = [python, -m, dflash2_trt.trtllm.register, ...flags]; TensorRT errors are reported, not raised
+    state = trtllm_build(src, argv[3:], build=build, check=False)
     out = Path(argv_value(argv, "--output_dir"))
     return {"target": target, "tp": tp, "network": network, "argv": argv[3:], "built": build,
             "files": sorted(p.name for p in out.iterdir()), "config": json.loads((out / "config.json").read_text()),
@@ -170,16 +168,14 @@ def tensorrt_errors(state: dict) -> list[str]:
     return [e for lg in state["loggers"] for e in lg.errors][:5]
 
 
-
-def trtllm_build(src: Path, flags: list[str], build: bool = False) -> dict:
+def trtllm_build(src: Path, flags: list[str], build: bool = False, check: bool = True) -> dict:
     """``python -m dflash2_trt.trtllm.register FLAGS`` over the real sources (the stand-ins of :func:`install`): what a
-    runner of ``dflash2-trt build --backend trtllm`` can call in place of the command line it records. A TensorRT
-    error logged by any rank's builder is raised (with placeholder bytes the build itself cannot fail)."""
+    runner of ``dflash2-trt build --backend trtllm`` can call in place of the command line it records. ``check``: a
+    TensorRT error logged by any rank's builder is raised (with placeholder bytes the build itself cannot fail)."""
     state = install(src, build=build)
     from dflash2_trt.trtllm import register
 
     register.main(list(flags))
-    errors = tensorrt_errors(state)
-    if errors:   # trtllm-build itself would have failed its build; say so with a non-zero exit
+    if check and (errors := tensorrt_errors(state)):
         raise RuntimeError(f"TensorRT errors during trtllm-build: {errors}")
     return state

@@ -49,14 +49,19 @@ def _own_plugin_cache(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("DFLASH2_PLUGIN_LIB", raising=False)
 
 
-@pytest.fixture
-def toolchain(tmp_path):
+def declared_toolchain(tmp_path) -> Toolchain:
+    """An H200 machine with TensorRT-LLM 1.2.0, TensorRT 10.13 (its headers under ``tmp_path``), CMake and nvcc."""
     inc = tmp_path / "TensorRT-10.13" / "include"
     inc.mkdir(parents=True)
     (inc / "NvInferVersion.h").write_text("#define TRT_MAJOR_ENTERPRISE 10\n#define TRT_MINOR_ENTERPRISE 13\n")
     return Toolchain(tensorrt_llm="1.2.0", tensorrt="10.13.3", trtllm_build="/opt/trt/bin/trtllm-build",
                      cmake="/opt/cmake/bin/cmake", nvcc="/usr/local/cuda/bin/nvcc", cuda="12.9",
                      tensorrt_include=str(inc), gpu_name="NVIDIA H200", gpu_sm="sm_90a")
+
+
+@pytest.fixture
+def toolchain(tmp_path):
+    return declared_toolchain(tmp_path)
 
 
 class FakeRunner:

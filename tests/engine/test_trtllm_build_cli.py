@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -289,7 +287,8 @@ def _set(args: list[str], flag: str, value: str) -> list[str]:
 
 # --- the record against TensorRT-LLM's real parser, where its sources are on disk
 
-SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
+sys.path.insert(0, str(REPO / "tests" / "trtllm"))
+from real_sources import SRC, child_json, have  # noqa: E402
 
 # Run in a child (the conformance harness's import of the real modules over TensorRT-RTX): build.py's own enum_type
 # and parse_arguments, taken out of the file as they are, over the real plugin.py (add_plugin_argument,
@@ -370,9 +369,8 @@ TYPE_NAME = {None: None, "str": "str", "int": "int", "kv_cache_type": "parse_enu
 
 @pytest.fixture(scope="module")
 def real_parser(record, tmp_path_factory):
-    if not SRC or not (Path(SRC) / "tensorrt_llm" / "commands" / "build.py").is_file():
+    if not have("functional.py", "commands/build.py"):
         pytest.skip("TensorRT-LLM's sources (with tensorrt_llm/commands/build.py) are not in $DFLASH2_TRTLLM_SRC")
-    pytest.importorskip("tensorrt_rtx", reason="the conformance harness's stand-in tensorrt is TensorRT-RTX")
     work = tmp_path_factory.mktemp("real-parser")
     argvs = []
     for name in sorted(CONFIGS):
@@ -384,10 +382,7 @@ def real_parser(record, tmp_path_factory):
     build_config = {o["default_from"].split(".", 1)[1]: o["default"] for o in record["options"]
                     if str(o.get("default_from", "")).startswith("BuildConfig.")}
     (work / "argvs.json").write_text(json.dumps({"argvs": argvs, "build_config": build_config}))
-    r = subprocess.run([sys.executable, "-c", _REAL_PARSER, SRC, str(REPO / "scripts"), str(work / "argvs.json")],
-                       capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1]), argvs
+    return child_json(_REAL_PARSER, str(work / "argvs.json")), argvs
 
 
 def test_the_record_is_trtllm_builds_own_parser(record, real_parser):
@@ -440,9 +435,9 @@ def _real_build_config_defaults() -> dict:
     of TensorRT-LLM); a default that is not a literal (an enum member, a default_factory) is left out."""
     import ast
 
-    path = Path(SRC or "") / "tensorrt_llm" / "builder.py"
-    if not SRC or not path.is_file():
+    if not have("builder.py"):
         pytest.skip("TensorRT-LLM's sources (with tensorrt_llm/builder.py) are not in $DFLASH2_TRTLLM_SRC")
+    path = Path(SRC) / "tensorrt_llm" / "builder.py"
     cls = next(n for n in ast.parse(path.read_text(encoding="utf-8")).body
                if isinstance(n, ast.ClassDef) and n.name == "BuildConfig")
     out = {}

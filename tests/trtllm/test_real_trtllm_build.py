@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_sources import REPO, SRC, have  # noqa: E402
+
 pytestmark = pytest.mark.skipif(
-    not SRC or not all((Path(SRC) / "tensorrt_llm" / f).is_file() for f in ("functional.py", "commands/build.py",
-                                                                            "builder.py")),
+    not have("functional.py", "commands/build.py", "builder.py"),
     reason="TensorRT-LLM's sources (with commands/build.py and builder.py) are not in $DFLASH2_TRTLLM_SRC")
 
 
@@ -90,20 +90,14 @@ def test_dflash2_trt_build_with_trtllm_builds_own_main(tmp_path, monkeypatch):
     load_engine_dir opens it, every file re-hashed."""
     pytest.importorskip("tensorrt_rtx", reason="the conformance harness's stand-in tensorrt is TensorRT-RTX")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-    from test_trtllm_branch import SETS, FakeRunner
+    from test_trtllm_branch import SETS, FakeRunner, declared_toolchain
 
     from dflash2_trt.assets import trained_pair
     from dflash2_trt.engine.build import build_engine
     from dflash2_trt.engine.format import load_engine_dir
-    from dflash2_trt.engine.trtllm.toolchain import Toolchain
 
     monkeypatch.setenv("DFLASH2_TRT_CACHE", str(tmp_path / "cache"))
-    inc = tmp_path / "TensorRT-10.13" / "include"
-    inc.mkdir(parents=True)
-    (inc / "NvInferVersion.h").write_text("#define TRT_MAJOR_ENTERPRISE 10\n#define TRT_MINOR_ENTERPRISE 13\n")
-    toolchain = Toolchain(tensorrt_llm="1.2.0", tensorrt="10.13.3", trtllm_build="/opt/trt/bin/trtllm-build",
-                          cmake="/opt/cmake/bin/cmake", nvcc="/usr/local/cuda/bin/nvcc", cuda="12.9",
-                          tensorrt_include=str(inc), gpu_name="NVIDIA H200", gpu_sm="sm_90a")
+    toolchain = declared_toolchain(tmp_path)
 
     class RealTrtllmBuild(FakeRunner):
         def __call__(self, argv, *, env=None, log=None, cwd=None, echo=None):

@@ -66,14 +66,13 @@ def trtllm_engine_config(pre: dict, cfg, *, target_only: bool = False) -> dict:
     # "auto" plugins are written as "auto": PluginConfig resolves "auto" to its dtype when a field is READ
     # (__getattribute__), and the engine's config is its model_dump (plugin.py c20322ff, builder.py BuildConfig.to_dict;
     # seen in the config.json the real trtllm-build main() wrote over TensorRT-RTX, scripts/trtllm_real_build.py)
-    auto = "auto"
     return {"version": "1.2", "pretrained_config": pre, "build_config": {
         "max_batch_size": cfg.max_batch_size, "max_input_len": cfg.max_input_len, "max_seq_len": cfg.max_seq_len + 2 * K,
         "max_num_tokens": cfg.max_num_tokens, "max_beam_width": 1, "max_draft_len": K,
         "speculative_decoding_mode": 1 if target_only else 32, "kv_cache_type": "PAGED", "lora_config": {},
-        "plugin_config": {"gpt_attention_plugin": auto, "gemm_plugin": auto, "remove_input_padding": True,
+        "plugin_config": {"gpt_attention_plugin": "auto", "gemm_plugin": "auto", "remove_input_padding": True,
                           "paged_kv_cache": True, "tokens_per_block": cfg.tokens_per_block, "context_fmha": True,
-                          "use_paged_context_fmha": True, "lora_plugin": None, "mamba_conv1d_plugin": auto,
+                          "use_paged_context_fmha": True, "lora_plugin": None, "mamba_conv1d_plugin": "auto",
                           # BuildConfig.update_kv_cache_type: False for every architecture but Mamba/RecurrentGemma
                           "paged_state": pre.get("architecture") in STATE_ARCHITECTURES}}}
 
