@@ -37,6 +37,9 @@ and module at the revisions api_1_2.yaml records; parameter.py is stored at b572
 weights API linear.py calls, so the 2026-12-06 run took the newer 1.x text the store holds as file id 728909344).
 scripts/trtllm_real_build.py needs two more: tensorrt_llm/commands/build.py (file id 387653565) and
 tensorrt_llm/builder.py (file id 205252225), the revisions engine/trtllm/facts/trtllm_build_cli.yaml names.
+tests/trtllm/test_runtime_sources.py (scripts/trtllm_conformance_lib/runtime_sources.py) needs the Python runtime's:
+tensorrt_llm/runtime/session.py at 02721299, runtime/kv_cache_manager.py at 06c0e9b1 and runtime/memory_pools/
+{memory_pools_allocator, pools_kv_cache_manager, pool}.py at 7ed07f06, the revisions tensorrt_session.yaml names.
 
 Stubbed (in scripts/trtllm_conformance_lib/harness.py; none is on the definition path of this network, each
 raises if called where a value matters):

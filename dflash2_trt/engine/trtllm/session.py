@@ -432,7 +432,10 @@ class TrtEngineSession:
         """One pool (every layer has the same KV heads), laid out and described as TensorRT-LLM's
         ``MemoryPoolsAllocator`` does it (facts ``kv_pool``): ``[blocks, layers, 2, heads, tokens, head_size]``, the
         pointer table ``[[pool address, 0]]`` int64, the mapping ``[[0, layer]]`` int32. TensorRT-LLM's own allocator
-        where it imports (and the device is a GPU), else the same layout here (zeroed)."""
+        where it imports (and the device is a GPU), else the same layout here. Zeroed on both paths, where
+        TensorRT-LLM's runtime leaves its pool as ``torch.empty`` made it (facts ``kv_pool.allocation``): a context
+        request's draft rows read drafter K/V positions that its step's commit writes only afterwards (rows the step
+        discards), and memory that held NaN bit patterns would put NaN there."""
         heads = [self.kv_heads] * self.num_layers
         if use_trtllm is None:
             use_trtllm = importlib.util.find_spec("tensorrt_llm") is not None and self.device.type == "cuda"
@@ -442,8 +445,11 @@ class TrtEngineSession:
             alloc = MemoryPoolsAllocator(num_blocks=self.num_blocks, tokens_per_block=self.tokens_per_block,
                                          head_size=self.head_size)
             alloc.allocate(self.kv_dtype, heads, device=self.device)
+            pools = list(alloc._pool_pointers)   # its pool tensors; no public accessor (facts kv_pool.allocator_pools)
+            for pool in pools:
+                pool.zero_()
             self._trtllm_pools = alloc
-            return None, alloc.get_kv_cache_pool_pointers(), alloc.pool_mapping
+            return pools, alloc.get_kv_cache_pool_pointers(), alloc.pool_mapping
         shape = (self.num_blocks, self.num_layers, 2, self.kv_heads, self.tokens_per_block, self.head_size)
         pool = self._device_zeros(shape, self.kv_dtype)
         pointers = torch.tensor([[pool.data_ptr(), 0]], dtype=torch.int64)
