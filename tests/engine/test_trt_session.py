@@ -88,6 +88,35 @@ def test_the_session_gives_the_cpu_engines_tokens(tiny_engines, key, family):
         assert sess.recurrent and sess.num_slots == int(sess.limits["max_batch_size"])
 
 
+@pytest.mark.parametrize("nan_as", [float("-inf"), float("inf")])
+@pytest.mark.parametrize("key,family", [("tiny", "qwen3"), ("tiny-hybrid", "qwen3_5"), ("tiny-muse", "muse_glimmer")])
+def test_nan_where_the_pool_was_never_written_reaches_no_kept_output(tiny_engines, monkeypatch, key, family, nan_as):
+    """TensorRT-LLM's own runtimes do not zero the KV pool (facts kv_pool.allocation), and a context request's draft
+    rows read drafter K/V its step writes only at the commit: on the executor path those rows may hold NaN. They are
+    discarded, so nothing the step keeps may depend on them. The pool filled with NaN, the selector's topk ordering
+    NaN (which the stand-in refuses) as -inf / +inf: the tokens and acceptance are the zeroed pool's. Also holds the
+    stand-in's attention to TensorRT-LLM's kernels, which never read past a sequence's length (read_batch's V there
+    is zero: a NaN times the mask's 0 was NaN)."""
+    from dflash2_trt.trtllm.cpu import functional as F
+
+    def topk(input, k, dim, largest=True, prefer_plugin=True):
+        x = torch.nan_to_num(F.raw(input), nan=nan_as)
+        values, idx = torch.sort(x, dim=dim, descending=largest, stable=True)
+        return F.wrap(values.narrow(dim, 0, k).contiguous()), F.wrap(idx.narrow(dim, 0, k).to(torch.int32).contiguous())
+
+    engine_dir = tiny_engines(key)
+    prompts = shipped_prompts(trained_pair(family), 6)
+    want, _ = _run(_session(engine_dir), prompts, new=16)
+    monkeypatch.setattr(F, "topk", topk)
+    sess = _session(engine_dir)
+    sess.pools[0].fill_(float("nan"))
+    got, rt = _run(sess, prompts, new=16)
+    assert any(s["context"] and s["generation"] for s in rt.step_log)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in want]
+    assert torch.isnan(sess.pools[0]).any()               # the never-written positions still hold NaN
+
+
 def test_offsets_not_in_trtllms_pool_index_are_refused(tiny_engines):
     """Negative control: offsets in the old CPU-pool form (K/V of block b at 2b / 2b + 1, what the runtime wrote before
     it took TensorRT-LLM's index) address other blocks' memory in a pool of L layers per block; the stand-in refuses

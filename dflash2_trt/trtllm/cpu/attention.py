@@ -171,8 +171,11 @@ class KVCachePool:
 
     def read_batch(self, layer: int, offsets: torch.Tensor, length: int, lengths: torch.Tensor,
                    num_kv_heads: int | None = None, head_dim: int | None = None):
-        """K, V of positions ``0..length-1`` of every request: ``[bs, length, Hkv, D]`` each (positions past a
-        request's own length read block 0 / whatever its offsets say and must be masked by the caller)."""
+        """K, V of positions ``0..length-1`` of every request: ``[bs, length, Hkv, D]`` each. Positions past a
+        request's own length read block 0 / whatever its offsets say: K there must be masked by the caller, and V
+        there is zero, because a pool is not zeroed where TensorRT-LLM allocates it (``torch.empty``, facts
+        ``kv_pool.allocation``) and a masked position's weight 0 times a NaN it holds is NaN; TensorRT-LLM's kernels
+        never read past a sequence's length."""
         tpb = self.tokens_per_block
         pos = torch.arange(length, device=offsets.device)
         blk = (pos // tpb).clamp(max=offsets.shape[-1] - 1)
@@ -186,7 +189,7 @@ class KVCachePool:
                 self._check_rows(rows[valid])
             rows = torch.where(valid, rows, 2 * layer)
             out.append(data[rows, :, slot[None, :].expand_as(rows)])
-        return out[0], out[1]
+        return out[0], out[1].masked_fill(~valid[:, :, None, None], 0)
 
     def check_host_offsets(self, host_offsets: torch.Tensor, totals: torch.Tensor) -> None:
         """On a GPU, the block offsets a step will use, checked once on the host copy the runtime binds beside the
