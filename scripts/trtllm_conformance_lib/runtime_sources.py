@@ -17,7 +17,9 @@ Stand-ins, each named in the report's ``stand_ins``:
   ``__init__`` imports generation.py, the model runners and the C++ bindings); ``tensorrt_llm.runtime.Session`` is
   the real class;
 - with ``poison=True``, ``torch.empty`` inside memory_pools_allocator.py returns NaN-filled memory: what reused
-  device memory may hold, since the allocator does not zero its pool.
+  device memory may hold, since the allocator does not zero its pool;
+- in ``multi_rank``, ``CustomAllReduceHelper.allocate_workspace`` (CUDA IPC buffers between GPUs) records its
+  arguments and returns a table of the recorded size.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ STAND_INS = [
     "tensorrt inside session.py: dflash2_trt.testing.tensorrt_standin (the record-held CPU stand-in)",
     "torch.cuda.current_stream: a CPU stream (handle 0, synchronize a no-op) for Session._scoped_stream",
     "tensorrt_llm.runtime / .memory_pools package inits: shells exporting the real Session",
+    "CustomAllReduceHelper.allocate_workspace (multi_rank only): a recorder of its mapping and size (CUDA IPC)",
 ]
 POISON = "torch.empty in memory_pools_allocator.py: NaN-filled memory (what reused device memory may hold)"
 
@@ -224,6 +227,52 @@ def block_offsets(mods: dict, num_layers: int, tokens_per_block: int = 16, num_b
             "formula": [blocks.get_k_or_v_block_offset(b, f) for b in (0, 3) for f in (0, 1)]}
 
 
+def multi_rank(mods: dict, engine_dir: Path, rank: int = 1) -> dict:
+    """A tp engine's rank through the branch taken where TensorRT-LLM imports (session.py
+    ``_allocate_all_reduce_workspace``): the real ``Mapping`` and ``CustomAllReduceHelper.max_workspace_size_auto``;
+    ``allocate_workspace`` itself (CUDA IPC buffers between the ranks' GPUs) is a recorder returning a table of the
+    recorded size. Also the table's entry count read off the real ``allocate_workspace``'s return statement (its
+    ``serialize()`` calls, each tp pointers, then the counter's pointers), against the recorded ``7 * tp + 3``."""
+    import ast
+    import inspect
+    import textwrap
+
+    import torch
+
+    from tensorrt_llm.plugin.plugin import CustomAllReduceHelper
+
+    real_alloc = CustomAllReduceHelper.allocate_workspace
+    tree = ast.parse(textwrap.dedent(inspect.getsource(real_alloc)))
+    ret = [n for n in ast.walk(tree) if isinstance(n, ast.Return)][-1]
+    serialized = sum(1 for n in ast.walk(ret) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and n.func.attr == "serialize")
+    counter = sum(1 for n in ast.walk(ret) if isinstance(n, ast.List) for e in n.elts
+                  if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "data_ptr")
+    calls = []
+
+    def recorder(mapping, size):
+        calls.append({"world_size": mapping.world_size, "rank": mapping.rank, "tp_size": mapping.tp_size,
+                      "tp_rank": mapping.tp_rank, "gpus_per_node": mapping.gpus_per_node,
+                      "local_rank": mapping.local_rank, "size": size})
+        return ["buffers"], torch.arange(7 * mapping.tp_size + 3, dtype=torch.int32)
+
+    CustomAllReduceHelper.allocate_workspace = staticmethod(recorder)
+    try:
+        sess = _open(engine_dir, use_trtllm=True, rank=rank, launched=True, gpus_per_node=2)
+    finally:
+        CustomAllReduceHelper.allocate_workspace = real_alloc
+    try:
+        bound = sess.static_inputs().get("all_reduce_workspace")
+        return {"calls": calls, "signature": list(inspect.signature(real_alloc).parameters),
+                "table_from_source": {"serialized": serialized, "counter": counter},
+                "bound": None if bound is None else {"values": bound.tolist(), "dtype": str(bound.dtype),
+                                                      "device": str(bound.device)},
+                "kept": sess._workspace_buffers, "tp": sess.tp,
+                "size_auto": {tp: CustomAllReduceHelper.max_workspace_size_auto(tp) for tp in (1, 2, 4, 8)}}
+    finally:
+        sess.close()
+
+
 def open_failure(mods: dict) -> dict:
     """Bytes TensorRT cannot deserialize, through TrtllmExecution and the real Session: the project's error."""
     from dflash2_trt.engine.trtllm.session import EngineOpenError, TrtllmExecution
@@ -238,8 +287,9 @@ def open_failure(mods: dict) -> dict:
     return {"error": None}
 
 
-def report(src: Path, engines: dict, prompts: dict) -> dict:
-    """Everything above for the given engines ({key: engine_dir}) and prompts ({key: [[ids]]})."""
+def report(src: Path, engines: dict, prompts: dict, tp2_engine: Path | None = None) -> dict:
+    """Everything above for the given engines ({key: engine_dir}), prompts ({key: [[ids]]}) and a tp 2 engine
+    (rank 1 opened)."""
     mods = install(src)
     out = {"stand_ins": STAND_INS + [POISON], "runs": {}, "layouts": {}}
     for key, engine_dir in engines.items():
@@ -247,4 +297,6 @@ def report(src: Path, engines: dict, prompts: dict) -> dict:
         out["layouts"][key] = pool_layout(mods, Path(engine_dir))
     out["block_offsets"] = block_offsets(mods, num_layers=6)
     out["open_failure"] = open_failure(mods)
+    if tp2_engine is not None:
+        out["multi_rank"] = multi_rank(mods, Path(tp2_engine))
     return out

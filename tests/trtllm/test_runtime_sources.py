@@ -10,6 +10,8 @@ stand-ins). Everywhere else that branch needs TensorRT-LLM installed, which no m
 - the real allocator's pool shape, dtype, pointer table and layer mapping equal the project's own;
 - TensorRT-LLM's Python KV cache manager and the project's BlockManager, holding the same blocks, give the same
   ``kv_cache_block_offsets`` table (after sequences grew, one finished and a new one took its freed blocks);
+- a tp 2 rank takes its all-reduce workspace through the real Mapping and workspace size (the IPC allocation
+  itself recorded, not run), and the recorded table size is the real allocate_workspace's;
 - bytes TensorRT cannot deserialize, opened through the real Session, are the project's one-line error.
 
 Needs the sources in $DFLASH2_TRTLLM_SRC (the conformance harness's files plus runtime/session.py,
@@ -40,16 +42,17 @@ _CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[2])
 from trtllm_conformance_lib.runtime_sources import report
-print(json.dumps(report(sys.argv[1], json.loads(sys.argv[3]), json.loads(sys.argv[4]))))
+print(json.dumps(report(sys.argv[1], json.loads(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5])))
 """
 
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    engines = {key: str(EngineCache(trained_pair(fam), key, tmp_path_factory, verify=False)(4))
-               for key, fam in PAIRS.items()}
+    caches = {key: EngineCache(trained_pair(fam), key, tmp_path_factory, verify=False) for key, fam in PAIRS.items()}
+    engines = {key: str(cache(4)) for key, cache in caches.items()}
     prompts = {key: shipped_prompts(trained_pair(fam), 5) for key, fam in PAIRS.items()}
-    return child_json(_CHILD, json.dumps(engines), json.dumps(prompts), timeout=600)
+    tp2 = str(caches["tiny-hybrid"](4, tp=2))
+    return child_json(_CHILD, json.dumps(engines), json.dumps(prompts), tp2, timeout=600)
 
 
 @pytest.mark.parametrize("key", sorted(PAIRS))
@@ -95,6 +98,21 @@ def test_block_offsets_are_tensorrt_llms_kv_cache_managers(real):
     assert off["formula"] == [0, 1, 3 * 6 * 2, 3 * 6 * 2 + 1]   # block * layers * 2 + field, 6 layers
 
 
+def test_a_tp_rank_takes_tensorrt_llms_workspace_with_the_real_mapping(real):
+    """Rank 1 of a tp 2 engine through the branch taken where TensorRT-LLM imports: the real Mapping built from the
+    session's arguments, the real max_workspace_size_auto's size handed to allocate_workspace (a recorder: CUDA IPC
+    cannot run here), the table it returns bound, int64 on the host, and its buffers kept alive; the recorded
+    7 * tp + 3 entries are what the real allocate_workspace's return statement serializes."""
+    mr = real["multi_rank"]
+    assert mr["signature"] == ["mapping", "size"]
+    assert mr["calls"] == [{"world_size": 2, "rank": 1, "tp_size": 2, "tp_rank": 1, "gpus_per_node": 2,
+                            "local_rank": 1, "size": 16_000_000}]
+    assert mr["size_auto"] == {"1": 16_000_000, "2": 16_000_000, "4": 8_000_000, "8": 8_000_000}
+    assert mr["table_from_source"] == {"serialized": 7, "counter": 3}      # 7 * tp + 3 (facts multi_rank)
+    assert mr["bound"] == {"values": list(range(7 * 2 + 3)), "dtype": "torch.int64", "device": "cpu"}
+    assert mr["kept"] == ["buffers"] and mr["tp"] == 2
+
+
 def test_an_engine_tensorrt_cannot_open_through_the_real_session(real):
     fail = real["open_failure"]
     assert fail["error"] == "EngineOpenError", fail
@@ -103,5 +121,6 @@ def test_an_engine_tensorrt_cannot_open_through_the_real_session(real):
 
 def test_the_report_names_its_stand_ins(real):
     text = " ".join(real["stand_ins"])
-    for what in ("tensorrt inside session.py", "torch.cuda.current_stream", "package inits", "NaN-filled"):
+    for what in ("tensorrt inside session.py", "torch.cuda.current_stream", "package inits", "NaN-filled",
+                 "allocate_workspace"):
         assert what in text
