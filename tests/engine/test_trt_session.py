@@ -117,6 +117,33 @@ def test_nan_where_the_pool_was_never_written_reaches_no_kept_output(tiny_engine
     assert torch.isnan(sess.pools[0]).any()               # the never-written positions still hold NaN
 
 
+def test_state_slots_as_tensorrt_llm_leaves_them_reach_no_output(tiny_engines, monkeypatch):
+    """TensorRT-LLM's runtime makes the recurrent-state slots with torch.empty and never zeroes one (facts
+    recurrent_state); the engine's zero_state makes a prompt's first chunk start from zeros without reading its slot.
+    Every slot filled with NaN (and reset_slot a no-op): the tokens and acceptance are the zeroed slots'. Control:
+    without zero_state the NaN reaches the engine (the stand-in's topk refuses it)."""
+    from dflash2_trt.trtllm.plugin_layers import CpuPlugins
+
+    engine_dir = tiny_engines("tiny-hybrid")
+    prompts = shipped_prompts(trained_pair("qwen3_5"), 6)
+    want, _ = _run(_session(engine_dir), prompts, new=16)
+
+    def poisoned():
+        sess = _session(engine_dir)
+        for t in (*sess.rnn_states.values(), *sess.conv_states.values()):
+            t.fill_(float("nan"))
+        sess.reset_slot = lambda slot: None
+        return sess
+
+    got, _ = _run(poisoned(), prompts, new=16)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in want]
+    orig = CpuPlugins.gated_delta_net
+    monkeypatch.setattr(CpuPlugins, "gated_delta_net", lambda self, *a, zero_state=None, **kw: orig(self, *a, **kw))
+    with pytest.raises(ValueError, match="NaN"):
+        _run(poisoned(), prompts, new=16)
+
+
 def test_offsets_not_in_trtllms_pool_index_are_refused(tiny_engines):
     """Negative control: offsets in the old CPU-pool form (K/V of block b at 2b / 2b + 1, what the runtime wrote before
     it took TensorRT-LLM's index) address other blocks' memory in a pool of L layers per block; the stand-in refuses
