@@ -156,6 +156,8 @@ class PlaceholderNetwork:
         # bound there (None: a tensor computed in the graph)
         object.__setattr__(self, "gpt_attention_bindings", [])
         object.__setattr__(self, "allreduce_strategies", [])
+        # per plugin call, in call order: (plugin type, its output tensors), for live_plugins
+        object.__setattr__(self, "placeholder_outputs", [])
 
     def __getattr__(self, name):
         return getattr(object.__getattribute__(self, "_net"), name)
@@ -201,6 +203,7 @@ class PlaceholderNetwork:
         else:
             outs = TRTLLM_PLACEHOLDERS[plugin.plugin_type](self, inputs, plugin)
         self.placeholders.append((plugin.plugin_type, plugin.name, len(inputs)))
+        self.placeholder_outputs.append((plugin.plugin_type, list(outs)))
         self.placeholder_layers += self._net.num_layers - before
         return PlaceholderLayer(plugin, inputs, outs)
 
@@ -253,6 +256,36 @@ class PlaceholderNetwork:
         d.reshape_dims = (1,) * rank
         return self._net.add_elementwise(sl.get_output(0), self._cast(d.get_output(0), dtype),
                                          _rtx.ElementWiseOperation.SUM).get_output(0)
+
+
+def dead_plugins(pnet) -> list[str]:
+    """The plugin calls none of whose outputs reaches a marked network output: TensorRT removes such a layer when it
+    builds the engine (a plugin is taken to have no side effects), so a call made for what it writes (the Gated
+    DeltaNet commit) must feed an output. ``"<plugin type> #<its call index among that type>"`` each. Walks the real
+    network backwards from its outputs over every layer input (shape inputs included); tensors by name."""
+    net = pnet.real
+    producer = {}
+    for i in range(net.num_layers):
+        layer = net.get_layer(i)
+        for k in range(layer.num_outputs):
+            producer[layer.get_output(k).name] = layer
+    live, stack = set(), [net.get_output(i).name for i in range(net.num_outputs)]
+    while stack:
+        name = stack.pop()
+        if name in live:
+            continue
+        live.add(name)
+        layer = producer.get(name)
+        for j in range(layer.num_inputs if layer is not None else 0):
+            t = layer.get_input(j)
+            if t is not None:
+                stack.append(t.name)
+    seen, dead = {}, []
+    for kind, outs in pnet.placeholder_outputs:
+        seen[kind] = seen.get(kind, 0) + 1
+        if not any(o.name in live for o in outs):
+            dead.append(f"{kind} #{seen[kind] - 1}")
+    return dead
 
 
 # ------------------------------------------------------------------------------------------ contract checks

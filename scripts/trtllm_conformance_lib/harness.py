@@ -405,6 +405,9 @@ def define(model_file: Path, ckpt: Path, argv: list[str], rank: int, register: b
             counts[t] = counts.get(t, 0) + 1
         rep["plugins"] = counts
         rep["gpt_attention_bindings"] = pnet.gpt_attention_bindings
+        from .fake_trt import dead_plugins
+
+        rep["dead_plugins"] = dead_plugins(pnet)     # calls TensorRT would remove: no output depends on them
         rep["warnings"] = sorted(set(w.split(": ", 1)[1] for w in pnet.warnings))
         rep["define_seconds"] = round(__import__("time").perf_counter() - t0, 1)
         say(f"rank {rank}: defined in {rep['define_seconds']} s ({rep['layers']} layers)")

@@ -170,6 +170,31 @@ def test_dflash2_placeholder_from_yaml_spec():
                             net3.const(np.zeros((2, 64), np.float32))], [], plugin)
 
 
+def test_dead_plugins_are_the_calls_no_output_depends_on():
+    """TensorRT removes a layer no network output depends on (a plugin called for what it writes, the Gated DeltaNet
+    commit, included): the harness names such calls. Two conv calls, the first feeding the marked output through an
+    ordinary layer, the second feeding nothing; then the second marked too."""
+    from dflash2_trt.plugins import trt_field_collection
+
+    sys.modules["tensorrt"] = TRT
+    try:
+        pfc = trt_field_collection("DFlash2DynamicConv", block_size=8, kernel_size=2, group_size=16, fuse_residual=0)
+    finally:
+        del sys.modules["tensorrt"]
+    plugin = TRT.get_plugin_registry().get_creator("DFlash2DynamicConv", "1", "dflash2").create_plugin("c", pfc)
+    _, real, net = _net()
+    x = net.add_input("x", rtx.float32, (-1, 64))
+    delta = net.add_input("delta", rtx.float32, (-1, 2, 4))
+    base = net.const(np.zeros((2, 64), np.float32))
+    live = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
+    dead = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
+    out = real.add_unary(live, rtx.UnaryOperation.ABS).get_output(0)
+    real.mark_output(out)
+    assert fake_trt.dead_plugins(net) == ["DFlash2DynamicConv #1"]
+    real.mark_output(dead)
+    assert fake_trt.dead_plugins(net) == []
+
+
 SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
 needs_src = pytest.mark.skipif(not SRC or not (Path(SRC) / "tensorrt_llm" / "functional.py").is_file(),
                                reason="TensorRT-LLM's Python sources are not in $DFLASH2_TRTLLM_SRC")
@@ -270,6 +295,9 @@ def test_define_only_runs_trtllm_builds_steps_and_declares_the_workspace(tmp_pat
             assert x["model_cls_name"] == ("TargetOnlyForCausalLM" if baseline else "DFlash2ForCausalLM")
             assert x["register_default_is_model_cls"] is True
             assert x["missing_outputs"] == x["extra_outputs"] == [], where   # the outputs engine_io.yaml names
+            # every plugin call feeds an output: TensorRT would remove one that does not (the baseline's Gated
+            # DeltaNet commits did not until target_only.py kept them alive as the combined engine does)
+            assert x["dead_plugins"] == [], (where, x["dead_plugins"])
             assert [s["step"] for s in x["build_steps"]] == steps
             assert x["build_config"]["max_seq_len"] == S + 2 * K   # num_eagle_layers = K in our config
             applied = {s["step"]: s.get("applied") for s in x["build_steps"]}

@@ -41,7 +41,7 @@ import numpy as np
 
 from .accept import decoding_temperature, inverse_cdf
 from .io import declare_inputs
-from .common import F, SpecDecodingParams, api, dims
+from .common import F, SpecDecodingParams, api, dims, keep_alive
 from .families import TARGET_FAMILIES
 from .families.qwen3_5 import step_state_params
 
@@ -117,11 +117,13 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
             return F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
 
         zero = zeros()
+        accepted = zero + 1
         if recurrent:                 # a generation request's one token is always kept: commit it
-            for gdn, keep in saved:
-                gdn.commit(keep, zero + 1, rs)
+            # TensorRT removes a layer no output depends on, and the commits exist for their writes (the combined
+            # engine's keep_alive): num_accepted_tokens takes a zero that depends on each of them
+            accepted = accepted + keep_alive([gdn.commit(keep, zero + 1, rs) for gdn, keep in saved])
         api.mark_output(F.unsqueeze(nxt, 1), "accepted_tokens", "int32")
-        api.mark_output(zero + 1, "num_accepted_tokens", "int32")
+        api.mark_output(accepted, "num_accepted_tokens", "int32")
         api.mark_output(zero, "accepted_paths", "int32")
         # [bs, 0] as a slice: TensorRT refuses an empty constant (api_1_2.yaml dtype_rules constant_empty)
         api.mark_output(F.slice(F.unsqueeze(zero, 1), [0, 0], dims(bs, 0)), "next_draft_tokens", "int32")
