@@ -95,8 +95,8 @@ def test_nan_where_the_pool_was_never_written_reaches_no_kept_output(tiny_engine
     rows read drafter K/V its step writes only at the commit: on the executor path those rows may hold NaN. They are
     discarded, so nothing the step keeps may depend on them. The pool filled with NaN, the selector's topk ordering
     NaN (which the stand-in refuses) as -inf / +inf: the tokens and acceptance are the zeroed pool's. Also holds the
-    stand-in's attention to TensorRT-LLM's kernels, which never read past a sequence's length (read_batch's V there
-    is zero: a NaN times the mask's 0 was NaN)."""
+    stand-in's attention to leaving what the pool holds past a sequence's length out of its output (read_batch's V
+    there is zero: a NaN times the mask's 0 was NaN)."""
     from dflash2_trt.trtllm.cpu import functional as F
 
     def topk(input, k, dim, largest=True, prefer_plugin=True):

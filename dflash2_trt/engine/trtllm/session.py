@@ -542,6 +542,10 @@ class TrtEngineSession:
         key = self.graphs.key(feed, _is_host) if self.graphs is not None else None
         ctx = self.execution.context
         bound, addresses = {}, {}
+        if self.stream is not None:
+            # work enqueued on the caller's stream comes first (the KV pool's and the state slots' zeroing at open,
+            # reset_slot, the caller's own writes to the feed): torch's streams do not wait for the default stream
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
         stream = torch.cuda.stream(self.stream) if self.stream is not None else _null()
         with stream:
             for name, t in feed.items():

@@ -174,8 +174,8 @@ class KVCachePool:
         """K, V of positions ``0..length-1`` of every request: ``[bs, length, Hkv, D]`` each. Positions past a
         request's own length read block 0 / whatever its offsets say: K there must be masked by the caller, and V
         there is zero, because a pool is not zeroed where TensorRT-LLM allocates it (``torch.empty``, facts
-        ``kv_pool.allocation``) and a masked position's weight 0 times a NaN it holds is NaN; TensorRT-LLM's kernels
-        never read past a sequence's length."""
+        ``kv_pool.allocation``) and a masked position's weight 0 times a NaN it holds is NaN: what a pool holds past a
+        sequence's length must not reach the output."""
         tpb = self.tokens_per_block
         pos = torch.arange(length, device=offsets.device)
         blk = (pos // tpb).clamp(max=offsets.shape[-1] - 1)
