@@ -88,62 +88,6 @@ def test_the_session_gives_the_cpu_engines_tokens(tiny_engines, key, family):
         assert sess.recurrent and sess.num_slots == int(sess.limits["max_batch_size"])
 
 
-@pytest.mark.parametrize("nan_as", [float("-inf"), float("inf")])
-@pytest.mark.parametrize("key,family", [("tiny", "qwen3"), ("tiny-hybrid", "qwen3_5"), ("tiny-muse", "muse_glimmer")])
-def test_nan_where_the_pool_was_never_written_reaches_no_kept_output(tiny_engines, monkeypatch, key, family, nan_as):
-    """TensorRT-LLM's own runtimes do not zero the KV pool (facts kv_pool.allocation), and a context request's draft
-    rows read drafter K/V its step writes only at the commit: on the executor path those rows may hold NaN. They are
-    discarded, so nothing the step keeps may depend on them. The pool filled with NaN, the selector's topk ordering
-    NaN (which the stand-in refuses) as -inf / +inf: the tokens and acceptance are the zeroed pool's. Also holds the
-    stand-in's attention to leaving what the pool holds past a sequence's length out of its output (read_batch's V
-    there is zero: a NaN times the mask's 0 was NaN)."""
-    from dflash2_trt.trtllm.cpu import functional as F
-
-    def topk(input, k, dim, largest=True, prefer_plugin=True):
-        x = torch.nan_to_num(F.raw(input), nan=nan_as)
-        values, idx = torch.sort(x, dim=dim, descending=largest, stable=True)
-        return F.wrap(values.narrow(dim, 0, k).contiguous()), F.wrap(idx.narrow(dim, 0, k).to(torch.int32).contiguous())
-
-    engine_dir = tiny_engines(key)
-    prompts = shipped_prompts(trained_pair(family), 6)
-    want, _ = _run(_session(engine_dir), prompts, new=16)
-    monkeypatch.setattr(F, "topk", topk)
-    sess = _session(engine_dir)
-    sess.pools[0].fill_(float("nan"))
-    got, rt = _run(sess, prompts, new=16)
-    assert any(s["context"] and s["generation"] for s in rt.step_log)
-    assert [r.output_ids for r in got] == [r.output_ids for r in want]
-    assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in want]
-    assert torch.isnan(sess.pools[0]).any()               # the never-written positions still hold NaN
-
-
-def test_state_slots_as_tensorrt_llm_leaves_them_reach_no_output(tiny_engines, monkeypatch):
-    """TensorRT-LLM's runtime makes the recurrent-state slots with torch.empty and never zeroes one (facts
-    recurrent_state); the engine's zero_state makes a prompt's first chunk start from zeros without reading its slot.
-    Every slot filled with NaN (and reset_slot a no-op): the tokens and acceptance are the zeroed slots'. Control:
-    without zero_state the NaN reaches the engine (the stand-in's topk refuses it)."""
-    from dflash2_trt.trtllm.plugin_layers import CpuPlugins
-
-    engine_dir = tiny_engines("tiny-hybrid")
-    prompts = shipped_prompts(trained_pair("qwen3_5"), 6)
-    want, _ = _run(_session(engine_dir), prompts, new=16)
-
-    def poisoned():
-        sess = _session(engine_dir)
-        for t in (*sess.rnn_states.values(), *sess.conv_states.values()):
-            t.fill_(float("nan"))
-        sess.reset_slot = lambda slot: None
-        return sess
-
-    got, _ = _run(poisoned(), prompts, new=16)
-    assert [r.output_ids for r in got] == [r.output_ids for r in want]
-    assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in want]
-    orig = CpuPlugins.gated_delta_net
-    monkeypatch.setattr(CpuPlugins, "gated_delta_net", lambda self, *a, zero_state=None, **kw: orig(self, *a, **kw))
-    with pytest.raises(ValueError, match="NaN"):
-        _run(poisoned(), prompts, new=16)
-
-
 def test_offsets_not_in_trtllms_pool_index_are_refused(tiny_engines):
     """Negative control: offsets in the old CPU-pool form (K/V of block b at 2b / 2b + 1, what the runtime wrote before
     it took TensorRT-LLM's index) address other blocks' memory in a pool of L layers per block; the stand-in refuses
@@ -366,7 +310,7 @@ def test_published_pair_full_feed_through_every_step_kind(key, tp, rank):
                             launched=tp > 1)
     assert sess.kv_heads == max(pre["num_key_value_heads"] // tp, 1)
     assert ("all_reduce_workspace" in sess.inputs) == (tp > 1)
-    K, L, f = sess.K, sess.num_layers, facts()
+    K, L = sess.K, sess.num_layers
     # the pool and the state as TensorRT-LLM lays them out (facts kv_pool, recurrent_state; RnnStateManager's slot)
     pool = sess.pools[0]
     assert pool.shape == (12, L, 2, sess.kv_heads, sess.tokens_per_block, sess.head_size)
