@@ -40,7 +40,7 @@ int32_t run(int32_t const* attrs, int32_t nbInputs, int32_t const* dtypes, int32
         return static_cast<int32_t>(s);
     size_t const wsBytes = gatedDeltaNetWorkspaceSize(p) + 256 + GDN_EMU_WS_SHIFT;
     std::unique_ptr<unsigned char[]> ws(new unsigned char[wsBytes]);
-    std::memset(ws.get(), 0xA5, wsBytes); // garbage, as a reused TensorRT workspace
+    std::memset(ws.get(), 0xFF, wsBytes); // garbage, as a reused TensorRT workspace: NaN floats, -1 ints
     void* wsAligned = reinterpret_cast<void*>(
         ((reinterpret_cast<uintptr_t>(ws.get()) + 255) & ~uintptr_t(255)) + GDN_EMU_WS_SHIFT);
     GdnLaunchArgs g;
