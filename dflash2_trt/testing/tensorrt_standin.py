@@ -303,8 +303,9 @@ class IExecutionContext:
         return out
 
     def write_outputs(self, outputs: dict, segments) -> bool:
-        for n, t in self.engine._io.items():
-            if t["mode"] != "OUTPUT" or n not in outputs:
+        declared = {n: t for n, t in self.engine._io.items() if t["mode"] == "OUTPUT"}
+        for n, t in declared.items():
+            if n not in outputs:
                 continue
             shape, dt = self.get_tensor_shape(n), str_dtype_to_torch(_TORCH[t["dtype"]])
             v = outputs[n]
@@ -312,7 +313,12 @@ class IExecutionContext:
                 Logger.error("output_shape_inferred", f"{n}: the network made {tuple(v.shape)} {v.dtype}, the engine "
                                                       f"declares {shape} {dt}")
                 return False
-            memory_at(self._addresses[n], dt, shape, segments).copy_(v)
+        missing = [n for n in declared if n not in outputs]
+        if missing:        # a real engine writes every output it declares; the runtime would read garbage
+            Logger.error("engine_outputs", f"{missing}: the engine declares them, the network made none")
+            return False
+        for n in declared:
+            memory_at(self._addresses[n], outputs[n].dtype, tuple(outputs[n].shape), segments).copy_(outputs[n])
         return True
 
 
@@ -347,7 +353,8 @@ class ScriptedExecutor:
         paths[:, 0, :] = torch.arange(K + 1, dtype=torch.int32)
         outs = {"accepted_tokens": acc, "num_accepted_tokens": n, "accepted_paths": torch.zeros(bs, dtype=torch.int32),
                 "next_draft_tokens": torch.full((bs, K), self.mask, dtype=torch.int32),
-                "next_draft_lens": torch.full((bs,), K, dtype=torch.int32), "next_draft_paths": paths}
+                "next_draft_lens": torch.full((bs,), K, dtype=torch.int32), "next_draft_paths": paths,
+                "logits": torch.zeros(ctx.get_tensor_shape("logits"), dtype=torch.float32)}
         return ctx.write_outputs(outs, segments)
 
 

@@ -243,6 +243,16 @@ def _(cfg, blob, monkeypatch=None):
         trt._cuda_segments = orig
 
 
+def test_an_output_the_network_did_not_make_is_refused(scripted):
+    """A real engine writes every output it declares; a stand-in network that made fewer would leave the runtime
+    reading whatever the buffer held."""
+    cfg, blob = scripted
+    sess, ctx = _fully_bound(cfg, blob)
+    assert not ctx.write_outputs({}, [])
+    _last("engine_outputs")
+    assert "logits" in trt.Logger.messages[-1]
+
+
 def test_every_recorded_rule_has_a_case():
     assert set(RULE_CASES) == set(facts()["tensorrt_api"]["rules"])
 
