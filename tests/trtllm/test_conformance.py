@@ -195,6 +195,56 @@ def test_dead_plugins_are_the_calls_no_output_depends_on():
     assert fake_trt.dead_plugins(net) == []
 
 
+def _keep_alive_network(keep: bool):
+    """An RTX network whose marked output is z + z, and a layer (exp of x) made for its side effect; with ``keep``, its
+    output reaches the marked output through network/common.py keep_alive's ops (view to 1-D, the first element,
+    x == x, cast to int32, times a constant 0, added)."""
+    class Log(rtx.ILogger):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def log(self, severity, msg):
+            self.lines.append(msg)
+
+    log = Log()
+    builder = rtx.Builder(log)
+    net = builder.create_network(1 << int(rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    x = net.add_input("x", rtx.float32, (-1, 8))
+    z = net.add_input("z", rtx.int32, (-1,))
+    side = net.add_unary(x, rtx.UnaryOperation.EXP).get_output(0)
+    out = net.add_elementwise(z, z, rtx.ElementWiseOperation.SUM).get_output(0)
+    if keep:
+        flat = net.add_shuffle(side)
+        flat.reshape_dims = (-1,)
+        first = net.add_slice(flat.get_output(0), start=(0,), shape=(1,), stride=(1,)).get_output(0)
+        same = net.add_elementwise(first, first, rtx.ElementWiseOperation.EQUAL).get_output(0)
+        zero = net.add_constant((1,), rtx.Weights(np.zeros(1, np.int32))).get_output(0)
+        dep = net.add_elementwise(net.add_cast(same, rtx.int32).get_output(0), zero,
+                                  rtx.ElementWiseOperation.PROD).get_output(0)
+        out = net.add_elementwise(out, dep, rtx.ElementWiseOperation.SUM).get_output(0)
+    net.mark_output(out)
+    assert _build(builder, net, {"x": ((1, 8), (4, 8), (16, 8)), "z": ((1,), (4,), (16,))}) is not None
+    counts = {}
+    for line in log.lines:
+        for key in ("Original", "After dead-layer removal"):
+            if line.startswith(f"{key}: ") and line.endswith(" layers"):
+                counts.setdefault(key, int(line[len(key) + 2:-len(" layers")]))
+    if len(counts) < 2:
+        pytest.skip("this TensorRT-RTX logs no layer counts before and after its dead-layer removal")
+    return counts
+
+
+def test_keep_alive_keeps_a_side_effect_layer_through_dead_layer_removal():
+    """The combined engine's and the baseline's Gated DeltaNet commits exist for what they write; keep_alive's
+    ``cast(x == x) * 0`` makes an output depend on them. TensorRT-RTX's builder (the closest TensorRT here) removes a
+    layer nothing depends on before it counts the network's layers, and its dead-layer removal does not see through
+    the times-zero: every layer of the chain is still there after it."""
+    kept, bare = _keep_alive_network(True), _keep_alive_network(False)
+    assert kept["After dead-layer removal"] == kept["Original"]
+    assert kept["Original"] >= bare["Original"] + 7          # the side layer and the chain's six
+
+
 SRC = os.environ.get("DFLASH2_TRTLLM_SRC")
 needs_src = pytest.mark.skipif(not SRC or not (Path(SRC) / "tensorrt_llm" / "functional.py").is_file(),
                                reason="TensorRT-LLM's Python sources are not in $DFLASH2_TRTLLM_SRC")
