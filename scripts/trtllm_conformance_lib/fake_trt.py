@@ -262,7 +262,8 @@ def dead_plugins(pnet) -> list[str]:
     """The plugin calls none of whose outputs reaches a marked network output: TensorRT removes such a layer when it
     builds the engine (a plugin is taken to have no side effects), so a call made for what it writes (the Gated
     DeltaNet commit) must feed an output. ``"<plugin type> #<its call index among that type>"`` each. Walks the real
-    network backwards from its outputs over every layer input (shape inputs included); tensors by name."""
+    network backwards from its outputs over every layer input (shape inputs included), but not into a shape layer's
+    input: only its dimensions are read, and TensorRT removes a layer whose values nothing reads; tensors by name."""
     net = pnet.real
     producer = {}
     for i in range(net.num_layers):
@@ -276,7 +277,9 @@ def dead_plugins(pnet) -> list[str]:
             continue
         live.add(name)
         layer = producer.get(name)
-        for j in range(layer.num_inputs if layer is not None else 0):
+        if layer is None or layer.type == _rtx.LayerType.SHAPE:
+            continue
+        for j in range(layer.num_inputs):
             t = layer.get_input(j)
             if t is not None:
                 stack.append(t.name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -172,8 +173,8 @@ def test_dflash2_placeholder_from_yaml_spec():
 
 def test_dead_plugins_are_the_calls_no_output_depends_on():
     """TensorRT removes a layer no network output depends on (a plugin called for what it writes, the Gated DeltaNet
-    commit, included): the harness names such calls. Two conv calls, the first feeding the marked output through an
-    ordinary layer, the second feeding nothing; then the second marked too."""
+    commit, included): the harness names such calls. Three conv calls: the first feeding the marked output through an
+    ordinary layer, the second feeding nothing, the third read only for its shape; then the second marked too."""
     from dflash2_trt.plugins import trt_field_collection
 
     sys.modules["tensorrt"] = TRT
@@ -188,17 +189,21 @@ def test_dead_plugins_are_the_calls_no_output_depends_on():
     base = net.const(np.zeros((2, 64), np.float32))
     live = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
     dead = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
+    shape_only = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
     out = real.add_unary(live, rtx.UnaryOperation.ABS).get_output(0)
     real.mark_output(out)
-    assert fake_trt.dead_plugins(net) == ["DFlash2DynamicConv #1"]
+    real.mark_output(real.add_shape(shape_only).get_output(0))      # only its dimensions are read
+    assert fake_trt.dead_plugins(net) == ["DFlash2DynamicConv #1", "DFlash2DynamicConv #2"]
     real.mark_output(dead)
-    assert fake_trt.dead_plugins(net) == []
+    assert fake_trt.dead_plugins(net) == ["DFlash2DynamicConv #2"]
 
 
-def _keep_alive_network(keep: bool):
-    """An RTX network whose marked output is z + z, and a layer (exp of x) made for its side effect; with ``keep``, its
-    output reaches the marked output through network/common.py keep_alive's ops (view to 1-D, the first element,
-    x == x, cast to int32, times a constant 0, added)."""
+def _kernel_inputs(form: str) -> set:
+    """Build an RTX network whose marked output is a count (z + z) made to depend on a side layer (exp of x, or its
+    int32 cast) the way network/common.py keep_alive does (``"max"``: a maximum with the float's first element
+    compared with itself, or the int's first element capped at 1), or the way it did before (``"times_zero"``: that
+    comparison, cast, times a constant 0, added); return the names of the tensors the built engine's kernels read
+    (its layer information)."""
     class Log(rtx.ILogger):
         def __init__(self):
             super().__init__()
@@ -212,37 +217,51 @@ def _keep_alive_network(keep: bool):
     net = builder.create_network(1 << int(rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     x = net.add_input("x", rtx.float32, (-1, 8))
     z = net.add_input("z", rtx.int32, (-1,))
+    count = net.add_elementwise(z, z, rtx.ElementWiseOperation.SUM).get_output(0)
     side = net.add_unary(x, rtx.UnaryOperation.EXP).get_output(0)
-    out = net.add_elementwise(z, z, rtx.ElementWiseOperation.SUM).get_output(0)
-    if keep:
-        flat = net.add_shuffle(side)
-        flat.reshape_dims = (-1,)
-        first = net.add_slice(flat.get_output(0), start=(0,), shape=(1,), stride=(1,)).get_output(0)
-        same = net.add_elementwise(first, first, rtx.ElementWiseOperation.EQUAL).get_output(0)
-        zero = net.add_constant((1,), rtx.Weights(np.zeros(1, np.int32))).get_output(0)
-        dep = net.add_elementwise(net.add_cast(same, rtx.int32).get_output(0), zero,
-                                  rtx.ElementWiseOperation.PROD).get_output(0)
-        out = net.add_elementwise(out, dep, rtx.ElementWiseOperation.SUM).get_output(0)
+    if form == "max int":
+        side = net.add_cast(side, rtx.int32).get_output(0)
+    flat = net.add_shuffle(side)
+    flat.reshape_dims = (-1,)
+    first = net.add_slice(flat.get_output(0), start=(0,), shape=(1,), stride=(1,)).get_output(0)
+    E = rtx.ElementWiseOperation
+    if form == "max int":
+        one = net.add_constant((1,), rtx.Weights(np.ones(1, np.int32))).get_output(0)
+        out = net.add_elementwise(count, net.add_elementwise(first, one, E.MIN).get_output(0), E.MAX).get_output(0)
+    else:
+        same = net.add_cast(net.add_elementwise(first, first, E.EQUAL).get_output(0), rtx.int32).get_output(0)
+        if form == "max float":
+            out = net.add_elementwise(count, same, E.MAX).get_output(0)
+        else:
+            zero = net.add_constant((1,), rtx.Weights(np.zeros(1, np.int32))).get_output(0)
+            out = net.add_elementwise(count, net.add_elementwise(same, zero, E.PROD).get_output(0), E.SUM).get_output(0)
     net.mark_output(out)
-    assert _build(builder, net, {"x": ((1, 8), (4, 8), (16, 8)), "z": ((1,), (4,), (16,))}) is not None
-    counts = {}
-    for line in log.lines:
-        for key in ("Original", "After dead-layer removal"):
-            if line.startswith(f"{key}: ") and line.endswith(" layers"):
-                counts.setdefault(key, int(line[len(key) + 2:-len(" layers")]))
-    if len(counts) < 2:
-        pytest.skip("this TensorRT-RTX logs no layer counts before and after its dead-layer removal")
-    return counts
+    cfg = builder.create_builder_config()
+    cfg.profiling_verbosity = rtx.ProfilingVerbosity.DETAILED
+    prof = builder.create_optimization_profile()
+    prof.set_shape("x", (1, 8), (4, 8), (16, 8))
+    prof.set_shape("z", (1,), (4,), (16,))
+    cfg.add_optimization_profile(prof)
+    assert builder.build_serialized_network(net, cfg) is not None
+    info = [line for line in log.lines if line.startswith("Layers:")]
+    if not info:
+        pytest.skip("this TensorRT-RTX logs no engine layer information")
+    kernels = info[-1].split("I/O Tensors:")[0]
+    reads = set()
+    for part in kernels.split("Inputs: [")[1:]:
+        reads.update(re.findall(r"\{ Name: ([^,]+),", part.split("], Constants")[0]))
+    return reads
 
 
-def test_keep_alive_keeps_a_side_effect_layer_through_dead_layer_removal():
-    """The combined engine's and the baseline's Gated DeltaNet commits exist for what they write; keep_alive's
-    ``cast(x == x) * 0`` makes an output depend on them. TensorRT-RTX's builder (the closest TensorRT here) removes a
-    layer nothing depends on before it counts the network's layers, and its dead-layer removal does not see through
-    the times-zero: every layer of the chain is still there after it."""
-    kept, bare = _keep_alive_network(True), _keep_alive_network(False)
-    assert kept["After dead-layer removal"] == kept["Original"]
-    assert kept["Original"] >= bare["Original"] + 7          # the side layer and the chain's six
+@pytest.mark.parametrize("form", ["max float", "max int"])
+def test_keep_alive_keeps_the_side_layer_in_the_built_engine(form):
+    """The Gated DeltaNet commits and the drafter's K/V writes exist for what they write; keep_alive makes
+    num_accepted_tokens depend on them. Built by TensorRT-RTX (the closest TensorRT here), a layer reached only that
+    way is computed: a kernel of the engine reads its input. Control: the form keep_alive had before (a product with 0,
+    added) leaves no kernel reading it: Myelin folds the product and the layers behind it. A real plugin cannot be
+    placed in an RTX network (no plugin layers), so the plugin's own survival is read, not built."""
+    assert _kernel_inputs(form) == {"x", "z"}
+    assert _kernel_inputs("times_zero") == {"z"}
 
 
 SRC = os.environ.get("DFLASH2_TRTLLM_SRC")

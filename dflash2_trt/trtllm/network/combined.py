@@ -103,16 +103,14 @@ class DFlash2ForCausalLM(api.PretrainedModel):
         accepted = accepted_tokens(drafts, n, nxt, step.j, step.bs, K)
 
         # ---- 4. commit: recurrent state over the accepted tokens, drafter context for every token --------
-        side_effects = []   # layers run for what they write (state, KV), not for their outputs
-        # generation requests: anchor + n accepted drafts (deferred: the next step's forward folds them into the state;
-        # every step whose forward ran must run the commit); context requests: done
-        if recurrent:
-            side_effects += [gdn.commit(keep, F.cast(n + 1, "int32"), rs) for gdn, keep in saved]
-        side_effects += self.dflash2.commit(layer_outs, att, kvp, spec)
-        # TensorRT removes layers whose outputs reach no network output; the commits exist for their writes, so
-        # num_accepted_tokens takes a zero that depends on each of them (NaN-safe: eq(x, x) then * 0).
-        n = n + keep_alive(side_effects)
+        # layers run for what they write (state, KV), not for their outputs. Generation requests: anchor + n accepted
+        # drafts (deferred: the next step's forward folds them into the state; every step whose forward ran must run
+        # the commit); context requests: done
+        state_commits = [gdn.commit(keep, F.cast(n + 1, "int32"), rs) for gdn, keep in saved] if recurrent else []
+        drafter_writes = self.dflash2.commit(layer_outs, att, kvp, spec)
+        # TensorRT removes layers whose outputs reach no network output: num_accepted_tokens depends on each commit
+        num_accepted = keep_alive(n + 1, counts=state_commits, values=drafter_writes)
 
         # ---- 5. outputs ----------------------------------------------------------------------------
-        mark_outputs(accepted, n, logits, step.bs, K, d["mask_token_id"])
+        mark_outputs(accepted, num_accepted, logits, step.bs, K, d["mask_token_id"])
         return accepted

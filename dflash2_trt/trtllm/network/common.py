@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from dflash2_trt.trtllm import backend
 
 api = backend.current()
@@ -121,10 +119,16 @@ def logit_transform(logits, multiplier, softcap):
     return logits
 
 
-def keep_alive(tensors):
-    """An int32 zero [1] that depends on every tensor of ``tensors`` (their first element)."""
-    z = F.constant(np.zeros(1, np.int32))
-    for t in tensors:
+def keep_alive(count, counts=(), values=()):
+    """``count`` (int32, every element at least 1: num_accepted_tokens) unchanged, made to depend on every tensor of
+    ``counts`` (int32) and ``values`` (floating): TensorRT removes a layer no output depends on, and the commits exist
+    for what they write. Each takes part through a maximum with something at most 1 by construction: an int32
+    tensor's first element capped at 1, a floating tensor's first element compared with itself (1, or 0 for a NaN),
+    cast. A builder cannot fold that without knowing its operands' ranges. The form before, ``x * 0`` added, is folded
+    by TensorRT-RTX's Myelin with the layers behind it (tests/trtllm/test_conformance.py builds both)."""
+    for t in counts:
+        count = F.maximum(count, F.minimum(F.slice(F.view(t, [-1]), [0], [1]), 1))
+    for t in values:
         first = F.slice(F.view(t, [-1]), [0], [1])
-        z = z + F.cast(F.eq(first, first), "int32") * 0
-    return z
+        count = F.maximum(count, F.cast(F.eq(first, first), "int32"))
+    return count

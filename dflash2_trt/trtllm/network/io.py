@@ -156,15 +156,15 @@ def step_layout(attention_params, draft_lens, K: int) -> StepLayout:
     return StepLayout(bs, is_gen, ends, starts, j, anchor_pos)
 
 
-def mark_outputs(accepted, n, logits, bs, K: int, mask_token_id: int) -> None:
-    """The step's outputs under the runtime's names: ``accepted_tokens [bs, K+1]``, ``num_accepted_tokens`` = n + 1
-    (the drafts and the next token), ``accepted_paths`` = 0 and ``next_draft_paths`` the chain (one path),
+def mark_outputs(accepted, num_accepted, logits, bs, K: int, mask_token_id: int) -> None:
+    """The step's outputs under the runtime's names: ``accepted_tokens [bs, K+1]``, ``num_accepted_tokens`` (the
+    accepted drafts and the next token: n + 1), ``accepted_paths`` = 0 and ``next_draft_paths`` the chain (one path),
     ``next_draft_tokens`` placeholders (the next step drafts in the graph), ``next_draft_lens`` = K, ``logits``."""
     zero = F.expand(F.constant(np.zeros(1, np.int32)), dims(bs))
     chain = np.full((1, K + 1, K + 1), -1, np.int32)
     chain[0, 0] = np.arange(K + 1)
     api.mark_output(accepted, "accepted_tokens", "int32")
-    api.mark_output(n + 1, "num_accepted_tokens", "int32")
+    api.mark_output(num_accepted, "num_accepted_tokens", "int32")
     api.mark_output(zero, "accepted_paths", "int32")
     api.mark_output(F.expand(F.constant(np.full((1, K), mask_token_id, np.int32)), dims(bs, K)),
                     "next_draft_tokens", "int32")

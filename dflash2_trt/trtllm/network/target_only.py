@@ -119,9 +119,9 @@ class TargetOnlyForCausalLM(api.PretrainedModel):
         zero = zeros()
         accepted = zero + 1
         if recurrent:                 # a generation request's one token is always kept: commit it
-            # TensorRT removes a layer no output depends on, and the commits exist for their writes (the combined
-            # engine's keep_alive): num_accepted_tokens takes a zero that depends on each of them
-            accepted = accepted + keep_alive([gdn.commit(keep, zero + 1, rs) for gdn, keep in saved])
+            # TensorRT removes a layer no output depends on, and the commits exist for their writes (as in the
+            # combined engine): num_accepted_tokens depends on each of them
+            accepted = keep_alive(accepted, counts=[gdn.commit(keep, zero + 1, rs) for gdn, keep in saved])
         api.mark_output(F.unsqueeze(nxt, 1), "accepted_tokens", "int32")
         api.mark_output(accepted, "num_accepted_tokens", "int32")
         api.mark_output(zero, "accepted_paths", "int32")
