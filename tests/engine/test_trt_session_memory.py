@@ -9,14 +9,16 @@ overwritten with NaN:
 - the state slots: every slot no generation request of the step uses (unused slots and context requests' slots,
   which ``zero_state`` must keep out), and in a generation request's slot the records past its pending count, the
   count's padding and the slot's tail (the state, the count and the records below it are live);
-- every byte of the session's persistent input and output buffers (0xFF) before the feed is copied in;
+- every byte of the session's persistent input and output buffers (0xFF) before the feed is copied in, and of each
+  buffer the step makes;
 
 and the stand-in's topk, which refuses a NaN, orders one as -inf or +inf and returns it, as TensorRT's TopK would.
 The tokens and per-step acceptance must be the clean session's, greedy and sampled, for the three pairs. Controls:
 one live K/V position, one live record, or a ``zero_state`` the Gated DeltaNet ignores, and the run changes.
 
-Found with it (2026-12-06): the stand-in's attention weighted V past a sequence's length by the mask's 0, which a
-NaN there survives (trtllm/cpu/attention.py read_batch)."""
+It holds the fault the first NaN runs found (2026-12-06; they poisoned the pool once, at open): the stand-in's
+attention weighted V past a sequence's length by the mask's 0, which a NaN there survives (trtllm/cpu/attention.py
+read_batch); with that fault back, six of its cases fail."""
 
 from __future__ import annotations
 
@@ -108,7 +110,14 @@ def _poison_state(sess, inputs, live_too):
 
 
 def _poisoned(sess, control=None):
-    step = sess.step
+    step, make_buffer = sess.step, sess._buffer
+
+    def fresh_buffer(name, nbytes, device, pin):    # a buffer made during a step starts as garbage too
+        made = name not in sess._buffers or sess._buffers[name].capacity < nbytes
+        buf = make_buffer(name, nbytes, device, pin)
+        if made:
+            buf._raw.fill_(0xFF)
+        return buf
 
     def poisoned_step(inputs):
         _poison_kv(sess, inputs, control == "live kv")
@@ -118,7 +127,7 @@ def _poisoned(sess, control=None):
             buf._raw.fill_(0xFF)
         return step(inputs)
 
-    sess.step = poisoned_step
+    sess.step, sess._buffer = poisoned_step, fresh_buffer
     sess.reset_slot = lambda slot: None          # TensorRT-LLM's runtimes never zero a slot
     return sess
 

@@ -396,6 +396,8 @@ class TrtEngineSession:
             from .session_graphs import SessionGraphs
 
             self.graphs = SessionGraphs(self, simulate=simulate_graphs)
+        if self.stream is not None:      # the zeroing above ran on the stream current here (each step waits too)
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     # ---- memory the session owns --------------------------------------------------------------------------
     def block_bytes(self) -> int:

@@ -189,7 +189,7 @@ class KVCachePool:
                 self._check_rows(rows[valid])
             rows = torch.where(valid, rows, 2 * layer)
             out.append(data[rows, :, slot[None, :].expand_as(rows)])
-        return out[0], out[1].masked_fill(~valid[:, :, None, None], 0)
+        return out[0], out[1].masked_fill_(~valid[:, :, None, None], 0)        # out[1] is a gathered copy
 
     def check_host_offsets(self, host_offsets: torch.Tensor, totals: torch.Tensor) -> None:
         """On a GPU, the block offsets a step will use, checked once on the host copy the runtime binds beside the
