@@ -146,7 +146,9 @@ def test_allgather_placeholder_multiplies_dim0_by_group():
         net2.add_plugin_v2([net2.add_input("x", rtx.float16, (-1, 6))], _plugin("AllGather", fields))
 
 
-def test_dflash2_placeholder_from_yaml_spec():
+def _conv_plugin_network():
+    """The dynamic conv's placeholder plugin (its YAML spec's fields) and a network with its three inputs:
+    (plugin, real network, placeholder network, [x, delta, base])."""
     from dflash2_trt.plugins import trt_field_collection
 
     sys.modules["tensorrt"] = TRT   # dflash2_trt.plugins imports tensorrt lazily
@@ -155,11 +157,15 @@ def test_dflash2_placeholder_from_yaml_spec():
     finally:
         del sys.modules["tensorrt"]
     plugin = TRT.get_plugin_registry().get_creator("DFlash2DynamicConv", "1", "dflash2").create_plugin("c", pfc)
-    builder, real, net = _net()
-    x = net.add_input("x", rtx.float32, (-1, 64))
-    delta = net.add_input("delta", rtx.float32, (-1, 2, 4))
-    base = net.const(np.zeros((2, 64), np.float32))
-    out = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
+    _, real, net = _net()
+    inputs = [net.add_input("x", rtx.float32, (-1, 64)), net.add_input("delta", rtx.float32, (-1, 2, 4)),
+              net.const(np.zeros((2, 64), np.float32))]
+    return plugin, real, net, inputs
+
+
+def test_dflash2_placeholder_from_yaml_spec():
+    plugin, _, net, inputs = _conv_plugin_network()
+    out = net.add_plugin_v3(inputs, [], plugin).get_output(0)
     assert tuple(out.shape) == (-1, 64) and out.dtype == rtx.float32
     _, _, net2 = _net()
     with pytest.raises(ContractError, match="input 'delta' has dtype float16"):
@@ -175,21 +181,8 @@ def test_dead_plugins_are_the_calls_no_output_depends_on():
     """TensorRT removes a layer no network output depends on (a plugin called for what it writes, the Gated DeltaNet
     commit, included): the harness names such calls. Three conv calls: the first feeding the marked output through an
     ordinary layer, the second feeding nothing, the third read only for its shape; then the second marked too."""
-    from dflash2_trt.plugins import trt_field_collection
-
-    sys.modules["tensorrt"] = TRT
-    try:
-        pfc = trt_field_collection("DFlash2DynamicConv", block_size=8, kernel_size=2, group_size=16, fuse_residual=0)
-    finally:
-        del sys.modules["tensorrt"]
-    plugin = TRT.get_plugin_registry().get_creator("DFlash2DynamicConv", "1", "dflash2").create_plugin("c", pfc)
-    _, real, net = _net()
-    x = net.add_input("x", rtx.float32, (-1, 64))
-    delta = net.add_input("delta", rtx.float32, (-1, 2, 4))
-    base = net.const(np.zeros((2, 64), np.float32))
-    live = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
-    dead = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
-    shape_only = net.add_plugin_v3([x, delta, base], [], plugin).get_output(0)
+    plugin, real, net, inputs = _conv_plugin_network()
+    live, dead, shape_only = (net.add_plugin_v3(inputs, [], plugin).get_output(0) for _ in range(3))
     out = real.add_unary(live, rtx.UnaryOperation.ABS).get_output(0)
     real.mark_output(out)
     real.mark_output(real.add_shape(shape_only).get_output(0))      # only its dimensions are read
