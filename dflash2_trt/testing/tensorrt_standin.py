@@ -415,6 +415,7 @@ class CpuEngineExecutor:
         pool_mem = memory_at(int(f["host_kv_cache_pool_pointers"][0, 0]), self.dtype, (nb, L, 2, heads, tpb, hd),
                              segments)
         pool = KVCachePool(nb, L, heads, tpb, hd, self.dtype)
+        pool.foreign = True      # the runtime's memory: TensorRT-LLM's is never zeroed (facts kv_pool.allocation)
         feed = dict(f)
         states = []
         try:

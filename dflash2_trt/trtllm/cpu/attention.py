@@ -123,6 +123,9 @@ class KVCachePool:
         self.num_kv_heads, self.tokens_per_block, self.head_dim = num_kv_heads, tokens_per_block, head_dim
         self.data = torch.zeros(num_blocks, num_layers, 2, num_kv_heads, tokens_per_block, head_dim, dtype=dtype,
                                 device=device)
+        # True where the pool's memory is a runtime's that may never have been zeroed (TensorRT-LLM's: the TensorRT
+        # stand-in copies it in); this pool's own memory is zeroed and only ever holds K/V the network wrote
+        self.foreign = False
         with KVCachePool._lock:
             # what host_kv_cache_pool_pointers[p, 0] holds: on a GPU the pool's device address (as TensorRT-LLM's
             # runtime passes it), on the CPU a handle
@@ -172,10 +175,12 @@ class KVCachePool:
     def read_batch(self, layer: int, offsets: torch.Tensor, length: int, lengths: torch.Tensor,
                    num_kv_heads: int | None = None, head_dim: int | None = None):
         """K, V of positions ``0..length-1`` of every request: ``[bs, length, Hkv, D]`` each. Positions past a
-        request's own length read block 0 / whatever its offsets say: K there must be masked by the caller, and V
-        there is zero, because a pool is not zeroed where TensorRT-LLM allocates it (``torch.empty``, facts
-        ``kv_pool.allocation``) and a masked position's weight 0 times a NaN it holds is NaN: what a pool holds past a
-        sequence's length must not reach the output."""
+        request's own length read block 0 / whatever its offsets say: K there must be masked by the caller. In a
+        ``foreign`` pool V there is zeroed too: TensorRT-LLM does not zero the memory it allocates (``torch.empty``,
+        facts ``kv_pool.allocation``), and a masked position's weight 0 times a NaN it holds is NaN; what a pool holds
+        past a sequence's length must not reach the output. A pool of this module's own holds zeros or K/V the
+        network wrote there (finite), whose product with 0 is 0: the fill is skipped (it cost 4-8% of a tiny
+        engine's step)."""
         tpb = self.tokens_per_block
         pos = torch.arange(length, device=offsets.device)
         blk = (pos // tpb).clamp(max=offsets.shape[-1] - 1)
@@ -189,7 +194,9 @@ class KVCachePool:
                 self._check_rows(rows[valid])
             rows = torch.where(valid, rows, 2 * layer)
             out.append(data[rows, :, slot[None, :].expand_as(rows)])
-        return out[0], out[1].masked_fill_(~valid[:, :, None, None], 0)        # out[1] is a gathered copy
+        if self.foreign:
+            out[1].masked_fill_(~valid[:, :, None, None], 0)                    # a gathered copy
+        return out[0], out[1]
 
     def check_host_offsets(self, host_offsets: torch.Tensor, totals: torch.Tensor) -> None:
         """On a GPU, the block offsets a step will use, checked once on the host copy the runtime binds beside the
