@@ -106,6 +106,19 @@ def baseline_engine_config(cfg: dict) -> dict:
     return trtllm_engine_config(pre, settings, target_only=True)
 
 
+def standin_session(engine_dir, *, device="cpu", **kw):
+    """The project runtime's TensorRT session (engine/trtllm/session.py) over a rank engine that is the CPU stand-in of
+    TensorRT running the CPU engine at ``engine_dir``; ``kw`` go to :class:`TrtEngineSession`."""
+    from pathlib import Path
+
+    from ..engine.trtllm.session import TrtEngineSession
+    from . import tensorrt_standin
+
+    cfg = json.loads((Path(engine_dir) / "config.json").read_text())
+    blob = tensorrt_standin.standin_engine(cfg, executor={"kind": "cpu-engine", "engine_dir": str(engine_dir)})
+    return TrtEngineSession(blob, cfg, trt=tensorrt_standin, device=device, **kw)
+
+
 def standin_trt_engine_dir(cpu_dir, out, *, baseline: bool = False):
     """A TensorRT-LLM engine directory at ``out`` as `build --backend trtllm` leaves it (engine.json backend trtllm with
     its runtime_path, config.json, rank{r}.engine for every rank, the plugin library, RUN.md), rank r's engine being

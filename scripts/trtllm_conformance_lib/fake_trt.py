@@ -156,7 +156,7 @@ class PlaceholderNetwork:
         # bound there (None: a tensor computed in the graph)
         object.__setattr__(self, "gpt_attention_bindings", [])
         object.__setattr__(self, "allreduce_strategies", [])
-        # per plugin call, in call order: (plugin type, its output tensors), for live_plugins
+        # per plugin call, in call order: (plugin type, its output tensors), for dead_plugins
         object.__setattr__(self, "placeholder_outputs", [])
 
     def __getattr__(self, name):

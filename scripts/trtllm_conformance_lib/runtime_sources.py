@@ -16,7 +16,7 @@ Stand-ins, each named in the report's ``stand_ins``:
 - the ``tensorrt_llm.runtime`` and ``tensorrt_llm.runtime.memory_pools`` package inits are shells (the real runtime
   ``__init__`` imports generation.py, the model runners and the C++ bindings); ``tensorrt_llm.runtime.Session`` is
   the real class;
-- with ``poison=True``, ``torch.empty`` inside memory_pools_allocator.py returns NaN-filled memory: what reused
+- in ``session_runs``, ``torch.empty`` inside memory_pools_allocator.py returns NaN-filled memory: what reused
   device memory may hold, since the allocator does not zero its pool;
 - in ``multi_rank``, ``CustomAllReduceHelper.allocate_workspace`` (CUDA IPC buffers between GPUs) records its
   arguments and returns a table of the recorded size.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import sys
 from pathlib import Path
 
@@ -101,12 +100,9 @@ def poisoned_empty(allocator_module):
 
 
 def _open(engine_dir: Path, **kw):
-    from dflash2_trt.engine.trtllm.session import TrtEngineSession
-    from dflash2_trt.testing import tensorrt_standin
+    from dflash2_trt.testing.engines import standin_session
 
-    cfg = json.loads((engine_dir / "config.json").read_text())
-    blob = tensorrt_standin.standin_engine(cfg, executor={"kind": "cpu-engine", "engine_dir": str(engine_dir)})
-    return TrtEngineSession(blob, cfg, trt=tensorrt_standin, device="cpu", **kw)
+    return standin_session(engine_dir, **kw)
 
 
 def _generate(engine, prompts: list, new: int = 12, max_batch: int = 3) -> dict:
@@ -119,10 +115,12 @@ def _generate(engine, prompts: list, new: int = 12, max_batch: int = 3) -> dict:
             "steps": rt.step_count, "mixed": sum(1 for s in rt.step_log if s["context"] and s["generation"])}
 
 
-def session_runs(mods: dict, engine_dir: Path, prompts: list, poison: bool = True) -> dict:
+def session_runs(mods: dict, engine_dir: Path, prompts: list) -> dict:
     """The same requests through the session three ways: the CPU engine itself, the project's own path over the
     stand-in (OwnExecution, its own pool), and the path taken where TensorRT-LLM imports (TrtllmExecution through
     the real Session, the real MemoryPoolsAllocator's pool, poisoned with NaN before the session zeroes it)."""
+    import torch
+
     from dflash2_trt.engine.standin.engine import open_standin_engine
 
     cpu, _ = open_standin_engine(engine_dir)
@@ -135,10 +133,7 @@ def session_runs(mods: dict, engine_dir: Path, prompts: list, poison: bool = Tru
         out["own"] = _generate(own, prompts)
     finally:
         own.close()
-    import torch
-
-    ctx = poisoned_empty(mods["memory_pools_allocator"]) if poison else contextlib.nullcontext([])
-    with ctx as poisoned:
+    with poisoned_empty(mods["memory_pools_allocator"]) as poisoned:
         sess = _open(engine_dir, use_trtllm=True)
     try:
         pool = sess.pools[0]
@@ -275,14 +270,12 @@ def multi_rank(mods: dict, engine_dir: Path, rank: int = 1) -> dict:
 
 def open_failure(mods: dict) -> dict:
     """Bytes TensorRT cannot deserialize, through TrtllmExecution and the real Session: the project's error."""
-    from dflash2_trt.engine.trtllm.session import EngineOpenError, TrtllmExecution
+    from dflash2_trt.engine.trtllm.session import TrtllmExecution
     from dflash2_trt.testing import tensorrt_standin
 
     try:
         TrtllmExecution(tensorrt_standin, b"not an engine", 0)
-    except EngineOpenError as exc:
-        return {"error": type(exc).__name__, "message": str(exc)}
-    except Exception as exc:                    # noqa: BLE001 - reported, the test fails on it
+    except Exception as exc:                    # noqa: BLE001 - reported: the test expects EngineOpenError
         return {"error": type(exc).__name__, "message": str(exc)}
     return {"error": None}
 

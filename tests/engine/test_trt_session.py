@@ -24,7 +24,7 @@ from dflash2_trt.engine.trtllm import session as sessmod
 from dflash2_trt.engine.trtllm.session import TrtEngineSession, facts
 from dflash2_trt.runtime import Request, Runtime
 from dflash2_trt.testing import tensorrt_standin as trt
-from dflash2_trt.testing.engines import EngineCache, shipped_prompts
+from dflash2_trt.testing.engines import EngineCache, shipped_prompts, standin_session
 
 
 # ------------------------------------------------------------------------------------------------ the record
@@ -50,10 +50,7 @@ def tiny_engines(tmp_path_factory):
     return lambda key: caches[key](4)
 
 
-def _session(engine_dir, **kw):
-    cfg = json.loads((engine_dir / "config.json").read_text())
-    blob = trt.standin_engine(cfg, executor={"kind": "cpu-engine", "engine_dir": str(engine_dir)})
-    return TrtEngineSession(blob, cfg, trt=trt, device="cpu", **kw)
+_session = standin_session
 
 
 def _run(engine, prompts, new=12, max_batch=3, patch=None):

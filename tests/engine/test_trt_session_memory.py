@@ -22,16 +22,12 @@ read_batch); with that fault back, six of its cases fail."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from dflash2_trt.assets import trained_pair
-from dflash2_trt.engine.trtllm.session import TrtEngineSession
 from dflash2_trt.runtime import Request, Runtime
-from dflash2_trt.testing import tensorrt_standin as trt
-from dflash2_trt.testing.engines import EngineCache, shipped_prompts
+from dflash2_trt.testing.engines import EngineCache, shipped_prompts, standin_session
 from dflash2_trt.trtllm.cpu import functional as F
 from dflash2_trt.trtllm.gdn_slot import engine_slot_layout
 
@@ -43,12 +39,6 @@ PAIRS = {"tiny": "qwen3", "tiny-hybrid": "qwen3_5", "tiny-muse": "muse_glimmer"}
 def engines(tmp_path_factory):
     caches = {key: EngineCache(trained_pair(fam), key, tmp_path_factory, verify=False) for key, fam in PAIRS.items()}
     return lambda key: caches[key](4)
-
-
-def _session(engine_dir, **kw):
-    cfg = json.loads((engine_dir / "config.json").read_text())
-    blob = trt.standin_engine(cfg, executor={"kind": "cpu-engine", "engine_dir": str(engine_dir)})
-    return TrtEngineSession(blob, cfg, trt=trt, device="cpu", **kw)
 
 
 def _run(sess, key, temperature, mixed=True):
@@ -137,17 +127,17 @@ def _poisoned(sess, control=None):
     ("tiny-hybrid", 0.0, float("inf")), ("tiny-hybrid", 0.8, float("-inf")),
     ("tiny-muse", 0.0, float("-inf")), ("tiny-muse", 0.8, float("inf"))])
 def test_only_live_memory_reaches_the_tokens(engines, monkeypatch, key, temperature, nan_as):
-    want = _run(_session(engines(key)), key, temperature)
+    want = _run(standin_session(engines(key)), key, temperature)
     monkeypatch.setattr(F, "topk", _topk_passing_nan(nan_as))
-    assert _run(_poisoned(_session(engines(key))), key, temperature) == want
+    assert _run(_poisoned(standin_session(engines(key))), key, temperature) == want
 
 
 def test_only_live_memory_with_generation_steps_replayed_from_graphs(engines, monkeypatch):
     """The same with the generation steps replayed from (simulated) CUDA graphs: their inputs are the buffers
     poisoned before each step."""
-    want = _run(_session(engines("tiny-hybrid")), "tiny-hybrid", 0.8)
+    want = _run(standin_session(engines("tiny-hybrid")), "tiny-hybrid", 0.8)
     monkeypatch.setattr(F, "topk", _topk_passing_nan(float("-inf")))
-    sess = _poisoned(_session(engines("tiny-hybrid"), simulate_graphs=True))
+    sess = _poisoned(standin_session(engines("tiny-hybrid"), simulate_graphs=True))
     assert _run(sess, "tiny-hybrid", 0.8) == want
     assert sess.graphs.report()["replayed"] > 0
 
@@ -157,14 +147,14 @@ def test_only_live_memory_with_generation_steps_replayed_from_graphs(engines, mo
 def test_the_poison_bites(engines, monkeypatch, key, control):
     from dflash2_trt.trtllm.plugin_layers import CpuPlugins
 
-    want = _run(_session(engines(key)), key, 0.0)
+    want = _run(standin_session(engines(key)), key, 0.0)
     monkeypatch.setattr(F, "topk", _topk_passing_nan(float("-inf")))
     if control == "zero_state ignored":
         orig = CpuPlugins.gated_delta_net
         monkeypatch.setattr(CpuPlugins, "gated_delta_net",
                             lambda self, *a, zero_state=None, **kw: orig(self, *a, **kw))
     try:
-        got = _run(_poisoned(_session(engines(key)), control), key, 0.0, mixed=False)
+        got = _run(_poisoned(standin_session(engines(key)), control), key, 0.0, mixed=False)
     except (ValueError, RuntimeError):           # NaN reached something that refuses it: changed, too
         return
     assert got != want

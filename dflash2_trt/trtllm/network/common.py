@@ -126,9 +126,11 @@ def keep_alive(count, counts=(), values=()):
     tensor's first element capped at 1, a floating tensor's first element compared with itself (1, or 0 for a NaN),
     cast. A builder cannot fold that without knowing its operands' ranges. The form before, ``x * 0`` added, is folded
     by TensorRT-RTX's Myelin with the layers behind it (tests/trtllm/test_conformance.py builds both)."""
+    def first(t):
+        return F.slice(F.view(t, [-1]), [0], [1])
+
     for t in counts:
-        count = F.maximum(count, F.minimum(F.slice(F.view(t, [-1]), [0], [1]), 1))
+        count = F.maximum(count, F.minimum(first(t), 1))
     for t in values:
-        first = F.slice(F.view(t, [-1]), [0], [1])
-        count = F.maximum(count, F.cast(F.eq(first, first), "int32"))
+        count = F.maximum(count, F.cast(F.eq(first(t), first(t)), "int32"))
     return count
