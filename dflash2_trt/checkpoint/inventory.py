@@ -14,6 +14,7 @@ from typing import Mapping
 
 from ..config import DFlash2Config, TargetConfig
 from ..errors import CheckpointError, ConfigError
+from ..transformers_support import require_supported_transformers
 from .reader import DTYPE_NAMES, SafetensorsCheckpoint
 
 
@@ -128,6 +129,8 @@ def _hf_config(config_cls, text: dict, cfg: TargetConfig):
 def _hf_text_model(cfg: TargetConfig) -> "torch.nn.Module":
     """The family's HF causal LM for the text config, on the meta device."""
     import torch
+
+    require_supported_transformers("the target's inventory check")
     import transformers
 
     raw = dict(cfg.raw)

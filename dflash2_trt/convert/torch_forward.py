@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..transformers_support import require_supported_transformers
 from .schema import CheckpointConfig
 
 
@@ -127,6 +128,7 @@ def _mlp(ck: ConvertedCheckpoint, pre: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def _gated_deltanet(ck: ConvertedCheckpoint, pre: str, x: torch.Tensor, eps: float) -> torch.Tensor:
+    require_supported_transformers("the converter's Gated DeltaNet check")
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
     la = ck.config["linear_attention"]

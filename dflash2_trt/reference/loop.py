@@ -35,6 +35,7 @@ from .drafter import DFlash2Drafter, extract_taps
 from .selector import MODES
 from .verify import accept_greedy, accept_sampling, sample_from_probs, scatter_proposal, target_probs
 from ..errors import CheckpointError, NumericsError
+from ..transformers_support import require_supported_transformers
 
 __all__ = ["GenerationResult", "speculative_generate", "target_generate", "load_target",
            "is_hybrid", "load_pair", "check_finite"]
@@ -91,6 +92,7 @@ def load_target(directory: str | Path, *, dtype: torch.dtype | None = None, devi
     caller already did that (``validated=True``): transformers would fill a missing tensor with
     random values without a word. Anything transformers still refuses is a one-line error.
     """
+    require_supported_transformers("the target's reference decoding")
     import transformers
 
     if not validated:
