@@ -302,8 +302,8 @@ def test_without_tensorrt_llm_stops_before_the_engine(pair, tmp_path, toolchain)
                                          ("1.3.0rc5", "not checked against it"),
                                          ("1.1.0", "older releases lack pieces"), ("2.0", "not checked against it")])
 def test_a_tensorrt_llm_outside_1_2_stops_before_the_engine(pair, tmp_path, toolchain, monkeypatch, version, why):
-    """pyproject says tensorrt-llm>=1.2,<1.3 (what the network, build steps and runtime facts were checked against);
-    an installed 1.3 or 1.1 was taken as is and trtllm-build run with it. Now it is named, with the pin, before the
+    """The project supports tensorrt-llm>=1.2,<1.3 (what the network, build steps and runtime facts were checked
+    against); an installed 1.3 or 1.1 was taken as is and trtllm-build run with it. Now it is named, with the pin, before the
     engine step (the checkpoint and plugin library kept, as for a missing TensorRT-LLM); DFLASH2_TRTLLM_ANY_VERSION=1
     builds anyway and the engine records the version."""
     from dataclasses import replace
