@@ -402,10 +402,15 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
               help="trtllm: also build the target alone into OUTPUT/baseline/ (a second trtllm-build from the same "
                    "checkpoint; the target's weights again on disk), the autoregressive baseline `bench run` compares "
                    "with on the project runtime.")
+@click.option("--trtllm-python", type=click.Path(dir_okay=False), default=None, envvar="DFLASH2_TRTLLM_PYTHON",
+              help="trtllm: the Python of an environment holding TensorRT-LLM 1.2 with its own pins (transformers "
+                   "4.57) and this project (pip install --no-deps); trtllm-build and the engine side of the verify "
+                   "gate run there, everything that reads the checkpoints through transformers here "
+                   "(docs/trt-session.md §11) [env: DFLASH2_TRTLLM_PYTHON].")
 def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp_size, dtype, block_size,
               max_batch_size, max_input_len, max_seq_len, max_num_tokens, tokens_per_block, selector, drafter_window,
               sets, dry_run, as_json, gpu_memory_gib, verify, checkpoint_dir, reconvert, no_keep_checkpoint,
-              force, no_disk_check, baseline) -> None:
+              force, no_disk_check, baseline, trtllm_python) -> None:
     """Build an engine directory (validate -> convert -> plugins -> engine -> verify), or plan one (--dry-run)."""
     from .config.build import parse_set
     from .engine.build import build_engine
@@ -417,6 +422,15 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
                  "selector": selector, "drafter_window": drafter_window, "dtype": dtype,
                  "tp_size": None if tp_size is None else int(tp_size)}
     sets = parse_set(sets)
+    toolchain = None
+    if trtllm_python:
+        if backend in ("cpu", "cuda"):
+            raise ConfigError(f"applies to --backend trtllm (TensorRT-LLM's interpreter), not {backend}",
+                              field="--trtllm-python")
+        from .engine.trtllm.toolchain import probe_toolchain
+
+        backend = "trtllm"
+        toolchain = probe_toolchain(trtllm_python)
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=dry_run)
     if dry_run:
         from .checkpoint.writer import check_output_dir
@@ -432,7 +446,7 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
         plan = dry_run_plan(d, t, output=output, backend=backend, target_key=target_key, overrides=overrides,
                             sets=sets, gpu_memory_gib=gpu_memory_gib, checkpoint_dir=checkpoint_dir,
                             keep_checkpoint=not no_keep_checkpoint, verify=verify, baseline=baseline,
-                            reconvert=reconvert)
+                            reconvert=reconvert, toolchain=toolchain)
         click.echo(json.dumps(plan, indent=2) if as_json else render_plan(plan))
         return
     if output is None:
@@ -449,7 +463,7 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
                            target_key=target_key, force=force, command=sys.argv, overrides=overrides, sets=sets,
                            verify="auto" if verify is None else verify, checkpoint_dir=checkpoint_dir,
                            reconvert=reconvert, keep_checkpoint=not no_keep_checkpoint, progress=progress,
-                           disk_check=not no_disk_check, baseline=baseline)
+                           disk_check=not no_disk_check, baseline=baseline, toolchain=toolchain)
     except BaselineBuildError as exc:   # the combined engine is in place: say so, then fail on the baseline
         _report_build(exc.result, as_json)
         raise

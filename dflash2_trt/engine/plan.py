@@ -62,7 +62,7 @@ from .trtllm.paths import runtime_path
 from .trtllm.runtime_rules import runtime_reading
 from .trtllm.xqa import xqa_plan
 from .trtllm.windows import is_sm100_family, sm100_note, sm100_refusal, window_blockers
-from .trtllm.toolchain import plugin_toolchain_missing, probe_toolchain, trtllm_version_refusal
+from .trtllm.toolchain import environment_problems, plugin_toolchain_missing, probe_toolchain, trtllm_version_refusal
 from .verify import AUTO_MAX_TARGET_BYTES
 from ..trtllm.backend import cuda_available, load_network
 from ..trtllm.cuda.plugin_lib import nvcc_path
@@ -639,7 +639,8 @@ def render_plan(plan: dict) -> str:
         lines.append(f"  warning: {wn}")
     m = plan.get("machine")
     if m is not None:
-        have = (f"TensorRT-LLM {m['tensorrt_llm']}" if m["tensorrt_llm"] else "no TensorRT-LLM") + ", " + \
+        have = (f"TensorRT-LLM {m['tensorrt_llm']}" if m["tensorrt_llm"] else "no TensorRT-LLM") + \
+            (f" in {m['python']} (transformers {m.get('transformers')})" if m.get("python") else "") + ", " + \
             (f"GPU {m['gpu_name']} ({m['gpu_sm']})" if m["gpu_sm"] else "no GPU")
         lines.append(f"this machine: {have}" + (f"; missing for the {plan['backend']} build: "
                                                  f"{'; '.join(m['missing'])}" if m["missing"] else ""))
@@ -697,8 +698,11 @@ def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto",
                      toolchain=tc, keep_checkpoint=keep_checkpoint, verify=v, baseline=baseline and be == "trtllm")
     missing = []
     if be == "trtllm":
+        env_missing, env_warnings = environment_problems(tc)
+        missing += env_missing
+        plan["warnings"] += env_warnings
         if tc.tensorrt_llm is None:
-            missing.append("tensorrt_llm (TensorRT-LLM 1.2.x)")
+            missing.append(f"tensorrt_llm (TensorRT-LLM 1.2.x){f' in {tc.python}' if tc.python else ''}")
         elif (wrong := trtllm_version_refusal(tc.tensorrt_llm)) is not None:
             missing.append(wrong)
         if tc.trtllm_build is None:

@@ -58,3 +58,53 @@ def render(report: dict) -> str:
     if report.get("cuda_graphs"):
         lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))
     return "\n".join(lines)
+
+
+def engine_outputs(engine_dir, prompts, new: int, *, eos=(), plugin_lib=None) -> list[list[int]]:
+    """Greedy new tokens per prompt through an engine directory as ``run`` opens it (the engine side of a verify gate):
+    a TensorRT-LLM engine on its runtime path, a cpu or cuda engine with the project runtime."""
+    import json
+    from pathlib import Path
+
+    man = json.loads((Path(engine_dir) / "engine.json").read_text())
+    if man.get("backend") == "trtllm":
+        from .trtllm.verify import engine_outputs as trtllm_outputs
+
+        return trtllm_outputs(engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib, man=man)
+    from ..runtime import Request, Runtime
+    from .standin.engine import open_standin_engine
+
+    engine, _ = open_standin_engine(engine_dir)
+    try:
+        reqs = [Request(list(p), new, stop_token_ids=tuple(eos), task_id=i) for i, p in enumerate(prompts)]
+        Runtime(engine).generate(reqs)
+        return [r.output_ids for r in reqs]
+    finally:
+        engine.close()
+
+
+def engine_side_main(argv=None) -> int:
+    """``python -m dflash2_trt.engine.run REQUEST OUTPUT``: :func:`engine_outputs` of the request file's engine and
+    prompts, written whole to OUTPUT as ``{"outputs": [[ids...], ...]}`` (the engine side of ``build
+    --trtllm-python``'s verify gate, run in TensorRT-LLM's environment: engine/trtllm/verify.py engine_outputs_in)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: python -m dflash2_trt.engine.run REQUEST.json OUTPUT.json", file=sys.stderr)
+        return 2
+    req = json.loads(Path(args[0]).read_text())
+    outs = engine_outputs(req["engine_dir"], req["prompts"], int(req["new"]), eos=tuple(req["eos"]),
+                          plugin_lib=req.get("plugin_lib"))
+    part = Path(args[1]).with_name(Path(args[1]).name + ".part")   # whole or absent: read after this exits
+    part.write_text(json.dumps({"outputs": outs}))
+    part.replace(args[1])
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(engine_side_main())

@@ -57,7 +57,7 @@ from .command import (BASELINE_CLS_NAME, default_checkpoint_dir, engine_config_f
 from .paths import PROJECT, runtime_path
 from .plugin_library import ensure_plugin_library, plugin_archs
 from .process import BaselineBuildError, EngineBuildError, SubprocessRunner, exit_description, log_tail
-from .toolchain import Toolchain, probe_toolchain, trtllm_version_refusal
+from .toolchain import Toolchain, environment_problems, probe_toolchain, trtllm_version_refusal
 from .verify import verify_trtllm_engine
 from .windows import sm100_refusal
 
@@ -279,7 +279,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
         kept = [f"checkpoint {ckpt_dir}"] if temp_ckpt is None else []
 
         # ---- plugins
-        final_argv = trtllm_build_argv(cfg, checkpoint_dir=output / "build-checkpoint", output_dir=output)
+        py = toolchain.python    # TensorRT-LLM's interpreter where it is not this one (--trtllm-python)
+        final_argv = trtllm_build_argv(cfg, checkpoint_dir=output / "build-checkpoint", output_dir=output, python=py)
         plugin = None
         plugin_err = None
         try:
@@ -290,16 +291,18 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             plugin_err = str(exc)
         missing = [] if plugin_err is None else [plugin_err]
         if toolchain.tensorrt_llm is None:
-            missing.insert(0, "TensorRT-LLM is not importable (pip install 'tensorrt-llm>=1.2,<1.3' from NVIDIA's "
-                              "index, on a GPU machine)")
+            missing.insert(0, f"TensorRT-LLM is not importable{f' by {py}' if py else ''} (pip install "
+                              f"'tensorrt-llm>=1.2,<1.3' from NVIDIA's index, on a GPU machine, in an environment of "
+                              f"its own: docs/trt-session.md §11)")
         elif (wrong := trtllm_version_refusal(toolchain.tensorrt_llm)) is not None:
             missing.insert(0, wrong)
+        missing[:0] = environment_problems(toolchain)[0]   # e.g. TensorRT-LLM beside transformers 5: no import
         if missing:
             lib_env = trtllm_build_env(plugin["path"] if plugin else "<libdflash2_plugins.so>", xqa["env"])
             then = ""
             if baseline:
                 base_argv = trtllm_build_argv(cfg, checkpoint_dir=output / "baseline-checkpoint",
-                                              output_dir=output / BASELINE_DIR, target_only=True)
+                                              output_dir=output / BASELINE_DIR, target_only=True, python=py)
                 then = f"; then the baseline's: {shell_line(base_argv, lib_env)}"
             raise MissingDependencyError(
                 f"the engine step cannot run here: {'; '.join(missing)}. Kept: {', '.join(kept) or 'nothing'} "
@@ -314,7 +317,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
             pre = engine_pretrained_config(json.loads((ckpt_dir / "config.json").read_text()), cfg, prep.d)
             (bck / "config.json").write_text(json.dumps(pre, indent=2) + "\n")
             how = link_files(ckpt_dir, bck, [f"rank{r}.safetensors" for r in range(cfg.tp_size)])
-            argv = trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=tmp)
+            argv = trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=tmp, python=py)
             env = trtllm_build_env(plugin["path"], xqa["env"])
             log = tmp / "trtllm-build.log"
             log.write_text(f"# {shell_line(argv, env)}\n")
@@ -368,14 +371,14 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                 say("[verify] fixed prompts through TensorRT-LLM's runner vs the target's greedy decoding")
                 if verifier is None:
                     verifier = verify_trtllm_engine
-                man["verify"] = verifier(tmp, target_dir=prep.target_dir, target_key=prep.target_key,
+                man["verify"] = verifier(tmp, target_dir=prep.target_dir, target_key=prep.target_key, python=py,
                                          plugin_lib=tmp / LIBRARY_NAME)
                 write_manifest(tmp, man)
             baseline_failed = None
             if baseline:   # after the combined engine passed its checks: a failing one costs no baseline build
                 try:
                     man["baseline"] = _build_baseline(tmp, pre, cfg, ckpt_dir, env, runner, output, say,
-                                                      echo=bool(progress), kept=kept)
+                                                      echo=bool(progress), kept=kept, python=py)
                 except EngineBuildError as exc:
                     # the combined engine is complete, checked and already described without a baseline (RUN.md,
                     # engine.json: baseline null, files apart from baseline/): it is committed, the command fails
@@ -419,7 +422,7 @@ def _run_trtllm_build(runner, argv, env, log: Path, *, say, echo: bool, kept_log
 
 
 def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner, output: Path, say, *,
-                    echo: bool, kept: list[str]) -> dict:
+                    echo: bool, kept: list[str], python: str | None = None) -> dict:
     """``build --baseline``: the target alone (``trtllm/network/target_only.py``) as a second trtllm-build into
     ``tmp/baseline/``, from a build checkpoint of the same rank files whose config is the combined engine's marked
     target-only (:func:`~dflash2_trt.engine.pretrained.baseline_pretrained_config`), with the same limits and
@@ -436,7 +439,7 @@ def _build_baseline(tmp: Path, pre: dict, cfg, ckpt_dir: Path, env: dict, runner
     how = link_files(ckpt_dir, bck, [f"rank{r}.safetensors" for r in range(cfg.tp_size)])
     out = tmp / BASELINE_DIR
     out.mkdir()
-    argv = trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=out, target_only=True)
+    argv = trtllm_build_argv(cfg, checkpoint_dir=bck, output_dir=out, target_only=True, python=python)
     log = out / "trtllm-build.log"
     log.write_text(f"# {shell_line(argv, env)}\n")
     say(f"[baseline] trtllm-build of the target alone (log {log}; {output / BASELINE_DIR / 'trtllm-build.log'} once "

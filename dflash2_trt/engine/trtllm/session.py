@@ -628,7 +628,8 @@ def load_plugin_libraries(engine_dir) -> None:   # pragma: no cover - needs Tens
                                      f"which the engine's attention layers need: unset it")
     if importlib.util.find_spec("tensorrt_llm") is None:
         raise MissingDependencyError("the engine's attention layers are TensorRT-LLM's plugins: pip install "
-                                     "tensorrt-llm==1.2.* (NVIDIA's index) on the GPU machine")
+                                     "tensorrt-llm==1.2.* (NVIDIA's index) on the GPU machine, in an environment of "
+                                     "its own, and run this from there (docs/trt-session.md §11)")
     import_tensorrt_llm()   # loads libnvinfer_plugin_tensorrt_llm.so (_common._init); its banner to stderr
 
     plugins.load_library(Path(engine_dir) / plugins.LIBRARY_NAME)

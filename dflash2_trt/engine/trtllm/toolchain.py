@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -29,6 +30,12 @@ class Toolchain:
     tensorrt_include: str | None = None  # directory holding NvInferRuntime.h
     gpu_name: str | None = None
     gpu_sm: str | None = None           # e.g. "sm_90a" (compute capability 9.0)
+    # the interpreter of TensorRT-LLM's side (trtllm-build, the engine in the verify gate) when it is not this one
+    # (``--trtllm-python``: an environment with TensorRT-LLM's own pins, docs/trt-session.md §11); None: this one
+    python: str | None = None
+    transformers: str | None = None      # transformers' version in that interpreter
+    trtllm_transformers: str | None = None   # the transformers requirement of its TensorRT-LLM ("==4.57.1")
+    project: str | None = None           # dflash2_trt's version in that interpreter
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,7 +52,8 @@ def _dist_version(*names: str) -> str | None:
 
 SUPPORTED_TRTLLM = (1, 2)
 """The TensorRT-LLM minor the network (``trtllm/network``), the build steps and the runtime facts were written and
-checked against (pyproject's ``tensorrt-llm>=1.2,<1.3``); the sources read are listed in docs/hybrid-runtime.md."""
+checked against (``tensorrt-llm>=1.2,<1.3``, installed in an environment of its own: docs/trt-session.md §11); the
+sources read are listed in docs/hybrid-runtime.md."""
 ANY_TRTLLM_ENV = "DFLASH2_TRTLLM_ANY_VERSION"
 """``1``: build with an installed TensorRT-LLM outside :data:`SUPPORTED_TRTLLM` anyway (untested; the engine records
 the version it was built with)."""
@@ -93,14 +101,67 @@ def _find_tensorrt_include() -> str | None:
     return None
 
 
-def probe_toolchain() -> Toolchain:
-    """Look, without importing tensorrt_llm (slow, initialises CUDA/MPI), at what is installed."""
+TRTLLM_PYTHON_ENV = "DFLASH2_TRTLLM_PYTHON"
+"""The interpreter of TensorRT-LLM's side when ``--trtllm-python`` is not given (docs/trt-session.md §11)."""
+PROBE_MODULE = "dflash2_trt.engine.trtllm.toolchain"
+
+
+def python_side() -> dict:
+    """What THIS interpreter has for TensorRT-LLM's side, without importing tensorrt_llm (slow, initialises
+    CUDA/MPI): ``python -m dflash2_trt.engine.trtllm.toolchain`` prints it as JSON for :func:`probe_python`."""
+    from ... import __version__
+    from ...transformers_support import installed_version, trtllm_transformers_requirement
+
     trtllm = None
     if importlib.util.find_spec("tensorrt_llm") is not None:
         trtllm = _dist_version("tensorrt-llm", "tensorrt_llm") or "unknown"
     venv_bin = Path(sys.executable).parent
-    build = shutil.which("trtllm-build") or (str(venv_bin / "trtllm-build") if (venv_bin / "trtllm-build").is_file()
-                                              else None)
+    build = str(venv_bin / "trtllm-build") if (venv_bin / "trtllm-build").is_file() else shutil.which("trtllm-build")
+    return {"python": sys.executable, "tensorrt_llm": trtllm,
+            "tensorrt": _dist_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_cu12", "tensorrt_cu13"),
+            "trtllm_build": build, "transformers": installed_version(),
+            "trtllm_transformers": trtllm_transformers_requirement(), "dflash2_trt": __version__}
+
+
+def same_interpreter(python: str) -> bool:
+    """``python`` names this interpreter. Symbolic links are not followed: every virtual environment's ``python``
+    links to the same base interpreter, and it is the environment (its site-packages) that matters."""
+    return os.path.abspath(os.path.expanduser(python)) == os.path.abspath(sys.executable)
+
+
+def probe_python(python: str, *, timeout: float = 300) -> dict:
+    """:func:`python_side` of another interpreter (``--trtllm-python``), which must import this project too: it runs
+    trtllm-build through :mod:`dflash2_trt.trtllm.register` (there: ``pip install --no-deps`` this project)."""
+    from ...errors import MissingDependencyError
+
+    where = f"--trtllm-python {python}"
+    try:
+        r = subprocess.run([python, "-m", PROBE_MODULE], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise MissingDependencyError(f"{where} cannot be run: {type(exc).__name__}: {exc}") from None
+    last = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1][:300]
+    if r.returncode != 0:
+        if "No module named" in r.stderr and "dflash2_trt" in r.stderr:
+            raise MissingDependencyError(f"{where} cannot import dflash2_trt: install this project there too, without "
+                                         f"touching TensorRT-LLM's pins: {python} -m pip install --no-deps "
+                                         f"<this project> (docs/trt-session.md §11)")
+        raise MissingDependencyError(f"{where} failed to report its TensorRT-LLM ({last})")
+    try:
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise MissingDependencyError(f"{where} printed no report of its TensorRT-LLM ({last})") from None
+    return info
+
+
+def probe_toolchain(python: str | None = None) -> Toolchain:
+    """Look, without importing tensorrt_llm (slow, initialises CUDA/MPI), at what is installed. ``python`` (or
+    ``$DFLASH2_TRTLLM_PYTHON``): the interpreter of TensorRT-LLM's side, asked in a subprocess where it is not this
+    one; the CUDA toolkit, CMake, the TensorRT headers and the GPU are the machine's either way."""
+    python = python or os.environ.get(TRTLLM_PYTHON_ENV) or None
+    if python is not None and same_interpreter(python):
+        python = None
+    side = python_side() if python is None else probe_python(python)
+    trtllm, build = side["tensorrt_llm"], side["trtllm_build"]
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     cuda = None
     if nvcc:
@@ -122,10 +183,63 @@ def probe_toolchain() -> Toolchain:
                 gpu_sm = sm_of(cap)
         except (OSError, subprocess.SubprocessError, ValueError):
             gpu_name = gpu_sm = None
-    return Toolchain(tensorrt_llm=trtllm, tensorrt=_dist_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13",
-                                                                  "tensorrt_cu12", "tensorrt_cu13"),
-                     trtllm_build=build, cmake=shutil.which("cmake"), nvcc=nvcc, cuda=cuda,
-                     tensorrt_include=_find_tensorrt_include(), gpu_name=gpu_name, gpu_sm=gpu_sm)
+    return Toolchain(tensorrt_llm=trtllm, tensorrt=side["tensorrt"], trtllm_build=build, cmake=shutil.which("cmake"),
+                     nvcc=nvcc, cuda=cuda, tensorrt_include=_find_tensorrt_include(), gpu_name=gpu_name,
+                     gpu_sm=gpu_sm, python=python, transformers=side["transformers"],
+                     trtllm_transformers=side["trtllm_transformers"], project=side.get("dflash2_trt"))
+
+
+def environment_problems(toolchain: Toolchain) -> tuple[list[str], list[str]]:
+    """What keeps this interpreter and TensorRT-LLM's from building together, as (missing, warnings): TensorRT-LLM
+    1.2 pins transformers 4.57.x and this project's Hugging Face stages need its own pin (``transformers_support``),
+    so one environment cannot hold both at their declared versions (facts/trtllm_requirements.yaml)."""
+    from ... import __version__
+    from ...transformers_support import installed_version, version_problem
+
+    missing, warnings = [], []
+    here = installed_version()
+    if (problem := version_problem(here)) is not None:
+        missing.append(f"{problem}: the build's Hugging Face stages (validate, convert, the verify gate's reference) "
+                       f"run here; build from an environment with this project's pins and pass --trtllm-python "
+                       f"for TensorRT-LLM's (docs/trt-session.md §11)")
+    if toolchain.python and toolchain.project != __version__:
+        missing.append(f"{toolchain.python} imports dflash2_trt {toolchain.project}, this is {__version__}: install "
+                       f"this very project there ({toolchain.python} -m pip install --no-deps <this project>)")
+    pin = toolchain.trtllm_transformers
+    where = toolchain.python or "this environment"
+    major = re.match(r"(\d+)", toolchain.transformers or "")
+    if toolchain.tensorrt_llm and major and int(major[1]) >= 5 and trtllm_version_problem(toolchain.tensorrt_llm) \
+            is None:
+        fact = _requirements_facts()["import_on_transformers_5"]
+        missing.append(f"TensorRT-LLM {toolchain.tensorrt_llm} in {where} sits beside transformers "
+                       f"{toolchain.transformers}, on which `import tensorrt_llm` fails ({fact['fails_at']} imports "
+                       f"{fact['name']}, which transformers 5 removed): give TensorRT-LLM its own transformers"
+                       f"{pin or ''} and this project an environment of its own (docs/trt-session.md §11)")
+    elif toolchain.tensorrt_llm and pin and toolchain.transformers and not _satisfies(toolchain.transformers, pin):
+        warnings.append(f"TensorRT-LLM {toolchain.tensorrt_llm} in {where} pins transformers{pin} but transformers "
+                        f"{toolchain.transformers} is installed there: TensorRT-LLM runs on a transformers it does not "
+                        f"declare (untested by NVIDIA and by this project); keep its own and give this project an "
+                        f"environment of its own (docs/trt-session.md §11)")
+    return missing, warnings
+
+
+def _requirements_facts() -> dict:
+    """facts/trtllm_requirements.yaml: TensorRT-LLM 1.2's own requirements, read in its sources."""
+    from ...yaml_files import load_yaml_file
+
+    return load_yaml_file(Path(__file__).with_name("facts") / "trtllm_requirements.yaml")
+
+
+def _satisfies(version: str, spec: str) -> bool:
+    """``version`` meets the PEP 440 specifier ``spec`` (``==4.57.1``). Unparsable either: True (no claim is made).
+    ``packaging`` comes with transformers, which requires it."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return True
 
 
 def plugin_toolchain_missing(toolchain: Toolchain) -> list[str]:
@@ -138,3 +252,7 @@ def plugin_toolchain_missing(toolchain: Toolchain) -> list[str]:
         missing.append("TensorRT headers (NvInferRuntime.h) not found: set TensorRT_ROOT to a TensorRT install or "
                        "source tree")
     return missing
+
+
+if __name__ == "__main__":   # probe_python's other end
+    print(json.dumps(python_side()))

@@ -1,0 +1,230 @@
+"""``build --trtllm-python``: TensorRT-LLM's side of a build (trtllm-build, the engine side of the verify gate) in
+another interpreter, the Hugging Face stages here. TensorRT-LLM 1.2 pins transformers 4.57.x and this project's
+Hugging Face stages need its own pin (engine/trtllm/facts/trtllm_requirements.yaml), so a real GPU user has two
+environments; here the other interpreter is this one behind a wrapper script (another path: a subprocess), or this
+one with its site-packages switched off (it cannot import this project)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dflash2_trt.cli import main
+from dflash2_trt.engine.trtllm import toolchain as tcm
+from dflash2_trt.engine.trtllm.toolchain import Toolchain, environment_problems, probe_toolchain
+from dflash2_trt.engine.run import engine_outputs
+from dflash2_trt.engine.trtllm.verify import engine_outputs_in, verify_trtllm_engine
+from dflash2_trt.engine.verify import VerifyError
+from dflash2_trt.errors import MissingDependencyError
+
+from test_trtllm_branch import FakeRunner, _build, declared_toolchain
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from dflash2_trt.assets import trained_pair
+
+    return trained_pair("qwen3")
+
+
+@pytest.fixture(autouse=True)
+def _own_plugin_cache(tmp_path_factory, monkeypatch):
+    """An empty plugin-library cache per test, as test_trtllm_branch's (the fake CMake writes into it)."""
+    monkeypatch.setenv("DFLASH2_TRT_CACHE", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("DFLASH2_PLUGIN_LIB", raising=False)
+    monkeypatch.delenv("DFLASH2_TRTLLM_PYTHON", raising=False)
+
+
+def _wrapper(tmp_path: Path, name: str = "python", flags: str = "") -> str:
+    """An executable that runs this interpreter: another path, so a subprocess (as a second environment is)."""
+    p = tmp_path / name
+    p.write_text(f"#!/bin/sh\ncd /\nexec {sys.executable} {flags} \"$@\"\n")
+    p.chmod(0o755)
+    return str(p)
+
+
+def test_the_other_interpreter_is_asked_in_a_subprocess(tmp_path):
+    py = _wrapper(tmp_path)
+    tc = probe_toolchain(py)
+    assert tc.python == py
+    here = tcm.python_side()
+    assert (tc.tensorrt_llm, tc.transformers, tc.project) == (here["tensorrt_llm"], here["transformers"],
+                                                             here["dflash2_trt"])
+    assert probe_toolchain(sys.executable).python is None        # this interpreter: nothing to ask
+    assert environment_problems(tc) == ([], [])
+
+
+def test_an_interpreter_without_this_project_is_refused_in_one_line(tmp_path):
+    bare = _wrapper(tmp_path, flags="-S")        # no site-packages: no dflash2_trt, as a fresh TensorRT-LLM venv
+    with pytest.raises(MissingDependencyError, match=r"cannot import dflash2_trt: install this project there too.*"
+                                                     r"-m pip install --no-deps"):
+        probe_toolchain(bare)
+    with pytest.raises(MissingDependencyError, match="cannot be run"):
+        probe_toolchain(str(tmp_path / "absent" / "python"))
+
+
+def test_environment_problems():
+    trt = dict(tensorrt_llm="1.2.0", python="/trt/bin/python", project=tcm.python_side()["dflash2_trt"])
+    # TensorRT-LLM on its own pin, in its own environment: nothing to say
+    assert environment_problems(Toolchain(**trt, transformers="4.57.1", trtllm_transformers="==4.57.1")) == ([], [])
+    # TensorRT-LLM 1.2 beside transformers 5: it does not even import (facts/trtllm_requirements.yaml)
+    miss, warn = environment_problems(Toolchain(**trt, transformers="5.25.0", trtllm_transformers="==4.57.1"))
+    assert warn == [] and len(miss) == 1 and "`import tensorrt_llm` fails (tensorrt_llm/models/gpt/convert.py imports " \
+        "AutoModelForVision2Seq" in miss[0] and "transformers==4.57.1" in miss[0]
+    # another 4.x than its pin: a warning naming both
+    _, warn = environment_problems(Toolchain(**trt, transformers="4.56.2", trtllm_transformers="==4.57.1"))
+    assert len(warn) == 1 and "pins transformers==4.57.1 but transformers 4.56.2" in warn[0]
+    # another version of this project there
+    miss, _ = environment_problems(Toolchain(**{**trt, "project": "0.0.1"}, transformers="4.57.1",
+                                             trtllm_transformers="==4.57.1"))
+    assert len(miss) == 1 and "imports dflash2_trt 0.0.1" in miss[0]
+
+
+def test_this_interpreters_transformers_decides_the_hf_stages(monkeypatch):
+    from dflash2_trt import transformers_support as ts
+
+    monkeypatch.setattr(ts, "installed_version", lambda: "4.57.1")
+    miss, _ = environment_problems(Toolchain(tensorrt_llm="1.2.0", transformers="4.57.1",
+                                             trtllm_transformers="==4.57.1"))
+    assert len(miss) == 1 and miss[0].startswith("transformers 4.57.1 is installed") and "--trtllm-python" in miss[0]
+
+
+def test_trtllm_build_runs_in_the_given_interpreter(pair, tmp_path, toolchain_other):
+    r = FakeRunner()
+    seen = []
+
+    def verifier(engine_dir, **kw):
+        seen.append(kw)
+        return {"passed": True, "prompts": 4, "tokens": 96}
+
+    res = _build(pair, tmp_path / "eng", toolchain_other, r, verify=True, verifier=verifier)
+    (tb,) = [c for c in r.calls if c["tool"] == "trtllm-build"]
+    assert tb["argv"][:3] == ["/trt/bin/python", "-m", "dflash2_trt.trtllm.register"]
+    assert res.manifest["trtllm_build"]["argv"][0] == "/trt/bin/python"
+    assert seen[0]["python"] == "/trt/bin/python"
+
+
+def test_without_tensorrt_llm_there_the_message_names_the_interpreter(pair, tmp_path):
+    tc = Toolchain(**{**declared_toolchain(tmp_path).to_dict(), "tensorrt_llm": None, "python": "/trt/bin/python"})
+    with pytest.raises(MissingDependencyError, match=r"TensorRT-LLM is not importable by /trt/bin/python .*"
+                                                     r"The engine step runs: DFLASH2_PLUGIN_LIB=.* /trt/bin/python -m "
+                                                     r"dflash2_trt.trtllm.register"):
+        _build(pair, tmp_path / "eng", tc, FakeRunner())
+
+
+@pytest.fixture
+def toolchain_other(tmp_path):
+    return Toolchain(**{**declared_toolchain(tmp_path).to_dict(), "python": "/trt/bin/python",
+                        "transformers": "4.57.1", "trtllm_transformers": "==4.57.1",
+                        "project": tcm.python_side()["dflash2_trt"]})
+
+
+def test_the_engine_side_runs_in_the_other_interpreter(standin_trt_engine, tmp_path):
+    cpu_engine = standin_trt_engine[1]          # the session's tiny-hybrid CPU engine
+    prompts = [[187, 95, 235], [5, 6, 7, 8, 9]]
+    here = engine_outputs(cpu_engine, prompts, 12, eos=(2,))
+    there = engine_outputs_in(_wrapper(tmp_path), cpu_engine, prompts, 12, eos=(2,))
+    assert there == here and all(len(o) == 12 for o in here)
+
+
+def test_a_failing_engine_side_is_one_line(tmp_path):
+    py = _wrapper(tmp_path)
+    with pytest.raises(VerifyError, match=r"failed in .*python \(exit 1\): FileNotFoundError: .*engine.json"):
+        engine_outputs_in(py, tmp_path / "no-engine", [[1, 2, 3]], 4)
+
+    def liar(argv, **kw):      # an engine side that exits 0 without its outputs
+        return 0
+
+    with pytest.raises(VerifyError, match="failed in /x/python \\(exit 0\\): no output"):
+        engine_outputs_in("/x/python", tmp_path, [[1, 2, 3]], 4, runner=liar)
+
+    def short(argv, **kw):     # one output for two prompts
+        Path(argv[-1]).write_text(json.dumps({"outputs": [[1]]}))
+        return 0
+
+    with pytest.raises(VerifyError, match="returned 1 outputs for 2 prompts"):
+        engine_outputs_in("/x/python", tmp_path, [[1], [2]], 4, runner=short)
+
+
+def test_verify_gate_compares_the_other_sides_tokens_with_the_target(pair, tmp_path, toolchain_other):
+    """The whole gate with the engine side in another interpreter: the engine directory is a TensorRT one (fake
+    ranks, its config as trtllm-build writes it); the runner plays the engine side with the target's own tokens,
+    then with one token changed, which the gate must catch."""
+    out = tmp_path / "eng"
+    _build(pair, out, toolchain_other, FakeRunner())
+    from dflash2_trt.engine.verify import reference_outputs
+
+    def side(tamper: bool):
+        def run(argv, **kw):
+            assert argv[:3] == ["/trt/bin/python", "-m", "dflash2_trt.engine.run"]
+            req = json.loads(Path(argv[3]).read_text())
+            assert req["engine_dir"] == str(out.absolute())
+            outs = reference_outputs(pair.target_dir, req["prompts"], req["new"], tuple(req["eos"]),
+                                     dtype="float32")
+            if tamper:
+                outs[0][3] = (outs[0][3] + 1) % 256
+            Path(argv[4]).write_text(json.dumps({"outputs": outs}))
+            return 0
+        return run
+
+    rep = verify_trtllm_engine(out, target_dir=pair.target_dir, target_key="tiny", python="/trt/bin/python",
+                               runner=side(False))
+    assert rep["passed"] and rep["engine_side"] == "/trt/bin/python" and rep["tokens"] > 0
+    with pytest.raises(VerifyError, match="prompt 0 .*output token 3"):
+        verify_trtllm_engine(out, target_dir=pair.target_dir, target_key="tiny", python="/trt/bin/python",
+                             runner=side(True))
+
+
+def test_cli_refuses_trtllm_python_for_a_cpu_build(tmp_path):
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"),
+                                  "--trtllm-python", sys.executable])
+    assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith("error: --trtllm-python: applies to "
+                                                                             "--backend trtllm"), r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_dry_run_names_the_other_interpreter(tmp_path):
+    py = _wrapper(tmp_path)
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--dry-run", "--json", "--trtllm-python", py],
+                           env={"DFLASH2_TRTLLM_PYTHON": None})
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output[r.output.index("{"):])
+    assert plan["backend"] == "trtllm" and plan["machine"]["python"] == py
+    assert any(m.startswith(f"tensorrt_llm (TensorRT-LLM 1.2.x) in {py}") for m in plan["machine"]["missing"])
+    # the environment variable says the same
+    r2 = CliRunner().invoke(main, ["build", "--target", "tiny", "--dry-run", "--json"],
+                            env={"DFLASH2_TRTLLM_PYTHON": py})
+    assert json.loads(r2.output[r2.output.index("{"):])["machine"]["python"] == py
+    assert os.environ.get("DFLASH2_TRTLLM_PYTHON") is None
+
+
+def test_a_failing_import_of_tensorrt_llm_is_one_line(monkeypatch):
+    """What a GPU user gets from a TensorRT-LLM 1.2 beside transformers 5 (its module-level import of a class 5.x
+    removed): one line that says where the TensorRT side runs, not TensorRT-LLM's traceback. The import is made to
+    fail the way Python does when a module cannot be imported."""
+    from dflash2_trt.trtllm.register import import_tensorrt_llm
+
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
+    with pytest.raises(MissingDependencyError) as ei:
+        import_tensorrt_llm()
+    msg = str(ei.value)
+    assert msg.startswith("`import tensorrt_llm` failed: ModuleNotFoundError: import of tensorrt_llm halted") \
+        and "\n" not in msg
+    assert "transformers 5.25.0 is installed here" in msg and "docs/trt-session.md §11" in msg
+
+
+def test_the_build_stops_before_the_engine_step_where_tensorrt_llm_cannot_import(pair, tmp_path):
+    """TensorRT-LLM 1.2 in an interpreter beside transformers 5: named before trtllm-build would fail on its import,
+    the converted checkpoint and the plugin library kept, nothing written at the output."""
+    tc = Toolchain(**{**declared_toolchain(tmp_path).to_dict(), "python": "/trt/bin/python", "transformers": "5.25.0",
+                      "trtllm_transformers": "==4.57.1", "project": tcm.python_side()["dflash2_trt"]})
+    r = FakeRunner()
+    with pytest.raises(MissingDependencyError, match=r"the engine step cannot run here: TensorRT-LLM 1.2.0 in "
+                                                     r"/trt/bin/python sits beside transformers 5.25.0"):
+        _build(pair, tmp_path / "eng", tc, r)
+    assert "trtllm-build" not in r.tools() and not (tmp_path / "eng").exists()
