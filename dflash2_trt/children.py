@@ -42,22 +42,46 @@ def die_with_parent(sig: int = signal.SIGTERM):
 def stop(proc: subprocess.Popen, ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL, None)), *, group: bool = False) -> None:
     """End ``proc`` by escalating: each ``(signal, grace seconds)`` of ``ladder`` in turn until it has ended (a grace of
     ``None`` waits however long), sent to its process group when ``group`` (a child started in its own session: its
-    own children too). Returns with ``proc`` ended, or still running after the last grace."""
-    for sig, grace in ladder:
-        if proc.poll() is not None:
+    own children too). Returns with ``proc`` ended, or still running after the last grace. With ``group``, what is
+    left of the group once ``proc`` has ended (a child of a shell wrapper that outlived it) gets SIGKILL after
+    ``GROUP_GRACE_S``: nothing of the group keeps running."""
+    try:
+        for sig, grace in ladder:
+            if proc.poll() is not None:
+                return
+            try:
+                if group:
+                    os.killpg(proc.pid, sig)
+                else:
+                    proc.send_signal(sig)
+            except OSError:         # gone already (or not ours to signal): wait for it all the same
+                pass
+            try:
+                proc.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        if group and proc.poll() is not None:
+            _end_group(proc.pid)
+
+
+GROUP_GRACE_S = 2.0
+
+
+def _end_group(pgid: int, grace: float = GROUP_GRACE_S) -> None:
+    """SIGKILL to process group ``pgid`` if any member is still there after ``grace`` seconds (members found in /proc:
+    field 2 of their stat is the group)."""
+    def members():
+        return [p for p in proc_pids() if (st := proc_stat(p)) is not None and st[2] == str(pgid) and st[0] != "Z"]
+
+    deadline = time.monotonic() + grace
+    while members():
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signal.SIGKILL)
             return
-        try:
-            if group:
-                os.killpg(proc.pid, sig)
-            else:
-                proc.send_signal(sig)
-        except OSError:         # gone already (or not ours to signal): wait for it all the same
-            pass
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        time.sleep(0.05)
 
 
 

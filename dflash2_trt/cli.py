@@ -424,13 +424,17 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
     sets = parse_set(sets)
     toolchain = None
     if trtllm_python:
+        given = click.get_current_context().get_parameter_source("trtllm_python") == \
+            click.core.ParameterSource.COMMANDLINE
         if backend in ("cpu", "cuda"):
-            raise ConfigError(f"applies to --backend trtllm (TensorRT-LLM's interpreter), not {backend}",
-                              field="--trtllm-python")
-        from .engine.trtllm.toolchain import probe_toolchain
+            if given:   # $DFLASH2_TRTLLM_PYTHON says where TensorRT-LLM is, for the builds that use it
+                raise ConfigError(f"applies to --backend trtllm (TensorRT-LLM's interpreter), not {backend}",
+                                  field="--trtllm-python")
+        else:
+            from .engine.trtllm.toolchain import probe_toolchain
 
-        backend = "trtllm"
-        toolchain = probe_toolchain(trtllm_python)
+            backend = "trtllm"
+            toolchain = probe_toolchain(trtllm_python)
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=dry_run)
     if dry_run:
         from .checkpoint.writer import check_output_dir

@@ -87,3 +87,6 @@ def test_the_name_tensorrt_llm_imports_is_gone_from_this_transformers():
     assert fact["chain"][0] == "tensorrt_llm/__init__.py" and fact["chain"][-1] == fact["fails_at"]
     with pytest.raises(ImportError, match=fact["name"]):
         exec(f"from transformers import {fact['name']}", {})
+    for other in fact["also_fails"]:
+        with pytest.raises(ImportError, match=other["name"]):
+            exec(f"from {other['module']} import {other['name']}", {})

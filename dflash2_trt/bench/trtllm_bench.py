@@ -327,14 +327,15 @@ def command_line(argv: list[str], env: dict[str, str] | None = None) -> str:
 
 
 def planned_command(*, engine_dir, target_key: str | None, draft_len: int, max_batch_size: int,
-                    eos_id: int | None, kv_cache_fraction: float | None, dataset="DATASET.jsonl") -> dict:
+                    eos_id: int | None, kv_cache_fraction: float | None, dataset="DATASET.jsonl",
+                    python: str | None = None) -> dict:
     """``build --dry-run``: the trtllm-bench command the engine directory will take (its own model folder and
-    options file)."""
+    options file), run by ``python`` (TensorRT-LLM's interpreter; default: ``python`` on PATH)."""
     e = Path(engine_dir)
     argv = bench_argv(model_name=model_name(target_key), model_dir=e / BENCH_DIR / MODEL_DIR, engine_dir=e,
                       dataset=dataset, options=e / BENCH_DIR / OPTIONS_FILE, concurrency=max_batch_size,
                       eos_id=eos_id, kv_cache_fraction=kv_cache_fraction, report_json="report.json",
-                      sampler_options=e / BENCH_DIR / SAMPLER_FILE, python="python")
+                      sampler_options=e / BENCH_DIR / SAMPLER_FILE, python=python or "python")
     env = bench_env(e / LIBRARY_NAME)
     return {"argv": argv, "env": env, "line": command_line(argv, env), "draft_len": draft_len}
 

@@ -128,7 +128,6 @@ def _mlp(ck: ConvertedCheckpoint, pre: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def _gated_deltanet(ck: ConvertedCheckpoint, pre: str, x: torch.Tensor, eps: float) -> torch.Tensor:
-    require_supported_transformers("the converter's Gated DeltaNet check")
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
     la = ck.config["linear_attention"]
@@ -174,6 +173,8 @@ def target_forward(ck: ConvertedCheckpoint, input_ids: torch.Tensor) -> tuple[to
     ``hidden[0]`` = embeddings, ``hidden[i + 1]`` = output of layer i (HF ``hidden_states``; the last
     is before ln_f)."""
     c = ck.config
+    if "linear_attention" in c["layer_types"]:   # once per forward: its Gated DeltaNet is transformers' own function
+        require_supported_transformers("the converter's Gated DeltaNet check")
     eps, off = c["norm_epsilon"], c["layernorm_weight_offset"]
     muse = c.family == "muse_glimmer"   # its keys exist only there (schema.FAMILY_KEYS)
     post_eps = c["post_norm_epsilon"] if muse else eps

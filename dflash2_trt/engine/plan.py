@@ -457,12 +457,13 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                       + shell_line(["cmake", "-S", str(plugin_dir()), "-B", "<tmp>", "-DCMAKE_BUILD_TYPE=Release",
                                     f"-DCMAKE_CUDA_ARCHITECTURES={archs}", "-DTensorRT_INCLUDE_DIR=<TensorRT>/include"])
                       + " && cmake --build <tmp> --target dflash2_plugins"})
-        argv = trtllm_build_argv(cfg, checkpoint_dir=out / "build-checkpoint", output_dir=out)
+        py = toolchain.python if toolchain is not None else None   # TensorRT-LLM's interpreter (--trtllm-python)
+        argv = trtllm_build_argv(cfg, checkpoint_dir=out / "build-checkpoint", output_dir=out, python=py)
         env = trtllm_build_env(plugin_lib, p.xqa["env"])
         command = {"argv": argv, "env": env, "line": shell_line(argv, env)}
         if baseline:
             bargv = trtllm_build_argv(cfg, checkpoint_dir=out / "baseline-checkpoint", output_dir=out / "baseline",
-                                      target_only=True)
+                                      target_only=True, python=py)
             base_command = {"argv": bargv, "env": env, "line": shell_line(bargv, env)}
         steps.append({"step": "engine", "what": f"{out}/build-checkpoint: the checkpoint's config.json with the EAGLE "
                                                  f"fields and dflash2_engine, rank files linked; then trtllm-build "
@@ -472,7 +473,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                                  f"placeholder safetensors) and extra_llm_api_options.yaml"})
         bench = planned_command(engine_dir=out, target_key=p.target_key, draft_len=p.K,
                                 max_batch_size=cfg.max_batch_size, eos_id=(list(t.eos_token_ids) or [None])[0],
-                                kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction)
+                                kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction, python=py)
     else:
         steps.append({"step": "convert", "what": f"checkpoint into {out}/checkpoint"
                                                   + (f" (linked from {checkpoint_dir}, reused when it matches)"

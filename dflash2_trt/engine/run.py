@@ -95,6 +95,9 @@ def engine_side_main(argv=None) -> int:
     if len(args) != 2:
         print("usage: python -m dflash2_trt.engine.run REQUEST.json OUTPUT.json", file=sys.stderr)
         return 2
+    if Path(args[1]).exists() or Path(args[1]).resolve() == Path(args[0]).resolve():
+        print(f"error: OUTPUT {args[1]} exists (or is REQUEST): it writes a new file only", file=sys.stderr)
+        return 2
     req = json.loads(Path(args[0]).read_text())
     outs = engine_outputs(req["engine_dir"], req["prompts"], int(req["new"]), eos=tuple(req["eos"]),
                           plugin_lib=req.get("plugin_lib"))

@@ -65,9 +65,9 @@ def _trtllm() -> SimpleNamespace:  # pragma: no cover - needs TensorRT-LLM (GPU 
         from tensorrt_llm.module import Module, ModuleList
         from tensorrt_llm.parameter import Parameter
     except ImportError as exc:
-        raise MissingDependencyError(
-            f"TensorRT-LLM is not importable ({exc}); install tensorrt-llm 1.2.x on a GPU machine, or use "
-            f"--backend cpu") from None
+        from .register import import_failure
+
+        raise MissingDependencyError(f"{import_failure(exc)}; or use --backend cpu") from None
     from . import plugin_layers
 
     def input_tensor(name, dtype, shape, dim_range=None):

@@ -42,6 +42,10 @@ def import_failure(exc: ImportError) -> str:
     from ..transformers_support import installed_version
 
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if getattr(exc, "name", None) == "tensorrt_llm":   # not installed (here): not a failure inside it
+        return (f"TensorRT-LLM is not importable by {sys.executable} ({first}): it runs from its own environment, "
+                f"tensorrt-llm 1.2.x on its own pins with this project added by `pip install --no-deps` "
+                f"(docs/trt-session.md §11)")
     msg = f"`import tensorrt_llm` failed: {type(exc).__name__}: {first}"
     have = installed_version() or ""
     if have.split(".")[0].isdigit() and int(have.split(".")[0]) >= 5:

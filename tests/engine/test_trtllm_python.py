@@ -21,6 +21,7 @@ from dflash2_trt.engine.run import engine_outputs
 from dflash2_trt.engine.trtllm.verify import engine_outputs_in, verify_trtllm_engine
 from dflash2_trt.engine.verify import VerifyError
 from dflash2_trt.errors import MissingDependencyError
+from dflash2_trt.yaml_files import load_yaml_file
 
 from test_trtllm_branch import FakeRunner, _build, declared_toolchain
 
@@ -79,10 +80,13 @@ def test_environment_problems():
     # another 4.x than its pin: a warning naming both
     _, warn = environment_problems(Toolchain(**trt, transformers="4.56.2", trtllm_transformers="==4.57.1"))
     assert len(warn) == 1 and "pins transformers==4.57.1 but transformers 4.56.2" in warn[0]
-    # another version of this project there
-    miss, _ = environment_problems(Toolchain(**{**trt, "project": "0.0.1"}, transformers="4.57.1",
-                                             trtllm_transformers="==4.57.1"))
-    assert len(miss) == 1 and "imports dflash2_trt 0.0.1" in miss[0]
+    # another version of this project there, or the same version from other sources
+    for other in ({"project": "0.0.1"}, {"project_source": "0" * 64}):
+        miss, _ = environment_problems(Toolchain(**{**trt, **other}, transformers="4.57.1",
+                                                 trtllm_transformers="==4.57.1"))
+        assert len(miss) == 1 and "imports another dflash2_trt" in miss[0] and "pip install --no-deps" in miss[0]
+    assert environment_problems(Toolchain(**trt, project_source=tcm.source_digest(), transformers="4.57.1",
+                                          trtllm_transformers="==4.57.1")) == ([], [])
 
 
 def test_this_interpreters_transformers_decides_the_hf_stages(monkeypatch):
@@ -107,6 +111,13 @@ def test_trtllm_build_runs_in_the_given_interpreter(pair, tmp_path, toolchain_ot
     assert tb["argv"][:3] == ["/trt/bin/python", "-m", "dflash2_trt.trtllm.register"]
     assert res.manifest["trtllm_build"]["argv"][0] == "/trt/bin/python"
     assert seen[0]["python"] == "/trt/bin/python"
+    run_md = (tmp_path / "eng" / "RUN.md").read_text()
+    assert "runs where TensorRT-LLM imports: the environment of `/trt/bin/python`" in run_md
+    assert f"/trt/bin/dflash2-trt run --engine-dir {(tmp_path / 'eng').absolute()}" in run_md
+    assert " dflash2-trt run" not in run_md.replace("/trt/bin/dflash2-trt", "")
+    v = res.manifest["versions"]
+    assert (v["trtllm_python"], v["transformers"], v["python"], v["torch"]) == ("/trt/bin/python", "4.57.1", "3.10.12",
+                                                                                "2.9.0+cu130")
 
 
 def test_without_tensorrt_llm_there_the_message_names_the_interpreter(pair, tmp_path):
@@ -121,7 +132,8 @@ def test_without_tensorrt_llm_there_the_message_names_the_interpreter(pair, tmp_
 def toolchain_other(tmp_path):
     return Toolchain(**{**declared_toolchain(tmp_path).to_dict(), "python": "/trt/bin/python",
                         "transformers": "4.57.1", "trtllm_transformers": "==4.57.1",
-                        "project": tcm.python_side()["dflash2_trt"]})
+                        "project": tcm.python_side()["dflash2_trt"], "project_source": tcm.source_digest(),
+                        "python_version": "3.10.12", "torch": "2.9.0+cu130"})
 
 
 def test_the_engine_side_runs_in_the_other_interpreter(standin_trt_engine, tmp_path):
@@ -134,8 +146,11 @@ def test_the_engine_side_runs_in_the_other_interpreter(standin_trt_engine, tmp_p
 
 def test_a_failing_engine_side_is_one_line(tmp_path):
     py = _wrapper(tmp_path)
-    with pytest.raises(VerifyError, match=r"failed in .*python \(exit 1\): FileNotFoundError: .*engine.json"):
-        engine_outputs_in(py, tmp_path / "no-engine", [[1, 2, 3]], 4)
+    kept = tmp_path / "eng.verify-failed.log"
+    with pytest.raises(VerifyError, match=r"failed in .*python \(exit 1\) \(its output: .*eng.verify-failed.log\): "
+                                          r"FileNotFoundError: .*engine.json"):
+        engine_outputs_in(py, tmp_path / "no-engine", [[1, 2, 3]], 4, kept_log=kept)
+    assert "Traceback" in kept.read_text()
 
     def liar(argv, **kw):      # an engine side that exits 0 without its outputs
         return 0
@@ -203,19 +218,30 @@ def test_dry_run_names_the_other_interpreter(tmp_path):
     assert os.environ.get("DFLASH2_TRTLLM_PYTHON") is None
 
 
-def test_a_failing_import_of_tensorrt_llm_is_one_line(monkeypatch):
-    """What a GPU user gets from a TensorRT-LLM 1.2 beside transformers 5 (its module-level import of a class 5.x
-    removed): one line that says where the TensorRT side runs, not TensorRT-LLM's traceback. The import is made to
-    fail the way Python does when a module cannot be imported."""
+def test_a_failing_import_of_tensorrt_llm_is_one_line(monkeypatch, tmp_path):
+    """What a GPU user gets from TensorRT-LLM 1.2 beside transformers 5: its package fails at a module-level import
+    of a class transformers 5 removed (facts/trtllm_requirements.yaml). A package of that name whose ``__init__``
+    makes that very import stands in for it: one line saying where the TensorRT side runs, not a traceback."""
+    from dflash2_trt import transformers_support as ts
     from dflash2_trt.trtllm.register import import_tensorrt_llm
 
-    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
+    fact = load_yaml_file(Path(tcm.__file__).with_name("facts") / "trtllm_requirements.yaml")["import_on_transformers_5"]
+    pkg = tmp_path / "site" / "tensorrt_llm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"from transformers import {fact['name']}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "tensorrt_llm", raising=False)
     with pytest.raises(MissingDependencyError) as ei:
         import_tensorrt_llm()
     msg = str(ei.value)
-    assert msg.startswith("`import tensorrt_llm` failed: ModuleNotFoundError: import of tensorrt_llm halted") \
-        and "\n" not in msg
-    assert "transformers 5.25.0 is installed here" in msg and "docs/trt-session.md §11" in msg
+    assert msg.startswith(f"`import tensorrt_llm` failed: ImportError: cannot import name '{fact['name']}'")
+    assert "\n" not in msg and f"transformers {ts.installed_version()} is installed here" in msg
+    assert "docs/trt-session.md §11" in msg
+    # not installed at all: said as such, without blaming transformers
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
+    with pytest.raises(MissingDependencyError, match=r"^TensorRT-LLM is not importable by .*its own environment") as ei:
+        import_tensorrt_llm()
+    assert "transformers" not in str(ei.value).split("(docs")[0].split(": it runs")[0].split(") ")[-1]
 
 
 def test_the_build_stops_before_the_engine_step_where_tensorrt_llm_cannot_import(pair, tmp_path):
@@ -228,3 +254,46 @@ def test_the_build_stops_before_the_engine_step_where_tensorrt_llm_cannot_import
                                                      r"/trt/bin/python sits beside transformers 5.25.0"):
         _build(pair, tmp_path / "eng", tc, r)
     assert "trtllm-build" not in r.tools() and not (tmp_path / "eng").exists()
+
+
+def test_the_engine_side_writes_a_new_file_only(tmp_path):
+    from dflash2_trt.engine.run import engine_side_main
+
+    req = tmp_path / "request.json"
+    req.write_text("{}")
+    assert engine_side_main([str(req), str(req)]) == 2 and req.read_text() == "{}"
+    other = tmp_path / "out.json"
+    other.write_text("keep")
+    assert engine_side_main([str(req), str(other)]) == 2 and other.read_text() == "keep"
+    assert engine_side_main([str(req)]) == 2
+
+
+def test_the_environment_variable_leaves_cpu_builds_alone(tmp_path):
+    """$DFLASH2_TRTLLM_PYTHON says where TensorRT-LLM is; a cpu build goes on (only the flag is refused there), and an
+    auto build plans TensorRT-LLM's with it, its trtllm-build and trtllm-bench lines run by it."""
+    py = _wrapper(tmp_path)
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--backend", "cpu", "--dry-run", "--json"],
+                           env={"DFLASH2_TRTLLM_PYTHON": str(tmp_path / "absent")})
+    assert r.exit_code == 0 and json.loads(r.output[r.output.index("{"):])["backend"] == "cpu", r.output
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--dry-run", "--json"], env={"DFLASH2_TRTLLM_PYTHON": py})
+    plan = json.loads(r.output[r.output.index("{"):])
+    assert plan["backend"] == "trtllm" and plan["trtllm_build"]["argv"][0] == py, plan.get("trtllm_build")
+    assert plan["trtllm_bench"]["argv"][0] == py
+
+
+def test_commands_that_need_only_the_tokenizer_run_on_tensorrt_llms_transformers(monkeypatch, standin_trt_engine):
+    """Under TensorRT-LLM's transformers (4.57.1: what the refusal sees patched in) `run` of an engine goes on; a
+    Hugging Face stage of the same process refuses (the converter's Gated DeltaNet check included)."""
+    from dflash2_trt import transformers_support as ts
+    from dflash2_trt.convert.torch_forward import ConvertedCheckpoint, target_forward
+
+    monkeypatch.setattr(ts, "installed_version", lambda: "4.57.1")
+    cpu_engine = standin_trt_engine[1]
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(cpu_engine), "--prompt-ids", "187,95,235",
+                                  "--max-new-tokens", "6", "--json"])
+    assert r.exit_code == 0, r.output
+    ck = ConvertedCheckpoint(cpu_engine / "checkpoint")
+    import torch
+
+    with pytest.raises(MissingDependencyError, match="the converter's Gated DeltaNet check needs .*4.57.1"):
+        target_forward(ck, torch.tensor([[187, 95, 235]]))

@@ -75,16 +75,21 @@ def run_md(man: dict, engine_dir: Path) -> str:
     lib = man["plugin_library"]["file"]
     mpi = f"mpirun -n {tp} --allow-run-as-root " if tp > 1 else ""
     renv = man.get("runtime_env") or {}
+    py = (man.get("trtllm_build") or {}).get("argv", [sys.executable])[0]
+    cli = str(Path(py).parent / "dflash2-trt") if py != sys.executable else "dflash2-trt"   # its environment's
     env_lines = "".join(f"\n    export {k}={val}" for k, val in renv.items())
     env_note = ("\n\n`TRTLLM_ENABLE_XQA_JIT=1`: this engine was built with it (an attention layer whose XQA kernel "
                 "for speculative-decoding steps only the JIT path compiles: engine/trtllm/xqa.py); the project "
                 "runtime (`dflash2-trt run`, `bench run`, `serve`) sets it itself, TensorRT-LLM's own tools need it "
                 "exported" if "TRTLLM_ENABLE_XQA_JIT" in renv else "")
     greedy_t = GREEDY_REQUEST_TEMPERATURE
+    trt_env = (f"the environment of `{py}`, which built it (TensorRT-LLM 1.2 on its own pins, this project installed "
+               f"there too: `{Path(py).parent / 'dflash2-trt'}`; docs/trt-session.md §11)" if py != sys.executable else
+               f"the environment of `{py}`, which built it (docs/trt-session.md §11)")
     path = man.get("runtime_path") or {}
     why = "\n".join(f"- {w}" for w in path.get("why") or [])
     limits = "".join(f"\n- limit: {w}" for w in path.get("limits") or [])
-    serve = f"\n    dflash2-trt serve --engine-dir {engine_dir}"
+    serve = f"\n    {cli} serve --engine-dir {engine_dir}"
     engines = (f"`rank{{r}}.engine` in rank r of {tp} processes (mpirun; rank 0 reports)" if tp > 1
                else "`rank0.engine`")
     served = ("`serve` (and `deploy triton`, which writes its repository) runs the same runtime in a python-backend "
@@ -109,8 +114,8 @@ def run_md(man: dict, engine_dir: Path) -> str:
 
 {why}{limits}
 
-    {mpi}dflash2-trt run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
-    {mpi}dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl --concurrency 1,4,16{serve}
+    {mpi}{cli} run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
+    {mpi}{cli} bench run --engine-dir {engine_dir} --dataset DATASET.jsonl --concurrency 1,4,16{serve}
 
 {baseline_line}
 
@@ -123,7 +128,7 @@ C++ executor, Triton's `tensorrtllm` backend, trtllm-bench) do NOT run this engi
 
 {why or '- (engine.json has no runtime_path: built before it was recorded)'}
 
-The project runtime over TensorRT drives it too: `dflash2-trt run --engine-dir {engine_dir} --runtime project ...`.
+The project runtime over TensorRT drives it too: `{cli} run --engine-dir {engine_dir} --runtime project ...`.
 {baseline_line}"""
     return f"""# Running this engine
 
@@ -142,6 +147,8 @@ engine. Its limits: EOS, stop words and max length apply; penalties, bad words a
 not applied in EAGLE mode; guided decoding and logits post-processors do not combine with in-engine
 acceptance. This project has not run a TensorRT-LLM engine on hardware yet: treat the first run as
 the check it is.
+
+Every command below runs where TensorRT-LLM imports: {trt_env}.
 
 ## 0. Which runtime
 
@@ -163,7 +170,7 @@ Every request (or the executor's `DecodingConfig`) passes
 
 ## 3. Run it
 
-    {mpi}dflash2-trt run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
+    {mpi}{cli} run --engine-dir {engine_dir} --prompt-ids 1,2,3 --max-new-tokens 64
 
 or with TensorRT-LLM's C++ runner directly:
 
@@ -191,7 +198,7 @@ in the `ExecutorConfig`).
 
 ## 4. Triton (the `tensorrtllm` backend)
 
-`dflash2-trt deploy triton --engine-dir {engine_dir} --output <repo>` writes the repository. By hand: in a
+`{cli} deploy triton --engine-dir {engine_dir} --output <repo>` writes the repository. By hand: in a
 copy of the `inflight_batcher_llm` repository (TensorRT-LLM's `triton_backend/all_models/`), fill
 `tensorrt_llm/config.pbtxt` with TensorRT-LLM's `triton_backend/tools/fill_template.py` (commas inside a value
 are escaped with a backslash):
@@ -343,9 +350,13 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                                                          "kv_cache_free_gpu_mem_fraction")},
                 "selector": cfg.selector, "drafter_window": cfg.drafter_window,
                 "eagle_choices": eagle_choices(K),
-                "versions": {"dflash2_trt": __version__, "python": sys.version.split()[0], "torch": torch_version(),
+                # the interpreter that built and runs the engine: TensorRT-LLM's (--trtllm-python) where given
+                "versions": {"dflash2_trt": __version__,
+                             "python": (toolchain.python_version if py else None) or sys.version.split()[0],
+                             "torch": (toolchain.torch if py else None) or torch_version(),
                              "tensorrt_llm": toolchain.tensorrt_llm, "tensorrt": toolchain.tensorrt,
-                             "cuda": toolchain.cuda},
+                             "cuda": toolchain.cuda, "transformers": toolchain.transformers if py else None,
+                             "trtllm_python": py},
                 "gpu": {"name": toolchain.gpu_name, "sm": toolchain.gpu_sm},
                 "sources": {"target_dir": str(prep.target_dir.resolve()), "drafter_dir": str(prep.drafter_dir.resolve()),
                             "checkpoint_dir": str(ckpt_dir.resolve()) if temp_ckpt is None else None,
@@ -372,6 +383,7 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                 if verifier is None:
                     verifier = verify_trtllm_engine
                 man["verify"] = verifier(tmp, target_dir=prep.target_dir, target_key=prep.target_key, python=py,
+                                         kept_log=output.with_name(output.name + ".verify-failed.log"),
                                          plugin_lib=tmp / LIBRARY_NAME)
                 write_manifest(tmp, man)
             baseline_failed = None

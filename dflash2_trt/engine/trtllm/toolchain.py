@@ -36,6 +36,9 @@ class Toolchain:
     transformers: str | None = None      # transformers' version in that interpreter
     trtllm_transformers: str | None = None   # the transformers requirement of its TensorRT-LLM ("==4.57.1")
     project: str | None = None           # dflash2_trt's version in that interpreter
+    project_source: str | None = None    # and its sources' digest (:func:`source_digest`): the same code both sides
+    python_version: str | None = None    # that interpreter's Python and torch (engine.json's versions)
+    torch: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,8 +104,6 @@ def _find_tensorrt_include() -> str | None:
     return None
 
 
-TRTLLM_PYTHON_ENV = "DFLASH2_TRTLLM_PYTHON"
-"""The interpreter of TensorRT-LLM's side when ``--trtllm-python`` is not given (docs/trt-session.md §11)."""
 PROBE_MODULE = "dflash2_trt.engine.trtllm.toolchain"
 
 
@@ -120,7 +121,30 @@ def python_side() -> dict:
     return {"python": sys.executable, "tensorrt_llm": trtllm,
             "tensorrt": _dist_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_cu12", "tensorrt_cu13"),
             "trtllm_build": build, "transformers": installed_version(),
-            "trtllm_transformers": trtllm_transformers_requirement(), "dflash2_trt": __version__}
+            "trtllm_transformers": trtllm_transformers_requirement(), "dflash2_trt": __version__,
+            "dflash2_trt_dir": str(Path(__file__).resolve().parents[2]), "dflash2_trt_source": source_digest(),
+            "python_version": sys.version.split()[0], "torch": _dist_version("torch")}
+
+
+def _this_project() -> str:
+    """What ``pip install`` takes to install this very dflash2_trt: the checkout (``-e DIR``) or the release."""
+    from ... import __version__
+
+    root = Path(__file__).resolve().parents[3]
+    return f"-e {root}" if (root / "pyproject.toml").is_file() else f"dflash2-trt=={__version__}"
+
+
+def source_digest() -> str:
+    """sha256 over this package's Python and YAML files (relative path and bytes, sorted): two interpreters run the
+    same dflash2_trt exactly when it is equal (trtllm-build loads the network file of the one that runs ``build``, the
+    register module of the other's)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for f in sorted(p for ext in ("*.py", "*.yaml") for p in root.rglob(ext) if "__pycache__" not in p.parts):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def same_interpreter(python: str) -> bool:
@@ -154,10 +178,10 @@ def probe_python(python: str, *, timeout: float = 300) -> dict:
 
 
 def probe_toolchain(python: str | None = None) -> Toolchain:
-    """Look, without importing tensorrt_llm (slow, initialises CUDA/MPI), at what is installed. ``python`` (or
-    ``$DFLASH2_TRTLLM_PYTHON``): the interpreter of TensorRT-LLM's side, asked in a subprocess where it is not this
-    one; the CUDA toolkit, CMake, the TensorRT headers and the GPU are the machine's either way."""
-    python = python or os.environ.get(TRTLLM_PYTHON_ENV) or None
+    """Look, without importing tensorrt_llm (slow, initialises CUDA/MPI), at what is installed. ``python``
+    (``build --trtllm-python`` or ``$DFLASH2_TRTLLM_PYTHON``, which the command line reads): the interpreter of
+    TensorRT-LLM's side, asked in a subprocess where it is not this one; the CUDA toolkit, CMake, the TensorRT headers
+    and the GPU are the machine's either way."""
     if python is not None and same_interpreter(python):
         python = None
     side = python_side() if python is None else probe_python(python)
@@ -186,7 +210,9 @@ def probe_toolchain(python: str | None = None) -> Toolchain:
     return Toolchain(tensorrt_llm=trtllm, tensorrt=side["tensorrt"], trtllm_build=build, cmake=shutil.which("cmake"),
                      nvcc=nvcc, cuda=cuda, tensorrt_include=_find_tensorrt_include(), gpu_name=gpu_name,
                      gpu_sm=gpu_sm, python=python, transformers=side["transformers"],
-                     trtllm_transformers=side["trtllm_transformers"], project=side.get("dflash2_trt"))
+                     trtllm_transformers=side["trtllm_transformers"], project=side.get("dflash2_trt"),
+                     project_source=side.get("dflash2_trt_source") if python else None,
+                     python_version=side.get("python_version"), torch=side.get("torch"))
 
 
 def environment_problems(toolchain: Toolchain) -> tuple[list[str], list[str]]:
@@ -202,9 +228,11 @@ def environment_problems(toolchain: Toolchain) -> tuple[list[str], list[str]]:
         missing.append(f"{problem}: the build's Hugging Face stages (validate, convert, the verify gate's reference) "
                        f"run here; build from an environment with this project's pins and pass --trtllm-python "
                        f"for TensorRT-LLM's (docs/trt-session.md §11)")
-    if toolchain.python and toolchain.project != __version__:
-        missing.append(f"{toolchain.python} imports dflash2_trt {toolchain.project}, this is {__version__}: install "
-                       f"this very project there ({toolchain.python} -m pip install --no-deps <this project>)")
+    if toolchain.python and (toolchain.project != __version__ or
+                             (toolchain.project_source is not None and toolchain.project_source != source_digest())):
+        missing.append(f"{toolchain.python} imports another dflash2_trt ({toolchain.project}, other sources) than this "
+                       f"one ({__version__}): trtllm-build would mix the two; install this very one there: "
+                       f"{toolchain.python} -m pip install --no-deps {_this_project()}")
     pin = toolchain.trtllm_transformers
     where = toolchain.python or "this environment"
     major = re.match(r"(\d+)", toolchain.transformers or "")

@@ -10,6 +10,7 @@ transformers 4.57.x), the reference needs this project's pin (``transformers_sup
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -35,11 +36,11 @@ def engine_outputs(engine_dir, prompts, new: int, *, eos=(), plugin_lib=None,
     return generate(engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib)
 
 
-def engine_outputs_in(python: str, engine_dir, prompts, new: int, *, eos=(), plugin_lib=None,
-                      runner=None) -> list[list[int]]:
+def engine_outputs_in(python: str, engine_dir, prompts, new: int, *, eos=(), plugin_lib=None, runner=None,
+                      kept_log=None) -> list[list[int]]:
     """:func:`engine_outputs` run by another interpreter (TensorRT-LLM's environment): a request file in, the
-    token ids out, its output kept in a log whose end a failure quotes. Ctrl-C stops the child first
-    (:class:`~.process.SubprocessRunner`)."""
+    token ids out, its output in a log whose end a failure quotes and, where ``kept_log`` is given, keeps there.
+    Ctrl-C stops the child first (:class:`~.process.SubprocessRunner`)."""
     runner = runner if runner is not None else SubprocessRunner()
     with tempfile.TemporaryDirectory(prefix="dflash2-verify-") as d:
         req, out, log = Path(d) / "request.json", Path(d) / "outputs.json", Path(d) / "engine.log"
@@ -49,7 +50,11 @@ def engine_outputs_in(python: str, engine_dir, prompts, new: int, *, eos=(), plu
         rc = runner([python, "-m", CHILD_MODULE, str(req), str(out)], log=log)
         if rc != 0 or not out.is_file():
             lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
-            raise VerifyError(f"the engine side of the verify gate failed in {python} ({exit_description(rc)}): "
+            kept = ""
+            if kept_log is not None and log.is_file():
+                shutil.copyfile(log, kept_log)
+                kept = f" (its output: {kept_log})"
+            raise VerifyError(f"the engine side of the verify gate failed in {python} ({exit_description(rc)}){kept}: "
                               f"{(lines or ['no output'])[-1][:300]}")
         try:
             outs = json.loads(out.read_text())["outputs"]
@@ -63,7 +68,7 @@ def engine_outputs_in(python: str, engine_dir, prompts, new: int, *, eos=(), plu
 
 
 def verify_trtllm_engine(engine_dir, *, target_dir, target_key=None, plugin_lib=None, new: int = NEW_TOKENS,
-                         python: str | None = None, runner=None) -> dict:
+                         python: str | None = None, runner=None, kept_log=None) -> dict:
     """The fixed prompts through the built engine (in ``python`` where given and not this interpreter) and through
     the target's own greedy decoding here."""
     t0 = time.perf_counter()
@@ -76,7 +81,8 @@ def verify_trtllm_engine(engine_dir, *, target_dir, target_key=None, plugin_lib=
     prompts, new = shape_prompts(prompts, int(build["max_input_len"]), int(build["max_seq_len"]) - 2 * K, new)
     path = choose_runtime(None, pre, man)["path"]
     if python is not None and not same_interpreter(python):
-        outs = engine_outputs_in(python, engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib, runner=runner)
+        outs = engine_outputs_in(python, engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib, runner=runner,
+                                 kept_log=kept_log)
     else:
         outs = engine_outputs(engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib)   # pragma: no cover - GPU
     ties = check_against_target(target_dir, prompts, outs, new, eos, dtype=pre["dtype"])
