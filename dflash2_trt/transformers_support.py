@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sys
 
 from .errors import MissingDependencyError
 
@@ -78,3 +79,19 @@ def require_supported_transformers(stage: str) -> None:
     problem = version_problem(installed_version(), trtllm_pin=trtllm_transformers_requirement())
     if problem:
         raise MissingDependencyError(f"{stage} needs transformers' own model classes: {problem}")
+
+
+def tensorrt_llm_import_failure(exc: ImportError) -> str:
+    """Why ``import tensorrt_llm`` failed, in one line; beside transformers 5 it is TensorRT-LLM 1.2's own module-level
+    import of a class transformers 5 removed (engine/trtllm/facts/trtllm_requirements.yaml), whatever the text says."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if getattr(exc, "name", None) == "tensorrt_llm":   # not installed (here): not a failure inside it
+        return (f"TensorRT-LLM is not importable by {sys.executable} ({first}): it runs from its own environment, "
+                f"tensorrt-llm 1.2.x on its own pins with this project added by `pip install --no-deps` "
+                f"(docs/trt-session.md §11)")
+    msg = f"`import tensorrt_llm` failed: {type(exc).__name__}: {first}"
+    have = installed_version() or ""
+    if have.split(".")[0].isdigit() and int(have.split(".")[0]) >= 5:
+        msg += (f"; transformers {have} is installed here, and TensorRT-LLM 1.2 imports only with its own pin "
+                f"(transformers 4.57): run the TensorRT side from TensorRT-LLM's environment (docs/trt-session.md §11)")
+    return msg

@@ -65,9 +65,9 @@ def _trtllm() -> SimpleNamespace:  # pragma: no cover - needs TensorRT-LLM (GPU 
         from tensorrt_llm.module import Module, ModuleList
         from tensorrt_llm.parameter import Parameter
     except ImportError as exc:
-        from .register import import_failure
+        from ..transformers_support import tensorrt_llm_import_failure
 
-        raise MissingDependencyError(f"{import_failure(exc)}; or use --backend cpu") from None
+        raise MissingDependencyError(f"{tensorrt_llm_import_failure(exc)}; or use --backend cpu") from None
     from . import plugin_layers
 
     def input_tensor(name, dtype, shape, dim_range=None):

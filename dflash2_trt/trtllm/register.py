@@ -23,35 +23,18 @@ from ..convert.schema import ARCHITECTURES
 def import_tensorrt_llm():
     """``import tensorrt_llm`` with its version banner (printed to stdout on import) sent to stderr: a command's
     stdout stays its own (``run --json``; the ranks > 0 of a tp engine print nothing). An import that fails is one
-    line (:func:`import_failure`), not TensorRT-LLM's traceback."""
+    line (``transformers_support.tensorrt_llm_import_failure``), not TensorRT-LLM's traceback."""
     import contextlib
 
     from ..errors import MissingDependencyError
+    from ..transformers_support import tensorrt_llm_import_failure
 
     try:
         with contextlib.redirect_stdout(sys.stderr):
             import tensorrt_llm
     except ImportError as exc:
-        raise MissingDependencyError(import_failure(exc)) from None
+        raise MissingDependencyError(tensorrt_llm_import_failure(exc)) from None
     return tensorrt_llm
-
-
-def import_failure(exc: ImportError) -> str:
-    """Why ``import tensorrt_llm`` failed, in one line; beside transformers 5 it is TensorRT-LLM 1.2's own module-level
-    import of a class transformers 5 removed (engine/trtllm/facts/trtllm_requirements.yaml), whatever the text says."""
-    from ..transformers_support import installed_version
-
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    if getattr(exc, "name", None) == "tensorrt_llm":   # not installed (here): not a failure inside it
-        return (f"TensorRT-LLM is not importable by {sys.executable} ({first}): it runs from its own environment, "
-                f"tensorrt-llm 1.2.x on its own pins with this project added by `pip install --no-deps` "
-                f"(docs/trt-session.md §11)")
-    msg = f"`import tensorrt_llm` failed: {type(exc).__name__}: {first}"
-    have = installed_version() or ""
-    if have.split(".")[0].isdigit() and int(have.split(".")[0]) >= 5:
-        msg += (f"; transformers {have} is installed here, and TensorRT-LLM 1.2 imports only with its own pin "
-                f"(transformers 4.57): run the TensorRT side from TensorRT-LLM's environment (docs/trt-session.md §11)")
-    return msg
 
 
 def architectures() -> tuple[str, ...]:
@@ -82,7 +65,9 @@ def main(argv: list[str] | None = None) -> None:   # pragma: no cover - needs Te
     try:
         from tensorrt_llm.commands import build
     except ImportError as exc:
-        sys.exit(f"error: {import_failure(exc)}")
+        from ..transformers_support import tensorrt_llm_import_failure
+
+        sys.exit(f"error: {tensorrt_llm_import_failure(exc)}")
     register()
     sys.argv = ["trtllm-build", *(sys.argv[1:] if argv is None else argv)]
     build.main()
