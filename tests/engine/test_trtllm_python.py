@@ -100,13 +100,23 @@ def test_this_interpreters_transformers_decides_the_hf_stages(monkeypatch):
 
 def test_trtllm_build_runs_in_the_given_interpreter(pair, tmp_path, toolchain_other):
     r = FakeRunner()
-    seen = []
+    seen, said = [], []
 
     def verifier(engine_dir, **kw):
         seen.append(kw)
         return {"passed": True, "prompts": 4, "tokens": 96}
 
-    res = _build(pair, tmp_path / "eng", toolchain_other, r, verify=True, verifier=verifier)
+    res = _build(pair, tmp_path / "eng", toolchain_other, r, verify=True, verifier=verifier, progress=said.append)
+    assert not any(s.startswith("warning:") for s in said)    # TensorRT-LLM on its own pin there
+    said.clear()
+    from dataclasses import replace
+
+    _build(pair, tmp_path / "eng-off-pin", replace(toolchain_other, transformers="4.56.2"), FakeRunner(),
+           progress=said.append)
+    assert [s for s in said if s.startswith("warning:")] == [
+        "warning: TensorRT-LLM 1.2.0 in /trt/bin/python pins transformers==4.57.1 but transformers 4.56.2 is installed "
+        "there: TensorRT-LLM runs on a transformers it does not declare (untested by NVIDIA and by this project); keep "
+        "its own and give this project an environment of its own (docs/trt-session.md §11)"]
     (tb,) = [c for c in r.calls if c["tool"] == "trtllm-build"]
     assert tb["argv"][:3] == ["/trt/bin/python", "-m", "dflash2_trt.trtllm.register"]
     assert res.manifest["trtllm_build"]["argv"][0] == "/trt/bin/python"

@@ -303,7 +303,10 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                               f"its own: docs/trt-session.md §11)")
         elif (wrong := trtllm_version_refusal(toolchain.tensorrt_llm)) is not None:
             missing.insert(0, wrong)
-        missing[:0] = environment_problems(toolchain)[0]   # e.g. TensorRT-LLM beside transformers 5: no import
+        env_missing, env_warnings = environment_problems(toolchain)
+        missing[:0] = env_missing   # e.g. TensorRT-LLM beside transformers 5: it would not import
+        for w in env_warnings:
+            say(f"warning: {w}")
         if missing:
             lib_env = trtllm_build_env(plugin["path"] if plugin else "<libdflash2_plugins.so>", xqa["env"])
             then = ""
