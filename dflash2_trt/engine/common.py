@@ -131,3 +131,16 @@ def eagle_choices(K: int) -> list[list[int]]:
 def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
     pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
     return (pre + " " if pre else "") + shlex.join(argv)
+
+
+def greedy_outputs(engine, prompts, new: int, *, eos=()) -> list[list[int]]:
+    """Greedy new tokens per prompt through an opened engine (or TensorRT session) with the project runtime, which
+    is closed afterwards: a verify gate's engine side."""
+    from ..runtime import Request, Runtime
+
+    try:
+        reqs = [Request(list(p), new, stop_token_ids=tuple(eos), task_id=i) for i, p in enumerate(prompts)]
+        Runtime(engine).generate(reqs)
+        return [r.output_ids for r in reqs]
+    finally:
+        engine.close()

@@ -71,16 +71,10 @@ def engine_outputs(engine_dir, prompts, new: int, *, eos=(), plugin_lib=None) ->
         from .trtllm.verify import engine_outputs as trtllm_outputs
 
         return trtllm_outputs(engine_dir, prompts, new, eos=eos, plugin_lib=plugin_lib, man=man)
-    from ..runtime import Request, Runtime
+    from .common import greedy_outputs
     from .standin.engine import open_standin_engine
 
-    engine, _ = open_standin_engine(engine_dir)
-    try:
-        reqs = [Request(list(p), new, stop_token_ids=tuple(eos), task_id=i) for i, p in enumerate(prompts)]
-        Runtime(engine).generate(reqs)
-        return [r.output_ids for r in reqs]
-    finally:
-        engine.close()
+    return greedy_outputs(open_standin_engine(engine_dir)[0], prompts, new, eos=eos)
 
 
 def engine_side_main(argv=None) -> int:

@@ -23,21 +23,12 @@ from dflash2_trt.engine.verify import VerifyError
 from dflash2_trt.errors import MissingDependencyError
 from dflash2_trt.yaml_files import load_yaml_file
 
-from test_trtllm_branch import FakeRunner, _build, declared_toolchain
-
-
-@pytest.fixture(scope="module")
-def pair():
-    from dflash2_trt.assets import trained_pair
-
-    return trained_pair("qwen3")
+from test_trtllm_branch import (FakeRunner, _build, _own_plugin_cache, declared_toolchain,  # noqa: F401 - fixtures
+                                pair)
 
 
 @pytest.fixture(autouse=True)
-def _own_plugin_cache(tmp_path_factory, monkeypatch):
-    """An empty plugin-library cache per test, as test_trtllm_branch's (the fake CMake writes into it)."""
-    monkeypatch.setenv("DFLASH2_TRT_CACHE", str(tmp_path_factory.mktemp("cache")))
-    monkeypatch.delenv("DFLASH2_PLUGIN_LIB", raising=False)
+def _no_trtllm_python_env(monkeypatch):
     monkeypatch.delenv("DFLASH2_TRTLLM_PYTHON", raising=False)
 
 

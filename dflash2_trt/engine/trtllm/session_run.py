@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from ...runtime import Request, Runtime
-from ..common import check_requests, run_report, stop_ids
+from ..common import check_requests, greedy_outputs, run_report, stop_ids
 from .ranks import open_project_session
 
 
@@ -41,10 +41,4 @@ def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature
 
 def generate(engine_dir, prompts, new: int, *, eos=(), trt=None, session_kw=None) -> list[list[int]]:
     """Greedy new tokens per prompt through the project runtime (the verify gate's engine side)."""
-    sess, _ = open_project_session(engine_dir, trt=trt, **(session_kw or {}))
-    try:
-        reqs = [Request(list(p), new, stop_token_ids=tuple(eos), task_id=i) for i, p in enumerate(prompts)]
-        Runtime(sess).generate(reqs)
-        return [r.output_ids for r in reqs]
-    finally:
-        sess.close()
+    return greedy_outputs(open_project_session(engine_dir, trt=trt, **(session_kw or {}))[0], prompts, new, eos=eos)
