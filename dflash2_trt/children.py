@@ -42,47 +42,42 @@ def die_with_parent(sig: int = signal.SIGTERM):
 def stop(proc: subprocess.Popen, ladder=((signal.SIGTERM, 5.0), (signal.SIGKILL, None)), *, group: bool = False) -> None:
     """End ``proc`` by escalating: each ``(signal, grace seconds)`` of ``ladder`` in turn until it has ended (a grace of
     ``None`` waits however long), sent to its process group when ``group`` (a child started in its own session: its
-    own children too). Returns with ``proc`` ended, or still running after the last grace. With ``group``, what is
-    left of the group once ``proc`` has ended (a child of a shell wrapper that outlived it) gets SIGKILL after
-    ``GROUP_GRACE_S``: nothing of the group keeps running."""
-    try:
-        for sig, grace in ladder:
-            if proc.poll() is not None:
-                return
-            try:
-                if group:
-                    os.killpg(proc.pid, sig)
-                else:
-                    proc.send_signal(sig)
-            except OSError:         # gone already (or not ours to signal): wait for it all the same
-                pass
-            try:
-                proc.wait(timeout=grace)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-    finally:
-        if group and proc.poll() is not None:
-            _end_group(proc.pid)
+    own children too). With ``group``, the ladder goes on until the whole group has ended, not only ``proc`` (a shell
+    wrapper's child that outlives it gets the same signals and graces), and what still remains after the last grace
+    gets SIGKILL. Returns with ``proc`` ended, or still running after the last grace. A ``proc`` already reaped when
+    called is left alone, its group too (its id may belong to another group by now)."""
+    if proc.poll() is not None:
+        return
+    pgid = proc.pid
 
+    def done() -> bool:
+        return proc.poll() is not None and (not group or not _group_members(pgid))
 
-GROUP_GRACE_S = 2.0
-
-
-def _end_group(pgid: int, grace: float = GROUP_GRACE_S) -> None:
-    """SIGKILL to process group ``pgid`` if any member is still there after ``grace`` seconds (members found in /proc:
-    field 2 of their stat is the group)."""
-    def members():
-        return [p for p in proc_pids() if (st := proc_stat(p)) is not None and st[2] == str(pgid) and st[0] != "Z"]
-
-    deadline = time.monotonic() + grace
-    while members():
-        if time.monotonic() >= deadline:
-            with contextlib.suppress(OSError):
-                os.killpg(pgid, signal.SIGKILL)
+    for sig, grace in ladder:
+        if done():
             return
-        time.sleep(0.05)
+        try:
+            if group:
+                os.killpg(pgid, sig)
+            else:
+                proc.send_signal(sig)
+        except OSError:         # gone already (or not ours to signal): wait for it all the same
+            pass
+        deadline = None if grace is None else time.monotonic() + grace
+        while not done():
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        else:
+            return
+    if group and proc.poll() is not None and _group_members(pgid):
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
 
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (field 2 of /proc/PID/stat; zombies left out)."""
+    return [p for p in proc_pids() if (st := proc_stat(p)) is not None and st[2] == str(pgid) and st[0] != "Z"]
 
 
 # ---- /proc (Linux; elsewhere these find nothing) ----------------------------------------------------------------

@@ -424,6 +424,12 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
     sets = parse_set(sets)
     toolchain = None
     if trtllm_python:
+        import os
+        import shutil
+
+        # engine.json and RUN.md name it: an absolute path (a bare name is looked up on PATH, as a shell would)
+        trtllm_python = (os.path.abspath(os.path.expanduser(trtllm_python)) if os.sep in trtllm_python
+                         else shutil.which(trtllm_python) or trtllm_python)
         given = click.get_current_context().get_parameter_source("trtllm_python") == \
             click.core.ParameterSource.COMMANDLINE
         if backend in ("cpu", "cuda"):

@@ -49,3 +49,28 @@ def test_stop_of_a_child_already_gone_returns_at_once():
     stop(proc, group=True)
     assert time.monotonic() - t0 < 1.0
     assert os.getpgid(os.getpid()) != proc.pid
+
+
+def test_the_group_keeps_each_step_s_grace(tmp_path):
+    """A grandchild that cleans up on SIGINT for 3 s gets its 3 s (the step's grace is 8), though its parent ended at
+    once: the group is signalled and waited for as a whole."""
+    import sys
+
+    grand = tmp_path / "grand.py"
+    done = tmp_path / "cleaned"
+    grand.write_text(
+        "import signal, sys, time\n"
+        f"def h(s, f):\n    time.sleep(3)\n    open({str(done)!r}, 'w').write('yes')\n    sys.exit(0)\n"
+        "signal.signal(signal.SIGINT, h)\n"
+        f"open({str(tmp_path / 'ready')!r}, 'w').write('1')\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen(["sh", "-c", f"{sys.executable} {grand} & wait"], start_new_session=True)
+    for _ in range(400):
+        if (tmp_path / "ready").is_file():
+            break
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    stop(proc, ((signal.SIGINT, 8.0), (signal.SIGKILL, None)), group=True)
+    took = time.monotonic() - t0
+    assert done.read_text() == "yes", "the grandchild was killed before its cleanup"
+    assert 2.5 < took < 8.0, took

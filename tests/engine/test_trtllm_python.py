@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -51,17 +52,27 @@ def test_the_other_interpreter_is_asked_in_a_subprocess(tmp_path):
     assert environment_problems(tc) == ([], [])
 
 
-def test_an_interpreter_without_this_project_is_refused_in_one_line(tmp_path):
+def test_an_interpreter_without_this_project_is_named_in_one_line(tmp_path, pair):
     bare = _wrapper(tmp_path, flags="-S")        # no site-packages: no dflash2_trt, as a fresh TensorRT-LLM venv
-    with pytest.raises(MissingDependencyError, match=r"cannot import dflash2_trt: install this project there too.*"
-                                                     r"-m pip install --no-deps"):
-        probe_toolchain(bare)
-    with pytest.raises(MissingDependencyError, match="cannot be run"):
-        probe_toolchain(str(tmp_path / "absent" / "python"))
+    tc = probe_toolchain(bare)
+    assert tc.python == bare and tc.tensorrt_llm is None
+    assert re.match(r"TensorRT-LLM's Python .* cannot import dflash2_trt: install this project there too.*"
+                    r"-m pip install --no-deps -e /", tc.probe_error)
+    assert environment_problems(tc) == ([tc.probe_error], [])
+    assert "cannot be run" in probe_toolchain(str(tmp_path / "absent" / "python")).probe_error
+    # the plan names it; a build stops on it before converting anything
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--dry-run", "--json", "--trtllm-python", bare])
+    assert r.exit_code == 0 and tc.probe_error in json.loads(r.output[r.output.index("{"):])["machine"]["missing"]
+    out = tmp_path / "eng"
+    with pytest.raises(MissingDependencyError, match=r"the TensorRT-LLM side .* cannot build: TensorRT-LLM's Python"):
+        _build(pair, out, Toolchain(**{**declared_toolchain(tmp_path).to_dict(), "python": bare,
+                                       "probe_error": tc.probe_error}), FakeRunner())
+    assert not out.exists() and not (tmp_path / "eng.checkpoint").exists()
 
 
 def test_environment_problems():
-    trt = dict(tensorrt_llm="1.2.0", python="/trt/bin/python", project=tcm.python_side()["dflash2_trt"])
+    trt = dict(tensorrt_llm="1.2.0", python="/trt/bin/python", project=tcm.python_side()["dflash2_trt"],
+               project_source=tcm.source_digest())
     # TensorRT-LLM on its own pin, in its own environment: nothing to say
     assert environment_problems(Toolchain(**trt, transformers="4.57.1", trtllm_transformers="==4.57.1")) == ([], [])
     # TensorRT-LLM 1.2 beside transformers 5: it does not even import (facts/trtllm_requirements.yaml)
@@ -71,13 +82,12 @@ def test_environment_problems():
     # another 4.x than its pin: a warning naming both
     _, warn = environment_problems(Toolchain(**trt, transformers="4.56.2", trtllm_transformers="==4.57.1"))
     assert len(warn) == 1 and "pins transformers==4.57.1 but transformers 4.56.2" in warn[0]
-    # another version of this project there, or the same version from other sources
-    for other in ({"project": "0.0.1"}, {"project_source": "0" * 64}):
+    # another version of this project there, or the same version from other sources, or one too old to say
+    for other in ({"project": "0.0.1"}, {"project_source": "0" * 64}, {"project_source": None}):
         miss, _ = environment_problems(Toolchain(**{**trt, **other}, transformers="4.57.1",
                                                  trtllm_transformers="==4.57.1"))
         assert len(miss) == 1 and "imports another dflash2_trt" in miss[0] and "pip install --no-deps" in miss[0]
-    assert environment_problems(Toolchain(**trt, project_source=tcm.source_digest(), transformers="4.57.1",
-                                          trtllm_transformers="==4.57.1")) == ([], [])
+    assert environment_problems(Toolchain(**trt, transformers="4.57.1", trtllm_transformers="==4.57.1")) == ([], [])
 
 
 def test_this_interpreters_transformers_decides_the_hf_stages(monkeypatch):
@@ -114,15 +124,18 @@ def test_trtllm_build_runs_in_the_given_interpreter(pair, tmp_path, toolchain_ot
     assert seen[0]["python"] == "/trt/bin/python"
     run_md = (tmp_path / "eng" / "RUN.md").read_text()
     assert "runs where TensorRT-LLM imports: the environment of `/trt/bin/python`" in run_md
-    assert f"/trt/bin/dflash2-trt run --engine-dir {(tmp_path / 'eng').absolute()}" in run_md
-    assert " dflash2-trt run" not in run_md.replace("/trt/bin/dflash2-trt", "")
+    assert f"/trt/bin/python -m dflash2_trt run --engine-dir {(tmp_path / 'eng').absolute()}" in run_md
+    assert f"/trt/bin/python -m dflash2_trt bench run --engine-dir {(tmp_path / 'eng').absolute()}" in run_md
+    assert "dflash2-trt " not in run_md.replace("dflash2-trt {", "").split("## 0.")[1]   # no bare command
+    assert "/trt/bin/python -m dflash2_trt.bench.trtllm_bench" in run_md
     v = res.manifest["versions"]
     assert (v["trtllm_python"], v["transformers"], v["python"], v["torch"]) == ("/trt/bin/python", "4.57.1", "3.10.12",
                                                                                 "2.9.0+cu130")
 
 
 def test_without_tensorrt_llm_there_the_message_names_the_interpreter(pair, tmp_path):
-    tc = Toolchain(**{**declared_toolchain(tmp_path).to_dict(), "tensorrt_llm": None, "python": "/trt/bin/python"})
+    tc = Toolchain(**{**declared_toolchain(tmp_path).to_dict(), "tensorrt_llm": None, "python": "/trt/bin/python",
+                      "project": tcm.python_side()["dflash2_trt"], "project_source": tcm.source_digest()})
     with pytest.raises(MissingDependencyError, match=r"TensorRT-LLM is not importable by /trt/bin/python .*"
                                                      r"The engine step runs: DFLASH2_PLUGIN_LIB=.* /trt/bin/python -m "
                                                      r"dflash2_trt.trtllm.register"):
@@ -152,6 +165,14 @@ def test_a_failing_engine_side_is_one_line(tmp_path):
                                           r"FileNotFoundError: .*engine.json"):
         engine_outputs_in(py, tmp_path / "no-engine", [[1, 2, 3]], 4, kept_log=kept)
     assert "Traceback" in kept.read_text()
+
+    def answers(argv, **kw):
+        Path(argv[-1]).write_text(json.dumps({"outputs": [[7]]}))
+        return 0
+
+    # a later run whose engine side answers takes the earlier failure's log away
+    assert engine_outputs_in("/x/python", tmp_path, [[1]], 1, runner=answers, kept_log=kept) == [[7]]
+    assert not kept.exists()
 
     def liar(argv, **kw):      # an engine side that exits 0 without its outputs
         return 0
@@ -245,16 +266,18 @@ def test_a_failing_import_of_tensorrt_llm_is_one_line(monkeypatch, tmp_path):
     assert "transformers" not in str(ei.value).split("(docs")[0].split(": it runs")[0].split(") ")[-1]
 
 
-def test_the_build_stops_before_the_engine_step_where_tensorrt_llm_cannot_import(pair, tmp_path):
-    """TensorRT-LLM 1.2 in an interpreter beside transformers 5: named before trtllm-build would fail on its import,
-    the converted checkpoint and the plugin library kept, nothing written at the output."""
+def test_the_build_stops_before_converting_where_tensorrt_llm_cannot_import(pair, tmp_path):
+    """TensorRT-LLM 1.2 in the named interpreter beside transformers 5: said before anything is converted or built
+    (trtllm-build would fail on its import hours later), nothing written."""
     tc = Toolchain(**{**declared_toolchain(tmp_path).to_dict(), "python": "/trt/bin/python", "transformers": "5.25.0",
-                      "trtllm_transformers": "==4.57.1", "project": tcm.python_side()["dflash2_trt"]})
+                      "trtllm_transformers": "==4.57.1", "project": tcm.python_side()["dflash2_trt"],
+                      "project_source": tcm.source_digest()})
     r = FakeRunner()
-    with pytest.raises(MissingDependencyError, match=r"the engine step cannot run here: TensorRT-LLM 1.2.0 in "
-                                                     r"/trt/bin/python sits beside transformers 5.25.0"):
+    with pytest.raises(MissingDependencyError, match=r"^the TensorRT-LLM side /trt/bin/python cannot build: "
+                                                     r"TensorRT-LLM 1.2.0 in /trt/bin/python sits beside transformers "
+                                                     r"5.25.0"):
         _build(pair, tmp_path / "eng", tc, r)
-    assert "trtllm-build" not in r.tools() and not (tmp_path / "eng").exists()
+    assert r.calls == [] and not (tmp_path / "eng").exists() and not (tmp_path / "eng.checkpoint").exists()
 
 
 def test_the_engine_side_writes_a_new_file_only(tmp_path):
@@ -298,3 +321,11 @@ def test_commands_that_need_only_the_tokenizer_run_on_tensorrt_llms_transformers
 
     with pytest.raises(MissingDependencyError, match="the converter's Gated DeltaNet check needs .*4.57.1"):
         target_forward(ck, torch.tensor([[187, 95, 235]]))
+
+
+def test_python_m_dflash2_trt_is_the_command_line():
+    """RUN.md spells the command line of another interpreter as ``PY -m dflash2_trt``."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "dflash2_trt", "--version"], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0 and r.stdout.startswith("dflash2-trt, version "), r

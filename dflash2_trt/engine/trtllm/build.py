@@ -36,6 +36,7 @@ log=..., cwd=...) -> exit status``).
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -63,6 +64,12 @@ from .windows import sm100_refusal
 
 
 # --------------------------------------------------------------------------------------- RUN.md
+def run_cli(py: str) -> str:
+    """How RUN.md spells this project's command line in the interpreter ``py`` that built the engine: ``dflash2-trt``
+    for this one, ``PY -m dflash2_trt`` for TensorRT-LLM's own (``--trtllm-python``)."""
+    return "dflash2-trt" if py == sys.executable else f"{shlex.quote(py)} -m dflash2_trt"
+
+
 def run_md(man: dict, engine_dir: Path) -> str:
     K = man["block_size"] - 1
     tp = man["tp_size"]
@@ -76,7 +83,7 @@ def run_md(man: dict, engine_dir: Path) -> str:
     mpi = f"mpirun -n {tp} --allow-run-as-root " if tp > 1 else ""
     renv = man.get("runtime_env") or {}
     py = (man.get("trtllm_build") or {}).get("argv", [sys.executable])[0]
-    cli = str(Path(py).parent / "dflash2-trt") if py != sys.executable else "dflash2-trt"   # its environment's
+    cli = run_cli(py)
     env_lines = "".join(f"\n    export {k}={val}" for k, val in renv.items())
     env_note = ("\n\n`TRTLLM_ENABLE_XQA_JIT=1`: this engine was built with it (an attention layer whose XQA kernel "
                 "for speculative-decoding steps only the JIT path compiles: engine/trtllm/xqa.py); the project "
@@ -84,7 +91,7 @@ def run_md(man: dict, engine_dir: Path) -> str:
                 "exported" if "TRTLLM_ENABLE_XQA_JIT" in renv else "")
     greedy_t = GREEDY_REQUEST_TEMPERATURE
     trt_env = (f"the environment of `{py}`, which built it (TensorRT-LLM 1.2 on its own pins, this project installed "
-               f"there too: `{Path(py).parent / 'dflash2-trt'}`; docs/trt-session.md §11)" if py != sys.executable else
+               f"there too: `{cli}`; docs/trt-session.md §11)" if py != sys.executable else
                f"the environment of `{py}`, which built it (docs/trt-session.md §11)")
     path = man.get("runtime_path") or {}
     why = "\n".join(f"- {w}" for w in path.get("why") or [])
@@ -219,7 +226,7 @@ def bench_md(man: dict, engine_dir: Path) -> str:
     K = man["block_size"] - 1
     choices = json.dumps(eagle_choices(K)).replace(" ", "")
     gpt = (f"`benchmarks/cpp/gptManagerBenchmark --engine_dir {engine_dir} --eagle_choices '{choices}' "
-           f"--temperature {GREEDY_REQUEST_TEMPERATURE:g} ...` with `LD_PRELOAD` set (`dflash2-trt bench run --tool "
+           f"--temperature {GREEDY_REQUEST_TEMPERATURE:g} ...` with `LD_PRELOAD` set (`bench run --tool "
            f"gptmanager`; greedy is a temperature below 1e-5: without one TensorRT-LLM fills 1.0 and this engine "
            f"samples, and 0 fails its EAGLE layer)")
     tb = man.get("trtllm_bench") or {}
@@ -227,10 +234,12 @@ def bench_md(man: dict, engine_dir: Path) -> str:
         return (f"trtllm-bench needs a tokenizer and none was written ({tb.get('why', 'no trtllm-bench/ folder')}); "
                 f"use {gpt}.")
     eos = (man.get("eos_token_ids") or [None])[0]
+    py = (man.get("trtllm_build") or {}).get("argv", [sys.executable])[0]
     cmd = planned_command(engine_dir=engine_dir, target_key=man.get("target"), draft_len=K,
                           max_batch_size=man["limits"]["max_batch_size"], eos_id=eos,
-                          kv_cache_fraction=man["limits"].get("kv_cache_free_gpu_mem_fraction"))
-    return f"""`dflash2-trt bench run --engine-dir {engine_dir} --dataset DATASET.jsonl` runs trtllm-bench per concurrency
+                          kv_cache_fraction=man["limits"].get("kv_cache_free_gpu_mem_fraction"),
+                          python=None if py == sys.executable else py)
+    return f"""`{run_cli(py)} bench run --engine-dir {engine_dir} --dataset DATASET.jsonl` runs trtllm-bench per concurrency
 and writes the bench report (`bench prepare-dataset --engine-dir {engine_dir} ...` writes a dataset). By hand:
 
     {cmd["line"]}
@@ -264,6 +273,9 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
     if blockers:
         raise ConfigError(f"cannot build a TensorRT-LLM engine for this target: {blockers[0]}", source=cfg.source)
     check_output_dir(output, force)
+    if toolchain.python and (env_missing := environment_problems(toolchain)[0]):
+        # TensorRT-LLM's interpreter was named: what it lacks stops the build before hours of converting
+        raise MissingDependencyError(f"the TensorRT-LLM side {toolchain.python} cannot build: {'; '.join(env_missing)}")
     plugin_archs(cfg, toolchain)      # refuses a GPU outside the config's `gpus` before hours of converting
     if (sm100 := sm100_refusal(toolchain.gpu_sm)) is not None:   # no kernel for the engine's steps there
         raise ConfigError(sm100, field="--backend")
@@ -386,7 +398,8 @@ def build_trtllm(prep, output, *, force: bool = False, command=None, verify: boo
                 if verifier is None:
                     verifier = verify_trtllm_engine
                 man["verify"] = verifier(tmp, target_dir=prep.target_dir, target_key=prep.target_key, python=py,
-                                         kept_log=output.with_name(output.name + ".verify-failed.log"),
+                                         kept_log=output.absolute().with_name(output.absolute().name
+                                                                              + ".verify-failed.log"),
                                          plugin_lib=tmp / LIBRARY_NAME)
                 write_manifest(tmp, man)
             baseline_failed = None

@@ -39,6 +39,7 @@ class Toolchain:
     project_source: str | None = None    # and its sources' digest (:func:`source_digest`): the same code both sides
     python_version: str | None = None    # that interpreter's Python and torch (engine.json's versions)
     torch: str | None = None
+    probe_error: str | None = None       # why that interpreter could not be asked (the plan names it; a build stops)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,11 +128,20 @@ def python_side() -> dict:
 
 
 def _this_project() -> str:
-    """What ``pip install`` takes to install this very dflash2_trt: the checkout (``-e DIR``) or the release."""
+    """What ``pip install`` takes to install this very dflash2_trt: the checkout (``-e DIR``), else where pip installed
+    it from (the distribution's ``direct_url.json``), else the release."""
     from ... import __version__
 
     root = Path(__file__).resolve().parents[3]
-    return f"-e {root}" if (root / "pyproject.toml").is_file() else f"dflash2-trt=={__version__}"
+    if (root / "pyproject.toml").is_file():
+        return f"-e {root}"
+    try:
+        url = json.loads(importlib.metadata.distribution("dflash2-trt").read_text("direct_url.json") or "{}").get("url")
+    except (importlib.metadata.PackageNotFoundError, ValueError, AttributeError):
+        url = None
+    if url and url.startswith("file://"):
+        return url[len("file://"):]
+    return url or f"dflash2-trt=={__version__}"
 
 
 def source_digest() -> str:
@@ -142,7 +152,11 @@ def source_digest() -> str:
 
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
-    for f in sorted(p for ext in ("*.py", "*.yaml") for p in root.rglob(ext) if "__pycache__" not in p.parts):
+    # regular files only (an editor's lock file is a dangling link); not build_configs/, which a wheel copies in from
+    # the checkout's top level (the same settings either way: they are read from the build, not by trtllm-build)
+    files = sorted(p for ext in ("*.py", "*.yaml") for p in root.rglob(ext)
+                   if "__pycache__" not in p.parts and p.relative_to(root).parts[0] != "build_configs" and p.is_file())
+    for f in files:
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -158,7 +172,7 @@ def probe_python(python: str, *, timeout: float = 300) -> dict:
     trtllm-build through :mod:`dflash2_trt.trtllm.register` (there: ``pip install --no-deps`` this project)."""
     from ...errors import MissingDependencyError
 
-    where = f"--trtllm-python {python}"
+    where = f"TensorRT-LLM's Python {python} (--trtllm-python or $DFLASH2_TRTLLM_PYTHON)"
     try:
         r = subprocess.run([python, "-m", PROBE_MODULE], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -168,7 +182,7 @@ def probe_python(python: str, *, timeout: float = 300) -> dict:
         if "No module named" in r.stderr and "dflash2_trt" in r.stderr:
             raise MissingDependencyError(f"{where} cannot import dflash2_trt: install this project there too, without "
                                          f"touching TensorRT-LLM's pins: {python} -m pip install --no-deps "
-                                         f"<this project> (docs/trt-session.md §11)")
+                                         f"{_this_project()} (docs/trt-session.md §11)")
         raise MissingDependencyError(f"{where} failed to report its TensorRT-LLM ({last})")
     try:
         info = json.loads(r.stdout.strip().splitlines()[-1])
@@ -184,7 +198,17 @@ def probe_toolchain(python: str | None = None) -> Toolchain:
     and the GPU are the machine's either way."""
     if python is not None and same_interpreter(python):
         python = None
-    side = python_side() if python is None else probe_python(python)
+    probe_error = None
+    if python is None:
+        side = python_side()
+    else:
+        from ...errors import MissingDependencyError
+
+        try:
+            side = probe_python(python)
+        except MissingDependencyError as exc:   # said by the plan, and before a build converts anything
+            side, probe_error = dict.fromkeys(("tensorrt_llm", "trtllm_build", "tensorrt", "transformers",
+                                               "trtllm_transformers")), str(exc)
     trtllm, build = side["tensorrt_llm"], side["trtllm_build"]
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     cuda = None
@@ -212,7 +236,7 @@ def probe_toolchain(python: str | None = None) -> Toolchain:
                      gpu_sm=gpu_sm, python=python, transformers=side["transformers"],
                      trtllm_transformers=side["trtllm_transformers"], project=side.get("dflash2_trt"),
                      project_source=side.get("dflash2_trt_source") if python else None,
-                     python_version=side.get("python_version"), torch=side.get("torch"))
+                     python_version=side.get("python_version"), torch=side.get("torch"), probe_error=probe_error)
 
 
 def environment_problems(toolchain: Toolchain) -> tuple[list[str], list[str]]:
@@ -223,13 +247,14 @@ def environment_problems(toolchain: Toolchain) -> tuple[list[str], list[str]]:
     from ...transformers_support import installed_version, version_problem
 
     missing, warnings = [], []
+    if toolchain.probe_error:
+        return [toolchain.probe_error], []
     here = installed_version()
     if (problem := version_problem(here)) is not None:
         missing.append(f"{problem}: the build's Hugging Face stages (validate, convert, the verify gate's reference) "
                        f"run here; build from an environment with this project's pins and pass --trtllm-python "
                        f"for TensorRT-LLM's (docs/trt-session.md §11)")
-    if toolchain.python and (toolchain.project != __version__ or
-                             (toolchain.project_source is not None and toolchain.project_source != source_digest())):
+    if toolchain.python and (toolchain.project != __version__ or toolchain.project_source != source_digest()):
         missing.append(f"{toolchain.python} imports another dflash2_trt ({toolchain.project}, other sources) than this "
                        f"one ({__version__}): trtllm-build would mix the two; install this very one there: "
                        f"{toolchain.python} -m pip install --no-deps {_this_project()}")

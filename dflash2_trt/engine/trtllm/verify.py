@@ -52,6 +52,7 @@ def engine_outputs_in(python: str, engine_dir, prompts, new: int, *, eos=(), plu
             lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
             kept = ""
             if kept_log is not None and log.is_file():
+                Path(kept_log).unlink(missing_ok=True)   # a file of its own (never through a link left there)
                 shutil.copyfile(log, kept_log)
                 kept = f" (its output: {kept_log})"
             raise VerifyError(f"the engine side of the verify gate failed in {python} ({exit_description(rc)}){kept}: "
@@ -60,6 +61,8 @@ def engine_outputs_in(python: str, engine_dir, prompts, new: int, *, eos=(), plu
             outs = json.loads(out.read_text())["outputs"]
         except (ValueError, KeyError, TypeError):
             outs = None
+    if kept_log is not None and Path(kept_log).is_file() and not Path(kept_log).is_symlink():
+        Path(kept_log).unlink()   # an earlier failure's log: this run's engine side answered
     if not isinstance(outs, list) or len(outs) != len(prompts) or not all(isinstance(o, list) for o in outs):
         raise VerifyError(f"the engine side of the verify gate in {python} returned {len(outs)} outputs for "
                           f"{len(prompts)} prompts" if isinstance(outs, list) else
