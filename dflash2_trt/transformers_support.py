@@ -1,13 +1,14 @@
 """Which transformers this project's Hugging Face stages run on, and the one-line refusal elsewhere.
 
 The stages that read a checkpoint through transformers' own model classes (the inventory check of ``inspect``,
-``convert`` and ``build``; the target's greedy decoding of ``generate``, ``analyze`` and the build's verify gate;
-the converter's Gated DeltaNet check) are written for the minors of pyproject's pin (``tests/test_dependency_pins.py``
-holds :data:`SUPPORTED_MINORS` equal to it). Another transformers is not a harmless difference: TensorRT-LLM 1.2
-pins ``transformers==4.57.x`` (``engine/trtllm/facts/trtllm_requirements.yaml``), so installing it after this project
-downgrades transformers, and on 4.57.1 the Qwen3.5 and Muse Glimmer classes do not exist while the tiny dense
-target's reference decoding gives other tokens than under 5.25 (measured 2026-12-06: ``build --target tiny`` fails
-its verify gate at token 5 of prompt 0). So those stages refuse it in one line, before any work.
+``convert`` and ``build``; the target's greedy decoding of ``generate``, ``analyze`` and the build's verify gate; the
+converter's Gated DeltaNet check) are written for the minors of pyproject's pin
+(``tests/test_transformers_support.py`` holds :data:`SUPPORTED_MINORS` equal to it; ``tests/test_dependency_pins.py``
+holds the pin to the tested versions). Another transformers is not a harmless difference: TensorRT-LLM 1.2 pins
+``transformers==4.57.x`` (``engine/trtllm/facts/trtllm_requirements.yaml``), so installing it after this project
+downgrades transformers, and on 4.57.1 the Qwen3.5 and Muse Glimmer classes do not exist while the tiny dense target's
+reference decoding gives other tokens than under 5.25 (measured 2026-12-06: ``build --target tiny`` fails its verify
+gate at token 5 of prompt 0). So those stages refuse it in one line, before any work.
 
 What does not need transformers' model classes (running, benchmarking and serving an engine, the tokenizer) runs on
 TensorRT-LLM's own transformers: an environment with TensorRT-LLM 1.2 runs the TensorRT side (docs/trt-session.md
@@ -93,5 +94,6 @@ def tensorrt_llm_import_failure(exc: ImportError) -> str:
     have = installed_version() or ""
     if have.split(".")[0].isdigit() and int(have.split(".")[0]) >= 5:
         msg += (f"; transformers {have} is installed here, and TensorRT-LLM 1.2 imports only with its own pin "
-                f"(transformers 4.57): run the TensorRT side from TensorRT-LLM's environment (docs/trt-session.md §11)")
+                f"(transformers 4.57): run the TensorRT side from TensorRT-LLM's environment "
+                f"(docs/trt-session.md §11)")
     return msg

@@ -5,7 +5,8 @@ pyproject's transformers range ends at the newest minor release this suite has p
 changed the Qwen3.5 cache under a test that passed on 5.24: a fresh clone went red with nothing
 changed here). ``TESTED`` is the record: the exact versions the whole suite passed on. A run on any
 other minor fails here, loudly, before the rest of the suite says why in a stranger way; to move the
-range, run the suite on the new version, add it to ``TESTED`` and raise the bound in pyproject.toml.
+range, run the suite on the new version, add it to ``TESTED``, raise the bound in pyproject.toml and
+``SUPPORTED_MINORS`` in dflash2_trt/transformers_support.py (the Hugging Face stages' refusal).
 The resolved versions are printed at the end of every pytest run (tests/conftest.py).
 """
 

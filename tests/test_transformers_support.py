@@ -17,7 +17,9 @@ from test_dependency_pins import _pin
 
 
 def test_supported_minors_are_pyprojects_pin():
-    assert f"transformers{ts.supported_range()}" == f"transformers{_pin('transformers')}"
+    assert f"transformers{ts.supported_range()}" == f"transformers{_pin('transformers')}", (
+        "moving the transformers pin (tests/test_dependency_pins.py says how) moves SUPPORTED_MINORS in "
+        "dflash2_trt/transformers_support.py with it")
 
 
 def test_installed_transformers_passes():
