@@ -75,6 +75,27 @@ def procs_with(needle: str) -> list[int]:
     return out
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
+def _group(pgid: int) -> list[int]:
+    """Live members of process group ``pgid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                st = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if st[2] == str(pgid) and st[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
 class Serve:
     """`python -m dflash2_trt.cli serve ...` in its own process group, killed whatever happens (``env``: added to
     this process's environment)."""
@@ -103,7 +124,12 @@ class Serve:
         return False
 
     def finish(self, timeout: float = 60) -> int:
-        code = self.p.wait(timeout)
+        try:
+            code = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:   # say what it printed and what is still running, not only that it hung
+            left = [f"{pid}: {_cmdline(pid)[:160]}" for pid in _group(self.p.pid)]
+            raise AssertionError(f"serve did not exit within {timeout} s; its last lines: {self.lines[-25:]}; its "
+                                 f"process group: {left}") from None
         self._t.join(5)
         return code
 
