@@ -5,6 +5,7 @@ importing tensorrt_llm. The builder (:mod:`.build`, :mod:`.plugin_library`) and 
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -108,9 +109,10 @@ def _find_tensorrt_include() -> str | None:
 PROBE_MODULE = "dflash2_trt.engine.trtllm.toolchain"
 
 
-def python_side() -> dict:
+def python_side(*, with_source: bool = False) -> dict:
     """What THIS interpreter has for TensorRT-LLM's side, without importing tensorrt_llm (slow, initialises
-    CUDA/MPI): ``python -m dflash2_trt.engine.trtllm.toolchain`` prints it as JSON for :func:`probe_python`."""
+    CUDA/MPI): ``python -m dflash2_trt.engine.trtllm.toolchain`` prints it as JSON for :func:`probe_python`, with the
+    sources' digest (``with_source``: read only for another interpreter, which compares it with its own)."""
     from ... import __version__
     from ...transformers_support import installed_version, trtllm_transformers_requirement
 
@@ -123,7 +125,7 @@ def python_side() -> dict:
             "tensorrt": _dist_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_cu12", "tensorrt_cu13"),
             "trtllm_build": build, "transformers": installed_version(),
             "trtllm_transformers": trtllm_transformers_requirement(), "dflash2_trt": __version__,
-            "dflash2_trt_dir": str(Path(__file__).resolve().parents[2]), "dflash2_trt_source": source_digest(),
+            "dflash2_trt_source": source_digest() if with_source else None,
             "python_version": sys.version.split()[0], "torch": _dist_version("torch")}
 
 
@@ -144,6 +146,7 @@ def _this_project() -> str:
     return url or f"dflash2-trt=={__version__}"
 
 
+@functools.cache
 def source_digest() -> str:
     """sha256 over this package's Python and YAML files (relative path and bytes, sorted): two interpreters run the
     same dflash2_trt exactly when it is equal (trtllm-build loads the network file of the one that runs ``build``, the
@@ -235,7 +238,7 @@ def probe_toolchain(python: str | None = None) -> Toolchain:
                      nvcc=nvcc, cuda=cuda, tensorrt_include=_find_tensorrt_include(), gpu_name=gpu_name,
                      gpu_sm=gpu_sm, python=python, transformers=side["transformers"],
                      trtllm_transformers=side["trtllm_transformers"], project=side.get("dflash2_trt"),
-                     project_source=side.get("dflash2_trt_source") if python else None,
+                     project_source=side.get("dflash2_trt_source"),
                      python_version=side.get("python_version"), torch=side.get("torch"), probe_error=probe_error)
 
 
@@ -308,4 +311,4 @@ def plugin_toolchain_missing(toolchain: Toolchain) -> list[str]:
 
 
 if __name__ == "__main__":   # probe_python's other end
-    print(json.dumps(python_side()))
+    print(json.dumps(python_side(with_source=True)))
