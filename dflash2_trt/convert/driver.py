@@ -55,7 +55,7 @@ from ..checkpoint.writer import (
     check_output_dir, sha256_file, write_small_file,
 )
 from ..config import DFlash2Config, TargetConfig, pairing_problems
-from ..errors import CheckpointError, ConfigError, PairingError, stop_requested
+from ..errors import CheckpointError, ConfigError, PairingError, raise_if_stop_requested, stop_requested
 from ..overlap import refuse_overlap
 from . import dflash2, muse_glimmer, qwen3, qwen3_5
 from .plan import DRAFTER, TARGET, Drop, OutTensor, width_of
@@ -151,7 +151,12 @@ class _TargetInventory:
 
     def _judge(self) -> tuple[dict[str, int] | None, BaseException | None]:
         if self._verdict is None:
-            self._thread.join()
+            # In short steps, so that a recorded stop ends the wait: a Ctrl-C whose KeyboardInterrupt Python lost
+            # inside importlib's lock bookkeeping (a weakref callback) can leave the import lock held, and then
+            # this thread, still importing torch, never finishes (seen once: convert hung after SIGINT).
+            while self._thread.is_alive():
+                raise_if_stop_requested()
+                self._thread.join(0.05)
             dropped: dict[str, int] = {}
             try:
                 if self._exc is not None:
@@ -237,7 +242,8 @@ def source_identity(directory: Path, ckpt: SafetensorsCheckpoint) -> dict:
 
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while converting, so the temporary directory is removed."""
+    """Treat SIGTERM like Ctrl-C while converting, so the temporary directory is removed; and record both (as the
+    CLI does), so that one whose exception Python lost still stops the convert (:func:`raise_if_stop_requested`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -246,10 +252,14 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         raise stop_requested(signum)
 
     old = signal.signal(signal.SIGTERM, handler)
+    old_int = signal.signal(signal.SIGINT, handler) if signal.getsignal(signal.SIGINT) is signal.default_int_handler \
+        else None
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+        if old_int is not None:
+            signal.signal(signal.SIGINT, old_int)
 
 
 class _FiniteCheck:
@@ -502,7 +512,8 @@ def _convert_checked(t: TargetConfig, d: DFlash2Config, tck: SafetensorsCheckpoi
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="convert",
                    disable=not show, file=sys.stderr, dynamic_ncols=True)
 
-        def poll() -> None:  # stop early when the target inventory fails
+        def poll() -> None:  # stop early when the target inventory fails, or on a stop whose exception was lost
+            raise_if_stop_requested()
             if target_inventory.done():
                 target_inventory.check()
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from dflash2_trt.checkpoint import writer as writer_mod
+from dflash2_trt.convert import driver as driver_mod
 from dflash2_trt.cli import main
 from dflash2_trt.convert import convert_pair
 from dflash2_trt.errors import CheckpointError, ConfigError, DFlash2Error
@@ -208,6 +209,71 @@ def test_real_signal_leaves_nothing(tiny_hybrid, tmp_path, sig):
     proc.wait(timeout=60)
     assert proc.returncode != 0
     _only(tmp_path)
+
+
+_LOST_CTRL_C = textwrap.dedent("""
+    import _imp, os, signal, sys, weakref
+    from dflash2_trt.checkpoint import writer
+    real = writer.StreamingSafetensorsWriter.write
+    calls = []
+
+    def lose_a_ctrl_c():
+        # What CPython can do to a Ctrl-C: it lands in importlib's weakref callback just after that took the
+        # import lock, and the KeyboardInterrupt is ignored ("Exception ignored in") with the lock still held.
+        def callback(ref):
+            _imp.acquire_lock()
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10 ** 6):
+                pass
+
+        class Gone:
+            pass
+        gone = Gone()
+        ref = weakref.ref(gone, callback)
+        del gone
+
+    def write(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 5:
+            lose_a_ctrl_c()
+            print("lost a Ctrl-C", file=sys.stderr, flush=True)
+        return real(self, *a, **kw)
+    writer.StreamingSafetensorsWriter.write = write
+    from dflash2_trt.convert import convert_pair
+    convert_pair(sys.argv[1], sys.argv[2], sys.argv[3], tp_size=4)
+""")
+
+
+def test_a_lost_ctrl_c_still_stops_the_convert(tiny_hybrid, tmp_path):
+    """The hang seen once in CI: Python lost a Ctrl-C's exception and left the import lock held, so the target
+    inventory's thread (still importing torch) never ended and the convert waited on it forever."""
+    proc = subprocess.run([sys.executable, "-c", _LOST_CTRL_C, str(tiny_hybrid.drafter_dir),
+                           str(tiny_hybrid.target_dir), str(tmp_path / "ckpt")], capture_output=True, text=True,
+                          timeout=60)
+    assert "lost a Ctrl-C" in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr, proc.stderr
+    _only(tmp_path)
+
+
+def test_the_inventory_wait_ends_on_a_recorded_stop(tiny_hybrid, monkeypatch):
+    """A stop recorded while the target inventory's thread cannot finish ends the wait for it."""
+    from dflash2_trt.checkpoint.reader import SafetensorsCheckpoint
+    from dflash2_trt.config import TargetConfig
+    from dflash2_trt.errors import clear_stop_requests, stop_requested
+
+    release = threading.Event()
+    monkeypatch.setattr(driver_mod, "expected_target_tensors", lambda t: (release.wait(60), {})[1])
+    t = TargetConfig.from_hugging_face(tiny_hybrid.target_dir)
+    inventory = driver_mod._TargetInventory(t, SafetensorsCheckpoint(tiny_hybrid.target_dir), [])
+    try:
+        threading.Timer(0.3, stop_requested, args=(signal.SIGINT,)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            inventory.check()
+        assert time.monotonic() - t0 < 10
+    finally:
+        clear_stop_requests()
+        release.set()
 
 
 def test_cli_convert_and_errors(tiny_dense, tmp_path):
