@@ -27,3 +27,58 @@ def test_options_that_cannot_apply_are_refused(tmp_path, extra, needle):
                                   *[e.format(tmp=tmp_path) for e in extra]])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {needle}"), r.output
+
+
+class _Running:
+    """A server that runs until told otherwise; on its third poll a Ctrl-C arrives and Python loses its exception,
+    as it does for one raised inside a weakref callback ("Exception ignored in ...")."""
+
+    def __init__(self, lose_at: int | None = 3, exit_at: int = 300):
+        self.polls, self.lose_at, self.exit_at = 0, lose_at, exit_at
+
+    def alive(self) -> bool:
+        import os
+        import signal
+        import weakref
+
+        self.polls += 1
+        if self.polls == self.lose_at:
+            def callback(ref):
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(10 ** 6):   # the handler runs in here, and its KeyboardInterrupt is ignored
+                    pass
+
+            class Gone:
+                pass
+            gone = Gone()
+            self.ref = weakref.ref(gone, callback)
+            del gone
+        return self.polls < self.exit_at   # it exits on its own, so that a wait that missed the stop ends too
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_serve_ends_on_a_ctrl_c_whose_exception_was_lost():
+    import signal
+    import time
+
+    from dflash2_trt.deploy.triton.server import serve_until_stopped
+    from dflash2_trt.errors import clear_stop_requests, pending_stop, stop_requested
+
+    def handler(signum, frame):   # what serve installs: record the stop, then raise
+        raise stop_requested(signum)
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        srv = _Running()
+        t0 = time.monotonic()
+        assert serve_until_stopped(srv, poll_s=0.01)
+        assert pending_stop() == signal.SIGINT and srv.polls <= 4 and time.monotonic() - t0 < 10
+    finally:
+        signal.signal(signal.SIGINT, old)
+        clear_stop_requests()
+
+
+def test_serve_reports_a_server_that_exited_on_its_own():
+    from dflash2_trt.deploy.triton.server import serve_until_stopped
+
+    assert serve_until_stopped(_Running(lose_at=None, exit_at=3), poll_s=0.01) is False

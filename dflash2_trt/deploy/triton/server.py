@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...children import die_with_parent
-from ...errors import ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, stop_requested
+from ...errors import (ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, raise_if_stop_requested,
+                      stop_requested)
 from . import hygiene
 from .repository import TRITON_EXTRA
 from .serving import DRAIN_ENV, request_drain
@@ -424,6 +425,20 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
+def serve_until_stopped(srv, poll_s: float = 0.25) -> bool:
+    """Wait while ``srv`` runs: True when a stop (Ctrl-C, SIGTERM) arrived, False when it exited on its own.
+
+    The stop's record is checked too: a KeyboardInterrupt that Python lost (raised inside a destructor or a
+    weakref callback, "Exception ignored in ...") would otherwise leave serve waiting forever."""
+    try:
+        while srv.alive():
+            raise_if_stop_requested()
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
 def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None = None, port: int = 8000,
           http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
           max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
@@ -496,10 +511,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         ranks = f", tp {srv.ranks}: tritonserver rank 0 + {srv.ranks - 1} follower(s) under MPI" if srv.ranks > 1 else ""
         echo(f"serving {engine_dir or repository} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
              f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)}{ranks} (Ctrl-C stops)")
-        try:
-            while srv.alive():
-                time.sleep(0.25)
-        except KeyboardInterrupt:
+        if serve_until_stopped(srv):
             clear_stop_requests()   # handled: the ordinary way to stop a ready server
             echo(f"stopping tritonserver (no new requests; those in flight get {drain_timeout:g} s to finish)")
             srv.stop()
