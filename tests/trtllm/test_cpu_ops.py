@@ -586,6 +586,33 @@ def test_exception_on_one_rank_propagates_without_deadlock():
     assert all(o.tolist() == [6.0, 6.0] for o in outs)
 
 
+def test_a_recorded_stop_ends_the_wait_for_ranks_that_cannot_finish():
+    """A Ctrl-C whose exception Python lost (recorded by errors.stop_requested) while a rank is stuck (as on an
+    import lock the lost exception left held) ends World.run; the other ranks, waiting at a collective, are let go."""
+    import signal
+    import time
+
+    from dflash2_trt.errors import clear_stop_requests, stop_requested
+
+    world, release, waiting = comm.World(3), threading.Event(), threading.Event()
+
+    def fn(r):
+        if r == 1:
+            waiting.set()
+            release.wait(60)   # stuck
+        return F.allreduce(torch.ones(1), None)
+
+    threading.Timer(0.3, stop_requested, args=(signal.SIGINT,)).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            world.run(fn)
+        assert waiting.is_set() and time.monotonic() - t0 < 10
+    finally:
+        clear_stop_requests()
+        release.set()
+
+
 def test_many_back_to_back_collectives_stay_consistent():
     world = comm.World(4)
 

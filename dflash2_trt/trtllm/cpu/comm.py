@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from ...errors import raise_if_stop_requested
+
 _local = threading.local()
 
 
@@ -78,13 +80,22 @@ class World:
                 errors[r] = exc
                 self._barrier.abort()
 
-        # each rank's thread runs in a copy of the caller's context (the stand-in's device, tensor.on_device)
-        threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, r), name=f"tp-rank-{r}")
-                   for r in range(self.size)]
+        # each rank's thread runs in a copy of the caller's context (the stand-in's device, tensor.on_device);
+        # daemons, waited for in steps that look at the stop's record: a Ctrl-C whose exception Python lost can leave
+        # the import lock held, and a rank's first import (safetensors.torch, the plugins) would then never return
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, r), name=f"tp-rank-{r}",
+                                    daemon=True) for r in range(self.size)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    raise_if_stop_requested()
+                    t.join(0.05)
+        except BaseException:
+            self._barrier.abort()   # ranks waiting at a collective end; a new barrier once they have
+            self._barrier = threading.Barrier(self.size)
+            raise
         first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
                      next((e for e in errors if e is not None), None))
         if first is not None:
