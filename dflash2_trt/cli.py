@@ -15,9 +15,13 @@ from .targets import tiny_targets
 
 
 def _raise_terminated(signum, frame):
-    import signal
-
-    signal.signal(signal.SIGTERM, lambda *a: None)   # a second SIGTERM must not cut the clean-up short
+    # A second SIGTERM must not cut short the clean-up of a stop already unwinding (the except / finally / __exit__
+    # blocks run with it as sys.exc_info()). But if the first one's exception was lost (raised inside a destructor
+    # or a weakref callback), a later SIGTERM must still stop the command: ignoring every SIGTERM after the first
+    # left such a command immune to them.
+    if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        stop_requested(signum)
+        return
     raise stop_requested(signum)
 
 

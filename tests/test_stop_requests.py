@@ -147,3 +147,79 @@ def test_no_progress_bars_where_stderr_is_not_a_terminal():
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                        env={**env, "HF_HUB_DISABLE_PROGRESS_BARS": "0"})
     assert r.stdout.strip().splitlines()[-1] == "HF=0"
+
+
+AFTER_A_LOST_SIGTERM = textwrap.dedent("""
+    import os, signal, sys, time
+    from dflash2_trt import cli
+
+    class Swallows:
+        def __del__(self):              # the handler's exception is raised in here and lost
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                time.sleep(0.001)
+
+    @cli.main.command("stuck")
+    def stuck():
+        x = Swallows()
+        del x
+        print("lost", flush=True)
+        for _ in range(6000):          # 60 s of work that does not look at the record
+            time.sleep(0.01)
+        print("finished")
+
+    cli.main(sys.argv[1:])
+""")
+
+
+def test_a_second_sigterm_stops_a_command_whose_first_was_lost():
+    """The CLI ignores a second SIGTERM while a stop is unwinding (its clean-up is not cut short), but not after a
+    first one whose exception was lost: that made a command immune to every later SIGTERM."""
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", AFTER_A_LOST_SIGTERM, "stuck"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "lost"
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 143 and "finished" not in out, (p.returncode, out, err)
+        assert time.monotonic() - t0 < 20
+    finally:
+        p.kill()
+        p.wait()
+
+
+CLEANUP_IN_PROGRESS = textwrap.dedent("""
+    import os, signal, sys, time
+    from dflash2_trt import cli
+
+    @cli.main.command("cleans-up")
+    def cleans_up():
+        try:
+            print("working", flush=True)
+            time.sleep(60)
+        finally:
+            print("cleaning", flush=True)
+            for _ in range(100):
+                time.sleep(0.01)
+            print("cleaned", flush=True)
+
+    cli.main(sys.argv[1:])
+""")
+
+
+def test_a_second_sigterm_does_not_cut_a_clean_up_short():
+    p = subprocess.Popen([sys.executable, "-c", CLEANUP_IN_PROGRESS, "cleans-up"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "working"
+        p.send_signal(signal.SIGTERM)
+        assert p.stdout.readline().strip() == "cleaning"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert "cleaned" in out and p.returncode == 143, (p.returncode, out, err)
+    finally:
+        p.kill()
+        p.wait()
