@@ -6,12 +6,13 @@ env=..., log=..., cwd=..., echo=...) -> exit status``), :class:`EngineBuildError
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 from pathlib import Path
 
 from ...children import die_with_parent, stop
-from ...errors import DFlash2Error
+from ...errors import DFlash2Error, raise_if_stop_requested
 
 LOG_TAIL = 3000
 
@@ -36,21 +37,45 @@ class SubprocessRunner:
     interrupt re-raised, so the caller's cleanup runs with no child still writing. If this process is killed
     outright (SIGKILL), the child gets SIGTERM from the kernel (:func:`~dflash2_trt.children.die_with_parent`)."""
 
+    #: how often the output wait looks at the stop's record (trtllm-build can print nothing for minutes)
+    POLL_S = 0.5
+
     def __call__(self, argv, *, env=None, log=None, cwd=None, echo=None) -> int:
+        raise_if_stop_requested()
         full_env = {**os.environ, **(env or {})}
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                                    text=True, bufsize=1, start_new_session=True, preexec_fn=die_with_parent())
+                                    bufsize=0, start_new_session=True, preexec_fn=die_with_parent())
         except OSError as exc:
             raise EngineBuildError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
         fh = open(log, "a", encoding="utf-8") if log is not None else None
+
+        def emit(line: bytes) -> None:
+            text = line.rstrip(b"\r\n").decode("utf-8", errors="replace")
+            if fh is not None:
+                fh.write(text + "\n")
+                fh.flush()
+            if echo is not None:
+                echo(text)
+
         try:
-            for line in proc.stdout:
-                if fh is not None:
-                    fh.write(line)
-                    fh.flush()
-                if echo is not None:
-                    echo(line.rstrip("\n"))
+            # The child is in a session of its own (the terminal's Ctrl-C does not reach it), so a stop whose
+            # exception Python lost is looked for here, between reads, or trtllm-build would run to its end.
+            fd, pending = proc.stdout.fileno(), b""
+            while True:
+                raise_if_stop_requested()
+                if not select.select([fd], [], [], self.POLL_S)[0]:
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                # lines end in \n, \r\n or \r (progress bars); the last one waits for more unless it ends in \n
+                lines = (pending + chunk).splitlines(keepends=True)
+                pending = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
+                for line in lines:
+                    emit(line)
+            if pending:
+                emit(pending)
             return proc.wait()
         except BaseException:
             stop(proc, ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)), group=True)
