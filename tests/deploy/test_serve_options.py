@@ -82,3 +82,30 @@ def test_serve_reports_a_server_that_exited_on_its_own():
     from dflash2_trt.deploy.triton.server import serve_until_stopped
 
     assert serve_until_stopped(_Running(lose_at=None, exit_at=3), poll_s=0.01) is False
+
+
+def test_the_readiness_wait_ends_on_a_recorded_stop(tmp_path):
+    """A stop whose exception was lost while serve started (deploying, importing) ends the wait for tritonserver to
+    be ready, instead of serve waiting out its ready timeout (900 s for a GPU engine) and then exiting 0."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from dflash2_trt.deploy.triton.server import TritonServer, free_port
+    from dflash2_trt.errors import clear_stop_requests, stop_requested
+
+    srv = TritonServer.__new__(TritonServer)   # its readiness wait alone, on a process that never gets ready
+    srv.http_port, srv.ready_timeout, srv.progress, srv.log_kept = free_port(), 60.0, None, True
+    srv.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    threading.Timer(0.5, stop_requested, args=(signal.SIGINT,)).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            srv.wait_ready()
+        assert time.monotonic() - t0 < 20
+    finally:
+        clear_stop_requests()
+        srv.proc.kill()
+        srv.proc.wait()

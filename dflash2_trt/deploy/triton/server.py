@@ -246,6 +246,7 @@ class TritonServer:
         url = f"http://{self.http_url}/v2/health/ready"
         said = start
         while True:
+            raise_if_stop_requested()   # a stop whose exception was lost during start-up ends the wait, not serve
             if self.progress is not None and time.monotonic() - said >= self.progress_every:
                 said = time.monotonic()
                 self.progress(f"waiting for tritonserver ({said - start:.0f} s of {self.ready_timeout:.0f}): "
