@@ -265,6 +265,67 @@ def test_an_engine_failure_fails_the_batch_and_serving_goes_on(loop, prompts, gr
     assert b.err is None and b.chunks == [greedy[2]]
 
 
+def test_an_error_outside_the_step_fails_the_batch_and_serving_goes_on(loop, prompts, greedy, monkeypatch):
+    """Building a response (or a cancel) that raised used to end the loop's thread: every later request then waited
+    forever (a non-decoupled execute() in done.wait())."""
+    real = loop._tensors
+    calls = {"n": 0}
+
+    def flaky(*a):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("bad response")
+        return real(*a)
+
+    monkeypatch.setattr(loop, "_tensors", flaky)
+    a = Sink()
+    loop.submit(_spec(prompts[0]), a)
+    _wait([a])
+    assert a.err == "serving loop error: ValueError: bad response" and loop._thread.is_alive()
+    b = Sink()
+    loop.submit(_spec(prompts[2]), b)
+    _wait([b])
+    assert b.err is None and b.chunks == [greedy[2]]
+
+
+def test_a_request_the_runtime_cannot_take_fails_alone(loop, prompts, greedy, monkeypatch):
+    real = loop.runtime.submit
+
+    def picky(req):
+        if list(req.prompt_ids) == list(prompts[0]):
+            raise RuntimeError("no")
+        return real(req)
+
+    monkeypatch.setattr(loop.runtime, "submit", picky)
+    a, b = Sink(), Sink()
+    loop.submit(_spec(prompts[0]), a)
+    loop.submit(_spec(prompts[1]), b)
+    _wait([a, b])
+    assert a.err == "the request could not be scheduled: RuntimeError: no"
+    assert b.err is None and b.chunks == [greedy[1]]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # the loop's thread ends
+def test_after_the_loop_ended_a_request_is_refused_not_left_waiting(cpu_engine, monkeypatch):
+    lp = ServingLoop(cpu_engine, max_batch_size=16)
+    try:
+        def broken(*a, **kw):   # even a fresh runtime cannot be made: the thread ends
+            raise MemoryError("no room")
+
+        monkeypatch.setattr(lp, "_Runtime", broken)
+        monkeypatch.setattr(lp, "_reap_cancelled", lambda: (_ for _ in ()).throw(RuntimeError("reap")))
+        a = Sink()
+        lp.submit(_spec((5, 6, 7)), a)
+        _wait([a])
+        lp._thread.join(10)
+        assert not lp._thread.is_alive() and a.err is not None
+        with pytest.raises(ConfigError,
+                           match=r"the model's serving loop has ended \(MemoryError: no room\); restart the server"):
+            lp.submit(_spec((5, 6, 7)), Sink())
+    finally:
+        lp.close()
+
+
 def test_a_drain_finishes_what_it_can_and_ends_the_rest_with_an_error(cpu_engine, prompts, greedy, tmp_path,
                                                                      monkeypatch):
     """`serve` stopping writes the drain file: from then on no request is taken, those in flight run on, and any

@@ -417,6 +417,9 @@ class ServingLoop:
         self.drain_file = drain_file
         self._drain: tuple[float, float] | None = None
         self._drain_checked = 0.0
+        self._ended = False                  # the loop thread has stopped taking requests (under _submit_lock)
+        self._end_reason = "no error"
+        self._submit_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="dflash2-serving", daemon=True)
         self._thread.start()
 
@@ -432,7 +435,11 @@ class ServingLoop:
         req = Request(list(spec.prompt_ids), spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
                       stop_token_ids=tuple(spec.stop_token_ids), task_id=task_id)
         self.runtime.check(req)   # reads the engine's limits only: safe beside the loop thread
-        self._q.put((req, spec, sink))
+        with self._submit_lock:   # never queued after the loop's last look at the queue: it would wait forever
+            if self._ended:
+                raise ConfigError("the model is shutting down" if self._closed.is_set() else
+                                  f"the model's serving loop has ended ({self._end_reason}); restart the server")
+            self._q.put((req, spec, sink))
 
     def draining(self, now: bool = False) -> bool:
         """True once a drain was asked (the loop looks at the drain file at most every 50 ms; ``now``: look)."""
@@ -454,33 +461,56 @@ class ServingLoop:
     def _run(self) -> None:
         try:
             while True:
-                item = self._q.get() if not self.runtime.has_work else self._get_nowait()
-                while item is not _EMPTY:
-                    if item is None:
-                        return
-                    req, spec, sink = item
-                    self.runtime.submit(req)
-                    self._live[id(req)] = _Live(spec, sink, req)
-                    item = self._get_nowait()
-                if self.poll_cancel:
-                    self._reap_cancelled()
-                if self.draining() and time.time() >= self._drain[0]:
-                    self._end_in_flight(f"the server is shutting down: the request was ended before it finished "
-                                        f"(the {self._drain[1]:g} s drain timeout passed)")
-                if not self.runtime.has_work:
-                    continue
-                t_step = time.monotonic_ns()
                 try:
-                    finished = self.runtime.step(on_tokens=lambda r, new: self._on_tokens(t_step, r, new))
+                    if not self._iteration():
+                        return
                 except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
-                    self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+                    # the step, or the bookkeeping around it (a cancel, a response): before, an error outside the
+                    # step ended this thread, and every later request waited forever
+                    if isinstance(exc, _StepFailed):
+                        message = f"engine step failed: {type(exc.error).__name__}: {exc.error}"
+                    else:
+                        message = f"serving loop error: {type(exc).__name__}: {exc}"
+                    self._fail_all(message)
                     self.runtime = self._Runtime(self.engine, **self._runtime_args)
-                    continue
-                self.steps += 1
-                for r in finished:
-                    self._finish(r)
+        except BaseException as exc:   # the thread ends (a fresh runtime could not be made): said to later requests
+            self._end_reason = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
+            with self._submit_lock:
+                self._ended = True
             self._fail_all("the model is shutting down")
+
+    def _iteration(self) -> bool:
+        """Take in what was submitted, reap cancelled requests, run one step; False once closed."""
+        item = self._q.get() if not self.runtime.has_work else self._get_nowait()
+        while item is not _EMPTY:
+            if item is None:
+                return False
+            req, spec, sink = item
+            try:
+                self.runtime.submit(req)
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                _safe(sink.error, f"the request could not be scheduled: {type(exc).__name__}: {exc}")
+            else:
+                self._live[id(req)] = _Live(spec, sink, req)
+            item = self._get_nowait()
+        if self.poll_cancel:
+            self._reap_cancelled()
+        if self.draining() and time.time() >= self._drain[0]:
+            self._end_in_flight(f"the server is shutting down: the request was ended before it finished "
+                                f"(the {self._drain[1]:g} s drain timeout passed)")
+        if not self.runtime.has_work:
+            return True
+        t_step = time.monotonic_ns()
+        try:
+            finished = self.runtime.step(on_tokens=lambda r, new: self._on_tokens(t_step, r, new))
+        except Exception as exc:
+            raise _StepFailed(exc) from exc
+        self.steps += 1
+        for r in finished:
+            self._finish(r)
+        return True
 
     def _get_nowait(self):
         try:
@@ -534,14 +564,16 @@ class ServingLoop:
         return new
 
     def _finish(self, r) -> None:
-        live = self._live.pop(id(r), None)
+        live = self._live.get(id(r))
         if live is None:
             return
         if live.spec.streaming:
             tokens = live.last_chunk
         else:
             tokens = list(r.output_ids) if live.spec.exclude_input else list(r.prompt_ids) + list(r.output_ids)
-        _safe(live.sink.send, self._tensors(live, r, tokens), True)
+        tensors = self._tensors(live, r, tokens)   # before it leaves _live: if this raises, _fail_all answers it
+        del self._live[id(r)]
+        _safe(live.sink.send, tensors, True)
 
     def _tensors(self, live: _Live, r, tokens: list[int]) -> dict[str, np.ndarray]:
         i32 = lambda v: np.array([[v]], dtype=np.int32)  # noqa: E731
@@ -576,6 +608,14 @@ class ServingLoop:
 
 
 _EMPTY = object()
+
+
+class _StepFailed(Exception):
+    """The runtime's step raised ``error`` (the batch fails; the loop goes on with a fresh runtime)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _safe(fn, *args) -> None:
