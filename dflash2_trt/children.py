@@ -166,22 +166,20 @@ def run_limited(argv: list[str], limit: float, log, *, own_group: bool, cwd=None
 
 def _raise_stop(signum, frame):  # noqa: ARG001
     # a second SIGTERM / Ctrl-C (a supervisor that repeats itself, two Ctrl-Cs) must not cut the clean-up short: the
-    # child's stop ladder would end before its SIGKILL and leave the child running
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _ignore_stop)
+    # child's stop ladder would end before its SIGKILL and leave the child running. So it is ignored while the first
+    # one's SystemExit unwinds (the except / finally blocks see it as sys.exc_info()), but not after a first one
+    # whose exception Python lost (raised inside a destructor or weakref callback): that would leave no way to stop
+    if isinstance(sys.exc_info()[1], SystemExit):
+        return
     raise SystemExit(128 + signum)
-
-
-def _ignore_stop(signum, frame):  # noqa: ARG001 - the first stop is already on its way out
-    pass
 
 
 @contextlib.contextmanager
 def stop_signals_raise():
     """Inside, SIGTERM and SIGINT raise ``SystemExit(128 + N)``, so that a stop from outside (a part's limit, Ctrl-C)
     reaches :func:`run_limited`'s wait, which then kills its child's group (a child in a session of its own is out of
-    reach of a stop aimed at this process's group); a second signal after the first is ignored, so that the clean-up
-    it started runs to its end; the handlers before are put back on the way out."""
+    reach of a stop aimed at this process's group); a second signal while the first one's exception unwinds is
+    ignored, so that the clean-up it started runs to its end; the handlers before are put back on the way out."""
     before = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield

@@ -6,7 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 import time
+
+import pytest
 
 from dflash2_trt.children import proc_stat, stop
 
@@ -74,3 +78,47 @@ def test_the_group_keeps_each_step_s_grace(tmp_path):
     took = time.monotonic() - t0
     assert done.read_text() == "yes", "the grandchild was killed before its cleanup"
     assert 2.5 < took < 8.0, took
+
+
+_STOP_SIGNALS_CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    from dflash2_trt.children import stop_signals_raise
+
+    class Swallows:
+        def __del__(self):              # the handler's exception is raised in here and lost
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                time.sleep(0.001)
+
+    with stop_signals_raise():
+        try:
+            if sys.argv[1] == "lost":
+                x = Swallows()
+                del x
+            print("working", flush=True)
+            time.sleep(60)
+        finally:
+            print("cleaning", flush=True)
+            for _ in range(100):
+                time.sleep(0.01)
+            print("cleaned", flush=True)
+""")
+
+
+@pytest.mark.parametrize("case", ["clean-up", "lost"])
+def test_stop_signals_raise_second_signal(case):
+    """A second SIGTERM is ignored while the first one's clean-up runs; after a first one whose exception Python
+    lost, it stops the process (before, every later SIGTERM and Ctrl-C was ignored)."""
+    p = subprocess.Popen([sys.executable, "-c", _STOP_SIGNALS_CHILD, case], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "working"
+        p.send_signal(signal.SIGTERM)
+        if case == "clean-up":
+            assert p.stdout.readline().strip() == "cleaning"
+            p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 128 + signal.SIGTERM and "cleaned" in out, (p.returncode, out, err)
+    finally:
+        p.kill()
+        p.wait()
