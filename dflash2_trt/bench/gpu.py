@@ -59,7 +59,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import ConfigError, MissingDependencyError, raise_if_stop_requested
 from ..plugins import LIBRARY_NAME
 from ..sampling import request_temperature
 from .common import parse_concurrency
@@ -239,6 +239,7 @@ def bench_gpu(engine_dir, dataset, *, manifest: dict, concurrency, num_requests:
         commands.append(cmd)
         if dry_run:
             return None
+        raise_if_stop_requested()   # a stop whose exception was lost does not start the next run
         proc = runner(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["(no output)"]

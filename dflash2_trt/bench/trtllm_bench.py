@@ -55,7 +55,7 @@ from pathlib import Path
 import yaml
 
 from ..engine.common import eagle_choices, shell_line
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import ConfigError, MissingDependencyError, raise_if_stop_requested
 from ..plugins import LIBRARY_NAME
 from ..sampling import request_temperature
 from ..tokenizer import copy_tokenizer_files, has_tokenizer_files
@@ -577,6 +577,7 @@ def bench_trtllm_bench(engine_dir, dataset, *, manifest: dict, concurrency, num_
             run_env = dict(os.environ)
             if env:
                 run_env["LD_PRELOAD"] = ":".join(x for x in (env["LD_PRELOAD"], os.environ.get("LD_PRELOAD")) if x)
+            raise_if_stop_requested()   # a stop whose exception was lost does not start the next run
             proc = runner(cmd, capture_output=True, text=True, env=run_env)
             text = (proc.stdout or "") + "\n" + (proc.stderr or "")
             if proc.returncode != 0:
