@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...engine.format import load_engine_dir
-from ...errors import DFlash2Error
+from ...errors import DFlash2Error, clear_stop_requests, pending_stop, raise_if_stop_requested, stop_requested
 from ...sampling import request_temperature
 
 
@@ -135,11 +135,13 @@ def run_load(grpc_url: str, requests: list[LoadRequest], concurrency: int, *, mo
             client.close()
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, name=f"load-{k}") for k in range(concurrency)]
+    threads = [threading.Thread(target=worker, name=f"load-{k}", daemon=True) for k in range(concurrency)]
     for th in threads:
         th.start()
     for th in threads:
-        th.join()
+        while th.is_alive():   # in steps: a stop whose exception Python lost still ends the run
+            raise_if_stop_requested()
+            th.join(0.1)
     wall = time.perf_counter() - t0
     bad = []
     for i, (req, res) in enumerate(zip(requests, results)):
@@ -202,11 +204,32 @@ def main(argv=None) -> int:
                          ("--max-tokens", [args.max_tokens])):
         if min(values) < 1:
             ap.error(f"{name}: must be >= 1, got {min(values)}")
+    import signal
+
+    def _stop(signum, frame):   # recorded, so that one whose exception Python lost still stops the run
+        raise stop_requested(signum)
+
+    before = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _run(args, concurrency)
     except DFlash2Error as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        if pending_stop() is None:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return _stopped(pending_stop())
+    except KeyboardInterrupt:
+        return _stopped(pending_stop() or signal.SIGINT)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        clear_stop_requests()
+
+
+def _stopped(signum: int) -> int:
+    import signal
+
+    print("terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted", file=sys.stderr)
+    return 128 + signum
 
 
 def _run(args, concurrency: list[int]) -> int:
@@ -222,6 +245,7 @@ def _run(args, concurrency: list[int]) -> int:
         with TritonServer(Path(tmp) / "repo") as srv:
             reports = []
             for c in concurrency:
+                raise_if_stop_requested()
                 rep = run_load(srv.grpc_url, reqs, c, K=K)
                 print(render(rep), flush=True)
                 reports.append(rep)
