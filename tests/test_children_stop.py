@@ -81,20 +81,14 @@ def test_the_group_keeps_each_step_s_grace(tmp_path):
 
 
 _STOP_SIGNALS_CHILD = textwrap.dedent("""
-    import os, signal, sys, time
+    import signal, sys, time
     from dflash2_trt.children import stop_signals_raise
-
-    class Swallows:
-        def __del__(self):              # the handler's exception is raised in here and lost
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):
-                time.sleep(0.001)
+    from dflash2_trt.testing.stops import lose_a_signal
 
     with stop_signals_raise():
         try:
             if sys.argv[1] == "lost":
-                x = Swallows()
-                del x
+                lose_a_signal(signal.SIGTERM)
             print("working", flush=True)
             time.sleep(60)
         finally:

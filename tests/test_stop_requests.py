@@ -150,19 +150,13 @@ def test_no_progress_bars_where_stderr_is_not_a_terminal():
 
 
 AFTER_A_LOST_SIGTERM = textwrap.dedent("""
-    import os, signal, sys, time
+    import signal, sys, time
     from dflash2_trt import cli
-
-    class Swallows:
-        def __del__(self):              # the handler's exception is raised in here and lost
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):
-                time.sleep(0.001)
+    from dflash2_trt.testing.stops import lose_a_signal
 
     @cli.main.command("stuck")
     def stuck():
-        x = Swallows()
-        del x
+        lose_a_signal(signal.SIGTERM)
         print("lost", flush=True)
         for _ in range(6000):          # 60 s of work that does not look at the record
             time.sleep(0.01)

@@ -212,30 +212,16 @@ def test_real_signal_leaves_nothing(tiny_hybrid, tmp_path, sig):
 
 
 _LOST_CTRL_C = textwrap.dedent("""
-    import _imp, os, signal, sys, weakref
+    import signal, sys
     from dflash2_trt.checkpoint import writer
+    from dflash2_trt.testing.stops import lose_a_signal
     real = writer.StreamingSafetensorsWriter.write
     calls = []
 
-    def lose_a_ctrl_c():
-        # What CPython can do to a Ctrl-C: it lands in importlib's weakref callback just after that took the
-        # import lock, and the KeyboardInterrupt is ignored ("Exception ignored in") with the lock still held.
-        def callback(ref):
-            _imp.acquire_lock()
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(10 ** 6):
-                pass
-
-        class Gone:
-            pass
-        gone = Gone()
-        ref = weakref.ref(gone, callback)
-        del gone
-
     def write(self, *a, **kw):
         calls.append(1)
-        if len(calls) == 5:
-            lose_a_ctrl_c()
+        if len(calls) == 5:   # in importlib's weakref callback, just after it took the import lock
+            lose_a_signal(signal.SIGINT, hold_import_lock=True)
             print("lost a Ctrl-C", file=sys.stderr, flush=True)
         return real(self, *a, **kw)
     writer.StreamingSafetensorsWriter.write = write
@@ -259,20 +245,18 @@ def test_the_inventory_wait_ends_on_a_recorded_stop(tiny_hybrid, monkeypatch):
     """A stop recorded while the target inventory's thread cannot finish ends the wait for it."""
     from dflash2_trt.checkpoint.reader import SafetensorsCheckpoint
     from dflash2_trt.config import TargetConfig
-    from dflash2_trt.errors import clear_stop_requests, stop_requested
+    from dflash2_trt.testing.stops import stop_recorded_after
 
     release = threading.Event()
     monkeypatch.setattr(driver_mod, "expected_target_tensors", lambda t: (release.wait(60), {})[1])
     t = TargetConfig.from_hugging_face(tiny_hybrid.target_dir)
     inventory = driver_mod._TargetInventory(t, SafetensorsCheckpoint(tiny_hybrid.target_dir), [])
     try:
-        threading.Timer(0.3, stop_requested, args=(signal.SIGINT,)).start()
         t0 = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
+        with stop_recorded_after(0.3), pytest.raises(KeyboardInterrupt):
             inventory.check()
         assert time.monotonic() - t0 < 10
     finally:
-        clear_stop_requests()
         release.set()
 
 

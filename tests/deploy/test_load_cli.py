@@ -30,14 +30,13 @@ def test_a_bad_engine_directory_is_one_error_line(tmp_path, capsys):
 def test_a_recorded_stop_ends_a_load_run_whose_requests_hang(monkeypatch):
     """A Ctrl-C whose exception Python lost (recorded by errors.stop_requested) ends the wait for the load's workers,
     here stuck on a server that never answers."""
-    import signal
     import threading
     import time
 
     import tritonclient.grpc as grpc
 
     from dflash2_trt.deploy.triton import load
-    from dflash2_trt.errors import clear_stop_requests, stop_requested
+    from dflash2_trt.testing.stops import stop_recorded_after
 
     class Client:
         def __init__(self, url):
@@ -55,14 +54,12 @@ def test_a_recorded_stop_ends_a_load_run_whose_requests_hang(monkeypatch):
     never = threading.Event()
     monkeypatch.setattr(grpc, "InferenceServerClient", Client)
     monkeypatch.setattr(load, "stream_one", lambda *a, **kw: never.wait(60))
-    threading.Timer(0.3, stop_requested, args=(signal.SIGINT,)).start()
     t0 = time.monotonic()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with stop_recorded_after(0.3), pytest.raises(KeyboardInterrupt):
             load.run_load("127.0.0.1:1", [load.LoadRequest([5, 6], 4, None)] * 4, 2)
         assert time.monotonic() - t0 < 10
     finally:
-        clear_stop_requests()
         never.set()
 
 

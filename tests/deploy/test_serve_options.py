@@ -37,22 +37,13 @@ class _Running:
         self.polls, self.lose_at, self.exit_at = 0, lose_at, exit_at
 
     def alive(self) -> bool:
-        import os
         import signal
-        import weakref
+
+        from dflash2_trt.testing.stops import lose_a_signal
 
         self.polls += 1
         if self.polls == self.lose_at:
-            def callback(ref):
-                os.kill(os.getpid(), signal.SIGINT)
-                for _ in range(10 ** 6):   # the handler runs in here, and its KeyboardInterrupt is ignored
-                    pass
-
-            class Gone:
-                pass
-            gone = Gone()
-            self.ref = weakref.ref(gone, callback)
-            del gone
+            lose_a_signal(signal.SIGINT)
         return self.polls < self.exit_at   # it exits on its own, so that a wait that missed the stop ends too
 
 
@@ -87,25 +78,21 @@ def test_serve_reports_a_server_that_exited_on_its_own():
 def test_the_readiness_wait_ends_on_a_recorded_stop(tmp_path):
     """A stop whose exception was lost while serve started (deploying, importing) ends the wait for tritonserver to
     be ready, instead of serve waiting out its ready timeout (900 s for a GPU engine) and then exiting 0."""
-    import signal
     import subprocess
     import sys
-    import threading
     import time
 
     from dflash2_trt.deploy.triton.server import TritonServer, free_port
-    from dflash2_trt.errors import clear_stop_requests, stop_requested
+    from dflash2_trt.testing.stops import stop_recorded_after
 
     srv = TritonServer.__new__(TritonServer)   # its readiness wait alone, on a process that never gets ready
     srv.http_port, srv.ready_timeout, srv.progress, srv.log_kept = free_port(), 60.0, None, True
     srv.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    threading.Timer(0.5, stop_requested, args=(signal.SIGINT,)).start()
     t0 = time.monotonic()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with stop_recorded_after(0.5), pytest.raises(KeyboardInterrupt):
             srv.wait_ready()
         assert time.monotonic() - t0 < 20
     finally:
-        clear_stop_requests()
         srv.proc.kill()
         srv.proc.wait()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import time
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from dflash2_trt.engine.trtllm.process import SubprocessRunner
 from dflash2_trt.errors import clear_stop_requests, stop_requested
 from dflash2_trt.testing.processes import process_alive
+from dflash2_trt.testing.stops import stop_recorded_after
 
 CHATTY = ("import sys, time\n"
           "sys.stdout.write('a\\r\\nb\\rc\\n\\nd'); sys.stdout.flush(); time.sleep(0.6)\n"
@@ -33,13 +33,9 @@ def test_output_lines_reach_the_log_and_the_progress(tmp_path):
 def test_a_recorded_stop_stops_a_silent_child(tmp_path):
     log = tmp_path / "step.log"
     argv = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"]
-    threading.Timer(1.0, stop_requested, args=(signal.SIGINT,)).start()   # a Ctrl-C whose exception was lost
     t0 = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            SubprocessRunner()(argv, log=log)
-    finally:
-        clear_stop_requests()
+    with stop_recorded_after(1.0), pytest.raises(KeyboardInterrupt):   # a Ctrl-C whose exception was lost
+        SubprocessRunner()(argv, log=log)
     assert time.monotonic() - t0 < 30
     child = int(log.read_text().split()[0])
     assert not process_alive(child)

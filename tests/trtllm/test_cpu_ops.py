@@ -589,10 +589,9 @@ def test_exception_on_one_rank_propagates_without_deadlock():
 def test_a_recorded_stop_ends_the_wait_for_ranks_that_cannot_finish():
     """A Ctrl-C whose exception Python lost (recorded by errors.stop_requested) while a rank is stuck (as on an
     import lock the lost exception left held) ends World.run; the other ranks, waiting at a collective, are let go."""
-    import signal
     import time
 
-    from dflash2_trt.errors import clear_stop_requests, stop_requested
+    from dflash2_trt.testing.stops import stop_recorded_after
 
     world, release, waiting = comm.World(3), threading.Event(), threading.Event()
 
@@ -602,14 +601,12 @@ def test_a_recorded_stop_ends_the_wait_for_ranks_that_cannot_finish():
             release.wait(60)   # stuck
         return F.allreduce(torch.ones(1), None)
 
-    threading.Timer(0.3, stop_requested, args=(signal.SIGINT,)).start()
     t0 = time.monotonic()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with stop_recorded_after(0.3), pytest.raises(KeyboardInterrupt):
             world.run(fn)
         assert waiting.is_set() and time.monotonic() - t0 < 10
     finally:
-        clear_stop_requests()
         release.set()
 
 

@@ -1,0 +1,55 @@
+"""Stops that Python loses, for the tests of what must still stop after one.
+
+A signal handler's exception raised while a destructor or a weakref callback runs is printed as "Exception ignored
+in ..." and dropped; the command goes on. importlib's own weakref callback (``_get_module_lock``'s) takes the global
+import lock first, so such a lost Ctrl-C can also leave that lock held, and any other thread's next import then
+waits forever (seen in CI: a convert hung after SIGINT). The project records every stop
+(:func:`dflash2_trt.errors.stop_requested`) and looks at the record wherever it waits; these helpers make the loss
+happen on purpose, in this process or in a child's script (``from dflash2_trt.testing.stops import lose_a_signal``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import weakref
+from typing import Iterator
+
+
+def lose_a_signal(signum: int, *, hold_import_lock: bool = False) -> None:
+    """Send this process ``signum`` from inside a weakref callback, where its handler runs and its exception is
+    ignored. ``hold_import_lock``: the callback first takes the global import lock and never gives it back, as
+    importlib's callback does when the signal lands just after its ``acquire_lock``."""
+    import _imp
+
+    def callback(ref):
+        if hold_import_lock:
+            _imp.acquire_lock()
+        os.kill(os.getpid(), signum)
+        for _ in range(10 ** 6):   # the handler runs here, at the loop's first check for pending signals
+            pass
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    ref = weakref.ref(gone, callback)
+    del gone   # the callback runs now, while ref is alive
+    del ref
+
+
+@contextlib.contextmanager
+def stop_recorded_after(seconds: float, signum: int = signal.SIGINT) -> Iterator[None]:
+    """Record a stop ``seconds`` from now, from another thread, as a handler whose exception was lost leaves it; the
+    record is cleared on the way out (it would stop the next command of the same process)."""
+    from ..errors import clear_stop_requests, stop_requested
+
+    timer = threading.Timer(seconds, stop_requested, args=(signum,))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        clear_stop_requests()
