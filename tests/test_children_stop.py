@@ -13,6 +13,7 @@ import time
 import pytest
 
 from dflash2_trt.children import proc_stat, stop
+from dflash2_trt.testing.stops import sigterm_twice
 
 
 def _alive(pid: int) -> bool:
@@ -80,39 +81,20 @@ def test_the_group_keeps_each_step_s_grace(tmp_path):
     assert 2.5 < took < 8.0, took
 
 
+
 _STOP_SIGNALS_CHILD = textwrap.dedent("""
-    import signal, sys, time
+    import sys
     from dflash2_trt.children import stop_signals_raise
-    from dflash2_trt.testing.stops import lose_a_signal
+    from dflash2_trt.testing.stops import work_then_clean_up
 
     with stop_signals_raise():
-        try:
-            if sys.argv[1] == "lost":
-                lose_a_signal(signal.SIGTERM)
-            print("working", flush=True)
-            time.sleep(60)
-        finally:
-            print("cleaning", flush=True)
-            for _ in range(100):
-                time.sleep(0.01)
-            print("cleaned", flush=True)
+        work_then_clean_up(sys.argv[1] == "lost")
 """)
 
 
-@pytest.mark.parametrize("case", ["clean-up", "lost"])
-def test_stop_signals_raise_second_signal(case):
+@pytest.mark.parametrize("lost", [False, True])
+def test_stop_signals_raise_second_signal(lost):
     """A second SIGTERM is ignored while the first one's clean-up runs; after a first one whose exception Python
     lost, it stops the process (before, every later SIGTERM and Ctrl-C was ignored)."""
-    p = subprocess.Popen([sys.executable, "-c", _STOP_SIGNALS_CHILD, case], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "working"
-        p.send_signal(signal.SIGTERM)
-        if case == "clean-up":
-            assert p.stdout.readline().strip() == "cleaning"
-            p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=30)
-        assert p.returncode == 128 + signal.SIGTERM and "cleaned" in out, (p.returncode, out, err)
-    finally:
-        p.kill()
-        p.wait()
+    rc, out, err = sigterm_twice([sys.executable, "-c", _STOP_SIGNALS_CHILD, "lost" if lost else "kept"], lost)
+    assert rc == 128 + signal.SIGTERM and out.split() == ["working", "cleaning", "cleaned"], (rc, out, err)

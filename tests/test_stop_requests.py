@@ -14,6 +14,7 @@ import pytest
 
 from dflash2_trt.checkpoint.writer import AtomicOutputDir
 from dflash2_trt.errors import Terminated, clear_stop_requests, stop_requested
+from dflash2_trt.testing.stops import sigterm_twice
 
 # the signal, the CLI's exit status for it, its one line on stderr
 STOPS = [("SIGTERM", 143, "terminated (SIGTERM): stopped; any output in progress was removed"),
@@ -149,71 +150,23 @@ def test_no_progress_bars_where_stderr_is_not_a_terminal():
     assert r.stdout.strip().splitlines()[-1] == "HF=0"
 
 
-AFTER_A_LOST_SIGTERM = textwrap.dedent("""
-    import signal, sys, time
+
+SECOND_SIGTERM = textwrap.dedent("""
+    import sys
     from dflash2_trt import cli
-    from dflash2_trt.testing.stops import lose_a_signal
+    from dflash2_trt.testing.stops import work_then_clean_up
 
-    @cli.main.command("stuck")
-    def stuck():
-        lose_a_signal(signal.SIGTERM)
-        print("lost", flush=True)
-        for _ in range(6000):          # 60 s of work that does not look at the record
-            time.sleep(0.01)
-        print("finished")
+    @cli.main.command("work")
+    def work():
+        work_then_clean_up(sys.argv[2] == "lost")
 
-    cli.main(sys.argv[1:])
+    cli.main(sys.argv[1:2])
 """)
 
 
-def test_a_second_sigterm_stops_a_command_whose_first_was_lost():
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_second_sigterm(lost):
     """The CLI ignores a second SIGTERM while a stop is unwinding (its clean-up is not cut short), but not after a
     first one whose exception was lost: that made a command immune to every later SIGTERM."""
-    import time
-
-    p = subprocess.Popen([sys.executable, "-c", AFTER_A_LOST_SIGTERM, "stuck"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "lost"
-        t0 = time.monotonic()
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=30)
-        assert p.returncode == 143 and "finished" not in out, (p.returncode, out, err)
-        assert time.monotonic() - t0 < 20
-    finally:
-        p.kill()
-        p.wait()
-
-
-CLEANUP_IN_PROGRESS = textwrap.dedent("""
-    import os, signal, sys, time
-    from dflash2_trt import cli
-
-    @cli.main.command("cleans-up")
-    def cleans_up():
-        try:
-            print("working", flush=True)
-            time.sleep(60)
-        finally:
-            print("cleaning", flush=True)
-            for _ in range(100):
-                time.sleep(0.01)
-            print("cleaned", flush=True)
-
-    cli.main(sys.argv[1:])
-""")
-
-
-def test_a_second_sigterm_does_not_cut_a_clean_up_short():
-    p = subprocess.Popen([sys.executable, "-c", CLEANUP_IN_PROGRESS, "cleans-up"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "working"
-        p.send_signal(signal.SIGTERM)
-        assert p.stdout.readline().strip() == "cleaning"
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=30)
-        assert "cleaned" in out and p.returncode == 143, (p.returncode, out, err)
-    finally:
-        p.kill()
-        p.wait()
+    rc, out, err = sigterm_twice([sys.executable, "-c", SECOND_SIGTERM, "work", "lost" if lost else "kept"], lost)
+    assert rc == 143 and out.split() == ["working", "cleaning", "cleaned"], (rc, out, err)

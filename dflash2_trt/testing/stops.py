@@ -53,3 +53,43 @@ def stop_recorded_after(seconds: float, signum: int = signal.SIGINT) -> Iterator
     finally:
         timer.cancel()
         clear_stop_requests()
+
+
+def work_then_clean_up(lose_first: bool) -> None:
+    """A child's command for the second-signal tests: "working" (after losing a SIGTERM first, if asked), 60 s of
+    work that never looks at the stop's record, and a clean-up of 1 s between "cleaning" and "cleaned"."""
+    import time
+
+    try:
+        if lose_first:
+            lose_a_signal(signal.SIGTERM)
+        print("working", flush=True)
+        time.sleep(60)
+    finally:
+        print("cleaning", flush=True)
+        for _ in range(100):
+            time.sleep(0.01)
+        print("cleaned", flush=True)
+
+
+def sigterm_twice(argv: list[str], lose_first: bool, timeout: float = 30) -> tuple[int, str, str]:
+    """Run ``argv`` (a child running :func:`work_then_clean_up`) and SIGTERM it once it works: when its first SIGTERM
+    was not lost, a second one as soon as its clean-up starts. Its exit status, stdout and stderr."""
+    import subprocess
+
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline().strip()
+        if first != "working":
+            return p.wait(timeout), first + p.stdout.read(), p.stderr.read()
+        p.send_signal(signal.SIGTERM)
+        if not lose_first:
+            line = p.stdout.readline()
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=timeout)
+            return p.returncode, "working\n" + line + out, err
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, "working\n" + out, err
+    finally:
+        p.kill()
+        p.wait()
