@@ -93,3 +93,30 @@ def sigterm_twice(argv: list[str], lose_first: bool, timeout: float = 30) -> tup
     finally:
         p.kill()
         p.wait()
+
+
+class StopDuringFirstRun:
+    """A stand-in for ``subprocess.run`` (a benchmark's runner) whose first run records a Ctrl-C, as a handler whose
+    exception was lost leaves it, and succeeds with ``stdout``; ``calls`` are the commands it was given. As a context
+    manager it clears the record on the way out."""
+
+    def __init__(self, stdout: str):
+        self.stdout, self.calls = stdout, []
+
+    def __call__(self, cmd, **kw):
+        import subprocess
+
+        from ..errors import stop_requested
+
+        self.calls.append(cmd)
+        stop_requested(signal.SIGINT)
+        return subprocess.CompletedProcess(cmd, 0, stdout=self.stdout, stderr="")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        from ..errors import clear_stop_requests
+
+        clear_stop_requests()
+        return False

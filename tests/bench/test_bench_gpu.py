@@ -165,27 +165,15 @@ def test_bench_gpu_with_a_fake_benchmark_builds_the_report(gpu_engine, tmp_path)
 def test_a_recorded_stop_starts_no_further_benchmark_run(gpu_engine, tmp_path):
     """A Ctrl-C whose exception Python lost (recorded by errors.stop_requested) ends bench run before its next
     benchmark process, instead of running every level on both engines."""
-    import signal
-
-    from dflash2_trt.errors import clear_stop_requests, stop_requested
+    from dflash2_trt.testing.stops import StopDuringFirstRun
 
     e, ds, binary = gpu_engine
-    calls = []
-
-    def runner(cmd, **kw):
-        calls.append(cmd)
-        stop_requested(signal.SIGINT)   # arrives during the first run; its exception is lost
-        return subprocess.CompletedProcess(cmd, 0, stdout=(DATA / "gptManagerBenchmark_eagle_sample.txt").read_text(),
-                                           stderr="")
-
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            bench_gpu(e, ds, manifest=json.loads((e / "engine.json").read_text()) | {"vocab_size": 256},
-                      concurrency="1,4", baseline_engine_dir=tmp_path / "target-engine", binary=str(binary),
-                      workdir=tmp_path / "work", runner=runner)
-    finally:
-        clear_stop_requests()
-    assert len(calls) == 1
+    with StopDuringFirstRun((DATA / "gptManagerBenchmark_eagle_sample.txt").read_text()) as runner, \
+            pytest.raises(KeyboardInterrupt):
+        bench_gpu(e, ds, manifest=json.loads((e / "engine.json").read_text()) | {"vocab_size": 256},
+                  concurrency="1,4", baseline_engine_dir=tmp_path / "target-engine", binary=str(binary),
+                  workdir=tmp_path / "work", runner=runner)
+    assert len(runner.calls) == 1
 
 
 def test_gpu_engine_without_the_benchmark_binary_is_a_clear_error(gpu_engine, tmp_path, monkeypatch):

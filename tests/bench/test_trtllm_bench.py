@@ -415,28 +415,16 @@ def test_bench_with_a_fake_launcher_builds_the_report(tmp_path, monkeypatch):
 
 def test_a_recorded_stop_starts_no_further_trtllm_bench_run(tmp_path, monkeypatch):
     """A Ctrl-C whose exception Python lost ends bench run before its next trtllm-bench process."""
-    import signal
-
-    from dflash2_trt.errors import clear_stop_requests, stop_requested
+    from dflash2_trt.testing.stops import StopDuringFirstRun
 
     e, ds = _engine(tmp_path)
     monkeypatch.setattr(tb, "tensorrt_llm_importable", lambda python=None: True)
-    calls = []
-
-    def runner(cmd, **kw):
-        calls.append(cmd)
-        stop_requested(signal.SIGINT)   # arrives during the first run; its exception is lost
-        return subprocess.CompletedProcess(cmd, 0, stdout=(DATA / "trtllm_bench_report_synthetic.txt").read_text(),
-                                           stderr="")
-
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            tb.bench_trtllm_bench(e, ds, manifest=json.loads((e / "engine.json").read_text()) | {"vocab_size": 256},
-                                  concurrency="1,4", baseline_engine_dir=tmp_path / "eng", workdir=tmp_path / "work",
-                                  runner=runner)
-    finally:
-        clear_stop_requests()
-    assert len(calls) == 1
+    with StopDuringFirstRun((DATA / "trtllm_bench_report_synthetic.txt").read_text()) as runner, \
+            pytest.raises(KeyboardInterrupt):
+        tb.bench_trtllm_bench(e, ds, manifest=json.loads((e / "engine.json").read_text()) | {"vocab_size": 256},
+                              concurrency="1,4", baseline_engine_dir=tmp_path / "eng", workdir=tmp_path / "work",
+                              runner=runner)
+    assert len(runner.calls) == 1
 
 
 def test_bench_refuses_what_trtllm_bench_would_refuse(tmp_path, monkeypatch):
