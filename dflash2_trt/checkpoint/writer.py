@@ -417,8 +417,21 @@ def check_output_dir(final: str | Path, force: bool) -> Path:
     An ``--output`` that is a symbolic link (dangling or not) is refused: writing through it would
     put the checkpoint somewhere the command line does not say, and the final rename would replace
     the link itself (with ``--force``, the link's target would be left as it was, the link gone).
+
+    An empty path (``--output ''``: ``Path('')`` is ``.``) and the current directory or one above it are refused
+    too: replacing them would delete what the user is working in (``--force`` did, with everything in it).
     """
+    if str(final) == "":
+        raise OutputDirError("the output path is empty (it would name the current directory); give a directory")
     final = Path(final)
+    try:
+        here, where = Path.cwd().resolve(), final.resolve()
+    except OSError:   # no current directory any more, or a link loop (refused below)
+        here = where = None
+    if here is not None and (where == here or where in here.parents):
+        which = "the current directory" if where == here else f"a directory above the current one ({here})"
+        raise OutputDirError(f"{final}: is {which}; writing the output there would replace it and everything in "
+                             f"it: give a new directory")
     if final.is_symlink():
         raise OutputDirError(f"{final}: is a symbolic link (to {os.readlink(final)}); give the real directory "
                              f"path as --output")

@@ -184,6 +184,25 @@ def test_dangling_symlink_among_the_parents(tiny_dense, tmp_path):
     assert _names(tmp_path) == ["gone"]
 
 
+# ---- the directory the user is in ----------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["convert", "build"])
+@pytest.mark.parametrize("output,needle", [("", "the output path is empty"), (".", "is the current directory"),
+                                           ("..", "is a directory above the current one")])
+def test_an_empty_output_or_the_current_directory_is_refused(tiny_dense, tmp_path, monkeypatch, command, output,
+                                                             needle):
+    """`--output ''` is Path('') = '.', so `--force` used to replace the current directory and all it held."""
+    here = tmp_path / "work"
+    here.mkdir()
+    (here / "keep.txt").write_text("user data")
+    monkeypatch.chdir(here)
+    r = CliRunner().invoke(main, [command, "--drafter", str(tiny_dense.drafter_dir), "--target-dir",
+                                  str(tiny_dense.target_dir), "--output", output, "--force"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 1 and len(lines) == 1 and needle in lines[0], r.output
+    assert _names(here) == ["keep.txt"] and _names(tmp_path) == ["work"]
+
+
 # ---- interrupted swap ----------------------------------------------------------------------
 
 def test_interrupt_in_old_output_removal_after_the_swap_is_a_success(tiny_hybrid, tmp_path, monkeypatch):
