@@ -96,6 +96,16 @@ def checkpoint_problems(ckpt_dir, prep, *, progress=None) -> list[str]:
     return []
 
 
+def _a_checkpoint(ckpt_dir: Path) -> bool:
+    """Whether ``ckpt_dir`` holds a checkpoint the converter wrote: a manifest.json naming its format (whatever
+    else differs from this build)."""
+    try:
+        man = json.loads((ckpt_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(man, dict) and man.get("format") == FORMAT
+
+
 def ensure_checkpoint(prep, ckpt_dir, *, reconvert: bool = False, progress=None) -> dict:
     """Reuse ``ckpt_dir`` when it matches ``prep``, else convert into it (atomically). Returns
     ``{"path", "reused", "seconds"}``. A non-matching existing checkpoint is an error naming the first
@@ -105,6 +115,9 @@ def ensure_checkpoint(prep, ckpt_dir, *, reconvert: bool = False, progress=None)
     t0 = time.perf_counter()
     check_output_dir(ckpt_dir, force=True)      # symlinks / files refused
     exists = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())
+    if exists and not _a_checkpoint(ckpt_dir):   # --reconvert replaced any directory (a reviewer's documents)
+        raise ConfigError("not empty and not a dflash2-trt checkpoint (no manifest.json of one): --reconvert replaces "
+                          "only a checkpoint this tool wrote; give a new or empty --checkpoint-dir", source=ckpt_dir)
     if exists:
         problems = checkpoint_problems(ckpt_dir, prep, progress=progress)
         if not problems:

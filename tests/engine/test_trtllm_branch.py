@@ -271,6 +271,28 @@ def test_mismatching_checkpoint_is_refused_then_reconverted(pair, tmp_path, tool
     assert res.manifest["dtype"] == "float16" and res.manifest["sources"]["checkpoint_reused"] is False
 
 
+@pytest.mark.parametrize("what", ["documents", "an engine", "a foreign manifest"])
+def test_reconvert_replaces_only_a_checkpoint(pair, tmp_path, toolchain, what):
+    """`--checkpoint-dir DIR --reconvert` replaced any non-empty DIR (a reviewer's documents, a built engine); now
+    only a directory whose manifest.json is the converter's."""
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    if what == "documents":
+        (ckpt / "thesis.txt").write_text("important")
+    elif what == "an engine":
+        (ckpt / "engine.json").write_text("{}")
+        (ckpt / "checkpoint").mkdir()
+    else:
+        (ckpt / "manifest.json").write_text(json.dumps({"format": "something else"}))
+    before = sorted(p.name for p in ckpt.iterdir())
+    r = FakeRunner()
+    with pytest.raises(ConfigError, match=r"ck: not empty and not a dflash2-trt checkpoint .* give a new or empty "
+                                          r"--checkpoint-dir") as ei:
+        _build(pair, tmp_path / "eng", toolchain, r, checkpoint_dir=ckpt, reconvert=True)
+    assert "\n" not in str(ei.value) and r.calls == []
+    assert sorted(p.name for p in ckpt.iterdir()) == before and not (tmp_path / "eng").exists()
+
+
 def test_without_tensorrt_llm_stops_before_the_engine(pair, tmp_path, toolchain):
     from dataclasses import replace
 
