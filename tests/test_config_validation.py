@@ -242,3 +242,37 @@ def test_unsorted_target_layer_ids_are_honoured_in_order(tiny_dense, tmp_path):
 
     convert_pair(tmp_path / "swapped", tiny_dense.target_dir, tmp_path / "ckpt")
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["dflash2"]["target_layer_ids"] == [2, 0]
+
+
+def _with_generation_config(tmp_path, tiny_dense, text: str):
+    d = tmp_path / "target"
+    d.mkdir()
+    shutil.copy(tiny_dense.target_dir / "config.json", d / "config.json")
+    (d / "generation_config.json").write_text(text)
+    return d
+
+
+@pytest.mark.parametrize("eos,want", [([2, 14], (2, 14)), (14, (14,)), (None, (2,))])
+def test_the_eos_ids_are_generation_configs_as_in_hugging_face(tiny_dense, tmp_path, eos, want):
+    """Hugging Face's generate stops at generation_config.json's eos_token_id (Qwen3's lists two), not config.json's
+    (2 here); a generation_config.json without one leaves config.json's."""
+    d = _with_generation_config(tmp_path, tiny_dense, json.dumps({"eos_token_id": eos} if eos is not None else {}))
+    assert TargetConfig.from_hugging_face(d).eos_token_ids == want
+    assert TargetConfig.from_hugging_face(d / "config.json").eos_token_ids == want
+
+
+def test_the_eos_ids_match_what_transformers_loads(tiny_dense, tmp_path):
+    from transformers import GenerationConfig
+
+    d = _with_generation_config(tmp_path, tiny_dense, json.dumps({"eos_token_id": [2, 14], "bos_token_id": 1}))
+    assert list(TargetConfig.from_hugging_face(d).eos_token_ids) == GenerationConfig.from_pretrained(d).eos_token_id
+
+
+@pytest.mark.parametrize("text,needle", [('{"eos_token_id": [2, 14', "invalid JSON"), ("[]", "must be an object"),
+                                         ('{"eos_token_id": "2"}', "expected a token id"),
+                                         ('{"eos_token_id": [2, 999]}', r"outside the vocabulary \[0, 256\)")])
+def test_a_bad_generation_config_is_one_error_naming_it(tiny_dense, tmp_path, text, needle):
+    d = _with_generation_config(tmp_path, tiny_dense, text)
+    with pytest.raises(ConfigError, match=needle) as ei:
+        TargetConfig.from_hugging_face(d)
+    assert "generation_config.json" in str(ei.value) and "\n" not in str(ei.value)

@@ -33,6 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from ..errors import ConfigError
 from ._fields import (Fields, check_hf_fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope,
                       reject_quantization)
 
@@ -129,6 +130,8 @@ class TargetConfig:
 
     @classmethod
     def from_hugging_face(cls, path_or_dict: str | Path | Mapping[str, Any]) -> "TargetConfig":
+        """The target's config.json (a model directory, the file, or a mapping). Its end-of-sequence ids come from
+        generation_config.json beside it where that names them, as in Hugging Face's generate."""
         data, source = load_config_dict(path_or_dict)
         top = Fields(data, source)
         archs = data.get("architectures")
@@ -191,6 +194,7 @@ class TargetConfig:
         if eos is None:
             eos = top.raw("eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        eos_ids = _generation_eos(source, vocab) or eos_ids
         dtype = f.dtype() if (f.has("dtype") or f.has("torch_dtype")) else top.dtype()
 
         kw: dict[str, Any] = {}
@@ -246,3 +250,37 @@ class TargetConfig:
             raw=MappingProxyType(data),
             **kw,
         )
+
+
+def _generation_eos(config_source: str, vocab: int) -> tuple[int, ...] | None:
+    """``eos_token_id`` of the generation_config.json beside a config.json, or None (no such file, or it names none).
+
+    Hugging Face's ``from_pretrained`` loads that file as the model's generation config when it exists, and
+    ``generate`` stops at its ids, not at config.json's (transformers generation/utils.py, ``GenerationConfig
+    .from_pretrained`` before the config.json fallback); vLLM and TensorRT-LLM's LLM API read it the same way.
+    Published checkpoints list more ids there (Qwen3's: ``<|im_end|>`` and ``<|endoftext|>``)."""
+    import json
+
+    if config_source == "<dict>":
+        return None
+    path = Path(config_source).parent / "generation_config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"invalid JSON: {exc}", source=path) from None
+    if not isinstance(data, dict):
+        raise ConfigError("top level must be an object", source=path)
+    eos = data.get("eos_token_id")
+    if eos is None:
+        return None
+    ids = eos if isinstance(eos, list) else [eos]
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise Fields(data, str(path)).error("eos_token_id", f"expected a token id or a list of them, got {eos!r}")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise Fields(data, str(path)).error("eos_token_id", f"token id(s) {bad} outside the vocabulary [0, {vocab})")
+    return tuple(ids)
