@@ -19,7 +19,10 @@ from ..errors import ConfigError
 
 
 OUTPUT_KINDS = {"run": "a `bench run` report", "steps": "a `bench steps` report",
-                "project": "a `bench project` projection", "png": "a PNG image"}
+                "project": "a `bench project` projection", "png": "a PNG image",
+                "load": "a Triton load report (`python -m dflash2_trt.deploy.triton.load --json`)"}
+LOAD_FORMAT = "dflash2-trt triton load report"
+"""``format`` of the Triton load tool's ``--json`` document."""
 """What each ``bench`` output is, by the key :func:`check_output_file`'s ``replaces`` takes."""
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_REPORT_BYTES = 1 << 30
@@ -39,6 +42,8 @@ def report_kind(doc) -> str | None:
         return "run"
     if fmt == STEPS_FORMAT:
         return "steps"
+    if fmt == LOAD_FORMAT:
+        return "load"
     if fmt is None and doc.get("kind") in PROJECTION_KINDS:
         return "project"
     return None

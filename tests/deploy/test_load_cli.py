@@ -80,3 +80,39 @@ def test_a_stop_is_one_line_and_its_exit_status(tmp_path, capsys, monkeypatch, l
     assert main(["--engine-dir", str(tmp_path)]) == 143
     assert capsys.readouterr().err.strip().splitlines() == ["terminated (SIGTERM)"]
     assert pending_stop() is None   # not left for the next caller
+
+
+def test_the_json_report_never_replaces_an_input(engine, tmp_path, capsys):
+    """--json used to write over anything (a reviewer's run replaced the engine's engine.json) and was checked only
+    after the whole run; now it is checked first and replaces only an earlier load report."""
+    before = (engine / "engine.json").read_bytes()
+    assert main(["--engine-dir", str(engine), "--json", str(engine / "engine.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --json: ") and "engine directory" in err[0], err
+    assert (engine / "engine.json").read_bytes() == before
+    other = tmp_path / "data.json"
+    other.write_text('{"a": 1}')
+    assert main(["--engine-dir", str(engine), "--json", str(other)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a Triton load report" in err[0], err
+    assert other.read_text() == '{"a": 1}'
+    assert main(["--engine-dir", str(engine), "--json", str(tmp_path / "none" / "r.json")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_max_tokens_past_the_engine_is_refused_before_the_target_decodes(engine, capsys):
+    assert main(["--engine-dir", str(engine), "--max-tokens", "100000", "--requests", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --max-tokens: 100000: the longest prompt") \
+        and "max_seq_len" in err[0], err
+
+
+def test_an_earlier_load_report_may_be_replaced(tmp_path):
+    import json
+
+    from dflash2_trt.bench.io import LOAD_FORMAT, check_output_file, existing_output
+
+    earlier = tmp_path / "load.json"
+    earlier.write_text(json.dumps({"format": LOAD_FORMAT, "levels": []}))
+    assert existing_output(earlier)[0] == "load"
+    assert check_output_file(earlier, field="--json", replaces="load") == earlier

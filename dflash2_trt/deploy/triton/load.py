@@ -17,7 +17,6 @@ generation step).
 from __future__ import annotations
 
 import argparse
-import json
 import queue
 import statistics
 import sys
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...engine.format import load_engine_dir
-from ...errors import DFlash2Error, clear_stop_requests, pending_stop, raise_if_stop_requested, stop_requested
+from ...errors import ConfigError, DFlash2Error, clear_stop_requests, pending_stop, raise_if_stop_requested, stop_requested
 from ...sampling import request_temperature
 
 
@@ -211,6 +210,12 @@ def main(argv=None) -> int:
 
     before = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if args.json_out is not None:   # before the target decodes and the server starts; never an input
+            from ...bench.io import check_output_file
+            from ...overlap import refuse_overlap
+
+            refuse_overlap(args.json_out, "--json", [("engine directory", args.engine_dir)], force=False)
+            check_output_file(args.json_out, field="--json", replaces="load")
         return _run(args, concurrency)
     except DFlash2Error as exc:
         if pending_stop() is None:
@@ -249,8 +254,11 @@ def _run(args, concurrency: list[int]) -> int:
                 rep = run_load(srv.grpc_url, reqs, c, K=K)
                 print(render(rep), flush=True)
                 reports.append(rep)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(reports, indent=2) + "\n")
+    if args.json_out is not None:
+        from ...bench.io import LOAD_FORMAT, atomic_write_json
+
+        atomic_write_json(args.json_out, {"format": LOAD_FORMAT, "engine_dir": str(Path(args.engine_dir).absolute()),
+                                          "levels": reports})
     return 0
 
 
@@ -269,6 +277,14 @@ def expected_requests(engine_dir, n: int, max_tokens: int) -> tuple[list[LoadReq
     if not prompts:
         rng = np.random.default_rng(0)
         prompts = [rng.integers(3, 200, size=int(rng.integers(4, 24))).tolist() for _ in range(16)]
+    prompts = prompts[:n]
+    # what the server would refuse, said before the target decodes max_tokens for every prompt (the runtime's rule:
+    # prompt + new tokens + the K + 1 draft slots within max_seq_len)
+    max_seq_len, slots = (man.get("limits") or {}).get("max_seq_len"), int(man["block_size"])
+    longest = max(len(p) for p in prompts)
+    if isinstance(max_seq_len, int) and longest + max_tokens + slots > max_seq_len:
+        raise ConfigError(f"{max_tokens}: the longest prompt ({longest}) + {max_tokens} + the draft slots ({slots}) "
+                          f"exceed the engine's max_seq_len {max_seq_len}", field="--max-tokens")
     target = load_target(target_dir)
     stops = tuple(man.get("eos_token_ids") or ())
     expected = [target_generate(target, p, max_tokens, stop_token_ids=stops) for p in prompts]
