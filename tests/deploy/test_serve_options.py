@@ -96,3 +96,23 @@ def test_the_readiness_wait_ends_on_a_recorded_stop(tmp_path):
     finally:
         srv.proc.kill()
         srv.proc.wait()
+
+
+@pytest.mark.parametrize("content,needle", [("", None), ("I1207 00:41:31.123456 1 server.cc:1] started\n", None),
+                                            ('{"input_ids": [1]}\n', "is not a tritonserver log"),
+                                            (None, "does not exist")])
+def test_the_log_replaces_only_a_tritonserver_log(tmp_path, content, needle):
+    """`serve --log FILE` wrote over any file (a reviewer's dataset) and gave a traceback for an unwritable path."""
+    from dflash2_trt.deploy.triton.server import check_log_path
+    from dflash2_trt.errors import ConfigError
+
+    log = tmp_path / "triton.log" if content is not None else tmp_path / "none" / "triton.log"
+    if content is not None:
+        log.write_text(content)
+    if needle is None:
+        check_log_path(log)
+    else:
+        with pytest.raises(ConfigError, match=needle) as ei:
+            check_log_path(log)
+        assert ei.value.field == "--log"
+    assert content is None or log.read_text() == content

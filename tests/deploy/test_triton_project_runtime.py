@@ -241,6 +241,10 @@ def test_serve_a_project_path_engine_on_the_standin(standin_trt_engine, tmp_path
         while procs_with(f"--http-port {port}") and time.time() < deadline:
             time.sleep(0.1)
         assert not procs_with(f"--http-port {port}"), "tritonserver (or a stub) left running"
+        # a later `serve --log` with the same file takes this real tritonserver log as its own (another file: refused)
+        from dflash2_trt.deploy.triton.server import check_log_path
+
+        check_log_path(log)
     finally:
         s.kill()
 

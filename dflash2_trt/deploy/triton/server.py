@@ -426,6 +426,29 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
+_LOG_LINE = re.compile(rb"[IWEF]\d{4} \d\d:\d\d:\d\d")   # glog's prefix: I1207 00:41:31.123456 ...
+
+
+def check_log_path(log_path) -> None:
+    """``serve --log``, before anything starts: not a directory, in a directory that exists and takes a new file,
+    and, if the file exists, empty or a tritonserver log (it is replaced): never another file (a dataset, a report).
+    """
+    from ...bench.io import check_output_file
+
+    path = check_output_file(log_path, field="--log")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ConfigError(f"{path} exists and is not a regular file; give another path", field="--log")
+    if path.exists():
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(4096).lstrip()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}", field="--log") from None
+        if head and not _LOG_LINE.match(head):
+            raise ConfigError(f"{path} exists and is not a tritonserver log (serve replaces only its own); give another "
+                              f"path", field="--log")
+
+
 def serve_until_stopped(srv, poll_s: float = 0.25) -> bool:
     """Wait while ``srv`` runs: True when a stop (Ctrl-C, SIGTERM) arrived, False when it exited on its own.
 
@@ -469,8 +492,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
 
         refuse_overlap(log_path, "--log", [("engine directory", engine_dir), ("repository", repository),
                                            ("tokenizer directory", tokenizer)], force=False)
-        if Path(log_path).is_dir():
-            raise ConfigError(f"{log_path} is a directory; give a file name", field="--log")
+        check_log_path(log_path)
     ports = {"--http-port": port if http_port is None else http_port,
              "--grpc-port": port + 1 if grpc_port is None else grpc_port,
              "--metrics-port": port + 2 if metrics_port is None else metrics_port}
