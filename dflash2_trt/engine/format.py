@@ -79,6 +79,9 @@ def check_manifest_fields(man: dict, man_path, *, need_limits: bool = False) -> 
                             any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in eos)):
         raise ConfigError(f"must be a list of token ids (integers >= 0), got {eos!r}", source=man_path,
                           field="eos_token_ids")
+    bs = man.get("block_size")
+    if "block_size" in man and (isinstance(bs, bool) or not isinstance(bs, int) or bs < 2):
+        raise ConfigError(f"must be an integer >= 2 (K + 1), got {bs!r}", source=man_path, field="block_size")
     limits = man.get("limits")
     if limits is None and not need_limits:
         return
@@ -121,6 +124,12 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     if backend not in ("cpu", "cuda", "trtllm"):
         raise ConfigError(f"backend {backend!r}: expected cpu, cuda or trtllm", source=man_path, field="backend")
     check_manifest_fields(man, man_path)
+    pre = cfg.get("pretrained_config")
+    draft = pre.get("max_draft_len") if isinstance(pre, dict) else None
+    if man.get("block_size") is not None and isinstance(draft, int) and man["block_size"] != draft + 1:
+        raise ConfigError(f"{man['block_size']}, but the engine's config.json has pretrained_config.max_draft_len "
+                          f"{draft} (K + 1 = {draft + 1}): engine.json was edited or belongs to another engine",
+                          source=man_path, field="block_size")
     files = man.get("files")
     if not isinstance(files, dict) or "config.json" not in files:
         raise ConfigError("no file list", source=man_path, field="files")

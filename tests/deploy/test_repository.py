@@ -484,6 +484,9 @@ def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_
     (lambda m: m["limits"].update(max_batch_size="x"), "limits.max_batch_size"),
     (lambda m: m["limits"].pop("max_batch_size"), "limits.max_batch_size"),
     (lambda m: m.update(limits=[]), "limits"),
+    (lambda m: m.update(block_size="abc"), "block_size"),
+    (lambda m: m.update(block_size=None), "block_size"),   # present but null: deploy read int(None)
+    (lambda m: m.update(block_size=3), "block_size"),      # an integer, but not the engine's K + 1
 ])
 def test_a_damaged_engine_json_field_is_one_line_naming_it(engine, tmp_path, edit, field):
     """engine.json carries no hash of itself; a damaged eos_token_ids or limits used to end `deploy triton` (and
@@ -496,6 +499,6 @@ def test_a_damaged_engine_json_field_is_one_line_naming_it(engine, tmp_path, edi
     line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(bad), "--output", str(tmp_path / "repo")))
     assert f"engine.json: {field}: " in line, line
     assert not (tmp_path / "repo").exists()
-    if field == "eos_token_ids":
+    if field in ("eos_token_ids", "block_size"):
         line = one_error_line(*cli("run", "--engine-dir", str(bad), "--prompt-ids", "1,2", "--max-new-tokens", "2"))
         assert f"engine.json: {field}: " in line, line
