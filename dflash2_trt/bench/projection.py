@@ -369,6 +369,9 @@ def tau_from(*, acceptance: float | None = None, report: dict | None = None, dra
     tau = sum(min(n, draft_len + 1) * c for n, c in hist.items()) / steps
     info = {"kind": "measured", "source": str(report_source) if report_source else None, "steps": steps,
             "histogram": {str(k): hist[k] for k in sorted(hist)}, "measured_draft_len": measured_k, "mean": tau}
+    if measured_k > draft_len:   # said in the rendered projection: the report's own mean is not the tau used
+        info["truncated_to"] = draft_len + 1
+        info["report_mean"] = sum(n * c for n, c in hist.items()) / steps
     emitted = report_emitted_mean(runs)
     if emitted is not None:
         info["report_emitted_mean"] = emitted
@@ -392,7 +395,13 @@ def report_emitted_mean(runs) -> float | None:
 
 def emitted_note(acceptance: dict) -> str | None:
     """The line that says a report's requests emitted fewer tokens per step than the tau used, if they did by over
-    2%."""
+    2%; or that the report measured more drafts per step than the projected drafter has (its steps truncated)."""
+    if "truncated_to" in acceptance:
+        k1 = acceptance["truncated_to"]
+        return (f"  (the report measured {acceptance['measured_draft_len']} drafts per step, this drafter has {k1 - 1}: "
+                f"its steps longer than {k1} tokens count as {k1}, tau = E[min(n, {k1})] = {acceptance['mean']:.2f}; "
+                f"the report's own mean is {acceptance['report_mean']:.2f}. A drafter's acceptance at its own K is "
+                f"better measured with it)")
     e, tau = acceptance.get("report_emitted_mean"), acceptance.get("mean")
     if e is None or tau is None or e >= 0.98 * tau:
         return None

@@ -79,8 +79,16 @@ def test_tau_from_a_report_histogram_truncates_to_the_projected_drafts():
                                     {"speculative": {"acceptance": {"histogram": {"2": 1}}}}]}
     tau, info = tau_from(report=rep, draft_len=3)
     assert tau == pytest.approx((2 + 8 + 2) / 5) and info["steps"] == 5 and info["kind"] == "measured"
-    tau2, _ = tau_from(report=rep, draft_len=2)                  # min(n, 3): (2 + 6 + 2) / 5
+    tau2, info2 = tau_from(report=rep, draft_len=2)                  # min(n, 3): (2 + 6 + 2) / 5
     assert tau2 == pytest.approx(2.0)
+    # said, not silent: the report's own mean (2.4) is not the tau used
+    from dflash2_trt.bench.projection import emitted_note
+
+    assert "truncated_to" not in info and emitted_note(info) is None
+    assert info2["truncated_to"] == 3 and info2["report_mean"] == pytest.approx(2.4)
+    note = emitted_note(info2)
+    assert "measured 3 drafts per step, this drafter has 2" in note and "E[min(n, 3)] = 2.00" in note \
+        and "own mean is 2.40" in note
     with pytest.raises(ConfigError, match="measured 3 drafts"):
         tau_from(report=rep, draft_len=7)
     with pytest.raises(ConfigError, match="exactly one"):
