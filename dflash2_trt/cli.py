@@ -443,8 +443,17 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
         else:
             from .engine.trtllm.toolchain import probe_toolchain
 
-            backend = "trtllm"
             toolchain = probe_toolchain(trtllm_python)
+            if backend == "auto" and not given and not dry_run and toolchain.tensorrt_llm is None:
+                # only the environment names it (README's GPU setup exports it): --backend auto still means "trtllm
+                # where it imports", so an interpreter without TensorRT-LLM leaves the choice to this machine (a dry
+                # run plans the TensorRT-LLM build anyway, and names what that interpreter lacks)
+                click.echo(f"note: $DFLASH2_TRTLLM_PYTHON ({trtllm_python}) has no TensorRT-LLM"
+                           f"{f' ({toolchain.probe_error})' if toolchain.probe_error else ''}; --backend auto "
+                           f"does not take it", err=True)
+                toolchain = None
+            else:
+                backend = "trtllm"
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=dry_run)
     if dry_run:
         from .checkpoint.writer import check_output_dir

@@ -305,6 +305,18 @@ def test_the_environment_variable_leaves_cpu_builds_alone(tmp_path):
     assert plan["trtllm_bench"]["argv"][0] == py
 
 
+def test_an_interpreter_without_tensorrt_llm_in_the_variable_does_not_decide_auto(tmp_path):
+    """README's GPU setup exports $DFLASH2_TRTLLM_PYTHON; where that interpreter has no TensorRT-LLM, `build
+    --backend auto` is decided by this machine (here: cpu), with a note. It used to take trtllm: convert the whole
+    checkpoint, then refuse (a reviewer's README quick-start build failed that way)."""
+    out = tmp_path / "e"
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--output", str(out), "--no-verify", "--json"],
+                           env={"DFLASH2_TRTLLM_PYTHON": sys.executable})
+    assert r.exit_code == 0 and json.loads(r.stdout)["backend"] == "cpu", r.output
+    assert f"note: $DFLASH2_TRTLLM_PYTHON ({sys.executable}) has no TensorRT-LLM" in r.stderr
+    assert "--backend auto does not take it" in r.stderr
+
+
 def test_commands_that_need_only_the_tokenizer_run_on_tensorrt_llms_transformers(monkeypatch, standin_trt_engine):
     """Under TensorRT-LLM's transformers (4.57.1: what the refusal sees patched in) `run` of an engine goes on; a
     Hugging Face stage of the same process refuses (the converter's Gated DeltaNet check included)."""
