@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import (DFlash2Error, Terminated, clear_stop_requests, pending_stop, raise_if_stop_requested,
-                     stop_requested)
+from .errors import (DFlash2Error, Terminated, clear_stop_requests, committed_outputs, pending_stop,
+                     raise_if_stop_requested, stop_requested)
 from .targets import tiny_targets
 
 
@@ -48,10 +48,12 @@ def _stopped(signum: int):
     happened; the clean-up already ran on the way up."""
     import signal
 
+    done = [str(p) for p in dict.fromkeys(committed_outputs) if p.exists()]   # (one inside a removed output: gone)
+    kept = f" (complete and kept: {', '.join(done)})" if done else ""
     if signum == signal.SIGTERM:
-        click.echo("terminated (SIGTERM): stopped; any output in progress was removed", err=True)
+        click.echo(f"terminated (SIGTERM): stopped; any output in progress was removed{kept}", err=True)
         sys.exit(143)
-    click.echo("interrupted", err=True)
+    click.echo(f"interrupted{kept}", err=True)
     sys.exit(130)
 
 
@@ -105,6 +107,7 @@ class _Group(click.Group):
         previous = previous_int = None
         finished = False
         clear_stop_requests()
+        committed_outputs.clear()
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _raise_terminated)
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # Ctrl-C, recorded the same way

@@ -33,6 +33,12 @@ def stop_requested(signum: int) -> KeyboardInterrupt:
     return Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+committed_outputs: list = []
+"""Output directories renamed into place in this process, in order (checkpoint/writer.py appends them; the CLI clears
+the list per command and names them when a stop ends a command after one was complete, so that its "removed" line is
+not wrong about them)."""
+
+
 def raise_if_stop_requested() -> None:
     if _stop_pending:
         raise stop_requested(_stop_pending[0])

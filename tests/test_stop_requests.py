@@ -170,3 +170,35 @@ def test_a_second_sigterm(lost):
     first one whose exception was lost: that made a command immune to every later SIGTERM."""
     rc, out, err = sigterm_twice([sys.executable, "-c", SECOND_SIGTERM, "work", "lost" if lost else "kept"], lost)
     assert rc == 143 and out.split() == ["working", "cleaning", "cleaned"], (rc, out, err)
+
+
+AFTER_THE_OUTPUT = textwrap.dedent("""
+    import os, signal, sys, time
+    import click
+    from dflash2_trt import cli
+    from dflash2_trt.checkpoint.writer import AtomicOutputDir
+
+    @cli.main.command("write-then-stop")
+    @click.argument("out")
+    def write_then_stop(out):
+        with AtomicOutputDir(out) as tmp:
+            (tmp / "data").write_text("complete")
+        with AtomicOutputDir(out + "-second") as tmp:   # in progress when the stop comes: removed
+            (tmp / "data").write_text("partial")
+            os.kill(os.getpid(), signal.{sig})
+            time.sleep(5)
+
+    cli.main(sys.argv[1:])
+""")
+
+
+@pytest.mark.parametrize("sig,code,line", STOPS)
+def test_a_stop_after_an_output_was_complete_says_it_was_kept(tmp_path, sig, code, line):
+    """The stop's line said "any output in progress was removed" also where an output was already in place (a
+    reviewer's SIGTERM right after build's `wrote` line); it now names what is complete and kept."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-c", AFTER_THE_OUTPUT.replace("{sig}", sig), "write-then-stop", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert [ln for ln in p.stderr.splitlines() if ln.strip()] == [f"{line} (complete and kept: {out})"], p.stderr
+    assert (out / "data").read_text() == "complete" and sorted(x.name for x in tmp_path.iterdir()) == ["out"]

@@ -59,7 +59,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from ..errors import CheckpointError, DFlash2Error, raise_if_stop_requested
+from ..errors import CheckpointError, DFlash2Error, committed_outputs, raise_if_stop_requested
 
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1}
@@ -718,6 +718,7 @@ class AtomicOutputDir:
                 raise
             # From here on the new output is in place: the run has succeeded, whatever follows.
             self.tmp = None
+            committed_outputs.append(self.final)
             if old is not None:
                 _discard(old)
             try:
