@@ -100,6 +100,14 @@ def random_tokens(lengths: list[int], vocab_size: int, stop_ids, seed: int) -> l
 
 
 MAX_NUM_REQUESTS = 1_000_000
+MAX_LENGTH = 1 << 20          # tokens in one request's prompt or output: past every context length
+MAX_TOTAL_TOKENS = 1 << 27    # prompt tokens in one dataset (made in memory: ~134 M ids, a few GB as Python lists)
+
+
+def _at_most(value: int, limit: int, field: str) -> None:
+    if value > limit:
+        raise ConfigError(f"must be at most {limit:,} tokens (past every model's context; a dataset is made in memory), "
+                          f"got {value:,}", field=field)
 
 
 def _cycle(prompts: list[list[int]], n: int | None) -> list[list[int]]:
@@ -148,6 +156,9 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
         if source == "token-norm-dist":
             i_mean, o_mean = _need_int(input_mean, "--input-mean"), _need_int(output_mean, "--output-mean")
             i_sd, o_sd = _need_int(input_stdev, "--input-stdev", 0), _need_int(output_stdev, "--output-stdev", 0)
+            for v, f in ((i_mean, "--input-mean"), (o_mean, "--output-mean"), (i_sd, "--input-stdev"),
+                         (o_sd, "--output-stdev")):
+                _at_most(v, MAX_LENGTH, f)
             in_lens, out_lens = norm_lengths(i_mean, i_sd, n, seed), norm_lengths(o_mean, o_sd, n, seed)
         else:
             i_lo, i_hi = _need_int(input_min, "--input-min"), _need_int(input_max, "--input-max")
@@ -155,7 +166,11 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
             for lo, hi, f in ((i_lo, i_hi, "--input-max"), (o_lo, o_hi, "--output-max")):
                 if hi < lo:
                     raise ConfigError(f"{hi} is below the minimum {lo}", field=f)
+                _at_most(hi, MAX_LENGTH, f)
             in_lens, out_lens = unif_lengths(i_lo, i_hi, n, seed), unif_lengths(o_lo, o_hi, n, seed)
+        if sum(in_lens) > MAX_TOTAL_TOKENS:
+            raise ConfigError(f"{sum(in_lens):,} prompt tokens in all: at most {MAX_TOTAL_TOKENS:,} (a dataset is made "
+                              f"in memory); ask for fewer requests or shorter prompts", field="--num-requests")
         prompts = random_tokens(in_lens, vocab_size, stop_ids, seed)
     else:
         fixed = _need_int(output_tokens, "--output-tokens")
