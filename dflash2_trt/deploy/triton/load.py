@@ -203,7 +203,11 @@ def main(argv=None) -> int:
                          ("--max-tokens", [args.max_tokens])):
         if min(values) < 1:
             ap.error(f"{name}: must be >= 1, got {min(values)}")
+    import os
     import signal
+
+    if not sys.stderr.isatty():   # no weight-loading bars in a log, as the CLI (transformers reads it when imported)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
     def _stop(signum, frame):   # recorded, so that one whose exception Python lost still stops the run
         raise stop_requested(signum)
