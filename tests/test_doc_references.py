@@ -110,3 +110,14 @@ def test_nothing_cites_a_path_outside_the_repository():
             for n, line in enumerate(q.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
             if outside.search(line)]
     assert not hits, "\n".join(hits)
+
+
+def test_every_markdown_table_row_is_one_line():
+    """A table row broken over two lines renders as a cut row and a stray paragraph (docs/cli.md had four)."""
+    broken = []
+    for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "plugins").rglob("*.md"))]:
+        lines = p.read_text(encoding="utf-8").split("\n")
+        for i, ln in enumerate(lines):
+            if ln.startswith("|") and not ln.rstrip().endswith("|"):
+                broken.append(f"{p.relative_to(REPO)}:{i + 1}")
+    assert broken == [], broken
