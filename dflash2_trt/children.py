@@ -164,13 +164,19 @@ def run_limited(argv: list[str], limit: float, log, *, own_group: bool, cwd=None
     return 128 - rc if rc < 0 else rc
 
 
+_stop_raised = False   # this process's stop_signals_raise handler has raised its SystemExit
+
+
 def _raise_stop(signum, frame):  # noqa: ARG001
     # a second SIGTERM / Ctrl-C (a supervisor that repeats itself, two Ctrl-Cs) must not cut the clean-up short: the
     # child's stop ladder would end before its SIGKILL and leave the child running. So it is ignored while the first
-    # one's SystemExit unwinds (the except / finally blocks see it as sys.exc_info()), but not after a first one
-    # whose exception Python lost (raised inside a destructor or weakref callback): that would leave no way to stop
-    if isinstance(sys.exc_info()[1], SystemExit):
+    # one unwinds (raised, and an exception on its way up: the except / finally blocks see it, or what replaced it,
+    # as sys.exc_info()), but not after a first one whose exception Python lost (raised inside a destructor or
+    # weakref callback): that would leave no way to stop
+    global _stop_raised
+    if _stop_raised and sys.exc_info()[1] is not None:
         return
+    _stop_raised = True
     raise SystemExit(128 + signum)
 
 
@@ -180,6 +186,8 @@ def stop_signals_raise():
     reaches :func:`run_limited`'s wait, which then kills its child's group (a child in a session of its own is out of
     reach of a stop aimed at this process's group); a second signal while the first one's exception unwinds is
     ignored, so that the clean-up it started runs to its end; the handlers before are put back on the way out."""
+    global _stop_raised
+    _stop_raised = False
     before = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield

@@ -15,11 +15,12 @@ from .targets import tiny_targets
 
 
 def _raise_terminated(signum, frame):
-    # A second SIGTERM must not cut short the clean-up of a stop already unwinding (the except / finally / __exit__
-    # blocks run with it as sys.exc_info()). But if the first one's exception was lost (raised inside a destructor
-    # or a weakref callback), a later SIGTERM must still stop the command: ignoring every SIGTERM after the first
-    # left such a command immune to them.
-    if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+    # A second SIGTERM must not cut short the clean-up of a stop already unwinding: a stop is recorded and an
+    # exception is on its way up (the except / finally / __exit__ blocks run with it as sys.exc_info(); it may be
+    # another exception than the stop's own, which an extension replaced, see _stopped). But if the first one's
+    # exception was lost (raised inside a destructor or a weakref callback), nothing unwinds, and a later SIGTERM
+    # must still stop the command: ignoring every SIGTERM after the first left such a command immune to them.
+    if pending_stop() is not None and sys.exc_info()[1] is not None:
         stop_requested(signum)
         return
     raise stop_requested(signum)

@@ -88,13 +88,15 @@ _STOP_SIGNALS_CHILD = textwrap.dedent("""
     from dflash2_trt.testing.stops import work_then_clean_up
 
     with stop_signals_raise():
-        work_then_clean_up(sys.argv[1] == "lost")
+        work_then_clean_up(sys.argv[1])
 """)
 
 
-@pytest.mark.parametrize("lost", [False, True])
-def test_stop_signals_raise_second_signal(lost):
-    """A second SIGTERM is ignored while the first one's clean-up runs; after a first one whose exception Python
-    lost, it stops the process (before, every later SIGTERM and Ctrl-C was ignored)."""
-    rc, out, err = sigterm_twice([sys.executable, "-c", _STOP_SIGNALS_CHILD, "lost" if lost else "kept"], lost)
-    assert rc == 128 + signal.SIGTERM and out.split() == ["working", "cleaning", "cleaned"], (rc, out, err)
+@pytest.mark.parametrize("how", ["kept", "replaced", "lost"])
+def test_stop_signals_raise_second_signal(how):
+    """A second SIGTERM is ignored while the first one's clean-up runs (also where its exception was replaced by
+    another on the way); after a first one whose exception Python lost, it stops the process (before, every later
+    SIGTERM and Ctrl-C was ignored)."""
+    rc, out, err = sigterm_twice([sys.executable, "-c", _STOP_SIGNALS_CHILD, how], how == "lost")
+    assert out.split() == ["working", "cleaning", "cleaned"], (rc, out, err)
+    assert rc == (1 if how == "replaced" else 128 + signal.SIGTERM), (rc, out, err)   # replaced: its traceback

@@ -55,7 +55,8 @@ from ..checkpoint.writer import (
     check_output_dir, sha256_file, write_small_file,
 )
 from ..config import DFlash2Config, TargetConfig, pairing_problems
-from ..errors import CheckpointError, ConfigError, PairingError, raise_if_stop_requested, stop_requested
+from ..errors import (CheckpointError, ConfigError, PairingError, clear_stop_requests, raise_if_stop_requested,
+                      stop_requested)
 from ..overlap import refuse_overlap
 from . import dflash2, muse_glimmer, qwen3, qwen3_5
 from .plan import DRAFTER, TARGET, Drop, OutTensor, width_of
@@ -260,6 +261,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
         if old_int is not None:
             signal.signal(signal.SIGINT, old_int)
+            # not under the CLI (which owns SIGINT and clears the record per command): a library caller's next
+            # convert in this process must not find this one's stop, which has been raised by now
+            clear_stop_requests()
 
 
 class _FiniteCheck:

@@ -55,16 +55,23 @@ def stop_recorded_after(seconds: float, signum: int = signal.SIGINT) -> Iterator
         clear_stop_requests()
 
 
-def work_then_clean_up(lose_first: bool) -> None:
-    """A child's command for the second-signal tests: "working" (after losing a SIGTERM first, if asked), 60 s of
-    work that never looks at the stop's record, and a clean-up of 1 s between "cleaning" and "cleaned"."""
+def work_then_clean_up(how: str) -> None:
+    """A child's command for the second-signal tests: "working" (after losing a SIGTERM first, for ``how`` "lost"),
+    60 s of work that never looks at the stop's record, and a clean-up of 1 s between "cleaning" and "cleaned"; for
+    "replaced" the stop's exception is replaced on its way up by another (as torch does to one raised in a callback),
+    and the clean-up runs while that one unwinds."""
     import time
 
     try:
-        if lose_first:
+        if how == "lost":
             lose_a_signal(signal.SIGTERM)
         print("working", flush=True)
-        time.sleep(60)
+        try:
+            time.sleep(60)
+        except BaseException as exc:
+            if how == "replaced":
+                raise RuntimeError("an extension's own error") from exc
+            raise
     finally:
         print("cleaning", flush=True)
         for _ in range(100):

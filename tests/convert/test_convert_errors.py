@@ -421,3 +421,31 @@ def test_output_must_not_replace_a_source(work):
         convert_pair(d, t, t / "ckpt", force=True)
     assert not (t / "ckpt").exists()
     assert (t / "model.safetensors").is_file() and (d / "model.safetensors").is_file()
+
+
+def test_a_library_callers_next_convert_is_not_stopped_by_an_earlier_ctrl_c(tiny_hybrid, tmp_path, monkeypatch):
+    """convert_pair records a Ctrl-C (so that a lost one still stops it); for a caller outside the CLI (a notebook,
+    a script) the record must not outlive the call: the next convert in the process ran into it at once."""
+    import os
+
+    from dflash2_trt.errors import pending_stop
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("needs Python's own Ctrl-C handler in this process")
+    real = writer_mod.StreamingSafetensorsWriter.write
+    calls = []
+
+    def write(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGINT)   # a real Ctrl-C, through convert's own handler
+            time.sleep(1)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(writer_mod.StreamingSafetensorsWriter, "write", write)
+    with pytest.raises(KeyboardInterrupt):
+        convert_pair(tiny_hybrid.drafter_dir, tiny_hybrid.target_dir, tmp_path / "a", tp_size=1)
+    assert pending_stop() is None and not (tmp_path / "a").exists()
+    monkeypatch.setattr(writer_mod.StreamingSafetensorsWriter, "write", real)
+    convert_pair(tiny_hybrid.drafter_dir, tiny_hybrid.target_dir, tmp_path / "b", tp_size=1)
+    assert (tmp_path / "b" / "manifest.json").is_file()
