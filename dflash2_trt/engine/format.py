@@ -92,6 +92,18 @@ def check_manifest_fields(man: dict, man_path, *, need_limits: bool = False) -> 
         raise ConfigError(f"must be a positive integer, got {mbs!r}", source=man_path, field="limits.max_batch_size")
 
 
+def check_block_size(man: dict, cfg: dict, man_path) -> None:
+    """engine.json's ``block_size`` (K + 1; no hash covers engine.json) against the engine config's
+    ``pretrained_config.max_draft_len`` (K), which every engine kind this project writes carries: the project's own
+    config.json and TensorRT-LLM's alike."""
+    pre = cfg.get("pretrained_config")
+    draft = pre.get("max_draft_len") if isinstance(pre, dict) else None
+    if man.get("block_size") is not None and isinstance(draft, int) and man["block_size"] != draft + 1:
+        raise ConfigError(f"{man['block_size']}, but the engine's config.json has pretrained_config.max_draft_len "
+                          f"{draft} (K + 1 = {draft + 1}): engine.json was edited or belongs to another engine",
+                          source=man_path, field="block_size")
+
+
 def load_engine_dir(engine_dir, *, verify: bool = False):
     """(engine config, manifest) of an engine directory, checked; ``verify`` re-hashes every file."""
     engine_dir = Path(engine_dir)
@@ -124,12 +136,7 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     if backend not in ("cpu", "cuda", "trtllm"):
         raise ConfigError(f"backend {backend!r}: expected cpu, cuda or trtllm", source=man_path, field="backend")
     check_manifest_fields(man, man_path)
-    pre = cfg.get("pretrained_config")
-    draft = pre.get("max_draft_len") if isinstance(pre, dict) else None
-    if man.get("block_size") is not None and isinstance(draft, int) and man["block_size"] != draft + 1:
-        raise ConfigError(f"{man['block_size']}, but the engine's config.json has pretrained_config.max_draft_len "
-                          f"{draft} (K + 1 = {draft + 1}): engine.json was edited or belongs to another engine",
-                          source=man_path, field="block_size")
+    check_block_size(man, cfg, man_path)
     files = man.get("files")
     if not isinstance(files, dict) or "config.json" not in files:
         raise ConfigError("no file list", source=man_path, field="files")

@@ -502,3 +502,18 @@ def test_a_damaged_engine_json_field_is_one_line_naming_it(engine, tmp_path, edi
     if field in ("eos_token_ids", "block_size"):
         line = one_error_line(*cli("run", "--engine-dir", str(bad), "--prompt-ids", "1,2", "--max-new-tokens", "2"))
         assert f"engine.json: {field}: " in line, line
+
+
+def test_a_tensorrt_engines_edited_block_size_is_refused(standin_trt_engine, tmp_path):
+    """The TensorRT-LLM engine directory's engine.json is read by deploy's own branch: its block_size is held to the
+    engine config's max_draft_len there too (an edited 3 wrote a repository with K = 2)."""
+    bad = tmp_path / "engine"
+    shutil.copytree(standin_trt_engine[0], bad, symlinks=True)
+    man = json.loads((bad / "engine.json").read_text())
+    assert man["backend"] == "trtllm"
+    man["block_size"] = 3
+    (bad / "engine.json").write_text(json.dumps(man))
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(bad), "--output", str(tmp_path / "repo"),
+                               "--backend", "tensorrtllm"))
+    assert "engine.json: block_size: 3, but the engine's config.json has pretrained_config.max_draft_len" in line, line
+    assert not (tmp_path / "repo").exists()

@@ -37,7 +37,7 @@ from pathlib import Path
 from ... import __version__
 from ...checkpoint.writer import AtomicOutputDir
 from ...sampling import GREEDY_BELOW, GREEDY_REQUEST_TEMPERATURE
-from ...engine.format import ENGINE_FORMAT, check_manifest_fields, load_engine_dir
+from ...engine.format import ENGINE_FORMAT, check_block_size, check_manifest_fields, load_engine_dir
 from ...engine.graph_rules import refuse_graphs
 from ...engine.pretrained import on_context_route
 from ...errors import ConfigError, MissingDependencyError
@@ -286,6 +286,8 @@ def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"no TensorRT-LLM engine config with pretrained_config.vocab_size ({exc})",
                               source=engine_dir / "config.json") from None
+        check_manifest_fields(man, man_path)
+        check_block_size(man, cfg, man_path)
         return cfg, man
     raise ConfigError(f"backend {man.get('backend')!r}: expected 'cpu', 'cuda' or 'trtllm'", source=man_path,
                       field="backend")
