@@ -50,3 +50,26 @@ def test_a_stop_recorded_before_the_step_starts_nothing(tmp_path):
     finally:
         clear_stop_requests()
     assert not marker.exists()
+
+
+def test_a_pipe_past_descriptor_1024_and_a_long_line(tmp_path):
+    """select.select refuses a descriptor >= 1024 (a busy process gets one); and a 40 MiB line without a break must
+    not be split again at every read (it took 20 s so)."""
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"the soft limit on open files is {soft}")
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        seen = []
+        assert SubprocessRunner()([sys.executable, "-c", "print('hi')"], echo=seen.append) == 0 and seen == ["hi"]
+        seen.clear()
+        t0 = time.monotonic()
+        SubprocessRunner()([sys.executable, "-c", "import sys; sys.stdout.write('x' * (40 << 20) + '\\\\n')"],
+                           echo=seen.append)
+        assert [len(s) for s in seen] == [40 << 20] and time.monotonic() - t0 < 10
+    finally:
+        for fd in fds:
+            os.close(fd)

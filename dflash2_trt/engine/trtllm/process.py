@@ -6,7 +6,7 @@ env=..., log=..., cwd=..., echo=...) -> exit status``), :class:`EngineBuildError
 from __future__ import annotations
 
 import os
-import select
+import selectors
 import signal
 import subprocess
 from pathlib import Path
@@ -61,21 +61,27 @@ class SubprocessRunner:
         try:
             # The child is in a session of its own (the terminal's Ctrl-C does not reach it), so a stop whose
             # exception Python lost is looked for here, between reads, or trtllm-build would run to its end.
-            fd, pending = proc.stdout.fileno(), b""
-            while True:
-                raise_if_stop_requested()
-                if not select.select([fd], [], [], self.POLL_S)[0]:
-                    continue
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                # lines end in \n, \r\n or \r (progress bars); the last one waits for more unless it ends in \n
-                lines = (pending + chunk).splitlines(keepends=True)
-                pending = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
-                for line in lines:
-                    emit(line)
+            # (selectors, not select.select: that refuses a descriptor >= 1024, which a busy process can get)
+            fd, pending = proc.stdout.fileno(), bytearray()
+            with selectors.DefaultSelector() as sel:
+                sel.register(fd, selectors.EVENT_READ)
+                while True:
+                    raise_if_stop_requested()
+                    if not sel.select(self.POLL_S):
+                        continue
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        break
+                    pending += chunk
+                    if b"\n" not in chunk and b"\r" not in chunk:
+                        continue   # no line ends yet: a long line is split once, not at every read
+                    # lines end in \n, \r\n or \r (progress bars); the last waits for more unless it ends in \n
+                    lines = bytes(pending).splitlines(keepends=True)
+                    pending = bytearray(lines.pop() if not lines[-1].endswith(b"\n") else b"")
+                    for line in lines:
+                        emit(line)
             if pending:
-                emit(pending)
+                emit(bytes(pending))
             return proc.wait()
         except BaseException:
             stop(proc, ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)), group=True)
