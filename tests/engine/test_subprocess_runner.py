@@ -67,7 +67,7 @@ def test_a_pipe_past_descriptor_1024_and_a_long_line(tmp_path):
         assert SubprocessRunner()([sys.executable, "-c", "print('hi')"], echo=seen.append) == 0 and seen == ["hi"]
         seen.clear()
         t0 = time.monotonic()
-        SubprocessRunner()([sys.executable, "-c", "import sys; sys.stdout.write('x' * (40 << 20) + '\\\\n')"],
+        SubprocessRunner()([sys.executable, "-c", "import sys; sys.stdout.write('x' * (40 << 20) + '\\n')"],
                            echo=seen.append)
         assert [len(s) for s in seen] == [40 << 20] and time.monotonic() - t0 < 10
     finally:
