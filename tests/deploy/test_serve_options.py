@@ -99,6 +99,7 @@ def test_the_readiness_wait_ends_on_a_recorded_stop(tmp_path):
 
 
 @pytest.mark.parametrize("content,needle", [("", None), ("I1207 00:41:31.123456 1 server.cc:1] started\n", None),
+                                            ("Data for JOB [1,1] offset 0\nW1207 00:41:31.1 1 pinned.cc:1] x\n", None),
                                             ('{"input_ids": [1]}\n', "is not a tritonserver log"),
                                             (None, "does not exist")])
 def test_the_log_replaces_only_a_tritonserver_log(tmp_path, content, needle):
@@ -116,3 +117,11 @@ def test_the_log_replaces_only_a_tritonserver_log(tmp_path, content, needle):
             check_log_path(log)
         assert ei.value.field == "--log"
     assert content is None or log.read_text() == content
+
+
+@pytest.mark.parametrize("where", ["/dev/stdout", "/dev/stderr", "/dev/null"])
+def test_the_log_may_be_this_processs_output_or_a_device(where):
+    """`serve --log /dev/stdout` (a container's habit) writes there; nothing is replaced."""
+    from dflash2_trt.deploy.triton.server import check_log_path
+
+    check_log_path(where)

@@ -426,25 +426,37 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
-_LOG_LINE = re.compile(rb"[IWEF]\d{4} \d\d:\d\d:\d\d")   # glog's prefix: I1207 00:41:31.123456 ...
+_LOG_LINE = re.compile(rb"(?:^|\n)[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)   # glog's prefix: I1207 00:41:31.123456 ...
 
 
 def check_log_path(log_path) -> None:
-    """``serve --log``, before anything starts: not a directory, in a directory that exists and takes a new file,
-    and, if the file exists, empty or a tritonserver log (it is replaced): never another file (a dataset, a report).
-    """
+    """``serve --log``, before anything starts. A terminal, a pipe or another device (``--log /dev/stdout``) is
+    written to, nothing replaced. A file: not a directory, in a directory that exists and takes a new file, and, if it
+    exists, empty or a tritonserver log (a glog line in its first 4 KB; an MPI launcher's banner may come first): it
+    is replaced then, never another file (a dataset, a report)."""
+    import stat
+
     from ...bench.io import check_output_file
 
+    try:
+        mode = Path(log_path).stat().st_mode   # through a link: /dev/stdout is one
+    except OSError:
+        mode = None
+    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return
+    if mode is not None and str(log_path) in ("/dev/stdout", "/dev/stderr"):
+        return   # this process's own output, wherever the shell sent it (a file too): asked for by name
     path = check_output_file(log_path, field="--log")
     if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise ConfigError(f"{path} exists and is not a regular file; give another path", field="--log")
+        raise ConfigError(f"{path} exists and is not a regular file, a terminal or a pipe; give another path",
+                          field="--log")
     if path.exists():
         try:
             with open(path, "rb") as fh:
-                head = fh.read(4096).lstrip()
+                head = fh.read(4096)
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}", field="--log") from None
-        if head and not _LOG_LINE.match(head):
+        if head.strip() and not _LOG_LINE.search(head.lstrip()):
             raise ConfigError(f"{path} exists and is not a tritonserver log (serve replaces only its own); give another "
                               f"path", field="--log")
 
