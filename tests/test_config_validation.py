@@ -252,11 +252,11 @@ def _with_generation_config(tmp_path, tiny_dense, text: str):
     return d
 
 
-@pytest.mark.parametrize("eos,want", [([2, 14], (2, 14)), (14, (14,)), (None, (2,))])
-def test_the_eos_ids_are_generation_configs_as_in_hugging_face(tiny_dense, tmp_path, eos, want):
+@pytest.mark.parametrize("eos,want", [([2, 14], (2, 14)), (14, (14,)), (None, (2,)), ([], (2,)), ("absent", (2,))])
+def test_the_eos_ids_are_generation_configs_where_it_names_them(tiny_dense, tmp_path, eos, want):
     """Hugging Face's generate stops at generation_config.json's eos_token_id (Qwen3's lists two), not config.json's
-    (2 here); a generation_config.json without one leaves config.json's."""
-    d = _with_generation_config(tmp_path, tiny_dense, json.dumps({"eos_token_id": eos} if eos is not None else {}))
+    (2 here). A generation_config.json that names none leaves config.json's (HF would stop at none: docstring)."""
+    d = _with_generation_config(tmp_path, tiny_dense, json.dumps({"eos_token_id": eos} if eos != "absent" else {}))
     assert TargetConfig.from_hugging_face(d).eos_token_ids == want
     assert TargetConfig.from_hugging_face(d / "config.json").eos_token_ids == want
 

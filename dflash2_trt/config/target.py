@@ -257,8 +257,10 @@ def _generation_eos(config_source: str, vocab: int) -> tuple[int, ...] | None:
 
     Hugging Face's ``from_pretrained`` loads that file as the model's generation config when it exists, and
     ``generate`` stops at its ids, not at config.json's (transformers generation/utils.py, ``GenerationConfig
-    .from_pretrained`` before the config.json fallback); vLLM and TensorRT-LLM's LLM API read it the same way.
-    Published checkpoints list more ids there (Qwen3's: ``<|im_end|>`` and ``<|endoftext|>``)."""
+    .from_pretrained`` before the config.json fallback); vLLM and TensorRT-LLM's LLM API read it too. Published
+    checkpoints list more ids there (Qwen3's: ``<|im_end|>`` and ``<|endoftext|>``). Where the file names none (no
+    field, null or ``[]``), HF's generate would stop at no id at all; this project keeps config.json's instead (an
+    engine that never stops at its end-of-sequence token is not what such a checkpoint means)."""
     import json
 
     if config_source == "<dict>":
@@ -275,10 +277,10 @@ def _generation_eos(config_source: str, vocab: int) -> tuple[int, ...] | None:
     if not isinstance(data, dict):
         raise ConfigError("top level must be an object", source=path)
     eos = data.get("eos_token_id")
-    if eos is None:
+    if eos is None or eos == []:
         return None
     ids = eos if isinstance(eos, list) else [eos]
-    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise Fields(data, str(path)).error("eos_token_id", f"expected a token id or a list of them, got {eos!r}")
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
