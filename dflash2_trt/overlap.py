@@ -22,7 +22,11 @@ from .errors import ConfigError
 
 
 def _resolved(p) -> Path:
-    return Path(os.path.expanduser(os.fspath(p))).resolve()
+    path = Path(os.path.expanduser(os.fspath(p)))
+    try:
+        return path.resolve()
+    except RuntimeError:   # a symbolic link loop (Python 3.11's resolve raises this): one line, from the caller
+        raise ConfigError("is a symbolic link loop", source=path) from None
 
 
 def _relation(out: Path, src: Path) -> str | None:

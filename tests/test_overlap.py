@@ -264,3 +264,18 @@ def test_target_layer_ids_out_of_order_is_warned(pair, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     code, text = _cli("convert", "--drafter", d, "--target-dir", t, "--output", tmp_path / "ck2")
     assert code == 0 and "warning" not in text, text
+
+
+def test_a_symbolic_link_loop_is_one_error_line(tmp_path, tiny_dense):
+    """Python 3.11's Path.resolve raises RuntimeError on a link loop: that was a traceback."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for out in (tmp_path / "a", tmp_path / "a" / "x"):
+        r = CliRunner().invoke(main, ["convert", "--drafter", str(tiny_dense.drafter_dir), "--target-dir",
+                                      str(tiny_dense.target_dir), "--output", str(out), "--force"])
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code == 1 and len(lines) == 1 and "symbolic link loop" in lines[0], r.output

@@ -426,7 +426,7 @@ def check_output_dir(final: str | Path, force: bool) -> Path:
     final = Path(final)
     try:
         here, where = Path.cwd().resolve(), final.resolve()
-    except OSError:   # no current directory any more, or a link loop (refused below)
+    except (OSError, RuntimeError):   # no current directory any more, or a link loop (refused below)
         here = where = None
     if here is not None and (where == here or where in here.parents):
         which = "the current directory" if where == here else f"a directory above the current one ({here})"
