@@ -90,3 +90,6 @@ def check_build_outputs(drafter_dir, target_dir, output, *, checkpoint_dir=None,
         ckpt, option = default_checkpoint_dir(output), "--checkpoint-dir (default: OUTPUT.checkpoint)"
     if ckpt is not None:
         refuse_overlap(ckpt, option, inputs + ([("engine output directory", output)] if output is not None else []))
+        from .checkpoint import refuse_foreign_checkpoint_dir
+
+        refuse_foreign_checkpoint_dir(ckpt)   # the dry run says it too, not only the build

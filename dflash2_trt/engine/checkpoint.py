@@ -106,6 +106,19 @@ def _a_checkpoint(ckpt_dir: Path) -> bool:
     return isinstance(man, dict) and man.get("format") == FORMAT
 
 
+def refuse_foreign_checkpoint_dir(ckpt_dir) -> None:
+    """A non-empty checkpoint directory that is not a checkpoint the converter wrote is refused (one line): it is
+    neither reused nor, with --reconvert, replaced (that deleted whatever it held: a reviewer's documents)."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        exists = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())
+    except OSError:
+        return   # unreadable: the checks that read it say so
+    if exists and not _a_checkpoint(ckpt_dir):
+        raise ConfigError("not empty and not a dflash2-trt checkpoint (no manifest.json of one): --reconvert replaces "
+                          "only a checkpoint this tool wrote; give a new or empty --checkpoint-dir", source=ckpt_dir)
+
+
 def ensure_checkpoint(prep, ckpt_dir, *, reconvert: bool = False, progress=None) -> dict:
     """Reuse ``ckpt_dir`` when it matches ``prep``, else convert into it (atomically). Returns
     ``{"path", "reused", "seconds"}``. A non-matching existing checkpoint is an error naming the first
@@ -114,10 +127,8 @@ def ensure_checkpoint(prep, ckpt_dir, *, reconvert: bool = False, progress=None)
     ckpt_dir = Path(ckpt_dir)
     t0 = time.perf_counter()
     check_output_dir(ckpt_dir, force=True)      # symlinks / files refused
+    refuse_foreign_checkpoint_dir(ckpt_dir)
     exists = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())
-    if exists and not _a_checkpoint(ckpt_dir):   # --reconvert replaced any directory (a reviewer's documents)
-        raise ConfigError("not empty and not a dflash2-trt checkpoint (no manifest.json of one): --reconvert replaces "
-                          "only a checkpoint this tool wrote; give a new or empty --checkpoint-dir", source=ckpt_dir)
     if exists:
         problems = checkpoint_problems(ckpt_dir, prep, progress=progress)
         if not problems:

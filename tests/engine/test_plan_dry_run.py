@@ -252,7 +252,9 @@ def test_the_plan_says_what_the_build_writes_and_where(tmp_path, monkeypatch):
     assert g["need"] == int(2 * total * 1.10) and g["fits"] and g["anchor"] == str(tmp_path)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "manifest.json").write_text("{}")
+    from dflash2_trt.convert.schema import FORMAT
+
+    (ckpt / "manifest.json").write_text(json.dumps({"format": FORMAT}))   # a checkpoint's, whatever else it says
     (g,) = _qwen("--output", str(out), "--tp-size", "2", "--checkpoint-dir", str(ckpt))["disk"]
     assert [it["reused"] for it in g["items"]] == [True, False] and g["need"] == int(total * 1.10)
     monkeypatch.setattr(shutil, "disk_usage", _Usage(10 * GIB))
@@ -321,3 +323,19 @@ def test_what_a_rewrite_or_a_copy_costs(tmp_path, monkeypatch):
     across = disk_needs(p, backend="cpu", output=out, checkpoint_dir=ckpt_inner)
     assert [(it["what"], it["reused"], it["anchor"]) for it in across] == [
         ("checkpoint", False, str(ckpt)), ("checkpoint files in the engine (copies)", False, str(tmp_path))]
+
+
+def test_the_dry_run_refuses_a_checkpoint_dir_the_build_would_refuse(tmp_path):
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "notes.txt").write_text("mine")
+    for backend in ("cpu", "trtllm"):
+        r = CliRunner().invoke(main, ["build", "--target", "tiny", "--backend", backend, "--dry-run",
+                                      "--checkpoint-dir", str(docs), "--output", str(tmp_path / "e")])
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code == 1 and "not empty and not a dflash2-trt checkpoint" in lines[-1], r.output
+    assert [p.name for p in docs.iterdir()] == ["notes.txt"]
