@@ -168,6 +168,10 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
                     raise ConfigError(f"{hi} is below the minimum {lo}", field=f)
                 _at_most(hi, MAX_LENGTH, f)
             in_lens, out_lens = unif_lengths(i_lo, i_hi, n, seed), unif_lengths(o_lo, o_hi, n, seed)
+        for lens, f in ((in_lens, "--input-mean / --input-stdev"), (out_lens, "--output-mean / --output-stdev")):
+            if source == "token-norm-dist" and max(lens) > MAX_LENGTH:   # a wide stdev draws past the cap
+                raise ConfigError(f"draw a length of {max(lens):,} tokens: at most {MAX_LENGTH:,} (past every model's "
+                                  f"context); ask for a smaller mean or spread", field=f)
         if sum(in_lens) > MAX_TOTAL_TOKENS:
             raise ConfigError(f"{sum(in_lens):,} prompt tokens in all: at most {MAX_TOTAL_TOKENS:,} (a dataset is made "
                               f"in memory); ask for fewer requests or shorter prompts", field="--num-requests")
