@@ -21,9 +21,9 @@ from ..errors import ConfigError
 OUTPUT_KINDS = {"run": "a `bench run` report", "steps": "a `bench steps` report",
                 "project": "a `bench project` projection", "png": "a PNG image",
                 "load": "a Triton load report (`python -m dflash2_trt.deploy.triton.load --json`)"}
+"""What each ``bench`` output is, by the key :func:`check_output_file`'s ``replaces`` takes."""
 LOAD_FORMAT = "dflash2-trt triton load report"
 """``format`` of the Triton load tool's ``--json`` document."""
-"""What each ``bench`` output is, by the key :func:`check_output_file`'s ``replaces`` takes."""
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_REPORT_BYTES = 1 << 30
 """A larger existing file is not read: no report this project writes comes near it."""

@@ -52,8 +52,12 @@ def test_a_recorded_stop_ends_a_load_run_whose_requests_hang(monkeypatch):
             pass
 
     never = threading.Event()
+
+    def stuck(*a, **kw):   # let go, the workers take the rest at once and end (joined below, while still patched)
+        never.wait(60)
+
     monkeypatch.setattr(grpc, "InferenceServerClient", Client)
-    monkeypatch.setattr(load, "stream_one", lambda *a, **kw: never.wait(60))
+    monkeypatch.setattr(load, "stream_one", stuck)
     t0 = time.monotonic()
     try:
         with stop_recorded_after(0.3), pytest.raises(KeyboardInterrupt):
@@ -61,6 +65,9 @@ def test_a_recorded_stop_ends_a_load_run_whose_requests_hang(monkeypatch):
         assert time.monotonic() - t0 < 10
     finally:
         never.set()
+        for th in threading.enumerate():
+            if th.name.startswith("load-"):
+                th.join(10)
 
 
 @pytest.mark.parametrize("lost", [False, True])

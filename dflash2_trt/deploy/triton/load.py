@@ -212,7 +212,8 @@ def main(argv=None) -> int:
     def _stop(signum, frame):   # recorded, so that one whose exception Python lost still stops the run
         raise stop_requested(signum)
 
-    before = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    before = ({sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+              if threading.current_thread() is threading.main_thread() else {})   # (only there may Python set them)
     try:
         if args.json_out is not None:   # before the target decodes and the server starts; never an input
             from ...bench.io import check_output_file

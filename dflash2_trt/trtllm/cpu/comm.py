@@ -93,8 +93,9 @@ class World:
                     raise_if_stop_requested()
                     t.join(0.05)
         except BaseException:
-            self._barrier.abort()   # ranks waiting at a collective end; a new barrier once they have
-            self._barrier = threading.Barrier(self.size)
+            # a stop: ranks waiting at a collective end (BrokenBarrierError); a rank still stuck elsewhere is left to
+            # the process's end (a daemon). The barrier stays broken: a world stopped so is not run again
+            self._barrier.abort()
             raise
         first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
                      next((e for e in errors if e is not None), None))
