@@ -382,3 +382,28 @@ def test_submit_checks_the_engine_limits(loop):
     loop.close()
     with pytest.raises(ConfigError, match="shutting down"):
         loop.submit(_parse(_req()), Sink())
+
+
+def test_close_during_a_failing_step_ends_the_loop_at_once(cpu_engine, prompts, monkeypatch):
+    """A failing step's clean-up drained the queue, close()'s end mark with it: the loop then waited for a request
+    and close() for its whole timeout."""
+    lp = ServingLoop(cpu_engine, max_batch_size=16)
+    entered, release = threading.Event(), threading.Event()
+
+    def failing(inputs):
+        entered.set()
+        release.wait(30)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cpu_engine, "step", failing)
+    a = Sink()
+    lp.submit(_spec(prompts[0]), a)
+    assert entered.wait(30)
+    closer = threading.Thread(target=lp.close, kwargs={"timeout": 20})
+    closer.start()
+    time.sleep(0.2)          # close() has put its end mark while the step still runs
+    t0 = time.monotonic()
+    release.set()
+    closer.join(30)
+    assert not lp._thread.is_alive() and time.monotonic() - t0 < 5
+    assert a.err is not None and "boom" in a.err

@@ -596,12 +596,17 @@ class ServingLoop:
 
     def _fail_all(self, message: str) -> None:
         self.errors.append(message)
+        closing = False
         while True:
             item = self._get_nowait()
             if item is _EMPTY:
                 break
-            if item is not None:
+            if item is None:
+                closing = True   # close()'s: put back below, or the loop would wait for it forever
+            else:
                 _safe(item[2].error, message)
+        if closing:
+            self._q.put(None)
         for live in self._live.values():
             _safe(live.sink.error, message)
         self._live.clear()
