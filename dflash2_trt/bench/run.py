@@ -238,7 +238,6 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, c
         raise ConfigError("applies to measured costs only: give --costs-from STEPS.json too", field="--cost-basis")
     levels = parse_concurrency("1,4,16,32" if concurrency is None else concurrency)
     g = parse_gpus("h200" if gpus is None else gpus)
-    recurrent_verify = recurrent_verify or "replay"
     report = None
     if acceptance_from is not None:
         report = read_report(acceptance_from)
@@ -247,12 +246,15 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, c
                                     concurrency=None if concurrency is None else levels,
                                     roofline_options=(bandwidth_efficiency, compute_efficiency, step_overhead_ms))
     t, d = published_pair_shapes(target)
+    if recurrent_verify is not None and "linear" not in t.layer_kinds:
+        raise ConfigError(f"applies to targets with Gated DeltaNet (recurrent) layers; {target} has none",
+                          field="--recurrent-verify")   # checked, not ignored (it was recorded and changed nothing)
     if context_len is None:
         context_len = _default_context(t, DEFAULT_PROJECT_CONTEXT)
     tau, info = tau_from(acceptance=acceptance, report=report, draft_len=d.block_size - 1, report_source=acceptance_from)
     doc = project(t, d, [GPUS[k] for k in g], concurrency=levels, context=context_len, tau=tau, acceptance_info=info,
                   bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3,
-                  recurrent=recurrent_verify)
+                  recurrent=recurrent_verify or "replay")
     if json_out is not None:
         atomic_write_json(json_out, doc)
     return doc

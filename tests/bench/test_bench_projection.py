@@ -315,3 +315,17 @@ def test_a_target_without_a_published_drafter_is_refused_without_naming_a_missin
         assert r.exit_code == 1 and len(lines) == 1, r.output
         assert lines[0].startswith(f"error: {field}: target 'qwen3-8b' has no published drafter") \
             and "one of: qwen3.8-27b, muse-glimmer-30b" in lines[0] and "pass --drafter" not in lines[0], lines[0]
+
+
+def test_recurrent_verify_on_a_target_without_recurrent_layers_is_refused():
+    """Checked, not ignored: on a dense target the option changed nothing and was still recorded in the JSON."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "4", "--target", "tiny", "--recurrent-verify",
+                                  "intermediate"])
+    assert r.exit_code == 1 and "--recurrent-verify: applies to targets with Gated DeltaNet" in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "4", "--target", "tiny-hybrid",
+                                  "--recurrent-verify", "intermediate"])
+    assert r.exit_code == 0 and "recurrent verify intermediate" in r.output, r.output
