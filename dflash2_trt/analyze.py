@@ -277,7 +277,7 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
     a list of token ids, or a string tokenized with the target directory's tokenizer."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")   # a leading BOM (Windows editors) is not text
     except OSError as exc:
         raise ConfigError(f"cannot read prompts: {exc}", source=path) from None
     except UnicodeDecodeError as exc:

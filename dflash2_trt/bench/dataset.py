@@ -213,7 +213,7 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
 def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
     path = Path(corpus)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")   # a leading BOM (Windows editors) is not text
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the corpus: {getattr(exc, 'strerror', None) or exc}", source=path) from None
     lines = [(n, ln.strip()) for n, ln in enumerate(text.split("\n"), 1) if ln.strip()]   # as sed and editors count

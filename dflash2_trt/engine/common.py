@@ -25,7 +25,7 @@ def read_prompts_file(path: str | Path) -> list[dict]:
     every report (``run --json``, ``bench run --save-outputs``), so two lines may not share one."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()   # a leading BOM is not text
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
     except UnicodeDecodeError as exc:

@@ -131,6 +131,18 @@ def test_prompts_and_corpus_sources_tokenize_text(tmp_path, target_with_tokenize
                       "--output", str(out), "--max-input-len", "1", "--output-tokens", "3", "--force")
     assert code == 0, text
     assert [(r["input_ids"], r["output_tokens"]) for r in validate_file(out)] == [([11], 3), ([13], 3)]
+    # a leading byte order mark (Windows editors write one) is not part of the text
+    prompts.write_bytes(b"\xef\xbb\xbf" + json.dumps(["w5 w6 w7"]).encode())
+    corpus.write_bytes(b"\xef\xbb\xbfw11 w12\n")
+    prepare_dataset(source="prompts", prompts_file=prompts, output=out, tokenizer_dir=target_with_tokenizer,
+                    vocab_size=256, force=True)
+    assert [r["input_ids"] for r in validate_file(out)] == [[5, 6, 7]]
+    prepare_dataset(source="corpus", corpus=corpus, output=out, tokenizer_dir=target_with_tokenizer, vocab_size=256,
+                    force=True)
+    assert [r["input_ids"] for r in validate_file(out)] == [[11, 12]]
+    jl = tmp_path / "p.jsonl"
+    jl.write_bytes(b"\xef\xbb\xbf" + json.dumps({"task_id": 1, "input_ids": [3, 4]}).encode() + b"\n")
+    assert [r["input_ids"] for r in read_prompts_file(jl)] == [[3, 4]]
 
 
 def test_a_prepared_dataset_replaces_the_old_file_atomically(tmp_path, monkeypatch):
