@@ -633,6 +633,12 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
                           max_input_len=max_input_len, seed=seed, force=force, **lengths)
     click.echo(f"wrote {res['output']}: {res['requests']} requests ({res['source']}), mean input "
                f"{res['mean_input_len']:.1f} tokens, mean output {res['mean_output_tokens']:.1f} tokens")
+    if tgt["input_limit"] is not None:   # written as asked, but said: `run` / `bench run` would refuse them
+        limit, what = tgt["input_limit"]
+        over = [n for n in res["input_lens"] if n > limit]
+        if over:
+            click.echo(f"note: {len(over)} of {res['requests']} prompts are longer than {what} {limit} (the longest: "
+                       f"{max(over)} tokens), which refuses them; --max-input-len {limit} cuts them", err=True)
 
 
 @bench_group.command("run")

@@ -206,7 +206,7 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
              for i, (p, o) in enumerate(zip(prompts, out_lens))]
     atomic_write_text(out, "\n".join(lines) + "\n")
     return {"output": str(out), "source": source, "requests": len(lines),
-            "mean_input_len": sum(map(len, prompts)) / len(prompts),
+            "mean_input_len": sum(map(len, prompts)) / len(prompts), "input_lens": [len(p) for p in prompts],
             "mean_output_tokens": sum(out_lens) / len(out_lens), "seed": seed}
 
 
@@ -305,17 +305,21 @@ def resolve_target(*, target_key=None, target_dir=None, engine_dir=None) -> dict
     if given > 1:
         raise ConfigError("give at most one of --target, --target-dir, --engine-dir", field="--target")
     if given == 0:
-        return {"vocab_size": None, "stop_ids": (), "tokenizer_dir": None}
+        return {"vocab_size": None, "stop_ids": (), "tokenizer_dir": None, "input_limit": None}
     if engine_dir is not None:
         _, man, cfg = engine_backend(engine_dir)
         try:
             vocab = int(cfg["pretrained_config"]["vocab_size"])
         except (TypeError, KeyError, ValueError):
             raise ConfigError("no pretrained_config.vocab_size", source=Path(engine_dir) / "config.json") from None
+        limit = (man.get("limits") or {}).get("max_input_len")
         return {"vocab_size": vocab, "stop_ids": tuple(int(e) for e in man.get("eos_token_ids") or ()),
-                "tokenizer_dir": prompt_tokenizer_dir(engine_dir, man)}
+                "tokenizer_dir": prompt_tokenizer_dir(engine_dir, man),
+                "input_limit": (limit, "the engine's max_input_len") if isinstance(limit, int) else None}
     if target_key is not None:
         target_dir = registered_target_dir(target_key)
     t = TargetConfig.from_hugging_face(Path(target_dir))
+    limit = getattr(t, "max_position_embeddings", None)
     return {"vocab_size": t.vocab_size, "stop_ids": tuple(int(e) for e in t.eos_token_ids),
-            "tokenizer_dir": Path(target_dir)}
+            "tokenizer_dir": Path(target_dir),
+            "input_limit": (limit, "the target's max_position_embeddings") if isinstance(limit, int) else None}

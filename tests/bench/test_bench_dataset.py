@@ -316,3 +316,14 @@ def _corpus(tmp_path):
     p = tmp_path / "corpus.txt"
     p.write_text("puni kiku kito\nlasa sake rako\n")
     return p
+
+
+def test_prompts_longer_than_the_engine_takes_are_said(tmp_path, target_with_tokenizer):
+    """Written as asked (the user may cut later), but said: `run` and `bench run` refuse such prompts."""
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(["w5 " * 600, "w6 w7"]))
+    code, text = _cli("bench", "prepare-dataset", "--prompts", str(prompts), "--target-dir", str(target_with_tokenizer),
+                      "--output", str(tmp_path / "ds.jsonl"))
+    assert code == 0, text
+    assert "note: 1 of 2 prompts are longer than the target's max_position_embeddings" in text, text
+    assert "--max-input-len" in text
