@@ -10,7 +10,7 @@ import click
 
 from . import __version__
 from .errors import (DFlash2Error, Terminated, clear_stop_requests, committed_outputs, pending_stop,
-                     raise_if_stop_requested, stop_requested)
+                     raise_if_stop_requested, raise_stop, stop_requested)
 from .targets import tiny_targets
 
 
@@ -23,10 +23,6 @@ def _raise_terminated(signum, frame):
     if pending_stop() is not None and sys.exc_info()[1] is not None:
         stop_requested(signum)
         return
-    raise stop_requested(signum)
-
-
-def _raise_interrupt(signum, frame):
     raise stop_requested(signum)
 
 
@@ -112,7 +108,7 @@ class _Group(click.Group):
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _raise_terminated)
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # Ctrl-C, recorded the same way
-                previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
+                previous_int = signal.signal(signal.SIGINT, raise_stop)
         hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
         try:
             result = super().invoke(ctx)

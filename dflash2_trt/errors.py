@@ -39,6 +39,11 @@ the list per command and names them when a stop ends a command after one was com
 not wrong about them)."""
 
 
+def raise_stop(signum: int, frame=None) -> None:
+    """A SIGTERM / SIGINT handler: record the stop and raise its exception (:func:`stop_requested`)."""
+    raise stop_requested(signum)
+
+
 def raise_if_stop_requested() -> None:
     if _stop_pending:
         raise stop_requested(_stop_pending[0])

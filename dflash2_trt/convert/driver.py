@@ -56,7 +56,7 @@ from ..checkpoint.writer import (
 )
 from ..config import DFlash2Config, TargetConfig, pairing_problems
 from ..errors import (CheckpointError, ConfigError, PairingError, clear_stop_requests, raise_if_stop_requested,
-                      stop_requested)
+                      raise_stop)
 from ..overlap import refuse_overlap
 from . import dflash2, muse_glimmer, qwen3, qwen3_5
 from .plan import DRAFTER, TARGET, Drop, OutTensor, width_of
@@ -249,12 +249,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def handler(signum, frame):
-        raise stop_requested(signum)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    old_int = signal.signal(signal.SIGINT, handler) if signal.getsignal(signal.SIGINT) is signal.default_int_handler \
-        else None
+    old = signal.signal(signal.SIGTERM, raise_stop)
+    owns_int = signal.getsignal(signal.SIGINT) is signal.default_int_handler   # not under the CLI, which records it
+    old_int = signal.signal(signal.SIGINT, raise_stop) if owns_int else None
     try:
         yield
     finally:

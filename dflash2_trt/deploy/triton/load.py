@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...engine.format import load_engine_dir
-from ...errors import ConfigError, DFlash2Error, clear_stop_requests, pending_stop, raise_if_stop_requested, stop_requested
+from ...errors import ConfigError, DFlash2Error, clear_stop_requests, pending_stop, raise_if_stop_requested, raise_stop
 from ...sampling import request_temperature
 
 
@@ -209,10 +209,8 @@ def main(argv=None) -> int:
     if not sys.stderr.isatty():   # no weight-loading bars in a log, as the CLI (transformers reads it when imported)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-    def _stop(signum, frame):   # recorded, so that one whose exception Python lost still stops the run
-        raise stop_requested(signum)
-
-    before = ({sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # recorded, so that a stop whose exception Python lost still stops the run
+    before = ({sig: signal.signal(sig, raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
               if threading.current_thread() is threading.main_thread() else {})   # (only there may Python set them)
     try:
         if args.json_out is not None:   # before the target decodes and the server starts; never an input

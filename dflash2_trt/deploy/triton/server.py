@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ...children import die_with_parent
 from ...errors import (ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, raise_if_stop_requested,
-                      stop_requested)
+                      raise_stop)
 from . import hygiene
 from .repository import TRITON_EXTRA
 from .serving import DRAIN_ENV, request_drain
@@ -520,14 +520,11 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
     work = hygiene.make_work_dir("dflash2-serve-")
     old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
-    def _stop(signum, frame):
-        raise stop_requested(signum)
-
     srv = None
     try:
         # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must still stop us
         for sig in old_handlers:
-            signal.signal(sig, _stop)
+            signal.signal(sig, raise_stop)
         if engine_dir is not None:
             res = deploy_triton(engine_dir, work / "repository", max_batch_size=max_batch_size, decoupled=decoupled,
                                 tokenizer=tokenizer, ids_only=ids_only, cuda_graphs=cuda_graphs)
