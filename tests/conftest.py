@@ -4,7 +4,17 @@ tests never depend on (or pollute) the user's cache, and nothing is downloaded."
 from __future__ import annotations
 
 import os
+import signal
+
 import pytest
+
+# A launcher may start the suite with Ctrl-C ignored (a background job of a non-interactive shell does: measured, its
+# children print SIG_IGN for SIGINT). Children inherit an ignored signal through exec, so every test that stops a
+# child with SIGINT would fail there for the launcher's reason, not the code's. Python's own handler, installed here,
+# is reset to the default at each child's exec, and a Python child then installs its own Ctrl-C handler as it would
+# when started from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 @pytest.fixture(scope="session", autouse=True)
 def _cpu_backend_by_default():
