@@ -234,6 +234,16 @@ def inspect_cmd(path, target_key, drafter_dir, target_dir, download, check_value
         sys.exit(1)
 
 
+def _set_threads(threads) -> None:
+    """``--threads`` of run / generate: checked (1 to the CPUs this process may use), then torch's intra-op count."""
+    from .cpu_threads import check_threads
+
+    if check_threads(threads) is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 @main.command("generate")
 @_pair_options
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
@@ -245,12 +255,16 @@ def inspect_cmd(path, target_key, drafter_dir, target_dir, download, check_value
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--block-size", type=int, default=None, help="Override the drafter's block size.")
 @click.option("--top-k", type=int, default=None, help="Override the selector's candidates per position.")
+@click.option("--threads", type=int, default=None,
+              help="torch's CPU threads for the reference [default: torch's, one per core]; fewer "
+                   "where other work shares the cores.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def generate_cmd(target_key, drafter_dir, target_dir, download, prompt_ids, prompt, temperature, selector,
-                 max_new_tokens, seed, block_size, top_k, as_json) -> None:
+                 max_new_tokens, seed, block_size, top_k, threads, as_json) -> None:
     """Speculative decoding with the PyTorch reference; prints output and acceptance statistics."""
     from .reference.generate import render_generation, run_generate
 
+    _set_threads(threads)
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     report = run_generate(d, t, prompt_ids=prompt_ids, prompt=prompt, temperature=temperature,
                           selector=selector, max_new_tokens=max_new_tokens, seed=seed,
@@ -556,13 +570,17 @@ def _report_build(res, as_json: bool) -> None:
               help="cuda engines, and TensorRT engines on the project runtime (tp 1): replay generation steps from "
                    "CUDA graphs, one per batch shape and 256-token key range (cuda engines: lossless on an H100 for "
                    "the tiny pairs; TensorRT engines: not yet run on a GPU; docs/gpu.md, docs/trt-session.md §9).")
+@click.option("--threads", type=int, default=None,
+              help="torch's CPU threads for CPU engines [default: torch's, one per core]; fewer "
+                   "where other work shares the cores.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
-            runtime, cuda_graphs, as_json) -> None:
+            runtime, cuda_graphs, threads, as_json) -> None:
     """Run prompts through an engine (the project runtime or TensorRT-LLM's executor: in-flight batching); prints
     tokens and acceptance."""
     from .engine.run import render, run_engine
 
+    _set_threads(threads)
     report = run_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                         max_batch_size=max_batch_size, verify=verify, runtime=runtime, cuda_graphs=cuda_graphs)

@@ -43,3 +43,20 @@ def share_cpus(processes: int, *, reserve: int = 0) -> int | None:
         return None
     torch.set_num_threads(share)
     return share
+
+
+def check_threads(threads, *, field: str = "--threads", why: str = "more threads than cores slow torch's many small "
+                  "ops down") -> int | None:
+    """``threads`` as given for torch's intra-op threads (None: torch's own count), refused with a
+    :class:`~dflash2_trt.errors.ConfigError` naming ``field`` unless it is an integer from 1 to the CPUs this process
+    may use (an audit: ``--threads 1000`` on 2 cores ran for over 10 minutes; 64 cut the tokens/s to a third)."""
+    from .errors import ConfigError
+
+    if threads is None:
+        return None
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ConfigError(f"must be an integer >= 1, got {threads!r}", field=field)
+    if threads > available_cpus():
+        raise ConfigError(f"must be at most the {available_cpus()} CPU cores this process may use, got {threads} "
+                          f"({why})", field=field)
+    return threads

@@ -31,7 +31,7 @@ from collections import deque
 
 from ..engine.common import check_requests, stop_ids
 from ..engine.standin.engine import open_standin_engine
-from ..cpu_threads import available_cpus
+from ..cpu_threads import check_threads
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
 from ..runtime import Request, Runtime
@@ -86,13 +86,7 @@ def bench_cpu(engine_dir, dataset, *, concurrency, num_requests: int | None = No
     a small shared machine a second thread mostly adds synchronisation stalls; None keeps torch's setting)."""
     import torch
 
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise ConfigError(f"must be an integer >= 1, got {threads!r}", field="--threads")
-    if threads is not None and threads > available_cpus():
-        # more threads than cores stalls the stand-in's many small ops and skews every number it reports
-        # (an audit: --threads 1000 on 2 cores ran for over 10 minutes; 64 cut the tokens/s to a third)
-        raise ConfigError(f"must be at most the {available_cpus()} CPU cores this process may use, got {threads} "
-                          f"(more threads than cores skew the measurement)", field="--threads")
+    threads = check_threads(threads, why="more threads than cores skew the measurement")
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
