@@ -119,7 +119,7 @@ def run_report(engine_dir, reqs, rt, wall: float, tokenizer=None, **head) -> dic
     acc = [a for r in reqs for a in r.acceptance_lengths]
     return {"engine_dir": str(engine_dir), **head, "max_batch_size": rt.max_batch_size, "requests": out,
             "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
-                       "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else 0.0,
+                       "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else None,
                        "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
 
 

@@ -43,17 +43,24 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
                           max_batch_size=max_batch_size, verify=verify, progress=progress, cuda_graphs=cuda_graphs)
 
 
+def _mean(value) -> str:
+    """A mean acceptance as ``run`` prints it: ``-`` where there was no generation step (JSON: null), as ``bench run``
+    prints it."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 def render(report: dict) -> str:
     lines = []
     for r in report["requests"]:
         lines.append(f"[{r['task_id']}] prompt {r['prompt_len']} tokens -> {len(r['output_ids'])} new "
-                     f"({r['stop_reason']}), mean acceptance {r['mean_acceptance']:.2f} over {len(r['acceptance_lengths'])} steps")
+                     f"({r['stop_reason']}), mean acceptance {_mean(r['mean_acceptance'])} "
+                     f"over {len(r['acceptance_lengths'])} steps")
         lines.append("  ids: " + ",".join(map(str, r["output_ids"])))
         if "text" in r:
             lines.append("  text: " + r["text"])
     t = report["totals"]
     lines.append(f"{t['requests']} request(s), {t['output_tokens']} tokens in {t['steps']} engine steps "
-                 f"(max batch {report['max_batch_size']}), mean acceptance {t['mean_acceptance']:.2f}, "
+                 f"(max batch {report['max_batch_size']}), mean acceptance {_mean(t['mean_acceptance'])}, "
                  f"{t['output_tokens_per_s'] or 0:.1f} tokens/s")
     if report.get("cuda_graphs"):
         lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))

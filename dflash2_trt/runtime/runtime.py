@@ -71,9 +71,11 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids) - 1
 
     @property
-    def mean_acceptance(self) -> float:
+    def mean_acceptance(self) -> float | None:
+        """Tokens emitted per generation step; None before the first one (a request that ended at its prompt's
+        token has no acceptance to average, and 0.0 would read as a drafter that never helps)."""
         a = self.acceptance_lengths
-        return sum(a) / len(a) if a else 0.0
+        return sum(a) / len(a) if a else None
 
     def to_dict(self) -> dict:
         return {"task_id": self.task_id, "prompt_len": len(self.prompt_ids), "output_ids": list(self.output_ids),

@@ -143,3 +143,20 @@ def test_threads_set_torch_and_bad_counts_are_one_line(engine, monkeypatch):
             r = CliRunner().invoke(main, [*argv, "--prompt-ids", "5,6,7", "--threads", bad])
             assert r.exit_code == 1 and r.output.startswith(f"error: --threads: {needle}"), (name, r.output)
             assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_run_without_a_generation_step_has_no_mean_acceptance(engine):
+    """One new token comes from the context step alone: there is no acceptance to average. It was printed as 0.00 (a
+    drafter that never helps); it is `-` in the text and null in the JSON, as bench run says it."""
+    argv = ["run", "--engine-dir", str(engine), "--prompt-ids", "5,6", "--max-new-tokens", "1"]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 0, r.output
+    assert "mean acceptance - over 0 steps" in r.output and "mean acceptance -," in r.output, r.output
+    r = CliRunner().invoke(main, [*argv, "--json"])
+    doc = json.loads(r.output)
+    assert doc["totals"]["mean_acceptance"] is None and doc["requests"][0]["mean_acceptance"] is None
+    assert doc["totals"]["generation_steps"] == 0
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(engine), "--prompt-ids", "5,6", "--max-new-tokens", "6",
+                                  "--json"])
+    doc = json.loads(r.output)
+    assert doc["totals"]["mean_acceptance"] >= 1.0 and doc["requests"][0]["mean_acceptance"] >= 1.0
