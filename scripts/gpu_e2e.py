@@ -438,12 +438,14 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
     cannot cost the next target its memory or its run (``save`` then follows the child's levels every 10 s)."""
     from dflash2_trt.bench.steps import measure_steps, render
 
-    docs, errors = [], []
+    docs, errors, stopped = [], [], []
     part_start = PROCESS_START if limit is not None else time.perf_counter()
 
     def doc_of(reports, partial=False):
-        table = "\n\n".join([render(d) for d in reports] + [f"{e['target']}: FAILED: {e['error']}" for e in errors])
-        return {"reports": reports, "table": table, "partial": partial, "errors": list(errors)}
+        table = "\n\n".join([render(d) for d in reports] + [f"{e['target']}: FAILED: {e['error']}" for e in errors]
+                             + [f"{e['target']}: stopped: {e['reason']}" for e in stopped])
+        return {"reports": reports, "table": table, "partial": partial, "errors": list(errors),
+                "stopped_at_share": list(stopped)}
 
     for idx, t in enumerate(targets):
         last: list = []            # the target's report so far (after each measured concurrency)
@@ -452,26 +454,34 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
             share = max((limit - (time.perf_counter() - part_start) - SHARE_RESERVE_S) / (len(targets) - idx), 0.0)
             deadline = time.perf_counter() + share
 
-        def keep(d, last=last, deadline=deadline, share=share):
+        def checkpoint(d, last=last):
             last[:] = [d]
             if save is not None:
                 save(doc_of(docs + [d], partial=True))
+
+        def keep(d, deadline=deadline, share=share):
+            checkpoint(d)
             if deadline is not None and time.perf_counter() > deadline:
                 raise TargetShareUsed(f"its share of the part's time ({share:.0f} s) was used up; the levels "
                                       f"measured before are kept")
 
         doc = None
         if isolate:
-            report, child_errors = steps_in_child(
+            report, child_errors, child_stopped = steps_in_child(
                 out, t, context_len, concurrency, steps, share,
                 on_tick=None if save is None else (lambda r: save(doc_of(docs + [r], partial=True))))
             errors.extend(child_errors)
+            stopped.extend(child_stopped)
             if report is not None:
                 log(render(report))
         else:
             try:
                 doc = measure_steps(t, backend=BACKEND, concurrency=concurrency, context_len=context_len, steps=steps,
-                                    warmup=2, profile_steps=1, progress=log, partial=keep)
+                                    warmup=2, profile_steps=1, progress=log, partial=keep, checkpoint=checkpoint)
+            except TargetShareUsed as e:
+                # the plan, not a failure: the levels measured are kept and the part's status stays green
+                log(f"[steps] {t}: {e}")
+                stopped.append({"target": t, "reason": str(e), "points_kept": len(last[0]["points"]) if last else 0})
             except Exception as e:  # noqa: BLE001 - one target's failure must not cost the next target its numbers
                 log(traceback.format_exc())
                 errors.append({"target": t, "error": f"{type(e).__name__}: {e}"[:600],
@@ -492,9 +502,10 @@ def part_steps(out: Path, context_len: int, concurrency: str, targets, steps: in
 
 
 def steps_in_child(out: Path, target: str, context_len: int, concurrency: str, steps: int,
-                   share: float | None, on_tick=None) -> tuple[dict | None, list[dict]]:
+                   share: float | None, on_tick=None) -> tuple[dict | None, list[dict], list[dict]]:
     """One target's steps in a child process (``--one steps-target``; its log ``steps-<target>.log``), stopped at its
-    ``share`` of the part's time (SIGTERM, then SIGKILL): (its report or None, its errors). The child writes
+    ``share`` of the part's time (SIGTERM, then SIGKILL): (its report or None, its errors, its stop at its share as
+    planned: ``part_steps``'s ``stopped_at_share``). The child writes
     ``steps-<target>.json`` after each measured concurrency and its outcome (errors) at the end; a child that was
     stopped or crashed keeps the levels it wrote, and its error names its exit status and log. ``on_tick``: called
     every few seconds while it runs with its report so far (the part's ``steps.json`` follows the child's levels)."""
@@ -525,17 +536,19 @@ def steps_in_child(out: Path, target: str, context_len: int, concurrency: str, s
         report = json.loads((out / f"steps-{target}.json").read_text())
     except (OSError, ValueError):
         report = None
+    stopped = []
     try:
-        errors = json.loads(outcome.read_text())["errors"]
+        child = json.loads(outcome.read_text())
+        errors, stopped = child["errors"], child.get("stopped_at_share", [])
         outcome.unlink()
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         why = "stopped at its share of the part's time" if rc == 124 else f"exit status {rc}"
         errors = [{"target": target, "error": f"the child measuring it ended without its outcome ({why}; "
                                               f"steps-{target}.log)",
                    "points_kept": len(report["points"]) if report else 0}]
         if report is not None:
             report["partial"] = True
-    return report, errors
+    return report, errors, stopped
 
 
 def run_steps_target(args) -> int:
@@ -550,7 +563,8 @@ def run_steps_target(args) -> int:
 
     doc = part_steps(out, args.context_len, args.concurrency, [target], args.steps, save=save,
                      limit=getattr(args, "part_limit", None))
-    write_replacing(out / f".steps-{target}.outcome.json", json.dumps({"errors": doc["errors"]}, default=str))
+    write_replacing(out / f".steps-{target}.outcome.json",
+                    json.dumps({"errors": doc["errors"], "stopped_at_share": doc["stopped_at_share"]}, default=str))
     return 1 if doc["errors"] else 0
 
 
@@ -687,7 +701,7 @@ def main(argv=None) -> int:
     from dflash2_trt.children import die_with_parent, run_limited
 
     worst = 0
-    start = time.perf_counter()
+    start = PROCESS_START      # the budget counts from this process's start: its imports (torch, transformers) too
     for i, name in enumerate(parts):
         cmd = [sys.executable, __file__, "--out", str(out), "--one", name, "--context-len", str(args.context_len),
                "--concurrency", args.concurrency, "--targets", args.targets, "--lossless-levels", args.lossless_levels,

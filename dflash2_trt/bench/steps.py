@@ -433,13 +433,15 @@ def can_graph(engine: StandinEngine) -> bool:
 def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16,32,64",
                   context_len: int | None = None, steps: int = 10, warmup: int = 3, profile_steps: int = 2,
                   acceptance: float | None = None, dtype: str = "bfloat16", progress=None, graph: bool = True,
-                  partial=None) -> dict:
+                  partial=None, checkpoint=None) -> dict:
     """The ``bench steps`` report (see the module docstring). ``context_len``: default 1024, or the longest the target
     takes (:func:`step_shape`) if less. ``acceptance``: in [1, K + 1], as ``bench project --acceptance``.
     ``graph``: also time each step as a CUDA-graph replay (CUDA only; the first level's right after its eager
     measurement, the others after every eager level; after a level whose captures both fail, not tried again).
     ``partial``: called with the report so far (``"partial": True``) after each concurrency is measured and after
-    each one's graph replays, so that a run stopped at a time limit keeps its points."""
+    each one's graph replays, so that a run stopped at a time limit keeps its points (it may raise to end the sweep
+    there). ``checkpoint``: called with the report so far where it must be kept but the sweep goes on: the first
+    level's eager points, before its CUDA-graph captures (a process killed during those keeps them)."""
     levels = sorted(parse_concurrency(concurrency))   # ascending: a level out of memory ends the sweep there
     probe = config_probe(target_key)
     K, max_context = step_shape(probe)
@@ -528,6 +530,8 @@ def measure_steps(target_key: str, *, backend: str = "cuda", concurrency="1,4,16
             # price: a capture that fails here may leave torch's allocator holding memory (or routing to the graph's
             # pool) for the higher levels, which then may run out of memory: their skip says so
             if i == 0 and graphing:
+                if checkpoint is not None:
+                    checkpoint(report(points, skipped, True))
                 graphing = replay(pt)
                 early_capture_failed = not graphing
             if partial is not None:
