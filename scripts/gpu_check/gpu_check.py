@@ -570,7 +570,7 @@ def gdn_decode_bytes(hk, hv, dk, dv, kc, kv, batch, el=2, pending=None) -> dict:
 def bench_gdn(ext, results: dict) -> None:
     for batch in (1, 8, 64):
         for kv in (8, 16):
-            bench_gdn_point(ext, results, batch, kv)
+            bench_gdn_point(ext, results, batch, kv, probe=(batch, kv) == (64, 8))
     # the recurrence's variants at Dk = 128 (GDN_VARIANTS: same bits, checked in check_gdn), timed at the same points
     # beside the default's
     for tag, env in GDN_VARIANTS.items():
@@ -579,7 +579,50 @@ def bench_gdn(ext, results: dict) -> None:
             continue
         with gdn_variant(env):
             for batch, kv in ((8, 8), (64, 8), (64, 16)):
-                bench_gdn_point(ext, results, batch, kv, tag=tag)
+                bench_gdn_point(ext, results, batch, kv, tag=tag, probe=(batch, kv) == (64, 8))
+
+
+def kernels_launched(fn) -> tuple[list[str] | None, str | None]:
+    """(the distinct GPU kernel names of one call of ``fn``, recorded by the torch profiler; or None, why not). The
+    plugins' kernels are launched through ctypes, outside any torch op, and CUPTI records them all the same. Where
+    CUPTI cannot start (seen on a borrowed H100: CUPTI_ERROR_NOT_INITIALIZED) no kernel is recorded: said, not []."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        cuda = torch.autograd.DeviceType.CUDA
+        names = sorted({e.name for e in prof.events() if e.device_type == cuda})
+    except Exception as e:  # noqa: BLE001 - the probe informs; its failure is said, nothing else depends on it
+        return None, f"{type(e).__name__}: {e}"[:300]
+    if not names:
+        return None, "the profiler recorded no GPU kernels (CUPTI unavailable?)"
+    return names, None
+
+
+def recurrence_ran(names: list[str] | None, tag: str) -> dict:
+    """Which per-token recurrence kernel a GDN call launched (``names``: :func:`kernels_launched`'s), beside the one
+    the variant ``tag`` asks for: the prefetching kernel falls back to the default one without a word where its grid
+    cannot be planned (a CUDA query failing, no block fitting: ``prefetchGrid``), and its timings would then be the
+    default's under another name."""
+    if names is None:
+        return {"recurrence_kernels": None, "variant_ran": None}
+    rec = [n[:240] for n in names if "gdnRecurrent" in n]
+    asked = "gdnRecurrentPrefetchKernel" if "prefetch" in tag else "gdnRecurrentKernel"
+    return {"recurrence_kernels": rec, "variant_ran": any(asked in n for n in rec)}
+
+
+def probe_profiler(results: dict) -> None:
+    """Whether the torch profiler records GPU kernels on this machine (one matmul), known in seconds: the e2e part's
+    real-width steps need it for their per-component split, and on the first H100 run it could not start."""
+    import torch
+
+    a = torch.randn(256, 256, device="cuda")
+    names, error = kernels_launched(lambda: a @ a)
+    results["profiler_probe"] = {"ok": names is not None, "kernels": names, "error": error}
+    log(f"torch profiler: {'records GPU kernels (' + str(len(names)) + ' in a matmul)' if names else error}")
 
 
 # The per-token recurrence's variants at Dk = 128 (environment of the launcher, read at each launch): one state column
@@ -634,10 +677,11 @@ def gdn_on_device(ext, case, seed: int):
     return ExtGdn(ext), gdn_attrs(case), ins, bt["rnn"].cuda(), bt["conv"].cuda(), bt
 
 
-def bench_gdn_point(ext, results: dict, batch: int, kv: int, tag: str = "") -> None:
+def bench_gdn_point(ext, results: dict, batch: int, kv: int, tag: str = "", probe: bool = False) -> None:
     """One layer's decode step, deferred commit: `step` = forward (fold of kv // 2 pending records, verify, state
     written once) + commit (pending counts, conv state), run back to back so that every forward has records to
-    fold; `commit` alone; the forward is their difference."""
+    fold; `commit` alone; the forward is their difference. ``probe``: also record which recurrence kernel one step
+    launched (:func:`recurrence_ran`)."""
     import torch
     hk, hv, dk, dv, kc = QWEN_GDN_HEADS
     dev, attrs, ins, rnn, conv, bt = gdn_on_device(ext, (hk, hv, dk, dv, kc, kv, 64, (), (kv,) * batch), seed=7)
@@ -683,6 +727,14 @@ def bench_gdn_point(ext, results: dict, batch: int, kv: int, tag: str = "") -> N
                             frac_bound=bound_us / us if us else None,
                             frac_bound_graph=bound_us / g_us if g_us and g_us > 0 else None,
                             batch=batch, kv=kv, pending=kv // 2, graph_error=graph_error)
+    if probe:
+        names, error = kernels_launched(step)
+        ran = recurrence_ran(names, tag)
+        key = ("gdn_step" if (batch, kv) == (64, 8) else f"gdn_step_b{batch}_kv{kv}") + tag
+        results[key].update(ran, kernels_probe_error=error)
+        if ran["variant_ran"] is False:
+            log(f"gdn step{tag} B {batch} x Kv {kv}: its kernel did NOT run (launched: {ran['recurrence_kernels']}); "
+                f"its times are another kernel's")
 
 
 def bench_gdn_prefill(ext, results: dict, tokens: int = 8192) -> None:
@@ -839,7 +891,8 @@ def main(argv: list[str] | None = None) -> int:
                   ("scan", lambda: check_scan(ext, results, cpu)),
                   ("gdn", lambda: check_gdn(ExtGdn(ext), load_gdn_cpu(), results, small=args.small))]
         if not (args.skip_bench or args.small):
-            stages += [("bench_conv", lambda: bench_conv(ext, results)),
+            stages += [("profiler_probe", lambda: probe_profiler(results)),
+                       ("bench_conv", lambda: bench_conv(ext, results)),
                        ("bench_scan", lambda: bench_scan(ext, results)), ("bench_gdn", lambda: bench_gdn(ext, results)),
                        ("bench_gdn_prefill", lambda: bench_gdn_prefill(ext, results))]
         results["cpu_bit_identity_checked"] = cpu is not None

@@ -125,3 +125,28 @@ def test_each_stage_is_saved_as_it_ends_and_a_crash_does_not_stop_the_next(cpu, 
     doc = json.loads(path.read_text())
     assert doc["stages_done"] == ["gdn", "bad", "bench_conv", "bench_gdn"] and doc["total_s"] > 0
     assert G.run_stages(stages[:1], {}, path, 0.0) is True
+
+
+def test_which_recurrence_ran_is_recorded_beside_its_times():
+    """The prefetching recurrence falls back to the default kernel without a word where its grid cannot be planned
+    (``prefetchGrid``: a CUDA query failing, no block fitting): its timings would be the default's under its name.
+    The GPU check records which recurrence kernel one step launched (the profiler's kernel names) and says when it
+    is not the one asked for; where the profiler records nothing, it says why and decides nothing."""
+    mod = _load()
+    prefix = "void dflash2::(anonymous namespace)::"
+    default = [prefix + "gdnPrologueKernel<dflash2::(anonymous namespace)::BF16>(...)",
+               prefix + "gdnRecurrentKernel<128, dflash2::(anonymous namespace)::BF16, 2>(...)"]
+    prefetch = [prefix + "gdnRecurrentPrefetchKernel<128, dflash2::(anonymous namespace)::BF16, 1>(...)"]
+    assert mod.recurrence_ran(default, "") == {"recurrence_kernels": default[1:], "variant_ran": True}
+    assert mod.recurrence_ran(default, "_prefetch")["variant_ran"] is False          # the silent fallback
+    assert mod.recurrence_ran(prefetch, "_prefetch_cols1")["variant_ran"] is True
+    assert mod.recurrence_ran(prefetch, "_cols1")["variant_ran"] is False
+    assert mod.recurrence_ran(None, "_prefetch") == {"recurrence_kernels": None, "variant_ran": None}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="shows the probe's failure where there is no GPU")
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_the_kernel_probe_says_why_it_has_no_names():
+    mod = _load()
+    names, error = mod.kernels_launched(lambda: torch.ones(2) + 1)
+    assert names is None and error, error
