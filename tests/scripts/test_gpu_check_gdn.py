@@ -150,3 +150,10 @@ def test_the_kernel_probe_says_why_it_has_no_names():
     mod = _load()
     names, error = mod.kernels_launched(lambda: torch.ones(2) + 1)
     assert names is None and error, error
+
+
+def test_nominal_bandwidth_takes_the_longest_matching_name():
+    mod = _load()
+    assert mod.nominal_bw("NVIDIA H200") == 4.8e12 and mod.nominal_bw("NVIDIA GH200 480GB") == 4.0e12
+    assert mod.nominal_bw("NVIDIA H100 80GB HBM3") == 3.35e12 and mod.nominal_bw("NVIDIA H100 NVL") == 3.9e12
+    assert mod.nominal_bw("NVIDIA L4") is None
