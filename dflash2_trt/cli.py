@@ -621,9 +621,10 @@ def bench_group() -> None:
 def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, target_key, target_dir, engine_dir,
                               num_requests, output_tokens, max_input_len, seed, force, **lengths) -> None:
     """Write a dataset in trtllm-bench's format: {"task_id", "input_ids", "output_tokens"} per line."""
-    from .bench.dataset import prepare_dataset, resolve_target
+    from .bench.dataset import check_builtin_language, prepare_dataset, resolve_target
     from .errors import ConfigError
     from .overlap import refuse_overlap
+    from .targets import get_target
 
     sources = {"builtin": builtin, "prompts": prompts_file, "corpus": corpus, "synthetic": synthetic}
     chosen = [k for k, v in sources.items() if v is not None]
@@ -637,7 +638,13 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
         raise ConfigError("applies to --synthetic datasets only (prompt sources are written in order)", field="--seed")
     if builtin is not None and target_key is None and target_dir is None and engine_dir is None:
         target_key = builtin
+    if builtin is not None and target_key is not None and target_key not in tiny_targets():
+        get_target(target_key)                                   # an unknown key: that error first
+        check_builtin_language(builtin, None, f"--target {target_key}")   # before its checkpoint is looked for
     tgt = resolve_target(target_key=target_key, target_dir=target_dir, engine_dir=engine_dir)
+    if builtin is not None:
+        check_builtin_language(builtin, tgt, f"--target {target_key}" if target_key else
+                               f"--target-dir {target_dir}" if target_dir else f"--engine-dir {engine_dir}")
     refuse_overlap(output, "--output", [("--prompts file", prompts_file), ("--corpus file", corpus),
                                         ("target directory", target_dir), ("engine directory", engine_dir),
                                         ("tokenizer directory", tgt["tokenizer_dir"])])

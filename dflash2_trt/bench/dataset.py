@@ -61,6 +61,28 @@ def builtin_prompts_path(name: str) -> Path:
     return ASSET_ROOT / BUILTIN[name] / "prompts.json"
 
 
+def check_builtin_language(builtin: str, tgt: dict | None, described: str) -> None:
+    """A shipped prompt set is token ids of the tiny pairs' phrase language (one tokenizer for all three): refused for
+    a target that speaks another (``tgt``: :func:`resolve_target`'s, or None for a registered target that is not a
+    tiny pair; ``described``: how the user named it). The tokenizer decides where there is one (the same file, the
+    same language), else the vocabulary size."""
+    own = ASSET_ROOT / BUILTIN[builtin] / "target"
+    own_vocab = TargetConfig.from_hugging_face(own).vocab_size
+    if tgt is None:
+        same, theirs_said = False, "a published model's vocabulary"
+    else:
+        theirs = None if tgt["tokenizer_dir"] is None else Path(tgt["tokenizer_dir"]) / "tokenizer.json"
+        if theirs is not None and theirs.is_file():
+            same = theirs.read_bytes() == (own / "tokenizer.json").read_bytes()
+        else:
+            same = tgt["vocab_size"] == own_vocab
+        theirs_said = f"vocabulary {tgt['vocab_size']:,}"
+    if not same:
+        raise ConfigError(f"{builtin!r} is token ids of the tiny pairs' phrase language (vocabulary {own_vocab}); "
+                          f"{described} speaks another ({theirs_said}): give it prompts with --prompts, --corpus or "
+                          f"--synthetic", field="--builtin")
+
+
 def _need_int(value, field: str, lo: int = 1) -> int:
     if value is None:
         raise ConfigError("is required for this source", field=field)

@@ -327,3 +327,28 @@ def test_prompts_longer_than_the_engine_takes_are_said(tmp_path, target_with_tok
     assert code == 0, text
     assert "note: 1 of 2 prompts are longer than the target's max_position_embeddings" in text, text
     assert "--max-input-len" in text
+
+
+def test_a_builtin_set_is_refused_for_a_target_of_another_language(tmp_path):
+    """The shipped prompt sets are token ids of the tiny pairs' phrase language (one tokenizer for all three): for a
+    published target they are ids of another vocabulary, meaningless text that was written without a word. Refused,
+    naming the option and how to give that target prompts; any tiny target (same tokenizer) still takes any set."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.targets import fixtures_dir
+
+    out = tmp_path / "d.jsonl"
+    line = _one_error_line(*_cli("bench", "prepare-dataset", "--builtin", "tiny", "--target", "qwen3.8-27b",
+                                 "--output", str(out)))
+    assert line.startswith("error: --builtin: 'tiny' is token ids of the tiny pairs' phrase language (vocabulary "
+                           "256); --target qwen3.8-27b speaks another"), line
+    qwen = fixtures_dir() / "Qwen__Qwen3.8-27B"      # its published config: no tokenizer, the vocabulary decides
+    line = _one_error_line(*_cli("bench", "prepare-dataset", "--builtin", "tiny-muse", "--target-dir", str(qwen),
+                                 "--output", str(out)))
+    assert "speaks another (vocabulary 248,320)" in line and "--prompts, --corpus or --synthetic" in line, line
+    assert not out.exists()
+    code, text = _cli("bench", "prepare-dataset", "--builtin", "tiny-muse", "--target", "tiny",
+                      "--output", str(out))
+    assert code == 0, text
+    code, text = _cli("bench", "prepare-dataset", "--builtin", "tiny", "--target-dir",
+                      str(trained_pair("qwen3_5").target_dir), "--output", str(out), "--force")
+    assert code == 0, text
