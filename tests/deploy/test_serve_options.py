@@ -125,3 +125,47 @@ def test_the_log_may_be_this_processs_output_or_a_device(where):
     from dflash2_trt.deploy.triton.server import check_log_path
 
     check_log_path(where)
+
+
+def test_a_repository_whose_engine_moved_is_one_line_before_the_server_starts(engine, tmp_path, monkeypatch):
+    """`serve --repository` after the engine directory it was written for moved: the models failed inside the
+    server, the tokenizer models with transformers' "Repo id must be in the form ..." (the path read as a Hub id).
+    Now one line names the config file, the parameter and the path, before tritonserver is started; the tokenizer
+    models themselves say what is missing where a server is started by hand."""
+    import shutil
+
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+
+    eng = tmp_path / "engine"
+    shutil.copytree(engine, eng)
+    repo = tmp_path / "repo"
+    deploy_triton(eng, repo)
+    argv = ["serve", "--repository", str(repo), "--port", str(_free_port())]
+    eng.rename(tmp_path / "moved")
+    r = CliRunner().invoke(main, argv)
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 1 and len(lines) == 1, r.output
+    assert lines[0] == (f"error: {repo / 'tensorrt_llm' / 'config.pbtxt'}: gpt_model_path: {eng} is not a directory "
+                        f"(moved or removed since `deploy triton` wrote this repository? write it again with "
+                        f"--engine-dir at its new place)"), r.output
+    (tmp_path / "moved").rename(eng)
+    shutil.rmtree(eng / "tokenizer")
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 1 and f"config.pbtxt: tokenizer_dir: {eng / 'tokenizer'} is not a directory" in r.output
+    import importlib.util
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    for name in ("preprocessing", "postprocessing"):     # the files the repository holds, as the stub loads them
+        spec = importlib.util.spec_from_file_location(f"df2_{name}_moved", repo / name / "1" / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with pytest.raises(FileNotFoundError, match=r"tokenizer_dir .*: not a directory \(moved or removed"):
+            module.load_tokenizer(str(eng / "tokenizer"))
+
+
+def _free_port() -> int:
+    from deploy_helpers import free_base_port
+
+    return free_base_port()

@@ -366,6 +366,31 @@ def repository_record(repository: str | Path) -> dict:
     return rec
 
 
+_PATH_PARAMETER = re.compile(r'key:\s*"(gpt_model_path|tokenizer_dir)"\s*value:\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def check_repository_paths(repository: str | Path, models: list[str]) -> None:
+    """The directories ``repository``'s models open at load time (the engine, ``gpt_model_path``; the tokenizer,
+    ``tokenizer_dir``; absolute, as ``deploy triton`` writes them) exist, before tritonserver is started: a repository
+    whose engine directory was moved after ``deploy triton`` failed inside the server, the tokenizer models with
+    transformers' "Repo id must be in the form ..." (the path read as a Hub id), after a 120 s readiness wait could
+    have been spent. One line naming the config file, the parameter and the path."""
+    found = []
+    for name in models:
+        cfg = Path(repository) / name / "config.pbtxt"
+        try:
+            text = cfg.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue                    # tritonserver says what it cannot read
+        found += [(m.group(1) != "gpt_model_path", cfg, m.group(1), re.sub(r"\\(.)", r"\1", m.group(2)))
+                  for m in _PATH_PARAMETER.finditer(text)]
+    for _, cfg, key, value in sorted(found, key=lambda f: f[0]):    # the engine first: the tokenizer lives in it
+        if value and os.path.isabs(value) and not os.path.isdir(value):
+            raise ConfigError(f"{value} is not a directory (moved or removed since `deploy triton` wrote this "
+                              f"repository? write it again with --engine-dir at its new place)", source=cfg,
+                              field=key)
+
+
 def default_ready_timeout(repository: str | Path, record: dict | None = None) -> float:
     """The readiness wait for ``repository``: :data:`READY_TIMEOUT` by the engine backend its record names (a
     TensorRT-LLM or cuda engine: 900 s, else 120 s)."""
@@ -531,6 +556,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             repository, models = res.output, res.models
         else:
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
+            check_repository_paths(repository, models)
         record = repository_record(repository)         # read once: the readiness wait and the rank count
         if ready_timeout is None:
             ready_timeout = default_ready_timeout(repository, record)

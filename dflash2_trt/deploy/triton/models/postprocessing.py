@@ -36,6 +36,9 @@ def load_tokenizer(directory):
     ignores tokenizer.json's pipeline), anything else goes through AutoTokenizer."""
     import os
 
+    if not os.path.isdir(directory):   # else transformers reads the path as a Hub repo id, and says only that
+        raise FileNotFoundError(f"tokenizer_dir {directory}: not a directory (moved or removed since `deploy triton` "
+                                f"wrote this repository?)")
     try:
         with open(os.path.join(directory, "tokenizer_config.json")) as f:
             declared = json.load(f).get("tokenizer_class")
