@@ -204,6 +204,28 @@ def resolve_dirs_explicit(drafter_dir, target_dir):
     return Path(drafter_dir), Path(target_dir)
 
 
+def _refuse_our_outputs(path) -> None:
+    """inspect reads Hugging Face checkpoints: an engine directory or a converted checkpoint (each has a config.json
+    of TensorRT-LLM's, without architectures) is named for what it is, not reported as a config without
+    'architectures'."""
+    from .engine.checkpoint import FORMAT
+    from .errors import ConfigError
+
+    path = Path(path)
+    if (path / "engine.json").is_file():
+        raise ConfigError(f"an engine directory (engine.json), not a Hugging Face checkpoint: inspect checks "
+                          f"checkpoints; engine.json records what the engine was built from, and `dflash2-trt run "
+                          f"--engine-dir {path} --verify` checks its files", source=path)
+    try:
+        fmt = json.loads((path / "manifest.json").read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    if fmt == FORMAT:
+        raise ConfigError("a TensorRT-LLM checkpoint written by `dflash2-trt convert`, not a Hugging Face checkpoint: "
+                          "inspect checks the drafter and target it was converted from (its manifest.json names "
+                          "them)", source=path)
+
+
 @main.command("inspect")
 @click.argument("path", required=False, type=click.Path(file_okay=False))
 @_pair_options
@@ -220,6 +242,7 @@ def inspect_cmd(path, target_key, drafter_dir, target_dir, download, check_value
     if path is not None:
         if target_key or drafter_dir or target_dir:
             raise click.UsageError("give either PATH or --target/--drafter/--target-dir, not both")
+        _refuse_our_outputs(path)
         report = inspect_dir(path, check_values=check_values)
     else:
         d, t = resolve_pair(target_key, drafter_dir, target_dir, download)

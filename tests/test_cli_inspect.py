@@ -183,3 +183,16 @@ def test_a_download_that_fails_says_why_and_does_not_suggest_download(tmp_path, 
     assert r.exit_code == 1 and "add --download" in r.output
     r = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--download"])
     assert r.exit_code == 0 and "(--download failed: OSError: 401 Client Error" in r.output
+
+
+def test_inspect_names_an_engine_directory_and_a_converted_checkpoint(tmp_path):
+    """`inspect ENGINE_DIR` said "config.json: architectures: cannot tell the architecture" (the engine's config.json
+    is TensorRT-LLM's); an engine directory and a converted checkpoint are now named for what they are, in one line."""
+    out = tmp_path / "eng"
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--backend", "cpu", "--output", str(out), "--no-verify"])
+    assert r.exit_code == 0, r.output
+    for path, needle in ((out, "an engine directory (engine.json), not a Hugging Face checkpoint"),
+                         (out / "checkpoint", "a TensorRT-LLM checkpoint written by `dflash2-trt convert`")):
+        r = CliRunner().invoke(main, ["inspect", str(path)])
+        lines = r.output.strip().splitlines()
+        assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {path}: {needle}"), r.output
