@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..bench.trtllm_bench import planned_command
+from ..bench.trtllm_bench import OPTIONS_FILE, SAMPLER_FILE, planned_command
 from ..checkpoint.reader import SafetensorsCheckpoint
 from ..config import DFlash2Config, TargetConfig, pairing_problems
 from ..config.build import BuildConfig
@@ -470,7 +470,8 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                                  f"(log kept as {out}/trtllm-build.log); rank engines, config.json, "
                                                  f"the plugin library, engine.json and RUN.md in {out}; "
                                                  f"{out}/trtllm-bench/: the --model_path folder (tokenizer, config, "
-                                                 f"placeholder safetensors) and extra_llm_api_options.yaml"})
+                                                 f"placeholder safetensors), {OPTIONS_FILE} and {SAMPLER_FILE} "
+                                                 f"(greedy)"})
         bench = planned_command(engine_dir=out, target_key=p.target_key, draft_len=p.K,
                                 max_batch_size=cfg.max_batch_size, eos_id=(list(t.eos_token_ids) or [None])[0],
                                 kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction, python=py)

@@ -187,6 +187,8 @@ def test_tiny_trtllm_dry_run_command():
     assert plan["trtllm_build"]["env"]["DFLASH2_TRT_BACKEND"] == "trtllm"
     assert plan["eagle_choices"] == [[0] * i for i in range(1, 8)]
     assert [s["step"] for s in plan["steps"]] == ["validate", "convert", "plugins", "engine", "verify"]
+    engine_step = plan["steps"][3]["what"]      # every file the build writes for trtllm-bench (test_trtllm_branch.py)
+    assert all(f in engine_step for f in ("extra_llm_api_options.yaml", "sampler_options.yaml")), engine_step
     assert plan["verify"] is True                          # small target: on by default
     code, text = _cli("build", "--target", "tiny", "--backend", "trtllm", "--dry-run")
     assert code == 0 and "--model_cls_file" in text and "--speculative_decoding_mode eagle" in text
