@@ -58,11 +58,14 @@ def read_prompts_file(path: str | Path) -> list[dict]:
         tid = d.get("task_id", len(out))
         if not isinstance(tid, (int, str)) or isinstance(tid, bool):
             raise ConfigError(f"line {n}: task_id must be an integer or a string, got {json.dumps(tid)}", source=path)
-        if tid in seen:
+        key = str(tid)      # 1 and "1" are printed alike (`run`'s [1], the reports' task ids): one request's name
+        if key in seen:
             given = "" if "task_id" in d else " (the line's index, given no task_id)"
-            raise ConfigError(f"line {n}: task_id {json.dumps(tid)}{given} repeats line {seen[tid]}'s: each request "
-                              f"needs its own", source=path)
-        seen[tid] = n
+            first_n, first = seen[key]
+            alike = "" if first == tid else f" ({json.dumps(first)} there: the two print alike)"
+            raise ConfigError(f"line {n}: task_id {json.dumps(tid)}{given} repeats line {first_n}'s{alike}: each "
+                              f"request needs its own", source=path)
+        seen[key] = (n, tid)
         out.append({"task_id": tid, "input_ids": ids, "prompt": d.get("prompt"),
                     "output_tokens": ot, "where": f"{path}:{n}"})
     if not out:

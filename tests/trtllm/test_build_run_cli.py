@@ -181,6 +181,8 @@ def test_engine_config_with_a_mistyped_field_is_one_line(engine, tmp_path, field
     ('{"task_id": 1, "input_ids": [5]}\n{"input_ids": [6]}\n',
      "p.jsonl: line 2: task_id 1 (the line's index, given no task_id) repeats line 1's"),
     ('{"task_id": [1], "input_ids": [5]}\n', "p.jsonl: line 1: task_id must be an integer or a string, got [1]"),
+    ('{"task_id": 1, "input_ids": [5]}\n{"task_id": "1", "input_ids": [6]}\n',     # printed alike: [1] twice
+     "p.jsonl: line 2: task_id \"1\" repeats line 1's (1 there: the two print alike): each request needs its own"),
 ])
 def test_prompts_file_task_ids_are_unique(engine, tmp_path, text, needle):
     """The --json report names each request by its task_id: two lines with one id are refused, naming the file,
