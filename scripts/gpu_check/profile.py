@@ -6,26 +6,43 @@ at 3x its estimate, the GDN recurrence at 40% of its DRAM bound on the first H10
 ``df2prof_<name>``; by default :data:`DEFAULT_WORKLOADS`: the conv, the scan greedy and sample, the GDN decode forward
 (and its prefetching variant) and commit at B 64 x Kv 8; ``--workloads all`` adds the fused conv, viterbi, the other
 GDN variants and one 8192-token prefill) under ``ncu --clock-control none`` with the sections of :data:`SECTIONS`,
-profiling only the launches inside those ranges, and exports the report as CSV:
+profiling only the launches inside those ranges.
 
-- ``profile-raw.csv``: one row per profiled launch, every collected metric (base units);
-- ``profile-details.csv``: the sections as ncu prints them, with its rules' advice;
-- ``profile-source.csv``: per launch, the SASS with its warp-stall samples and executed instructions;
-- ``profile-nvtx.csv``: the raw page again with each launch named after its NVTX range (the workload);
-- ``profile.json``: per launch the headline numbers (duration, DRAM / SM throughput, achieved occupancy, registers,
-  the largest warp-stall reasons) and the SASS lines with the most stall samples; the exports' exit statuses;
-- ``profile.ncu-rep`` (the report itself, where it is under :data:`MAX_REPORT_BYTES`: the device tool brings back
-  files of up to 16 MiB, run_all's archive included) and ``profile-ncu.log``.
+ncu writes its report only when it ends, so a single run stopped at the limit would lose every workload. Instead ncu
+runs once per group of :data:`RUN_GROUPS` (the wanted workloads of each group; most important first: the GDN forward,
+its prefetching variant, the commit, the conv, the scans, then the rest), each with its own report, and each report
+is exported and read into profile.json before the next run starts: the limit costs only the runs it did not reach. A
+run gets what is left of the limit less :data:`RUN_RESERVE_S` for its exports and the time to stop it; at its limit
+ncu alone gets SIGINT (its chance to end and write its report) and :data:`NCU_INT_GRACE_S`, then its whole process
+group SIGTERM and SIGKILL; a report that is there after that is read all the same. A run that would get less than
+:data:`MIN_PROFILE_S` is not started (the first always is); where the counters are not accessible
+(``ERR_NVGPUCTRPERM``), the later runs are not started either. Per run ``<label>`` (the workload, or ``conv`` /
+``scan`` for a group of them):
 
-The library is built (or found in the cache) before ncu starts, outside its limit. Exit 0 when the report was made
-and read, 1 when ncu failed or its report could not be read (the log says why: e.g. no permission for the counters),
-2 without ncu or when the build fails. On SIGTERM / SIGINT the running ncu's process group is stopped before this
-exits.
+- ``profile-<label>-raw.csv``: one row per profiled launch, every collected metric (base units);
+- ``profile-<label>-nvtx.csv`` (a run of several workloads): the raw page with each launch named after its range;
+- ``profile-<label>-source.csv``: per launch, the SASS with its warp-stall samples and executed instructions;
+- ``profile-<label>-details.csv``: the sections as ncu prints them, with its rules' advice;
+- ``profile-<label>.ncu-rep`` (the report itself, while the reports copied so far stay under
+  :data:`MAX_REPORT_BYTES` together: the device tool brings back files of up to 16 MiB, run_all's archive included)
+  and ``profile-<label>-ncu.log``;
+
+and ``profile.json``, rewritten after each run and each export: per run its workloads, status (``profiled``,
+``cut``: stopped at the limit, ``failed``, ``not_started``, ``interrupted``), ncu's exit status and errors, what
+gpu_check ran, the exports' exit statuses; the workloads by status (``profiled``, ``cut``, ``failed``,
+``not_started``); per launch the headline numbers (duration, DRAM / SM throughput, achieved occupancy, registers, the
+largest warp-stall reasons) and the SASS lines with the most stall samples.
+
+The library is built (or found in the cache) before ncu starts. Exit 0 when every run was profiled and read, 1 when
+one was cut, failed or not started (profile.json says which; the log why: e.g. no permission for the counters), 2
+without ncu or when the build fails. On SIGTERM / SIGINT the running ncu's process group is killed before this
+exits (profile.json marks its run ``interrupted``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib.util
 import io
@@ -44,7 +61,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from dflash2_trt.bench.io import atomic_write_text  # noqa: E402 - the repository's package, from this checkout
-from dflash2_trt.children import run_limited, stop_signals_raise  # noqa: E402
+from dflash2_trt.children import (die_with_parent, proc_cmdline, proc_pids, proc_stat, process_tree,  # noqa: E402
+                                  stop_signals_raise)
 from dflash2_trt.cudatools import find_cuda_tool  # noqa: E402
 
 
@@ -92,12 +110,23 @@ NO_STALL = ("selected",)   # a warp issuing is 'selected': about one per issue, 
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 TOP_STALLS = 6
 TOP_SASS = 12
-STOP_LADDER = ((signal.SIGTERM, 5.0), (signal.SIGKILL, None))
+# one ncu run per group (its wanted workloads; a group none of which is wanted is no run), most important first:
+# the GDN decode forward and its prefetching variant decide the next kernel work, then the commit, the conv, the scans
+# (small kernels: one run), the other GDN variants and the prefill. (label, workloads): the label names its files
+RUN_GROUPS = (("gdn_forward", ("gdn_forward",)), ("gdn_forward_prefetch", ("gdn_forward_prefetch",)),
+              ("gdn_commit", ("gdn_commit",)), ("conv", ("conv_unfused", "conv_fused")),
+              ("scan", ("scan_greedy", "scan_sample", "scan_viterbi")), ("gdn_forward_cols1", ("gdn_forward_cols1",)),
+              ("gdn_forward_prefetch_cols1", ("gdn_forward_prefetch_cols1",)), ("gdn_prefill", ("gdn_prefill",)))
+# at a run's limit: ncu alone gets SIGINT and this long to end (it writes its report when it ends), then its group
+# (ncu and the program it profiles) SIGTERM, then SIGKILL
+NCU_INT_GRACE_S = 6.0
+GROUP_STOP_LADDER = ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0))
+RUN_RESERVE_S = 10.0     # kept after a run's limit for its exports (besides the time its stop may take)
+MIN_PROFILE_S = 15.0     # a run that would get less is not started (the first one gets at least this)
 EXPORT_LIMIT_S = 120.0
-EXPORT_MIN_S = 20.0      # each export gets at least this where the limit allows; the profiling run leaves two for them
-MIN_PROFILE_S = 20.0     # ... and gets at least this itself
 EXPORT_SKIP_S = 5.0      # with less of the limit left, an export is skipped (named in profile.json), not started
-MAX_REPORT_BYTES = 6 << 20
+MAX_REPORT_BYTES = 6 << 20   # the reports copied to OUT_DIR, together
+NO_COUNTERS = "ERR_NVGPUCTRPERM"
 
 
 def find_ncu() -> str | None:
@@ -283,9 +312,10 @@ def export(ncu: str, report: Path, page: str, dest: Path, limit: float) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", type=Path, help="output directory (profile.json, the CSV exports, the report, the log)")
+    p.add_argument("out", type=Path, help="output directory (profile.json, per run its CSV exports, report, log)")
     p.add_argument("--limit", type=float, default=180.0,
-                   help="seconds for the profiling run (default 180; the exports get what is left, at least 20)")
+                   help="seconds for everything: the ncu runs, most important first, each followed by its exports "
+                        "(default 180)")
     p.add_argument("--lib", help="a prebuilt CUDA build of the plugins (default: built or found in the cache)")
     p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
                    help=f"comma-separated, of {', '.join(WORKLOADS)}; or all (default: {','.join(DEFAULT_WORKLOADS)})")
@@ -309,6 +339,88 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, ncu, deadline)
 
 
+def run_groups(workloads) -> list[tuple[str, tuple[str, ...]]]:
+    """The ncu runs for ``workloads``: per group of :data:`RUN_GROUPS` its wanted workloads, most important first."""
+    wanted = set(workloads)
+    runs = [(label, tuple(w for w in names if w in wanted)) for label, names in RUN_GROUPS]
+    return [(label, names) for label, names in runs if names]
+
+
+def _group_alive(pgid: int) -> bool:
+    """A process of group ``pgid`` still runs (zombies, such as an ended ncu not yet reaped, left out)."""
+    return any((st := proc_stat(p)) is not None and st[2] == str(pgid) and st[0] != "Z" for p in proc_pids())
+
+
+def _ended(proc: subprocess.Popen) -> bool:
+    """``proc`` has ended, without reaping it: while it is a zombie its pid stays its group's id, safe to signal."""
+    if not hasattr(os, "waitid"):    # not Linux: reaped, and its group then left alone
+        return proc.poll() is not None
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:      # reaped already
+        return True
+
+
+def _ncu_pids(pid: int) -> list[int]:
+    """``pid`` (ncu as started) and the processes under it that are ncu too: an installation's ``ncu`` may be a
+    shell script that runs the binary as its child (a shell waiting for a child does not pass SIGINT on)."""
+    def named_ncu(p: int) -> bool:
+        return any(Path(a).name == "ncu" for a in proc_cmdline(p)[:2])   # the binary, or a script under its shell
+    return [pid] + [p for p in process_tree(pid)[1:] if named_ncu(p)]
+
+
+def stop_ncu(proc: subprocess.Popen, grace: float | None = None) -> None:
+    """Stop a run at its limit: ncu alone (:func:`_ncu_pids`) gets SIGINT and ``grace`` seconds
+    (:data:`NCU_INT_GRACE_S`) to end, since it writes its report only when it ends; then its process group (the
+    profiled program, what is left) gets each signal of :data:`GROUP_STOP_LADDER` in turn until none of it runs.
+    ``proc`` is reaped on the way out."""
+    grace = NCU_INT_GRACE_S if grace is None else grace
+    pgid = proc.pid
+    for pid in _ncu_pids(proc.pid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+    end = time.monotonic() + grace
+    while not _ended(proc) and time.monotonic() < end:
+        time.sleep(0.05)
+    for sig, wait in GROUP_STOP_LADDER:
+        if _ended(proc) and not _group_alive(pgid):
+            break
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, sig)
+        end = time.monotonic() + wait
+        while (not _ended(proc) or _group_alive(pgid)) and time.monotonic() < end:
+            time.sleep(0.05)
+    proc.wait()
+
+
+def run_ncu(argv: list[str], limit: float, log: Path) -> int:
+    """One ncu run in a session of its own, its output to ``log``: its exit status, or 124 where it was stopped at
+    ``limit`` seconds (:func:`stop_ncu`). Interrupted (a stop from outside), its group is killed at once before the
+    exception goes on (this process may have but a few seconds left)."""
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                preexec_fn=die_with_parent(), env={**os.environ, "PYTHONUNBUFFERED": "1", **NCU_ENV})
+        try:
+            try:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                stop_ncu(proc)        # a stop from outside in its graces: killed below all the same
+                return 124
+        except BaseException:
+            _kill_group(proc)
+            raise
+    return 128 - rc if rc < 0 else rc
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to ``proc``'s whole group, then reap it. Not after it was reaped: its id could name another group by
+    then (before, ended or not, it still names its own)."""
+    if proc.returncode is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def _run(args, ncu: str, deadline: float) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     lib = args.lib
@@ -319,64 +431,127 @@ def _run(args, ncu: str, deadline: float) -> int:
             print(f"profile: building the plugins failed: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
     with tempfile.TemporaryDirectory(prefix="df2prof.") as tmp:
-        return _profile(args, ncu, lib, Path(tmp) / "profile.ncu-rep", deadline)
+        return _profile(args, ncu, lib, Path(tmp), deadline)
 
 
-def _profile(args, ncu: str, lib: str, report: Path, deadline: float) -> int:
-    log = args.out / "profile-ncu.log"
+STATUSES = ("profiled", "cut", "failed", "not_started", "interrupted")
+
+
+def _profile(args, ncu: str, lib: str, tmp: Path, deadline: float) -> int:
+    """The runs of :func:`run_groups` in turn, each exported and read as it ends (see the module docstring)."""
     doc: dict = {"ncu": ncu, "lib": lib, "sections": list(SECTIONS), "workloads": list(args.workloads)}
+    runs = [{"label": label, "workloads": list(names), "status": "not_started"}
+            for label, names in run_groups(args.workloads)]
+    doc["runs"] = runs
+    launches: list[dict] = []
+    doc["launches"] = launches
+    copied = 0
+
+    def save(final: bool = False) -> None:   # after each step: a stop from outside keeps what is done
+        for status in STATUSES:
+            doc[status] = [w for r in runs if r["status"] == status for w in r["workloads"]]
+        doc["ok"] = bool(runs) and all(r["status"] == "profiled" for r in runs)
+        body = doc if final else {**doc, "partial": True}
+        atomic_write_text(args.out / "profile.json", json.dumps(body, indent=1))
+
+    why_not = None    # set once the later runs are not to start
+    current = None
+    try:
+        for i, run in enumerate(runs):
+            left = deadline - time.monotonic() - 2          # the final write and the exit
+            limit = left - RUN_RESERVE_S - NCU_INT_GRACE_S - sum(g for _, g in GROUP_STOP_LADDER)
+            if i == 0:
+                limit = max(limit, MIN_PROFILE_S)
+            elif why_not is None and limit < MIN_PROFILE_S:
+                why_not = f"{max(left, 0):.0f} s of the limit left"
+            if why_not is not None:
+                run["why"] = why_not
+                print(f"profile: {run['label']}: not started ({why_not})", flush=True)
+                continue
+            current = run
+            copied += _one_run(args, ncu, lib, tmp, deadline, run, round(limit, 1), launches, save,
+                               MAX_REPORT_BYTES - copied)
+            current = None
+            if any(NO_COUNTERS in e for e in run.get("ncu_errors", ())):
+                why_not = "the performance counters are not accessible (ERR_NVGPUCTRPERM)"
+    except BaseException:
+        if current is not None:
+            current["status"] = "interrupted"
+        save()
+        raise
+    save(final=True)
+    for status in ("cut", "failed", "not_started"):
+        if doc[status]:
+            print(f"profile: {status}: {', '.join(doc[status])}", flush=True)
+    return 0 if doc["ok"] else 1
+
+
+def _one_run(args, ncu: str, lib: str, tmp: Path, deadline: float, run: dict, limit: float, launches: list,
+             save, room: int) -> int:
+    """One ncu run (``run``: its record, filled in here), its exports and launches; returns the bytes of the report
+    copied to OUT_DIR (where it fits in ``room``)."""
+    label, names = run["label"], run["workloads"]
+    report, manifest = tmp / f"profile-{label}.ncu-rep", tmp / f"profile-{label}-manifest.json"
+    log = args.out / f"profile-{label}-ncu.log"
+    run.update(status="running", limit=limit, launches=0)
+    save()
+    print(f"profile: {label} ({', '.join(names)}; limit {limit:.0f} s)", flush=True)
     t0 = time.monotonic()
-    limit = max(deadline - time.monotonic() - 2 * EXPORT_MIN_S, MIN_PROFILE_S)
-    rc = run_limited(profile_argv(ncu, report, args.out / "profile-manifest.json", lib, args.workloads), limit, log,
-                     own_group=True, cwd=REPO, env=NCU_ENV, ladder=STOP_LADDER)
-    doc["profile"] = {"exit": rc, "seconds": round(time.monotonic() - t0, 1), "limit": round(limit, 1)}
+    rc = run_ncu(profile_argv(ncu, report, manifest, lib, names), limit, log)
+    run.update(exit=rc, seconds=round(time.monotonic() - t0, 1))
     text = log.read_text(errors="replace")
-    doc["profile"]["ncu_errors"] = [ln for ln in text.splitlines() if ln.startswith("==ERROR==")][:10]
-    print(f"profile: ncu exit {rc} after {doc['profile']['seconds']} s", flush=True)
-    for ln in doc["profile"]["ncu_errors"]:
+    run["ncu_errors"] = [ln for ln in text.splitlines() if ln.startswith("==ERROR==")][:10]
+    with contextlib.suppress(OSError, ValueError):
+        run["ran"] = json.loads(manifest.read_text())
+    print(f"profile: {label}: ncu exit {rc} after {run['seconds']} s", flush=True)
+    for ln in run["ncu_errors"]:
         print(f"  {ln}", flush=True)
-    ok = report.is_file()
+    status = "cut" if rc == 124 else "failed"
+    run["status"] = status          # until its report is read
+    if not report.is_file():
+        save()
+        return 0
     exports: dict = {}
     texts: dict = {}
-    doc["exports"] = exports
-
-    def save_so_far() -> None:   # the limit may stop this script in an export: profile.json holds what is done
-        atomic_write_text(args.out / "profile.json", json.dumps({**doc, "partial": True}, indent=1))
-
-    save_so_far()
-    pages = (("raw", "profile-raw.csv"), ("nvtx", "profile-nvtx.csv"), ("source", "profile-source.csv"),
-             ("details", "profile-details.csv"))
-    if ok:
-        for i, (page, name) in enumerate(pages):
-            left = deadline - time.monotonic() - 2      # the final write and the exit
-            if left < EXPORT_SKIP_S:
-                exports[page] = {"exit": None, "skipped": f"{max(left, 0):.0f} s of the limit left"}
-                print(f"profile: export {page}: skipped ({exports[page]['skipped']})", flush=True)
-                continue
-            share = min(max(left / (len(pages) - i), EXPORT_MIN_S), left)
-            exports[page], texts[page] = export(ncu, report, page, args.out / name, min(share, EXPORT_LIMIT_S))
-            print(f"profile: export {page}: exit {exports[page]['exit']}"
-                  + (f" ({exports[page]['error']})" if "error" in exports[page] else ""), flush=True)
-            save_so_far()
-    if ok:
-        size = report.stat().st_size
-        doc["report_bytes"] = size
-        if size <= MAX_REPORT_BYTES:
-            shutil.copyfile(report, args.out / "profile.ncu-rep")
-
+    run["exports"] = exports
+    pages = ["raw"] + (["nvtx"] if len(names) > 1 else []) + ["source", "details"]
+    for page in pages:
+        left = deadline - time.monotonic() - 2      # the final write and the exit
+        if left < EXPORT_SKIP_S:
+            exports[page] = {"exit": None, "skipped": f"{max(left, 0):.0f} s of the limit left"}
+            print(f"profile: {label}: export {page}: skipped ({exports[page]['skipped']})", flush=True)
+            continue
+        exports[page], texts[page] = export(ncu, report, page, args.out / f"profile-{label}-{page}.csv",
+                                            min(left, EXPORT_LIMIT_S))
+        print(f"profile: {label}: export {page}: exit {exports[page]['exit']}"
+              + (f" ({exports[page]['error']})" if "error" in exports[page] else ""), flush=True)
+        save()
+    size = report.stat().st_size
+    run["report_bytes"] = size
+    kept = size if size <= room else 0
+    if kept:
+        shutil.copyfile(report, args.out / f"profile-{label}.ncu-rep")
+    run["report_copied"] = bool(kept)
     raw = texts.get("raw")
-    launches = summarize(raw, texts.get("source"), texts.get("nvtx")) if raw else []
-    doc["launches"] = launches
-    doc["ok"] = bool(ok and launches)
-    atomic_write_text(args.out / "profile.json", json.dumps(doc, indent=1))
-    for d in launches:
+    found = summarize(raw, texts.get("source"), texts.get("nvtx")) if raw else []
+    for d in found:
+        d["run"] = label
+        if d["workload"] is None and len(names) == 1:     # a run of one workload: every launch is its
+            d["workload"] = names[0]
+    launches += found
+    run["launches"] = len(found)
+    if rc == 0 and found:
+        run["status"] = "profiled"
+    save()
+    for d in found:
         stalls = ", ".join(f"{k} {v:.1f}" for k, v in d["stalls_per_issue"].items())
         dur = d.get("duration_ns")
+        nan = float("nan")
         print(f"  {d.get('workload') or '?':13s} {(d['kernel'] or '')[:48]:48s} "
-              f"{dur / 1e3 if dur is not None else float('nan'):9.1f} us  DRAM {d.get('dram_pct_peak', float('nan')):5.1f}%"
-              f"  SM {d.get('sm_pct_peak', float('nan')):5.1f}%  occupancy {d.get('achieved_occupancy_pct', float('nan')):5.1f}%"
+              f"{dur / 1e3 if dur is not None else nan:9.1f} us  DRAM {d.get('dram_pct_peak', nan):5.1f}%"
+              f"  SM {d.get('sm_pct_peak', nan):5.1f}%  occupancy {d.get('achieved_occupancy_pct', nan):5.1f}%"
               f"  stalls: {stalls}", flush=True)
-    return 0 if doc["ok"] else 1
+    return kept
 
 
 if __name__ == "__main__":
