@@ -5,9 +5,12 @@ has about 570 s, the wheels' install included. So the parts (:data:`PARTS`, most
 scratch folder outside OUT_DIR, and after each part OUT_DIR gets, replaced whole:
 
 - ``results.tar.gz``: every part's files and logs so far (``kernels.json``, ``e2e/``, ``trt_session/``,
-  ``<part>.log``, ``summary.json``);
+  ``<part>.log``, ``summary.json``); the device tool brings back no file over 16 MiB, so an archive over
+  :data:`MAX_ARCHIVE_BYTES` (15 MiB) is made again without the largest of :data:`OPTIONAL` (Nsight Compute's reports,
+  the profile's source and details pages, compute-sanitizer's logs; then, were that not enough, the largest of the
+  rest) until it fits;
 - ``summary.json``: each part's exit status, seconds and limit (124: stopped at its limit; ``skipped``: too little
-  budget left to start it).
+  budget left to start it), and ``left_out`` where the archive left files out (each one's path, size and why).
 
 Each part runs in its own process group under its own limit, cut to what is left of the budget
 (``DFLASH2_GPU_BUDGET_S``, default 540 s from the start of this script): a part that crashes or overruns is
@@ -22,6 +25,9 @@ statuses are in the summary).
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+import gzip
 import io
 import json
 import os
@@ -71,22 +77,37 @@ def default_parts(python: str = sys.executable) -> list[Part]:
                                               "--out", str(w / "trt_session"), "--prompts", "5", "--new", "8"]),
         Part("profile", 120, lambda w, s: [python, str(HERE / "profile.py"), str(w / "profile"),
                                            "--limit", str(max(int(s - 10), 1))]),
-        Part("pytest_gpu", 60, lambda w, s: [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu",
-                                             str(REPO / "tests" / "gpu")]),
+        # DFLASH2_REQUIRE_GPU: where torch sees no GPU the tests fail instead of all skipping (a green part, seen)
+        Part("pytest_gpu", 60, lambda w, s: ["env", "DFLASH2_REQUIRE_GPU=1", python, "-m", "pytest", "-v", "-p",
+                                             "no:cacheprovider", "-m", "gpu", str(REPO / "tests" / "gpu")]),
         Part("sanitize", 90, lambda w, s: [python, str(HERE / "sanitize.py"), str(w / "sanitize"),
                                            "--limit", str(max(int(s - 10), 1))]),
     ]
 
 
-def pack(work: Path, out: Path) -> None:
-    """``out/results.tar.gz`` from everything under ``work``, replaced whole (a reader never sees half an archive).
-    A part may be writing while this packs (the repack while it runs): a file that goes away meanwhile (a temporary
-    file renamed into place, a folder removed) is left out, not an error."""
-    tmp = out / ".results.tar.gz.tmp"
+MAX_ARCHIVE_BYTES = 15 << 20   # the device tool brings back no file over 16 MiB: a larger archive would be all lost
+# what may be left out of a too large archive, where it holds them (paths under the scratch folder): Nsight Compute's
+# reports, the source-counter and details pages of the profile (per SASS line of every launch), compute-sanitizer's
+# logs (its own reports are in sanitize.json); the largest first
+OPTIONAL = ("profile/*.ncu-rep", "profile/*-source.csv", "profile/*-details.csv", "sanitize/*.log")
+SUMMARY = "summary.json"
+
+
+def _files(work: Path) -> list[Path]:
     # os.walk ignores a folder removed while it walks (Path.rglob raises)
-    found = sorted(Path(d) / f for d, _, files in os.walk(work, onerror=lambda e: None) for f in files)
-    with tarfile.open(tmp, "w:gz") as tar:
+    return sorted(Path(d) / f for d, _, files in os.walk(work, onerror=lambda e: None) for f in files)
+
+
+def _write_archive(tmp: Path, work: Path, found: list[Path], skip: set[str]) -> dict[str, tuple[int, int]]:
+    """``found`` less ``skip`` as a gzipped tar at ``tmp``; per member its size and about what it added to the
+    archive (the compressed bytes written meanwhile)."""
+    sizes: dict[str, tuple[int, int]] = {}
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
         for p in found:
+            name = str(p.relative_to(work))
+            if name in skip:
+                continue
             try:                  # read whole first: a file rewritten meanwhile cannot leave a short member behind
                 if not p.is_file():
                     continue
@@ -94,10 +115,53 @@ def pack(work: Path, out: Path) -> None:
                 mtime = p.stat().st_mtime
             except FileNotFoundError:
                 continue
-            info = tarfile.TarInfo(str(p.relative_to(work)))
+            info = tarfile.TarInfo(name)
             info.size, info.mtime = len(data), mtime
+            before = raw.tell()
             tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, out / "results.tar.gz")
+            sizes[name] = (len(data), raw.tell() - before)
+    return sizes
+
+
+def pack(work: Path, out: Path, max_bytes: int | None = None, note=None) -> list[dict]:
+    """``out/results.tar.gz`` from everything under ``work``, replaced whole (a reader never sees half an archive; an
+    error leaves the one before and no temporary file). A part may be writing while this packs (the repack while it
+    runs): a file that goes away meanwhile (a temporary file renamed into place, a folder removed) is left out, not an
+    error. An archive over ``max_bytes`` (default :data:`MAX_ARCHIVE_BYTES`) is made again without the largest files
+    of :data:`OPTIONAL` (then, where that is not enough, without the largest of the rest but ``summary.json``) until
+    it fits; ``note(left_out)`` is called before each such try (to say so in ``work/summary.json``, which goes in
+    too). Returns what was left out: per file its path, size and why."""
+    max_bytes = MAX_ARCHIVE_BYTES if max_bytes is None else max_bytes
+    tmp = out / ".results.tar.gz.tmp"
+    left_out: list[dict] = []
+    try:
+        found = _files(work)
+        sizes = _write_archive(tmp, work, found, set())
+        while (total := tmp.stat().st_size) > max_bytes:
+            optional = {n for pat in OPTIONAL for n in sizes if fnmatch.fnmatchcase(n, pat)}
+            others = {n for n in sizes if n not in optional and n != SUMMARY}
+            pool, why = (optional, "optional") if optional else (others, "the rest")
+            if not pool:
+                break     # nothing more to leave out: the archive as it is (summary.json alone over the limit)
+            over = total - max_bytes
+            for name in sorted(pool, key=lambda n: (-sizes[n][1], -sizes[n][0], n)):
+                left_out.append({"file": name, "bytes": sizes[name][0],
+                                 "why": f"results.tar.gz {total} bytes > {max_bytes}: {why} files left out, largest "
+                                        "first"})
+                over -= sizes[name][1]
+                if over < 0:
+                    break
+            if note is not None:
+                note(left_out)
+                found = _files(work)
+            skip = {d["file"] for d in left_out}
+            sizes = _write_archive(tmp, work, found, skip)
+        os.replace(tmp, out / "results.tar.gz")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return left_out
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -116,10 +180,15 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
     summary: dict = {}
 
     def save(work: Path) -> None:
-        doc = json.dumps(summary, indent=1).encode()
-        (work / "summary.json").write_bytes(doc)
-        pack(work, out)
-        atomic_write_bytes(out / "summary.json", doc)
+        summary.pop("left_out", None)          # said again where this pack leaves something out
+
+        def note(left_out: list[dict]) -> None:
+            summary["left_out"] = left_out
+            (work / "summary.json").write_bytes(json.dumps(summary, indent=1).encode())
+
+        (work / "summary.json").write_bytes(json.dumps(summary, indent=1).encode())
+        pack(work, out, note=note)
+        atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1).encode())
 
     def repack(work: Path) -> None:   # while a part runs: a failure to pack must not stop the part
         try:

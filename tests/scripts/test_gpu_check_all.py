@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import tarfile
 import time
 from pathlib import Path
+
+import pytest
 
 from dflash2_trt.testing.processes import process_alive
 
@@ -225,3 +228,100 @@ def test_a_second_stop_does_not_cut_the_first_ones_clean_up_short(tmp_path):
         time.sleep(0.05)
     assert not process_alive(pid)
     assert json.loads((out / "summary.json").read_text())["slow"]["exit"] == "interrupted"
+
+
+def _incompressible(path: Path, n: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(n))
+
+
+def _scratch(work: Path) -> None:
+    """A scratch folder as the parts leave it, with large artefacts that gzip cannot shrink."""
+    for name, n in (("profile/profile-gdn_forward.ncu-rep", 900_000), ("profile/profile-conv.ncu-rep", 300_000),
+                    ("profile/profile-gdn_forward-source.csv", 500_000), ("sanitize/sanitize-memcheck.log", 20_000),
+                    ("profile/profile-gdn_forward-raw.csv", 40_000)):
+        _incompressible(work / name, n)
+    (work / "profile" / "profile.json").write_text('{"ok": true}')
+    (work / "kernels.json").write_text("{}")
+    (work / "summary.json").write_text("{}")
+
+
+def test_an_archive_over_the_limit_leaves_out_the_largest_optional_files(tmp_path):
+    """The device tool brings back nothing of a file over 16 MiB: an archive over the limit is made again without the
+    largest optional artefacts (ncu's reports, the source pages, sanitizer logs) until it fits; what was left out is
+    said, and the rest (profile.json, the raw page, kernels.json) stays."""
+    work, out = tmp_path / "w", tmp_path / "o"
+    out.mkdir()
+    _scratch(work)
+    noted = []
+    left = A.pack(work, out, max_bytes=1_000_000, note=lambda lo: noted.append([d["file"] for d in lo]))
+    assert [d["file"] for d in left] == ["profile/profile-gdn_forward.ncu-rep"]
+    assert left[0]["bytes"] == 900_000 and "largest first" in left[0]["why"]
+    assert noted == [["profile/profile-gdn_forward.ncu-rep"]]
+    assert (out / "results.tar.gz").stat().st_size <= 1_000_000
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert "profile/profile-gdn_forward.ncu-rep" not in names
+    assert {"profile/profile.json", "profile/profile-gdn_forward-raw.csv", "kernels.json", "summary.json",
+            "profile/profile-conv.ncu-rep", "profile/profile-gdn_forward-source.csv"} <= names
+    assert sorted(p.name for p in out.iterdir()) == ["results.tar.gz"]          # no temporary left behind
+    left = A.pack(work, out, max_bytes=600_000)           # tighter: the next largest optional ones go too
+    assert [d["file"] for d in left] == ["profile/profile-gdn_forward.ncu-rep",
+                                         "profile/profile-gdn_forward-source.csv"]
+    assert (out / "results.tar.gz").stat().st_size <= 600_000
+    assert A.pack(work, out) == []                        # under the default 15 MiB: everything
+
+
+def test_when_the_optional_files_are_not_enough_the_largest_others_go_but_the_summary(tmp_path):
+    work, out = tmp_path / "w", tmp_path / "o"
+    out.mkdir()
+    _scratch(work)
+    _incompressible(work / "e2e.log", 400_000)
+    left = A.pack(work, out, max_bytes=100_000)
+    files = [d["file"] for d in left]
+    assert set(files[:4]) == {"profile/profile-gdn_forward.ncu-rep", "profile/profile-conv.ncu-rep",
+                              "profile/profile-gdn_forward-source.csv", "sanitize/sanitize-memcheck.log"}
+    assert files[4] == "e2e.log" and "the rest" in left[4]["why"]
+    assert (out / "results.tar.gz").stat().st_size <= 100_000
+    with tarfile.open(out / "results.tar.gz") as tar:
+        assert {"summary.json", "kernels.json", "profile/profile.json"} <= set(tar.getnames())
+
+
+def test_a_pack_that_fails_leaves_the_archive_before_it_whole(tmp_path, monkeypatch):
+    work, out = tmp_path / "w", tmp_path / "o"
+    out.mkdir()
+    _scratch(work)
+    A.pack(work, out)
+    before = (out / "results.tar.gz").read_bytes()
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        if self.name == "kernels.json":
+            raise PermissionError(self)
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    with pytest.raises(PermissionError):
+        A.pack(work, out, max_bytes=1_000_000)
+    assert sorted(p.name for p in out.iterdir()) == ["results.tar.gz"]
+    assert (out / "results.tar.gz").read_bytes() == before
+
+
+def test_summary_json_says_what_the_archive_left_out(tmp_path, monkeypatch):
+    """Inside run_all: a part whose reports would take the archive over the limit; summary.json (beside the archive
+    and inside it) lists what was left out and why, and the outer folder still holds the two files."""
+    monkeypatch.setattr(A, "MAX_ARCHIVE_BYTES", 400_000)
+    big = "import os, pathlib, sys; d = pathlib.Path(sys.argv[1]) / 'profile'; d.mkdir(); " \
+          "(d / 'profile-gdn_forward.ncu-rep').write_bytes(os.urandom(700_000)); (d / 'profile.json').write_text('{}')"
+    out = tmp_path / "all"
+    summary = A.run_all(out, [A.Part("profile", 30, lambda w, s: [PY, "-c", big, str(w)]),
+                              A.Part("after", 30, lambda w, s: [PY, "-c", "print(1)"])],
+                        budget=60, say=lambda s: None)
+    assert summary["profile"]["exit"] == 0 and summary["after"]["exit"] == 0
+    assert [d["file"] for d in summary["left_out"]] == ["profile/profile-gdn_forward.ncu-rep"]
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert sorted(p.name for p in out.iterdir()) == ["results.tar.gz", "summary.json"]
+    with tarfile.open(out / "results.tar.gz") as tar:
+        inner = json.loads(tar.extractfile("summary.json").read())
+        assert "profile/profile.json" in tar.getnames()
+    assert inner == summary
