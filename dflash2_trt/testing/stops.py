@@ -65,8 +65,10 @@ def work_then_clean_up(how: str) -> None:
     try:
         if how == "lost":
             lose_a_signal(signal.SIGTERM)
-        print("working", flush=True)
         try:
+            # inside the try: the parent signals once it reads the line, and under load the signal has been seen to
+            # arrive before the sleep (the stop's exception then passed this except: "replaced" exited 143)
+            print("working", flush=True)
             time.sleep(60)
         except BaseException as exc:
             if how == "replaced":
