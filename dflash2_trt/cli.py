@@ -75,6 +75,45 @@ def _late_stop(finished: bool):
     return handler
 
 
+def _stdout_write_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed write of the command's own output to standard output (``run --json > /dev/full``,
+    a full disk behind ``>``): an OSError raised inside ``click.echo`` writing to file descriptor 1. Any other
+    OSError is the command's own, reported as it was."""
+    if not isinstance(exc, OSError):
+        return False
+    tb, echo = exc.__traceback__, None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "echo" and code.co_filename.endswith(("click/utils.py", "click\\utils.py")):
+            echo = tb.tb_frame
+        tb = tb.tb_next
+    if echo is None or echo.f_locals.get("err"):
+        return False
+    try:
+        return echo.f_locals.get("file").fileno() == 1
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _stdout_failed(exc: OSError, status: int = 1):
+    """One line on standard error and exit 1 when standard output cannot take the output (not a traceback, nor
+    Python's "Exception ignored" at its exit and status 120): what is still buffered goes to /dev/null. A reader that
+    went away (EPIPE: ``| head``) gets no line."""
+    import errno
+    import os
+
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
+    if exc.errno != errno.EPIPE:
+        click.echo(f"error: standard output: cannot write the output ({exc.strerror or exc}); what it holds is "
+                   f"incomplete", err=True)
+    sys.exit(status)
+
+
 class _Group(click.Group):
     """Report DFlash2Error as one clear line and exit 1, never as a traceback. Ctrl-C (exit 130) and
     SIGTERM (exit 143) unwind like an error: what a command was writing is removed, one line says so."""
@@ -96,6 +135,14 @@ class _Group(click.Group):
             return super().__call__(*args, **kwargs)
         finally:
             self._process_entry = False
+            ending = sys.exc_info()[1]     # click's SystemExit with the command's status, on its way out
+            try:    # the output still buffered: its failure is this process's last word, not "Exception ignored"
+                sys.stdout.flush()
+            except OSError as exc:
+                code = ending.code if isinstance(ending, SystemExit) and isinstance(ending.code, int) else 0
+                _stdout_failed(exc, code or 1)     # a command that failed keeps its own status
+            except ValueError:
+                pass
 
     def invoke(self, ctx):
         import signal
@@ -122,6 +169,8 @@ class _Group(click.Group):
         except Exception as exc:
             if pending_stop() is not None:   # the stop's exception was turned into this one on its way up
                 _stopped(pending_stop())
+            if self._process_entry and _stdout_write_error(exc):
+                _stdout_failed(exc)
             if not isinstance(exc, DFlash2Error):
                 raise
             click.echo(f"error: {exc}", err=True)
