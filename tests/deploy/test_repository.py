@@ -517,3 +517,21 @@ def test_a_tensorrt_engines_edited_block_size_is_refused(standin_trt_engine, tmp
                                "--backend", "tensorrtllm"))
     assert "engine.json: block_size: 3, but the engine's config.json has pretrained_config.max_draft_len" in line, line
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_repository_path_with_whitespace_is_refused_for_python_models(engine, tmp_path):
+    """Triton's python backend starts each model's stub with the model's path in a command line split at spaces:
+    every stub died at once ("stol") while `serve` waited out its readiness time with the models LOADING (a
+    reviewer, 120 s). deploy triton refuses such an --output where it writes python models, and serve refuses such a
+    --repository, in one line, before anything is written or started."""
+    spaced = tmp_path / "sp ace"
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(spaced / "repo")))
+    assert line == (f"error: --output: '{spaced / 'repo'}' holds whitespace, and Triton's python backend cannot "
+                    f"load a model from such a path (its stubs die at start: 'stol'): choose a path without spaces")
+    assert not spaced.exists()
+    repo = tmp_path / "repo"
+    rp.deploy_triton(engine, repo)
+    spaced.mkdir()
+    shutil.move(str(repo), str(spaced / "repo"))       # moved there after it was written
+    line = one_error_line(*cli("serve", "--repository", str(spaced / "repo"), "--port", "1"))
+    assert line.startswith(f"error: --repository: '{spaced / 'repo'}' holds whitespace"), line

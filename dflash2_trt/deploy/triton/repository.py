@@ -98,6 +98,18 @@ def _pbtxt_str(v) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"')
 
 
+def refuse_spaced_python_models(repository, *, field: str | None = None, source=None) -> None:
+    """Triton's python backend cannot load a model whose repository path holds whitespace: it starts each model's
+    stub with the path in a command line split at spaces, and every stub dies at once ("terminate called after
+    throwing an instance of 'std::invalid_argument' what(): stol", seen with tritonserver 2.x of nvidia-pytriton
+    0.7.0), while the server waits out its readiness time with the models LOADING. Refused in one line."""
+    where = str(Path(repository).absolute())
+    if any(c.isspace() for c in where):
+        raise ConfigError(f"{where!r} holds whitespace, and Triton's python backend cannot load a model from such a "
+                          f"path (its stubs die at start: 'stol'): choose a path without spaces", field=field,
+                          source=source)
+
+
 def eagle_chain(K: int) -> str:
     """TensorRT-LLM's ``eagle_choices`` for the linear draft chain of depth K: ``{0},{0,0},...``."""
     return ",".join("{" + ",".join(["0"] * d) + "}" for d in range(1, K + 1))
@@ -414,6 +426,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                           "ensemble cannot be made: give --tokenizer DIR, or --ids-only for a token-id-only "
                           "repository (tensorrt_llm alone)", source=engine_dir)
     refuse_overlap(output, "--output", [("tokenizer directory", tok_dir)])   # the engine's, or its target's
+    if backend == "python" or not ids_only:
+        refuse_spaced_python_models(output, field="--output")
     engine_abs = engine_dir.resolve()
     eos = [int(e) for e in man.get("eos_token_ids") or ()]
     with AtomicOutputDir(output, force=force) as tmp:

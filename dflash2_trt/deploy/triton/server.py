@@ -40,7 +40,7 @@ from ...children import die_with_parent
 from ...errors import (ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, raise_if_stop_requested,
                       raise_stop)
 from . import hygiene
-from .repository import TRITON_EXTRA
+from .repository import TRITON_EXTRA, refuse_spaced_python_models
 from .serving import DRAIN_ENV, request_drain
 
 HOST = "127.0.0.1"
@@ -557,6 +557,9 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         else:
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
             check_repository_paths(repository, models)
+            if any(re.search(r'^\s*backend:\s*"python"', (Path(repository) / m / "config.pbtxt").read_text(
+                    encoding="utf-8", errors="replace"), re.M) for m in models):
+                refuse_spaced_python_models(repository, field="--repository")
         record = repository_record(repository)         # read once: the readiness wait and the rank count
         if ready_timeout is None:
             ready_timeout = default_ready_timeout(repository, record)
