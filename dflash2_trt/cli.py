@@ -800,14 +800,18 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
         for line in report.get("command_lines") or [shlex.join(cmd) for cmd in report.get("commands", [])]:
             click.echo(line)
         return
+    plot_error = report.pop("plot_error", None)
     click.echo(render(report))
-    for p, what in ((json_out, "report"), (plot_out, "plot")):
+    for p, what in ((json_out, "report"), (None if plot_error else plot_out, "plot")):
         if p is not None:
             click.echo(f"wrote {what} {p}")
-    if report.get("baseline_error"):   # the speculative runs are reported above; the command still failed
-        from .errors import DFlash2Error
+    from .errors import DFlash2Error
 
+    if report.get("baseline_error"):   # the speculative runs are reported above; the command still failed
         raise DFlash2Error(f"the baseline engine failed after the speculative runs: {report['baseline_error']}")
+    if plot_error:                     # the table above and the report are complete
+        raise DFlash2Error(f"{plot_error} (the measurement is complete: its table is above"
+                           + (f", its report in {json_out})" if json_out is not None else ")"))
 
 
 @bench_group.command("steps")

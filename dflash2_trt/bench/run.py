@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from ..checkpoint.writer import OutputWriteError
 from ..engine.graph_rules import refuse_graphs
 from ..errors import ConfigError
 from ..overlap import refuse_overlap
@@ -100,6 +101,9 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
         if p is not None:
             check_output_file(p, field=f, replaces=kind)
     if plot_out is not None:
+        if Path(plot_out).suffix and Path(plot_out).suffix.lower() != ".png":
+            # the plot is PNG bytes whatever the name: out.svg held a PNG
+            raise ConfigError(f"writes a PNG image: give a name ending in .png, got {str(plot_out)!r}", field="--plot")
         pyplot()                                      # a missing matplotlib fails before the run, not after
     # options that cannot apply are refused, not ignored: --project '' used to mean "no projection"
     gpus = parse_gpus(project_gpus, "--project") if project_gpus is not None else None
@@ -210,7 +214,11 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     if json_out is not None:
         atomic_write_json(json_out, report)
     if png is not None:
-        atomic_write_bytes(plot_out, png)
+        try:
+            atomic_write_bytes(plot_out, png)
+        except OutputWriteError as exc:
+            # the measured report is complete: the table is still printed and the report named before this error
+            report["plot_error"] = str(exc)
     return report
 
 

@@ -277,3 +277,38 @@ def test_each_run_says_a_line_where_no_bar_shows(engine, dataset, capsys):
     bench_cpu(engine, dataset, concurrency="1", num_requests=2, max_new_tokens=4, progress=True)
     err = capsys.readouterr().err
     assert "concurrency 1 speculative:" in err and "concurrency 1 autoregressive:" in err and "tokens/s" in err
+
+
+def test_a_plot_that_cannot_be_written_keeps_the_table_and_the_report(engine, dataset, tmp_path, monkeypatch):
+    """The plot is written last: where that write fails (a full disk, seen), the measurement is complete and its JSON
+    report already written, yet the command's only line was the plot's error. Now the table is printed, the report
+    named, and the error says the measurement is complete and where its report is."""
+    import dflash2_trt.bench.run as run_mod
+    from dflash2_trt.checkpoint.writer import OutputWriteError
+
+    js, png = tmp_path / "r.json", tmp_path / "p.png"
+    real = run_mod.atomic_write_bytes
+
+    def full_disk(path, data):
+        if str(path) == str(png):
+            raise OutputWriteError(f"{path}: cannot write: No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(run_mod, "atomic_write_bytes", full_disk)
+    code, text = _cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset), "--concurrency", "1",
+                      "--num-requests", "1", "--no-baseline", "--no-progress", "--json", str(js), "--plot", str(png))
+    lines = text.strip().splitlines()
+    assert code == 1 and f"wrote report {js}" in text and "wrote plot" not in text, text
+    assert lines[-1] == (f"error: {png}: cannot write: No space left on device (the measurement is complete: its "
+                         f"table is above, its report in {js})"), text
+    assert json.loads(js.read_text())["format"] == REPORT_FORMAT and not png.exists()
+    assert len(lines) > 3                                   # the table
+
+
+@pytest.mark.parametrize("name", ["p.svg", "p.pdf", "p.JPG"])
+def test_the_plot_is_a_png_whatever_its_name_says(engine, dataset, tmp_path, monkeypatch, name):
+    """--plot out.svg wrote PNG bytes under that name; a name with another suffix is refused before the run."""
+    _run_must_not_start(monkeypatch)
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
+                                 "--no-progress", "--plot", str(tmp_path / name)))
+    assert line == f"error: --plot: writes a PNG image: give a name ending in .png, got '{tmp_path / name}'", line
