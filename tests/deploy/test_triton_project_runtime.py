@@ -667,3 +667,15 @@ def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
     assert torch.get_num_threads() == 3
     assert "tensorrt_llm: torch uses 3 CPU threads, one CPU left to tritonserver (OMP_NUM_THREADS overrides)" in logged
 
+
+    # a max_batch_size edited into config.pbtxt past the engine's: named as that file's field (it was reported as
+    # the runtime's "--max-batch-size", an option the user never gave)
+    def init_batch(n):
+        m = mod.TritonPythonModel()
+        m.initialize({"model_config": json.dumps({"parameters": {"gpt_model_path": {"string_value": str(cpu_dir)}},
+                                                  "max_batch_size": n})})
+        return m
+
+    with pytest.raises(pb.TritonModelException, match=r"^config.pbtxt max_batch_size 1000: must be in \[1, \d+\] "
+                                                      r"\(the engine's max_batch_size\); write the repository again"):
+        init_batch(1000)

@@ -124,6 +124,12 @@ class TritonPythonModel:
         self.exclude_default = _param(cfg, "exclude_input_in_output", "false").lower() == "true"
         self.eos = tuple(int(e) for e in self.manifest.get("eos_token_ids") or ())
         max_batch = int(cfg.get("max_batch_size") or 0) or None
+        limit = self.engine.limits["max_batch_size"]
+        if max_batch is not None and not 1 <= max_batch <= limit:
+            # this file's own field, not the runtime's option name (--max-batch-size: a repository edited by hand)
+            raise pb_utils.TritonModelException(
+                f"config.pbtxt max_batch_size {max_batch}: must be in [1, {limit}] (the engine's max_batch_size); "
+                f"write the repository again with `deploy triton --max-batch-size`")
         try:
             # `serve` names a drain file: when it appears, requests in flight get until its deadline to finish
             self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=self.decoupled,
