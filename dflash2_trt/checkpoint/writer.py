@@ -667,6 +667,11 @@ class AtomicOutputDir:
             return OutputWriteError(f"{self.final}: cannot write the output: {reason}")
         path = Path(os.fsdecode(exc.filename)).absolute()
         tmp = self._tmp_name
+        if exc.filename2 is not None and tmp is not None:
+            # a copy's error names its source first (shutil: 'SRC' -> 'DST'): the file being written is DST
+            dst = Path(os.fsdecode(exc.filename2)).absolute()
+            if dst == tmp or tmp in dst.parents:
+                path = dst
         if tmp is not None and (path == tmp or tmp in path.parents):
             rel = path.relative_to(tmp)
             what = str(rel) if str(rel) != "." else "the output directory"

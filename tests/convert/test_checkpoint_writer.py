@@ -228,3 +228,26 @@ def test_write_check_sees_every_block_in_order(tmp_path, monkeypatch, hashed):
                 hasher.close()
     finally:
         w.close()
+
+
+def test_a_copy_that_fails_names_the_output_file_not_its_source(tmp_path, monkeypatch):
+    """A copy's OSError names its source first (shutil: 'SRC' -> 'DST'): `deploy triton` on a full disk said
+    "error: .../dflash2_trt/deploy/triton/models/preprocessing.py: No space left on device (while writing REPO)", the
+    package's own file first. The file being written inside the output is named now."""
+    import errno
+    import shutil
+
+    src = tmp_path / "model.py"
+    src.write_text("x = 1\n")
+
+    def full(a, b, *args, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(a), None, str(b))
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    out = tmp_path / "repo"
+    with pytest.raises(OutputWriteError) as e:
+        with AtomicOutputDir(out) as tmp:
+            (tmp / "pre" / "1").mkdir(parents=True)
+            shutil.copy(src, tmp / "pre" / "1" / "model.py")
+    assert str(e.value) == f"{out}: cannot write pre/1/model.py: No space left on device"
+    assert not out.exists()
