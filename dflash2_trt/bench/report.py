@@ -111,6 +111,9 @@ def render(report: dict) -> str:
                          f"{_f(lat.get('p90'), '.3f'):>7} {_f(lat.get('p99'), '.3f'):>7} "
                          f"{_f(ttft.get('p50'), '.3f'):>8} {_f(acc, '.2f'):>6} "
                          f"{_f(m['target_tokens_per_emitted_token'], '.2f'):>7} {_f(sp, '.2f'):>7}")
+        n = (run.get("speculative") or {}).get("requests")
+        if isinstance(n, int) and n < run["concurrency"]:    # the label would overstate what ran
+            lines.append(f"     {n} request(s) in this run: at most {n} in flight, not {run['concurrency']}")
         if run.get("outputs_match") is not None:
             lines.append(f"     outputs identical to autoregressive (T = 0): {run['outputs_match']}")
         graphs = [(mode, (run.get(mode) or {}).get("cuda_graphs")) for mode in ("speculative", "autoregressive")]

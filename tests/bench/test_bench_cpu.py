@@ -312,3 +312,11 @@ def test_the_plot_is_a_png_whatever_its_name_says(engine, dataset, tmp_path, mon
     line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
                                  "--no-progress", "--plot", str(tmp_path / name)))
     assert line == f"error: --plot: writes a PNG image: give a name ending in .png, got '{tmp_path / name}'", line
+
+
+def test_a_concurrency_above_the_requests_says_so(engine, dataset):
+    """`--concurrency 4 --num-requests 2` printed a "concurrency 4" row with no word that at most 2 were in flight."""
+    code, text = _cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset), "--concurrency", "1,4",
+                      "--num-requests", "2", "--no-baseline", "--no-progress")
+    assert code == 0, text
+    assert "2 request(s) in this run: at most 2 in flight, not 4" in text and "not 1" not in text, text
