@@ -95,8 +95,17 @@ def check_manifest_fields(man: dict, man_path, *, need_limits: bool = False) -> 
 def check_block_size(man: dict, cfg: dict, man_path) -> None:
     """engine.json's ``block_size`` (K + 1; no hash covers engine.json) against the engine config's
     ``pretrained_config.max_draft_len`` (K), which every engine kind this project writes carries: the project's own
-    config.json and TensorRT-LLM's alike."""
+    config.json and TensorRT-LLM's alike; and its ``eos_token_ids`` against ``pretrained_config.vocab_size`` (an
+    edited id past the vocabulary was deployed as Triton's ``end_id`` and never matched a token)."""
     pre = cfg.get("pretrained_config")
+    vocab = pre.get("vocab_size") if isinstance(pre, dict) else None
+    eos = man.get("eos_token_ids")
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and isinstance(eos, list):
+        past = [e for e in eos if isinstance(e, int) and e >= vocab]
+        if past:
+            raise ConfigError(f"{past} past the engine's vocabulary (config.json pretrained_config.vocab_size {vocab}): "
+                              f"engine.json was edited or belongs to another engine", source=man_path,
+                              field="eos_token_ids")
     draft = pre.get("max_draft_len") if isinstance(pre, dict) else None
     if man.get("block_size") is not None and isinstance(draft, int) and man["block_size"] != draft + 1:
         raise ConfigError(f"{man['block_size']}, but the engine's config.json has pretrained_config.max_draft_len "

@@ -487,6 +487,7 @@ def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_
     (lambda m: m.update(block_size="abc"), "block_size"),
     (lambda m: m.update(block_size=None), "block_size"),   # present but null: deploy read int(None)
     (lambda m: m.update(block_size=3), "block_size"),      # an integer, but not the engine's K + 1
+    (lambda m: m.update(eos_token_ids=[2, 999]), "eos_token_ids"),   # past the vocabulary: deployed as end_id 999
 ])
 def test_a_damaged_engine_json_field_is_one_line_naming_it(engine, tmp_path, edit, field):
     """engine.json carries no hash of itself; a damaged eos_token_ids or limits used to end `deploy triton` (and
