@@ -86,6 +86,10 @@ def check_output_file(path: str | Path, *, field: str, replaces: str | None = No
     :data:`OUTPUT_KINDS`), an existing file that is not that kind of output: a command replaces its own previous
     report, never another file (an engine's ``engine.json``, a dataset). ``replaces`` None: an existing file is the
     caller's to judge (``bench prepare-dataset --force``)."""
+    if str(path) == "-":
+        # many tools read "-" as standard output; here it named a file "-" in the current directory
+        raise ConfigError("'-' (standard output) is not an output here: the command prints its own text there; give a "
+                          "file name", field=field)
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory; give a file name", field=field)

@@ -320,3 +320,11 @@ def test_a_concurrency_above_the_requests_says_so(engine, dataset):
                       "--num-requests", "2", "--no-baseline", "--no-progress")
     assert code == 0, text
     assert "2 request(s) in this run: at most 2 in flight, not 4" in text and "not 1" not in text, text
+
+
+def test_a_dash_is_not_taken_for_a_file_name(engine, dataset, monkeypatch):
+    """`--json -` wrote a file named "-" (many tools read it as standard output): refused before the run."""
+    _run_must_not_start(monkeypatch)
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
+                                 "--no-progress", "--json", "-"))
+    assert line.startswith("error: --json: '-' (standard output) is not an output here"), line
