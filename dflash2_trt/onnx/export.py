@@ -39,7 +39,8 @@ Output directory (written atomically: complete with its manifest, or absent)::
 Refused (one-line errors, nothing written): a target of another family (the config loader refuses
 its architecture), ``--tp-size`` > 1 (an ONNX graph is one device's), a drafter the
 plugins cannot take (K > 16, L > 15, R not a multiple of 8 in [8, 512], H % 8 != 0) unless
-``--no-plugins``, an opset outside 17..23.
+``--no-plugins``, an opset outside 17..23, ``--max-batch-size`` outside 1..512 (as ``build``), ``--max-seq-len``
+outside [block size + 1, the target's max_position_embeddings].
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..config.build import MAX_EAGLE_BATCH
 from ..errors import ConfigError, DFlash2Error
 from ..overlap import refuse_overlap
 from .graph import ONNX_DTYPES
@@ -104,6 +106,15 @@ def _check_plugin_limits(cfg, source) -> None:
     if problems:
         field, msg = problems[0]
         raise ConfigError(f"{msg}; export with --no-plugins for a plugin-free graph", source=source, field=field)
+
+
+def _profile(max_batch_size: int, T: int, past_max: int) -> dict[str, list[int]]:
+    """[min, opt, max] of each dynamic dimension; min <= opt <= max in every one (TensorRT refuses a profile
+    otherwise). ``context_length`` is optimised for one accepted block (T new context positions), or for all
+    the positions there are when the profile has fewer (``--max-seq-len`` below 2 x block size)."""
+    return {"batch": [1, max(1, max_batch_size // 2), max_batch_size],
+            "past_length": [0, past_max // 2, past_max],
+            "context_length": [1, min(T, past_max), past_max]}
 
 
 def profile_shapes(manifest: dict) -> dict[str, tuple[list[int], list[int], list[int]]]:
@@ -350,8 +361,11 @@ def export_onnx(drafter_dir, target_dir, output, *, dtype: str | None = None, op
         raise ConfigError(f"must be one of {', '.join(DTYPES)}, got {dtype!r}", field="--dtype")
     if selector not in SELECTORS:
         raise ConfigError(f"must be one of {', '.join(SELECTORS)}, got {selector!r}", field="--selector")
-    if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
-        raise ConfigError(f"must be an integer >= 1, got {max_batch_size!r}", field="--max-batch-size")
+    if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) \
+            or not 1 <= max_batch_size <= MAX_EAGLE_BATCH:
+        raise ConfigError(f"must be an integer in [1, {MAX_EAGLE_BATCH}] ({MAX_EAGLE_BATCH}: the largest "
+                          f"max_batch_size dflash2-trt build accepts, trtllm-build's EAGLE limit), "
+                          f"got {max_batch_size!r}", field="--max-batch-size")
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
     pair = validate_pair(drafter_dir, target_dir, cast_dtype=dtype)
     cfg, tcfg = pair.drafter, pair.target
@@ -364,8 +378,8 @@ def export_onnx(drafter_dir, target_dir, output, *, dtype: str | None = None, op
     max_seq = tcfg.max_position_embeddings if max_seq_len is None else max_seq_len
     mpe = tcfg.max_position_embeddings
     if not isinstance(max_seq, int) or isinstance(max_seq, bool) or not T + 1 <= max_seq <= mpe:
-        raise ConfigError(f"must be an integer in [{T + 1}, {tcfg.max_position_embeddings}] (block size + 1 .. the "
-                          f"target's max_position_embeddings), got {max_seq!r}", field="--max-seq-len")
+        raise ConfigError(f"must be an integer in [{T + 1}, {mpe}] (block size {T} + at least one context position "
+                          f".. the target's max_position_embeddings), got {max_seq!r}", field="--max-seq-len")
     dt = dtype or cfg.dtype
     refuse_overlap(output, "--output", [("target directory", target_dir), ("drafter directory", drafter_dir)])
     check_output_dir(output, force)
@@ -401,7 +415,7 @@ def export_onnx(drafter_dir, target_dir, output, *, dtype: str | None = None, op
                 attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
                 if attrs not in entry["attributes"]:
                     entry["attributes"].append(attrs)
-        past_max = max_seq - T
+        past_max = max_seq - T      # >= 1: context + past positions before the block (max_seq >= T + 1)
         manifest = {
             "format": FORMAT, "schema_version": SCHEMA_VERSION, "graph": GRAPH_FILE, "external_data": DATA_FILE,
             "plugins": use_plugins, "plugin_nodes": nodes, "opset": opset, "ir_version": model.ir_version,
@@ -409,9 +423,7 @@ def export_onnx(drafter_dir, target_dir, output, *, dtype: str | None = None, op
             "family": tcfg.family, "block_size": T, "draft_len": T - 1, "top_k": cfg.selector_top_k,
             "num_layers": cfg.num_hidden_layers, "vocab_size": cfg.vocab_size,
             "inputs": [_io(v) for v in model.graph.input], "outputs": [_io(v) for v in model.graph.output],
-            "profile": {"batch": [1, max(1, max_batch_size // 2), max_batch_size],
-                        "past_length": [0, past_max // 2, past_max],
-                        "context_length": [1, T, past_max]},
+            "profile": _profile(max_batch_size, T, past_max),
             "versions": {"dflash2_trt": __version__, "python": sys.version.split()[0], "onnx": onnx.__version__,
                          "torch": torch.__version__},
             "sources": {"drafter": source_identity(drafter_dir, dck), "target": source_identity(target_dir, tck)},
