@@ -7,7 +7,9 @@ Fields and their effect on the numerics (published checkpoints that motivate eac
 field                       effect
 ==========================  ==========================================================================
 block_size                  tokens per draft block = 1 anchor + (block_size-1) MASK positions; the
-                            engine's max_draft_len is block_size-1 [Qwen3.8: 8, Muse Glimmer: 16]
+                            engine's max_draft_len is block_size-1 [Qwen3.8: 8, Muse Glimmer: 16].
+                            2 .. max_position_embeddings - 1 (the block follows >= 1 prompt token;
+                            the target's limit is checked where the pair runs); engines: <= 16
 mask_token_id               id embedded (with the TARGET embedding) at positions 1..block_size-1
 target_layer_ids            target decoder layers whose OUTPUT (HF hidden_states[id+1]) is tapped,
                             concatenated in the LISTED order and fed to ``fc``: tap j fills ``fc``
@@ -46,6 +48,7 @@ from typing import Any, Mapping
 from ..errors import ConfigError
 from ._fields import (Fields, check_hf_fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope,
                       reject_quantization)
+from .build import MAX_BLOCK_SIZE as ENGINE_MAX_BLOCK_SIZE
 
 ARCHITECTURE = "DFlash2DraftModel"
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -58,6 +61,20 @@ NUMERICS_FIELDS = (
     "rope_theta", "rope_type", "rms_norm_eps", "hidden_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "dtype",
 )
+
+
+def max_block_size(max_position_embeddings: int) -> int:
+    """The longest block a model with ``max_position_embeddings`` positions can run: the anchor follows at least
+    one prompt token (position >= 1), and the block's positions anchor .. anchor + block_size - 1 must exist.
+    (The PyTorch reference takes any such block; engines are limited further, to ENGINE_MAX_BLOCK_SIZE.)"""
+    return max_position_embeddings - 1
+
+
+def _too_long(block_size: int, max_position_embeddings: int) -> str:
+    return (f"must be at most {max_block_size(max_position_embeddings)}, got {block_size}: a block of "
+            f"{block_size} positions after at least one prompt token does not fit in max_position_embeddings="
+            f"{max_position_embeddings} (engines take at most {ENGINE_MAX_BLOCK_SIZE})")
+
 
 _DFLASH_KEYS = {
     "block_size", "mask_token_id", "target_layer_ids", "conv_kernel_size", "conv_group_size",
@@ -188,6 +205,9 @@ class DFlash2Config:
         block_size = d.int("block_size")
         if block_size < 2:
             raise d.error("block_size", f"must be >= 2 (one anchor and at least one draft position), got {block_size}")
+        max_positions = f.int("max_position_embeddings", 32768, min=1)
+        if block_size > max_block_size(max_positions):
+            raise d.error("block_size", _too_long(block_size, max_positions))
         mask = d.int("mask_token_id")
         if not 0 <= mask < vocab:
             raise d.error("mask_token_id", f"{mask} is outside the vocabulary [0, {vocab})")
@@ -233,7 +253,7 @@ class DFlash2Config:
             intermediate_size=f.int("intermediate_size", min=1),
             rms_norm_eps=f.float("rms_norm_eps", 1e-6, positive=True),
             vocab_size=vocab,
-            max_position_embeddings=f.int("max_position_embeddings", 32768, min=1),
+            max_position_embeddings=max_positions,
             rope_theta=theta,
             rope_type=rope_type,
             layer_types=layer_types,
@@ -263,6 +283,9 @@ class DFlash2Config:
         # the value is the option's (--block-size), not the config file's: the error names the option
         if block_size < 2:
             raise ConfigError(f"must be >= 2, got {block_size} (the drafter's config has {self.block_size})",
+                              field="--block-size")
+        if block_size > max_block_size(self.max_position_embeddings):
+            raise ConfigError(f"{_too_long(block_size, self.max_position_embeddings)} ({self.source})",
                               field="--block-size")
         if self.conv_kernel_size > block_size:
             raise ConfigError(f"{block_size} is smaller than the drafter's conv_kernel_size={self.conv_kernel_size} "

@@ -34,7 +34,7 @@ import torch
 from .drafter import DFlash2Drafter, extract_taps
 from .selector import MODES
 from .verify import accept_greedy, accept_sampling, sample_from_probs, scatter_proposal, target_probs
-from ..errors import CheckpointError, NumericsError
+from ..errors import CheckpointError, ConfigError, NumericsError
 from ..transformers_support import require_supported_transformers
 
 __all__ = ["GenerationResult", "speculative_generate", "target_generate", "load_target",
@@ -128,10 +128,26 @@ def load_pair(target_dir, drafter_dir, *, block_size: int | None = None, dtype=N
 
     if validated is None:
         validated = validate_pair(drafter_dir, target_dir, check_values=check_values)
+    check_block_fits_target(validated.drafter, validated.target, block_size)
     target = load_target(target_dir, dtype=dtype, device=device, validated=True)
     drafter = DFlash2Drafter.from_pretrained(drafter_dir, block_size=block_size, dtype=dtype, device=device,
                                              target_hidden_size=validated.target.hidden_size)
     return target, drafter
+
+
+def check_block_fits_target(dcfg, tcfg, block_size: int | None = None) -> None:
+    """The block (the drafter's, or the ``--block-size`` override) must fit in the TARGET's positions too (the
+    drafter's config checks its own): the target verifies the block at the block's positions."""
+    from ..config.drafter import max_block_size
+
+    bs = dcfg.block_size if block_size is None else block_size
+    limit = max_block_size(tcfg.max_position_embeddings)
+    if bs > limit:
+        where = {"field": "--block-size"} if block_size is not None else {"source": dcfg.source,
+                                                                          "field": "dflash_config.block_size"}
+        raise ConfigError(f"must be at most {limit} for this target, got {bs}: a block of {bs} positions after at "
+                          f"least one prompt token does not fit in the target's max_position_embeddings="
+                          f"{tcfg.max_position_embeddings} ({tcfg.source})", **where)
 
 
 def check_finite(t: torch.Tensor, what: str) -> None:
