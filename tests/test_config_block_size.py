@@ -95,6 +95,12 @@ def test_the_target_positions_bound_the_block_too():
     check_block_fits_target(dcfg, tcfg, 255)
     tdata["max_position_embeddings"] = 301
     check_block_fits_target(dcfg, TargetConfig.from_hugging_face(tdata))
+    # inspect's pair check says the same as one of its problems (before the pair is loaded to run)
+    from dflash2_trt.config.pairing import pairing_problems
+
+    assert not any("block_size" in p for p in pairing_problems(dcfg, TargetConfig.from_hugging_face(tdata)))
+    problems = [p for p in pairing_problems(dcfg, tcfg) if p.startswith("dflash_config.block_size")]
+    assert len(problems) == 1 and "300" in problems[0] and "max_position_embeddings=256" in problems[0], problems
 
 
 def test_inspect_and_generate_refuse_a_huge_drafter_block(tmp_path):

@@ -48,6 +48,10 @@ def pairing_problems(
                 f"fc.weight: shape {list(fc_weight_shape)} but len(target_layer_ids) x target hidden_size = "
                 f"{drafter.num_taps} x {target.hidden_size} = {expected_in} inputs and {drafter.hidden_size} outputs"
             )
+    if drafter.block_size > target.max_position_embeddings - 1:     # config.drafter.max_block_size, for the target
+        problems.append(f"dflash_config.block_size: {drafter.block_size} ({d}) does not fit in the target's "
+                        f"max_position_embeddings={target.max_position_embeddings} ({t}): the block follows at least "
+                        f"one prompt token")
     if drafter.dtype != target.dtype:
         problems.append(f"dtype: drafter {drafter.dtype} ({d}) != target {target.dtype} ({t})")
     return problems
