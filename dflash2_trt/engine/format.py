@@ -100,7 +100,8 @@ def check_block_size(man: dict, cfg: dict, man_path) -> None:
     pre = cfg.get("pretrained_config")
     vocab = pre.get("vocab_size") if isinstance(pre, dict) else None
     eos = man.get("eos_token_ids")
-    if isinstance(vocab, int) and not isinstance(vocab, bool) and isinstance(eos, list):
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 1 and isinstance(eos, list):
+        # (a vocab_size below 1 is the config's own error, reported where the config is checked)
         past = [e for e in eos if isinstance(e, int) and e >= vocab]
         if past:
             raise ConfigError(f"{past} past the engine's vocabulary (config.json pretrained_config.vocab_size {vocab}): "
