@@ -478,7 +478,8 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
               help="Fixed prompts through the engine vs the target's greedy decoding; any difference fails the build "
                    "[default: on for small targets].")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
-              help="Keep the converted checkpoint here and reuse it when its manifest and file hashes match "
+              help="Keep the converted checkpoint here and reuse it when its manifest matches the sources (config, "
+                   "safetensors headers, sizes and modification times) and its file hashes match "
                    "[trtllm default: "
                    "OUTPUT.checkpoint; cpu default: inside the engine only].")
 @click.option("--reconvert", is_flag=True, help="Replace a --checkpoint-dir that does not match this build.")

@@ -218,10 +218,15 @@ _SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")
 
 
 def source_identity(directory: Path, ckpt: SafetensorsCheckpoint) -> dict:
-    """What identifies a source: its config hash, file sizes and header hashes, HF revision if known.
+    """What identifies a source: its config hash, file sizes, modification times and header hashes, HF revision if
+    known.
 
-    Tensor data is not hashed (that would double the read cost); the headers pin every name,
-    dtype, shape and offset, and sizes pin the rest.
+    Tensor data is not hashed (that would double the read cost: every build that keeps a checkpoint reads this
+    identity); the headers pin every name, dtype, shape and offset, and sizes pin the rest of the layout. The
+    modification time (nanoseconds, of the file a symlink names: a Hub snapshot's blob) stands for the data: a drafter
+    retrained and saved again with the same shapes had the same headers and sizes, and a kept checkpoint of the old
+    weights was reused without a word (a new user's review). A copy that does not keep times is then taken for other
+    files: the build says the checkpoint does not match, and --reconvert converts again.
     """
     import hashlib
 
@@ -231,7 +236,8 @@ def source_identity(directory: Path, ckpt: SafetensorsCheckpoint) -> dict:
         with open(f, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
             header_sha = hashlib.sha256(fh.read(n)).hexdigest()
-        files.append({"name": f.name, "size": f.stat().st_size, "header_sha256": header_sha})
+        st = f.stat()
+        files.append({"name": f.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "header_sha256": header_sha})
     m = _SNAPSHOT.search(str(directory))
     ident = {"path": str(directory), "config_sha256": sha256_file(directory / "config.json"), "files": files}
     if m:

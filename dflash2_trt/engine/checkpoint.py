@@ -60,8 +60,8 @@ def checkpoint_problems(ckpt_dir, prep, *, progress=None) -> list[str]:
         except Exception as exc:   # the sources themselves are broken: the build reports that elsewhere
             return [f"sources.{kind}: cannot identify {directory} ({exc})"]
         if _ident_key(sources.get(kind) or {}) != _ident_key(now):
-            return [f"sources.{kind}: written from different files than {directory} (config or safetensors "
-                    f"headers differ)"]
+            return [f"sources.{kind}: written from different files than {directory} (its config, or a safetensors "
+                    f"file's header, size or modification time differs)"]
     files = man.get("files")
     if not isinstance(files, list):
         return ["files: missing"]

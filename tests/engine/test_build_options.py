@@ -104,3 +104,34 @@ def test_serve_names_the_option_a_bad_port_came_from(tmp_path):
     assert code == 1 and err.strip() == "error: --port (its metrics port): port 65536 is not in [1, 65535]", err
     code, out, err = _cli("serve", "--engine-dir", str(tmp_path), "--port", "70000", "--http-port", "0")
     assert code == 1 and err.strip() == "error: --http-port: port 0 is not in [1, 65535]", err
+
+
+def test_a_kept_checkpoint_of_retrained_weights_is_not_reused(tmp_path):
+    """A drafter retrained and saved again with the same shapes has the same safetensors headers and sizes, which
+    were all a kept checkpoint's identity held: the engine was built from the old weights without a word (a new
+    user's review: `run` gave acceptance 3.29, the new drafter's own `generate` 1.21). Its modification time is in
+    the identity now: the build says the checkpoint does not match, and --reconvert converts the new weights."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    pair = trained_pair("qwen3")
+    drafter = tmp_path / "drafter"
+    shutil.copytree(pair.drafter_dir, drafter)
+    args = ["build", "--drafter", str(drafter), "--target-dir", str(pair.target_dir), "--backend", "cpu",
+            "--no-verify", "--checkpoint-dir", str(tmp_path / "ck")]
+    code, out, err = _cli(*args, "--output", str(tmp_path / "e1"))
+    assert code == 0, err
+    weights = drafter / "model.safetensors"
+    sd = load_file(weights)
+    sd["fc.weight"] = sd["fc.weight"] * 0
+    st = weights.stat()
+    save_file(sd, weights, metadata={"format": "pt"})
+    assert weights.stat().st_size == st.st_size      # the same layout: only the data changed
+    code, out, err = _cli(*args, "--output", str(tmp_path / "e2"))
+    assert code == 1 and "sources.drafter: written from different files" in err and "--reconvert" in err, err
+    code, out, err = _cli(*args, "--output", str(tmp_path / "e2"), "--reconvert")
+    assert code == 0, err
+    old, new = (load_file(tmp_path / e / "checkpoint" / "rank0.safetensors") for e in ("e1", "e2"))
+    changed = [k for k in old if not old[k].equal(new[k])]
+    assert changed and all("fc" in k for k in changed), changed
