@@ -622,6 +622,12 @@ def _report_build(res, as_json: bool) -> None:
                   if ties else "") if v else "not verified (--verify to check)")
     click.echo(f"wrote {res.output} ({m['backend']} engine, block {m['block_size']}, tp {m['tp_size']}, {m['dtype']}, "
                f"max batch {m['limits']['max_batch_size']}, {len(m['files'])} files; {checked})")
+    lim = m.get("limits") or {}
+    mnt, mil = lim.get("max_num_tokens"), lim.get("max_input_len")
+    if isinstance(mnt, int) and isinstance(mil, int) and mnt < mil:
+        click.echo(f"note: max_num_tokens {mnt} < max_input_len {mil}: the project runtime takes a prompt whole in "
+                   f"one step (no chunked context), so it refuses prompts over {mnt} tokens; --max-num-tokens {mil} "
+                   f"serves every prompt the engine's limit allows", err=True)
 
 
 @main.command("run")

@@ -135,8 +135,10 @@ class Runtime:
                               f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}",
                               field=where)
         if len(r.prompt_ids) > self.max_num_tokens:
-            raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds max_num_tokens {self.max_num_tokens}",
-                              field=where)
+            raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds max_num_tokens {self.max_num_tokens} "
+                              f"(a prompt is taken whole in one step: no chunked context; the engine's max_input_len "
+                              f"is {self.engine.limits['max_input_len']}, so `build --max-num-tokens` at least that "
+                              f"serves every prompt it allows)", field=where)
         effective_temperature(r.temperature, field=f"{where}: temperature")   # below 1e-5: decoded greedily
         if self.blocks.blocks_for(need) > self.blocks.num_blocks:
             raise ConfigError(f"needs {self.blocks.blocks_for(need)} KV blocks, the pool has {self.blocks.num_blocks}",
