@@ -57,6 +57,7 @@ from typing import Sequence
 import torch
 
 from .errors import ConfigError, DFlash2Error
+from .textfiles import read_utf8
 
 __all__ = [
     "AnchorData",
@@ -276,12 +277,7 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
     """Prompts from ``path``: a JSON list (or ``{"prompts": [...]}``) or JSON lines; each prompt is
     a list of token ids, or a string tokenized with the target directory's tokenizer."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")   # a leading BOM (Windows editors) is not text
-    except OSError as exc:
-        raise ConfigError(f"cannot read prompts: {exc}", source=path) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
+    text = read_utf8(path, what="prompts", bom=True)
     try:
         data = json.loads(text)
         items = data["prompts"] if isinstance(data, dict) else data

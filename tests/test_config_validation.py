@@ -276,3 +276,31 @@ def test_a_bad_generation_config_is_one_error_naming_it(tiny_dense, tmp_path, te
     with pytest.raises(ConfigError, match=needle) as ei:
         TargetConfig.from_hugging_face(d)
     assert "generation_config.json" in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    """A stray byte in a hand-edited build config or config.json ended in a UnicodeDecodeError traceback (the readers
+    caught only OSError; a new user's review)."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.cli import main
+    from dflash2_trt.config.build import BuildConfig
+    from dflash2_trt.targets import get_target
+
+    yml = tmp_path / "tiny.yaml"
+    yml.write_bytes(get_target("tiny").build_config_path.read_bytes() + b"\xff\xfe\n")
+    with pytest.raises(ConfigError) as e:
+        BuildConfig.load(yml, target_key="tiny")
+    assert str(e.value).startswith(f"{yml}: not UTF-8 text (byte "), str(e.value)
+    pair = trained_pair("qwen3")
+    drafter = tmp_path / "drafter"
+    shutil.copytree(pair.drafter_dir, drafter)
+    (drafter / "config.json").write_bytes((drafter / "config.json").read_bytes() + b"\xff")
+    r = CliRunner().invoke(main, ["build", "--drafter", str(drafter), "--target-dir", str(pair.target_dir),
+                                  "--backend", "cpu", "--dry-run"])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"error: {drafter / 'config.json'}: not UTF-8 text (byte "), r.output

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from ..textfiles import read_utf8
 
 _MISSING = object()
 
@@ -33,10 +34,7 @@ def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict
         if not path.exists() and path.name != "config.json":   # the directory given is what is missing
             raise ConfigError("no such directory", source=path)
         raise ConfigError("config file not found", source=path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config: {exc}", source=path) from None
+    text = read_utf8(path, what="config")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

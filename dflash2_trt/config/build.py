@@ -50,6 +50,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import ConfigError
+from ..textfiles import read_utf8
 from ._fields import DTYPES
 
 SELECTORS = ("greedy", "viterbi")
@@ -140,10 +141,9 @@ class BuildConfig:
         registry key whose file this is (its ``target`` field must name it). A key given twice is refused, not
         resolved to the last one."""
         path = Path(path)
+        text = read_utf8(path)
         try:
-            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
-        except OSError as exc:
-            raise ConfigError(f"cannot read: {exc.strerror}", source=path) from None
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
         except _DuplicateKey as exc:
             raise ConfigError(str(exc), source=path, field=exc.key) from None
         except yaml.YAMLError as exc:

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..textfiles import read_utf8
 from ..tokenizer import engine_tokenizer_dir, find_tokenizer
 
 
@@ -24,12 +25,7 @@ def read_prompts_file(path: str | Path) -> list[dict]:
     ``task_id`` (an integer or a string; the line's index among the prompts when absent) names the request in
     every report (``run --json``, ``bench run --save-outputs``), so two lines may not share one."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()   # a leading BOM is not text
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
+    lines = read_utf8(path, bom=True).splitlines()
     out = []
     seen: dict[object, int] = {}
     for n, line in enumerate(lines, 1):
