@@ -97,7 +97,7 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
         raise ConfigError(f"must be in [1, vocab size {tcfg.vocab_size}], got {top_k}", field="--top-k")
     tok = None
     if prompt is not None:
-        tok = find_tokenizer(target_dir)
+        tok = find_tokenizer(target_dir, strict=True)   # files that do not load: said as such, not "none found"
         if tok is None:
             raise DFlash2Error(f"{target_dir}: no tokenizer found for --prompt text; pass token ids "
                                "with --prompt-ids 1,2,3 instead")

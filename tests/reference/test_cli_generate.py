@@ -106,3 +106,20 @@ def test_generate_refuses_more_positions_than_the_target_has():
         assert "max_position_embeddings 512" in r.output, r.output
     r = runner.invoke(main, ["generate", *dirs, "--prompt-ids", ids(500), "--max-new-tokens", "12", "--json"])
     assert r.exit_code == 0, r.output  # exactly at the limit: fine
+
+
+def test_generate_prompt_names_a_tokenizer_that_does_not_load(tmp_path):
+    """A corrupt tokenizer.json was reported as "no tokenizer found" (inspect and run said what it was)."""
+    import shutil
+
+    from dflash2_trt.assets import trained_pair
+
+    pair = trained_pair("qwen3")
+    target = tmp_path / "target"
+    shutil.copytree(pair.target_dir, target)
+    (target / "tokenizer.json").write_text("{bad")
+    r = CliRunner().invoke(main, ["generate", "--drafter", str(pair.drafter_dir), "--target-dir", str(target),
+                                  "--prompt", "puni kiku"])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"error: {target}: has tokenizer files that cannot be loaded ("), r.output
