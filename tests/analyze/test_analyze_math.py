@@ -234,3 +234,15 @@ def test_a_bad_block_size_names_the_option_not_the_config_file():
         lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
         assert r.exit_code == 1 and lines == ["error: --block-size: must be >= 2, got 0 (the drafter's config has 8)"], \
             r.output
+
+
+def test_a_temperature_without_measured_runs_is_refused():
+    """--temperature only adds measured sampling runs: with --no-measure the report was byte-identical, the option
+    silently ignored (a new user's review)."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    r = CliRunner().invoke(main, ["analyze", "--target", "tiny", "--no-measure", "--temperature", "1"])
+    assert r.exit_code == 1 and r.output.strip() == ("error: --temperature: applies to the measured runs, which "
+                                                     "--no-measure skips"), r.output
