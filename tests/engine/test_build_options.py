@@ -154,3 +154,21 @@ def test_a_max_num_tokens_below_max_input_len_is_said_at_build_and_run(tmp_path)
     code, stdout, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "f"),
                              "--no-verify")
     assert code == 0 and "note: max_num_tokens" not in err, err
+
+
+def test_a_pair_blocker_names_the_pair_not_the_target_file(tmp_path):
+    """A drafter config the engine cannot take (its head_dim) was reported as "T/config.json: cannot build an engine
+    for this target", a file nobody edited (a new user's review); the error names the pair."""
+    import shutil
+
+    pair = trained_pair("qwen3")
+    drafter = tmp_path / "drafter"
+    shutil.copytree(pair.drafter_dir, drafter)
+    cfg = json.loads((drafter / "config.json").read_text())
+    cfg["head_dim"] = 8
+    (drafter / "config.json").write_text(json.dumps(cfg))
+    code, out, err = _cli("build", "--drafter", str(drafter), "--target-dir", str(pair.target_dir), "--backend", "cpu",
+                          "--output", str(tmp_path / "e"))
+    assert code == 1 and err.startswith(f"error: cannot build an engine for this pair (drafter {drafter}, target "
+                                        f"{pair.target_dir}): "), err
+    assert f"{pair.target_dir}/config.json" not in err and not (tmp_path / "e").exists()

@@ -45,7 +45,10 @@ def build_standin(prep, output, *, force: bool = False, command: list[str] | Non
     are :func:`dflash2_trt.engine.build.build_engine`'s (``verify`` already decided there). The converter is looked
     up per call (``convert.convert_pair``): tests replace it to prove a checkpoint is reused."""
     if prep.blockers:
-        raise ConfigError(f"cannot build an engine for this target: {prep.blockers[0]}", source=prep.t.source)
+        # the pair's, not the target file's: a blocker may come from the drafter's config (its head_dim, say), and
+        # naming the target's config.json blamed a file nobody edited (a new user's review)
+        raise ConfigError(f"cannot build an engine for this pair (drafter {prep.drafter_dir}, target "
+                          f"{prep.target_dir}): {prep.blockers[0]}")
     say = progress or (lambda s: None)
     check_output_dir(output, force)
     drafter_dir, target_dir = prep.drafter_dir, prep.target_dir
