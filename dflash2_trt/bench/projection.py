@@ -316,10 +316,12 @@ def compare_with_article(points: list[dict], tau: float) -> dict | None:
 
 
 def tau_from(*, acceptance: float | None = None, report: dict | None = None, draft_len: int,
-             report_source=None) -> tuple[float, dict]:
+             report_source=None, target: str | None = None) -> tuple[float, dict]:
     """The mean tokens per speculative step: given, or from a bench report's measured histogram (pooled over
     its runs). A report measured with more drafts than the projected drafter has is truncated:
-    E[min(n, draft_len + 1)]; with fewer it cannot say what the extra positions would accept (an error)."""
+    E[min(n, draft_len + 1)]; with fewer it cannot say what the extra positions would accept (an error). ``target``:
+    the projected target; a report that names another is refused, as ``--costs-from`` refuses one (a drafter's
+    acceptance is its own pair's: a tiny pair's projected qwen3.8-27b "measured", naming neither)."""
     if (acceptance is None) == (report is None):
         raise ConfigError("give exactly one of --acceptance or --acceptance-from", field="--acceptance")
     if acceptance is not None:
@@ -367,6 +369,11 @@ def tau_from(*, acceptance: float | None = None, report: dict | None = None, dra
                           field="draft_len")
     steps = sum(hist.values())
     tau = sum(min(n, draft_len + 1) * c for n, c in hist.items()) / steps
+    measured_target = report.get("target")
+    if target is not None and isinstance(measured_target, str) and measured_target != target:
+        raise ConfigError(f"measured {measured_target!r}, not {target!r}: a drafter's acceptance is its own pair's "
+                          f"(--acceptance {tau:.2f} projects this one's deliberately)", source=report_source,
+                          field="target")
     info = {"kind": "measured", "source": str(report_source) if report_source else None, "steps": steps,
             "histogram": {str(k): hist[k] for k in sorted(hist)}, "measured_draft_len": measured_k, "mean": tau}
     if measured_k > draft_len:   # said in the rendered projection: the report's own mean is not the tau used

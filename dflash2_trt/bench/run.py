@@ -259,7 +259,8 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, c
                           field="--recurrent-verify")   # checked, not ignored (it was recorded and changed nothing)
     if context_len is None:
         context_len = _default_context(t, DEFAULT_PROJECT_CONTEXT)
-    tau, info = tau_from(acceptance=acceptance, report=report, draft_len=d.block_size - 1, report_source=acceptance_from)
+    tau, info = tau_from(acceptance=acceptance, report=report, draft_len=d.block_size - 1, report_source=acceptance_from,
+                         target=target)
     doc = project(t, d, [GPUS[k] for k in g], concurrency=levels, context=context_len, tau=tau, acceptance_info=info,
                   bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3,
                   recurrent=recurrent_verify or "replay")
@@ -292,7 +293,8 @@ def _measured_projection(target, costs_from, basis, report, acceptance, acceptan
         tau, info = float(rec), {"kind": "given", "mean": float(rec),
                                  "source": "the article's, recorded in the steps report"}
     else:
-        tau, info = tau_from(acceptance=acceptance, report=report, draft_len=draft_len, report_source=acceptance_from)
+        tau, info = tau_from(acceptance=acceptance, report=report, draft_len=draft_len, report_source=acceptance_from,
+                             target=target)
     doc = measured_projection(steps, tau=tau, acceptance_info=info, source=p, concurrency=concurrency, basis=basis)
     if json_out is not None:
         atomic_write_json(json_out, doc)

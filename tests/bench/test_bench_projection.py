@@ -329,3 +329,23 @@ def test_recurrent_verify_on_a_target_without_recurrent_layers_is_refused():
     r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "4", "--target", "tiny-hybrid",
                                   "--recurrent-verify", "intermediate"])
     assert r.exit_code == 0 and "recurrent verify intermediate" in r.output, r.output
+
+
+def test_an_acceptance_report_of_another_target_is_refused(tmp_path):
+    """--costs-from refused a steps report of another target; --acceptance-from took a tiny pair's histogram and
+    projected qwen3.8-27b with it as "measured", naming neither (a new user's review). Refused the same way, with the
+    --acceptance that projects it deliberately; a report of the projected target (or naming none) is taken."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    rep = tmp_path / "rep.json"
+    doc = {"target": "tiny", "draft_len": 15, "runs": [{"speculative": {"acceptance": {"histogram": {"5": 2}}}}]}
+    rep.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance-from", str(rep)])
+    assert r.exit_code == 1 and r.output.strip() == (
+        f"error: {rep}: target: measured 'tiny', not 'qwen3.8-27b': a drafter's acceptance is its own pair's "
+        f"(--acceptance 5.00 projects this one's deliberately)"), r.output
+    rep.write_text(json.dumps({**doc, "target": "qwen3.8-27b"}))
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance-from", str(rep)])
+    assert r.exit_code == 0 and "tau = 5.00 tokens/step (measured)" in r.output, r.output
