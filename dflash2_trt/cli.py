@@ -451,7 +451,8 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cuda", "trtllm"]), default="auto", show_default=True,
               help="cpu: the network run by the torch stand-in on the CPU; cuda: the same on a GPU with the plugins' "
                    "CUDA kernels (not a TensorRT engine); trtllm: TensorRT-LLM engines (auto: trtllm where it "
-                   "imports, else cuda where torch sees a GPU, else cpu; a dry run plans trtllm).")
+                   "imports, else cuda where torch sees a GPU, else cpu; a dry run plans trtllm unless "
+                   "$DFLASH2_TRT_BACKEND names a backend).")
 @click.option("--tp-size", default=None, type=click.Choice(["1", "2", "4", "8"]),
               help="Tensor-parallel ranks (the CPU backend simulates them) [default: build config].")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from ..convert.schema import build_config
 from ..errors import ConfigError, MissingDependencyError, PairingError
 from ..plugins import plugin_dir
 from ..targets import TARGETS, get_target, status_of
+from .checkpoint import checkpoint_problems
 from .common import eagle_choices, shell_line
 from ..trtllm.gdn_slot import gdn_slot_layout
 from .pretrained import drafter_pool_layers_per_layer, engine_pretrained_config, resolve_sliding_path
@@ -63,8 +65,8 @@ from .trtllm.runtime_rules import runtime_reading
 from .trtllm.xqa import xqa_plan
 from .trtllm.windows import is_sm100_family, sm100_note, sm100_refusal, window_blockers
 from .trtllm.toolchain import environment_problems, plugin_toolchain_missing, probe_toolchain, trtllm_version_refusal
-from .verify import AUTO_MAX_TARGET_BYTES
-from ..trtllm.backend import cuda_available, load_network
+from .verify import AUTO_MAX_TARGET_BYTES, planned_check_pool
+from ..trtllm.backend import cuda_available, load_network, resolve
 from ..trtllm.cuda.plugin_lib import nvcc_path
 
 GIB = 1 << 30
@@ -323,6 +325,58 @@ DISK_HEADROOM = 1.10
 file system needs some room to breathe."""
 
 
+# what a kept checkpoint's state reads as on a disk line
+CHECKPOINT_LABELS = {"reused": " (reused)", "replaced": " (replaced: --reconvert)",
+                     "mismatch": " (does not match this build: the build will refuse without --reconvert)",
+                     "unchecked": " (kept: not checked against config-only sources)", "written": ""}
+
+
+def kept_checkpoint_state(p: Prepared, ckpt_dir, *, reconvert: bool = False) -> dict:
+    """What the build will do with a kept checkpoint directory (``--checkpoint-dir``, or the TensorRT-LLM backend's
+    ``OUTPUT.checkpoint``), decided as :func:`~dflash2_trt.engine.checkpoint.ensure_checkpoint` decides it:
+    ``{"path", "state", "why"}``, ``state`` one of ``written`` (nothing there yet), ``reused`` (it matches),
+    ``mismatch`` (it does not: the build refuses, naming ``why``, unless ``--reconvert``), ``replaced`` (it does not
+    and ``reconvert``: converted again) or ``unchecked`` (a source is config-only: the dry run of a checkpoint not on
+    this machine cannot tell; the build checks it against the weights it reads).
+
+    Only the cheap checks of :func:`~dflash2_trt.engine.checkpoint.checkpoint_problems` run (the manifest's format,
+    converter version, tp and dtype, the sources' config hashes, safetensors headers, sizes and modification times,
+    the listed files' sizes, config.json), the same function without its re-hash of every file (``rehash=False``):
+    the build re-hashes them (about 54 GB for Qwen3.8-27B) before it reuses the checkpoint, and refuses a file
+    changed in place since."""
+    ckpt = Path(ckpt_dir)
+    try:
+        exists = ckpt.is_dir() and any(ckpt.iterdir())
+    except OSError:
+        exists = False
+    if not exists:
+        return {"path": str(ckpt), "state": "written", "why": None}
+    problems = checkpoint_problems(ckpt, p, rehash=False)
+    if not problems:
+        return {"path": str(ckpt), "state": "reused", "why": None}
+    if problems[0].startswith("sources.") and not all(_has_weights(d) for d in (p.target_dir, p.drafter_dir)):
+        return {"path": str(ckpt), "state": "unchecked", "why": problems[0]}
+    return {"path": str(ckpt), "state": "replaced" if reconvert else "mismatch", "why": problems[0]}
+
+
+def _has_weights(directory) -> bool:
+    try:
+        return bool(SafetensorsCheckpoint(directory).infos())
+    except Exception:   # config-only (a published checkpoint's shipped configs), or unreadable
+        return False
+
+
+def kept_checkpoint_dir(backend: str, output, *, checkpoint_dir=None, keep_checkpoint: bool = True) -> Path | None:
+    """The checkpoint directory a build keeps (and so may reuse): ``--checkpoint-dir``, else on the TensorRT-LLM
+    backend ``OUTPUT.checkpoint`` unless ``--no-keep-checkpoint``; None where it converts afresh (inside a cpu or
+    cuda engine, or into a temporary directory)."""
+    if checkpoint_dir is not None:
+        return Path(checkpoint_dir)
+    if backend == "trtllm" and keep_checkpoint and output is not None:
+        return default_checkpoint_dir(output)
+    return None
+
+
 def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True,
                reconvert: bool = False, baseline: bool = False):
     """What ``build`` writes and on which file system, as ``[{"what", "path", "anchor", "bytes", "reused"}]`` (None for
@@ -330,23 +384,27 @@ def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
     ``anchor`` is the parent of the path. What is written: the converted checkpoint (every rank's tensors in the build
     dtype: the converter's plan); for the TensorRT-LLM backend the engines (they hold the same weights); for a cpu or
     cuda engine with ``--checkpoint-dir`` the checkpoint's files inside the engine, hard links (nothing) on the same
-    file system, copies across. A kept checkpoint directory with a ``manifest.json`` counts as reused unless
-    ``reconvert`` (a mismatching one is refused by the build itself without ``--reconvert``). ``baseline``
+    file system, copies across. A kept checkpoint directory counts as :func:`kept_checkpoint_state` decides (its
+    ``state`` on the item): reused (nothing) when it matches this build, with or without ``reconvert`` (the build
+    reuses a matching one either way); in full when it is replaced, when it does not match (the build refuses it;
+    ``--reconvert`` writes it again) or when config-only sources leave it unchecked. ``baseline``
     (``build --baseline``): the baseline engines too, the target's tensors again."""
     w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
     if w is None:
         return None
     total = sum(r["total"] for r in w)
     out = Path(output).absolute()
-    if backend == "trtllm":
-        ckpt = (Path(checkpoint_dir).absolute() if checkpoint_dir else default_checkpoint_dir(out) if keep_checkpoint
-                else out.parent / f".{out.name}.checkpoint-<temporary>")
+    kept_dir = kept_checkpoint_dir(backend, out, checkpoint_dir=checkpoint_dir, keep_checkpoint=keep_checkpoint)
+    if kept_dir is not None:
+        ckpt = kept_dir.absolute()
+    elif backend == "trtllm":
+        ckpt = out.parent / f".{out.name}.checkpoint-<temporary>"
     else:
-        ckpt = Path(checkpoint_dir).absolute() if checkpoint_dir else out / "checkpoint"
-    kept = checkpoint_dir is not None or (backend == "trtllm" and keep_checkpoint)   # a directory a build reuses
-    own = kept or backend == "trtllm"         # the checkpoint is a directory of its own (not inside the engine)
+        ckpt = out / "checkpoint"
+    own = kept_dir is not None or backend == "trtllm"   # the checkpoint is a directory of its own (not in the engine)
+    state = kept_checkpoint_state(p, ckpt, reconvert=reconvert)["state"] if kept_dir is not None else "written"
     items = [{"what": "checkpoint", "path": str(ckpt), "anchor": str(ckpt.parent if own else out.parent),
-              "bytes": total, "reused": kept and not reconvert and (ckpt / "manifest.json").is_file()}]
+              "bytes": total, "reused": state == "reused", "state": state}]
     if backend == "trtllm":
         items.append({"what": "engines", "path": str(out), "anchor": str(out.parent), "bytes": total, "reused": False})
         if baseline:
@@ -433,23 +491,37 @@ def check_disk(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
 # ------------------------------------------------------------------------------------------ plan
 def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: str | None = None,
               gpu_memory_gib: float = H200_GIB, toolchain=None, keep_checkpoint: bool = True,
-              verify: bool | None = None, baseline: bool = False) -> dict:
+              verify: bool | None = None, baseline: bool = False, reconvert: bool = False) -> dict:
     """The steps of ``build`` for ``backend`` with every path and command spelled out, the sizing,
-    and what is supported for the target today (``baseline``: ``build --baseline``'s second trtllm-build too)."""
+    and what is supported for the target today (``baseline``: ``build --baseline``'s second trtllm-build too).
+    A kept checkpoint directory that exists is checked as the build checks it, but for the content re-hash
+    (:func:`kept_checkpoint_state`; ``reconvert``: ``build --reconvert``): the plan's ``checkpoint``."""
     cfg, t, d = p.cfg, p.t, p.d
     if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
         raise ConfigError(f"must be a positive number, got {gpu_memory_gib}", field="--gpu-memory-gib")
     out = Path(output) if output else Path("ENGINE_DIR")
     size = sizing(p, gpu_memory_gib)
     ckpt = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(out)
+    # what the build does with the checkpoint: a kept directory checked as the build checks it; without --output the
+    # TensorRT-LLM backend's OUTPUT.checkpoint is a placeholder, nothing there to check ("unknown")
+    kept = kept_checkpoint_dir(backend, output, checkpoint_dir=checkpoint_dir, keep_checkpoint=keep_checkpoint)
+    if kept is not None:
+        ck_state = kept_checkpoint_state(p, kept, reconvert=reconvert)
+    elif backend == "trtllm":
+        ck_state = ({"path": str(ckpt), "state": "unknown", "why": None} if keep_checkpoint else
+                    {"path": None, "state": "written", "why": "a temporary directory (--no-keep-checkpoint)"})
+    else:
+        ck_state = {"path": str(out / "checkpoint"), "state": "written", "why": None}
     plugin_lib = "$DFLASH2_TRT_CACHE/plugins-trt/<sha256 of plugins/ + flags>/libdflash2_plugins.so"
     steps = [{"step": "validate", "what": f"configs, pairing and settings ({cfg.source})"}]
     command = bench = base_command = None
     if backend == "trtllm":
-        steps.append({"step": "convert", "what": f"checkpoint at {ckpt} (reused when its manifest.json matches the "
-                                                  f"sources, tp {cfg.tp_size} and {cfg.dtype}; else written)"
-                                                  + ("" if keep_checkpoint or checkpoint_dir else
-                                                     "; removed after the build (--no-keep-checkpoint)")})
+        if not keep_checkpoint and not checkpoint_dir:
+            convert = (f"checkpoint into a temporary directory beside {out}, removed after the build "
+                       f"(--no-keep-checkpoint)")
+        else:
+            convert = f"checkpoint at {ckpt}: {_checkpoint_words(ck_state, cfg, reconvert)}"
+        steps.append({"step": "convert", "what": convert})
         archs = cuda_archs(cfg.gpus)
         if toolchain is not None and toolchain.gpu_sm:
             archs = toolchain.gpu_sm.removeprefix("sm_")
@@ -476,9 +548,9 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
                                 max_batch_size=cfg.max_batch_size, eos_id=(list(t.eos_token_ids) or [None])[0],
                                 kv_cache_fraction=cfg.kv_cache_free_gpu_mem_fraction, python=py)
     else:
-        steps.append({"step": "convert", "what": f"checkpoint into {out}/checkpoint"
-                                                  + (f" (linked from {checkpoint_dir}, reused when it matches)"
-                                                     if checkpoint_dir else "")})
+        linked = (f", linked from {checkpoint_dir}: {_checkpoint_words(ck_state, cfg, reconvert)}" if checkpoint_dir
+                  else "")
+        steps.append({"step": "convert", "what": f"checkpoint into {out}/checkpoint{linked}"})
         if backend == "cuda":
             steps.append({"step": "plugins", "what": "the plugins' CUDA kernels with nvcc for the visible GPU "
                                                      "(libdf2_cuda_sm<arch>.so in $DFLASH2_TRT_CACHE/plugins-cuda/"
@@ -527,10 +599,11 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         "eagle_choices": eagle_choices(p.K), "steps": steps, "trtllm_build": command, "trtllm_bench": bench,
         "baseline_trtllm_build": base_command,
         "sizing": size,
+        "checkpoint": ck_state,
         "disk": (None if output is None else disk_report(disk_needs(p, backend=backend, output=out,
                                                                     checkpoint_dir=checkpoint_dir,
                                                                     keep_checkpoint=keep_checkpoint,
-                                                                    baseline=baseline))),
+                                                                    reconvert=reconvert, baseline=baseline))),
         "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": trtllm_blockers,
         # which runtime will drive the TensorRT engine, and why (engine/trtllm/paths.py)
         "runtime_path": path,
@@ -539,6 +612,27 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         # runtime will count in it
         "engine_config": engine_config, "runtime": runtime_reading(engine_config, cfg),
     }
+
+
+def _checkpoint_words(state: dict, cfg, reconvert: bool = False) -> str:
+    """The convert step's words for a kept checkpoint directory (:func:`kept_checkpoint_state`; ``unknown``: no
+    --output, so OUTPUT.checkpoint is not a directory the dry run can look at)."""
+    cheap = (f"its manifest matches this build: format, converter version, tp {cfg.tp_size}, {cfg.dtype}, the "
+             f"sources' configs, safetensors headers, sizes and modification times, the files' sizes and config.json; "
+             f"the build also re-hashes every file before reusing it, a dry run does not: one changed in place since "
+             f"it was written is refused, or replaced with --reconvert"
+             + ("; --reconvert replaces only a checkpoint that does not match" if reconvert else "") + ")")
+    return {"unknown": f"reused when its manifest.json matches the sources, tp {cfg.tp_size} and {cfg.dtype} (and "
+                       f"every file's sha256), refused without --reconvert when it does not, else written (give "
+                       f"--output for the dry run to check the one there)",
+            "written": "written (nothing there yet)",
+            "reused": f"reused ({cheap}",
+            "mismatch": f"exists and does NOT match this build: {state['why']}: the build will refuse; pass "
+                        f"--reconvert to replace it, or another --checkpoint-dir",
+            "replaced": f"exists and does not match this build ({state['why']}): replaced (--reconvert)",
+            "unchecked": f"exists, not checked: the sources here are config-only ({state['why']}); the build "
+                         f"reuses it when it matches the weights it reads, else refuses it without --reconvert",
+            }[state["state"]]
 
 
 def _gib(n) -> str:
@@ -623,8 +717,9 @@ def render_plan(plan: dict) -> str:
         lines.append(f"  largest batch at max_seq_len: {z['max_batch_that_fits']} (max_batch_size "
                      f"{s['max_batch_size']} {verdict})")
     for g in plan.get("disk") or ():
-        what = ", ".join(f"{it['what']} {_gib(it['bytes'])}{' (reused)' if it['reused'] else ''} at {it['path']}"
-                         for it in g["items"])
+        what = ", ".join(f"{it['what']} {_gib(it['bytes'])}"
+                         f"{CHECKPOINT_LABELS[it['state']] if 'state' in it else ' (reused)' if it['reused'] else ''}"
+                         f" at {it['path']}" for it in g["items"])
         free = "free space unknown" if g["free"] is None else f"{_gib(g['free'])} free"
         lines.append(f"disk: {what}: needs {_gib(g['need'])} with headroom on the file system of {g['anchor']}, "
                      f"{free}{'' if g['fits'] else ' -- NOT ENOUGH: the build will refuse'}")
@@ -682,22 +777,40 @@ def verify_default(p: Prepared, backend: str) -> bool:
     return small and (backend in ("cpu", "cuda") or p.cfg.tp_size == 1)
 
 
+def planned_backend(backend: str) -> str:
+    """The backend ``build --dry-run --backend BACKEND`` plans: a named one as named; ``auto`` as the build resolves
+    it (:func:`dflash2_trt.trtllm.backend.resolve`: ``$DFLASH2_TRT_BACKEND`` first, an unknown value refused in the
+    same words), except where the variable leaves the choice to the auto rule (unset, or ``auto``): there the dry run
+    plans the TensorRT-LLM build, sizing a GPU being what it is for, on any machine."""
+    if backend != "auto":
+        return backend
+    if os.environ.get("DFLASH2_TRT_BACKEND", "auto") == "auto":
+        return "trtllm"
+    return resolve(None)
+
+
 def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto", target_key=None, overrides=None,
                  sets=None, gpu_memory_gib: float = H200_GIB, checkpoint_dir=None, keep_checkpoint: bool = True,
                  verify=None, toolchain=None, baseline: bool = False, reconvert: bool = False) -> dict:
-    """``build --dry-run``: the plan for ``backend`` (``auto`` plans the TensorRT-LLM build: sizing a GPU is
-    what a dry run is for) plus what this machine has and lacks for it."""
+    """``build --dry-run``: the plan for ``backend`` (``auto``: :func:`planned_backend`) plus what this machine has
+    and lacks for it. What the build would refuse with these settings is refused in the build's words: ``--baseline``
+    or a checkpoint option the backend has no use for, and a ``num_kv_blocks`` pool too small for the verify gate's
+    requests (:func:`~dflash2_trt.engine.verify.planned_check_pool`, cpu and cuda with the gate on); a kept checkpoint
+    that does not match is the convert step's and ``checkpoint``'s (:func:`kept_checkpoint_state`)."""
 
     p = prepare(drafter_dir, target_dir, target_key=target_key, overrides=overrides, sets=sets)
-    be = backend if backend in ("cpu", "cuda") else "trtllm"
+    be = planned_backend(backend)
     if baseline and be != "trtllm":      # the build's own refusal (engine/build.py check_baseline_backend)
         raise ConfigError(f"applies to --backend trtllm (a {be} engine's `bench run` builds the target-only baseline "
                           f"from the engine's own checkpoint)", field="--baseline")
     check_checkpoint_options(be, keep_checkpoint=keep_checkpoint, reconvert=reconvert, checkpoint_dir=checkpoint_dir)
-    tc = toolchain if toolchain is not None else probe_toolchain()
     v = verify_default(p, be) if verify is None else bool(verify)
+    if v and be in ("cpu", "cuda") and not p.blockers:   # the stand-in build's own check, before it converts
+        planned_check_pool(p.target_key, p.t.vocab_size, p.cfg, p.K)   # (engine/standin/build.py)
+    tc = toolchain if toolchain is not None else probe_toolchain()
     plan = make_plan(p, backend=be, output=output, checkpoint_dir=checkpoint_dir, gpu_memory_gib=gpu_memory_gib,
-                     toolchain=tc, keep_checkpoint=keep_checkpoint, verify=v, baseline=baseline and be == "trtllm")
+                     toolchain=tc, keep_checkpoint=keep_checkpoint, verify=v, baseline=baseline and be == "trtllm",
+                     reconvert=reconvert)
     missing = []
     if be == "trtllm":
         env_missing, env_warnings = environment_problems(tc)

@@ -29,7 +29,10 @@ def _plan(*args):
 
 
 def _qwen(*args):
-    return _plan("--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER), "--target-dir", str(QWEN_TARGET), *args)
+    """The TensorRT-LLM plan of the published pair (by name: the suite's $DFLASH2_TRT_BACKEND=cpu is what --backend
+    auto plans, as the build would build it)."""
+    return _plan("--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER), "--target-dir", str(QWEN_TARGET),
+                 "--backend", "trtllm", *args)
 
 
 def _hand_weights(tp: int) -> dict:
@@ -109,7 +112,7 @@ def test_gpu_md_quotes_the_qwen_plan():
     quote = " ".join(doc.split("It prints the trtllm-build command and, for one H200", 1)[1].split("`--json` adds")[0]
                      .split())
     code, text = _cli("build", "--dry-run", "--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER), "--target-dir",
-                      str(QWEN_TARGET))
+                      str(QWEN_TARGET), "--backend", "trtllm")
     assert code == 0, text
     sizes = re.findall(r"\b[\d,.]+ (?:GiB|MiB|B)\b", quote)
     assert len(sizes) >= 6, quote
@@ -156,7 +159,7 @@ def test_qwen_plan_is_honest_about_support(monkeypatch):
     assert any("no engine network yet" in b and "issue 15" in b for b in plan["blockers"])
     assert plan["supported"]["stages"][:4] == ["inspect", "generate", "analyze", "convert"]
     code, text = _cli("build", "--dry-run", "--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER),
-                      "--target-dir", str(QWEN_TARGET))
+                      "--target-dir", str(QWEN_TARGET), "--backend", "trtllm")
     assert code == 0, text
     for needle in ("KV cache per token: 86,016 B", "extra slots per request: 14", "largest batch at max_seq_len: 22",
                    "weights: 53.", "recurrent state per request", "blocked: target family 'qwen3_5'",
@@ -240,9 +243,12 @@ class _Usage:
 
 def test_the_plan_says_what_the_build_writes_and_where(tmp_path, monkeypatch):
     """The dry run's disk check: the converted checkpoint beside the engine and the engines (the same weights: every
-    rank's tensors, the hand count above) on the output's file system, with 10% headroom; a checkpoint directory
-    with a manifest counts as reused."""
+    rank's tensors, the hand count above) on the output's file system, with 10% headroom; a kept checkpoint directory
+    counts as reused when it matches this build (the build's own check, here made to say so), in full when not (the
+    build refuses it; --reconvert writes it again)."""
     import shutil
+
+    from dflash2_trt.engine import plan as plan_mod
 
     monkeypatch.setattr(shutil, "disk_usage", _Usage(500 * GIB))
     out = tmp_path / "qwen-engine"
@@ -257,11 +263,17 @@ def test_the_plan_says_what_the_build_writes_and_where(tmp_path, monkeypatch):
     from dflash2_trt.convert.schema import FORMAT
 
     (ckpt / "manifest.json").write_text(json.dumps({"format": FORMAT}))   # a checkpoint's, whatever else it says
-    (g,) = _qwen("--output", str(out), "--tp-size", "2", "--checkpoint-dir", str(ckpt))["disk"]
+    plan = _qwen("--output", str(out), "--tp-size", "2", "--checkpoint-dir", str(ckpt))
+    (g,) = plan["disk"]
+    assert plan["checkpoint"]["state"] == "mismatch" and plan["checkpoint"]["why"].startswith("schema_version: None")
+    assert [it["reused"] for it in g["items"]] == [False, False] and g["need"] == int(2 * total * 1.10)
+    with monkeypatch.context() as m:
+        m.setattr(plan_mod, "checkpoint_problems", lambda *a, **k: [])     # as if it matched
+        (g,) = _qwen("--output", str(out), "--tp-size", "2", "--checkpoint-dir", str(ckpt))["disk"]
     assert [it["reused"] for it in g["items"]] == [True, False] and g["need"] == int(total * 1.10)
     monkeypatch.setattr(shutil, "disk_usage", _Usage(10 * GIB))
     code, text = _cli("build", "--dry-run", "--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER), "--target-dir",
-                      str(QWEN_TARGET), "--output", str(out))
+                      str(QWEN_TARGET), "--output", str(out), "--backend", "trtllm")
     assert code == 0 and "-- NOT ENOUGH: the build will refuse" in text and "10.00 GiB free" in text, text
 
 
@@ -303,9 +315,10 @@ def test_a_build_without_room_refuses_before_anything_is_written(tmp_path, monke
 
 
 def test_what_a_rewrite_or_a_copy_costs(tmp_path, monkeypatch):
-    """--reconvert rewrites a kept checkpoint (a new one beside the old until the swap): counted in full. A cpu engine
-    holds its --checkpoint-dir's files as hard links on the same file system (nothing more) and as copies across
-    (the whole checkpoint again, on the output's file system)."""
+    """--reconvert rewrites a kept checkpoint that does not match (a new one beside the old until the swap): counted in
+    full; one that matches is reused, --reconvert or not (the build's ensure_checkpoint). A cpu engine holds its
+    --checkpoint-dir's files as hard links on the same file system (nothing more) and as copies across (the whole
+    checkpoint again, on the output's file system)."""
     from dflash2_trt.engine import plan as plan_mod
     from dflash2_trt.engine.plan import disk_needs, prepare
 
@@ -313,9 +326,12 @@ def test_what_a_rewrite_or_a_copy_costs(tmp_path, monkeypatch):
     ckpt, out = tmp_path / "ckpt", tmp_path / "engine"
     ckpt.mkdir()
     (ckpt / "manifest.json").write_text("{}")
-    keep = disk_needs(p, backend="trtllm", output=out, checkpoint_dir=ckpt)
     redo = disk_needs(p, backend="trtllm", output=out, checkpoint_dir=ckpt, reconvert=True)
-    assert [it["reused"] for it in keep] == [True, False] and [it["reused"] for it in redo] == [False, False]
+    assert [(it["reused"], it.get("state")) for it in redo] == [(False, "replaced"), (False, None)]
+    monkeypatch.setattr(plan_mod, "checkpoint_problems", lambda *a, **k: [])     # as if it matched
+    keep = disk_needs(p, backend="trtllm", output=out, checkpoint_dir=ckpt)
+    kept = disk_needs(p, backend="trtllm", output=out, checkpoint_dir=ckpt, reconvert=True)
+    assert [it["reused"] for it in keep] == [True, False] and [it["reused"] for it in kept] == [True, False]
     same = disk_needs(p, backend="cpu", output=out, checkpoint_dir=ckpt)
     assert [(it["what"], it["reused"]) for it in same] == [("checkpoint", True),
                                                            ("checkpoint files in the engine (hard links)", True)]
@@ -341,3 +357,137 @@ def test_the_dry_run_refuses_a_checkpoint_dir_the_build_would_refuse(tmp_path):
         lines = [ln for ln in r.output.splitlines() if ln.strip()]
         assert r.exit_code == 1 and "not empty and not a dflash2-trt checkpoint" in lines[-1], r.output
     assert [p.name for p in docs.iterdir()] == ["notes.txt"]
+
+
+# ------------------------------------------------------------------------- the dry run says what the build does
+def _run(*args, env=None):
+    r = CliRunner().invoke(main, list(args), env=env)
+    return r.exit_code, r.output
+
+
+@pytest.mark.parametrize("value,planned", [("cpu", "cpu"), ("cuda", "cuda"), ("trtllm", "trtllm"),
+                                           ("auto", "trtllm"), (None, "trtllm")])
+def test_backend_auto_plans_what_the_variable_names(value, planned):
+    """$DFLASH2_TRT_BACKEND is what --backend auto resolves to before the auto rule (the build's own resolve): the
+    dry run plans that backend; where it leaves the choice to the auto rule, the dry run plans TensorRT-LLM. A named
+    --backend wins over the variable, as in the build."""
+    plan = json.loads(_run("build", "--target", "tiny", "--dry-run", "--json",
+                           env={"DFLASH2_TRT_BACKEND": value})[1])
+    assert plan["backend"] == planned
+    assert (plan["trtllm_build"] is None) == (planned != "trtllm")
+    code, text = _run("build", "--target", "tiny", "--dry-run", env={"DFLASH2_TRT_BACKEND": value})
+    assert code == 0 and text.startswith(f"plan: build tiny (qwen3) -> ENGINE_DIR [{planned} backend]"), text
+    for named in ("cpu", "trtllm"):
+        plan = json.loads(_run("build", "--target", "tiny", "--dry-run", "--json", "--backend", named,
+                               env={"DFLASH2_TRT_BACKEND": value})[1])
+        assert plan["backend"] == named
+
+
+def test_an_unknown_backend_variable_is_the_builds_error(tmp_path):
+    """DFLASH2_TRT_BACKEND=gpu: the dry run stops with the build's own error line (it planned a TensorRT-LLM build)."""
+    env = {"DFLASH2_TRT_BACKEND": "gpu"}
+    build = _run("build", "--target", "tiny", "--output", str(tmp_path / "e"), env=env)
+    dry = _run("build", "--target", "tiny", "--dry-run", env=env)
+    assert build[0] == dry[0] == 1 and not (tmp_path / "e").exists()
+    assert dry[1] == build[1] == "error: DFLASH2_TRT_BACKEND: unknown backend 'gpu'; expected auto, cpu, cuda, trtllm\n"
+
+
+def test_a_verify_pool_the_build_refuses_is_refused_by_the_dry_run(tmp_path):
+    """num_kv_blocks too small for the verify gate's requests: the cpu (and cuda) build refuses it before converting,
+    and the dry run with the same error line; --no-verify, or the TensorRT-LLM backend (no such pool), plans it."""
+    args = ("build", "--target", "tiny", "--set", "num_kv_blocks=1")
+    for backend in ("cpu", "cuda"):
+        code, text = _run(*args, "--backend", backend, "--dry-run")
+        assert code == 1 and text.startswith("error: num_kv_blocks: 1 KV block(s) of 32 tokens cannot hold the "
+                                             "verify gate's longest request") and text.count("\n") == 1, text
+    build = _run(*args, "--backend", "cpu", "--output", str(tmp_path / "e"))
+    assert build == (1, _run(*args, "--backend", "cpu", "--dry-run")[1]) and not (tmp_path / "e").exists()
+    code, text = _run(*args, "--backend", "cpu", "--dry-run", "--no-verify")
+    assert code == 0 and "[off]" in text, text
+    assert _run(*args[:-1], "num_kv_blocks=2", "--backend", "cpu", "--dry-run")[0] == 0
+    assert _run(*args, "--backend", "trtllm", "--dry-run")[0] == 0
+
+
+@pytest.fixture(scope="module")
+def _kept(tmp_path_factory):
+    """A checkpoint of the tiny pair as a tp 1 build keeps it (the build's own ensure_checkpoint)."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.checkpoint import ensure_checkpoint
+    from dflash2_trt.engine.plan import prepare
+
+    pair = trained_pair("qwen3")
+    ckpt = tmp_path_factory.mktemp("kept") / "e1.checkpoint"
+    res = ensure_checkpoint(prepare(pair.drafter_dir, pair.target_dir, target_key="tiny"), ckpt)
+    assert res["reused"] is False and (ckpt / "manifest.json").is_file()
+    return ckpt
+
+
+def _convert_step(plan: dict) -> str:
+    return next(st["what"] for st in plan["steps"] if st["step"] == "convert")
+
+
+def test_a_kept_checkpoint_is_checked_as_the_build_checks_it(_kept, monkeypatch):
+    """OUTPUT.checkpoint kept from a tp 1 build: the tp 1 plan reuses it (and counts nothing for it on the disk);
+    a tp 2 plan says the build will refuse it, with the build's own reason (the real build's error line), and
+    counts it in full; with --reconvert it is replaced; and only the checks before the content re-hash run (the
+    build's checkpoint_problems, stopped there; a 27B checkpoint is 54 GB to hash)."""
+    from dflash2_trt.engine import checkpoint as ck_mod
+
+    out = _kept.parent / "e1"
+    base = ("--target", "tiny", "--backend", "trtllm", "--output", str(out), "--set", "drafter_window=full")
+
+    def hashing(*a, **k):
+        raise AssertionError("the dry run re-hashed a checkpoint file")
+
+    with monkeypatch.context() as m:
+        m.setattr(ck_mod, "sha256_file", hashing)
+        plan = _plan(*base)
+        code, text = _run("build", *base, "--dry-run")
+    assert plan["checkpoint"] == {"path": str(_kept), "state": "reused", "why": None}
+    assert _convert_step(plan).startswith(f"checkpoint at {_kept}: reused (its manifest matches this build")
+    assert "re-hashes every file before reusing it, a dry run does not" in _convert_step(plan)
+    (g,) = plan["disk"]
+    assert [it["reused"] for it in g["items"]] == [True, False]
+    assert code == 0 and f"MiB (reused) at {_kept}, engines" in text, text
+
+    plan = _plan(*base, "--tp-size", "2", "--no-verify")
+    why = "tp_size: 1, this build needs 2"
+    assert plan["checkpoint"] == {"path": str(_kept), "state": "mismatch", "why": why}
+    assert _convert_step(plan) == (f"checkpoint at {_kept}: exists and does NOT match this build: {why}: the build "
+                                   f"will refuse; pass --reconvert to replace it, or another --checkpoint-dir")
+    (g,) = plan["disk"]
+    assert [it["reused"] for it in g["items"]] == [False, False]
+    text = _run("build", *base, "--tp-size", "2", "--no-verify", "--dry-run")[1]
+    assert "(does not match this build: the build will refuse without --reconvert)" in text and "(reused)" not in text
+    code, build = _run("build", *base, "--tp-size", "2", "--no-verify")   # the build itself: refused, that reason
+    assert code == 1 and build.splitlines()[-1] == (f"error: {_kept}/manifest.json: exists and does not match this "
+                                                    f"build: {why}; pass --reconvert to replace it, or another "
+                                                    f"--checkpoint-dir"), build
+
+    plan = _plan(*base, "--tp-size", "2", "--no-verify", "--reconvert")
+    assert plan["checkpoint"]["state"] == "replaced"
+    assert _convert_step(plan) == f"checkpoint at {_kept}: exists and does not match this build ({why}): replaced " \
+                                  f"(--reconvert)"
+    (g,) = plan["disk"]
+    assert [it["reused"] for it in g["items"]] == [False, False] and g["need"] == int(2 * g["items"][1]["bytes"] * 1.1)
+    text = _run("build", *base, "--tp-size", "2", "--no-verify", "--reconvert", "--dry-run")[1]
+    assert "(replaced: --reconvert)" in text, text
+    # a matching one is reused with --reconvert too (it replaces only one that does not match), and nothing is
+    # written where none is kept yet
+    assert _plan(*base, "--reconvert")["checkpoint"]["state"] == "reused"
+    plan = _plan(*base[:-4], "--output", str(out) + "-new", *base[-2:])
+    assert plan["checkpoint"]["state"] == "written" and "written (nothing there yet)" in _convert_step(plan)
+
+
+def test_a_cpu_builds_checkpoint_dir_is_checked_too(_kept):
+    """A cpu build links its --checkpoint-dir's files: reused when it matches, refused (said so) when not."""
+    base = ("--target", "tiny", "--backend", "cpu", "--checkpoint-dir", str(_kept), "--no-verify")
+    plan = _plan(*base)
+    assert plan["checkpoint"]["state"] == "reused"
+    assert _convert_step(plan).startswith(f"checkpoint into ENGINE_DIR/checkpoint, linked from {_kept}: reused (")
+    plan = _plan(*base, "--dtype", "bfloat16")
+    assert plan["checkpoint"] == {"path": str(_kept), "state": "mismatch",
+                                  "why": "dtype: 'float32', this build needs 'bfloat16'"}
+    assert "does NOT match this build: dtype: 'float32', this build needs 'bfloat16': the build will refuse" \
+        in _convert_step(plan)
+    assert _plan(*base, "--dtype", "bfloat16", "--reconvert")["checkpoint"]["state"] == "replaced"

@@ -21,7 +21,7 @@ def _plan(*args):
     from dflash2_trt.engine.trtllm.toolchain import Toolchain
 
     return dry_run_plan(*args[:2], target_key=args[2], overrides=args[3] if len(args) > 3 else None,
-                        toolchain=Toolchain())
+                        backend="trtllm", toolchain=Toolchain())
 
 
 def test_the_dry_run_names_each_targets_runtime_path_and_why():

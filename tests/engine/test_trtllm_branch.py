@@ -604,7 +604,8 @@ def test_dry_run_engine_config_is_exactly_what_trtllm_build_receives(family, tmp
     key = {"qwen3": "tiny", "qwen3_5": "tiny-hybrid"}[family]   # a target name of the pair's own family
     build_engine(p.drafter_dir, p.target_dir, tmp_path / "eng", backend="trtllm", target_key=key, sets=SETS,
                  toolchain=toolchain, runner=r, verify=False)
-    plan = dry_run_plan(p.drafter_dir, p.target_dir, target_key=key, sets=SETS, toolchain=toolchain)
+    plan = dry_run_plan(p.drafter_dir, p.target_dir, target_key=key, sets=SETS, toolchain=toolchain,
+                        backend="trtllm")
     assert plan["engine_config"] == r.seen[0]["config"]
     if family == "qwen3_5":
         pre = plan["engine_config"]
@@ -744,7 +745,7 @@ def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):
     assert res.exit_code != 0 and res.output.strip().count("\n") == 0 and "--baseline" in res.output, res.output
     # the dry run: the second command, its step, and its engines counted on the disk
     plan = dry_run_plan(pair.drafter_dir, pair.target_dir, output=str(tmp_path / "e"), target_key="tiny", sets=SETS,
-                        toolchain=toolchain, baseline=True)
+                        toolchain=toolchain, baseline=True, backend="trtllm")
     argv = plan["baseline_trtllm_build"]["argv"]
     assert argv[argv.index("--model_cls_name") + 1] == "TargetOnlyForCausalLM"
     assert "--speculative_decoding_mode" not in argv and "--max_draft_len" not in argv
@@ -753,7 +754,7 @@ def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):
     items = {it["what"]: it["bytes"] for g in plan["disk"] for it in g["items"]}
     w = plan["sizing"]["weights_per_rank"]
     assert items["baseline engines"] == sum(x["target"] for x in w) > 0
-    assert dry_run_plan(pair.drafter_dir, pair.target_dir, target_key="tiny", sets=SETS,
+    assert dry_run_plan(pair.drafter_dir, pair.target_dir, target_key="tiny", sets=SETS, backend="trtllm",
                         toolchain=toolchain)["baseline_trtllm_build"] is None
     with pytest.raises(ConfigError, match="--baseline"):
         dry_run_plan(pair.drafter_dir, pair.target_dir, target_key="tiny", backend="cpu", toolchain=toolchain,
