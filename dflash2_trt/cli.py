@@ -137,7 +137,8 @@ class _Group(click.Group):
             self._process_entry = False
             ending = sys.exc_info()[1]     # click's SystemExit with the command's status, on its way out
             try:    # the output still buffered: its failure is this process's last word, not "Exception ignored"
-                sys.stdout.flush()
+                if sys.stdout is not None:  # None where fd 1 was closed at start (`>&-`, some daemons)
+                    sys.stdout.flush()
             except OSError as exc:
                 code = ending.code if isinstance(ending, SystemExit) and isinstance(ending.code, int) else 0
                 _stdout_failed(exc, code or 1)     # a command that failed keeps its own status

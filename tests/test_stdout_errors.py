@@ -55,3 +55,17 @@ def _prompts(tmp_path) -> Path:
     f = tmp_path / "p.jsonl"
     f.write_text("".join(json.dumps({"task_id": i, "input_ids": [5, 6, 7 + i]}) + "\n" for i in range(4)))
     return f
+
+
+def test_a_closed_standard_output_is_not_an_error():
+    """With fd 1 closed at start (`>&-`) Python's sys.stdout is None: the flush at exit added for a full output must
+    not turn that into an AttributeError (a reviewer: rc 1 with a traceback, where the command had succeeded)."""
+    import shlex
+    import shutil
+
+    if shutil.which("sh") is None:
+        pytest.skip("needs a POSIX shell to start a process with fd 1 closed")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(["sh", "-c", f"{shlex.quote(sys.executable)} -m dflash2_trt.cli targets >&-"],
+                       stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
