@@ -2,8 +2,9 @@
 
 A checkpoint (``dflash2-trt convert``: ``config.json``, ``rank{N}.safetensors``, ``manifest.json``)
 matches a build when its manifest names the same format and schema, the same converter version,
-tp size and dtype, the same sources (config sha256, every safetensors file's name, size and header
-sha256, the HF revision when known; NOT the path, so a moved model directory still matches), when
+tp size and dtype, the same sources (config sha256, every safetensors file's name, size, modification time and
+header sha256, the HF revision when known; NOT the path, so a moved model directory still matches, a hard link too,
+but not a copy that drops times; a manifest of an earlier version without the times is not reused either), when
 its ``config.json`` is byte for byte what the converter would write now, and when every file the
 manifest lists is there with its size and its sha256. The files are re-hashed on every reuse (one
 flipped byte in a rank file keeps its size and header; a reused checkpoint is what the engine is
@@ -34,6 +35,19 @@ def _ident_key(ident: dict) -> dict:
     return {k: v for k, v in ident.items() if k != "path"}
 
 
+def _without_times(ident: dict) -> dict:
+    files = ident.get("files")
+    if not isinstance(files, list):
+        return ident
+    return {**ident, "files": [{k: v for k, v in f.items() if k != "mtime_ns"} if isinstance(f, dict) else f
+                               for f in files]}
+
+
+def _has_times(ident: dict) -> bool:
+    files = ident.get("files")
+    return isinstance(files, list) and any(isinstance(f, dict) and "mtime_ns" in f for f in files)
+
+
 def checkpoint_problems(ckpt_dir, prep, *, progress=None, rehash: bool = True) -> list[str]:
     """Why ``ckpt_dir`` cannot be reused for ``prep`` (empty: it matches). The content hashes are checked
     last (the cheap differences first); ``progress`` gets one line before the files are re-hashed. ``rehash``
@@ -60,7 +74,13 @@ def checkpoint_problems(ckpt_dir, prep, *, progress=None, rehash: bool = True) -
             now = source_identity(Path(directory), SafetensorsCheckpoint(directory))
         except Exception as exc:   # the sources themselves are broken: the build reports that elsewhere
             return [f"sources.{kind}: cannot identify {directory} ({exc})"]
-        if _ident_key(sources.get(kind) or {}) != _ident_key(now):
+        then = sources.get(kind) or {}
+        if _ident_key(then) != _ident_key(now):
+            if _ident_key(_without_times(then)) == _ident_key(_without_times(now)) and not _has_times(then):
+                # a manifest of an earlier version, which recorded no modification times: it cannot tell whether the
+                # weights changed since (what the times are for), so it is not reused, and not blamed on the files
+                return [f"sources.{kind}: recorded by an earlier dflash2-trt without the files' modification times, "
+                        f"so it cannot show the weights are unchanged; convert once more (--reconvert)"]
             return [f"sources.{kind}: written from different files than {directory} (its config, or a safetensors "
                     f"file's header, size or modification time differs)"]
     files = man.get("files")

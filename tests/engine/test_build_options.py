@@ -172,3 +172,23 @@ def test_a_pair_blocker_names_the_pair_not_the_target_file(tmp_path):
     assert code == 1 and err.startswith(f"error: cannot build an engine for this pair (drafter {drafter}, target "
                                         f"{pair.target_dir}): "), err
     assert f"{pair.target_dir}/config.json" not in err and not (tmp_path / "e").exists()
+
+
+def test_a_checkpoint_kept_by_an_earlier_version_says_why_it_is_not_reused(tmp_path):
+    """A manifest written before the identity held modification times cannot show that the weights are unchanged: it
+    is not reused, and the error says that, not that the files differ (the session's reviewer: "written from different
+    files" for untouched sources)."""
+    pair = trained_pair("qwen3")
+    args = ["build", "--drafter", str(pair.drafter_dir), "--target-dir", str(pair.target_dir), "--backend", "cpu",
+            "--no-verify", "--checkpoint-dir", str(tmp_path / "ck")]
+    code, out, err = _cli(*args, "--output", str(tmp_path / "e1"))
+    assert code == 0, err
+    man_path = tmp_path / "ck" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    for src in man["sources"].values():
+        for f in src["files"]:
+            del f["mtime_ns"]           # as an earlier version wrote it
+    man_path.write_text(json.dumps(man))
+    code, out, err = _cli(*args, "--output", str(tmp_path / "e2"))
+    assert code == 1 and "sources.target: recorded by an earlier dflash2-trt without the files' modification " \
+                         "times, so it cannot show the weights are unchanged; convert once more (--reconvert)" in err, err
