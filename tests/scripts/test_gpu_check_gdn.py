@@ -157,3 +157,34 @@ def test_nominal_bandwidth_takes_the_longest_matching_name():
     assert mod.nominal_bw("NVIDIA H200") == 4.8e12 and mod.nominal_bw("NVIDIA GH200 480GB") == 4.0e12
     assert mod.nominal_bw("NVIDIA H100 80GB HBM3") == 3.35e12 and mod.nominal_bw("NVIDIA H100 NVL") == 3.9e12
     assert mod.nominal_bw("NVIDIA L4") is None
+
+
+def test_the_kernel_probes_run_last_under_their_variants_environment(monkeypatch):
+    """A torch profile may leave CUPTI attached (pytorch#144455), so the probes run after every timing, in the last
+    stage: each probed step under its variant's environment, its result beside that step's times."""
+    import os
+
+    mod = _load()
+    seen = []
+    monkeypatch.setattr(mod, "probe_profiler", lambda results: results.update(profiler_probe={"ok": True}))
+
+    def launched(fn):
+        seen.append(os.environ.get("DFLASH2_GDN_RECURRENT_PREFETCH"))
+        return fn(), None
+
+    monkeypatch.setattr(mod, "kernels_launched", launched)
+    prefix = "void dflash2::(anonymous namespace)::"
+    results = {"gdn_step": {"us": 1.0}, "gdn_step_prefetch": {"us": 2.0}}
+    monkeypatch.setattr(mod, "LATE_PROBES", [
+        ("gdn_step", "", {}, lambda: [prefix + "gdnRecurrentKernel<128, BF16, 2>(...)"]),
+        ("gdn_step_prefetch", "_prefetch", {"DFLASH2_GDN_RECURRENT_PREFETCH": "1"},
+         lambda: [prefix + "gdnRecurrentKernel<128, BF16, 2>(...)"]),          # fell back
+    ])
+    monkeypatch.delenv("DFLASH2_GDN_RECURRENT_PREFETCH", raising=False)
+    mod.kernel_probes(results)
+    assert seen == [None, "1"] and "DFLASH2_GDN_RECURRENT_PREFETCH" not in os.environ
+    assert results["gdn_step"]["variant_ran"] is True and results["gdn_step_prefetch"]["variant_ran"] is False
+    assert results["gdn_step"]["us"] == 1.0 and results["profiler_probe"] == {"ok": True} and mod.LATE_PROBES == []
+    src = (ROOT / "scripts" / "gpu_check" / "gpu_check.py").read_text()
+    stages = src[src.index('stages += [("bench_conv"'):]
+    assert stages.index('("kernel_probes"') > stages.index('("bench_gdn_prefill"')   # after every timing
