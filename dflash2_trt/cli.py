@@ -551,10 +551,11 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
     if dry_run:
         from .checkpoint.writer import check_output_dir
         from .engine.build import check_build_outputs
-        from .engine.plan import dry_run_plan, render_plan
+        from .engine.plan import dry_run_plan, planned_backend, render_plan
 
+        planned = planned_backend(backend)   # auto as the build resolves it ($DFLASH2_TRT_BACKEND), as the plan does
         check_build_outputs(d, t, output, checkpoint_dir=checkpoint_dir,   # what the real build would refuse
-                            default_checkpoint=backend not in ("cpu", "cuda") and checkpoint_dir is None
+                            default_checkpoint=planned not in ("cpu", "cuda") and checkpoint_dir is None
                             and not no_keep_checkpoint)
         if output is not None:
             check_output_dir(output, force)   # a non-empty --output without --force, as the build would refuse it

@@ -491,3 +491,22 @@ def test_a_cpu_builds_checkpoint_dir_is_checked_too(_kept):
     assert "does NOT match this build: dtype: 'float32', this build needs 'bfloat16': the build will refuse" \
         in _convert_step(plan)
     assert _plan(*base, "--dtype", "bfloat16", "--reconvert")["checkpoint"]["state"] == "replaced"
+
+
+def test_a_dry_run_checks_only_the_checkpoint_place_the_build_uses(tmp_path, monkeypatch):
+    """With DFLASH2_TRT_BACKEND=cpu, `--backend auto --dry-run` plans a cpu build, which keeps no OUTPUT.checkpoint;
+    the dry run still refused a foreign directory there that the real build never touches (the session's
+    reviewer)."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    foreign = tmp_path / "X.checkpoint"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    monkeypatch.setenv("DFLASH2_TRT_BACKEND", "cpu")
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--output", str(tmp_path / "X"), "--dry-run"])
+    assert r.exit_code == 0 and "[cpu backend]" in r.output, r.output
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--backend", "trtllm", "--output", str(tmp_path / "X"),
+                                  "--dry-run"])
+    assert r.exit_code == 1 and "not empty and not a dflash2-trt checkpoint" in r.output, r.output
