@@ -326,6 +326,15 @@ file system needs some room to breathe."""
 
 
 # what a kept checkpoint's state reads as on a disk line
+def _disk_label(it: dict) -> str:
+    """A disk line's words for an item of :func:`disk_needs`."""
+    if "state" not in it:
+        return " (reused)" if it["reused"] else ""
+    if it["state"] == "reused" and not it["reused"]:     # --reconvert: counted in full
+        return " (reused if the build's re-hash matches, else written: counted in full)"
+    return CHECKPOINT_LABELS[it["state"]]
+
+
 CHECKPOINT_LABELS = {"reused": " (reused)", "replaced": " (replaced: --reconvert)",
                      "mismatch": " (does not match this build: the build will refuse without --reconvert)",
                      "unchecked": " (kept: not checked against config-only sources)", "written": ""}
@@ -385,9 +394,10 @@ def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
     dtype: the converter's plan); for the TensorRT-LLM backend the engines (they hold the same weights); for a cpu or
     cuda engine with ``--checkpoint-dir`` the checkpoint's files inside the engine, hard links (nothing) on the same
     file system, copies across. A kept checkpoint directory counts as :func:`kept_checkpoint_state` decides (its
-    ``state`` on the item): reused (nothing) when it matches this build, with or without ``reconvert`` (the build
-    reuses a matching one either way); in full when it is replaced, when it does not match (the build refuses it;
-    ``--reconvert`` writes it again) or when config-only sources leave it unchecked. ``baseline``
+    ``state`` on the item): reused (nothing) when it matches this build; in full when it is replaced, when it does not
+    match (the build refuses it; ``--reconvert`` writes it again), when config-only sources leave it unchecked, and
+    with ``reconvert`` also when it passes the checks a dry run makes (the build's re-hash may still find a file
+    changed in place, and then writes it again). ``baseline``
     (``build --baseline``): the baseline engines too, the target's tensors again."""
     w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
     if w is None:
@@ -403,8 +413,10 @@ def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
         ckpt = out / "checkpoint"
     own = kept_dir is not None or backend == "trtllm"   # the checkpoint is a directory of its own (not in the engine)
     state = kept_checkpoint_state(p, ckpt, reconvert=reconvert)["state"] if kept_dir is not None else "written"
+    # with --reconvert a checkpoint that passes the cheap checks may still fail the build's re-hash (a file changed in
+    # place) and be written again: counted in full, as before the dry run looked at it (the session's reviewer)
     items = [{"what": "checkpoint", "path": str(ckpt), "anchor": str(ckpt.parent if own else out.parent),
-              "bytes": total, "reused": state == "reused", "state": state}]
+              "bytes": total, "reused": state == "reused" and not reconvert, "state": state}]
     if backend == "trtllm":
         items.append({"what": "engines", "path": str(out), "anchor": str(out.parent), "bytes": total, "reused": False})
         if baseline:
@@ -718,7 +730,7 @@ def render_plan(plan: dict) -> str:
                      f"{s['max_batch_size']} {verdict})")
     for g in plan.get("disk") or ():
         what = ", ".join(f"{it['what']} {_gib(it['bytes'])}"
-                         f"{CHECKPOINT_LABELS[it['state']] if 'state' in it else ' (reused)' if it['reused'] else ''}"
+                         f"{_disk_label(it)}"
                          f" at {it['path']}" for it in g["items"])
         free = "free space unknown" if g["free"] is None else f"{_gib(g['free'])} free"
         lines.append(f"disk: {what}: needs {_gib(g['need'])} with headroom on the file system of {g['anchor']}, "

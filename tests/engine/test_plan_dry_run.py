@@ -316,7 +316,8 @@ def test_a_build_without_room_refuses_before_anything_is_written(tmp_path, monke
 
 def test_what_a_rewrite_or_a_copy_costs(tmp_path, monkeypatch):
     """--reconvert rewrites a kept checkpoint that does not match (a new one beside the old until the swap): counted in
-    full; one that matches is reused, --reconvert or not (the build's ensure_checkpoint). A cpu engine holds its
+    full; one that matches is reused (the build's ensure_checkpoint), but with --reconvert still counted in full (the
+    build's re-hash, which a dry run skips, may find a file changed in place and convert again). A cpu engine holds its
     --checkpoint-dir's files as hard links on the same file system (nothing more) and as copies across (the whole
     checkpoint again, on the output's file system)."""
     from dflash2_trt.engine import plan as plan_mod
@@ -331,7 +332,9 @@ def test_what_a_rewrite_or_a_copy_costs(tmp_path, monkeypatch):
     monkeypatch.setattr(plan_mod, "checkpoint_problems", lambda *a, **k: [])     # as if it matched
     keep = disk_needs(p, backend="trtllm", output=out, checkpoint_dir=ckpt)
     kept = disk_needs(p, backend="trtllm", output=out, checkpoint_dir=ckpt, reconvert=True)
-    assert [it["reused"] for it in keep] == [True, False] and [it["reused"] for it in kept] == [True, False]
+    assert [it["reused"] for it in keep] == [True, False]
+    # with --reconvert the build's re-hash may still find a file changed in place and write it again: in full
+    assert [(it["reused"], it.get("state")) for it in kept] == [(False, "reused"), (False, None)]
     same = disk_needs(p, backend="cpu", output=out, checkpoint_dir=ckpt)
     assert [(it["what"], it["reused"]) for it in same] == [("checkpoint", True),
                                                            ("checkpoint files in the engine (hard links)", True)]
