@@ -223,3 +223,19 @@ def test_the_cli_takes_runtime(trt_engine_dir):
     r = CliRunner().invoke(main, ["bench", "run", "--engine-dir", str(cpu_dir), "--dataset", "x.jsonl", "--runtime",
                                   "bogus"])
     assert r.exit_code == 2 and "bogus" in r.output
+
+
+def test_the_executor_paths_run_report_has_no_mean_acceptance(monkeypatch):
+    """ModelRunnerCpp returns no per-step acceptance: the executor path's `run` report said mean acceptance 0.00 (a
+    drafter that never helps), where the number is unknown: null, printed "-" (the session's reviewer)."""
+    from dflash2_trt.engine import run as run_mod
+    from dflash2_trt.engine.trtllm import runner
+
+    monkeypatch.setattr(runner, "_runner", lambda *a, **k: (object(), {}))
+    monkeypatch.setattr(runner, "_decode", lambda r, prompts, new, eos, t, s: [[7, 8] for _ in prompts])
+    rep = runner.run_trtllm_engine("eng", {"eos_token_ids": [2]}, [{"task_id": 0, "input_ids": [5, 6],
+                                                                    "output_tokens": None}],
+                                   max_new_tokens=2, temperature=0.0, seed=0)
+    assert rep["totals"]["mean_acceptance"] is None and rep["requests"][0]["mean_acceptance"] is None
+    text = run_mod.render(rep)
+    assert "mean acceptance - over 0 steps" in text and "0.00" not in text, text

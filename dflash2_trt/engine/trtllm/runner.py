@@ -108,12 +108,13 @@ def run_trtllm_engine(engine_dir, man: dict, items: list[dict], *, max_new_token
     wall = time.perf_counter() - t0
     reqs = [{"task_id": it["task_id"], "prompt_len": len(it["input_ids"]), "output_ids": outs[i],
              "stop_reason": "stop_token" if outs[i] and outs[i][-1] in eos else "max_new_tokens",
-             "mean_acceptance": 0.0, "acceptance_lengths": []} for i, it in enumerate(items)]
+             # ModelRunnerCpp's generate returns no per-step acceptance: unknown (null, printed "-"), not 0.00
+             "mean_acceptance": None, "acceptance_lengths": []} for i, it in enumerate(items)]
     n_tok = sum(len(o) for o in outs.values())
     return {"engine_dir": str(engine_dir), "backend": "trtllm", "block_size": man.get("block_size"),
             "tp_size": man.get("tp_size"), "temperature": temperature, "max_batch_size": max_batch_size,
             "requests": reqs, "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": 0,
-                                         "generation_steps": 0, "mean_acceptance": 0.0, "wall_s": wall,
+                                         "generation_steps": 0, "mean_acceptance": None, "wall_s": wall,
                                          "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
 
 
