@@ -536,3 +536,17 @@ def test_a_repository_path_with_whitespace_is_refused_for_python_models(engine, 
     shutil.move(str(repo), str(spaced / "repo"))       # moved there after it was written
     line = one_error_line(*cli("serve", "--repository", str(spaced / "repo"), "--port", "1"))
     assert line.startswith(f"error: --repository: '{spaced / 'repo'}' holds whitespace"), line
+
+
+def test_serve_names_tmpdir_when_its_temporary_repository_would_hold_whitespace(engine, tmp_path, monkeypatch):
+    """`serve --engine-dir` writes its repository into a temporary directory: with whitespace in TMPDIR the refusal
+    named `--output`, an option serve does not have (the session's reviewer)."""
+    import tempfile
+
+    spaced = tmp_path / "t mp"
+    spaced.mkdir()
+    monkeypatch.setenv("TMPDIR", str(spaced))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    line = one_error_line(*cli("serve", "--engine-dir", str(engine), "--port", "1"))
+    assert "holds whitespace" in line and "set TMPDIR to a directory without spaces" in line, line
+    assert "--output" not in line and list(spaced.iterdir()) == []          # its work directory removed

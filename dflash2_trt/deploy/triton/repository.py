@@ -98,7 +98,8 @@ def _pbtxt_str(v) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def refuse_spaced_python_models(repository, *, field: str | None = None, source=None) -> None:
+def refuse_spaced_python_models(repository, *, field: str | None = None, source=None,
+                                advice: str = "choose a path without spaces") -> None:
     """Triton's python backend cannot load a model whose repository path holds whitespace: it starts each model's
     stub with the path in a command line split at spaces, and every stub dies at once ("terminate called after
     throwing an instance of 'std::invalid_argument' what(): stol", seen with tritonserver 2.x of nvidia-pytriton
@@ -106,8 +107,7 @@ def refuse_spaced_python_models(repository, *, field: str | None = None, source=
     where = str(Path(repository).absolute())
     if any(c.isspace() for c in where):
         raise ConfigError(f"{where!r} holds whitespace, and Triton's python backend cannot load a model from such a "
-                          f"path (its stubs die at start: 'stol'): choose a path without spaces", field=field,
-                          source=source)
+                          f"path (its stubs die at start: 'stol'): {advice}", field=field, source=source)
 
 
 def eagle_chain(K: int) -> str:

@@ -551,6 +551,9 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         for sig in old_handlers:
             signal.signal(sig, raise_stop)
         if engine_dir is not None:
+            # its repository goes to a temporary directory: one with whitespace is TMPDIR's, not an --output's
+            refuse_spaced_python_models(work / "repository", advice="set TMPDIR to a directory without spaces "
+                                        "(serve writes the repository there)")
             res = deploy_triton(engine_dir, work / "repository", max_batch_size=max_batch_size, decoupled=decoupled,
                                 tokenizer=tokenizer, ids_only=ids_only, cuda_graphs=cuda_graphs)
             repository, models = res.output, res.models
