@@ -380,6 +380,9 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
         # the sampled runs would silently be greedy ones (dflash2_trt/sampling.py)
         raise ConfigError(f"must be 0 (no sampled runs) or >= {GREEDY_BELOW:g}, got {temperature}",
                           field="--temperature")
+    if temperature > 0 and not measure:
+        # it only adds measured sampling runs: with --no-measure it changed nothing, silently (a new user's review)
+        raise ConfigError("applies to the measured runs, which --no-measure skips", field="--temperature")
     if max_prompts is not None and max_prompts < 1:
         # a negative value would silently slice prompts off the end (prompts[:-1])
         raise ConfigError(f"must be >= 1, got {max_prompts}", field="--max-prompts")

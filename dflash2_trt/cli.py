@@ -434,11 +434,7 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
                 max_prompts, no_measure, temperature, as_json) -> None:
     """Recall@k per draft position, implied vs measured acceptance (top-1, selector, oracle)."""
     from .analyze import analyze_pair, parse_top_k, render
-    from .errors import ConfigError
 
-    if no_measure and temperature:
-        # the temperature only adds measured sampling runs: with --no-measure it would change nothing, silently
-        raise ConfigError("applies to the measured runs, which --no-measure skips", field="--temperature")
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     report = analyze_pair(d, t, prompts_file=prompts_file, block_size=block_size, top_k=parse_top_k(top_k),
                           max_new_tokens=max_new_tokens, max_prompts=max_prompts, measure=not no_measure,
