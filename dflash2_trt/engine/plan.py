@@ -325,7 +325,6 @@ DISK_HEADROOM = 1.10
 file system needs some room to breathe."""
 
 
-# what a kept checkpoint's state reads as on a disk line
 def _disk_label(it: dict) -> str:
     """A disk line's words for an item of :func:`disk_needs`."""
     if "state" not in it:
@@ -335,6 +334,7 @@ def _disk_label(it: dict) -> str:
     return CHECKPOINT_LABELS[it["state"]]
 
 
+# what a kept checkpoint's state reads as on a disk line
 CHECKPOINT_LABELS = {"reused": " (reused)", "replaced": " (replaced: --reconvert)",
                      "mismatch": " (does not match this build: the build will refuse without --reconvert)",
                      "unchecked": " (kept: not checked against config-only sources)", "written": ""}
@@ -387,7 +387,7 @@ def kept_checkpoint_dir(backend: str, output, *, checkpoint_dir=None, keep_check
 
 
 def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True,
-               reconvert: bool = False, baseline: bool = False):
+               reconvert: bool = False, baseline: bool = False, checkpoint_state: dict | None = None):
     """What ``build`` writes and on which file system, as ``[{"what", "path", "anchor", "bytes", "reused"}]`` (None for
     a family without a weight map). Every directory is written beside its final place first (an atomic rename), so
     ``anchor`` is the parent of the path. What is written: the converted checkpoint (every rank's tensors in the build
@@ -398,7 +398,9 @@ def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
     match (the build refuses it; ``--reconvert`` writes it again), when config-only sources leave it unchecked, and
     with ``reconvert`` also when it passes the checks a dry run makes (the build's re-hash may still find a file
     changed in place, and then writes it again). ``baseline``
-    (``build --baseline``): the baseline engines too, the target's tensors again."""
+    (``build --baseline``): the baseline engines too, the target's tensors again. ``checkpoint_state``: the kept
+    directory's :func:`kept_checkpoint_state` where the caller has it already (its checks read every source's
+    safetensors headers)."""
     w = weight_bytes_per_rank(p.t, p.d, p.cfg.tp_size, p.cfg.dtype)
     if w is None:
         return None
@@ -412,7 +414,10 @@ def disk_needs(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
     else:
         ckpt = out / "checkpoint"
     own = kept_dir is not None or backend == "trtllm"   # the checkpoint is a directory of its own (not in the engine)
-    state = kept_checkpoint_state(p, ckpt, reconvert=reconvert)["state"] if kept_dir is not None else "written"
+    if kept_dir is None:
+        state = "written"
+    else:
+        state = (checkpoint_state or kept_checkpoint_state(p, ckpt, reconvert=reconvert))["state"]
     # with --reconvert a checkpoint that passes the cheap checks may still fail the build's re-hash (a file changed in
     # place) and be written again: counted in full, as before the dry run looked at it (the session's reviewer)
     items = [{"what": "checkpoint", "path": str(ckpt), "anchor": str(ckpt.parent if own else out.parent),
@@ -615,7 +620,8 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
         "disk": (None if output is None else disk_report(disk_needs(p, backend=backend, output=out,
                                                                     checkpoint_dir=checkpoint_dir,
                                                                     keep_checkpoint=keep_checkpoint,
-                                                                    reconvert=reconvert, baseline=baseline))),
+                                                                    reconvert=reconvert, baseline=baseline,
+                                                                    checkpoint_state=ck_state if kept else None))),
         "supported": supported, "blockers": list(p.blockers), "trtllm_blockers": trtllm_blockers,
         # which runtime will drive the TensorRT engine, and why (engine/trtllm/paths.py)
         "runtime_path": path,
