@@ -370,18 +370,21 @@ _PATH_PARAMETER = re.compile(r'key:\s*"(gpt_model_path|tokenizer_dir)"\s*value:\
 
 
 def check_repository_paths(repository: str | Path, models: list[str]) -> None:
-    """The directories ``repository``'s models open at load time (the engine, ``gpt_model_path``; the tokenizer,
-    ``tokenizer_dir``; absolute, as ``deploy triton`` writes them) exist, before tritonserver is started: a repository
-    whose engine directory was moved after ``deploy triton`` failed inside the server, the tokenizer models with
-    transformers' "Repo id must be in the form ..." (the path read as a Hub id), after a 120 s readiness wait could
-    have been spent. One line naming the config file, the parameter and the path."""
-    found = []
+    """What ``repository``'s models need of the file system, before tritonserver is started (each config.pbtxt read
+    once). The directories they open at load time (the engine, ``gpt_model_path``; the tokenizer, ``tokenizer_dir``;
+    absolute, as ``deploy triton`` writes them) exist: a repository whose engine directory was moved after ``deploy
+    triton`` failed inside the server, the tokenizer models with transformers' "Repo id must be in the form ..." (the
+    path read as a Hub id), after a 120 s readiness wait could have been spent; one line naming the config file, the
+    parameter and the path. And where a python-backend model is among them, the repository's path holds no
+    whitespace (:func:`~.repository.refuse_spaced_python_models`)."""
+    found, python = [], False
     for name in models:
         cfg = Path(repository) / name / "config.pbtxt"
         try:
             text = cfg.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue                    # tritonserver says what it cannot read
+        python = python or re.search(r'^\s*backend:\s*"python"', text, re.M) is not None
         found += [(m.group(1) != "gpt_model_path", cfg, m.group(1), re.sub(r"\\(.)", r"\1", m.group(2)))
                   for m in _PATH_PARAMETER.finditer(text)]
     for _, cfg, key, value in sorted(found, key=lambda f: f[0]):    # the engine first: the tokenizer lives in it
@@ -389,6 +392,8 @@ def check_repository_paths(repository: str | Path, models: list[str]) -> None:
             raise ConfigError(f"{value} is not a directory (moved or removed since `deploy triton` wrote this "
                               f"repository? write it again with --engine-dir at its new place)", source=cfg,
                               field=key)
+    if python:
+        refuse_spaced_python_models(repository, field="--repository")
 
 
 def default_ready_timeout(repository: str | Path, record: dict | None = None) -> float:
@@ -560,9 +565,6 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         else:
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
             check_repository_paths(repository, models)
-            if any(re.search(r'^\s*backend:\s*"python"', (Path(repository) / m / "config.pbtxt").read_text(
-                    encoding="utf-8", errors="replace"), re.M) for m in models):
-                refuse_spaced_python_models(repository, field="--repository")
         record = repository_record(repository)         # read once: the readiness wait and the rank count
         if ready_timeout is None:
             ready_timeout = default_ready_timeout(repository, record)
