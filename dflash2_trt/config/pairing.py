@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import PairingError
-from .drafter import DFlash2Config
+from .drafter import DFlash2Config, max_block_size
 from .target import TargetConfig
 
 
@@ -48,7 +48,7 @@ def pairing_problems(
                 f"fc.weight: shape {list(fc_weight_shape)} but len(target_layer_ids) x target hidden_size = "
                 f"{drafter.num_taps} x {target.hidden_size} = {expected_in} inputs and {drafter.hidden_size} outputs"
             )
-    if drafter.block_size > target.max_position_embeddings - 1:     # config.drafter.max_block_size, for the target
+    if drafter.block_size > max_block_size(target.max_position_embeddings):    # the drafter's own rule, the target's
         problems.append(f"dflash_config.block_size: {drafter.block_size} ({d}) does not fit in the target's "
                         f"max_position_embeddings={target.max_position_embeddings} ({t}): the block follows at least "
                         f"one prompt token")

@@ -137,7 +137,9 @@ def load_pair(target_dir, drafter_dir, *, block_size: int | None = None, dtype=N
 
 def check_block_fits_target(dcfg, tcfg, block_size: int | None = None) -> None:
     """The block (the drafter's, or the ``--block-size`` override) must fit in the TARGET's positions too (the
-    drafter's config checks its own): the target verifies the block at the block's positions."""
+    drafter's config checks its own): the target verifies the block at the block's positions. The drafter's own block
+    is also a pairing problem (``config.pairing``), which ``validate_pair`` raises first; this says it for the
+    override, which pairing does not see, in the option's name."""
     from ..config.drafter import max_block_size
 
     bs = dcfg.block_size if block_size is None else block_size
