@@ -3,11 +3,17 @@
 What it does per step, as ``batch_manager/trtGptModelInflightBatching.cpp`` and the EAGLE decoder
 (``layers/eagleDecodingLayer.cpp``) do for an EAGLE-mode engine (docs/TRTLLM-ENGINE.md §1):
 
-- schedule: every request already generating stays; waiting requests are admitted FIFO (a whole
-  prompt = one context request) while the batch holds fewer than ``max_batch_size`` requests, the
-  step's tokens stay within ``max_num_tokens`` and the KV pool has blocks for prompt + K + 1;
-  context requests are packed before generation requests;
-- inputs: ``input_ids`` = the prompt (context) or ``[last token] + next_draft_tokens`` (generation:
+- schedule: every request already generating stays (K + 1 tokens each); then the admitted requests whose
+  prompt is not yet all in, then waiting requests FIFO while the batch holds fewer than ``max_batch_size``
+  requests and the KV pool has blocks for the request's lifetime; each context request gets a chunk of
+  its prompt from the step's remaining ``max_num_tokens``: chunked context, as the batch manager does it
+  with its default first-come-first-served policy (``engine/trtllm/facts/context_chunking.yaml``): the rest
+  of the prompt when it fits, else the tokens left rounded down to a multiple of the chunk unit
+  (tokens per block); context requests are packed before generation requests, those not at their
+  last chunk first; only a request's last chunk emits (its first token), and only it draws random data, so a
+  request's output does not depend on how its prompt was cut. Without chunking (``chunked_context=False``,
+  or an engine built without paged context FMHA) a prompt is taken whole or waits;
+- inputs: ``input_ids`` = the prompt chunk (context) or ``[last token] + next_draft_tokens`` (generation:
   the engine's placeholders fed back), positions and the chain's packed mask from
   ``next_draft_paths``, sequence/past lengths, block offsets, per-request temperature and the
   random data (``rand_data_validation [bs, K+1]``, ``rand_data_sample [bs]``) drawn from a
@@ -54,12 +60,14 @@ class Request:
     stop_reason: str | None = None
     next_draft_tokens: list[int] = field(default_factory=list)
     next_draft_paths: torch.Tensor | None = None
+    context_pos: int = 0          # prompt tokens the engine has taken (chunked context)
     slot: int | None = None
     arrival_step: int = 0
     first_token_time: float | None = None
     finish_time: float | None = None
     start_time: float | None = None
     _gen: torch.Generator | None = None
+    _chunk: int | None = None     # this step's prompt chunk (None: the rest of the prompt)
 
     @property
     def done(self) -> bool:
@@ -89,7 +97,8 @@ class Request:
 class Runtime:
     """Runs requests through a :class:`~dflash2_trt.engine.standin.engine.StandinEngine` with in-flight batching."""
 
-    def __init__(self, engine, *, max_batch_size: int | None = None, max_num_tokens: int | None = None):
+    def __init__(self, engine, *, max_batch_size: int | None = None, max_num_tokens: int | None = None,
+                 chunked_context: bool = True):
         self.engine = engine
         lim = engine.limits
         self.K = engine.K
@@ -99,6 +108,9 @@ class Runtime:
                               f"{self.max_batch_size}", field="--max-batch-size")
         self.max_num_tokens = lim["max_num_tokens"] if max_num_tokens is None else max_num_tokens
         self.max_seq_len = lim["max_seq_len"]
+        # TensorRT-LLM chunks a context only for an engine with paged context FMHA (every engine this project builds)
+        self.chunked_context = bool(chunked_context) and bool(getattr(engine, "paged_context_fmha", True))
+        self.chunk_unit = context_chunk_unit(lim, getattr(engine, "max_attention_window", None), self.max_num_tokens)
         self._cache_indirection = torch.zeros(lim["max_batch_size"], 1, self.max_seq_len, dtype=torch.int32)
         # offsets in TensorRT-LLM's index over the engine's pool layers (every KV layer of a block in one row)
         self.blocks = BlockManager(engine.num_blocks, lim["tokens_per_block"], engine.num_layers)
@@ -110,6 +122,7 @@ class Runtime:
         self._free_slots = list(range(getattr(engine, "num_slots", 0) - 1, -1, -1)) if getattr(engine, "recurrent",
                                                                                                 False) else None
         self._active: list[Request] = []
+        self._context: list[Request] = []   # admitted, their prompt not all taken yet (chunked context)
         self.step_count = 0
         self.step_log: list[dict] = []
 
@@ -134,11 +147,11 @@ class Runtime:
             raise ConfigError(f"prompt ({len(r.prompt_ids)}) + max new tokens ({r.max_new_tokens}) + draft slots "
                               f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}",
                               field=where)
-        if len(r.prompt_ids) > self.max_num_tokens:
+        if len(r.prompt_ids) > self.max_num_tokens and not self.chunked_context:
+            why = ("this engine was built without paged context FMHA, which chunked context needs"
+                   if not getattr(self.engine, "paged_context_fmha", True) else "chunked context is off")
             raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds max_num_tokens {self.max_num_tokens} "
-                              f"(a prompt is taken whole in one step: no chunked context; the engine's max_input_len "
-                              f"is {self.engine.limits['max_input_len']}, so `build --max-num-tokens` at least that "
-                              f"serves every prompt it allows)", field=where)
+                              f"(a prompt is taken whole in one step: {why})", field=where)
         effective_temperature(r.temperature, field=f"{where}: temperature")   # below 1e-5: decoded greedily
         if self.blocks.blocks_for(need) > self.blocks.num_blocks:
             raise ConfigError(f"needs {self.blocks.blocks_for(need)} KV blocks, the pool has {self.blocks.num_blocks}",
@@ -156,11 +169,22 @@ class Runtime:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._active)
+        return bool(self._waiting or self._context or self._active)
 
     @property
     def in_flight(self) -> int:
-        return len(self._waiting) + len(self._active)
+        return len(self._waiting) + len(self._context) + len(self._active)
+
+    def _chunk_size(self, r: Request, capacity: int) -> int:
+        """The prompt tokens ``r`` takes this step from ``capacity`` tokens left (facts/context_chunking.yaml policy):
+        the rest of its prompt when it fits; else, chunking, the capacity rounded down to a multiple of the chunk unit;
+        else 0 (it waits)."""
+        rest = len(r.prompt_ids) - r.context_pos
+        if rest <= capacity:
+            return rest
+        if not self.chunked_context:
+            return 0
+        return min(capacity, self.max_num_tokens) // self.chunk_unit * self.chunk_unit
 
     def step(self, on_tokens=None) -> list[Request]:
         """One engine step: admit what fits, run the engine, emit the accepted tokens.
@@ -170,13 +194,20 @@ class Runtime:
         batch_ctx: list[Request] = []
         active = self._active
         tokens = len(active) * (self.K + 1)
-        while self._waiting and len(active) + len(batch_ctx) < self.max_batch_size:
+        # the admitted requests whose prompt is not all in take their next chunk first, in arrival order
+        for r in self._context:
+            r._chunk = self._chunk_size(r, self.max_num_tokens - tokens)
+            if r._chunk:
+                batch_ctx.append(r)
+                tokens += r._chunk
+        while self._waiting and len(active) + len(self._context) < self.max_batch_size:
             r = self._waiting[0]
             # GUARANTEED_NO_EVICT (TensorRT-LLM's default capacity policy): reserve the request's whole
             # lifetime — prompt + max new tokens + the K + 1 draft slots — at admission, so that a
             # running request never finds the pool empty mid-generation.
             need = self._lifetime_tokens(r)
-            if tokens + len(r.prompt_ids) > self.max_num_tokens or not self.blocks.can_fit(self._next_id, need):
+            chunk = self._chunk_size(r, self.max_num_tokens - tokens)
+            if not chunk or not self.blocks.can_fit(self._next_id, need):
                 break
             if self._free_slots is not None and not self._free_slots:
                 break
@@ -189,21 +220,37 @@ class Runtime:
             self._next_id += 1
             r._gen = torch.Generator().manual_seed(int(r.seed))
             self.blocks.ensure(r.req_id, need)
+            r._chunk = chunk
+            self._context.append(r)
             batch_ctx.append(r)
-            tokens += len(r.prompt_ids)
+            tokens += chunk
         if not batch_ctx and not active:
-            if self._waiting:
+            if self._waiting or self._context:
                 raise RuntimeError("scheduler: nothing fits (checked requests should always fit an empty engine)")
             return []
         for r in active:   # already reserved at admission; ensure() is a no-op unless that changes
             self.blocks.ensure(r.req_id, r.committed + self.K + 1)
+        # the batch manager's order with chunks present: context requests not at their last chunk, then those at it
+        cut = [r for r in batch_ctx if not self._last_chunk(r)]
+        batch_ctx = cut + [r for r in batch_ctx if self._last_chunk(r)]
         batch = batch_ctx + active
         out = self.engine.step(self._inputs(batch_ctx, active))
         self.step_count += 1
-        self.step_log.append({"context": len(batch_ctx), "generation": len(active), "tokens": tokens})
+        # "cut": context requests whose chunk this step was not their prompt's last
+        self.step_log.append({"context": len(batch_ctx), "generation": len(active), "tokens": tokens,
+                              **({"cut": len(cut)} if cut else {})})
         now = time.perf_counter()
         acc, num = out["accepted_tokens"], out["num_accepted_tokens"]
+        for r in batch_ctx:
+            last = self._last_chunk(r)
+            r.context_pos += r._chunk
+            r._chunk = None
+            if last:
+                self._context = [x for x in self._context if x is not r]
         for i, r in enumerate(batch):
+            if i < len(batch_ctx) and r.context_pos < len(r.prompt_ids):
+                r.steps += 1        # a chunk before the last: its token and drafts are not used (the decoder skips it)
+                continue
             n = int(num[i])
             if not 1 <= n <= self.K + 1:
                 raise RuntimeError(f"engine reported {n} accepted tokens (must be in [1, {self.K + 1}])")
@@ -220,7 +267,7 @@ class Runtime:
                 raise RuntimeError(f"engine asked for {len(r.next_draft_tokens)} drafts; this engine runs K = {self.K}")
             if on_tokens is not None:
                 on_tokens(r, r.output_ids[before:])
-        self._active = [r for r in batch if not r.done]
+        self._active = [r for r in batch if not r.done and r.context_pos >= len(r.prompt_ids)]
         finished = [r for r in batch if r.done]
         for r in finished:
             r.finish_time = now
@@ -233,6 +280,11 @@ class Runtime:
             self._free_slots.append(r.slot)
             r.slot = None
 
+    @staticmethod
+    def _last_chunk(r: Request) -> bool:
+        return r.context_pos + (len(r.prompt_ids) - r.context_pos if r._chunk is None else r._chunk) \
+            >= len(r.prompt_ids)
+
     def _lifetime_tokens(self, r: Request) -> int:
         return len(r.prompt_ids) + r.max_new_tokens + self.K + 1
 
@@ -240,10 +292,12 @@ class Runtime:
         """Drop a request (client gone): frees its blocks; it ends with stop_reason 'cancelled'."""
         if r in self._waiting:
             self._waiting.remove(r)
-        if r in self._active:
-            self._active.remove(r)
-            self.blocks.free(r.req_id)
-            self._release_slot(r)
+        for name in ("_context", "_active"):
+            held = getattr(self, name)
+            if any(x is r for x in held):
+                setattr(self, name, [x for x in held if x is not r])
+                self.blocks.free(r.req_id)
+                self._release_slot(r)
         if r.stop_reason is None:
             r.stop_reason = "cancelled"
 
@@ -275,6 +329,7 @@ class Runtime:
         self._next_id += 1
         r._gen = torch.Generator().manual_seed(int(r.seed))
         r.output_ids = [int(last_token)]
+        r.context_pos = len(r.prompt_ids)
         r.next_draft_tokens = [int(self.engine.mask_token_id)] * self.K
         paths = torch.full((self.K + 1, self.K + 1), -1, dtype=torch.int32)
         paths[0] = torch.arange(self.K + 1, dtype=torch.int32)
@@ -309,9 +364,9 @@ class Runtime:
         """The step's engine inputs with the values TensorRT-LLM 1.2's batch manager gives them
         (``batch_manager/runtimeBuffers.cpp`` setFromInputs, ``runtime/eagleBuffers.cpp``):
 
-        - context request (whole prompt of P tokens): tokens = the prompt; context_lengths = P;
-          sequence_length = P; host_past_key_value_lengths = P (chunk start + input length, as stock);
-          one logit (its last token); draft_lens = 0;
+        - context request (a chunk of n prompt tokens from position s; a whole prompt: s = 0, n = P): tokens = the
+          chunk; context_lengths = n; sequence_length = s + n; host_past_key_value_lengths = s + n (chunk start +
+          input length, as stock); one logit (its last token); draft_lens = 0;
         - generation request (S committed tokens): tokens = [last token] + next_draft_tokens;
           context_lengths = prompt + K; sequence_length = S + K + 1; host_past_key_value_lengths = S;
           K + 1 logits; draft_lens = K; its spec-decoding rows (offsets, packed mask) from next_draft_paths;
@@ -326,11 +381,14 @@ class Runtime:
         seq, past, ctx_len, types, draft_lens = [], [], [], [], []
         gen_len, offsets, masks = [], [], []
         chain = torch.tril(torch.ones(K + 1, K + 1, dtype=torch.bool))
+        chunks = []
         for r in ctx:
-            p = len(r.prompt_ids)
-            ids += r.prompt_ids
-            logit_ids.append(p)
-            seq.append(p), past.append(p), ctx_len.append(p), types.append(CONTEXT), draft_lens.append(0)
+            s0 = r.context_pos
+            n = len(r.prompt_ids) - s0 if r._chunk is None else r._chunk
+            chunks.append(n)
+            ids += r.prompt_ids[s0:s0 + n]
+            logit_ids.append(n)
+            seq.append(s0 + n), past.append(s0 + n), ctx_len.append(n), types.append(CONTEXT), draft_lens.append(0)
         for r in gen:
             s = r.committed
             offs, mask = _paths_to_offsets_and_mask(r.next_draft_paths)
@@ -350,6 +408,8 @@ class Runtime:
         rv = torch.zeros(bs, K + 1)      # eagleBuffers.cpp: rand_data_validation [numSequences, maxDecodingTokens]
         rs = torch.zeros(bs)
         for i, r in enumerate(batch):
+            if i < len(ctx) and not self._last_chunk(r):
+                continue            # a chunk before the last: its outputs are not used, so no draw (zeros)
             rv[i, 0], rs[i] = torch.rand(2, generator=r._gen)     # the engine keys its generators on these two
             rv[i, 1:] = torch.rand(K, generator=r._gen)
         return {
@@ -379,9 +439,18 @@ class Runtime:
             # once and binds it whole
             "cache_indirection": self._cache_indirection,
             **({"slot_mapping": i32([r.slot for r in batch])} if self._free_slots is not None else {}),
-            **(sliding_inputs(seq, [len(r.prompt_ids) for r in ctx] + [K + 1] * len(gen))
+            **(sliding_inputs(seq, chunks + [K + 1] * len(gen))
                if getattr(self.engine, "sliding_context", False) else {}),
         }
+
+
+def context_chunk_unit(limits: dict, max_attention_window: int | None, max_num_tokens: int) -> int:
+    """The chunk unit of chunked context (engine/trtllm/facts/context_chunking.yaml chunk_unit): tokens per block, at
+    least 256 where max_input_len exceeds the largest attention window, clamped to ``max_num_tokens``."""
+    unit = int(limits["tokens_per_block"])
+    if max_attention_window is not None and int(limits["max_input_len"]) > int(max_attention_window):
+        unit = max(256, unit)
+    return max(1, min(unit, int(max_num_tokens)))
 
 
 def sliding_inputs(sequence_length: list[int], new_tokens: list[int]) -> dict:

@@ -124,6 +124,8 @@ class StandinEngine:
         self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
         # the runtime fills them once, as TensorRT-LLM's does
         self._window_sizes = layer_windows(net, self.config, int(limits["max_seq_len"]))
+        # the largest per-layer window: the runtime's chunk unit depends on it (facts/context_chunking.yaml)
+        self.max_attention_window = int(self._window_sizes.max())
         # Recurrent (Gated DeltaNet) layers: one state pool per layer and rank, a slot per request in flight.
         self.gdn_layers = [i for i, t in enumerate(kinds) if t == "linear_attention"]
         self.recurrent = bool(self.gdn_layers)

@@ -349,6 +349,11 @@ class TrtEngineSession:
         self.head_size = int(pre["head_size"])
         self.tokens_per_block = tpb
         self._windows = layer_windows(net, pre, int(lim["max_seq_len"]))
+        # chunked context (the project runtime's, facts/context_chunking.yaml): needs paged context FMHA in the engine
+        # (trtllm-build's default, and what `dflash2-trt build` passes); the chunk unit depends on the largest window
+        self.max_attention_window = int(self._windows.max())
+        self.paged_context_fmha = bool((config.get("build_config", {}).get("plugin_config") or {})
+                                       .get("use_paged_context_fmha", True))
         # the context route: the runtime feeds the second set of request inputs (engine_io.yaml sliding_*)
         self.sliding_context = net.sliding_context(cfg)
         # in TensorRT-LLM's order: the recurrent-state slots, then the engine and its context (TensorRT takes its
