@@ -627,10 +627,14 @@ def _report_build(res, as_json: bool) -> None:
                f"max batch {m['limits']['max_batch_size']}, {len(m['files'])} files; {checked})")
     lim = m.get("limits") or {}
     mnt, mil = lim.get("max_num_tokens"), lim.get("max_input_len")
-    if isinstance(mnt, int) and isinstance(mil, int) and mnt < mil:
-        click.echo(f"note: max_num_tokens {mnt} < max_input_len {mil}: the project runtime takes a prompt whole in "
-                   f"one step (no chunked context), so it refuses prompts over {mnt} tokens; --max-num-tokens {mil} "
-                   f"serves every prompt the engine's limit allows", err=True)
+    # the project runtime chunks a longer prompt (facts/context_chunking.yaml); TensorRT-LLM's C++ executor tools run
+    # this project's engines with chunked context off (the Triton repository, trtllm-bench / gptManagerBenchmark runs)
+    on_executor = m.get("backend") == "trtllm" and (m.get("runtime_path") or {}).get("path") == "executor"
+    if on_executor and isinstance(mnt, int) and isinstance(mil, int) and mnt < mil:
+        click.echo(f"note: max_num_tokens {mnt} < max_input_len {mil}: on TensorRT-LLM's C++ executor (this engine's "
+                   f"runtime path) chunked context is off, so prompts over {mnt} tokens are refused there; the "
+                   f"project runtime (`run --runtime project`) takes them in chunks, and --max-num-tokens {mil} serves "
+                   f"every prompt on both", err=True)
 
 
 @main.command("run")

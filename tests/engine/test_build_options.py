@@ -137,23 +137,21 @@ def test_a_kept_checkpoint_of_retrained_weights_is_not_reused(tmp_path):
     assert changed and all("fc" in k for k in changed), changed
 
 
-def test_a_max_num_tokens_below_max_input_len_is_said_at_build_and_run(tmp_path):
-    """The project runtime takes a prompt whole in one step: an engine built with max_num_tokens below its
-    max_input_len refused prompts within its own limit, with no word at build time (a new user's review). The build
-    says so in a note, and the refusal says which option serves them."""
-    out = tmp_path / "e"
-    code, stdout, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out), "--no-verify",
-                             "--max-num-tokens", "32")
-    assert code == 0, err
-    assert ("note: max_num_tokens 32 < max_input_len 256: the project runtime takes a prompt whole in one step (no "
-            "chunked context), so it refuses prompts over 32 tokens; --max-num-tokens 256") in err, err
-    code, stdout, err = _cli("run", "--engine-dir", str(out), "--prompt-ids", ",".join(["5"] * 40),
-                             "--max-new-tokens", "2")
-    assert code == 1 and "prompt of 40 tokens exceeds max_num_tokens 32 (a prompt is taken whole in one step" in err
-    assert "max_input_len is 256, so `build --max-num-tokens` at least that" in err, err
-    code, stdout, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "f"),
-                             "--no-verify")
-    assert code == 0 and "note: max_num_tokens" not in err, err
+def test_a_prompt_over_max_num_tokens_is_taken_in_chunks(tmp_path):
+    """An engine built with max_num_tokens below its max_input_len refused prompts within its own limit (a new user's
+    review); the project runtime now takes such a prompt in chunks (tests/engine/test_chunked_context.py), so the build
+    has nothing to warn about and `run` decodes it as an engine with room for it whole does."""
+    prompt = ",".join(str(5 + i % 50) for i in range(40))
+    outs = []
+    for name, extra in (("small", ["--max-num-tokens", "32"]), ("whole", [])):
+        code, stdout, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / name),
+                                 "--no-verify", *extra)
+        assert code == 0 and "note: max_num_tokens" not in err, err
+        code, stdout, err = _cli("run", "--engine-dir", str(tmp_path / name), "--prompt-ids", prompt,
+                                 "--max-new-tokens", "8", "--json")
+        assert code == 0, err
+        outs.append(json.loads(stdout)["requests"][0]["output_ids"])
+    assert outs[0] == outs[1] and len(outs[0]) == 8
 
 
 def test_a_pair_blocker_names_the_pair_not_the_target_file(tmp_path):

@@ -731,6 +731,30 @@ def test_cli_a_failed_baseline_says_what_was_kept_and_exits_1(pair, tmp_path, to
     assert load_engine_dir(out, verify=True)[1]["baseline"] is None
 
 
+def test_an_executor_path_engine_says_its_prompts_over_max_num_tokens_are_refused_there(pair, tmp_path, toolchain,
+                                                                                         monkeypatch):
+    """TensorRT-LLM's C++ executor tools run this project's engines with chunked context off (the Triton repository,
+    gptManagerBenchmark's flags, ModelRunnerCpp's default), so an executor-path engine whose max_num_tokens is below
+    its max_input_len refuses the prompts between them there: the build says so, and names the project runtime, which
+    chunks them (a cpu engine gets no such note: tests/engine/test_build_options.py)."""
+    from dflash2_trt.engine.trtllm import build as trtllm_build
+
+    monkeypatch.setattr(trtllm_build, "probe_toolchain", lambda: toolchain)
+    monkeypatch.setattr(trtllm_build, "SubprocessRunner", lambda: FakeRunner())
+    for name, mnt, said in (("small", "32", True), ("whole", "256", False)):
+        out = tmp_path / name
+        r = CliRunner().invoke(main_cli(), ["build", "--target", "tiny", "--drafter", str(pair.drafter_dir),
+                                            "--target-dir", str(pair.target_dir), "--backend", "trtllm", "--output",
+                                            str(out), "--set", "drafter_window=full", "--no-verify",
+                                            "--max-num-tokens", mnt])
+        assert r.exit_code == 0, r.output
+        assert load_engine_dir(out)[1]["runtime_path"]["path"] == "executor"
+        note = ("note: max_num_tokens 32 < max_input_len 256: on TensorRT-LLM's C++ executor (this engine's runtime "
+                "path) chunked context is off, so prompts over 32 tokens are refused there; the project runtime "
+                "(`run --runtime project`) takes them in chunks")
+        assert (note in r.stderr) == said, r.stderr
+
+
 def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):
     from dflash2_trt.cli import main
     from dflash2_trt.engine.plan import dry_run_plan
