@@ -163,6 +163,14 @@ def lossless_cell(key: str, family: str, dtype: str, levels, tmp: Path, graphs: 
             except Exception:  # noqa: BLE001 - the rows of the other pairs still count
                 row["cuda_graphs"] = {"error": traceback.format_exc()[-2000:], "identical": 0}
                 log(f"lossless {key:12s} CUDA graphs run failed:\n{row['cuda_graphs']['error']}")
+            try:
+                row["chunked"] = c = chunked_run(pair, eng_dir, eos, dtype)
+                log(f"lossless {key:12s} {dtype:9s} chunked context c{c['concurrency']} at max_num_tokens "
+                    f"{c['max_num_tokens']}: {c['identical']}/{c['requests']} identical, "
+                    f"{c['cut_steps']} steps cut a prompt")
+            except Exception:  # noqa: BLE001 - as above
+                row["chunked"] = {"error": traceback.format_exc()[-2000:], "identical": 0}
+                log(f"lossless {key:12s} chunked context run failed:\n{row['chunked']['error']}")
         if bad and conc == levels[0]:
             row["diagnosis"] = [near_tie(pair.target_dir, dtype, jobs[i][0], reqs[i].output_ids, want[i])
                                 for i in bad[:4]]
@@ -324,8 +332,12 @@ def device_info() -> dict:
 
 def lossless_doc(rows: list[dict], partial: bool = False, jobs: int = 1) -> dict:
     """The lossless part's document and table from its rows (``jobs``: cells that ran at once)."""
-    ok = all(r["identical"] == r["requests"] and r.get("cuda_graphs", {}).get("identical", r["requests"]) == r["requests"]
-             for r in rows)
+    def extra_runs_ok(r: dict) -> bool:    # the CUDA-graph run and the chunked run, where a row has them
+        g, c = r.get("cuda_graphs"), r.get("chunked")
+        return ((g is None or g.get("identical") == r["requests"])
+                and (c is None or c.get("identical") == c.get("requests")))
+
+    ok = all(r["identical"] == r["requests"] and extra_runs_ok(r) for r in rows)
     doc = {**device_info(), "backend": BACKEND, "rows": rows, "all_identical": ok,
            "all_identical_or_ties": all(r["identical"] + r["ties_only"] == r["requests"] for r in rows),
            "partial": partial, "concurrent_cells": jobs}
@@ -349,6 +361,15 @@ def lossless_doc(rows: list[dict], partial: bool = False, jobs: int = 1) -> dict
                          f"{r['requests']} identical, {g['replayed']} replayed / {g['captured']} captured / {g['eager']} "
                          f"eager, {g['tokens'] / g['wall_s']:.0f} tok/s (eager {r['tokens'] / r['wall_s']:.0f})"
                          + (f", capture failed: {'; '.join(g['failed'])}" if g["failed"] else ""))
+        c = r.get("chunked")
+        if c and "error" in c:
+            lines.append(f"chunked     {r['target']:12s} {r['dtype']:9s} the run failed: "
+                         f"{c['error'].strip().splitlines()[-1]}")
+        elif c:
+            lines.append(f"chunked     {r['target']:12s} {r['dtype']:9s} c{c['concurrency']:<3d} {c['identical']}/"
+                         f"{c['requests']} identical (prompts of {min(c['prompt_tokens'])}-{max(c['prompt_tokens'])} "
+                         f"tokens) at max_num_tokens {c['max_num_tokens']}, {c['cut_steps']} of {c['steps']} steps "
+                         f"cut a prompt")
     doc["table"] = "\n".join(lines)
     return doc
 
@@ -373,6 +394,34 @@ def graphed_run(eng_dir, jobs, eos, conc: int, want) -> dict:
     return {"identical": len(reqs) - len(bad), "mismatched": bad[:8], "replayed": g.stats["replayed"],
             "captured": g.stats["captured"], "eager": g.stats["eager"], "failed": g.failures(), "wall_s": wall,
             "tokens": sum(len(r.output_ids) for r in reqs)}
+
+
+def chunked_run(pair, eng_dir, eos, dtype: str, conc: int = 4, new: int = 24) -> dict:
+    """Chunked context forced (the project runtime's, facts/context_chunking.yaml): 16 prompts of two shipped prompts
+    each (every one longer than a chunk unit) at a step budget of the generation requests' tokens plus one unit, so a
+    new prompt beside them is cut; held to the HF target's greedy decoding of the same prompts on the same device."""
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+    from dflash2_trt.engine.verify import reference_outputs
+    from dflash2_trt.runtime import Request, Runtime
+    from dflash2_trt.testing.engines import shipped_prompts
+
+    short = shipped_prompts(pair, 16)
+    prompts = [short[i] + short[(i + 1) % len(short)] for i in range(len(short))]
+    want = reference_outputs(pair.target_dir, prompts, new, eos, dtype=dtype, device=DEVICE)
+    eng, _ = open_standin_engine(eng_dir)
+    try:
+        unit = int(eng.limits["tokens_per_block"])
+        budget = conc * (eng.K + 1) + unit
+        rt = Runtime(eng, max_batch_size=conc, max_num_tokens=budget)
+        reqs = [Request(list(p), new, stop_token_ids=eos, task_id=i, seed=i) for i, p in enumerate(prompts)]
+        rt.generate(reqs)
+    finally:
+        eng.close()
+    bad = [i for i, (r, w) in enumerate(zip(reqs, want)) if r.output_ids != w]
+    return {"concurrency": conc, "max_num_tokens": budget, "requests": len(reqs), "identical": len(reqs) - len(bad),
+            "mismatched": bad[:8], "first_mismatch": _first_diff(reqs[bad[0]].output_ids, want[bad[0]]) if bad else None,
+            "prompt_tokens": [len(p) for p in prompts], "steps": rt.step_count,
+            "cut_steps": sum(1 for s in rt.step_log if s.get("cut"))}
 
 
 _TARGETS: dict = {}

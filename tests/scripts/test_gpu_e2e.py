@@ -220,3 +220,25 @@ def test_the_first_levels_eager_points_are_kept_before_its_graph_captures(monkey
     kept = seen[0][1]
     assert kept["partial"] is True and [p["concurrency"] for p in kept["points"]] == [1]
     assert "wall_ms" in kept["points"][0]["speculative"]
+
+
+def test_the_lossless_part_holds_chunked_context_to_the_target(monkeypatch, tmp_path):
+    """The lossless part's chunked run (the project runtime's chunked context, first run on a GPU there) cuts prompts
+    and compares with the target's own decoding; a mismatch there makes the table not all identical."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+
+    e2e = _load(monkeypatch)
+    pair = trained_pair("qwen3_5")
+    res = build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "e", target_key="tiny-hybrid", verify=False,
+                       overrides={"max_batch_size": 16, "tokens_per_block": 16})
+    c = e2e.chunked_run(pair, tmp_path / "e", tuple(res.manifest["eos_token_ids"]), "float32")
+    assert c["identical"] == c["requests"] == 16 and c["cut_steps"] > 0 and min(c["prompt_tokens"]) > 16, c
+    row = {"target": "tiny-hybrid", "dtype": "float32", "concurrency": 1, "requests": 32, "identical": 32,
+           "ties_only": 0, "differ": [], "mean_acceptance": 5.0, "steps": 9, "mixed_steps": 1, "tokens": 90,
+           "wall_s": 1.0, "verify_gate": True, "chunked": c}
+    assert e2e.lossless_doc([row])["all_identical"]
+    assert "16/16 identical (prompts of" in e2e.lossless_doc([row])["table"]
+    assert not e2e.lossless_doc([{**row, "chunked": {**c, "identical": 15}}])["all_identical"]
+    assert not e2e.lossless_doc([{**row, "chunked": {"error": "Traceback\nRuntimeError: x", "identical": 0}}])[
+        "all_identical"]
