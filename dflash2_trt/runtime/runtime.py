@@ -107,6 +107,9 @@ class Runtime:
             raise ConfigError(f"must be in [1, {lim['max_batch_size']}] (the engine's max_batch_size), got "
                               f"{self.max_batch_size}", field="--max-batch-size")
         self.max_num_tokens = lim["max_num_tokens"] if max_num_tokens is None else max_num_tokens
+        if not 1 <= self.max_num_tokens <= lim["max_num_tokens"]:   # the engine's input shapes hold no more
+            raise ConfigError(f"must be in [1, {lim['max_num_tokens']}] (the engine's max_num_tokens), got "
+                              f"{self.max_num_tokens}", field="max_num_tokens")
         self.max_seq_len = lim["max_seq_len"]
         # TensorRT-LLM chunks a context only for an engine with paged context FMHA (every engine this project builds)
         self.chunked_context = bool(chunked_context) and bool(getattr(engine, "paged_context_fmha", True))
@@ -180,6 +183,7 @@ class Runtime:
         the rest of its prompt when it fits; else, chunking, the capacity rounded down to a multiple of the chunk unit;
         else 0 (it waits)."""
         rest = len(r.prompt_ids) - r.context_pos
+        capacity = max(0, capacity)      # the generation requests may take more than the budget: none left
         if rest <= capacity:
             return rest
         if not self.chunked_context:

@@ -230,3 +230,18 @@ def test_chunks_at_tp2_decode_as_the_target_does(tmp_path):
         eng.close()
     assert any(s.get("cut") for s in rt.step_log)
     assert [r.output_ids for r in reqs] == ref.oracle
+
+
+def test_a_budget_the_generation_requests_overrun_leaves_no_chunk():
+    """Generation requests are all kept, so with a budget below their tokens the capacity is negative: no chunk (it
+    was once a negative one), and the budget cannot pass the engine's own max_num_tokens (its input shapes)."""
+    class Fake:
+        K, vocab_size, num_blocks, num_layers = 3, 10, 64, 1
+        limits = {"max_batch_size": 4, "max_num_tokens": 64, "max_seq_len": 512, "max_input_len": 256,
+                  "tokens_per_block": 16}
+
+    rt = Runtime(Fake(), max_num_tokens=8)
+    assert rt._chunk_size(Request([1] * 40, 4), 8 - 12) == 0
+    for bad in (0, 65):
+        with pytest.raises(ConfigError, match=r"max_num_tokens: must be in \[1, 64\] \(the engine's max_num_tokens\)"):
+            Runtime(Fake(), max_num_tokens=bad)
