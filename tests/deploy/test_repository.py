@@ -120,9 +120,11 @@ def test_gpu_and_cpu_repositories_differ_only_in_the_tensorrt_llm_backend_and_pa
     assert (cpu["tensorrt_llm"].backend, gpu["tensorrt_llm"].backend) == ("python", "tensorrtllm")
     cp = {k: v.string_value for k, v in cpu["tensorrt_llm"].parameters.items()}
     gp = {k: v.string_value for k, v in gpu["tensorrt_llm"].parameters.items()}
-    # the CPU model reads a subset, with the same values but for its own engine directory
+    # the CPU model reads a subset, with the same values but for its own engine directory and chunked context: the
+    # project runtime chunks a prompt over max_num_tokens, the executor's backend is written with it off
     assert cp["gpt_model_path"] == str(engine.resolve()) and gp["gpt_model_path"] == str(trt_engine.resolve())
-    assert {k: v for k, v in cp.items() if k != "gpt_model_path"}.items() <= gp.items()
+    assert (cp["enable_chunked_context"], gp["enable_chunked_context"]) == ("true", "false")
+    assert {k: v for k, v in cp.items() if k not in ("gpt_model_path", "enable_chunked_context")}.items() <= gp.items()
     assert gp["kv_cache_free_gpu_mem_fraction"] == "0.9"
     for m in (cpu["tensorrt_llm"], gpu["tensorrt_llm"]):
         m.ClearField("backend")

@@ -407,3 +407,44 @@ def test_close_during_a_failing_step_ends_the_loop_at_once(cpu_engine, prompts, 
     closer.join(30)
     assert not lp._thread.is_alive() and time.monotonic() - t0 < 5
     assert a.err is not None and "boom" in a.err
+
+
+def test_prompts_cut_in_chunks_stream_the_targets_tokens(cpu_engine, prompts, greedy):
+    """With a step budget of 16 tokens at batch 2, every prompt over 16 tokens is taken in chunks (the project
+    runtime's chunked context): nothing streams before its last chunk, the streamed tokens are the target's, and the
+    request counts as scheduled from its first chunk (TensorRT-LLM's first_scheduled_time)."""
+    loop = ServingLoop(cpu_engine, max_batch_size=2, max_num_tokens=16)
+    try:
+        sinks = [Sink() for _ in prompts]
+        for p, s in zip(prompts, sinks):
+            loop.submit(_spec(p, streaming=True), s)
+        _wait(sinks)
+        assert any(st.get("cut") for st in loop.runtime.step_log)
+    finally:
+        loop.close()
+    long = [i for i, p in enumerate(prompts) if len(p) > 16]
+    assert long
+    for i, (s, want) in enumerate(zip(sinks, greedy)):
+        assert s.err is None and sum(s.chunks, []) == want and len(s.chunks[0]) == 1
+        f = {k: int(s.final[k].reshape(-1)[0]) for k in ("first_scheduled_time_ns", "first_token_time_ns")}
+        assert f["first_scheduled_time_ns"] <= f["first_token_time_ns"]
+        if i in long:       # its first chunk's step came before the step of its first token
+            assert f["first_scheduled_time_ns"] < f["first_token_time_ns"]
+
+
+def test_enable_chunked_context_false_refuses_a_prompt_over_the_budget(cpu_engine, prompts):
+    """The python model's enable_chunked_context "false" (the tensorrtllm backend's parameter name): a prompt over
+    max_num_tokens is refused at submission (the others are served), as a runtime without chunking refuses it."""
+    loop = ServingLoop(cpu_engine, max_batch_size=2, max_num_tokens=16, chunked_context=False)
+    try:
+        long = next(p for p in prompts if len(p) > 16)
+        with pytest.raises(ConfigError, match=r"exceeds max_num_tokens 16 \(a prompt is taken whole in one step: "
+                                              r"chunked context is off\)"):
+            loop.submit(_spec(long), Sink())
+        short = next(p for p in prompts if len(p) <= 16)
+        s = Sink()
+        loop.submit(_spec(short), s)
+        _wait([s])
+        assert s.err is None
+    finally:
+        loop.close()

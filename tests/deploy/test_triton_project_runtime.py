@@ -611,14 +611,12 @@ def test_cuda_graphs_in_the_python_model(trt_dir, standin_trt_engine, tmp_path, 
     assert results[True] == results[False] and all(len(t) == NEW for t in results[False])
 
 
-def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
-    """The python-backend model passes its cuda_graph_mode parameter to open_engine: "true" on a cpu engine is the
-    engine's refusal, "false" opens it plainly, anything else is the parameter's own error; and at unload it logs
-    what the graphs did (here: a cpu engine's runner simulated through open_engine)."""
+def _python_model_module(monkeypatch):
+    """The python-backend model's module, loaded outside a stub (``triton_python_backend_utils`` a stand-in of the
+    two names it uses): (pb_utils, module)."""
     import importlib.util
     import types
 
-    cpu_dir = standin_trt_engine[1]
     pb = types.ModuleType("triton_python_backend_utils")
     pb.TritonModelException = type("TritonModelException", (Exception,), {})
     pb.using_decoupled_model_transaction_policy = lambda cfg: False
@@ -626,6 +624,43 @@ def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
     spec = importlib.util.spec_from_file_location("df2_tensorrt_llm_under_test", rp.MODELS / "tensorrt_llm_python.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return pb, mod
+
+
+def test_the_model_reads_enable_chunked_context(trt_dir, standin_trt_engine, tmp_path, monkeypatch):
+    """`deploy triton` writes the python model's enable_chunked_context "true" (the tensorrtllm backend's parameter
+    name; the project runtime takes a prompt over max_num_tokens in chunks); the model hands it to its runtime, and
+    "false" turns chunking off; anything else is the parameter's own error."""
+    rp.deploy_triton(trt_dir, tmp_path / "repo", ids_only=True)
+    params = rp.check_repository(tmp_path / "repo")["tensorrt_llm"].parameters
+    assert params["enable_chunked_context"].string_value == "true"
+    cpu_dir = standin_trt_engine[1]
+    pb, mod = _python_model_module(monkeypatch)
+
+    def init(value):
+        params = {"gpt_model_path": {"string_value": str(cpu_dir)}}
+        if value is not None:
+            params["enable_chunked_context"] = {"string_value": value}
+        m = mod.TritonPythonModel()
+        m.initialize({"model_config": json.dumps({"parameters": params, "max_batch_size": 4})})
+        return m
+
+    for value, on in (("true", True), (None, True), ("false", False)):
+        m = init(value)
+        try:
+            assert m.loop.runtime.chunked_context is on
+        finally:
+            m.finalize()
+    with pytest.raises(pb.TritonModelException, match="parameter enable_chunked_context 'yes' is not true or false"):
+        init("yes")
+
+
+def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
+    """The python-backend model passes its cuda_graph_mode parameter to open_engine: "true" on a cpu engine is the
+    engine's refusal, "false" opens it plainly, anything else is the parameter's own error; and at unload it logs
+    what the graphs did (here: a cpu engine's runner simulated through open_engine)."""
+    cpu_dir = standin_trt_engine[1]
+    pb, mod = _python_model_module(monkeypatch)
 
     def init(mode):
         params = {"gpt_model_path": {"string_value": str(cpu_dir)}}

@@ -134,11 +134,14 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
         "eagle_choices": eagle_chain(K),
     }
     if backend == "python":
-        # cuda_graph_mode: the tensorrtllm backend's name for it (ExtendedRuntimePerfKnobConfig), written when on
+        # cuda_graph_mode: the tensorrtllm backend's name for it (ExtendedRuntimePerfKnobConfig), written when on;
+        # enable_chunked_context, its name too: the project runtime takes a prompt over max_num_tokens in chunks
+        # (written "true", so that the knob is in view; "false" refuses such prompts)
         graphs = {"cuda_graph_mode": "true"} if cuda_graphs else {}
+        python = {**common, "enable_chunked_context": "true", **graphs}
         if engine_backend == "trtllm":
-            return {**common, "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}", **graphs}
-        return {**common, **graphs}
+            return {**python, "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}"}
+        return python
     return {**common,
             "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
             "batch_scheduler_policy": "guaranteed_no_evict",

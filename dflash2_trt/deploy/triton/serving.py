@@ -400,12 +400,16 @@ class ServingLoop:
     """One project runtime in a background thread, fed by :meth:`submit` from any thread."""
 
     def __init__(self, engine, *, max_batch_size: int | None = None, poll_cancel: bool = True,
-                 drain_file: str | os.PathLike | None = None):
+                 drain_file: str | os.PathLike | None = None, chunked_context: bool = True,
+                 max_num_tokens: int | None = None):
         from ...runtime import Runtime
 
         self.engine = engine
         self.K = engine.K
-        self._runtime_args = {"max_batch_size": max_batch_size}
+        # the runtime's (TensorRT-LLM's Triton backend has parameters of these names: max_num_tokens below the
+        # engine's, enable_chunked_context)
+        self._runtime_args = {"max_batch_size": max_batch_size, "chunked_context": chunked_context,
+                              "max_num_tokens": max_num_tokens}
         self._Runtime = Runtime
         self.runtime = Runtime(engine, **self._runtime_args)
         self.poll_cancel = poll_cancel
@@ -508,6 +512,11 @@ class ServingLoop:
         except Exception as exc:
             raise _StepFailed(exc) from exc
         self.steps += 1
+        for live in self._live.values():
+            # first scheduled: the step that took its prompt's first chunk (a prompt cut in chunks emits nothing
+            # before its last, so on_tokens is too late for it)
+            if live.scheduled_ns is None and getattr(live.request, "context_pos", 0) > 0:
+                live.scheduled_ns = t_step
         for r in finished:
             self._finish(r)
         return True
@@ -540,6 +549,7 @@ class ServingLoop:
         now = time.monotonic_ns()
         if live.scheduled_ns is None:
             live.scheduled_ns = t_step
+        if live.first_token_ns is None:
             live.first_token_ns = now
         live.last_token_ns = now
         new = self._cut_at_stop_word(live.spec.stop_words, r, new)

@@ -100,6 +100,10 @@ class TritonPythonModel:
         graphs = _param(cfg, "cuda_graph_mode", "false")
         if graphs not in ("true", "false"):
             raise pb_utils.TritonModelException(f"parameter cuda_graph_mode {graphs!r} is not true or false")
+        # the tensorrtllm backend's name: a prompt over max_num_tokens is taken in chunks (on unless "false")
+        chunked = _param(cfg, "enable_chunked_context", "true")
+        if chunked not in ("true", "false"):
+            raise pb_utils.TritonModelException(f"parameter enable_chunked_context {chunked!r} is not true or false")
         try:
             self.engine, self.manifest, runtime = open_engine(engine_dir, kv_cache_fraction=fraction,
                                                               cuda_graphs=graphs == "true")
@@ -133,7 +137,7 @@ class TritonPythonModel:
         try:
             # `serve` names a drain file: when it appears, requests in flight get until its deadline to finish
             self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=self.decoupled,
-                                    drain_file=os.environ.get(DRAIN_ENV) or None)
+                                    drain_file=os.environ.get(DRAIN_ENV) or None, chunked_context=chunked == "true")
         except DFlash2Error as exc:
             raise pb_utils.TritonModelException(f"max_batch_size: {exc}") from None
 
