@@ -187,6 +187,37 @@ def test_waiting_for_readiness_says_how_each_model_is_doing(slow_repository):
     assert any("tensorrt_llm LOADING" in ln and "preprocessing READY" in ln for ln in lines), lines
 
 
+@pytest.mark.parametrize("death,how", [("os._exit(7)", "exited with status 7"),
+                                       ("os.kill(os.getpid(), signal.SIGKILL)", "was killed by SIGKILL")])
+def test_a_stub_that_dies_while_its_model_imports_is_named_at_once(engine, tmp_path, death, how):
+    """A python model whose stub dies at import (a crash in a library, an out-of-memory kill) leaves tritonserver
+    waiting with the model LOADING and nothing in its log (reproduced with nvidia-pytriton 0.7.0's server): the wait
+    names the dead stub, its model and how it died, within seconds instead of the readiness timeout."""
+    import time
+
+    from dflash2_trt.deploy.triton.server import ServerError, TritonServer
+
+    repo = tmp_path / "repo"
+    subprocess.run([sys.executable, "-m", "dflash2_trt.cli", "deploy", "triton", "--engine-dir", str(engine),
+                    "--output", str(repo)], check=True, capture_output=True)
+    model = repo / "tensorrt_llm" / "1" / "model.py"
+    model.write_text(f"import os, signal, sys\nsys.stderr.write('model.py dies now\\n')\n{death}\n"
+                     + model.read_text())
+    srv = TritonServer(repo, ready_timeout=100)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ServerError) as ei:
+            srv.start()
+    finally:
+        srv.close()
+    msg = str(ei.value)
+    assert time.monotonic() - t0 < 60, msg
+    assert msg.startswith(f"the python-backend stub of model 'tensorrt_llm' (pid ") or \
+        msg.startswith("the python-backend stub of a python model (pid "), msg
+    assert f") {how}" in msg and "while loading it, before it could report an error" in msg, msg
+    assert "would wait out the 100 s" in msg and "model.py dies now" in msg, msg
+
+
 def test_the_default_readiness_wait_follows_the_engine(tmp_path):
     from dflash2_trt.deploy.triton.server import READY_TIMEOUT, default_ready_timeout
 

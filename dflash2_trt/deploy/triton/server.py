@@ -36,7 +36,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...children import die_with_parent
+from ...children import die_with_parent, proc_cmdline, proc_stat, process_tree
 from ...errors import (ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, raise_if_stop_requested,
                       raise_stop)
 from . import hygiene
@@ -49,6 +49,10 @@ HOST = "127.0.0.1"
 # ("tokenizer: failed to load 'x'") is not taken for one
 _LOG_STATE = re.compile(r"model_lifecycle\.cc:\d+\] \"(?:loading: (?P<loading>[^\"]+?):\d+\"|successfully loaded "
                         r"'(?P<loaded>[^']+)'|failed to load '(?P<failed>[^']+)')")
+
+
+# the python backend's stub process (its /proc comm: the name cut to 15 characters)
+STUB_NAME = "triton_python_backend_stub"
 
 
 class ServerError(DFlash2Error):
@@ -171,6 +175,7 @@ class TritonServer:
         self.progress, self.progress_every = progress, float(progress_every)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
+        self._stubs: dict[int, str] = {}     # python-backend stub pid -> its model, seen alive while loading
 
     @property
     def http_url(self) -> str:
@@ -255,6 +260,11 @@ class TritonServer:
             if code is not None:
                 raise ServerError(f"tritonserver exited with status {code} before it was ready; its log "
                                   f"({self._log_ref()}) ends:\n{self.log_tail()}")
+            dead = self.dead_stub()
+            if dead is not None:
+                raise ServerError(f"{dead}; tritonserver does not notice a stub that dies before it reports, and "
+                                  f"would wait out the {self.ready_timeout:.0f} s; its log ({self._log_ref()}), where "
+                                  f"the stub's own output goes, ends:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
                     if r.status == 200:
@@ -265,6 +275,47 @@ class TritonServer:
                 raise ServerError(f"tritonserver was not ready within {self.ready_timeout:.0f} s; its log "
                                   f"({self._log_ref()}) ends:\n{self.log_tail()}")
             time.sleep(0.2)
+
+    def dead_stub(self) -> str | None:
+        """A python-backend stub of this server that died while its model loaded, said in words, or None. A stub that
+        dies before it reports (a crash while its model's Python imports torch or this package, an out-of-memory kill:
+        reproduced with a model that exits at import) is left a zombie, and tritonserver waits for it with the model
+        LOADING and nothing in its log; an exception or a death inside ``initialize`` it reports at once. Linux
+        (/proc); elsewhere it finds nothing."""
+        for pid in process_tree(self.proc.pid)[1:]:
+            st = proc_stat(pid)
+            if st is None:
+                continue
+            if st[0] != "Z":
+                if pid not in self._stubs:
+                    cmd = proc_cmdline(pid)
+                    if cmd and os.path.basename(cmd[0]) == STUB_NAME:
+                        # argv[1]: MODEL_DIR/VERSION/model.py
+                        self._stubs[pid] = Path(cmd[1]).parent.parent.name if len(cmd) > 1 else ""
+                continue
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if pid not in self._stubs and not STUB_NAME.startswith(comm or "-"):
+                continue
+            # /proc/PID/stat's last field (52, exit_code): the status as waitpid reports it
+            status = int(st[-1]) if len(st) >= 50 and st[-1].lstrip("-").isdigit() else None
+            if status is None:
+                how = "ended"
+            elif status & 0x7F:
+                try:
+                    how = f"was killed by {signal.Signals(status & 0x7F).name}"
+                except ValueError:
+                    how = f"was killed by signal {status & 0x7F}"
+                if status & 0x7F == signal.SIGKILL:
+                    how += " (the out-of-memory killer?)"
+            else:
+                how = f"exited with status {status >> 8}"
+            model = self._stubs.get(pid)
+            return (f"the python-backend stub of {f'model {model!r}' if model else 'a python model'} (pid {pid}) "
+                    f"{how} while loading it, before it could report an error")
+        return None
 
     def _log_ref(self) -> str:
         return str(self.log_path) if self.log_kept else "--log FILE keeps all of it"
