@@ -3,16 +3,20 @@
 What it does per step, as ``batch_manager/trtGptModelInflightBatching.cpp`` and the EAGLE decoder
 (``layers/eagleDecodingLayer.cpp``) do for an EAGLE-mode engine (docs/TRTLLM-ENGINE.md §1):
 
-- schedule: every request already generating stays (K + 1 tokens each); then the admitted requests whose
-  prompt is not yet all in, then waiting requests FIFO while the batch holds fewer than ``max_batch_size``
-  requests and the KV pool has blocks for the request's lifetime; each context request gets a chunk of
-  its prompt from the step's remaining ``max_num_tokens``: chunked context, as the batch manager does it
-  with its default first-come-first-served policy (``engine/trtllm/facts/context_chunking.yaml``): the rest
-  of the prompt when it fits, else the tokens left rounded down to a multiple of the chunk unit
-  (tokens per block); context requests are packed before generation requests, those not at their
-  last chunk first; only a request's last chunk emits (its first token), and only it draws random data, so a
-  request's output does not depend on how its prompt was cut. Without chunking (``chunked_context=False``,
-  or an engine built without paged context FMHA) a prompt is taken whole or waits;
+- schedule, as the batch manager's two schedulers do: the capacity scheduler admits waiting requests FIFO
+  while the batch holds fewer than ``max_batch_size`` requests, the KV pool has blocks for the request's
+  lifetime and (recurrent targets) a state slot is free; the micro-batch scheduler then gives every
+  request already generating its K + 1 tokens and each admitted request whose prompt is not all in a
+  chunk of it from what is left of ``max_num_tokens``: chunked context with the default
+  first-come-first-served policy (``engine/trtllm/facts/context_chunking.yaml``): the rest of the prompt
+  when it fits, else the tokens left rounded down to a multiple of the chunk unit (tokens per block); a
+  request whose chunk comes out 0 waits for a later step, and the requests after it still get theirs.
+  Context requests are packed before generation requests, those not at their last chunk first; only a
+  request's last chunk emits (its first token), and only it draws random data, so where a prompt is cut
+  does not move the request's random stream (its tokens are the same up to the floating-point
+  differences of a computation done in other pieces). Without chunking (``chunked_context=False``, or an
+  engine built without paged context FMHA) a prompt is taken whole, and the first one that does not fit
+  ends the step's scheduling, as the batch manager's loop ends there;
 - inputs: ``input_ids`` = the prompt chunk (context) or ``[last token] + next_draft_tokens`` (generation:
   the engine's placeholders fed back), positions and the chain's packed mask from
   ``next_draft_paths``, sequence/past lengths, block offsets, per-request temperature and the
@@ -195,23 +199,15 @@ class Runtime:
 
         ``on_tokens(request, new_tokens)`` is called for every request that emitted tokens this step
         (streaming). Returns the requests that finished in this step."""
-        batch_ctx: list[Request] = []
         active = self._active
-        tokens = len(active) * (self.K + 1)
-        # the admitted requests whose prompt is not all in take their next chunk first, in arrival order
-        for r in self._context:
-            r._chunk = self._chunk_size(r, self.max_num_tokens - tokens)
-            if r._chunk:
-                batch_ctx.append(r)
-                tokens += r._chunk
+        # the capacity scheduler: admission, FIFO
         while self._waiting and len(active) + len(self._context) < self.max_batch_size:
             r = self._waiting[0]
             # GUARANTEED_NO_EVICT (TensorRT-LLM's default capacity policy): reserve the request's whole
             # lifetime — prompt + max new tokens + the K + 1 draft slots — at admission, so that a
             # running request never finds the pool empty mid-generation.
             need = self._lifetime_tokens(r)
-            chunk = self._chunk_size(r, self.max_num_tokens - tokens)
-            if not chunk or not self.blocks.can_fit(self._next_id, need):
+            if not self.blocks.can_fit(self._next_id, need):
                 break
             if self._free_slots is not None and not self._free_slots:
                 break
@@ -224,10 +220,20 @@ class Runtime:
             self._next_id += 1
             r._gen = torch.Generator().manual_seed(int(r.seed))
             self.blocks.ensure(r.req_id, need)
-            r._chunk = chunk
             self._context.append(r)
-            batch_ctx.append(r)
-            tokens += chunk
+        # the micro-batch scheduler: the generation requests' tokens first, then each context request's chunk in
+        # admission order from what is left
+        tokens = len(active) * (self.K + 1)
+        batch_ctx: list[Request] = []
+        for r in self._context:
+            r._chunk = self._chunk_size(r, self.max_num_tokens - tokens)
+            if r._chunk:
+                batch_ctx.append(r)
+                tokens += r._chunk
+                continue
+            r._chunk = None
+            if not self.chunked_context:
+                break
         if not batch_ctx and not active:
             if self._waiting or self._context:
                 raise RuntimeError("scheduler: nothing fits (checked requests should always fit an empty engine)")
@@ -294,8 +300,8 @@ class Runtime:
 
     def cancel(self, r: Request) -> None:
         """Drop a request (client gone): frees its blocks; it ends with stop_reason 'cancelled'."""
-        if r in self._waiting:
-            self._waiting.remove(r)
+        if any(x is r for x in self._waiting):     # by identity: Request compares by value
+            self._waiting = deque(x for x in self._waiting if x is not r)
         for name in ("_context", "_active"):
             held = getattr(self, name)
             if any(x is r for x in held):

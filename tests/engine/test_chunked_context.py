@@ -86,6 +86,8 @@ def test_chunked_prompts_decode_as_the_target_does(fam, budget, batch):
         eng.close()
     assert [r.output_ids for r in reqs] == fam.oracle
     assert rt.chunk_unit == TPB
+    # a request's steps: every engine step it took part in, its prompt's chunks included
+    assert sum(r.steps for r in reqs) == sum(s["context"] + s["generation"] for s in rt.step_log)
     cut_steps = [s for s in rt.step_log if s.get("cut")]
     assert cut_steps, "no prompt was cut: the test does not test chunking"
     for feed, log in zip(feeds, rt.step_log):
@@ -131,6 +133,8 @@ def test_sampled_requests_draw_as_if_uncut(fam):
     finally:
         eng.close()
     assert not any(s.get("cut") for s in rt_whole.step_log) and any(s.get("cut") for s in rt_cut.step_log)
+    # the same draws, so on this CPU (the same float results whether a prompt is cut or not) the same tokens
+    assert [r.output_ids for r in cut] == [r.output_ids for r in whole]
     for r in whole + cut:
         # drawn on its last context step and on each generation step, as the runtime draws them
         fresh = torch.Generator().manual_seed(r.seed)
@@ -245,3 +249,49 @@ def test_a_budget_the_generation_requests_overrun_leaves_no_chunk():
     for bad in (0, 65):
         with pytest.raises(ConfigError, match=r"max_num_tokens: must be in \[1, 64\] \(the engine's max_num_tokens\)"):
             Runtime(Fake(), max_num_tokens=bad)
+
+
+class _FakeEngine:
+    """Only what the scheduler reads (the step is not run): K 3, batch 8, a 64-token budget, 16 tokens a block."""
+    K, vocab_size, num_blocks, num_layers, mask_token_id = 3, 10, 64, 1, 0
+    limits = {"max_batch_size": 8, "max_num_tokens": 64, "max_seq_len": 512, "max_input_len": 256,
+              "tokens_per_block": 16}
+
+
+class _Planned(Exception):
+    pass
+
+
+def _planned_chunks(rt, waiting, generating):
+    """The context_lengths of the first step with ``generating`` requests generating and prompts of the lengths
+    ``waiting`` arriving (the engine's step stops the runtime with its feed)."""
+    def step(inputs):
+        raise _Planned(inputs)
+
+    rt.engine.step = step
+    for _ in range(generating):
+        rt.adopt(Request([1] * 3, 8), 1)
+    for n in waiting:
+        rt.submit(Request([1] * n, 4))
+    with pytest.raises(_Planned) as ei:
+        rt.step()
+    feed = ei.value.args[0]
+    return feed["context_lengths"][feed["host_request_types"] == 0].tolist()
+
+
+def test_a_request_with_no_chunk_this_step_does_not_hold_back_the_next():
+    """The batch manager's micro-batch scheduler skips a context request whose chunk comes out 0 and goes on, so a
+    short prompt behind it runs whole; without chunking its loop ends at the first prompt that does not fit whole.
+    3 generation requests take 12 of the 64 tokens: 100 gets 48 (3 units of 16), 30 gets 0 (4 left), 3 runs whole."""
+    assert _planned_chunks(Runtime(_FakeEngine()), [100, 30, 3], generating=3) == [48, 3]
+    assert _planned_chunks(Runtime(_FakeEngine(), chunked_context=False), [60, 3], generating=3) == []
+    assert _planned_chunks(Runtime(_FakeEngine(), chunked_context=False), [3, 60], generating=3) == [3]
+
+
+def test_cancel_takes_a_waiting_request_by_identity():
+    """Requests compare by value (a dataclass): cancelling one must not drop an equal one queued before it."""
+    rt = Runtime(_FakeEngine())
+    a, b = Request([1, 2], 4), Request([1, 2], 4)
+    rt.submit(a), rt.submit(b)
+    rt.cancel(b)
+    assert list(rt._waiting) == [a] and rt._waiting[0] is a and b.stop_reason == "cancelled"
