@@ -753,6 +753,13 @@ def test_an_executor_path_engine_says_its_prompts_over_max_num_tokens_are_refuse
                 "path) chunked context is off, so prompts over 32 tokens are refused there; the project runtime "
                 "(`run --runtime project`) takes them in chunks")
         assert (note in r.stderr) == said, r.stderr
+    # and `run` on that path refuses such a prompt in one line before TensorRT-LLM is needed (its C++ runner would stop
+    # on a TLLM_CHECK deep in its scheduler), naming the runtime that takes it
+    r = CliRunner().invoke(main_cli(), ["run", "--engine-dir", str(tmp_path / "small"), "--prompt-ids",
+                                        ",".join(["5"] * 40)])
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1, r.output
+    assert ("40 prompt tokens exceed the engine's max_num_tokens 32, which TensorRT-LLM's C++ runner takes whole "
+            "(chunked context off); the project runtime takes them in chunks: --runtime project") in r.output
 
 
 def test_baseline_applies_to_the_trtllm_backend_only(pair, tmp_path, toolchain):

@@ -165,6 +165,11 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
         if len(ids) + new > lim["max_seq_len"]:
             raise ConfigError(f"prompt + {new} new tokens exceeds the engine's max_seq_len {lim['max_seq_len']}",
                               source=it["where"])
+        if path["path"] != PROJECT and len(ids) > lim["max_num_tokens"]:
+            # ModelRunnerCpp runs with chunked context off (its default): its scheduler would stop on a TLLM_CHECK
+            raise ConfigError(f"{len(ids)} prompt tokens exceed the engine's max_num_tokens {lim['max_num_tokens']}, "
+                              f"which TensorRT-LLM's C++ runner takes whole (chunked context off); the project "
+                              f"runtime takes them in chunks: --runtime project", source=it["where"])
     if max_batch_size is not None and max_batch_size > lim["max_batch_size"]:
         raise ConfigError(f"must be in [1, {lim['max_batch_size']}] (the engine's max_batch_size), got {max_batch_size}",
                           field="--max-batch-size")
