@@ -25,6 +25,8 @@ Definitions (every figure of a report's ``speculative`` / ``autoregressive`` blo
   plus K + 1 per generation request per step); ``target_tokens_per_emitted_token`` =
   target_tokens / emitted tokens; ``decode_target_tokens_per_emitted_token`` leaves the prompts
   out: (K + 1) x generation steps / tokens emitted by generation steps.
+- ``chunked_steps``: engine steps in which a prompt was cut (chunked context: the prompt did not fit what the
+  step had left of ``max_num_tokens``; its first token comes from the step of its last chunk, so it waited longer).
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def run_metrics(requests, *, wall_s: float, step_log: Sequence[dict], draft_len:
         "output_tokens_per_s": out_tok / wall_s if wall_s > 0 else None,
         "latency_s": distribution(lat), "ttft_s": distribution(ttft), "itl_s": distribution(itl),
         "engine_steps": len(step_log), "target_tokens": target_tokens,
+        # steps in which a prompt was cut (chunked context: it did not fit what the step had left)
+        "chunked_steps": sum(1 for s in step_log if s.get("cut")),
         "target_tokens_per_emitted_token": target_tokens / out_tok if out_tok else None,
         "decode_target_tokens_per_emitted_token": gen_slots / gen_emitted if gen_emitted > 0 else None,
         "acceptance": acc,

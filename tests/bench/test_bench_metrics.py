@@ -58,7 +58,8 @@ def test_run_metrics_by_hand():
     assert m["latency_s"]["p50"] == 0.5 and m["latency_s"]["p99"] == 2.0 and m["latency_s"]["mean"] == 1.25
     assert m["ttft_s"]["p50"] == pytest.approx(0.2) and m["ttft_s"]["max"] == 0.5
     assert m["itl_s"]["p50"] == pytest.approx(0.15) and m["itl_s"]["max"] == pytest.approx(1.5 / 7)
-    assert m["engine_steps"] == 3 and m["target_tokens"] == 20
+    assert m["engine_steps"] == 3 and m["target_tokens"] == 20 and m["chunked_steps"] == 0
+    assert run_metrics([a, b], wall_s=2.0, step_log=[{**log[0], "cut": 1}, *log[1:]], draft_len=3)["chunked_steps"] == 1
     assert m["target_tokens_per_emitted_token"] == pytest.approx(20 / 11)
     # 3 generation slots x (K + 1) = 12 target tokens for the 11 - 2 tokens the generation steps emitted
     assert m["decode_target_tokens_per_emitted_token"] == pytest.approx(12 / 9)
