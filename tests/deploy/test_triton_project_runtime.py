@@ -627,6 +627,15 @@ def _python_model_module(monkeypatch):
     return pb, mod
 
 
+def _init_model(mod, engine_dir, **params):
+    """The model initialized on ``engine_dir`` with the config.pbtxt ``params`` given (None: left out)."""
+    given = {"gpt_model_path": {"string_value": str(engine_dir)}}
+    given.update({k: {"string_value": v} for k, v in params.items() if v is not None})
+    m = mod.TritonPythonModel()
+    m.initialize({"model_config": json.dumps({"parameters": given, "max_batch_size": 4})})
+    return m
+
+
 def test_the_model_reads_enable_chunked_context(trt_dir, standin_trt_engine, tmp_path, monkeypatch):
     """`deploy triton` writes the python model's enable_chunked_context "true" (the tensorrtllm backend's parameter
     name; the project runtime takes a prompt over max_num_tokens in chunks); the model hands it to its runtime, and
@@ -638,12 +647,7 @@ def test_the_model_reads_enable_chunked_context(trt_dir, standin_trt_engine, tmp
     pb, mod = _python_model_module(monkeypatch)
 
     def init(value):
-        params = {"gpt_model_path": {"string_value": str(cpu_dir)}}
-        if value is not None:
-            params["enable_chunked_context"] = {"string_value": value}
-        m = mod.TritonPythonModel()
-        m.initialize({"model_config": json.dumps({"parameters": params, "max_batch_size": 4})})
-        return m
+        return _init_model(mod, cpu_dir, enable_chunked_context=value)
 
     for value, on in (("true", True), (None, True), ("false", False)):
         m = init(value)
@@ -663,12 +667,7 @@ def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
     pb, mod = _python_model_module(monkeypatch)
 
     def init(mode):
-        params = {"gpt_model_path": {"string_value": str(cpu_dir)}}
-        if mode is not None:
-            params["cuda_graph_mode"] = {"string_value": mode}
-        m = mod.TritonPythonModel()
-        m.initialize({"model_config": json.dumps({"parameters": params, "max_batch_size": 4})})
-        return m
+        return _init_model(mod, cpu_dir, cuda_graph_mode=mode)
 
     with pytest.raises(pb.TritonModelException, match="cannot open the engine: .*this is a cpu engine"):
         init("true")
