@@ -353,24 +353,22 @@ def lossless_doc(rows: list[dict], partial: bool = False, jobs: int = 1) -> dict
                      f" {r['mean_acceptance']:>8.2f} {r['steps']:>5} {r['mixed_steps']:>5}"
                      f" {r['tokens'] / r['wall_s']:>7.0f}  {r['verify_gate']}")
     for r in rows:
-        g = r.get("cuda_graphs")
-        if g and "error" in g:
-            lines.append(f"CUDA graphs {r['target']:12s} {r['dtype']:9s} c{r['concurrency']:<3d} the run failed: "
-                         f"{g['error'].strip().splitlines()[-1]}")
-        elif g:
-            lines.append(f"CUDA graphs {r['target']:12s} {r['dtype']:9s} c{r['concurrency']:<3d} {g['identical']}/"
-                         f"{r['requests']} identical, {g['replayed']} replayed / {g['captured']} captured / {g['eager']} "
-                         f"eager, {g['tokens'] / g['wall_s']:.0f} tok/s (eager {r['tokens'] / r['wall_s']:.0f})"
-                         + (f", capture failed: {'; '.join(g['failed'])}" if g["failed"] else ""))
-        c = r.get("chunked")
-        if c and "error" in c:
-            lines.append(f"chunked     {r['target']:12s} {r['dtype']:9s} the run failed: "
-                         f"{c['error'].strip().splitlines()[-1]}")
-        elif c:
-            lines.append(f"chunked     {r['target']:12s} {r['dtype']:9s} c{c['concurrency']:<3d} {c['identical']}/"
-                         f"{c['requests']} identical (prompts of {min(c['prompt_tokens'])}-{max(c['prompt_tokens'])} "
-                         f"tokens) at max_num_tokens {c['max_num_tokens']}, {c['cut_steps']} of {c['steps']} steps "
-                         f"cut a prompt")
+        for key, label in (("cuda_graphs", "CUDA graphs"), ("chunked", "chunked")):
+            e = r.get(key)
+            if not e:
+                continue
+            head = f"{label:11s} {r['target']:12s} {r['dtype']:9s} c{e.get('concurrency', r['concurrency']):<3d}"
+            if "error" in e:
+                lines.append(f"{head} the run failed: {e['error'].strip().splitlines()[-1]}")
+            elif key == "cuda_graphs":
+                lines.append(f"{head} {e['identical']}/{r['requests']} identical, {e['replayed']} replayed / "
+                             f"{e['captured']} captured / {e['eager']} eager, {e['tokens'] / e['wall_s']:.0f} tok/s "
+                             f"(eager {r['tokens'] / r['wall_s']:.0f})"
+                             + (f", capture failed: {'; '.join(e['failed'])}" if e["failed"] else ""))
+            else:
+                lines.append(f"{head} {e['identical']}/{e['requests']} identical (prompts of "
+                             f"{min(e['prompt_tokens'])}-{max(e['prompt_tokens'])} tokens) at max_num_tokens "
+                             f"{e['max_num_tokens']}, {e['cut_steps']} of {e['steps']} steps cut a prompt")
     doc["table"] = "\n".join(lines)
     return doc
 
