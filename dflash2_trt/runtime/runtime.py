@@ -102,7 +102,7 @@ class Runtime:
     """Runs requests through a :class:`~dflash2_trt.engine.standin.engine.StandinEngine` with in-flight batching."""
 
     def __init__(self, engine, *, max_batch_size: int | None = None, max_num_tokens: int | None = None,
-                 chunked_context: bool = True):
+                 chunked_context: bool | None = None):
         self.engine = engine
         lim = engine.limits
         self.K = engine.K
@@ -115,7 +115,10 @@ class Runtime:
             raise ConfigError(f"must be in [1, {lim['max_num_tokens']}] (the engine's max_num_tokens), got "
                               f"{self.max_num_tokens}", field="max_num_tokens")
         self.max_seq_len = lim["max_seq_len"]
-        # TensorRT-LLM chunks a context only for an engine with paged context FMHA (every engine this project builds)
+        # TensorRT-LLM chunks a context only for an engine with paged context FMHA (every engine this project builds);
+        # None: $DFLASH2_CHUNKED_CONTEXT (on unless 0)
+        if chunked_context is None:
+            chunked_context = chunked_context_default()
         self.chunked_context = bool(chunked_context) and bool(getattr(engine, "paged_context_fmha", True))
         self.chunk_unit = context_chunk_unit(lim, getattr(engine, "max_attention_window", None), self.max_num_tokens)
         self._cache_indirection = torch.zeros(lim["max_batch_size"], 1, self.max_seq_len, dtype=torch.int32)
@@ -452,6 +455,21 @@ class Runtime:
             **(sliding_inputs(seq, chunks + [K + 1] * len(gen))
                if getattr(self.engine, "sliding_context", False) else {}),
         }
+
+
+CHUNKED_CONTEXT_ENV = "DFLASH2_CHUNKED_CONTEXT"
+
+
+def chunked_context_default() -> bool:
+    """``$DFLASH2_CHUNKED_CONTEXT``: ``1`` (or unset) chunks a prompt over the step's budget, ``0`` takes every prompt
+    whole (one over ``max_num_tokens`` is then refused): the switch for ``run``, ``bench run`` and the verify gate (a
+    Triton repository's python model, ``serve`` included, has its own: the ``enable_chunked_context`` parameter)."""
+    import os
+
+    value = os.environ.get(CHUNKED_CONTEXT_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ConfigError(f"must be 0 or 1, got {value!r}", field=CHUNKED_CONTEXT_ENV)
+    return value == "1"
 
 
 def context_chunk_unit(limits: dict, max_attention_window: int | None, max_num_tokens: int) -> int:

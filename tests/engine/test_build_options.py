@@ -137,7 +137,7 @@ def test_a_kept_checkpoint_of_retrained_weights_is_not_reused(tmp_path):
     assert changed and all("fc" in k for k in changed), changed
 
 
-def test_a_prompt_over_max_num_tokens_is_taken_in_chunks(tmp_path):
+def test_a_prompt_over_max_num_tokens_is_taken_in_chunks(tmp_path, monkeypatch):
     """An engine built with max_num_tokens below its max_input_len refused prompts within its own limit (a new user's
     review); the project runtime now takes such a prompt in chunks (tests/engine/test_chunked_context.py), so the build
     has nothing to warn about and `run` decodes it as an engine with room for it whole does."""
@@ -152,6 +152,10 @@ def test_a_prompt_over_max_num_tokens_is_taken_in_chunks(tmp_path):
         assert code == 0, err
         outs.append(json.loads(stdout)["requests"][0]["output_ids"])
     assert outs[0] == outs[1] and len(outs[0]) == 8
+    monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "0")       # the switch: every prompt whole
+    code, stdout, err = _cli("run", "--engine-dir", str(tmp_path / "small"), "--prompt-ids", prompt)
+    assert code == 1 and "prompt of 40 tokens exceeds max_num_tokens 32 (a prompt is taken whole in one step: " \
+        "chunked context is off)" in err, err
 
 
 def test_a_pair_blocker_names_the_pair_not_the_target_file(tmp_path):

@@ -295,3 +295,18 @@ def test_cancel_takes_a_waiting_request_by_identity():
     rt.submit(a), rt.submit(b)
     rt.cancel(b)
     assert list(rt._waiting) == [a] and rt._waiting[0] is a and b.stop_reason == "cancelled"
+
+
+def test_the_environment_switch(monkeypatch):
+    """$DFLASH2_CHUNKED_CONTEXT: 1 or unset chunks, 0 takes prompts whole, anything else is an error naming it; an
+    explicit argument wins (the Triton model passes its parameter)."""
+    monkeypatch.delenv("DFLASH2_CHUNKED_CONTEXT", raising=False)
+    assert Runtime(_FakeEngine()).chunked_context
+    monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "0")
+    assert not Runtime(_FakeEngine()).chunked_context and Runtime(_FakeEngine(), chunked_context=True).chunked_context
+    with pytest.raises(ConfigError, match=r"exceeds max_num_tokens 64 \(a prompt is taken whole in one step: chunked "
+                                          r"context is off\)"):
+        Runtime(_FakeEngine()).check(Request([1] * 100, 4))
+    monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "yes")
+    with pytest.raises(ConfigError, match=r"DFLASH2_CHUNKED_CONTEXT: must be 0 or 1, got 'yes'"):
+        Runtime(_FakeEngine())

@@ -400,7 +400,7 @@ class ServingLoop:
     """One project runtime in a background thread, fed by :meth:`submit` from any thread."""
 
     def __init__(self, engine, *, max_batch_size: int | None = None, poll_cancel: bool = True,
-                 drain_file: str | os.PathLike | None = None, chunked_context: bool = True,
+                 drain_file: str | os.PathLike | None = None, chunked_context: bool | None = None,
                  max_num_tokens: int | None = None):
         from ...runtime import Runtime
 
