@@ -218,6 +218,34 @@ def test_a_stub_that_dies_while_its_model_imports_is_named_at_once(engine, tmp_p
     assert "would wait out the 100 s" in msg and "model.py dies now" in msg, msg
 
 
+def test_a_stub_that_ends_normally_while_models_load_is_not_a_dead_one(tmp_path):
+    """Stubs end normally while models load (the python backend's argument-less permission check under sh, exit 1;
+    the config auto-complete stub, exit 0), each a zombie for a moment before it is reaped: a reviewer's loaded
+    machine failed 1 start in 20 on them. Only a stub under tritonserver that stays a zombie for STUB_ZOMBIE_S is
+    dead, each process known by its pid and start time (a pid can be reused)."""
+    from dflash2_trt.deploy.triton import server as srv_mod
+
+    P = srv_mod.TreeProcess
+    stub = srv_mod.STUB_NAME
+    srv = srv_mod.TritonServer.__new__(srv_mod.TritonServer)
+    srv._stubs, srv._zombies = {}, {}
+    alive = P(10, "500", "S", stub[:15], "tritonserver", [stub, "/r/tensorrt_llm/1/model.py", "shm"], 0)
+    assert srv.dead_stub([alive], now=0.0) is None and srv._stubs == {(10, "500"): "tensorrt_llm"}
+    dead = P(10, "500", "Z", stub[:15], "tritonserver", [], 4 << 8)
+    check = P(11, "501", "Z", stub[:15], "sh", [], 1 << 8)            # the permission check, under sh
+    assert srv.dead_stub([dead, check], now=1.0) is None                # a zombie seen once: maybe being reaped
+    assert srv.dead_stub([check], now=5.0) is None                      # reaped: gone
+    reused = P(10, "900", "Z", stub[:15], "tritonserver", [], 0)        # another process on the same pid
+    assert srv.dead_stub([reused], now=6.0) is None
+    assert srv.dead_stub([dead], now=2.1) == ("the python-backend stub of model 'tensorrt_llm' (pid 10) exited with "
+                                              "status 4 while loading it, before it could report an error")
+    other = P(12, "502", "Z", "python", "tritonserver", [], 0)          # not a stub
+    assert srv.dead_stub([other], now=0.0) is None and srv.dead_stub([other], now=9.0) is None
+    assert srv_mod.wait_status_words(9) == "was killed by SIGKILL (the out-of-memory killer?)"
+    assert srv_mod.wait_status_words(11 | 0x80) == "was killed by SIGSEGV (core dumped)"
+    assert srv_mod.wait_status_words(None) == "ended"
+
+
 def test_the_default_readiness_wait_follows_the_engine(tmp_path):
     from dflash2_trt.deploy.triton.server import READY_TIMEOUT, default_ready_timeout
 

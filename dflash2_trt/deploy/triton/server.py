@@ -55,6 +55,59 @@ _LOG_STATE = re.compile(r"model_lifecycle\.cc:\d+\] \"(?:loading: (?P<loading>[^
 STUB_NAME = "triton_python_backend_stub"
 
 
+STUB_ZOMBIE_S = 1.0      # a stub a zombie this long is dead, not being reaped
+
+
+@dataclass
+class TreeProcess:
+    """What :meth:`TritonServer.dead_stub` reads of one process below the server (/proc/PID/stat, comm, cmdline)."""
+    pid: int
+    start: str                 # stat field 22: with the pid, one process (pids are reused)
+    state: str
+    comm: str
+    parent_comm: str
+    cmdline: list[str]         # empty for a zombie
+    status: int | None         # stat field 52 (exit_code, Linux 3.5+): as waitpid reports it; a zombie's only
+
+
+def tree_processes(root: int) -> list[TreeProcess]:
+    """The processes below ``root`` (/proc; nothing elsewhere)."""
+    def comm(pid) -> str:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return ""
+
+    out = []
+    for pid in process_tree(root)[1:]:
+        st = proc_stat(pid)
+        if st is None or len(st) < 20:
+            continue
+        name = comm(pid)
+        status = int(st[49]) if len(st) >= 50 and st[49].lstrip("-").isdigit() else None
+        out.append(TreeProcess(pid, st[19], st[0], name, comm(st[1]),
+                               proc_cmdline(pid) if st[0] != "Z" and name == STUB_NAME[:15] else [], status))
+    return out
+
+
+def wait_status_words(status: int | None) -> str:
+    """A wait status (waitpid's) in words: "exited with status N", "was killed by SIGNAME" (+ core dumped)."""
+    if status is None:
+        return "ended"
+    sig = status & 0x7F
+    if not sig:
+        return f"exited with status {(status >> 8) & 0xFF}"
+    try:
+        how = f"was killed by {signal.Signals(sig).name}"
+    except ValueError:
+        how = f"was killed by signal {sig}"
+    if status & 0x80:
+        how += " (core dumped)"
+    if sig == signal.SIGKILL:
+        how += " (the out-of-memory killer?)"
+    return how
+
+
 class ServerError(DFlash2Error):
     """tritonserver could not be started (occupied port, exited, not ready in time)."""
 
@@ -175,7 +228,8 @@ class TritonServer:
         self.progress, self.progress_every = progress, float(progress_every)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
-        self._stubs: dict[int, str] = {}     # python-backend stub pid -> its model, seen alive while loading
+        self._stubs: dict[tuple, str] = {}     # python-backend stub (pid, start time) -> its model, seen alive
+        self._zombies: dict[tuple, float] = {}   # (pid, start time) -> when first seen a zombie (dead_stub)
 
     @property
     def http_url(self) -> str:
@@ -276,45 +330,29 @@ class TritonServer:
                                   f"({self._log_ref()}) ends:\n{self.log_tail()}")
             time.sleep(0.2)
 
-    def dead_stub(self) -> str | None:
+    def dead_stub(self, snapshot: list[TreeProcess] | None = None, now: float | None = None) -> str | None:
         """A python-backend stub of this server that died while its model loaded, said in words, or None. A stub that
         dies before it reports (a crash while its model's Python imports torch or this package, an out-of-memory kill:
         reproduced with a model that exits at import) is left a zombie, and tritonserver waits for it with the model
-        LOADING and nothing in its log; an exception or a death inside ``initialize`` it reports at once. Linux
-        (/proc); elsewhere it finds nothing."""
-        for pid in process_tree(self.proc.pid)[1:]:
-            st = proc_stat(pid)
-            if st is None:
+        LOADING and nothing in its log; an exception or a death inside ``initialize`` it reports at once. Stubs also
+        end normally while models load (the backend's argument-less permission check under ``sh``, the config
+        auto-complete stub, exit 0) and are reaped within milliseconds, so only a zombie stub whose parent is
+        tritonserver and that stays one for ``STUB_ZOMBIE_S`` counts, each process known by its pid and start time.
+        ``snapshot`` / ``now``: the process tree and the clock (tests); default: /proc (Linux; elsewhere nothing)."""
+        now = time.monotonic() if now is None else now
+        for p in (tree_processes(self.proc.pid) if snapshot is None else snapshot):
+            key = (p.pid, p.start)
+            if p.state != "Z":
+                if key not in self._stubs and len(p.cmdline) > 1 and os.path.basename(p.cmdline[0]) == STUB_NAME:
+                    self._stubs[key] = Path(p.cmdline[1]).parent.parent.name    # argv[1]: MODEL_DIR/VERSION/model.py
                 continue
-            if st[0] != "Z":
-                if pid not in self._stubs:
-                    cmd = proc_cmdline(pid)
-                    if cmd and os.path.basename(cmd[0]) == STUB_NAME:
-                        # argv[1]: MODEL_DIR/VERSION/model.py
-                        self._stubs[pid] = Path(cmd[1]).parent.parent.name if len(cmd) > 1 else ""
+            if p.comm != STUB_NAME[:15] or p.parent_comm != "tritonserver":
                 continue
-            try:
-                comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            except OSError:
+            if now - self._zombies.setdefault(key, now) < STUB_ZOMBIE_S:
                 continue
-            if pid not in self._stubs and not STUB_NAME.startswith(comm or "-"):
-                continue
-            # /proc/PID/stat's last field (52, exit_code): the status as waitpid reports it
-            status = int(st[-1]) if len(st) >= 50 and st[-1].lstrip("-").isdigit() else None
-            if status is None:
-                how = "ended"
-            elif status & 0x7F:
-                try:
-                    how = f"was killed by {signal.Signals(status & 0x7F).name}"
-                except ValueError:
-                    how = f"was killed by signal {status & 0x7F}"
-                if status & 0x7F == signal.SIGKILL:
-                    how += " (the out-of-memory killer?)"
-            else:
-                how = f"exited with status {status >> 8}"
-            model = self._stubs.get(pid)
-            return (f"the python-backend stub of {f'model {model!r}' if model else 'a python model'} (pid {pid}) "
-                    f"{how} while loading it, before it could report an error")
+            model = self._stubs.get(key)
+            return (f"the python-backend stub of {f'model {model!r}' if model else 'a python model'} (pid {p.pid}) "
+                    f"{wait_status_words(p.status)} while loading it, before it could report an error")
         return None
 
     def _log_ref(self) -> str:
