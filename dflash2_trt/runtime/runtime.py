@@ -111,8 +111,13 @@ class Runtime:
             raise ConfigError(f"must be in [1, {lim['max_batch_size']}] (the engine's max_batch_size), got "
                               f"{self.max_batch_size}", field="--max-batch-size")
         self.max_num_tokens = lim["max_num_tokens"] if max_num_tokens is None else max_num_tokens
-        if not 1 <= self.max_num_tokens <= lim["max_num_tokens"]:   # the engine's input shapes hold no more
-            raise ConfigError(f"must be in [1, {lim['max_num_tokens']}] (the engine's max_num_tokens), got "
+        # every generation request runs each step (the batch manager would leave one over the budget for a later
+        # step; this runtime never does), so the budget must hold them all, the rule trtllm-build sets the engine's by;
+        # and no more than the engine's input shapes hold
+        least = self.max_batch_size * (self.K + 1)
+        if not least <= self.max_num_tokens <= lim["max_num_tokens"]:
+            raise ConfigError(f"must be in [{least}, {lim['max_num_tokens']}] (max_batch_size {self.max_batch_size} x "
+                              f"(K+1) {self.K + 1} generation tokens, the engine's max_num_tokens), got "
                               f"{self.max_num_tokens}", field="max_num_tokens")
         self.max_seq_len = lim["max_seq_len"]
         # TensorRT-LLM chunks a context only for an engine with paged context FMHA (every engine this project builds);
@@ -190,7 +195,7 @@ class Runtime:
         the rest of its prompt when it fits; else, chunking, the capacity rounded down to a multiple of the chunk unit;
         else 0 (it waits)."""
         rest = len(r.prompt_ids) - r.context_pos
-        capacity = max(0, capacity)      # the generation requests may take more than the budget: none left
+        capacity = max(0, capacity)
         if rest <= capacity:
             return rest
         if not self.chunked_context:
@@ -462,8 +467,9 @@ CHUNKED_CONTEXT_ENV = "DFLASH2_CHUNKED_CONTEXT"
 
 def chunked_context_default() -> bool:
     """``$DFLASH2_CHUNKED_CONTEXT``: ``1`` (or unset) chunks a prompt over the step's budget, ``0`` takes every prompt
-    whole (one over ``max_num_tokens`` is then refused): the switch for ``run``, ``bench run`` and the verify gate (a
-    Triton repository's python model, ``serve`` included, has its own: the ``enable_chunked_context`` parameter)."""
+    whole (one over ``max_num_tokens`` is then refused): read by every Runtime made without ``chunked_context``
+    (``run``, ``bench``, the verify gate; a Triton repository's python model, ``serve`` included, passes its
+    ``enable_chunked_context`` parameter instead)."""
     import os
 
     value = os.environ.get(CHUNKED_CONTEXT_ENV, "1").strip()

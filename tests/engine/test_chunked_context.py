@@ -236,18 +236,20 @@ def test_chunks_at_tp2_decode_as_the_target_does(tmp_path):
     assert [r.output_ids for r in reqs] == ref.oracle
 
 
-def test_a_budget_the_generation_requests_overrun_leaves_no_chunk():
-    """Generation requests are all kept, so with a budget below their tokens the capacity is negative: no chunk (it
-    was once a negative one), and the budget cannot pass the engine's own max_num_tokens (its input shapes)."""
+def test_the_budget_holds_every_generation_request_and_no_more_than_the_engine():
+    """The runtime runs every generation request each step, so its budget must hold max_batch_size x (K+1) tokens
+    (trtllm-build's rule for the engine's; below it, the capacity left to chunks went negative, once a negative chunk)
+    and no more than the engine's max_num_tokens (its input shapes)."""
     class Fake:
         K, vocab_size, num_blocks, num_layers = 3, 10, 64, 1
         limits = {"max_batch_size": 4, "max_num_tokens": 64, "max_seq_len": 512, "max_input_len": 256,
                   "tokens_per_block": 16}
 
-    rt = Runtime(Fake(), max_num_tokens=8)
-    assert rt._chunk_size(Request([1] * 40, 4), 8 - 12) == 0
-    for bad in (0, 65):
-        with pytest.raises(ConfigError, match=r"max_num_tokens: must be in \[1, 64\] \(the engine's max_num_tokens\)"):
+    assert Runtime(Fake(), max_num_tokens=16).max_num_tokens == 16
+    assert Runtime(Fake(), max_batch_size=2, max_num_tokens=8).max_num_tokens == 8
+    for bad in (15, 65):
+        with pytest.raises(ConfigError, match=r"max_num_tokens: must be in \[16, 64\] \(max_batch_size 4 x \(K\+1\) 4 "
+                                              r"generation tokens, the engine's max_num_tokens\), got " + str(bad)):
             Runtime(Fake(), max_num_tokens=bad)
 
 
