@@ -27,6 +27,16 @@ def _cpu_backend_by_default():
         os.environ.pop("DFLASH2_TRT_BACKEND", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _chunked_context_default():
+    """$DFLASH2_CHUNKED_CONTEXT=0 exported in the shell that runs the suite would turn chunking off in every runtime
+    it starts: the suite tests the default (the tests of the switch set it themselves)."""
+    old = os.environ.pop("DFLASH2_CHUNKED_CONTEXT", None)
+    yield
+    if old is not None:
+        os.environ["DFLASH2_CHUNKED_CONTEXT"] = old
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_kept():
     """A test that runs a process's start-up in this one (the Triton model's initialize, a rank's session) lowers

@@ -240,5 +240,6 @@ def test_the_lossless_part_holds_chunked_context_to_the_target(monkeypatch, tmp_
     assert e2e.lossless_doc([row])["all_identical"]
     assert "16/16 identical (prompts of" in e2e.lossless_doc([row])["table"]
     assert not e2e.lossless_doc([{**row, "chunked": {**c, "identical": 15}}])["all_identical"]
+    assert not e2e.lossless_doc([{**row, "chunked": {**c, "cut_steps": 0}}])["all_identical"]
     assert not e2e.lossless_doc([{**row, "chunked": {"error": "Traceback\nRuntimeError: x", "identical": 0}}])[
         "all_identical"]

@@ -406,8 +406,8 @@ class ServingLoop:
 
         self.engine = engine
         self.K = engine.K
-        # the runtime's (TensorRT-LLM's Triton backend has parameters of these names: max_num_tokens below the
-        # engine's, enable_chunked_context)
+        # the runtime's (chunked_context: the python model's enable_chunked_context parameter; max_num_tokens: a
+        # budget below the engine's, not exposed as a parameter)
         self._runtime_args = {"max_batch_size": max_batch_size, "chunked_context": chunked_context,
                               "max_num_tokens": max_num_tokens}
         self._Runtime = Runtime
