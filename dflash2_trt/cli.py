@@ -187,8 +187,15 @@ class _Group(click.Group):
 
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="dflash2-trt")
-def main() -> None:
+@click.pass_context
+def main(ctx) -> None:
     """DFlash2 speculative decoding: Hugging Face drafter + target -> TensorRT-LLM."""
+    if ctx.invoked_subcommand in ("build", "run", "bench", "serve", "deploy"):
+        # the commands that start the project runtime (build: its verify gate) or write its switch (deploy): a bad
+        # $DFLASH2_CHUNKED_CONTEXT is their error before any work, not after a build
+        from .chunking import chunked_context_default
+
+        chunked_context_default()
 
 
 @main.command("targets")
@@ -458,7 +465,9 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 @click.option("--max-batch-size", type=int, default=None, help="Requests per engine step [default: build config].")
 @click.option("--max-input-len", type=int, default=None, help="Longest prompt [default: build config].")
 @click.option("--max-seq-len", type=int, default=None, help="Prompt + output [default: build config].")
-@click.option("--max-num-tokens", type=int, default=None, help="Tokens per engine step [default: build config].")
+@click.option("--max-num-tokens", type=int, default=None,
+              help="Tokens per engine step: generation tokens and prompt chunks (a prompt that does not fit what a "
+                   "step has left is taken in chunks) [default: build config].")
 @click.option("--tokens-per-block", type=int, default=None, help="KV cache tokens per block [default: build config].")
 @click.option("--selector", type=click.Choice(["greedy", "viterbi"]), default=None,
               help="Path selector (greedy = published: greedy at T=0, sampling at T>0) [default: build config].")
@@ -627,6 +636,16 @@ def _report_build(res, as_json: bool) -> None:
                f"max batch {m['limits']['max_batch_size']}, {len(m['files'])} files; {checked})")
     lim = m.get("limits") or {}
     mnt, mil = lim.get("max_num_tokens"), lim.get("max_input_len")
+    # a budget that leaves less than a chunk unit beside a full batch's generation: while the batch generates, a new
+    # prompt that does not fit whole waits (chunks are cut at multiples of tokens_per_block): a new user measured
+    # concurrency 4 running no faster than 1 with --max-num-tokens 32
+    tpb, mbs, block = lim.get("tokens_per_block"), lim.get("max_batch_size"), m.get("block_size")
+    if all(isinstance(v, int) for v in (mnt, tpb, mbs, block)) and mnt - mbs * block < tpb:
+        click.echo(f"note: max_num_tokens {mnt} leaves {mnt - mbs * block} tokens beside a full batch's generation "
+                   f"(max_batch_size {mbs} x block_size {block}), less than one prompt chunk (chunks are cut at "
+                   f"multiples of tokens_per_block {tpb}): a new prompt that does not fit whole then waits until fewer "
+                   f"requests generate; --max-num-tokens {mbs * block + tpb} or more lets one start beside a full "
+                   f"batch", err=True)
     # the project runtime chunks a longer prompt (facts/context_chunking.yaml); TensorRT-LLM's C++ executor tools run
     # this project's engines with chunked context off (the Triton repository, trtllm-bench / gptManagerBenchmark runs)
     on_executor = m.get("backend") == "trtllm" and (m.get("runtime_path") or {}).get("path") == "executor"
@@ -663,7 +682,8 @@ def _report_build(res, as_json: bool) -> None:
 def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
             runtime, cuda_graphs, threads, as_json) -> None:
     """Run prompts through an engine (the project runtime or TensorRT-LLM's executor: in-flight batching); prints
-    tokens and acceptance."""
+    tokens and acceptance. The project runtime takes a prompt that does not fit what an engine step has left of
+    max_num_tokens in chunks ($DFLASH2_CHUNKED_CONTEXT=0: whole)."""
     from .engine.run import render, run_engine
 
     _set_threads(threads)

@@ -41,6 +41,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..chunking import CHUNKED_CONTEXT_ENV, chunked_context_default
 from ..errors import ConfigError
 from ..sampling import effective_temperature, request_temperature
 from .kv_cache import BlockManager
@@ -102,7 +103,7 @@ class Runtime:
     """Runs requests through a :class:`~dflash2_trt.engine.standin.engine.StandinEngine` with in-flight batching."""
 
     def __init__(self, engine, *, max_batch_size: int | None = None, max_num_tokens: int | None = None,
-                 chunked_context: bool | None = None):
+                 chunked_context: bool | None = None, chunked_context_switch: str | None = None):
         self.engine = engine
         lim = engine.limits
         self.K = engine.K
@@ -121,9 +122,11 @@ class Runtime:
                               f"{self.max_num_tokens}", field="max_num_tokens")
         self.max_seq_len = lim["max_seq_len"]
         # TensorRT-LLM chunks a context only for an engine with paged context FMHA (every engine this project builds);
-        # None: $DFLASH2_CHUNKED_CONTEXT (on unless 0)
+        # None: $DFLASH2_CHUNKED_CONTEXT (on unless 0). chunked_context_switch: what turned it off, for the refusal
         if chunked_context is None:
             chunked_context = chunked_context_default()
+            chunked_context_switch = chunked_context_switch or f"${CHUNKED_CONTEXT_ENV}=0"
+        self._chunking_switch = chunked_context_switch
         self.chunked_context = bool(chunked_context) and bool(getattr(engine, "paged_context_fmha", True))
         self.chunk_unit = context_chunk_unit(lim, getattr(engine, "max_attention_window", None), self.max_num_tokens)
         self._cache_indirection = torch.zeros(lim["max_batch_size"], 1, self.max_seq_len, dtype=torch.int32)
@@ -164,9 +167,11 @@ class Runtime:
                               field=where)
         if len(r.prompt_ids) > self.max_num_tokens and not self.chunked_context:
             why = ("this engine was built without paged context FMHA, which chunked context needs"
-                   if not getattr(self.engine, "paged_context_fmha", True) else "chunked context is off")
+                   if not getattr(self.engine, "paged_context_fmha", True) else
+                   "chunked context is off" + (f" ({self._chunking_switch})" if self._chunking_switch else ""))
             raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds max_num_tokens {self.max_num_tokens} "
-                              f"(a prompt is taken whole in one step: {why})", field=where)
+                              f"(a prompt is taken whole in one step: {why}; an engine built with --max-num-tokens "
+                              f"{len(r.prompt_ids)} or more takes it whole)", field=where)
         effective_temperature(r.temperature, field=f"{where}: temperature")   # below 1e-5: decoded greedily
         if self.blocks.blocks_for(need) > self.blocks.num_blocks:
             raise ConfigError(f"needs {self.blocks.blocks_for(need)} KV blocks, the pool has {self.blocks.num_blocks}",
@@ -460,22 +465,6 @@ class Runtime:
             **(sliding_inputs(seq, chunks + [K + 1] * len(gen))
                if getattr(self.engine, "sliding_context", False) else {}),
         }
-
-
-CHUNKED_CONTEXT_ENV = "DFLASH2_CHUNKED_CONTEXT"
-
-
-def chunked_context_default() -> bool:
-    """``$DFLASH2_CHUNKED_CONTEXT``: ``1`` (or unset) chunks a prompt over the step's budget, ``0`` takes every prompt
-    whole (one over ``max_num_tokens`` is then refused): read by every Runtime made without ``chunked_context``
-    (``run``, ``bench``, the verify gate; a Triton repository's python model, ``serve`` included, passes its
-    ``enable_chunked_context`` parameter instead)."""
-    import os
-
-    value = os.environ.get(CHUNKED_CONTEXT_ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ConfigError(f"must be 0 or 1, got {value!r}", field=CHUNKED_CONTEXT_ENV)
-    return value == "1"
 
 
 def context_chunk_unit(limits: dict, max_attention_window: int | None, max_num_tokens: int) -> int:

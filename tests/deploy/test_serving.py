@@ -451,11 +451,14 @@ def test_prompts_cut_in_chunks_stream_the_targets_tokens(cpu_engine, prompts, gr
 def test_enable_chunked_context_false_refuses_a_prompt_over_the_budget(cpu_engine, prompts):
     """The python model's enable_chunked_context "false" (the tensorrtllm backend's parameter name): a prompt over
     max_num_tokens is refused at submission (the others are served), as a runtime without chunking refuses it."""
-    loop = ServingLoop(cpu_engine, max_batch_size=2, max_num_tokens=16, chunked_context=False)
+    loop = ServingLoop(cpu_engine, max_batch_size=2, max_num_tokens=16, chunked_context=False,
+                       chunked_context_switch='config.pbtxt enable_chunked_context "false"')
     try:
         long = next(p for p in prompts if len(p) > 16)
         with pytest.raises(ConfigError, match=r"exceeds max_num_tokens 16 \(a prompt is taken whole in one step: "
-                                              r"chunked context is off\)"):
+                                              r"chunked context is off \(config.pbtxt enable_chunked_context "
+                                              r"\"false\"\); an engine built with --max-num-tokens \d+ or more takes "
+                                              r"it whole\)"):
             loop.submit(_spec(long), Sink())
         short = next(p for p in prompts if len(p) <= 16)
         s = Sink()

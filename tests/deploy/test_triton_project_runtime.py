@@ -643,13 +643,18 @@ def test_the_model_reads_enable_chunked_context(trt_dir, standin_trt_engine, tmp
     rp.deploy_triton(trt_dir, tmp_path / "repo", ids_only=True)
     params = rp.check_repository(tmp_path / "repo")["tensorrt_llm"].parameters
     assert params["enable_chunked_context"].string_value == "true"
+    monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "0")          # the switch, written where serve and deploy read it
+    rp.deploy_triton(trt_dir, tmp_path / "off", ids_only=True)
+    assert rp.check_repository(tmp_path / "off")["tensorrt_llm"].parameters["enable_chunked_context"].string_value \
+        == "false"
+    monkeypatch.delenv("DFLASH2_CHUNKED_CONTEXT")
     cpu_dir = standin_trt_engine[1]
     pb, mod = _python_model_module(monkeypatch)
 
     def init(value):
         return _init_model(mod, cpu_dir, enable_chunked_context=value)
 
-    for value, on in (("true", True), (None, True), ("false", False)):
+    for value, on in (("true", True), (None, True), ("false", False), ("False", False)):
         m = init(value)
         try:
             assert m.loop.runtime.chunked_context is on

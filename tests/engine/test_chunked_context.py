@@ -179,8 +179,9 @@ def test_whole_prompt_refusals_name_why(fam):
     eng, _ = open_standin_engine(fam.engine_dir)
     try:
         req = Request(list(fam.prompts[0]), 4, task_id="a")
-        with pytest.raises(ConfigError, match=r"request a: prompt of \d+ tokens exceeds max_num_tokens 16 \(a prompt "
-                                              r"is taken whole in one step: chunked context is off\)"):
+        with pytest.raises(ConfigError, match=r"request a: prompt of (\d+) tokens exceeds max_num_tokens 16 \(a "
+                                              r"prompt is taken whole in one step: chunked context is off; an engine "
+                                              r"built with --max-num-tokens \1 or more takes it whole\)"):
             Runtime(eng, max_batch_size=2, max_num_tokens=16, chunked_context=False).check(req)
         eng.paged_context_fmha = False
         with pytest.raises(ConfigError, match="built without paged context FMHA, which chunked context needs"):
@@ -307,8 +308,11 @@ def test_the_environment_switch(monkeypatch):
     monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "0")
     assert not Runtime(_FakeEngine()).chunked_context and Runtime(_FakeEngine(), chunked_context=True).chunked_context
     with pytest.raises(ConfigError, match=r"exceeds max_num_tokens 64 \(a prompt is taken whole in one step: chunked "
-                                          r"context is off\)"):
+                                          r"context is off \(\$DFLASH2_CHUNKED_CONTEXT=0\); an engine built with "
+                                          r"--max-num-tokens 100 or more takes it whole\)"):
         Runtime(_FakeEngine()).check(Request([1] * 100, 4))
+    monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "")           # emptied, as `export X=` does: unset
+    assert Runtime(_FakeEngine()).chunked_context
     monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "yes")
     with pytest.raises(ConfigError, match=r"DFLASH2_CHUNKED_CONTEXT: must be 0 or 1, got 'yes'"):
         Runtime(_FakeEngine())

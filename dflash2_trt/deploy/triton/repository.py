@@ -135,10 +135,12 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
     }
     if backend == "python":
         # cuda_graph_mode: the tensorrtllm backend's name for it (ExtendedRuntimePerfKnobConfig), written when on;
-        # enable_chunked_context, its name too: the project runtime takes a prompt over max_num_tokens in chunks
-        # (written "true", so that the knob is in view; "false" refuses such prompts)
+        # enable_chunked_context, its name too: the project runtime takes a prompt that does not fit a step in chunks
+        # (written always, so that the knob is in view: "true", or "false" where $DFLASH2_CHUNKED_CONTEXT is 0)
+        from ...chunking import chunked_context_default
+
         graphs = {"cuda_graph_mode": "true"} if cuda_graphs else {}
-        python = {**common, "enable_chunked_context": "true", **graphs}
+        python = {**common, "enable_chunked_context": "true" if chunked_context_default() else "false", **graphs}
         if engine_backend == "trtllm":
             return {**python, "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}"}
         return python

@@ -401,7 +401,7 @@ class ServingLoop:
 
     def __init__(self, engine, *, max_batch_size: int | None = None, poll_cancel: bool = True,
                  drain_file: str | os.PathLike | None = None, chunked_context: bool | None = None,
-                 max_num_tokens: int | None = None):
+                 max_num_tokens: int | None = None, chunked_context_switch: str | None = None):
         from ...runtime import Runtime
 
         self.engine = engine
@@ -409,7 +409,7 @@ class ServingLoop:
         # the runtime's (chunked_context: the python model's enable_chunked_context parameter; max_num_tokens: a
         # budget below the engine's, not exposed as a parameter)
         self._runtime_args = {"max_batch_size": max_batch_size, "chunked_context": chunked_context,
-                              "max_num_tokens": max_num_tokens}
+                              "max_num_tokens": max_num_tokens, "chunked_context_switch": chunked_context_switch}
         self._Runtime = Runtime
         self.runtime = Runtime(engine, **self._runtime_args)
         self.poll_cancel = poll_cancel

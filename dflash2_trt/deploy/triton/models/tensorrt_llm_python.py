@@ -97,11 +97,11 @@ class TritonPythonModel:
         except ValueError:
             raise pb_utils.TritonModelException(f"parameter kv_cache_free_gpu_mem_fraction {fraction!r} is not a "
                                                 f"number") from None
-        graphs = _param(cfg, "cuda_graph_mode", "false")
+        graphs = _param(cfg, "cuda_graph_mode", "false").strip().lower()
         if graphs not in ("true", "false"):
             raise pb_utils.TritonModelException(f"parameter cuda_graph_mode {graphs!r} is not true or false")
         # the tensorrtllm backend's name: a prompt over max_num_tokens is taken in chunks (on unless "false")
-        chunked = _param(cfg, "enable_chunked_context", "true")
+        chunked = _param(cfg, "enable_chunked_context", "true").strip().lower()
         if chunked not in ("true", "false"):
             raise pb_utils.TritonModelException(f"parameter enable_chunked_context {chunked!r} is not true or false")
         try:
@@ -137,7 +137,8 @@ class TritonPythonModel:
         try:
             # `serve` names a drain file: when it appears, requests in flight get until its deadline to finish
             self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=self.decoupled,
-                                    drain_file=os.environ.get(DRAIN_ENV) or None, chunked_context=chunked == "true")
+                                    drain_file=os.environ.get(DRAIN_ENV) or None, chunked_context=chunked == "true",
+                                    chunked_context_switch='config.pbtxt enable_chunked_context "false"')
         except DFlash2Error as exc:
             raise pb_utils.TritonModelException(f"max_batch_size: {exc}") from None
 
