@@ -29,6 +29,7 @@ import sys
 import time
 from collections import deque
 
+from ..chunking import chunked_context_default
 from ..engine.common import check_requests, stop_ids
 from ..engine.standin.engine import open_standin_engine
 from ..cpu_threads import check_threads
@@ -117,8 +118,10 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
         limit = engine.limits["max_batch_size"]
         too_big = [c for c in levels if c > limit]
         if too_big:
+            need = max(levels) * (K + 1)         # the build's own rule: a full batch's generation tokens fit a step
+            more = (f" --max-num-tokens {need}" if engine.limits["max_num_tokens"] < need else "")
             raise ConfigError(f"concurrency {too_big[0]} exceeds the engine's max_batch_size {limit}; rebuild it with "
-                              f"`dflash2-trt build ... --max-batch-size {max(levels)}`", field="--concurrency")
+                              f"`dflash2-trt build ... --max-batch-size {max(levels)}{more}`", field="--concurrency")
         specs = load_bench_requests(dataset, vocab_size=engine.vocab_size, default_output_tokens=max_new_tokens,
                                     num_requests=num_requests, tokenizer_dir=prompt_tokenizer_dir(engine_dir, man))
         stops = stop_ids(man, engine.vocab_size) if stop_on_eos else ()
@@ -175,7 +178,9 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
             "settings": {"concurrency": levels, "num_requests": len(specs), "temperature": temperature, "seed": seed,
                          "stop_on_eos": bool(stop_on_eos), "stop_token_ids": list(stops),
                          "max_new_tokens": max_new_tokens, "warmup": bool(warmup),
-                         "torch_threads": torch.get_num_threads(), "cuda_graphs": bool(graphed)},
+                         "torch_threads": torch.get_num_threads(), "cuda_graphs": bool(graphed),
+                         "max_num_tokens": int(engine.limits["max_num_tokens"]),
+                         "chunked_context": chunked_context_default()},
             "baseline": ({"kind": "target-only",
                           "description": f"the target alone (dflash2_trt/trtllm/network/target_only.py) on the same "
                                          f"{engine.backend} stand-in and runtime, one token per request per step, "

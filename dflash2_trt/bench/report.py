@@ -116,6 +116,11 @@ def render(report: dict) -> str:
             lines.append(f"     {n} request(s) in this run: at most {n} in flight, not {run['concurrency']}")
         if run.get("outputs_match") is not None:
             lines.append(f"     outputs identical to autoregressive (T = 0): {run['outputs_match']}")
+        cut = [(mode, (run.get(mode) or {}).get("chunked_steps")) for mode in ("speculative", "autoregressive")]
+        if any(n for _, n in cut):     # a prompt's first token waited for its last chunk (chunked context)
+            lines.append("     prompts cut in chunks (max_num_tokens "
+                         f"{report['settings'].get('max_num_tokens', '?')}): "
+                         + "; ".join(f"{mode} in {n} steps" for mode, n in cut if n is not None))
         graphs = [(mode, (run.get(mode) or {}).get("cuda_graphs")) for mode in ("speculative", "autoregressive")]
         if any(g for _, g in graphs):
             from ..engine.graph_rules import describe

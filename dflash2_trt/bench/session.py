@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..chunking import chunked_context_default
 from ..engine.common import check_requests, stop_ids
 from ..engine.graph_rules import counts_between
 from ..engine.trtllm.ranks import close_session, open_project_session
@@ -105,7 +106,7 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
         common = {"temperature": temperature, "seed": seed, "stops": stops, "warmup": warmup,
                   "keep_outputs": keep_outputs, "graphed": graphed, "progress": progress}
         spec_m, spec_out = _runs(sess, specs, levels, mode="speculative", **common)
-        K, tp = sess.K, sess.tp
+        K, tp, max_num_tokens = sess.K, sess.tp, int(sess.limits["max_num_tokens"])
     except BaseException:
         close_session(sess)          # the other ranks of a tp engine leave with it
         raise
@@ -140,7 +141,8 @@ def bench_session(engine_dir, dataset, *, concurrency, num_requests: int | None 
             "settings": {"concurrency": levels, "num_requests": len(specs), "temperature": temperature, "seed": seed,
                          "stop_on_eos": bool(stop_on_eos), "stop_token_ids": list(stops),
                          "max_new_tokens": max_new_tokens, "warmup": bool(warmup), "torch_threads": None,
-                         "cuda_graphs": graphed},
+                         "cuda_graphs": graphed, "max_num_tokens": max_num_tokens,
+                         "chunked_context": chunked_context_default()},
             "baseline": ({"kind": "target-only",
                           "description": "the engine directory's baseline/ (build --baseline: the target alone, "
                                          "dflash2_trt/trtllm/network/target_only.py, built by trtllm-build from the "

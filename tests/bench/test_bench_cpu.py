@@ -136,6 +136,21 @@ def _one_error_line(code, text) -> str:
     return lines[0]
 
 
+def test_a_concurrency_past_the_engine_names_every_option_the_rebuild_needs(dataset, tmp_path):
+    """The advice to rebuild with --max-batch-size C alone is refused by the build where max_num_tokens cannot hold C
+    generation requests (a new user's review): it names --max-num-tokens too, at the build's own minimum."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+
+    pair = trained_pair("qwen3")
+    small = tmp_path / "small"
+    build_engine(pair.drafter_dir, pair.target_dir, small, target_key="tiny", verify=False,
+                 overrides={"max_batch_size": 4, "max_num_tokens": 32})
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(small), "--dataset", str(dataset),
+                                 "--concurrency", "1,16"))
+    assert line.endswith("rebuild it with `dflash2-trt build ... --max-batch-size 16 --max-num-tokens 128`"), line
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--concurrency", "0"], "--concurrency: every concurrency must be >= 1"),
     (["--concurrency", "1,x"], "--concurrency: expected comma-separated positive integers"),

@@ -84,7 +84,11 @@ def test_a_cut_last_step_counts_as_accepted_not_as_emitted():
     rep = {"backend": "cpu", "engine_dir": "e", "block_size": 4, "tp_size": 1, "dataset": {"requests": 1, "path": "d"},
            "settings": {"temperature": 0.0}, "baseline": None, "draft_len": 3,
            "runs": [{"concurrency": 1, "speculative": m, "autoregressive": None, "speedup": None}]}
-    assert "accept = mean tokens accepted per generation step" in render(rep)
+    assert "accept = mean tokens accepted per generation step" in render(rep) and "prompts cut" not in render(rep)
+    # a run in which prompts were cut says so under it (chunked context: their first token waited for the last chunk)
+    rep["settings"]["max_num_tokens"] = 32
+    rep["runs"][0]["speculative"] = {**m, "chunked_steps": 5}
+    assert "     prompts cut in chunks (max_num_tokens 32): speculative in 5 steps" in render(rep).splitlines()
     none = run_metrics([_req(2, [7], [], start=0.0, first=0.1, finish=0.1)], wall_s=0.1,
                        step_log=[{"context": 1, "generation": 0, "tokens": 2}], draft_len=3)
     assert none["acceptance"]["mean"] is None and none["acceptance"]["emitted_mean"] is None
