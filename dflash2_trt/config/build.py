@@ -228,8 +228,9 @@ class BuildConfig:
         if mnt < mbs * block:
             key = "max_num_tokens" if "max_num_tokens" in overrides or "max_batch_size" not in overrides \
                 else "max_batch_size"
-            raise err(key, f"max_num_tokens {mnt} < max_batch_size x block_size = {mbs * block} (every request of "
-                           f"a full batch runs block_size tokens per step; trtllm-build requires it)")
+            raise err(key, f"{mnt} < max_batch_size x block_size = {mbs} x {block} = {mbs * block} (every request "
+                           f"of a full batch runs block_size tokens per step; trtllm-build requires it): raise "
+                           f"max_num_tokens or lower max_batch_size")
         frac = merged["kv_cache_free_gpu_mem_fraction"]
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not math.isfinite(frac) \
                 or not 0 < frac <= 1:

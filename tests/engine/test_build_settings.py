@@ -59,7 +59,9 @@ def test_parse_set_rejects(items, needle):
     ({"block_size": 17}, "block_size: at most 16"),
     ({"block_size": 1}, "block_size: must be >= 2"),
     ({"max_batch_size": 513, "max_num_tokens": 100000}, "max_batch_size: at most 512"),
-    ({"max_num_tokens": 31}, "max_num_tokens 31 < max_batch_size x block_size = 32"),
+    ({"max_num_tokens": 31}, "max_num_tokens: 31 < max_batch_size x block_size = 4 x 8 = 32 (every request of a full "
+                             "batch runs block_size tokens per step; trtllm-build requires it): raise max_num_tokens "
+                             "or lower max_batch_size"),
     ({"max_input_len": 1000}, "max_input_len 1000 exceeds max_seq_len 512"),
     ({"max_input_len": 504}, "max_seq_len 512 leaves no room to generate after a prompt of max_input_len 504: the "
                              "runtime needs prompt"),      # 504 + 1 + 8 = 513 (503 fits exactly)
