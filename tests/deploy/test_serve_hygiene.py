@@ -212,7 +212,7 @@ def test_a_stub_that_dies_while_its_model_imports_is_named_at_once(engine, tmp_p
         srv.close()
     msg = str(ei.value)
     assert time.monotonic() - t0 < 60, msg
-    assert msg.startswith(f"the python-backend stub of model 'tensorrt_llm' (pid ") or \
+    assert msg.startswith("the python-backend stub of model 'tensorrt_llm' (pid ") or \
         msg.startswith("the python-backend stub of a python model (pid "), msg
     assert f") {how}" in msg and "while loading it, before it could report an error" in msg, msg
     assert "would wait out the 100 s" in msg and "model.py dies now" in msg, msg
