@@ -118,6 +118,8 @@ def run_report(engine_dir, reqs, rt, wall: float, tokenizer=None, **head) -> dic
     acc = [a for r in reqs for a in r.acceptance_lengths]
     return {"engine_dir": str(engine_dir), **head, "max_batch_size": rt.max_batch_size, "requests": out,
             "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
+                       # steps in which a prompt was cut (chunked context: it did not fit what the step had left)
+                       "chunked_steps": sum(1 for s in rt.step_log if s.get("cut")),
                        "generation_steps": len(acc), "mean_acceptance": sum(acc) / len(acc) if acc else None,
                        "wall_s": wall, "output_tokens_per_s": n_tok / wall if wall > 0 else None}}
 

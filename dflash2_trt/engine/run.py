@@ -59,9 +59,10 @@ def render(report: dict) -> str:
         if "text" in r:
             lines.append("  text: " + r["text"])
     t = report["totals"]
+    cut = t.get("chunked_steps")
     lines.append(f"{t['requests']} request(s), {t['output_tokens']} tokens in {t['steps']} engine steps "
-                 f"(max batch {report['max_batch_size']}), mean acceptance {_mean(t['mean_acceptance'])}, "
-                 f"{t['output_tokens_per_s'] or 0:.1f} tokens/s")
+                 f"(max batch {report['max_batch_size']}{f'; a prompt cut in chunks in {cut}' if cut else ''}), "
+                 f"mean acceptance {_mean(t['mean_acceptance'])}, {t['output_tokens_per_s'] or 0:.1f} tokens/s")
     if report.get("cuda_graphs"):
         lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))
     return "\n".join(lines)

@@ -157,8 +157,12 @@ def test_a_prompt_over_max_num_tokens_is_taken_in_chunks(tmp_path, monkeypatch):
         code, stdout, err = _cli("run", "--engine-dir", str(tmp_path / name), "--prompt-ids", prompt,
                                  "--max-new-tokens", "8", "--json")
         assert code == 0, err
-        outs.append(json.loads(stdout)["requests"][0]["output_ids"])
+        rep = json.loads(stdout)
+        outs.append(rep["requests"][0]["output_ids"])
+        assert rep["totals"]["chunked_steps"] == (1 if name == "small" else 0)    # 40 tokens: 32, then 8
     assert outs[0] == outs[1] and len(outs[0]) == 8
+    code, stdout, err = _cli("run", "--engine-dir", str(tmp_path / "small"), "--prompt-ids", prompt)
+    assert code == 0 and "engine steps (max batch 4; a prompt cut in chunks in 1), mean acceptance" in stdout, stdout
     monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "0")       # the switch: every prompt whole
     code, stdout, err = _cli("run", "--engine-dir", str(tmp_path / "small"), "--prompt-ids", prompt)
     assert code == 1 and "prompt of 40 tokens exceeds max_num_tokens 32 (a prompt is taken whole in one step: " \
