@@ -205,7 +205,7 @@ class Runtime:
             return rest
         if not self.chunked_context:
             return 0
-        return min(capacity, self.max_num_tokens) // self.chunk_unit * self.chunk_unit
+        return capacity // self.chunk_unit * self.chunk_unit        # capacity <= max_num_tokens already
 
     def step(self, on_tokens=None) -> list[Request]:
         """One engine step: admit what fits, run the engine, emit the accepted tokens.
@@ -265,11 +265,9 @@ class Runtime:
         now = time.perf_counter()
         acc, num = out["accepted_tokens"], out["num_accepted_tokens"]
         for r in batch_ctx:
-            last = self._last_chunk(r)
             r.context_pos += r._chunk
             r._chunk = None
-            if last:
-                self._context = [x for x in self._context if x is not r]
+        self._context = [r for r in self._context if r.context_pos < len(r.prompt_ids)]
         for i, r in enumerate(batch):
             if i < len(batch_ctx) and r.context_pos < len(r.prompt_ids):
                 r.steps += 1        # a chunk before the last: its token and drafts are not used (the decoder skips it)
