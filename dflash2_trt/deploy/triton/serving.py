@@ -508,7 +508,7 @@ class ServingLoop:
             return True
         t_step = time.monotonic_ns()
         try:
-            finished = self.runtime.step(on_tokens=lambda r, new: self._on_tokens(t_step, r, new))
+            finished = self.runtime.step(on_tokens=self._on_tokens)
         except Exception as exc:
             raise _StepFailed(exc) from exc
         self.steps += 1
@@ -544,12 +544,10 @@ class ServingLoop:
             _safe(live.sink.error, message)
         self._live.clear()
 
-    def _on_tokens(self, t_step: int, r, new: list[int]) -> None:
+    def _on_tokens(self, r, new: list[int]) -> None:
         live = self._live[id(r)]
         now = time.monotonic_ns()
-        if live.scheduled_ns is None:
-            live.scheduled_ns = t_step
-        if live.first_token_ns is None:
+        if live.first_token_ns is None:    # (scheduled_ns: stamped after the step, from its first chunk)
             live.first_token_ns = now
         live.last_token_ns = now
         new = self._cut_at_stop_word(live.spec.stop_words, r, new)
