@@ -52,7 +52,9 @@ def _mean(value) -> str:
 def render(report: dict) -> str:
     lines = []
     for r in report["requests"]:
-        lines.append(f"[{r['task_id']}] prompt {r['prompt_len']} tokens -> {len(r['output_ids'])} new "
+        chunks = r.get("context_chunks") or 0   # more than 1: the prompt was cut (chunked context)
+        lines.append(f"[{r['task_id']}] prompt {r['prompt_len']} tokens{f' in {chunks} chunks' if chunks > 1 else ''} -> "
+                     f"{len(r['output_ids'])} new "
                      f"({r['stop_reason']}), mean acceptance {_mean(r['mean_acceptance'])} "
                      f"over {len(r['acceptance_lengths'])} steps")
         lines.append("  ids: " + ",".join(map(str, r["output_ids"])))

@@ -66,6 +66,7 @@ class Request:
     next_draft_tokens: list[int] = field(default_factory=list)
     next_draft_paths: torch.Tensor | None = None
     context_pos: int = 0          # prompt tokens the engine has taken (chunked context)
+    context_chunks: int = 0       # engine steps that took part of the prompt (1: the whole prompt at once)
     slot: int | None = None
     arrival_step: int = 0
     first_token_time: float | None = None
@@ -92,7 +93,7 @@ class Request:
 
     def to_dict(self) -> dict:
         return {"task_id": self.task_id, "prompt_len": len(self.prompt_ids), "output_ids": list(self.output_ids),
-                "stop_reason": self.stop_reason, "steps": self.steps,
+                "stop_reason": self.stop_reason, "steps": self.steps, "context_chunks": self.context_chunks,
                 "mean_acceptance": self.mean_acceptance, "acceptance_lengths": list(self.acceptance_lengths),
                 "acceptance_histogram": {str(k): v for k, v in sorted(Counter(self.acceptance_lengths).items())},
                 "ttft_s": None if self.first_token_time is None else self.first_token_time - self.start_time,
@@ -266,6 +267,7 @@ class Runtime:
         acc, num = out["accepted_tokens"], out["num_accepted_tokens"]
         for r in batch_ctx:
             r.context_pos += r._chunk
+            r.context_chunks += 1
             r._chunk = None
         self._context = [r for r in self._context if r.context_pos < len(r.prompt_ids)]
         for i, r in enumerate(batch):

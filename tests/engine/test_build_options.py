@@ -160,9 +160,11 @@ def test_a_prompt_over_max_num_tokens_is_taken_in_chunks(tmp_path, monkeypatch):
         rep = json.loads(stdout)
         outs.append(rep["requests"][0]["output_ids"])
         assert rep["totals"]["chunked_steps"] == (1 if name == "small" else 0)    # 40 tokens: 32, then 8
+        assert rep["requests"][0]["context_chunks"] == (2 if name == "small" else 1)
     assert outs[0] == outs[1] and len(outs[0]) == 8
     code, stdout, err = _cli("run", "--engine-dir", str(tmp_path / "small"), "--prompt-ids", prompt)
     assert code == 0 and "engine steps (max batch 4; a prompt cut in chunks in 1), mean acceptance" in stdout, stdout
+    assert "[0] prompt 40 tokens in 2 chunks -> 64 new" in stdout, stdout    # the request that was cut says so
     monkeypatch.setenv("DFLASH2_CHUNKED_CONTEXT", "0")       # the switch: every prompt whole
     code, stdout, err = _cli("run", "--engine-dir", str(tmp_path / "small"), "--prompt-ids", prompt)
     assert code == 1 and "prompt of 40 tokens exceeds max_num_tokens 32 (a prompt is taken whole in one step: " \

@@ -88,6 +88,9 @@ def test_chunked_prompts_decode_as_the_target_does(fam, budget, batch):
     assert rt.chunk_unit == TPB
     # a request's steps: every engine step it took part in, its prompt's chunks included
     assert sum(r.steps for r in reqs) == sum(s["context"] + s["generation"] for s in rt.step_log)
+    # a request's context_chunks: the steps that took part of its prompt; more than one where it was cut
+    assert sum(r.context_chunks for r in reqs) == sum(s["context"] for s in rt.step_log)
+    assert all(r.context_chunks >= 1 for r in reqs) and any(r.context_chunks > 1 for r in reqs)
     cut_steps = [s for s in rt.step_log if s.get("cut")]
     assert cut_steps, "no prompt was cut: the test does not test chunking"
     for feed, log in zip(feeds, rt.step_log):
