@@ -247,7 +247,7 @@ def bench_conv(ext, results: dict) -> None:
         else:
             goal = "ok"
         log(f"conv {tag}: {us:.1f} us, {bw / 1e12:.2f} TB/s = {frac * 100:.1f}% of nominal peak "
-            f"({bw / copy_bw * 100:.1f}% of the 4 GiB copy, {bw / mix_bw * 100:.1f}% of a same-size copy at "
+            f"({bw / copy_bw * 100:.1f}% of a 512 MiB copy, {bw / mix_bw * 100:.1f}% of a same-size copy at "
             f"{mix_bw / 1e12:.2f} TB/s) [goal >= 85% nominal or >= 95% same-mix: {goal}]; torch eager "
             f"{eager_us:.1f} us ({eager_us / us:.1f}x slower)")
         results[f"conv_{'fused' if fused else 'unfused'}"] = dict(

@@ -59,6 +59,9 @@ class Part:
     name: str
     limit: float
     argv: Callable[[Path, float], list[str]]   # (scratch folder, this run's limit) -> the command
+    # the least time in which the part can finish something (None: run_all's min_part); given less it is skipped, not
+    # started to be stopped before its first result
+    min_s: float | None = None
 
 
 def default_parts(python: str = sys.executable) -> list[Part]:
@@ -75,13 +78,18 @@ def default_parts(python: str = sys.executable) -> list[Part]:
         # new tokens: its defaults (6 x 16) took 57-88 s on a 2-core CPU machine, over a 45 s limit
         Part("trt_session", 75, lambda w, s: [python, str(REPO / "scripts" / "gpu_check_trt_session.py"),
                                               "--out", str(w / "trt_session"), "--prompts", "5", "--new", "8"]),
+        # its first ncu run gets at least 15 s, plus 10 s for its exports and ~16 s for its stop ladder (profile.py)
         Part("profile", 120, lambda w, s: [python, str(HERE / "profile.py"), str(w / "profile"),
-                                           "--limit", str(max(int(s - 10), 1))]),
+                                           "--limit", str(max(int(s - 10), 1))], min_s=45),
         # DFLASH2_REQUIRE_GPU: where torch sees no GPU the tests fail instead of all skipping (a green part, seen)
+        # tests/gpu only: the one gpu-marked test elsewhere (tests/plugins: gpu_check.py whole) repeats the kernels
+        # part. 26 s for its 9 tests on an H100 (2026-12-05)
         Part("pytest_gpu", 60, lambda w, s: ["env", "DFLASH2_REQUIRE_GPU=1", python, "-m", "pytest", "-v", "-p",
-                                             "no:cacheprovider", "-m", "gpu", str(REPO / "tests" / "gpu")]),
+                                             "no:cacheprovider", "-m", "gpu", str(REPO / "tests" / "gpu")], min_s=35),
+        # the library's build (cached: seconds), then three tools of at least 15 s each (sanitize.py MIN_SHARE_S; 39 s
+        # for the three on an H100), inside its limit less 10 s
         Part("sanitize", 90, lambda w, s: [python, str(HERE / "sanitize.py"), str(w / "sanitize"),
-                                           "--limit", str(max(int(s - 10), 1))]),
+                                           "--limit", str(max(int(s - 10), 1))], min_s=60),
     ]
 
 
@@ -208,7 +216,7 @@ def run_all(out: Path, parts: list[Part], budget: float, say=print, *, reserve: 
             for part in parts:
                 left = deadline - time.monotonic() - reserve
                 limit = min(float(part.limit), left)
-                if limit < min_part:
+                if limit < (min_part if part.min_s is None else part.min_s):
                     summary[part.name] = {"exit": None, "skipped": f"{max(left, 0):.0f} s of the budget left",
                                           "seconds": 0, "limit": part.limit}
                     say(f"== {part.name}: skipped ({summary[part.name]['skipped']})")

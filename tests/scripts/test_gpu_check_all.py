@@ -61,6 +61,20 @@ def test_the_output_folder_holds_two_files_and_every_part_survives_another(tmp_p
     assert any("== hang: exit 124" in s for s in seen)
 
 
+def test_a_part_given_less_than_its_own_minimum_is_skipped_not_started(tmp_path):
+    """A part that cannot finish anything in what is left (sanitize's three tools of 15 s, profile's first ncu run)
+    is skipped, so its seconds are not spent on a start that is stopped before its first result (a review)."""
+    parts = [A.Part("needs_more", 30, lambda w, s: [PY, "-c", "print('ran')"], min_s=5.0),
+             A.Part("fits", 30, lambda w, s: [PY, "-c", "print('ran')"])]
+    summary = A.run_all(tmp_path / "all", parts, budget=3.0, say=lambda s: None, reserve=0.2, min_part=0.6)
+    assert summary["needs_more"]["exit"] is None and "skipped" in summary["needs_more"]
+    assert summary["fits"]["exit"] == 0
+    by_name = {p.name: p for p in A.default_parts(python="py")}
+    # each at least what its script needs before its first result (profile.py, sanitize.py)
+    assert by_name["sanitize"].min_s >= 3 * 15 and by_name["profile"].min_s >= 15 + 10
+    assert all(p.min_s is None or p.min_s <= p.limit for p in by_name.values())
+
+
 def test_a_bad_budget_is_one_error_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DFLASH2_GPU_BUDGET_S", "soon")
     assert A.main([str(tmp_path / "all")]) == 2
