@@ -816,7 +816,11 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
     """Throughput, latency, TTFT and acceptance per concurrency, speculative vs autoregressive."""
     from .bench.report import render
     from .bench.run import bench_run
+    from .errors import ConfigError
 
+    if save_outputs and json_out is None:   # options are checked, not ignored: the outputs go in the JSON report only
+        raise ConfigError("keeps every request's output ids in the JSON report: give --json PATH too",
+                          field="--save-outputs")
     report = bench_run(engine_dir, dataset, backend=backend, concurrency=concurrency, num_requests=num_requests,
                        temperature=temperature, seed=seed, max_new_tokens=max_new_tokens, stop_on_eos=not ignore_eos,
                        baseline=not no_baseline, json_out=json_out, plot_out=plot_out, project_gpus=project_gpus,

@@ -90,6 +90,10 @@ def check_output_file(path: str | Path, *, field: str, replaces: str | None = No
         # many tools read "-" as standard output; here it named a file "-" in the current directory
         raise ConfigError("'-' (standard output) is not an output here: the command prints its own text there; give a "
                           "file name", field=field)
+    if str(path).startswith("-"):
+        # `bench run ... --json --no-baseline`: click took the next option as the file name (and the option was lost)
+        raise ConfigError(f"takes the path of the file it writes, got {str(path)!r}, an option's name: give a file name "
+                          f"after {field} (a name starting with '-': ./{path})", field=field)
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory; give a file name", field=field)

@@ -343,3 +343,25 @@ def test_a_dash_is_not_taken_for_a_file_name(engine, dataset, monkeypatch):
     line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
                                  "--no-progress", "--json", "-"))
     assert line.startswith("error: --json: '-' (standard output) is not an output here"), line
+
+
+@pytest.mark.parametrize("cmd", [["bench", "run", "--no-progress"], ["bench", "steps", "--target", "tiny", "--backend",
+                                                                       "cpu"], ["bench", "project", "--acceptance", "4.8"]])
+def test_an_option_after_json_is_not_taken_for_its_file(engine, dataset, monkeypatch, tmp_path, cmd):
+    """`--json` takes a path in the bench commands (a flag elsewhere): `bench run ... --json --no-baseline` wrote its
+    report to a file named "--no-baseline" and ran the baseline it was told to skip (a new user's review)."""
+    _run_must_not_start(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    extra = ["--engine-dir", str(engine), "--dataset", str(dataset)] if cmd[1] == "run" else []
+    line = _one_error_line(*_cli(*cmd, *extra, "--json", "--no-baseline"))
+    assert line.startswith("error: --json: takes the path of the file it writes, got '--no-baseline', an option's "
+                           "name"), line
+    assert not list(tmp_path.iterdir())
+
+
+def test_save_outputs_without_a_report_is_refused(engine, dataset, monkeypatch):
+    """The outputs go in the JSON report only: without --json, --save-outputs was silently ignored."""
+    _run_must_not_start(monkeypatch)
+    line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(engine), "--dataset", str(dataset),
+                                 "--no-progress", "--save-outputs"))
+    assert line == "error: --save-outputs: keeps every request's output ids in the JSON report: give --json PATH too"
