@@ -313,9 +313,16 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
     free = gpu - weights[0]["total"] - act_total - RESERVE_BYTES
     budget = max(0, math.floor(free * cfg.kv_cache_free_gpu_mem_fraction))
     fit = budget // (kv_request + recurrent)
+    # where a full batch does not fit at max_seq_len: the longest sequence (prompt + output) each of max_batch_size
+    # requests can have with all of them running at once (whole blocks, less the extra slots); the schedulers admit a
+    # request only with KV blocks for its whole length, so longer ones wait (nothing is refused)
+    per_request = budget // cfg.max_batch_size - recurrent
+    full_batch_len = max(0, (per_request // (cfg.tokens_per_block * kv_token)) * cfg.tokens_per_block - extra) \
+        if per_request > 0 else 0
     out.update(free_after_load=free, kv_budget=budget, max_batch_that_fits=fit,
                tokens_in_kv_budget=budget // kv_token,
-               fits=fit >= cfg.max_batch_size)
+               fits=fit >= cfg.max_batch_size,
+               full_batch_max_len=min(full_batch_len, cfg.max_seq_len))
     return out
 
 
@@ -727,13 +734,22 @@ def render_plan(plan: dict) -> str:
                  f"taps {_gib(a['taps'])}); reserve (estimate) {_gib(z['reserve_estimate'])}")
     if z["kv_budget"] is not None and z["free_after_load"] < 0:
         lines.append(f"  KV budget: none: the weights, activations and reserve alone need "
-                     f"{_gib(-z['free_after_load'])} more than the GPU's memory")
+                     f"{_gib(-z['free_after_load'])} more than the GPU's memory: the engine would not load on such "
+                     f"a GPU (raise --tp-size, or plan another GPU with --gpu-memory-gib)")
     elif z["kv_budget"] is not None:
         lines.append(f"  KV budget: {_gib(z['kv_budget'])} ({z['kv_cache_free_gpu_mem_fraction']} of "
                      f"{_gib(z['free_after_load'])} free after load); {z['tokens_in_kv_budget']:,} tokens")
-        verdict = "fits" if z["fits"] else "does NOT fit"
-        lines.append(f"  largest batch at max_seq_len: {z['max_batch_that_fits']} (max_batch_size "
-                     f"{s['max_batch_size']} {verdict})")
+        if z["fits"]:
+            lines.append(f"  largest batch at max_seq_len: {z['max_batch_that_fits']} (max_batch_size "
+                         f"{s['max_batch_size']} fits)")
+        elif z["max_batch_that_fits"] == 0:
+            lines.append(f"  largest batch at max_seq_len: 0 (not one request of max_seq_len {s['max_seq_len']} "
+                         f"fits the KV budget: lower --max-seq-len or raise --tp-size)")
+        else:
+            lines.append(f"  largest batch at max_seq_len: {z['max_batch_that_fits']} (max_batch_size "
+                         f"{s['max_batch_size']} does NOT fit at that length: a request starts only with KV blocks "
+                         f"for its whole length, so longer ones wait, none is refused; all {s['max_batch_size']} "
+                         f"run at once up to {z['full_batch_max_len']:,} tokens each)")
     for g in plan.get("disk") or ():
         what = ", ".join(f"{it['what']} {_gib(it['bytes'])}"
                          f"{_disk_label(it)}"
@@ -835,7 +851,11 @@ def dry_run_plan(drafter_dir, target_dir, *, output=None, backend: str = "auto",
         missing += env_missing
         plan["warnings"] += env_warnings
         if tc.tensorrt_llm is None:
-            missing.append(f"tensorrt_llm (TensorRT-LLM 1.2.x){f' in {tc.python}' if tc.python else ''}")
+            # TensorRT-LLM 1.2 pins transformers 4.57, this project 5.x: it lives in an environment of its own, named
+            # by --trtllm-python (README), not installed here
+            missing.append(f"tensorrt_llm (TensorRT-LLM 1.2.x){f' in {tc.python}' if tc.python else ''}"
+                           + ("" if tc.python else ": install it in an environment of its own and pass its Python "
+                                                   "(--trtllm-python PY or $DFLASH2_TRTLLM_PYTHON; README)"))
         elif (wrong := trtllm_version_refusal(tc.tensorrt_llm)) is not None:
             missing.append(wrong)
         if tc.trtllm_build is None:

@@ -3,10 +3,10 @@ computation from the published Qwen3.8-27B configs (read here as plain JSON, not
 
 from __future__ import annotations
 
-import sys
-
 import json
 import math
+import re
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -100,6 +100,11 @@ def test_qwen_plan_memory_figures_match_a_hand_computation():
     assert z["activations_estimate"]["total"] == h["act"]
     assert z["kv_budget"] == h["budget"] and z["max_batch_that_fits"] == h["fit"] == 22
     assert z["fits"] is False                         # max_batch_size 64 at the full 40960 context does not
+    # ... but 64 at once up to a length: whole 32-token blocks of the budget's 64th, less the state, less 14 slots
+    per_request = h["budget"] // 64 - h["recurrent"]
+    assert z["full_batch_max_len"] == per_request // (32 * 86016) * 32 - 14
+    assert 64 * (h["recurrent"] + -(-(z["full_batch_max_len"] + 14) // 32) * 32 * 86016) <= h["budget"]
+    assert 64 * (h["recurrent"] + (-(-(z["full_batch_max_len"] + 14) // 32) + 1) * 32 * 86016) > h["budget"]
 
 
 def test_gpu_md_quotes_the_qwen_plan():
@@ -143,7 +148,13 @@ def test_qwen_plan_tp2_and_gpu_memory():
 
     text = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--gpu-memory-gib", "40"]).output
     line = next(ln for ln in text.splitlines() if "KV budget" in ln)
-    assert "KV budget: none: the weights, activations and reserve alone need" in line and " -" not in line, line
+    assert "KV budget: none: the weights, activations and reserve alone need" in line, line
+    assert not re.search(r" -\d", line), line                 # no negative free memory
+    assert line.endswith("the engine would not load on such a GPU (raise --tp-size, or plan another GPU with "
+                         "--gpu-memory-gib)"), line
+    text = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--gpu-memory-gib", "58"]).output
+    assert "largest batch at max_seq_len: 0 (not one request of max_seq_len 40960 fits the KV budget: lower " \
+           "--max-seq-len or raise --tp-size)" in text, text
 
 
 def test_qwen_plan_is_honest_about_support(monkeypatch):
@@ -161,6 +172,10 @@ def test_qwen_plan_is_honest_about_support(monkeypatch):
     code, text = _cli("build", "--dry-run", "--target", "qwen3.8-27b", "--drafter", str(QWEN_DRAFTER),
                       "--target-dir", str(QWEN_TARGET), "--backend", "trtllm")
     assert code == 0, text
+    assert "largest batch at max_seq_len: 22 (max_batch_size 64 does NOT fit at that length: a request starts only " \
+           "with KV blocks for its whole length, so longer ones wait, none is refused; all 64 run at once up to " in text
+    assert "tensorrt_llm (TensorRT-LLM 1.2.x): install it in an environment of its own and pass its Python " \
+           "(--trtllm-python PY or $DFLASH2_TRTLLM_PYTHON; README)" in text or "TensorRT-LLM 1.2.x) in " in text
     for needle in ("KV cache per token: 86,016 B", "extra slots per request: 14", "largest batch at max_seq_len: 22",
                    "weights: 53.", "recurrent state per request", "blocked: target family 'qwen3_5'",
                    "--max_draft_len 7"):
