@@ -656,6 +656,32 @@ def _report_build(res, as_json: bool) -> None:
                    f"every prompt on both", err=True)
 
 
+class RequestsBar:
+    """``run``'s progress: a tqdm bar of requests done on stderr, on a terminal only (tqdm's ``disable=None``; none
+    in a log or beside ``--json`` piped elsewhere), made at the first report (the total is known then), gone when
+    the run ends (``leave=False``). Called as ``progress(done, total)`` by the project runtime's ``generate``."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from .bench.cpu import progress_bar
+
+            self.bar = progress_bar(True, total, "run")
+        self.bar.update(done - self.bar.n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 @main.command("run")
 @click.option("--engine-dir", required=True, type=click.Path(), help="Engine directory from `dflash2-trt build`.")
 @click.option("--prompt-ids", help="One prompt as comma-separated token ids.")
@@ -678,18 +704,22 @@ def _report_build(res, as_json: bool) -> None:
 @click.option("--threads", type=int, default=None,
               help="torch's CPU threads for CPU engines [default: torch's, one per core]; fewer "
                    "where other work shares the cores.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (shown on a terminal only, on stderr).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
-            runtime, cuda_graphs, threads, as_json) -> None:
+            runtime, cuda_graphs, threads, no_progress, as_json) -> None:
     """Run prompts through an engine (the project runtime or TensorRT-LLM's executor: in-flight batching); prints
     tokens and acceptance. The project runtime takes a prompt that does not fit what an engine step has left of
     max_num_tokens in chunks ($DFLASH2_CHUNKED_CONTEXT=0: whole)."""
     from .engine.run import render, run_engine
 
     _set_threads(threads)
-    report = run_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
-                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                        max_batch_size=max_batch_size, verify=verify, runtime=runtime, cuda_graphs=cuda_graphs)
+    # the outputs are printed when every prompt has finished: on a terminal a bar says how far it is (requests done)
+    with RequestsBar(enabled=not no_progress) as bar:
+        report = run_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
+                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                            max_batch_size=max_batch_size, verify=verify, runtime=runtime, cuda_graphs=cuda_graphs,
+                            progress=bar)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 

@@ -160,3 +160,56 @@ def test_a_run_without_a_generation_step_has_no_mean_acceptance(engine):
                                   "--json"])
     doc = json.loads(r.output)
     assert doc["totals"]["mean_acceptance"] >= 1.0 and doc["requests"][0]["mean_acceptance"] >= 1.0
+
+
+def _run_with_stderr_on(engine, prompts, extra, tty: bool):
+    """`run` as a user starts it, stderr on a terminal (a pseudo-terminal) or a pipe; returns (exit, stdout, stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "dflash2_trt.cli", "run", "--engine-dir", str(engine), "--prompts", str(prompts),
+            "--max-new-tokens", "4", "--threads", "1", *extra]
+    if not tty:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        return p.returncode, p.stdout, p.stderr
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # a terminal's size (0 columns: no bar)
+    try:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        slave = None
+        out = p.communicate(timeout=120)[0]
+        err = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:          # EIO: the child's end is closed
+                break
+            if not chunk:
+                break
+            err += chunk
+        return p.returncode, out, err.decode(errors="replace")
+    finally:
+        os.close(master)
+        if slave is not None:
+            os.close(slave)
+
+
+def test_a_bar_says_how_far_a_run_is_on_a_terminal_only(engine, tmp_path):
+    """`run` printed nothing until every prompt had finished (200 prompts: 42 s of silence, a new user's review): on a
+    terminal a bar of requests done now runs on stderr and is gone at the end; in a pipe or a log, and with
+    --no-progress, stderr stays empty, and stdout is the same report."""
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"task_id": i, "input_ids": [5 + i, 6, 7]}) + "\n" for i in range(3)))
+    code, out, err = _run_with_stderr_on(engine, f, [], tty=True)
+    assert code == 0, err
+    assert "run:" in err and "/3 [" in err, repr(err)
+    assert out.count("\n[") == 2 and out.startswith("[0] prompt 3 tokens"), out
+    for extra, tty in (([], False), (["--no-progress"], True)):
+        code, out2, err2 = _run_with_stderr_on(engine, f, extra, tty=tty)
+        assert code == 0 and err2 == "" and out2.splitlines()[:-1] == out.splitlines()[:-1], (extra, tty, err2)
