@@ -813,7 +813,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
 @click.option("--json", "json_out", help="Write the report (JSON) here.")
 @click.option("--plot", "plot_out", help="Write a PNG: acceptance by position, "
               "speedup against concurrency.")
-@click.option("--project", "project_gpus", help="Add a roofline projection for these GPUs (h200,b200).")
+@click.option("--project", "project_gpus", help="Add a roofline projection for these GPUs (h200,h100,b200).")
 @click.option("--project-target", default=None,
               help="With --project: published model shapes the projection uses [default: qwen3.8-27b].")
 @click.option("--context-len", type=int, help="Projection's context length [default: mean prompt + half the output, "
@@ -917,10 +917,11 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
 
 
 @bench_group.command("project")
-@click.option("--target", "target_key", default="qwen3.8-27b", show_default=True,
-              help="Registered target whose published shapes (target + drafter config.json) are used.")
+@click.option("--target", "target_key", default=None,
+              help="Registered target whose published shapes (target + drafter config.json) are used [default: "
+                   "qwen3.8-27b; with --costs-from: the report's].")
 @click.option("--gpu", "gpus", default=None,
-              help="GPUs: h200, b200 (comma-separated; not with --costs-from) [default: h200].")
+              help="GPUs: h200, h100, b200 (comma-separated; not with --costs-from) [default: h200].")
 @click.option("--concurrency", default=None,
               help="Comma-separated [default: 1,4,16,32; with --costs-from: every concurrency the report measured].")
 @click.option("--context-len", type=int, default=None,
@@ -941,7 +942,7 @@ def bench_steps_cmd(target_key, backend, concurrency, context_len, steps, accept
                                    "roofline model's (the output says which it used).")
 @click.option("--cost-basis", type=click.Choice(["busy", "wall", "graph"]), default=None,
               help="With --costs-from: the steps' kernel time (busy), their whole wall time, or their CUDA-graph "
-                   "replay time [default: busy].")
+                   "replay time [default: busy; wall for a cpu backend's report].")
 def bench_project_cmd(target_key, gpus, concurrency, context_len, acceptance, acceptance_from, bandwidth_efficiency,
                       compute_efficiency, step_overhead_ms, recurrent_verify, json_out, costs_from, cost_basis) -> None:
     """The speedup over autoregressive decoding on a GPU: a roofline model, or measured step costs (--costs-from)."""

@@ -84,6 +84,9 @@ GPUS: dict[str, GPU] = {
     "h200": GPU("h200", "NVIDIA H200 SXM", 4.8e12, 989.5e12,
                 "NVIDIA H200 Tensor Core GPU data sheet: 141 GB HBM3e at 4.8 TB/s; BF16 Tensor Core 1,979 TFLOPS "
                 "with sparsity, 989.5 dense"),
+    "h100": GPU("h100", "NVIDIA H100 SXM", 3.35e12, 989.4e12,
+                "NVIDIA H100 Tensor Core GPU data sheet (SXM): 80 GB HBM3 at 3.35 TB/s; BF16 Tensor Core 1,979 "
+                "TFLOPS with sparsity, 989.4 dense"),
     "b200": GPU("b200", "NVIDIA B200 (HGX, 1000 W)", 8.0e12, 2.25e15,
                 "NVIDIA Blackwell B200: 192 GB HBM3e at 8 TB/s; HGX B200 FP16/BF16 Tensor Core 4.5 PFLOPS with "
                 "sparsity, 2.25 dense"),
@@ -540,7 +543,8 @@ def published_pair_shapes(target_key: str) -> tuple[TargetShapes, DrafterShapes]
 def render(doc: dict) -> str:
     if doc.get("costs", {}).get("kind") == "measured":
         return render_measured(doc)
-    lines = ["costs: assumed (roofline model: data-sheet bandwidth and bf16 rate times the given efficiencies; "
+    lines = ["costs: assumed (roofline model: data-sheet bandwidth and bf16 rate times the given efficiencies, no cost "
+             "per step beyond --step-overhead-ms: what the shapes allow, not a prediction of a measured speedup; "
              "`--costs-from` a `bench steps` report uses measured ones)"]
     lines += [f"PROJECTION ({doc['kind']}): {doc['target']['name']} + drafter, {doc['draft_len']} drafts/step, "
              f"tau = {doc['tau']:.2f} tokens/step ({doc['acceptance']['kind']}), context {doc['context_len']} tokens, "

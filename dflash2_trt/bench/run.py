@@ -222,15 +222,16 @@ def bench_run(engine_dir, dataset, *, backend: str = "auto", concurrency="1,4,16
     return report
 
 
-def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, context_len: int | None = None,
+def bench_project(*, target: str | None = None, gpus=None, concurrency=None, context_len: int | None = None,
                   acceptance: float | None = None, acceptance_from=None, bandwidth_efficiency: float = 1.0,
                   compute_efficiency: float = 1.0, step_overhead_ms: float = 0.0, recurrent_verify: str | None = None,
                   json_out=None, costs_from=None, cost_basis: str | None = None) -> dict:
     """The speedup over autoregressive decoding per concurrency: the roofline model (costs assumed; ``gpus``
-    default h200, ``concurrency`` 1,4,16,32, ``recurrent_verify`` replay), or, with ``costs_from`` (a ``bench
-    steps`` report), the step times measured there (costs measured; every measured concurrency by default). An
-    option only the roofline model reads is refused with measured costs, not ignored, and ``cost_basis`` (default
-    busy) without measured costs."""
+    default h200, ``concurrency`` 1,4,16,32, ``recurrent_verify`` replay, ``target`` qwen3.8-27b), or, with
+    ``costs_from`` (a ``bench steps`` report), the step times measured there (costs measured; every measured
+    concurrency by default; ``target`` default: the report's, and one given must be it). An option only the roofline
+    model reads is refused with measured costs, not ignored, and ``cost_basis`` (default busy, wall for a cpu
+    backend's report, which has no kernel times) without measured costs."""
     refuse_overlap(json_out, "--json", [("--acceptance-from report", acceptance_from),
                                         ("--costs-from report", costs_from)], force=False)
     if json_out is not None:
@@ -241,7 +242,6 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, c
         if given:
             raise ConfigError(f"{given[0]} applies to the roofline model; measured costs (--costs-from) are the "
                               f"report's GPU, context and recurrent state handling")
-        cost_basis = cost_basis or DEFAULT_COST_BASIS
     elif cost_basis is not None:
         raise ConfigError("applies to measured costs only: give --costs-from STEPS.json too", field="--cost-basis")
     levels = parse_concurrency("1,4,16,32" if concurrency is None else concurrency)
@@ -253,6 +253,7 @@ def bench_project(*, target: str = "qwen3.8-27b", gpus=None, concurrency=None, c
         return _measured_projection(target, costs_from, cost_basis, report, acceptance, acceptance_from, json_out,
                                     concurrency=None if concurrency is None else levels,
                                     roofline_options=(bandwidth_efficiency, compute_efficiency, step_overhead_ms))
+    target = target or DEFAULT_PROJECT_TARGET
     t, d = published_pair_shapes(target)
     if recurrent_verify is not None and "linear" not in t.layer_kinds:
         raise ConfigError(f"applies to targets with Gated DeltaNet (recurrent) layers; {target} has none",
@@ -279,9 +280,13 @@ def _measured_projection(target, costs_from, basis, report, acceptance, acceptan
                           field="--bandwidth-efficiency/--compute-efficiency/--step-overhead-ms")
     p = Path(costs_from)
     steps = read_report(p)
-    if not isinstance(steps, dict) or steps.get("target") != target:
-        raise ConfigError(f"measured {steps.get('target') if isinstance(steps, dict) else None!r}, not {target!r}",
-                          source=p, field="target")
+    measured = steps.get("target") if isinstance(steps, dict) else None
+    if target is None and isinstance(measured, str):
+        target = measured                   # the report names what it measured: --target only to insist on one
+    if measured != target:
+        raise ConfigError(f"measured {measured!r}, not {target!r}", source=p, field="target")
+    if basis is None:                       # a CPU has no kernel times: its report's costs are wall times
+        basis = "wall" if steps.get("backend") == "cpu" else DEFAULT_COST_BASIS
     draft_len = steps.get("draft_len")
     if acceptance is None and report is None and steps.get("acceptance"):
         rec = steps["acceptance"]   # the file's value, so a bad one names the file, not --acceptance

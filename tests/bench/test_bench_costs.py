@@ -41,6 +41,25 @@ def test_measured_costs_give_the_speedup_and_say_so(tmp_path):
     assert r.exit_code == 0 and r.output.startswith("costs: assumed (roofline model")
 
 
+def test_the_reports_target_and_a_cpu_reports_wall_time_by_default(tmp_path):
+    """`bench project --costs-from steps.json` refused a tiny CPU report until given both --target tiny and
+    --cost-basis wall, although the report names its target and a CPU has no kernel times (a new user's review)."""
+    cpu = _steps(tmp_path, target="tiny", backend="cpu", device="cpu", acceptance=None,
+                 points=[{"concurrency": 1, "speculative": {"wall_ms": 20.0}, "target_only": {"wall_ms": 8.0}}])
+    doc = bench_project(costs_from=cpu, acceptance=3.0)
+    assert doc["target"]["name"] == "tiny" and doc["costs"]["basis"] == "wall"
+    assert doc["gpus"][0]["points"][0]["speedup"] == pytest.approx(3.0 * 8 / 20)
+    with pytest.raises(ConfigError, match="concurrency 1: no gpu_busy_ms in the report"):   # asked for: still refused
+        bench_project(costs_from=cpu, acceptance=3.0, cost_basis="busy")
+    with pytest.raises(ConfigError, match="measured 'tiny', not 'qwen3.8-27b'"):               # insisted on: checked
+        bench_project(target="qwen3.8-27b", costs_from=cpu, acceptance=3.0)
+    assert bench_project(costs_from=_steps(tmp_path))["costs"]["basis"] == "busy"              # a GPU's: kernel time
+    # the roofline model's default target stays the flagship; the H100 (Hopper, where the project measured) is a GPU
+    r = CliRunner().invoke(main, ["bench", "project", "--acceptance", "4.8", "--gpu", "h100,h200"])
+    assert r.exit_code == 0 and "qwen3.8-27b + drafter" in r.output, r.output
+    assert "NVIDIA H100 SXM (3.35 TB/s, 989.4 TFLOP/s bf16 dense)" in r.output
+
+
 @pytest.mark.parametrize("kw,needle", [
     (dict(steps=dict(format="something else")), "not a `bench steps` report"),
     (dict(steps=dict(target="muse-glimmer-30b")), "not 'qwen3.8-27b'"),
