@@ -104,27 +104,28 @@ def declares_generic_fast_class(directory: str | Path) -> bool:
         and cfg.get("tokenizer_class") in GENERIC_FAST_CLASSES
 
 
-def encode_text(tokenizer, text: str, vocab_size: int | None = None, *, source=None) -> list[int]:
+def encode_text(tokenizer, text: str, vocab_size: int | None = None, *, source=None, field: str = "prompt") -> list[int]:
     """``text`` as token ids (no special tokens added). ``vocab_size``: the engine's vocabulary; ids at or beyond
     it mean the tokenizer is not the target's (refused here, naming the tokenizer, not later as a bad request).
-    ``source``: where the text came from (a file and its line), named by the error."""
+    ``source``: where the text came from (a file and its line), named by the error with ``field`` (a file's
+    ``prompt`` field, or the option that gave the text: ``--prompt``)."""
     try:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     except Exception as exc:  # noqa: BLE001 - e.g. a word-level vocabulary without an unknown token
         bad = next((w for w in text.split() if not _encodes(tokenizer, w)), None)
         what = f"the word {bad!r} is not in its vocabulary" if bad is not None else str(exc)
         raise ConfigError(f"the tokenizer cannot encode the prompt text: {what}", source=source,
-                          field="prompt") from None
+                          field=field) from None
     if not ids and text.strip():
         # a tokenizer whose pipeline does not match its vocabulary maps every word to nothing
         raise ConfigError(f"the tokenizer encodes the prompt text to no tokens ({type(tokenizer).__name__}: its "
-                          f"pre-tokenizer does not match its vocabulary?)", source=source, field="prompt")
+                          f"pre-tokenizer does not match its vocabulary?)", source=source, field=field)
     bad = [] if vocab_size is None else ids_outside(ids, vocab_size)
     if bad:
         where = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise ConfigError(f"the tokenizer ({where}) encodes the prompt text to token ids {bad[:5]} outside the "
                           f"engine's vocabulary [0, {vocab_size}): it is not this target's tokenizer", source=source,
-                          field="prompt")
+                          field=field)
     return ids
 
 

@@ -20,6 +20,13 @@ def text_source(item: dict) -> str | None:
     return None if where is None or where.startswith("--") else where
 
 
+def text_field(item: dict) -> str:
+    """The field an error about a request item's prompt text names: the option that gave it (``--prompt``), else a
+    prompts file line's ``prompt``."""
+    where = item.get("where")
+    return where if where is not None and where.startswith("--") else "prompt"
+
+
 def read_prompts_file(path: str | Path) -> list[dict]:
     """trtllm-bench dataset lines: ``{"task_id", "input_ids" | "prompt", "output_tokens"}``, one JSON object per line.
     ``task_id`` (an integer or a string; the line's index among the prompts when absent) names the request in

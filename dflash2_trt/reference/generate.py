@@ -101,7 +101,7 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
         if tok is None:
             raise DFlash2Error(f"{target_dir}: no tokenizer found for --prompt text; pass token ids "
                                "with --prompt-ids 1,2,3 instead")
-        ids = encode_text(tok, prompt)
+        ids = encode_text(tok, prompt, field="--prompt")
         if not ids:
             raise ConfigError("the prompt encodes to no tokens", field="--prompt")
     else:

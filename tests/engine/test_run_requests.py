@@ -96,6 +96,10 @@ def test_text_the_tokenizer_cannot_encode_is_named_by_file_and_line(engine, tmp_
         assert r.exit_code == 1 and r.output.startswith(f"error: {f}:2: prompt: the tokenizer cannot encode"), \
             (args[0], r.output)
         assert "'zzzz'" in r.output
+    # from the command line: the option is named, as every other option's error names it (it said "prompt:")
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(engine), "--prompt", "zzzz"])
+    assert r.exit_code == 1 and r.output == ("error: --prompt: the tokenizer cannot encode the prompt text: the word "
+                                             "'zzzz' is not in its vocabulary\n"), r.output
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\nzzzz\n")
     r = CliRunner().invoke(main, ["bench", "prepare-dataset", "--corpus", str(corpus), "--engine-dir", str(engine),

@@ -211,7 +211,7 @@ def test_a_prompt_the_tokenizer_maps_beyond_the_vocabulary_names_the_tokenizer(e
     assert text.count('linu": 100,') == 1
     tj.write_text(text.replace('linu": 100,', 'linu": 300,'), encoding="utf-8")
     line = _err(*_cli("run", "--engine-dir", str(e), "--prompt", "puni linu"))
-    assert line == (f"error: prompt: the tokenizer ({e / 'tokenizer'}) encodes the prompt text to token ids [300] "
+    assert line == (f"error: --prompt: the tokenizer ({e / 'tokenizer'}) encodes the prompt text to token ids [300] "
                     f"outside the engine's vocabulary [0, 256): it is not this target's tokenizer"), line
     code, text = _cli("run", "--engine-dir", str(e), "--prompt", "puni kiku", "--max-new-tokens", "2")
     assert code == 0, text

@@ -104,7 +104,18 @@ class TritonPythonModel:
         try:
             return list(self.tokenizer(text, add_special_tokens=self.add_special)["input_ids"])
         except Exception as exc:  # noqa: BLE001 - e.g. a word outside a word-level vocabulary
-            raise ValueError(f"preprocessing: the tokenizer cannot encode {what} ({exc})") from None
+            # name the word, as `run --prompt` does (the tokenizer's own message, "WordLevel error: Missing [UNK]
+            # token from the vocabulary", does not say which)
+            bad = next((w for w in text.split() if not self._encodes(w)), None)
+            why = f"the word {bad!r} is not in its vocabulary" if bad is not None else str(exc)
+            raise ValueError(f"preprocessing: the tokenizer cannot encode {what}: {why}") from None
+
+    def _encodes(self, word):
+        try:
+            self.tokenizer(word, add_special_tokens=self.add_special)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
 
     def execute(self, requests):
         responses = []
