@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -502,6 +503,11 @@ def check_disk(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
         parts = "; ".join(f"{it['what']} {_gib(it['bytes'])} at {it['path']}" for it in written)
         only_ckpt = all(it["what"] == "checkpoint" for it in written)
         field = "--checkpoint-dir" if only_ckpt and checkpoint_dir else "--output"
+        # a place that cannot be written reads as 0 B free (/proc, a read-only mount): say that, not "free space"
+        try:
+            tempfile.TemporaryDirectory(prefix=".dflash2-probe-", dir=g["anchor"]).cleanup()
+        except OSError as exc:
+            raise ConfigError(f"cannot write in {g['anchor']}: {exc.strerror or exc}", field=field) from None
         # a cpu or cuda engine holds its checkpoint's files itself: another disk for --checkpoint-dir would only
         # move a copy of them
         advice = ("free space there, put the checkpoint on another disk with --checkpoint-dir, or pass "

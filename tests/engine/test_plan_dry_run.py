@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 
@@ -327,6 +328,14 @@ def test_a_build_without_room_refuses_before_anything_is_written(tmp_path, monke
     assert code != 0 and text.count("\n") == 1 and text.startswith("error: --output: the build needs about"), text
     res = build_engine(pair.drafter_dir, pair.target_dir, out, target_key="tiny", disk_check=False)
     assert (out / "engine.json").is_file() and res.manifest["backend"] == "cpu"
+
+
+def test_a_place_that_cannot_be_written_is_not_reported_as_full(tmp_path):
+    """`build --output /proc/x` said "0 B is available: free space there" (/proc shows no free space); the reason is
+    that nothing can be written there (a new user's review)."""
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", "/proc/dflash2-x", "--no-verify")
+    assert code == 1 and text.startswith("error: --output: cannot write in /proc: ") and text.count("\n") == 1, text
+    assert not os.path.exists("/proc/dflash2-x")
 
 
 def test_what_a_rewrite_or_a_copy_costs(tmp_path, monkeypatch):
