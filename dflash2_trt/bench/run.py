@@ -12,7 +12,7 @@ from ..engine.graph_rules import refuse_graphs
 from ..errors import ConfigError
 from ..overlap import refuse_overlap
 from ..sampling import effective_temperature
-from .common import engine_backend, paired_target, parse_concurrency
+from .common import STEPS_FORMAT, engine_backend, paired_target, parse_concurrency
 from .io import atomic_write_bytes, atomic_write_json, check_output_file
 from .plot import pyplot, render_png
 from .projection import GPUS, project, published_pair_shapes, tau_from
@@ -280,7 +280,9 @@ def _measured_projection(target, costs_from, basis, report, acceptance, acceptan
                           field="--bandwidth-efficiency/--compute-efficiency/--step-overhead-ms")
     p = Path(costs_from)
     steps = read_report(p)
-    measured = steps.get("target") if isinstance(steps, dict) else None
+    if not isinstance(steps, dict) or steps.get("format") != STEPS_FORMAT:   # before anything is read from it
+        raise ConfigError(f"not a `bench steps` report (format {STEPS_FORMAT!r}, points[])", source=p)
+    measured = steps.get("target")
     if target is None and isinstance(measured, str):
         target = measured                   # the report names what it measured: --target only to insist on one
     if measured != target:

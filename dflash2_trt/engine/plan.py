@@ -320,10 +320,13 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
     per_request = budget // cfg.max_batch_size - recurrent
     full_batch_len = max(0, (per_request // (cfg.tokens_per_block * kv_token)) * cfg.tokens_per_block - extra) \
         if per_request > 0 else 0
+    # the most requests at once at all: each of the shortest length (a 1-token prompt and 1 new token, the extra slots)
+    shortest = -(-(2 + extra) // cfg.tokens_per_block) * cfg.tokens_per_block * kv_token + recurrent
     out.update(free_after_load=free, kv_budget=budget, max_batch_that_fits=fit,
                tokens_in_kv_budget=budget // kv_token,
                fits=fit >= cfg.max_batch_size,
-               full_batch_max_len=min(full_batch_len, cfg.max_seq_len))
+               full_batch_max_len=min(full_batch_len, cfg.max_seq_len),
+               most_requests_at_once=budget // shortest)
     return out
 
 
@@ -484,9 +487,24 @@ def disk_report(items, *, usage=None) -> list[dict]:
             free = int(usage(g["anchor"]).free)
         except OSError:
             free = None
-        out.append({"anchor": g["anchor"], "need": need, "free": free, "items": g["items"],
-                    "fits": free is None or need <= free})
+        fits = free is None or need <= free
+        out.append({"anchor": g["anchor"], "need": need, "free": free, "items": g["items"], "fits": fits,
+                    **({} if fits else {"unwritable": _unwritable(g["anchor"])})})
     return out
+
+
+def _unwritable(anchor: str) -> str | None:
+    """Why nothing can be written in ``anchor`` (a place that shows no free space: /proc, a read-only mount), or None
+    where it can, or where it is merely full (ENOSPC, EDQUOT: the free-space message is the one that applies)."""
+    import errno
+
+    try:
+        tempfile.TemporaryDirectory(prefix=".dflash2-probe-", dir=anchor).cleanup()
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return None
+        return exc.strerror or str(exc)
+    return None
 
 
 def check_disk(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_checkpoint: bool = True,
@@ -503,11 +521,8 @@ def check_disk(p: Prepared, *, backend: str, output, checkpoint_dir=None, keep_c
         parts = "; ".join(f"{it['what']} {_gib(it['bytes'])} at {it['path']}" for it in written)
         only_ckpt = all(it["what"] == "checkpoint" for it in written)
         field = "--checkpoint-dir" if only_ckpt and checkpoint_dir else "--output"
-        # a place that cannot be written reads as 0 B free (/proc, a read-only mount): say that, not "free space"
-        try:
-            tempfile.TemporaryDirectory(prefix=".dflash2-probe-", dir=g["anchor"]).cleanup()
-        except OSError as exc:
-            raise ConfigError(f"cannot write in {g['anchor']}: {exc.strerror or exc}", field=field) from None
+        if g.get("unwritable"):   # reads as 0 B free (/proc, a read-only mount): said as such, not "free space"
+            raise ConfigError(f"cannot write in {g['anchor']}: {g['unwritable']}", field=field)
         # a cpu or cuda engine holds its checkpoint's files itself: another disk for --checkpoint-dir would only
         # move a copy of them
         advice = ("free space there, put the checkpoint on another disk with --checkpoint-dir, or pass "
@@ -751,6 +766,11 @@ def render_plan(plan: dict) -> str:
         elif z["max_batch_that_fits"] == 0:
             lines.append(f"  largest batch at max_seq_len: 0 (not one request of max_seq_len {s['max_seq_len']} "
                          f"fits the KV budget: lower --max-seq-len or raise --tp-size)")
+        elif z["full_batch_max_len"] < 2:
+            lines.append(f"  largest batch at max_seq_len: {z['max_batch_that_fits']} (max_batch_size "
+                         f"{s['max_batch_size']} does NOT fit at any length: at most "
+                         f"{min(z['most_requests_at_once'], s['max_batch_size'])} requests run at once, however short; "
+                         f"the rest wait for KV blocks: lower --max-batch-size)")
         else:
             lines.append(f"  largest batch at max_seq_len: {z['max_batch_that_fits']} (max_batch_size "
                          f"{s['max_batch_size']} does NOT fit at that length: a request starts only with KV blocks "
@@ -761,8 +781,10 @@ def render_plan(plan: dict) -> str:
                          f"{_disk_label(it)}"
                          f" at {it['path']}" for it in g["items"])
         free = "free space unknown" if g["free"] is None else f"{_gib(g['free'])} free"
+        verdict = "" if g["fits"] else (f" -- CANNOT WRITE THERE ({g['unwritable']}): the build will refuse"
+                                        if g.get("unwritable") else " -- NOT ENOUGH: the build will refuse")
         lines.append(f"disk: {what}: needs {_gib(g['need'])} with headroom on the file system of {g['anchor']}, "
-                     f"{free}{'' if g['fits'] else ' -- NOT ENOUGH: the build will refuse'}")
+                     f"{free}{verdict}")
     sup = plan["supported"]
     lines.append(f"supported today: stages {', '.join(sup['stages']) or '(unregistered target)'}; CPU engine "
                  f"{'yes' if sup['cpu_engine'] else 'no'}; TensorRT-LLM engine "

@@ -60,6 +60,18 @@ def test_the_reports_target_and_a_cpu_reports_wall_time_by_default(tmp_path):
     assert "NVIDIA H100 SXM (3.35 TB/s, 989.4 TFLOP/s bf16 dense)" in r.output
 
 
+def test_a_file_that_is_not_a_steps_report_is_one_line(tmp_path):
+    """Without a target to match, a list, a report without a target or a `bench run` report given to --costs-from
+    crashed (AttributeError / TypeError, a review): the format is checked before anything is read from it."""
+    for i, doc in enumerate([[], {"format": "x"}, {"format": "dflash2-trt bench report", "target": "tiny",
+                                                   "backend": "cpu", "runs": []}]):
+        f = tmp_path / f"r{i}.json"
+        f.write_text(json.dumps(doc))
+        r = CliRunner().invoke(main, ["bench", "project", "--costs-from", str(f), "--acceptance", "3"])
+        assert r.exit_code == 1 and r.output == (f"error: {f}: not a `bench steps` report (format 'dflash2-trt bench "
+                                                 f"steps', points[])\n"), r.output
+
+
 @pytest.mark.parametrize("kw,needle", [
     (dict(steps=dict(format="something else")), "not a `bench steps` report"),
     (dict(steps=dict(target="muse-glimmer-30b")), "not 'qwen3.8-27b'"),

@@ -153,6 +153,19 @@ def test_qwen_plan_tp2_and_gpu_memory():
     assert not re.search(r" -\d", line), line                 # no negative free memory
     assert line.endswith("the engine would not load on such a GPU (raise --tp-size, or plan another GPU with "
                          "--gpu-memory-gib)"), line
+    # a max_batch_size that no length lets run at once (the state alone, 159 MiB a request): said so, not "up to 0"
+    r = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--backend", "trtllm",
+                                  "--gpu-memory-gib", "66", "--max-seq-len", "2048", "--max-input-len", "1024",
+                                  "--max-batch-size", "512", "--json"])
+    z = json.loads(r.stdout)["sizing"]
+    one = 32 * 86016 + z["recurrent_state_bytes_per_request"]    # 1 + 1 tokens and 14 extra slots: one 32-token block
+    assert z["full_batch_max_len"] == 0 and z["most_requests_at_once"] == z["kv_budget"] // one
+    assert z["max_batch_that_fits"] <= z["most_requests_at_once"] < 512
+    text = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--backend", "trtllm",
+                                     "--gpu-memory-gib", "66", "--max-seq-len", "2048", "--max-input-len", "1024",
+                                     "--max-batch-size", "512"]).output
+    assert (f"(max_batch_size 512 does NOT fit at any length: at most {z['most_requests_at_once']} requests run at "
+            f"once, however short; the rest wait for KV blocks: lower --max-batch-size)") in text, text
     text = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--gpu-memory-gib", "58"]).output
     assert "largest batch at max_seq_len: 0 (not one request of max_seq_len 40960 fits the KV budget: lower " \
            "--max-seq-len or raise --tp-size)" in text, text
@@ -336,6 +349,29 @@ def test_a_place_that_cannot_be_written_is_not_reported_as_full(tmp_path):
     code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", "/proc/dflash2-x", "--no-verify")
     assert code == 1 and text.startswith("error: --output: cannot write in /proc: ") and text.count("\n") == 1, text
     assert not os.path.exists("/proc/dflash2-x")
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", "/proc/dflash2-x", "--dry-run")
+    assert code == 0 and "/proc, 0 B free -- CANNOT WRITE THERE (" in text, text      # the dry run says the same
+
+
+def test_a_full_disk_is_still_called_full(tmp_path, monkeypatch):
+    """A full ext4 fails the probe's mkdir with ENOSPC: that is the free-space case, whose message (the sizes and
+    what to do) applies, not "cannot write" (a review of the probe)."""
+    import errno
+    import shutil
+
+    from dflash2_trt.engine import plan as plan_mod
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(shutil, "disk_usage", _Usage(0))
+    monkeypatch.setattr(plan_mod.tempfile, "TemporaryDirectory", full)
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"), "--no-verify")
+    assert code == 1 and text.startswith("error: --output: the build needs about ") and \
+        text.endswith("0 B is available: free space there, or pass --no-disk-check\n"), text
+    monkeypatch.setattr(plan_mod.tempfile, "TemporaryDirectory", lambda *a, **k: (_ for _ in ()).throw(
+        OSError(errno.EROFS, "Read-only file system")))
+    code, text = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(tmp_path / "e"), "--no-verify")
+    assert code == 1 and text == f"error: --output: cannot write in {tmp_path}: Read-only file system\n", text
 
 
 def test_what_a_rewrite_or_a_copy_costs(tmp_path, monkeypatch):
