@@ -659,7 +659,8 @@ def _report_build(res, as_json: bool) -> None:
 class RequestsBar:
     """``run``'s progress: a tqdm bar of requests done on stderr, on a terminal only (tqdm's ``disable=None``; none
     in a log or beside ``--json`` piped elsewhere), made at the first report (the total is known then), gone when
-    the run ends (``leave=False``). Called as ``progress(done, total)`` by the project runtime's ``generate``."""
+    the run ends (``leave=False``). Called as ``progress(done, total)`` by the project runtime's ``generate`` (cpu and
+    cuda engines, TensorRT engines on the project runtime; TensorRT-LLM's C++ runner reports none)."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -704,7 +705,8 @@ class RequestsBar:
 @click.option("--threads", type=int, default=None,
               help="torch's CPU threads for CPU engines [default: torch's, one per core]; fewer "
                    "where other work shares the cores.")
-@click.option("--no-progress", is_flag=True, help="No progress bar (shown on a terminal only, on stderr).")
+@click.option("--no-progress", is_flag=True, help="No progress bar (on stderr, on a terminal only; the project runtime's: "
+              "not with --runtime executor).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
             runtime, cuda_graphs, threads, no_progress, as_json) -> None:

@@ -104,6 +104,10 @@ def declares_generic_fast_class(directory: str | Path) -> bool:
         and cfg.get("tokenizer_class") in GENERIC_FAST_CLASSES
 
 
+WORD_SCAN_LIMIT = 10_000
+"""Distinct words an encoding error tries one by one to name the one the tokenizer cannot take."""
+
+
 def encode_text(tokenizer, text: str, vocab_size: int | None = None, *, source=None, field: str = "prompt") -> list[int]:
     """``text`` as token ids (no special tokens added). ``vocab_size``: the engine's vocabulary; ids at or beyond
     it mean the tokenizer is not the target's (refused here, naming the tokenizer, not later as a bad request).
@@ -112,7 +116,9 @@ def encode_text(tokenizer, text: str, vocab_size: int | None = None, *, source=N
     try:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     except Exception as exc:  # noqa: BLE001 - e.g. a word-level vocabulary without an unknown token
-        bad = next((w for w in text.split() if not _encodes(tokenizer, w)), None)
+        # each distinct word once, the first WORD_SCAN_LIMIT of them (a long text ending in an unknown word must not
+        # cost a tokenizer call per word: the tokenizer's own message past that)
+        bad = next((w for w in list(dict.fromkeys(text.split()))[:WORD_SCAN_LIMIT] if not _encodes(tokenizer, w)), None)
         what = f"the word {bad!r} is not in its vocabulary" if bad is not None else str(exc)
         raise ConfigError(f"the tokenizer cannot encode the prompt text: {what}", source=source,
                           field=field) from None

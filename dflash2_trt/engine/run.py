@@ -34,7 +34,7 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                  max_batch_size=max_batch_size, verify=verify, runtime=runtime, trt=trt,
-                                 cuda_graphs=cuda_graphs)
+                                 cuda_graphs=cuda_graphs, progress=progress)
     if runtime not in (None, "auto"):
         raise ConfigError("applies to TensorRT-LLM engines (this is a stand-in engine: the project's runtime runs it)",
                           field="--runtime")

@@ -102,8 +102,10 @@ def test_run_takes_the_project_runtime_and_gives_the_cpu_engines_tokens(trt_engi
     path = d.parent / "prompts.jsonl"
     path.write_text("".join(json.dumps({"task_id": i, "input_ids": p, "output_tokens": 10}) + "\n"
                             for i, p in enumerate(prompts)))
-    rep = run_engine(d, prompts_file=str(path), max_batch_size=2, trt=trt)
+    seen = []    # run's bar on this path too: (done, total) after each step (a review: it reached cpu engines only)
+    rep = run_engine(d, prompts_file=str(path), max_batch_size=2, trt=trt, progress=lambda *a: seen.append(a))
     assert rep["backend"] == "trtllm" and rep["runtime"] == "project" and rep["runtime_path"]["path"] == PROJECT
+    assert len(seen) == rep["totals"]["steps"] and seen[-1] == (2, 2) and seen == sorted(seen)
     want = run_engine(cpu_dir, prompts_file=str(path), max_batch_size=2)
     assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
     assert [r["acceptance_lengths"] for r in rep["requests"]] == [r["acceptance_lengths"] for r in want["requests"]]

@@ -133,13 +133,14 @@ def refuse_graphs_off_the_project_path(asked: bool, path: dict, pretrained: dict
 def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                       temperature: float = 0.0, seed: int = 0, max_batch_size=None, verify: bool = False,
                       runtime: str | None = None, trt=None, cuda_graphs: bool = False,
-                      simulate_graphs: bool = False) -> dict:
+                      simulate_graphs: bool = False, progress=None) -> dict:
     """``run --engine-dir`` on a TensorRT-LLM engine: the engine directory and the prompts are checked here (any
     machine), the decoding needs TensorRT (and TensorRT-LLM's plugins) on a GPU. ``runtime``: ``auto`` (the engine's
     path, :mod:`.paths`), ``project`` (the project runtime over TensorRT, :mod:`.session_run`) or ``executor``
     (TensorRT-LLM's C++ runner). ``trt``: the TensorRT module for the project runtime (tests: its CPU stand-in).
     ``cuda_graphs``: the project runtime replays generation steps from CUDA graphs (:mod:`.session_graphs`;
-    ``simulate_graphs``: on the stand-in, for tests)."""
+    ``simulate_graphs``: on the stand-in, for tests). ``progress(done, total)``: the project runtime's, after each
+    step (TensorRT-LLM's C++ runner reports none)."""
     cfg, man = load_engine_dir(engine_dir, verify=verify)
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     if prompts_file is not None:
@@ -178,7 +179,7 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
         report = run_items(engine_dir, items, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                            max_batch_size=max_batch_size, tokenizer=tok, trt=trt,
                            session_kw={"cuda_graphs": cuda_graphs, "simulate_graphs": simulate_graphs} if graphs
-                           else None)
+                           else None, progress=progress)
     else:
         _require_trtllm()
         report = run_trtllm_engine(engine_dir, man, items, max_new_tokens=max_new_tokens, temperature=temperature,

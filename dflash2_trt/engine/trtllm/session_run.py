@@ -18,9 +18,9 @@ def _requests(items, *, max_new_tokens: int, temperature: float, seed: int, stop
 
 
 def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature: float, seed: int,
-              max_batch_size=None, tokenizer=None, trt=None, session_kw=None) -> dict:
+              max_batch_size=None, tokenizer=None, trt=None, session_kw=None, progress=None) -> dict:
     """``dflash2-trt run`` on a TensorRT engine through the project runtime (``trt``: the tensorrt module, or its CPU
-    stand-in in tests)."""
+    stand-in in tests). ``progress(done, total)``: called after each step, by rank 0 only (the rank that prints)."""
     sess, man = open_project_session(engine_dir, trt=trt, **(session_kw or {}))
     try:
         stops = stop_ids(man, sess.vocab_size)
@@ -28,7 +28,7 @@ def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature
         rt = Runtime(sess, max_batch_size=max_batch_size)
         check_requests(rt, items, reqs)   # a request the engine cannot take names its prompts-file line
         t0 = time.perf_counter()
-        rt.generate(reqs)
+        rt.generate(reqs, progress=progress if getattr(sess, "rank", 0) == 0 else None)
         wall = time.perf_counter() - t0
         report = run_report(engine_dir, reqs, rt, wall, tokenizer, backend="trtllm", runtime="project",
                             block_size=sess.K + 1, tp_size=sess.tp, temperature=temperature)

@@ -106,7 +106,9 @@ class TritonPythonModel:
         except Exception as exc:  # noqa: BLE001 - e.g. a word outside a word-level vocabulary
             # name the word, as `run --prompt` does (the tokenizer's own message, "WordLevel error: Missing [UNK]
             # token from the vocabulary", does not say which)
-            bad = next((w for w in text.split() if not self._encodes(w)), None)
+            # each distinct word once, at most 10,000 (a long text ending in an unknown word must not stall the model
+            # with a tokenizer call per word; past that, the tokenizer's own message)
+            bad = next((w for w in list(dict.fromkeys(text.split()))[:10_000] if not self._encodes(w)), None)
             why = f"the word {bad!r} is not in its vocabulary" if bad is not None else str(exc)
             raise ValueError(f"preprocessing: the tokenizer cannot encode {what}: {why}") from None
 
