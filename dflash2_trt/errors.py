@@ -34,9 +34,9 @@ def stop_requested(signum: int) -> KeyboardInterrupt:
 
 
 committed_outputs: list = []
-"""Output directories renamed into place in this process, in order (checkpoint/writer.py appends them; the CLI clears
-the list per command and names them when a stop ends a command after one was complete, so that its "removed" line is
-not wrong about them)."""
+"""Outputs renamed into place in this process, in order (checkpoint/writer.py appends its directories, bench/io.py
+its files; the CLI clears the list per command and names them when a stop ends a command after one was complete, so
+that its "removed" line is not wrong about them)."""
 
 
 def raise_stop(signum: int, frame=None) -> None:

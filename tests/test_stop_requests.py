@@ -195,6 +195,36 @@ AFTER_THE_OUTPUT = textwrap.dedent("""
 """)
 
 
+AFTER_A_FILE = textwrap.dedent("""
+    import os, signal, sys, time
+    import click
+    from dflash2_trt import cli
+    from dflash2_trt.bench.io import atomic_write_text
+
+    @cli.main.command("file-then-stop")
+    @click.argument("out")
+    def file_then_stop(out):
+        atomic_write_text(out, "complete\\n")    # a dataset, a report: in place, the old one replaced
+        os.kill(os.getpid(), signal.{sig})        # the stop lands in the work after it (prepare-dataset's summary)
+        time.sleep(5)
+
+    cli.main(sys.argv[1:])
+""")
+
+
+@pytest.mark.parametrize("sig,code,line", STOPS)
+def test_a_stop_after_a_file_was_written_says_it_was_kept(tmp_path, sig, code, line):
+    """`bench prepare-dataset --force` stopped just after its file was in place said only "interrupted": the old file
+    was gone and the new one complete, and nothing said so (a new user's review)."""
+    out = tmp_path / "d.jsonl"
+    out.write_text("old\n")
+    p = subprocess.run([sys.executable, "-c", AFTER_A_FILE.replace("{sig}", sig), "file-then-stop", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert [ln for ln in p.stderr.splitlines() if ln.strip()] == [f"{line} (complete and kept: {out})"], p.stderr
+    assert out.read_text() == "complete\n" and sorted(x.name for x in tmp_path.iterdir()) == ["d.jsonl"]
+
+
 @pytest.mark.parametrize("sig,code,line", STOPS)
 def test_a_stop_after_an_output_was_complete_says_it_was_kept(tmp_path, sig, code, line):
     """The stop's line said "any output in progress was removed" also where an output was already in place (a

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from ..checkpoint.writer import OutputWriteError, current_umask
-from ..errors import ConfigError
+from ..errors import ConfigError, committed_outputs
 
 
 OUTPUT_KINDS = {"run": "a `bench run` report", "steps": "a `bench steps` report",
@@ -128,6 +128,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
+        committed_outputs.append(path)   # a stop after this point says the file is complete and kept (cli._stopped)
     except OSError as exc:
         raise OutputWriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
     finally:
