@@ -280,6 +280,13 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
     text = read_utf8(path, what="prompts", bom=True)
     try:
         data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and not isinstance(data.get("prompts"), list):   # {"prompts": 5}: its field, said so
+        got = f"got {type(data['prompts']).__name__}" if "prompts" in data else "missing from the JSON object"
+        raise ConfigError(f"must be a list of prompts (token id lists or strings), {got}", source=path,
+                          field="prompts")
+    try:
         items = data["prompts"] if isinstance(data, dict) else data
         if not isinstance(items, list):
             raise ValueError

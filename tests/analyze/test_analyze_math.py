@@ -207,6 +207,13 @@ def test_load_prompts_forms(tmp_path):
         f = tmp_path / "f.json"
         f.write_text("[[]]")
         load_prompts(f)
+    # an object whose prompts field is not a list names that field (it said "prompt 0 must be a list of token ids")
+    g = tmp_path / "g.json"
+    for doc, got in (({"prompts": 5}, "got int"), ({"x": [[1]]}, "missing from the JSON object")):
+        g.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError) as exc:
+            load_prompts(g)
+        assert str(exc.value) == f"{g}: prompts: must be a list of prompts (token id lists or strings), {got}"
 
 
 def test_analyze_pair_refuses_bad_options_before_loading(tmp_path):
