@@ -13,18 +13,14 @@ from ..textfiles import read_utf8
 from ..tokenizer import engine_tokenizer_dir, find_tokenizer
 
 
-def text_source(item: dict) -> str | None:
-    """Where a request item's prompt text came from, for an error about it: a prompts file's ``FILE:LINE``; None for
-    a command-line option (``--prompt``: the error names the prompt alone)."""
+def text_origin(item: dict) -> dict:
+    """Where a request item's prompt text came from, as :func:`~dflash2_trt.tokenizer.encode_text`'s ``source`` and
+    ``field`` for an error about it: a prompts file's ``FILE:LINE`` and its ``prompt`` field, or the command-line option
+    that gave it (``--prompt``) alone."""
     where = item.get("where")
-    return None if where is None or where.startswith("--") else where
-
-
-def text_field(item: dict) -> str:
-    """The field an error about a request item's prompt text names: the option that gave it (``--prompt``), else a
-    prompts file line's ``prompt``."""
-    where = item.get("where")
-    return where if where is not None and where.startswith("--") else "prompt"
+    if where is not None and where.startswith("--"):
+        return {"source": None, "field": where}
+    return {"source": where, "field": "prompt"}
 
 
 def read_prompts_file(path: str | Path) -> list[dict]:

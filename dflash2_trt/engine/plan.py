@@ -317,9 +317,8 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
     # where a full batch does not fit at max_seq_len: the longest sequence (prompt + output) each of max_batch_size
     # requests can have with all of them running at once (whole blocks, less the extra slots); the schedulers admit a
     # request only with KV blocks for its whole length, so longer ones wait (nothing is refused)
-    per_request = budget // cfg.max_batch_size - recurrent
-    full_batch_len = max(0, (per_request // (cfg.tokens_per_block * kv_token)) * cfg.tokens_per_block - extra) \
-        if per_request > 0 else 0
+    per_request = max(0, budget // cfg.max_batch_size - recurrent)
+    full_batch_len = max(0, per_request // (cfg.tokens_per_block * kv_token) * cfg.tokens_per_block - extra)
     # the most requests at once at all: each of the shortest length (a 1-token prompt and 1 new token, the extra slots)
     shortest = -(-(2 + extra) // cfg.tokens_per_block) * cfg.tokens_per_block * kv_token + recurrent
     out.update(free_after_load=free, kv_budget=budget, max_batch_that_fits=fit,

@@ -8,7 +8,7 @@ import time
 from ...reference.generate import parse_prompt_ids
 from ...runtime import Request, Runtime
 from ...tokenizer import encode_text
-from ..common import check_requests, read_prompts_file, run_report, run_tokenizer, stop_ids, text_field, text_source
+from ..common import check_requests, read_prompts_file, run_report, run_tokenizer, stop_ids, text_origin
 from .engine import open_standin_engine
 from .graphs import GraphedSteps
 
@@ -35,7 +35,7 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
         for i, it in enumerate(items):
             ids = it["input_ids"]
             if ids is None:
-                ids = encode_text(tok, it["prompt"], engine.vocab_size, source=text_source(it), field=text_field(it))
+                ids = encode_text(tok, it["prompt"], engine.vocab_size, **text_origin(it))
             reqs.append(Request(list(ids), it["output_tokens"] or max_new_tokens, temperature=temperature,
                                 seed=seed + i, stop_token_ids=stops, task_id=it["task_id"]))
         stepper = GraphedSteps(engine, simulate=simulate_graphs) if cuda_graphs or simulate_graphs else engine

@@ -25,7 +25,7 @@ from ...errors import ConfigError, MissingDependencyError
 from ...reference.generate import parse_prompt_ids
 from ...sampling import request_temperature
 from ...tokenizer import encode_text
-from ..common import eagle_choices, read_prompts_file, run_tokenizer, text_field, text_source
+from ..common import eagle_choices, read_prompts_file, run_tokenizer, text_origin
 from ..format import load_engine_dir
 from ...trtllm.register import import_tensorrt_llm, register
 from ..graph_rules import refuse_tp
@@ -154,7 +154,7 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
     tok = run_tokenizer(man, engine_dir, items)
     for it in items:
         if it["input_ids"] is None:
-            it["input_ids"] = encode_text(tok, it["prompt"], vocab, source=text_source(it), field=text_field(it))
+            it["input_ids"] = encode_text(tok, it["prompt"], vocab, **text_origin(it))
     lim = man["limits"]
     for it in items:
         ids, new = it["input_ids"], it["output_tokens"] or max_new_tokens

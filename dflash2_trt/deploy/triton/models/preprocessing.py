@@ -104,10 +104,9 @@ class TritonPythonModel:
         try:
             return list(self.tokenizer(text, add_special_tokens=self.add_special)["input_ids"])
         except Exception as exc:  # noqa: BLE001 - e.g. a word outside a word-level vocabulary
-            # name the word, as `run --prompt` does (the tokenizer's own message, "WordLevel error: Missing [UNK]
-            # token from the vocabulary", does not say which)
-            # each distinct word once, at most 10,000 (a long text ending in an unknown word must not stall the model
-            # with a tokenizer call per word; past that, the tokenizer's own message)
+            # name the word, as `run --prompt` does (dflash2_trt.tokenizer.encode_text; the tokenizer's own "WordLevel
+            # error: Missing [UNK] token" does not say which): each distinct word once, at most 10,000, so that a long
+            # text cannot stall the model with a call per word (past that, the tokenizer's own message)
             bad = next((w for w in list(dict.fromkeys(text.split()))[:10_000] if not self._encodes(w)), None)
             why = f"the word {bad!r} is not in its vocabulary" if bad is not None else str(exc)
             raise ValueError(f"preprocessing: the tokenizer cannot encode {what}: {why}") from None
