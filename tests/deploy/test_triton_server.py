@@ -285,3 +285,31 @@ def test_bounded_load(server_stream, prompts, greedy):
     assert len(scaled) == 1, scaled
     # in-flight batching across requests: more requests per second with more of them in flight
     assert reports[16]["requests_per_s"] > 1.5 * reports[1]["requests_per_s"]
+
+
+def test_a_short_request_does_not_wait_for_a_long_one_without_decoupling(server_plain, prompts):
+    """Not decoupled, the model still batches in flight: a 1-token request sent while a 300-token one is being
+    decoded is answered first (the model answers each request through its sender when it ends, as TensorRT-LLM's
+    backend does; a model that returned its batch's responses from execute() held the short one until the long one
+    ended: a reviewer's 3-token request took 4.7 s)."""
+    import threading
+    import time
+
+    done: dict[str, float] = {}
+
+    def ask(name, max_new):
+        c = httpclient.InferenceServerClient(server_plain.http_url, connection_timeout=60, network_timeout=120)
+        try:   # end_id -1: no end token stops it, so the long one runs its 300 tokens
+            c.infer("tensorrt_llm", ids_inputs(httpclient, prompts[1], max_new, end_id=-1))
+            done[name] = time.monotonic()
+        finally:
+            c.close()
+
+    long = threading.Thread(target=ask, args=("long", 300))
+    long.start()
+    time.sleep(0.5)
+    assert "long" not in done, "the long request ended before the short one was sent: nothing was tested"
+    ask("short", 1)
+    long.join(timeout=120)
+    assert set(done) == {"long", "short"}
+    assert done["short"] < done["long"], done

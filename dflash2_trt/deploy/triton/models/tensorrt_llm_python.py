@@ -12,7 +12,6 @@ Needs the ``dflash2-trt`` package importable by the python-backend stub (the ser
 import json
 import os
 import sys
-import threading
 
 import triton_python_backend_utils as pb_utils
 
@@ -47,7 +46,10 @@ def _error(message):
 
 
 class _StreamSink:
-    """Decoupled: responses go out through the request's sender as they are made."""
+    """Responses go out through the request's sender as they are made: decoupled, one per engine step (streaming) or
+    one in all; not decoupled, the one final response. Either way execute() returns at once (None), so Triton hands
+    the instance its next requests while these run: in-flight batching across requests, as TensorRT-LLM's backend
+    does (it answers each request from its own response thread, whatever the transaction policy)."""
 
     def __init__(self, request):
         self.request = request
@@ -62,26 +64,6 @@ class _StreamSink:
 
     def cancelled(self):
         return self.request.is_cancelled()
-
-
-class _CollectSink:
-    """Not decoupled: execute() waits for the one final response."""
-
-    def __init__(self):
-        self.done = threading.Event()
-        self.response = None
-
-    def send(self, tensors, final):
-        if final:
-            self.response = _response(tensors)
-            self.done.set()
-
-    def error(self, message):
-        self.response = _error(message)
-        self.done.set()
-
-    def cancelled(self):
-        return False
 
 
 class TritonPythonModel:
@@ -136,7 +118,7 @@ class TritonPythonModel:
                 f"write the repository again with `deploy triton --max-batch-size`")
         try:
             # `serve` names a drain file: when it appears, requests in flight get until its deadline to finish
-            self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=self.decoupled,
+            self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=True,
                                     drain_file=os.environ.get(DRAIN_ENV) or None, chunked_context=chunked == "true",
                                     chunked_context_switch='config.pbtxt enable_chunked_context "false"')
         except DFlash2Error as exc:
@@ -150,25 +132,13 @@ class TritonPythonModel:
                              exclude_default=self.exclude_default, decoupled=self.decoupled)
 
     def execute(self, requests):
-        if self.decoupled:
-            for request in requests:
-                sink = _StreamSink(request)
-                try:
-                    self.loop.submit(self._spec(request), sink, task_id=request.request_id())
-                except DFlash2Error as exc:
-                    sink.error(str(exc))
-            return None
-        sinks = []
         for request in requests:
-            sink = _CollectSink()
+            sink = _StreamSink(request)
             try:
                 self.loop.submit(self._spec(request), sink, task_id=request.request_id())
             except DFlash2Error as exc:
                 sink.error(str(exc))
-            sinks.append(sink)
-        for sink in sinks:
-            sink.done.wait()
-        return [sink.response for sink in sinks]
+        return None
 
     def finalize(self):
         self.loop.close()
