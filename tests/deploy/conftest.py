@@ -60,10 +60,14 @@ def target():
 
 @pytest.fixture(scope="session")
 def greedy(target, prompts):
-    """The target's own greedy continuation of every shipped prompt (MAX_NEW tokens, EOS stops)."""
+    """The target's own greedy continuation of every shipped prompt (MAX_NEW tokens, EOS stops). None of them reaches
+    EOS, so they are also what a Triton response carries (which leaves the end token out: serving.response_tokens)
+    and the tests compare both with them as they are."""
     from dflash2_trt.reference.loop import target_generate
 
-    return [target_generate(target, p, MAX_NEW, stop_token_ids=EOS) for p in prompts]
+    out = [target_generate(target, p, MAX_NEW, stop_token_ids=EOS) for p in prompts]
+    assert not any(g and g[-1] in EOS for g in out), "a continuation ends at EOS: compare responses with response_tokens"
+    return out
 
 
 @pytest.fixture(scope="session")

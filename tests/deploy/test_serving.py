@@ -106,13 +106,15 @@ def test_statistics_are_tensorrt_llms():
 
 class Sink:
     def __init__(self, cancel_after=None):
-        self.chunks, self.final, self.err, self.cancel_after = [], None, None, cancel_after
+        self.chunks, self.final, self.err, self.cancel_after, self.counts = [], None, None, cancel_after, []
         self.done = threading.Event()
 
     def send(self, tensors, final):
         ids = tensors["output_ids"].reshape(-1).tolist()
         assert tensors["sequence_length"].reshape(-1)[0] == len(ids)
         self.chunks.append(ids)
+        if "num_output_tokens" in tensors:
+            self.counts.append(tensors["num_output_tokens"])
         if final:
             self.final = tensors
             self.done.set()
@@ -229,6 +231,40 @@ def test_exclude_input_false_returns_prompt_and_output(loop, prompts, greedy):
     loop.submit(_spec(prompts[1], exclude_input_in_output=False), sink)
     _wait([sink])
     assert sink.chunks == [prompts[1] + greedy[1]]
+
+
+def _response_facts():
+    import yaml
+    from pathlib import Path
+
+    import dflash2_trt.deploy.triton.serving as serving
+
+    return yaml.safe_load((Path(serving.__file__).parent / "tensorrtllm_backend.yaml").read_text())["responses"]
+
+
+def test_a_response_is_what_tensorrt_llms_backend_sends_at_an_end_token(loop, prompts, greedy):
+    """Held to the record of TensorRT-LLM's backend and EAGLE decoding (tensorrtllm_backend.yaml ``responses``): a
+    request that stops at its end id gets output_ids / sequence_length without it, and num_output_tokens counts the
+    tokens of each response (streamed: the step's; not streamed: all of them, the prompt too where it is included)."""
+    facts = _response_facts()
+    assert facts["num_output_tokens"] == "per_response"
+    want = greedy[2]
+    i = 6
+    end = want[i]
+    i = want.index(end)                                    # its first place in the output
+    assert i >= 2, want                                    # a few tokens before it: something to keep
+    kept = want[:i + 1] if facts["end_token_in_output"] else want[:i]
+    flags = dict(end_id=np.int32(end), return_num_output_tokens=True)
+    whole, streamed, with_prompt = Sink(), Sink(), Sink()
+    loop.submit(_spec(prompts[2], **flags), whole)
+    loop.submit(_spec(prompts[2], streaming=True, **flags), streamed)
+    loop.submit(_spec(prompts[2], exclude_input_in_output=False, **flags), with_prompt)
+    _wait([whole, streamed, with_prompt])
+    assert whole.chunks == [kept] and int(whole.final["num_output_tokens"].reshape(-1)[0]) == len(kept)
+    assert sum(streamed.chunks, []) == kept
+    assert [int(n.reshape(-1)[0]) for n in streamed.counts] == [len(c) for c in streamed.chunks]
+    assert with_prompt.chunks == [prompts[2] + kept]
+    assert int(with_prompt.final["num_output_tokens"].reshape(-1)[0]) == len(prompts[2]) + len(kept)
 
 
 def test_a_cancelled_request_is_dropped_and_the_others_finish(loop, prompts, greedy):

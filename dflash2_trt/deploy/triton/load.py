@@ -272,6 +272,7 @@ def expected_requests(engine_dir, n: int, max_tokens: int) -> tuple[list[LoadReq
     from pathlib import Path
 
     from ...reference.loop import load_target, target_generate
+    from .serving import response_tokens
 
     _, man = load_engine_dir(engine_dir)
     target_dir = Path(man["sources"]["target_dir"])
@@ -290,7 +291,8 @@ def expected_requests(engine_dir, n: int, max_tokens: int) -> tuple[list[LoadReq
                           f"exceed the engine's max_seq_len {max_seq_len}", field="--max-tokens")
     target = load_target(target_dir)
     stops = tuple(man.get("eos_token_ids") or ())
-    expected = [target_generate(target, p, max_tokens, stop_token_ids=stops) for p in prompts]
+    # a response leaves out the end token the request stopped at, as TensorRT-LLM's backend does (serving.py)
+    expected = [response_tokens(target_generate(target, p, max_tokens, stop_token_ids=stops), stops) for p in prompts]
     reqs = [LoadRequest(list(prompts[i % len(prompts)]), max_tokens, expected[i % len(prompts)]) for i in range(n)]
     return reqs, int(man["block_size"]) - 1
 

@@ -29,6 +29,14 @@ executor defines them (``LlmRequest::updateNumTokensPerIteration`` and the resul
 The mean acceptance length (tokens per generation step, ``dflash2-trt run``'s "mean acceptance")
 is ``1 + total_accepted_draft_tokens * K / total_draft_tokens``.
 
+What a response holds, as TensorRT-LLM's backend fills it (``tensorrtllm_backend.yaml`` ``responses``, with the
+sources): ``output_ids`` / ``sequence_length`` leave out the end token a request stopped at (TensorRT-LLM's EAGLE
+decoding mode stops on it explicitly and does not count it in the sequence), but keep a stop word;
+``num_output_tokens`` counts the tokens of that response (streamed: the step's; not streamed: the whole output, and
+the prompt too where ``exclude_input_in_output`` is false). The runtime's own ``output_ids`` keep the end token, as
+the HF target's ``generate`` does (``run``, ``bench``, the verify gate compare them with it); only these responses
+drop it.
+
 Times (``arrival_time_ns``, ``first_scheduled_time_ns``, ``first_token_time_ns``,
 ``last_token_time_ns``) are ``time.monotonic_ns()`` (a steady clock, as TensorRT-LLM's).
 
@@ -220,6 +228,19 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
                 flag("exclude_input_in_output", exclude_default), flag("return_perf_metrics"),
                 flag("return_num_input_tokens"), flag("return_num_output_tokens"),
                 time.monotonic_ns() if arrival_ns is None else arrival_ns)
+
+
+def ended_at_end_token(r) -> bool:
+    """Whether request ``r`` has ended at one of its end tokens (its last output token, which a response leaves out,
+    as TensorRT-LLM's does: the module docstring)."""
+    return r.done and r.stop_reason == "stop_token"
+
+
+def response_tokens(tokens, end_ids) -> list[int]:
+    """What a response carries of a request's output ``tokens`` (the runtime's, or the HF target's ``generate``,
+    which end with the end token they stopped at): the same without that end token."""
+    tokens = list(tokens)
+    return tokens[:-1] if tokens and tokens[-1] in tuple(end_ids) else tokens
 
 
 def draft_stats(acceptance_lengths, K: int) -> dict:
@@ -551,6 +572,8 @@ class ServingLoop:
             live.first_token_ns = now
         live.last_token_ns = now
         new = self._cut_at_stop_word(live.spec.stop_words, r, new)
+        if ended_at_end_token(r) and new:
+            new = new[:-1]      # the step's last token is the end token (the runtime stops at it): not sent
         if r.done:
             live.last_chunk = new
         elif live.spec.streaming and new:
@@ -578,7 +601,8 @@ class ServingLoop:
         if live.spec.streaming:
             tokens = live.last_chunk
         else:
-            tokens = list(r.output_ids) if live.spec.exclude_input else list(r.prompt_ids) + list(r.output_ids)
+            out = list(r.output_ids[:-1] if ended_at_end_token(r) else r.output_ids)
+            tokens = out if live.spec.exclude_input else list(r.prompt_ids) + out
         tensors = self._tensors(live, r, tokens)   # before it leaves _live: if this raises, _fail_all answers it
         del self._live[id(r)]
         _safe(live.sink.send, tensors, True)
@@ -599,7 +623,7 @@ class ServingLoop:
         if spec.num_input:
             out["num_input_tokens"] = i32(len(r.prompt_ids))
         if spec.num_output:
-            out["num_output_tokens"] = i32(len(r.output_ids))
+            out["num_output_tokens"] = i32(len(tokens))    # this response's (TensorRT-LLM's fillTritonResponse)
         return out
 
     def _fail_all(self, message: str) -> None:
