@@ -241,3 +241,25 @@ def test_the_executor_paths_run_report_has_no_mean_acceptance(monkeypatch):
     assert rep["totals"]["mean_acceptance"] is None and rep["requests"][0]["mean_acceptance"] is None
     text = run_mod.render(rep)
     assert "mean acceptance - over 0 steps" in text and "0.00" not in text, text
+
+
+def test_the_executor_paths_tokens_are_the_cpu_runtimes():
+    """TensorRT-LLM's executor leaves the end token out of a request's output (recorded with its sources in
+    deploy/triton/tensorrtllm_backend.yaml ``responses``); ``run`` and the verify gate on the executor path give the
+    new tokens as the CPU runtime and the HF target's ``generate`` do, ending with the end token they stopped at."""
+    import yaml
+    from pathlib import Path
+
+    import dflash2_trt.deploy.triton as triton_pkg
+    from dflash2_trt.engine.trtllm.runner import executor_tokens
+
+    facts = yaml.safe_load((Path(triton_pkg.__file__).parent / "tensorrtllm_backend.yaml").read_text())["responses"]
+    eos = (2, 3)                          # end id 2; 3 goes to the executor as a stop word (runner._decode)
+
+    def executor(out):                    # what the executor returns for a request whose tokens are `out`
+        ends_at_end_id = out and out[-1] == eos[0]
+        return out[:-1] if ends_at_end_id and not facts["end_token_in_output"] else out
+
+    for out, new in [([5, 6, 2], 8), ([2], 8), ([5, 6, 7, 8], 4), ([5, 3], 8), ([5, 6, 7, 2], 4), ([9] * 8, 8)]:
+        assert executor_tokens(executor(out), new, eos) == out, (out, new)
+    assert executor_tokens([5, 6], 8, ()) == [5, 6]              # no end id: nothing to put back

@@ -74,13 +74,23 @@ def _decode(runner, prompts, new: int, eos, temperature: float, seed: int) -> li
                           pad_id=end_id if end_id >= 0 else 0, stop_words_list=stop,
                           temperature=request_temperature(temperature),   # never 0 (engine_io.yaml request_temperature)
                           random_seed=seed, return_dict=True, output_sequence_lengths=True)
-    out = []
-    for i, p in enumerate(prompts):
-        n = int(res["sequence_lengths"][i][0])
-        toks = [int(x) for x in res["output_ids"][i][0][len(p):n]]
-        cut = next((k + 1 for k, x in enumerate(toks) if x in eos), len(toks))
-        out.append(toks[:cut])
-    return out
+    return [executor_tokens([int(x) for x in res["output_ids"][i][0][len(p):int(res["sequence_lengths"][i][0])]],
+                            new, eos) for i, p in enumerate(prompts)]
+
+
+def executor_tokens(toks: list[int], new: int, eos) -> list[int]:
+    """A request's new tokens as the CPU runtime and ``target_generate`` give them, from what TensorRT-LLM's executor
+    returned (``toks``: the output up to its sequence length): cut after the first stop token, and ended with the end
+    id (``eos[0]``) where the executor stopped at it, which it leaves out of the sequence (EAGLE decoding's explicit
+    EOS stop: deploy/triton/tensorrtllm_backend.yaml ``responses``). Shorter than ``new`` without a stop word at its
+    end means it stopped at the end id: ``run`` has refused a prompt + ``new`` over ``max_seq_len`` (trtllm-build adds
+    the draft slots to it), so the executor never shortens a request for its length."""
+    eos = tuple(eos)
+    cut = next((k + 1 for k, x in enumerate(toks) if x in eos), len(toks))
+    toks = list(toks[:cut])
+    if eos and eos[0] >= 0 and len(toks) < new and not (toks and toks[-1] in eos):
+        toks.append(eos[0])
+    return toks
 
 
 def generate(engine_dir, prompts, new: int, *, eos=(), plugin_lib=None, temperature: float = 0.0, seed: int = 0,
