@@ -247,13 +247,20 @@ def test_seeded_sampling_is_reproducible(http, stream, prompts):
     ({"temperature": -1.0}, "temperature"),
     ({"temperature": 0.0}, "0 is refused by TensorRT-LLM's EAGLE decoding layer"),   # as its backend would fail it
 ])
-def test_bad_requests_are_errors_and_the_server_keeps_serving(http, prompts, greedy, extra, needle):
-    with pytest.raises(InferenceServerException, match=needle):
+def test_bad_requests_are_errors_and_the_server_keeps_serving(http, grpc_plain, prompts, greedy, extra, needle):
+    # the request's own fault: HTTP 400 / gRPC INVALID_ARGUMENT (a 500 / INTERNAL reads as the server's to a client's
+    # retry logic), through the ensemble too
+    with pytest.raises(InferenceServerException, match=needle) as e:
         http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0], **extra))
+    assert e.value.status() == "400"
+    with pytest.raises(InferenceServerException, match=needle) as e:
+        grpc_plain.infer("tensorrt_llm", ids_inputs(grpcclient, prompts[0], **extra))
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     with pytest.raises(InferenceServerException, match="outside the vocabulary"):
         http.infer("tensorrt_llm", ids_inputs(httpclient, [5, 999]))
-    with pytest.raises(InferenceServerException, match=r"cannot encode the text \(QUERY\): the word 'hello' is not in its vocabulary"):
+    with pytest.raises(InferenceServerException, match=r"cannot encode the text \(QUERY\): the word 'hello' is not in its vocabulary") as e:
         http.infer("ensemble", text_inputs(httpclient, "hello"))
+    assert e.value.status() == "400"
     assert _ids(http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0]))) == greedy[0]
 
 

@@ -236,6 +236,11 @@ def ended_at_end_token(r) -> bool:
     return r.done and r.stop_reason == "stop_token"
 
 
+class NotServing(ConfigError):
+    """:meth:`ServingLoop.submit` refusing a request because the model takes none now (shutting down, its loop
+    ended): the server's state, not the request's fault (the python model answers UNAVAILABLE)."""
+
+
 def response_tokens(tokens, end_ids) -> list[int]:
     """What a response carries of a request's output ``tokens`` (the runtime's, or the HF target's ``generate``,
     which end with the end token they stopped at): the same without that end token."""
@@ -454,16 +459,16 @@ class ServingLoop:
         from ...runtime import Request
 
         if self._closed.is_set():
-            raise ConfigError("the model is shutting down")
+            raise NotServing("the model is shutting down")
         if self.draining(now=True):
-            raise ConfigError("the server is shutting down: it takes no new requests")
+            raise NotServing("the server is shutting down: it takes no new requests")
         req = Request(list(spec.prompt_ids), spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
                       stop_token_ids=tuple(spec.stop_token_ids), task_id=task_id)
         self.runtime.check(req)   # reads the engine's limits only: safe beside the loop thread
         with self._submit_lock:   # never queued after the loop's last look at the queue: it would wait forever
             if self._ended:
-                raise ConfigError("the model is shutting down" if self._closed.is_set() else
-                                  f"the model's serving loop has ended ({self._end_reason}); restart the server")
+                raise NotServing("the model is shutting down" if self._closed.is_set() else
+                                 f"the model's serving loop has ended ({self._end_reason}); restart the server")
             self._q.put((req, spec, sink))
 
     def draining(self, now: bool = False) -> bool:

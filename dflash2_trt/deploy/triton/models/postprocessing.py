@@ -54,6 +54,13 @@ def load_tokenizer(directory):
     return AutoTokenizer.from_pretrained(directory)
 
 
+def _bad_request(message):
+    """The request's own fault: INVALID_ARG (HTTP 400, gRPC INVALID_ARGUMENT), so a client's retry logic does not
+    take it for the server's (INTERNAL, a stub's default; older stubs take no code)."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
@@ -67,7 +74,7 @@ class TritonPythonModel:
             try:
                 refuse_parameters(request)
             except ValueError as exc:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_bad_request(str(exc))))
                 continue
             tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
             lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()

@@ -17,8 +17,8 @@ import triton_python_backend_utils as pb_utils
 
 from dflash2_trt.cpu_threads import share_cpus
 from dflash2_trt.engine.graph_rules import describe
-from dflash2_trt.deploy.triton.serving import (DRAIN_ENV, ServingLoop, graph_report, open_engine, parse_request,
-                                              refuse_parameters)
+from dflash2_trt.deploy.triton.serving import (DRAIN_ENV, NotServing, ServingLoop, graph_report, open_engine,
+                                              parse_request, refuse_parameters)
 from dflash2_trt.errors import DFlash2Error
 
 
@@ -41,8 +41,14 @@ def _log(message):
         print(message, file=sys.stderr, flush=True)
 
 
-def _error(message):
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+def _error(message, code_name=None):
+    """An error response: ``code_name`` INVALID_ARG (HTTP 400, gRPC INVALID_ARGUMENT) where the request itself is at
+    fault, so a client's retry logic does not take it for the server's, UNAVAILABLE where the model takes no requests
+    now; else INTERNAL (an engine step that failed, a drain's deadline). Older stubs take no code. (TensorRT-LLM's own
+    backend answers all of them with INTERNAL.)"""
+    code = getattr(pb_utils.TritonError, code_name, None) if code_name else None
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
 
 class _StreamSink:
@@ -59,8 +65,8 @@ class _StreamSink:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         self.sender.send(_response(tensors), flags=flags)
 
-    def error(self, message):
-        self.sender.send(_error(message), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    def error(self, message, code_name=None):
+        self.sender.send(_error(message, code_name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def cancelled(self):
         return self.request.is_cancelled()
@@ -136,8 +142,10 @@ class TritonPythonModel:
             sink = _StreamSink(request)
             try:
                 self.loop.submit(self._spec(request), sink, task_id=request.request_id())
-            except DFlash2Error as exc:
-                sink.error(str(exc))
+            except NotServing as exc:
+                sink.error(str(exc), "UNAVAILABLE")
+            except DFlash2Error as exc:      # the request's inputs (parse_request, the runtime's limits)
+                sink.error(str(exc), "INVALID_ARG")
         return None
 
     def finalize(self):
