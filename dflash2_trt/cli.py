@@ -190,6 +190,9 @@ class _Group(click.Group):
 @click.pass_context
 def main(ctx) -> None:
     """DFlash2 speculative decoding: Hugging Face drafter + target -> TensorRT-LLM."""
+    from .cpu_threads import calm_openmp_waits
+
+    calm_openmp_waits()     # before anything imports torch: its CPU threads sleep sooner where others want the cores
     if ctx.invoked_subcommand in ("build", "run", "bench", "serve", "deploy"):
         # the commands that start the project runtime (build: its verify gate) or write its switch (deploy): a bad
         # $DFLASH2_CHUNKED_CONTEXT is their error before any work, not after a build

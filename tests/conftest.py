@@ -16,6 +16,12 @@ import pytest
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The suite's own process runs engines as a `dflash2-trt` command does: torch's OpenMP workers sleep after a short
+# spin (set before anything here imports torch; the children the tests start inherit it, as a command's do).
+from dflash2_trt.cpu_threads import calm_openmp_waits  # noqa: E402
+
+calm_openmp_waits()
+
 @pytest.fixture(scope="session", autouse=True)
 def _cpu_backend_by_default():
     """`--backend auto` picks cuda where torch sees a GPU: the suite is the CPU suite (the GPU tests in tests/gpu ask

@@ -53,3 +53,43 @@ def test_available_cpus_is_the_affinity_mask():
     import os
 
     assert cpu_threads.available_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_openmp_waits_are_calmed_before_torch_loads(monkeypatch):
+    """GOMP_SPINCOUNT is set only where torch is not yet imported (libgomp reads it when it loads) and the user set
+    neither it nor OMP_WAIT_POLICY."""
+    import sys
+
+    for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(v, raising=False)
+    assert cpu_threads.calm_openmp_waits() is None and "GOMP_SPINCOUNT" not in cpu_threads.os.environ   # torch is in
+    monkeypatch.delitem(sys.modules, "torch")
+    assert cpu_threads.calm_openmp_waits() == cpu_threads.OPENMP_SPINCOUNT == cpu_threads.os.environ["GOMP_SPINCOUNT"]
+    for var, value in (("GOMP_SPINCOUNT", "5"), ("OMP_WAIT_POLICY", "ACTIVE")):
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        monkeypatch.setenv(var, value)
+        assert cpu_threads.calm_openmp_waits() is None and cpu_threads.os.environ.get(var) == value
+        monkeypatch.delenv(var)
+
+
+def test_the_command_sets_it_before_anything_imports_torch(tmp_path):
+    """A fresh `dflash2-trt` process sets it before torch is imported (so torch's libgomp starts with it, and so do the
+    processes the command starts: they inherit the environment)."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "from dflash2_trt import cpu_threads\n"
+            "seen = []\n"
+            "real = cpu_threads.calm_openmp_waits\n"
+            "cpu_threads.calm_openmp_waits = lambda: seen.append(('torch' in sys.modules, real())) or seen[-1][1]\n"
+            "from dflash2_trt.cli import main\n"
+            "try:\n"
+            "    main(['targets', '--json'], standalone_mode=False)\n"
+            "finally:\n"
+            "    print(seen, os.environ.get('GOMP_SPINCOUNT'), file=sys.stderr)\n")
+    env = {k: v for k, v in cpu_threads.os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    n = cpu_threads.OPENMP_SPINCOUNT
+    assert r.stderr.strip().splitlines()[-1] == f"[(False, '{n}')] {n}"

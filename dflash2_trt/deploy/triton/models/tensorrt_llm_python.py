@@ -15,11 +15,14 @@ import sys
 
 import triton_python_backend_utils as pb_utils
 
-from dflash2_trt.cpu_threads import share_cpus
-from dflash2_trt.engine.graph_rules import describe
-from dflash2_trt.deploy.triton.serving import (DRAIN_ENV, NotServing, ServingLoop, graph_report, open_engine,
-                                              parse_request, refuse_parameters)
-from dflash2_trt.errors import DFlash2Error
+from dflash2_trt.cpu_threads import calm_openmp_waits, share_cpus
+
+calm_openmp_waits()   # before torch loads (the imports below): a tritonserver not started by `serve` gets it too
+
+from dflash2_trt.engine.graph_rules import describe  # noqa: E402
+from dflash2_trt.deploy.triton.serving import (  # noqa: E402
+    DRAIN_ENV, NotServing, ServingLoop, graph_report, open_engine, parse_request, refuse_parameters)
+from dflash2_trt.errors import DFlash2Error  # noqa: E402
 
 
 def _param(cfg, key, default=None):
