@@ -48,7 +48,6 @@ for each visited anchor the loop's acceptance equals the analysis' per-anchor ``
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ from typing import Sequence
 import torch
 
 from .errors import ConfigError, DFlash2Error
-from .textfiles import read_utf8
+from .textfiles import json_loads, read_utf8
 
 __all__ = [
     "AnchorData",
@@ -279,7 +278,7 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
     path = Path(path)
     text = read_utf8(path, what="prompts", bom=True)
     try:
-        data = json.loads(text)
+        data = json_loads(text)
     except ValueError:
         data = None
     if isinstance(data, dict) and not isinstance(data.get("prompts"), list):   # {"prompts": 5}: its field, said so
@@ -296,7 +295,7 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
             if not line.strip():
                 continue
             try:
-                items.append(json.loads(line))
+                items.append(json_loads(line))
             except ValueError:
                 raise ConfigError(f"line {i + 1} is not JSON (a list of token ids or a string)",
                                   source=path, field="prompts") from None

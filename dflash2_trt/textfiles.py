@@ -19,3 +19,22 @@ def read_utf8(path: str | Path, *, what: str = "", bom: bool = False) -> str:
         raise ConfigError(f"cannot read{' ' + what if what else ''}: {exc.strerror or exc}", source=path) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", source=path) from None
+
+
+def json_loads(text, **kw):
+    """``json.loads``, with the two ways a hand-edited or hostile file still got past the readers' ``JSONDecodeError``
+    as a traceback raised as a ``JSONDecodeError`` too: a document nested deeper than the parser's recursion
+    (``RecursionError``) and an integer of more digits than Python converts (a ``ValueError``)."""
+    import json
+
+    try:
+        return json.loads(text, **kw)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
+    except ValueError as exc:
+        if not str(exc).startswith("Exceeds the limit"):
+            raise       # a reader's own object hook's error (e.g. a repeated key): its own to report
+        raise json.JSONDecodeError(f"a number too long ({str(exc).split(';')[0]})",
+                                   text if isinstance(text, str) else "", 0) from None

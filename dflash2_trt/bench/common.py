@@ -3,11 +3,11 @@ directory's ``engine.json`` says (without loading the engine) and the ``--concur
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..engine.format import ENGINE_FORMAT
 from ..errors import ConfigError
+from ..textfiles import json_loads
 
 STEPS_FORMAT = "dflash2-trt bench steps"
 """``format`` of a ``bench steps`` report (``dflash2_trt/bench/steps.py``)."""
@@ -26,7 +26,7 @@ def engine_backend(engine_dir) -> tuple[str, dict, dict | None]:
     if not man_path.is_file():
         raise ConfigError("not an engine directory (no engine.json; build one with `dflash2-trt build`)", source=d)
     try:
-        man = json.loads(man_path.read_text())
+        man = json_loads(man_path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read: {exc}", source=man_path) from None
     if not isinstance(man, dict) or man.get("format") != ENGINE_FORMAT:
@@ -37,7 +37,7 @@ def engine_backend(engine_dir) -> tuple[str, dict, dict | None]:
         raise ConfigError(f"unknown backend {backend!r}", source=man_path, field="backend")
     cfg = None
     try:
-        cfg = json.loads((d / "config.json").read_text())
+        cfg = json_loads((d / "config.json").read_text())
     except (OSError, ValueError):
         pass
     return backend, man, cfg

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..checkpoint.writer import OutputWriteError, current_umask
 from ..errors import ConfigError, committed_outputs
+from ..textfiles import json_loads
 
 
 OUTPUT_KINDS = {"run": "a `bench run` report", "steps": "a `bench steps` report",
@@ -67,7 +68,7 @@ def existing_output(path: str | Path) -> tuple[str | None, str]:
     if not data.strip():
         return None, "an empty file"
     try:
-        doc = json.loads(data)
+        doc = json_loads(data)
     except ValueError:                      # UnicodeDecodeError included
         return None, "a file of another kind (no JSON document, no PNG signature)"
     kind = report_kind(doc)

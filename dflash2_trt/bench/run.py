@@ -3,7 +3,6 @@ add the projection, write the JSON and the plot."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from .io import atomic_write_bytes, atomic_write_json, check_output_file
 from .plot import pyplot, render_png
 from .projection import GPUS, project, published_pair_shapes, tau_from
 from .report import build_report
+from ..textfiles import json_loads
 
 
 DEFAULT_PROJECT_CONTEXT = 1024
@@ -51,7 +51,7 @@ def _refuse_project_baseline(baseline_engine_dir) -> None:
 
     p = Path(baseline_engine_dir) / "config.json"
     try:
-        pre = json.loads(p.read_text()).get("pretrained_config") or {}
+        pre = json_loads(p.read_text()).get("pretrained_config") or {}
     except (OSError, ValueError, AttributeError):
         return                        # the tools' own checks report an unreadable config
     if isinstance(pre, dict) and is_target_only(pre):
@@ -312,7 +312,7 @@ def read_report(path) -> object:
     """A JSON report file's contents; an unreadable or malformed file is one line naming it."""
     p = Path(path)
     try:
-        return json.loads(p.read_text())
+        return json_loads(p.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
     except ValueError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Iterator
 
 from ..errors import CheckpointError
+from ..textfiles import json_loads
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +87,7 @@ def _strict_object(pairs: list[tuple[str, object]]) -> dict:
 
 def load_json_strict(text: str | bytes):
     """``json.loads`` that raises :class:`_DuplicateKey` on a key repeated in one object."""
-    return json.loads(text, object_pairs_hook=_strict_object)
+    return json_loads(text, object_pairs_hook=_strict_object)
 
 
 def _is_int(v: object) -> bool:

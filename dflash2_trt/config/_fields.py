@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from ..textfiles import read_utf8
+from ..textfiles import json_loads, read_utf8
 
 _MISSING = object()
 
@@ -24,7 +24,7 @@ def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict
     """
     if isinstance(path_or_dict, Mapping):
         try:
-            return json.loads(json.dumps(dict(path_or_dict))), "<dict>"
+            return json_loads(json.dumps(dict(path_or_dict))), "<dict>"
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"config is not JSON-serialisable: {exc}", source="<dict>") from None
     path = Path(path_or_dict)
@@ -36,7 +36,7 @@ def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict
         raise ConfigError("config file not found", source=path)
     text = read_utf8(path, what="config")
     try:
-        data = json.loads(text)
+        data = json_loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=path) from None
     if not isinstance(data, dict):

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from ..errors import ConfigError
 from ._fields import (Fields, check_hf_fields, load_config_dict, parse_attention_dims, parse_layer_types, parse_rope,
                       reject_quantization)
+from ..textfiles import json_loads
 
 FAMILIES = ("qwen3", "qwen3_5", "muse_glimmer")
 
@@ -269,7 +270,7 @@ def _generation_eos(config_source: str, vocab: int) -> tuple[int, ...] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -104,6 +104,7 @@ from typing import Any, Mapping
 
 from ..config import DFlash2Config, TargetConfig
 from ..errors import ConfigError
+from ..textfiles import json_loads
 
 SCHEMA_VERSION = 1
 FORMAT = "dflash2-trt combined TensorRT-LLM checkpoint"
@@ -236,7 +237,7 @@ class CheckpointConfig:
         if path.is_dir():
             path = path / "config.json"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json_loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"cannot read: {exc.strerror or exc}", source=path) from None
         except json.JSONDecodeError as exc:

@@ -29,6 +29,7 @@ from ..checkpoint.writer import check_output_dir, sha256_file
 from ..convert.driver import source_identity
 from ..convert.schema import FORMAT, SCHEMA_VERSION
 from ..errors import ConfigError
+from ..textfiles import json_loads
 
 
 def _ident_key(ident: dict) -> dict:
@@ -55,7 +56,7 @@ def checkpoint_problems(ckpt_dir, prep, *, progress=None, rehash: bool = True) -
     ckpt_dir = Path(ckpt_dir)
     man_path = ckpt_dir / "manifest.json"
     try:
-        man = json.loads(man_path.read_text())
+        man = json_loads(man_path.read_text())
     except OSError:
         return ["manifest.json: missing (not a dflash2-trt checkpoint, or an interrupted one)"]
     except json.JSONDecodeError as exc:
@@ -97,7 +98,7 @@ def checkpoint_problems(ckpt_dir, prep, *, progress=None, rehash: bool = True) -
     if not ranks | {"config.json"} <= names:
         return [f"files: expected config.json and {', '.join(sorted(ranks))}"]
     try:
-        written = json.loads((ckpt_dir / "config.json").read_text())
+        written = json_loads((ckpt_dir / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         return [f"config.json: unreadable ({exc})"]
     if written != prep.checkpoint_config:
@@ -123,7 +124,7 @@ def _a_checkpoint(ckpt_dir: Path) -> bool:
     """Whether ``ckpt_dir`` holds a checkpoint the converter wrote: a manifest.json naming its format (whatever
     else differs from this build)."""
     try:
-        man = json.loads((ckpt_dir / "manifest.json").read_text())
+        man = json_loads((ckpt_dir / "manifest.json").read_text())
     except (OSError, ValueError):
         return False
     return isinstance(man, dict) and man.get("format") == FORMAT

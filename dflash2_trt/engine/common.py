@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..textfiles import read_utf8
+from ..textfiles import json_loads, read_utf8
 from ..tokenizer import engine_tokenizer_dir, find_tokenizer
 
 
@@ -35,7 +35,7 @@ def read_prompts_file(path: str | Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
+            d = json_loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"line {n}: invalid JSON ({exc.msg})", source=path) from None
         if not isinstance(d, dict):

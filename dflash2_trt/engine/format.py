@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..tokenizer import ENGINE_TOKENIZER_DIR, copy_tokenizer_files
+from ..textfiles import json_loads
 
 ENGINE_FORMAT = "dflash2-trt engine"
 ENGINE_SCHEMA = 1
@@ -126,7 +127,7 @@ def load_engine_dir(engine_dir, *, verify: bool = False):
     docs = []
     for p in (man_path, cfg_path):
         try:
-            docs.append(json.loads(p.read_text()))
+            docs.append(json_loads(p.read_text()))
         except OSError as exc:
             raise ConfigError(f"cannot read: {exc.strerror or exc}", source=p) from None
         except json.JSONDecodeError as exc:
@@ -229,7 +230,7 @@ def check_engine_pretrained(pre: dict, cfg_path) -> None:
 def engine_backend(engine_dir) -> str | None:
     """The ``backend`` an engine directory's engine.json names (None when unreadable: the full load reports why)."""
     try:
-        man = json.loads((Path(engine_dir) / "engine.json").read_text())
+        man = json_loads((Path(engine_dir) / "engine.json").read_text())
         return man.get("backend") if isinstance(man, dict) else None
     except (OSError, ValueError):
         return None

@@ -43,6 +43,7 @@ from ...engine.pretrained import on_context_route
 from ...errors import ConfigError, MissingDependencyError
 from ...overlap import refuse_overlap
 from ...tokenizer import engine_tokenizer_dir, find_tokenizer
+from ...textfiles import json_loads
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
@@ -285,7 +286,7 @@ def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
         raise ConfigError("not an engine directory (no engine.json; build one with `dflash2-trt build`)",
                           source=engine_dir)
     try:
-        man = json.loads(man_path.read_text())
+        man = json_loads(man_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", source=man_path) from None
     if not isinstance(man, dict) or man.get("format") != ENGINE_FORMAT:
@@ -298,7 +299,7 @@ def read_engine(engine_dir: str | Path) -> tuple[dict, dict]:
             if k not in man:
                 raise ConfigError("missing", source=man_path, field=k)
         try:   # TensorRT-LLM's engine config: pretrained_config + build_config
-            cfg = json.loads((engine_dir / "config.json").read_text())
+            cfg = json_loads((engine_dir / "config.json").read_text())
             cfg["pretrained_config"]["vocab_size"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"no TensorRT-LLM engine config with pretrained_config.vocab_size ({exc})",
