@@ -79,12 +79,30 @@ def overlap(output, inputs: Iterable[tuple[str, object]]) -> tuple[str, str, obj
     return None
 
 
+def refuse_unreachable(path, option: str) -> None:
+    """Raise one :class:`ConfigError` line naming ``option`` when ``path`` lies under a directory this process may not
+    search: on Python 3.11 ``Path.exists()`` / ``is_symlink()`` raise ``PermissionError`` there instead of answering,
+    and every command that writes asks them of its output path (a fuzzing review: a traceback in build, convert,
+    export-onnx, deploy triton, bench prepare-dataset). Writes nothing; a path that does not exist is fine."""
+    p = Path(path).absolute()
+    try:
+        os.lstat(p)
+    except PermissionError as exc:
+        blocked = next((q for q in reversed(p.parents) if not os.access(q, os.X_OK)), None)
+        where = f" ({blocked} cannot be searched)" if blocked is not None else ""
+        raise ConfigError(f"{path}: cannot access it: {exc.strerror or exc}{where}", field=option) from None
+    except OSError:
+        return      # ENOENT, ENOTDIR, ELOOP, ...: the callers' own checks name those
+
+
 def refuse_overlap(output, option: str, inputs: Iterable[tuple[str, object]], *, force: bool = True) -> None:
     """Raise one :class:`ConfigError` line naming ``option`` and the input when ``output`` is, contains or
-    lies inside one of ``inputs`` (``(what, path or None)`` pairs). Writes nothing. ``force``: whether the command
-    has a ``--force`` that replaces the output (the line says what that would do; else what writing would)."""
+    lies inside one of ``inputs`` (``(what, path or None)`` pairs), or lies where this process cannot look
+    (:func:`refuse_unreachable`). Writes nothing. ``force``: whether the command has a ``--force`` that replaces the
+    output (the line says what that would do; else what writing would)."""
     if output is None:
         return
+    refuse_unreachable(output, option)
     hit = overlap(output, inputs)
     if hit is None:
         return
@@ -97,4 +115,4 @@ def refuse_overlap(output, option: str, inputs: Iterable[tuple[str, object]], *,
                       f"inside an input: nothing was written", field=option)
 
 
-__all__ = ["overlap", "refuse_overlap"]
+__all__ = ["overlap", "refuse_overlap", "refuse_unreachable"]

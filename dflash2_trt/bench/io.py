@@ -95,6 +95,9 @@ def check_output_file(path: str | Path, *, field: str, replaces: str | None = No
         # `bench run ... --json --no-baseline`: click took the next option as the file name (and the option was lost)
         raise ConfigError(f"takes the path of the file it writes, got {str(path)!r}, an option's name: give a file name "
                           f"after {field} (a name starting with '-': ./{path})", field=field)
+    from ..overlap import refuse_unreachable
+
+    refuse_unreachable(path, field)
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory; give a file name", field=field)

@@ -421,6 +421,9 @@ def check_output_dir(final: str | Path, force: bool) -> Path:
     An empty path (``--output ''``: ``Path('')`` is ``.``) and the current directory or one above it are refused
     too: replacing them would delete what the user is working in (``--force`` did, with everything in it).
     """
+    from ..overlap import refuse_unreachable
+
+    refuse_unreachable(final, "--output")
     if str(final) == "":
         raise OutputDirError("the output path is empty (it would name the current directory); give a directory")
     final = Path(final)
@@ -604,6 +607,9 @@ class AtomicOutputDir:
     """
 
     def __init__(self, final: str | Path, *, force: bool = False):
+        from ..overlap import refuse_unreachable
+
+        refuse_unreachable(final, "--output")   # before the is_symlink() that raises PermissionError there
         self.restored_from = recover_swapped(final) if not Path(final).is_symlink() else None
         self.final = check_output_dir(final, force).absolute()
         self.force = force
