@@ -217,3 +217,25 @@ def test_a_bar_says_how_far_a_run_is_on_a_terminal_only(engine, tmp_path):
     for extra, tty in (([], False), (["--no-progress"], True)):
         code, out2, err2 = _run_with_stderr_on(engine, f, extra, tty=tty)
         assert code == 0 and err2 == "" and out2.splitlines()[:-1] == out.splitlines()[:-1], (extra, tty, err2)
+
+
+def test_weights_corrupted_in_place_are_one_line(engine, tmp_path):
+    """A checkpoint file overwritten without changing its size (all `run` checks without --verify) gives NaN logits:
+    one error line that says so and names --verify, not a traceback from the network's topk (a fuzzing review)."""
+    import shutil
+    import struct
+
+    bad = tmp_path / "eng"
+    shutil.copytree(engine, bad)
+    f = bad / "checkpoint" / "rank0.safetensors"
+    data = bytearray(f.read_bytes())
+    start = 8 + struct.unpack("<Q", data[:8])[0]
+    nan = struct.pack("<f", float("nan"))
+    data[start:] = nan * ((len(data) - start) // 4) + data[len(data) - (len(data) - start) % 4:]
+    f.write_bytes(bytes(data))
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(bad), "--prompt-ids", "5,6,7", "--max-new-tokens", "4"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output.strip().splitlines() == [r.output.strip()], r.output
+    assert "the engine computed NaN values" in r.output and "run --verify" in r.output, r.output
+    r = CliRunner().invoke(main, ["run", "--engine-dir", str(bad), "--prompt-ids", "5,6,7", "--verify"])
+    assert r.exit_code == 1 and "sha256 differs" in r.output, r.output

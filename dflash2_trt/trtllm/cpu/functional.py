@@ -325,7 +325,12 @@ def topk(input: Tensor, k, dim: int, largest: bool = True, prefer_plugin: bool =
     """(values, int32 indices); stable order: equal values keep ascending index order."""
     x = raw(input)
     if x.device.type == "cpu" and torch.isnan(x).any():   # on a GPU the check would wait for the stream: CPU only
-        raise ValueError("topk: NaN in the input (their order is undefined)")
+        # NaN logits come from weights that are not what the build wrote (a file corrupted in place keeps its size,
+        # the one thing `run` checks without --verify): one error line, not a traceback from deep in the network
+        from ...errors import NumericsError
+
+        raise NumericsError("the engine computed NaN values (topk: their order is undefined): its weights are likely "
+                            "corrupt; `run --verify` checks every file's sha256 against engine.json")
     values, idx = torch.sort(x, dim=dim, descending=largest, stable=True)
     return wrap(values.narrow(dim, 0, k).contiguous()), wrap(idx.narrow(dim, 0, k).to(torch.int32).contiguous())
 
