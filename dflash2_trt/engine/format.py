@@ -89,8 +89,14 @@ def check_manifest_fields(man: dict, man_path, *, need_limits: bool = False) -> 
     if not isinstance(limits, dict):
         raise ConfigError(f"must be an object, got {limits!r}", source=man_path, field="limits")
     mbs = limits.get("max_batch_size")
-    if (mbs is not None or need_limits) and (isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1):
-        raise ConfigError(f"must be a positive integer, got {mbs!r}", source=man_path, field="limits.max_batch_size")
+    # at most what a build writes (trtllm-build's EAGLE limit): a larger edited value reached deploy triton's
+    # config.pbtxt and failed its protobuf check there, naming a temporary file
+    from ..config.build import MAX_EAGLE_BATCH
+
+    if (mbs is not None or need_limits) and (isinstance(mbs, bool) or not isinstance(mbs, int)
+                                             or not 1 <= mbs <= MAX_EAGLE_BATCH):
+        raise ConfigError(f"must be an integer in [1, {MAX_EAGLE_BATCH}], got {mbs!r}", source=man_path,
+                          field="limits.max_batch_size")
 
 
 def check_block_size(man: dict, cfg: dict, man_path) -> None:

@@ -485,6 +485,8 @@ def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_
     (lambda m: m.update(eos_token_ids=2), "eos_token_ids"),
     (lambda m: m["limits"].update(max_batch_size="x"), "limits.max_batch_size"),
     (lambda m: m["limits"].pop("max_batch_size"), "limits.max_batch_size"),
+    # above any build's (512): it failed config.pbtxt's protobuf check, naming a temporary file (a fuzzing review)
+    (lambda m: m["limits"].update(max_batch_size=10**12), "limits.max_batch_size"),
     (lambda m: m.update(limits=[]), "limits"),
     (lambda m: m.update(block_size="abc"), "block_size"),
     (lambda m: m.update(block_size=None), "block_size"),   # present but null: deploy read int(None)
@@ -552,3 +554,16 @@ def test_serve_names_tmpdir_when_its_temporary_repository_would_hold_whitespace(
     line = one_error_line(*cli("serve", "--engine-dir", str(engine), "--port", "1"))
     assert "holds whitespace" in line and "set TMPDIR to a directory without spaces" in line, line
     assert "--output" not in line and list(spaced.iterdir()) == []          # its work directory removed
+
+
+def test_a_generated_config_the_check_refuses_is_named_as_the_output(engine, tmp_path, monkeypatch):
+    """The strict check runs on the repository before it is renamed into place; its error names the output's path,
+    not the temporary directory that is gone by the time the user reads it (a fuzzing review)."""
+    def refuse(repo):
+        raise ConfigError("not a valid Triton model config: 1:1 : boom", source=Path(repo) / "ensemble" / "config.pbtxt")
+
+    monkeypatch.setattr(rp, "check_repository", refuse)
+    out = tmp_path / "repo"
+    line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out)))
+    assert line.startswith(f"error: {out}/ensemble/config.pbtxt: not a valid Triton model config") and ".tmp" not in line
+    assert "(as generated: nothing was written)" in line and not out.exists()

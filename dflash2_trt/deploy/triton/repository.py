@@ -475,7 +475,11 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
             launch.write_text(fill(read_template("launch.sh"), {"plugin_lib": lib, "tp_size": tp},
                                    source="templates/launch.sh"))
             launch.chmod(0o755)
-        check_repository(tmp)
+        try:
+            check_repository(tmp)
+        except ConfigError as exc:   # named as the output it would have been, not the temporary directory (gone)
+            raise ConfigError(f"{str(exc).replace(str(tmp), str(Path(output)))} (as generated: nothing was "
+                              f"written)") from None
         runtime, runtime_description = _model_runtime(backend, man["backend"])
         (tmp / "dflash2_repository.json").write_text(json.dumps({
             "format": "dflash2-trt triton repository", "backend": backend, "runtime": runtime,
