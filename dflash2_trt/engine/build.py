@@ -61,6 +61,14 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
         check_output_dir(output, force)   # its refusal first: the disk is checked for a build that will go ahead
         check_disk(prep, backend=backend, output=output, checkpoint_dir=checkpoint_dir, keep_checkpoint=keep_checkpoint,
                    reconvert=reconvert, baseline=baseline)
+    # the engine carries the target's tokenizer files (run --prompt, serve, deploy triton read them): files there that
+    # do not load are this build's error now, not a built engine whose first text prompt fails (a fuzzing review)
+    from ..tokenizer import find_tokenizer
+
+    try:
+        find_tokenizer(target_dir, strict=True)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; fix them, or remove them to build an engine that takes token ids only") from None
     if verify == "auto":
         verify = verify_default(prep, backend)
     if backend == "trtllm":

@@ -214,3 +214,23 @@ def test_a_checkpoint_kept_by_an_earlier_version_says_why_it_is_not_reused(tmp_p
     code, out, err = _cli(*args, "--output", str(tmp_path / "e2"))
     assert code == 1 and "sources.target: recorded by an earlier dflash2-trt without the files' modification " \
                          "times, so it cannot show the weights are unchanged; convert once more (--reconvert)" in err, err
+
+
+def test_a_target_tokenizer_that_does_not_load_fails_the_build_before_any_work(tmp_path):
+    """The engine carries the target's tokenizer files; ones that do not load used to ship silently, and the engine's
+    first `run --prompt` failed (a fuzzing review). Now the build says so first, naming the directory, and writes
+    nothing."""
+    import shutil
+
+    from dflash2_trt.testing.cli import cli, one_error_line
+
+    pair = trained_pair("qwen3")
+    target = tmp_path / "target"
+    shutil.copytree(pair.target_dir, target)
+    assert (target / "tokenizer.json").is_file()
+    (target / "tokenizer.json").write_text("{bad")
+    out = tmp_path / "eng"
+    line = one_error_line(*cli("build", "--drafter", str(pair.drafter_dir), "--target-dir", str(target),
+                               "--output", str(out)))
+    assert f"{target}: has tokenizer files that cannot be loaded" in line and "token ids only" in line, line
+    assert not out.exists()
