@@ -311,6 +311,11 @@ class Runtime:
     def _lifetime_tokens(self, r: Request) -> int:
         return len(r.prompt_ids) + r.max_new_tokens + self.K + 1
 
+    def reserved_blocks(self, r: Request) -> int:
+        """The KV-cache blocks this runtime reserves for ``r`` when it admits it (its whole lifetime's, all newly
+        allocated: no prefix is reused)."""
+        return self.blocks.blocks_for(self._lifetime_tokens(r))
+
     def cancel(self, r: Request) -> None:
         """Drop a request (client gone): frees its blocks; it ends with stop_reason 'cancelled'."""
         if any(x is r for x in self._waiting):     # by identity: Request compares by value

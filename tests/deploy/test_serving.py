@@ -184,6 +184,12 @@ def test_statistics_match_the_runtime_solo(loop, engine, prompts):
         f = s.final
         assert 0 < f["arrival_time_ns"] <= f["first_scheduled_time_ns"] <= f["first_token_time_ns"] \
             <= f["last_token_time_ns"]
+        # the KV-cache statistics the model's config.pbtxt declares: the prompt + max new tokens + K + 1 slots the
+        # runtime reserves at admission, in 8-token blocks here, all new
+        blocks = -(-(len(p) + MAX_NEW + 8) // loop.runtime.blocks.tokens_per_block)
+        assert int(f["kv_cache_alloc_new_blocks"].reshape(-1)[0]) == blocks == \
+            int(f["kv_cache_alloc_total_blocks"].reshape(-1)[0])
+        assert int(f["kv_cache_reused_blocks"].reshape(-1)[0]) == 0
 
 
 def test_streaming_chunks_are_steps_and_concatenate(loop, prompts, greedy):

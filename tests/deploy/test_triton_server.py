@@ -145,6 +145,8 @@ def test_perf_metrics_and_token_counts(http, prompts, greedy):
     assert 1 + accepted + drafts // 7 >= len(greedy[0]) > accepted + drafts // 7 - 7
     assert int(r.as_numpy("num_input_tokens").reshape(-1)[0]) == len(prompts[0])
     assert int(r.as_numpy("num_output_tokens").reshape(-1)[0]) == len(greedy[0])
+    assert int(r.as_numpy("kv_cache_alloc_total_blocks").reshape(-1)[0]) >= 1      # declared, so returned
+    assert int(r.as_numpy("kv_cache_reused_blocks").reshape(-1)[0]) == 0
     plain = http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0]))
     assert plain.as_numpy("acceptance_rate") is None     # only with return_perf_metrics, as TensorRT-LLM's
     e = http.infer("ensemble", text_inputs(httpclient, "bafe befu", return_perf_metrics=True))

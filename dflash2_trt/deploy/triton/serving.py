@@ -623,6 +623,11 @@ class ServingLoop:
             out.update({"acceptance_rate": np.array([[st["acceptance_rate"]]], dtype=np.float32),
                         "total_accepted_draft_tokens": i32(st["total_accepted_draft_tokens"]),
                         "total_draft_tokens": i32(st["total_draft_tokens"]),
+                        # TensorRT-LLM's RequestPerfMetrics.kvCacheMetrics: this runtime reserves a request's
+                        # lifetime of blocks at admission, all new (no block reuse)
+                        "kv_cache_alloc_new_blocks": i32(self.runtime.reserved_blocks(r)),
+                        "kv_cache_reused_blocks": i32(0),
+                        "kv_cache_alloc_total_blocks": i32(self.runtime.reserved_blocks(r)),
                         "arrival_time_ns": i64(spec.arrival_ns), "first_scheduled_time_ns": i64(live.scheduled_ns),
                         "first_token_time_ns": i64(live.first_token_ns), "last_token_time_ns": i64(live.last_token_ns)})
         if spec.num_input:

@@ -39,7 +39,7 @@ def _log(message):
     the server's log collects)."""
     logger = getattr(pb_utils, "Logger", None)
     if logger is not None:
-        logger.log_warn(message)
+        logger.log_info(message)     # what the model does, not a warning (a new user read W lines as trouble)
     else:
         print(message, file=sys.stderr, flush=True)
 
