@@ -411,19 +411,48 @@ def test_a_drain_finishes_what_it_can_and_ends_the_rest_with_an_error(cpu_engine
 
 
 def test_submit_checks_the_engine_limits(loop):
-    with pytest.raises(ConfigError, match="max_seq_len"):
-        loop.submit(_parse(_req((5, 6), 600)), Sink())
+    long = tuple([5] * (loop.runtime.engine.limits["max_input_len"] + 1))
+    with pytest.raises(ConfigError, match="max_input_len"):
+        loop.submit(_parse(_req(long, 4)), Sink())
     # a client that sent no request id (Triton's request_id() is ""): "request: ...", not "request : ..." nor the
     # prompt length as if it were an id ("request 2: ...")
     for task_id in ("", None):
         with pytest.raises(ConfigError) as e:
-            loop.submit(_parse(_req((5, 6), 600)), Sink(), task_id=task_id)
-        assert str(e.value).startswith("request: prompt (2) + max new tokens (600)"), e.value
+            loop.submit(_parse(_req(long, 4)), Sink(), task_id=task_id)
+        assert str(e.value).startswith(f"request: prompt of {len(long)} tokens exceeds"), e.value
     with pytest.raises(ConfigError, match="^request r7: prompt"):
-        loop.submit(_parse(_req((5, 6), 600)), Sink(), task_id="r7")
+        loop.submit(_parse(_req(long, 4)), Sink(), task_id="r7")
     loop.close()
     with pytest.raises(ConfigError, match="shutting down"):
         loop.submit(_parse(_req()), Sink())
+
+
+def test_an_output_len_past_max_seq_len_is_shortened_as_tensorrt_llm_does(cpu_engine, prompts):
+    """Held to the record of TensorRT-LLM's LlmRequest::validate (tensorrtllm_backend.yaml ``requests``): a
+    request_output_len that does not fit max_seq_len beside the prompt and the draft slots runs shortened to what
+    fits, with a line for the server's log (it was refused: a new user's report)."""
+    import yaml
+    from pathlib import Path
+
+    import dflash2_trt.deploy.triton.serving as serving
+
+    rec = yaml.safe_load((Path(serving.__file__).parent / "tensorrtllm_backend.yaml").read_text())["requests"]
+    assert rec["output_len_over_max_seq_len"] == "shortened"
+    notes = []
+    lp = ServingLoop(cpu_engine, max_batch_size=4, log=notes.append)
+    try:
+        p = prompts[0]
+        room = lp.runtime.max_seq_len - len(p) - (lp.K + 1)
+        sink = Sink()
+        lp.submit(_parse({**_req(p, 100_000), "end_id": np.array([[-1]], dtype=np.int32)}, decoupled=True), sink,
+                  task_id="long")
+        _wait([sink], timeout=300)
+        assert sink.err is None and len(sink.chunks[0]) == room
+        assert notes == [f"tensorrt_llm: request long: prompt ({len(p)}) + request_output_len (100000) + draft slots "
+                         f"({lp.K + 1}) exceed max_seq_len {lp.runtime.max_seq_len}: request_output_len is changed "
+                         f"to {room}"], notes
+    finally:
+        lp.close()
 
 
 def test_close_during_a_failing_step_ends_the_loop_at_once(cpu_engine, prompts, monkeypatch):

@@ -427,10 +427,12 @@ class ServingLoop:
 
     def __init__(self, engine, *, max_batch_size: int | None = None, poll_cancel: bool = True,
                  drain_file: str | os.PathLike | None = None, chunked_context: bool | None = None,
-                 max_num_tokens: int | None = None, chunked_context_switch: str | None = None):
+                 max_num_tokens: int | None = None, chunked_context_switch: str | None = None,
+                 log: Callable[[str], None] | None = None):
         from ...runtime import Runtime
 
         self.engine = engine
+        self.log = log    # notes for the server's log (a request_output_len shortened to fit)
         self.K = engine.K
         # the runtime's (chunked_context: the python model's enable_chunked_context parameter; max_num_tokens: a
         # budget below the engine's, not exposed as a parameter)
@@ -462,6 +464,16 @@ class ServingLoop:
             raise NotServing("the model is shutting down")
         if self.draining(now=True):
             raise NotServing("the server is shutting down: it takes no new requests")
+        # as TensorRT-LLM's executor validates a request (tensorrtllm_backend.yaml `requests`): request_output_len
+        # past what max_seq_len leaves beside the prompt and the draft slots is shortened to it, with a warning
+        room = self.runtime.max_seq_len - len(spec.prompt_ids) - (self.K + 1)
+        if 1 <= room < spec.max_new_tokens:
+            if self.log is not None:
+                who = f"request {task_id}" if task_id not in (None, "") else "a request"
+                self.log(f"tensorrt_llm: {who}: prompt ({len(spec.prompt_ids)}) + request_output_len "
+                         f"({spec.max_new_tokens}) + draft slots ({self.K + 1}) exceed max_seq_len "
+                         f"{self.runtime.max_seq_len}: request_output_len is changed to {room}")
+            spec.max_new_tokens = room
         req = Request(list(spec.prompt_ids), spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
                       stop_token_ids=tuple(spec.stop_token_ids), task_id=task_id)
         self.runtime.check(req)   # reads the engine's limits only: safe beside the loop thread

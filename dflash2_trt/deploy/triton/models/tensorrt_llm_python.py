@@ -129,7 +129,8 @@ class TritonPythonModel:
             # `serve` names a drain file: when it appears, requests in flight get until its deadline to finish
             self.loop = ServingLoop(self.engine, max_batch_size=max_batch, poll_cancel=True,
                                     drain_file=os.environ.get(DRAIN_ENV) or None, chunked_context=chunked == "true",
-                                    chunked_context_switch='config.pbtxt enable_chunked_context "false"')
+                                    chunked_context_switch='config.pbtxt enable_chunked_context "false"',
+                                    log=_log)
         except DFlash2Error as exc:
             raise pb_utils.TritonModelException(f"max_batch_size: {exc}") from None
 
