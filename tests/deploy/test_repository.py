@@ -467,6 +467,7 @@ def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_
     accepted = {k for k, v in up["inputs"].items() if v == "accepted"}
     assert set(ours) == accepted
     upstream_types = {"text_input": ("STRING", [1]), "max_tokens": ("INT32", [1]), "stop_words": ("STRING", [-1]),
+                      "bad_words": ("STRING", [-1]),
                       "end_id": ("INT32", [1]), "pad_id": ("INT32", [1]), "temperature": ("FP32", [1]),
                       "top_k": ("INT32", [1]), "top_p": ("FP32", [1]), "seed": ("UINT64", [1]),
                       "beam_width": ("INT32", [1]), "stream": ("BOOL", [1]), "exclude_input_in_output": ("BOOL", [1]),

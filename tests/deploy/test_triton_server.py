@@ -322,3 +322,15 @@ def test_a_short_request_does_not_wait_for_a_long_one_without_decoupling(server_
     long.join(timeout=120)
     assert set(done) == {"long", "short"}
     assert done["short"] < done["long"], done
+
+
+def test_tensorrt_llms_own_example_request_runs(server_plain, prompts, greedy, tokenizer):
+    """The request TensorRT-LLM's Triton guide has users send first (`bad_words` and `stop_words` empty) runs and gives
+    the target's tokens; a word in bad_words is refused in one 400 naming it (banning words is logits processing)."""
+    url = f"{server_plain.http_url}/v2/models/ensemble/generate"
+    text = tokenizer.decode(prompts[0])
+    code, body = _post(url, {"text_input": text, "max_tokens": MAX_NEW, "bad_words": "", "stop_words": ""})
+    assert code == 200, body
+    assert json.loads(body)["text_output"] == tokenizer.decode(greedy[0], skip_special_tokens=True)
+    code, body = _post(url, {"text_input": text, "max_tokens": MAX_NEW, "bad_words": "puni", "stop_words": ""})
+    assert code == 400 and "bad_words ['puni']: not supported" in body, body

@@ -151,6 +151,13 @@ class TritonPythonModel:
         out_len = get("REQUEST_OUTPUT_LEN").reshape(-1)[:1].astype(np.int32)
         end = get("END_ID")
         pad = get("PAD_ID")
+        bad = get("BAD_WORDS_DICT")
+        if bad is not None:
+            given = [b.decode("utf-8") if isinstance(b, bytes) else str(b) for b in bad.reshape(-1)]
+            if any(given):
+                raise ValueError(f"preprocessing: bad_words {[g for g in given if g]!r}: not supported (banning words "
+                                 f"is logits processing, which the runtime does not apply to tokens accepted inside "
+                                 f"the engine); send it empty or leave it out")
         words = []
         stop = get("STOP_WORDS_DICT")
         if stop is not None:
