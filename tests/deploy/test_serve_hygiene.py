@@ -347,3 +347,46 @@ def test_the_sweep_removes_by_the_dead_runs_prefix_only(tmp_path, monkeypatch):
     finally:
         for f in (ours, theirs, other):
             f.unlink(missing_ok=True)
+
+
+def test_readiness_counts_only_from_this_server(tmp_path):
+    """Two `serve` started at once on one port: the second's tritonserver fails to bind, but the first one's health
+    check answered it, and it said it was serving (a new user's report). Readiness now needs the server's metadata
+    name to be this server's --id."""
+    import http.server
+    import json as _json
+    import subprocess
+    import threading
+
+    from dflash2_trt.deploy.triton.server import ServerError, TritonServer
+
+    answer = {"name": "triton"}
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = _json.dumps(answer).encode() if self.path == "/v2" else b""
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    srv = TritonServer(tmp_path, http_port=other.server_address[1], ready_timeout=1.5)
+    srv.proc = subprocess.Popen(["sleep", "30"])       # "our" tritonserver, still starting
+    try:
+        with pytest.raises(ServerError, match="was not ready within"):
+            srv.wait_ready()                           # the other server's 200s do not count
+        answer["name"] = srv.server_id
+        srv.wait_ready()                               # this server's own answer does
+        assert "--id" in srv.command(type("I", (), {"binary": "tritonserver"})(), tmp_path)
+    finally:
+        srv.proc.kill()
+        srv.proc.wait()
+        other.shutdown()
+        import shutil
+
+        shutil.rmtree(srv._work, ignore_errors=True)

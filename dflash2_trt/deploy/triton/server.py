@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -227,6 +228,9 @@ class TritonServer:
         # TensorRT engine takes minutes, and silence looks like a hang)
         self.progress, self.progress_every = progress, float(progress_every)
         self.proc: subprocess.Popen | None = None
+        # tritonserver --id: readiness counts only from this server (another one already on the port answered the
+        # health check while this one failed to bind, and serve said it was serving: a new user's report)
+        self.server_id = f"dflash2-{os.getpid()}-{secrets.token_hex(4)}"
         self._watchdog: subprocess.Popen | None = None
         self._stubs: dict[tuple, str] = {}     # python-backend stub (pid, start time) -> its model, seen alive
         self._zombies: dict[tuple, float] = {}   # (pid, start time) -> when first seen a zombie (dead_stub)
@@ -244,7 +248,8 @@ class TritonServer:
                   "--http-address", HOST, "--grpc-address", HOST, "--metrics-address", HOST,
                   "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                   "--metrics-port", str(self.metrics_port), "--exit-timeout-secs", str(self.exit_timeout),
-                  "--strict-readiness", "true", hygiene.backend_config(self._work), *self.extra_args]
+                  "--strict-readiness", "true", "--id", self.server_id, hygiene.backend_config(self._work),
+                  *self.extra_args]
         if self.ranks == 1:
             return server
         # the followers name the working directory, so a cleanup finds them as it finds the server (hygiene.py)
@@ -321,7 +326,7 @@ class TritonServer:
                                   f"the stub's own output goes, ends:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
-                    if r.status == 200:
+                    if r.status == 200 and self._answers_as_ours():
                         return
             except (urllib.error.URLError, OSError):
                 pass
@@ -329,6 +334,15 @@ class TritonServer:
                 raise ServerError(f"tritonserver was not ready within {self.ready_timeout:.0f} s; its log "
                                   f"({self._log_ref()}) ends:\n{self.log_tail()}")
             time.sleep(0.2)
+
+    def _answers_as_ours(self) -> bool:
+        """Whether the server on the HTTP port is this one (its metadata's name is our ``--id``), not another that
+        holds the port."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2", timeout=1) as r:
+                return json.loads(r.read().decode()).get("name") == self.server_id
+        except (urllib.error.URLError, OSError, ValueError, AttributeError):
+            return False
 
     def dead_stub(self, snapshot: list[TreeProcess] | None = None, now: float | None = None) -> str | None:
         """A python-backend stub of this server that died while its model loaded, said in words, or None. A stub that
