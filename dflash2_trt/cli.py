@@ -627,6 +627,8 @@ def _build_progress(backend: str):
 
 def _report_build(res, as_json: bool) -> None:
     m = res.manifest
+    for n in getattr(res, "notes", ()):   # on stderr, so --json's document stays whole
+        click.echo(f"note: {n}", err=True)
     if as_json:   # engine.json's content, and where it is (the text's "wrote DIR")
         click.echo(json.dumps({"output_dir": str(res.output), **m}, indent=2))
         return

@@ -23,18 +23,46 @@ def read_utf8(path: str | Path, *, what: str = "", bom: bool = False) -> str:
 
 def json_loads(text, **kw):
     """``json.loads``, with the two ways a hand-edited or hostile file still got past the readers' ``JSONDecodeError``
-    as a traceback raised as a ``JSONDecodeError`` too: a document nested deeper than the parser's recursion
-    (``RecursionError``) and an integer of more digits than Python converts (a ``ValueError``)."""
+    as a traceback raised as a ``JSONDecodeError`` too, at the place it starts: a document nested deeper than the
+    parser's recursion (``RecursionError``) and an integer of more digits than Python converts (a ``ValueError``)."""
     import json
+    import re
 
+    doc = text if isinstance(text, str) else bytes(text).decode("utf-8", "replace")
     try:
         return json.loads(text, **kw)
     except json.JSONDecodeError:
         raise
     except RecursionError:
-        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
+        raise json.JSONDecodeError(f"nested deeper than {_DEPTH_SHOWN} levels", doc, _too_deep_at(doc)) from None
     except ValueError as exc:
         if not str(exc).startswith("Exceeds the limit"):
             raise       # a reader's own object hook's error (e.g. a repeated key): its own to report
-        raise json.JSONDecodeError(f"a number too long ({str(exc).split(';')[0]})",
-                                   text if isinstance(text, str) else "", 0) from None
+        m = re.search(r"\d{4301,}", doc)
+        raise json.JSONDecodeError(f"a number too long ({str(exc).split(';')[0]})", doc,
+                                   m.start() if m else 0) from None
+
+
+_DEPTH_SHOWN = 900    # below the parser's recursion limit (1000 by default): where the document is surely too deep
+
+
+def _too_deep_at(doc: str) -> int:
+    """Where ``doc``'s nesting first passes :data:`_DEPTH_SHOWN` levels (strings skipped), else 0."""
+    depth, in_str, escaped = 0, False, False
+    for i, c in enumerate(doc):
+        if in_str:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+            if depth > _DEPTH_SHOWN:
+                return i
+        elif c in "]}":
+            depth -= 1
+    return 0

@@ -61,22 +61,29 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
         check_output_dir(output, force)   # its refusal first: the disk is checked for a build that will go ahead
         check_disk(prep, backend=backend, output=output, checkpoint_dir=checkpoint_dir, keep_checkpoint=keep_checkpoint,
                    reconvert=reconvert, baseline=baseline)
-    # the engine carries the target's tokenizer files (run --prompt, serve, deploy triton read them): files there that
-    # do not load are this build's error now, not a built engine whose first text prompt fails (a fuzzing review)
+    # the engine carries the target's tokenizer files (run --prompt, serve, deploy triton read them): files that do not
+    # load here are said after the build, not found by the engine's first text prompt (a fuzzing review); not refused:
+    # an engine for token ids needs none, and the machine that serves it may have what they need (sentencepiece, ...)
     from ..tokenizer import find_tokenizer
 
     try:
         find_tokenizer(target_dir, strict=True)
+        tokenizer_note = None
     except ConfigError as exc:
-        raise ConfigError(f"{exc}; fix them, or remove them to build an engine that takes token ids only") from None
+        tokenizer_note = (f"{exc}: the engine carries them as they are; run --prompt, serve and deploy triton need "
+                          f"them to load (token ids work without)")
     if verify == "auto":
         verify = verify_default(prep, backend)
     if backend == "trtllm":
-        return build_trtllm(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
-                            reconvert=reconvert, keep_checkpoint=keep_checkpoint, progress=progress,
-                            toolchain=toolchain, runner=runner, verifier=verifier, baseline=baseline)
-    return build_standin(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
-                         reconvert=reconvert, progress=progress, verifier=verifier, backend=backend)
+        res = build_trtllm(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
+                           reconvert=reconvert, keep_checkpoint=keep_checkpoint, progress=progress,
+                           toolchain=toolchain, runner=runner, verifier=verifier, baseline=baseline)
+    else:
+        res = build_standin(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
+                            reconvert=reconvert, progress=progress, verifier=verifier, backend=backend)
+    if tokenizer_note is not None and res is not None:
+        res.notes.append(tokenizer_note)
+    return res
 
 
 def check_baseline_backend(backend: str, baseline: bool) -> None:

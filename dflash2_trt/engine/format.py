@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -28,6 +28,7 @@ ENGINE_SCHEMA = 1
 class BuildResult:
     output: Path
     manifest: dict
+    notes: list = field(default_factory=list)    # lines the command prints as "note: ..." after its "wrote" line
 
 
 def file_sha256(path: Path) -> str:

@@ -123,3 +123,37 @@ def test_an_earlier_load_report_may_be_replaced(tmp_path):
     earlier.write_text(json.dumps({"format": LOAD_FORMAT, "levels": []}))
     assert existing_output(earlier)[0] == "load"
     assert check_output_file(earlier, field="--json", replaces="load") == earlier
+
+
+def test_a_request_that_ends_at_its_end_token_at_once_is_measured():
+    """A response leaves out the end token (serving.py), so a request that ends at its first token gets one empty
+    final response: the load tool counts it (0 tokens, its time to first response) instead of failing on a TTFT of
+    None when it sorts the percentiles (an independent review)."""
+    import queue
+
+    import numpy as np
+
+    from dflash2_trt.deploy.triton import load
+
+    class Result:
+        def __init__(self, ids, final):
+            self.ids, self.final = ids, final
+
+        def get_response(self):
+            param = type("P", (), {"bool_param": self.final})()
+            return type("R", (), {"id": "0", "parameters": {"triton_final_response": param}})()
+
+        def as_numpy(self, name):
+            return {"output_ids": np.zeros((1, 1, 0), dtype=np.int32) if not self.ids else
+                    np.array([[self.ids]], dtype=np.int32),
+                    "total_accepted_draft_tokens": np.array([[0]]), "total_draft_tokens": np.array([[0]])}.get(name)
+
+    class Client:
+        def async_stream_infer(self, *a, **k):
+            pass
+
+    grpc = type("G", (), {"InferInput": lambda *a: type("I", (), {"set_data_from_numpy": lambda self, x: None})()})
+    q: queue.Queue = queue.Queue()
+    q.put((Result([], True), None))
+    res = load.stream_one(Client(), grpc, q, 0, load.LoadRequest([5, 6], 4, []))
+    assert res.error is None and res.output_ids == [] and res.ttft_s is not None and res.latency_s is not None

@@ -451,6 +451,11 @@ def test_an_output_len_past_max_seq_len_is_shortened_as_tensorrt_llm_does(cpu_en
         assert notes == [f"tensorrt_llm: request long: prompt ({len(p)}) + request_output_len (100000) + draft slots "
                          f"({lp.K + 1}) exceed max_seq_len {lp.runtime.max_seq_len}: request_output_len is changed "
                          f"to {room}"], notes
+        # a request the runtime refuses for another reason is refused, not noted as shortened
+        too_long = [5] * (lp.runtime.engine.limits["max_input_len"] + 1)
+        with pytest.raises(ConfigError, match="max_input_len"):
+            lp.submit(_parse(_req(too_long, 100_000)), Sink(), task_id="refused")
+        assert len(notes) == 1, notes
     finally:
         lp.close()
 

@@ -216,13 +216,11 @@ def test_a_checkpoint_kept_by_an_earlier_version_says_why_it_is_not_reused(tmp_p
                          "times, so it cannot show the weights are unchanged; convert once more (--reconvert)" in err, err
 
 
-def test_a_target_tokenizer_that_does_not_load_fails_the_build_before_any_work(tmp_path):
-    """The engine carries the target's tokenizer files; ones that do not load used to ship silently, and the engine's
-    first `run --prompt` failed (a fuzzing review). Now the build says so first, naming the directory, and writes
-    nothing."""
+def test_a_target_tokenizer_that_does_not_load_is_said_by_the_build(tmp_path):
+    """The engine carries the target's tokenizer files; ones that do not load here used to ship without a word, and
+    the engine's first `run --prompt` failed (a fuzzing review). The build now says so in a note (not refused: an
+    engine for token ids needs none, and the serving machine may have what they need)."""
     import shutil
-
-    from dflash2_trt.testing.cli import cli, one_error_line
 
     pair = trained_pair("qwen3")
     target = tmp_path / "target"
@@ -230,7 +228,9 @@ def test_a_target_tokenizer_that_does_not_load_fails_the_build_before_any_work(t
     assert (target / "tokenizer.json").is_file()
     (target / "tokenizer.json").write_text("{bad")
     out = tmp_path / "eng"
-    line = one_error_line(*cli("build", "--drafter", str(pair.drafter_dir), "--target-dir", str(target),
-                               "--output", str(out)))
-    assert f"{target}: has tokenizer files that cannot be loaded" in line and "token ids only" in line, line
-    assert not out.exists()
+    r = CliRunner().invoke(main, ["build", "--drafter", str(pair.drafter_dir), "--target-dir", str(target),
+                                  "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
+    assert len(notes) == 1 and f"{target}: has tokenizer files that cannot be loaded" in notes[0], r.stderr
+    assert "token ids work without" in notes[0] and (out / "tokenizer" / "tokenizer.json").is_file()

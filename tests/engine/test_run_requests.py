@@ -236,6 +236,6 @@ def test_weights_corrupted_in_place_are_one_line(engine, tmp_path):
     r = CliRunner().invoke(main, ["run", "--engine-dir", str(bad), "--prompt-ids", "5,6,7", "--max-new-tokens", "4"])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert r.output.strip().splitlines() == [r.output.strip()], r.output
-    assert "the engine computed NaN values" in r.output and "run --verify" in r.output, r.output
+    assert "the engine computed NaN values" in r.output and "run --verify" in r.output and "--check-values" in r.output
     r = CliRunner().invoke(main, ["run", "--engine-dir", str(bad), "--prompt-ids", "5,6,7", "--verify"])
     assert r.exit_code == 1 and "sha256 differs" in r.output, r.output

@@ -93,10 +93,10 @@ def stream_one(client, grpc, responses: queue.Queue, index: int, r: LoadRequest,
             res.error = f"response for request {resp.id!r} on the stream of request {index}"
             return res
         res.responses += 1
+        if res.ttft_s is None:   # the first response, even an empty one (a request that ended at its end token)
+            res.ttft_s = time.perf_counter() - t0
         ids = result.as_numpy("output_ids")
         if ids is not None and ids.size:
-            if res.ttft_s is None:
-                res.ttft_s = time.perf_counter() - t0
             res.output_ids += ids.reshape(-1).tolist()
         if resp.parameters["triton_final_response"].bool_param:
             res.latency_s = time.perf_counter() - t0

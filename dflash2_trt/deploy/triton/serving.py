@@ -243,7 +243,9 @@ class NotServing(ConfigError):
 
 def response_tokens(tokens, end_ids) -> list[int]:
     """What a response carries of a request's output ``tokens`` (the runtime's, or the HF target's ``generate``,
-    which end with the end token they stopped at): the same without that end token."""
+    which end with the end token they stopped at): the same without that end token. For a request without stop words
+    (the load tool's): where a stop word is also an end id, the loop keeps it, as TensorRT-LLM does (its stop words are
+    checked first, and the end-id check skips a request they finished), which this function cannot tell."""
     tokens = list(tokens)
     return tokens[:-1] if tokens and tokens[-1] in tuple(end_ids) else tokens
 
@@ -465,18 +467,18 @@ class ServingLoop:
         if self.draining(now=True):
             raise NotServing("the server is shutting down: it takes no new requests")
         # as TensorRT-LLM's executor validates a request (tensorrtllm_backend.yaml `requests`): request_output_len
-        # past what max_seq_len leaves beside the prompt and the draft slots is shortened to it, with a warning
+        # past what max_seq_len leaves beside the prompt and the draft slots is shortened to it, with a log line (once
+        # the runtime has taken the request as shortened: a prompt it refuses is refused, not noted)
+        asked = spec.max_new_tokens
         room = self.runtime.max_seq_len - len(spec.prompt_ids) - (self.K + 1)
-        if 1 <= room < spec.max_new_tokens:
-            if self.log is not None:
-                who = f"request {task_id}" if task_id not in (None, "") else "a request"
-                self.log(f"tensorrt_llm: {who}: prompt ({len(spec.prompt_ids)}) + request_output_len "
-                         f"({spec.max_new_tokens}) + draft slots ({self.K + 1}) exceed max_seq_len "
-                         f"{self.runtime.max_seq_len}: request_output_len is changed to {room}")
-            spec.max_new_tokens = room
-        req = Request(list(spec.prompt_ids), spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
-                      stop_token_ids=tuple(spec.stop_token_ids), task_id=task_id)
+        req = Request(list(spec.prompt_ids), room if 1 <= room < asked else asked, temperature=spec.temperature,
+                      seed=spec.seed, stop_token_ids=tuple(spec.stop_token_ids), task_id=task_id)
         self.runtime.check(req)   # reads the engine's limits only: safe beside the loop thread
+        if req.max_new_tokens < asked and self.log is not None:
+            who = f"request {task_id}" if task_id not in (None, "") else "a request"
+            self.log(f"tensorrt_llm: {who}: prompt ({len(spec.prompt_ids)}) + request_output_len ({asked}) + draft "
+                     f"slots ({self.K + 1}) exceed max_seq_len {self.runtime.max_seq_len}: request_output_len is "
+                     f"changed to {req.max_new_tokens}")
         with self._submit_lock:   # never queued after the loop's last look at the queue: it would wait forever
             if self._ended:
                 raise NotServing("the model is shutting down" if self._closed.is_set() else

@@ -329,8 +329,9 @@ def topk(input: Tensor, k, dim: int, largest: bool = True, prefer_plugin: bool =
         # the one thing `run` checks without --verify): one error line, not a traceback from deep in the network
         from ...errors import NumericsError
 
-        raise NumericsError("the engine computed NaN values (topk: their order is undefined): its weights are likely "
-                            "corrupt; `run --verify` checks every file's sha256 against engine.json")
+        raise NumericsError("the engine computed NaN values (topk: their order is undefined): its weights are "
+                            "corrupt or hold NaN/Inf, or its dtype overflowed (`run --verify` checks an engine's files "
+                            "against engine.json, `inspect --check-values` a checkpoint's tensors)")
     values, idx = torch.sort(x, dim=dim, descending=largest, stable=True)
     return wrap(values.narrow(dim, 0, k).contiguous()), wrap(idx.narrow(dim, 0, k).to(torch.int32).contiguous())
 
