@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...errors import NumericsError
 from ..format import load_engine_dir
 from .engine import StandinEngine, input_memory, limits_from
 
@@ -152,7 +153,8 @@ def replay_with_host_inputs_of(engine: StandinEngine, captured: dict, later: dic
             with attention.sized_as_on_a_device(), attention.key_range(key_range):
                 try:
                     runs[name] = {k: v.clone() for k, v in engine.run_step(feed)[0].items()}
-                except (ValueError, RuntimeError) as e:   # e.g. a NaN from a row whose keys were all cut off
+                # e.g. a NaN from a row whose keys were all cut off (the network's topk: NumericsError)
+                except (ValueError, RuntimeError, NumericsError) as e:
                     if name == "eager":
                         raise
                     runs["differs"] = [f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"]
