@@ -151,8 +151,18 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
                       f"acceptance usually drops with a block the drafter was not trained for; pass --block-size "
                       f"{d.block_size} for the drafter's own")
     else:
-        cfg = BuildConfig.from_mapping(_defaults_from_checkpoints(t, d), "<defaults from the checkpoint configs>",
-                                       over, origins)
+        try:
+            cfg = BuildConfig.from_mapping(_defaults_from_checkpoints(t, d), "<defaults from the checkpoint configs>",
+                                           over, origins)
+        except ConfigError as exc:
+            # a limit derived from the target's max_position_embeddings that the build refuses: the fault is that
+            # field (a fuzzing review: the line named only "<defaults from the checkpoint configs>")
+            if exc.field not in ("max_input_len", "max_seq_len") or exc.field in over:
+                raise
+            raise ConfigError(f"{t.max_position_embeddings} is too small to derive the build's limits from "
+                              f"(max_input_len = half of it, max_seq_len = all of it; {exc.field}: "
+                              f"{str(exc).rsplit(': ', 1)[-1]}); give --max-input-len and --max-seq-len",
+                              source=target_dir / "config.json", field="max_position_embeddings") from None
 
     def origin(key: str) -> str:
         return origins.get(key, cfg.source)

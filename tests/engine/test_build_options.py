@@ -234,3 +234,23 @@ def test_a_target_tokenizer_that_does_not_load_is_said_by_the_build(tmp_path):
     notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
     assert len(notes) == 1 and f"{target}: has tokenizer files that cannot be loaded" in notes[0], r.stderr
     assert "token ids work without" in notes[0] and (out / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_limits_derived_from_a_tiny_max_position_embeddings_name_that_field(tmp_path):
+    """Without --target, the build's limits come from the target's max_position_embeddings; a value too small for any
+    build names that field of the target's config.json, not "<defaults from the checkpoint configs>" (a fuzzing
+    review)."""
+    import shutil
+
+    from dflash2_trt.testing.cli import cli, one_error_line
+
+    pair = trained_pair("qwen3")
+    target = tmp_path / "target"
+    shutil.copytree(pair.target_dir, target)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["max_position_embeddings"] = 1
+    (target / "config.json").write_text(json.dumps(cfg))
+    line = one_error_line(*cli("build", "--drafter", str(pair.drafter_dir), "--target-dir", str(target),
+                               "--output", str(tmp_path / "eng")))
+    assert line.startswith(f"error: {target / 'config.json'}: max_position_embeddings: 1 is too small"), line
+    assert "give --max-input-len and --max-seq-len" in line and not (tmp_path / "eng").exists()
