@@ -21,6 +21,17 @@ SAFETENSORS = "model.safetensors"
 
 # ---- raw header surgery ---------------------------------------------------------------------
 
+def copy_with_json(src: Path, dst: Path, name: str, **changes) -> Path:
+    """A copy of directory ``src`` at ``dst`` whose JSON file ``name`` (config.json, engine.json) has ``changes`` set
+    at its top level."""
+    src, dst = Path(src), Path(dst)
+    shutil.copytree(src, dst)
+    doc = json.loads((dst / name).read_text())
+    doc.update(changes)
+    (dst / name).write_text(json.dumps(doc))
+    return dst
+
+
 def split_file(path: Path) -> tuple[bytes, bytes]:
     """(header JSON bytes, data bytes) of a safetensors file."""
     raw = Path(path).read_bytes()

@@ -37,11 +37,9 @@ def trt_dir(standin_trt_engine):
 
 def _with_manifest(src, dst, **changes):
     """A copy of engine directory ``src`` whose engine.json has ``changes``."""
-    shutil.copytree(src, dst)
-    man = json.loads((dst / "engine.json").read_text())
-    man.update(changes)
-    (dst / "engine.json").write_text(json.dumps(man))
-    return dst
+    from dflash2_trt.testing.corrupt import copy_with_json
+
+    return copy_with_json(src, dst, "engine.json", **changes)
 
 
 # ------------------------------------------------------------------------------------------------ deploy decisions

@@ -178,17 +178,18 @@ def test_a_prompt_over_max_num_tokens_is_taken_in_chunks(tmp_path, monkeypatch):
     assert _cli("targets")[0] == 0            # a command that starts no runtime does not read it
 
 
+def _copy_with_config(src, dst, **fields):
+    """A copy of checkpoint directory ``src`` at ``dst`` whose config.json has ``fields`` set."""
+    from dflash2_trt.testing.corrupt import copy_with_json
+
+    return copy_with_json(src, dst, "config.json", **fields)
+
+
 def test_a_pair_blocker_names_the_pair_not_the_target_file(tmp_path):
     """A drafter config the engine cannot take (its head_dim) was reported as "T/config.json: cannot build an engine
     for this target", a file nobody edited (a new user's review); the error names the pair."""
-    import shutil
-
     pair = trained_pair("qwen3")
-    drafter = tmp_path / "drafter"
-    shutil.copytree(pair.drafter_dir, drafter)
-    cfg = json.loads((drafter / "config.json").read_text())
-    cfg["head_dim"] = 8
-    (drafter / "config.json").write_text(json.dumps(cfg))
+    drafter = _copy_with_config(pair.drafter_dir, tmp_path / "drafter", head_dim=8)
     code, out, err = _cli("build", "--drafter", str(drafter), "--target-dir", str(pair.target_dir), "--backend", "cpu",
                           "--output", str(tmp_path / "e"))
     assert code == 1 and err.startswith(f"error: cannot build an engine for this pair (drafter {drafter}, target "
@@ -240,16 +241,10 @@ def test_limits_derived_from_a_tiny_max_position_embeddings_name_that_field(tmp_
     """Without --target, the build's limits come from the target's max_position_embeddings; a value too small for any
     build names that field of the target's config.json, not "<defaults from the checkpoint configs>" (a fuzzing
     review)."""
-    import shutil
-
     from dflash2_trt.testing.cli import cli, one_error_line
 
     pair = trained_pair("qwen3")
-    target = tmp_path / "target"
-    shutil.copytree(pair.target_dir, target)
-    cfg = json.loads((target / "config.json").read_text())
-    cfg["max_position_embeddings"] = 1
-    (target / "config.json").write_text(json.dumps(cfg))
+    target = _copy_with_config(pair.target_dir, tmp_path / "target", max_position_embeddings=1)
     line = one_error_line(*cli("build", "--drafter", str(pair.drafter_dir), "--target-dir", str(target),
                                "--output", str(tmp_path / "eng")))
     assert line.startswith(f"error: {target / 'config.json'}: max_position_embeddings: 1 is too small"), line
