@@ -73,6 +73,7 @@ class ConfigError(DFlash2Error):
     def __init__(self, message: str, *, source: str | Path | None = None, field: str | None = None):
         self.source = source
         self.field = field
+        self.reason = message     # without the source and field: for a caller that says it again elsewhere
         where = _where(source, field)
         super().__init__(f"{where}: {message}" if where else message)
 

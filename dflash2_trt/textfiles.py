@@ -28,19 +28,27 @@ def json_loads(text, **kw):
     import json
     import re
 
-    doc = text if isinstance(text, str) else bytes(text).decode("utf-8", "replace")
     try:
         return json.loads(text, **kw)
     except json.JSONDecodeError:
         raise
     except RecursionError:
-        raise json.JSONDecodeError(f"nested deeper than {_DEPTH_SHOWN} levels", doc, _too_deep_at(doc)) from None
+        doc = _as_text(text)
+        at = _too_deep_at(doc)
+        raise json.JSONDecodeError(f"nested deeper than {_DEPTH_SHOWN} levels" if at else "nested too deeply", doc,
+                                   at) from None
     except ValueError as exc:
         if not str(exc).startswith("Exceeds the limit"):
             raise       # a reader's own object hook's error (e.g. a repeated key): its own to report
+        doc = _as_text(text)
         m = re.search(r"\d{4301,}", doc)
         raise json.JSONDecodeError(f"a number too long ({str(exc).split(';')[0]})", doc,
                                    m.start() if m else 0) from None
+
+
+def _as_text(text) -> str:
+    """The document ``json.loads`` was given, as text for an error's position (only on the error paths)."""
+    return text if isinstance(text, str) else bytes(text).decode("utf-8", "replace")
 
 
 _DEPTH_SHOWN = 900    # below the parser's recursion limit (1000 by default): where the document is surely too deep

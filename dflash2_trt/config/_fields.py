@@ -24,7 +24,7 @@ def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict
     """
     if isinstance(path_or_dict, Mapping):
         try:
-            return json_loads(json.dumps(dict(path_or_dict))), "<dict>"
+            return json.loads(json.dumps(dict(path_or_dict))), "<dict>"
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"config is not JSON-serialisable: {exc}", source="<dict>") from None
     path = Path(path_or_dict)

@@ -81,7 +81,7 @@ def build_engine(drafter_dir, target_dir, output, *, backend: str = "cpu", tp_si
     else:
         res = build_standin(prep, output, force=force, command=command, verify=verify, checkpoint_dir=checkpoint_dir,
                             reconvert=reconvert, progress=progress, verifier=verifier, backend=backend)
-    if tokenizer_note is not None and res is not None:
+    if tokenizer_note is not None:
         res.notes.append(tokenizer_note)
     return res
 

@@ -161,7 +161,7 @@ def prepare(drafter_dir, target_dir, *, target_key: str | None = None, overrides
                 raise
             raise ConfigError(f"{t.max_position_embeddings} is too small to derive the build's limits from "
                               f"(max_input_len = half of it, max_seq_len = all of it; {exc.field}: "
-                              f"{str(exc).rsplit(': ', 1)[-1]}); give --max-input-len and --max-seq-len",
+                              f"{exc.reason}); give --max-input-len and --max-seq-len",
                               source=target_dir / "config.json", field="max_position_embeddings") from None
 
     def origin(key: str) -> str:

@@ -478,8 +478,9 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
         try:
             check_repository(tmp)
         except ConfigError as exc:   # named as the output it would have been, not the temporary directory (gone)
-            raise ConfigError(f"{str(exc).replace(str(tmp), str(Path(output)))} (as generated: nothing was "
-                              f"written)") from None
+            source = None if exc.source is None else str(exc.source).replace(str(tmp), str(Path(output)))
+            raise ConfigError(f"{exc.reason} (as generated: nothing was written)", source=source,
+                              field=exc.field) from None
         runtime, runtime_description = _model_runtime(backend, man["backend"])
         (tmp / "dflash2_repository.json").write_text(json.dumps({
             "format": "dflash2-trt triton repository", "backend": backend, "runtime": runtime,

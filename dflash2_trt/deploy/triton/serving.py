@@ -633,15 +633,16 @@ class ServingLoop:
         spec = live.spec
         if spec.perf:
             st = draft_stats(r.acceptance_lengths, self.K)
+            blocks = self.runtime.reserved_blocks(r)
             i64 = lambda v: np.array([[v or 0]], dtype=np.int64)  # noqa: E731
             out.update({"acceptance_rate": np.array([[st["acceptance_rate"]]], dtype=np.float32),
                         "total_accepted_draft_tokens": i32(st["total_accepted_draft_tokens"]),
                         "total_draft_tokens": i32(st["total_draft_tokens"]),
                         # TensorRT-LLM's RequestPerfMetrics.kvCacheMetrics: this runtime reserves a request's
                         # lifetime of blocks at admission, all new (no block reuse)
-                        "kv_cache_alloc_new_blocks": i32(self.runtime.reserved_blocks(r)),
+                        "kv_cache_alloc_new_blocks": i32(blocks),
                         "kv_cache_reused_blocks": i32(0),
-                        "kv_cache_alloc_total_blocks": i32(self.runtime.reserved_blocks(r)),
+                        "kv_cache_alloc_total_blocks": i32(blocks),
                         "arrival_time_ns": i64(spec.arrival_ns), "first_scheduled_time_ns": i64(live.scheduled_ns),
                         "first_token_time_ns": i64(live.first_token_ns), "last_token_time_ns": i64(live.last_token_ns)})
         if spec.num_input:
