@@ -50,6 +50,21 @@ def test_the_temperature_is_taken_as_tensorrt_llm_takes_it():
             _parse(_req(temperature=np.float32(bad)))
 
 
+def test_top_k_one_is_greedy_whatever_the_temperature():
+    from dflash2_trt.sampling import GREEDY_BELOW
+
+    # sampling from the one likeliest token is taking the argmax: the engine's greedy path
+    for t in (0.5, 1.0, 7.0):
+        s = _parse(_req(temperature=np.float32(t), runtime_top_k=np.int32(1)))
+        assert 0 < s.temperature < GREEDY_BELOW
+    unset = _req(runtime_top_k=np.int32(1))
+    del unset["temperature"]
+    assert 0 < _parse(unset).temperature < GREEDY_BELOW
+    assert _parse(_req(temperature=np.float32(0.5), runtime_top_k=np.int32(0))).temperature == 0.5
+    with pytest.raises(ConfigError, match="runtime_top_k: 2 is not supported"):
+        _parse(_req(runtime_top_k=np.int32(2)))
+
+
 def test_parse_a_request():
     s = _parse(_req(temperature=np.float32(0.5), seed=np.uint64(2**64 - 1), return_perf_metrics=True,
                     beam_width=np.int32(1), runtime_top_k=np.int32(0), runtime_top_p=np.float32(1.0)))

@@ -10,7 +10,8 @@ wrapper around this module, which imports no Triton code so that it is tested di
 - :func:`parse_request` turns one request's input tensors (TensorRT-LLM backend names, see
   ``templates/tensorrt_llm.pbtxt``) into a :class:`Spec`, or raises a :class:`ConfigError` naming
   the input. Inputs the project runtime cannot honour (beams, logits, LoRA, top-k/top-p, ...) are
-  refused when set to anything but their neutral value, never silently ignored.
+  refused when set to anything but their neutral value, never silently ignored; ``runtime_top_k`` 1 is
+  greedy (the top one token is the argmax), whatever the temperature.
 - :class:`ServingLoop` owns ONE :class:`~dflash2_trt.runtime.Runtime` in a background thread: every
   Triton request joins the in-flight batch at the next engine step it fits in (requests from
   different ``execute`` calls share steps), and each step's accepted tokens are handed to the
@@ -72,7 +73,8 @@ HONOURED = ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_i
 _NEUTRAL: dict[str, Callable[[float], bool]] = {
     "beam_width": lambda v: v == 1,
     "num_return_sequences": lambda v: v == 1,
-    "runtime_top_k": lambda v: v == 0,
+    # 1 keeps only the most likely token: greedy whatever the temperature (parse_request makes the request greedy)
+    "runtime_top_k": lambda v: v in (0, 1),
     "runtime_top_p": lambda v: v == 0.0 or v == 1.0,
     "repetition_penalty": lambda v: v == 1.0,
     "presence_penalty": lambda v: v == 0.0,
@@ -175,7 +177,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
             v = _scalar(arr, name)
             if not _NEUTRAL[name](v):
                 raise ConfigError(f"{v!r} is not supported by the python-backend model (one beam, no logits, no "
-                                  f"top-k/top-p; the tensorrtllm backend serves it on a GPU)", field=name)
+                                  f"top-k above 1, no top-p; the tensorrtllm backend serves it on a GPU)", field=name)
             continue
         raise ConfigError("not supported by the python-backend tensorrt_llm model (the tensorrtllm backend serves it "
                           "on a GPU)", field=name)
@@ -203,7 +205,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
     out_len = int(_scalar(inputs["request_output_len"], "request_output_len"))
     if out_len < 1:
         raise ConfigError(f"must be >= 1, got {out_len}", field="request_output_len")
-    from ...sampling import TRTLLM_DEFAULT_TEMPERATURE, check_request_temperature
+    from ...sampling import GREEDY_REQUEST_TEMPERATURE, TRTLLM_DEFAULT_TEMPERATURE, check_request_temperature
 
     # as TensorRT-LLM's backend takes it (engine_io.yaml request_temperature): unset, TensorRT-LLM fills the
     # engine's temperature with 1.0 (this engine samples at it); 0 is refused by its EAGLE decoding layer; the engine
@@ -211,6 +213,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
     # a greedy one.
     temperature = (check_request_temperature(_scalar(inputs["temperature"], "temperature"), field="temperature")
                    if "temperature" in inputs else TRTLLM_DEFAULT_TEMPERATURE)
+    if "runtime_top_k" in inputs and _scalar(inputs["runtime_top_k"], "runtime_top_k") == 1:
+        # sampling from the top 1 token is taking the argmax: the engine's greedy path gives exactly that (a stock
+        # EAGLE engine is greedy here too: greedy_sampling, docs/cli.md)
+        temperature = GREEDY_REQUEST_TEMPERATURE
     seed = int(_scalar(inputs["seed"], "seed")) if "seed" in inputs else 0
     if not 0 <= seed < 2**64:
         raise ConfigError(f"must be in [0, 2**64), got {seed}", field="seed")
