@@ -138,6 +138,22 @@ def test_legacy_rope_and_file_errors(tmp_path):
         DFlash2Config.from_hugging_face(tmp_path / "empty")
 
 
+def test_a_key_given_twice_takes_the_last_value_and_says_so(tmp_path, capsys):
+    # json.load (transformers' reading) keeps a repeated key's last value; a hand-edited config that repeats
+    # block_size gets the last one here too, with a warning naming the file, the key and both values
+    text = (QWEN_DRAFTER / "config.json").read_text()
+    assert text.count('"block_size": 8') == 1
+    (tmp_path / "config.json").write_text(text.replace('"block_size": 8', '"block_size": 8, "block_size": 16'))
+    assert DFlash2Config.from_hugging_face(tmp_path).block_size == 16
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path / 'config.json'}: key 'block_size' is given more than once, with different values " \
+           f"(8, then 16); the last one is used" in err
+    # the same value twice changes nothing: no warning
+    (tmp_path / "config.json").write_text(text.replace('"block_size": 8', '"block_size": 8, "block_size": 8'))
+    assert DFlash2Config.from_hugging_face(tmp_path).block_size == 8
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_published_targets_accepted():
     q = TargetConfig.from_hugging_face(QWEN_TARGET)
     assert q.family == "qwen3_5" and q.weight_prefix == "model.language_model."

@@ -35,13 +35,36 @@ def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict
             raise ConfigError("no such directory", source=path)
         raise ConfigError("config file not found", source=path)
     text = read_utf8(path, what="config")
+    repeated: list[tuple[str, Any, Any]] = []
     try:
-        data = json_loads(text)
+        data = json_loads(text, object_pairs_hook=lambda pairs: _last_of_each(pairs, repeated))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=path) from None
     if not isinstance(data, dict):
         raise ConfigError("top level of config.json must be an object", source=path)
+    if repeated:
+        from .pairing import warn_once
+
+        for key, first, last in repeated:
+            warn_once(f"{path}: key {key!r} is given more than once, with different values ({_short(first)}, then "
+                      f"{_short(last)}); the last one is used, as transformers reads the file")
     return data, str(path)
+
+
+def _last_of_each(pairs: list[tuple[str, Any]], repeated: list[tuple[str, Any, Any]]) -> dict[str, Any]:
+    """A JSON object as ``json.loads`` makes it (a repeated key keeps its last value, which is what transformers
+    reads), noting each key repeated with a different value."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out and out[key] != value:
+            repeated.append((key, out[key], value))
+        out[key] = value
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class Fields:
