@@ -154,6 +154,20 @@ def test_a_key_given_twice_takes_the_last_value_and_says_so(tmp_path, capsys):
     assert "warning" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "no_such_type"])
+def test_a_model_type_that_contradicts_the_architecture_is_refused(model_type):
+    # transformers' Auto classes build the model from model_type: a Qwen3.8 config saying 'llama' would be verified
+    # against a Llama (which has no q/k norms), so inspect and convert refuse it as build's verify would fail it
+    data = _load(QWEN_TARGET)
+    assert data["model_type"] == "qwen3_5"
+    data["model_type"] = model_type
+    with pytest.raises(ConfigError, match=rf"model_type: '{model_type}' does not match architectures\[0\] "
+                                          r"'Qwen3_5ForConditionalGeneration' \(model_type 'qwen3_5', 'qwen3_5_text'\)"):
+        TargetConfig.from_hugging_face(data)
+    del data["model_type"]
+    assert TargetConfig.from_hugging_face(data).family == "qwen3_5"
+
+
 def test_published_targets_accepted():
     q = TargetConfig.from_hugging_face(QWEN_TARGET)
     assert q.family == "qwen3_5" and q.weight_prefix == "model.language_model."
