@@ -84,6 +84,13 @@ def check_manifest_fields(man: dict, man_path, *, need_limits: bool = False) -> 
     bs = man.get("block_size")
     if "block_size" in man and (isinstance(bs, bool) or not isinstance(bs, int) or bs < 2):
         raise ConfigError(f"must be an integer >= 2 (K + 1), got {bs!r}", source=man_path, field="block_size")
+    tok = man.get("tokenizer")
+    if tok is not None and tok != ENGINE_TOKENIZER_DIR:
+        # what a build writes: its own copy's directory, or null; a reader never looked anywhere else, so an edited
+        # value was ignored without a word
+        raise ConfigError(f"must be {ENGINE_TOKENIZER_DIR!r} (the engine's own copy, {ENGINE_TOKENIZER_DIR}/) or null "
+                          f"(none: the target directory's, where it has one), got {tok!r}; `deploy triton --tokenizer "
+                          f"DIR` serves another", source=man_path, field="tokenizer")
     limits = man.get("limits")
     if limits is None and not need_limits:
         return

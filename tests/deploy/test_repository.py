@@ -493,6 +493,7 @@ def test_ensemble_inputs_are_the_documented_subset_of_the_upstream_ensemble(cpu_
     (lambda m: m.update(block_size=None), "block_size"),   # present but null: deploy read int(None)
     (lambda m: m.update(block_size=3), "block_size"),      # an integer, but not the engine's K + 1
     (lambda m: m.update(eos_token_ids=[2, 999]), "eos_token_ids"),   # past the vocabulary: deployed as end_id 999
+    (lambda m: m.update(tokenizer="../elsewhere"), "tokenizer"),     # was ignored without a word (a fuzzing review)
 ])
 def test_a_damaged_engine_json_field_is_one_line_naming_it(engine, tmp_path, edit, field):
     """engine.json carries no hash of itself; a damaged eos_token_ids or limits used to end `deploy triton` (and
@@ -505,7 +506,7 @@ def test_a_damaged_engine_json_field_is_one_line_naming_it(engine, tmp_path, edi
     line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(bad), "--output", str(tmp_path / "repo")))
     assert f"engine.json: {field}: " in line, line
     assert not (tmp_path / "repo").exists()
-    if field in ("eos_token_ids", "block_size"):
+    if field in ("eos_token_ids", "block_size", "tokenizer"):
         line = one_error_line(*cli("run", "--engine-dir", str(bad), "--prompt-ids", "1,2", "--max-new-tokens", "2"))
         assert f"engine.json: {field}: " in line, line
 
