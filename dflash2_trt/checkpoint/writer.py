@@ -451,7 +451,36 @@ def check_output_dir(final: str | Path, force: bool) -> Path:
             raise OutputDirError(f"{final}: cannot read the output directory: {exc.strerror or exc}") from None
         if not empty and not force:
             raise OutputDirError(f"{final}: output directory is not empty (pass --force to replace it)")
+        if not empty and not is_project_output(final):
+            raise OutputDirError(f"{final}: output directory is not empty and holds no dflash2-trt output "
+                                 f"({', '.join(OUTPUT_MARKERS)}); --force replaces only an earlier output, so that a "
+                                 f"mistyped --output cannot delete other files: remove it yourself, or give a new "
+                                 f"directory")
     return final
+
+
+# The file at the top of each directory a dflash2-trt command writes (build: engine.json; convert and a kept
+# --checkpoint-dir: manifest.json; export-onnx: manifest.json; deploy triton: dflash2_repository.json), whose
+# "format" names the project: what --force may replace.
+OUTPUT_MARKERS = ("engine.json", "manifest.json", "dflash2_repository.json")
+
+
+def is_project_output(directory: Path) -> bool:
+    """Whether ``directory`` holds an output a dflash2-trt command wrote (one of :data:`OUTPUT_MARKERS` with a
+    ``format`` naming dflash2-trt; a damaged one does not count)."""
+    from ..textfiles import json_loads
+
+    for name in OUTPUT_MARKERS:
+        p = Path(directory) / name
+        try:
+            if not p.is_file() or p.stat().st_size > 64 << 20:
+                continue
+            doc = json_loads(p.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("format"), str) and doc["format"].startswith("dflash2-trt"):
+            return True
+    return False
 
 
 def _lock(path: Path) -> int | None:

@@ -150,8 +150,9 @@ def ensure_checkpoint(prep, ckpt_dir, *, reconvert: bool = False, progress=None)
     replace it to prove a checkpoint is reused."""
     ckpt_dir = Path(ckpt_dir)
     t0 = time.perf_counter()
+    if not ckpt_dir.is_symlink():
+        refuse_foreign_checkpoint_dir(ckpt_dir)  # first: its line names --reconvert, which is what replaces here
     check_output_dir(ckpt_dir, force=True)      # symlinks / files refused
-    refuse_foreign_checkpoint_dir(ckpt_dir)
     exists = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())
     if exists:
         problems = checkpoint_problems(ckpt_dir, prep, progress=progress)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,6 +108,7 @@ def test_atomic_dir_failed_final_rename_with_force_restores_the_old_output(tmp_p
     final = tmp_path / "out"
     final.mkdir()
     (final / "old.txt").write_text("old")
+    (final / "manifest.json").write_text('{"format": "dflash2-trt combined TensorRT-LLM checkpoint"}')  # ours
     real, calls = os.replace, []
 
     def flaky(a, b):
@@ -122,7 +124,7 @@ def test_atomic_dir_failed_final_rename_with_force_restores_the_old_output(tmp_p
     monkeypatch.setattr(os, "replace", real)
     assert len(calls) >= 2
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
-    assert [p.name for p in final.iterdir()] == ["old.txt"]
+    assert sorted(p.name for p in final.iterdir()) == ["manifest.json", "old.txt"]
 
 
 def test_write_behind_drops_only_written_back_and_hashed_pages(tmp_path, monkeypatch):
@@ -251,3 +253,36 @@ def test_a_copy_that_fails_names_the_output_file_not_its_source(tmp_path, monkey
             shutil.copy(src, tmp / "pre" / "1" / "model.py")
     assert str(e.value) == f"{out}: cannot write pre/1/model.py: No space left on device"
     assert not out.exists()
+
+
+def test_force_replaces_only_what_a_dflash2_trt_command_wrote(tmp_path):
+    """--force deletes the directory it replaces: only one holding an output of this project (its marker file with
+    the project's format) qualifies, so a mistyped --output of other files is refused, not deleted."""
+    import json
+
+    from dflash2_trt.checkpoint.writer import OUTPUT_MARKERS, OutputDirError, check_output_dir, is_project_output
+    from dflash2_trt.convert.schema import FORMAT as CHECKPOINT_FORMAT
+    from dflash2_trt.engine.format import ENGINE_FORMAT
+    from dflash2_trt.onnx.export import FORMAT as ONNX_FORMAT
+
+    repository = "dflash2-trt triton repository"   # deploy/triton/repository.py writes it inline
+    assert f'"format": "{repository}"' in (Path(__file__).resolve().parents[2] / "dflash2_trt" / "deploy" / "triton"
+                                           / "repository.py").read_text()
+    for name, fmt in (("engine.json", ENGINE_FORMAT), ("manifest.json", CHECKPOINT_FORMAT),
+                      ("manifest.json", ONNX_FORMAT), ("dflash2_repository.json", repository)):
+        assert name in OUTPUT_MARKERS
+        d = tmp_path / f"{name}-{fmt}".replace(" ", "_")
+        d.mkdir()
+        (d / "other.bin").write_bytes(b"x")
+        (d / name).write_text(json.dumps({"format": fmt}))
+        assert is_project_output(d) and check_output_dir(d, True) == d
+    docs = tmp_path / "documents"
+    docs.mkdir()
+    for marker in ("", "{}", '{"format": "safetensors"}', "[1, 2]", "not json"):
+        if marker:
+            (docs / "manifest.json").write_text(marker)
+        (docs / "thesis.txt").write_text("important")
+        assert not is_project_output(docs)
+        with pytest.raises(OutputDirError, match="holds no dflash2-trt output.*remove it yourself"):
+            check_output_dir(docs, True)
+    assert sorted(p.name for p in docs.iterdir()) == ["manifest.json", "thesis.txt"]

@@ -127,9 +127,20 @@ def test_non_empty_output_needs_force(tiny_dense, tmp_path):
         convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     _only(tmp_path, "ckpt")
+    # --force replaces only an earlier output: a directory of other files is kept (a mistyped --output)
+    with pytest.raises(DFlash2Error, match="holds no dflash2-trt output .*remove it yourself"):
+        convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out, force=True)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out)
+    (out / "extra.txt").write_text("left by hand in an earlier output")
     convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out, force=True)
-    assert "keep.txt" not in {p.name for p in out.iterdir()} and (out / "rank0.safetensors").is_file()
+    assert "extra.txt" not in {p.name for p in out.iterdir()} and (out / "rank0.safetensors").is_file()
     _only(tmp_path, "ckpt")
+    # a damaged marker does not count: manifest.json that is not one of ours
+    (out / "manifest.json").write_text('{"format": "something else"}')
+    with pytest.raises(DFlash2Error, match="holds no dflash2-trt output"):
+        convert_pair(tiny_dense.drafter_dir, tiny_dense.target_dir, out, force=True)
 
 
 def test_empty_output_dir_is_used(tiny_dense, tmp_path):

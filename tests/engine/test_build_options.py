@@ -83,10 +83,13 @@ def test_a_dry_run_refuses_a_non_empty_output_as_the_build_would(tmp_path):
     (out_dir / "keep.txt").write_text("x")
     code, out, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out_dir), "--dry-run")
     assert code == 1 and "output directory is not empty (pass --force" in err, err
-    code, out, err = _cli("build", "--target", "tiny", "--backend", "cpu", "--output", str(out_dir), "--dry-run",
-                          "--force")
+    force = ("build", "--target", "tiny", "--backend", "cpu", "--output", str(out_dir), "--dry-run", "--force")
+    code, out, err = _cli(*force)   # --force replaces only an earlier output, not a directory of other files
+    assert code == 1 and "holds no dflash2-trt output (engine.json, manifest.json, dflash2_repository.json)" in err, err
+    (out_dir / "engine.json").write_text('{"format": "dflash2-trt engine"}')
+    code, out, err = _cli(*force)
     assert code == 0, err
-    assert [p.name for p in out_dir.iterdir()] == ["keep.txt"]   # a dry run writes and deletes nothing
+    assert sorted(p.name for p in out_dir.iterdir()) == ["engine.json", "keep.txt"]   # a dry run deletes nothing
 
 
 def test_inspect_names_a_missing_directory(tmp_path):

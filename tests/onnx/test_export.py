@@ -161,5 +161,10 @@ def test_output_inside_a_source_and_existing_output(pairs, tmp_path):
     with pytest.raises(DFlash2Error):
         export_onnx(d, t, tmp_path / "out")
     assert _listing(tmp_path / "out") == ["keep"]
+    with pytest.raises(DFlash2Error, match="holds no dflash2-trt output"):   # --force replaces only an earlier output
+        export_onnx(d, t, tmp_path / "out", force=True)
+    (tmp_path / "out" / "keep").unlink()
+    export_onnx(d, t, tmp_path / "out")
+    (tmp_path / "out" / "keep").write_text("x")
     export_onnx(d, t, tmp_path / "out", force=True)
     assert "keep" not in _listing(tmp_path / "out")
