@@ -138,3 +138,32 @@ def test_the_postprocessing_model_carries_the_same_refusal():
         return ast.get_source_segment(text, fn)
 
     assert source("postprocessing") == source("preprocessing")
+
+
+def _k(v):
+    return np.array([[v]], dtype=np.int32)
+
+
+def test_top_k_one_is_greedy_on_every_backend(model):
+    """top_k 1 keeps only the likeliest token: greedy whatever the temperature. The engine has no top-k input, so
+    behind TensorRT-LLM's own tensorrtllm backend a top_k of 1 would be dropped and the request sampled at its
+    temperature: preprocessing makes the temperature greedy itself. 0 (none) leaves it alone; others are refused
+    (the python-backend tensorrt_llm model refuses them too: test_serving.py)."""
+    for t in (None, _t(0.0), _t(0.7), _t(2.5)):
+        assert model._temperature(t, _k(1)) == GREEDY_REQUEST_TEMPERATURE
+    assert model._temperature(_t(0.7), _k(0)) == model._temperature(_t(0.7), None) == float(np.float32(0.7))
+    for k in (2, 50, -1):
+        with pytest.raises(ValueError, match=rf"^preprocessing: top_k {k}: not supported"):
+            model._temperature(_t(0.7), _k(k))
+    with pytest.raises(ValueError, match="TEMPERATURE must be a finite number >= 0"):   # still checked under top_k 1
+        model._temperature(_t(-1.0), _k(1))
+
+
+def test_the_ensemble_hands_top_k_to_preprocessing_and_to_the_engine_model():
+    from dflash2_trt.deploy.triton.repository import read_template
+
+    pre = read_template("preprocessing.pbtxt")
+    assert 'name: "TOP_K" data_type: TYPE_INT32 dims: [ 1 ] optional: true' in pre
+    ens = read_template("ensemble.pbtxt")
+    assert 'input_map { key: "TOP_K" value: "top_k" }' in ens
+    assert 'input_map { key: "runtime_top_k" value: "top_k" }' in ens

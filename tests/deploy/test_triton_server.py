@@ -55,6 +55,8 @@ def text_inputs(mod, text, max_new=MAX_NEW, **extra):
            _in(mod, "max_tokens", np.array([[max_new]], dtype=np.int32), "INT32")]
     for k, v in extra.items():
         dt, np_dt = {bool: ("BOOL", bool), float: ("FP32", np.float32), int: ("UINT64", np.uint64)}[type(v)]
+        if k != "seed" and type(v) is int:   # the ensemble's other integer inputs (top_k, end_id, ...) are INT32
+            dt, np_dt = "INT32", np.int32
         ins.append(_in(mod, k, np.array([[v]], dtype=np_dt), dt))
     return ins
 
@@ -218,7 +220,7 @@ def test_request_parameters_are_refused_by_name(server_plain, http, grpc_plain, 
 
 def test_the_ensemble_decodes_greedily_at_0_and_without_a_temperature(http, prompts, greedy, tokenizer):
     """The ensemble's preprocessing hands the engine a greedy request temperature for a client's 0, a tiny one or
-    none (TensorRT-LLM alone would sample at 1.0 or refuse 0), and refuses a negative one."""
+    none (TensorRT-LLM alone would sample at 1.0 or refuse 0), or top_k 1, and refuses a negative one."""
     text = tokenizer.decode(prompts[0])
     for extra in ({}, {"temperature": 0.0}, {"temperature": 1e-7}):
         assert _text(http.infer("ensemble", text_inputs(httpclient, text, **extra))) == tokenizer.decode(greedy[0])
@@ -229,6 +231,14 @@ def test_the_ensemble_decodes_greedily_at_0_and_without_a_temperature(http, prom
     drawn = _ids(http.infer("tensorrt_llm", ids_inputs(httpclient, prompts[0], temperature=1.0, seed=11)))
     via = _text(http.infer("ensemble", text_inputs(httpclient, text, temperature=1.0, seed=11)))
     assert via == tokenizer.decode(drawn) and drawn != greedy[0]
+    # top_k 1 is greedy at that same temperature and seed (preprocessing makes it so for every backend), and top_k 0
+    # leaves the draw as it was; a top_k the engine cannot honour is refused by name
+    assert _text(http.infer("ensemble", text_inputs(httpclient, text, temperature=1.0, seed=11, top_k=1))) == \
+        tokenizer.decode(greedy[0])
+    assert _text(http.infer("ensemble", text_inputs(httpclient, text, temperature=1.0, seed=11, top_k=0))) == via
+    with pytest.raises(InferenceServerException, match="top_k 5: not supported") as e:
+        http.infer("ensemble", text_inputs(httpclient, text, temperature=1.0, top_k=5))
+    assert e.value.status() == "400"
 
 
 def test_seeded_sampling_is_reproducible(http, stream, prompts):

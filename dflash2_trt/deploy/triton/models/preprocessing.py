@@ -9,7 +9,10 @@ ensemble stops where ``dflash2-trt run`` does. TEMPERATURE -> OUT_TEMPERATURE, t
 engine's request carries: the client's from ``greedy_below`` up, ``greedy_request_temperature`` below it (0 and
 no temperature included), so the ensemble decodes greedily by default and at 0 on every backend (for a request
 without a temperature TensorRT-LLM fills the engine's with 1.0, at which this engine samples, and its EAGLE layer
-refuses 0). A negative, NaN or infinite temperature is an error.
+refuses 0). A negative, NaN or infinite temperature is an error. TOP_K (the ensemble's top_k) 1 makes it greedy
+whatever the temperature (the one likeliest token is the argmax), on every backend: the engine has no top-k input
+(only the temperature), so behind the tensorrtllm backend it would otherwise sample at the temperature; 0 (or none) leaves
+the temperature alone, and anything else is refused (the engine samples from the whole distribution).
 """
 
 import json
@@ -99,8 +102,14 @@ class TritonPythonModel:
         self.greedy_below = float(_param(cfg, "greedy_below"))
         self.greedy_temperature = float(_param(cfg, "greedy_request_temperature"))
 
-    def _temperature(self, value):
-        if value is None:
+    def _temperature(self, value, top_k=None):
+        k = None if top_k is None else int(top_k.reshape(-1)[0])
+        if k not in (None, 0, 1):
+            raise ValueError(f"preprocessing: top_k {k}: not supported (the engine samples from the whole "
+                             f"distribution at the temperature); 1 is greedy, 0 or none the whole distribution")
+        if value is None or k == 1:
+            if value is not None:
+                self._temperature(value)   # still a number the request may carry
             return self.greedy_temperature
         t = float(value.reshape(-1)[0])
         if not (t >= 0 and np.isfinite(t)):
@@ -178,5 +187,6 @@ class TritonPythonModel:
             pb_utils.Tensor("STOP_WORDS_IDS", word_list(words)[None]),
             pb_utils.Tensor("OUT_END_ID", end_id.reshape(1, 1)),
             pb_utils.Tensor("OUT_PAD_ID", pad_id.reshape(1, 1)),
-            pb_utils.Tensor("OUT_TEMPERATURE", np.array([[self._temperature(get("TEMPERATURE"))]], dtype=np.float32)),
+            pb_utils.Tensor("OUT_TEMPERATURE", np.array([[self._temperature(get("TEMPERATURE"), get("TOP_K"))]],
+                                                         dtype=np.float32)),
         ]
