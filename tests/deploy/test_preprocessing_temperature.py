@@ -157,6 +157,12 @@ def test_top_k_one_is_greedy_on_every_backend(model):
             model._temperature(_t(0.7), _k(k))
     with pytest.raises(ValueError, match="TEMPERATURE must be a finite number >= 0"):   # still checked under top_k 1
         model._temperature(_t(-1.0), _k(1))
+    # top_p likewise: 1 and 0 (TensorRT-LLM's "unset") are the whole distribution, anything else is refused
+    for p in (0.0, 1.0):
+        assert model._temperature(_t(0.7), None, _t(p)) == float(np.float32(0.7))
+    for p in (0.9, 0.5, 1.5):
+        with pytest.raises(ValueError, match=rf"^preprocessing: top_p {p:g}: not supported"):
+            model._temperature(_t(0.7), None, _t(p))
 
 
 def test_the_ensemble_hands_top_k_to_preprocessing_and_to_the_engine_model():
@@ -167,3 +173,5 @@ def test_the_ensemble_hands_top_k_to_preprocessing_and_to_the_engine_model():
     ens = read_template("ensemble.pbtxt")
     assert 'input_map { key: "TOP_K" value: "top_k" }' in ens
     assert 'input_map { key: "runtime_top_k" value: "top_k" }' in ens
+    assert 'name: "TOP_P" data_type: TYPE_FP32 dims: [ 1 ] optional: true' in pre
+    assert 'input_map { key: "TOP_P" value: "top_p" }' in ens

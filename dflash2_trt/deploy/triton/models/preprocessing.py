@@ -12,7 +12,8 @@ without a temperature TensorRT-LLM fills the engine's with 1.0, at which this en
 refuses 0). A negative, NaN or infinite temperature is an error. TOP_K (the ensemble's top_k) 1 makes it greedy
 whatever the temperature (the one likeliest token is the argmax), on every backend: the engine has no top-k input
 (only the temperature), so behind the tensorrtllm backend it would otherwise sample at the temperature; 0 (or none) leaves
-the temperature alone, and anything else is refused (the engine samples from the whole distribution).
+the temperature alone, and anything else is refused (the engine samples from the whole distribution); so is a
+TOP_P (the ensemble's top_p) but 0 and 1, which the engine would drop the same way.
 """
 
 import json
@@ -102,7 +103,11 @@ class TritonPythonModel:
         self.greedy_below = float(_param(cfg, "greedy_below"))
         self.greedy_temperature = float(_param(cfg, "greedy_request_temperature"))
 
-    def _temperature(self, value, top_k=None):
+    def _temperature(self, value, top_k=None, top_p=None):
+        p = None if top_p is None else float(top_p.reshape(-1)[0])
+        if p not in (None, 0.0, 1.0):
+            raise ValueError(f"preprocessing: top_p {p:g}: not supported (the engine samples from the whole "
+                             f"distribution at the temperature); send 1 (or 0, or none)")
         k = None if top_k is None else int(top_k.reshape(-1)[0])
         if k not in (None, 0, 1):
             raise ValueError(f"preprocessing: top_k {k}: not supported (the engine samples from the whole "
@@ -187,6 +192,6 @@ class TritonPythonModel:
             pb_utils.Tensor("STOP_WORDS_IDS", word_list(words)[None]),
             pb_utils.Tensor("OUT_END_ID", end_id.reshape(1, 1)),
             pb_utils.Tensor("OUT_PAD_ID", pad_id.reshape(1, 1)),
-            pb_utils.Tensor("OUT_TEMPERATURE", np.array([[self._temperature(get("TEMPERATURE"), get("TOP_K"))]],
+            pb_utils.Tensor("OUT_TEMPERATURE", np.array([[self._temperature(get("TEMPERATURE"), get("TOP_K"), get("TOP_P"))]],
                                                          dtype=np.float32)),
         ]
