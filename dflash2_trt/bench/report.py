@@ -64,7 +64,23 @@ def environment() -> dict:
     except ImportError:  # pragma: no cover - torch is a dependency
         tv = None
     return {"dflash2_trt": __version__, "python": sys.version.split()[0], "torch": tv,
-            "platform": platform.platform(), "cpu_count": os.cpu_count()}
+            "platform": platform.platform(), "cpu_count": os.cpu_count(), "packages": _package_versions()}
+
+
+# Installed versions a report's numbers may depend on (the tokenizer's ids, TensorRT's kernels); null where absent.
+_REPORTED_PACKAGES = ("transformers", "tokenizers", "numpy", "tensorrt", "tensorrt_llm", "nvidia-pytriton")
+
+
+def _package_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in _REPORTED_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def build_report(measured: dict, dataset_path, *, projection: dict | None = None, wall_s: float | None = None) -> dict:

@@ -56,6 +56,11 @@ def test_report_has_every_figure(report):
     assert json.loads((out / "r.json").read_text()) == json.loads(json.dumps(rep))
     assert (out / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert rep["format"] == REPORT_FORMAT and rep["schema_version"] == 1 and rep["backend"] == "cpu"
+    from importlib.metadata import version
+
+    pk = rep["environment"]["packages"]   # what the numbers may depend on, null where not installed
+    assert pk["transformers"] == version("transformers") and pk["tokenizers"] == version("tokenizers")
+    assert set(pk) >= {"tensorrt", "tensorrt_llm"}
     assert rep["block_size"] == 8 and rep["draft_len"] == 7 and rep["dataset"]["requests"] == 6
     assert rep["baseline"]["kind"] == "target-only" and rep["unavailable"] == []
     assert [r["concurrency"] for r in rep["runs"]] == [1, 4]
