@@ -85,3 +85,21 @@ def test_the_tensorrt_llm_build_commands_plan_without_a_blocker():
         assert r.exit_code == 0, (c, r.output)
         plan = json.loads(r.stdout)          # stderr: the note that the shipped configs stand in for the checkpoints
         assert plan["supported"]["trtllm_engine"] is True and plan["trtllm_blockers"] == [], (c, plan["trtllm_blockers"])
+
+
+def test_the_tensorrt_llm_setup_is_the_one_docs_trt_session_gives():
+    """README's setup of TensorRT-LLM's own environment is docs/trt-session.md §11's, step for step: it once left out
+    the CUDA 13 torch line (without it pip takes PyPI's torch 2.9.0) and Open MPI's headers (a new user's check)."""
+    section = (ROOT / "docs" / "trt-session.md").read_text(encoding="utf-8")
+    section = section[section.index("## 11."):]
+    block = section[section.index("```bash"):]
+    block = block[:block.index("```", 7)]
+    steps = []
+    for ln in block.splitlines()[1:]:
+        cmd = ln.split("#")[0].strip()
+        if cmd.startswith(("sudo apt-get", "python3 -m venv ~/trt", "~/trt/bin/pip install")):
+            steps += [c.strip() for c in cmd.split("&&") if "~/trt" in c or "apt-get" in c]
+    assert len(steps) >= 4, steps
+    flat = " ".join(README.replace("\\\n", " ").split())
+    for step in steps:
+        assert " ".join(step.split()) in flat, f"README's TensorRT-LLM setup lacks docs/trt-session.md §11's: {step}"

@@ -569,3 +569,15 @@ def test_a_generated_config_the_check_refuses_is_named_as_the_output(engine, tmp
     line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(engine), "--output", str(out)))
     assert line.startswith(f"error: {out}/ensemble/config.pbtxt: not a valid Triton model config") and ".tmp" not in line
     assert "(as generated: nothing was written)" in line and not out.exists()
+
+
+def test_the_missing_tritonserver_advice_is_the_extras_package_alone():
+    """`serve` / `deploy triton` without tritonserver say what to install: the [triton] extra's package itself, pinned as
+    the extra pins it, since `pip install 'dflash2-trt[triton]'` in TensorRT-LLM's environment (this project --no-deps,
+    docs/trt-session.md §11) would resolve this project's dependencies and move TensorRT-LLM's transformers."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    (pin,) = re.findall(r'^triton = \["([^"]+)"\]$', text, flags=re.M)
+    TRITON_EXTRA = rp.TRITON_EXTRA
+    assert TRITON_EXTRA.startswith(f"pip install {pin} ") and "[triton]" not in TRITON_EXTRA.split("(")[0]

@@ -263,3 +263,23 @@ def test_the_executor_paths_tokens_are_the_cpu_runtimes():
     for out, new in [([5, 6, 2], 8), ([2], 8), ([5, 6, 7, 8], 4), ([5, 3], 8), ([5, 6, 7, 2], 4), ([9] * 8, 8)]:
         assert executor_tokens(executor(out), new, eos) == out, (out, new)
     assert executor_tokens([5, 6], 8, ()) == [5, 6]              # no end id: nothing to put back
+
+
+@pytest.mark.parametrize("var", ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_a_cpu_engine_started_by_an_mpi_launcher_is_refused(trt_engine_dir, monkeypatch, var):
+    """A cpu engine runs every tp rank in one process: `mpirun -n 2 dflash2-trt run` on one ran the whole engine twice
+    and printed two identical reports (a new user's check of README's tp line). Now each process says so in one line;
+    a launch of one process is still fine."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+
+    _, cpu_dir = trt_engine_dir
+    args = ["run", "--engine-dir", str(cpu_dir), "--prompt-ids", "5,6", "--max-new-tokens", "2"]
+    monkeypatch.setenv(var, "2")
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and r.stderr.strip() == (
+        f"error: {cpu_dir}: a cpu engine runs in one process; this is one of 2 processes an MPI launcher started: run "
+        f"it without mpirun (one process per rank is for TensorRT engines)"), r.output
+    monkeypatch.setenv(var, "1")
+    assert CliRunner().invoke(main, args).exit_code == 0

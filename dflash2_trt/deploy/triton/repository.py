@@ -51,7 +51,10 @@ MODELS = HERE / "models"
 BACKENDS = ("python", "tensorrtllm")
 MODEL_NAMES = ("preprocessing", "tensorrt_llm", "postprocessing")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-TRITON_EXTRA = "pip install 'dflash2-trt[triton]' (nvidia-pytriton: tritonserver + tritonclient)"
+# The package itself, not the [triton] extra that holds it: in TensorRT-LLM's own environment (this project installed
+# --no-deps, docs/trt-session.md §11) the extra would resolve this project's dependencies and move its transformers
+TRITON_EXTRA = ("pip install nvidia-pytriton==0.7.0 (tritonserver + tritonclient: this project's [triton] extra, "
+                "named alone so that it also suits TensorRT-LLM's own environment)")
 
 
 @dataclass

@@ -349,5 +349,17 @@ def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, wo
                           f"machine (`dflash2-trt run` there, or RUN.md in the engine directory)",
                           source=Path(engine_dir) / "engine.json", field="backend")
     pre = cfg["pretrained_config"]
+    if world is None:
+        from ..trtllm.ranks import launched_size
+
+        size = launched_size()
+        if size is not None and size > 1:
+            # each process would run the whole engine, every rank of it, and print the same report (a new user's
+            # `mpirun -n 2 dflash2-trt run` on a cpu tp 2 engine did)
+            tp = int(pre["mapping"]["tp_size"])
+            ranks = f" (all its {tp} tp ranks there, their collectives simulated)" if tp > 1 else ""
+            raise ConfigError(f"a {man['backend']} engine runs in one process{ranks}; this is one of {size} processes "
+                              f"an MPI launcher started: run it without mpirun (one process per rank is for TensorRT "
+                              f"engines)", source=engine_dir)
     return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre),
                                          backend=man["backend"], world=world), man
