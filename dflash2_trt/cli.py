@@ -230,6 +230,9 @@ def targets_cmd(as_json: bool) -> None:
     click.echo(f"verified, the words: {STATUS_LEGEND}")
 
 
+FORCE_HELP = "Replace an earlier dflash2-trt output in a non-empty output directory (never a directory of other files)."
+
+
 def _pair_options(f):
     f = click.option("--download", is_flag=True, help="Allow downloading missing checkpoints from the HF hub.")(f)
     f = click.option("--target-dir", type=click.Path(file_okay=False), help="Local target directory.")(f)
@@ -363,7 +366,7 @@ def generate_cmd(target_key, drafter_dir, target_dir, download, prompt_ids, prom
 @click.option("--pp-size", default=1, show_default=True, type=click.Choice(["1"]), help="Pipeline stages (1 only).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,
               help="Cast weights to this dtype (default: the checkpoints' own).")
-@click.option("--force", is_flag=True, help="Replace an earlier dflash2-trt output in a non-empty output directory (not other files).")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 def convert_cmd(target_key, drafter_dir, target_dir, download, output, tp_size, pp_size, dtype, force) -> None:
     """Convert a DFlash2 drafter + its target into one TensorRT-LLM checkpoint (TP-sharded)."""
     from .convert import convert_pair
@@ -408,7 +411,7 @@ Build it with TensorRT 10.13 on an H200 / B200 (trtexec; the engine runs only th
 @click.option("--max-batch-size", type=int, default=8, show_default=True, help="Batch range of the profile.")
 @click.option("--max-seq-len", type=int, default=None,
               help="Longest context of the profile [default: the target's max_position_embeddings].")
-@click.option("--force", is_flag=True, help="Replace an earlier dflash2-trt output in a non-empty output directory (not other files).")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 def export_onnx_cmd(target_key, drafter_dir, target_dir, download, output, dtype, opset, no_plugins, selector, tp_size,
                     max_batch_size, max_seq_len, force) -> None:
     """Export the drafter's draft pass as ONNX, with DFlash2 plugin nodes (domain dflash2) or without."""
@@ -499,7 +502,7 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
 @click.option("--reconvert", is_flag=True, help="Replace a --checkpoint-dir that does not match this build.")
 @click.option("--no-keep-checkpoint", is_flag=True,
               help="trtllm: convert into a temporary directory that is removed after the build.")
-@click.option("--force", is_flag=True, help="Replace an earlier dflash2-trt output in a non-empty output directory (not other files).")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 @click.option("--no-disk-check", is_flag=True,
               help="Build even when a file system it writes to seems to lack the room for the checkpoint and the "
                    "engines (checked before anything is converted; --dry-run shows it).")
@@ -991,7 +994,7 @@ def deploy_group() -> None:
 @click.option("--cuda-graphs", is_flag=True,
               help="python backend, cuda engines and TensorRT engines on the project runtime: the model replays "
                    "generation steps from CUDA graphs (parameter cuda_graph_mode; experimental, not yet run on a GPU).")
-@click.option("--force", is_flag=True, help="Replace an earlier dflash2-trt output in a non-empty output directory (not other files).")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled, tokenizer, ids_only, backend,
                       kv_cache_free_gpu_mem_fraction, plugin_lib, cuda_graphs, force) -> None:
     """Write a Triton model repository (preprocessing, tensorrt_llm, postprocessing, ensemble)."""

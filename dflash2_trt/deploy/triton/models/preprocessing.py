@@ -11,9 +11,9 @@ no temperature included), so the ensemble decodes greedily by default and at 0 o
 without a temperature TensorRT-LLM fills the engine's with 1.0, at which this engine samples, and its EAGLE layer
 refuses 0). A negative, NaN or infinite temperature is an error. TOP_K (the ensemble's top_k) 1 makes it greedy
 whatever the temperature (the one likeliest token is the argmax), on every backend: the engine has no top-k input
-(only the temperature), so behind the tensorrtllm backend it would otherwise sample at the temperature; 0 (or none) leaves
-the temperature alone, and anything else is refused (the engine samples from the whole distribution); so is a
-TOP_P (the ensemble's top_p) but 0 and 1, which the engine would drop the same way.
+(only the temperature), so behind the tensorrtllm backend it would otherwise sample at the temperature; 0 (or
+none) leaves the temperature alone, and anything else is refused (the engine samples from the whole distribution);
+so is a TOP_P (the ensemble's top_p) but 0 and 1, which the engine would drop the same way.
 """
 
 import json
@@ -192,6 +192,6 @@ class TritonPythonModel:
             pb_utils.Tensor("STOP_WORDS_IDS", word_list(words)[None]),
             pb_utils.Tensor("OUT_END_ID", end_id.reshape(1, 1)),
             pb_utils.Tensor("OUT_PAD_ID", pad_id.reshape(1, 1)),
-            pb_utils.Tensor("OUT_TEMPERATURE", np.array([[self._temperature(get("TEMPERATURE"), get("TOP_K"), get("TOP_P"))]],
-                                                         dtype=np.float32)),
+            pb_utils.Tensor("OUT_TEMPERATURE", np.array(
+                [[self._temperature(get("TEMPERATURE"), get("TOP_K"), get("TOP_P"))]], dtype=np.float32)),
         ]
