@@ -43,12 +43,22 @@ def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict
     if not isinstance(data, dict):
         raise ConfigError("top level of config.json must be an object", source=path)
     if repeated:
-        from .pairing import warn_once
-
         for key, first, last in repeated:
             warn_once(f"{path}: key {key!r} is given more than once, with different values ({_short(first)}, then "
                       f"{_short(last)}); the last one is used, as transformers reads the file")
     return data, str(path)
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """``message`` as a ``warning:`` line on stderr, once per process."""
+    import sys
+
+    if message not in _warned:
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _last_of_each(pairs: list[tuple[str, Any]], repeated: list[tuple[str, Any, Any]]) -> dict[str, Any]:

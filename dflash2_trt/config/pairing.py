@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import PairingError
+from ._fields import warn_once
 from .drafter import DFlash2Config, max_block_size
 from .target import TargetConfig
 
@@ -70,16 +71,6 @@ def pairing_warnings(drafter: DFlash2Config) -> list[str]:
     return []
 
 
-_warned: set[str] = set()
-
-
-def warn_once(message: str) -> None:
-    """``message`` as a ``warning:`` line on stderr, once per process."""
-    import sys
-
-    if message not in _warned:
-        _warned.add(message)
-        print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def warn_pairing(drafter: DFlash2Config) -> list[str]:

@@ -350,7 +350,7 @@ def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, wo
                           source=Path(engine_dir) / "engine.json", field="backend")
     pre = cfg["pretrained_config"]
     if world is None:
-        from ..trtllm.ranks import launched_size
+        from ..launch import launched_size
 
         size = launched_size()
         if size is not None and size > 1:

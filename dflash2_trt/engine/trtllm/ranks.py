@@ -35,10 +35,9 @@ from ...errors import Terminated
 
 from ...errors import ConfigError, MissingDependencyError
 from ..format import load_engine_dir
+from ..launch import launched_size
 from .session import open_trt_session
 
-# the world size MPI launchers put in each process's environment (Open MPI, MPICH / Intel MPI's hydra, PMIx)
-LAUNCHER_SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
 
 
 class FollowerExit(SystemExit):
@@ -47,18 +46,6 @@ class FollowerExit(SystemExit):
 
     def __init__(self):
         super().__init__(0)
-
-
-def launched_size() -> int | None:
-    """The number of processes an MPI launcher started (from its environment), or None outside one."""
-    for key in LAUNCHER_SIZE_ENV:
-        value = os.environ.get(key)
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                raise ConfigError(f"not an integer: {value!r}", field=key) from None
-    return None
 
 
 def world_comm():
