@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -146,26 +147,45 @@ def test_a_key_given_twice_takes_the_last_value_and_says_so(tmp_path, capsys):
     (tmp_path / "config.json").write_text(text.replace('"block_size": 8', '"block_size": 8, "block_size": 16'))
     assert DFlash2Config.from_hugging_face(tmp_path).block_size == 16
     err = capsys.readouterr().err
-    assert f"warning: {tmp_path / 'config.json'}: key 'block_size' is given more than once, with different values " \
-           f"(8, then 16); the last one is used" in err
+    assert f"warning: {tmp_path / 'config.json'}: dflash_config.block_size is given more than once, with different " \
+           f"values (8, then 16); the last one is used" in err
     # the same value twice changes nothing: no warning
     (tmp_path / "config.json").write_text(text.replace('"block_size": 8', '"block_size": 8, "block_size": 8'))
     assert DFlash2Config.from_hugging_face(tmp_path).block_size == 8
     assert "warning" not in capsys.readouterr().err
+    # compared as JSON text: another type is another value; NaN twice is the same one
+    (tmp_path / "config.json").write_text(text.replace('"block_size": 8', '"block_size": 8.0, "block_size": 8'))
+    DFlash2Config.from_hugging_face(tmp_path)
+    assert "dflash_config.block_size is given more than once, with different values (8.0, then 8)" in \
+        capsys.readouterr().err
+    (tmp_path / "config.json").write_text(text.replace('{', '{"note": NaN, "note": NaN, ', 1))
+    DFlash2Config.from_hugging_face(tmp_path)
+    assert "warning" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "no_such_type"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "no_such_type", "qwen3_5_text", None, 5])
 def test_a_model_type_that_contradicts_the_architecture_is_refused(model_type):
     # transformers' Auto classes build the model from model_type: a Qwen3.8 config saying 'llama' would be verified
-    # against a Llama (which has no q/k norms), so inspect and convert refuse it as build's verify would fail it
+    # against a Llama (which has no q/k norms), and 'qwen3_5_text' reads the top level where this layout keeps its
+    # fields in text_config; inspect and convert refuse them as build's verify would fail them
     data = _load(QWEN_TARGET)
     assert data["model_type"] == "qwen3_5"
     data["model_type"] = model_type
-    with pytest.raises(ConfigError, match=rf"model_type: '{model_type}' does not match architectures\[0\] "
-                                          r"'Qwen3_5ForConditionalGeneration' \(model_type 'qwen3_5', 'qwen3_5_text'\)"):
+    with pytest.raises(ConfigError, match=rf"model_type: {re.escape(repr(model_type))} does not match "
+                                          r"architectures\[0\] 'Qwen3_5ForConditionalGeneration' \(model_type "
+                                          r"'qwen3_5'\)"):
         TargetConfig.from_hugging_face(data)
     del data["model_type"]
     assert TargetConfig.from_hugging_face(data).family == "qwen3_5"
+
+
+def test_each_architecture_takes_its_own_model_type_only():
+    data = _load(QWEN_TARGET)
+    text = dict(data["text_config"], architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text")
+    assert TargetConfig.from_hugging_face(text).family == "qwen3_5"
+    with pytest.raises(ConfigError, match=r"'qwen3_5' does not match architectures\[0\] 'Qwen3_5ForCausalLM' "
+                                          r"\(model_type 'qwen3_5_text'\)"):
+        TargetConfig.from_hugging_face(dict(text, model_type="qwen3_5"))
 
 
 def test_published_targets_accepted():

@@ -35,18 +35,30 @@ def load_config_dict(path_or_dict: str | Path | Mapping[str, Any]) -> tuple[dict
             raise ConfigError("no such directory", source=path)
         raise ConfigError("config file not found", source=path)
     text = read_utf8(path, what="config")
-    repeated: list[tuple[str, Any, Any]] = []
+    repeated: list = []
     try:
         data = json_loads(text, object_pairs_hook=lambda pairs: _last_of_each(pairs, repeated))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=path) from None
     if not isinstance(data, dict):
         raise ConfigError("top level of config.json must be an object", source=path)
-    if repeated:
-        for key, first, last in repeated:
-            warn_once(f"{path}: key {key!r} is given more than once, with different values ({_short(first)}, then "
-                      f"{_short(last)}); the last one is used, as transformers reads the file")
+    for obj, key, first, last in repeated:
+        where = ".".join(_path_to(data, obj) + [key])
+        warn_once(f"{path}: {where} is given more than once, with different values ({_short(first)}, then "
+                  f"{_short(last)}); the last one is used, as transformers reads the file")
     return data, str(path)
+
+
+def _path_to(root: Any, obj: dict) -> list[str]:
+    """The keys (list indices as numbers) from ``root`` down to the object ``obj`` (found by identity)."""
+    stack: list[tuple[Any, list[str]]] = [(root, [])]
+    while stack:
+        node, keys = stack.pop()
+        if node is obj:
+            return keys
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack.extend((v, keys + [str(k)]) for k, v in items if isinstance(v, (dict, list)))
+    return []
 
 
 _warned: set[str] = set()
@@ -61,13 +73,14 @@ def warn_once(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _last_of_each(pairs: list[tuple[str, Any]], repeated: list[tuple[str, Any, Any]]) -> dict[str, Any]:
+def _last_of_each(pairs: list[tuple[str, Any]], repeated: list) -> dict[str, Any]:
     """A JSON object as ``json.loads`` makes it (a repeated key keeps its last value, which is what transformers
-    reads), noting each key repeated with a different value."""
+    reads), noting (the object, key, first value, last value) for each key repeated with another value: compared as
+    JSON text, so that 1 then 1.0 or true counts as another value and NaN twice does not."""
     out: dict[str, Any] = {}
     for key, value in pairs:
-        if key in out and out[key] != value:
-            repeated.append((key, out[key], value))
+        if key in out and json.dumps(out[key], sort_keys=True) != json.dumps(value, sort_keys=True):
+            repeated.append((out, key, out[key], value))
         out[key] = value
     return out
 

@@ -71,8 +71,6 @@ def pairing_warnings(drafter: DFlash2Config) -> list[str]:
     return []
 
 
-
-
 def warn_pairing(drafter: DFlash2Config) -> list[str]:
     """:func:`pairing_warnings` as ``warning:`` lines on stderr, each once per process."""
     out = pairing_warnings(drafter)

@@ -151,15 +151,16 @@ class TargetConfig:
                 f"unsupported target architecture {arch!r}; supported: {', '.join(_ARCHITECTURES)}",
             )
         family, text_key, prefix = _ARCHITECTURES[arch]
-        model_type = data.get("model_type")
-        if isinstance(archs, list) and archs and isinstance(model_type, str) and (
-                _ARCHITECTURES.get(_MODEL_TYPES.get(model_type, ""), ("",))[0] != family):
-            # transformers builds the model from model_type (AutoConfig, then the Auto class's mapping), not from
-            # architectures: a checkpoint whose two disagree would be verified against another model than this one
-            known = ", ".join(repr(t) for t, a in _MODEL_TYPES.items() if _ARCHITECTURES[a][0] == family)
-            raise top.error("model_type", f"{model_type!r} does not match architectures[0] {arch!r} (model_type "
-                                          f"{known}): transformers builds the model from model_type, not "
-                                          f"architectures, so it would not load this checkpoint as {arch}")
+        if "model_type" in data:
+            # transformers builds the model from model_type (AutoConfig's class, which also decides whether the
+            # fields are read at the top level or from text_config), not from architectures: a checkpoint whose two
+            # disagree would be verified against another model than this one
+            model_type = data["model_type"]
+            own = next(t for t, a in _MODEL_TYPES.items() if a == arch)
+            if model_type != own:
+                raise top.error("model_type", f"{model_type!r} does not match architectures[0] {arch!r} (model_type "
+                                              f"{own!r}): transformers builds the model from model_type, not "
+                                              f"architectures, so it would not load this checkpoint as {arch}")
         if text_key is not None:
             text = top.raw(text_key)
             if not isinstance(text, dict):

@@ -239,6 +239,15 @@ def test_the_ensemble_decodes_greedily_at_0_and_without_a_temperature(http, prom
     with pytest.raises(InferenceServerException, match="top_k 5: not supported") as e:
         http.infer("ensemble", text_inputs(httpclient, text, temperature=1.0, top_k=5))
     assert e.value.status() == "400"
+    # the python tensorrt_llm model makes runtime_top_k 1 greedy by itself; behind the tensorrtllm backend only
+    # preprocessing does: its own output, asked directly, is the greedy request temperature
+    pre = [_in(httpclient, "QUERY", np.array([[text.encode()]], dtype=np.object_), "BYTES"),
+           _in(httpclient, "REQUEST_OUTPUT_LEN", np.array([[4]], dtype=np.int32), "INT32"),
+           _in(httpclient, "TEMPERATURE", np.array([[1.0]], dtype=np.float32), "FP32")]
+    sampled = http.infer("preprocessing", pre).as_numpy("OUT_TEMPERATURE").item()
+    greedy_t = http.infer("preprocessing", pre + [_in(httpclient, "TOP_K", np.array([[1]], dtype=np.int32), "INT32")]
+                          ).as_numpy("OUT_TEMPERATURE").item()
+    assert sampled == 1.0 and greedy_t == np.float32(GREEDY_REQUEST_TEMPERATURE)
 
 
 def test_seeded_sampling_is_reproducible(http, stream, prompts):

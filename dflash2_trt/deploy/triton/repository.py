@@ -54,7 +54,8 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # The package itself, not the [triton] extra that holds it: in TensorRT-LLM's own environment (this project installed
 # --no-deps, docs/trt-session.md §11) the extra would resolve this project's dependencies and move its transformers
 TRITON_EXTRA = ("pip install nvidia-pytriton==0.7.0 (tritonserver + tritonclient: this project's [triton] extra, "
-                "named alone so that it also suits TensorRT-LLM's own environment)")
+                "named alone: in TensorRT-LLM's own environment the extra would move its transformers; beside "
+                "TensorRT-LLM's pins it is not yet tried, docs/trt-session.md §11)")
 
 
 @dataclass

@@ -214,8 +214,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, vocab_size: int, eos_toke
     temperature = (check_request_temperature(_scalar(inputs["temperature"], "temperature"), field="temperature")
                    if "temperature" in inputs else TRTLLM_DEFAULT_TEMPERATURE)
     if "runtime_top_k" in inputs and _scalar(inputs["runtime_top_k"], "runtime_top_k") == 1:
-        # sampling from the top 1 token is taking the argmax: the engine's greedy path gives exactly that (a stock
-        # EAGLE engine is greedy here too: greedy_sampling, docs/cli.md)
+        # sampling from the top 1 token is taking the argmax: the engine's greedy path gives exactly that. (Behind
+        # TensorRT-LLM's own tensorrtllm backend a direct request's runtime_top_k is dropped: this engine has no top-k
+        # input; the ensemble's preprocessing makes top_k 1 greedy there too, docs/cli.md)
         temperature = GREEDY_REQUEST_TEMPERATURE
     seed = int(_scalar(inputs["seed"], "seed")) if "seed" in inputs else 0
     if not 0 <= seed < 2**64:

@@ -343,23 +343,31 @@ def limits_from(build: dict, config: dict) -> dict:
 def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, world=None):
     """Open a cpu or cuda engine directory (a cuda one needs a CUDA GPU: one-line error without); ``world``: see
     :class:`StandinEngine`."""
+    if world is None:
+        refuse_multiprocess_launch(engine_dir)   # before any work: each process would do all of it
     cfg, man = load_engine_dir(engine_dir, verify=verify)
     if man["backend"] not in STANDIN_BACKENDS:
         raise ConfigError(f"backend {man['backend']!r}: a TensorRT-LLM engine runs through TensorRT-LLM's runner on a GPU "
                           f"machine (`dflash2-trt run` there, or RUN.md in the engine directory)",
                           source=Path(engine_dir) / "engine.json", field="backend")
     pre = cfg["pretrained_config"]
-    if world is None:
-        from ..launch import launched_size
-
-        size = launched_size()
-        if size is not None and size > 1:
-            # each process would run the whole engine, every rank of it, and print the same report (a new user's
-            # `mpirun -n 2 dflash2-trt run` on a cpu tp 2 engine did)
-            tp = int(pre["mapping"]["tp_size"])
-            ranks = f" (all its {tp} tp ranks there, their collectives simulated)" if tp > 1 else ""
-            raise ConfigError(f"a {man['backend']} engine runs in one process{ranks}; this is one of {size} processes "
-                              f"an MPI launcher started: run it without mpirun (one process per rank is for TensorRT "
-                              f"engines)", source=engine_dir)
     return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre),
                                          backend=man["backend"], world=world), man
+
+
+def refuse_multiprocess_launch(engine_dir) -> None:
+    """A cpu or cuda engine runs every tp rank in one process: started as one of several processes by an MPI launcher
+    (``mpirun -n 2 dflash2-trt run``), each process would run the whole engine and print the same report (a new user
+    did). One line instead; an unreadable launcher variable counts as no launch (it never mattered to these engines)."""
+    from ..format import engine_backend
+    from ..launch import launched_size
+
+    try:
+        size = launched_size()
+    except ConfigError:
+        return
+    backend = engine_backend(engine_dir)
+    if size is not None and size > 1 and backend in STANDIN_BACKENDS:
+        raise ConfigError(f"a {backend} engine runs in one process (its tp ranks, if any, all in it); this is one of "
+                          f"{size} processes an MPI launcher started: run it without mpirun (one process per rank is "
+                          f"for TensorRT engines)", source=engine_dir)

@@ -39,7 +39,6 @@ from ..launch import launched_size
 from .session import open_trt_session
 
 
-
 class FollowerExit(SystemExit):
     """Raised on ranks > 0 once rank 0 has closed the session: the process's work is done and rank 0 reported it
     (exit status 0, nothing printed)."""
