@@ -124,6 +124,11 @@ def test_gpu_and_cpu_repositories_differ_only_in_the_tensorrt_llm_backend_and_pa
     # project runtime chunks a prompt over max_num_tokens, the executor's backend is written with it off
     assert cp["gpt_model_path"] == str(engine.resolve()) and gp["gpt_model_path"] == str(trt_engine.resolve())
     assert (cp["enable_chunked_context"], gp["enable_chunked_context"]) == ("true", "false")
+    from dflash2_trt.yaml_files import load_yaml_file
+
+    facts = load_yaml_file(Path(__file__).resolve().parents[2] / "dflash2_trt" / "engine" / "trtllm" / "facts"
+                           / "context_chunking.yaml")["executor_path"]
+    assert facts["this_project"] is False and "rnn_based" in facts["switched_off_for"]   # the record says why
     assert {k: v for k, v in cp.items() if k not in ("gpt_model_path", "enable_chunked_context")}.items() <= gp.items()
     assert gp["kv_cache_free_gpu_mem_fraction"] == "0.9"
     for m in (cpu["tensorrt_llm"], gpu["tensorrt_llm"]):
