@@ -579,6 +579,13 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
         return
     if output is None:
         raise ConfigError("required (only --dry-run goes without an output directory)", field="--output")
+    from .engine.launch import several_processes
+
+    launched = several_processes()
+    if launched:   # every process would build the same --output (a cpu one converting first, refused only at verify)
+        raise ConfigError(f"build runs as one process (trtllm-build starts its own workers, and a tp engine's verify "
+                          f"gate its own ranks); this is one of {launched} processes an MPI launcher started: run it "
+                          f"without mpirun")
     if click.get_current_context().get_parameter_source("gpu_memory_gib") == click.core.ParameterSource.COMMANDLINE:
         raise ConfigError("sizes the --dry-run plan only (a build takes its limits from the build config and the "
                           "options)", field="--gpu-memory-gib")

@@ -22,3 +22,13 @@ def launched_size() -> int | None:
             except ValueError:
                 raise ConfigError(f"not an integer: {value!r}", field=key) from None
     return None
+
+
+def several_processes() -> int | None:
+    """The size of an MPI launch of more than one process this process is part of, else None (an unreadable launcher
+    variable counts as no launch: for the commands that run as one process it never mattered)."""
+    try:
+        size = launched_size()
+    except ConfigError:
+        return None
+    return size if size is not None and size > 1 else None

@@ -92,6 +92,26 @@ def test_a_dry_run_refuses_a_non_empty_output_as_the_build_would(tmp_path):
     assert sorted(p.name for p in out_dir.iterdir()) == ["engine.json", "keep.txt"]   # a dry run deletes nothing
 
 
+def test_a_build_started_by_an_mpi_launcher_is_refused_before_any_work(tmp_path, monkeypatch):
+    """`mpirun -n 2 dflash2-trt build` ran the whole build in every process, into one --output (a cpu build converted
+    and built before its verify gate refused the launch). One line first; a dry run, which only plans, still plans;
+    one process, or an unreadable launcher variable, is no such launch."""
+    from dflash2_trt.engine.launch import several_processes
+
+    out_dir = tmp_path / "engine"
+    args = ("build", "--target", "tiny", "--backend", "cpu", "--output", str(out_dir))
+    code, out, err = _cli(*args, env={"OMPI_COMM_WORLD_SIZE": "2"})
+    assert code == 1 and err.strip() == ("error: build runs as one process (trtllm-build starts its own workers, and a "
+                                         "tp engine's verify gate its own ranks); this is one of 2 processes an MPI "
+                                         "launcher started: run it without mpirun"), err
+    assert not out_dir.exists() and list(tmp_path.iterdir()) == []
+    code, out, err = _cli(*args, "--dry-run", env={"OMPI_COMM_WORLD_SIZE": "2"})
+    assert code == 0 and "plan: build tiny" in out, err
+    for value, size in (("2", 2), ("1", None), ("x", None)):
+        monkeypatch.setenv("PMI_SIZE", value)
+        assert several_processes() == size
+
+
 def test_inspect_names_a_missing_directory(tmp_path):
     code, out, err = _cli("inspect", str(tmp_path / "nope"))
     assert code == 1 and err.strip() == f"error: {tmp_path / 'nope'}: no such directory"

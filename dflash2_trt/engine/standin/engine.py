@@ -360,14 +360,11 @@ def refuse_multiprocess_launch(engine_dir) -> None:
     (``mpirun -n 2 dflash2-trt run``), each process would run the whole engine and print the same report (a new user
     did). One line instead; an unreadable launcher variable counts as no launch (it never mattered to these engines)."""
     from ..format import engine_backend
-    from ..launch import launched_size
+    from ..launch import several_processes
 
-    try:
-        size = launched_size()
-    except ConfigError:
-        return
-    backend = engine_backend(engine_dir)
-    if size is not None and size > 1 and backend in STANDIN_BACKENDS:
+    size = several_processes()
+    backend = engine_backend(engine_dir) if size else None
+    if size and backend in STANDIN_BACKENDS:
         raise ConfigError(f"a {backend} engine runs in one process (its tp ranks, if any, all in it); this is one of "
                           f"{size} processes an MPI launcher started: run it without mpirun (one process per rank is "
                           f"for TensorRT engines)", source=engine_dir)
