@@ -279,11 +279,9 @@ def _refuse_our_outputs(path) -> None:
         raise ConfigError(f"an engine directory (engine.json), not a Hugging Face checkpoint: inspect checks "
                           f"checkpoints; engine.json records what the engine was built from, and `dflash2-trt run "
                           f"--engine-dir {path} --verify` checks its files", source=path)
-    try:
-        fmt = json.loads((path / "manifest.json").read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
-        fmt = None
-    if fmt == FORMAT:
+    from .checkpoint.writer import marker_format
+
+    if marker_format(path, "manifest.json") == FORMAT:
         raise ConfigError("a TensorRT-LLM checkpoint written by `dflash2-trt convert`, not a Hugging Face checkpoint: "
                           "inspect checks the drafter and target it was converted from (its manifest.json names "
                           "them)", source=path)

@@ -465,22 +465,26 @@ def check_output_dir(final: str | Path, force: bool) -> Path:
 OUTPUT_MARKERS = ("engine.json", "manifest.json", "dflash2_repository.json")
 
 
+def marker_format(directory, name: str) -> str | None:
+    """The ``format`` string the JSON file ``directory/name`` names at its top level, or None (no such file, not
+    readable, not JSON, larger than any marker this project writes, no string ``format``)."""
+    from ..textfiles import json_loads
+
+    p = Path(directory) / name
+    try:
+        if not p.is_file() or p.stat().st_size > 64 << 20:
+            return None
+        doc = json_loads(p.read_bytes())
+    except (OSError, ValueError):
+        return None
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    return fmt if isinstance(fmt, str) else None
+
+
 def is_project_output(directory: Path) -> bool:
     """Whether ``directory`` holds an output a dflash2-trt command wrote (one of :data:`OUTPUT_MARKERS` with a
     ``format`` naming dflash2-trt; a damaged one does not count)."""
-    from ..textfiles import json_loads
-
-    for name in OUTPUT_MARKERS:
-        p = Path(directory) / name
-        try:
-            if not p.is_file() or p.stat().st_size > 64 << 20:
-                continue
-            doc = json_loads(p.read_bytes())
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("format"), str) and doc["format"].startswith("dflash2-trt"):
-            return True
-    return False
+    return any((marker_format(directory, name) or "").startswith("dflash2-trt") for name in OUTPUT_MARKERS)
 
 
 def _lock(path: Path) -> int | None:
@@ -778,6 +782,7 @@ class AtomicOutputDir:
 
 __all__ = [
     "AtomicOutputDir", "OutputDirError", "OutputWriteError", "SafetensorsLayout", "StreamingSafetensorsWriter",
-    "TensorSpec", "check_output_dir", "notice", "recover_swapped", "remove_stale", "sha256_file", "write_small_file",
+    "TensorSpec", "check_output_dir", "is_project_output", "marker_format", "notice", "recover_swapped", "remove_stale",
+    "sha256_file", "write_small_file",
     "ITEMSIZE",
 ]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import __version__, convert
 from ..checkpoint.reader import SafetensorsCheckpoint
-from ..checkpoint.writer import check_output_dir, sha256_file
+from ..checkpoint.writer import check_output_dir, marker_format, sha256_file
 from ..convert.driver import source_identity
 from ..convert.schema import FORMAT, SCHEMA_VERSION
 from ..errors import ConfigError
@@ -123,11 +123,7 @@ def checkpoint_problems(ckpt_dir, prep, *, progress=None, rehash: bool = True) -
 def _a_checkpoint(ckpt_dir: Path) -> bool:
     """Whether ``ckpt_dir`` holds a checkpoint the converter wrote: a manifest.json naming its format (whatever
     else differs from this build)."""
-    try:
-        man = json_loads((ckpt_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(man, dict) and man.get("format") == FORMAT
+    return marker_format(ckpt_dir, "manifest.json") == FORMAT
 
 
 def refuse_foreign_checkpoint_dir(ckpt_dir) -> None:
