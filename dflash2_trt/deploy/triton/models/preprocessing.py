@@ -112,14 +112,12 @@ class TritonPythonModel:
         if k not in (None, 0, 1):
             raise ValueError(f"preprocessing: top_k {k}: not supported (the engine samples from the whole "
                              f"distribution at the temperature); 1 is greedy, 0 or none the whole distribution")
-        if value is None or k == 1:
-            if value is not None:
-                self._temperature(value)   # still a number the request may carry
+        if value is None:
             return self.greedy_temperature
         t = float(value.reshape(-1)[0])
         if not (t >= 0 and np.isfinite(t)):
             raise ValueError(f"preprocessing: TEMPERATURE must be a finite number >= 0, got {t}")
-        return t if t >= self.greedy_below else self.greedy_temperature
+        return t if t >= self.greedy_below and k != 1 else self.greedy_temperature
 
     def _encode(self, text, what="the text (QUERY)"):
         try:
