@@ -272,9 +272,10 @@ def measure_acceptance(target, drafter, prompts: Sequence[Sequence[int]], *, max
 # ---------------------------------------------------------------------------------------------
 # prompts
 # ---------------------------------------------------------------------------------------------
-def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list[list[int]]:
+def load_prompts(path: str | Path, target_dir: str | Path | None = None, chat=None) -> list[list[int]]:
     """Prompts from ``path``: a JSON list (or ``{"prompts": [...]}``) or JSON lines; each prompt is
-    a list of token ids, or a string tokenized with the target directory's tokenizer."""
+    a list of token ids, or a string tokenized with the target directory's tokenizer (``chat``: through its chat
+    template first, :class:`~dflash2_trt.tokenizer.ChatFormat`; a file of token ids only is then refused)."""
     path = Path(path)
     text = read_utf8(path, what="prompts", bom=True)
     try:
@@ -307,7 +308,7 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
                 tok = _tokenizer(target_dir, path)
             from .tokenizer import encode_text
 
-            ids = encode_text(tok, item)
+            ids = encode_text(tok, item, source=path, field=f"prompts[{i}]", chat=chat)
         elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
             ids = item
         else:
@@ -318,6 +319,9 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None) -> list
         out.append([int(t) for t in ids])
     if not out:
         raise ConfigError("no prompts", source=path, field="prompts")
+    from .tokenizer import refuse_chat_without_text
+
+    refuse_chat_without_text(chat, tok is not None, f"{path} holds token-id lists only")
     return out
 
 
@@ -355,8 +359,9 @@ def default_prompts(drafter_dir: str | Path, vocab_size: int, mask_token_id: int
 def analyze_pair(drafter_dir: str | Path, target_dir: str | Path, *, prompts_file: str | Path | None = None,
                  block_size: int | None = None, top_k: Sequence[int] = DEFAULT_TOP_K,
                  max_new_tokens: int = 64, max_prompts: int | None = None, measure: bool = True,
-                 temperature: float = 0.0) -> dict:
-    """Recall tables, implied acceptance and measured acceptance for one drafter + target.
+                 temperature: float = 0.0, chat=None) -> dict:
+    """Recall tables, implied acceptance and measured acceptance for one drafter + target. ``chat``: text prompts
+    through the target's chat template (:class:`~dflash2_trt.tokenizer.ChatFormat`).
 
     ``temperature > 0`` adds measured runs of the ``sample`` selector at that temperature
     (``sample@k``); the implied numbers are greedy-decoding quantities and have no sampled twin."""
@@ -367,14 +372,14 @@ def analyze_pair(drafter_dir: str | Path, target_dir: str | Path, *, prompts_fil
     try:
         return _analyze_pair(drafter_dir, target_dir, prompts_file=prompts_file, block_size=block_size,
                              top_k=top_k, max_new_tokens=max_new_tokens, max_prompts=max_prompts,
-                             measure=measure, temperature=temperature)
+                             measure=measure, temperature=temperature, chat=chat)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
 
 
 def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, max_new_tokens, max_prompts,
-                  measure, temperature) -> dict:
+                  measure, temperature, chat=None) -> dict:
     from .reference.loop import load_pair
 
     ks = sorted(set(int(k) for k in top_k))
@@ -389,6 +394,9 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
     if temperature > 0 and not measure:
         # it only adds measured sampling runs: with --no-measure it changed nothing, silently (a new user's review)
         raise ConfigError("applies to the measured runs, which --no-measure skips", field="--temperature")
+    if chat is not None and prompts_file is None:
+        raise ConfigError("puts prompt text through the chat template, but the built-in prompt set is token ids: give "
+                          "--prompts with text prompts", field="--chat")
     if max_prompts is not None and max_prompts < 1:
         # a negative value would silently slice prompts off the end (prompts[:-1])
         raise ConfigError(f"must be >= 1, got {max_prompts}", field="--max-prompts")
@@ -398,7 +406,7 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
     if ks[-1] > cfg.vocab_size:
         raise ConfigError(f"{ks[-1]} exceeds the vocabulary ({cfg.vocab_size})", field="--top-k")
     if prompts_file is not None:
-        prompts, prompt_source = load_prompts(prompts_file, target_dir), str(prompts_file)
+        prompts, prompt_source = load_prompts(prompts_file, target_dir, chat), str(prompts_file)
     else:
         prompts, prompt_source = default_prompts(drafter_dir, cfg.vocab_size, cfg.mask_token_id)
     if max_prompts is not None:
@@ -430,7 +438,8 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
         "draft_positions": cfg.block_size - 1,
         "top_k": ks,
         "selector_top_k": cfg.selector_top_k,
-        "prompts": {"source": prompt_source, "count": len(prompts), "max_new_tokens": max_new_tokens},
+        "prompts": {"source": prompt_source, "count": len(prompts), "max_new_tokens": max_new_tokens,
+                    **({} if chat is None else {"chat_template": chat.to_dict()})},
         "anchors": data.num_anchors,
         "recall": {name: t["conditional"] for name, t in tables.items()},
         "recall_unconditional": {name: t["unconditional"] for name, t in tables.items()},
@@ -478,7 +487,7 @@ def render(report: dict) -> str:
         f"target:  {report['target_dir']}",
         f"block size {report['block_size']} ({L} draft positions); {report['anchors']} anchors from "
         f"{report['prompts']['count']} prompts x {report['prompts']['max_new_tokens']} greedy tokens "
-        f"({report['prompts']['source']})",
+        f"({report['prompts']['source']}{', chat template' if report['prompts'].get('chat_template') else ''})",
         "",
         "Recall per draft position, conditional on every earlier position being right:",
     ]

@@ -241,6 +241,18 @@ def _pair_options(f):
     return f
 
 
+def _chat_options(f):
+    """``--chat`` / ``--enable-thinking``, alike in every command that encodes prompt text (tokenizer.ChatFormat)."""
+    f = click.option("--enable-thinking", is_flag=True,
+                     help="With --chat: render the template with enable_thinking true [default: false, as the public "
+                          "DFlash benchmark renders its prompts].")(f)
+    f = click.option("--chat", is_flag=True,
+                     help="Put each prompt text through the target tokenizer's chat template as one user message, "
+                          "the assistant's turn opened, before encoding it (how chat drafters are measured; token "
+                          "ids are taken as they are).")(f)
+    return f
+
+
 def resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=False):
     """(drafter dir, target dir) from --target and/or explicit directories. ``configs_only`` (a dry run): a
     published checkpoint not available locally is planned from its configs shipped in the package, with a note."""
@@ -342,17 +354,20 @@ def _set_threads(threads) -> None:
 @click.option("--threads", type=int, default=None,
               help="torch's CPU threads for the reference [default: torch's, one per core]; fewer "
                    "where other work shares the cores.")
+@_chat_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def generate_cmd(target_key, drafter_dir, target_dir, download, prompt_ids, prompt, temperature, selector,
-                 max_new_tokens, seed, block_size, top_k, threads, as_json) -> None:
+                 max_new_tokens, seed, block_size, top_k, threads, chat, enable_thinking, as_json) -> None:
     """Speculative decoding with the PyTorch reference; prints output and acceptance statistics."""
     from .reference.generate import render_generation, run_generate
+    from .tokenizer import chat_format
 
+    chat = chat_format(chat, enable_thinking)
     _set_threads(threads)
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     report = run_generate(d, t, prompt_ids=prompt_ids, prompt=prompt, temperature=temperature,
                           selector=selector, max_new_tokens=max_new_tokens, seed=seed,
-                          block_size=block_size, top_k=top_k)
+                          block_size=block_size, top_k=top_k, chat=chat)
     click.echo(json.dumps(report, indent=2) if as_json else render_generation(report))
 
 
@@ -440,16 +455,19 @@ def export_onnx_cmd(target_key, drafter_dir, target_dir, download, output, dtype
 @click.option("--no-measure", is_flag=True, help="Skip the real speculative-decoding runs.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="Also measure the sampling selector at this temperature (> 0).")
+@_chat_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, block_size, top_k, max_new_tokens,
-                max_prompts, no_measure, temperature, as_json) -> None:
+                max_prompts, no_measure, temperature, chat, enable_thinking, as_json) -> None:
     """Recall@k per draft position, implied vs measured acceptance (top-1, selector, oracle)."""
     from .analyze import analyze_pair, parse_top_k, render
+    from .tokenizer import chat_format
 
+    chat = chat_format(chat, enable_thinking)
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
     report = analyze_pair(d, t, prompts_file=prompts_file, block_size=block_size, top_k=parse_top_k(top_k),
                           max_new_tokens=max_new_tokens, max_prompts=max_prompts, measure=not no_measure,
-                          temperature=temperature)
+                          temperature=temperature, chat=chat)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
@@ -720,21 +738,24 @@ class RequestsBar:
                    "where other work shares the cores.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (on stderr, on a terminal only; the project runtime's: "
               "not with --runtime executor).")
+@_chat_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(engine_dir, prompt_ids, prompt, prompts_file, max_new_tokens, temperature, seed, max_batch_size, verify,
-            runtime, cuda_graphs, threads, no_progress, as_json) -> None:
+            runtime, cuda_graphs, threads, no_progress, chat, enable_thinking, as_json) -> None:
     """Run prompts through an engine (the project runtime or TensorRT-LLM's executor: in-flight batching); prints
     tokens and acceptance. The project runtime takes a prompt that does not fit what an engine step has left of
     max_num_tokens in chunks ($DFLASH2_CHUNKED_CONTEXT=0: whole)."""
     from .engine.run import render, run_engine
+    from .tokenizer import chat_format
 
+    chat = chat_format(chat, enable_thinking)
     _set_threads(threads)
     # the outputs are printed when every prompt has finished: on a terminal a bar says how far it is (requests done)
     with RequestsBar(enabled=not no_progress) as bar:
         report = run_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             max_batch_size=max_batch_size, verify=verify, runtime=runtime, cuda_graphs=cuda_graphs,
-                            progress=bar)
+                            progress=bar, chat=chat)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
@@ -768,15 +789,19 @@ def bench_group() -> None:
 @click.option("--input-max", type=int)
 @click.option("--output-min", type=int)
 @click.option("--output-max", type=int)
+@_chat_options
 @click.option("--force", is_flag=True, help="Replace an existing --output file.")
 def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, target_key, target_dir, engine_dir,
-                              num_requests, output_tokens, max_input_len, seed, force, **lengths) -> None:
+                              num_requests, output_tokens, max_input_len, seed, chat, enable_thinking, force,
+                              **lengths) -> None:
     """Write a dataset in trtllm-bench's format: {"task_id", "input_ids", "output_tokens"} per line."""
     from .bench.dataset import check_builtin_language, prepare_dataset, resolve_target
     from .errors import ConfigError
     from .overlap import refuse_overlap
     from .targets import get_target
+    from .tokenizer import chat_format
 
+    chat = chat_format(chat, enable_thinking)
     sources = {"builtin": builtin, "prompts": prompts_file, "corpus": corpus, "synthetic": synthetic}
     chosen = [k for k, v in sources.items() if v is not None]
     if len(chosen) != 1:
@@ -802,8 +827,9 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     res = prepare_dataset(source=synthetic or chosen[0], output=output, builtin=builtin, prompts_file=prompts_file,
                           corpus=corpus, tokenizer_dir=tgt["tokenizer_dir"], vocab_size=tgt["vocab_size"],
                           stop_ids=tgt["stop_ids"], num_requests=num_requests, output_tokens=output_tokens,
-                          max_input_len=max_input_len, seed=seed, force=force, **lengths)
-    click.echo(f"wrote {res['output']}: {res['requests']} requests ({res['source']}), mean input "
+                          max_input_len=max_input_len, seed=seed, force=force, chat=chat, **lengths)
+    click.echo(f"wrote {res['output']}: {res['requests']} requests ({res['source']}"
+               f"{', chat template' if chat is not None else ''}), mean input "
                f"{res['mean_input_len']:.1f} tokens, mean output {res['mean_output_tokens']:.1f} tokens")
     if tgt["input_limit"] is not None:   # written as asked, but said: `run` / `bench run` would refuse them
         limit, what = tgt["input_limit"]

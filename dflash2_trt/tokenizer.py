@@ -1,13 +1,16 @@
-"""The target's tokenizer, for commands that accept prompt text (generate, analyze).
+"""The target's tokenizer, for commands that accept prompt text (run, generate, analyze, bench prepare-dataset).
 
 One loader and one encoding rule for every command, so that the same text becomes the same
 prompt everywhere: no special tokens are added (a BOS added by one command and not another would
-silently change the prompt and so the acceptance numbers).
+silently change the prompt and so the acceptance numbers). With ``--chat`` (:class:`ChatFormat`) the text is
+first rendered as a user message by the target's chat template, in every one of those commands alike.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+
 from .errors import ConfigError
 
 # transformers can build an EMPTY tokenizer from config.json alone (every text encodes to no
@@ -108,11 +111,75 @@ WORD_SCAN_LIMIT = 10_000
 """Distinct words an encoding error tries one by one to name the one the tokenizer cannot take."""
 
 
-def encode_text(tokenizer, text: str, vocab_size: int | None = None, *, source=None, field: str = "prompt") -> list[int]:
+@dataclass(frozen=True)
+class ChatFormat:
+    """``--chat``: each prompt text is one user message put through the target tokenizer's own chat template, with
+    the assistant's turn opened (``add_generation_prompt``), before it is encoded. A chat model's drafter was trained
+    on such conversations, so its acceptance is measured on them: the public DFlash benchmark (z-lab/dflash
+    ``dflash/benchmark.py``, ``_apply_chat_template``) renders every prompt this way, with ``enable_thinking`` False
+    unless ``--enable-thinking`` is given. The template's own text says where a BOS goes, so the rendered text is
+    encoded without special tokens, as every prompt is here."""
+
+    enable_thinking: bool = False
+
+    def template_kwargs(self) -> dict:
+        """The variables the template is rendered with beside the messages (a template that does not read one
+        ignores it)."""
+        return {"enable_thinking": self.enable_thinking}
+
+    def to_dict(self) -> dict:
+        return {"add_generation_prompt": True, **self.template_kwargs()}
+
+    def describe(self) -> str:
+        return f"the target's chat template (one user message, enable_thinking {str(self.enable_thinking).lower()})"
+
+
+def chat_format(chat: bool, enable_thinking: bool) -> ChatFormat | None:
+    """The commands' ``--chat`` / ``--enable-thinking`` as a :class:`ChatFormat` (None: prompt text is encoded as
+    given). ``--enable-thinking`` alone is refused rather than ignored."""
+    if enable_thinking and not chat:
+        raise ConfigError("is a chat template variable: give --chat too", field="--enable-thinking")
+    return ChatFormat(enable_thinking=enable_thinking) if chat else None
+
+
+def refuse_chat_without_text(chat: ChatFormat | None, has_text: bool, what: str) -> None:
+    """``--chat`` renders prompt TEXT; where every prompt is token ids (``what`` says which) it would do nothing, so it
+    is refused rather than ignored."""
+    if chat is not None and not has_text:
+        raise ConfigError(f"puts prompt text through the chat template, but {what}: give text prompts, or drop --chat "
+                          f"(token ids are taken as they are)", field="--chat")
+
+
+def render_chat(tokenizer, text: str, chat: ChatFormat, *, source=None, field: str = "prompt") -> str:
+    """``text`` as the user's message in the tokenizer's chat template, the assistant's turn opened (a string: the
+    caller encodes it)."""
+    where = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"--chat: the tokenizer ({where}) has no chat template (tokenizer_config.json "
+                          f"\"chat_template\", or chat_template.jinja): drop --chat, or give the template",
+                          source=source, field=field)
+    try:
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                            add_generation_prompt=True, **chat.template_kwargs())
+    except Exception as exc:  # noqa: BLE001 - jinja2's errors, a template's own raise_exception(...)
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"--chat: the tokenizer's chat template ({where}) failed on the prompt: "
+                          f"{type(exc).__name__}: {reason}", source=source, field=field) from None
+    if not isinstance(out, str):   # tokenize=False renders text; anything else is not a template this code knows
+        raise ConfigError(f"--chat: the tokenizer's chat template ({where}) rendered {type(out).__name__}, not text",
+                          source=source, field=field)
+    return out
+
+
+def encode_text(tokenizer, text: str, vocab_size: int | None = None, *, source=None, field: str = "prompt",
+                chat: ChatFormat | None = None) -> list[int]:
     """``text`` as token ids (no special tokens added). ``vocab_size``: the engine's vocabulary; ids at or beyond
     it mean the tokenizer is not the target's (refused here, naming the tokenizer, not later as a bad request).
     ``source``: where the text came from (a file and its line), named by the error with ``field`` (a file's
-    ``prompt`` field, or the option that gave the text: ``--prompt``)."""
+    ``prompt`` field, or the option that gave the text: ``--prompt``). ``chat``: the text is the user's message,
+    rendered by the tokenizer's chat template first (:func:`render_chat`)."""
+    if chat is not None:
+        text = render_chat(tokenizer, text, chat, source=source, field=field)
     try:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     except Exception as exc:  # noqa: BLE001 - e.g. a word-level vocabulary without an unknown token

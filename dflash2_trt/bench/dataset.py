@@ -142,9 +142,12 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
                     tokenizer_dir=None, vocab_size: int | None = None, stop_ids=(), num_requests: int | None = None,
                     output_tokens: int | None = 64, max_input_len: int | None = None, seed: int = 0,
                     input_mean=None, input_stdev=None, output_mean=None, output_stdev=None, input_min=None,
-                    input_max=None, output_min=None, output_max=None, force: bool = False) -> dict:
+                    input_max=None, output_min=None, output_max=None, force: bool = False, chat=None) -> dict:
     """Write the dataset (atomically) and return a summary ``{"output", "requests", ...}``. An existing
-    ``output`` is replaced only with ``force`` (``--force``), as every other writer's output."""
+    ``output`` is replaced only with ``force`` (``--force``), as every other writer's output. ``chat``: text prompts
+    (``--prompts`` strings, ``--corpus`` lines) through the target's chat template before they are encoded
+    (:class:`~dflash2_trt.tokenizer.ChatFormat`): the file holds the ids a chat request has, as trtllm-bench's
+    datasets hold ids."""
 
     if source not in SOURCES:
         raise ConfigError(f"unknown source {source!r}; one of {', '.join(SOURCES)}", field="source")
@@ -158,6 +161,9 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
         raise ConfigError(f"applies to --synthetic {owner} only, not to "
                           f"--{'synthetic ' + source if source in LENGTH_OPTIONS else source}",
                           field="--" + stray[0].replace("_", "-"))
+    if chat is not None and source not in ("prompts", "corpus"):
+        raise ConfigError(f"puts prompt text through the chat template: --{source if source == 'builtin' else 'synthetic'}"
+                          f" prompts are token ids (--prompts or --corpus take text)", field="--chat")
     out = check_output_file(output, field="--output")
     if (out.exists() or out.is_symlink()) and not force:
         raise ConfigError(f"{out} exists (pass --force to replace it)", field="--output")
@@ -209,14 +215,19 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
 
             if prompts_file is None:
                 raise ConfigError("is required for this source", field="--prompts")
-            prompts = load_prompts(prompts_file, tokenizer_dir)
+            prompts = load_prompts(prompts_file, tokenizer_dir, chat)
         else:
             if corpus is None:
                 raise ConfigError("is required for this source", field="--corpus")
-            prompts = _corpus_prompts(corpus, tokenizer_dir)
+            prompts = _corpus_prompts(corpus, tokenizer_dir, chat)
         prompts = _cycle(prompts, num_requests)
         out_lens = [fixed] * len(prompts)
     if max_input_len is not None:
+        long = next(((i, len(p)) for i, p in enumerate(prompts) if len(p) > max_input_len), None)
+        if chat is not None and long is not None:   # a cut would drop the assistant's turn the template opened
+            raise ConfigError(f"prompt {long[0]} is {long[1]} tokens as the chat template renders it; cutting it to "
+                              f"{max_input_len} would cut off the assistant's turn the template opens at its end: "
+                              f"give shorter prompts or a larger --max-input-len", field="--max-input-len")
         prompts = [p[:max_input_len] for p in prompts]
     if vocab_size is not None:
         for i, p in enumerate(prompts):
@@ -229,10 +240,11 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
     atomic_write_text(out, "\n".join(lines) + "\n")
     return {"output": str(out), "source": source, "requests": len(lines),
             "mean_input_len": sum(map(len, prompts)) / len(prompts), "input_lens": [len(p) for p in prompts],
-            "mean_output_tokens": sum(out_lens) / len(out_lens), "seed": seed}
+            "mean_output_tokens": sum(out_lens) / len(out_lens), "seed": seed,
+            "chat_template": None if chat is None else chat.to_dict()}
 
 
-def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
+def _corpus_prompts(corpus, tokenizer_dir, chat=None) -> list[list[int]]:
     path = Path(corpus)
     try:
         text = path.read_text(encoding="utf-8-sig")   # a leading BOM (Windows editors) is not text
@@ -247,7 +259,7 @@ def _corpus_prompts(corpus, tokenizer_dir) -> list[list[int]]:
                           f"of a target that has one; {tokenizer_dir or 'none given'})", source=path)
     out = []
     for n, ln in lines:
-        ids = encode_text(tok, ln, source=f"{path}:{n}")
+        ids = encode_text(tok, ln, source=f"{path}:{n}", chat=chat)
         if not ids:
             raise ConfigError(f"line {n} tokenizes to no tokens", source=path)
         out.append(ids)

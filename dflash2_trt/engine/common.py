@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..textfiles import json_loads, read_utf8
-from ..tokenizer import engine_tokenizer_dir, find_tokenizer
+from ..tokenizer import engine_tokenizer_dir, find_tokenizer, refuse_chat_without_text
 
 
 def text_origin(item: dict) -> dict:
@@ -97,15 +97,23 @@ def prompt_tokenizer(man: dict, engine_dir):
     return tok
 
 
-def run_tokenizer(man: dict, engine_dir, items: list[dict]):
+def run_tokenizer(man: dict, engine_dir, items: list[dict], chat=None):
     """The tokenizer of a ``run``: with any prompt text, the one it needs (:func:`prompt_tokenizer`, an error where
     there is none); with token ids only, the one every output is decoded with, as ``generate`` prints the text of an id
     prompt: the engine's, or None where there is no usable one (the ids are the output then, and a tokenizer that does
-    not load is no reason to fail the run)."""
-    if any(it["prompt"] is not None for it in items):
+    not load is no reason to fail the run). ``chat`` (``--chat``) with no prompt text at all is refused."""
+    has_text = any(it["prompt"] is not None for it in items)
+    refuse_chat_without_text(chat, has_text, "every prompt here is token ids (--prompt-ids, or input_ids lines)")
+    if has_text:
         return prompt_tokenizer(man, engine_dir)
     d = engine_tokenizer_dir(engine_dir, man)
     return None if d is None else find_tokenizer(d)
+
+
+def chat_report(chat) -> dict:
+    """What a report says of ``--chat``: ``{"chat_template": {...}}`` (its template variables) where prompt text went
+    through the chat template, nothing otherwise (reports without the key are as before)."""
+    return {} if chat is None else {"chat_template": chat.to_dict()}
 
 
 def run_report(engine_dir, reqs, rt, wall: float, tokenizer=None, **head) -> dict:

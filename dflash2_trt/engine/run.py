@@ -16,7 +16,7 @@ from .trtllm.runner import run_engine_trtllm
 
 def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                temperature: float = 0.0, seed: int = 0, max_batch_size: int | None = None, verify: bool = False,
-               progress=None, runtime: str | None = None, trt=None, cuda_graphs: bool = False) -> dict:
+               progress=None, runtime: str | None = None, trt=None, cuda_graphs: bool = False, chat=None) -> dict:
     given = sum(x is not None for x in (prompt_ids, prompt, prompts_file))
     if given != 1:
         raise ConfigError("give exactly one of --prompt-ids, --prompt, --prompts", field="--prompt-ids")
@@ -34,13 +34,14 @@ def run_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, m
         return run_engine_trtllm(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                  max_batch_size=max_batch_size, verify=verify, runtime=runtime, trt=trt,
-                                 cuda_graphs=cuda_graphs, progress=progress)
+                                 cuda_graphs=cuda_graphs, progress=progress, chat=chat)
     if runtime not in (None, "auto"):
         raise ConfigError("applies to TensorRT-LLM engines (this is a stand-in engine: the project's runtime runs it)",
                           field="--runtime")
     return run_standin_engine(engine_dir, prompt_ids=prompt_ids, prompt=prompt, prompts_file=prompts_file,
                           max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                          max_batch_size=max_batch_size, verify=verify, progress=progress, cuda_graphs=cuda_graphs)
+                          max_batch_size=max_batch_size, verify=verify, progress=progress, cuda_graphs=cuda_graphs,
+                          chat=chat)
 
 
 def _mean(value) -> str:
@@ -67,6 +68,9 @@ def render(report: dict) -> str:
                  f"mean acceptance {_mean(t['mean_acceptance'])}, {t['output_tokens_per_s'] or 0:.1f} tokens/s")
     if report.get("cuda_graphs"):
         lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))
+    if report.get("chat_template"):
+        lines.append("prompt text through the target's chat template as a user message (enable_thinking "
+                     f"{str(report['chat_template']['enable_thinking']).lower()})")
     return "\n".join(lines)
 
 

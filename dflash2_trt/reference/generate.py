@@ -11,7 +11,7 @@ from ..errors import ConfigError, DFlash2Error
 
 __all__ = ["check_positions", "parse_prompt_ids", "position_limit", "run_generate", "render_generation"]
 
-from ..tokenizer import encode_text, find_tokenizer
+from ..tokenizer import encode_text, find_tokenizer, refuse_chat_without_text
 
 
 _ID = re.compile(r"[0-9]+", re.ASCII)
@@ -69,8 +69,9 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
                  prompt: str | None = None, temperature: float = 0.0, selector: str | None = None,
                  max_new_tokens: int = 64, seed: int = 0, block_size: int | None = None,
                  top_k: int | None = None, stop_token_ids: Sequence[int] | None = None,
-                 device: str = "cpu") -> dict:
-    """Run the reference speculative loop; returns a JSON-ready report."""
+                 device: str = "cpu", chat=None) -> dict:
+    """Run the reference speculative loop; returns a JSON-ready report. ``chat``: ``--prompt`` through the target's
+    chat template first (:class:`~dflash2_trt.tokenizer.ChatFormat`)."""
     import torch
 
     from ..loading import validate_pair
@@ -78,6 +79,7 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
 
     if (prompt_ids is None) == (prompt is None):
         raise DFlash2Error("give exactly one of --prompt-ids or --prompt")
+    refuse_chat_without_text(chat, prompt is not None, "the prompt is token ids (--prompt-ids)")
     from ..sampling import GREEDY_BELOW, effective_temperature
 
     temperature = effective_temperature(temperature, "--temperature")   # NaN/inf/negative refused; < 1e-5: greedy
@@ -101,7 +103,7 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
         if tok is None:
             raise DFlash2Error(f"{target_dir}: no tokenizer found for --prompt text; pass token ids "
                                "with --prompt-ids 1,2,3 instead")
-        ids = encode_text(tok, prompt, field="--prompt")
+        ids = encode_text(tok, prompt, field="--prompt", chat=chat)
         if not ids:
             raise ConfigError("the prompt encodes to no tokens", field="--prompt")
     else:
@@ -118,6 +120,8 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
     out = res.to_dict()
     out.update(drafter_dir=str(drafter_dir), target_dir=str(target_dir), seed=seed,
                stop_token_ids=list(stops), target_family=tcfg.family)
+    if chat is not None:
+        out["chat_template"] = chat.to_dict()
     if tok is None and prompt is None:
         tok = find_tokenizer(target_dir)
     if tok is not None:
@@ -133,6 +137,9 @@ def render_generation(r: dict) -> str:
         f"prompt ids: {r['prompt_ids']}",
         f"output ids: {r['output_ids']}",
     ]
+    if r.get("chat_template"):
+        lines.insert(2, "prompt: the --prompt text through the target's chat template as a user message "
+                        f"(enable_thinking {str(r['chat_template']['enable_thinking']).lower()})")
     if "output_text" in r:
         lines.append(f"output text: {r['output_text']!r}")
     hist = ", ".join(f"{k}: {v}" for k, v in r["acceptance_histogram"].items())

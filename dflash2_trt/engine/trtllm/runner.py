@@ -25,7 +25,7 @@ from ...errors import ConfigError, MissingDependencyError
 from ...reference.generate import parse_prompt_ids
 from ...sampling import request_temperature
 from ...tokenizer import encode_text
-from ..common import eagle_choices, read_prompts_file, run_tokenizer, text_origin
+from ..common import chat_report, eagle_choices, read_prompts_file, run_tokenizer, text_origin
 from ..format import load_engine_dir
 from ...trtllm.register import import_tensorrt_llm, register
 from ..graph_rules import refuse_tp
@@ -143,14 +143,15 @@ def refuse_graphs_off_the_project_path(asked: bool, path: dict, pretrained: dict
 def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=None, max_new_tokens: int = 64,
                       temperature: float = 0.0, seed: int = 0, max_batch_size=None, verify: bool = False,
                       runtime: str | None = None, trt=None, cuda_graphs: bool = False,
-                      simulate_graphs: bool = False, progress=None) -> dict:
+                      simulate_graphs: bool = False, progress=None, chat=None) -> dict:
     """``run --engine-dir`` on a TensorRT-LLM engine: the engine directory and the prompts are checked here (any
     machine), the decoding needs TensorRT (and TensorRT-LLM's plugins) on a GPU. ``runtime``: ``auto`` (the engine's
     path, :mod:`.paths`), ``project`` (the project runtime over TensorRT, :mod:`.session_run`) or ``executor``
     (TensorRT-LLM's C++ runner). ``trt``: the TensorRT module for the project runtime (tests: its CPU stand-in).
     ``cuda_graphs``: the project runtime replays generation steps from CUDA graphs (:mod:`.session_graphs`;
     ``simulate_graphs``: on the stand-in, for tests). ``progress(done, total)``: the project runtime's, after each
-    step (TensorRT-LLM's C++ runner reports none)."""
+    step (TensorRT-LLM's C++ runner reports none). ``chat``: prompt text through the target's chat template before it
+    is encoded, on either runtime path (:class:`~dflash2_trt.tokenizer.ChatFormat`)."""
     cfg, man = load_engine_dir(engine_dir, verify=verify)
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     if prompts_file is not None:
@@ -161,10 +162,10 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
     else:
         items = [{"task_id": 0, "input_ids": None, "prompt": prompt, "output_tokens": None, "where": "--prompt"}]
     path = choose_runtime(runtime, cfg["pretrained_config"], man)
-    tok = run_tokenizer(man, engine_dir, items)
+    tok = run_tokenizer(man, engine_dir, items, chat)
     for it in items:
         if it["input_ids"] is None:
-            it["input_ids"] = encode_text(tok, it["prompt"], vocab, **text_origin(it))
+            it["input_ids"] = encode_text(tok, it["prompt"], vocab, chat=chat, **text_origin(it))
     lim = man["limits"]
     for it in items:
         ids, new = it["input_ids"], it["output_tokens"] or max_new_tokens
@@ -199,4 +200,5 @@ def run_engine_trtllm(engine_dir, *, prompt_ids=None, prompt=None, prompts_file=
             for r in report["requests"]:
                 r["text"] = tok.decode(r["output_ids"])
     report["runtime_path"] = path
+    report.update(chat_report(chat))
     return report
