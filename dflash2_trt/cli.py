@@ -1062,15 +1062,22 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
 @click.option("--cuda-graphs", is_flag=True,
               help="--engine-dir, cuda engines and TensorRT engines on the project runtime: replay generation steps "
                    "from CUDA graphs (as deploy triton --cuda-graphs; experimental, not yet run on a GPU).")
+@click.option("--openai-port", type=int, default=None,
+              help="Also serve an OpenAI-compatible API here (/v1/models, /v1/completions, /v1/chat/completions, "
+                   "streamed or not) in front of the ensemble [default: none].")
+@click.option("--served-model-name", default=None,
+              help="With --openai-port: the model id clients name [default: the engine directory's name].")
 def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, max_batch_size, no_decoupled,
-              tokenizer, ids_only, log_path, ready_timeout, drain_timeout, cuda_graphs) -> None:
+              tokenizer, ids_only, log_path, ready_timeout, drain_timeout, cuda_graphs, openai_port,
+              served_model_name) -> None:
     """Start the bundled tritonserver on 127.0.0.1 for an engine (Ctrl-C stops it)."""
     from .deploy.triton.server import serve
 
     sys.exit(serve(engine_dir=engine_dir, repository=repository, port=port, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, max_batch_size=max_batch_size, decoupled=not no_decoupled,
                    tokenizer=tokenizer, ids_only=ids_only, log_path=log_path, ready_timeout=ready_timeout,
-                   drain_timeout=drain_timeout, cuda_graphs=cuda_graphs, echo=lambda m: click.echo(m, err=False)))
+                   drain_timeout=drain_timeout, cuda_graphs=cuda_graphs, openai_port=openai_port,
+                   served_model_name=served_model_name, echo=lambda m: click.echo(m, err=False)))
 
 if __name__ == "__main__":  # pragma: no cover
     main()

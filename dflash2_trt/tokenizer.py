@@ -153,20 +153,27 @@ def refuse_chat_without_text(chat: ChatFormat | None, has_text: bool, what: str)
 def render_chat(tokenizer, text: str, chat: ChatFormat, *, source=None, field: str = "prompt") -> str:
     """``text`` as the user's message in the tokenizer's chat template, the assistant's turn opened (a string: the
     caller encodes it)."""
+    return render_messages(tokenizer, [{"role": "user", "content": text}], chat.template_kwargs(), source=source,
+                           field=field, what="--chat: ", advice="drop --chat, or give the template")
+
+
+def render_messages(tokenizer, messages: list, template_kwargs: dict, *, source=None, field: str | None = None,
+                    what: str = "", advice: str = "give the template") -> str:
+    """``messages`` rendered by the tokenizer's chat template with ``template_kwargs``, the assistant's turn opened
+    (text: the caller encodes it without special tokens). No template, a template that fails and one that renders
+    anything but text are ConfigErrors (``what`` leads their message: the option or endpoint)."""
     where = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"--chat: the tokenizer ({where}) has no chat template (tokenizer_config.json "
-                          f"\"chat_template\", or chat_template.jinja): drop --chat, or give the template",
-                          source=source, field=field)
+        raise ConfigError(f"{what}the tokenizer ({where}) has no chat template (tokenizer_config.json "
+                          f"\"chat_template\", or chat_template.jinja): {advice}", source=source, field=field)
     try:
-        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                            add_generation_prompt=True, **chat.template_kwargs())
+        out = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
     except Exception as exc:  # noqa: BLE001 - jinja2's errors, a template's own raise_exception(...)
         reason = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise ConfigError(f"--chat: the tokenizer's chat template ({where}) failed on the prompt: "
+        raise ConfigError(f"{what}the tokenizer's chat template ({where}) failed on the messages: "
                           f"{type(exc).__name__}: {reason}", source=source, field=field) from None
     if not isinstance(out, str):   # tokenize=False renders text; anything else is not a template this code knows
-        raise ConfigError(f"--chat: the tokenizer's chat template ({where}) rendered {type(out).__name__}, not text",
+        raise ConfigError(f"{what}the tokenizer's chat template ({where}) rendered {type(out).__name__}, not text",
                           source=source, field=field)
     return out
 

@@ -135,7 +135,7 @@ def test_run_refuses_chat_options_that_would_do_nothing(chat_engine, args, says)
 
 def test_a_tokenizer_without_a_template_or_a_failing_one_is_one_line(tmp_path, chat_engine):
     for name, template, says in (("none", None, "has no chat template"),
-                                 ("raises", "{{ raise_exception('one turn only') }}", "failed on the prompt: "
+                                 ("raises", "{{ raise_exception('one turn only') }}", "failed on the messages: "
                                                                                       ".*one turn only")):
         eng = _engine_with_template(chat_engine, tmp_path, name, template)
         r = _run("run", "--engine-dir", eng, "--prompt", WORDS[5], "--chat")

@@ -31,19 +31,29 @@ def _error_of(s: Serve) -> str:
 
 
 def test_serve_an_engine_and_stop_it_with_ctrl_c(engine, tokenizer, prompts, greedy):
-    port = _free_base_port()
-    s = Serve("--engine-dir", str(engine), "--port", str(port))
+    from dflash2_trt.deploy.triton.server import free_port
+
+    port, api = _free_base_port(), free_port()
+    s = Serve("--engine-dir", str(engine), "--port", str(port), "--openai-port", str(api), "--served-model-name", "tn")
     try:
         assert s.wait_for("serving", 120), s.lines
         line = next(ln for ln in s.lines if "serving" in ln)
         assert f"HTTP http://127.0.0.1:{port}" in line and f"gRPC 127.0.0.1:{port + 1}" in line
         assert "ensemble" in line and "tensorrt_llm" in line
+        assert f"OpenAI API http://127.0.0.1:{api}/v1 (model 'tn')" in line
         assert _procs_with(f"--http-port {port}"), "no tritonserver with the requested port"
         body = json.dumps({"text_input": tokenizer.decode(prompts[0]), "max_tokens": MAX_NEW}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/ensemble/generate", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             assert json.loads(r.read())["text_output"] == tokenizer.decode(greedy[0])
+        # the OpenAI API: the same text, the engine's max_seq_len bounding a chat completion's default length
+        body = json.dumps({"model": "tn", "messages": [{"role": "user", "content": tokenizer.decode(prompts[0])}],
+                           "max_tokens": MAX_NEW, "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{api}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read())["choices"][0]["message"]["content"] == tokenizer.decode(greedy[0])
         s.p.send_signal(signal.SIGINT)
         assert s.finish() == 0, s.lines
         assert "stopped" in s.lines[-1]
@@ -51,10 +61,11 @@ def test_serve_an_engine_and_stop_it_with_ctrl_c(engine, tokenizer, prompts, gre
         while _procs_with(f"--http-port {port}") and time.time() < deadline:
             time.sleep(0.1)
         assert not _procs_with(f"--http-port {port}"), "tritonserver (or a stub) left running"
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))   # nothing listens there any more (TIME_WAIT connections may stay)
-            sock.listen()
+        for p in (port, api):
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", p))   # nothing listens there any more (TIME_WAIT connections may stay)
+                sock.listen()
     finally:
         s.kill()
 
@@ -133,9 +144,15 @@ def test_occupied_port_is_one_clear_error(engine):
     (["--engine-dir", "/nonexistent/engine"], "engine directory not found"),
     ([], "exactly one of --engine-dir or --repository"),
     (["--repository", "/nonexistent/repo"], "not a model repository"),
+    (["--engine-dir", "/nonexistent/engine", "--served-model-name", "m"], "--served-model-name: names the model of "
+                                                                          "the OpenAI API: give --openai-port too"),
+    (["--engine-dir", "/nonexistent/engine", "--ids-only", "--openai-port", "9"], "--openai-port: the OpenAI API "
+                                                                                 "serves text through the ensemble"),
+    (["--engine-dir", "/nonexistent/engine", "--openai-port", "PORT"], "the 4 ports must differ"),
 ])
 def test_bad_arguments(args, needle):
-    s = Serve(*args, "--port", str(_free_base_port()))
+    port = _free_base_port()
+    s = Serve(*[str(port) if a == "PORT" else a for a in args], "--port", str(port))
     try:
         assert needle in _error_of(s)
     finally:

@@ -608,15 +608,40 @@ def serve_until_stopped(srv, poll_s: float = 0.25) -> bool:
     return False
 
 
+def openai_frontend(record: dict, repository, port: int, triton_http: str, model: str | None):
+    """The OpenAI API of ``serve --openai-port`` (not started): the repository's ensemble, the engine's tokenizer (chat
+    templates) and ``max_seq_len``, as its record names them."""
+    from ...tokenizer import find_tokenizer
+    from .openai_api import OpenAIFrontend
+
+    ensemble = record.get("ensemble")
+    if not ensemble:
+        raise ConfigError(f"{repository} has no ensemble (written with --ids-only, or not by `deploy triton`): the "
+                          f"OpenAI API serves text through it", field="--openai-port")
+    tok_dir, engine = record.get("tokenizer_dir"), record.get("engine_dir")
+    tok = None if tok_dir is None else find_tokenizer(tok_dir, strict=True)
+    max_seq_len = None
+    if engine is not None:
+        try:
+            max_seq_len = int(json.loads((Path(engine) / "engine.json").read_text())["limits"]["max_seq_len"])
+        except (OSError, ValueError, KeyError, TypeError):
+            max_seq_len = None
+    return OpenAIFrontend(triton_http, ensemble=ensemble, model=model or Path(engine or repository).name,
+                          tokenizer=tok, max_seq_len=max_seq_len, host=HOST, port=port)
+
+
 def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None = None, port: int = 8000,
           http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
           max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
           ids_only: bool = False, log_path: str | Path | None = None, ready_timeout: float | None = None,
-          drain_timeout: float = 10.0, cuda_graphs: bool = False, echo=print) -> int:
+          drain_timeout: float = 10.0, cuda_graphs: bool = False, openai_port: int | None = None,
+          served_model_name: str | None = None, echo=print) -> int:
     """``dflash2-trt serve``: a repository for ``engine_dir`` in a temporary directory (or an existing
     ``repository``), tritonserver on 127.0.0.1 until Ctrl-C / SIGTERM, then drained (no new requests; those
     in flight finish, or get an error response after ``drain_timeout`` s), stopped and cleaned up.
-    Returns 0 after a requested stop; a server that dies on its own is a :class:`ServerError`."""
+    Returns 0 after a requested stop; a server that dies on its own is a :class:`ServerError`. ``openai_port``: an
+    OpenAI-compatible API there too (:mod:`.openai_api`), serving the ensemble as ``served_model_name`` (default: the
+    engine directory's name)."""
     from .repository import deploy_triton
 
     if (engine_dir is None) == (repository is None):
@@ -644,8 +669,17 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
     # a port derived from --port is named as that in an error (--port P sets P, P+1, P+2)
     named = {(what if given is not None else f"--port (its {what[2:-5]} port)"): p
              for (what, p), given in zip(ports.items(), (http_port, grpc_port, metrics_port))}
-    if len(set(ports.values())) != 3:
-        raise ServerError(f"the three ports must differ, got {named}")
+    if served_model_name is not None and not served_model_name.strip():
+        raise ConfigError("must be a non-empty name", field="--served-model-name")
+    if served_model_name is not None and openai_port is None:
+        raise ConfigError("names the model of the OpenAI API: give --openai-port too", field="--served-model-name")
+    if openai_port is not None:
+        if ids_only:
+            raise ConfigError("the OpenAI API serves text through the ensemble, which --ids-only leaves out",
+                              field="--openai-port")
+        ports["--openai-port"] = named["--openai-port"] = openai_port
+    if len(set(ports.values())) != len(ports):
+        raise ServerError(f"the {len(ports)} ports must differ, got {named}")
     for what, p in named.items():
         check_port_free(p, what)   # before anything is generated or started
     find_tritonserver()
@@ -653,7 +687,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
     work = hygiene.make_work_dir("dflash2-serve-")
     old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
-    srv = None
+    srv = front = None
     try:
         # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must still stop us
         for sig in old_handlers:
@@ -676,19 +710,28 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
                            ready_timeout=ready_timeout, log_kept=log_path is not None, cleanup_dirs=[work],
                            drain_timeout=drain_timeout, ranks=repository_ranks(repository, record),
                            progress=lambda m: print(m, file=sys.stderr, flush=True))
+        front = None if openai_port is None else openai_frontend(record, repository, openai_port, srv.http_url,
+                                                                   served_model_name)
         srv.start()
         ranks = f", tp {srv.ranks}: tritonserver rank 0 + {srv.ranks - 1} follower(s) under MPI" if srv.ranks > 1 else ""
+        if front is not None:
+            front.start()
+            ranks += f"; OpenAI API http://{front.url}/v1 (model {front.model!r})"
         echo(f"serving {engine_dir or repository} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
              f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)}{ranks} (Ctrl-C stops)")
         if serve_until_stopped(srv):
             clear_stop_requests()   # handled: the ordinary way to stop a ready server
             echo(f"stopping tritonserver (no new requests; those in flight get {drain_timeout:g} s to finish)")
+            if front is not None:
+                front.close()       # no new API requests either; those in flight end as Triton drains them
             srv.stop()
             echo("stopped")
             return 0
         raise ServerError(f"tritonserver exited with status {srv.proc.returncode}; its log ({srv._log_ref()}) "
                           f"ends:\n{srv.log_tail()}")
     finally:
+        if front is not None:
+            front.close()
         if srv is not None:
             srv.close()
         for sig, handler in old_handlers.items():
