@@ -57,6 +57,7 @@ import torch
 
 from .errors import ConfigError, DFlash2Error
 from .textfiles import json_loads, read_utf8
+from .tokenizer import chat_report
 
 __all__ = [
     "AnchorData",
@@ -276,6 +277,16 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None, chat=No
     """Prompts from ``path``: a JSON list (or ``{"prompts": [...]}``) or JSON lines; each prompt is
     a list of token ids, or a string tokenized with the target directory's tokenizer (``chat``: through its chat
     template first, :class:`~dflash2_trt.tokenizer.ChatFormat`; a file of token ids only is then refused)."""
+    items = load_prompt_items(path, target_dir, chat)
+    from .tokenizer import refuse_chat_without_text
+
+    refuse_chat_without_text(chat, any(text for _, text in items), f"{path} holds token-id lists only")
+    return [ids for ids, _ in items]
+
+
+def load_prompt_items(path: str | Path, target_dir: str | Path | None = None, chat=None) -> list[tuple[list[int], bool]]:
+    """:func:`load_prompts`' prompts, each with whether it was text (and so, with ``chat``, rendered by the template):
+    for a caller that keeps only some of them and must know what the kept ones are."""
     path = Path(path)
     text = read_utf8(path, what="prompts", bom=True)
     try:
@@ -316,12 +327,9 @@ def load_prompts(path: str | Path, target_dir: str | Path | None = None, chat=No
                               field=f"prompts[{i}]")
         if not ids:
             raise ConfigError(f"prompt {i} is empty", source=path, field=f"prompts[{i}]")
-        out.append([int(t) for t in ids])
+        out.append(([int(t) for t in ids], isinstance(item, str)))
     if not out:
         raise ConfigError("no prompts", source=path, field="prompts")
-    from .tokenizer import refuse_chat_without_text
-
-    refuse_chat_without_text(chat, tok is not None, f"{path} holds token-id lists only")
     return out
 
 
@@ -406,7 +414,12 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
     if ks[-1] > cfg.vocab_size:
         raise ConfigError(f"{ks[-1]} exceeds the vocabulary ({cfg.vocab_size})", field="--top-k")
     if prompts_file is not None:
-        prompts, prompt_source = load_prompts(prompts_file, target_dir, chat), str(prompts_file)
+        items = load_prompt_items(prompts_file, target_dir, chat)[:max_prompts]
+        from .tokenizer import refuse_chat_without_text
+
+        refuse_chat_without_text(chat, any(text for _, text in items), f"the prompts used from {prompts_file} are "
+                                 f"token-id lists only" + (" (--max-prompts)" if max_prompts is not None else ""))
+        prompts, prompt_source = [ids for ids, _ in items], str(prompts_file)
     else:
         prompts, prompt_source = default_prompts(drafter_dir, cfg.vocab_size, cfg.mask_token_id)
     if max_prompts is not None:
@@ -439,7 +452,7 @@ def _analyze_pair(drafter_dir, target_dir, *, prompts_file, block_size, top_k, m
         "top_k": ks,
         "selector_top_k": cfg.selector_top_k,
         "prompts": {"source": prompt_source, "count": len(prompts), "max_new_tokens": max_new_tokens,
-                    **({} if chat is None else {"chat_template": chat.to_dict()})},
+                    **chat_report(chat)},
         "anchors": data.num_anchors,
         "recall": {name: t["conditional"] for name, t in tables.items()},
         "recall_unconditional": {name: t["unconditional"] for name, t in tables.items()},
@@ -478,6 +491,13 @@ def _fmt(x) -> str:
     return f"{100 * x:5.1f}%"
 
 
+def _chat_label(chat_template: dict | None) -> str:
+    """``, chat template, enable_thinking ...`` for a report whose prompt text went through the chat template."""
+    if not chat_template:
+        return ""
+    return f", chat template, enable_thinking {str(chat_template['enable_thinking']).lower()}"
+
+
 def render(report: dict) -> str:
     """Human-readable tables of :func:`analyze_pair`'s report."""
     ks = report["top_k"]
@@ -487,7 +507,7 @@ def render(report: dict) -> str:
         f"target:  {report['target_dir']}",
         f"block size {report['block_size']} ({L} draft positions); {report['anchors']} anchors from "
         f"{report['prompts']['count']} prompts x {report['prompts']['max_new_tokens']} greedy tokens "
-        f"({report['prompts']['source']}{', chat template' if report['prompts'].get('chat_template') else ''})",
+        f"({report['prompts']['source']}{_chat_label(report['prompts'].get('chat_template'))})",
         "",
         "Recall per draft position, conditional on every earlier position being right:",
     ]

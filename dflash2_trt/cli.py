@@ -829,19 +829,22 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
                           stop_ids=tgt["stop_ids"], num_requests=num_requests, output_tokens=output_tokens,
                           max_input_len=max_input_len, seed=seed, force=force, chat=chat, **lengths)
     click.echo(f"wrote {res['output']}: {res['requests']} requests ({res['source']}"
-               f"{', chat template' if chat is not None else ''}), mean input "
+               f"{', ' + chat.label() if chat is not None else ''}), mean input "
                f"{res['mean_input_len']:.1f} tokens, mean output {res['mean_output_tokens']:.1f} tokens")
     if tgt["input_limit"] is not None:   # written as asked, but said: `run` / `bench run` would refuse them
         limit, what = tgt["input_limit"]
         over = [n for n in res["input_lens"] if n > limit]
         if over:
+            fix = ("shorten them (--max-input-len would cut off the assistant's turn the chat template opens)"
+                   if chat is not None else f"--max-input-len {limit} cuts them")
             click.echo(f"note: {len(over)} of {res['requests']} prompts are longer than {what} {limit} (the longest: "
-                       f"{max(over)} tokens), which refuses them; --max-input-len {limit} cuts them", err=True)
+                       f"{max(over)} tokens), which refuses them; {fix}", err=True)
 
 
 @bench_group.command("run")
 @click.option("--engine-dir", required=True, type=click.Path(), help="Engine directory from `dflash2-trt build`.")
-@click.option("--dataset", required=True, help="trtllm-bench JSON-lines dataset.")
+@click.option("--dataset", required=True, help="trtllm-bench JSON-lines dataset (text lines are encoded as they are: "
+              "for chat prompts write the rendered ids with bench prepare-dataset --chat).")
 @click.option("--concurrency", default="1,4,16", show_default=True, help="Requests kept in flight, comma-separated.")
 @click.option("--num-requests", type=int, help="Use the dataset's first N lines [default: all].")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")

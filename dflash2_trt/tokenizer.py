@@ -118,7 +118,9 @@ class ChatFormat:
     on such conversations, so its acceptance is measured on them: the public DFlash benchmark (z-lab/dflash
     ``dflash/benchmark.py``, ``_apply_chat_template``) renders every prompt this way, with ``enable_thinking`` False
     unless ``--enable-thinking`` is given. The template's own text says where a BOS goes, so the rendered text is
-    encoded without special tokens, as every prompt is here."""
+    encoded without special tokens, as every prompt is here: the ids Hugging Face's own
+    ``apply_chat_template(..., tokenize=True)`` gives (that benchmark's transformers path encodes with special tokens,
+    which doubles the BOS of a tokenizer that adds one; for Qwen's tokenizers the ids are the same)."""
 
     enable_thinking: bool = False
 
@@ -130,8 +132,15 @@ class ChatFormat:
     def to_dict(self) -> dict:
         return {"add_generation_prompt": True, **self.template_kwargs()}
 
-    def describe(self) -> str:
-        return f"the target's chat template (one user message, enable_thinking {str(self.enable_thinking).lower()})"
+    def label(self) -> str:
+        """What a command's text output says of it."""
+        return f"chat template, enable_thinking {str(self.enable_thinking).lower()}"
+
+
+def chat_report(chat: ChatFormat | None) -> dict:
+    """What a report says of ``--chat``: ``{"chat_template": {...}}`` (its template variables) where prompt text went
+    through the chat template, nothing otherwise (reports without the key are as before)."""
+    return {} if chat is None else {"chat_template": chat.to_dict()}
 
 
 def chat_format(chat: bool, enable_thinking: bool) -> ChatFormat | None:
@@ -163,9 +172,13 @@ def render_messages(tokenizer, messages: list, template_kwargs: dict, *, source=
     (text: the caller encodes it without special tokens). No template, a template that fails and one that renders
     anything but text are ConfigErrors (``what`` leads their message: the option or endpoint)."""
     where = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    if not getattr(tokenizer, "chat_template", None):
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
         raise ConfigError(f"{what}the tokenizer ({where}) has no chat template (tokenizer_config.json "
                           f"\"chat_template\", or chat_template.jinja): {advice}", source=source, field=field)
+    if isinstance(template, dict) and "default" not in template:   # Hugging Face picks "default" among named ones
+        raise ConfigError(f"{what}the tokenizer ({where}) has named chat templates ({', '.join(sorted(template))}) "
+                          f"and none named \"default\", the one that is rendered", source=source, field=field)
     try:
         out = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
     except Exception as exc:  # noqa: BLE001 - jinja2's errors, a template's own raise_exception(...)
@@ -174,6 +187,9 @@ def render_messages(tokenizer, messages: list, template_kwargs: dict, *, source=
                           f"{type(exc).__name__}: {reason}", source=source, field=field) from None
     if not isinstance(out, str):   # tokenize=False renders text; anything else is not a template this code knows
         raise ConfigError(f"{what}the tokenizer's chat template ({where}) rendered {type(out).__name__}, not text",
+                          source=source, field=field)
+    if not out.strip():            # the caller's "empty prompt" would blame the text, which was not empty
+        raise ConfigError(f"{what}the tokenizer's chat template ({where}) rendered the messages as empty text",
                           source=source, field=field)
     return out
 
@@ -186,6 +202,8 @@ def encode_text(tokenizer, text: str, vocab_size: int | None = None, *, source=N
     ``prompt`` field, or the option that gave the text: ``--prompt``). ``chat``: the text is the user's message,
     rendered by the tokenizer's chat template first (:func:`render_chat`)."""
     if chat is not None:
+        if not text.strip():   # refused as it is without --chat: the template alone would be the prompt
+            raise ConfigError("the prompt text is empty", source=source, field=field)
         text = render_chat(tokenizer, text, chat, source=source, field=field)
     try:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -43,7 +43,7 @@ from ..config import TargetConfig
 from ..engine.common import read_prompts_file
 from ..errors import ConfigError, DFlash2Error
 from ..targets import fixtures_dir, get_target, resolve_dirs, tiny_targets
-from ..tokenizer import encode_text, find_tokenizer
+from ..tokenizer import chat_report, encode_text, find_tokenizer, refuse_chat_without_text
 from .common import engine_backend
 from .io import atomic_write_text, check_output_file
 
@@ -206,28 +206,36 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
         prompts = random_tokens(in_lens, vocab_size, stop_ids, seed)
     else:
         fixed = _need_int(output_tokens, "--output-tokens")
+        rendered: list[str | None] = []   # per prompt: where its text came from, where the chat template rendered it
         if source == "builtin":
             from ..analyze import load_prompts
 
             prompts = load_prompts(builtin_prompts_path(builtin or ""), tokenizer_dir)
         elif source == "prompts":
-            from ..analyze import load_prompts
+            from ..analyze import load_prompt_items
 
             if prompts_file is None:
                 raise ConfigError("is required for this source", field="--prompts")
-            prompts = load_prompts(prompts_file, tokenizer_dir, chat)
+            items = load_prompt_items(prompts_file, tokenizer_dir, chat)
+            refuse_chat_without_text(chat, any(text for _, text in items), f"{prompts_file} holds token-id lists only")
+            prompts = [ids for ids, _ in items]
+            rendered = [f"{prompts_file}: prompts[{i}]" if text and chat is not None else None
+                        for i, (_, text) in enumerate(items)]
         else:
             if corpus is None:
                 raise ConfigError("is required for this source", field="--corpus")
-            prompts = _corpus_prompts(corpus, tokenizer_dir, chat)
+            lines = _corpus_prompts(corpus, tokenizer_dir, chat)
+            prompts, rendered = [ids for ids, _ in lines], [where if chat is not None else None for _, where in lines]
+        if max_input_len is not None:   # a cut would drop the assistant's turn a chat template opened at the end
+            long = next(((where, len(p)) for p, where in zip(prompts, rendered) if where and len(p) > max_input_len),
+                        None)
+            if long is not None:
+                raise ConfigError(f"{long[0]} is {long[1]} tokens as the chat template renders it: cutting it to "
+                                  f"{max_input_len} would cut off the assistant's turn the template opens at its end; "
+                                  f"shorten that prompt", field="--max-input-len")
         prompts = _cycle(prompts, num_requests)
         out_lens = [fixed] * len(prompts)
     if max_input_len is not None:
-        long = next(((i, len(p)) for i, p in enumerate(prompts) if len(p) > max_input_len), None)
-        if chat is not None and long is not None:   # a cut would drop the assistant's turn the template opened
-            raise ConfigError(f"prompt {long[0]} is {long[1]} tokens as the chat template renders it; cutting it to "
-                              f"{max_input_len} would cut off the assistant's turn the template opens at its end: "
-                              f"give shorter prompts or a larger --max-input-len", field="--max-input-len")
         prompts = [p[:max_input_len] for p in prompts]
     if vocab_size is not None:
         for i, p in enumerate(prompts):
@@ -240,11 +248,11 @@ def prepare_dataset(*, source: str, output, builtin: str | None = None, prompts_
     atomic_write_text(out, "\n".join(lines) + "\n")
     return {"output": str(out), "source": source, "requests": len(lines),
             "mean_input_len": sum(map(len, prompts)) / len(prompts), "input_lens": [len(p) for p in prompts],
-            "mean_output_tokens": sum(out_lens) / len(out_lens), "seed": seed,
-            "chat_template": None if chat is None else chat.to_dict()}
+            "mean_output_tokens": sum(out_lens) / len(out_lens), "seed": seed, **chat_report(chat)}
 
 
-def _corpus_prompts(corpus, tokenizer_dir, chat=None) -> list[list[int]]:
+def _corpus_prompts(corpus, tokenizer_dir, chat=None) -> list[tuple[list[int], str]]:
+    """Each non-empty line's ids (``chat``: rendered by the chat template first) and its ``FILE:LINE``."""
     path = Path(corpus)
     try:
         text = path.read_text(encoding="utf-8-sig")   # a leading BOM (Windows editors) is not text
@@ -262,7 +270,7 @@ def _corpus_prompts(corpus, tokenizer_dir, chat=None) -> list[list[int]]:
         ids = encode_text(tok, ln, source=f"{path}:{n}", chat=chat)
         if not ids:
             raise ConfigError(f"line {n} tokenizes to no tokens", source=path)
-        out.append(ids)
+        out.append((ids, f"{path}:{n}"))
     return out
 
 

@@ -110,12 +110,6 @@ def run_tokenizer(man: dict, engine_dir, items: list[dict], chat=None):
     return None if d is None else find_tokenizer(d)
 
 
-def chat_report(chat) -> dict:
-    """What a report says of ``--chat``: ``{"chat_template": {...}}`` (its template variables) where prompt text went
-    through the chat template, nothing otherwise (reports without the key are as before)."""
-    return {} if chat is None else {"chat_template": chat.to_dict()}
-
-
 def run_report(engine_dir, reqs, rt, wall: float, tokenizer=None, **head) -> dict:
     """The ``run`` report of requests the project's runtime ``rt`` finished in ``wall`` seconds: ``head`` (engine,
     backend, block size, ...) then every request (with its text when there is a tokenizer) and the totals."""

@@ -69,8 +69,8 @@ def render(report: dict) -> str:
     if report.get("cuda_graphs"):
         lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))
     if report.get("chat_template"):
-        lines.append("prompt text through the target's chat template as a user message (enable_thinking "
-                     f"{str(report['chat_template']['enable_thinking']).lower()})")
+        lines.append("prompt text as a user message through the target's chat template, enable_thinking "
+                     f"{str(report['chat_template']['enable_thinking']).lower()}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from ..errors import ConfigError, DFlash2Error
 
 __all__ = ["check_positions", "parse_prompt_ids", "position_limit", "run_generate", "render_generation"]
 
-from ..tokenizer import encode_text, find_tokenizer, refuse_chat_without_text
+from ..tokenizer import chat_report, encode_text, find_tokenizer, refuse_chat_without_text
 
 
 _ID = re.compile(r"[0-9]+", re.ASCII)
@@ -120,8 +120,7 @@ def run_generate(drafter_dir: str | Path, target_dir: str | Path, *, prompt_ids:
     out = res.to_dict()
     out.update(drafter_dir=str(drafter_dir), target_dir=str(target_dir), seed=seed,
                stop_token_ids=list(stops), target_family=tcfg.family)
-    if chat is not None:
-        out["chat_template"] = chat.to_dict()
+    out.update(chat_report(chat))
     if tok is None and prompt is None:
         tok = find_tokenizer(target_dir)
     if tok is not None:
@@ -138,8 +137,8 @@ def render_generation(r: dict) -> str:
         f"output ids: {r['output_ids']}",
     ]
     if r.get("chat_template"):
-        lines.insert(2, "prompt: the --prompt text through the target's chat template as a user message "
-                        f"(enable_thinking {str(r['chat_template']['enable_thinking']).lower()})")
+        lines.insert(2, "prompt: the --prompt text as a user message through the target's chat template, "
+                        f"enable_thinking {str(r['chat_template']['enable_thinking']).lower()}")
     if "output_text" in r:
         lines.append(f"output text: {r['output_text']!r}")
     hist = ", ".join(f"{k}: {v}" for k, v in r["acceptance_histogram"].items())

@@ -109,7 +109,7 @@ def test_run_chat_decodes_the_rendered_prompt_as_the_target_does(chat_engine, pr
     r3 = _run("run", "--engine-dir", chat_engine, "--prompt", tokenizer.decode(p), "--chat", "--enable-thinking",
               "--max-new-tokens", 2)
     assert r3.exit_code == 0, r3.output
-    assert "chat template as a user message (enable_thinking true)" in r3.stdout
+    assert "as a user message through the target's chat template, enable_thinking true" in r3.stdout
     assert f"prompt {len(rendered) + 1} tokens" in r3.stdout
 
 
@@ -157,7 +157,7 @@ def test_prepare_dataset_chat_writes_the_rendered_ids(chat_engine, prompts, toke
     out = tmp_path / "chat.jsonl"
     r = _run("bench", "prepare-dataset", "--corpus", corpus, "--engine-dir", chat_engine, "--chat", "--output", out)
     assert r.exit_code == 0, r.output
-    assert "(corpus, chat template)" in r.stdout
+    assert "(corpus, chat template, enable_thinking false)" in r.stdout
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["input_ids"] for x in lines] == [[USER, *prompts[0], GEN], [USER, *prompts[1], GEN]]
     pf = tmp_path / "prompts.json"
@@ -238,9 +238,76 @@ def test_prepare_dataset_does_not_cut_a_rendered_prompt(chat_engine, prompts, to
     out = tmp_path / "d.jsonl"
     args = ["bench", "prepare-dataset", "--corpus", corpus, "--engine-dir", chat_engine, "--output", out]
     r = _run(*args, "--chat", "--max-input-len", n + 1)
-    assert r.exit_code == 1 and r.output.startswith("error: --max-input-len: prompt 0 is")
+    assert r.exit_code == 1 and r.output.startswith(f"error: --max-input-len: {corpus}:1 is {n + 2} tokens"), r.output
     assert "cut off the assistant's turn" in r.output and r.output.count("\n") == 1 and not out.exists(), r.output
     assert _run(*args, "--chat", "--max-input-len", n + 2).exit_code == 0
     assert json.loads(out.read_text())["input_ids"] == [USER, *prompts[0], GEN]
     assert _run(*args, "--max-input-len", n - 1, "--force").exit_code == 0
     assert json.loads(out.read_text())["input_ids"] == prompts[0][:n - 1]
+
+
+def test_prepare_dataset_cuts_the_ids_beside_rendered_prompts(chat_engine, prompts, tokenizer, tmp_path):
+    """Only a rendered prompt is kept whole: token-id prompts in the same file are cut as before."""
+    pf = tmp_path / "mixed.json"
+    pf.write_text(json.dumps([tokenizer.decode(prompts[0][:3]), prompts[1]]))
+    out = tmp_path / "d.jsonl"
+    r = _run("bench", "prepare-dataset", "--prompts", pf, "--engine-dir", chat_engine, "--chat", "--max-input-len", 5,
+             "--output", out)
+    assert r.exit_code == 0, r.output
+    assert [json.loads(x)["input_ids"] for x in out.read_text().splitlines()] == [[USER, *prompts[0][:3], GEN],
+                                                                                  prompts[1][:5]]
+
+
+def test_the_engines_limit_note_says_to_shorten_rendered_prompts(chat_engine, tokenizer, tmp_path):
+    corpus = tmp_path / "long.txt"
+    corpus.write_text(" ".join(WORDS[3 + i % 200] for i in range(300)) + "\n")
+    r = _run("bench", "prepare-dataset", "--corpus", corpus, "--engine-dir", chat_engine, "--chat", "--output",
+             tmp_path / "d.jsonl")
+    assert r.exit_code == 0, r.output
+    assert "longer than the engine's max_input_len" in r.stderr and "shorten them" in r.stderr, r.stderr
+    assert "--max-input-len 256 cuts them" not in r.stderr
+
+
+def test_empty_text_and_a_template_that_renders_nothing_are_named(chat_engine, tmp_path):
+    r = _run("run", "--engine-dir", chat_engine, "--prompt", " ", "--chat")
+    assert r.exit_code == 1 and r.output == "error: --prompt: the prompt text is empty\n", r.output
+    eng = _engine_with_template(chat_engine, tmp_path, "empty", "{% if false %}x{% endif %}")
+    r = _run("run", "--engine-dir", eng, "--prompt", WORDS[5], "--chat")
+    assert r.exit_code == 1 and "rendered the messages as empty text" in r.output, r.output
+
+
+def test_named_templates(chat_engine, prompts, tokenizer, tmp_path):
+    """Hugging Face renders the template named "default" among named ones; without one, the error says so."""
+    eng = _engine_with_template(chat_engine, tmp_path, "named", [{"name": "default", "template": TEMPLATE},
+                                                                 {"name": "tool_use", "template": "x"}])
+    tok = find_tokenizer(eng / "tokenizer")
+    assert encode_text(tok, tokenizer.decode(prompts[0]), chat=ChatFormat()) == [USER, *prompts[0], GEN]
+    eng = _engine_with_template(chat_engine, tmp_path, "nodefault", [{"name": "a", "template": TEMPLATE},
+                                                                     {"name": "b", "template": "x"}])
+    r = _run("run", "--engine-dir", eng, "--prompt", WORDS[5], "--chat")
+    assert r.exit_code == 1 and "has named chat templates (a, b) and none named \"default\"" in r.output, r.output
+
+
+def test_a_chat_template_file_travels_with_the_engine(tmp_path, prompts, tokenizer):
+    """A target whose template is chat_template.jinja (transformers 5's own layout): build copies it, --chat uses it."""
+    t = tmp_path / "target"
+    shutil.copytree(trained_pair("qwen3").target_dir, t)
+    _with_template(t, None)
+    (t / "chat_template.jinja").write_text(TEMPLATE)
+    eng = tmp_path / "engine"
+    r = _run("build", "--drafter", trained_pair("qwen3").drafter_dir, "--target-dir", t, "--backend", "cpu",
+             "--output", eng, "--no-verify")
+    assert r.exit_code == 0, r.output
+    assert (eng / "tokenizer" / "chat_template.jinja").read_text() == TEMPLATE
+    r = _run("run", "--engine-dir", eng, "--prompt", tokenizer.decode(prompts[0]), "--chat", "--max-new-tokens", 1,
+             "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["requests"][0]["prompt_len"] == len(prompts[0]) + 2, r.output
+
+
+def test_analyze_chat_counts_only_the_prompts_it_uses(chat_target_dir, prompts, tokenizer, tmp_path):
+    pf = tmp_path / "prompts.json"
+    pf.write_text(json.dumps([prompts[0], prompts[1], tokenizer.decode(prompts[2])]))
+    pair = trained_pair("qwen3")
+    r = _run("analyze", "--drafter", pair.drafter_dir, "--target-dir", chat_target_dir, "--prompts", pf, "--chat",
+             "--max-prompts", 2)
+    assert r.exit_code == 1 and "token-id lists only (--max-prompts)" in r.output, r.output

@@ -7,9 +7,8 @@ import time
 
 from ...reference.generate import parse_prompt_ids
 from ...runtime import Request, Runtime
-from ...tokenizer import encode_text
-from ..common import (check_requests, chat_report, read_prompts_file, run_report, run_tokenizer, stop_ids,
-                      text_origin)
+from ...tokenizer import chat_report, encode_text
+from ..common import check_requests, read_prompts_file, run_report, run_tokenizer, stop_ids, text_origin
 from .engine import open_standin_engine
 from .graphs import GraphedSteps
 

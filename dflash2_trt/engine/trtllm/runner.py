@@ -24,8 +24,8 @@ from ... import plugins
 from ...errors import ConfigError, MissingDependencyError
 from ...reference.generate import parse_prompt_ids
 from ...sampling import request_temperature
-from ...tokenizer import encode_text
-from ..common import chat_report, eagle_choices, read_prompts_file, run_tokenizer, text_origin
+from ...tokenizer import chat_report, encode_text
+from ..common import eagle_choices, read_prompts_file, run_tokenizer, text_origin
 from ..format import load_engine_dir
 from ...trtllm.register import import_tensorrt_llm, register
 from ..graph_rules import refuse_tp
