@@ -25,12 +25,17 @@ TEMPLATE = ("{% for m in messages %}{% if not loop.first %} {% endif %}"
             f"{{% if add_generation_prompt %}} {WORDS[GEN]}{{% endif %}}")
 
 
+def _limits(engine):
+    man = json.loads((engine / "engine.json").read_text())
+    return {"max_seq_len": man["limits"]["max_seq_len"], "block_size": man["block_size"]}
+
+
 @pytest.fixture(scope="module")
-def api(server_stream, tokenizer):
+def api(server_stream, tokenizer, engine):
     """The API on the decoupled server, rendering chat with the engine's own tokenizer (the tiny pairs' template joins
-    the messages' contents)."""
+    the messages' contents), with the engine's limits (as serve reads them from engine.json)."""
     f = OpenAIFrontend(server_stream.http_url, ensemble="ensemble", model="tiny", tokenizer=tokenizer,
-                       max_seq_len=512).start()
+                       **_limits(engine)).start()
     yield f
     f.close()
 
@@ -122,18 +127,63 @@ def test_chat_renders_the_template_then_decodes_as_the_target(chat_api, prompts,
     assert code == 200 and body["choices"][0]["message"]["content"] == tokenizer.decode(want), body
 
 
-def test_chat_default_max_tokens_is_what_max_seq_len_leaves(server_stream, tokenizer, prompts):
+def test_the_length_limit(api, engine, tokenizer, prompts):
+    """A chat completion's default max_tokens is what max_seq_len leaves after the prompt and the step's draft slots;
+    a max_tokens past that is shortened by the engine's model (as TensorRT-LLM's executor shortens it) and the output
+    still ends with finish_reason "length"."""
+    lim = _limits(engine)
     p = prompts[3]
-    f = OpenAIFrontend(server_stream.http_url, ensemble="ensemble", model="tiny", tokenizer=tokenizer,
-                       max_seq_len=len(p) + 3).start()
-    try:
-        code, body = _call(f, "POST", "/v1/chat/completions", {"messages": [{"role": "user",
-                                                                             "content": tokenizer.decode(p)}],
-                                                               "temperature": 0})
-        assert code == 200 and body["usage"]["completion_tokens"] == 3, body
-        assert body["choices"][0]["finish_reason"] == "length"
-    finally:
-        f.close()
+    room = lim["max_seq_len"] - len(p) - lim["block_size"]
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": tokenizer.decode(p)}]}),
+                       ("/v1/completions", {"prompt": tokenizer.decode(p), "max_tokens": 5000})):
+        code, got = _call(api, "POST", path, {**body, "temperature": 0})
+        assert code == 200 and got["usage"]["completion_tokens"] == room, got["usage"]
+        assert got["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_strings_end_the_output_and_are_left_out(api, prompts, greedy, tokenizer):
+    g = greedy[0]
+    j = next(j for j in range(2, len(g)) if g[j] not in g[:j])   # the first place its word is generated
+    stop = WORDS[g[j]]
+    want = tokenizer.decode(g[:j + 1])[:-len(stop)]
+    other = WORDS[next(w for w in range(3, 255) if w not in g)]   # a second stop string that never comes
+    req = {"prompt": tokenizer.decode(prompts[0]), "max_tokens": MAX_NEW, "temperature": 0, "stop": [other, stop]}
+    code, body = _call(api, "POST", "/v1/completions", req)
+    assert code == 200 and body["choices"][0]["text"] == want, body
+    assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == j + 1
+    code, events = _call(api, "POST", "/v1/completions", {**req, "stop": stop, "stream": True})
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert code == 200 and "".join(c["choices"][0]["text"] for c in chunks) == want, chunks
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_many_clients_at_once(api, prompts, tokenizer):
+    """A burst of connections (a load tool's) is queued, not refused: http.server's default backlog of 5 dropped
+    clients under such a burst."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    req = {"prompt": tokenizer.decode(prompts[5]), "max_tokens": 1, "temperature": 0}
+    with ThreadPoolExecutor(64) as pool:
+        got = list(pool.map(lambda _: _call(api, "POST", "/v1/completions", req)[0], range(128)))
+    assert got == [200] * 128
+
+
+def test_neutral_values_of_fields_load_tools_send(api, prompts, tokenizer, greedy):
+    """vLLM's and SGLang's benchmark clients send these at their neutral values: taken, and the output is the greedy
+    one."""
+    req = {"prompt": tokenizer.decode(prompts[0]), "max_tokens": 4, "temperature": 0, "repetition_penalty": 1.0,
+           "ignore_eos": True, "best_of": 1, "n": None, "top_k": -1, "min_tokens": 0, "logprobs": None, "user": "u",
+           "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    code, events = _call(api, "POST", "/v1/completions", req)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert code == 200 and "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == \
+        tokenizer.decode(greedy[0][:4]), chunks
+    assert all("usage" in c for c in chunks)
+    code, body = _call(api, "POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": tokenizer.decode(prompts[0])}], "max_tokens": 4, "temperature": 0,
+        "tool_choice": "none", "tools": [], "response_format": {"type": "text"}, "parallel_tool_calls": False,
+        "store": False, "metadata": {"k": "v"}, "max_completion_tokens": 4})
+    assert code == 200 and body["choices"][0]["message"]["content"] == tokenizer.decode(greedy[0][:4]), body
 
 
 def test_sampling_follows_the_seed(api, prompts, tokenizer):
@@ -147,30 +197,46 @@ def test_sampling_follows_the_seed(api, prompts, tokenizer):
 @pytest.mark.parametrize("path, body, status, says", [
     ("/v1/completions", {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty 0.5: not supported"),
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n 2: not supported (one choice per request)"),
-    ("/v1/completions", {"prompt": "x", "stop": ["puni"]}, 400, "no stop sequences"),
-    ("/v1/completions", {"prompt": "x", "repetition_penalty": 1.1}, 400, "repetition_penalty: not a field"),
+    ("/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop must be a non-empty string"),
+    ("/v1/completions", {"prompt": "x", "repetition_penalty": 1.1}, 400, "repetition_penalty 1.1: not supported"),
+    ("/v1/completions", {"prompt": "x", "n": True}, 400, "n true: not supported"),
+    ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate: not a field this server takes"),
+    ("/v1/completions", {"prompt": "puni", "top_p": 0}, 400, "top_p must be a finite number in (0, 1]"),
+    ("/v1/completions", {"prompt": "puni", "seed": 2**70}, 400, "seed must be an integer in [0, "),
+    ("/v1/completions", {"prompt": "hello", "stream": True}, 400, "'hello' is not in its vocabulary"),
     ("/v1/completions", {"prompt": [5, 6, 7]}, 400, "token ids are not taken here"),
     ("/v1/completions", {"prompt": "puni", "model": "gpt-4"}, 404, "does not exist; this server serves 'tiny'"),
-    ("/v1/completions", {"prompt": "puni", "max_tokens": 0}, 400, "max_tokens must be an integer >= 1"),
+    ("/v1/completions", {"prompt": "puni", "max_tokens": 0}, 400, "max_tokens must be an integer in [1, "),
     ("/v1/completions", {"prompt": "puni", "temperature": -1}, 400, "temperature must be a finite number >= 0"),
     ("/v1/completions", {"prompt": "puni", "top_p": 0.5}, 400, "top_p 0.5: not supported"),   # the ensemble's line
     ("/v1/completions", {"prompt": "hello"}, 400, "'hello' is not in its vocabulary"),        # the ensemble's line
     ("/v1/completions", {"prompt": "puni", "stream_options": {"include_usage": True}}, 400, "applies to stream"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages must be a non-empty list"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "puni"}], "tools": []}, 400,
-     "tools: not a field"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "puni"}], "tools": [{"type": "function"}]},
+     400, "no tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]}, 400,
+     "'hello' is not in its vocabulary"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "only text parts"),
 ])
 def test_what_the_engine_cannot_do_is_refused_by_name(api, path, body, status, says):
     code, got = _call(api, "POST", path, body)
     assert code == status and says in got["error"]["message"], got
+    assert not got["error"]["message"].startswith("data:"), got   # a streamed request's error too: the message alone
     assert set(got["error"]) == {"message", "type", "param", "code"}
 
 
 def test_a_body_that_is_not_json_and_a_chat_without_template(api, server_stream, tmp_path):
     code, got = _call(api, "POST", "/v1/completions", raw="{not json")
     assert code == 400 and "not JSON" in got["error"]["message"]
+    c = http.client.HTTPConnection("127.0.0.1", api.port, timeout=30)
+    c.putrequest("POST", "/v1/completions")
+    c.putheader("Content-Length", "abc")
+    c.endheaders()
+    r = c.getresponse()
+    assert r.status == 400 and "numeric Content-Length" in json.loads(r.read())["error"]["message"]
+    c.close()
+    assert _call(api, "GET", "/v1/completions")[0] == 405 and _call(api, "DELETE", "/v1/models")[0] == 405
     d = tmp_path / "tok"
     shutil.copytree(trained_pair("qwen3").target_dir, d)
     cfg = json.loads((d / "tokenizer_config.json").read_text())

@@ -610,7 +610,7 @@ def serve_until_stopped(srv, poll_s: float = 0.25) -> bool:
 
 def openai_frontend(record: dict, repository, port: int, triton_http: str, model: str | None):
     """The OpenAI API of ``serve --openai-port`` (not started): the repository's ensemble, the engine's tokenizer (chat
-    templates) and ``max_seq_len``, as its record names them."""
+    templates), ``max_seq_len`` and block size, as its record names them."""
     from ...tokenizer import find_tokenizer
     from .openai_api import OpenAIFrontend
 
@@ -620,14 +620,15 @@ def openai_frontend(record: dict, repository, port: int, triton_http: str, model
                           f"OpenAI API serves text through it", field="--openai-port")
     tok_dir, engine = record.get("tokenizer_dir"), record.get("engine_dir")
     tok = None if tok_dir is None else find_tokenizer(tok_dir, strict=True)
-    max_seq_len = None
-    if engine is not None:
+    max_seq_len = block_size = None
+    if engine is not None:   # where they cannot be read, a chat completion's default length is the API's 16
         try:
-            max_seq_len = int(json.loads((Path(engine) / "engine.json").read_text())["limits"]["max_seq_len"])
+            man = json.loads((Path(engine) / "engine.json").read_text())
+            max_seq_len, block_size = int(man["limits"]["max_seq_len"]), int(man["block_size"])
         except (OSError, ValueError, KeyError, TypeError):
-            max_seq_len = None
+            max_seq_len = block_size = None
     return OpenAIFrontend(triton_http, ensemble=ensemble, model=model or Path(engine or repository).name,
-                          tokenizer=tok, max_seq_len=max_seq_len, host=HOST, port=port)
+                          tokenizer=tok, max_seq_len=max_seq_len, block_size=block_size, host=HOST, port=port)
 
 
 def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None = None, port: int = 8000,
