@@ -200,6 +200,8 @@ def test_sampling_follows_the_seed(api, prompts, tokenizer):
     ("/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop must be a non-empty string"),
     ("/v1/completions", {"prompt": "x", "repetition_penalty": 1.1}, 400, "repetition_penalty 1.1: not supported"),
     ("/v1/completions", {"prompt": "x", "n": True}, 400, "n true: not supported"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 0}, 400, "logprobs 0: not supported"),
+    ("/v1/completions", {"prompt": "x", "stream": 0}, 400, "stream must be true or false"),
     ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate: not a field this server takes"),
     ("/v1/completions", {"prompt": "puni", "top_p": 0}, 400, "top_p must be a finite number in (0, 1]"),
     ("/v1/completions", {"prompt": "puni", "seed": 2**70}, 400, "seed must be an integer in [0, "),

@@ -96,6 +96,14 @@ def triton_error(message: str, status: int) -> ApiError:
     return ApiError(400 if status == 400 else 500, message)
 
 
+def _same(v, neutral) -> bool:
+    """``v`` is the neutral value: booleans only as themselves (a completion's ``logprobs`` 0 asks for the chosen
+    token's log-probability, it is not ``false``), numbers by value (``1.0`` is ``1``), anything else by equality."""
+    if isinstance(v, bool) or isinstance(neutral, bool):
+        return v is neutral
+    return v == neutral
+
+
 def _int(body: dict, key: str, lo: int, hi: int, default=None):
     v = body.get(key)
     if v is None:
@@ -211,13 +219,14 @@ class OpenAIFrontend:
                                 f"{', '.join(sorted(own | neutral))})", unknown[0])
         for key in sorted(neutral & set(body)):
             v = body[key]
-            if v is not None and not any(v == n and type(v) is not bool or v is n for n in NEUTRAL[key]):
+            if v is not None and not any(_same(v, n) for n in NEUTRAL[key]):
                 raise ApiError(400, f"{key} {json.dumps(v)}: not supported ({WHY_NOT[key]})", key)
         model = body.get("model")
         if model is not None and model != self.model:
             raise ApiError(404, f"the model {json.dumps(model)} does not exist; this server serves {self.model!r}",
                            "model", "not_found_error")
-        stream = body.get("stream", False) or False
+        stream = body.get("stream")
+        stream = False if stream is None else stream
         if not isinstance(stream, bool):
             raise ApiError(400, f"stream must be true or false, got {json.dumps(stream)}", "stream")
         opts = body.get("stream_options")
