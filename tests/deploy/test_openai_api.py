@@ -157,6 +157,59 @@ def test_stop_strings_end_the_output_and_are_left_out(api, prompts, greedy, toke
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_stop_string_whose_tokens_decode_otherwise(api, prompts, greedy, tokenizer):
+    """The engine matches a stop string's tokens: "w\\n" encodes to w's token, which decodes to " w"; that text is
+    what the output ends with, and what is left out."""
+    g = greedy[0]
+    j = next(j for j in range(2, len(g)) if g[j] not in g[:j])
+    req = {"prompt": tokenizer.decode(prompts[0]), "max_tokens": MAX_NEW, "temperature": 0,
+           "stop": WORDS[g[j]] + "\n"}
+    for stream in (False, True):
+        code, got = _call(api, "POST", "/v1/completions", {**req, "stream": stream})
+        chunks = [json.loads(e) for e in got[:-1]] if stream else [got]
+        assert code == 200 and "".join(c["choices"][0]["text"] for c in chunks) == tokenizer.decode(g[:j]), got
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    code, got = _call(api, "POST", "/v1/completions", {**req, "stop": " "})
+    assert code == 400 and "the stop word ' ' (STOP_WORDS_DICT) encodes to no tokens" in got["error"]["message"], got
+
+
+def test_a_stream_triton_cut_off_is_an_error_not_an_end():
+    """http.client ends a chunked body whose last chunk never came as if it were complete: the API says 503."""
+    import socket
+    import threading
+
+    from dflash2_trt.deploy.triton.openai_api import ApiError, _events
+
+    event = b'data: {"text_output": " puni"}\n\n'
+    for complete in (True, False):
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+
+        def answer():
+            conn, _ = srv.accept()
+            conn.recv(65536)
+            body = b"%x\r\n%s\r\n" % (len(event), event) + (b"0\r\n\r\n" if complete else b"")
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + body)
+            conn.close()
+
+        t = threading.Thread(target=answer)
+        t.start()
+        c = http.client.HTTPConnection("127.0.0.1", srv.getsockname()[1], timeout=10)
+        c.request("POST", "/v2/models/ensemble/generate_stream", "{}")
+        r = c.getresponse()
+        if complete:
+            assert [e["text_output"] for e in _events(r)] == [" puni"]
+        else:
+            with pytest.raises(ApiError) as e:
+                list(_events(r))
+            assert e.value.status == 503 and "ended the response before it was complete" in e.value.message
+        c.close()
+        t.join()
+        srv.close()
+
+
 def test_many_clients_at_once(api, prompts, tokenizer):
     """A burst of connections (a load tool's) is queued, not refused: http.server's default backlog of 5 dropped
     clients under such a burst."""
@@ -182,7 +235,8 @@ def test_neutral_values_of_fields_load_tools_send(api, prompts, tokenizer, greed
     code, body = _call(api, "POST", "/v1/chat/completions", {
         "messages": [{"role": "user", "content": tokenizer.decode(prompts[0])}], "max_tokens": 4, "temperature": 0,
         "tool_choice": "none", "tools": [], "response_format": {"type": "text"}, "parallel_tool_calls": False,
-        "store": False, "metadata": {"k": "v"}, "max_completion_tokens": 4})
+        "store": False, "metadata": {"k": "v"}, "max_completion_tokens": 4, "reasoning_effort": None,
+        "suffix": None})
     assert code == 200 and body["choices"][0]["message"]["content"] == tokenizer.decode(greedy[0][:4]), body
 
 

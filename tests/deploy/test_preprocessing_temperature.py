@@ -87,6 +87,12 @@ def test_a_stop_word_the_tokenizer_cannot_encode_is_named_not_the_text(model):
     request["STOP_WORDS_DICT"] = _In(np.array([[b"kiku", b"qqqq"]], dtype=object))
     with pytest.raises(ValueError, match=r"cannot encode the stop word 'qqqq' \(STOP_WORDS_DICT\)"):
         model._one(request)
+    # a stop word that encodes to no tokens could never match: refused, not ignored
+    request["STOP_WORDS_DICT"] = _In(np.array([[b"kiku", b" "]], dtype=object))
+    with pytest.raises(ValueError, match=r"the stop word ' ' \(STOP_WORDS_DICT\) encodes to no tokens"):
+        model._one(request)
+    request["STOP_WORDS_DICT"] = _In(np.array([[b"kiku", b""]], dtype=object))   # an empty entry: no word (padding)
+    assert dict(model._one(request))["REQUEST_INPUT_LEN"].item() == 2
     request["QUERY"] = _In(np.array([[b"puni qqqq"]], dtype=object))
     # the word is named (the tokenizer's own "WordLevel error: Missing [UNK] token" does not say which)
     with pytest.raises(ValueError, match=r"^preprocessing: the tokenizer cannot encode the text \(QUERY\): the word "

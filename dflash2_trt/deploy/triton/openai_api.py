@@ -53,7 +53,7 @@ CHAT = COMMON | {"messages", "max_completion_tokens", "chat_template_kwargs"}
 # fields a client may send at their neutral value only (what the engine does anyway); None is every field's default
 NEUTRAL = {"n": (1,), "best_of": (1,), "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
            "min_tokens": (0,), "min_p": (0,), "logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},),
-           "echo": (False,), "suffix": (), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+           "echo": (False,), "suffix": ("",), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
            "include_stop_str_in_output": (False,), "tools": ([],), "tool_choice": ("none",),
            "response_format": ({"type": "text"},), "add_generation_prompt": (True,), "continue_final_message": (False,)}
 WHY_NOT = {"n": "one choice per request", "best_of": "one candidate per request",
@@ -155,7 +155,9 @@ def _message_text(m, i: int) -> dict:
 
 
 class Plan:
-    """One API request as the ensemble gets it and as its answer is shaped."""
+    """One API request as the ensemble gets it and as its answer is shaped. ``stops``: the texts the output may end
+    with where a stop string's tokens ended it, in the order they are tried: the strings themselves, then their
+    tokens' decoded texts (what the engine matched, where the two differ)."""
 
     def __init__(self, triton: dict, *, chat: bool, stops: list[str], include_usage: bool, continuous_usage: bool):
         self.triton, self.chat, self.stops = triton, chat, stops
@@ -213,6 +215,7 @@ class OpenAIFrontend:
     def plan(self, body: dict, *, chat: bool) -> Plan:
         """The ensemble's JSON request and the answer's shape for an OpenAI request body."""
         own, neutral = (CHAT, CHAT_NEUTRAL) if chat else (COMPLETION, COMPLETION_NEUTRAL)
+        body = {k: v for k, v in body.items() if v is not None}   # null: the field's default, whatever the field
         unknown = sorted(set(body) - own - neutral)
         if unknown:
             raise ApiError(400, f"{unknown[0]}: not a field this server takes (it takes: "
@@ -268,10 +271,25 @@ class OpenAIFrontend:
         stops = _stops(body)
         if stops:
             req["stop_words"] = stops
+            stops = self.stop_texts(stops)
         if ignore_eos:
             req["end_id"] = -1   # no end token: the request runs to its length (or a stop string)
         return Plan(req, chat=chat, stops=stops, include_usage=bool((opts or {}).get("include_usage")),
                     continuous_usage=bool((opts or {}).get("continuous_usage_stats")))
+
+    def stop_texts(self, stops: list[str]) -> list[str]:
+        """What an output a stop string ended can end with, in the order :func:`strip_stop` tries them: the strings
+        (longest first; the OpenAI API leaves exactly the string out), then the texts their tokens decode to (the
+        engine matches the tokens: ``"guzo\\n"`` ends an output with ``" guzo"``)."""
+        decoded = set()
+        if self.tokenizer is not None:
+            for s in stops:
+                try:
+                    decoded.add(self.tokenizer.decode(self.tokenizer(s, add_special_tokens=False)["input_ids"]))
+                except Exception:  # noqa: BLE001 - a string the tokenizer cannot take: the ensemble refuses it by name
+                    pass
+        return (sorted(stops, key=len, reverse=True)
+                + sorted((t for t in decoded - set(stops) if t), key=len, reverse=True))
 
     def render(self, body: dict) -> str:
         msgs = body.get("messages")
@@ -363,15 +381,33 @@ class _Server(ThreadingHTTPServer):
               file=sys.stderr, flush=True)
 
 
+CUT = "the Triton server ended the response before it was complete"
+
+
 def _events(r):
-    """The JSON events of a Triton server-sent-events response (an ``error`` event raises)."""
-    for line in r:
-        if not line.startswith(b"data: "):
-            continue
-        ev = json.loads(line[len(b"data: "):])
-        if "error" in ev:
-            raise triton_error(str(ev["error"]), 400 if "preprocessing:" in str(ev["error"]) else 500)
-        yield ev
+    """The JSON events of a Triton server-sent-events response (an ``error`` event raises). A stream Triton cut off
+    (its chunked body ended without its last chunk, or its connection failed) raises 503: ``http.client`` ends such a
+    body as if it were complete."""
+    try:
+        for line in r:
+            if not line.startswith(b"data: "):
+                continue
+            ev = json.loads(line[len(b"data: "):])
+            if "error" in ev:
+                raise triton_error(str(ev["error"]), 400 if "preprocessing:" in str(ev["error"]) else 500)
+            yield ev
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise ApiError(503, f"{CUT} ({type(exc).__name__}: {exc})") from None
+    if getattr(r, "chunked", False) and getattr(r, "chunk_left", None) is not None:
+        raise ApiError(503, CUT)
+
+
+def _read_whole(r) -> dict:
+    """A non-streamed Triton response's JSON (a cut or failed one: 503)."""
+    try:
+        return json.loads(r.read())
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise ApiError(503, f"{CUT} ({type(exc).__name__}: {exc})") from None
 
 
 def _count(ev, key: str) -> int:
@@ -385,8 +421,9 @@ def _piece(ev) -> str:
 
 
 def strip_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """``text`` without the stop string it ends with (the longest such), and whether it ended with one."""
-    hit = max((s for s in stops if text.endswith(s)), key=len, default=None)
+    """``text`` without the first of ``stops`` it ends with (:meth:`OpenAIFrontend.stop_texts`' order), and whether it
+    ended with one."""
+    hit = next((s for s in stops if text.endswith(s)), None)
     return (text, False) if hit is None else (text[:-len(hit)], True)
 
 
@@ -412,7 +449,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _not_here(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
-        if path in ("/v1/models", "/health", "/v1/health", "/v1/completions", "/v1/chat/completions"):
+        known = path in ("/v1/models", "/health", "/v1/health", "/v1/completions", "/v1/chat/completions")
+        if method == "HEAD":   # a HEAD response has no body
+            try:
+                self.send_response(405 if known else 404)
+                self.end_headers()
+            except OSError:
+                pass
+            return
+        if known:
             self._json(405, ApiError(405, f"{method} {path}: not allowed (GET /v1/models, GET /health, POST "
                                           f"/v1/completions, POST /v1/chat/completions)").body())
         else:
@@ -500,7 +545,7 @@ class _Handler(BaseHTTPRequestHandler):
         return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
     def _once(self, r, plan: Plan) -> None:
-        ev = json.loads(r.read())
+        ev = _read_whole(r)
         n_in, n_out = _count(ev, "num_input_tokens"), _count(ev, "num_output_tokens")
         text, stopped = strip_stop(_piece(ev), plan.stops)
         finish = self._finish(plan, stopped, n_in, n_out)

@@ -177,8 +177,10 @@ class TritonPythonModel:
                 s = s.decode("utf-8") if isinstance(s, bytes) else str(s)
                 if s:
                     w = self._encode(s, f"the stop word {s!r} (STOP_WORDS_DICT)")
-                    if w:
-                        words.append(w)
+                    if not w:   # (" " with most tokenizers) it could never match: refused, not ignored
+                        raise ValueError(f"preprocessing: the stop word {s!r} (STOP_WORDS_DICT) encodes to no tokens "
+                                         f"(stop words are matched on the tokens they encode to)")
+                    words.append(w)
         if end is None:
             words += self.extra_stop
         end_id = np.array([int(end.reshape(-1)[0]) if end is not None else self.end_id], dtype=np.int32)
