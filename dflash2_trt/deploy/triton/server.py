@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...children import die_with_parent, proc_cmdline, proc_stat, process_tree
-from ...errors import (ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, raise_if_stop_requested,
-                      raise_stop)
+from ...errors import (ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, committed_outputs,
+                       raise_if_stop_requested, raise_stop)
 from . import hygiene
 from .repository import TRITON_EXTRA, refuse_spaced_python_models
 from .serving import DRAIN_ENV, request_drain
@@ -700,6 +700,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             res = deploy_triton(engine_dir, work / "repository", max_batch_size=max_batch_size, decoupled=decoupled,
                                 tokenizer=tokenizer, ids_only=ids_only, cuda_graphs=cuda_graphs)
             repository, models = res.output, res.models
+            # serve's own temporary repository is no output of the command: a stop must not call it "kept"
+            committed_outputs[:] = [p for p in committed_outputs if Path(work) not in (Path(p), *Path(p).parents)]
         else:
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
             check_repository_paths(repository, models)
