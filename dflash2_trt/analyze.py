@@ -57,7 +57,7 @@ import torch
 
 from .errors import ConfigError, DFlash2Error
 from .textfiles import json_loads, read_utf8
-from .tokenizer import chat_report
+from .tokenizer import chat_label, chat_report
 
 __all__ = [
     "AnchorData",
@@ -491,11 +491,8 @@ def _fmt(x) -> str:
     return f"{100 * x:5.1f}%"
 
 
-def _chat_label(chat_template: dict | None) -> str:
-    """``, chat template, enable_thinking ...`` for a report whose prompt text went through the chat template."""
-    if not chat_template:
-        return ""
-    return f", chat template, enable_thinking {str(chat_template['enable_thinking']).lower()}"
+def _chat_suffix(prompts: dict) -> str:
+    return f", {chat_label(prompts['chat_template'])}" if prompts.get("chat_template") else ""
 
 
 def render(report: dict) -> str:
@@ -507,7 +504,7 @@ def render(report: dict) -> str:
         f"target:  {report['target_dir']}",
         f"block size {report['block_size']} ({L} draft positions); {report['anchors']} anchors from "
         f"{report['prompts']['count']} prompts x {report['prompts']['max_new_tokens']} greedy tokens "
-        f"({report['prompts']['source']}{_chat_label(report['prompts'].get('chat_template'))})",
+        f"({report['prompts']['source']}{_chat_suffix(report['prompts'])})",
         "",
         "Recall per draft position, conditional on every earlier position being right:",
     ]

@@ -799,7 +799,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
     from .errors import ConfigError
     from .overlap import refuse_overlap
     from .targets import get_target
-    from .tokenizer import chat_format
+    from .tokenizer import chat_format, chat_label
 
     chat = chat_format(chat, enable_thinking)
     sources = {"builtin": builtin, "prompts": prompts_file, "corpus": corpus, "synthetic": synthetic}
@@ -829,7 +829,7 @@ def bench_prepare_dataset_cmd(output, builtin, prompts_file, corpus, synthetic, 
                           stop_ids=tgt["stop_ids"], num_requests=num_requests, output_tokens=output_tokens,
                           max_input_len=max_input_len, seed=seed, force=force, chat=chat, **lengths)
     click.echo(f"wrote {res['output']}: {res['requests']} requests ({res['source']}"
-               f"{', ' + chat.label() if chat is not None else ''}), mean input "
+               f"{', ' + chat_label(chat.to_dict()) if chat is not None else ''}), mean input "
                f"{res['mean_input_len']:.1f} tokens, mean output {res['mean_output_tokens']:.1f} tokens")
     if tgt["input_limit"] is not None:   # written as asked, but said: `run` / `bench run` would refuse them
         limit, what = tgt["input_limit"]

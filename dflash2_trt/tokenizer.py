@@ -132,15 +132,16 @@ class ChatFormat:
     def to_dict(self) -> dict:
         return {"add_generation_prompt": True, **self.template_kwargs()}
 
-    def label(self) -> str:
-        """What a command's text output says of it."""
-        return f"chat template, enable_thinking {str(self.enable_thinking).lower()}"
-
 
 def chat_report(chat: ChatFormat | None) -> dict:
     """What a report says of ``--chat``: ``{"chat_template": {...}}`` (its template variables) where prompt text went
     through the chat template, nothing otherwise (reports without the key are as before)."""
     return {} if chat is None else {"chat_template": chat.to_dict()}
+
+
+def chat_label(chat_template: dict) -> str:
+    """What a text output says of a report's ``chat_template`` (:func:`chat_report`)."""
+    return f"chat template, enable_thinking {str(chat_template['enable_thinking']).lower()}"
 
 
 def chat_format(chat: bool, enable_thinking: bool) -> ChatFormat | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
 from ..sampling import effective_temperature
+from ..tokenizer import chat_label
 from .standin.run import run_standin_engine
 from .format import engine_backend
 from .graph_rules import describe, refuse_graphs
@@ -69,8 +70,7 @@ def render(report: dict) -> str:
     if report.get("cuda_graphs"):
         lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))
     if report.get("chat_template"):
-        lines.append("prompt text as a user message through the target's chat template, enable_thinking "
-                     f"{str(report['chat_template']['enable_thinking']).lower()}")
+        lines.append(f"prompt text as a user message through the target's {chat_label(report['chat_template'])}")
     return "\n".join(lines)
 
 

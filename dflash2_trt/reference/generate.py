@@ -11,7 +11,7 @@ from ..errors import ConfigError, DFlash2Error
 
 __all__ = ["check_positions", "parse_prompt_ids", "position_limit", "run_generate", "render_generation"]
 
-from ..tokenizer import chat_report, encode_text, find_tokenizer, refuse_chat_without_text
+from ..tokenizer import chat_label, chat_report, encode_text, find_tokenizer, refuse_chat_without_text
 
 
 _ID = re.compile(r"[0-9]+", re.ASCII)
@@ -137,8 +137,8 @@ def render_generation(r: dict) -> str:
         f"output ids: {r['output_ids']}",
     ]
     if r.get("chat_template"):
-        lines.insert(2, "prompt: the --prompt text as a user message through the target's chat template, "
-                        f"enable_thinking {str(r['chat_template']['enable_thinking']).lower()}")
+        lines.insert(2, f"prompt: the --prompt text as a user message through the target's "
+                        f"{chat_label(r['chat_template'])}")
     if "output_text" in r:
         lines.append(f"output text: {r['output_text']!r}")
     hist = ", ".join(f"{k}: {v}" for k, v in r["acceptance_histogram"].items())

@@ -72,7 +72,7 @@ WHY_NOT = {"n": "one choice per request", "best_of": "one candidate per request"
 COMPLETION_NEUTRAL = {"n", "best_of", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
                       "min_p", "logprobs", "logit_bias", "echo", "suffix", "skip_special_tokens",
                       "spaces_between_special_tokens", "include_stop_str_in_output"}
-CHAT_NEUTRAL = (set(NEUTRAL) - {"best_of", "echo", "suffix"}) | {"top_logprobs"}
+CHAT_NEUTRAL = set(NEUTRAL) - {"best_of", "echo", "suffix"}
 COMPLETION_DEFAULT_MAX_TOKENS = 16   # the OpenAI API's default for /v1/completions
 
 
