@@ -926,6 +926,74 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
                            + (f", its report in {json_out})" if json_out is not None else ")"))
 
 
+@bench_group.command("serve")
+@click.option("--base-url", default="http://127.0.0.1:8000", show_default=True,
+              help="The OpenAI-compatible server (serve --openai-port, vllm serve, trtllm-serve), with or without /v1.")
+@click.option("--dataset", required=True, type=click.Path(dir_okay=False),
+              help="trtllm-bench JSON-lines dataset: prompt lines are sent as their text, input_ids lines as the text "
+                   "--tokenizer decodes them to.")
+@click.option("--concurrency", default="1,4,16", show_default=True,
+              help="Requests kept in flight (client threads), comma-separated: one level each.")
+@click.option("--model", help="The model name the requests carry [default: the one the server lists].")
+@click.option("--chat", is_flag=True, help="POST /v1/chat/completions, the prompt as the user's message (the server "
+                                           "renders its chat template), not /v1/completions.")
+@click.option("--num-requests", type=click.IntRange(min=1), default=None,
+              help="Use the dataset's first N lines [default: all].")
+@click.option("--request-rate", type=float, default=float("inf"), show_default=True,
+              help="Requests per second, due at seeded Poisson times (inf: every request due at once).")
+@click.option("--burstiness", type=float, default=1.0, show_default=True,
+              help="With --request-rate: the gamma shape of the gaps (1: Poisson; below 1 burstier).")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Request i sends seed + i.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="For lines without output_tokens.")
+@click.option("--ignore-eos", is_flag=True, help="Send ignore_eos (every request runs its length; vLLM's field too).")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False),
+              help="Decodes input_ids lines to text [default: --engine-dir's tokenizer].")
+@click.option("--engine-dir", type=click.Path(file_okay=False),
+              help="The engine the server serves: its tokenizer decodes input_ids lines.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", help="Sent as a bearer token [default: $OPENAI_API_KEY]; never "
+                                                        "written to the report.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds one request may take.")
+@click.option("--json", "json_out", help="Write the report (JSON) here.")
+@click.option("--save-outputs", is_flag=True, help="Keep every request's text in the JSON report.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def bench_serve_cmd(base_url, dataset, concurrency, model, chat, num_requests, request_rate, burstiness, temperature,
+                    seed, max_new_tokens, ignore_eos, tokenizer_dir, engine_dir, api_key, timeout, json_out,
+                    save_outputs, no_progress) -> None:
+    """Load a running OpenAI-compatible server and time it on the client: TTFT, ITL, latency, throughput and tokens
+    per streamed event per concurrency (vllm bench serve's figures, for this project's serve and any other)."""
+    from .bench.io import atomic_write_json, check_output_file
+    from .bench.serve import ServeBenchError, bench_serve, failures, render_head, render_level
+    from .errors import ConfigError
+    from .overlap import refuse_overlap
+
+    if save_outputs and json_out is None:
+        raise ConfigError("keeps every request's text in the JSON report: give --json PATH too", field="--save-outputs")
+    if json_out is not None:
+        refuse_overlap(json_out, "--json", [("dataset", dataset), ("--tokenizer", tokenizer_dir),
+                                            ("engine directory", engine_dir)], force=False)
+        check_output_file(json_out, field="--json", replaces="serve")
+    if tokenizer_dir is None and engine_dir is not None:
+        from .bench.dataset import prompt_tokenizer_dir
+        from .engine.format import load_engine_dir
+
+        _, man = load_engine_dir(engine_dir)
+        tokenizer_dir = prompt_tokenizer_dir(engine_dir, man)
+    doc = bench_serve(base_url=base_url, dataset=dataset, concurrency=concurrency, model=model, chat=chat,
+                      num_requests=num_requests, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+                      ignore_eos=ignore_eos, request_rate=request_rate, burstiness=burstiness,
+                      tokenizer_dir=tokenizer_dir, api_key=api_key, timeout=timeout, keep_outputs=save_outputs,
+                      progress=not no_progress, on_start=lambda d: click.echo(render_head(d)),
+                      on_level=lambda lv: click.echo(render_level(lv)))
+    if json_out is not None:
+        atomic_write_json(json_out, doc)
+        click.echo(f"wrote report {json_out}")
+    bad = failures(doc)
+    if bad is not None:   # the figures above and the report count the completed requests only
+        raise ServeBenchError(bad)
+
+
 @bench_group.command("steps")
 @click.option("--target", "target_key", default="qwen3.8-27b", show_default=True,
               help="Registered target: its published configs give the widths (random weights, nothing downloaded).")

@@ -11,6 +11,8 @@ from ..textfiles import json_loads
 
 STEPS_FORMAT = "dflash2-trt bench steps"
 """``format`` of a ``bench steps`` report (``dflash2_trt/bench/steps.py``)."""
+SERVE_FORMAT = "dflash2-trt bench serve report"
+"""``format`` of a ``bench serve`` report (``dflash2_trt/bench/serve.py``)."""
 ROOFLINE_KIND = "roofline model (not a measurement)"
 MEASURED_KIND = "measured step costs (not a roofline model)"
 PROJECTION_KINDS = (ROOFLINE_KIND, MEASURED_KIND)

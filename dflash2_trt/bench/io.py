@@ -21,6 +21,7 @@ from ..textfiles import json_loads
 
 OUTPUT_KINDS = {"run": "a `bench run` report", "steps": "a `bench steps` report",
                 "project": "a `bench project` projection", "png": "a PNG image",
+                "serve": "a `bench serve` report",
                 "load": "a Triton load report (`python -m dflash2_trt.deploy.triton.load --json`)"}
 """What each ``bench`` output is, by the key :func:`check_output_file`'s ``replaces`` takes."""
 LOAD_FORMAT = "dflash2-trt triton load report"
@@ -32,8 +33,9 @@ MAX_REPORT_BYTES = 1 << 30
 
 def report_kind(doc) -> str | None:
     """Which ``bench`` report a parsed JSON document is (a key of :data:`OUTPUT_KINDS`), by the field each carries:
-    ``format`` (``bench run``, ``bench steps``) or ``kind`` (``bench project``); None for anything else."""
-    from .common import PROJECTION_KINDS, STEPS_FORMAT
+    ``format`` (``bench run``, ``bench steps``, ``bench serve``) or ``kind`` (``bench project``); None for anything
+    else."""
+    from .common import PROJECTION_KINDS, SERVE_FORMAT, STEPS_FORMAT
     from .report import REPORT_FORMAT
 
     if not isinstance(doc, dict):
@@ -45,6 +47,8 @@ def report_kind(doc) -> str | None:
         return "steps"
     if fmt == LOAD_FORMAT:
         return "load"
+    if fmt == SERVE_FORMAT:
+        return "serve"
     if fmt is None and doc.get("kind") in PROJECTION_KINDS:
         return "project"
     return None

@@ -1,0 +1,469 @@
+"""``bench serve``: a load against a running OpenAI-compatible server, timed on the client.
+
+What ``vllm bench serve`` measures, for this project's ``serve --openai-port`` and for any other server that speaks
+the OpenAI API (vLLM's, trtllm-serve's, SGLang's), so one client, one dataset and one set of definitions compare
+them. Every request is a streamed ``/v1/completions`` (``--chat``: ``/v1/chat/completions`` with the prompt as the
+user's message), ``stream_options`` ``{"include_usage": true, "continuous_usage_stats": true}``: the server counts
+the tokens (each event's ``usage.completion_tokens``), the client only reads the clock.
+
+At each concurrency C (a level), C client threads send the dataset's requests in order, each thread one at a time
+(closed loop, as ``bench run`` and ``vllm bench serve --max-concurrency``). With ``request_rate`` R the requests are
+also due at seeded Poisson times (``burstiness`` b: gamma gaps of shape b and mean 1/R, vLLM's rule; b = 1 is
+Poisson): a request is sent when it is due and a thread is free. Request i carries ``seed`` + i.
+
+Definitions (every figure of a LEVEL; times in seconds, distributions ``{mean, p50, p90, p99, min, max}`` with
+:func:`.metrics.distribution`'s nearest-rank percentiles):
+
+- ``wall_s``: the first request sent to the last one finished; ``requests_per_s``, ``output_tokens_per_s`` and
+  ``total_tokens_per_s`` (prompt + output) are over it, from the completed requests.
+- ``ttft_s``: the request sent to the first event that carries an output token; ``latency_s``: sent to the stream's
+  end (``data: [DONE]``); ``itl_s``: (latency - TTFT) / (output tokens - 1), requests of more than one token (what
+  ``bench run`` and trtllm-bench call the inter-token latency, vLLM's TPOT).
+- ``event_gap_s``: the time between two successive events that carry tokens, over every request (vLLM's ITL: with
+  speculative decoding one event can carry several tokens).
+- ``tokens_per_event``: output tokens per such event, leaving out each request's first (its prompt's step). Where
+  the server sends one event per engine step (``serve --openai-port`` does), its ``mean`` is the emitted acceptance
+  length, the tokens each verify step gave the client (``bench run``'s ``acceptance.emitted_mean``); null where the
+  server sends no per-event usage. An event whose text decodes to nothing is not sent by ``serve``, so the next
+  carries both steps' tokens.
+- ``queue_s`` (a ``request_rate`` only): how long a due request waited for a free thread.
+- ``prompt_tokens_differ``: requests whose server-counted prompt tokens differ from the dataset's ``input_ids``
+  (lines of ids are sent as the text the tokenizer decodes them to: the server tokenizes it again).
+
+A request that fails (an HTTP error, an error event, a cut stream, a timeout) is counted in ``failed`` with its
+reason; the figures are over the completed ones, and the command exits 1 after writing its report.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError, DFlash2Error, raise_if_stop_requested
+from .common import SERVE_FORMAT, parse_concurrency
+from .metrics import distribution
+
+SERVE_SCHEMA = 1
+PROBE_TOKENS = 4
+"""The untimed first request's output length: it checks the endpoint, the model and the prompt before a level."""
+
+
+class ServeBenchError(DFlash2Error):
+    """Requests of the load failed (the report, written first, counts them)."""
+
+
+@dataclass
+class Sent:
+    """One request's life on the client: the clock readings and what the server said."""
+    index: int
+    task_id: object
+    due: float = 0.0
+    start: float | None = None
+    events: list = field(default_factory=list)   # (time, tokens the event carried or None, text)
+    end: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(t for _, _, t in self.events)
+
+
+class Endpoint:
+    """Where the load goes: ``base_url`` (``http[s]://host:port``, with or without a trailing ``/v1``)."""
+
+    def __init__(self, base_url: str, *, chat: bool, api_key: str | None = None, timeout: float = 600.0):
+        parts = urlsplit(base_url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"expected http://HOST:PORT (the server's address), got {base_url!r}",
+                              field="--base-url")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigError(f"the port of {base_url!r} is not a number in [0, 65535]", field="--base-url") from None
+        if parts.query or parts.fragment:
+            raise ConfigError(f"{base_url!r}: give the server's address only, without ?query or #fragment",
+                              field="--base-url")
+        prefix = parts.path.rstrip("/")
+        if prefix.endswith("/v1"):
+            prefix = prefix[:-3]
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname, port
+        self.prefix, self.chat, self.timeout = prefix, chat, timeout
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.path = f"{prefix}/v1/chat/completions" if chat else f"{prefix}/v1/completions"
+
+    @property
+    def url(self) -> str:
+        port = f":{self.port}" if self.port is not None else ""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}{port}{self.path}"
+
+    def connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        return cls(self.host, self.port, timeout=self.timeout if timeout is None else timeout)
+
+    def models(self) -> list[str]:
+        """The ids ``GET /v1/models`` lists (the server must answer it: every OpenAI-compatible server does)."""
+        where = f"{self.scheme}://{self.host}{'' if self.port is None else f':{self.port}'}{self.prefix}/v1/models"
+        c = self.connect(timeout=30.0)
+        try:
+            c.request("GET", f"{self.prefix}/v1/models", headers=self.headers)
+            r = c.getresponse()
+            body = r.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise ConfigError(f"no OpenAI-compatible server answers at {where} ({type(exc).__name__}: {exc}); start "
+                              f"one (dflash2-trt serve --engine-dir DIR --openai-port PORT) or pass its address",
+                              field="--base-url") from None
+        finally:
+            c.close()
+        if r.status != 200:
+            raise ConfigError(f"GET {where} answered HTTP {r.status}: {_error_text(body)}", field="--base-url")
+        try:
+            ids = [m["id"] for m in json.loads(body)["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"GET {where} did not answer a model list ({{\"data\": [{{\"id\": ...}}]}})",
+                              field="--base-url") from None
+        return [str(i) for i in ids]
+
+    def body(self, *, model: str, prompt: str, max_tokens: int, temperature: float, seed: int,
+             ignore_eos: bool) -> dict:
+        b = {"model": model, "stream": True, "temperature": temperature, "seed": seed,
+             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        if self.chat:
+            b["messages"] = [{"role": "user", "content": prompt}]
+            b["max_completion_tokens"] = max_tokens
+        else:
+            b["prompt"] = prompt
+            b["max_tokens"] = max_tokens
+        if ignore_eos:   # vLLM's and this project's field; sent only when asked (OpenAI's own API does not take it)
+            b["ignore_eos"] = True
+        return b
+
+    def send(self, s: Sent, body: dict) -> Sent:
+        """Send one streamed request and read its events into ``s`` (an error goes into ``s.error``)."""
+        data = json.dumps(body).encode()
+        c = self.connect()
+        try:
+            s.start = time.perf_counter()
+            c.request("POST", self.path, data, self.headers)
+            r = c.getresponse()
+            if r.status != 200:
+                s.error = f"HTTP {r.status}: {_error_text(r.read())}"
+                return s
+            seen = 0
+            for line in r:
+                if not line.startswith(b"data:"):
+                    continue
+                now = time.perf_counter()
+                payload = line[len(b"data:"):].strip()
+                if payload == b"[DONE]":
+                    s.end = now
+                    break
+                ev = json.loads(payload)
+                if "error" in ev:
+                    s.error = f"error event: {_error_text(payload)}"
+                    return s
+                usage = ev.get("usage") or None
+                text = ""
+                for ch in ev.get("choices") or ():
+                    piece = (ch.get("delta") or {}).get("content") if self.chat else ch.get("text")
+                    text += piece or ""
+                    s.finish_reason = ch.get("finish_reason") or s.finish_reason
+                tokens = None
+                if usage is not None:
+                    s.prompt_tokens = usage.get("prompt_tokens", s.prompt_tokens)
+                    total = int(usage.get("completion_tokens") or 0)
+                    tokens, seen = total - seen, total
+                    s.completion_tokens = total
+                if ev.get("choices") and (tokens or (tokens is None and text)):
+                    s.events.append((now, tokens, text))
+                elif text:   # text without new tokens (held back by the server): kept for the output, not timed
+                    s.events.append((now, 0, text))
+            if s.end is None:
+                s.error = "the stream ended without data: [DONE] (cut off)"
+        except (OSError, http.client.HTTPException) as exc:
+            s.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except ValueError as exc:
+            s.error = f"an event that is not JSON ({exc})"
+        finally:
+            c.close()
+        return s
+
+
+def _error_text(body: bytes) -> str:
+    """The message of an OpenAI-shaped error body, else the body's first 200 characters."""
+    try:
+        doc = json.loads(body)
+        err = doc.get("error", doc) if isinstance(doc, dict) else doc
+        msg = err.get("message") if isinstance(err, dict) else err
+        if msg:
+            return str(msg)[:500]
+    except (ValueError, AttributeError):
+        pass
+    return body[:200].decode("utf-8", "replace").strip() or "(no body)"
+
+
+def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
+    """When each request is due, in seconds from the level's start: all at 0 for an infinite rate, else gamma gaps of
+    shape ``burstiness`` and mean 1 / ``request_rate`` (the first due at 0)."""
+    if request_rate == float("inf"):
+        return [0.0] * n
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness))
+    return out
+
+
+def run_level(endpoint: Endpoint, items: list[dict], concurrency: int, *, model: str, temperature: float, seed: int,
+              ignore_eos: bool, request_rate: float, burstiness: float, progress=None) -> tuple[list[Sent], float]:
+    """Send every item (``{"task_id", "prompt", "max_tokens"}``) with ``concurrency`` threads; ``(sent, wall)``."""
+    offsets = arrival_offsets(len(items), request_rate, burstiness, seed)
+    sent = [Sent(i, it["task_id"], due=offsets[i]) for i, it in enumerate(items)]
+    order = iter(range(len(items)))
+    lock = threading.Lock()
+    stop = threading.Event()
+    t0 = time.perf_counter()
+
+    def worker():
+        while not stop.is_set():
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            s, it = sent[i], items[i]
+            s.due += t0
+            while not stop.is_set() and time.perf_counter() < s.due:
+                time.sleep(min(0.05, max(0.0, s.due - time.perf_counter())))
+            if stop.is_set():
+                return
+            endpoint.send(s, endpoint.body(model=model, prompt=it["prompt"], max_tokens=it["max_tokens"],
+                                           temperature=temperature, seed=seed + i, ignore_eos=ignore_eos))
+            if progress is not None:
+                progress.update(1)
+
+    threads = [threading.Thread(target=worker, name=f"bench-serve-{k}", daemon=True)
+               for k in range(min(concurrency, len(items)))]
+    for th in threads:
+        th.start()
+    try:
+        for th in threads:
+            while th.is_alive():   # in steps: a stop (Ctrl-C, SIGTERM) is raised here, not after the level
+                raise_if_stop_requested()
+                th.join(0.1)
+    finally:
+        stop.set()
+    done = [s for s in sent if s.start is not None]
+    wall = max((s.end or s.start) for s in done) - min(s.start for s in done) if done else 0.0
+    return sent, wall
+
+
+def level_metrics(sent: list[Sent], wall: float, *, concurrency: int, dataset_lens: list[int | None],
+                  rate_limited: bool) -> dict:
+    """A LEVEL (the module docstring defines every figure) from its requests."""
+    ok = [s for s in sent if s.error is None and s.end is not None]
+    failed = [s for s in sent if s not in ok]
+    timed = [s for s in ok if s.completion_tokens is not None]
+    first = {id(s): next((t for t, n, _ in s.events if n is None or n > 0), None) for s in ok}
+    out_tok = sum(s.completion_tokens for s in timed)
+    in_tok = sum(s.prompt_tokens or 0 for s in ok)
+    ttft = [first[id(s)] - s.start for s in ok if first[id(s)] is not None]
+    lat = [s.end - s.start for s in ok]
+    itl = [(s.end - first[id(s)]) / (s.completion_tokens - 1) for s in timed
+           if s.completion_tokens > 1 and first[id(s)] is not None]
+    gaps, per_event = [], []
+    counted = True
+    for s in ok:
+        carrying = [(t, n) for t, n, _ in s.events if n is None or n > 0]
+        gaps += [b[0] - a[0] for a, b in zip(carrying, carrying[1:])]
+        if any(n is None for _, n in carrying):
+            counted = False
+        per_event += [n for _, n in carrying[1:] if n is not None]
+    tokens_per_event = None
+    if counted and per_event:
+        hist: dict[str, int] = {}
+        for n in per_event:
+            hist[str(n)] = hist.get(str(n), 0) + 1
+        tokens_per_event = {"mean": sum(per_event) / len(per_event), "events": len(per_event),
+                            "histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0])))}
+    differ = sum(1 for s, n in zip(sent, dataset_lens) if s in ok and n is not None and s.prompt_tokens is not None
+                 and s.prompt_tokens != n)
+    per_s = (lambda x: x / wall) if wall > 0 else (lambda x: None)
+    return {
+        "concurrency": concurrency, "requests": len(sent), "completed": len(ok), "failed": len(failed),
+        "errors": [{"task_id": s.task_id, "error": s.error or "never sent"} for s in failed[:10]],
+        "wall_s": wall, "input_tokens": in_tok, "output_tokens": out_tok if timed else None,
+        "requests_per_s": per_s(len(ok)), "output_tokens_per_s": per_s(out_tok) if timed else None,
+        "total_tokens_per_s": per_s(out_tok + in_tok) if timed else None,
+        "ttft_s": distribution(ttft), "latency_s": distribution(lat), "itl_s": distribution(itl),
+        "event_gap_s": distribution(gaps), "tokens_per_event": tokens_per_event,
+        "queue_s": distribution((s.start - s.due) for s in ok) if rate_limited else None,
+        "prompt_tokens_differ": differ,
+        "requests_without_usage": len(ok) - len(timed),
+    }
+
+
+def load_items(dataset, *, num_requests: int | None, max_new_tokens: int, tokenizer_dir=None) -> list[dict]:
+    """The dataset's lines as ``{"task_id", "prompt", "max_tokens", "input_len", "where"}``: text sent as it is, ids
+    decoded by the tokenizer (``--tokenizer`` / ``--engine-dir``; special tokens kept, so a rendered chat prompt
+    stays one)."""
+    from ..engine.common import read_prompts_file
+
+    lines = read_prompts_file(dataset)
+    if num_requests is not None:
+        if num_requests > len(lines):
+            raise ConfigError(f"{num_requests} requests asked, the dataset has {len(lines)} lines", source=dataset,
+                              field="--num-requests")
+        lines = lines[:num_requests]
+    tok = None
+    out = []
+    for ln in lines:
+        text, n = ln["prompt"], None
+        if ln["input_ids"] is not None:
+            if tok is None:
+                if tokenizer_dir is None:
+                    raise ConfigError("a line gives input_ids, which the OpenAI API takes as text: pass the tokenizer "
+                                      "that decodes them (--tokenizer DIR, or --engine-dir DIR for the engine's own)",
+                                      source=ln["where"])
+                from ..tokenizer import find_tokenizer
+
+                tok = find_tokenizer(tokenizer_dir, strict=True)
+                if tok is None:
+                    raise ConfigError(f"{tokenizer_dir} has no tokenizer files", field="--tokenizer")
+            n = len(ln["input_ids"])
+            text = tok.decode(ln["input_ids"], skip_special_tokens=False)
+        if not text:
+            raise ConfigError("the prompt is empty", source=ln["where"])
+        out.append({"task_id": ln["task_id"], "prompt": text, "max_tokens": ln["output_tokens"] or max_new_tokens,
+                    "input_len": n, "where": ln["where"]})
+    return out
+
+
+def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | None = None, chat: bool = False,
+                num_requests: int | None = None, temperature: float = 0.0, seed: int = 0, max_new_tokens: int = 64,
+                ignore_eos: bool = False, request_rate: float = float("inf"), burstiness: float = 1.0,
+                tokenizer_dir=None, api_key: str | None = None, timeout: float = 600.0, keep_outputs: bool = False,
+                progress: bool = False, on_start=None, on_level=None) -> dict:
+    """The ``bench serve`` report (:func:`render` prints it); ``on_start(doc)`` is called once the first request has
+    come back (the report without levels), ``on_level(level)`` as each level ends."""
+    levels = parse_concurrency(concurrency)
+    if not (temperature >= 0 and temperature != float("inf")):
+        raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
+    if not request_rate > 0:
+        raise ConfigError(f"must be > 0 (inf: every request due at once), got {request_rate}", field="--request-rate")
+    if not (burstiness > 0 and burstiness != float("inf")):
+        raise ConfigError(f"must be a finite number > 0, got {burstiness}", field="--burstiness")
+    if not timeout > 0:
+        raise ConfigError(f"must be > 0 seconds, got {timeout}", field="--timeout")
+    items = load_items(dataset, num_requests=num_requests, max_new_tokens=max_new_tokens, tokenizer_dir=tokenizer_dir)
+    ep = Endpoint(base_url, chat=chat, api_key=api_key, timeout=timeout)
+    served = ep.models()
+    if model is None:
+        if len(served) != 1:
+            raise ConfigError(f"the server lists {len(served)} models ({', '.join(served) or 'none'}): name one",
+                              field="--model")
+        model = served[0]
+    # untimed: a request that fails here fails every request of the load; said once, before any level
+    probe = ep.send(Sent(-1, items[0]["task_id"]),
+                    ep.body(model=model, prompt=items[0]["prompt"], max_tokens=min(PROBE_TOKENS,
+                                                                                    items[0]["max_tokens"]),
+                            temperature=temperature, seed=seed, ignore_eos=ignore_eos))
+    if probe.error is not None:
+        raise ConfigError(f"the first request ({items[0]['where']}) failed at {ep.url}: {probe.error}")
+    doc = {
+        "format": SERVE_FORMAT, "schema_version": SERVE_SCHEMA, "endpoint": ep.url, "model": model,
+        "served_models": served,
+        "dataset": {"path": str(dataset), "requests": len(items),
+                    "sent_as": "text" if all(it["input_len"] is None for it in items) else "text (ids decoded)"},
+        "settings": {"concurrency": levels, "chat": chat, "temperature": temperature, "seed": seed,
+                     "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos,
+                     "request_rate": None if request_rate == float("inf") else request_rate,
+                     "burstiness": burstiness, "timeout_s": timeout},
+        "usage_per_event": probe.events != [] and all(n is not None for _, n, _ in probe.events),
+        "levels": [],
+    }
+    if on_start is not None:
+        on_start(doc)
+    lens = [it["input_len"] for it in items]
+    for c in levels:
+        raise_if_stop_requested()
+        bar = None
+        if progress:
+            from .cpu import progress_bar
+
+            bar = progress_bar(True, len(items), f"concurrency {c}")
+        try:
+            sent, wall = run_level(ep, items, c, model=model, temperature=temperature, seed=seed,
+                                   ignore_eos=ignore_eos, request_rate=request_rate, burstiness=burstiness,
+                                   progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        lv = level_metrics(sent, wall, concurrency=c, dataset_lens=lens,
+                           rate_limited=request_rate != float("inf"))
+        if keep_outputs:
+            lv["outputs"] = [{"task_id": s.task_id, "text": s.text, "completion_tokens": s.completion_tokens,
+                              "finish_reason": s.finish_reason, "error": s.error} for s in sent]
+        doc["levels"].append(lv)
+        if on_level is not None:
+            on_level(lv)
+    return doc
+
+
+def failures(doc: dict) -> str | None:
+    """One line naming the failed requests of a report, or None when every request completed."""
+    bad = [(lv["concurrency"], lv["failed"], lv["requests"], lv["errors"]) for lv in doc["levels"] if lv["failed"]]
+    if not bad:
+        return None
+    c, n, total, errs = bad[0]
+    first = errs[0] if errs else {"task_id": "?", "error": "?"}
+    more = f" (and at {len(bad) - 1} more level(s))" if len(bad) > 1 else ""
+    return (f"{n} of {total} requests failed at concurrency {c}{more}; the first, task {first['task_id']}: "
+            f"{first['error']}")
+
+
+def _ms(d: dict | None, key: str) -> str:
+    return "-" if d is None else f"{d[key] * 1e3:.1f}"
+
+
+HEADER = (f"{'conc':>4} {'done':>9} {'req/s':>8} {'tok/s':>9} {'ttft p50':>9} {'p99':>8} {'itl p50':>8} {'p99':>7} "
+          f"{'lat p50':>9} {'p99':>9} {'tok/event':>9}")
+
+
+def render_level(lv: dict) -> str:
+    """One row per level: throughput, TTFT / ITL / latency p50 and p99 (ms), tokens per event."""
+    rate = "-" if lv["output_tokens_per_s"] is None else f"{lv['output_tokens_per_s']:.1f}"
+    tpe = "-" if lv["tokens_per_event"] is None else f"{lv['tokens_per_event']['mean']:.2f}"
+    done = f"{lv['completed']}/{lv['requests']}"
+    row = (f"{lv['concurrency']:>4} {done:>9} {lv['requests_per_s'] or 0:>8.2f} "
+           f"{rate:>9} {_ms(lv['ttft_s'], 'p50'):>9} {_ms(lv['ttft_s'], 'p99'):>8} {_ms(lv['itl_s'], 'p50'):>8} "
+           f"{_ms(lv['itl_s'], 'p99'):>7} {_ms(lv['latency_s'], 'p50'):>9} {_ms(lv['latency_s'], 'p99'):>9} "
+           f"{tpe:>9}")
+    return row + (f"   {lv['failed']} FAILED" if lv["failed"] else "")
+
+
+def render_head(doc: dict) -> str:
+    s = doc["settings"]
+    rate = "every request due at once" if s["request_rate"] is None else \
+        f"{s['request_rate']} req/s (burstiness {s['burstiness']})"
+    head = [f"bench serve: {doc['endpoint']} (model {doc['model']}), {doc['dataset']['requests']} requests from "
+            f"{doc['dataset']['path']} ({doc['dataset']['sent_as']}), temperature {s['temperature']}, {rate}"]
+    if not doc["usage_per_event"]:
+        head.append("the server sends no per-event usage: tokens/event is not known (counted at the end only)")
+    head.append("times in ms; tok/s = output tokens per second; itl = (latency - ttft) / (tokens - 1); tok/event = "
+                "output tokens per streamed event after the first (per engine step on dflash2-trt serve)")
+    return "\n".join(head + [HEADER, "-" * len(HEADER)])
+
+
+def render(doc: dict) -> str:
+    return "\n".join([render_head(doc)] + [render_level(lv) for lv in doc["levels"]])
