@@ -1096,16 +1096,19 @@ def deploy_group() -> None:
 @click.option("--cuda-graphs", is_flag=True,
               help="python backend, cuda engines and TensorRT engines on the project runtime: the model replays "
                    "generation steps from CUDA graphs (parameter cuda_graph_mode; experimental, not yet run on a GPU).")
+@click.option("--target-only", is_flag=True,
+              help="python backend: serve the target alone (the autoregressive baseline bench run measures; a TensorRT "
+                   "engine's baseline/), to compare with the combined engine's server (bench serve --baseline-url).")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled, tokenizer, ids_only, backend,
-                      kv_cache_free_gpu_mem_fraction, plugin_lib, cuda_graphs, force) -> None:
+                      kv_cache_free_gpu_mem_fraction, plugin_lib, cuda_graphs, target_only, force) -> None:
     """Write a Triton model repository (preprocessing, tensorrt_llm, postprocessing, ensemble)."""
     from .deploy.triton.repository import deploy_triton
 
     res = deploy_triton(engine_dir, output, model_name=model_name, max_batch_size=max_batch_size, decoupled=decoupled,
                         tokenizer=tokenizer, ids_only=ids_only, backend=backend, force=force,
                         kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction, plugin_lib=plugin_lib,
-                        cuda_graphs=cuda_graphs, command=sys.argv)
+                        cuda_graphs=cuda_graphs, target_only=target_only, command=sys.argv)
     for note in res.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {res.output} ({res.backend} backend, {'decoupled' if res.decoupled else 'not decoupled'}, "
@@ -1138,9 +1141,12 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
                    "streamed or not) in front of the ensemble [default: none].")
 @click.option("--served-model-name", default=None,
               help="With --openai-port: the model id clients name [default: the engine directory's name].")
+@click.option("--target-only", is_flag=True,
+              help="--engine-dir: serve the target alone (the autoregressive baseline; a TensorRT engine's "
+                   "baseline/), to compare with the combined engine's server (bench serve --baseline-url).")
 def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, max_batch_size, no_decoupled,
               tokenizer, ids_only, log_path, ready_timeout, drain_timeout, cuda_graphs, openai_port,
-              served_model_name) -> None:
+              served_model_name, target_only) -> None:
     """Start the bundled tritonserver on 127.0.0.1 for an engine (Ctrl-C stops it)."""
     from .deploy.triton.server import serve
 
@@ -1148,7 +1154,8 @@ def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, 
                    metrics_port=metrics_port, max_batch_size=max_batch_size, decoupled=not no_decoupled,
                    tokenizer=tokenizer, ids_only=ids_only, log_path=log_path, ready_timeout=ready_timeout,
                    drain_timeout=drain_timeout, cuda_graphs=cuda_graphs, openai_port=openai_port,
-                   served_model_name=served_model_name, echo=lambda m: click.echo(m, err=False)))
+                   served_model_name=served_model_name, target_only=target_only,
+                   echo=lambda m: click.echo(m, err=False)))
 
 if __name__ == "__main__":  # pragma: no cover
     main()

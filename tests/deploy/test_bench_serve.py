@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from deploy_helpers import MAX_NEW, cli, one_error_line
+from deploy_helpers import MAX_NEW, cli, one_error_line, start_server, stop_and_check
 from dflash2_trt.assets.phrase_tokenizer import WORDS
 from dflash2_trt.bench.serve import arrival_offsets
 from dflash2_trt.deploy.triton.openai_api import OpenAIFrontend
@@ -27,6 +27,24 @@ def api(server_stream, tokenizer, engine):
                        max_seq_len=man["limits"]["max_seq_len"], block_size=man["block_size"]).start()
     yield f
     f.close()
+
+
+@pytest.fixture(scope="module")
+def target_api(tmp_path_factory, engine, tokenizer):
+    """The same engine directory's target alone (deploy triton --target-only), on a server of its own, behind the API."""
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+
+    repo = tmp_path_factory.mktemp("repo") / "target-only"
+    res = deploy_triton(engine, repo, decoupled=True, target_only=True)
+    assert json.loads((repo / "dflash2_repository.json").read_text())["target_only"] is True
+    assert "eagle_choices" not in (repo / "tensorrt_llm" / "config.pbtxt").read_text() and res.ensemble == "ensemble"
+    srv = start_server(repo)
+    man = json.loads((engine / "engine.json").read_text())
+    f = OpenAIFrontend(srv.http_url, ensemble="ensemble", model="tiny-target", tokenizer=tokenizer,
+                       max_seq_len=man["limits"]["max_seq_len"], block_size=1).start()
+    yield f
+    f.close()
+    stop_and_check(srv)
 
 
 def _dataset(path, lines):
@@ -124,6 +142,8 @@ def test_refusals_before_any_load(api, text_dataset, tmp_path):
     line = one_error_line(*cli("bench", "serve", "--base-url", f"http://127.0.0.1:{api.port}", "--request-rate", "0",
                                *ds))
     assert "--request-rate" in line
+    line = one_error_line(*cli("serve", "--repository", str(tmp_path), "--target-only"))
+    assert "--target-only: applies to --engine-dir only" in line
 
 
 def test_request_rate_and_chat(api, text_dataset, tmp_path):
@@ -149,3 +169,14 @@ def test_arrival_offsets():
     bgaps = [b - x for x, b in zip(bursty, bursty[1:])]
     var = lambda g: sum((x - sum(g) / len(g)) ** 2 for x in g) / len(g)   # noqa: E731
     assert var(bgaps) > 2 * var(gaps)   # gamma shape 1/4: four times Poisson's variance at the same mean
+
+
+def test_the_target_alone_served_is_the_targets_greedy_decoding_one_token_a_step(target_api, text_dataset, greedy,
+                                                                                  tokenizer, tmp_path):
+    out = tmp_path / "ar.json"
+    code, text = cli("bench", "serve", "--base-url", f"http://127.0.0.1:{target_api.port}", "--dataset",
+                     str(text_dataset), "--concurrency", "4", "--json", str(out), "--save-outputs", "--no-progress")
+    assert code == 0, text
+    lv = json.loads(out.read_text())["levels"][0]
+    assert [o["text"] for o in lv["outputs"]] == [tokenizer.decode(g[:MAX_NEW]) for g in greedy[:N]]
+    assert lv["tokens_per_event"] == {"mean": 1.0, "events": N * (MAX_NEW - 1), "histogram": {"1": N * (MAX_NEW - 1)}}

@@ -353,3 +353,38 @@ def test_a_request_the_engine_cannot_take_is_named_by_its_dataset_line(with_base
     with pytest.raises(ConfigError) as e:
         bench_run(with_baseline, ds, concurrency="1", trt=trt, progress=False, stop_on_eos=False)
     assert str(e.value).startswith(f"{ds}:2: ") and "100000" in str(e.value), str(e.value)
+
+
+def test_serving_the_target_alone_opens_the_baseline_engine(standin_trt_engine, with_baseline, tmp_path, monkeypatch):
+    """`serve --target-only` / `deploy triton --target-only` on a TensorRT engine directory: the python model opens its
+    baseline/ (K 0, one token a step, the HF target's greedy decoding); a directory without one is refused in one
+    line naming `build --baseline`, before any repository is written."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.deploy.triton import serving
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+    from dflash2_trt.reference.loop import load_pair, target_generate
+    from dflash2_trt.runtime import Request, Runtime
+
+    monkeypatch.setenv(serving.STANDIN_ENV, "1")
+    eng, _, what = serving.open_engine(with_baseline, target_only=True)
+    try:
+        assert eng.K == 0 and "its baseline/ engine (the target alone, K 0)" in what
+        reqs = [Request(list(p), NEW, task_id=i) for i, p in enumerate(PROMPTS)]
+        Runtime(eng, max_batch_size=4).generate(reqs)
+    finally:
+        eng.close()
+    pair = trained_pair("qwen3_5")
+    target, _ = load_pair(pair.target_dir, pair.drafter_dir)
+    assert [r.output_ids for r in reqs] == [target_generate(target, p, NEW) for p in PROMPTS]
+    assert {a for r in reqs for a in r.acceptance_lengths} == {1}
+    without = standin_trt_engine[0]
+    with pytest.raises(ConfigError, match="has no baseline engine to serve the target alone from: build it with"):
+        serving.open_engine(without, target_only=True)
+    with pytest.raises(ConfigError, match="has no baseline engine"):
+        deploy_triton(without, tmp_path / "repo", ids_only=True, target_only=True)
+    assert not (tmp_path / "repo").exists()
+    repo = deploy_triton(with_baseline, tmp_path / "repo", ids_only=True, target_only=True).output
+    pbtxt = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert '"target_only"' in pbtxt and "eagle_choices" not in pbtxt
+    with pytest.raises(ConfigError, match="--target-only: applies to the python-backend model"):
+        deploy_triton(with_baseline, tmp_path / "repo2", ids_only=True, target_only=True, backend="tensorrtllm")

@@ -123,13 +123,15 @@ def eagle_chain(K: int) -> str:
 def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
                             kv_cache_free_gpu_mem_fraction: float = 0.9,
                             tokenizer_dir: Path | None = None, engine_backend: str = "cpu",
-                            cuda_graphs: bool = False) -> dict[str, str]:
+                            cuda_graphs: bool = False, target_only: bool = False) -> dict[str, str]:
     """The ``parameters`` of the tensorrt_llm model. The python model's are a subset of the GPU ones,
     with equal values (those it reads; the KV fraction only for a TensorRT-LLM engine, whose session has a KV pool
     on the GPU), but for ``cuda_graph_mode`` (``cuda_graphs``: the python model's graphs; the GPU model's parameter
     of that name is the executor's own mode, which this project does not turn on). The GPU ones include every parameter the tensorrtllm backend reads
     without a default (``tensorrtllm_backend.yaml``); guided decoding stays off (empty backend and tokenizer
-    info: it does not combine with in-engine acceptance)."""
+    info: it does not combine with in-engine acceptance). ``target_only`` (the python model only): this project's own
+    ``target_only`` parameter, the target alone decoding autoregressively (``decoding_mode`` auto, no
+    ``eagle_choices``)."""
     common = {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": str(engine_dir),
@@ -145,6 +147,9 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
         from ...chunking import chunked_context_default
 
         graphs = {"cuda_graph_mode": "true"} if cuda_graphs else {}
+        if target_only:
+            common = {k: v for k, v in common.items() if k != "eagle_choices"}
+            common.update(decoding_mode="auto", target_only="true")
         python = {**common, "enable_chunked_context": "true" if chunked_context_default() else "false", **graphs}
         if engine_backend == "trtllm":
             return {**python, "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}"}
@@ -341,13 +346,15 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                   max_batch_size: int | None = None, decoupled: bool = False, tokenizer: str | Path | None = None,
                   backend: str = "auto", ids_only: bool = False, force: bool = False,
                   kv_cache_free_gpu_mem_fraction: float | None = None, plugin_lib: str | Path | None = None,
-                  cuda_graphs: bool = False, command=None) -> RepositoryResult:
+                  cuda_graphs: bool = False, target_only: bool = False, command=None) -> RepositoryResult:
     """The repository for ``engine_dir`` at ``output``. ``None`` is an option not given (``model_name``
     "ensemble", ``kv_cache_free_gpu_mem_fraction`` 0.9): an option given where it cannot apply (``--tokenizer``
     or ``--model-name`` with ``--ids-only``, ``--plugin-lib`` or the KV fraction with the python backend; the
     tensorrtllm backend for a CPU or cuda engine, which TensorRT-LLM's executor cannot load) is refused, never
     ignored. ``cuda_graphs``: the python-backend model replays generation steps from CUDA graphs (its
-    ``cuda_graph_mode`` parameter; a cuda engine, or a TensorRT engine on the project runtime)."""
+    ``cuda_graph_mode`` parameter; a cuda engine, or a TensorRT engine on the project runtime). ``target_only``: the
+    python model serves the engine's target alone, the autoregressive baseline ``bench run`` measures (a cpu or cuda
+    engine's target, a TensorRT engine directory's ``baseline/``), so that a client compares the two servers."""
     if ids_only:
         given = [o for o, v in (("--tokenizer", tokenizer), ("--model-name", model_name)) if v is not None]
         if given:
@@ -392,6 +399,14 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if backend == "python" and man["backend"] != "trtllm" and kv_cache_free_gpu_mem_fraction is not None:
         raise ConfigError(f"--kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python backend "
                           f"serves a {man['backend']} engine (the project's runtime: no TensorRT-LLM KV cache)")
+    if target_only and backend != "python":
+        raise ConfigError("applies to the python-backend model (--backend python, the project's runtime): the "
+                          "tensorrtllm backend serves the engine as TensorRT-LLM's executor runs it (a stock target "
+                          "engine, trtllm-build of the HF target, is its autoregressive baseline)", field="--target-only")
+    if target_only and man["backend"] == "trtllm":
+        from .serving import refuse_target_only_trtllm
+
+        refuse_target_only_trtllm(engine_dir)
     if cuda_graphs and backend != "python":
         raise ConfigError("applies to the python-backend model (--backend python, the project's runtime): the "
                           "tensorrtllm backend's own cuda_graph_mode is not turned on by this project, since it has "
@@ -444,7 +459,7 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
         params = tensorrt_llm_parameters(backend, engine_dir=engine_abs, K=K,
                                          kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
                                          tokenizer_dir=tok_dir, engine_backend=man["backend"],
-                                         cuda_graphs=cuda_graphs)
+                                         cuda_graphs=cuda_graphs, target_only=target_only)
         _write_model(tmp, "tensorrt_llm", fill(read_template("tensorrt_llm.pbtxt"), {
             "backend": backend, "max_batch_size": mbs, "decoupled": "true" if decoupled else "false",
             "max_queue_delay_microseconds": 0, "parameters": parameters_block(params)},
@@ -494,7 +509,7 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
             "ranks": ({"processes": tp, "rank0": "tritonserver",
                        "followers": "python -m dflash2_trt.deploy.triton.follower --repository REPO"} if ranks
                       else None), "decoupled": decoupled,
-            "max_batch_size": mbs, "ensemble": model_name if tok is not None else None,
+            "max_batch_size": mbs, "ensemble": model_name if tok is not None else None, "target_only": target_only,
             "engine_dir": str(engine_abs), "tokenizer_dir": None if tok_dir is None else str(tok_dir),
             "models": models, "dflash2_trt": __version__, "python": sys.version.split()[0],
             "command": command or []}, indent=2) + "\n")

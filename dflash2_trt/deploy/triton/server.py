@@ -624,7 +624,9 @@ def openai_frontend(record: dict, repository, port: int, triton_http: str, model
     if engine is not None:   # where they cannot be read, a chat completion's default length is the API's 16
         try:
             man = json.loads((Path(engine) / "engine.json").read_text())
-            max_seq_len, block_size = int(man["limits"]["max_seq_len"]), int(man["block_size"])
+            # the target alone (deploy triton --target-only) takes one slot per step, not the draft block
+            max_seq_len = int(man["limits"]["max_seq_len"])
+            block_size = 1 if record.get("target_only") else int(man["block_size"])
         except (OSError, ValueError, KeyError, TypeError):
             max_seq_len = block_size = None
     return OpenAIFrontend(triton_http, ensemble=ensemble, model=model or Path(engine or repository).name,
@@ -636,7 +638,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
           max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
           ids_only: bool = False, log_path: str | Path | None = None, ready_timeout: float | None = None,
           drain_timeout: float = 10.0, cuda_graphs: bool = False, openai_port: int | None = None,
-          served_model_name: str | None = None, echo=print) -> int:
+          served_model_name: str | None = None, target_only: bool = False, echo=print) -> int:
     """``dflash2-trt serve``: a repository for ``engine_dir`` in a temporary directory (or an existing
     ``repository``), tritonserver on 127.0.0.1 until Ctrl-C / SIGTERM, then drained (no new requests; those
     in flight finish, or get an error response after ``drain_timeout`` s), stopped and cleaned up.
@@ -650,7 +652,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
     if repository is not None:   # a repository is served as written: these would silently do nothing
         given = [o for o, v in (("--max-batch-size", max_batch_size is not None), ("--no-decoupled", not decoupled),
                                 ("--tokenizer", tokenizer is not None), ("--ids-only", ids_only),
-                                ("--cuda-graphs", cuda_graphs)) if v]
+                                ("--cuda-graphs", cuda_graphs), ("--target-only", target_only)) if v]
         if given:
             raise ConfigError("applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
                               "(write another with the option there)", field=given[0])
@@ -698,7 +700,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             refuse_spaced_python_models(work / "repository", advice="set TMPDIR to a directory without spaces "
                                         "(serve writes the repository there)")
             res = deploy_triton(engine_dir, work / "repository", max_batch_size=max_batch_size, decoupled=decoupled,
-                                tokenizer=tokenizer, ids_only=ids_only, cuda_graphs=cuda_graphs)
+                                tokenizer=tokenizer, ids_only=ids_only, cuda_graphs=cuda_graphs,
+                                target_only=target_only)
             repository, models = res.output, res.models
             # serve's own temporary repository is no output of the command: a stop must not call it "kept"
             committed_outputs[:] = [p for p in committed_outputs if Path(work) not in (Path(p), *Path(p).parents)]
@@ -720,7 +723,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         if front is not None:
             front.start()
             ranks += f"; OpenAI API http://{front.url}/v1 (model {front.model!r})"
-        echo(f"serving {engine_dir or repository} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
+        alone = " (the target alone: the autoregressive baseline)" if record.get("target_only") else ""
+        echo(f"serving {engine_dir or repository}{alone} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
              f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)}{ranks} (Ctrl-C stops)")
         if serve_until_stopped(srv):
             clear_stop_requests()   # handled: the ordinary way to stop a ready server

@@ -257,6 +257,23 @@ def response_tokens(tokens, end_ids) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] in tuple(end_ids) else tokens
 
 
+def refuse_target_only_trtllm(engine_dir) -> None:
+    """A TensorRT engine directory serves its target alone from its ``baseline/`` engine (``build --baseline``), at tp
+    1 (a tp engine's follower ranks open the combined engine): anything else is one line, before any engine opens."""
+    from ...engine.format import load_engine_dir
+    from ...engine.trtllm.session import has_baseline
+
+    cfg, man = load_engine_dir(engine_dir)
+    if not has_baseline(man):
+        raise ConfigError("has no baseline engine to serve the target alone from: build it with `dflash2-trt build "
+                          "--backend trtllm --baseline ...` (the target alone, in ENGINE_DIR/baseline/)",
+                          source=engine_dir, field="target_only")
+    tp = int(((cfg or {}).get("pretrained_config") or {}).get("mapping", {}).get("tp_size", 1))
+    if tp != 1:
+        raise ConfigError(f"serving the target alone is for tp 1 engines; this one is tp {tp} (bench run measures a tp "
+                          f"engine's baseline)", source=engine_dir, field="target_only")
+
+
 def draft_stats(acceptance_lengths, K: int) -> dict:
     """TensorRT-LLM's speculative-decoding request statistics (see the module docstring)."""
     steps = len(acceptance_lengths)
@@ -340,7 +357,7 @@ def tensorrt_standin_hook(engine_dir: Path):
 
 
 def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_graphs: bool = False,
-                simulate_graphs: bool = False):
+                simulate_graphs: bool = False, target_only: bool = False):
     """``(engine, manifest, description)`` for the python-backend model, chosen by engine.json's ``backend``: a cpu or
     cuda engine through the project's stand-in engine, a TensorRT-LLM engine through
     :func:`~dflash2_trt.engine.trtllm.session.open_trt_session` (TensorRT, TensorRT-LLM's plugin library and the
@@ -349,7 +366,11 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
     description says what runs the engine (the model logs it). ``cuda_graphs`` (the model's ``cuda_graph_mode``
     parameter): generation steps replayed from CUDA graphs, a cuda engine's by
     :class:`~dflash2_trt.engine.standin.graphs.GraphedSteps`, a TensorRT session's by its own
-    (``engine/trtllm/session_graphs.py``); ``simulate_graphs``: their bookkeeping on the CPU, for tests."""
+    (``engine/trtllm/session_graphs.py``); ``simulate_graphs``: their bookkeeping on the CPU, for tests.
+    ``target_only`` (the model's ``target_only`` parameter, ``serve --target-only``): the autoregressive baseline
+    instead of the combined engine, as ``bench run`` runs it: a cpu or cuda engine directory's target alone
+    (:class:`~dflash2_trt.bench.autoregressive.TargetOnlyEngine`), a TensorRT engine directory's ``baseline/``
+    (``build --baseline``; tp 1); ``K`` 0, one token per request per step."""
     from ...engine.graph_rules import refuse_graphs
 
     engine_dir = Path(engine_dir)
@@ -365,7 +386,13 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
                               f"engine", field="kv_cache_free_gpu_mem_fraction")
         from ...engine.standin.engine import open_standin_engine
 
-        engine, man = open_standin_engine(engine_dir)
+        if target_only:
+            from ...bench.autoregressive import TargetOnlyEngine
+
+            engine, man = open_standin_engine(engine_dir, engine_cls=TargetOnlyEngine)
+            description += "; the target alone (the autoregressive baseline, K 0)"
+        else:
+            engine, man = open_standin_engine(engine_dir)
         if graphs:
             from ...engine.standin.graphs import GraphedSteps
 
@@ -379,6 +406,9 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
 
     trt = tensorrt_standin_hook(engine_dir)
     kw = {} if kv_cache_fraction is None else {"kv_cache_fraction": float(kv_cache_fraction)}
+    if target_only:
+        refuse_target_only_trtllm(engine_dir)
+        kw["baseline"] = True
     if graphs:
         kw.update(cuda_graphs=cuda_graphs, simulate_graphs=simulate_graphs)
     try:
@@ -397,6 +427,8 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
                        f"plugin library loaded")
     if getattr(engine, "tp", 1) > 1:
         description += f"; tp {engine.tp}: rank 0 in this process, ranks 1-{engine.tp - 1} following it under MPI"
+    if target_only:
+        description += "; its baseline/ engine (the target alone, K 0)"
     return engine, man, description + with_graphs
 
 
