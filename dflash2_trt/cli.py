@@ -955,12 +955,15 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Sent as a bearer token [default: $OPENAI_API_KEY]; never "
                                                         "written to the report.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds one request may take.")
+@click.option("--baseline-url", help="A second server loaded the same way after each level (e.g. serve --target-only: "
+                                     "the target alone): its row, the speedup and (T = 0) identical outputs.")
+@click.option("--baseline-model", help="The baseline server's model name [default: the one it lists].")
 @click.option("--json", "json_out", help="Write the report (JSON) here.")
 @click.option("--save-outputs", is_flag=True, help="Keep every request's text in the JSON report.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def bench_serve_cmd(base_url, dataset, concurrency, model, chat, num_requests, request_rate, burstiness, temperature,
-                    seed, max_new_tokens, ignore_eos, tokenizer_dir, engine_dir, api_key, timeout, json_out,
-                    save_outputs, no_progress) -> None:
+                    seed, max_new_tokens, ignore_eos, tokenizer_dir, engine_dir, api_key, timeout, baseline_url,
+                    baseline_model, json_out, save_outputs, no_progress) -> None:
     """Load a running OpenAI-compatible server and time it on the client: TTFT, ITL, latency, throughput and tokens
     per streamed event per concurrency (vllm bench serve's figures, for this project's serve and any other)."""
     from .bench.io import atomic_write_json, check_output_file
@@ -984,7 +987,7 @@ def bench_serve_cmd(base_url, dataset, concurrency, model, chat, num_requests, r
                       num_requests=num_requests, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                       ignore_eos=ignore_eos, request_rate=request_rate, burstiness=burstiness,
                       tokenizer_dir=tokenizer_dir, api_key=api_key, timeout=timeout, keep_outputs=save_outputs,
-                      progress=not no_progress, on_start=lambda d: click.echo(render_head(d)),
+                      baseline_url=baseline_url, baseline_model=baseline_model, progress=not no_progress, on_start=lambda d: click.echo(render_head(d)),
                       on_level=lambda lv: click.echo(render_level(lv)))
     if json_out is not None:
         atomic_write_json(json_out, doc)

@@ -32,6 +32,11 @@ Definitions (every figure of a LEVEL; times in seconds, distributions ``{mean, p
 
 A request that fails (an HTTP error, an error event, a cut stream, a timeout) is counted in ``failed`` with its
 reason; the figures are over the completed ones, and the command exits 1 after writing its report.
+
+With a baseline server (``baseline_url``: e.g. ``serve --target-only``, the same engine's target alone), each level is
+run on it too, right after the served one, with the same requests: its LEVEL is the level's ``baseline``, ``speedup``
+= output tokens/s served / baseline, and at temperature 0 ``outputs_identical`` = ``{"identical", "compared"}``
+(requests completed on both, and those whose texts are equal).
 """
 
 from __future__ import annotations
@@ -79,18 +84,18 @@ class Sent:
 class Endpoint:
     """Where the load goes: ``base_url`` (``http[s]://host:port``, with or without a trailing ``/v1``)."""
 
-    def __init__(self, base_url: str, *, chat: bool, api_key: str | None = None, timeout: float = 600.0):
+    def __init__(self, base_url: str, *, chat: bool, api_key: str | None = None, timeout: float = 600.0,
+                 field: str = "--base-url"):
         parts = urlsplit(base_url.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"expected http://HOST:PORT (the server's address), got {base_url!r}",
-                              field="--base-url")
+            raise ConfigError(f"expected http://HOST:PORT (the server's address), got {base_url!r}", field=field)
         try:
             port = parts.port
         except ValueError:
-            raise ConfigError(f"the port of {base_url!r} is not a number in [0, 65535]", field="--base-url") from None
+            raise ConfigError(f"the port of {base_url!r} is not a number in [0, 65535]", field=field) from None
         if parts.query or parts.fragment:
             raise ConfigError(f"{base_url!r}: give the server's address only, without ?query or #fragment",
-                              field="--base-url")
+                              field=field)
         prefix = parts.path.rstrip("/")
         if prefix.endswith("/v1"):
             prefix = prefix[:-3]
@@ -111,7 +116,7 @@ class Endpoint:
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         return cls(self.host, self.port, timeout=self.timeout if timeout is None else timeout)
 
-    def models(self) -> list[str]:
+    def models(self, *, field: str = "--base-url") -> list[str]:
         """The ids ``GET /v1/models`` lists (the server must answer it: every OpenAI-compatible server does)."""
         where = f"{self.scheme}://{self.host}{'' if self.port is None else f':{self.port}'}{self.prefix}/v1/models"
         c = self.connect(timeout=30.0)
@@ -122,16 +127,16 @@ class Endpoint:
         except (OSError, http.client.HTTPException) as exc:
             raise ConfigError(f"no OpenAI-compatible server answers at {where} ({type(exc).__name__}: {exc}); start "
                               f"one (dflash2-trt serve --engine-dir DIR --openai-port PORT) or pass its address",
-                              field="--base-url") from None
+                              field=field) from None
         finally:
             c.close()
         if r.status != 200:
-            raise ConfigError(f"GET {where} answered HTTP {r.status}: {_error_text(body)}", field="--base-url")
+            raise ConfigError(f"GET {where} answered HTTP {r.status}: {_error_text(body)}", field=field)
         try:
             ids = [m["id"] for m in json.loads(body)["data"]]
         except (ValueError, KeyError, TypeError):
             raise ConfigError(f"GET {where} did not answer a model list ({{\"data\": [{{\"id\": ...}}]}})",
-                              field="--base-url") from None
+                              field=field) from None
         return [str(i) for i in ids]
 
     def body(self, *, model: str, prompt: str, max_tokens: int, temperature: float, seed: int,
@@ -349,13 +354,41 @@ def load_items(dataset, *, num_requests: int | None, max_new_tokens: int, tokeni
     return out
 
 
+def _open(ep: Endpoint, model: str | None, item: dict, *, temperature: float, seed: int, ignore_eos: bool,
+          url_field: str, model_field: str) -> tuple[str, list[str], Sent]:
+    """``(model, served models, the probe)`` of one server: its model list, then one untimed request (the first
+    line's, at most :data:`PROBE_TOKENS` tokens): a request that fails here fails every request of the load, so it is
+    the command's error, said once before any level."""
+    served = ep.models(field=url_field)
+    if model is None:
+        if len(served) != 1:
+            raise ConfigError(f"the server at {ep.url} lists {len(served)} models ({', '.join(served) or 'none'}): "
+                              f"name one", field=model_field)
+        model = served[0]
+    probe = ep.send(Sent(-1, item["task_id"]),
+                    ep.body(model=model, prompt=item["prompt"], max_tokens=min(PROBE_TOKENS, item["max_tokens"]),
+                            temperature=temperature, seed=seed, ignore_eos=ignore_eos))
+    if probe.error is not None:
+        raise ConfigError(f"the first request ({item['where']}) failed at {ep.url}: {probe.error}", field=url_field)
+    return model, served, probe
+
+
+def compare_outputs(a: list[Sent], b: list[Sent]) -> dict:
+    """``{"identical", "compared"}``: requests completed on both servers, and those whose texts are equal."""
+    both = [(x, y) for x, y in zip(a, b) if x.error is None and y.error is None and x.end and y.end]
+    return {"identical": sum(1 for x, y in both if x.text == y.text), "compared": len(both)}
+
+
 def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | None = None, chat: bool = False,
                 num_requests: int | None = None, temperature: float = 0.0, seed: int = 0, max_new_tokens: int = 64,
                 ignore_eos: bool = False, request_rate: float = float("inf"), burstiness: float = 1.0,
                 tokenizer_dir=None, api_key: str | None = None, timeout: float = 600.0, keep_outputs: bool = False,
+                baseline_url: str | None = None, baseline_model: str | None = None,
                 progress: bool = False, on_start=None, on_level=None) -> dict:
     """The ``bench serve`` report (:func:`render` prints it); ``on_start(doc)`` is called once the first request has
-    come back (the report without levels), ``on_level(level)`` as each level ends."""
+    come back (the report without levels), ``on_level(level)`` as each level ends. ``baseline_url``: a second server
+    (the target alone: ``serve --target-only``, or any other) loaded the same way after each level, its LEVEL under
+    ``baseline``, with ``speedup`` (output tokens/s, served / baseline) and, at temperature 0, ``outputs_identical``."""
     levels = parse_concurrency(concurrency)
     if not (temperature >= 0 and temperature != float("inf")):
         raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
@@ -363,26 +396,27 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
         raise ConfigError(f"must be > 0 (inf: every request due at once), got {request_rate}", field="--request-rate")
     if not (burstiness > 0 and burstiness != float("inf")):
         raise ConfigError(f"must be a finite number > 0, got {burstiness}", field="--burstiness")
-    if not timeout > 0:
-        raise ConfigError(f"must be > 0 seconds, got {timeout}", field="--timeout")
+    if not (timeout > 0 and timeout != float("inf")):
+        raise ConfigError(f"must be a finite number of seconds > 0, got {timeout}", field="--timeout")
+    if baseline_model is not None and baseline_url is None:
+        raise ConfigError("names the baseline server's model: give --baseline-url too", field="--baseline-model")
     items = load_items(dataset, num_requests=num_requests, max_new_tokens=max_new_tokens, tokenizer_dir=tokenizer_dir)
     ep = Endpoint(base_url, chat=chat, api_key=api_key, timeout=timeout)
-    served = ep.models()
-    if model is None:
-        if len(served) != 1:
-            raise ConfigError(f"the server lists {len(served)} models ({', '.join(served) or 'none'}): name one",
-                              field="--model")
-        model = served[0]
-    # untimed: a request that fails here fails every request of the load; said once, before any level
-    probe = ep.send(Sent(-1, items[0]["task_id"]),
-                    ep.body(model=model, prompt=items[0]["prompt"], max_tokens=min(PROBE_TOKENS,
-                                                                                    items[0]["max_tokens"]),
-                            temperature=temperature, seed=seed, ignore_eos=ignore_eos))
-    if probe.error is not None:
-        raise ConfigError(f"the first request ({items[0]['where']}) failed at {ep.url}: {probe.error}")
+    bep = None if baseline_url is None else Endpoint(baseline_url, chat=chat, api_key=api_key, timeout=timeout,
+                                                     field="--baseline-url")
+    if bep is not None and bep.url == ep.url:
+        raise ConfigError(f"is the served endpoint itself ({ep.url}): give the baseline server's address",
+                          field="--baseline-url")
+    common = {"temperature": temperature, "seed": seed, "ignore_eos": ignore_eos}
+    model, served, probe = _open(ep, model, items[0], url_field="--base-url", model_field="--model", **common)
+    if bep is not None:
+        baseline_model, baseline_served, _ = _open(bep, baseline_model, items[0], url_field="--baseline-url",
+                                                   model_field="--baseline-model", **common)
     doc = {
         "format": SERVE_FORMAT, "schema_version": SERVE_SCHEMA, "endpoint": ep.url, "model": model,
         "served_models": served,
+        "baseline": None if bep is None else {"endpoint": bep.url, "model": baseline_model,
+                                              "served_models": baseline_served},
         "dataset": {"path": str(dataset), "requests": len(items),
                     "sent_as": "text" if all(it["input_len"] is None for it in items) else "text (ids decoded)"},
         "settings": {"concurrency": levels, "chat": chat, "temperature": temperature, "seed": seed,
@@ -395,25 +429,35 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
     if on_start is not None:
         on_start(doc)
     lens = [it["input_len"] for it in items]
-    for c in levels:
+    rate_limited = request_rate != float("inf")
+
+    def one(endpoint, name, c, what):
         raise_if_stop_requested()
         bar = None
         if progress:
             from .cpu import progress_bar
 
-            bar = progress_bar(True, len(items), f"concurrency {c}")
+            bar = progress_bar(True, len(items), f"{what}concurrency {c}")
         try:
-            sent, wall = run_level(ep, items, c, model=model, temperature=temperature, seed=seed,
-                                   ignore_eos=ignore_eos, request_rate=request_rate, burstiness=burstiness,
-                                   progress=bar)
+            sent, wall = run_level(endpoint, items, c, model=name, request_rate=request_rate, burstiness=burstiness,
+                                   progress=bar, **common)
         finally:
             if bar is not None:
                 bar.close()
-        lv = level_metrics(sent, wall, concurrency=c, dataset_lens=lens,
-                           rate_limited=request_rate != float("inf"))
+        lv = level_metrics(sent, wall, concurrency=c, dataset_lens=lens, rate_limited=rate_limited)
         if keep_outputs:
             lv["outputs"] = [{"task_id": s.task_id, "text": s.text, "completion_tokens": s.completion_tokens,
                               "finish_reason": s.finish_reason, "error": s.error} for s in sent]
+        return sent, lv
+
+    for c in levels:
+        sent, lv = one(ep, model, c, "")
+        if bep is not None:
+            bsent, blv = one(bep, baseline_model, c, "baseline ")
+            lv["baseline"] = blv
+            a, b = lv["output_tokens_per_s"], blv["output_tokens_per_s"]
+            lv["speedup"] = a / b if a and b else None
+            lv["outputs_identical"] = compare_outputs(sent, bsent) if temperature == 0 else None
         doc["levels"].append(lv)
         if on_level is not None:
             on_level(lv)
@@ -421,35 +465,51 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
 
 
 def failures(doc: dict) -> str | None:
-    """One line naming the failed requests of a report, or None when every request completed."""
-    bad = [(lv["concurrency"], lv["failed"], lv["requests"], lv["errors"]) for lv in doc["levels"] if lv["failed"]]
+    """One line naming the failed requests of a report (the served endpoint's, then the baseline's), or None when
+    every request completed."""
+    bad = []
+    for lv in doc["levels"]:
+        for what, x in (("", lv), ("on the baseline ", lv.get("baseline"))):
+            if x is not None and x["failed"]:
+                bad.append((what, x))
     if not bad:
         return None
-    c, n, total, errs = bad[0]
-    first = errs[0] if errs else {"task_id": "?", "error": "?"}
-    more = f" (and at {len(bad) - 1} more level(s))" if len(bad) > 1 else ""
-    return (f"{n} of {total} requests failed at concurrency {c}{more}; the first, task {first['task_id']}: "
-            f"{first['error']}")
+    what, x = bad[0]
+    first = x["errors"][0] if x["errors"] else {"task_id": "?", "error": "?"}
+    more = f" (and {len(bad) - 1} more level(s) with failures)" if len(bad) > 1 else ""
+    return (f"{x['failed']} of {x['requests']} requests failed {what}at concurrency {x['concurrency']}{more}; the "
+            f"first, task {first['task_id']}: {first['error']}")
 
 
 def _ms(d: dict | None, key: str) -> str:
     return "-" if d is None else f"{d[key] * 1e3:.1f}"
 
 
-HEADER = (f"{'conc':>4} {'done':>9} {'req/s':>8} {'tok/s':>9} {'ttft p50':>9} {'p99':>8} {'itl p50':>8} {'p99':>7} "
-          f"{'lat p50':>9} {'p99':>9} {'tok/event':>9}")
+HEADER = (f"{'conc':>4} {'server':>8} {'done':>9} {'req/s':>8} {'tok/s':>9} {'ttft p50':>9} {'p99':>8} {'itl p50':>8} "
+          f"{'p99':>7} {'lat p50':>9} {'p99':>9} {'tok/event':>9}")
 
 
-def render_level(lv: dict) -> str:
-    """One row per level: throughput, TTFT / ITL / latency p50 and p99 (ms), tokens per event."""
+def _row(lv: dict, server: str) -> str:
     rate = "-" if lv["output_tokens_per_s"] is None else f"{lv['output_tokens_per_s']:.1f}"
     tpe = "-" if lv["tokens_per_event"] is None else f"{lv['tokens_per_event']['mean']:.2f}"
     done = f"{lv['completed']}/{lv['requests']}"
-    row = (f"{lv['concurrency']:>4} {done:>9} {lv['requests_per_s'] or 0:>8.2f} "
+    row = (f"{lv['concurrency']:>4} {server:>8} {done:>9} {lv['requests_per_s'] or 0:>8.2f} "
            f"{rate:>9} {_ms(lv['ttft_s'], 'p50'):>9} {_ms(lv['ttft_s'], 'p99'):>8} {_ms(lv['itl_s'], 'p50'):>8} "
            f"{_ms(lv['itl_s'], 'p99'):>7} {_ms(lv['latency_s'], 'p50'):>9} {_ms(lv['latency_s'], 'p99'):>9} "
            f"{tpe:>9}")
     return row + (f"   {lv['failed']} FAILED" if lv["failed"] else "")
+
+
+def render_level(lv: dict) -> str:
+    """A level's row (throughput, TTFT / ITL / latency p50 and p99 in ms, tokens per event); with a baseline, its row
+    and the speedup line."""
+    if lv.get("baseline") is None:
+        return _row(lv, "served")
+    same = lv["outputs_identical"]
+    same = "" if same is None else f", outputs identical {same['identical']}/{same['compared']}"
+    speedup = "-" if lv["speedup"] is None else f"{lv['speedup']:.2f}x"
+    return "\n".join([_row(lv, "served"), _row(lv["baseline"], "baseline"),
+                      f"{'':>4} speedup {speedup} (output tokens/s, served / baseline){same}"])
 
 
 def render_head(doc: dict) -> str:
@@ -458,6 +518,9 @@ def render_head(doc: dict) -> str:
         f"{s['request_rate']} req/s (burstiness {s['burstiness']})"
     head = [f"bench serve: {doc['endpoint']} (model {doc['model']}), {doc['dataset']['requests']} requests from "
             f"{doc['dataset']['path']} ({doc['dataset']['sent_as']}), temperature {s['temperature']}, {rate}"]
+    if doc.get("baseline") is not None:
+        head.append(f"baseline: {doc['baseline']['endpoint']} (model {doc['baseline']['model']}), loaded the same way "
+                    f"after each level")
     if not doc["usage_per_event"]:
         head.append("the server sends no per-event usage: tokens/event is not known (counted at the end only)")
     head.append("times in ms; tok/s = output tokens per second; itl = (latency - ttft) / (tokens - 1); tok/event = "

@@ -11,7 +11,7 @@ import pytest
 
 from deploy_helpers import MAX_NEW, cli, one_error_line, start_server, stop_and_check
 from dflash2_trt.assets.phrase_tokenizer import WORDS
-from dflash2_trt.bench.serve import arrival_offsets
+from dflash2_trt.bench.serve import Sent, arrival_offsets, compare_outputs
 from dflash2_trt.deploy.triton.openai_api import OpenAIFrontend
 
 pytestmark = pytest.mark.triton
@@ -66,7 +66,7 @@ def test_outputs_are_the_targets_greedy_decoding_and_events_are_engine_steps(api
                      "--concurrency", "1,4", "--json", str(out), "--save-outputs", "--no-progress")
     assert code == 0, text
     rows = [ln.split() for ln in text.splitlines() if ln[:4].strip().isdigit()]
-    assert [(r[0], r[1]) for r in rows] == [("1", "6/6"), ("4", "6/6")], text
+    assert [(r[0], r[1], r[2]) for r in rows] == [("1", "served", "6/6"), ("4", "served", "6/6")], text
     doc = json.loads(out.read_text())
     assert doc["format"] == "dflash2-trt bench serve report" and doc["model"] == "tiny" and doc["usage_per_event"]
     assert doc["endpoint"] == f"http://127.0.0.1:{api.port}/v1/completions"
@@ -171,12 +171,40 @@ def test_arrival_offsets():
     assert var(bgaps) > 2 * var(gaps)   # gamma shape 1/4: four times Poisson's variance at the same mean
 
 
-def test_the_target_alone_served_is_the_targets_greedy_decoding_one_token_a_step(target_api, text_dataset, greedy,
-                                                                                  tokenizer, tmp_path):
+def test_against_the_target_alone_served_the_speedup_and_identical_outputs(api, target_api, text_dataset, greedy,
+                                                                           tokenizer, tmp_path):
+    """The target alone (serve --target-only) is the target's greedy decoding, one token a step; as the baseline of
+    the combined engine's server both emit the same texts, and the speedup is the ratio of their output tokens/s."""
     out = tmp_path / "ar.json"
-    code, text = cli("bench", "serve", "--base-url", f"http://127.0.0.1:{target_api.port}", "--dataset",
-                     str(text_dataset), "--concurrency", "4", "--json", str(out), "--save-outputs", "--no-progress")
+    code, text = cli("bench", "serve", "--base-url", f"http://127.0.0.1:{api.port}", "--baseline-url",
+                     f"http://127.0.0.1:{target_api.port}", "--dataset", str(text_dataset), "--concurrency", "1,4",
+                     "--json", str(out), "--save-outputs", "--no-progress")
     assert code == 0, text
-    lv = json.loads(out.read_text())["levels"][0]
-    assert [o["text"] for o in lv["outputs"]] == [tokenizer.decode(g[:MAX_NEW]) for g in greedy[:N]]
-    assert lv["tokens_per_event"] == {"mean": 1.0, "events": N * (MAX_NEW - 1), "histogram": {"1": N * (MAX_NEW - 1)}}
+    doc = json.loads(out.read_text())
+    assert doc["baseline"]["model"] == "tiny-target" and "baseline: http://127.0.0.1:" in text
+    want = [tokenizer.decode(g[:MAX_NEW]) for g in greedy[:N]]
+    for lv in doc["levels"]:
+        ar = lv["baseline"]
+        assert [o["text"] for o in ar["outputs"]] == want and [o["text"] for o in lv["outputs"]] == want
+        assert ar["tokens_per_event"] == {"mean": 1.0, "events": N * (MAX_NEW - 1),
+                                          "histogram": {"1": N * (MAX_NEW - 1)}}
+        assert lv["outputs_identical"] == {"identical": N, "compared": N}
+        assert lv["speedup"] == pytest.approx(lv["output_tokens_per_s"] / ar["output_tokens_per_s"])
+    assert text.count("outputs identical 6/6") == 2, text
+    line = one_error_line(*cli("bench", "serve", "--base-url", f"http://127.0.0.1:{api.port}", "--baseline-url",
+                               f"http://127.0.0.1:{api.port}/v1", "--dataset", str(text_dataset)))
+    assert "--baseline-url" in line and "the served endpoint itself" in line
+    line = one_error_line(*cli("bench", "serve", "--base-url", f"http://127.0.0.1:{api.port}", "--baseline-model",
+                               "x", "--dataset", str(text_dataset)))
+    assert "--baseline-model" in line and "--baseline-url" in line
+
+
+def test_compare_outputs():
+    def done(i, text):
+        s = Sent(i, i, start=1.0, end=2.0)
+        s.events = [(1.5, 1, text)]
+        return s
+
+    a = [done(0, "x y"), done(1, "z"), done(2, "w")]
+    b = [done(0, "x y"), done(1, "q"), Sent(2, 2, start=1.0, error="HTTP 500: boom")]
+    assert compare_outputs(a, b) == {"identical": 1, "compared": 2}
