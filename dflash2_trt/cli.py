@@ -954,7 +954,11 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
               help="The engine the server serves: its tokenizer decodes input_ids lines.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Sent as a bearer token [default: $OPENAI_API_KEY]; never "
                                                         "written to the report.")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds one request may take.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds the client waits for the server's next bytes before it counts a request failed.")
+@click.option("--no-usage-per-event", is_flag=True,
+              help="Do not ask stream_options.continuous_usage_stats (OpenAI's own API refuses it): tokens are counted "
+                   "at each stream's end, tok/event is not known.")
 @click.option("--baseline-url", help="A second server loaded the same way after each level (e.g. serve --target-only: "
                                      "the target alone): its row, the speedup and (T = 0) identical outputs.")
 @click.option("--baseline-model", help="The baseline server's model name [default: the one it lists].")
@@ -962,8 +966,8 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
 @click.option("--save-outputs", is_flag=True, help="Keep every request's text in the JSON report.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def bench_serve_cmd(base_url, dataset, concurrency, model, chat, num_requests, request_rate, burstiness, temperature,
-                    seed, max_new_tokens, ignore_eos, tokenizer_dir, engine_dir, api_key, timeout, baseline_url,
-                    baseline_model, json_out, save_outputs, no_progress) -> None:
+                    seed, max_new_tokens, ignore_eos, tokenizer_dir, engine_dir, api_key, timeout, no_usage_per_event,
+                    baseline_url, baseline_model, json_out, save_outputs, no_progress) -> None:
     """Load a running OpenAI-compatible server and time it on the client: TTFT, ITL, latency, throughput and tokens
     per streamed event per concurrency (vllm bench serve's figures, for this project's serve and any other)."""
     from .bench.io import atomic_write_json, check_output_file
@@ -987,7 +991,8 @@ def bench_serve_cmd(base_url, dataset, concurrency, model, chat, num_requests, r
                       num_requests=num_requests, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                       ignore_eos=ignore_eos, request_rate=request_rate, burstiness=burstiness,
                       tokenizer_dir=tokenizer_dir, api_key=api_key, timeout=timeout, keep_outputs=save_outputs,
-                      baseline_url=baseline_url, baseline_model=baseline_model, progress=not no_progress, on_start=lambda d: click.echo(render_head(d)),
+                      baseline_url=baseline_url, baseline_model=baseline_model, progress=not no_progress,
+                      usage_per_event=not no_usage_per_event, on_start=lambda d: click.echo(render_head(d)),
                       on_level=lambda lv: click.echo(render_level(lv)))
     if json_out is not None:
         atomic_write_json(json_out, doc)

@@ -54,6 +54,8 @@ from .common import SERVE_FORMAT, parse_concurrency
 from .metrics import distribution
 
 SERVE_SCHEMA = 1
+MAX_SCHEDULE_S = 86400.0
+"""The longest a ``--request-rate`` schedule may take (a rate of 1e-300 would make the second request due never)."""
 PROBE_TOKENS = 4
 """The untimed first request's output length: it checks the endpoint, the model and the prompt before a level."""
 
@@ -62,7 +64,7 @@ class ServeBenchError(DFlash2Error):
     """Requests of the load failed (the report, written first, counts them)."""
 
 
-@dataclass
+@dataclass(eq=False)   # identity: a level's requests are looked up among thousands (a field-wise == is O(N) each)
 class Sent:
     """One request's life on the client: the clock readings and what the server said."""
     index: int
@@ -85,8 +87,11 @@ class Endpoint:
     """Where the load goes: ``base_url`` (``http[s]://host:port``, with or without a trailing ``/v1``)."""
 
     def __init__(self, base_url: str, *, chat: bool, api_key: str | None = None, timeout: float = 600.0,
-                 field: str = "--base-url"):
-        parts = urlsplit(base_url.strip())
+                 field: str = "--base-url", usage_per_event: bool = True):
+        try:
+            parts = urlsplit(base_url.strip())
+        except ValueError as exc:   # "http://[::1": an unclosed IPv6 bracket
+            raise ConfigError(f"{base_url!r} is not a URL ({exc})", field=field) from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"expected http://HOST:PORT (the server's address), got {base_url!r}", field=field)
         try:
@@ -100,7 +105,7 @@ class Endpoint:
         if prefix.endswith("/v1"):
             prefix = prefix[:-3]
         self.scheme, self.host, self.port = parts.scheme, parts.hostname, port
-        self.prefix, self.chat, self.timeout = prefix, chat, timeout
+        self.prefix, self.chat, self.timeout, self.usage_per_event = prefix, chat, timeout, usage_per_event
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
@@ -108,9 +113,13 @@ class Endpoint:
 
     @property
     def url(self) -> str:
+        return self.origin + self.path
+
+    @property
+    def origin(self) -> str:
         port = f":{self.port}" if self.port is not None else ""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}{port}{self.path}"
+        return f"{self.scheme}://{host}{port}"
 
     def connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
@@ -118,7 +127,7 @@ class Endpoint:
 
     def models(self, *, field: str = "--base-url") -> list[str]:
         """The ids ``GET /v1/models`` lists (the server must answer it: every OpenAI-compatible server does)."""
-        where = f"{self.scheme}://{self.host}{'' if self.port is None else f':{self.port}'}{self.prefix}/v1/models"
+        where = f"{self.origin}{self.prefix}/v1/models"
         c = self.connect(timeout=30.0)
         try:
             c.request("GET", f"{self.prefix}/v1/models", headers=self.headers)
@@ -141,8 +150,11 @@ class Endpoint:
 
     def body(self, *, model: str, prompt: str, max_tokens: int, temperature: float, seed: int,
              ignore_eos: bool) -> dict:
-        b = {"model": model, "stream": True, "temperature": temperature, "seed": seed,
-             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        # continuous_usage_stats: vLLM's, SGLang's, trtllm-serve's and this project's; not OpenAI's own schema
+        # (--no-usage-per-event leaves it out)
+        opts = {"include_usage": True, "continuous_usage_stats": True} if self.usage_per_event else \
+            {"include_usage": True}
+        b = {"model": model, "stream": True, "temperature": temperature, "seed": seed, "stream_options": opts}
         if self.chat:
             b["messages"] = [{"role": "user", "content": prompt}]
             b["max_completion_tokens"] = max_tokens
@@ -174,34 +186,48 @@ class Endpoint:
                     s.end = now
                     break
                 ev = json.loads(payload)
-                if "error" in ev:
+                if not isinstance(ev, dict):
+                    s.error = f"an event that is not a JSON object: {payload[:120].decode('utf-8', 'replace')}"
+                    return s
+                if "error" in ev or ev.get("object") == "error":   # OpenAI's / vLLM's shape, and a bare one
                     s.error = f"error event: {_error_text(payload)}"
                     return s
-                usage = ev.get("usage") or None
-                text = ""
-                for ch in ev.get("choices") or ():
-                    piece = (ch.get("delta") or {}).get("content") if self.chat else ch.get("text")
-                    text += piece or ""
-                    s.finish_reason = ch.get("finish_reason") or s.finish_reason
-                tokens = None
-                if usage is not None:
-                    s.prompt_tokens = usage.get("prompt_tokens", s.prompt_tokens)
-                    total = int(usage.get("completion_tokens") or 0)
-                    tokens, seen = total - seen, total
-                    s.completion_tokens = total
-                if ev.get("choices") and (tokens or (tokens is None and text)):
-                    s.events.append((now, tokens, text))
-                elif text:   # text without new tokens (held back by the server): kept for the output, not timed
-                    s.events.append((now, 0, text))
+                seen = self._event(s, ev, now, seen)
             if s.end is None:
                 s.error = "the stream ended without data: [DONE] (cut off)"
         except (OSError, http.client.HTTPException) as exc:
             s.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         except ValueError as exc:
             s.error = f"an event that is not JSON ({exc})"
+        except (TypeError, KeyError, AttributeError) as exc:   # fields of other types than the API's
+            s.error = f"an event this client cannot read ({type(exc).__name__}: {exc})"
         finally:
             c.close()
         return s
+
+    def _event(self, s: Sent, ev: dict, now: float, seen: int) -> int:
+        """Record one streamed event in ``s``; returns the output tokens counted so far (``usage.completion_tokens``)."""
+        usage = ev.get("usage") or None
+        choices = ev.get("choices") or []
+        if not isinstance(choices, list) or (usage is not None and not isinstance(usage, dict)):
+            raise TypeError("choices must be a list and usage an object")
+        text = ""
+        for ch in choices:
+            piece = (ch.get("delta") or {}).get("content") if self.chat else ch.get("text")
+            text += piece if isinstance(piece, str) else ""
+            s.finish_reason = ch.get("finish_reason") or s.finish_reason
+        tokens = None
+        if usage is not None:
+            if isinstance(usage.get("prompt_tokens"), int):
+                s.prompt_tokens = usage["prompt_tokens"]
+            total = int(usage.get("completion_tokens") or 0)
+            tokens, seen = total - seen, total
+            s.completion_tokens = total
+        if choices and (tokens or (tokens is None and text)):
+            s.events.append((now, tokens, text))
+        elif text:   # text without new tokens (held back by the server): kept for the output, not timed
+            s.events.append((now, 0, text))
+        return seen
 
 
 def _error_text(body: bytes) -> str:
@@ -219,9 +245,12 @@ def _error_text(body: bytes) -> str:
 
 def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
     """When each request is due, in seconds from the level's start: all at 0 for an infinite rate, else gamma gaps of
-    shape ``burstiness`` and mean 1 / ``request_rate`` (the first due at 0)."""
+    shape ``burstiness`` and mean 1 / ``request_rate`` (the first due at 0; an infinite burstiness: every gap
+    1 / ``request_rate``)."""
     if request_rate == float("inf"):
         return [0.0] * n
+    if burstiness == float("inf"):
+        return [i / request_rate for i in range(n)]
     rng = random.Random(seed)
     out, t = [], 0.0
     for _ in range(n):
@@ -252,8 +281,11 @@ def run_level(endpoint: Endpoint, items: list[dict], concurrency: int, *, model:
                 time.sleep(min(0.05, max(0.0, s.due - time.perf_counter())))
             if stop.is_set():
                 return
-            endpoint.send(s, endpoint.body(model=model, prompt=it["prompt"], max_tokens=it["max_tokens"],
-                                           temperature=temperature, seed=seed + i, ignore_eos=ignore_eos))
+            try:
+                endpoint.send(s, endpoint.body(model=model, prompt=it["prompt"], max_tokens=it["max_tokens"],
+                                               temperature=temperature, seed=seed + i, ignore_eos=ignore_eos))
+            except Exception as exc:  # noqa: BLE001 - the request is failed and said, the thread goes on
+                s.error = f"client error ({type(exc).__name__}: {exc})"
             if progress is not None:
                 progress.update(1)
 
@@ -277,11 +309,13 @@ def level_metrics(sent: list[Sent], wall: float, *, concurrency: int, dataset_le
                   rate_limited: bool) -> dict:
     """A LEVEL (the module docstring defines every figure) from its requests."""
     ok = [s for s in sent if s.error is None and s.end is not None]
-    failed = [s for s in sent if s not in ok]
+    done = {id(s) for s in ok}
+    failed = [s for s in sent if id(s) not in done]
     timed = [s for s in ok if s.completion_tokens is not None]
+    counted_all = len(timed) == len(ok) > 0   # token figures only where the server counted every request's tokens
     first = {id(s): next((t for t, n, _ in s.events if n is None or n > 0), None) for s in ok}
     out_tok = sum(s.completion_tokens for s in timed)
-    in_tok = sum(s.prompt_tokens or 0 for s in ok)
+    in_tok = sum(s.prompt_tokens for s in ok) if ok and all(s.prompt_tokens is not None for s in ok) else None
     ttft = [first[id(s)] - s.start for s in ok if first[id(s)] is not None]
     lat = [s.end - s.start for s in ok]
     itl = [(s.end - first[id(s)]) / (s.completion_tokens - 1) for s in timed
@@ -301,15 +335,16 @@ def level_metrics(sent: list[Sent], wall: float, *, concurrency: int, dataset_le
             hist[str(n)] = hist.get(str(n), 0) + 1
         tokens_per_event = {"mean": sum(per_event) / len(per_event), "events": len(per_event),
                             "histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0])))}
-    differ = sum(1 for s, n in zip(sent, dataset_lens) if s in ok and n is not None and s.prompt_tokens is not None
-                 and s.prompt_tokens != n)
+    differ = sum(1 for s, n in zip(sent, dataset_lens) if id(s) in done and n is not None
+                 and s.prompt_tokens is not None and s.prompt_tokens != n)
     per_s = (lambda x: x / wall) if wall > 0 else (lambda x: None)
     return {
-        "concurrency": concurrency, "requests": len(sent), "completed": len(ok), "failed": len(failed),
+        "concurrency": concurrency, "threads": min(concurrency, len(sent)), "requests": len(sent),
+        "completed": len(ok), "failed": len(failed),
         "errors": [{"task_id": s.task_id, "error": s.error or "never sent"} for s in failed[:10]],
-        "wall_s": wall, "input_tokens": in_tok, "output_tokens": out_tok if timed else None,
-        "requests_per_s": per_s(len(ok)), "output_tokens_per_s": per_s(out_tok) if timed else None,
-        "total_tokens_per_s": per_s(out_tok + in_tok) if timed else None,
+        "wall_s": wall, "input_tokens": in_tok, "output_tokens": out_tok if counted_all else None,
+        "requests_per_s": per_s(len(ok)), "output_tokens_per_s": per_s(out_tok) if counted_all else None,
+        "total_tokens_per_s": per_s(out_tok + in_tok) if counted_all and in_tok is not None else None,
         "ttft_s": distribution(ttft), "latency_s": distribution(lat), "itl_s": distribution(itl),
         "event_gap_s": distribution(gaps), "tokens_per_event": tokens_per_event,
         "queue_s": distribution((s.start - s.due) for s in ok) if rate_limited else None,
@@ -369,7 +404,10 @@ def _open(ep: Endpoint, model: str | None, item: dict, *, temperature: float, se
                     ep.body(model=model, prompt=item["prompt"], max_tokens=min(PROBE_TOKENS, item["max_tokens"]),
                             temperature=temperature, seed=seed, ignore_eos=ignore_eos))
     if probe.error is not None:
-        raise ConfigError(f"the first request ({item['where']}) failed at {ep.url}: {probe.error}", field=url_field)
+        hint = ("; a server that does not take stream_options.continuous_usage_stats (OpenAI's own): "
+                "--no-usage-per-event" if "continuous_usage" in probe.error and ep.usage_per_event else "")
+        raise ConfigError(f"the first request ({item['where']}) failed at {ep.url}: {probe.error}{hint}",
+                          field=url_field)
     return model, served, probe
 
 
@@ -383,7 +421,7 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
                 num_requests: int | None = None, temperature: float = 0.0, seed: int = 0, max_new_tokens: int = 64,
                 ignore_eos: bool = False, request_rate: float = float("inf"), burstiness: float = 1.0,
                 tokenizer_dir=None, api_key: str | None = None, timeout: float = 600.0, keep_outputs: bool = False,
-                baseline_url: str | None = None, baseline_model: str | None = None,
+                baseline_url: str | None = None, baseline_model: str | None = None, usage_per_event: bool = True,
                 progress: bool = False, on_start=None, on_level=None) -> dict:
     """The ``bench serve`` report (:func:`render` prints it); ``on_start(doc)`` is called once the first request has
     come back (the report without levels), ``on_level(level)`` as each level ends. ``baseline_url``: a second server
@@ -394,16 +432,21 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
         raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
     if not request_rate > 0:
         raise ConfigError(f"must be > 0 (inf: every request due at once), got {request_rate}", field="--request-rate")
-    if not (burstiness > 0 and burstiness != float("inf")):
-        raise ConfigError(f"must be a finite number > 0, got {burstiness}", field="--burstiness")
-    if not (timeout > 0 and timeout != float("inf")):
-        raise ConfigError(f"must be a finite number of seconds > 0, got {timeout}", field="--timeout")
+    if not burstiness > 0:
+        raise ConfigError(f"must be > 0 (inf: every gap 1 / rate), got {burstiness}", field="--burstiness")
+    if not 0 < timeout <= threading.TIMEOUT_MAX:
+        raise ConfigError(f"must be a number of seconds in (0, {threading.TIMEOUT_MAX:.0f}], got {timeout}",
+                          field="--timeout")
     if baseline_model is not None and baseline_url is None:
         raise ConfigError("names the baseline server's model: give --baseline-url too", field="--baseline-model")
     items = load_items(dataset, num_requests=num_requests, max_new_tokens=max_new_tokens, tokenizer_dir=tokenizer_dir)
-    ep = Endpoint(base_url, chat=chat, api_key=api_key, timeout=timeout)
-    bep = None if baseline_url is None else Endpoint(baseline_url, chat=chat, api_key=api_key, timeout=timeout,
-                                                     field="--baseline-url")
+    if request_rate != float("inf") and (len(items) - 1) / request_rate > MAX_SCHEDULE_S:
+        raise ConfigError(f"{request_rate:g} requests/s: the {len(items)} requests would be due over "
+                          f"{(len(items) - 1) / request_rate:.3g} s (at most {MAX_SCHEDULE_S:.0f} s: one day)",
+                          field="--request-rate")
+    kw = {"chat": chat, "api_key": api_key, "timeout": timeout, "usage_per_event": usage_per_event}
+    ep = Endpoint(base_url, **kw)
+    bep = None if baseline_url is None else Endpoint(baseline_url, field="--baseline-url", **kw)
     if bep is not None and bep.url == ep.url:
         raise ConfigError(f"is the served endpoint itself ({ep.url}): give the baseline server's address",
                           field="--baseline-url")
@@ -420,10 +463,12 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
         "dataset": {"path": str(dataset), "requests": len(items),
                     "sent_as": "text" if all(it["input_len"] is None for it in items) else "text (ids decoded)"},
         "settings": {"concurrency": levels, "chat": chat, "temperature": temperature, "seed": seed,
+                     "usage_per_event_asked": usage_per_event,
                      "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos,
                      "request_rate": None if request_rate == float("inf") else request_rate,
                      "burstiness": burstiness, "timeout_s": timeout},
         "usage_per_event": probe.events != [] and all(n is not None for _, n, _ in probe.events),
+        "usage_at_end": probe.completion_tokens is not None,
         "levels": [],
     }
     if on_start is not None:
@@ -521,8 +566,10 @@ def render_head(doc: dict) -> str:
     if doc.get("baseline") is not None:
         head.append(f"baseline: {doc['baseline']['endpoint']} (model {doc['baseline']['model']}), loaded the same way "
                     f"after each level")
-    if not doc["usage_per_event"]:
-        head.append("the server sends no per-event usage: tokens/event is not known (counted at the end only)")
+    if not doc["usage_at_end"]:
+        head.append("the server sends no usage: output tokens, tok/s, itl and tok/event are not known")
+    elif not doc["usage_per_event"]:
+        head.append("the server sends no per-event usage: tok/event is not known (tokens counted at the end only)")
     head.append("times in ms; tok/s = output tokens per second; itl = (latency - ttft) / (tokens - 1); tok/event = "
                 "output tokens per streamed event after the first (per engine step on dflash2-trt serve)")
     return "\n".join(head + [HEADER, "-" * len(HEADER)])

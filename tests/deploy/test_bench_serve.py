@@ -156,6 +156,7 @@ def test_request_rate_and_chat(api, text_dataset, tmp_path):
     assert doc["endpoint"].endswith("/v1/chat/completions") and doc["settings"]["request_rate"] == 40.0
     lv = doc["levels"][0]
     assert lv["completed"] == 4 and lv["queue_s"] is not None and lv["queue_s"]["min"] >= 0
+    assert lv["wall_s"] >= arrival_offsets(4, 40.0, 0.5, 0)[-1] > 0   # the last request was sent when it was due
     assert lv["tokens_per_event"]["mean"] > 1
 
 
