@@ -162,6 +162,7 @@ def test_request_rate_and_chat(api, text_dataset, tmp_path):
 
 def test_arrival_offsets():
     assert arrival_offsets(3, float("inf"), 1.0, 0) == [0.0, 0.0, 0.0]
+    assert arrival_offsets(3, 10.0, float("inf"), 0) == [0.0, 0.1, 0.2]   # no burstiness: even gaps
     a = arrival_offsets(4000, 20.0, 1.0, 7)
     assert a == arrival_offsets(4000, 20.0, 1.0, 7) and a[0] == 0.0 and a == sorted(a)
     assert a[-1] / 3999 == pytest.approx(1 / 20, rel=0.05)          # the mean gap is 1 / rate
