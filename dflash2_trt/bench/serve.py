@@ -121,6 +121,21 @@ class Endpoint:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}{port}"
 
+    def same_as(self, other: "Endpoint") -> bool:
+        """Whether ``other`` is this endpoint under another name (``localhost`` and ``127.0.0.1``, ...): the same
+        path on a port of an address both names resolve to. Names that do not resolve compare as written."""
+        if (self.scheme, self.port, self.path) != (other.scheme, other.port, other.path):
+            return False
+        import socket
+
+        def addrs(host):
+            try:
+                return {a[4][0] for a in socket.getaddrinfo(host, self.port, proto=socket.IPPROTO_TCP)}
+            except (OSError, UnicodeError):
+                return {host}
+
+        return bool(addrs(self.host) & addrs(other.host))
+
     def connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         return cls(self.host, self.port, timeout=self.timeout if timeout is None else timeout)
@@ -220,7 +235,9 @@ class Endpoint:
         if usage is not None:
             if isinstance(usage.get("prompt_tokens"), int):
                 s.prompt_tokens = usage["prompt_tokens"]
-            total = int(usage.get("completion_tokens") or 0)
+            total = usage.get("completion_tokens") or 0
+            if not isinstance(total, int) or isinstance(total, bool):
+                raise TypeError(f"usage.completion_tokens must be an integer, got {total!r}")
             tokens, seen = total - seen, total
             s.completion_tokens = total
         if choices and (tokens or (tokens is None and text)):
@@ -447,7 +464,7 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
     kw = {"chat": chat, "api_key": api_key, "timeout": timeout, "usage_per_event": usage_per_event}
     ep = Endpoint(base_url, **kw)
     bep = None if baseline_url is None else Endpoint(baseline_url, field="--baseline-url", **kw)
-    if bep is not None and bep.url == ep.url:
+    if bep is not None and bep.same_as(ep):
         raise ConfigError(f"is the served endpoint itself ({ep.url}): give the baseline server's address",
                           field="--baseline-url")
     common = {"temperature": temperature, "seed": seed, "ignore_eos": ignore_eos}
@@ -501,7 +518,8 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
             bsent, blv = one(bep, baseline_model, c, "baseline ")
             lv["baseline"] = blv
             a, b = lv["output_tokens_per_s"], blv["output_tokens_per_s"]
-            lv["speedup"] = a / b if a and b else None
+            # only over the same work: a side whose requests failed did less of it (or, failing fast, more per second)
+            lv["speedup"] = a / b if a and b and not lv["failed"] and not blv["failed"] else None
             lv["outputs_identical"] = compare_outputs(sent, bsent) if temperature == 0 else None
         doc["levels"].append(lv)
         if on_level is not None:
@@ -521,7 +539,8 @@ def failures(doc: dict) -> str | None:
         return None
     what, x = bad[0]
     first = x["errors"][0] if x["errors"] else {"task_id": "?", "error": "?"}
-    more = f" (and {len(bad) - 1} more level(s) with failures)" if len(bad) > 1 else ""
+    others = len({y["concurrency"] for _, y in bad} - {x["concurrency"]})
+    more = f" (and at {others} more concurrenc{'y' if others == 1 else 'ies'})" if others else ""
     return (f"{x['failed']} of {x['requests']} requests failed {what}at concurrency {x['concurrency']}{more}; the "
             f"first, task {first['task_id']}: {first['error']}")
 

@@ -23,6 +23,7 @@ FIRST_S, GAP_S = 0.3, 0.1
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
+    FAIL: frozenset = frozenset()   # prompt kinds this server answers with HTTP 500
 
     def log_message(self, *a):
         pass
@@ -45,7 +46,7 @@ class Handler(BaseHTTPRequestHandler):
         if kind == "strict" and "continuous_usage_stats" in opts:
             return self._json(400, {"error": {"message": "Unrecognized request argument supplied: "
                                                          "stream_options.continuous_usage_stats"}})
-        if kind == "http500":
+        if kind == "http500" or kind in self.FAIL:
             return self._json(500, {"error": {"message": "the engine fell over"}})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -80,7 +81,7 @@ class Handler(BaseHTTPRequestHandler):
                     return   # the connection closes without data: [DONE]
                 send({"error": {"message": "boom", "type": "internal_error", "code": 500}} if kind == "error" else
                      {"object": "error", "message": "bad", "code": 400} if kind == "objerror" else b"[]")
-                break
+                return   # the client has stopped reading: nothing more is written
             send(chunk(" b c", 2))
         send(chunk("", 0, "length"))
         if opts.get("include_usage") and kind != "nousage":
@@ -89,12 +90,25 @@ class Handler(BaseHTTPRequestHandler):
         send(b"[DONE]")
 
 
+def _serve(handler):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    srv.handle_error = lambda request, address: None   # a client that stopped reading is no traceback on stderr
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
 @pytest.fixture(scope="module")
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
+    srv = _serve(Handler)
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def flaky_server():
+    srv = _serve(type("Flaky", (Handler,), {"FAIL": frozenset({"flaky"})}))
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()
@@ -167,3 +181,20 @@ def test_bad_numbers_and_addresses(server, tmp_path, args, field):
     ds.write_text('{"prompt": "ok x"}\n{"prompt": "ok y"}\n')
     line = one_error_line(*cli("bench", "serve", "--base-url", server, "--dataset", str(ds), "--no-progress", *args))
     assert field in line
+
+
+def test_a_baseline_with_failures_has_no_speedup(server, flaky_server, tmp_path):
+    """A level where the baseline failed a request: the failure is the command's error line, the outputs are compared
+    over the requests both completed, and no speedup is claimed (the two did different work)."""
+    code, text, doc = _load(server, tmp_path, ["ok", "flaky", "ok"], "--baseline-url", flaky_server)
+    err = [ln for ln in text.splitlines() if ln.startswith("error: ")]
+    assert code == 1 and len(err) == 1 and "1 of 3 requests failed on the baseline at concurrency 2" in err[0], text
+    lv = doc["levels"][0]
+    assert lv["failed"] == 0 and lv["baseline"]["failed"] == 1 and lv["speedup"] is None
+    assert lv["outputs_identical"] == {"identical": 2, "compared": 2} and "speedup - " in text
+    code, text, doc = _load(server, tmp_path, ["ok", "ok"], "--baseline-url", flaky_server.replace("127.0.0.1",
+                                                                                                     "localhost"))
+    assert code == 0 and doc["levels"][0]["speedup"] > 0, text
+    line = one_error_line(*_load(server, tmp_path, ["ok"], "--baseline-url",
+                                 server.replace("127.0.0.1", "localhost") + "/v1/")[:2])
+    assert "--baseline-url" in line and "the served endpoint itself" in line

@@ -31,17 +31,21 @@ def api(server_stream, tokenizer, engine):
 
 @pytest.fixture(scope="module")
 def target_api(tmp_path_factory, engine, tokenizer):
-    """The same engine directory's target alone (deploy triton --target-only), on a server of its own, behind the API."""
+    """The same engine directory's target alone (deploy triton --target-only), on a server of its own, behind the API
+    as `serve --openai-port` makes it (server.openai_frontend: one slot per step, not the draft block)."""
     from dflash2_trt.deploy.triton.repository import deploy_triton
+    from dflash2_trt.deploy.triton.server import openai_frontend, repository_record
 
     repo = tmp_path_factory.mktemp("repo") / "target-only"
     res = deploy_triton(engine, repo, decoupled=True, target_only=True)
-    assert json.loads((repo / "dflash2_repository.json").read_text())["target_only"] is True
+    record = repository_record(repo)
+    assert record["target_only"] is True
     assert "eagle_choices" not in (repo / "tensorrt_llm" / "config.pbtxt").read_text() and res.ensemble == "ensemble"
     srv = start_server(repo)
-    man = json.loads((engine / "engine.json").read_text())
-    f = OpenAIFrontend(srv.http_url, ensemble="ensemble", model="tiny-target", tokenizer=tokenizer,
-                       max_seq_len=man["limits"]["max_seq_len"], block_size=1).start()
+    f = openai_frontend(record, repo, 0, srv.http_url, "tiny-target")
+    assert f.block_size == 1 and openai_frontend({**record, "target_only": False}, repo, 0, srv.http_url,
+                                                 None).block_size == 1   # what the model reads: config.pbtxt
+    f.start()
     yield f
     f.close()
     stop_and_check(srv)

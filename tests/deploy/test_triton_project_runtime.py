@@ -716,3 +716,26 @@ def test_the_model_reads_cuda_graph_mode(standin_trt_engine, monkeypatch):
     with pytest.raises(pb.TritonModelException, match=r"^config.pbtxt max_batch_size 1000: must be in \[1, \d+\] "
                                                       r"\(the engine's max_batch_size\); write the repository again"):
         init_batch(1000)
+
+
+def test_the_model_reads_target_only(standin_trt_engine, monkeypatch):
+    """target_only "true" opens the target alone (K 0) with decoding_mode auto and no eagle_choices; a bad value, a
+    draft tree or another decoding mode beside it is the parameter's own error, said before the engine loads."""
+    cpu_dir = standin_trt_engine[1]
+    pb, mod = _python_model_module(monkeypatch)
+    opened = []
+    real = serving.open_engine
+    monkeypatch.setattr(mod, "open_engine", lambda d, **kw: opened.append(kw) or real(d, **kw))
+    m = _init_model(mod, cpu_dir, target_only="true", decoding_mode="auto")
+    try:
+        assert m.engine.K == 0 and type(m.engine).__name__ == "TargetOnlyEngine"
+    finally:
+        m.finalize()
+    opened.clear()
+    for params, why in (({"target_only": "yes"}, "parameter target_only 'yes' is not true or false"),
+                        ({"target_only": "true", "eagle_choices": "{0}"}, "eagle_choices: the target alone"),
+                        ({"target_only": "true", "decoding_mode": "eagle"}, "decoding_mode 'eagle': the target alone"),
+                        ({"decoding_mode": "auto"}, "decoding_mode 'auto': this engine runs eagle decoding only")):
+        with pytest.raises(pb.TritonModelException, match=why):
+            _init_model(mod, cpu_dir, **params)
+    assert opened == []   # each refused before the engine was opened

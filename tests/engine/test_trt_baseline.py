@@ -388,3 +388,25 @@ def test_serving_the_target_alone_opens_the_baseline_engine(standin_trt_engine, 
     assert '"target_only"' in pbtxt and "eagle_choices" not in pbtxt
     with pytest.raises(ConfigError, match="--target-only: applies to the python-backend model"):
         deploy_triton(with_baseline, tmp_path / "repo2", ids_only=True, target_only=True, backend="tensorrtllm")
+
+
+def test_the_target_alone_of_an_executor_path_engine_and_of_a_broken_baseline(with_baseline, tmp_path):
+    """An engine TensorRT-LLM's executor runs (runtime path executor) still serves its target alone: baseline/ runs on
+    the project runtime only, so --target-only writes the python model there, `--backend auto` included (serve has no
+    --backend). A baseline whose files are gone is refused before anything is written, with advice for serving."""
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+    from dflash2_trt.testing.corrupt import copy_with_json
+
+    d = copy_with_json(with_baseline, tmp_path / "exec", "engine.json",
+                       runtime_path={"path": "executor", "why": ["w"], "limits": [], "description": "x"})
+    assert deploy_triton(d, tmp_path / "plain", ids_only=True).backend == "tensorrtllm"
+    res = deploy_triton(d, tmp_path / "alone", ids_only=True, target_only=True)
+    assert (res.backend, res.runtime) == ("python", "project")
+    broken = tmp_path / "broken"
+    shutil.copytree(with_baseline, broken)
+    gone = next(p for p in (broken / "baseline").iterdir() if p.name != "config.json")
+    gone.unlink()
+    with pytest.raises(ConfigError, match="the baseline engine is incomplete or modified; rebuild with --baseline, "
+                                          "or serve the combined engine without --target-only"):
+        deploy_triton(broken, tmp_path / "repo", ids_only=True, target_only=True)
+    assert not (tmp_path / "repo").exists()

@@ -379,7 +379,9 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if backend == "auto":
         # the python model on the project runtime where the executor will not run the engine; TensorRT-LLM's
         # executor for the rest
-        backend = "python" if man["backend"] in ("cpu", "cuda") or path["path"] == "project" else "tensorrtllm"
+        # executor for the rest; the target alone (baseline/ for a TensorRT engine) only ever runs on the project's
+        backend = ("python" if target_only or man["backend"] in ("cpu", "cuda") or path["path"] == "project"
+                   else "tensorrtllm")
     if backend not in BACKENDS:
         raise ConfigError(f"must be one of auto, {', '.join(BACKENDS)}, got {backend!r}", field="--backend")
     if backend == "tensorrtllm" and man["backend"] in ("cpu", "cuda"):

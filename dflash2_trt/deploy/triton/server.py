@@ -608,6 +608,19 @@ def serve_until_stopped(srv, poll_s: float = 0.25) -> bool:
     return False
 
 
+def serves_target_only(repository, record: dict) -> bool:
+    """Whether the repository's tensorrt_llm model serves the target alone: its config.pbtxt's ``target_only``
+    parameter, what the model itself reads (the repository record's copy where the file cannot be parsed)."""
+    from .repository import parse_config
+
+    path = Path(repository) / "tensorrt_llm" / "config.pbtxt"
+    try:
+        params = parse_config(path.read_text(), source=path).parameters
+    except (OSError, DFlash2Error):
+        return bool(record.get("target_only"))
+    return "target_only" in params and params["target_only"].string_value.strip().lower() == "true"
+
+
 def openai_frontend(record: dict, repository, port: int, triton_http: str, model: str | None):
     """The OpenAI API of ``serve --openai-port`` (not started): the repository's ensemble, the engine's tokenizer (chat
     templates), ``max_seq_len`` and block size, as its record names them."""
@@ -626,7 +639,7 @@ def openai_frontend(record: dict, repository, port: int, triton_http: str, model
             man = json.loads((Path(engine) / "engine.json").read_text())
             # the target alone (deploy triton --target-only) takes one slot per step, not the draft block
             max_seq_len = int(man["limits"]["max_seq_len"])
-            block_size = 1 if record.get("target_only") else int(man["block_size"])
+            block_size = 1 if serves_target_only(repository, record) else int(man["block_size"])
         except (OSError, ValueError, KeyError, TypeError):
             max_seq_len = block_size = None
     return OpenAIFrontend(triton_http, ensemble=ensemble, model=model or Path(engine or repository).name,

@@ -261,17 +261,19 @@ def refuse_target_only_trtllm(engine_dir) -> None:
     """A TensorRT engine directory serves its target alone from its ``baseline/`` engine (``build --baseline``), at tp
     1 (a tp engine's follower ranks open the combined engine): anything else is one line, before any engine opens."""
     from ...engine.format import load_engine_dir
-    from ...engine.trtllm.session import has_baseline
+    from ...engine.trtllm.session import baseline_config, has_baseline
 
     cfg, man = load_engine_dir(engine_dir)
     if not has_baseline(man):
         raise ConfigError("has no baseline engine to serve the target alone from: build it with `dflash2-trt build "
                           "--backend trtllm --baseline ...` (the target alone, in ENGINE_DIR/baseline/)",
-                          source=engine_dir, field="target_only")
+                          source=engine_dir, field="--target-only")
     tp = int(((cfg or {}).get("pretrained_config") or {}).get("mapping", {}).get("tp_size", 1))
     if tp != 1:
         raise ConfigError(f"serving the target alone is for tp 1 engines; this one is tp {tp} (bench run measures a tp "
-                          f"engine's baseline)", source=engine_dir, field="target_only")
+                          f"engine's baseline)", source=engine_dir, field="--target-only")
+    # its files as engine.json records them, its config the target alone of this engine: before anything loads
+    baseline_config(engine_dir, cfg, man, without="or serve the combined engine without --target-only")
 
 
 def draft_stats(acceptance_lengths, K: int) -> dict:

@@ -678,12 +678,13 @@ def has_baseline(man: dict) -> bool:
     return isinstance(man.get("baseline"), dict)
 
 
-def baseline_config(engine_dir, cfg: dict, man: dict, *, verify: bool = False) -> dict:
+def baseline_config(engine_dir, cfg: dict, man: dict, *, verify: bool = False,
+                    without: str = "or run `bench run --no-baseline`") -> dict:
     """The baseline engine's config.json (trtllm-build's, in ``baseline/``), checked: its files as engine.json's
     ``baseline.files`` records them (size; sha256 for config.json, every file with ``verify``), and against the
     combined engine's ``cfg``: the target alone (``dflash2_engine.network`` target_only), the same tp, vocabulary, dtype,
     layers and the limits the runtime relies on. A directory without one says how to build it; one whose files are
-    gone or changed says to rebuild it or to run without it."""
+    gone or changed says to rebuild it or, ``without``, how to do without it."""
     engine_dir = Path(engine_dir)
     man_path = engine_dir / "engine.json"
     if not has_baseline(man):
@@ -691,11 +692,11 @@ def baseline_config(engine_dir, cfg: dict, man: dict, *, verify: bool = False) -
                           f"(the target alone, in {BASELINE_DIR}/)", source=engine_dir, field="baseline")
     files = man["baseline"].get("files")
     if not isinstance(files, dict) or f"{BASELINE_DIR}/config.json" not in files:
-        raise ConfigError("no file list (built by an earlier development version): rebuild with --baseline, or run "
-                          "`bench run --no-baseline`", source=man_path, field="baseline.files")
+        raise ConfigError(f"no file list (built by an earlier development version): rebuild with --baseline, {without}",
+                          source=man_path, field="baseline.files")
     for _, why in file_problems(engine_dir, files, verify=verify, hashed=(f"{BASELINE_DIR}/config.json",)):
-        raise ConfigError(f"{why}: the baseline engine is incomplete or modified; rebuild with --baseline, or run "
-                          f"`bench run --no-baseline`", source=man_path, field="baseline.files")
+        raise ConfigError(f"{why}: the baseline engine is incomplete or modified; rebuild with --baseline, {without}",
+                          source=man_path, field="baseline.files")
     path = engine_dir / BASELINE_DIR / "config.json"
     try:
         base = json.loads(path.read_text())

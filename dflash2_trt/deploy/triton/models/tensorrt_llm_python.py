@@ -100,6 +100,16 @@ class TritonPythonModel:
         if target_only not in ("true", "false"):
             raise pb_utils.TritonModelException(f"parameter target_only {target_only!r} is not true or false")
         target_only = target_only == "true"
+        mode = _param(cfg, "decoding_mode", "auto" if target_only else "eagle")
+        if target_only:   # one token per request per step, no draft tree: checked before the engine loads
+            if _param(cfg, "eagle_choices") is not None:
+                raise pb_utils.TritonModelException("eagle_choices: the target alone (target_only true) decodes "
+                                                    "autoregressively, with no draft tree; leave it out")
+            if mode != "auto":
+                raise pb_utils.TritonModelException(f"decoding_mode {mode!r}: the target alone (target_only true) "
+                                                    f"decodes autoregressively: decoding_mode \"auto\"")
+        elif mode != "eagle":
+            raise pb_utils.TritonModelException(f"decoding_mode {mode!r}: this engine runs eagle decoding only")
         try:
             self.engine, self.manifest, runtime = open_engine(engine_dir, kv_cache_fraction=fraction,
                                                               cuda_graphs=graphs == "true", target_only=target_only)
@@ -112,16 +122,7 @@ class TritonPythonModel:
             _log(f"tensorrt_llm: torch uses {threads} CPU thread{'s' if threads > 1 else ''}, one CPU left to "
                  f"tritonserver (OMP_NUM_THREADS overrides)")
         K = self.engine.K
-        mode = _param(cfg, "decoding_mode", "auto" if target_only else "eagle")
-        if target_only:   # one token per request per step: no draft tree to check
-            if mode != "auto" or _param(cfg, "eagle_choices") is not None:
-                raise pb_utils.TritonModelException(f"decoding_mode {mode!r}: the target alone (target_only true) "
-                                                    f"decodes autoregressively: decoding_mode \"auto\", no eagle_choices")
-            choices = None
-        elif mode != "eagle":
-            raise pb_utils.TritonModelException(f"decoding_mode {mode!r}: this engine runs eagle decoding only")
-        else:
-            choices = _param(cfg, "eagle_choices")
+        choices = None if target_only else _param(cfg, "eagle_choices")
         chain = ",".join("{" + ",".join(["0"] * d) + "}" for d in range(1, K + 1))
         if choices is not None and choices.replace(" ", "") != chain:
             # a different tree would silently change what the engine is asked to verify
