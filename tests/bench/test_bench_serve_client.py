@@ -18,7 +18,7 @@ import pytest
 
 from dflash2_trt.testing.cli import cli, one_error_line
 
-FIRST_S, GAP_S = 0.3, 0.1
+FIRST_S, GAP_S = 0.15, 0.05
 
 
 class Handler(BaseHTTPRequestHandler):
