@@ -701,7 +701,7 @@ class RequestsBar:
         if not self.enabled:
             return
         if self.bar is None:
-            from .bench.cpu import progress_bar
+            from .bench.common import progress_bar
 
             self.bar = progress_bar(True, total, "run")
         self.bar.update(done - self.bar.n)

@@ -1,8 +1,9 @@
 """Helpers every benchmark module shares, with no imports from the other bench modules: what an engine
-directory's ``engine.json`` says (without loading the engine) and the ``--concurrency`` list."""
+directory's ``engine.json`` says (without loading the engine), the ``--concurrency`` list, the progress bar."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..engine.format import ENGINE_FORMAT
@@ -73,3 +74,12 @@ def parse_concurrency(text) -> list[int]:
     if len(set(vals)) != len(vals):
         raise ConfigError(f"a concurrency is repeated in {text!r}", field="--concurrency")
     return vals
+
+
+def progress_bar(enabled: bool, total: int, desc: str):
+    """A bar of requests done on stderr (``enabled``: on a terminal only; tqdm's ``disable=None`` is off where stderr
+    is not a TTY, e.g. in CI logs)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, disable=None if enabled else True, leave=False,
+                dynamic_ncols=True)

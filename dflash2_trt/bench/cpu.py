@@ -40,7 +40,7 @@ from ..sampling import effective_temperature
 from ..engine.graph_rules import counts_between
 from ..engine.standin.graphs import GraphedSteps
 from .autoregressive import open_target_only_engine
-from .common import parse_concurrency
+from .common import parse_concurrency, progress_bar
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
 
@@ -67,14 +67,6 @@ def drive(runtime, requests, concurrency: int, *, on_finish=None) -> float:
             on_finish(len(finished))
         top_up()
     return time.perf_counter() - t0
-
-
-def progress_bar(enabled: bool, total: int, desc: str):
-    from tqdm import tqdm
-
-    # enabled: a bar on a terminal (tqdm's disable=None: off when stderr is not a TTY, e.g. in CI logs)
-    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, disable=None if enabled else True, leave=False,
-                dynamic_ncols=True)
 
 
 def bench_cpu(engine_dir, dataset, *, concurrency, num_requests: int | None = None, temperature: float = 0.0,

@@ -284,13 +284,9 @@ def prompt_tokenizer_dir(engine_dir, manifest: dict):
     return (manifest.get("sources") or {}).get("target_dir")
 
 
-def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, num_requests: int | None,
-                        tokenizer_dir=None) -> list[dict]:
-    """``[{"task_id", "input_ids", "output_tokens", "where"}]`` from a trtllm-bench dataset: parsed by
-    ``run``'s reader (``engine/common.py: read_prompts_file``, the one parser of these lines), text
-    prompts tokenized with the target's tokenizer, ``num_requests`` the first N lines (as
-    trtllm-bench's ``--num_requests``; more than the file holds is an error)."""
-
+def dataset_lines(path, num_requests: int | None) -> list[dict]:
+    """A trtllm-bench dataset's lines (``engine/common.py: read_prompts_file``), the first ``num_requests`` of them
+    (as trtllm-bench's ``--num_requests``; more than the file holds is an error)."""
     items = read_prompts_file(path)
     if num_requests is not None:
         if not isinstance(num_requests, int) or isinstance(num_requests, bool) or num_requests < 1:
@@ -300,6 +296,17 @@ def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, nu
                               f"(prepare a bigger one with `dflash2-trt bench prepare-dataset --num-requests`)",
                               source=path, field="--num-requests")
         items = items[:num_requests]
+    return items
+
+
+def load_bench_requests(path, *, vocab_size: int, default_output_tokens: int, num_requests: int | None,
+                        tokenizer_dir=None) -> list[dict]:
+    """``[{"task_id", "input_ids", "output_tokens", "where"}]`` from a trtllm-bench dataset: parsed by
+    ``run``'s reader (``engine/common.py: read_prompts_file``, the one parser of these lines), text
+    prompts tokenized with the target's tokenizer, ``num_requests`` the first N lines (as
+    trtllm-bench's ``--num_requests``; more than the file holds is an error)."""
+
+    items = dataset_lines(path, num_requests)
     tok = None
     out = []
     for it in items:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, DFlash2Error, raise_if_stop_requested
-from .common import SERVE_FORMAT, parse_concurrency
+from .common import SERVE_FORMAT, parse_concurrency, progress_bar
 from .metrics import distribution
 
 SERVE_SCHEMA = 1
@@ -374,14 +374,9 @@ def load_items(dataset, *, num_requests: int | None, max_new_tokens: int, tokeni
     """The dataset's lines as ``{"task_id", "prompt", "max_tokens", "input_len", "where"}``: text sent as it is, ids
     decoded by the tokenizer (``--tokenizer`` / ``--engine-dir``; special tokens kept, so a rendered chat prompt
     stays one)."""
-    from ..engine.common import read_prompts_file
+    from .dataset import dataset_lines
 
-    lines = read_prompts_file(dataset)
-    if num_requests is not None:
-        if num_requests > len(lines):
-            raise ConfigError(f"{num_requests} requests asked, the dataset has {len(lines)} lines", source=dataset,
-                              field="--num-requests")
-        lines = lines[:num_requests]
+    lines = dataset_lines(dataset, num_requests)
     tok = None
     out = []
     for ln in lines:
@@ -497,8 +492,6 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
         raise_if_stop_requested()
         bar = None
         if progress:
-            from .cpu import progress_bar
-
             bar = progress_bar(True, len(items), f"{what}concurrency {c}")
         try:
             sent, wall = run_level(endpoint, items, c, model=name, request_rate=request_rate, burstiness=burstiness,

@@ -29,7 +29,8 @@ from ..errors import ConfigError, DFlash2Error, pending_stop
 from ..reference.generate import SEED_MAX
 from ..runtime import Runtime
 from .common import parse_concurrency
-from .cpu import drive, make_requests, progress_bar
+from .common import progress_bar
+from .cpu import drive, make_requests
 from .dataset import load_bench_requests, prompt_tokenizer_dir
 from .metrics import run_metrics
 

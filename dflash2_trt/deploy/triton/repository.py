@@ -408,7 +408,7 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     if target_only and man["backend"] == "trtllm":
         from .serving import refuse_target_only_trtllm
 
-        refuse_target_only_trtllm(engine_dir)
+        refuse_target_only_trtllm(engine_dir, cfg, man)
     if cuda_graphs and backend != "python":
         raise ConfigError("applies to the python-backend model (--backend python, the project's runtime): the "
                           "tensorrtllm backend's own cuda_graph_mode is not turned on by this project, since it has "

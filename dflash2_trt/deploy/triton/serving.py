@@ -257,13 +257,15 @@ def response_tokens(tokens, end_ids) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] in tuple(end_ids) else tokens
 
 
-def refuse_target_only_trtllm(engine_dir) -> None:
+def refuse_target_only_trtllm(engine_dir, cfg: dict | None = None, man: dict | None = None) -> None:
     """A TensorRT engine directory serves its target alone from its ``baseline/`` engine (``build --baseline``), at tp
-    1 (a tp engine's follower ranks open the combined engine): anything else is one line, before any engine opens."""
+    1 (a tp engine's follower ranks open the combined engine): anything else is one line, before any engine opens.
+    ``cfg`` / ``man``: the directory's config.json and engine.json where the caller has read them."""
     from ...engine.format import load_engine_dir
     from ...engine.trtllm.session import baseline_config, has_baseline
 
-    cfg, man = load_engine_dir(engine_dir)
+    if cfg is None or man is None:
+        cfg, man = load_engine_dir(engine_dir)
     if not has_baseline(man):
         raise ConfigError("has no baseline engine to serve the target alone from: build it with `dflash2-trt build "
                           "--backend trtllm --baseline ...` (the target alone, in ENGINE_DIR/baseline/)",
@@ -388,13 +390,13 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
                               f"engine", field="kv_cache_free_gpu_mem_fraction")
         from ...engine.standin.engine import open_standin_engine
 
-        if target_only:
+        kw = {}
+        if target_only:   # bench run's baseline engine, served
             from ...bench.autoregressive import TargetOnlyEngine
 
-            engine, man = open_standin_engine(engine_dir, engine_cls=TargetOnlyEngine)
+            kw["engine_cls"] = TargetOnlyEngine
             description += "; the target alone (the autoregressive baseline, K 0)"
-        else:
-            engine, man = open_standin_engine(engine_dir)
+        engine, man = open_standin_engine(engine_dir, **kw)
         if graphs:
             from ...engine.standin.graphs import GraphedSteps
 
