@@ -736,7 +736,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         if front is not None:
             front.start()
             ranks += f"; OpenAI API http://{front.url}/v1 (model {front.model!r})"
-        alone = " (the target alone: the autoregressive baseline)" if record.get("target_only") else ""
+        alone = " (the target alone: the autoregressive baseline)" if serves_target_only(repository, record) else ""
         echo(f"serving {engine_dir or repository}{alone} on {HOST}: HTTP http://{srv.http_url}, gRPC {srv.grpc_url}, "
              f"metrics http://{HOST}:{srv.metrics_port}/metrics; models: {', '.join(models)}{ranks} (Ctrl-C stops)")
         if serve_until_stopped(srv):
