@@ -442,7 +442,25 @@ def test_submit_checks_the_engine_limits(loop):
         loop.submit(_parse(_req()), Sink())
 
 
-def test_an_output_len_past_max_seq_len_is_shortened_as_tensorrt_llm_does(cpu_engine, prompts):
+@pytest.fixture(scope="module")
+def short_engine(tmp_path_factory):
+    """The tiny target's engine at --max-seq-len 128 --max-input-len 64: decoding up to its length limit takes a
+    hundred tokens, not the 490 of the default 512 (12 s of the suite)."""
+    from click.testing import CliRunner
+
+    from dflash2_trt.cli import main
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+
+    out = tmp_path_factory.mktemp("short") / "engine"
+    r = CliRunner().invoke(main, ["build", "--target", "tiny", "--backend", "cpu", "--output", str(out),
+                                  "--max-seq-len", "128", "--max-input-len", "64", "--max-batch-size", "4"])
+    assert r.exit_code == 0, r.output
+    eng, _ = open_standin_engine(out)
+    yield eng
+    eng.close()
+
+
+def test_an_output_len_past_max_seq_len_is_shortened_as_tensorrt_llm_does(short_engine, prompts):
     """Held to the record of TensorRT-LLM's LlmRequest::validate (tensorrtllm_backend.yaml ``requests``): a
     request_output_len that does not fit max_seq_len beside the prompt and the draft slots runs shortened to what
     fits, with a line for the server's log (it was refused: a new user's report)."""
@@ -454,7 +472,8 @@ def test_an_output_len_past_max_seq_len_is_shortened_as_tensorrt_llm_does(cpu_en
     rec = yaml.safe_load((Path(serving.__file__).parent / "tensorrtllm_backend.yaml").read_text())["requests"]
     assert rec["output_len_over_max_seq_len"] == "shortened"
     notes = []
-    lp = ServingLoop(cpu_engine, max_batch_size=4, log=notes.append)
+    lp = ServingLoop(short_engine, max_batch_size=4, log=notes.append)
+    assert lp.runtime.max_seq_len == 128
     try:
         p = prompts[0]
         room = lp.runtime.max_seq_len - len(p) - (lp.K + 1)
