@@ -962,12 +962,15 @@ def bench_run_cmd(engine_dir, dataset, concurrency, num_requests, temperature, s
 @click.option("--baseline-url", help="A second server loaded the same way after each level (e.g. serve --target-only: "
                                      "the target alone): its row, the speedup and (T = 0) identical outputs.")
 @click.option("--baseline-model", help="The baseline server's model name [default: the one it lists].")
+@click.option("--goodput", multiple=True, metavar="KEY:MS[,KEY:MS]",
+              help="Service-level objectives (vLLM's: ttft, tpot, e2el, in ms; repeat or join with commas): each "
+                   "level also counts the requests that meet all of them, and those per second.")
 @click.option("--json", "json_out", help="Write the report (JSON) here.")
 @click.option("--save-outputs", is_flag=True, help="Keep every request's text in the JSON report.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def bench_serve_cmd(base_url, dataset, concurrency, model, chat, num_requests, request_rate, burstiness, temperature,
                     seed, max_new_tokens, ignore_eos, tokenizer_dir, engine_dir, api_key, timeout, no_usage_per_event,
-                    baseline_url, baseline_model, json_out, save_outputs, no_progress) -> None:
+                    baseline_url, baseline_model, goodput, json_out, save_outputs, no_progress) -> None:
     """Load a running OpenAI-compatible server and time it on the client: TTFT, ITL, latency, throughput and tokens
     per streamed event per concurrency (vllm bench serve's figures, for this project's serve and any other)."""
     from .bench.io import atomic_write_json, check_output_file
@@ -992,7 +995,8 @@ def bench_serve_cmd(base_url, dataset, concurrency, model, chat, num_requests, r
                       ignore_eos=ignore_eos, request_rate=request_rate, burstiness=burstiness,
                       tokenizer_dir=tokenizer_dir, api_key=api_key, timeout=timeout, keep_outputs=save_outputs,
                       baseline_url=baseline_url, baseline_model=baseline_model, progress=not no_progress,
-                      usage_per_event=not no_usage_per_event, on_start=lambda d: click.echo(render_head(d)),
+                      usage_per_event=not no_usage_per_event, goodput=goodput,
+                      on_start=lambda d: click.echo(render_head(d)),
                       on_level=lambda lv: click.echo(render_level(lv)))
     if json_out is not None:
         atomic_write_json(json_out, doc)

@@ -8,7 +8,7 @@ Definitions (every figure of a report's ``speculative`` / ``autoregressive`` blo
   emitted the request's first token; ``itl_s``: (latency - TTFT) / (output tokens - 1), requests
   with more than one token (trtllm-bench's inter-token latency).
 - Percentiles are nearest-rank: the value at sorted index ``ceil(p/100 * n) - 1``, as
-  ``gptManagerBenchmark``'s ``calcPercentile`` computes them; ``mean``, ``min``, ``max`` besides.
+  ``gptManagerBenchmark``'s ``calcPercentile`` computes them; ``mean``, ``std`` (population), ``min``, ``max`` besides.
 - ``acceptance``: over every generation step of every request (the context step that emits a
   request's first token is not a draft-verify step): ``mean`` = the acceptance length, tokens the
   engine accepted per step (its ``num_accepted_tokens``: accepted drafts + 1; the runtime's
@@ -45,12 +45,14 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
 
 
 def distribution(values: Iterable[float]) -> dict | None:
-    """``{"mean", "p50", "p90", "p99", "min", "max"}`` of ``values``; None when there are none."""
+    """``{"mean", "std", "p50", "p90", "p99", "min", "max"}`` of ``values``; None when there are none. ``std`` is the
+    population standard deviation (numpy's default, vLLM's ``std_*_ms``)."""
     v = sorted(float(x) for x in values)
     if not v:
         return None
-    return {"mean": sum(v) / len(v), "p50": percentile(v, 50), "p90": percentile(v, 90),
-            "p99": percentile(v, 99), "min": v[0], "max": v[-1]}
+    mean = math.fsum(v) / len(v)
+    return {"mean": mean, "std": math.sqrt(math.fsum((x - mean) ** 2 for x in v) / len(v)),
+            "p50": percentile(v, 50), "p90": percentile(v, 90), "p99": percentile(v, 99), "min": v[0], "max": v[-1]}
 
 
 def acceptance_stats(lengths: Iterable[int], draft_len: int) -> dict:

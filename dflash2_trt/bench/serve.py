@@ -11,8 +11,8 @@ At each concurrency C (a level), C client threads send the dataset's requests in
 also due at seeded Poisson times (``burstiness`` b: gamma gaps of shape b and mean 1/R, vLLM's rule; b = 1 is
 Poisson): a request is sent when it is due and a thread is free. Request i carries ``seed`` + i.
 
-Definitions (every figure of a LEVEL; times in seconds, distributions ``{mean, p50, p90, p99, min, max}`` with
-:func:`.metrics.distribution`'s nearest-rank percentiles):
+Definitions (every figure of a LEVEL; times in seconds, distributions ``{mean, std, p50, p90, p99, min, max}``
+with :func:`.metrics.distribution`'s nearest-rank percentiles and population standard deviation):
 
 - ``wall_s``: the first request sent to the last one finished; ``requests_per_s``, ``output_tokens_per_s`` and
   ``total_tokens_per_s`` (prompt + output) are over it, from the completed requests.
@@ -29,6 +29,12 @@ Definitions (every figure of a LEVEL; times in seconds, distributions ``{mean, p
 - ``queue_s`` (a ``request_rate`` only): how long a due request waited for a free thread.
 - ``prompt_tokens_differ``: requests whose server-counted prompt tokens differ from the dataset's ``input_ids``
   (lines of ids are sent as the text the tokenizer decodes them to: the server tokenizes it again).
+- ``goodput`` (with service-level objectives, ``--goodput ttft:MS,tpot:MS,e2el:MS``, vLLM's keys and rule in
+  ``vllm/benchmarks/serve.py``): ``good``, the completed requests that meet every objective given (TTFT, TPOT =
+  this module's per-request ITL, 0 for a one-token output, and latency each at most its milliseconds), and
+  ``requests_per_s`` = good / ``wall_s``; both null, and ``unknown`` saying why, where an objective's figure is
+  unknown for a completed request (``tpot`` against a server that counts no tokens, a request that streamed no
+  token); the level's ``goodput`` is null without objectives.
 
 A request that fails (an HTTP error, an error event, a cut stream, a timeout) is counted in ``failed`` with its
 reason; the figures are over the completed ones, and the command exits 1 after writing its report.
@@ -322,9 +328,55 @@ def run_level(endpoint: Endpoint, items: list[dict], concurrency: int, *, model:
     return sent, wall
 
 
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+"""The service-level objectives ``--goodput`` takes: vLLM's names (``vllm bench serve --goodput``), in milliseconds."""
+
+
+def parse_goodput(values) -> dict[str, float] | None:
+    """``--goodput`` values (each ``KEY:MS``, or several joined by commas) as ``{key: milliseconds}``; None for none."""
+    slo: dict[str, float] = {}
+    for value in values or ():
+        for pair in str(value).split(","):
+            key, sep, ms = pair.strip().partition(":")
+            if not sep or key not in GOODPUT_KEYS:
+                raise ConfigError(f"{pair.strip()!r}: each objective is KEY:MILLISECONDS with KEY one of "
+                                  f"{', '.join(GOODPUT_KEYS)} (e.g. ttft:200,tpot:50)", field="--goodput")
+            try:
+                v = float(ms)
+            except ValueError:
+                v = float("nan")
+            if not (v >= 0 and v != float("inf")):
+                raise ConfigError(f"{pair.strip()!r}: the milliseconds must be a finite number >= 0",
+                                  field="--goodput")
+            if key in slo:
+                raise ConfigError(f"{key} is given twice ({slo[key]:g} and {v:g} ms)", field="--goodput")
+            slo[key] = v
+    return slo or None
+
+
+def _goodput(ok: list[Sent], first: dict, wall: float, slo: dict[str, float] | None) -> dict | None:
+    """The level's ``goodput`` (module docstring), None without objectives or where a figure is unknown."""
+    if not slo:
+        return None
+    good = 0
+    for s in ok:
+        t, n = first[id(s)], s.completion_tokens
+        if "tpot" in slo and n is None:
+            return {"good": None, "requests_per_s": None, "unknown": "the server counted no output tokens (tpot)"}
+        if t is None and ("ttft" in slo or "tpot" in slo and n > 1):
+            return {"good": None, "requests_per_s": None, "unknown": f"task {s.task_id} streamed no token"}
+        got = {"e2el": s.end - s.start}
+        if t is not None:
+            got["ttft"] = t - s.start
+        if n is not None:
+            got["tpot"] = (s.end - t) / (n - 1) if n > 1 else 0.0
+        good += all(got[k] <= ms / 1e3 for k, ms in slo.items())
+    return {"good": good, "requests_per_s": good / wall if wall > 0 else None, "unknown": None}
+
+
 def level_metrics(sent: list[Sent], wall: float, *, concurrency: int, dataset_lens: list[int | None],
-                  rate_limited: bool) -> dict:
-    """A LEVEL (the module docstring defines every figure) from its requests."""
+                  rate_limited: bool, goodput: dict[str, float] | None = None) -> dict:
+    """A LEVEL (the module docstring defines every figure) from its requests; ``goodput``: the objectives in ms."""
     ok = [s for s in sent if s.error is None and s.end is not None]
     done = {id(s) for s in ok}
     failed = [s for s in sent if id(s) not in done]
@@ -367,6 +419,7 @@ def level_metrics(sent: list[Sent], wall: float, *, concurrency: int, dataset_le
         "queue_s": distribution((s.start - s.due) for s in ok) if rate_limited else None,
         "prompt_tokens_differ": differ,
         "requests_without_usage": len(ok) - len(timed),
+        "goodput": _goodput(ok, first, wall, goodput),
     }
 
 
@@ -434,12 +487,14 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
                 ignore_eos: bool = False, request_rate: float = float("inf"), burstiness: float = 1.0,
                 tokenizer_dir=None, api_key: str | None = None, timeout: float = 600.0, keep_outputs: bool = False,
                 baseline_url: str | None = None, baseline_model: str | None = None, usage_per_event: bool = True,
-                progress: bool = False, on_start=None, on_level=None) -> dict:
+                goodput=None, progress: bool = False, on_start=None, on_level=None) -> dict:
     """The ``bench serve`` report (:func:`render` prints it); ``on_start(doc)`` is called once the first request has
     come back (the report without levels), ``on_level(level)`` as each level ends. ``baseline_url``: a second server
     (the target alone: ``serve --target-only``, or any other) loaded the same way after each level, its LEVEL under
-    ``baseline``, with ``speedup`` (output tokens/s, served / baseline) and, at temperature 0, ``outputs_identical``."""
+    ``baseline``, with ``speedup`` (output tokens/s, served / baseline) and, at temperature 0, ``outputs_identical``.
+    ``goodput``: ``--goodput``'s values (:func:`parse_goodput`), the objectives each level's ``goodput`` counts."""
     levels = parse_concurrency(concurrency)
+    slo = parse_goodput(goodput)
     if not (temperature >= 0 and temperature != float("inf")):
         raise ConfigError(f"must be a finite number >= 0, got {temperature}", field="--temperature")
     if not request_rate > 0:
@@ -478,7 +533,7 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
                      "usage_per_event_asked": usage_per_event,
                      "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos,
                      "request_rate": None if request_rate == float("inf") else request_rate,
-                     "burstiness": burstiness, "timeout_s": timeout},
+                     "burstiness": burstiness, "timeout_s": timeout, "goodput_ms": slo},
         "usage_per_event": probe.events != [] and all(n is not None for _, n, _ in probe.events),
         "usage_at_end": probe.completion_tokens is not None,
         "levels": [],
@@ -499,7 +554,7 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
         finally:
             if bar is not None:
                 bar.close()
-        lv = level_metrics(sent, wall, concurrency=c, dataset_lens=lens, rate_limited=rate_limited)
+        lv = level_metrics(sent, wall, concurrency=c, dataset_lens=lens, rate_limited=rate_limited, goodput=slo)
         if keep_outputs:
             lv["outputs"] = [{"task_id": s.task_id, "text": s.text, "completion_tokens": s.completion_tokens,
                               "finish_reason": s.finish_reason, "error": s.error} for s in sent]
@@ -554,6 +609,10 @@ def _row(lv: dict, server: str) -> str:
            f"{rate:>9} {_ms(lv['ttft_s'], 'p50'):>9} {_ms(lv['ttft_s'], 'p99'):>8} {_ms(lv['itl_s'], 'p50'):>8} "
            f"{_ms(lv['itl_s'], 'p99'):>7} {_ms(lv['latency_s'], 'p50'):>9} {_ms(lv['latency_s'], 'p99'):>9} "
            f"{tpe:>9}")
+    g = lv.get("goodput")
+    if g is not None:
+        row += " good -" if g["good"] is None else \
+            f" good {g['good']}/{lv['completed']} ({g['requests_per_s'] or 0:.2f}/s)"
     return row + (f"   {lv['failed']} FAILED" if lv["failed"] else "")
 
 
@@ -584,6 +643,9 @@ def render_head(doc: dict) -> str:
         head.append("the server sends no per-event usage: tok/event is not known (tokens counted at the end only)")
     head.append("times in ms; tok/s = output tokens per second; itl = (latency - ttft) / (tokens - 1); tok/event = "
                 "output tokens per streamed event after the first (per engine step on dflash2-trt serve)")
+    if s.get("goodput_ms"):
+        slo = ", ".join(f"{k} <= {v:g} ms" for k, v in s["goodput_ms"].items())
+        head.append(f"good = completed requests with {slo} (tpot: vLLM's name for itl), and those per second")
     return "\n".join(head + [HEADER, "-" * len(HEADER)])
 
 

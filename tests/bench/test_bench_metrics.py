@@ -19,7 +19,9 @@ def test_nearest_rank_percentiles():
     with pytest.raises(ValueError):
         percentile([], 50)
     d = distribution([3, 1, 2, 4])
-    assert d == {"mean": 2.5, "p50": 2.0, "p90": 4.0, "p99": 4.0, "min": 1.0, "max": 4.0}
+    # std: the population standard deviation (numpy's default, vLLM's std_*_ms): sqrt(mean of squared deviations)
+    assert d == {"mean": 2.5, "std": 1.25 ** 0.5, "p50": 2.0, "p90": 4.0, "p99": 4.0, "min": 1.0, "max": 4.0}
+    assert distribution([7.0])["std"] == 0.0
     assert distribution([]) is None
 
 
