@@ -997,7 +997,7 @@ def bench_serve_cmd(base_url, dataset, concurrency, model, chat, num_requests, r
                       baseline_url=baseline_url, baseline_model=baseline_model, progress=not no_progress,
                       usage_per_event=not no_usage_per_event, goodput=goodput,
                       on_start=lambda d: click.echo(render_head(d)),
-                      on_level=lambda lv: click.echo(render_level(lv)))
+                      on_level=lambda lv, part: click.echo(render_level(lv, part)))
     if json_out is not None:
         atomic_write_json(json_out, doc)
         click.echo(f"wrote report {json_out}")

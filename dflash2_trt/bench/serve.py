@@ -14,6 +14,10 @@ Poisson): a request is sent when it is due and a thread is free. Request i carri
 Definitions (every figure of a LEVEL; times in seconds, distributions ``{mean, std, p50, p90, p99, min, max}``
 with :func:`.metrics.distribution`'s nearest-rank percentiles and population standard deviation):
 
+- ``requests`` sent at the level by ``threads`` = min(C, requests) client threads; ``completed`` and ``failed``
+  (``errors``: ``{task_id, error}`` of the first 10 failed).
+- ``input_tokens`` / ``output_tokens``: the server's counts (``usage``) summed over the completed requests; null
+  where some request came back without them (``requests_without_usage`` counts those).
 - ``wall_s``: the first request sent to the last one finished; ``requests_per_s``, ``output_tokens_per_s`` and
   ``total_tokens_per_s`` (prompt + output) are over it, from the completed requests.
 - ``ttft_s``: the request sent to the first event that carries an output token; ``latency_s``: sent to the stream's
@@ -21,7 +25,8 @@ with :func:`.metrics.distribution`'s nearest-rank percentiles and population sta
   ``bench run`` and trtllm-bench call the inter-token latency, vLLM's TPOT).
 - ``event_gap_s``: the time between two successive events that carry tokens, over every request (vLLM's ITL: with
   speculative decoding one event can carry several tokens).
-- ``tokens_per_event``: output tokens per such event, leaving out each request's first (its prompt's step). Where
+- ``tokens_per_event``: output tokens per such event, leaving out each request's first (its prompt's step):
+  ``{mean, events, histogram {tokens: events}}``. Where
   the server sends one event per engine step (``serve --openai-port`` does), its ``mean`` is the emitted acceptance
   length, the tokens each verify step gave the client (``bench run``'s ``acceptance.emitted_mean``); null where the
   server sends no per-event usage. An event whose text decodes to nothing is not sent by ``serve``, so the next
@@ -32,17 +37,26 @@ with :func:`.metrics.distribution`'s nearest-rank percentiles and population sta
 - ``goodput`` (with service-level objectives, ``--goodput ttft:MS,tpot:MS,e2el:MS``, vLLM's keys and rule in
   ``vllm/benchmarks/serve.py``): ``good``, the completed requests that meet every objective given (TTFT, TPOT =
   this module's per-request ITL, 0 for a one-token output, and latency each at most its milliseconds), and
-  ``requests_per_s`` = good / ``wall_s``; both null, and ``unknown`` saying why, where an objective's figure is
-  unknown for a completed request (``tpot`` against a server that counts no tokens, a request that streamed no
-  token); the level's ``goodput`` is null without objectives.
+  ``requests_per_s`` = good / ``wall_s``. A request with no token-carrying event (no output, or only text that
+  decoded to nothing) is timed from its first event with choices, vLLM's TTFT. Both are null, and ``unknown`` says
+  why, where an objective's figure is unknown for a completed request (``tpot`` against a server that counts no
+  tokens, a stream without choices); the level's ``goodput`` is null without objectives.
+
+- ``outputs`` (``keep_outputs``, ``--save-outputs``): every request's ``{task_id, text, completion_tokens,
+  finish_reason, error}``.
+
+The report around the levels: ``endpoint``, ``model`` and ``served_models`` (what ``GET /v1/models`` listed), the
+same for the ``baseline`` server, ``dataset``, ``settings`` (the options), and ``usage_per_event`` /
+``usage_at_end``: whether the untimed first request came back with a token count on every event / at its end.
 
 A request that fails (an HTTP error, an error event, a cut stream, a timeout) is counted in ``failed`` with its
 reason; the figures are over the completed ones, and the command exits 1 after writing its report.
 
 With a baseline server (``baseline_url``: e.g. ``serve --target-only``, the same engine's target alone), each level is
 run on it too, right after the served one, with the same requests: its LEVEL is the level's ``baseline``, ``speedup``
-= output tokens/s served / baseline, and at temperature 0 ``outputs_identical`` = ``{"identical", "compared"}``
-(requests completed on both, and those whose texts are equal).
+= output tokens/s served / baseline (null where either side failed a request: the two did different work), and at
+temperature 0 ``outputs_identical`` = ``{"identical", "compared"}`` (requests completed on both, and those whose texts
+are equal).
 """
 
 from __future__ import annotations
@@ -78,6 +92,7 @@ class Sent:
     due: float = 0.0
     start: float | None = None
     events: list = field(default_factory=list)   # (time, tokens the event carried or None, text)
+    first_choice: float | None = None             # the first event with choices (vLLM's TTFT), tokens or not
     end: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -149,7 +164,7 @@ class Endpoint:
     def models(self, *, field: str = "--base-url") -> list[str]:
         """The ids ``GET /v1/models`` lists (the server must answer it: every OpenAI-compatible server does)."""
         where = f"{self.origin}{self.prefix}/v1/models"
-        c = self.connect(timeout=30.0)
+        c = self.connect()
         try:
             c.request("GET", f"{self.prefix}/v1/models", headers=self.headers)
             r = c.getresponse()
@@ -232,6 +247,8 @@ class Endpoint:
         choices = ev.get("choices") or []
         if not isinstance(choices, list) or (usage is not None and not isinstance(usage, dict)):
             raise TypeError("choices must be a list and usage an object")
+        if choices and s.first_choice is None:
+            s.first_choice = now
         text = ""
         for ch in choices:
             piece = (ch.get("delta") or {}).get("content") if self.chat else ch.get("text")
@@ -348,6 +365,7 @@ def parse_goodput(values) -> dict[str, float] | None:
             if not (v >= 0 and v != float("inf")):
                 raise ConfigError(f"{pair.strip()!r}: the milliseconds must be a finite number >= 0",
                                   field="--goodput")
+            v += 0.0   # -0 is 0
             if key in slo:
                 raise ConfigError(f"{key} is given twice ({slo[key]:g} and {v:g} ms)", field="--goodput")
             slo[key] = v
@@ -360,15 +378,17 @@ def _goodput(ok: list[Sent], first: dict, wall: float, slo: dict[str, float] | N
         return None
     good = 0
     for s in ok:
-        t, n = first[id(s)], s.completion_tokens
+        # a request with no token-carrying event (no output, or text that decoded to nothing) is timed from its
+        # first event with choices, as vLLM times every TTFT
+        t, n = first[id(s)] if first[id(s)] is not None else s.first_choice, s.completion_tokens
         if "tpot" in slo and n is None:
             return {"good": None, "requests_per_s": None, "unknown": "the server counted no output tokens (tpot)"}
         if t is None and ("ttft" in slo or "tpot" in slo and n > 1):
-            return {"good": None, "requests_per_s": None, "unknown": f"task {s.task_id} streamed no token"}
+            return {"good": None, "requests_per_s": None, "unknown": f"task {s.task_id} streamed no choices"}
         got = {"e2el": s.end - s.start}
-        if t is not None:
+        if "ttft" in slo:
             got["ttft"] = t - s.start
-        if n is not None:
+        if "tpot" in slo:
             got["tpot"] = (s.end - t) / (n - 1) if n > 1 else 0.0
         good += all(got[k] <= ms / 1e3 for k, ms in slo.items())
     return {"good": good, "requests_per_s": good / wall if wall > 0 else None, "unknown": None}
@@ -471,8 +491,10 @@ def _open(ep: Endpoint, model: str | None, item: dict, *, temperature: float, se
     if probe.error is not None:
         hint = ("; a server that does not take stream_options.continuous_usage_stats (OpenAI's own): "
                 "--no-usage-per-event" if "continuous_usage" in probe.error and ep.usage_per_event else "")
+        # a model the server does not list is the likelier fault than the address, which answered the model list
+        at_fault = model_field if model not in served else url_field
         raise ConfigError(f"the first request ({item['where']}) failed at {ep.url}: {probe.error}{hint}",
-                          field=url_field)
+                          field=at_fault)
     return model, served, probe
 
 
@@ -489,7 +511,9 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
                 baseline_url: str | None = None, baseline_model: str | None = None, usage_per_event: bool = True,
                 goodput=None, progress: bool = False, on_start=None, on_level=None) -> dict:
     """The ``bench serve`` report (:func:`render` prints it); ``on_start(doc)`` is called once the first request has
-    come back (the report without levels), ``on_level(level)`` as each level ends. ``baseline_url``: a second server
+    come back (the report without levels), ``on_level(level, part)`` as each level ends (``part`` None), or with a
+    baseline twice: after the served pass ("served") and after the baseline's ("baseline"); ``render_level`` takes
+    the same ``part``. ``baseline_url``: a second server
     (the target alone: ``serve --target-only``, or any other) loaded the same way after each level, its LEVEL under
     ``baseline``, with ``speedup`` (output tokens/s, served / baseline) and, at temperature 0, ``outputs_identical``.
     ``goodput``: ``--goodput``'s values (:func:`parse_goodput`), the objectives each level's ``goodput`` counts."""
@@ -562,6 +586,8 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
 
     for c in levels:
         sent, lv = one(ep, model, c, "")
+        if on_level is not None and bep is not None:
+            on_level(lv, "served")   # said before the baseline's pass: a stop there keeps this row on the screen
         if bep is not None:
             bsent, blv = one(bep, baseline_model, c, "baseline ")
             lv["baseline"] = blv
@@ -571,7 +597,7 @@ def bench_serve(*, base_url: str, dataset, concurrency="1,4,16", model: str | No
             lv["outputs_identical"] = compare_outputs(sent, bsent) if temperature == 0 else None
         doc["levels"].append(lv)
         if on_level is not None:
-            on_level(lv)
+            on_level(lv, "baseline" if bep is not None else None)
     return doc
 
 
@@ -616,16 +642,18 @@ def _row(lv: dict, server: str) -> str:
     return row + (f"   {lv['failed']} FAILED" if lv["failed"] else "")
 
 
-def render_level(lv: dict) -> str:
+def render_level(lv: dict, part: str | None = None) -> str:
     """A level's row (throughput, TTFT / ITL / latency p50 and p99 in ms, tokens per event); with a baseline, its row
-    and the speedup line."""
+    and the speedup line. ``part``: "served" for the served row alone, "baseline" for the rest (as ``on_level`` says
+    them while the level runs), None for all."""
     if lv.get("baseline") is None:
         return _row(lv, "served")
     same = lv["outputs_identical"]
     same = "" if same is None else f", outputs identical {same['identical']}/{same['compared']}"
     speedup = "-" if lv["speedup"] is None else f"{lv['speedup']:.2f}x"
-    return "\n".join([_row(lv, "served"), _row(lv["baseline"], "baseline"),
-                      f"{'':>4} speedup {speedup} (output tokens/s, served / baseline){same}"])
+    rows = [_row(lv, "served"), _row(lv["baseline"], "baseline"),
+            f"{'':>4} speedup {speedup} (output tokens/s, served / baseline){same}"]
+    return "\n".join(rows[:1] if part == "served" else rows[1:] if part == "baseline" else rows)
 
 
 def render_head(doc: dict) -> str:
@@ -641,8 +669,9 @@ def render_head(doc: dict) -> str:
         head.append("the server sends no usage: output tokens, tok/s, itl and tok/event are not known")
     elif not doc["usage_per_event"]:
         head.append("the server sends no per-event usage: tok/event is not known (tokens counted at the end only)")
-    head.append("times in ms; tok/s = output tokens per second; itl = (latency - ttft) / (tokens - 1); tok/event = "
-                "output tokens per streamed event after the first (per engine step on dflash2-trt serve)")
+    head.append("times in ms; tok/s = output tokens per second; itl = (latency - ttft) / (tokens - 1), vLLM's tpot "
+                "(vLLM's itl, the gaps between events, is event_gap_s in the JSON); tok/event = output tokens per "
+                "streamed event after the first (per engine step on dflash2-trt serve)")
     if s.get("goodput_ms"):
         slo = ", ".join(f"{k} <= {v:g} ms" for k, v in s["goodput_ms"].items())
         head.append(f"good = completed requests with {slo} (tpot: vLLM's name for itl), and those per second")

@@ -48,12 +48,15 @@ class Handler(BaseHTTPRequestHandler):
                                                          "stream_options.continuous_usage_stats"}})
         if kind == "http500" or kind in self.FAIL:
             return self._json(500, {"error": {"message": "the engine fell over"}})
+        if body["model"] != "scripted":   # vLLM's answer to a model it does not serve
+            return self._json(404, {"error": {"message": f"The model `{body['model']}` does not exist."}})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         eol = b"\r\n" if kind == "crlf" else b"\n"
         sep = b"data:" if kind == "crlf" else b"data: "
-        every = opts.get("continuous_usage_stats") and kind not in ("nousage", "endusage")
+        # silent: every event's text decodes to nothing (special tokens), usage at the end only; zero: no output
+        every = opts.get("continuous_usage_stats") and kind not in ("nousage", "endusage", "silent")
         n = 0
 
         def send(ev):
@@ -73,6 +76,18 @@ class Handler(BaseHTTPRequestHandler):
             return c
 
         time.sleep(FIRST_S)
+        if kind == "zero":
+            send(chunk("", 0, "stop"))
+            send({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "scripted", "choices": [],
+                  "usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}})
+            return send(b"[DONE]")
+        if kind == "silent":
+            for k in (1, 2, 2, 2):
+                send(chunk("", k))
+                time.sleep(GAP_S)
+            send({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "scripted", "choices": [],
+                  "usage": {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}})
+            return send(b"[DONE]")
         send(chunk("a", 1))
         for i in range(3):
             time.sleep(GAP_S)
@@ -241,10 +256,10 @@ def test_goodput_counts_the_requests_that_meet_every_objective():
                        goodput={"tpot": 1e6})
     assert lv["goodput"]["good"] is None and "counted no output tokens" in lv["goodput"]["unknown"]
     assert good("ttft:600") == (2, 1.0)   # ttft needs no count
-    sent[1].events = [(0.5, 0, "")]       # streamed no token
+    sent[1].events = [(0.5, 0, "")]       # streamed no token, and (built here) no event with choices
     lv = level_metrics(sent, 2.0, concurrency=1, dataset_lens=[None] * 3, rate_limited=False,
                        goodput={"ttft": 1e6})
-    assert lv["goodput"]["good"] is None and "task 1 streamed no token" in lv["goodput"]["unknown"]
+    assert lv["goodput"]["good"] is None and "task 1 streamed no choices" in lv["goodput"]["unknown"]
 
 
 def test_goodput_on_the_command_line(server, tmp_path):
@@ -259,3 +274,40 @@ def test_goodput_on_the_command_line(server, tmp_path):
     assert code == 0 and doc["levels"][0]["goodput"]["good"] == 0 and "good 0/2 (" in text, text
     code, text, doc = _load(server, tmp_path, ["ok"])
     assert doc["levels"][0]["goodput"] is None and doc["settings"]["goodput_ms"] is None and " good " not in text
+
+
+def test_goodput_of_requests_without_a_timed_token(server, tmp_path):
+    """vLLM times TTFT from the first event with choices: a request whose text decoded to nothing (silent) or that
+    gave no token (zero) is judged from that event, not left unknown (nor a traceback: the TPOT of a request with
+    tokens but no timed event)."""
+    for slo in ("e2el:60000", "ttft:60000,tpot:60000,e2el:60000"):
+        code, text, doc = _load(server, tmp_path, ["silent", "zero"], "--goodput", slo)
+        lv = doc and doc["levels"][0]
+        assert code == 0 and lv["goodput"] == {"good": 2, "requests_per_s": 2 / lv["wall_s"], "unknown": None}, text
+        assert lv["output_tokens"] == 7 and lv["ttft_s"] is None   # no event carried a token the client could time
+    code, text, doc = _load(server, tmp_path, ["silent"], "--goodput", f"ttft:{FIRST_S * 1000 / 2}")
+    assert code == 0 and doc["levels"][0]["goodput"]["good"] == 0, text   # its first event came after FIRST_S
+
+
+def test_a_model_the_server_does_not_list_is_blamed_on_model(server, tmp_path):
+    line = one_error_line(*_load(server, tmp_path, ["ok"], "--model", "nope")[:2])
+    assert line.startswith("error: --model: ") and "`nope` does not exist" in line
+
+
+def test_the_served_row_is_said_before_the_baseline_pass(server, flaky_server, tmp_path):
+    """With a baseline, a level's served row is said as soon as its pass ends: a stop during the baseline's pass keeps
+    it on the screen (it was said with the baseline's row, after both)."""
+    from dflash2_trt.bench.serve import bench_serve, render_level
+
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text('{"prompt": "ok x", "output_tokens": 7}\n')
+    said = []
+    doc = bench_serve(base_url=server, dataset=ds, concurrency="1,2", baseline_url=flaky_server,
+                      on_level=lambda lv, part: said.append((lv["concurrency"], part, "baseline" in lv,
+                                                             render_level(lv, part))))
+    assert [x[:3] for x in said] == [(1, "served", False), (1, "baseline", True), (2, "served", False),
+                                     (2, "baseline", True)]
+    baseline_rows = said[1][3].splitlines()
+    assert said[0][3].split()[1] == "served" and len(baseline_rows) == 2
+    assert baseline_rows[0].split()[1] == "baseline" and baseline_rows[1].split()[0] == "speedup"
+    assert render_level(doc["levels"][0]) == said[0][3] + "\n" + said[1][3]

@@ -695,7 +695,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
                               field="--openai-port")
         ports["--openai-port"] = named["--openai-port"] = openai_port
     if len(set(ports.values())) != len(ports):
-        raise ServerError(f"the {len(ports)} ports must differ, got {named}")
+        raise ServerError(f"the {len(ports)} ports must differ, got "
+                          f"{', '.join(f'{what} {port}' for what, port in named.items())}")
     for what, p in named.items():
         check_port_free(p, what)   # before anything is generated or started
     find_tritonserver()
