@@ -135,7 +135,8 @@ def _dist_ms(vals: dict, stem: str) -> dict | None:
             "min": f"min_{stem}", "max": f"max_{stem}"}
     if keys["p50"] not in vals:
         return None
-    return {k: (vals[v] / 1e3 if v in vals else None) for k, v in keys.items()}
+    # std: None, the key every RUN distribution has (the project's own runs compute it, metrics.distribution)
+    return {"std": None, **{k: (vals[v] / 1e3 if v in vals else None) for k, v in keys.items()}}
 
 
 def metrics_from_benchmark(vals: dict, *, num_requests: int) -> dict:

@@ -25,7 +25,8 @@ Top level (``schema_version`` 1; docs/benchmarks.md §2 is the reference)::
 
 RUN (:func:`.metrics.run_metrics` defines every figure): requests, input_tokens, output_tokens,
 wall_s, requests_per_s, output_tokens_per_s, latency_s / ttft_s / itl_s ({mean, std, p50, p90,
-p99, min, max} in seconds), engine_steps, target_tokens, target_tokens_per_emitted_token,
+p99, min, max} in seconds; std null where they are read from trtllm-bench's or gptManagerBenchmark's
+report), engine_steps, target_tokens, target_tokens_per_emitted_token,
 decode_target_tokens_per_emitted_token, acceptance {mean, steps, histogram, per_position,
 per_position_conditional}; with ``bench run --cuda-graphs`` (settings.cuda_graphs true) also cuda_graphs
 {replayed, captured, eager (this run's steps, summing to engine_steps), failed (why a capture failed, in this run or

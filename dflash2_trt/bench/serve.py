@@ -17,7 +17,8 @@ with :func:`.metrics.distribution`'s nearest-rank percentiles and population sta
 - ``requests`` sent at the level by ``threads`` = min(C, requests) client threads; ``completed`` and ``failed``
   (``errors``: ``{task_id, error}`` of the first 10 failed).
 - ``input_tokens`` / ``output_tokens``: the server's counts (``usage``) summed over the completed requests; null
-  where some request came back without them (``requests_without_usage`` counts those).
+  where some request came back without them, or none completed (``requests_without_usage``: the completed requests
+  without an output token count).
 - ``wall_s``: the first request sent to the last one finished; ``requests_per_s``, ``output_tokens_per_s`` and
   ``total_tokens_per_s`` (prompt + output) are over it, from the completed requests.
 - ``ttft_s``: the request sent to the first event that carries an output token; ``latency_s``: sent to the stream's
@@ -37,10 +38,12 @@ with :func:`.metrics.distribution`'s nearest-rank percentiles and population sta
 - ``goodput`` (with service-level objectives, ``--goodput ttft:MS,tpot:MS,e2el:MS``, vLLM's keys and rule in
   ``vllm/benchmarks/serve.py``): ``good``, the completed requests that meet every objective given (TTFT, TPOT =
   this module's per-request ITL, 0 for a one-token output, and latency each at most its milliseconds), and
-  ``requests_per_s`` = good / ``wall_s``. A request with no token-carrying event (no output, or only text that
-  decoded to nothing) is timed from its first event with choices, vLLM's TTFT. Both are null, and ``unknown`` says
-  why, where an objective's figure is unknown for a completed request (``tpot`` against a server that counts no
-  tokens, a stream without choices); the level's ``goodput`` is null without objectives.
+  ``requests_per_s`` = good / ``wall_s``. TTFT is ``ttft_s``'s (the first token-carrying event); a request without
+  one (no output; text that decoded to nothing, without per-event usage) is timed from its first event with
+  choices, vLLM's TTFT for every request (which a chat's role-only event starts). Where a completed request came
+  back without a token count, a ``tpot`` objective leaves ``good`` and ``requests_per_s`` null and ``unknown`` says
+  which (vLLM counts its text's tokens instead). The level's ``goodput`` is null without objectives. A stream
+  without any event with choices is a failed request, as in vLLM.
 
 - ``outputs`` (``keep_outputs``, ``--save-outputs``): every request's ``{task_id, text, completion_tokens,
   finish_reason, error}``.
@@ -54,7 +57,8 @@ reason; the figures are over the completed ones, and the command exits 1 after w
 
 With a baseline server (``baseline_url``: e.g. ``serve --target-only``, the same engine's target alone), each level is
 run on it too, right after the served one, with the same requests: its LEVEL is the level's ``baseline``, ``speedup``
-= output tokens/s served / baseline (null where either side failed a request: the two did different work), and at
+= output tokens/s served / baseline (null where either side failed a request, the two then did different work,
+or where either side's output tokens/s is unknown), and at
 temperature 0 ``outputs_identical`` = ``{"identical", "compared"}`` (requests completed on both, and those whose texts
 are equal).
 """
@@ -157,9 +161,9 @@ class Endpoint:
 
         return bool(addrs(self.host) & addrs(other.host))
 
-    def connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
+    def connect(self) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        return cls(self.host, self.port, timeout=self.timeout if timeout is None else timeout)
+        return cls(self.host, self.port, timeout=self.timeout)
 
     def models(self, *, field: str = "--base-url") -> list[str]:
         """The ids ``GET /v1/models`` lists (the server must answer it: every OpenAI-compatible server does)."""
@@ -231,6 +235,8 @@ class Endpoint:
                 seen = self._event(s, ev, now, seen)
             if s.end is None:
                 s.error = "the stream ended without data: [DONE] (cut off)"
+            elif s.first_choice is None:   # vLLM fails it too: "Never received a valid chunk to calculate TTFT"
+                s.end, s.error = None, "the stream carried no event with choices"
         except (OSError, http.client.HTTPException) as exc:
             s.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         except ValueError as exc:
@@ -352,7 +358,7 @@ GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 def parse_goodput(values) -> dict[str, float] | None:
     """``--goodput`` values (each ``KEY:MS``, or several joined by commas) as ``{key: milliseconds}``; None for none."""
     slo: dict[str, float] = {}
-    for value in values or ():
+    for value in [values] if isinstance(values, str) else values or ():
         for pair in str(value).split(","):
             key, sep, ms = pair.strip().partition(":")
             if not sep or key not in GOODPUT_KEYS:
@@ -378,13 +384,12 @@ def _goodput(ok: list[Sent], first: dict, wall: float, slo: dict[str, float] | N
         return None
     good = 0
     for s in ok:
-        # a request with no token-carrying event (no output, or text that decoded to nothing) is timed from its
-        # first event with choices, as vLLM times every TTFT
+        # the report's TTFT; a request without a token-carrying event, from its first event with choices (vLLM's
+        # TTFT; a completed request has one: send() fails a stream without)
         t, n = first[id(s)] if first[id(s)] is not None else s.first_choice, s.completion_tokens
         if "tpot" in slo and n is None:
-            return {"good": None, "requests_per_s": None, "unknown": "the server counted no output tokens (tpot)"}
-        if t is None and ("ttft" in slo or "tpot" in slo and n > 1):
-            return {"good": None, "requests_per_s": None, "unknown": f"task {s.task_id} streamed no choices"}
+            return {"good": None, "requests_per_s": None,
+                    "unknown": f"task {s.task_id} came back without a token count (tpot)"}
         got = {"e2el": s.end - s.start}
         if "ttft" in slo:
             got["ttft"] = t - s.start
@@ -637,8 +642,8 @@ def _row(lv: dict, server: str) -> str:
            f"{tpe:>9}")
     g = lv.get("goodput")
     if g is not None:
-        row += " good -" if g["good"] is None else \
-            f" good {g['good']}/{lv['completed']} ({g['requests_per_s'] or 0:.2f}/s)"
+        rate = "-" if g["requests_per_s"] is None else f"{g['requests_per_s']:.2f}"
+        row += " good -" if g["good"] is None else f" good {g['good']}/{lv['completed']} ({rate}/s)"
     return row + (f"   {lv['failed']} FAILED" if lv["failed"] else "")
 
 

@@ -353,7 +353,8 @@ def _pct(d, scale=1.0) -> dict | None:
     if not isinstance(d, dict) or "p50" not in d:
         return None
     g = (lambda k: None if d.get(k) is None else float(d[k]) * scale)
-    return {"mean": g("average"), "p50": g("p50"), "p90": g("p90"), "p99": g("p99"), "min": g("minimum"),
+    # std: None, the key every RUN distribution has (the project's own runs compute it, metrics.distribution)
+    return {"mean": g("average"), "std": None, "p50": g("p50"), "p90": g("p90"), "p99": g("p99"), "min": g("minimum"),
             "max": g("maximum")}
 
 

@@ -76,6 +76,10 @@ class Handler(BaseHTTPRequestHandler):
             return c
 
         time.sleep(FIRST_S)
+        if kind == "nochoice":   # only the usage chunk: no event with choices
+            send({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "scripted", "choices": [],
+                  "usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}})
+            return send(b"[DONE]")
         if kind == "zero":
             send(chunk("", 0, "stop"))
             send({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "scripted", "choices": [],
@@ -170,6 +174,7 @@ def test_usage_at_the_end_only_and_none_at_all(server, tmp_path):
 @pytest.mark.parametrize("kind, why", [("error", "error event: boom"), ("objerror", "error event: bad"),
                                        ("notobj", "an event that is not a JSON object: []"),
                                        ("cut", "the stream ended without data: [DONE] (cut off)"),
+                                       ("nochoice", "the stream carried no event with choices"),
                                        ("http500", "HTTP 500: the engine fell over")])
 def test_a_failed_stream_is_a_failed_request(server, tmp_path, kind, why):
     code, text, doc = _load(server, tmp_path, ["ok", kind, "ok"])
@@ -194,11 +199,13 @@ def test_a_server_that_refuses_usage_per_event(server, tmp_path):
                                          (["--burstiness", "0"], "--burstiness"),
                                          (["--base-url", "http://[::1"], "--base-url"),
                                          (["--base-url", "ftp://x"], "--base-url"),
-                                         (["--goodput", "ttft"], "--goodput"), (["--goodput", "itl:5"], "--goodput"),
-                                         (["--goodput", "ttft:-1"], "--goodput"),
-                                         (["--goodput", "e2el:nan"], "--goodput"),
-                                         (["--goodput", "tpot:inf"], "--goodput"),
-                                         (["--goodput", "ttft:1", "--goodput", "tpot:2,ttft:3"], "--goodput")])
+                                         (["--goodput", "ttft"], "--goodput: 'ttft': each objective is KEY:MILLI"),
+                                         (["--goodput", "itl:5"], "--goodput: 'itl:5': each objective is KEY:"),
+                                         (["--goodput", "ttft:-1"], "'ttft:-1': the milliseconds must be a finite"),
+                                         (["--goodput", "e2el:nan"], "'e2el:nan': the milliseconds must be a fini"),
+                                         (["--goodput", "tpot:inf"], "'tpot:inf': the milliseconds must be a fini"),
+                                         (["--goodput", "ttft:1", "--goodput", "tpot:2,ttft:3"],
+                                          "--goodput: ttft is given twice (1 and 3 ms)")])
 def test_bad_numbers_and_addresses(server, tmp_path, args, field):
     ds = tmp_path / "ds.jsonl"
     ds.write_text('{"prompt": "ok x"}\n{"prompt": "ok y"}\n')
@@ -223,11 +230,13 @@ def test_a_baseline_with_failures_has_no_speedup(server, flaky_server, tmp_path)
     assert "--baseline-url" in line and "the served endpoint itself" in line
 
 
-def _sent(i, times, end, tokens, error=None):
+def _sent(i, times, end, tokens, error=None, first_choice=None):
+    """A request as send() leaves it: its events, and its first event with choices (by default the first event)."""
     from dflash2_trt.bench.serve import Sent
 
     s = Sent(i, i, start=0.0, end=end, completion_tokens=tokens, prompt_tokens=5, error=error)
     s.events = [(t, n, "x") for t, n in times]
+    s.first_choice = times[0][0] if first_choice is None else first_choice
     return s
 
 
@@ -246,7 +255,7 @@ def test_goodput_counts_the_requests_that_meet_every_objective():
                            goodput=parse_goodput(slo))
         return lv["goodput"] and (lv["goodput"]["good"], lv["goodput"]["requests_per_s"])
 
-    assert good() is None
+    assert good() is None and parse_goodput("ttft:200,e2el:1") == {"ttft": 200.0, "e2el": 1.0}   # a string: one
     assert good("ttft:200") == (1, 0.5) and good("tpot:50") == (1, 0.5) and good("e2el:300") == (1, 0.5)
     assert good("ttft:600,tpot:100", "e2el:600") == (2, 1.0) and good("ttft:0") == (0, 0.0)
     assert good("tpot:99") == (1, 0.5)   # the one-token request's 0 meets any objective
@@ -254,12 +263,22 @@ def test_goodput_counts_the_requests_that_meet_every_objective():
     sent[0].completion_tokens = None
     lv = level_metrics(sent, 2.0, concurrency=1, dataset_lens=[None] * 3, rate_limited=False,
                        goodput={"tpot": 1e6})
-    assert lv["goodput"]["good"] is None and "counted no output tokens" in lv["goodput"]["unknown"]
+    assert lv["goodput"]["good"] is None and "task 0 came back without a token count" in lv["goodput"]["unknown"]
     assert good("ttft:600") == (2, 1.0)   # ttft needs no count
-    sent[1].events = [(0.5, 0, "")]       # streamed no token, and (built here) no event with choices
-    lv = level_metrics(sent, 2.0, concurrency=1, dataset_lens=[None] * 3, rate_limited=False,
-                       goodput={"ttft": 1e6})
-    assert lv["goodput"]["good"] is None and "task 1 streamed no choices" in lv["goodput"]["unknown"]
+
+
+def test_goodput_times_ttft_as_the_report_does():
+    """TTFT is ttft_s's, the first token-carrying event, even after an earlier event with choices (a chat's role
+    event: vLLM's TTFT); only a request without a token-carrying event is timed from its first event with choices."""
+    from dflash2_trt.bench.serve import level_metrics
+
+    role_first = _sent(0, [(0.2, 1)], 0.3, 1, first_choice=0.01)     # role event at 10 ms, the token at 200 ms
+    silent = _sent(1, [(0.05, 0)], 0.3, 3)                           # text that decoded to nothing, 3 tokens
+    for s, good in ((role_first, 0), (silent, 1)):
+        lv = level_metrics([s], 1.0, concurrency=1, dataset_lens=[None], rate_limited=False, goodput={"ttft": 100})
+        assert lv["goodput"]["good"] == good, s
+    lv = level_metrics([silent], 1.0, concurrency=1, dataset_lens=[None], rate_limited=False, goodput={"tpot": 124})
+    assert lv["goodput"]["good"] == 0 and lv["ttft_s"] is None       # (0.3 - 0.05) / 2 = 125 ms
 
 
 def test_goodput_on_the_command_line(server, tmp_path):
@@ -294,20 +313,55 @@ def test_a_model_the_server_does_not_list_is_blamed_on_model(server, tmp_path):
     assert line.startswith("error: --model: ") and "`nope` does not exist" in line
 
 
-def test_the_served_row_is_said_before_the_baseline_pass(server, flaky_server, tmp_path):
-    """With a baseline, a level's served row is said as soon as its pass ends: a stop during the baseline's pass keeps
-    it on the screen (it was said with the baseline's row, after both)."""
+class Counting(Handler):
+    posts = 0
+
+    def do_POST(self):
+        type(self).posts += 1
+        super().do_POST()
+
+
+def test_the_served_row_is_said_before_the_baseline_pass(server, tmp_path):
+    """With a baseline, a level's served row is said as soon as its pass ends, before the baseline is sent a request
+    of the level: a stop during the baseline's pass keeps it on the screen (it was said with the baseline's row)."""
     from dflash2_trt.bench.serve import bench_serve, render_level
 
+    srv = _serve(Counting)
     ds = tmp_path / "ds.jsonl"
     ds.write_text('{"prompt": "ok x", "output_tokens": 7}\n')
     said = []
-    doc = bench_serve(base_url=server, dataset=ds, concurrency="1,2", baseline_url=flaky_server,
-                      on_level=lambda lv, part: said.append((lv["concurrency"], part, "baseline" in lv,
-                                                             render_level(lv, part))))
-    assert [x[:3] for x in said] == [(1, "served", False), (1, "baseline", True), (2, "served", False),
-                                     (2, "baseline", True)]
+    try:
+        doc = bench_serve(base_url=server, dataset=ds, concurrency="1,2",
+                          baseline_url=f"http://127.0.0.1:{srv.server_address[1]}",
+                          on_level=lambda lv, part: said.append((lv["concurrency"], part, Counting.posts,
+                                                                 render_level(lv, part))))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    # the baseline's posts when each part was said: its probe only, then one per level's request
+    assert [x[:3] for x in said] == [(1, "served", 1), (1, "baseline", 2), (2, "served", 2), (2, "baseline", 3)]
     baseline_rows = said[1][3].splitlines()
     assert said[0][3].split()[1] == "served" and len(baseline_rows) == 2
     assert baseline_rows[0].split()[1] == "baseline" and baseline_rows[1].split()[0] == "speedup"
     assert render_level(doc["levels"][0]) == said[0][3] + "\n" + said[1][3]
+
+
+def test_the_model_list_waits_the_timeout(tmp_path):
+    """A server that takes the connection and never answers GET /v1/models: the command ends after --timeout with
+    one line, not after a fixed wait."""
+    import socket
+
+    lsn = socket.socket()
+    lsn.bind(("127.0.0.1", 0))
+    lsn.listen(4)   # connections are taken by the kernel and never answered
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text('{"prompt": "ok x"}\n')
+    try:
+        t0 = time.monotonic()
+        line = one_error_line(*cli("bench", "serve", "--base-url", f"http://127.0.0.1:{lsn.getsockname()[1]}",
+                                   "--dataset", str(ds), "--timeout", "1", "--no-progress"))
+        took = time.monotonic() - t0
+    finally:
+        lsn.close()
+    assert line.startswith("error: --base-url: no OpenAI-compatible server answers") and "timed out" in line, line
+    assert took < 10, took

@@ -288,8 +288,8 @@ def test_text_and_json_reports_parse_to_the_same_run_block():
     m = from_json
     assert m["requests"] == 64 and m["wall_s"] == 8.0 and m["input_tokens"] == 8192 and m["output_tokens"] == 16384
     assert m["requests_per_s"] == 8.0 and m["output_tokens_per_s"] == 2048.0
-    assert m["latency_s"] == pytest.approx({"mean": 0.4805, "p50": 0.45, "p90": 0.7, "p99": 0.9, "min": 0.21025,
-                                            "max": 0.91})
+    assert m["latency_s"] == pytest.approx({"mean": 0.4805, "std": None, "p50": 0.45, "p90": 0.7, "p99": 0.9,
+                                            "min": 0.21025, "max": 0.91})
     assert m["ttft_s"]["p50"] == pytest.approx(0.03) and m["itl_s"]["p99"] == pytest.approx(0.0034)
     assert m["acceptance"]["mean"] == 4.25 and m["decoding_mode"] == "EAGLE"
     assert m["acceptance"]["histogram"] is None and m["target_tokens"] is None
