@@ -55,3 +55,27 @@ def test_installed_versions_are_tested_ones():
             f"{package} {have} is installed, a minor release this suite has never passed on (tested: "
             f"{', '.join(versions)}). Install {package}{_pin(package)} (pyproject.toml's pin), or run the whole "
             f"suite on {have}, add it to TESTED in tests/test_dependency_pins.py and raise the pin")
+
+
+# torch has no upper bound: a GPU user installs the CUDA build of their choice first (README), and CI installs the CPU
+# wheel 2.13.0. Its lower bound is the oldest release the whole suite has passed on; these are the ones it passed on.
+TORCH_TESTED = ("2.6.0", "2.13.0", "2.14.1", "2.15.0")
+
+
+def test_the_torch_bound_is_the_oldest_tested_release():
+    lo = min(_minor(v) for v in TORCH_TESTED)
+    assert _pin("torch") == f">={lo[0]}.{lo[1]}", (
+        f"pyproject.toml pins torch{_pin('torch')}; the oldest torch the suite has passed on is {lo[0]}.{lo[1]}")
+
+
+def test_the_torch_bound_is_one_the_pinned_transformers_uses():
+    """transformers 5.x turns torch off below its own minimum ("Disabling PyTorch because PyTorch >= 2.6 is required",
+    transformers/utils/import_utils.py): every Hugging Face stage here would then fail in a stranger way. The minimum is
+    the installed transformers' own requirement for its ``torch`` extra."""
+    from importlib.metadata import requires
+
+    need = [r.split(";")[0].split(">=")[1].strip() for r in requires("transformers") or ()
+            if r.replace(" ", "").startswith("torch>=") and 'extra == "torch"' in r]
+    assert need, "transformers' metadata names no torch>= requirement for its torch extra"
+    assert _minor(_pin("torch")[2:]) >= _minor(need[0]), (
+        f"pyproject.toml pins torch{_pin('torch')}, below transformers' own torch>={need[0]}")
