@@ -574,6 +574,10 @@ def build_cmd(target_key, drafter_dir, target_dir, download, output, backend, tp
                 toolchain = None
             else:
                 backend = "trtllm"
+    if backend == "cuda" and not dry_run:   # before a --download: a machine without a GPU refuses at once
+        from .engine.standin.engine import engine_device
+
+        engine_device("cuda")
     d, t = resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=dry_run)
     if dry_run:
         from .checkpoint.writer import check_output_dir

@@ -721,8 +721,12 @@ def render_plan(plan: dict) -> str:
         lines.append("baseline trtllm-build command (--baseline: the target alone):")
         lines.append("  " + plan["baseline_trtllm_build"]["line"])
     if plan.get("trtllm_bench"):
-        lines.append("trtllm-bench command (after the build; DATASET.jsonl from `dflash2-trt bench prepare-dataset "
-                     "--engine-dir ENGINE_DIR ...`; `bench run` runs it per concurrency):")
+        if (plan.get("runtime_path") or {}).get("path") == "project":   # the C++ executor does not take this engine
+            lines.append("trtllm-bench command (the C++ executor's, which this engine's runtime path below does not "
+                         "take: `bench run` measures it on the project runtime instead):")
+        else:
+            lines.append("trtllm-bench command (after the build; DATASET.jsonl from `dflash2-trt bench "
+                         "prepare-dataset --engine-dir ENGINE_DIR ...`; `bench run` runs it per concurrency):")
         lines.append("  " + plan["trtllm_bench"]["line"])
     rt = plan.get("runtime")
     if rt and "error" in rt:

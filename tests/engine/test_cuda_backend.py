@@ -82,11 +82,21 @@ def test_feed_placement_follows_the_contract():
 
 
 @NO_GPU
-def test_build_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
+def test_build_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
     out = tmp_path / "eng"
     line = _one_error_line(*_cli("build", "--target", "tiny", "--backend", "cuda", "--output", str(out)))
-    assert "the cuda backend needs a CUDA GPU" in line
+    assert "the cuda backend needs a CUDA GPU" in line and "build with --backend cpu" in line
     assert not out.exists() and list(tmp_path.iterdir()) == []
+    # before the checkpoints are found or downloaded: a published pair's 57 GB came first, then the refusal
+    import dflash2_trt.cli as cli_mod
+
+    def no_download(*a, **k):
+        raise AssertionError("the pair was resolved (downloaded) before the GPU check")
+
+    monkeypatch.setattr(cli_mod, "resolve_pair", no_download)
+    line = _one_error_line(*_cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--download", "--output",
+                                 str(out)))
+    assert "the cuda backend needs a CUDA GPU" in line and not out.exists()
 
 
 @NO_GPU
@@ -102,7 +112,10 @@ def test_a_cuda_engine_directory_without_a_gpu_is_one_line(tmp_path):
     man = json.loads((out / "engine.json").read_text())
     assert man["backend"] == "cuda" and json.loads((out / "config.json").read_text())["backend"] == "cuda"
     line = _one_error_line(*_cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7"))
-    assert "needs a CUDA GPU" in line and "--backend cpu" in line
+    assert "needs a CUDA GPU" in line and "build with --backend cpu" in line
+    # serve: before tritonserver starts (its model failed in the server's log, ten lines and seconds later)
+    line = _one_error_line(*_cli("serve", "--engine-dir", str(out)))
+    assert "needs a CUDA GPU" in line
     data = tmp_path / "d.jsonl"
     data.write_text('{"task_id": 0, "input_ids": [5, 6, 7], "output_tokens": 4}\n')
     line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(out), "--dataset", str(data), "--backend", "cpu"))

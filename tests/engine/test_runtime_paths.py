@@ -54,6 +54,9 @@ def test_the_dry_run_names_each_targets_runtime_path_and_why():
 
     text = render_plan(q)
     assert "runtime path: project: the project runtime over TensorRT" in text and "  why: recurrent target" in text
+    # the trtllm-bench line is the C++ executor's: on the project path the plan says bench run measures it instead
+    assert "trtllm-bench command (the C++ executor's, which this engine's runtime path below does not take" in text
+    assert "trtllm-bench command (after the build" in render_plan(d) and "does not take" not in render_plan(d)
 
 
 def test_a_recurrent_engine_at_tp2_is_not_blocked_the_patched_executor_remains_an_option():

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...children import die_with_parent, proc_cmdline, proc_stat, process_tree
+from ...engine.format import engine_backend
 from ...errors import (ConfigError, DFlash2Error, MissingDependencyError, clear_stop_requests, committed_outputs,
                        raise_if_stop_requested, raise_stop)
 from . import hygiene
@@ -646,6 +647,14 @@ def openai_frontend(record: dict, repository, port: int, triton_http: str, model
                           tokenizer=tok, max_seq_len=max_seq_len, block_size=block_size, host=HOST, port=port)
 
 
+def _needs_a_gpu() -> None:
+    """A cuda engine's model opens it on the GPU in tritonserver: without one, refuse here in one line (there it fails
+    in the server's log, seconds later)."""
+    from ...engine.standin.engine import engine_device
+
+    engine_device("cuda")
+
+
 def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None = None, port: int = 8000,
           http_port: int | None = None, grpc_port: int | None = None, metrics_port: int | None = None,
           max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
@@ -669,6 +678,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
         if given:
             raise ConfigError("applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
                               "(write another with the option there)", field=given[0])
+    if engine_dir is not None and engine_backend(engine_dir) == "cuda":   # before ports, a repository, tritonserver
+        _needs_a_gpu()
     if ready_timeout is not None and not (isinstance(ready_timeout, (int, float)) and 0 < ready_timeout < float("inf")):
         raise ConfigError(f"must be a number of seconds > 0, got {ready_timeout}", field="--ready-timeout")
     if not (isinstance(drain_timeout, (int, float)) and 0 <= drain_timeout <= 3600):
@@ -723,6 +734,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
             check_repository_paths(repository, models)
         record = repository_record(repository)         # read once: the readiness wait and the rank count
+        if record.get("engine_backend") == "cuda":      # the model would fail in tritonserver's log, after a wait
+            _needs_a_gpu()
         if ready_timeout is None:
             ready_timeout = default_ready_timeout(repository, record)
         srv = TritonServer(repository, http_port=ports["--http-port"], grpc_port=ports["--grpc-port"],

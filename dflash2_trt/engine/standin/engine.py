@@ -41,8 +41,8 @@ def engine_device(backend: str) -> torch.device:
     if not cuda_available():
         from ...trtllm.cuda.plugin_lib import no_gpu_message
 
-        raise MissingDependencyError(no_gpu_message() + " (a cuda engine builds and runs only on a GPU; here use "
-                                     "--backend cpu)")
+        raise MissingDependencyError(no_gpu_message() + " (a cuda engine builds and runs only on a GPU; on this "
+                                     "machine, build with --backend cpu)")
     return torch.device("cuda", torch.cuda.current_device())
 
 
