@@ -35,8 +35,8 @@ sliding_path                       auto       how the target's sliding-window la
                                               engine/pretrained.py resolve_sliding_path; TensorRT-LLM's side:
                                               engine/trtllm/windows.py)
 gpus                               both       CUDA architectures the plugin library is built for: sm_90a, sm_100a
-num_kv_blocks                      0          CPU backend: KV blocks in the pool (0 = enough for max_batch_size
-                                              requests of max_seq_len)
+num_kv_blocks                      0          cpu and cuda backends: KV blocks in each rank's pool (0 = enough
+                                              for max_batch_size requests of max_seq_len)
 =================================  =========  ==================================================================
 """
 

@@ -278,7 +278,9 @@ def weight_bytes_per_rank(t, d, tp: int, dtype: str) -> list[dict] | None:
     return out
 
 
-def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
+def sizing(p: Prepared, gpu_memory_gib: float, backend: str = "trtllm") -> dict:
+    """The memory plan: per rank, TensorRT-LLM's (weights, activations, the KV budget as a fraction of what is free);
+    for a cpu or cuda engine also ``standin``, what the project's stand-in engine allocates (:func:`standin_memory`)."""
     t, d, cfg = p.t, p.d, p.cfg
     tp, item, K = cfg.tp_size, ITEMSIZE[cfg.dtype], p.K
     weights = weight_bytes_per_rank(t, d, tp, cfg.dtype)
@@ -318,6 +320,8 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
         "activations_estimate": {**act, "total": act_total}, "reserve_estimate": RESERVE_BYTES,
         "kv_cache_free_gpu_mem_fraction": cfg.kv_cache_free_gpu_mem_fraction,
     }
+    out["standin"] = (standin_memory(cfg, weights, kv_token, recurrent, act_total, gpu, backend)
+                      if backend in ("cpu", "cuda") else None)
     if weights is None:
         out.update(kv_budget=None, max_batch_that_fits=None, tokens_in_kv_budget=None, fits=None)
         return out
@@ -336,6 +340,31 @@ def sizing(p: Prepared, gpu_memory_gib: float) -> dict:
                fits=fit >= cfg.max_batch_size,
                full_batch_max_len=min(full_batch_len, cfg.max_seq_len),
                most_requests_at_once=budget // shortest)
+    return out
+
+
+def standin_memory(cfg, weights, kv_token: int, recurrent: int, act_total: int, gpu: int, backend: str) -> dict | None:
+    """What a cpu or cuda engine allocates when it opens (engine/standin/engine.py), unlike TensorRT-LLM's budget: every
+    rank in one process on one device, each rank its own paged KV pool of ``num_kv_blocks`` blocks (0: enough for
+    ``max_batch_size`` requests of ``max_seq_len``; no free-memory fraction) and ``max_batch_size`` recurrent-state
+    slots per linear-attention layer. For cuda: whether that, the activations (estimate) and the reserve fit
+    ``gpu`` bytes, and the most ``num_kv_blocks`` that do. None without a weight map."""
+    if weights is None:
+        return None
+    tp, tpb = cfg.tp_size, cfg.tokens_per_block
+    blocks = cfg.num_kv_blocks or -(-cfg.max_seq_len // tpb) * cfg.max_batch_size
+    block_bytes = tpb * kv_token * tp                     # one block index, in every rank's pool
+    w = sum(r["total"] for r in weights)
+    states = recurrent * cfg.max_batch_size * tp
+    total = w + blocks * block_bytes + states
+    out = {"ranks_on_one_device": tp, "num_kv_blocks": blocks, "num_kv_blocks_set": bool(cfg.num_kv_blocks),
+           "weights": w, "kv_pool": blocks * block_bytes, "state_slots": states, "total": total,
+           "device": "on the GPU" if backend == "cuda" else "in host memory", "fits": None,
+           "num_kv_blocks_that_fit": None}
+    if backend == "cuda":
+        room = gpu - w - states - act_total - RESERVE_BYTES
+        out["fits"] = total + act_total + RESERVE_BYTES <= gpu
+        out["num_kv_blocks_that_fit"] = max(0, room // block_bytes)
     return out
 
 
@@ -554,7 +583,7 @@ def make_plan(p: Prepared, *, backend: str, output: str | None, checkpoint_dir: 
     if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
         raise ConfigError(f"must be a positive number, got {gpu_memory_gib}", field="--gpu-memory-gib")
     out = Path(output) if output else Path("ENGINE_DIR")
-    size = sizing(p, gpu_memory_gib)
+    size = sizing(p, gpu_memory_gib, backend)
     ckpt = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(out)
     # what the build does with the checkpoint: a kept directory checked as the build checks it; without --output the
     # TensorRT-LLM backend's OUTPUT.checkpoint is a placeholder, nothing there to check ("unknown")
@@ -700,6 +729,27 @@ def _gib(n) -> str:
     return f"{n:,} B"
 
 
+def _render_standin(m: dict | None, s: dict, backend: str, gpu_gib: float) -> list[str]:
+    """The lines of :func:`standin_memory`: what a cpu or cuda engine allocates (the budget above is TensorRT-LLM's)."""
+    if m is None:
+        return []
+    ranks = f"its {m['ranks_on_one_device']} ranks in one process" if m["ranks_on_one_device"] > 1 else "one process"
+    pool = ("--set num_kv_blocks" if m["num_kv_blocks_set"] else
+            f"enough for max_batch_size {s['max_batch_size']} x max_seq_len {s['max_seq_len']}")
+    lines = [f"the {backend} engine allocates ({ranks}, {m['device']}; not TensorRT-LLM's budget above): "
+             f"weights {_gib(m['weights'])} + KV pool {_gib(m['kv_pool'])} ({m['num_kv_blocks']:,} blocks: {pool}) + "
+             f"recurrent state slots {_gib(m['state_slots'])} = {_gib(m['total'])}"]
+    if m["fits"] is True:
+        lines.append(f"  fits the GPU's {gpu_gib:g} GiB with the activations and reserve above")
+    elif m["fits"] is False:
+        n = m["num_kv_blocks_that_fit"]
+        lines.append(f"  does NOT fit the GPU's {gpu_gib:g} GiB with the activations and reserve above: "
+                     + (f"--set num_kv_blocks={n} fits (requests then wait for blocks), or lower --max-batch-size / "
+                        f"--max-seq-len" if n > 0 else "the weights and state slots alone do not: lower "
+                        "--max-batch-size or use a GPU with more memory"))
+    return lines
+
+
 def render_plan(plan: dict) -> str:
     s, z = plan["settings"], plan["sizing"]
     lines = [f"plan: build {plan['target'] or plan['target_dir']} ({plan['family']}) -> {plan['output']} "
@@ -789,6 +839,7 @@ def render_plan(plan: dict) -> str:
                          f"{s['max_batch_size']} does NOT fit at that length: a request starts only with KV blocks "
                          f"for its whole length, so longer ones wait, none is refused; all {s['max_batch_size']} "
                          f"run at once up to {z['full_batch_max_len']:,} tokens each)")
+    lines += _render_standin(z.get("standin"), s, plan["backend"], z["gpu_memory_gib"])
     for g in plan.get("disk") or ():
         what = ", ".join(f"{it['what']} {_gib(it['bytes'])}"
                          f"{_disk_label(it)}"

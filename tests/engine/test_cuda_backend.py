@@ -242,3 +242,40 @@ def test_kernel_time_is_split_once_per_kernel():
     assert comp["attention"] == pytest.approx(0.030) and comp["gdn"] == pytest.approx(0.100)
     assert comp["selector"] == pytest.approx(0.007) and comp["rest"] == pytest.approx(0.005)
     assert plugin_component("ampere_sgemm") is None and plugin_component("dflash2::dynamicConvKernel") == "drafter"
+
+
+def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path):
+    """A cpu or cuda engine allocates its own pool (every rank in one process, num_kv_blocks blocks, no free-memory
+    fraction): the plan's ``standin`` figures equal the bytes a tiny hybrid tp 2 engine really allocates, and for
+    qwen3.8-27b the cuda plan says the default pool does not fit an H200 and which num_kv_blocks does (the plan gave
+    TensorRT-LLM's budget: "22 requests fit" on a layout of 274 GiB)."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+
+    pair = trained_pair("qwen3_5")
+    args = ["--drafter", str(pair.drafter_dir), "--target-dir", str(pair.target_dir), "--backend", "cpu",
+            "--tp-size", "2", "--max-batch-size", "3"]
+    code, text = _cli("build", *args, "--dry-run", "--json")
+    assert code == 0, text
+    m = json.loads(text)["sizing"]["standin"]
+    out = tmp_path / "eng"
+    code, text = _cli("build", *args, "--output", str(out), "--no-verify")
+    assert code == 0, text
+    eng, _ = open_standin_engine(out)
+    try:
+        pools = sum(p.data.numel() * p.data.element_size() for p in eng.pools)
+        states = sum(t.numel() * t.element_size() for r in eng.states for sp in r.values() for t in (sp.rnn, sp.conv))
+        assert (m["num_kv_blocks"], m["kv_pool"], m["state_slots"]) == (eng.num_blocks, pools, states)
+        assert m["ranks_on_one_device"] == 2 and states > 0 and m["fits"] is None   # cpu: no GPU verdict
+    finally:
+        eng.close()
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json")
+    z = json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]   # after the notes: configs shipped, no weights
+    assert code == 0 and z["fits"] is False and z["kv_pool"] > 141 * 2 ** 30, text
+    n = z["num_kv_blocks_that_fit"]
+    for blocks, fits in ((n, True), (n + 1, False)):
+        code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json", "--set",
+                          f"num_kv_blocks={blocks}")
+        assert json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]["fits"] is fits, blocks
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run")
+    assert f"does NOT fit the GPU's 141 GiB with the activations and reserve above: --set num_kv_blocks={n}" in text
