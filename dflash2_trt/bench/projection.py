@@ -39,7 +39,9 @@ The cost model (every quantity is also in the document it returns, ``components`
                        2 * (layer params) * B * (K + 1) for the draft block and the commit of the
                        step's B * (K + 1) tokens into the drafter's context (fc + each layer's
                        k / v projection: 2 * (taps * H_target * H + layers * 2 * kv * d * H) per token)
-  ``drafter_attention`` K/V of min(L, drafter window) context per drafter layer and request
+  ``drafter_attention`` K/V of min(L, drafter window) context per drafter layer and request (a
+                       published target's window is its build config's: ``drafter_window: full``
+                       attends to all of L, as the engine is built)
   ``drafter_lm_head``  the target's lm_head again on B * K draft rows (weights re-read)
   ``selector``         the pairwise scan: 2 * K * top_k^2 * rank FLOPs per request
 
@@ -61,7 +63,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..checkpoint.inventory import expected_drafter_tensors, expected_target_tensors
@@ -537,7 +539,14 @@ def published_pair_shapes(target_key: str) -> tuple[TargetShapes, DrafterShapes]
         if not ((tdir / "config.json").is_file() and (d / "config.json").is_file()):
             d, tdir = resolve_dirs(entry)
     t = target_shapes(Path(tdir), name=target_key)
-    return t, drafter_shapes(Path(d), t, name=f"{target_key} drafter")
+    d = drafter_shapes(Path(d), t, name=f"{target_key} drafter")
+    from ..config.build import BuildConfig
+
+    if BuildConfig.load(entry.build_config_path).drafter_window == "full":
+        # the engine's drafter attends to the whole context, as the target's build config builds it
+        # (build_configs/*.yaml drafter_window: full), not within the checkpoint's own sliding window
+        d = replace(d, window=None)
+    return t, d
 
 
 def render(doc: dict) -> str:
