@@ -505,8 +505,8 @@ def analyze_cmd(target_key, drafter_dir, target_dir, download, prompts_file, blo
                    "config-only directories are enough.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the plan (--dry-run) or the manifest (engine.json, with output_dir) as JSON.")
-@click.option("--gpu-memory-gib", type=float, default=141.0, show_default=True,
-              help="GPU memory the plan sizes the batch for (H200: 141).")
+@click.option("--gpu-memory-gib", type=float, default=140.4, show_default=True,
+              help="GPU memory the plan sizes the batch for, in GiB (H200: 140.4, its 143771 MiB).")
 @click.option("--verify/--no-verify", default=None,
               help="Fixed prompts through the engine vs the target's greedy decoding; any difference fails the build "
                    "[default: on for small targets].")

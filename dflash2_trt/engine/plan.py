@@ -71,7 +71,8 @@ from ..trtllm.backend import cuda_available, load_network, resolve
 from ..trtllm.cuda.plugin_lib import nvcc_path
 
 GIB = 1 << 30
-H200_GIB = 141.0        # the H200's 141 GB (nvidia-smi: 143771 MiB); --gpu-memory-gib default
+H200_GIB = 140.4        # the H200's memory as CUDA reports it (nvidia-smi: 143771 MiB = 140.40 GiB; "141 GB" is the
+                        # data sheet's, in decimal gigabytes): --gpu-memory-gib default
 RESERVE_BYTES = 1 * GIB
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 HYBRID_ISSUE = "issue 15"
