@@ -292,7 +292,8 @@ def dataset_lines(path, num_requests: int | None) -> list[dict]:
         if not isinstance(num_requests, int) or isinstance(num_requests, bool) or num_requests < 1:
             raise ConfigError(f"must be an integer >= 1, got {num_requests!r}", field="--num-requests")
         if num_requests > len(items):
-            raise ConfigError(f"{num_requests} requests asked, the dataset has {len(items)} line{'' if len(items) == 1 else 's'} "
+            lines = f"{len(items)} line{'' if len(items) == 1 else 's'}"
+            raise ConfigError(f"{num_requests} requests asked, the dataset has {lines} "
                               f"(prepare a bigger one with `dflash2-trt bench prepare-dataset --num-requests`)",
                               source=path, field="--num-requests")
         items = items[:num_requests]

@@ -252,6 +252,12 @@ class BuildConfig:
             num_kv_blocks=integer("num_kv_blocks", 0), source=source)
 
 
+def pool_blocks(max_seq_len: int, tokens_per_block: int, max_batch_size: int, num_kv_blocks: int = 0) -> int:
+    """The KV blocks in each rank's pool of a cpu or cuda engine: ``num_kv_blocks``, or (0) enough for
+    ``max_batch_size`` requests of ``max_seq_len`` (the engine opens with it; the dry run sizes it)."""
+    return int(num_kv_blocks) or -(-int(max_seq_len) // int(tokens_per_block)) * int(max_batch_size)
+
+
 def parse_set(items) -> dict[str, Any]:
     """``--set key=value`` items -> {key: value}; values are YAML scalars or lists (``64``, ``0.85``,
     ``full``, ``[sm_90a]``). Unknown keys and repeated keys are errors naming the item."""

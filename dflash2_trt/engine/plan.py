@@ -49,7 +49,7 @@ from .. import __version__
 from ..bench.trtllm_bench import OPTIONS_FILE, SAMPLER_FILE, planned_command
 from ..checkpoint.reader import SafetensorsCheckpoint
 from ..config import DFlash2Config, TargetConfig, pairing_problems
-from ..config.build import BuildConfig
+from ..config.build import BuildConfig, pool_blocks
 from ..config.pairing import warn_once, warn_pairing
 from ..convert.driver import FAMILY_MAPS, rank_plans
 from ..convert.schema import build_config
@@ -353,7 +353,7 @@ def standin_memory(cfg, weights, kv_token: int, recurrent: int, act_total: int, 
     if weights is None:
         return None
     tp, tpb = cfg.tp_size, cfg.tokens_per_block
-    blocks = cfg.num_kv_blocks or -(-cfg.max_seq_len // tpb) * cfg.max_batch_size
+    blocks = pool_blocks(cfg.max_seq_len, tpb, cfg.max_batch_size, cfg.num_kv_blocks)
     block_bytes = tpb * kv_token * tp                     # one block index, in every rank's pool
     w = sum(r["total"] for r in weights)
     states = recurrent * cfg.max_batch_size * tp

@@ -734,7 +734,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
             models = sorted(p.parent.name for p in Path(repository).glob("*/config.pbtxt"))
             check_repository_paths(repository, models)
         record = repository_record(repository)         # read once: the readiness wait and the rank count
-        if record.get("engine_backend") == "cuda":      # the model would fail in tritonserver's log, after a wait
+        if engine_dir is None and record.get("engine_backend") == "cuda":   # an --engine-dir was checked at the start
             _needs_a_gpu()
         if ready_timeout is None:
             ready_timeout = default_ready_timeout(repository, record)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ...config.build import pool_blocks
 from ...errors import ConfigError, MissingDependencyError
 from ...trtllm.backend import STANDIN_BACKENDS, cuda_available, load_network
 from ...trtllm.cpu import comm, modeling_utils
@@ -84,8 +85,8 @@ class StandinEngine:
         # KV layers: the target's attention layers, then the drafter's (model.total_kv_layers)
         self.num_layers = net.total_kv_layers(cpu.PretrainedConfig.from_dict(self.config))
         tpb = int(limits["tokens_per_block"])
-        per_seq = -(-int(limits["max_seq_len"]) // tpb)
-        self.num_blocks = num_blocks or int(limits.get("num_kv_blocks") or per_seq * int(limits["max_batch_size"]))
+        self.num_blocks = num_blocks or pool_blocks(limits["max_seq_len"], tpb, limits["max_batch_size"],
+                                                    limits.get("num_kv_blocks") or 0)
         dtype = cpu.functional.str_dtype_to_torch(self.config["dtype"])
 
         model_cls = self.model_class()
