@@ -1106,7 +1106,8 @@ def deploy_group() -> None:
               help="Who serves tensorrt_llm (auto: the python model on the project runtime for a CPU or cuda engine "
                    "and for a TensorRT-LLM engine on the project runtime path, tensorrtllm for the rest).")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=None,
-              help="TensorRT-LLM engines only: GPU memory fraction for the KV cache [default: the build's, else 0.9].")
+              help="GPU engines (TensorRT-LLM, cuda) only: GPU memory fraction for the KV cache [default: the build's, "
+                   "else 0.9].")
 @click.option("--plugin-lib", type=click.Path(), default=None,
               help="tensorrtllm backend only: libdflash2_plugins.so for launch.sh's LD_PRELOAD [default: the engine's].")
 @click.option("--cuda-graphs", is_flag=True,

@@ -22,7 +22,9 @@ max_seq_len                        required   prompt + output (trtllm-build adds
                                               max_input_len + 1 + block_size
 max_num_tokens                     required   tokens per engine step; >= max_batch_size x block_size
 kv_cache_free_gpu_mem_fraction     0.9        share of the GPU memory left after weights and activations that the
-                                              runtime gives the KV cache (TensorRT-LLM's KvCacheConfig)
+                                              runtime gives the KV cache (TensorRT-LLM's KvCacheConfig); a cuda
+                                              engine's pool takes it of what is free once its weights and state
+                                              slots are in
 tokens_per_block                   32         tokens per paged KV block; a power of two
 drafter_window                     model      model: the drafter's own sliding window; full: full-context drafter
                                               attention (the TensorRT-LLM backend needs ``full`` where the
@@ -256,6 +258,14 @@ def pool_blocks(max_seq_len: int, tokens_per_block: int, max_batch_size: int, nu
     """The KV blocks in each rank's pool of a cpu or cuda engine: ``num_kv_blocks``, or (0) enough for
     ``max_batch_size`` requests of ``max_seq_len`` (the engine opens with it; the dry run sizes it)."""
     return int(num_kv_blocks) or -(-int(max_seq_len) // int(tokens_per_block)) * int(max_batch_size)
+
+
+def fit_pool_blocks(every: int, free_bytes: int, block_bytes: int, fraction: float) -> int:
+    """How TensorRT-LLM sizes a KV pool on a GPU (KvCacheConfig ``free_gpu_memory_fraction``, the build's
+    ``kv_cache_free_gpu_mem_fraction``): the blocks that ``fraction`` of the memory free once the engine is loaded
+    holds, and no more than ``every`` (:func:`pool_blocks`, every request at max_seq_len); 0 when not one block fits.
+    The TensorRT session and a cuda engine open with it; the dry run sizes with it."""
+    return max(0, min(int(every), int(int(free_bytes) * float(fraction)) // int(block_bytes)))
 
 
 def parse_set(items) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from .. import __version__
 from ..bench.trtllm_bench import OPTIONS_FILE, SAMPLER_FILE, planned_command
 from ..checkpoint.reader import SafetensorsCheckpoint
 from ..config import DFlash2Config, TargetConfig, pairing_problems
-from ..config.build import BuildConfig, pool_blocks
+from ..config.build import BuildConfig, fit_pool_blocks, pool_blocks
 from ..config.pairing import warn_once, warn_pairing
 from ..convert.driver import FAMILY_MAPS, rank_plans
 from ..convert.schema import build_config
@@ -346,26 +346,36 @@ def sizing(p: Prepared, gpu_memory_gib: float, backend: str = "trtllm") -> dict:
 
 def standin_memory(cfg, weights, kv_token: int, recurrent: int, act_total: int, gpu: int, backend: str) -> dict | None:
     """What a cpu or cuda engine allocates when it opens (engine/standin/engine.py), unlike TensorRT-LLM's budget: every
-    rank in one process on one device, each rank its own paged KV pool of ``num_kv_blocks`` blocks (0: enough for
-    ``max_batch_size`` requests of ``max_seq_len``; no free-memory fraction) and ``max_batch_size`` recurrent-state
-    slots per linear-attention layer. For cuda: whether that, the activations (estimate) and the reserve fit
-    ``gpu`` bytes, and the most ``num_kv_blocks`` that do. None without a weight map."""
+    rank in one process on one device, each rank its own paged KV pool and ``max_batch_size`` recurrent-state slots
+    per linear-attention layer. The pool: ``num_kv_blocks`` blocks, else enough for ``max_batch_size`` requests of
+    ``max_seq_len``, which a cuda engine cuts to what ``kv_cache_free_gpu_mem_fraction`` of the memory free once its
+    weights and slots are in holds (as TensorRT-LLM sizes its pool; the free memory estimated here as the GPU less the
+    weights, the slots and the reserve). The activations are allocated as steps run, from what the pool leaves. For
+    cuda: whether it all fits ``gpu`` bytes, and the most ``num_kv_blocks`` that do. None without a weight map."""
     if weights is None:
         return None
     tp, tpb = cfg.tp_size, cfg.tokens_per_block
+    every = pool_blocks(cfg.max_seq_len, tpb, cfg.max_batch_size)
     blocks = pool_blocks(cfg.max_seq_len, tpb, cfg.max_batch_size, cfg.num_kv_blocks)
+    one = -(-cfg.max_seq_len // tpb)                      # the blocks of one request at max_seq_len
     block_bytes = tpb * kv_token * tp                     # one block index, in every rank's pool
     w = sum(r["total"] for r in weights)
     states = recurrent * cfg.max_batch_size * tp
-    total = w + blocks * block_bytes + states
-    out = {"ranks_on_one_device": tp, "num_kv_blocks": blocks, "num_kv_blocks_set": bool(cfg.num_kv_blocks),
-           "weights": w, "kv_pool": blocks * block_bytes, "state_slots": states, "total": total,
-           "device": "on the GPU" if backend == "cuda" else "in host memory", "fits": None,
-           "num_kv_blocks_that_fit": None}
+    out = {"ranks_on_one_device": tp, "num_kv_blocks_set": bool(cfg.num_kv_blocks), "sized_from_free_memory": False,
+           "weights": w, "state_slots": states, "device": "on the GPU" if backend == "cuda" else "in host memory",
+           "fits": None, "num_kv_blocks_that_fit": None, "full_length_requests": None, "fraction_that_fits": None}
     if backend == "cuda":
-        room = gpu - w - states - act_total - RESERVE_BYTES
-        out["fits"] = total + act_total + RESERVE_BYTES <= gpu
-        out["num_kv_blocks_that_fit"] = max(0, room // block_bytes)
+        free = max(0, gpu - w - states - RESERVE_BYTES)    # what the engine finds free when it sizes its pool
+        if not cfg.num_kv_blocks:
+            blocks = fit_pool_blocks(every, free, block_bytes, cfg.kv_cache_free_gpu_mem_fraction)
+            out["sized_from_free_memory"] = True
+            # the largest fraction (two decimals) that leaves the activations their room
+            out["fraction_that_fits"] = math.floor(100 * (free - act_total) / free) / 100 if free > act_total else 0.0
+        out["num_kv_blocks_that_fit"] = max(0, (free - act_total) // block_bytes)
+        out["fits"] = (blocks >= one or bool(cfg.num_kv_blocks)) and blocks * block_bytes + act_total <= free
+        out["full_length_requests"] = blocks // one
+    total = w + blocks * block_bytes + states
+    out.update(num_kv_blocks=blocks, kv_pool=blocks * block_bytes, total=total)
     return out
 
 
@@ -735,19 +745,37 @@ def _render_standin(m: dict | None, s: dict, backend: str, gpu_gib: float) -> li
     if m is None:
         return []
     ranks = f"its {m['ranks_on_one_device']} ranks in one process" if m["ranks_on_one_device"] > 1 else "one process"
-    pool = ("--set num_kv_blocks" if m["num_kv_blocks_set"] else
-            f"enough for max_batch_size {s['max_batch_size']} x max_seq_len {s['max_seq_len']}")
+    every = f"max_batch_size {s['max_batch_size']} x max_seq_len {s['max_seq_len']}"
+    if m["num_kv_blocks_set"]:
+        pool = "--set num_kv_blocks"
+    elif m["sized_from_free_memory"]:
+        pool = (f"kv_cache_free_gpu_mem_fraction {s['kv_cache_free_gpu_mem_fraction']:g} of the memory free once the "
+                f"weights and state slots are in, at most enough for {every}, as TensorRT-LLM sizes its pool")
+    else:
+        pool = f"enough for {every}"
     lines = [f"the {backend} engine allocates ({ranks}, {m['device']}; not TensorRT-LLM's budget above): "
              f"weights {_gib(m['weights'])} + KV pool {_gib(m['kv_pool'])} ({m['num_kv_blocks']:,} blocks: {pool}) + "
              f"recurrent state slots {_gib(m['state_slots'])} = {_gib(m['total'])}"]
+    n, full = m["num_kv_blocks_that_fit"], m["full_length_requests"]
+    at_once = ("" if full is None else f"; {full:,} requests at max_seq_len at once"
+               + (f" (the others of max_batch_size {s['max_batch_size']} wait for blocks)"
+                  if 0 < full < s["max_batch_size"] else ""))
     if m["fits"] is True:
-        lines.append(f"  fits the GPU's {gpu_gib:g} GiB with the activations and reserve above")
+        lines.append(f"  fits the GPU's {gpu_gib:g} GiB with the activations and reserve above{at_once}")
     elif m["fits"] is False:
-        n = m["num_kv_blocks_that_fit"]
-        lines.append(f"  does NOT fit the GPU's {gpu_gib:g} GiB with the activations and reserve above: "
-                     + (f"--set num_kv_blocks={n} fits (requests then wait for blocks), or lower --max-batch-size / "
-                        f"--max-seq-len" if n > 0 else "the weights and state slots alone do not: lower "
-                        "--max-batch-size or use a GPU with more memory"))
+        if full == 0 and m["sized_from_free_memory"]:
+            fix = ("not one request at max_seq_len fits beside the weights and state slots: lower --max-seq-len / "
+                   "--max-batch-size or use a GPU with more memory")
+        elif m["sized_from_free_memory"] and m["fraction_that_fits"] > 0:
+            fix = (f"the pool leaves too little for the activations: --set kv_cache_free_gpu_mem_fraction="
+                   f"{m['fraction_that_fits']:g} fits (or --set num_kv_blocks={n}), or lower --max-batch-size / "
+                   f"--max-num-tokens")
+        elif n > 0:
+            fix = (f"--set num_kv_blocks={n} fits (requests then wait for blocks), or lower --max-batch-size / "
+                   f"--max-seq-len")
+        else:
+            fix = ("the weights and state slots alone do not: lower --max-batch-size or use a GPU with more memory")
+        lines.append(f"  does NOT fit the GPU's {gpu_gib:g} GiB with the activations and reserve above: {fix}")
     return lines
 
 

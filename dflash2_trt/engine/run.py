@@ -67,6 +67,11 @@ def render(report: dict) -> str:
     lines.append(f"{t['requests']} request(s), {t['output_tokens']} tokens in {t['steps']} engine steps "
                  f"(max batch {report['max_batch_size']}{f'; a prompt cut in chunks in {cut}' if cut else ''}), "
                  f"mean acceptance {_mean(t['mean_acceptance'])}, {t['output_tokens_per_s'] or 0:.1f} tokens/s")
+    pool = report.get("kv_pool") or {}
+    if pool.get("rule") == "free GPU memory":
+        lines.append(f"KV pool: {pool['num_kv_blocks']:,} blocks of {pool['every_request_blocks']:,} for every request "
+                     f"at max_seq_len ({pool['fraction']:g} of the {pool['free_bytes'] / 2**30:.2f} GiB free once the "
+                     f"weights and state slots were in, as TensorRT-LLM sizes its pool; requests beyond it wait)")
     if report.get("cuda_graphs"):
         lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))
     if report.get("chat_template"):

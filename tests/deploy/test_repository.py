@@ -254,8 +254,8 @@ def test_bad_input_is_one_line_and_writes_nothing(engine, tmp_path, args, needle
                                           "LD_PRELOAD); the python backend serves a cpu engine (no plugin library to "
                                           "preload)"),
     (["--backend", "python", "--kv-cache-free-gpu-mem-fraction", "0.5"],
-     "error: --kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python backend serves a cpu "
-     "engine"),
+     "error: --kv-cache-free-gpu-mem-fraction applies to GPU engines (TensorRT-LLM and cuda) only; a cpu engine's KV "
+     "pool, in host memory, holds every request at max_seq_len"),
     (["--backend", "tensorrtllm", "--plugin-lib", "/nonexistent.so"],
      "error: {engine}: --backend tensorrtllm: a cpu engine: the tensorrtllm backend runs TensorRT-LLM engines only"),
 ])

@@ -161,8 +161,8 @@ def test_cpu_engines_keep_refusing_the_gpu_options(standin_trt_engine, tmp_path)
     cpu_dir = standin_trt_engine[1]
     line = one_error_line(*cli("deploy", "triton", "--engine-dir", str(cpu_dir), "--output", str(tmp_path / "r"),
                       "--ids-only", "--kv-cache-free-gpu-mem-fraction", "0.5"))
-    assert line.startswith("error: --kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python "
-                           "backend serves a cpu engine"), line
+    assert line.startswith("error: --kv-cache-free-gpu-mem-fraction applies to GPU engines (TensorRT-LLM and cuda) "
+                           "only; a cpu engine's KV pool"), line
     rec = json.loads((rp.deploy_triton(cpu_dir, tmp_path / "ok", ids_only=True).output
                       / "dflash2_repository.json").read_text())
     assert (rec["backend"], rec["runtime"], rec["engine_backend"], rec["engine_runtime_path"]) == \
@@ -194,7 +194,7 @@ def test_open_engine_and_the_standin_hook(trt_dir, standin_trt_engine, tmp_path,
     eng, man, what = serving.open_engine(standin_trt_engine[1])
     eng.close()
     assert man["backend"] == "cpu" and "over the cpu engine" in what
-    with pytest.raises(ConfigError, match="kv_cache_free_gpu_mem_fraction: applies to TensorRT-LLM engines"):
+    with pytest.raises(ConfigError, match="kv_cache_free_gpu_mem_fraction: applies to GPU engines .* this is a cpu"):
         serving.open_engine(standin_trt_engine[1], kv_cache_fraction=0.5)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from dflash2_trt.errors import ConfigError
 from dflash2_trt.testing.cli import cli as _cli
 from dflash2_trt.testing.cli import one_error_line as _one_error_line
 from dflash2_trt.trtllm import backend
@@ -110,7 +111,10 @@ def test_a_cuda_engine_directory_without_a_gpu_is_one_line(tmp_path):
     prep = prepare(pair.drafter_dir, pair.target_dir, target_key="tiny", overrides={"block_size": 4})
     build_standin(prep, out, backend="cuda")          # what a GPU machine writes (the build itself needs no GPU)
     man = json.loads((out / "engine.json").read_text())
-    assert man["backend"] == "cuda" and json.loads((out / "config.json").read_text())["backend"] == "cuda"
+    cfg = json.loads((out / "config.json").read_text())
+    assert man["backend"] == "cuda" and cfg["backend"] == "cuda"
+    # its pool is sized from the GPU's free memory when it opens: the build's fraction is recorded for it
+    assert cfg["build_config"]["kv_cache_free_gpu_mem_fraction"] == man["limits"]["kv_cache_free_gpu_mem_fraction"] == 0.9
     line = _one_error_line(*_cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7"))
     assert "needs a CUDA GPU" in line and "build with --backend cpu" in line
     # serve: before tritonserver starts (its model failed in the server's log, ten lines and seconds later)
@@ -122,6 +126,18 @@ def test_a_cuda_engine_directory_without_a_gpu_is_one_line(tmp_path):
     assert "is a cuda engine" in line
     line = _one_error_line(*_cli("bench", "run", "--engine-dir", str(out), "--dataset", str(data)))
     assert "needs a CUDA GPU" in line
+    # deploy triton (served elsewhere): the python model gets the fraction, the build's or the option's
+    for extra, want in (((), "0.9"), (("--kv-cache-free-gpu-mem-fraction", "0.5"), "0.5")):
+        repo = tmp_path / f"repo{want}"
+        code, text = _cli("deploy", "triton", "--engine-dir", str(out), "--output", str(repo), "--ids-only", *extra)
+        assert code == 0, text
+        pbtxt = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+        assert 'key: "kv_cache_free_gpu_mem_fraction"' in pbtxt and f'string_value: "{want}"' in pbtxt, pbtxt
+    # a fraction out of range is one line before any GPU is looked for
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+
+    with pytest.raises(ConfigError, match="kv_cache_free_gpu_mem_fraction: must be a number in \\(0, 1\\], got 1.5"):
+        open_standin_engine(out, kv_cache_fraction=1.5)
 
 
 def test_dry_run_plans_the_cuda_build(tmp_path):
@@ -244,11 +260,13 @@ def test_kernel_time_is_split_once_per_kernel():
     assert plugin_component("ampere_sgemm") is None and plugin_component("dflash2::dynamicConvKernel") == "drafter"
 
 
-def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path):
-    """A cpu or cuda engine allocates its own pool (every rank in one process, num_kv_blocks blocks, no free-memory
-    fraction): the plan's ``standin`` figures equal the bytes a tiny hybrid tp 2 engine really allocates, and for
-    qwen3.8-27b the cuda plan says the default pool does not fit an H200 and which num_kv_blocks does (the plan gave
-    TensorRT-LLM's budget: "21 requests fit" on a layout of 274 GiB)."""
+def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch):
+    """A cpu or cuda engine allocates its own pool (every rank in one process): the plan's ``standin`` figures equal the
+    bytes a tiny hybrid tp 2 engine really allocates; a cuda engine sizes its pool from the GPU memory free once its
+    weights and slots are in, as TensorRT-LLM does (kv_cache_free_gpu_mem_fraction), and the engine's own sizing
+    (torch.cuda.mem_get_info played here) gives the plan's block count. For qwen3.8-27b on an H200 the default pool is
+    cut to what fits (before: every request at max_seq_len, 274 GiB, which a GPU run would have met as an
+    out-of-memory error at open)."""
     from dflash2_trt.assets import trained_pair
     from dflash2_trt.engine.standin.engine import open_standin_engine
 
@@ -267,15 +285,76 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path):
         states = sum(t.numel() * t.element_size() for r in eng.states for sp in r.values() for t in (sp.rnn, sp.conv))
         assert (m["num_kv_blocks"], m["kv_pool"], m["state_slots"]) == (eng.num_blocks, pools, states)
         assert m["ranks_on_one_device"] == 2 and states > 0 and m["fits"] is None   # cpu: no GPU verdict
+        assert eng.pool_sizing["rule"] == "every request at max_seq_len" and not m["sized_from_free_memory"]
+        # the cuda sizing of the same engine: what the dry run plans for a GPU with F bytes free at open is what the
+        # engine takes when CUDA reports F (the plan: 0.9 x F over the bytes of one block index in both ranks' pools)
+        assert eng.kv_block_bytes * eng.num_blocks == pools
+        gib = (m["weights"] + m["state_slots"] + 2 ** 30 + 60.5 * eng.kv_block_bytes) / 2 ** 30   # 60.5 blocks free
+        code, text = _cli("build", *args[:4], "--backend", "cuda", *args[6:], "--dry-run", "--json",
+                          "--gpu-memory-gib", repr(gib), "--set", "kv_cache_free_gpu_mem_fraction=0.5")
+        c = json.loads(text[text.index("{"):])["sizing"]["standin"]
+        assert c["sized_from_free_memory"] and c["num_kv_blocks"] == 30 < m["num_kv_blocks"], c
+        free = int(gib * 2 ** 30) - c["weights"] - c["state_slots"] - 2 ** 30
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 2 ** 40))
+        every = eng.num_blocks
+        assert eng._fit_pool(0.5) == c["num_kv_blocks"]
+        assert eng.pool_sizing["rule"] == "free GPU memory" and eng.pool_sizing["free_bytes"] == free
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 ** 40, 2 ** 40))
+        eng.num_blocks = every
+        assert eng._fit_pool(0.5) == every        # never more than every request needs
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4096, 2 ** 40))
+        with pytest.raises(ConfigError, match="kv_cache_free_gpu_mem_fraction: no room for the KV pool: 0.5 of the "
+                                              "0.00 GiB free .* holds 0 blocks"):
+            eng._fit_pool(0.5)
     finally:
         eng.close()
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json")
-    z = json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]   # after the notes: configs shipped, no weights
-    assert code == 0 and z["fits"] is False and z["kv_pool"] > 141 * 2 ** 30, text   # alone more than an H200
-    n = z["num_kv_blocks_that_fit"]
+    z = json.loads(text[text.index("\n{") + 1:])["sizing"]   # after the notes: configs shipped, no weights
+    s = z["standin"]
+    free = z["gpu_memory_bytes"] - s["weights"] - s["state_slots"] - 2 ** 30
+    block = s["kv_pool"] // s["num_kv_blocks"]
+    assert code == 0 and s["fits"] is True and s["sized_from_free_memory"], text
+    assert s["num_kv_blocks"] == int(free * 0.9) // block and s["full_length_requests"] == 20
+    n = s["num_kv_blocks_that_fit"]
+    assert n >= s["num_kv_blocks"]
     for blocks, fits in ((n, True), (n + 1, False)):
         code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json", "--set",
                           f"num_kv_blocks={blocks}")
-        assert json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]["fits"] is fits, blocks
+        got = json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]
+        assert got["fits"] is fits and got["num_kv_blocks"] == blocks and not got["sized_from_free_memory"], blocks
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run")
-    assert f"does NOT fit the GPU's 140.4 GiB with the activations and reserve above: --set num_kv_blocks={n}" in text
+    assert ("(26,601 blocks: kv_cache_free_gpu_mem_fraction 0.9 of the memory free once the weights and state slots "
+            "are in, at most enough for max_batch_size 64 x max_seq_len 40960, as TensorRT-LLM sizes its pool)") in text
+    assert ("fits the GPU's 140.4 GiB with the activations and reserve above; 20 requests at max_seq_len at once (the "
+            "others of max_batch_size 64 wait for blocks)") in text
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--gpu-memory-gib", "66")
+    assert ("does NOT fit the GPU's 66 GiB with the activations and reserve above: not one request at max_seq_len "
+            "fits beside the weights and state slots") in text, text
+    # an H100: 0.9 of what is free leaves less than the activations' estimate; the fraction that does is named
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json",
+                      "--gpu-memory-gib", "80")
+    s = json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]
+    f = s["fraction_that_fits"]
+    assert s["fits"] is False and 0.5 < f < 0.9, s
+    for frac, fits in ((f, True), (f + 0.01, False)):
+        code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json",
+                          "--gpu-memory-gib", "80", "--set", f"kv_cache_free_gpu_mem_fraction={frac:g}")
+        assert json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]["fits"] is fits, frac
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--gpu-memory-gib", "80")
+    assert f"the pool leaves too little for the activations: --set kv_cache_free_gpu_mem_fraction={f:g} fits" in text
+
+def test_run_reports_how_the_pool_was_sized(tmp_path):
+    """`run`'s report carries the pool's sizing; a cuda engine's (from free GPU memory) is also a line of its text."""
+    from dflash2_trt.engine.run import render
+
+    out = tmp_path / "eng"
+    code, text = _cli("build", "--target", "tiny", "--output", str(out), "--no-verify", "--max-batch-size", "2")
+    assert code == 0, text
+    code, text = _cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7", "--max-new-tokens", "3", "--json")
+    rep = json.loads(text[text.index("{"):])
+    assert rep["kv_pool"] == {"num_kv_blocks": 32, "every_request_blocks": 32, "rule": "every request at max_seq_len"}
+    assert "KV pool" not in render(rep)
+    rep["kv_pool"] = {"num_kv_blocks": 20, "every_request_blocks": 32, "rule": "free GPU memory",
+                      "free_bytes": 3 * 2 ** 29, "fraction": 0.9, "block_bytes": 2 ** 20}
+    assert ("KV pool: 20 blocks of 32 for every request at max_seq_len (0.9 of the 1.50 GiB free once the weights and "
+            "state slots were in, as TensorRT-LLM sizes its pool; requests beyond it wait)") in render(rep)

@@ -182,3 +182,25 @@ def test_run_with_cuda_graphs_is_the_targets_own_decoding(key, family, tmp_path)
     sampled = run_standin_engine(tmp_path / "e", prompts_file=str(path), max_batch_size=4, cuda_graphs=True,
                                  temperature=0.8)
     assert not sampled["cuda_graphs"]["failed"] and sampled["cuda_graphs"]["replayed"] >= 5, sampled["cuda_graphs"]
+
+
+def test_the_pool_is_sized_from_free_gpu_memory(tmp_path):
+    """A cuda engine's KV pool, on a real GPU: every request at max_seq_len where that fits the build's fraction of the
+    memory free at open (the tiny pair), and a fraction too small for one request refused in one line."""
+    from dflash2_trt.assets import trained_pair
+    from dflash2_trt.engine.build import build_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+    from dflash2_trt.errors import ConfigError
+
+    pair = trained_pair("qwen3")
+    build_engine(pair.drafter_dir, pair.target_dir, tmp_path / "e", backend="cuda", target_key="tiny", verify=False,
+                 overrides={"tokens_per_block": 16, "max_batch_size": 4})
+    eng, _ = open_standin_engine(tmp_path / "e")
+    try:
+        s = eng.pool_sizing
+        assert s["rule"] == "free GPU memory" and s["fraction"] == 0.9 and s["free_bytes"] > 0
+        assert eng.num_blocks == s["every_request_blocks"] == eng.pools[0].data.shape[0]
+    finally:
+        eng.close()
+    with pytest.raises(ConfigError, match="no room for the KV pool"):
+        open_standin_engine(tmp_path / "e", kv_cache_fraction=1e-12)

@@ -151,7 +151,7 @@ def tensorrt_llm_parameters(backend: str, *, engine_dir: Path, K: int,
             common = {k: v for k, v in common.items() if k != "eagle_choices"}
             common.update(decoding_mode="auto", target_only="true")
         python = {**common, "enable_chunked_context": "true" if chunked_context_default() else "false", **graphs}
-        if engine_backend == "trtllm":
+        if engine_backend in ("trtllm", "cuda"):   # a GPU engine's pool (a cpu engine's holds every request)
             return {**python, "kv_cache_free_gpu_mem_fraction": f"{kv_cache_free_gpu_mem_fraction:g}"}
         return python
     return {**common,
@@ -398,9 +398,9 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
                 else f"serves a {man['backend']} engine (no plugin library to preload)")
         raise ConfigError(f"--plugin-lib applies to the tensorrtllm backend only (launch.sh's LD_PRELOAD); the python "
                           f"backend {what}")
-    if backend == "python" and man["backend"] != "trtllm" and kv_cache_free_gpu_mem_fraction is not None:
-        raise ConfigError(f"--kv-cache-free-gpu-mem-fraction applies to TensorRT-LLM engines only; the python backend "
-                          f"serves a {man['backend']} engine (the project's runtime: no TensorRT-LLM KV cache)")
+    if man["backend"] == "cpu" and kv_cache_free_gpu_mem_fraction is not None:
+        raise ConfigError("--kv-cache-free-gpu-mem-fraction applies to GPU engines (TensorRT-LLM and cuda) only; a cpu "
+                          "engine's KV pool, in host memory, holds every request at max_seq_len")
     if target_only and backend != "python":
         raise ConfigError("applies to the python-backend model (--backend python, the project's runtime): the "
                           "tensorrtllm backend serves the engine as TensorRT-LLM's executor runs it (a stock target "

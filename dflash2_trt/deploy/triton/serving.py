@@ -365,8 +365,8 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
     """``(engine, manifest, description)`` for the python-backend model, chosen by engine.json's ``backend``: a cpu or
     cuda engine through the project's stand-in engine, a TensorRT-LLM engine through
     :func:`~dflash2_trt.engine.trtllm.session.open_trt_session` (TensorRT, TensorRT-LLM's plugin library and the
-    engine's libdflash2_plugins.so: a GPU machine), its KV pool at most ``kv_cache_fraction`` of the free GPU memory
-    (None: the build's). Both give the Runtime the same interface, so everything after this is one code path. The
+    engine's libdflash2_plugins.so: a GPU machine), a GPU engine's KV pool (cuda or TensorRT) at most
+    ``kv_cache_fraction`` of the free GPU memory (None: the build's). Both give the Runtime the same interface, so everything after this is one code path. The
     description says what runs the engine (the model logs it). ``cuda_graphs`` (the model's ``cuda_graph_mode``
     parameter): generation steps replayed from CUDA graphs, a cuda engine's by
     :class:`~dflash2_trt.engine.standin.graphs.GraphedSteps`, a TensorRT session's by its own
@@ -385,12 +385,12 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
         refuse_graphs(backend, field="cuda_graph_mode")
     with_graphs = " (generation steps replayed from CUDA graphs)" if graphs else ""
     if backend != "trtllm":
-        if kv_cache_fraction is not None:
-            raise ConfigError(f"applies to TensorRT-LLM engines (the TensorRT session's KV pool); this is a {backend} "
-                              f"engine", field="kv_cache_free_gpu_mem_fraction")
+        if kv_cache_fraction is not None and backend != "cuda":
+            raise ConfigError(f"applies to GPU engines (a cuda engine's or the TensorRT session's KV pool); this is a "
+                              f"{backend} engine", field="kv_cache_free_gpu_mem_fraction")
         from ...engine.standin.engine import open_standin_engine
 
-        kw = {}
+        kw = {} if kv_cache_fraction is None else {"kv_cache_fraction": float(kv_cache_fraction)}
         if target_only:   # bench run's baseline engine, served
             from ...bench.autoregressive import TargetOnlyEngine
 

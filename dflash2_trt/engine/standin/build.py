@@ -72,6 +72,8 @@ def build_standin(prep, output, *, force: bool = False, command: list[str] | Non
         pre = engine_pretrained_config(ck, cfg, prep.d)
         build = {k: s[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
                                    "tokens_per_block", "num_kv_blocks")}
+        if backend == "cuda":   # its pool is sized from the GPU memory free when it opens (engine/standin/engine.py)
+            build["kv_cache_free_gpu_mem_fraction"] = s["kv_cache_free_gpu_mem_fraction"]
         engine_cfg = {"format": ENGINE_FORMAT, "schema_version": ENGINE_SCHEMA, "backend": backend,
                       "pretrained_config": pre, "build_config": build}
         (tmp / "config.json").write_text(json.dumps(engine_cfg, indent=2) + "\n")

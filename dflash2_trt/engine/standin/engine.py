@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ...config.build import pool_blocks
+from ...config.build import fit_pool_blocks, pool_blocks
 from ...errors import ConfigError, MissingDependencyError
 from ...trtllm.backend import STANDIN_BACKENDS, cuda_available, load_network
 from ...trtllm.cpu import comm, modeling_utils
@@ -85,8 +85,17 @@ class StandinEngine:
         # KV layers: the target's attention layers, then the drafter's (model.total_kv_layers)
         self.num_layers = net.total_kv_layers(cpu.PretrainedConfig.from_dict(self.config))
         tpb = int(limits["tokens_per_block"])
+        # the pool: num_blocks, the build's num_kv_blocks, else every request at max_seq_len; a cuda engine opened from
+        # its directory (limits carry the build's kv_cache_free_gpu_mem_fraction) takes at most that share of the GPU
+        # memory free once its weights and state slots are in, as TensorRT-LLM sizes its pool (sized below)
         self.num_blocks = num_blocks or pool_blocks(limits["max_seq_len"], tpb, limits["max_batch_size"],
                                                     limits.get("num_kv_blocks") or 0)
+        fraction = limits.get("kv_cache_free_gpu_mem_fraction")
+        fit_to_memory = (self.device.type == "cuda" and fraction is not None and not num_blocks
+                         and not limits.get("num_kv_blocks"))
+        self.pool_sizing = {"num_kv_blocks": self.num_blocks, "every_request_blocks": pool_blocks(
+            limits["max_seq_len"], tpb, limits["max_batch_size"]), "rule": "num_kv_blocks" if (
+                num_blocks or limits.get("num_kv_blocks")) else "every request at max_seq_len"}
         dtype = cpu.functional.str_dtype_to_torch(self.config["dtype"])
 
         model_cls = self.model_class()
@@ -122,6 +131,9 @@ class StandinEngine:
         kv_heads = self.config["num_key_value_heads"]
         local_kv = net.local_heads(kv_heads, self.tp)
         self.layer_offset = target_kv_layers   # drafter KV layers follow the target's
+        # one block index: its bytes in every pool this process holds
+        self.kv_block_bytes = (len(self.local_ranks) * self.num_layers * 2 * local_kv * tpb
+                               * int(self.config["head_size"]) * torch.empty((), dtype=dtype).element_size())
         self._pool_mapping = torch.tensor([[0, layer] for layer in range(self.num_layers)], dtype=torch.int32)
         # the runtime fills them once, as TensorRT-LLM's does
         self._window_sizes = layer_windows(net, self.config, int(limits["max_seq_len"]))
@@ -138,10 +150,6 @@ class StandinEngine:
         self.pools: list = []
         self.states: list[dict] = [{} for _ in range(self.tp)]
         try:
-            for r in range(self.tp):
-                self.pools.append(KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb,
-                                              self.config["head_size"], dtype, device=self.device)
-                                  if r in self.local_ranks else None)
             if self.recurrent:
                 # a slot = the state and the deferred commit's records (trtllm/gdn_slot.py: the plugin's layout)
                 lay = engine_slot_layout(self.config)
@@ -149,9 +157,33 @@ class StandinEngine:
                 for r in self.local_ranks:
                     for layer in self.gdn_layers:
                         self.states[r][layer] = StatePool(self.num_slots, lay, conv_kernel, dtype, device=self.device)
+            if fit_to_memory:
+                self.num_blocks = self._fit_pool(float(fraction))
+            for r in range(self.tp):
+                self.pools.append(KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb,
+                                              self.config["head_size"], dtype, device=self.device)
+                                  if r in self.local_ranks else None)
         except BaseException:
             self.close()
             raise
+
+    def _fit_pool(self, fraction: float) -> int:
+        """The pool's blocks on a GPU: at most ``fraction`` of the memory free now (weights and state slots in), every
+        local rank's pool counted (:func:`~dflash2_trt.config.build.fit_pool_blocks`); one line when not even one
+        request at max_seq_len fits."""
+        block_bytes, tpb = self.kv_block_bytes, int(self.limits["tokens_per_block"])
+        free, _ = torch.cuda.mem_get_info(self.device)
+        blocks = fit_pool_blocks(self.num_blocks, free, block_bytes, fraction)
+        one = -(-int(self.limits["max_seq_len"]) // tpb)
+        self.pool_sizing.update(num_kv_blocks=blocks, rule="free GPU memory", free_bytes=int(free),
+                                fraction=fraction, block_bytes=block_bytes)
+        if blocks < one:
+            raise ConfigError(f"no room for the KV pool: {fraction:g} of the {free / 2**30:.2f} GiB free once the "
+                              f"weights and state slots are in holds {blocks} blocks of {block_bytes / 2**20:.2f} MiB, "
+                              f"one request at max_seq_len {self.limits['max_seq_len']} needs {one}: a GPU with more "
+                              f"memory, a build with a lower --max-seq-len, or a higher fraction",
+                              field="kv_cache_free_gpu_mem_fraction")
+        return blocks
 
     def parameters(self) -> list[dict]:
         """Per rank, ``{name: tensor}`` of the loaded parameters (the tensors themselves, not copies)."""
@@ -338,12 +370,17 @@ def limits_from(build: dict, config: dict) -> dict:
         raise ConfigError(f"max_num_tokens {lim['max_num_tokens']} < max_batch_size x (K+1) = "
                           f"{lim['max_batch_size'] * (K + 1)} (trtllm-build's own rule)", field="max_num_tokens")
     lim["num_kv_blocks"] = int(build.get("num_kv_blocks") or 0)
+    if build.get("kv_cache_free_gpu_mem_fraction") is not None:   # a cuda engine's (engine/standin/build.py)
+        lim["kv_cache_free_gpu_mem_fraction"] = float(build["kv_cache_free_gpu_mem_fraction"])
     return lim
 
 
-def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, world=None):
+def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, world=None,
+                        kv_cache_fraction: float | None = None):
     """Open a cpu or cuda engine directory (a cuda one needs a CUDA GPU: one-line error without); ``world``: see
-    :class:`StandinEngine`."""
+    :class:`StandinEngine`. A cuda engine's KV pool takes at most ``kv_cache_fraction`` of the GPU memory free once its
+    weights and state slots are in (None: the build's ``kv_cache_free_gpu_mem_fraction``, else 0.9, as the TensorRT
+    session's; the build's ``num_kv_blocks``, when set, decides instead); a cpu engine has no fraction."""
     if world is None:
         refuse_multiprocess_launch(engine_dir)   # before any work: each process would do all of it
     cfg, man = load_engine_dir(engine_dir, verify=verify)
@@ -352,7 +389,20 @@ def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, wo
                           f"machine (`dflash2-trt run` there, or RUN.md in the engine directory)",
                           source=Path(engine_dir) / "engine.json", field="backend")
     pre = cfg["pretrained_config"]
-    return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(cfg["build_config"], pre),
+    build = dict(cfg["build_config"])
+    if man["backend"] == "cuda":
+        fraction = build.get("kv_cache_free_gpu_mem_fraction", 0.9) if kv_cache_fraction is None else kv_cache_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise ConfigError(f"must be a number in (0, 1], got {fraction!r}",
+                              **({"source": Path(engine_dir) / "config.json",
+                                  "field": "build_config.kv_cache_free_gpu_mem_fraction"} if kv_cache_fraction is None
+                                 else {"field": "kv_cache_free_gpu_mem_fraction"}))
+        build["kv_cache_free_gpu_mem_fraction"] = fraction
+    elif kv_cache_fraction is not None:
+        raise ConfigError(f"applies to GPU engines (a cuda engine's or a TensorRT session's KV pool); this is a "
+                          f"{man['backend']} engine, whose pool holds every request at max_seq_len",
+                          field="kv_cache_free_gpu_mem_fraction")
+    return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(build, pre),
                                          backend=man["backend"], world=world), man
 
 

@@ -48,6 +48,7 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
         report = run_report(engine_dir, reqs, rt, wall, tok, backend=engine.backend, block_size=engine.K + 1,
                             tp_size=engine.tp, temperature=temperature)
         report.update(chat_report(chat))
+        report["kv_pool"] = dict(engine.pool_sizing)   # how the pool was sized (a cuda engine: from free GPU memory)
         if stepper is not engine:
             report["cuda_graphs"] = stepper.report()
         return report

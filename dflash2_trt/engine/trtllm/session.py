@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 
 from ... import plugins
+from ...config.build import fit_pool_blocks
 from ...errors import ConfigError, MissingDependencyError
 from ...trtllm.backend import load_network
 from ...trtllm.cpu.functional import str_dtype_to_torch
@@ -418,11 +419,11 @@ class TrtEngineSession:
         if self.device.type != "cuda":
             return every
         free, _ = torch.cuda.mem_get_info(self.device)
-        fits = int(free * (0.9 if fraction is None else float(fraction))) // self.block_bytes()
+        fits = fit_pool_blocks(every, free, self.block_bytes(), 0.9 if fraction is None else fraction)
         if fits < 1:
             raise ConfigError(f"no room for the KV pool: {free} bytes free after the engine, {self.block_bytes()} "
                               f"per block", field="kv_cache_free_gpu_mem_fraction")
-        return min(every, fits)
+        return fits
 
     @property
     def stream_handle(self) -> int:
