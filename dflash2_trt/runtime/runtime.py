@@ -163,9 +163,10 @@ class Runtime:
                               f"{self.engine.limits['max_input_len']}", field=where)
         need = self._lifetime_tokens(r)
         if need > self.max_seq_len:
+            room = self.max_seq_len - len(r.prompt_ids) - (self.K + 1)
             raise ConfigError(f"prompt ({len(r.prompt_ids)}) + max new tokens ({r.max_new_tokens}) + draft slots "
-                              f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}",
-                              field=where)
+                              f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}: at most "
+                              f"{room} new tokens for this prompt", field=where)
         if len(r.prompt_ids) > self.max_num_tokens and not self.chunked_context:
             why = ("this engine was built without paged context FMHA, which chunked context needs"
                    if not getattr(self.engine, "paged_context_fmha", True) else

@@ -84,7 +84,8 @@ def test_run_corrupted_engine(engine, tmp_path, damage, needle):
 @pytest.mark.parametrize("args,needle", [
     (["--prompt-ids", "1,300"], "outside the vocabulary"),
     (["--prompt-ids", ",".join(["5"] * 300)], "exceeds the engine's max_input_len 256"),
-    (["--prompt-ids", "1,2", "--max-new-tokens", "600"], "exceeds the engine's max_seq_len 512"),
+    (["--prompt-ids", "1,2", "--max-new-tokens", "600"], "exceeds the engine's max_seq_len 512: at most 506 new "
+                                                            "tokens for this prompt"),
     (["--prompt-ids", "1,2", "--max-batch-size", "0"], "--max-batch-size"),
     (["--prompt-ids", "1,2", "--max-batch-size", "9"], "the engine's max_batch_size"),
     (["--prompt-ids", "1,,2"], "--prompt-ids"),
