@@ -80,18 +80,23 @@ class GPU:
     hbm_bytes_per_s: float
     bf16_flops_per_s: float     # dense tensor-core bf16
     source: str
+    memory_bytes: int = 0       # the memory the capacity check sizes for (memory_source says where it comes from)
+    memory_source: str = ""
 
 
 GPUS: dict[str, GPU] = {
     "h200": GPU("h200", "NVIDIA H200 SXM", 4.8e12, 989.5e12,
                 "NVIDIA H200 Tensor Core GPU data sheet: 141 GB HBM3e at 4.8 TB/s; BF16 Tensor Core 1,979 TFLOPS "
-                "with sparsity, 989.5 dense"),
+                "with sparsity, 989.5 dense", 143771 << 20,
+                "nvidia-smi on the H200 lent to this project: 143771 MiB (build --dry-run's 140.4 GiB)"),
     "h100": GPU("h100", "NVIDIA H100 SXM", 3.35e12, 989.4e12,
                 "NVIDIA H100 Tensor Core GPU data sheet (SXM): 80 GB HBM3 at 3.35 TB/s; BF16 Tensor Core 1,979 "
-                "TFLOPS with sparsity, 989.4 dense"),
+                "TFLOPS with sparsity, 989.4 dense", 81559 << 20,
+                "nvidia-smi on the H100 80GB HBM3 lent to this project: 81559 MiB"),
     "b200": GPU("b200", "NVIDIA B200 (HGX, 1000 W)", 8.0e12, 2.25e15,
                 "NVIDIA Blackwell B200: 192 GB HBM3e at 8 TB/s; HGX B200 FP16/BF16 Tensor Core 4.5 PFLOPS with "
-                "sparsity, 2.25 dense"),
+                "sparsity, 2.25 dense", 192 * 10 ** 9,
+                "the data sheet's 192 GB (not yet read from CUDA on a B200 by this project)"),
 }
 
 
@@ -569,8 +574,17 @@ def render(doc: dict) -> str:
                      f"{'speedup':>7}  bound (spec target weights)")
         for p in g["points"]:
             bound = p["components"]["speculative"][0]["bound"]
-            lines.append(f"  {p['concurrency']:>6} {p['ar_step_s'] * 1e3:>10.2f} {p['spec_step_s'] * 1e3:>12.2f} "
-                         f"{p['ar_tokens_per_s']:>9.0f} {p['spec_tokens_per_s']:>10.0f} {p['speedup']:>7.2f}  {bound}")
+            over = "  (KV cache over capacity)" if p.get("kv_fits") is False else ""
+            lines.append(f"  {p['concurrency']:>6} {_ms(p['ar_step_s']):>10} {_ms(p['spec_step_s']):>12} "
+                         f"{p['ar_tokens_per_s']:>9.0f} {p['spec_tokens_per_s']:>10.0f} {p['speedup']:>7.2f}  {bound}"
+                         f"{over}")
+        if (cap := g.get("memory")) and cap.get("most_requests") is not None:
+            over = [p["concurrency"] for p in g["points"] if p.get("kv_fits") is False]
+            lines.append(f"  memory: {cap['gpu_memory_bytes'] / 2**30:.1f} GiB; the combined engine's KV budget "
+                         f"({cap['kv_cache_free_gpu_mem_fraction']:g} of what weights and activations leave, as build "
+                         f"--dry-run sizes it) holds {cap['most_requests']:,} requests at context {cap['context_len']:,}"
+                         + (f": concurrency {', '.join(map(str, over))} would not all fit at once (projected all the "
+                            f"same; on an engine the others wait for KV blocks)" if over else ""))
         art = g.get("article")
         if art:
             c32, c1 = art.get("concurrency_32"), art.get("concurrency_1")
@@ -590,6 +604,13 @@ def render(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _ms(seconds: float) -> str:
+    """A step time in milliseconds: two decimals, or three significant digits below 0.1 ms (a tiny target's step is
+    microseconds, which two decimals print as 0.00)."""
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms >= 0.1 or ms == 0 else f"{ms:.3g}"
+
+
 def render_measured(doc: dict) -> str:
     c = doc["costs"]
     lines = [f"costs: measured ({c['basis']} time per step) from {c['source']}: {c['device']}, {c['backend']} backend, "
@@ -601,7 +622,7 @@ def render_measured(doc: dict) -> str:
         lines.insert(2, note)
     for g in doc["gpus"]:
         for p in g["points"]:
-            lines.append(f"  {p['concurrency']:>6} {p['ar_step_s'] * 1e3:>10.2f} {p['spec_step_s'] * 1e3:>12.2f} "
+            lines.append(f"  {p['concurrency']:>6} {_ms(p['ar_step_s']):>10} {_ms(p['spec_step_s']):>12} "
                          f"{p['ar_tokens_per_s']:>9.0f} {p['spec_tokens_per_s']:>10.0f} {p['speedup']:>7.2f}")
         art = g.get("article")
         what = "a TensorRT engine" if c["backend"] == "trtllm" else f"the {c['backend']} backend's eager stand-in"

@@ -265,9 +265,35 @@ def bench_project(*, target: str | None = None, gpus=None, concurrency=None, con
     doc = project(t, d, [GPUS[k] for k in g], concurrency=levels, context=context_len, tau=tau, acceptance_info=info,
                   bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3,
                   recurrent=recurrent_verify or "replay")
+    for entry in doc["gpus"]:   # the model prices any concurrency; whether its KV cache fits is said beside it
+        cap = entry["memory"] = kv_capacity(target, GPUS[entry["gpu"]["key"]], context_len)
+        for pt in entry["points"]:
+            pt["kv_fits"] = None if cap["most_requests"] is None else pt["concurrency"] <= cap["most_requests"]
     if json_out is not None:
         atomic_write_json(json_out, doc)
     return doc
+
+
+def kv_capacity(target_key: str, gpu, context: int) -> dict:
+    """How many requests of ``context`` tokens a TensorRT-LLM engine of ``target_key`` (its build config at tp 1) keeps
+    in its KV cache on ``gpu`` at once: ``build --dry-run``'s sizing (engine/plan.py :func:`sizing`: the
+    ``kv_cache_free_gpu_mem_fraction`` of the memory the weights, the activations' estimate and the reserve leave; a
+    request's KV at every attention layer of the target and the drafter, its 2K extra slots, whole blocks, and on a
+    hybrid target its recurrent-state slot). ``most_requests`` None where the family has no weight map."""
+    from ..engine.plan import GIB, prepare, sizing
+    from .steps import config_dirs
+
+    d, t = config_dirs(target_key)
+    p = prepare(d, t, target_key=target_key, overrides={"tp_size": 1})
+    z = sizing(p, gpu.memory_bytes / GIB)
+    tpb = p.cfg.tokens_per_block
+    per = (-(-(context + z["extra_slots_per_request"]) // tpb) * tpb * z["kv"]["bytes_per_token"]
+           + z["recurrent_state_bytes_per_request"])
+    budget = z["kv_budget"]
+    return {"gpu_memory_bytes": gpu.memory_bytes, "memory_source": gpu.memory_source, "context_len": context,
+            "kv_cache_free_gpu_mem_fraction": z["kv_cache_free_gpu_mem_fraction"], "kv_budget": budget,
+            "bytes_per_request": per, "most_requests": None if budget is None else budget // per,
+            "rule": "build --dry-run's sizing (engine/plan.py sizing), tp 1"}
 
 
 def _measured_projection(target, costs_from, basis, report, acceptance, acceptance_from, json_out, *, concurrency,

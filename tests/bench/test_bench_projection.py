@@ -196,6 +196,32 @@ def test_project_cli(tmp_path):
         assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
 
 
+def test_project_says_which_concurrencies_the_kv_cache_holds(tmp_path):
+    """The roofline prices any concurrency; beside it, how many requests of the context the combined engine's KV budget
+    holds on each GPU, as `build --dry-run` sizes it (the same number the dry run gives at that max_seq_len), and the
+    rows over it are marked (qwen3.8-27b at context 32768 on an H200: 27, so c32 and c64 are over)."""
+    from dflash2_trt.testing.cli import cli
+
+    out = tmp_path / "p.json"
+    code, text = cli("bench", "project", "--acceptance", "4.8", "--concurrency", "1,27,28", "--context-len", "32768",
+                     "--gpu", "h200,h100", "--json", str(out))
+    assert code == 0, text
+    h200, h100 = json.loads(out.read_text())["gpus"]
+    assert h200["memory"]["gpu_memory_bytes"] == 143771 << 20 and h100["memory"]["gpu_memory_bytes"] == 81559 << 20
+    assert [p["kv_fits"] for p in h200["points"]] == [True, True, False] and h200["memory"]["most_requests"] == 27
+    assert [p["kv_fits"] for p in h100["points"]] == [True, False, False]
+    assert re.search(r"\n\s+28 .*compute  \(KV cache over capacity\)\n", text) and "27 requests at context 32,768" in text
+    assert "concurrency 28 would not all fit at once" in text
+    code, plan = cli("build", "--target", "qwen3.8-27b", "--dry-run", "--json", "--tp-size", "1", "--max-seq-len",
+                     "32768", "--max-input-len", "16384", "--gpu-memory-gib", repr((143771 << 20) / 2 ** 30))
+    z = json.loads(plan[plan.index("\n{") + 1:])["sizing"]
+    assert z["max_batch_that_fits"] == 27
+    assert z["kv_bytes_per_request"] + z["recurrent_state_bytes_per_request"] == h200["memory"]["bytes_per_request"]
+    # at the documented context 1024 every default concurrency fits: no mark
+    code, text = cli("bench", "project", "--acceptance", "4.8")
+    assert code == 0 and "over capacity" not in text and "315 requests at context 1,024" in text, text
+
+
 def test_project_json_replaces_its_own_projection_only(tmp_path):
     """`bench project --json F` overwrote any file without a word: it replaces a previous projection (roofline or
     measured costs) and refuses anything else (a `bench steps` report, an engine's manifest) in one line."""
