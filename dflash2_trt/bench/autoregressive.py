@@ -33,6 +33,7 @@ class TargetOnlyEngine(StandinEngine):
         return self.net.TargetOnlyForCausalLM
 
 
-def open_target_only_engine(engine_dir) -> TargetOnlyEngine:
-    """The target alone of a cpu or cuda engine directory (checked as ``open_standin_engine`` checks it)."""
-    return open_standin_engine(engine_dir, engine_cls=TargetOnlyEngine)[0]
+def open_target_only_engine(engine_dir, **kw) -> TargetOnlyEngine:
+    """The target alone of a cpu or cuda engine directory (checked as ``open_standin_engine`` checks it); ``kw``:
+    :func:`~dflash2_trt.engine.standin.engine.open_standin_engine`'s (``weights``: the combined engine's, shared)."""
+    return open_standin_engine(engine_dir, engine_cls=TargetOnlyEngine, **kw)[0]

@@ -350,8 +350,10 @@ def standin_memory(cfg, weights, kv_token: int, recurrent: int, act_total: int, 
     per linear-attention layer. The pool: ``num_kv_blocks`` blocks, else enough for ``max_batch_size`` requests of
     ``max_seq_len``, which a cuda engine cuts to what ``kv_cache_free_gpu_mem_fraction`` of the memory free once its
     weights and slots are in holds (as TensorRT-LLM sizes its pool; the free memory estimated here as the GPU less the
-    weights, the slots and the reserve). The activations are allocated as steps run, from what the pool leaves. For
-    cuda: whether it all fits ``gpu`` bytes, and the most ``num_kv_blocks`` that do. None without a weight map."""
+    weights, the slots and the reserve). The activations are allocated as steps run, from what the pool leaves, every
+    rank's at once. For cuda: whether it all fits ``gpu`` bytes with a pool that holds one request at max_seq_len, the
+    most ``num_kv_blocks`` that fit, and (a pool sized from free memory) the largest fraction that works. None without
+    a weight map."""
     if weights is None:
         return None
     tp, tpb = cfg.tp_size, cfg.tokens_per_block
@@ -365,15 +367,21 @@ def standin_memory(cfg, weights, kv_token: int, recurrent: int, act_total: int, 
            "weights": w, "state_slots": states, "device": "on the GPU" if backend == "cuda" else "in host memory",
            "fits": None, "num_kv_blocks_that_fit": None, "full_length_requests": None, "fraction_that_fits": None}
     if backend == "cuda":
+        act = act_total * tp                               # every rank's activations, in one process at once
         free = max(0, gpu - w - states - RESERVE_BYTES)    # what the engine finds free when it sizes its pool
+        room = max(0, free - act)
         if not cfg.num_kv_blocks:
             blocks = fit_pool_blocks(every, free, block_bytes, cfg.kv_cache_free_gpu_mem_fraction)
             out["sized_from_free_memory"] = True
-            # the largest fraction (two decimals) that leaves the activations their room
-            out["fraction_that_fits"] = math.floor(100 * (free - act_total) / free) / 100 if free > act_total else 0.0
-        out["num_kv_blocks_that_fit"] = max(0, (free - act_total) // block_bytes)
-        out["fits"] = (blocks >= one or bool(cfg.num_kv_blocks)) and blocks * block_bytes + act_total <= free
+            # the largest fraction (two decimals) whose pool leaves the activations their room, where it holds one
+            # request at max_seq_len
+            best = math.floor(100 * room / free) / 100 if free else 0.0
+            if best > 0 and fit_pool_blocks(every, free, block_bytes, best) >= one:
+                out["fraction_that_fits"] = best
+        out["num_kv_blocks_that_fit"] = room // block_bytes
+        out["fits"] = blocks >= one and blocks * block_bytes + act <= free
         out["full_length_requests"] = blocks // one
+    out["one_request_blocks"] = one
     total = w + blocks * block_bytes + states
     out.update(num_kv_blocks=blocks, kv_pool=blocks * block_bytes, total=total)
     return out
@@ -763,18 +771,24 @@ def _render_standin(m: dict | None, s: dict, backend: str, gpu_gib: float) -> li
     if m["fits"] is True:
         lines.append(f"  fits the GPU's {gpu_gib:g} GiB with the activations and reserve above{at_once}")
     elif m["fits"] is False:
-        if full == 0 and m["sized_from_free_memory"]:
-            fix = ("not one request at max_seq_len fits beside the weights and state slots: lower --max-seq-len / "
-                   "--max-batch-size or use a GPU with more memory")
-        elif m["sized_from_free_memory"] and m["fraction_that_fits"] > 0:
-            fix = (f"the pool leaves too little for the activations: --set kv_cache_free_gpu_mem_fraction="
-                   f"{m['fraction_that_fits']:g} fits (or --set num_kv_blocks={n}), or lower --max-batch-size / "
-                   f"--max-num-tokens")
-        elif n > 0:
-            fix = (f"--set num_kv_blocks={n} fits (requests then wait for blocks), or lower --max-batch-size / "
-                   f"--max-seq-len")
+        one, blocks, tpb = m["one_request_blocks"], m["num_kv_blocks"], s["tokens_per_block"]
+        short = blocks < one
+        if m["sized_from_free_memory"] and m["fraction_that_fits"] is not None:
+            why = ("holds no request at max_seq_len" if short else "leaves too little for the activations")
+            fix = (f"the pool at {s['kv_cache_free_gpu_mem_fraction']:g} {why}: --set kv_cache_free_gpu_mem_fraction="
+                   f"{m['fraction_that_fits']:g} fits, or lower --max-batch-size / --max-num-tokens")
+        elif m["sized_from_free_memory"] or n < one:
+            fix = (f"not one request at max_seq_len ({one:,} blocks) fits beside the weights, the state slots and "
+                   f"the activations: lower --max-batch-size (its state slots) or --max-seq-len, or use a GPU with "
+                   f"more memory")
+        elif short:
+            lines.append(f"  holds NO request at max_seq_len: num_kv_blocks {blocks:,} is {blocks * tpb:,} tokens, and a "
+                         f"request longer than that is refused (max_seq_len {s['max_seq_len']:,} needs {one:,} blocks); "
+                         f"--set num_kv_blocks={n:,} fits the GPU's {gpu_gib:g} GiB")
+            return lines
         else:
-            fix = ("the weights and state slots alone do not: lower --max-batch-size or use a GPU with more memory")
+            fix = (f"--set num_kv_blocks={n:,} fits (requests then wait for blocks), or lower --max-batch-size / "
+                   f"--max-seq-len")
         lines.append(f"  does NOT fit the GPU's {gpu_gib:g} GiB with the activations and reserve above: {fix}")
     return lines
 

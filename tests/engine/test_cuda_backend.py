@@ -295,19 +295,33 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
         c = json.loads(text[text.index("{"):])["sizing"]["standin"]
         assert c["sized_from_free_memory"] and c["num_kv_blocks"] == 30 < m["num_kv_blocks"], c
         free = int(gib * 2 ** 30) - c["weights"] - c["state_slots"] - 2 ** 30
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 2 ** 40))
-        every = eng.num_blocks
-        assert eng._fit_pool(0.5) == c["num_kv_blocks"]
-        assert eng.pool_sizing["rule"] == "free GPU memory" and eng.pool_sizing["free_bytes"] == free
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 ** 40, 2 ** 40))
-        eng.num_blocks = every
-        assert eng._fit_pool(0.5) == every        # never more than every request needs
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4096, 2 ** 40))
-        with pytest.raises(ConfigError, match="kv_cache_free_gpu_mem_fraction: no room for the KV pool: 0.5 of the "
-                                              "0.00 GiB free .* holds 0 blocks"):
-            eng._fit_pool(0.5)
     finally:
         eng.close()
+    # the engine's own sizing, through its constructor: CUDA's free count played by free_memory (the one thing a GPU
+    # would give); the pool it allocates is the plan's
+    from dflash2_trt.engine.format import load_engine_dir
+    from dflash2_trt.engine.standin.engine import StandinEngine, limits_from
+    from dflash2_trt.trtllm.cpu.attention import KVCachePool
+
+    cfg, _ = load_engine_dir(out)
+    pre = cfg["pretrained_config"]
+    limits = limits_from({**cfg["build_config"], "kv_cache_free_gpu_mem_fraction": 0.5}, pre)
+    eng = StandinEngine(pre, out / "checkpoint", limits, free_memory=lambda device: free)
+    try:
+        assert eng.num_blocks == c["num_kv_blocks"] == 30 == eng.pools[0].data.shape[0] == eng.pools[1].data.shape[0]
+        assert eng.pool_sizing == {"num_kv_blocks": 30, "every_request_blocks": 48, "rule": "free GPU memory",
+                                   "free_bytes": free, "fraction": 0.5, "block_bytes": eng.kv_block_bytes}
+    finally:
+        eng.close()
+    eng = StandinEngine(pre, out / "checkpoint", limits, free_memory=lambda device: 2 ** 40)
+    eng.close()
+    assert eng.num_blocks == 48                     # never more than every request at max_seq_len needs
+    pools = len(KVCachePool._registry)
+    with pytest.raises(ConfigError, match=r"kv_cache_free_gpu_mem_fraction: no room for the KV pool: 0.5 of the 0.00 "
+                                          r"GiB free .* holds 8 blocks .* needs 16: a fraction of at least 1 .*a build "
+                                          r"with a lower --max-batch-size \(its 3 state slots\)"):
+        StandinEngine(pre, out / "checkpoint", limits, free_memory=lambda device: 16 * eng.kv_block_bytes)
+    assert len(KVCachePool._registry) == pools      # nothing left allocated
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json")
     z = json.loads(text[text.index("\n{") + 1:])["sizing"]   # after the notes: configs shipped, no weights
     s = z["standin"]
@@ -329,7 +343,17 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
             "others of max_batch_size 64 wait for blocks)") in text
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--gpu-memory-gib", "66")
     assert ("does NOT fit the GPU's 66 GiB with the activations and reserve above: not one request at max_seq_len "
-            "fits beside the weights and state slots") in text, text
+            "(1,280 blocks) fits beside the weights, the state slots and the activations: lower --max-batch-size") in text
+    # a fraction too small for one request: the plan names one that works (not "no request fits")
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--gpu-memory-gib", "80",
+                      "--set", "kv_cache_free_gpu_mem_fraction=0.2")
+    assert "the pool at 0.2 holds no request at max_seq_len: --set kv_cache_free_gpu_mem_fraction=0.89 fits" in text
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--set",
+                      "num_kv_blocks=100", "--json")
+    z = json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]
+    assert z["fits"] is False and z["num_kv_blocks"] == 100 < z["one_request_blocks"] == 1280
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--set", "num_kv_blocks=100")
+    assert "holds NO request at max_seq_len: num_kv_blocks 100 is 3,200 tokens, and a request longer than that" in text
     # an H100: 0.9 of what is free leaves less than the activations' estimate; the fraction that does is named
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json",
                       "--gpu-memory-gib", "80")
@@ -341,7 +365,7 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
                           "--gpu-memory-gib", "80", "--set", f"kv_cache_free_gpu_mem_fraction={frac:g}")
         assert json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]["fits"] is fits, frac
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--gpu-memory-gib", "80")
-    assert f"the pool leaves too little for the activations: --set kv_cache_free_gpu_mem_fraction={f:g} fits" in text
+    assert f"the pool at 0.9 leaves too little for the activations: --set kv_cache_free_gpu_mem_fraction={f:g} fits" in text
 
 def test_run_reports_how_the_pool_was_sized(tmp_path):
     """`run`'s report carries the pool's sizing; a cuda engine's (from free GPU memory) is also a line of its text."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from pathlib import Path
 
 import torch
@@ -57,7 +58,7 @@ class StandinEngine:
 
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path | None, limits: dict, *,
                  num_blocks: int | None = None, backend: str = "cpu", weights: str = "checkpoint", seed: int = 0,
-                 world: comm.World | None = None, device=None):
+                 world: comm.World | None = None, device=None, free_memory=None):
         self.backend = backend
         # device: only the capture check's "meta" engine of the cuda backend (engine/standin/capture.py)
         self.device = engine_device(backend) if device is None else torch.device(device)
@@ -91,8 +92,11 @@ class StandinEngine:
         self.num_blocks = num_blocks or pool_blocks(limits["max_seq_len"], tpb, limits["max_batch_size"],
                                                     limits.get("num_kv_blocks") or 0)
         fraction = limits.get("kv_cache_free_gpu_mem_fraction")
-        fit_to_memory = (self.device.type == "cuda" and fraction is not None and not num_blocks
-                         and not limits.get("num_kv_blocks"))
+        # free_memory: what reads the free bytes (default on a GPU: CUDA's count, torch's cached blocks given back
+        # first); given on the CPU only by tests, which play a GPU's free memory
+        fit_to_memory = ((self.device.type == "cuda" or free_memory is not None) and fraction is not None
+                         and not num_blocks and not limits.get("num_kv_blocks"))
+        self._free_memory = free_memory or _cuda_free_bytes
         self.pool_sizing = {"num_kv_blocks": self.num_blocks, "every_request_blocks": pool_blocks(
             limits["max_seq_len"], tpb, limits["max_batch_size"]), "rule": "num_kv_blocks" if (
                 num_blocks or limits.get("num_kv_blocks")) else "every request at max_seq_len"}
@@ -158,7 +162,7 @@ class StandinEngine:
                     for layer in self.gdn_layers:
                         self.states[r][layer] = StatePool(self.num_slots, lay, conv_kernel, dtype, device=self.device)
             if fit_to_memory:
-                self.num_blocks = self._fit_pool(float(fraction))
+                self.num_blocks = self._fit_pool(float(fraction), self._free_memory(self.device))
             for r in range(self.tp):
                 self.pools.append(KVCachePool(self.num_blocks, self.num_layers, local_kv, tpb,
                                               self.config["head_size"], dtype, device=self.device)
@@ -167,22 +171,24 @@ class StandinEngine:
             self.close()
             raise
 
-    def _fit_pool(self, fraction: float) -> int:
-        """The pool's blocks on a GPU: at most ``fraction`` of the memory free now (weights and state slots in), every
-        local rank's pool counted (:func:`~dflash2_trt.config.build.fit_pool_blocks`); one line when not even one
-        request at max_seq_len fits."""
+    def _fit_pool(self, fraction: float, free: int) -> int:
+        """The pool's blocks on a GPU: at most ``fraction`` of ``free`` (the bytes free now, weights and state slots
+        in), every local rank's pool counted (:func:`~dflash2_trt.config.build.fit_pool_blocks`); one line when not
+        even one request at max_seq_len fits."""
         block_bytes, tpb = self.kv_block_bytes, int(self.limits["tokens_per_block"])
-        free, _ = torch.cuda.mem_get_info(self.device)
         blocks = fit_pool_blocks(self.num_blocks, free, block_bytes, fraction)
         one = -(-int(self.limits["max_seq_len"]) // tpb)
         self.pool_sizing.update(num_kv_blocks=blocks, rule="free GPU memory", free_bytes=int(free),
                                 fraction=fraction, block_bytes=block_bytes)
         if blocks < one:
+            need = math.ceil(100 * one * block_bytes / free) / 100 if free else math.inf
+            how = (f"a fraction of at least {need:g} (build --set kv_cache_free_gpu_mem_fraction=F, or deploy triton "
+                   f"--kv-cache-free-gpu-mem-fraction F), " if need <= 1 else "")
             raise ConfigError(f"no room for the KV pool: {fraction:g} of the {free / 2**30:.2f} GiB free once the "
                               f"weights and state slots are in holds {blocks} blocks of {block_bytes / 2**20:.2f} MiB, "
-                              f"one request at max_seq_len {self.limits['max_seq_len']} needs {one}: a GPU with more "
-                              f"memory, a build with a lower --max-seq-len, or a higher fraction",
-                              field="kv_cache_free_gpu_mem_fraction")
+                              f"one request at max_seq_len {self.limits['max_seq_len']} needs {one}: {how}a build with "
+                              f"a lower --max-batch-size (its {self.num_slots} state slots) or --max-seq-len, or a GPU "
+                              f"with more memory", field="kv_cache_free_gpu_mem_fraction")
         return blocks
 
     def parameters(self) -> list[dict]:
@@ -362,6 +368,13 @@ def random_weights(model, seed: int, device) -> None:
         p.value = v.to(dtype)
 
 
+def _cuda_free_bytes(device) -> int:
+    """The bytes free on ``device`` for a new allocation: torch's cached, unused blocks given back first (CUDA counts
+    them as used: the target-only engine's dropped drafter tensors, a closed engine's pools)."""
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
 def limits_from(build: dict, config: dict) -> dict:
     K = int(config["dflash2"]["block_size"]) - 1
     lim = {k: int(build[k]) for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
@@ -376,11 +389,13 @@ def limits_from(build: dict, config: dict) -> dict:
 
 
 def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, world=None,
-                        kv_cache_fraction: float | None = None):
+                        kv_cache_fraction: float | None = None, weights=None, free_memory=None):
     """Open a cpu or cuda engine directory (a cuda one needs a CUDA GPU: one-line error without); ``world``: see
     :class:`StandinEngine`. A cuda engine's KV pool takes at most ``kv_cache_fraction`` of the GPU memory free once its
     weights and state slots are in (None: the build's ``kv_cache_free_gpu_mem_fraction``, else 0.9, as the TensorRT
-    session's; the build's ``num_kv_blocks``, when set, decides instead); a cpu engine has no fraction."""
+    session's; the build's ``num_kv_blocks``, when set, decides instead); a cpu engine has no fraction. ``weights``: one
+    ``{name: tensor}`` per rank to share instead of reading the checkpoint (see :class:`StandinEngine`);
+    ``free_memory``: see :class:`StandinEngine` (tests)."""
     if world is None:
         refuse_multiprocess_launch(engine_dir)   # before any work: each process would do all of it
     cfg, man = load_engine_dir(engine_dir, verify=verify)
@@ -403,7 +418,19 @@ def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, wo
                           f"{man['backend']} engine, whose pool holds every request at max_seq_len",
                           field="kv_cache_free_gpu_mem_fraction")
     return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(build, pre),
-                                         backend=man["backend"], world=world), man
+                                         backend=man["backend"], world=world, free_memory=free_memory,
+                                         weights="checkpoint" if weights is None else weights), man
+
+
+def cuda_kv_fraction(engine_dir) -> float:
+    """The share of the free GPU memory a cuda engine directory's KV pool takes: its build's
+    ``kv_cache_free_gpu_mem_fraction``, else 0.9 (an engine built before the build recorded it)."""
+    cfg, _ = load_engine_dir(engine_dir)
+    f = cfg["build_config"].get("kv_cache_free_gpu_mem_fraction", 0.9)
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+        raise ConfigError(f"must be a number in (0, 1], got {f!r}", source=Path(engine_dir) / "config.json",
+                          field="build_config.kv_cache_free_gpu_mem_fraction")
+    return float(f)
 
 
 def refuse_multiprocess_launch(engine_dir) -> None:

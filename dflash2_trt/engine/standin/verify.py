@@ -28,9 +28,19 @@ def verify_standin_engine(engine_dir, *, target_dir, target_key=None, new: int =
         acc = [a for r in reqs for a in r.acceptance_lengths]
     finally:
         engine.close()
-    ties = check_against_target(target_dir, prompts, outs, new, eos, dtype=engine.config["dtype"],
-                                device=engine.device)
-    return {"passed": True, "backend": engine.backend, "prompts": len(prompts), "new_tokens": new,
+    # the engine is let go before the target loads: on a GPU its weights and the pool (up to the build's fraction of
+    # the free memory) would otherwise sit beside the target's
+    dtype, device, backend = engine.config["dtype"], engine.device, engine.backend
+    del engine, rt
+    if device.type == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+    ties = check_against_target(target_dir, prompts, outs, new, eos, dtype=dtype, device=device)
+    return {"passed": True, "backend": backend, "prompts": len(prompts), "new_tokens": new,
             "tokens": sum(map(len, outs)), "ties": ties,
             "mean_acceptance": round(sum(acc) / len(acc), 3) if acc else 0.0,
             "seconds": round(time.perf_counter() - t0, 3)}
