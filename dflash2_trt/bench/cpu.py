@@ -31,8 +31,7 @@ from collections import deque
 
 from ..chunking import chunked_context_default
 from ..engine.common import check_requests, stop_ids
-from ..engine.format import engine_backend
-from ..engine.standin.engine import cuda_kv_fraction, open_standin_engine
+from ..engine.standin.engine import open_standin_engine
 from ..cpu_threads import check_threads
 from ..errors import ConfigError
 from ..reference.generate import SEED_MAX
@@ -104,11 +103,7 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
     t_start = time.perf_counter()
-    # a cuda engine and its baseline on one GPU: the baseline shares the combined engine's weights (as bench steps
-    # does), and the two KV pools split the build's fraction of the free memory evenly (each alone would take it all)
-    split = baseline and engine_backend(engine_dir) == "cuda"
-    frac = cuda_kv_fraction(engine_dir) if split else None
-    engine, man = open_standin_engine(engine_dir, kv_cache_fraction=None if frac is None else frac / 2)
+    engine, man = open_standin_engine(engine_dir)
     ar_engine = None
     try:
         K = engine.K
@@ -124,11 +119,11 @@ def _bench_cpu(engine_dir, dataset, *, concurrency, num_requests, temperature, s
         stops = stop_ids(man, engine.vocab_size) if stop_on_eos else ()
         checker = Runtime(engine)
         check_requests(checker, specs, make_requests(specs, temperature=temperature, seed=seed, stops=stops))
-        if baseline and split:   # what is free now is 1 - frac/2 of what the combined engine found
-            ar_engine = open_target_only_engine(engine_dir, weights=engine.parameters(),
-                                                kv_cache_fraction=min(1.0, (frac / 2) / (1 - frac / 2)))
-        elif baseline:
-            ar_engine = open_target_only_engine(engine_dir)
+        if baseline:
+            # the target alone on the combined engine's weights, KV pool and state slots (shared, not copied: the two
+            # runs of a level take turns, so each has the whole pool, as a cuda engine's alone takes the build's
+            # fraction of the free GPU memory; bench steps shares the weights the same way)
+            ar_engine = open_target_only_engine(engine_dir, weights=engine.parameters(), pools_of=engine)
         engines = [("speculative", engine)] + ([("autoregressive", ar_engine)] if baseline else [])
         graphed = {}
         if cuda_graphs or simulate_graphs:      # refused here (one line) for a cpu engine, before anything runs

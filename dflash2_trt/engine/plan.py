@@ -773,22 +773,29 @@ def _render_standin(m: dict | None, s: dict, backend: str, gpu_gib: float) -> li
     elif m["fits"] is False:
         one, blocks, tpb = m["one_request_blocks"], m["num_kv_blocks"], s["tokens_per_block"]
         short = blocks < one
-        if m["sized_from_free_memory"] and m["fraction_that_fits"] is not None:
+        slots = "--max-batch-size (its state slots), " if m["state_slots"] else ""
+        if m["weights"] + m["state_slots"] + RESERVE_BYTES > gpu_gib * GIB:
+            fix = (f"the weights and state slots alone do not fit (every rank on this one GPU: --tp-size does not "
+                   f"help): a GPU with more memory" + (", or --dtype bfloat16" if s["dtype"] == "float32" else "")
+                   + (", or a lower --max-batch-size (its state slots)" if m["state_slots"] else ""))
+        elif m["sized_from_free_memory"] and m["fraction_that_fits"] is not None:
             why = ("holds no request at max_seq_len" if short else "leaves too little for the activations")
             fix = (f"the pool at {s['kv_cache_free_gpu_mem_fraction']:g} {why}: --set kv_cache_free_gpu_mem_fraction="
-                   f"{m['fraction_that_fits']:g} fits, or lower --max-batch-size / --max-num-tokens")
-        elif m["sized_from_free_memory"] or n < one:
+                   f"{m['fraction_that_fits']:g} fits, or lower {slots.replace(', ', ' or ')}--max-num-tokens")
+        elif n >= one and (m["sized_from_free_memory"] or not short):
+            fix = (f"--set num_kv_blocks={n} fits (requests then wait for blocks), or lower {slots}--max-num-tokens "
+                   f"or --max-seq-len")
+        elif n < one:
             fix = (f"not one request at max_seq_len ({one:,} blocks) fits beside the weights, the state slots and "
-                   f"the activations: lower --max-batch-size (its state slots) or --max-seq-len, or use a GPU with "
-                   f"more memory")
+                   f"the activations: lower {slots}--max-num-tokens (most of the activations' estimate) or "
+                   f"--max-seq-len, or use a GPU with more memory")
         elif short:
             lines.append(f"  holds NO request at max_seq_len: num_kv_blocks {blocks:,} is {blocks * tpb:,} tokens, and a "
                          f"request longer than that is refused (max_seq_len {s['max_seq_len']:,} needs {one:,} blocks); "
-                         f"--set num_kv_blocks={n:,} fits the GPU's {gpu_gib:g} GiB")
+                         f"--set num_kv_blocks={n} fits the GPU's {gpu_gib:g} GiB")
             return lines
-        else:
-            fix = (f"--set num_kv_blocks={n:,} fits (requests then wait for blocks), or lower --max-batch-size / "
-                   f"--max-seq-len")
+        else:   # not reached: a set pool that holds a request and does not fit is the num_kv_blocks case above
+            fix = f"--set num_kv_blocks={n} fits"
         lines.append(f"  does NOT fit the GPU's {gpu_gib:g} GiB with the activations and reserve above: {fix}")
     return lines
 

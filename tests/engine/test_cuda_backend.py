@@ -318,9 +318,12 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
     assert eng.num_blocks == 48                     # never more than every request at max_seq_len needs
     pools = len(KVCachePool._registry)
     with pytest.raises(ConfigError, match=r"kv_cache_free_gpu_mem_fraction: no room for the KV pool: 0.5 of the 0.00 "
-                                          r"GiB free .* holds 8 blocks .* needs 16: a fraction of at least 1 .*a build "
-                                          r"with a lower --max-batch-size \(its 3 state slots\)"):
+                                          r"GiB free .* holds 8 blocks .* needs 16: a build with a lower --max-batch-size "
+                                          r"\(its 3 state slots\) or --max-seq-len, or a GPU with more memory"):
         StandinEngine(pre, out / "checkpoint", limits, free_memory=lambda device: 16 * eng.kv_block_bytes)
+    with pytest.raises(ConfigError, match=r"holds 10 blocks .* needs 16: a fraction of at least 0.8 \(build --set "
+                                          r"kv_cache_free_gpu_mem_fraction=F, or deploy triton"):
+        StandinEngine(pre, out / "checkpoint", limits, free_memory=lambda device: 20 * eng.kv_block_bytes)
     assert len(KVCachePool._registry) == pools      # nothing left allocated
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json")
     z = json.loads(text[text.index("\n{") + 1:])["sizing"]   # after the notes: configs shipped, no weights
@@ -382,3 +385,68 @@ def test_run_reports_how_the_pool_was_sized(tmp_path):
                       "free_bytes": 3 * 2 ** 29, "fraction": 0.9, "block_bytes": 2 ** 20}
     assert ("KV pool: 20 blocks of 32 for every request at max_seq_len (0.9 of the 1.50 GiB free once the weights and "
             "state slots were in, as TensorRT-LLM sizes its pool; requests beyond it wait)") in render(rep)
+
+
+def test_the_baseline_shares_the_combined_engines_weights_and_pools(tmp_path):
+    """bench run's target-only baseline takes the combined engine's weights, KV pool and state slots (the two runs of a
+    level take turns), so on a GPU each runs with the whole pool; it does not release what it does not own, and an
+    engine of another pool layout is refused. The outputs staying equal is tests/engine/test_cuda_graph_steps.py's
+    bench run (hybrid, baseline outputs_match)."""
+    from dflash2_trt.bench.autoregressive import open_target_only_engine
+    from dflash2_trt.engine.standin.engine import open_standin_engine
+    from dflash2_trt.trtllm.cpu.attention import KVCachePool
+
+    out = tmp_path / "eng"
+    code, text = _cli("build", "--target", "tiny-hybrid", "--output", str(out), "--no-verify", "--max-batch-size", "2")
+    assert code == 0, text
+    eng, _ = open_standin_engine(out)
+    try:
+        ar = open_target_only_engine(out, weights=eng.parameters(), pools_of=eng)
+        assert ar.pools is eng.pools and ar.states is eng.states and ar.num_blocks == eng.num_blocks
+        assert ar.pool_sizing["shared"] is True and ar.K == 0 and eng.K == 7
+        names = {n for r in ar.parameters() for n in r}
+        assert all(ar.parameters()[0][n].data_ptr() == eng.parameters()[0][n].data_ptr() for n in names)
+        ar.close()
+        assert all(p.handle in KVCachePool._registry for p in eng.pools)    # still the combined engine's
+        other = tmp_path / "other"
+        code, text = _cli("build", "--target", "tiny-hybrid", "--output", str(other), "--no-verify",
+                          "--max-batch-size", "3")
+        assert code == 0, text
+        with pytest.raises(ValueError, match="pools of another layout"):
+            open_target_only_engine(other, pools_of=eng)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("args", [
+    ["--gpu-memory-gib", "69.6"],                                                    # num_kv_blocks just above one
+    ["--gpu-memory-gib", "80"],                                                      # activations: a lower fraction
+    ["--gpu-memory-gib", "80", "--set", "kv_cache_free_gpu_mem_fraction=0.2"],     # too low a fraction
+    ["--set", "num_kv_blocks=40000"],                                                # more blocks than fit
+    ["--set", "num_kv_blocks=100"],                                                  # fewer than one request
+])
+def test_the_dry_runs_advice_for_a_cuda_engine_works_when_followed(args):
+    """Where the cuda plan does not fit, the `--set KEY=VALUE` it names, given instead, is a plan that fits."""
+    import re
+
+    base = ["build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run"]
+    code, text = _cli(*base, *args)
+    advice = re.findall(r"--set (num_kv_blocks|kv_cache_free_gpu_mem_fraction)=([0-9.]+) fits", text)
+    assert code == 0 and len(advice) == 1 and ("does NOT fit" in text or "holds NO request" in text), text
+    key, value = advice[0]
+    kept = [a for i, a in enumerate(args) if not (a == "--set" or (i and args[i - 1] == "--set"))]
+    code, text = _cli(*base, *kept, "--set", f"{key}={value}")
+    assert code == 0 and "  fits the GPU's" in text, text
+
+
+@pytest.mark.parametrize("target,args,needle", [
+    ("qwen3.8-27b", ["--dtype", "float32", "--gpu-memory-gib", "79.2"],
+     "the weights and state slots alone do not fit (every rank on this one GPU: --tp-size does not help): a GPU with "
+     "more memory, or --dtype bfloat16, or a lower --max-batch-size (its state slots)"),
+    ("muse-glimmer-30b", ["--gpu-memory-gib", "62"],     # no state slots: --max-batch-size is not named for them
+     "fits beside the weights, the state slots and the activations: lower --max-num-tokens (most of the activations' "
+     "estimate) or --max-seq-len"),
+])
+def test_the_dry_run_names_the_levers_that_help(target, args, needle):
+    code, text = _cli("build", "--target", target, "--backend", "cuda", "--dry-run", *args)
+    assert code == 0 and needle in text, text

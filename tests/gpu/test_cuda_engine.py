@@ -204,18 +204,17 @@ def test_the_pool_is_sized_from_free_gpu_memory(tmp_path):
         eng.close()
     with pytest.raises(ConfigError, match="no room for the KV pool"):
         open_standin_engine(tmp_path / "e", kv_cache_fraction=1e-12)
-    # bench run --baseline: the target-only engine shares the combined engine's weights, each pool half the fraction
+    # bench run --baseline: the target-only engine on the combined engine's weights, pool and slots
     from dflash2_trt.bench.autoregressive import open_target_only_engine
 
-    eng, _ = open_standin_engine(tmp_path / "e", kv_cache_fraction=0.45)
+    eng, _ = open_standin_engine(tmp_path / "e")
     try:
         before = torch.cuda.memory_allocated()
-        ar = open_target_only_engine(tmp_path / "e", weights=eng.parameters(), kv_cache_fraction=0.45 / 0.55)
+        ar = open_target_only_engine(tmp_path / "e", weights=eng.parameters(), pools_of=eng)
         try:
-            pool = ar.pools[0].data.numel() * ar.pools[0].data.element_size()
             shared = {p.data_ptr() for r in eng.parameters() for p in r.values()}
             assert all(p.data_ptr() in shared for r in ar.parameters() for p in r.values())
-            assert torch.cuda.memory_allocated() - before < pool + (64 << 20)   # its pool and slots, no weights
+            assert ar.pools is eng.pools and torch.cuda.memory_allocated() - before < (64 << 20)
         finally:
             ar.close()
     finally:

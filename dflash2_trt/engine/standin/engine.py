@@ -54,11 +54,13 @@ class StandinEngine:
     ``{name: tensor}`` per rank to take the parameters from (shared, not copied: the target-only baseline on the
     combined engine's weights). ``world``: the ranks' collectives (default: every rank a thread of this process,
     :class:`~dflash2_trt.trtllm.cpu.comm.World`); a :class:`~dflash2_trt.trtllm.cpu.comm.ProcessWorld` makes this
-    process hold and step only its own rank (the stand-in of one rank engine under ``mpirun``)."""
+    process hold and step only its own rank (the stand-in of one rank engine under ``mpirun``). ``free_memory``: what
+    reads a GPU's free bytes when the pool is sized from them (tests play it on the CPU); ``pools_of``: an engine of the
+    same pool layout whose KV pool and state slots this one uses instead of its own (:meth:`_share_pools`)."""
 
     def __init__(self, pretrained_config: dict, checkpoint_dir: str | Path | None, limits: dict, *,
                  num_blocks: int | None = None, backend: str = "cpu", weights: str = "checkpoint", seed: int = 0,
-                 world: comm.World | None = None, device=None, free_memory=None):
+                 world: comm.World | None = None, device=None, free_memory=None, pools_of=None):
         self.backend = backend
         # device: only the capture check's "meta" engine of the cuda backend (engine/standin/capture.py)
         self.device = engine_device(backend) if device is None else torch.device(device)
@@ -153,6 +155,10 @@ class StandinEngine:
         # the rest of the process (no engine object to close)
         self.pools: list = []
         self.states: list[dict] = [{} for _ in range(self.tp)]
+        self._owns_pools = pools_of is None
+        if pools_of is not None:
+            self._share_pools(pools_of)
+            return
         try:
             if self.recurrent:
                 # a slot = the state and the deferred commit's records (trtllm/gdn_slot.py: the plugin's layout)
@@ -171,6 +177,21 @@ class StandinEngine:
             self.close()
             raise
 
+    def _share_pools(self, other: "StandinEngine") -> None:
+        """Take ``other``'s KV pool and state slots instead of allocating them (``pools_of``): ``bench run``'s
+        target-only baseline, which steps only while the combined engine does not (one run after the other), so each
+        runs with the whole pool, as it would alone; a request's first chunk starts from zero state (zero_state) and
+        reads only the blocks it wrote. The layouts must be the same (the target-only network addresses the combined
+        one's pool: autoregressive.py); ``other`` releases them."""
+        same = (other.num_layers, other.kv_block_bytes, other.num_slots, other.local_ranks, sorted(other.gdn_layers),
+                other.device)
+        mine = (self.num_layers, self.kv_block_bytes, self.num_slots, self.local_ranks, sorted(self.gdn_layers),
+                self.device)
+        if same != mine:
+            raise ValueError(f"pools of another layout: {same} != {mine}")
+        self.pools, self.states, self.num_blocks = other.pools, other.states, other.num_blocks
+        self.pool_sizing = {**other.pool_sizing, "shared": True}
+
     def _fit_pool(self, fraction: float, free: int) -> int:
         """The pool's blocks on a GPU: at most ``fraction`` of ``free`` (the bytes free now, weights and state slots
         in), every local rank's pool counted (:func:`~dflash2_trt.config.build.fit_pool_blocks`); one line when not
@@ -181,14 +202,17 @@ class StandinEngine:
         self.pool_sizing.update(num_kv_blocks=blocks, rule="free GPU memory", free_bytes=int(free),
                                 fraction=fraction, block_bytes=block_bytes)
         if blocks < one:
+            # a fraction is named only where it leaves the steps' activations some room (TensorRT-LLM's default
+            # leaves them a tenth)
             need = math.ceil(100 * one * block_bytes / free) / 100 if free else math.inf
             how = (f"a fraction of at least {need:g} (build --set kv_cache_free_gpu_mem_fraction=F, or deploy triton "
-                   f"--kv-cache-free-gpu-mem-fraction F), " if need <= 1 else "")
+                   f"--kv-cache-free-gpu-mem-fraction F), " if need <= 0.95 else "")
+            slots = f"--max-batch-size (its {self.num_slots} state slots) or " if self.recurrent else ""
             raise ConfigError(f"no room for the KV pool: {fraction:g} of the {free / 2**30:.2f} GiB free once the "
                               f"weights and state slots are in holds {blocks} blocks of {block_bytes / 2**20:.2f} MiB, "
                               f"one request at max_seq_len {self.limits['max_seq_len']} needs {one}: {how}a build with "
-                              f"a lower --max-batch-size (its {self.num_slots} state slots) or --max-seq-len, or a GPU "
-                              f"with more memory", field="kv_cache_free_gpu_mem_fraction")
+                              f"a lower {slots}--max-seq-len, or a GPU with more memory",
+                              field="kv_cache_free_gpu_mem_fraction")
         return blocks
 
     def parameters(self) -> list[dict]:
@@ -213,6 +237,8 @@ class StandinEngine:
         return {d.name: d for d in inputs}
 
     def close(self) -> None:
+        if not getattr(self, "_owns_pools", True):      # another engine's pools (pools_of): it releases them
+            return
         for p in self.pools:
             if p is not None:
                 p.release()
@@ -389,13 +415,13 @@ def limits_from(build: dict, config: dict) -> dict:
 
 
 def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, world=None,
-                        kv_cache_fraction: float | None = None, weights=None, free_memory=None):
+                        kv_cache_fraction: float | None = None, weights=None, free_memory=None, pools_of=None):
     """Open a cpu or cuda engine directory (a cuda one needs a CUDA GPU: one-line error without); ``world``: see
     :class:`StandinEngine`. A cuda engine's KV pool takes at most ``kv_cache_fraction`` of the GPU memory free once its
     weights and state slots are in (None: the build's ``kv_cache_free_gpu_mem_fraction``, else 0.9, as the TensorRT
     session's; the build's ``num_kv_blocks``, when set, decides instead); a cpu engine has no fraction. ``weights``: one
     ``{name: tensor}`` per rank to share instead of reading the checkpoint (see :class:`StandinEngine`);
-    ``free_memory``: see :class:`StandinEngine` (tests)."""
+    ``free_memory``, ``pools_of``: see :class:`StandinEngine`."""
     if world is None:
         refuse_multiprocess_launch(engine_dir)   # before any work: each process would do all of it
     cfg, man = load_engine_dir(engine_dir, verify=verify)
@@ -419,18 +445,8 @@ def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, wo
                           field="kv_cache_free_gpu_mem_fraction")
     return (engine_cls or StandinEngine)(pre, Path(engine_dir) / "checkpoint", limits_from(build, pre),
                                          backend=man["backend"], world=world, free_memory=free_memory,
+                                         pools_of=pools_of,
                                          weights="checkpoint" if weights is None else weights), man
-
-
-def cuda_kv_fraction(engine_dir) -> float:
-    """The share of the free GPU memory a cuda engine directory's KV pool takes: its build's
-    ``kv_cache_free_gpu_mem_fraction``, else 0.9 (an engine built before the build recorded it)."""
-    cfg, _ = load_engine_dir(engine_dir)
-    f = cfg["build_config"].get("kv_cache_free_gpu_mem_fraction", 0.9)
-    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
-        raise ConfigError(f"must be a number in (0, 1], got {f!r}", source=Path(engine_dir) / "config.json",
-                          field="build_config.kv_cache_free_gpu_mem_fraction")
-    return float(f)
 
 
 def refuse_multiprocess_launch(engine_dir) -> None:
