@@ -37,8 +37,18 @@ def _projection_for(report_like: dict, gpus, target_key: str, context: int | Non
     if context is None:
         ds = report_like["dataset"]
         context = _default_context(t, max(1, round(ds["mean_input_len"] + ds["mean_output_tokens"] / 2)))
-    return project(t, d, [GPUS[g] for g in gpus], concurrency=report_like["settings"]["concurrency"],
-                   context=context, tau=tau, acceptance_info=info, **kw)
+    doc = project(t, d, [GPUS[g] for g in gpus], concurrency=report_like["settings"]["concurrency"],
+                  context=context, tau=tau, acceptance_info=info, **kw)
+    mark_kv_capacity(doc, target_key)
+    return doc
+
+
+def mark_kv_capacity(doc: dict, target_key: str) -> None:
+    """A roofline projection's capacity check (:func:`kv_capacity`): per GPU ``memory``, per point ``kv_fits``."""
+    for entry in doc["gpus"]:   # the model prices any concurrency; whether its KV cache fits is said beside it
+        cap = entry["memory"] = kv_capacity(target_key, GPUS[entry["gpu"]["key"]], doc["context_len"])
+        for pt in entry["points"]:
+            pt["kv_fits"] = None if cap["most_requests"] is None else pt["concurrency"] <= cap["most_requests"]
 
 
 def _refuse_project_baseline(baseline_engine_dir) -> None:
@@ -265,10 +275,7 @@ def bench_project(*, target: str | None = None, gpus=None, concurrency=None, con
     doc = project(t, d, [GPUS[k] for k in g], concurrency=levels, context=context_len, tau=tau, acceptance_info=info,
                   bw_eff=bandwidth_efficiency, fl_eff=compute_efficiency, step_overhead_s=step_overhead_ms / 1e3,
                   recurrent=recurrent_verify or "replay")
-    for entry in doc["gpus"]:   # the model prices any concurrency; whether its KV cache fits is said beside it
-        cap = entry["memory"] = kv_capacity(target, GPUS[entry["gpu"]["key"]], context_len)
-        for pt in entry["points"]:
-            pt["kv_fits"] = None if cap["most_requests"] is None else pt["concurrency"] <= cap["most_requests"]
+    mark_kv_capacity(doc, target)
     if json_out is not None:
         atomic_write_json(json_out, doc)
     return doc

@@ -134,6 +134,9 @@ class Runtime:
         # offsets in TensorRT-LLM's index over the engine's pool layers (every KV layer of a block in one row)
         self.blocks = BlockManager(engine.num_blocks, lim["tokens_per_block"], engine.num_layers)
         self.max_blocks = self.blocks.blocks_for(self.max_seq_len)
+        # the longest request (prompt + new tokens + draft slots) the engine takes: max_seq_len, or less where the KV
+        # pool holds fewer tokens (a small --set num_kv_blocks)
+        self.token_capacity = min(self.max_seq_len, self.blocks.num_blocks * lim["tokens_per_block"])
         self._next_id = 0
         self._waiting: deque[Request] = deque()
         # Recurrent targets: one state slot per request in flight (TensorRT-LLM's RnnStateManager slots):
@@ -162,8 +165,8 @@ class Runtime:
             raise ConfigError(f"prompt of {len(r.prompt_ids)} tokens exceeds the engine's max_input_len "
                               f"{self.engine.limits['max_input_len']}", field=where)
         need = self._lifetime_tokens(r)
+        room = self.token_capacity - len(r.prompt_ids) - (self.K + 1)
         if need > self.max_seq_len:
-            room = self.max_seq_len - len(r.prompt_ids) - (self.K + 1)
             raise ConfigError(f"prompt ({len(r.prompt_ids)}) + max new tokens ({r.max_new_tokens}) + draft slots "
                               f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}: at most "
                               f"{room} new tokens for this prompt", field=where)
@@ -176,8 +179,9 @@ class Runtime:
                               f"{len(r.prompt_ids)} or more takes it whole)", field=where)
         effective_temperature(r.temperature, field=f"{where}: temperature")   # below 1e-5: decoded greedily
         if self.blocks.blocks_for(need) > self.blocks.num_blocks:
-            raise ConfigError(f"needs {self.blocks.blocks_for(need)} KV blocks, the pool has {self.blocks.num_blocks}",
-                              field=where)
+            raise ConfigError(f"needs {self.blocks.blocks_for(need)} KV blocks, the pool has {self.blocks.num_blocks} "
+                              f"({self.token_capacity} tokens)" + (f": at most {room} new tokens for this prompt"
+                                                                   if room >= 1 else ""), field=where)
 
     # ---- main loop -------------------------------------------------------------------------------
     # ---- incremental API (serving: requests arrive while others generate) ------------------------

@@ -90,6 +90,8 @@ def test_report_has_every_figure(report):
     proj = rep["projection"]
     assert proj["kind"].startswith("roofline") and proj["acceptance"]["kind"] == "measured"
     assert proj["tau"] == pytest.approx(rep["runs"][0]["speculative"]["acceptance"]["mean"])
+    # the projection's capacity check, as bench project's (its own tests): every level fits the tiny target's KV
+    assert proj["gpus"][0]["memory"]["most_requests"] > 4 and all(p["kv_fits"] for p in proj["gpus"][0]["points"])
 
 
 def test_greedy_outputs_are_lossless_for_every_request(report, dataset):

@@ -239,3 +239,19 @@ def test_weights_corrupted_in_place_are_one_line(engine, tmp_path):
     assert "the engine computed NaN values" in r.output and "run --verify" in r.output and "--check-values" in r.output
     r = CliRunner().invoke(main, ["run", "--engine-dir", str(bad), "--prompt-ids", "5,6,7", "--verify"])
     assert r.exit_code == 1 and "sha256 differs" in r.output, r.output
+
+
+def test_a_small_pool_bounds_the_new_tokens_it_names(tmp_path):
+    """An engine whose KV pool holds fewer tokens than max_seq_len (build --set num_kv_blocks): the new tokens the
+    error names for a prompt are the ones the pool takes (asking for them runs; one more is refused)."""
+    from dflash2_trt.testing.cli import cli, one_error_line
+
+    out = tmp_path / "e"
+    code, text = cli("build", "--target", "tiny", "--output", str(out), "--no-verify", "--set", "num_kv_blocks=4")
+    assert code == 0, text
+    line = one_error_line(*cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6", "--max-new-tokens", "600"))
+    assert "exceeds the engine's max_seq_len 512: at most 118 new tokens for this prompt" in line, line
+    line = one_error_line(*cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6", "--max-new-tokens", "119"))
+    assert "needs 5 KV blocks, the pool has 4 (128 tokens): at most 118 new tokens for this prompt" in line, line
+    code, text = cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6", "--max-new-tokens", "118", "--json")
+    assert code == 0 and json.loads(text[text.index("{"):])["requests"][0]["output_ids"], text

@@ -513,15 +513,17 @@ class ServingLoop:
         # past what max_seq_len leaves beside the prompt and the draft slots is shortened to it, with a log line (once
         # the runtime has taken the request as shortened: a prompt it refuses is refused, not noted)
         asked = spec.max_new_tokens
-        room = self.runtime.max_seq_len - len(spec.prompt_ids) - (self.K + 1)
+        room = self.runtime.token_capacity - len(spec.prompt_ids) - (self.K + 1)
         req = Request(list(spec.prompt_ids), room if 1 <= room < asked else asked, temperature=spec.temperature,
                       seed=spec.seed, stop_token_ids=tuple(spec.stop_token_ids), task_id=task_id)
         self.runtime.check(req)   # reads the engine's limits only: safe beside the loop thread
         if req.max_new_tokens < asked and self.log is not None:
             who = f"request {task_id}" if task_id not in (None, "") else "a request"
+            cap = self.runtime.token_capacity
+            limit = (f"max_seq_len {cap}" if cap == self.runtime.max_seq_len else
+                     f"the {cap} tokens the KV pool holds (max_seq_len {self.runtime.max_seq_len})")
             self.log(f"tensorrt_llm: {who}: prompt ({len(spec.prompt_ids)}) + request_output_len ({asked}) + draft "
-                     f"slots ({self.K + 1}) exceed max_seq_len {self.runtime.max_seq_len}: request_output_len is "
-                     f"changed to {req.max_new_tokens}")
+                     f"slots ({self.K + 1}) exceed {limit}: request_output_len is changed to {req.max_new_tokens}")
         with self._submit_lock:   # never queued after the loop's last look at the queue: it would wait forever
             if self._ended:
                 raise NotServing("the model is shutting down" if self._closed.is_set() else
