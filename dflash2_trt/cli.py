@@ -318,7 +318,10 @@ def inspect_cmd(path, target_key, drafter_dir, target_dir, download, check_value
         _refuse_our_outputs(path)
         report = inspect_dir(path, check_values=check_values)
     else:
-        d, t = resolve_pair(target_key, drafter_dir, target_dir, download)
+        # a published pair not downloaded: its configs shipped in the package (the tensor inventory where shipped),
+        # with a note, as build --dry-run plans it; --check-values reads the weights, so it wants them, and a
+        # --download that fails is the error, not a quiet fallback
+        d, t = resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=not (check_values or download))
         report = inspect_pair(d, t, check_values=check_values)
         report["drafter_dir"] = str(d.resolve())
         report["target_dir"] = str(t.resolve())

@@ -226,8 +226,8 @@ def resolve_dirs(
         if found is None and config_fallback is not None and (shipped / "config.json").is_file():
             config_fallback.append(f"{kind} {repo} is not available locally"
                                    + (f" (--download failed: {failed})" if failed else "")
-                                   + f": planned from its config shipped in the package ({shipped}; configs only, "
-                                     f"no weights)")
+                                   + f": read from its config shipped in the package ({shipped}; configs only, "
+                                     f"no weights" + ("" if failed else "; --download fetches them") + ")")
             found = shipped
         if found is None and failed is not None:
             raise DFlash2Error(f"--download: {kind} {repo} for target {entry.key!r} could not be downloaded: {failed}")

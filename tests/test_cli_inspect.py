@@ -129,10 +129,19 @@ def test_inspect_fails_on_broken_drafter(tiny_dense, tmp_path):
 
 
 def test_inspect_missing_checkpoint_is_clear(tmp_path):
-    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b"], env={"HF_HUB_OFFLINE": "1",
-                                                                             "HF_HOME": str(tmp_path)})
+    """A published pair not downloaded: inspect reads the configs shipped in the package, says so, and checks the
+    contract from them (as build --dry-run plans from them); --check-values needs the weights and says how to get
+    them."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path), "DFLASH2_TRT_MODELS": str(tmp_path / "none")}
+    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b", "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    assert r.output.count("note: ") == 2 and "is not available locally: read from its config shipped" in r.output
+    rep = json.loads(r.output[r.output.index("\n{") + 1:])
+    assert rep["ok"] is True and rep["drafter"]["weights_checked"] is False
+    assert rep["target_dir"].endswith("assets/published/Qwen__Qwen3.8-27B")
+    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b", "--check-values"], env=env)
     assert r.exit_code == 1
-    assert "not available locally" in r.output and "Traceback" not in r.output
+    assert "not available locally" in r.output and "--download" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["inspect", str(tmp_path)])
     assert r.exit_code == 1 and "config file not found" in r.output
 
@@ -179,7 +188,9 @@ def test_a_download_that_fails_says_why_and_does_not_suggest_download(tmp_path, 
     assert r.exit_code == 1 and r.output.strip().splitlines() == [r.output.strip()], r.output
     assert r.output.startswith("error: --download: drafter z-lab/Qwen3.8-27B-DFlash2") and "401" in r.output
     assert "add --download" not in r.output and "more detail" not in r.output
-    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b"])
+    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b"])     # the shipped configs, and how to get more
+    assert r.exit_code == 0 and "no weights; --download fetches them)" in r.output, r.output
+    r = CliRunner().invoke(main, ["inspect", "--target", "qwen3.8-27b", "--check-values"])
     assert r.exit_code == 1 and "add --download" in r.output
     r = CliRunner().invoke(main, ["build", "--target", "qwen3.8-27b", "--dry-run", "--download"])
     assert r.exit_code == 0 and "(--download failed: OSError: 401 Client Error" in r.output

@@ -61,7 +61,7 @@ def test_a_dry_run_plans_a_published_pair_from_its_shipped_configs(tmp_path):
     plan = json.loads(out)
     assert plan["drafter_dir"] == str(PUBLISHED_DIR / "z-lab__Qwen3.8-27B-DFlash2")
     assert plan["target_dir"] == str(PUBLISHED_DIR / "Qwen__Qwen3.8-27B")
-    assert err.count("note: ") == 2 and "planned from its config shipped in the package" in err, err
+    assert err.count("note: ") == 2 and "read from its config shipped in the package" in err, err
     # a real build never takes configs for weights
     code, out, err = _cli("build", "--target", "qwen3.8-27b", "--output", str(tmp_path / "e"), env=env)
     assert code == 1 and "is not available locally" in err and not (tmp_path / "e").exists()
