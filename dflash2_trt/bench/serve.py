@@ -356,10 +356,11 @@ GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 
 
 def parse_goodput(values) -> dict[str, float] | None:
-    """``--goodput`` values (each ``KEY:MS``, or several joined by commas) as ``{key: milliseconds}``; None for none."""
+    """``--goodput`` values (each ``KEY:MS``, or several joined by commas or, as vLLM's ``--goodput ttft:200 tpot:50``
+    reads quoted, by spaces) as ``{key: milliseconds}``; None for none."""
     slo: dict[str, float] = {}
     for value in [values] if isinstance(values, str) else values or ():
-        for pair in str(value).split(","):
+        for pair in (p for chunk in str(value).split(",") for p in (chunk.split() or [chunk])):
             key, sep, ms = pair.strip().partition(":")
             if not sep or key not in GOODPUT_KEYS:
                 raise ConfigError(f"{pair.strip()!r}: each objective is KEY:MILLISECONDS with KEY one of "

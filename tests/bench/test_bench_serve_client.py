@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from dflash2_trt.errors import ConfigError
 from dflash2_trt.testing.cli import cli, one_error_line
 
 FIRST_S, GAP_S = 0.15, 0.05
@@ -256,6 +257,9 @@ def test_goodput_counts_the_requests_that_meet_every_objective():
         return lv["goodput"] and (lv["goodput"]["good"], lv["goodput"]["requests_per_s"])
 
     assert good() is None and parse_goodput("ttft:200,e2el:1") == {"ttft": 200.0, "e2el": 1.0}   # a string: one
+    assert parse_goodput(["ttft:200 e2el:1", "tpot:5"]) == {"ttft": 200.0, "e2el": 1.0, "tpot": 5.0}   # vLLM's spaces
+    with pytest.raises(ConfigError, match="--goodput: '': each objective is KEY:MILLISECONDS"):
+        parse_goodput("ttft:200,,e2el:1")
     assert good("ttft:200") == (1, 0.5) and good("tpot:50") == (1, 0.5) and good("e2el:300") == (1, 0.5)
     assert good("ttft:600,tpot:100", "e2el:600") == (2, 1.0) and good("ttft:0") == (0, 0.0)
     assert good("tpot:99") == (1, 0.5)   # the one-token request's 0 meets any objective
