@@ -69,7 +69,7 @@ TARGETS: dict[str, TargetEntry] = {
         TargetEntry(
             key="qwen3.8-27b", family="qwen3_5", target_id="Qwen/Qwen3.8-27B",
             drafter_id="z-lab/Qwen3.8-27B-DFlash2", block_size=8, build_config="qwen3.8-27b.yaml",
-            supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            supported=("inspect", "generate", "analyze", "convert", "build", "run"),
             notes="Qwen3.5 hybrid (48 Gated DeltaNet + 16 full-attention layers), multimodal wrapper; text only; "
                   "the engine network covers it (CPU backend); the stock TensorRT-LLM 1.2 executor refuses "
                   "speculative decoding for recurrent models, so a TensorRT engine runs on the project runtime "
@@ -83,7 +83,7 @@ TARGETS: dict[str, TargetEntry] = {
         TargetEntry(
             key="muse-glimmer-30b", family="muse_glimmer", target_id="meta-models/Muse-Glimmer-30B",
             drafter_id="z-lab/Muse-Glimmer-30B-DFlash2", block_size=16, build_config="muse-glimmer-30b.yaml",
-            supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            supported=("inspect", "generate", "analyze", "convert", "build", "run"),
             notes="reference decoding, conversion and the engine network (CPU backend); the published drafter's "
                   "8x128 KV heads spread over 4 pool layers each next to the target's 2x128 (drafter_kv_split); on "
                   "TensorRT-LLM its sliding layers take each step's new tokens as a context chunk where the 2048-token "
@@ -96,7 +96,7 @@ TARGETS: dict[str, TargetEntry] = {
         ),
         TargetEntry(
             key="qwen3-8b", family="qwen3", target_id="Qwen/Qwen3-8B", drafter_id=None, block_size=8,
-            build_config="qwen3-8b.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            build_config="qwen3-8b.yaml", supported=("inspect", "generate", "analyze", "convert", "build", "run"),
             notes="dense Qwen3; no published DFlash2 drafter: pass --drafter DIR",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
                     'with `--drafter DIR`',
@@ -106,7 +106,7 @@ TARGETS: dict[str, TargetEntry] = {
         ),
         TargetEntry(
             key="tiny", family="qwen3", target_id=None, drafter_id=None, block_size=8,
-            build_config="tiny.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            build_config="tiny.yaml", supported=("inspect", "generate", "analyze", "convert", "build", "run"),
             tiny_family="qwen3",
             notes="trained tiny dense Qwen3 + DFlash2 drafter shipped in dflash2_trt/assets/tiny (scripts/train_tiny_drafter.py)",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
@@ -117,7 +117,7 @@ TARGETS: dict[str, TargetEntry] = {
         ),
         TargetEntry(
             key="tiny-hybrid", family="qwen3_5", target_id=None, drafter_id=None, block_size=8,
-            build_config="tiny-hybrid.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            build_config="tiny-hybrid.yaml", supported=("inspect", "generate", "analyze", "convert", "build", "run"),
             tiny_family="qwen3_5",
             notes="trained tiny Qwen3.5 hybrid (wrapper + tiny vision tower) + DFlash2 drafter shipped in dflash2_trt/assets/tiny",
             status=(  # README status: cpu, cuda, TRT-LLM project runtime, TRT-LLM C++ executor
@@ -128,7 +128,7 @@ TARGETS: dict[str, TargetEntry] = {
         ),
         TargetEntry(
             key="tiny-muse", family="muse_glimmer", target_id=None, drafter_id=None, block_size=16,
-            build_config="tiny-muse.yaml", supported=("inspect", "generate", "analyze", "convert", "build-cpu", "run"),
+            build_config="tiny-muse.yaml", supported=("inspect", "generate", "analyze", "convert", "build", "run"),
             tiny_family="muse_glimmer",
             notes="trained tiny Muse Glimmer (wrapper + tiny vision tower; sliding and NoPE full-attention layers) + "
                   "block-16 DFlash2 drafter with the target's KV layout, shipped in dflash2_trt/assets/tiny",
