@@ -102,6 +102,17 @@ def resolve(name: str | None = None) -> str:
     return name
 
 
+def cuda_free_bytes(device) -> int:
+    """The bytes free on ``device`` for a new allocation, as a KV pool is sized (TensorRT-LLM's free-memory fraction):
+    torch's cached, unused blocks given back first, which CUDA counts as used (an engine closed before another opens,
+    as bench run's speculative TensorRT session before its baseline; a target-only engine's dropped drafter
+    tensors)."""
+    import torch
+
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
 def cuda_available() -> bool:
     """torch sees a CUDA GPU (what ``auto`` and the cuda backend ask)."""
     import torch

@@ -264,7 +264,7 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
     """A cpu or cuda engine allocates its own pool (every rank in one process): the plan's ``standin`` figures equal the
     bytes a tiny hybrid tp 2 engine really allocates; a cuda engine sizes its pool from the GPU memory free once its
     weights and slots are in, as TensorRT-LLM does (kv_cache_free_gpu_mem_fraction), and the engine's own sizing
-    (torch.cuda.mem_get_info played here) gives the plan's block count. For qwen3.8-27b on an H200 the default pool is
+    (its free_memory played here) gives the plan's block count. For qwen3.8-27b on an H200 the default pool is
     cut to what fits (before: every request at max_seq_len, 274 GiB, which a GPU run would have met as an
     out-of-memory error at open)."""
     from dflash2_trt.assets import trained_pair

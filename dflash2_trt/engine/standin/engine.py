@@ -23,7 +23,7 @@ import torch
 
 from ...config.build import fit_pool_blocks, pool_blocks
 from ...errors import ConfigError, MissingDependencyError
-from ...trtllm.backend import STANDIN_BACKENDS, cuda_available, load_network
+from ...trtllm.backend import STANDIN_BACKENDS, cuda_available, cuda_free_bytes, load_network
 from ...trtllm.cpu import comm, modeling_utils
 from ...trtllm.cpu.attention import KVCachePool
 from ...trtllm.cpu.state import StatePool
@@ -98,7 +98,7 @@ class StandinEngine:
         # first); given on the CPU only by tests, which play a GPU's free memory
         fit_to_memory = ((self.device.type == "cuda" or free_memory is not None) and fraction is not None
                          and not num_blocks and not limits.get("num_kv_blocks"))
-        self._free_memory = free_memory or _cuda_free_bytes
+        self._free_memory = free_memory or cuda_free_bytes
         self.pool_sizing = {"num_kv_blocks": self.num_blocks, "every_request_blocks": pool_blocks(
             limits["max_seq_len"], tpb, limits["max_batch_size"]), "rule": "num_kv_blocks" if (
                 num_blocks or limits.get("num_kv_blocks")) else "every request at max_seq_len"}
@@ -392,13 +392,6 @@ def random_weights(model, seed: int, device) -> None:
         else:
             v = torch.randn(shape, generator=g, device=device) * shape[-1] ** -0.5
         p.value = v.to(dtype)
-
-
-def _cuda_free_bytes(device) -> int:
-    """The bytes free on ``device`` for a new allocation: torch's cached, unused blocks given back first (CUDA counts
-    them as used: the target-only engine's dropped drafter tensors, a closed engine's pools)."""
-    torch.cuda.empty_cache()
-    return int(torch.cuda.mem_get_info(device)[0])
 
 
 def limits_from(build: dict, config: dict) -> dict:

@@ -57,7 +57,7 @@ import torch
 from ... import plugins
 from ...config.build import fit_pool_blocks
 from ...errors import ConfigError, MissingDependencyError
-from ...trtllm.backend import load_network
+from ...trtllm.backend import cuda_free_bytes, load_network
 from ...trtllm.cpu.functional import str_dtype_to_torch
 from ...trtllm.engine_io import load_contract
 from ...trtllm.register import import_tensorrt_llm
@@ -418,7 +418,7 @@ class TrtEngineSession:
             return int(num_blocks or lim["num_kv_blocks"])
         if self.device.type != "cuda":
             return every
-        free, _ = torch.cuda.mem_get_info(self.device)
+        free = cuda_free_bytes(self.device)   # a closed session's buffers given back first
         fits = fit_pool_blocks(every, free, self.block_bytes(), 0.9 if fraction is None else fraction)
         if fits < 1:
             raise ConfigError(f"no room for the KV pool: {free} bytes free after the engine, {self.block_bytes()} "
