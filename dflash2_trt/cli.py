@@ -254,8 +254,8 @@ def _chat_options(f):
 
 
 def resolve_pair(target_key, drafter_dir, target_dir, download, configs_only=False):
-    """(drafter dir, target dir) from --target and/or explicit directories. ``configs_only`` (a dry run): a
-    published checkpoint not available locally is planned from its configs shipped in the package, with a note."""
+    """(drafter dir, target dir) from --target and/or explicit directories. ``configs_only`` (a dry run, inspect):
+    a published checkpoint not available locally is read from its configs shipped in the package, with a note."""
     from .targets import get_target, resolve_dirs
 
     if target_key is not None:

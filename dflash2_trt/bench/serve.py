@@ -68,6 +68,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -360,7 +361,8 @@ def parse_goodput(values) -> dict[str, float] | None:
     reads quoted, by spaces) as ``{key: milliseconds}``; None for none."""
     slo: dict[str, float] = {}
     for value in [values] if isinstance(values, str) else values or ():
-        for pair in (p for chunk in str(value).split(",") for p in (chunk.split() or [chunk])):
+        value = re.sub(r"\s*:\s*", ":", str(value))     # "ttft: 200" is one objective
+        for pair in (p for chunk in value.split(",") for p in (chunk.split() or [chunk])):
             key, sep, ms = pair.strip().partition(":")
             if not sep or key not in GOODPUT_KEYS:
                 raise ConfigError(f"{pair.strip()!r}: each objective is KEY:MILLISECONDS with KEY one of "

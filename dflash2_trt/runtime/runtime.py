@@ -166,10 +166,14 @@ class Runtime:
                               f"{self.engine.limits['max_input_len']}", field=where)
         need = self._lifetime_tokens(r)
         room = self.token_capacity - len(r.prompt_ids) - (self.K + 1)
+        cap = (f"the engine's max_seq_len {self.max_seq_len}" if self.token_capacity == self.max_seq_len else
+               f"the {self.token_capacity} tokens the engine's KV pool holds")
+        fix = (f"at most {room} new tokens for this prompt" if room >= 1 else
+               f"the prompt and the draft slots alone fill {cap}: a shorter prompt")
         if need > self.max_seq_len:
             raise ConfigError(f"prompt ({len(r.prompt_ids)}) + max new tokens ({r.max_new_tokens}) + draft slots "
-                              f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}: at most "
-                              f"{room} new tokens for this prompt", field=where)
+                              f"({self.K + 1}) = {need} exceeds the engine's max_seq_len {self.max_seq_len}: {fix}",
+                              field=where)
         if len(r.prompt_ids) > self.max_num_tokens and not self.chunked_context:
             why = ("this engine was built without paged context FMHA, which chunked context needs"
                    if not getattr(self.engine, "paged_context_fmha", True) else
@@ -180,8 +184,7 @@ class Runtime:
         effective_temperature(r.temperature, field=f"{where}: temperature")   # below 1e-5: decoded greedily
         if self.blocks.blocks_for(need) > self.blocks.num_blocks:
             raise ConfigError(f"needs {self.blocks.blocks_for(need)} KV blocks, the pool has {self.blocks.num_blocks} "
-                              f"({self.token_capacity} tokens)" + (f": at most {room} new tokens for this prompt"
-                                                                   if room >= 1 else ""), field=where)
+                              f"({self.token_capacity} tokens): {fix}", field=where)
 
     # ---- main loop -------------------------------------------------------------------------------
     # ---- incremental API (serving: requests arrive while others generate) ------------------------

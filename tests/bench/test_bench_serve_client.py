@@ -258,6 +258,7 @@ def test_goodput_counts_the_requests_that_meet_every_objective():
 
     assert good() is None and parse_goodput("ttft:200,e2el:1") == {"ttft": 200.0, "e2el": 1.0}   # a string: one
     assert parse_goodput(["ttft:200 e2el:1", "tpot:5"]) == {"ttft": 200.0, "e2el": 1.0, "tpot": 5.0}   # vLLM's spaces
+    assert parse_goodput("ttft: 200,\te2el :1") == {"ttft": 200.0, "e2el": 1.0}    # spaces about a colon: one
     with pytest.raises(ConfigError, match="--goodput: '': each objective is KEY:MILLISECONDS"):
         parse_goodput("ttft:200,,e2el:1")
     assert good("ttft:200") == (1, 0.5) and good("tpot:50") == (1, 0.5) and good("e2el:300") == (1, 0.5)

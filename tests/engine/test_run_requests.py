@@ -255,3 +255,18 @@ def test_a_small_pool_bounds_the_new_tokens_it_names(tmp_path):
     assert "needs 5 KV blocks, the pool has 4 (128 tokens): at most 118 new tokens for this prompt" in line, line
     code, text = cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6", "--max-new-tokens", "118", "--json")
     assert code == 0 and json.loads(text[text.index("{"):])["requests"][0]["output_ids"], text
+    # a prompt that with the draft slots fills the pool is told so, not "at most 0" (or a negative count)
+    for n, new in ((120, 500), (200, 400)):
+        line = one_error_line(*cli("run", "--engine-dir", str(out), "--prompt-ids", ",".join(["5"] * n),
+                                   "--max-new-tokens", str(new)))
+        assert line.endswith("the prompt and the draft slots alone fill the 128 tokens the engine's KV pool holds: a "
+                             "shorter prompt"), line
+    # serve --openai-port: the API's limit is the model's (it shortens to the pool), so an output cut there is
+    # finish_reason "length", not "stop"
+    from dflash2_trt.deploy.triton.repository import deploy_triton
+    from dflash2_trt.deploy.triton.server import openai_frontend, repository_record
+
+    repo = tmp_path / "repo"
+    deploy_triton(out, repo)
+    f = openai_frontend(repository_record(repo), repo, 0, "127.0.0.1:1", None)
+    assert f.max_seq_len == 128 and f.cap(200, 20) == 100

@@ -639,7 +639,10 @@ def openai_frontend(record: dict, repository, port: int, triton_http: str, model
         try:
             man = json.loads((Path(engine) / "engine.json").read_text())
             # the target alone (deploy triton --target-only) takes one slot per step, not the draft block
-            max_seq_len = int(man["limits"]["max_seq_len"])
+            lim = man["limits"]
+            max_seq_len = int(lim["max_seq_len"])
+            if int(lim.get("num_kv_blocks") or 0):   # a fixed pool smaller than max_seq_len: the model's own limit
+                max_seq_len = min(max_seq_len, int(lim["num_kv_blocks"]) * int(lim["tokens_per_block"]))
             block_size = 1 if serves_target_only(repository, record) else int(man["block_size"])
         except (OSError, ValueError, KeyError, TypeError):
             max_seq_len = block_size = None
