@@ -1164,9 +1164,13 @@ def deploy_triton_cmd(engine_dir, output, model_name, max_batch_size, decoupled,
 @click.option("--target-only", is_flag=True,
               help="--engine-dir: serve the target alone (the autoregressive baseline; a TensorRT engine's "
                    "baseline/), to compare with the combined engine's server (bench serve --baseline-url).")
+@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=None,
+              help="--engine-dir, GPU engines (TensorRT-LLM, cuda): the share of the free GPU memory the KV pool takes "
+                   "(as deploy triton's; trtllm-serve's --kv_cache_free_gpu_memory_fraction) [default: the build's, "
+                   "else 0.9].")
 def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, max_batch_size, no_decoupled,
               tokenizer, ids_only, log_path, ready_timeout, drain_timeout, cuda_graphs, openai_port,
-              served_model_name, target_only) -> None:
+              served_model_name, target_only, kv_cache_free_gpu_mem_fraction) -> None:
     """Start the bundled tritonserver on 127.0.0.1 for an engine (Ctrl-C stops it)."""
     from .deploy.triton.server import serve
 
@@ -1175,6 +1179,7 @@ def serve_cmd(engine_dir, repository, port, http_port, grpc_port, metrics_port, 
                    tokenizer=tokenizer, ids_only=ids_only, log_path=log_path, ready_timeout=ready_timeout,
                    drain_timeout=drain_timeout, cuda_graphs=cuda_graphs, openai_port=openai_port,
                    served_model_name=served_model_name, target_only=target_only,
+                   kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
                    echo=lambda m: click.echo(m, err=False)))
 
 if __name__ == "__main__":  # pragma: no cover

@@ -163,10 +163,32 @@ def test_cpu_engines_keep_refusing_the_gpu_options(standin_trt_engine, tmp_path)
                       "--ids-only", "--kv-cache-free-gpu-mem-fraction", "0.5"))
     assert line.startswith("error: --kv-cache-free-gpu-mem-fraction applies to GPU engines (TensorRT-LLM and cuda) "
                            "only; a cpu engine's KV pool"), line
+    # serve's option of the same name goes to the repository it writes: refused the same way, before tritonserver
+    line = one_error_line(*cli("serve", "--engine-dir", str(cpu_dir), "--kv-cache-free-gpu-mem-fraction", "0.5"))
+    assert line.startswith("error: --kv-cache-free-gpu-mem-fraction applies to GPU engines"), line
+    line = one_error_line(*cli("serve", "--repository", str(tmp_path), "--kv-cache-free-gpu-mem-fraction", "0.5"))
+    assert line.startswith("error: --kv-cache-free-gpu-mem-fraction: applies to --engine-dir only"), line
     rec = json.loads((rp.deploy_triton(cpu_dir, tmp_path / "ok", ids_only=True).output
                       / "dflash2_repository.json").read_text())
     assert (rec["backend"], rec["runtime"], rec["engine_backend"], rec["engine_runtime_path"]) == \
         ("python", "project", "cpu", None)
+
+
+def test_serve_hands_its_kv_fraction_to_the_repository_it_writes(trt_dir, monkeypatch):
+    """serve --engine-dir --kv-cache-free-gpu-mem-fraction F writes its repository with F (deploy triton's option),
+    as trtllm-serve takes --kv_cache_free_gpu_memory_fraction; stopped here at the repository, before tritonserver."""
+    from dflash2_trt.deploy.triton import repository, server
+
+    seen = {}
+
+    def deploy(engine_dir, output, **kw):
+        seen.update(kw)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(repository, "deploy_triton", deploy)
+    with pytest.raises(ConfigError, match="stop here"):
+        server.serve(engine_dir=trt_dir, kv_cache_free_gpu_mem_fraction=0.5, port=server.free_port())
+    assert seen["kv_cache_free_gpu_mem_fraction"] == 0.5
 
 
 # ------------------------------------------------------------------------------------------------ the test hook

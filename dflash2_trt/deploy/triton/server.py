@@ -663,13 +663,15 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
           max_batch_size: int | None = None, decoupled: bool = True, tokenizer: str | Path | None = None,
           ids_only: bool = False, log_path: str | Path | None = None, ready_timeout: float | None = None,
           drain_timeout: float = 10.0, cuda_graphs: bool = False, openai_port: int | None = None,
-          served_model_name: str | None = None, target_only: bool = False, echo=print) -> int:
+          served_model_name: str | None = None, target_only: bool = False,
+          kv_cache_free_gpu_mem_fraction: float | None = None, echo=print) -> int:
     """``dflash2-trt serve``: a repository for ``engine_dir`` in a temporary directory (or an existing
     ``repository``), tritonserver on 127.0.0.1 until Ctrl-C / SIGTERM, then drained (no new requests; those
     in flight finish, or get an error response after ``drain_timeout`` s), stopped and cleaned up.
     Returns 0 after a requested stop; a server that dies on its own is a :class:`ServerError`. ``openai_port``: an
     OpenAI-compatible API there too (:mod:`.openai_api`), serving the ensemble as ``served_model_name`` (default: the
-    engine directory's name)."""
+    engine directory's name). ``kv_cache_free_gpu_mem_fraction``: the generated repository's (deploy triton's option;
+    refused for a cpu engine there)."""
     from .repository import deploy_triton
 
     if (engine_dir is None) == (repository is None):
@@ -677,7 +679,8 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
     if repository is not None:   # a repository is served as written: these would silently do nothing
         given = [o for o, v in (("--max-batch-size", max_batch_size is not None), ("--no-decoupled", not decoupled),
                                 ("--tokenizer", tokenizer is not None), ("--ids-only", ids_only),
-                                ("--cuda-graphs", cuda_graphs), ("--target-only", target_only)) if v]
+                                ("--cuda-graphs", cuda_graphs), ("--target-only", target_only),
+                                ("--kv-cache-free-gpu-mem-fraction", kv_cache_free_gpu_mem_fraction is not None)) if v]
         if given:
             raise ConfigError("applies to --engine-dir only: a --repository is served as `deploy triton` wrote it "
                               "(write another with the option there)", field=given[0])
@@ -729,7 +732,7 @@ def serve(*, engine_dir: str | Path | None = None, repository: str | Path | None
                                         "(serve writes the repository there)")
             res = deploy_triton(engine_dir, work / "repository", max_batch_size=max_batch_size, decoupled=decoupled,
                                 tokenizer=tokenizer, ids_only=ids_only, cuda_graphs=cuda_graphs,
-                                target_only=target_only)
+                                target_only=target_only, kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction)
             repository, models = res.output, res.models
             # serve's own temporary repository is no output of the command: a stop must not call it "kept"
             committed_outputs[:] = [p for p in committed_outputs if Path(work) not in (Path(p), *Path(p).parents)]
