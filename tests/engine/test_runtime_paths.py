@@ -110,6 +110,8 @@ def test_run_takes_the_project_runtime_and_gives_the_cpu_engines_tokens(trt_engi
     assert rep["backend"] == "trtllm" and rep["runtime"] == "project" and rep["runtime_path"]["path"] == PROJECT
     assert len(seen) == rep["totals"]["steps"] and seen[-1] == (2, 2) and seen == sorted(seen)
     want = run_engine(cpu_dir, prompts_file=str(path), max_batch_size=2)
+    # the pool's sizing, as the cpu engine's run reports it (no GPU here: every request at max_seq_len, both)
+    assert rep["kv_pool"] == want["kv_pool"] and rep["kv_pool"]["rule"] == "every request at max_seq_len"
     assert [r["output_ids"] for r in rep["requests"]] == [r["output_ids"] for r in want["requests"]]
     assert [r["acceptance_lengths"] for r in rep["requests"]] == [r["acceptance_lengths"] for r in want["requests"]]
     # the executor path on this machine: TensorRT-LLM is not installed, said in one line

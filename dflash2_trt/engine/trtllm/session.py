@@ -412,18 +412,25 @@ class TrtEngineSession:
                 * torch.empty((), dtype=self.kv_dtype).element_size())
 
     def _pool_blocks(self, num_blocks, fraction) -> int:
+        """The pool's blocks (class docstring), and how they were sized in ``pool_sizing`` (``run``'s ``kv_pool``, as
+        a cuda engine's)."""
         lim = self.limits
         every = -(-int(lim["max_seq_len"]) // self.tokens_per_block) * int(lim["max_batch_size"])
+        self.pool_sizing = {"every_request_blocks": every}
         if num_blocks or lim.get("num_kv_blocks"):
-            return int(num_blocks or lim["num_kv_blocks"])
-        if self.device.type != "cuda":
-            return every
-        free = cuda_free_bytes(self.device)   # a closed session's buffers given back first
-        fits = fit_pool_blocks(every, free, self.block_bytes(), 0.9 if fraction is None else fraction)
-        if fits < 1:
-            raise ConfigError(f"no room for the KV pool: {free} bytes free after the engine, {self.block_bytes()} "
-                              f"per block", field="kv_cache_free_gpu_mem_fraction")
-        return fits
+            self.pool_sizing.update(num_kv_blocks=int(num_blocks or lim["num_kv_blocks"]), rule="num_kv_blocks")
+        elif self.device.type != "cuda":
+            self.pool_sizing.update(num_kv_blocks=every, rule="every request at max_seq_len")
+        else:
+            free = cuda_free_bytes(self.device)   # a closed session's buffers given back first
+            fraction = 0.9 if fraction is None else float(fraction)
+            fits = fit_pool_blocks(every, free, self.block_bytes(), fraction)
+            if fits < 1:
+                raise ConfigError(f"no room for the KV pool: {free} bytes free after the engine, {self.block_bytes()} "
+                                  f"per block", field="kv_cache_free_gpu_mem_fraction")
+            self.pool_sizing.update(num_kv_blocks=fits, rule="free GPU memory", free_bytes=int(free),
+                                    fraction=fraction, block_bytes=self.block_bytes())
+        return self.pool_sizing["num_kv_blocks"]
 
     @property
     def stream_handle(self) -> int:
