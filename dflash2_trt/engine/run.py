@@ -72,6 +72,10 @@ def render(report: dict) -> str:
         lines.append(f"KV pool: {pool['num_kv_blocks']:,} blocks of {pool['every_request_blocks']:,} for every request "
                      f"at max_seq_len ({pool['fraction']:g} of the {pool['free_bytes'] / 2**30:.2f} GiB free once the "
                      f"weights and state slots were in, as TensorRT-LLM sizes its pool; requests beyond it wait)")
+    if pool.get("token_capacity") is not None and pool["token_capacity"] < pool["max_seq_len"]:
+        lines.append(f"KV pool: {pool['num_kv_blocks']:,} blocks hold {pool['token_capacity']:,} tokens, less than "
+                     f"max_seq_len {pool['max_seq_len']:,}: a longer request (prompt + new tokens + draft slots) is "
+                     f"refused")
     if report.get("cuda_graphs"):
         lines.append("CUDA graphs: " + describe(report["cuda_graphs"]))
     if report.get("chat_template"):

@@ -379,12 +379,17 @@ def test_run_reports_how_the_pool_was_sized(tmp_path):
     assert code == 0, text
     code, text = _cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7", "--max-new-tokens", "3", "--json")
     rep = json.loads(text[text.index("{"):])
-    assert rep["kv_pool"] == {"num_kv_blocks": 32, "every_request_blocks": 32, "rule": "every request at max_seq_len"}
+    assert rep["kv_pool"] == {"num_kv_blocks": 32, "every_request_blocks": 32, "rule": "every request at max_seq_len",
+                              "token_capacity": 512, "max_seq_len": 512}
     assert "KV pool" not in render(rep)
     rep["kv_pool"] = {"num_kv_blocks": 20, "every_request_blocks": 32, "rule": "free GPU memory",
                       "free_bytes": 3 * 2 ** 29, "fraction": 0.9, "block_bytes": 2 ** 20}
     assert ("KV pool: 20 blocks of 32 for every request at max_seq_len (0.9 of the 1.50 GiB free once the weights and "
             "state slots were in, as TensorRT-LLM sizes its pool; requests beyond it wait)") in render(rep)
+    assert "less than max_seq_len" not in render(rep)
+    rep["kv_pool"].update(num_kv_blocks=4, rule="num_kv_blocks", token_capacity=64, max_seq_len=512)
+    assert ("KV pool: 4 blocks hold 64 tokens, less than max_seq_len 512: a longer request (prompt + new tokens + draft "
+            "slots) is refused") in render(rep)
 
 
 def test_the_baseline_shares_the_combined_engines_weights_and_pools(tmp_path):
