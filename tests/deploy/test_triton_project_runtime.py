@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -254,6 +255,7 @@ def test_serve_a_project_path_engine_on_the_standin(standin_trt_engine, tmp_path
         text = log.read_text(errors="replace")
         assert "runs on the project runtime over the CPU STAND-IN of TensorRT's execution API" in text
         assert "NOT TensorRT: test hook DFLASH2_TRT_TENSORRT_STANDIN=1" in text
+        assert re.search(r"tensorrt_llm: KV pool of \d+ blocks \(every request at max_seq_len\)", text), text[-2000:]
         s.p.send_signal(signal.SIGINT)
         assert s.finish() == 0, s.lines
         assert "stopped" in s.lines[-1], s.lines
