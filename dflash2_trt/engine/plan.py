@@ -775,8 +775,8 @@ def _render_standin(m: dict | None, s: dict, backend: str, gpu_gib: float) -> li
         short = blocks < one
         slots = "--max-batch-size (its state slots), " if m["state_slots"] else ""
         if m["weights"] + m["state_slots"] + RESERVE_BYTES > gpu_gib * GIB:
-            fix = (f"the weights and state slots alone do not fit (every rank on this one GPU: --tp-size does not "
-                   f"help): a GPU with more memory" + (", or --dtype bfloat16" if s["dtype"] == "float32" else "")
+            fix = ("the weights and state slots alone do not fit (every rank on this one GPU: --tp-size does not "
+                   "help): a GPU with more memory" + (", or --dtype bfloat16" if s["dtype"] == "float32" else "")
                    + (", or a lower --max-batch-size (its state slots)" if m["state_slots"] else ""))
         elif m["sized_from_free_memory"] and m["fraction_that_fits"] is not None:
             why = ("holds no request at max_seq_len" if short else "leaves too little for the activations")
