@@ -45,8 +45,13 @@ def _projection_for(report_like: dict, gpus, target_key: str, context: int | Non
 
 def mark_kv_capacity(doc: dict, target_key: str) -> None:
     """A roofline projection's capacity check (:func:`kv_capacity`): per GPU ``memory``, per point ``kv_fits``."""
+    from ..engine.plan import prepare
+    from .steps import config_dirs
+
+    d, t = config_dirs(target_key)
+    p = prepare(d, t, target_key=target_key, overrides={"tp_size": 1})   # once, for every GPU
     for entry in doc["gpus"]:   # the model prices any concurrency; whether its KV cache fits is said beside it
-        cap = entry["memory"] = kv_capacity(target_key, GPUS[entry["gpu"]["key"]], doc["context_len"])
+        cap = entry["memory"] = kv_capacity(p, GPUS[entry["gpu"]["key"]], doc["context_len"])
         for pt in entry["points"]:
             pt["kv_fits"] = None if cap["most_requests"] is None else pt["concurrency"] <= cap["most_requests"]
 
@@ -281,20 +286,16 @@ def bench_project(*, target: str | None = None, gpus=None, concurrency=None, con
     return doc
 
 
-def kv_capacity(target_key: str, gpu, context: int) -> dict:
-    """How many requests of ``context`` tokens a TensorRT-LLM engine of ``target_key`` (its build config at tp 1) keeps
-    in its KV cache on ``gpu`` at once: ``build --dry-run``'s sizing (engine/plan.py :func:`sizing`: the
+def kv_capacity(p, gpu, context: int) -> dict:
+    """How many requests of ``context`` tokens a TensorRT-LLM engine of the prepared pair ``p`` (its build config at
+    tp 1) keeps in its KV cache on ``gpu`` at once: ``build --dry-run``'s sizing (engine/plan.py :func:`sizing`: the
     ``kv_cache_free_gpu_mem_fraction`` of the memory the weights, the activations' estimate and the reserve leave; a
     request's KV at every attention layer of the target and the drafter, its 2K extra slots, whole blocks, and on a
     hybrid target its recurrent-state slot). ``most_requests`` None where the family has no weight map."""
-    from ..engine.plan import GIB, prepare, sizing
-    from .steps import config_dirs
+    from ..engine.plan import GIB, kv_request_bytes, sizing
 
-    d, t = config_dirs(target_key)
-    p = prepare(d, t, target_key=target_key, overrides={"tp_size": 1})
     z = sizing(p, gpu.memory_bytes / GIB)
-    tpb = p.cfg.tokens_per_block
-    per = (-(-(context + z["extra_slots_per_request"]) // tpb) * tpb * z["kv"]["bytes_per_token"]
+    per = (kv_request_bytes(context, z["extra_slots_per_request"], p.cfg.tokens_per_block, z["kv"]["bytes_per_token"])
            + z["recurrent_state_bytes_per_request"])
     budget = z["kv_budget"]
     return {"gpu_memory_bytes": gpu.memory_bytes, "memory_source": gpu.memory_source, "context_len": context,

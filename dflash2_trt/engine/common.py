@@ -112,7 +112,8 @@ def run_tokenizer(man: dict, engine_dir, items: list[dict], chat=None):
 
 def run_report(engine_dir, reqs, rt, wall: float, tokenizer=None, **head) -> dict:
     """The ``run`` report of requests the project's runtime ``rt`` finished in ``wall`` seconds: ``head`` (engine,
-    backend, block size, ...) then every request (with its text when there is a tokenizer) and the totals."""
+    backend, block size, ..., and ``kv_pool`` where the engine says how its pool was sized) then every request (with its
+    text when there is a tokenizer) and the totals."""
     out = []
     for r in reqs:
         d = r.to_dict()
@@ -121,6 +122,9 @@ def run_report(engine_dir, reqs, rt, wall: float, tokenizer=None, **head) -> dic
         out.append(d)
     n_tok = sum(len(r.output_ids) for r in reqs)
     acc = [a for r in reqs for a in r.acceptance_lengths]
+    sizing = getattr(rt.engine, "pool_sizing", None)   # the engine's or TensorRT session's: how its KV pool was sized
+    if sizing is not None:   # and the longest request it takes
+        head["kv_pool"] = {**sizing, "token_capacity": rt.token_capacity, "max_seq_len": rt.max_seq_len}
     return {"engine_dir": str(engine_dir), **head, "max_batch_size": rt.max_batch_size, "requests": out,
             "totals": {"requests": len(reqs), "output_tokens": n_tok, "steps": rt.step_count,
                        # steps in which a prompt was cut (chunked context: it did not fit what the step had left)

@@ -279,6 +279,12 @@ def weight_bytes_per_rank(t, d, tp: int, dtype: str) -> list[dict] | None:
     return out
 
 
+def kv_request_bytes(tokens: int, extra: int, tokens_per_block: int, kv_token: int) -> int:
+    """One request's KV bytes per rank: ``tokens`` and the ``extra`` draft slots in whole blocks of ``kv_token`` bytes
+    a token (:func:`sizing` at max_seq_len; bench project at a context)."""
+    return -(-(int(tokens) + int(extra)) // tokens_per_block) * tokens_per_block * kv_token
+
+
 def sizing(p: Prepared, gpu_memory_gib: float, backend: str = "trtllm") -> dict:
     """The memory plan: per rank, TensorRT-LLM's (weights, activations, the KV budget as a fraction of what is free);
     for a cpu or cuda engine also ``standin``, what the project's stand-in engine allocates (:func:`standin_memory`)."""
@@ -293,7 +299,7 @@ def sizing(p: Prepared, gpu_memory_gib: float, backend: str = "trtllm") -> dict:
     extra = 2 * K
     seq = cfg.max_seq_len + extra
     blocks = -(-seq // cfg.tokens_per_block)
-    kv_request = blocks * cfg.tokens_per_block * kv_token
+    kv_request = kv_request_bytes(cfg.max_seq_len, extra, cfg.tokens_per_block, kv_token)
     recurrent = 0
     if t.family == "qwen3_5":
         nk, nv = t.linear_num_key_heads, t.linear_num_value_heads
@@ -359,7 +365,7 @@ def standin_memory(cfg, weights, kv_token: int, recurrent: int, act_total: int, 
     tp, tpb = cfg.tp_size, cfg.tokens_per_block
     every = pool_blocks(cfg.max_seq_len, tpb, cfg.max_batch_size)
     blocks = pool_blocks(cfg.max_seq_len, tpb, cfg.max_batch_size, cfg.num_kv_blocks)
-    one = -(-cfg.max_seq_len // tpb)                      # the blocks of one request at max_seq_len
+    one = pool_blocks(cfg.max_seq_len, tpb, 1)            # the blocks of one request at max_seq_len
     block_bytes = tpb * kv_token * tp                     # one block index, in every rank's pool
     w = sum(r["total"] for r in weights)
     states = recurrent * cfg.max_batch_size * tp
@@ -789,13 +795,11 @@ def _render_standin(m: dict | None, s: dict, backend: str, gpu_gib: float) -> li
             fix = (f"not one request at max_seq_len ({one:,} blocks) fits beside the weights, the state slots and "
                    f"the activations: lower {slots}--max-num-tokens (most of the activations' estimate) or "
                    f"--max-seq-len, or use a GPU with more memory")
-        elif short:
-            lines.append(f"  holds NO request at max_seq_len: num_kv_blocks {blocks:,} is {blocks * tpb:,} tokens, and a "
-                         f"request longer than that is refused (max_seq_len {s['max_seq_len']:,} needs {one:,} blocks); "
-                         f"--set num_kv_blocks={n} fits the GPU's {gpu_gib:g} GiB")
+        else:   # a --set num_kv_blocks pool that fits the GPU but holds no request at max_seq_len
+            lines.append(f"  holds NO request at max_seq_len: num_kv_blocks {blocks:,} is {blocks * tpb:,} tokens, and "
+                         f"a request longer than that is refused (max_seq_len {s['max_seq_len']:,} needs {one:,} "
+                         f"blocks); --set num_kv_blocks={n} fits the GPU's {gpu_gib:g} GiB")
             return lines
-        else:   # not reached: a set pool that holds a request and does not fit is the num_kv_blocks case above
-            fix = f"--set num_kv_blocks={n} fits"
         lines.append(f"  does NOT fit the GPU's {gpu_gib:g} GiB with the activations and reserve above: {fix}")
     return lines
 

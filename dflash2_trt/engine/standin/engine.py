@@ -198,7 +198,7 @@ class StandinEngine:
         even one request at max_seq_len fits."""
         block_bytes, tpb = self.kv_block_bytes, int(self.limits["tokens_per_block"])
         blocks = fit_pool_blocks(self.num_blocks, free, block_bytes, fraction)
-        one = -(-int(self.limits["max_seq_len"]) // tpb)
+        one = pool_blocks(self.limits["max_seq_len"], tpb, 1)
         self.pool_sizing.update(num_kv_blocks=blocks, rule="free GPU memory", free_bytes=int(free),
                                 fraction=fraction, block_bytes=block_bytes)
         if blocks < one:

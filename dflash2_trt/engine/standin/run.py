@@ -48,8 +48,6 @@ def run_standin_engine(engine_dir, *, prompt_ids=None, prompt=None, prompts_file
         report = run_report(engine_dir, reqs, rt, wall, tok, backend=engine.backend, block_size=engine.K + 1,
                             tp_size=engine.tp, temperature=temperature)
         report.update(chat_report(chat))
-        # how the pool was sized (a cuda engine: from free GPU memory), and the longest request it takes
-        report["kv_pool"] = {**engine.pool_sizing, "token_capacity": rt.token_capacity, "max_seq_len": rt.max_seq_len}
         if stepper is not engine:
             report["cuda_graphs"] = stepper.report()
         return report

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from ... import plugins
-from ...config.build import fit_pool_blocks
+from ...config.build import fit_pool_blocks, pool_blocks
 from ...errors import ConfigError, MissingDependencyError
 from ...trtllm.backend import cuda_free_bytes, load_network
 from ...trtllm.cpu.functional import str_dtype_to_torch
@@ -415,7 +415,7 @@ class TrtEngineSession:
         """The pool's blocks (class docstring), and how they were sized in ``pool_sizing`` (``run``'s ``kv_pool``, as
         a cuda engine's)."""
         lim = self.limits
-        every = -(-int(lim["max_seq_len"]) // self.tokens_per_block) * int(lim["max_batch_size"])
+        every = pool_blocks(lim["max_seq_len"], self.tokens_per_block, lim["max_batch_size"])
         self.pool_sizing = {"every_request_blocks": every}
         if num_blocks or lim.get("num_kv_blocks"):
             self.pool_sizing.update(num_kv_blocks=int(num_blocks or lim["num_kv_blocks"]), rule="num_kv_blocks")

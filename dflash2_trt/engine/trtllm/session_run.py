@@ -32,8 +32,6 @@ def run_items(engine_dir, items: list[dict], *, max_new_tokens: int, temperature
         wall = time.perf_counter() - t0
         report = run_report(engine_dir, reqs, rt, wall, tokenizer, backend="trtllm", runtime="project",
                             block_size=sess.K + 1, tp_size=sess.tp, temperature=temperature)
-        if getattr(sess, "pool_sizing", None) is not None:   # how the KV pool was sized, as a cuda engine's run says
-            report["kv_pool"] = {**sess.pool_sizing, "token_capacity": rt.token_capacity, "max_seq_len": rt.max_seq_len}
         if getattr(sess, "graphs", None) is not None:
             report["cuda_graphs"] = sess.graphs.report()
         return report
