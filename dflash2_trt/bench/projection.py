@@ -582,7 +582,8 @@ def render(doc: dict) -> str:
             over = [p["concurrency"] for p in g["points"] if p.get("kv_fits") is False]
             lines.append(f"  memory: {cap['gpu_memory_bytes'] / 2**30:.1f} GiB; the combined engine's KV budget "
                          f"({cap['kv_cache_free_gpu_mem_fraction']:g} of what weights and activations leave, as build "
-                         f"--dry-run sizes it) holds {cap['most_requests']:,} requests at context {cap['context_len']:,}"
+                         f"--dry-run sizes it) holds {cap['most_requests']:,} requests at context "
+                         f"{cap['context_len']:,}"
                          + (f": concurrency {', '.join(map(str, over))} would not all fit at once (projected all the "
                             f"same; on an engine the others wait for KV blocks)" if over else ""))
         art = g.get("article")

@@ -210,7 +210,8 @@ def test_project_says_which_concurrencies_the_kv_cache_holds(tmp_path):
     assert h200["memory"]["gpu_memory_bytes"] == 143771 << 20 and h100["memory"]["gpu_memory_bytes"] == 81559 << 20
     assert [p["kv_fits"] for p in h200["points"]] == [True, True, False] and h200["memory"]["most_requests"] == 27
     assert [p["kv_fits"] for p in h100["points"]] == [True, False, False]
-    assert re.search(r"\n\s+28 .*compute  \(KV cache over capacity\)\n", text) and "27 requests at context 32,768" in text
+    assert re.search(r"\n\s+28 .*compute  \(KV cache over capacity\)\n", text)
+    assert "27 requests at context 32,768" in text
     assert "concurrency 28 would not all fit at once" in text
     code, plan = cli("build", "--target", "qwen3.8-27b", "--dry-run", "--json", "--tp-size", "1", "--max-seq-len",
                      "32768", "--max-input-len", "16384", "--gpu-memory-gib", repr((143771 << 20) / 2 ** 30))

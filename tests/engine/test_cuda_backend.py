@@ -114,7 +114,8 @@ def test_a_cuda_engine_directory_without_a_gpu_is_one_line(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert man["backend"] == "cuda" and cfg["backend"] == "cuda"
     # its pool is sized from the GPU's free memory when it opens: the build's fraction is recorded for it
-    assert cfg["build_config"]["kv_cache_free_gpu_mem_fraction"] == man["limits"]["kv_cache_free_gpu_mem_fraction"] == 0.9
+    fraction = cfg["build_config"]["kv_cache_free_gpu_mem_fraction"]
+    assert fraction == man["limits"]["kv_cache_free_gpu_mem_fraction"] == 0.9
     line = _one_error_line(*_cli("run", "--engine-dir", str(out), "--prompt-ids", "5,6,7"))
     assert "needs a CUDA GPU" in line and "build with --backend cpu" in line
     # serve: before tritonserver starts (its model failed in the server's log, ten lines and seconds later)
@@ -318,8 +319,9 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
     assert eng.num_blocks == 48                     # never more than every request at max_seq_len needs
     pools = len(KVCachePool._registry)
     with pytest.raises(ConfigError, match=r"kv_cache_free_gpu_mem_fraction: no room for the KV pool: 0.5 of the 0.00 "
-                                          r"GiB free .* holds 8 blocks .* needs 16: a build with a lower --max-batch-size "
-                                          r"\(its 3 state slots\) or --max-seq-len, or a GPU with more memory"):
+                                          r"GiB free .* holds 8 blocks .* needs 16: a build with a lower "
+                                          r"--max-batch-size \(its 3 state slots\) or --max-seq-len, or a GPU with "
+                                          r"more memory"):
         StandinEngine(pre, out / "checkpoint", limits, free_memory=lambda device: 16 * eng.kv_block_bytes)
     with pytest.raises(ConfigError, match=r"holds 10 blocks .* needs 16: a fraction of at least 0.8 \(build --set "
                                           r"kv_cache_free_gpu_mem_fraction=F, or deploy triton"):
@@ -346,7 +348,8 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
             "others of max_batch_size 64 wait for blocks)") in text
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--gpu-memory-gib", "66")
     assert ("does NOT fit the GPU's 66 GiB with the activations and reserve above: not one request at max_seq_len "
-            "(1,280 blocks) fits beside the weights, the state slots and the activations: lower --max-batch-size") in text
+            "(1,280 blocks) fits beside the weights, the state slots and the activations: lower "
+            "--max-batch-size") in text
     # a fraction too small for one request: the plan names one that works (not "no request fits")
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--gpu-memory-gib", "80",
                       "--set", "kv_cache_free_gpu_mem_fraction=0.2")
@@ -355,7 +358,8 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
                       "num_kv_blocks=100", "--json")
     z = json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]
     assert z["fits"] is False and z["num_kv_blocks"] == 100 < z["one_request_blocks"] == 1280
-    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--set", "num_kv_blocks=100")
+    code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--set",
+                      "num_kv_blocks=100")
     assert "holds NO request at max_seq_len: num_kv_blocks 100 is 3,200 tokens, and a request longer than that" in text
     # an H100: 0.9 of what is free leaves less than the activations' estimate; the fraction that does is named
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--json",
@@ -368,7 +372,8 @@ def test_the_dry_run_sizes_what_a_standin_engine_allocates(tmp_path, monkeypatch
                           "--gpu-memory-gib", "80", "--set", f"kv_cache_free_gpu_mem_fraction={frac:g}")
         assert json.loads(text[text.index("\n{") + 1:])["sizing"]["standin"]["fits"] is fits, frac
     code, text = _cli("build", "--target", "qwen3.8-27b", "--backend", "cuda", "--dry-run", "--gpu-memory-gib", "80")
-    assert f"the pool at 0.9 leaves too little for the activations: --set kv_cache_free_gpu_mem_fraction={f:g} fits" in text
+    assert (f"the pool at 0.9 leaves too little for the activations: --set kv_cache_free_gpu_mem_fraction={f:g} "
+            f"fits") in text
 
 def test_run_reports_how_the_pool_was_sized(tmp_path):
     """`run`'s report carries the pool's sizing; a cuda engine's (from free GPU memory) is also a line of its text."""
@@ -388,8 +393,8 @@ def test_run_reports_how_the_pool_was_sized(tmp_path):
             "state slots were in, as TensorRT-LLM sizes its pool; requests beyond it wait)") in render(rep)
     assert "less than max_seq_len" not in render(rep)
     rep["kv_pool"].update(num_kv_blocks=4, rule="num_kv_blocks", token_capacity=64, max_seq_len=512)
-    assert ("KV pool: 4 blocks hold 64 tokens, less than max_seq_len 512: a longer request (prompt + new tokens + draft "
-            "slots) is refused") in render(rep)
+    assert ("KV pool: 4 blocks hold 64 tokens, less than max_seq_len 512: a longer request (prompt + new tokens + "
+            "draft slots) is refused") in render(rep)
 
 
 def test_the_baseline_shares_the_combined_engines_weights_and_pools(tmp_path):

@@ -366,10 +366,10 @@ def open_engine(engine_dir, *, kv_cache_fraction: float | None = None, cuda_grap
     cuda engine through the project's stand-in engine, a TensorRT-LLM engine through
     :func:`~dflash2_trt.engine.trtllm.session.open_trt_session` (TensorRT, TensorRT-LLM's plugin library and the
     engine's libdflash2_plugins.so: a GPU machine), a GPU engine's KV pool (cuda or TensorRT) at most
-    ``kv_cache_fraction`` of the free GPU memory (None: the build's). Both give the Runtime the same interface, so everything after this is one code path. The
-    description says what runs the engine (the model logs it). ``cuda_graphs`` (the model's ``cuda_graph_mode``
-    parameter): generation steps replayed from CUDA graphs, a cuda engine's by
-    :class:`~dflash2_trt.engine.standin.graphs.GraphedSteps`, a TensorRT session's by its own
+    ``kv_cache_fraction`` of the free GPU memory (None: the build's). Both give the Runtime the same interface, so
+    everything after this is one code path. The description says what runs the engine (the model logs it).
+    ``cuda_graphs`` (the model's ``cuda_graph_mode`` parameter): generation steps replayed from CUDA graphs, a cuda
+    engine's by :class:`~dflash2_trt.engine.standin.graphs.GraphedSteps`, a TensorRT session's by its own
     (``engine/trtllm/session_graphs.py``); ``simulate_graphs``: their bookkeeping on the CPU, for tests.
     ``target_only`` (the model's ``target_only`` parameter, ``serve --target-only``): the autoregressive baseline
     instead of the combined engine, as ``bench run`` runs it: a cpu or cuda engine directory's target alone

@@ -118,9 +118,9 @@ class TritonPythonModel:
         _log(f"tensorrt_llm: {engine_dir} runs on {runtime}")
         pool = getattr(self.engine, "pool_sizing", None)   # as TensorRT-LLM logs its KV cache's size at load
         if pool:
-            _log(f"tensorrt_llm: KV pool of {pool['num_kv_blocks']} blocks ({pool['rule']}"
-                 + (f": {pool['fraction']:g} of {pool['free_bytes'] / 2**30:.2f} GiB free" if "fraction" in pool else "")
-                 + ")")
+            free = (f": {pool['fraction']:g} of {pool['free_bytes'] / 2**30:.2f} GiB free" if "fraction" in pool
+                    else "")
+            _log(f"tensorrt_llm: KV pool of {pool['num_kv_blocks']} blocks ({pool['rule']}{free})")
         # this stub shares the CPUs with tritonserver's own request threads: leave them one (dflash2_trt/cpu_threads.py)
         threads = share_cpus(1, reserve=1)
         if threads is not None:
