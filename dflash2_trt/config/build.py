@@ -235,8 +235,9 @@ class BuildConfig:
                            f"max_num_tokens or lower max_batch_size")
         frac = merged["kv_cache_free_gpu_mem_fraction"]
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not math.isfinite(frac) \
-                or not 0 < frac <= 1:
-            raise err("kv_cache_free_gpu_mem_fraction", f"must be a number in (0, 1], got {frac!r}")
+                or not 0 < frac < 1:
+            raise err("kv_cache_free_gpu_mem_fraction", f"must be a number in (0, 1), got {frac!r} (TensorRT-LLM's "
+                                                        f"KV cache manager refuses 1: freeMemFraction < 1)")
         tpb = integer("tokens_per_block", 1)
         if tpb & (tpb - 1):
             raise err("tokens_per_block", f"must be a power of two (TensorRT-LLM's paged KV cache), got {tpb}")

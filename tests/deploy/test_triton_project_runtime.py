@@ -133,7 +133,7 @@ def test_a_tp2_project_engine(standin_trt_engine_tp2, trt_dir, tmp_path):
     (["--plugin-lib", "{lib}"], None,
      "error: --plugin-lib applies to the tensorrtllm backend only (launch.sh's LD_PRELOAD); the python backend loads "
      "TensorRT-LLM's plugin library and the engine directory's own libdflash2_plugins.so itself"),
-    (["--kv-cache-free-gpu-mem-fraction", "0"], None, "error: --kv-cache-free-gpu-mem-fraction: must be in (0, 1]"),
+    (["--kv-cache-free-gpu-mem-fraction", "0"], None, "error: --kv-cache-free-gpu-mem-fraction: must be in (0, 1)"),
     ([], "no-rank0", "rank0.engine (the TensorRT engine the project runtime opens)"),
     ([], "bad-limits", "config.json: --backend python: the project runtime cannot read the engine's limits"),
 ])

@@ -46,8 +46,9 @@ def test_parse_set_rejects(items, needle):
 @pytest.mark.parametrize("over,needle", [
     ({"tokens_per_block": 48}, "tokens_per_block: must be a power of two"),
     ({"tokens_per_block": 0}, "tokens_per_block: must be >= 1"),
-    ({"kv_cache_free_gpu_mem_fraction": 0}, "kv_cache_free_gpu_mem_fraction: must be a number in (0, 1]"),
+    ({"kv_cache_free_gpu_mem_fraction": 0}, "kv_cache_free_gpu_mem_fraction: must be a number in (0, 1)"),
     ({"kv_cache_free_gpu_mem_fraction": 1.5}, "kv_cache_free_gpu_mem_fraction"),
+    ({"kv_cache_free_gpu_mem_fraction": 1}, "TensorRT-LLM's KV cache manager refuses 1"),
     ({"kv_cache_free_gpu_mem_fraction": "lots"}, "kv_cache_free_gpu_mem_fraction"),
     ({"drafter_window": "half"}, "drafter_window: must be one of model, full"),
     ({"selector": "sample"}, "selector: must be one of greedy, viterbi"),

@@ -137,8 +137,10 @@ def test_a_cuda_engine_directory_without_a_gpu_is_one_line(tmp_path):
     # a fraction out of range is one line before any GPU is looked for
     from dflash2_trt.engine.standin.engine import open_standin_engine
 
-    with pytest.raises(ConfigError, match="kv_cache_free_gpu_mem_fraction: must be a number in \\(0, 1\\], got 1.5"):
-        open_standin_engine(out, kv_cache_fraction=1.5)
+    for bad in (1.5, 1.0):   # TensorRT-LLM's KV cache manager refuses 1 too (freeMemFraction < 1)
+        with pytest.raises(ConfigError, match=f"kv_cache_free_gpu_mem_fraction: must be a number in \\(0, 1\\) "
+                                              f".*got {bad}"):
+            open_standin_engine(out, kv_cache_fraction=bad)
 
 
 def test_dry_run_plans_the_cuda_build(tmp_path):

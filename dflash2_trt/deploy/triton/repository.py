@@ -442,8 +442,8 @@ def deploy_triton(engine_dir: str | Path, output: str | Path, *, model_name: str
     mbs = limit if max_batch_size is None else int(max_batch_size)
     if not 1 <= mbs <= limit:
         raise ConfigError(f"must be in [1, {limit}] (the engine's max_batch_size), got {mbs}", field="--max-batch-size")
-    if not 0 < kv_cache_free_gpu_mem_fraction <= 1:
-        raise ConfigError(f"must be in (0, 1], got {kv_cache_free_gpu_mem_fraction}",
+    if not 0 < kv_cache_free_gpu_mem_fraction < 1:   # TensorRT-LLM's KV cache manager checks freeMemFraction < 1
+        raise ConfigError(f"must be in (0, 1), got {kv_cache_free_gpu_mem_fraction}",
                           field="--kv-cache-free-gpu-mem-fraction")
     vocab = int(cfg["pretrained_config"]["vocab_size"])
     K = int(man["block_size"]) - 1

@@ -426,8 +426,8 @@ def open_standin_engine(engine_dir, *, verify: bool = False, engine_cls=None, wo
     build = dict(cfg["build_config"])
     if man["backend"] == "cuda":
         fraction = build.get("kv_cache_free_gpu_mem_fraction", 0.9) if kv_cache_fraction is None else kv_cache_fraction
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            raise ConfigError(f"must be a number in (0, 1], got {fraction!r}",
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+            raise ConfigError(f"must be a number in (0, 1) (as TensorRT-LLM's), got {fraction!r}",
                               **({"source": Path(engine_dir) / "config.json",
                                   "field": "build_config.kv_cache_free_gpu_mem_fraction"} if kv_cache_fraction is None
                                  else {"field": "kv_cache_free_gpu_mem_fraction"}))
